@@ -1,0 +1,3 @@
+module github.com/agentenv/agentenv
+
+go 1.26.8

@@ -1,0 +1,266 @@
+// Package vmm owns the virtual-machine layer of AgentENV: one Driver interface
+// that boots, pauses, resumes, snapshots, restores and stops microVMs, and the
+// types shared by its drivers (vmm/qemu, vmm/firecracker).
+//
+// Everything above this package (sandboxes, templates, the node server) is
+// written against Driver and Machine only; which VMM runs underneath is a
+// deployment detail chosen by Select.
+package vmm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+)
+
+// Driver starts virtual machines. Implementations must be safe for
+// concurrent use: many machines run side by side.
+type Driver interface {
+	// Name is a short, stable identifier ("qemu", "firecracker").
+	Name() string
+	// Boot cold-boots a machine from cfg. When Boot returns, the VMM process
+	// runs and the guest is booting; readiness of the guest is the caller's
+	// concern (see the agent's health endpoint).
+	Boot(ctx context.Context, cfg Config) (Machine, error)
+	// Restore starts a new VMM process from a snapshot directory written by
+	// Machine.Snapshot. The memory image is mapped privately (copy on write),
+	// so any number of machines can be restored from one snapshot at once.
+	Restore(ctx context.Context, cfg RestoreConfig) (Machine, error)
+}
+
+// Machine is one running VMM process.
+type Machine interface {
+	// Pause stops the vCPUs. Pausing a paused machine is not an error.
+	Pause(ctx context.Context) error
+	// Resume starts the vCPUs again.
+	Resume(ctx context.Context) error
+	// Snapshot writes the VM state and its memory into dir (created if
+	// missing). The machine must be paused and stays paused; the caller
+	// resumes or stops it afterwards.
+	Snapshot(ctx context.Context, dir string) (*Snapshot, error)
+	// Stop ends the VMM process and removes every file it created under the
+	// run directory. Stopping a stopped machine is not an error.
+	Stop(ctx context.Context) error
+	// Wait blocks until the VMM process exits and reports why.
+	Wait(ctx context.Context) error
+	// Info describes the process for monitoring and re-adoption.
+	Info() Info
+}
+
+// Config describes a machine to cold-boot.
+type Config struct {
+	// ID names the machine in logs and file names; [a-zA-Z0-9_-]+.
+	ID        string
+	Kernel    string // path to the kernel image
+	Initrd    string // optional initramfs
+	Cmdline   string // kernel command line (the driver may append what it needs)
+	VCPUs     int    // default 1
+	MemoryMiB int    // default 256
+
+	Drives []Drive
+	NICs   []NIC
+
+	// RunDir holds the machine's control socket, memory file and other
+	// runtime files. It is created if missing and removed by Stop when the
+	// driver created it.
+	RunDir string
+	// ConsoleLog receives the guest's serial console output. Empty means
+	// RunDir/console.log.
+	ConsoleLog string
+}
+
+// Drive is one virtio block device. Exactly one of Path and NBD is set.
+type Drive struct {
+	ID       string // stable device id ("rootfs", "data0")
+	Path     string // a regular file or block device on the host
+	NBD      *NBDSource
+	ReadOnly bool
+}
+
+// NBDSource is an NBD export reached over a Unix socket.
+type NBDSource struct {
+	Socket string
+	Export string // export name; empty is the default export
+}
+
+// NIC is one virtio network interface backed by a tap device.
+type NIC struct {
+	ID  string // "eth0"
+	MAC string // fixed: snapshot clones must keep the MAC of their origin
+	// Tap is an open /dev/net/tun file already attached to a tap device
+	// (see network or vmmtest). The driver hands it to the VMM; the caller
+	// keeps ownership and may close it once Boot/Restore returned.
+	Tap *os.File
+	// TapName is the device name, for drivers that open taps by name
+	// (Firecracker). Used when Tap is nil.
+	TapName string
+}
+
+// RestoreConfig describes a machine to start from a snapshot.
+type RestoreConfig struct {
+	ID          string
+	SnapshotDir string
+	// MemoryFile overrides the snapshot's memory image (for instance a
+	// shared, node-wide copy of it). It is mapped privately.
+	MemoryFile string
+	// Drives and NICs replace the snapshot's devices of the same ID (a new
+	// writable upper for the rootfs, a tap in a fresh network slot). The set
+	// of IDs must match the snapshot's.
+	Drives     []Drive
+	NICs       []NIC
+	RunDir     string
+	ConsoleLog string
+	// Paused leaves the vCPUs stopped after the state is loaded.
+	Paused bool
+}
+
+// Snapshot is what Machine.Snapshot wrote.
+type Snapshot struct {
+	Dir        string
+	StateFile  string // VMM device and CPU state
+	MemoryFile string // guest memory image
+	StateBytes int64
+	MemBytes   int64 // logical size of the memory image
+	Took       time.Duration
+}
+
+// Info describes a running machine's process.
+type Info struct {
+	Driver        string
+	PID           int
+	ControlSocket string // QMP or Firecracker API socket
+	RunDir        string
+	ConsoleLog    string
+	Accel         string // "kvm" or "tcg" for QEMU; "kvm" for Firecracker
+	MemoryFile    string // backing file of guest memory, if any
+}
+
+// Snapshot directory file names shared by every driver.
+const (
+	SnapshotStateFile  = "state"
+	SnapshotMemoryFile = "memory"
+	SnapshotConfigFile = "config.json"
+)
+
+// Errors a caller may branch on.
+var (
+	ErrStopped     = errors.New("vmm: machine is stopped")
+	ErrNotPaused   = errors.New("vmm: machine must be paused")
+	ErrUnsupported = errors.New("vmm: not supported by this driver")
+)
+
+// Defaults fills zero fields of cfg with the documented defaults and checks
+// what can be checked without starting anything.
+func (cfg *Config) Defaults() error {
+	if cfg.VCPUs == 0 {
+		cfg.VCPUs = 1
+	}
+	if cfg.MemoryMiB == 0 {
+		cfg.MemoryMiB = 256
+	}
+	if err := validID(cfg.ID); err != nil {
+		return err
+	}
+	if cfg.RunDir == "" {
+		return errors.New("vmm: config: RunDir is required")
+	}
+	if cfg.VCPUs < 0 || cfg.VCPUs > 64 {
+		return fmt.Errorf("vmm: config: vcpus %d out of range 1..64", cfg.VCPUs)
+	}
+	if cfg.MemoryMiB < 16 {
+		return fmt.Errorf("vmm: config: memory %d MiB is below 16 MiB", cfg.MemoryMiB)
+	}
+	if err := mustBeFile("kernel", cfg.Kernel); err != nil {
+		return err
+	}
+	if cfg.Initrd != "" {
+		if err := mustBeFile("initrd", cfg.Initrd); err != nil {
+			return err
+		}
+	}
+	return CheckDevices(cfg.Drives, cfg.NICs)
+}
+
+// CheckDevices validates drive and NIC descriptions.
+func CheckDevices(drives []Drive, nics []NIC) error {
+	seen := map[string]bool{}
+	for _, d := range drives {
+		if err := validID(d.ID); err != nil {
+			return fmt.Errorf("drive: %w", err)
+		}
+		if seen[d.ID] {
+			return fmt.Errorf("vmm: drive id %q used twice", d.ID)
+		}
+		seen[d.ID] = true
+		switch {
+		case d.Path != "" && d.NBD != nil:
+			return fmt.Errorf("vmm: drive %s: set Path or NBD, not both", d.ID)
+		case d.NBD != nil:
+			if err := mustExist("drive "+d.ID+" nbd socket", d.NBD.Socket); err != nil {
+				return err
+			}
+		default:
+			if err := mustExist("drive "+d.ID, d.Path); err != nil {
+				return err
+			}
+		}
+	}
+	for _, n := range nics {
+		if err := validID(n.ID); err != nil {
+			return fmt.Errorf("nic: %w", err)
+		}
+		if seen["nic:"+n.ID] {
+			return fmt.Errorf("vmm: nic id %q used twice", n.ID)
+		}
+		seen["nic:"+n.ID] = true
+		if _, err := ParseMAC(n.MAC); err != nil {
+			return fmt.Errorf("vmm: nic %s: %w", n.ID, err)
+		}
+		if n.Tap == nil && n.TapName == "" {
+			return fmt.Errorf("vmm: nic %s: no tap device", n.ID)
+		}
+	}
+	return nil
+}
+
+func validID(id string) error {
+	if id == "" || len(id) > 64 {
+		return fmt.Errorf("vmm: id %q must be 1..64 characters", id)
+	}
+	for _, r := range id {
+		ok := r == '-' || r == '_' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9')
+		if !ok {
+			return fmt.Errorf("vmm: id %q: only letters, digits, '-' and '_' are allowed", id)
+		}
+	}
+	return nil
+}
+
+func mustExist(what, path string) error {
+	if path == "" {
+		return fmt.Errorf("vmm: %s: no path given", what)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("vmm: %s: %w", what, err)
+	}
+	return nil
+}
+
+func mustBeFile(what, path string) error {
+	if path == "" {
+		return fmt.Errorf("vmm: %s: no path given", what)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("vmm: %s: %w", what, err)
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("vmm: %s %s: not a regular file", what, path)
+	}
+	if st.Size() == 0 {
+		return fmt.Errorf("vmm: %s %s: file is empty", what, path)
+	}
+	return nil
+}
