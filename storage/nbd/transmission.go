@@ -1,0 +1,234 @@
+package nbd
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+)
+
+// poolBufSize is the size of pooled request buffers; it covers the usual
+// block-layer request sizes (4 KiB to 128 KiB) without a fresh allocation.
+const poolBufSize = 128 << 10
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, poolBufSize); return &b }}
+
+func getBuf(n uint32) (*[]byte, []byte) {
+	if n <= poolBufSize {
+		p := bufPool.Get().(*[]byte)
+		return p, (*p)[:n]
+	}
+	return nil, make([]byte, n)
+}
+
+func putBuf(p *[]byte) {
+	if p != nil {
+		bufPool.Put(p)
+	}
+}
+
+// transmitter serves requests for one connection in the transmission phase.
+type transmitter struct {
+	c   *session
+	e   *Export
+	max uint32
+	sem chan struct{}
+	wg  sync.WaitGroup
+
+	wmu  sync.Mutex // serialises replies on the socket
+	werr error
+}
+
+// transmit reads requests until DISC, a protocol violation or a socket error.
+// Each request is served on its own goroutine (bounded by MaxInFlight) and
+// replies are written in completion order.
+func (c *session) transmit(e *Export) error {
+	c.mu.Lock()
+	c.exp = e
+	c.mu.Unlock()
+	t := &transmitter{c: c, e: e, max: c.srv.opts.MaxPayload, sem: make(chan struct{}, c.srv.opts.MaxInFlight)}
+	err := t.loop()
+	t.wg.Wait() // in-flight requests still get their replies before we close
+	return err
+}
+
+func (t *transmitter) loop() error {
+	var hb [requestLen]byte
+	for {
+		if _, err := io.ReadFull(t.c.br, hb[:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("nbd %q: read request: %w", t.e.Name, err)
+		}
+		req, err := parseRequest(hb[:])
+		if err != nil {
+			return fmt.Errorf("nbd %q: %w", t.e.Name, err)
+		}
+		if req.typ == cmdDisc {
+			return nil
+		}
+		if err := t.dispatch(req); err != nil {
+			return err
+		}
+		if err := t.writeErr(); err != nil {
+			return err
+		}
+	}
+}
+
+// dispatch validates one request, reads its payload, and starts serving it.
+// It returns an error only when the connection cannot continue.
+func (t *transmitter) dispatch(req request) error {
+	size := uint64(t.e.Backend.Size())
+	inRange := req.offset <= size && uint64(req.length) <= size-req.offset
+	switch req.typ {
+	case cmdWrite:
+		return t.dispatchWrite(req, inRange)
+	case cmdRead:
+		if req.length > t.max || !inRange {
+			return t.reply(req.handle, errInval, nil)
+		}
+		t.start(func() { t.serveRead(req) })
+	case cmdFlush:
+		t.start(func() { t.reply(req.handle, errno(t.e.Backend.Flush()), nil) })
+	case cmdTrim, cmdWriteZeroes:
+		switch {
+		case t.e.ReadOnly:
+			return t.reply(req.handle, errPerm, nil)
+		case !inRange:
+			return t.reply(req.handle, errNoSpc, nil)
+		}
+		t.start(func() { t.serveZero(req) })
+	case cmdCache:
+		// Advisory prefetch; nothing to do for a page-cache-backed store.
+		return t.reply(req.handle, 0, nil)
+	default:
+		// Unknown commands carry no payload we could know about.
+		return t.reply(req.handle, errInval, nil)
+	}
+	return nil
+}
+
+func (t *transmitter) dispatchWrite(req request, inRange bool) error {
+	if req.length > t.max {
+		// We cannot tell the client no without reading the payload, and we
+		// will not buffer it: the protocol lets us drop the connection.
+		return fmt.Errorf("nbd %q: write of %d bytes exceeds maximum %d", t.e.Name, req.length, t.max)
+	}
+	pb, buf := getBuf(req.length)
+	if _, err := io.ReadFull(t.c.br, buf); err != nil {
+		putBuf(pb)
+		return fmt.Errorf("nbd %q: read write payload: %w", t.e.Name, err)
+	}
+	switch {
+	case t.e.ReadOnly:
+		putBuf(pb)
+		return t.reply(req.handle, errPerm, nil)
+	case !inRange:
+		putBuf(pb)
+		return t.reply(req.handle, errNoSpc, nil)
+	}
+	t.start(func() {
+		defer putBuf(pb)
+		_, err := t.e.Backend.WriteAt(buf, int64(req.offset))
+		if err == nil && req.flags&cmdFlagFUA != 0 {
+			err = t.e.Backend.Flush()
+		}
+		t.reply(req.handle, errno(err), nil)
+	})
+	return nil
+}
+
+// start runs fn on a new goroutine once a slot is free. Waiting here is the
+// backpressure: the reader stops pulling requests off the socket.
+func (t *transmitter) start(fn func()) {
+	t.sem <- struct{}{}
+	t.wg.Add(1)
+	go func() {
+		defer func() { <-t.sem; t.wg.Done() }()
+		fn()
+	}()
+}
+
+func (t *transmitter) serveRead(req request) {
+	pb, buf := getBuf(req.length)
+	defer putBuf(pb)
+	n, err := t.e.Backend.ReadAt(buf, int64(req.offset))
+	if n == len(buf) {
+		err = nil // io.ReaderAt may report EOF with a full read at the very end
+	}
+	if err != nil {
+		t.reply(req.handle, errno(err), nil)
+		return
+	}
+	t.reply(req.handle, 0, buf)
+}
+
+func (t *transmitter) serveZero(req request) {
+	off, n := int64(req.offset), int64(req.length)
+	var err error
+	switch {
+	case req.typ == cmdTrim:
+		err = t.e.Backend.Trim(off, n)
+	default:
+		if z, ok := t.e.Backend.(Zeroer); ok {
+			err = z.ZeroAt(off, n)
+		} else {
+			err = writeZeroes(t.e.Backend, off, n)
+		}
+	}
+	if err == nil && req.flags&cmdFlagFUA != 0 {
+		err = t.e.Backend.Flush()
+	}
+	t.reply(req.handle, errno(err), nil)
+}
+
+// reply writes a simple reply (header plus read data) in one writev. A write
+// failure is remembered and ends the connection at the next request.
+func (t *transmitter) reply(handle uint64, code uint32, data []byte) error {
+	var hdr [simpleReplyLen]byte
+	putSimpleReply(hdr[:], code, handle)
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	if t.werr != nil {
+		return t.werr
+	}
+	var err error
+	if len(data) == 0 {
+		_, err = t.c.conn.Write(hdr[:])
+	} else {
+		bufs := net.Buffers{hdr[:], data}
+		_, err = bufs.WriteTo(t.c.conn)
+	}
+	if err != nil {
+		t.werr = fmt.Errorf("nbd %q: send reply: %w", t.e.Name, err)
+		t.c.close()
+	}
+	return t.werr
+}
+
+func (t *transmitter) writeErr() error {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	return t.werr
+}
+
+// errno maps a backend error to the protocol's error numbers.
+func errno(err error) uint32 {
+	var en syscall.Errno
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, ErrReadOnly):
+		return errPerm
+	case errors.As(err, &en) && en == syscall.ENOSPC:
+		return errNoSpc
+	case errors.As(err, &en) && en == syscall.ENOMEM:
+		return errNoMem
+	default:
+		return errIO
+	}
+}
