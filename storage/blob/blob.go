@@ -1,0 +1,194 @@
+// Package blob owns the byte sources that layer files are read from: a local
+// file (pread), an HTTP(S) URL read with range requests (a layer on a web
+// server or an OCI registry blob URL), and a block cache with read-ahead that
+// sits in front of a remote source.
+package blob
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Blob is a read-only, random-access byte source of known size.
+type Blob interface {
+	io.ReaderAt
+	Size() int64
+	Name() string
+	Close() error
+}
+
+// File is a local file read with pread.
+type File struct {
+	f    *os.File
+	size int64
+}
+
+// OpenFile opens a local file.
+func OpenFile(path string) (*File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open blob: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open blob %s: %w", path, err)
+	}
+	return &File{f: f, size: st.Size()}, nil
+}
+
+func (b *File) ReadAt(p []byte, off int64) (int, error) { return b.f.ReadAt(p, off) }
+func (b *File) Size() int64                             { return b.size }
+func (b *File) Name() string                            { return b.f.Name() }
+func (b *File) Close() error                            { return b.f.Close() }
+
+// HTTPOptions configure an HTTP blob.
+type HTTPOptions struct {
+	Client  *http.Client // default: a client with a 60 s timeout
+	Header  http.Header  // extra headers, e.g. Authorization for a registry
+	Retries int          // attempts per request; default 3
+}
+
+// HTTP is a remote blob read with range requests.
+type HTTP struct {
+	url  string
+	opt  HTTPOptions
+	ctx  context.Context
+	size int64
+}
+
+// OpenHTTP probes url for its size and range support. ctx bounds every later
+// request too (ReaderAt has no context of its own).
+func OpenHTTP(ctx context.Context, url string, opt HTTPOptions) (*HTTP, error) {
+	if opt.Client == nil {
+		opt.Client = &http.Client{Timeout: 60 * time.Second}
+	}
+	if opt.Retries <= 0 {
+		opt.Retries = 3
+	}
+	h := &HTTP{url: url, opt: opt, ctx: ctx}
+	resp, err := h.get(0, 1)
+	if err != nil {
+		return nil, fmt.Errorf("open blob %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	size, err := totalSize(resp.Header.Get("Content-Range"))
+	if err != nil {
+		return nil, fmt.Errorf("open blob %s: %w", url, err)
+	}
+	h.size = size
+	return h, nil
+}
+
+// totalSize parses "bytes a-b/N".
+func totalSize(cr string) (int64, error) {
+	i := strings.LastIndexByte(cr, '/')
+	if !strings.HasPrefix(cr, "bytes ") || i < 0 {
+		return 0, fmt.Errorf("bad Content-Range %q", cr)
+	}
+	n, err := strconv.ParseInt(cr[i+1:], 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("bad Content-Range %q (unknown total size?)", cr)
+	}
+	return n, nil
+}
+
+// get requests [off, off+n) and returns a 206 response.
+func (h *HTTP) get(off, n int64) (*http.Response, error) {
+	var last error
+	for attempt := 0; attempt < h.opt.Retries; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-h.ctx.Done():
+				return nil, h.ctx.Err()
+			case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+			}
+		}
+		req, err := http.NewRequestWithContext(h.ctx, http.MethodGet, h.url, nil)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range h.opt.Header {
+			req.Header[k] = v
+		}
+		req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", off, off+n-1))
+		resp, err := h.opt.Client.Do(req)
+		if err != nil {
+			last = err
+			continue
+		}
+		switch {
+		case resp.StatusCode == http.StatusPartialContent:
+			return resp, nil
+		case resp.StatusCode == http.StatusOK:
+			resp.Body.Close()
+			return nil, fmt.Errorf("server ignored the range request (status 200); range support is required")
+		case resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests:
+			resp.Body.Close()
+			last = fmt.Errorf("status %s", resp.Status)
+			continue
+		default:
+			resp.Body.Close()
+			return nil, fmt.Errorf("status %s", resp.Status)
+		}
+	}
+	return nil, fmt.Errorf("after %d attempts: %w", h.opt.Retries, last)
+}
+
+// ReadAt reads with one range request.
+func (h *HTTP) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("read blob %s: negative offset", h.url)
+	}
+	if off >= h.size {
+		return 0, io.EOF
+	}
+	var eof error
+	if int64(len(p)) > h.size-off {
+		p, eof = p[:h.size-off], io.EOF
+	}
+	if len(p) == 0 {
+		return 0, eof
+	}
+	resp, err := h.get(off, int64(len(p)))
+	if err != nil {
+		return 0, fmt.Errorf("read blob %s [%d,+%d): %w", h.url, off, len(p), err)
+	}
+	defer resp.Body.Close()
+	n, err := io.ReadFull(resp.Body, p)
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return n, fmt.Errorf("read blob %s [%d,+%d): %w", h.url, off, len(p), err)
+	}
+	return n, eof
+}
+
+func (h *HTTP) Size() int64  { return h.size }
+func (h *HTTP) Name() string { return h.url }
+func (h *HTTP) Close() error { return nil }
+
+// IsURL reports whether ref names an HTTP(S) blob.
+func IsURL(ref string) bool {
+	return strings.HasPrefix(ref, "http://") || strings.HasPrefix(ref, "https://")
+}
+
+// Open opens a local path or, for an http(s) URL, a cached HTTP blob.
+func Open(ctx context.Context, ref string, opt HTTPOptions) (Blob, error) {
+	if !IsURL(ref) {
+		return OpenFile(ref)
+	}
+	h, err := OpenHTTP(ctx, ref, opt)
+	if err != nil {
+		return nil, err
+	}
+	return NewCache(h, CacheOptions{}), nil
+}

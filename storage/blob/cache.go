@@ -1,0 +1,167 @@
+package blob
+
+import (
+	"container/list"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+)
+
+// CacheOptions configure a Cache.
+type CacheOptions struct {
+	BlockSize int64 // default 256 KiB
+	Capacity  int64 // bytes kept; default 256 MiB
+	ReadAhead int   // blocks fetched in one request on sequential misses; default 8
+}
+
+// Cache is an LRU block cache in front of a slow blob. A miss fetches one
+// block; a miss right after the previous miss fetches ReadAhead blocks in one
+// request. Concurrent misses on the same block share one fetch.
+type Cache struct {
+	b      Blob
+	bs     int64
+	maxBlk int
+	ra     int
+
+	mu       sync.Mutex
+	blocks   map[int64]*list.Element
+	lru      *list.List
+	inflight map[int64]*fetch
+	lastMiss int64
+
+	hits, misses, fetches atomic.Int64
+}
+
+type entry struct {
+	blk  int64
+	data []byte
+}
+
+type fetch struct {
+	done chan struct{}
+	data map[int64][]byte
+	err  error
+}
+
+// NewCache wraps b.
+func NewCache(b Blob, opt CacheOptions) *Cache {
+	if opt.BlockSize <= 0 {
+		opt.BlockSize = 256 << 10
+	}
+	if opt.Capacity <= 0 {
+		opt.Capacity = 256 << 20
+	}
+	if opt.ReadAhead <= 0 {
+		opt.ReadAhead = 8
+	}
+	return &Cache{b: b, bs: opt.BlockSize, maxBlk: int(max(opt.Capacity/opt.BlockSize, 1)), ra: opt.ReadAhead,
+		blocks: map[int64]*list.Element{}, lru: list.New(), inflight: map[int64]*fetch{}, lastMiss: -2}
+}
+
+// Stats returns hits, misses and remote fetches so far.
+func (c *Cache) Stats() (hits, misses, fetches int64) {
+	return c.hits.Load(), c.misses.Load(), c.fetches.Load()
+}
+
+func (c *Cache) Size() int64  { return c.b.Size() }
+func (c *Cache) Name() string { return c.b.Name() }
+func (c *Cache) Close() error { return c.b.Close() }
+
+// ReadAt serves p from cached blocks, fetching the missing ones.
+func (c *Cache) ReadAt(p []byte, off int64) (int, error) {
+	size := c.b.Size()
+	if off < 0 {
+		return 0, fmt.Errorf("read blob %s: negative offset", c.b.Name())
+	}
+	if off >= size {
+		return 0, io.EOF
+	}
+	var eof error
+	if int64(len(p)) > size-off {
+		p, eof = p[:size-off], io.EOF
+	}
+	done := 0
+	for done < len(p) {
+		pos := off + int64(done)
+		blk := pos / c.bs
+		data, err := c.block(blk)
+		if err != nil {
+			return done, err
+		}
+		in := int(pos - blk*c.bs)
+		if in >= len(data) {
+			return done, io.ErrUnexpectedEOF
+		}
+		done += copy(p[done:], data[in:])
+	}
+	return done, eof
+}
+
+func (c *Cache) block(blk int64) ([]byte, error) {
+	c.mu.Lock()
+	if el, ok := c.blocks[blk]; ok {
+		c.lru.MoveToFront(el)
+		c.mu.Unlock()
+		c.hits.Add(1)
+		return el.Value.(*entry).data, nil
+	}
+	if f, ok := c.inflight[blk]; ok {
+		c.mu.Unlock()
+		<-f.done
+		if f.err != nil {
+			return nil, f.err
+		}
+		return f.data[blk], nil
+	}
+	c.misses.Add(1)
+	n := int64(1)
+	if blk == c.lastMiss+1 {
+		n = int64(c.ra)
+	}
+	nblocks := (c.b.Size() + c.bs - 1) / c.bs
+	n = min(n, nblocks-blk)
+	// Stop the window at a block that is already present or being fetched.
+	for k := int64(1); k < n; k++ {
+		_, cached := c.blocks[blk+k]
+		_, busy := c.inflight[blk+k]
+		if cached || busy {
+			n = k
+			break
+		}
+	}
+	f := &fetch{done: make(chan struct{}), data: map[int64][]byte{}}
+	for k := int64(0); k < n; k++ {
+		c.inflight[blk+k] = f
+	}
+	c.lastMiss = blk + n - 1
+	c.mu.Unlock()
+
+	c.fetches.Add(1)
+	start := blk * c.bs
+	buf := make([]byte, min(n*c.bs, c.b.Size()-start))
+	if _, err := c.b.ReadAt(buf, start); err != nil && !(err == io.EOF && len(buf) > 0) {
+		f.err = fmt.Errorf("fetch blocks [%d,+%d) of %s: %w", blk, n, c.b.Name(), err)
+	}
+	c.mu.Lock()
+	for k := int64(0); k < n; k++ {
+		delete(c.inflight, blk+k)
+		if f.err != nil {
+			continue
+		}
+		d := buf[k*c.bs : min((k+1)*c.bs, int64(len(buf)))]
+		f.data[blk+k] = d
+		c.blocks[blk+k] = c.lru.PushFront(&entry{blk: blk + k, data: d})
+	}
+	for c.lru.Len() > c.maxBlk {
+		el := c.lru.Back()
+		c.lru.Remove(el)
+		delete(c.blocks, el.Value.(*entry).blk)
+	}
+	c.mu.Unlock()
+	close(f.done)
+	if f.err != nil {
+		return nil, f.err
+	}
+	return f.data[blk], nil
+}

@@ -1,0 +1,144 @@
+package image
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/agentenv/agentenv/storage/zfile"
+)
+
+func fill(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, seed))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.IntN(256))
+	}
+	return b
+}
+
+func readAll(t *testing.T, im *Image) []byte {
+	t.Helper()
+	b := make([]byte, im.Size())
+	if _, err := im.ReadAt(b, 0); err != nil {
+		t.Fatalf("read %s: %v", im.Name(), err)
+	}
+	return b
+}
+
+// TestLifecycle drives the public API the way the storage daemon does:
+// create, write, trim, flush, commit, stack a new upper on the commit,
+// compress, reopen.
+func TestLifecycle(t *testing.T) {
+	for _, sparse := range []bool{false, true} {
+		t.Run(map[bool]string{false: "log", true: "sparse"}[sparse], func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dir := t.TempDir()
+			const size = 4 << 20
+			cfg0 := filepath.Join(dir, "img0.json")
+			if _, err := Create(ctx, cfg0, CreateSpec{Size: size, Sparse: sparse}); err != nil {
+				t.Fatal(err)
+			}
+			im, err := Open(ctx, cfg0, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			model := make([]byte, size)
+			write := func(im *Image, off int, b []byte) {
+				t.Helper()
+				if _, err := im.WriteAt(b, int64(off)); err != nil {
+					t.Fatalf("write at %d: %v", off, err)
+				}
+				copy(model[off:], b)
+			}
+			write(im, 0, fill(1, 65536))
+			write(im, 1000, fill(2, 3000)) // unaligned
+			write(im, 1<<20, fill(3, 1<<20))
+			if err := im.Trim(1<<20+100, 5000); err != nil {
+				t.Fatal(err)
+			}
+			clear(model[1<<20+100 : 1<<20+5100])
+			if got := readAll(t, im); !bytes.Equal(got, model) {
+				t.Fatal("image differs from the model before commit")
+			}
+			layer := filepath.Join(dir, "l0.lsmt")
+			info, err := im.Commit(ctx, layer, CommitOptions{Message: "first"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.UUID.IsNil() || info.Segments == 0 {
+				t.Fatalf("commit info %+v", info)
+			}
+			if err := im.Close(); err != nil {
+				t.Fatal(err)
+			}
+			cfg1 := filepath.Join(dir, "img1.json")
+			if _, err := Create(ctx, cfg1, CreateSpec{Lowers: []string{"l0.lsmt"}, Sparse: sparse}); err != nil {
+				t.Fatal(err)
+			}
+			im1, err := Open(ctx, cfg1, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer im1.Close()
+			if im1.Size() != size {
+				t.Fatalf("size %d, want %d", im1.Size(), size)
+			}
+			if got := readAll(t, im1); !bytes.Equal(got, model) {
+				t.Fatal("stacked image differs from the committed content")
+			}
+			if up := im1.Stack().Upper(); up.Header().ParentUUID != info.UUID {
+				t.Fatalf("upper parent %s, want %s", up.Header().ParentUUID, info.UUID)
+			}
+			write(im1, 4096*3, fill(4, 8192))
+			if err := im1.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			layer2 := filepath.Join(dir, "l1.zfile")
+			if _, err := im1.Commit(ctx, layer2, CommitOptions{Compress: &zfile.Options{}}); err != nil {
+				t.Fatal(err)
+			}
+			ro, err := OpenLayers(ctx, []string{layer, layer2}, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ro.Close()
+			if got := readAll(t, ro); !bytes.Equal(got, model) {
+				t.Fatal("two-layer stack with a ZFile differs from the model")
+			}
+			if _, err := ro.WriteAt([]byte{1}, 0); !errors.Is(err, ErrReadOnly) {
+				t.Fatalf("write to read-only image: %v", err)
+			}
+			merged := filepath.Join(dir, "merged.lsmt")
+			if _, err := Merge(ctx, []string{layer, layer2}, merged, CommitOptions{Message: "m"}); err != nil {
+				t.Fatal(err)
+			}
+			m, err := OpenLayers(ctx, []string{merged}, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if got := readAll(t, m); !bytes.Equal(got, model) {
+				t.Fatal("merged layer differs from the model")
+			}
+		})
+	}
+}
+
+func TestOpenErrorsNameTheFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.lsmt")
+	if err := os.WriteFile(bad, make([]byte, 10000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := OpenLayers(context.Background(), []string{bad}, Options{})
+	if err == nil || !bytes.Contains([]byte(err.Error()), []byte(bad)) {
+		t.Fatalf("error %v does not name %s", err, bad)
+	}
+}

@@ -1,0 +1,198 @@
+package lsmt
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// Segment maps Length sectors at logical sector Offset to physical sector MOffset
+// of the layer that Tag names. A Zeroed segment reads as zeros and has no data.
+type Segment struct {
+	Offset  uint64 // logical sector
+	MOffset uint64 // physical sector inside the layer file
+	Length  uint32 // sectors
+	Zeroed  bool
+	Tag     uint8 // runtime only: which layer of a stack serves the range
+}
+
+// End is the first logical sector after s.
+func (s Segment) End() uint64 { return s.Offset + uint64(s.Length) }
+
+// Clip returns the part of s inside [off, end), which must overlap s.
+func (s Segment) Clip(off, end uint64) Segment {
+	if off > s.Offset {
+		d := off - s.Offset
+		s.Offset = off
+		s.Length -= uint32(d)
+		if !s.Zeroed {
+			s.MOffset += d
+		}
+	}
+	if e := s.End(); e > end {
+		s.Length -= uint32(e - end)
+	}
+	return s
+}
+
+// IsPadding reports whether a decoded mapping is padding (length 0).
+func (s Segment) IsPadding() bool { return s.Length == 0 }
+
+// EncodeMapping writes s as a 16-byte on-disk mapping. The tag is written as 0.
+func EncodeMapping(b []byte, s Segment) {
+	w0 := s.Offset&MaxLogicalOff | uint64(s.Length)<<50
+	w1 := s.MOffset & MaxPhysicalOff
+	if s.Zeroed {
+		w1 |= 1 << 55
+	}
+	binary.LittleEndian.PutUint64(b[0:], w0)
+	binary.LittleEndian.PutUint64(b[8:], w1)
+}
+
+// DecodeMapping reads a 16-byte on-disk mapping; the tag is reset to 0.
+func DecodeMapping(b []byte) Segment {
+	w0 := binary.LittleEndian.Uint64(b[0:])
+	w1 := binary.LittleEndian.Uint64(b[8:])
+	return Segment{
+		Offset:  w0 & MaxLogicalOff,
+		Length:  uint32(w0 >> 50),
+		MOffset: w1 & MaxPhysicalOff,
+		Zeroed:  w1&(1<<55) != 0,
+	}
+}
+
+// PaddingMapping is the on-disk filler entry of a sealed index.
+var PaddingMapping = Segment{Offset: MaxLogicalOff}
+
+// Index is an immutable set of non-overlapping segments sorted by offset.
+// Lookups are a binary search, so a million segments cost ~20 probes.
+type Index struct {
+	segs []Segment
+}
+
+// NewIndex wraps segments that are already sorted and non-overlapping.
+func NewIndex(segs []Segment) *Index { return &Index{segs: segs} }
+
+// Segments returns the sorted segments; callers must not modify them.
+func (x *Index) Segments() []Segment { return x.segs }
+
+// Len is the number of segments.
+func (x *Index) Len() int { return len(x.segs) }
+
+// Lookup appends to dst the pieces of segments that overlap the sector range
+// [off, off+n), clipped to it, in order.
+func (x *Index) Lookup(dst []Segment, off, n uint64) []Segment {
+	end := off + n
+	segs := x.segs
+	// First segment whose end is past off.
+	lo, hi := 0, len(segs)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if segs[m].Offset+uint64(segs[m].Length) <= off {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	for i := lo; i < len(segs) && segs[i].Offset < end; i++ {
+		dst = append(dst, segs[i].Clip(off, end))
+	}
+	return dst
+}
+
+// validateSegments checks that segs are sorted, non-overlapping, within the
+// virtual size, and (for data segments) inside [dataStart, dataEnd) sectors.
+func validateSegments(segs []Segment, virtualSectors, dataStart, dataEnd uint64) error {
+	var prevEnd uint64
+	for i, s := range segs {
+		if s.Length == 0 || s.Length > MaxSegmentLen {
+			return fmt.Errorf("%w: mapping %d has length %d", ErrFormat, i, s.Length)
+		}
+		if s.Offset < prevEnd {
+			return fmt.Errorf("%w: mapping %d (sector %d) overlaps or is out of order", ErrFormat, i, s.Offset)
+		}
+		if s.End() > virtualSectors {
+			return fmt.Errorf("%w: mapping %d ends at sector %d past the virtual size (%d sectors)", ErrFormat, i, s.End(), virtualSectors)
+		}
+		if !s.Zeroed && (s.MOffset < dataStart || s.MOffset+uint64(s.Length) > dataEnd) {
+			return fmt.Errorf("%w: mapping %d points at sectors [%d,%d) outside the data area [%d,%d)", ErrFormat, i, s.MOffset, s.MOffset+uint64(s.Length), dataStart, dataEnd)
+		}
+		prevEnd = s.End()
+	}
+	return nil
+}
+
+// Overlay returns the segments of upper over lower: upper wins where both map.
+// Both inputs must be sorted and non-overlapping; so is the result.
+func Overlay(lower, upper []Segment) []Segment {
+	// The parts of lower that no upper segment covers, in order.
+	rem := make([]Segment, 0, len(lower))
+	j := 0
+	for _, l := range lower {
+		for j < len(upper) && upper[j].End() <= l.Offset {
+			j++
+		}
+		cur, end := l.Offset, l.End()
+		for k := j; k < len(upper) && upper[k].Offset < end && cur < end; k++ {
+			if u := upper[k]; u.Offset > cur {
+				rem = append(rem, l.Clip(cur, u.Offset))
+			}
+			cur = max(cur, upper[k].End())
+		}
+		if cur < end {
+			rem = append(rem, l.Clip(cur, end))
+		}
+	}
+	// Merge two sorted lists that are disjoint from each other.
+	out := make([]Segment, 0, len(rem)+len(upper))
+	a, b := 0, 0
+	for a < len(rem) && b < len(upper) {
+		if rem[a].Offset < upper[b].Offset {
+			out = append(out, rem[a])
+			a++
+		} else {
+			out = append(out, upper[b])
+			b++
+		}
+	}
+	out = append(out, rem[a:]...)
+	return append(out, upper[b:]...)
+}
+
+// MergeIndexes overlays the layers' indexes, bottom first, tagging each segment
+// with its layer's position. It is the read index of a stack of sealed layers.
+func MergeIndexes(layers []*Index) *Index {
+	var acc []Segment
+	for i, x := range layers {
+		tagged := make([]Segment, len(x.segs))
+		for k, s := range x.segs {
+			s.Tag = uint8(i)
+			tagged[k] = s
+		}
+		if i == 0 {
+			acc = tagged
+			continue
+		}
+		acc = Overlay(acc, tagged)
+	}
+	return &Index{segs: acc}
+}
+
+// Compact merges neighbours that are contiguous logically and physically, with
+// the same zeroed flag and tag, while the combined length fits a mapping.
+func Compact(segs []Segment) []Segment {
+	if len(segs) == 0 {
+		return segs
+	}
+	out := segs[:1]
+	for _, s := range segs[1:] {
+		p := &out[len(out)-1]
+		if p.End() == s.Offset && p.Zeroed == s.Zeroed && p.Tag == s.Tag &&
+			(s.Zeroed || p.MOffset+uint64(p.Length) == s.MOffset) &&
+			uint64(p.Length)+uint64(s.Length) <= MaxSegmentLen {
+			p.Length += s.Length
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}

@@ -1,0 +1,201 @@
+package lsmt
+
+import (
+	"context"
+	"fmt"
+	"io"
+)
+
+// Stack is an ordered list of sealed layers (bottom first) with an optional
+// writable upper on top. Reads are served by the newest layer that maps a
+// range; ranges no layer maps read as zeros.
+type Stack struct {
+	lowers []*Layer
+	merged *Index
+	upper  *Upper
+	size   int64
+}
+
+// NewStack builds a stack. The virtual size is the upper's, or the top
+// lower's. The stack owns the layers: Close closes them.
+func NewStack(lowers []*Layer, upper *Upper) (*Stack, error) {
+	if len(lowers) > MaxLayers {
+		return nil, fmt.Errorf("stack of %d layers exceeds the limit of %d", len(lowers), MaxLayers)
+	}
+	if len(lowers) == 0 && upper == nil {
+		return nil, fmt.Errorf("stack has no layers")
+	}
+	idx := make([]*Index, len(lowers))
+	for i, l := range lowers {
+		idx[i] = l.Index()
+	}
+	s := &Stack{lowers: lowers, merged: MergeIndexes(idx), upper: upper}
+	switch {
+	case upper != nil:
+		s.size = upper.VirtualSize()
+	default:
+		s.size = lowers[len(lowers)-1].VirtualSize()
+	}
+	return s, nil
+}
+
+// Lowers are the sealed layers, bottom first.
+func (s *Stack) Lowers() []*Layer { return s.lowers }
+
+// Upper is the writable layer or nil.
+func (s *Stack) Upper() *Upper { return s.upper }
+
+// MergedIndex is the read index of the sealed layers (tags are layer positions).
+func (s *Stack) MergedIndex() *Index { return s.merged }
+
+// Size is the virtual disk size in bytes.
+func (s *Stack) Size() int64 { return s.size }
+
+func (s *Stack) lowerSource(tag uint8) io.ReaderAt { return s.lowers[tag].r }
+
+// ReadAt reads the virtual disk.
+func (s *Stack) ReadAt(p []byte, off int64) (int, error) {
+	return readVirtual(p, off, s.size, s.fill)
+}
+
+func (s *Stack) fill(p []byte, off int64) error {
+	if s.upper == nil {
+		return s.fillLower(p, off)
+	}
+	return readIndexed(p, off, s.upper.Lookup, func(uint8) io.ReaderAt { return s.upper.data }, s.fillLower)
+}
+
+func (s *Stack) fillLower(p []byte, off int64) error {
+	return readIndexed(p, off, s.merged.Lookup, s.lowerSource, nil)
+}
+
+// WriteAt writes to the upper. Writes that are not aligned to the upper's
+// granularity are widened with the current contents (read-modify-write), so
+// concurrent unaligned writes to the same block may race, as on any disk.
+func (s *Stack) WriteAt(p []byte, off int64) (int, error) {
+	if s.upper == nil {
+		return 0, fmt.Errorf("write: %w (the stack has no upper layer)", ErrReadOnly)
+	}
+	if off < 0 || off+int64(len(p)) > s.size {
+		return 0, fmt.Errorf("write [%d,+%d) past the virtual size %d", off, len(p), s.size)
+	}
+	a := s.upper.Align()
+	if off%a == 0 && int64(len(p))%a == 0 {
+		return s.upper.WriteAt(p, off)
+	}
+	start := off / a * a
+	end := min((off+int64(len(p))+a-1)/a*a, s.size)
+	buf := make([]byte, end-start)
+	// Only the partial head and tail blocks need their old contents.
+	if err := s.fill(buf[:a], start); err != nil {
+		return 0, err
+	}
+	if end-a > start {
+		if err := s.fill(buf[len(buf)-int(a):], end-a); err != nil {
+			return 0, err
+		}
+	}
+	copy(buf[off-start:], p)
+	if _, err := s.upper.WriteAt(buf, start); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Trim makes [off, off+n) read as zeros. Unaligned edges are written as zeros.
+func (s *Stack) Trim(off, n int64) error {
+	if s.upper == nil {
+		return fmt.Errorf("trim: %w (the stack has no upper layer)", ErrReadOnly)
+	}
+	if off < 0 || n < 0 || off+n > s.size {
+		return fmt.Errorf("trim [%d,+%d) past the virtual size %d", off, n, s.size)
+	}
+	a := s.upper.Align()
+	start := (off + a - 1) / a * a
+	end := (off + n) / a * a
+	if start >= end {
+		_, err := s.WriteAt(make([]byte, n), off)
+		return err
+	}
+	if start > off {
+		if _, err := s.WriteAt(make([]byte, start-off), off); err != nil {
+			return err
+		}
+	}
+	if end < off+n {
+		if _, err := s.WriteAt(make([]byte, off+n-end), end); err != nil {
+			return err
+		}
+	}
+	return s.upper.Trim(start, end-start)
+}
+
+// Flush makes completed writes durable.
+func (s *Stack) Flush() error {
+	if s.upper == nil {
+		return nil
+	}
+	return s.upper.Flush()
+}
+
+// Commit seals the upper's live contents into a new sealed layer written to w,
+// with the top lower as its parent. Zero sectors become zeroed mappings.
+func (s *Stack) Commit(ctx context.Context, w io.Writer, message string) (SealResult, error) {
+	if s.upper == nil {
+		return SealResult{}, fmt.Errorf("commit: the stack has no upper layer")
+	}
+	if err := s.upper.Flush(); err != nil {
+		return SealResult{}, err
+	}
+	return CommitUpper(ctx, s.upper, s.topUUID(), w, message)
+}
+
+func (s *Stack) topUUID() UUID {
+	if len(s.lowers) == 0 {
+		return UUID{}
+	}
+	return s.lowers[len(s.lowers)-1].UUID()
+}
+
+// CommitUpper seals an upper into w. parent is recorded as the parent uuid.
+func CommitUpper(ctx context.Context, u *Upper, parent UUID, w io.Writer, message string) (SealResult, error) {
+	segs := u.Segments()
+	src := func(uint8) io.ReaderAt { return u.data }
+	opt := SealOptions{VirtualSize: uint64(u.VirtualSize()), UUID: u.UUID(), Parent: parent, Message: message, Zero: ZeroMark}
+	if parent.IsNil() {
+		opt.Parent = u.hdr.ParentUUID
+	}
+	res, err := WriteSealed(ctx, w, segs, src, opt)
+	if err != nil {
+		return res, fmt.Errorf("commit upper %s: %w", u.dataPath, err)
+	}
+	return res, nil
+}
+
+// Merge writes one sealed layer equivalent to the sealed layers (bottom first).
+// Zero sectors become zeroed mappings; the result's parent is the bottom's parent.
+func Merge(ctx context.Context, layers []*Layer, w io.Writer, message string) (SealResult, error) {
+	if len(layers) == 0 || len(layers) > MaxLayers {
+		return SealResult{}, fmt.Errorf("merge: %d layers, need 1..%d", len(layers), MaxLayers)
+	}
+	st, err := NewStack(layers, nil)
+	if err != nil {
+		return SealResult{}, err
+	}
+	opt := SealOptions{VirtualSize: uint64(st.Size()), Parent: layers[0].ParentUUID(), Message: message, Zero: ZeroMark}
+	return WriteSealed(ctx, w, st.merged.Segments(), st.lowerSource, opt)
+}
+
+// Close closes every layer.
+func (s *Stack) Close() error {
+	var err error
+	if s.upper != nil {
+		err = s.upper.Close()
+	}
+	for _, l := range s.lowers {
+		if cerr := l.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}

@@ -1,0 +1,320 @@
+package zfile
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"sync"
+)
+
+// Reader gives random access to the decompressed bytes of a ZFile.
+type Reader struct {
+	r      io.ReaderAt
+	hdr    Header // the header as stored
+	tr     Header // the trailer
+	offs   []int64
+	codec  codec
+	bs     int64
+	size   int64
+	cache  [cacheSlots]cacheSlot
+	bufs   sync.Pool
+	closer io.Closer
+}
+
+const cacheSlots = 64
+
+type cacheSlot struct {
+	mu   sync.Mutex
+	blk  int64 // block index + 1; 0 = empty
+	data []byte
+}
+
+// maxBlocks bounds the jump table we load (a 256 TiB file at 4 KiB blocks... is
+// not our case; 64M entries = 256 MiB of table).
+const maxBlocks = 64 << 20
+
+// Open parses a ZFile of the given size. name is used in errors.
+func Open(name string, r io.ReaderAt, size int64) (*Reader, error) {
+	z, err := open(r, size)
+	if err != nil {
+		return nil, fmt.Errorf("open zfile %s: %w", name, err)
+	}
+	return z, nil
+}
+
+func readFull(r io.ReaderAt, p []byte, off int64) error {
+	n, err := r.ReadAt(p, off)
+	if n == len(p) {
+		return nil
+	}
+	if err == nil || errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return fmt.Errorf("read %d bytes at offset %d: %w", len(p), off, err)
+}
+
+func open(r io.ReaderAt, size int64) (*Reader, error) {
+	if size < 2*HTSpace {
+		return nil, fmt.Errorf("%w: file is %d bytes, too short for a header and a trailer", ErrFormat, size)
+	}
+	z := &Reader{r: r}
+	b := make([]byte, HTSpace)
+	if err := readFull(r, b, 0); err != nil {
+		return nil, fmt.Errorf("header: %w", err)
+	}
+	var err error
+	if z.hdr, err = ParseHeader(b); err != nil {
+		return nil, fmt.Errorf("header: %w", err)
+	}
+	if !z.hdr.IsHeader() {
+		return nil, fmt.Errorf("%w: header block lacks the header flag (flags %#x)", ErrFormat, z.hdr.Flags)
+	}
+	if err := readFull(r, b, size-HTSpace); err != nil {
+		return nil, fmt.Errorf("trailer: %w", err)
+	}
+	t, err := ParseHeader(b)
+	if err != nil {
+		return nil, fmt.Errorf("trailer at offset %d: %w", size-HTSpace, err)
+	}
+	if t.IsHeader() || t.Flags&FlagSealed == 0 {
+		return nil, fmt.Errorf("%w: trailer flags %#x are not those of a sealed trailer", ErrFormat, t.Flags)
+	}
+	if err := z.checkTrailer(&t, size); err != nil {
+		return nil, err
+	}
+	z.tr = t
+	var dict []byte
+	if t.UseDict != 0 && t.DictSize > 0 {
+		dict = make([]byte, t.DictSize)
+		if err := readFull(r, dict, HTSpace); err != nil {
+			return nil, fmt.Errorf("dictionary: %w", err)
+		}
+	}
+	if z.codec, err = newCodec(t.Algorithm, t.Level, dict); err != nil {
+		return nil, err
+	}
+	if err := z.loadJumpTable(); err != nil {
+		return nil, err
+	}
+	z.bufs.New = func() any { b := make([]byte, z.maxCompressed()); return &b }
+	return z, nil
+}
+
+func (z *Reader) checkTrailer(t *Header, size int64) error {
+	switch {
+	case t.Flags&FlagCompressedIndex != 0:
+		return fmt.Errorf("%w: compressed jump tables are not supported", ErrFormat)
+	case t.BlockSize < MinBlockSize || t.BlockSize > MaxBlockSize:
+		return fmt.Errorf("%w: block_size %d outside [%d,%d]", ErrFormat, t.BlockSize, MinBlockSize, MaxBlockSize)
+	case t.DictSize > uint32(size):
+		return fmt.Errorf("%w: dict_size %d exceeds the file", ErrFormat, t.DictSize)
+	case t.IndexSize > maxBlocks:
+		return fmt.Errorf("%w: index_size %d blocks is too large", ErrFormat, t.IndexSize)
+	}
+	z.bs = int64(t.BlockSize)
+	limit := uint64(size - HTSpace)
+	if t.IndexOffset < HTSpace+uint64(t.DictSize) || t.IndexOffset > limit || t.IndexSize*4 > limit-t.IndexOffset {
+		return fmt.Errorf("%w: jump table [%d,+%d entries) does not fit before the trailer at %d", ErrFormat, t.IndexOffset, t.IndexSize, limit)
+	}
+	want := (t.OriginalSize + uint64(t.BlockSize) - 1) / uint64(t.BlockSize)
+	if want != t.IndexSize {
+		return fmt.Errorf("%w: %d blocks of %d bytes cannot hold original size %d", ErrFormat, t.IndexSize, t.BlockSize, t.OriginalSize)
+	}
+	z.size = int64(t.OriginalSize)
+	return nil
+}
+
+func (z *Reader) maxCompressed() int {
+	// zstd and LZ4 both bound expansion well under this for blocks <= 64 KiB.
+	return int(z.bs) + int(z.bs)/8 + 1024 + crcSize
+}
+
+func (z *Reader) loadJumpTable() error {
+	t := &z.tr
+	table := make([]byte, 4*t.IndexSize)
+	if err := readFull(z.r, table, int64(t.IndexOffset)); err != nil {
+		return fmt.Errorf("jump table: %w", err)
+	}
+	if got := CRC32C(0, table); got != t.IndexCRC {
+		return fmt.Errorf("%w: jump table crc is %#08x, trailer says %#08x", ErrChecksum, got, t.IndexCRC)
+	}
+	z.offs = make([]int64, t.IndexSize+1)
+	pos := int64(HTSpace) + int64(t.DictSize)
+	minLen := uint32(1)
+	if t.Verify {
+		minLen = crcSize + 1
+	}
+	for i := range t.IndexSize {
+		l := binary.LittleEndian.Uint32(table[4*i:])
+		if l < minLen || int(l) > z.maxCompressed() {
+			return fmt.Errorf("%w: block %d has compressed length %d", ErrFormat, i, l)
+		}
+		z.offs[i] = pos
+		pos += int64(l)
+	}
+	z.offs[t.IndexSize] = pos
+	if pos != int64(t.IndexOffset) {
+		return fmt.Errorf("%w: blocks end at %d but the jump table starts at %d", ErrFormat, pos, t.IndexOffset)
+	}
+	return nil
+}
+
+// Size is the decompressed size.
+func (z *Reader) Size() int64 { return z.size }
+
+// Trailer is the trailer as read.
+func (z *Reader) Trailer() Header { return z.tr }
+
+// StoredHeader is the header block as read.
+func (z *Reader) StoredHeader() Header { return z.hdr }
+
+// Blocks is the number of blocks.
+func (z *Reader) Blocks() int { return len(z.offs) - 1 }
+
+// CompressedSize is the size of the ZFile bytes up to and including the trailer.
+func (z *Reader) CompressedSize() int64 {
+	return int64(z.tr.IndexOffset) + 4*int64(z.tr.IndexSize) + HTSpace
+}
+
+// SetCloser makes Close close c.
+func (z *Reader) SetCloser(c io.Closer) { z.closer = c }
+
+// Close closes the underlying file when the reader owns it.
+func (z *Reader) Close() error {
+	if z.closer != nil {
+		return z.closer.Close()
+	}
+	return nil
+}
+
+func (z *Reader) blockLen(i int64) int {
+	return int(min(z.bs, z.size-i*z.bs))
+}
+
+// decodeBlock decompresses block i into dst (len = the block's raw length).
+func (z *Reader) decodeBlock(i int64, dst []byte) error {
+	bp := z.bufs.Get().(*[]byte)
+	defer z.bufs.Put(bp)
+	n := z.offs[i+1] - z.offs[i]
+	src := (*bp)[:n]
+	if err := readFull(z.r, src, z.offs[i]); err != nil {
+		return fmt.Errorf("block %d: %w", i, err)
+	}
+	if z.tr.Verify {
+		data := src[:n-crcSize]
+		want := binary.LittleEndian.Uint32(src[n-crcSize:])
+		if got := BlockCRC(data); got != want {
+			return fmt.Errorf("block %d at offset %d: %w: stored %#08x, computed %#08x", i, z.offs[i], ErrChecksum, want, got)
+		}
+		src = data
+	}
+	if _, err := z.codec.decompress(dst, src); err != nil {
+		return fmt.Errorf("block %d at offset %d: %w", i, z.offs[i], err)
+	}
+	return nil
+}
+
+// ReadAt reads decompressed bytes.
+func (z *Reader) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("zfile: negative offset %d", off)
+	}
+	if off >= z.size {
+		return 0, io.EOF
+	}
+	var eof error
+	if int64(len(p)) > z.size-off {
+		p = p[:z.size-off]
+		eof = io.EOF
+	}
+	done := 0
+	for done < len(p) {
+		pos := off + int64(done)
+		blk := pos / z.bs
+		in := pos - blk*z.bs
+		bl := z.blockLen(blk)
+		n := min(len(p)-done, bl-int(in))
+		if in == 0 && n == bl {
+			// A whole block: decode straight into p.
+			if err := z.decodeBlock(blk, p[done:done+n]); err != nil {
+				return done, err
+			}
+		} else if err := z.readCached(blk, p[done:done+n], int(in)); err != nil {
+			return done, err
+		}
+		done += n
+	}
+	return done, eof
+}
+
+func (z *Reader) readCached(blk int64, dst []byte, in int) error {
+	s := &z.cache[blk%cacheSlots]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.blk != blk+1 {
+		if cap(s.data) < int(z.bs) {
+			s.data = make([]byte, z.bs)
+		}
+		s.data = s.data[:z.blockLen(blk)]
+		s.blk = 0
+		if err := z.decodeBlock(blk, s.data); err != nil {
+			return err
+		}
+		s.blk = blk + 1
+	}
+	copy(dst, s.data[in:])
+	return nil
+}
+
+// Verify decodes every block, checking CRCs and decoded lengths.
+func (z *Reader) Verify(ctx context.Context) error {
+	return z.WriteTo(ctx, io.Discard)
+}
+
+// WriteTo decompresses the whole file to w, decoding batches of blocks in parallel.
+func (z *Reader) WriteTo(ctx context.Context, w io.Writer) error {
+	nb := int64(z.Blocks())
+	workers := int64(runtime.GOMAXPROCS(0))
+	const batch = 256
+	buf := make([]byte, batch*z.bs)
+	for lo := int64(0); lo < nb; lo += batch {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		hi := min(lo+batch, nb)
+		errs := make([]error, workers)
+		var wg sync.WaitGroup
+		per := (hi - lo + workers - 1) / workers
+		for k := int64(0); k < workers; k++ {
+			a, b := lo+k*per, min(lo+(k+1)*per, hi)
+			if a >= b {
+				break
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := a; i < b; i++ {
+					o := (i - lo) * z.bs
+					if err := z.decodeBlock(i, buf[o:o+int64(z.blockLen(i))]); err != nil {
+						errs[k] = err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				return err
+			}
+		}
+		end := (hi-lo-1)*z.bs + int64(z.blockLen(hi-1))
+		if _, err := w.Write(buf[:end]); err != nil {
+			return fmt.Errorf("zfile: write: %w", err)
+		}
+	}
+	return nil
+}
