@@ -7,12 +7,11 @@ import (
 	"context"
 	"flag"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
+	"github.com/agentenv/agentenv/guest/agent"
 	"github.com/agentenv/agentenv/guest/initd"
 )
 
@@ -20,23 +19,25 @@ func main() {
 	if os.Getpid() == 1 {
 		initd.Main() // never returns
 	}
-	addr := flag.String("addr", ":49983", "listen address")
+	addr := flag.String("addr", agent.DefaultAddr, "listen address")
+	skipInit := flag.Bool("skip-init-duties", false, "do not act on the guest system during /init (no clock setting); for running on a host")
+	user := flag.String("default-user", "", "user that requests act as when they name none (default: the user the agent runs as)")
+	debug := flag.Bool("debug", false, "log at debug level")
 	flag.Parse()
+
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(log)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	srv := &http.Server{Addr: *addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
-	slog.Info("aenv-agent listening", "addr", *addr)
-	if err := srv.ListenAndServe(); err != nil && err != http.ErrServerClosed {
-		slog.Error("aenv-agent", "err", err)
+	a := agent.New(agent.Config{DefaultUser: *user, SkipInitDuties: *skipInit, Logger: log})
+	log.Info("aenv-agent listening", "addr", *addr, "version", agent.Version)
+	if err := agent.Serve(ctx, *addr, a); err != nil {
+		log.Error("aenv-agent", "err", err)
 		os.Exit(1)
 	}
 }

@@ -1,0 +1,212 @@
+// Package agent assembles aenv-agent, the in-sandbox agent that speaks E2B's
+// agent ("envd") protocol on port 49983: the Connect services process.Process
+// and filesystem.Filesystem, and the plain HTTP endpoints /health, /metrics,
+// /envs, /init and /files, behind the access-token rules of the protocol.
+// The service implementations live in the sub-packages; this package owns the
+// routing, the authentication middleware and the /init, /envs, /metrics handlers.
+package agent
+
+// Regenerate the Connect/protobuf Go code under gen/ (committed; CI needs no protoc):
+//   apt-get install protobuf-compiler
+//   go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+//   go install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1
+//go:generate sh -c "cd proto && protoc -I . --go_out=../gen --go_opt=module=github.com/agentenv/agentenv/guest/agent/gen --connect-go_out=../gen --connect-go_opt=module=github.com/agentenv/agentenv/guest/agent/gen process/process.proto filesystem/filesystem.proto"
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/agentenv/agentenv/guest/agent/gen/process/processconnect"
+	"github.com/agentenv/agentenv/guest/agent/procsvc"
+	"github.com/agentenv/agentenv/guest/agent/state"
+	"github.com/agentenv/agentenv/guest/agent/users"
+)
+
+// Version is the envd protocol version the agent reports. E2B's SDKs enable
+// features by it (0.6.4 or newer is required for everything we serve).
+const Version = "0.6.4"
+
+// DefaultAddr is where E2B's SDKs expect the agent.
+const DefaultAddr = ":49983"
+
+// Config configures an agent.
+type Config struct {
+	// DefaultUser is the user requests act as when they name none; "" means
+	// the user the agent runs as. /init may change it.
+	DefaultUser string
+	// SkipInitDuties stops /init from setting the system clock: for an agent
+	// running as an ordinary process on a host.
+	SkipInitDuties bool
+	// Users overrides the passwd/group database (tests).
+	Users  *users.DB
+	Logger *slog.Logger
+}
+
+// Agent is the HTTP handler of the whole agent.
+type Agent struct {
+	cfg   Config
+	st    *state.State
+	log   *slog.Logger
+	procs *procsvc.Service
+	mux   *http.ServeMux
+}
+
+// New builds an agent.
+func New(cfg Config) *Agent {
+	if cfg.Users == nil {
+		cfg.Users = users.NewDB()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	a := &Agent{cfg: cfg, log: cfg.Logger, st: state.New(cfg.Users, cfg.DefaultUser), mux: http.NewServeMux()}
+	a.procs = procsvc.New(a.st, a.log)
+	a.routes()
+	return a
+}
+
+// State exposes the agent's settings (tests and embedders).
+func (a *Agent) State() *state.State { return a.st }
+
+func (a *Agent) routes() {
+	a.mux.Handle(processconnect.NewProcessHandler(a.procs))
+	a.mountExtra()
+	a.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	a.mux.HandleFunc("POST /init", a.handleInit)
+	a.mux.HandleFunc("GET /envs", a.handleEnvs)
+	a.mux.HandleFunc("GET /metrics", a.handleMetrics)
+}
+
+// ServeHTTP applies the access-token rule and routes.
+func (a *Agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !tokenExempt(r.URL.Path) && !a.st.TokenOK(r.Header) {
+		unauthorized(w, r)
+		return
+	}
+	a.mux.ServeHTTP(w, r)
+}
+
+// tokenExempt lists the paths that check credentials themselves (/files,
+// /init) or need none (/health).
+func tokenExempt(path string) bool {
+	switch path {
+	case "/health", "/files", "/init":
+		return true
+	}
+	return false
+}
+
+func unauthorized(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/connect") || strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") ||
+		strings.HasPrefix(r.Header.Get("Content-Type"), "application/proto") || r.Header.Get("Connect-Protocol-Version") != "" {
+		// Connect clients decode a JSON error body with a code.
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = w.Write([]byte(`{"code":"unauthenticated","message":"invalid or missing access token"}`))
+		return
+	}
+	WriteError(w, http.StatusUnauthorized, "invalid or missing access token")
+}
+
+// WriteError writes the protocol's JSON error body {code, message}.
+func WriteError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"code": status, "message": msg})
+}
+
+// initRequest is the body of POST /init.
+type initRequest struct {
+	EnvVars        map[string]string `json:"envVars"`
+	AccessToken    *string           `json:"accessToken"`
+	Timestamp      *time.Time        `json:"timestamp"`
+	DefaultUser    *string           `json:"defaultUser"`
+	DefaultWorkdir *string           `json:"defaultWorkdir"`
+}
+
+// maxInitBody bounds /init so a hostile caller cannot exhaust memory.
+const maxInitBody = 1 << 20
+
+func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
+	var req initRequest
+	if r.Body != nil && r.ContentLength != 0 {
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxInitBody))
+		if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+			WriteError(w, http.StatusBadRequest, fmt.Sprintf("decode init body: %v", err))
+			return
+		}
+	}
+	if !a.initAllowed(r, req) {
+		WriteError(w, http.StatusUnauthorized, "init: access token already set; send it in X-Access-Token")
+		return
+	}
+	if req.Timestamp != nil && !a.cfg.SkipInitDuties {
+		a.syncClock(*req.Timestamp)
+	}
+	a.st.Apply(state.Settings{AccessToken: req.AccessToken, EnvVars: req.EnvVars, DefaultUser: req.DefaultUser, DefaultWorkdir: req.DefaultWorkdir})
+	w.Header().Set("X-Envd-Version", Version)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// initAllowed: the first /init may set anything; once a token is set, a
+// re-init (after resume) must present it, or repeat the same token.
+func (a *Agent) initAllowed(r *http.Request, req initRequest) bool {
+	cur := a.st.Token()
+	if cur == "" || state.TokenEqual(r.Header.Get(state.AccessTokenHeader), cur) {
+		return true
+	}
+	return req.AccessToken != nil && state.TokenEqual(*req.AccessToken, cur)
+}
+
+// syncClock sets the guest clock from the host's timestamp when it drifted:
+// a VM restored from a snapshot wakes up with the clock of the snapshot.
+func (a *Agent) syncClock(ts time.Time) {
+	if d := time.Since(ts); d > -time.Second && d < time.Second {
+		return
+	}
+	tv := syscall.NsecToTimeval(ts.UnixNano())
+	if err := syscall.Settimeofday(&tv); err != nil {
+		a.log.Warn("init: set clock", "err", err)
+	}
+}
+
+func (a *Agent) handleEnvs(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(a.st.Envs())
+}
+
+// Serve runs the agent on addr until ctx ends (HTTP/1.1 and cleartext HTTP/2).
+func Serve(ctx context.Context, addr string, h http.Handler) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", addr, err)
+	}
+	return ServeListener(ctx, ln, h)
+}
+
+// ServeListener is Serve on an existing listener.
+func ServeListener(ctx context.Context, ln net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second}
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve %s: %w", ln.Addr(), err)
+	}
+	return nil
+}

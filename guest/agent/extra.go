@@ -1,0 +1,3 @@
+package agent
+
+func (a *Agent) mountExtra() {}
