@@ -121,7 +121,9 @@ func ParseHeader(b []byte) (Header, error) {
 	if !bytes.Equal(b[0:8], Magic0[:]) || !bytes.Equal(b[8:24], Magic1[:]) {
 		return h, fmt.Errorf("%w: bad ZFile magic", ErrFormat)
 	}
-	if sz := le.Uint32(b[24:]); sz != HTBodySize {
+	// Upstream versions differ in the struct size they record; all keep the
+	// fields we read at the same offsets, so accept any size that covers them.
+	if sz := le.Uint32(b[24:]); sz < 89 || sz > HTSpace {
 		return h, fmt.Errorf("%w: header size field is %d, want %d", ErrFormat, sz, HTBodySize)
 	}
 	h.Digest = le.Uint32(b[28:])

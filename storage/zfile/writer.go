@@ -96,8 +96,10 @@ func Compress(ctx context.Context, dst io.Writer, src io.Reader, opt Options) (H
 		return h, fmt.Errorf("zfile: write: %w", err)
 	}
 	if wa, ok := dst.(io.WriterAt); ok {
+		// As upstream: the overwritten header is a header (not sealed)
+		// carrying the trailer's fields.
 		oh := t
-		oh.Flags |= FlagHeader | FlagHeaderOverwrite
+		oh.Flags = (oh.Flags | FlagHeader | FlagHeaderOverwrite) &^ FlagSealed
 		if _, err := wa.WriteAt(oh.Marshal(), 0); err != nil {
 			return t, fmt.Errorf("zfile: overwrite header: %w", err)
 		}
