@@ -1,0 +1,34 @@
+// Package network owns the per-sandbox network of a node: slots, egress
+// policy and the warm pool of slots.
+//
+// A slot is one network namespace holding everything a VM needs on the host
+// side:
+//
+//	host netns                         slot netns (<prefix>-<index>)
+//	  <prefix>v<index>  10.12.x.y/31 ──veth──  eth0  10.12.x.y+1/31 (default route)
+//	  route HostIP via the veth          tap0  169.254.0.22/30  ── VM eth0 169.254.0.21/30
+//	  nft table <prefix>:                 nft table <prefix>:
+//	    masquerade HostCIDR, VethCIDR      DNAT HostIP -> 169.254.0.21 (host -> guest)
+//	    drop slot -> slot, slot -> host     SNAT 169.254.0.21 -> HostIP (guest egress)
+//	                                       egress policy on forwarded packets from tap0
+//	                                       DNS from the guest redirected to our resolver
+//
+// Every slot has the same guest view (IP, gateway and MAC), which is what a
+// VM restored from a snapshot expects. The host reaches a guest port at
+// HostIP:port; the guest's egress leaves with HostIP as source and is
+// masqueraded by the host.
+//
+// Rules are installed with nftables through netlink (github.com/google/nftables):
+// one batch per slot, no processes spawned, and a slot's rules disappear
+// with its namespace, so teardown is deleting one veth and one namespace.
+//
+// Domain rules in the egress policy are enforced by a DNS-aware resolver
+// served inside each slot (see dns.go): the guest's DNS traffic, whatever
+// server it targets, is redirected to it; answers for allowed names add
+// their addresses, with the record's TTL, to a kernel set that the egress
+// rules accept. The data path stays in the kernel.
+//
+// Everything is named with a configurable prefix so that a crashed process's
+// leftovers can be found and removed at the next start (Cleanup), and so
+// that tests never collide with a running node.
+package network

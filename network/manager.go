@@ -1,0 +1,419 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// ErrShutdown is returned by Acquire after Shutdown.
+var ErrShutdown = errors.New("network: manager is shut down")
+
+// ErrExhausted is returned when every slot index is in use.
+var ErrExhausted = errors.New("network: no free slot index")
+
+// Manager owns a node's slots. It is safe for concurrent use; create one
+// per process and prefix.
+type Manager struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+
+	hostNS netns.NsHandle // -1: the process's own namespace
+	hostMu sync.Mutex     // serialises hostNL
+	hostNL *netlink.Handle
+
+	mu       sync.Mutex
+	closed   bool
+	freeIdx  []int // released indexes, reused first
+	nextIdx  int
+	pool     []*Slot
+	inUse    map[*Slot]struct{}
+	creating int
+	doomed   []*Slot // released above the high watermark, destroyed by the worker
+
+	wake   chan struct{}
+	stop   chan struct{}
+	worker sync.WaitGroup
+}
+
+// New cleans up what a previous process with the same prefix left, sets up
+// the host namespace and starts the warm-pool worker.
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	m := &Manager{
+		cfg: cfg, log: cfg.Logger.With("component", "network", "prefix", cfg.Prefix),
+		hostNS: -1, nextIdx: 1, inUse: map[*Slot]struct{}{},
+		wake: make(chan struct{}, 1), stop: make(chan struct{}),
+	}
+	m.metrics = newMetrics(cfg.Prefix, cfg.Registerer)
+	if err := m.openHost(); err != nil {
+		return nil, err
+	}
+	if n, err := Cleanup(ctx, cfg); err != nil {
+		m.closeHost()
+		return nil, err
+	} else if n > 0 {
+		m.log.Info("removed leftovers of a previous run", "objects", n)
+	}
+	if err := m.setupHost(); err != nil {
+		m.closeHost()
+		return nil, err
+	}
+	m.worker.Add(1)
+	go m.runWorker()
+	m.kick()
+	return m, nil
+}
+
+func (m *Manager) openHost() error {
+	ns := netns.None()
+	if m.cfg.HostNetNS != "" {
+		h, err := netns.GetFromPath(m.cfg.HostNetNS)
+		if err != nil {
+			return fmt.Errorf("open host netns %s: %w", m.cfg.HostNetNS, err)
+		}
+		ns, m.hostNS = h, h
+	}
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		m.closeHost()
+		return fmt.Errorf("netlink in host netns: %w", err)
+	}
+	m.hostNL = h
+	return nil
+}
+
+func (m *Manager) closeHost() {
+	if m.hostNL != nil {
+		m.hostNL.Close()
+	}
+	if m.hostNS >= 0 {
+		m.hostNS.Close()
+	}
+}
+
+func (m *Manager) hostNFT() (*nftables.Conn, error) {
+	if m.hostNS < 0 {
+		return nftables.New()
+	}
+	return nftables.New(nftables.WithNetNSFd(int(m.hostNS)))
+}
+
+func (m *Manager) setupHost() error {
+	err := runInNS(m.cfg.HostNetNS, func() error { return writeSysctl("net/ipv4/ip_forward", "1") })
+	if err != nil {
+		return fmt.Errorf("host setup: %w", err)
+	}
+	c, err := m.hostNFT()
+	if err != nil {
+		return fmt.Errorf("host setup: %w", err)
+	}
+	return installHostTable(c, &m.cfg)
+}
+
+// Acquire returns a slot with the default policy: a warm one when the pool
+// has one, else a new one.
+func (m *Manager) Acquire(ctx context.Context) (*Slot, error) {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, ErrShutdown
+	}
+	if n := len(m.pool); n > 0 {
+		s := m.pool[n-1]
+		m.pool = m.pool[:n-1]
+		m.inUse[s] = struct{}{}
+		m.metrics.setPool(len(m.pool), len(m.inUse))
+		m.mu.Unlock()
+		m.metrics.acquired("pool")
+		m.kick()
+		return s, nil
+	}
+	m.mu.Unlock()
+	s, err := m.create(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		m.mu.Unlock()
+		m.destroy(s)
+		m.mu.Lock()
+		return nil, ErrShutdown
+	}
+	m.inUse[s] = struct{}{}
+	m.metrics.setPool(len(m.pool), len(m.inUse))
+	m.metrics.acquired("created")
+	m.kick()
+	return s, nil
+}
+
+// Release scrubs a slot (default policy, no resolved addresses, no
+// connection state) and returns it to the pool, or hands it to the worker
+// for destruction when the pool is at its high watermark. The caller must
+// have stopped the VM using the slot.
+func (m *Manager) Release(ctx context.Context, s *Slot) error {
+	m.mu.Lock()
+	if _, ok := m.inUse[s]; !ok {
+		m.mu.Unlock()
+		return fmt.Errorf("release slot %s: not in use", s.Name)
+	}
+	delete(m.inUse, s)
+	m.mu.Unlock()
+	err := s.scrub(ctx)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case err != nil || m.closed || len(m.pool) >= m.cfg.PoolHigh:
+		m.doomed = append(m.doomed, s)
+	default:
+		m.pool = append(m.pool, s)
+	}
+	m.metrics.setPool(len(m.pool), len(m.inUse))
+	m.kick()
+	if err != nil {
+		return fmt.Errorf("release slot %s: %w", s.Name, err)
+	}
+	return nil
+}
+
+// Shutdown stops the worker and destroys every slot, pooled or in use, and
+// the host rules. The manager is unusable afterwards.
+func (m *Manager) Shutdown(ctx context.Context) error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	m.mu.Unlock()
+	close(m.stop)
+	m.worker.Wait()
+
+	m.mu.Lock()
+	all := append(append([]*Slot(nil), m.pool...), m.doomed...)
+	for s := range m.inUse {
+		all = append(all, s)
+	}
+	m.pool, m.doomed, m.inUse = nil, nil, map[*Slot]struct{}{}
+	m.metrics.setPool(0, 0)
+	m.mu.Unlock()
+
+	var errs []error
+	for _, s := range all {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		errs = append(errs, m.destroy(s))
+	}
+	if c, err := m.hostNFT(); err != nil {
+		errs = append(errs, err)
+	} else {
+		errs = append(errs, deleteHostTable(c, m.cfg.Prefix))
+	}
+	m.closeHost()
+	return errors.Join(errs...)
+}
+
+// Stats is a snapshot of the manager's slot counts.
+type Stats struct{ Pooled, InUse int }
+
+// Stats returns the current slot counts.
+func (m *Manager) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return Stats{Pooled: len(m.pool), InUse: len(m.inUse)}
+}
+
+func (m *Manager) kick() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// create builds a slot on a fresh index.
+func (m *Manager) create(ctx context.Context) (*Slot, error) {
+	idx, err := m.allocIndex()
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	s := m.newSlot(idx)
+	if err := s.build(ctx); err != nil {
+		m.destroy(s)
+		return nil, fmt.Errorf("create slot %s: %w", s.Name, err)
+	}
+	m.metrics.createSeconds.Observe(time.Since(start).Seconds())
+	return s, nil
+}
+
+func (m *Manager) destroy(s *Slot) error {
+	start := time.Now()
+	err := s.destroy()
+	m.metrics.destroySeconds.Observe(time.Since(start).Seconds())
+	m.mu.Lock()
+	m.freeIdx = append(m.freeIdx, s.Index)
+	m.mu.Unlock()
+	if err != nil {
+		m.log.Warn("destroy slot", "slot", s.Name, "err", err)
+	}
+	return err
+}
+
+func (m *Manager) allocIndex() (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n := len(m.freeIdx); n > 0 {
+		idx := m.freeIdx[n-1]
+		m.freeIdx = m.freeIdx[:n-1]
+		return idx, nil
+	}
+	if m.nextIdx > m.cfg.maxSlots() {
+		return 0, ErrExhausted
+	}
+	m.nextIdx++
+	return m.nextIdx - 1, nil
+}
+
+// runWorker is the single background worker: it destroys slots released
+// above the high watermark and refills the pool up to the low watermark.
+func (m *Manager) runWorker() {
+	defer m.worker.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { <-m.stop; cancel() }()
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-m.wake:
+		case <-retry:
+		}
+		retry = nil
+		m.drainDoomed()
+		if err := m.refill(ctx); err != nil && ctx.Err() == nil {
+			m.log.Warn("warm pool refill", "err", err)
+			retry = time.After(time.Second)
+		}
+	}
+}
+
+func (m *Manager) drainDoomed() {
+	m.mu.Lock()
+	doomed := m.doomed
+	m.doomed = nil
+	m.mu.Unlock()
+	for _, s := range doomed {
+		m.destroy(s)
+	}
+}
+
+func (m *Manager) refill(ctx context.Context) error {
+	for {
+		m.mu.Lock()
+		need := !m.closed && len(m.pool) < m.cfg.PoolLow
+		m.mu.Unlock()
+		if !need || ctx.Err() != nil {
+			return nil
+		}
+		s, err := m.create(ctx)
+		if err != nil {
+			return err
+		}
+		m.mu.Lock()
+		if m.closed {
+			m.mu.Unlock()
+			m.destroy(s)
+			return nil
+		}
+		m.pool = append(m.pool, s)
+		m.metrics.setPool(len(m.pool), len(m.inUse))
+		m.mu.Unlock()
+	}
+}
+
+// ---- host namespace operations ----
+
+func (m *Manager) hostLinkAdd(l netlink.Link) error {
+	m.hostMu.Lock()
+	defer m.hostMu.Unlock()
+	return m.hostNL.LinkAdd(l)
+}
+
+func (m *Manager) hostLinkDel(name string) error {
+	m.hostMu.Lock()
+	defer m.hostMu.Unlock()
+	l, err := m.hostNL.LinkByName(name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return fmt.Errorf("find %s: %w", name, err)
+	}
+	if err := m.hostNL.LinkDel(l); err != nil {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	return nil
+}
+
+func (m *Manager) hostVethUp(s *Slot) error {
+	m.hostMu.Lock()
+	defer m.hostMu.Unlock()
+	l, err := m.hostNL.LinkByName(s.HostVeth)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", s.HostVeth, err)
+	}
+	if err := m.hostNL.AddrAdd(l, &netlink.Addr{IPNet: ipNet(s.VethHostIP, 31)}); err != nil {
+		return fmt.Errorf("address %s: %w", s.HostVeth, err)
+	}
+	if err := m.hostNL.LinkSetUp(l); err != nil {
+		return fmt.Errorf("up %s: %w", s.HostVeth, err)
+	}
+	return nil
+}
+
+func (m *Manager) hostRouteAdd(s *Slot) error {
+	m.hostMu.Lock()
+	defer m.hostMu.Unlock()
+	l, err := m.hostNL.LinkByName(s.HostVeth)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", s.HostVeth, err)
+	}
+	r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet(s.HostIP, 32), Gw: s.VethPeerIP.AsSlice()}
+	if err := m.hostNL.RouteAdd(r); err != nil {
+		return fmt.Errorf("route %s via %s: %w", s.HostIP, s.HostVeth, err)
+	}
+	return nil
+}
+
+// dialHost dials from the host namespace (the sandbox proxy's view).
+func (m *Manager) dialHost(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	if m.hostNS < 0 {
+		return d.DialContext(ctx, network, addr)
+	}
+	var c net.Conn
+	err := runInHandle(m.hostNS, func() error {
+		var err error
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}

@@ -1,0 +1,361 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Slot is one sandbox network: a namespace with a veth to the host and a tap
+// for the VM. A slot is used by one sandbox at a time.
+type Slot struct {
+	// Index is the slot's number; its addresses derive from it.
+	Index int
+	// Name is the namespace name ("<prefix>-<index>").
+	Name string
+	// HostVeth is the host end of the veth pair.
+	HostVeth string
+	// HostIP is the host-interaction address: the host (the sandbox proxy)
+	// reaches guest port P at HostIP:P, and the guest's egress leaves the
+	// slot with HostIP as its source.
+	HostIP netip.Addr
+	// VethHostIP and VethPeerIP are the /31 transit addresses.
+	VethHostIP, VethPeerIP netip.Addr
+
+	m     *Manager
+	ns    netns.NsHandle
+	table *slotTable
+	dns   *resolver
+
+	mu     sync.Mutex
+	policy *compiledPolicy
+}
+
+// NetNSPath is the slot namespace's bind-mount path (for `ip netns exec`).
+func (s *Slot) NetNSPath() string { return NetNSPath(s.Name) }
+
+// GuestNetNSPath is the namespace that plays the VM when the manager runs
+// with Config.GuestNetNS; empty otherwise.
+func (s *Slot) GuestNetNSPath() string {
+	if !s.m.cfg.GuestNetNS {
+		return ""
+	}
+	return NetNSPath(s.Name + "g")
+}
+
+// Guest returns the guest network configuration (the same for every slot).
+func (s *Slot) Guest() GuestConfig { return Guest() }
+
+// GuestAddr is where the host dials to reach the guest's port.
+func (s *Slot) GuestAddr(port uint16) netip.AddrPort { return netip.AddrPortFrom(s.HostIP, port) }
+
+// DialGuest connects from the host namespace to the guest's port through
+// the slot's host-interaction address.
+func (s *Slot) DialGuest(ctx context.Context, network string, port uint16) (net.Conn, error) {
+	return s.m.dialHost(ctx, network, s.GuestAddr(port).String())
+}
+
+// OpenTap opens the slot's tap device for a VMM: an open /dev/net/tun file
+// attached to tap0 with IFF_TAP|IFF_NO_PI|IFF_VNET_HDR. The file descriptor
+// is blocking, as VMMs expect; the caller owns and closes it.
+func (s *Slot) OpenTap() (*os.File, error) {
+	if s.m.cfg.GuestNetNS {
+		return nil, fmt.Errorf("open tap of slot %s: the slot has a guest namespace, not a tap", s.Name)
+	}
+	var fd int
+	err := runInHandle(s.ns, func() error {
+		var err error
+		fd, err = unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open tap of slot %s: %w", s.Name, err)
+	}
+	if err := attachTap(fd, TapName); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("open tap of slot %s: %w", s.Name, err)
+	}
+	return os.NewFile(uintptr(fd), "/dev/net/tun:"+TapName), nil
+}
+
+func attachTap(fd int, name string) error {
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return err
+	}
+	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		return fmt.Errorf("TUNSETIFF %s: %w", name, err)
+	}
+	return nil
+}
+
+// createPersistentTap creates tap0 in the current thread's namespace; it
+// outlives the file descriptor until the namespace goes.
+func createPersistentTap(name string) error {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open /dev/net/tun: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := attachTap(fd, name); err != nil {
+		return err
+	}
+	if err := unix.IoctlSetInt(fd, unix.TUNSETPERSIST, 1); err != nil {
+		return fmt.Errorf("TUNSETPERSIST %s: %w", name, err)
+	}
+	return nil
+}
+
+// SetPolicy replaces the slot's egress policy atomically.
+func (s *Slot) SetPolicy(ctx context.Context, p Policy) error {
+	cp, err := compilePolicy(p)
+	if err != nil {
+		return fmt.Errorf("set policy of slot %s: %w", s.Name, err)
+	}
+	return s.applyPolicy(ctx, cp)
+}
+
+func (s *Slot) applyPolicy(_ context.Context, cp *compiledPolicy) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, err := s.nft()
+	if err != nil {
+		return err
+	}
+	keep := s.dns.keepFor(cp)
+	if err := s.table.setPolicy(c, cp, keep); err != nil {
+		return fmt.Errorf("set policy of slot %s: %w", s.Name, err)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("set policy of slot %s: %w", s.Name, err)
+	}
+	s.policy = cp
+	return nil
+}
+
+func (s *Slot) currentPolicy() *compiledPolicy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.policy
+}
+
+func (s *Slot) nft() (*nftables.Conn, error) {
+	c, err := nftables.New(nftables.WithNetNSFd(int(s.ns)))
+	if err != nil {
+		return nil, fmt.Errorf("nftables in slot %s: %w", s.Name, err)
+	}
+	return c, nil
+}
+
+// ---- creation and destruction ----
+
+func (m *Manager) newSlot(index int) *Slot {
+	a := addrsFor(&m.cfg, index)
+	return &Slot{
+		Index: index, Name: m.cfg.Prefix + "-" + strconv.Itoa(index),
+		HostVeth: m.cfg.Prefix + "v" + strconv.Itoa(index),
+		HostIP:   a.HostIP, VethHostIP: a.VethHost, VethPeerIP: a.VethPeer,
+		m: m, ns: -1, table: newSlotTable(m.cfg.Prefix),
+	}
+}
+
+// build creates everything of the slot; on error the caller destroys it.
+func (s *Slot) build(ctx context.Context) error {
+	cfg := &s.m.cfg
+	if err := createNamedNS(s.Name); err != nil {
+		return err
+	}
+	ns, err := netns.GetFromPath(s.NetNSPath())
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", s.Name, err)
+	}
+	s.ns = ns
+	if err := s.m.hostLinkAdd(&netlink.Veth{
+		LinkAttrs: netlink.LinkAttrs{Name: s.HostVeth}, PeerName: slotUplink, PeerNamespace: netlink.NsFd(int(ns)),
+	}); err != nil {
+		return fmt.Errorf("create veth %s: %w", s.HostVeth, err)
+	}
+	if err := s.m.hostVethUp(s); err != nil {
+		return err
+	}
+	var guestNS netns.NsHandle = -1
+	if cfg.GuestNetNS {
+		if guestNS, err = s.buildGuestNS(); err != nil {
+			return err
+		}
+		defer guestNS.Close()
+	}
+	s.dns = newResolver(s)
+	err = runInHandle(ns, func() error { return s.configureInside(guestNS) })
+	if err != nil {
+		return fmt.Errorf("configure slot %s: %w", s.Name, err)
+	}
+	if cfg.GuestNetNS {
+		if err := runInHandle(guestNS, configureGuestNS); err != nil {
+			return fmt.Errorf("configure guest of slot %s: %w", s.Name, err)
+		}
+	}
+	if err := s.m.hostRouteAdd(s); err != nil {
+		return err
+	}
+	s.policy = &compiledPolicy{}
+	c, err := s.nft()
+	if err != nil {
+		return err
+	}
+	if err := s.table.install(c, cfg, s.HostIP, s.policy); err != nil {
+		return fmt.Errorf("install nft table in slot %s: %w", s.Name, err)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("install nft table in slot %s: %w", s.Name, err)
+	}
+	s.dns.start(ctx)
+	return nil
+}
+
+// configureInside runs on a thread inside the slot namespace.
+func (s *Slot) configureInside(guestNS netns.NsHandle) error {
+	if err := linkUpByName("lo"); err != nil {
+		return err
+	}
+	uplink, err := netlink.LinkByName(slotUplink)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", slotUplink, err)
+	}
+	if err := netlink.AddrAdd(uplink, &netlink.Addr{IPNet: ipNet(s.VethPeerIP, 31)}); err != nil {
+		return fmt.Errorf("address %s: %w", slotUplink, err)
+	}
+	if err := netlink.LinkSetUp(uplink); err != nil {
+		return fmt.Errorf("up %s: %w", slotUplink, err)
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: uplink.Attrs().Index, Gw: s.VethHostIP.AsSlice()}); err != nil {
+		return fmt.Errorf("default route: %w", err)
+	}
+	if err := s.createVMLink(guestNS); err != nil {
+		return err
+	}
+	vmLink, err := netlink.LinkByName(TapName)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", TapName, err)
+	}
+	if err := netlink.AddrAdd(vmLink, &netlink.Addr{IPNet: ipNet(GatewayIP, GuestNetBits)}); err != nil {
+		return fmt.Errorf("address %s: %w", TapName, err)
+	}
+	if err := netlink.LinkSetUp(vmLink); err != nil {
+		return fmt.Errorf("up %s: %w", TapName, err)
+	}
+	if err := writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
+		return err
+	}
+	// The resolver's sockets are created here so they live in the slot.
+	return s.dns.listen()
+}
+
+func (s *Slot) createVMLink(guestNS netns.NsHandle) error {
+	if guestNS < 0 {
+		return createPersistentTap(TapName)
+	}
+	err := netlink.LinkAdd(&netlink.Veth{
+		LinkAttrs: netlink.LinkAttrs{Name: TapName}, PeerName: guestIfName,
+		PeerHardwareAddr: GuestMAC, PeerNamespace: netlink.NsFd(int(guestNS)),
+	})
+	if err != nil {
+		return fmt.Errorf("create guest veth: %w", err)
+	}
+	return nil
+}
+
+// buildGuestNS creates the namespace that plays the VM.
+func (s *Slot) buildGuestNS() (netns.NsHandle, error) {
+	name := s.Name + "g"
+	if err := createNamedNS(name); err != nil {
+		return -1, err
+	}
+	h, err := netns.GetFromPath(NetNSPath(name))
+	if err != nil {
+		return -1, fmt.Errorf("open netns %s: %w", name, err)
+	}
+	return h, nil
+}
+
+func linkUpByName(name string) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", name, err)
+	}
+	if err := netlink.LinkSetUp(l); err != nil {
+		return fmt.Errorf("up %s: %w", name, err)
+	}
+	return nil
+}
+
+// configureGuestNS gives the fake guest the address a VM gets from the
+// kernel's ip= argument. Runs inside the guest namespace.
+func configureGuestNS() error {
+	if err := linkUpByName("lo"); err != nil {
+		return err
+	}
+	l, err := netlink.LinkByName(guestIfName)
+	if err != nil {
+		return fmt.Errorf("find guest %s: %w", guestIfName, err)
+	}
+	if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipNet(GuestIP, GuestNetBits)}); err != nil {
+		return fmt.Errorf("address guest: %w", err)
+	}
+	if err := netlink.LinkSetUp(l); err != nil {
+		return fmt.Errorf("up guest: %w", err)
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: GatewayIP.AsSlice()}); err != nil {
+		return fmt.Errorf("guest default route: %w", err)
+	}
+	return nil
+}
+
+// scrub returns a used slot to its pristine state: default policy, no
+// resolved addresses, no connection tracking state of the last guest.
+func (s *Slot) scrub(ctx context.Context) error {
+	s.dns.reset()
+	if err := s.applyPolicy(ctx, &compiledPolicy{}); err != nil {
+		return err
+	}
+	h, err := netlink.NewHandleAt(s.ns, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return fmt.Errorf("scrub slot %s: %w", s.Name, err)
+	}
+	defer h.Close()
+	if err := h.ConntrackTableFlush(netlink.ConntrackTable); err != nil {
+		return fmt.Errorf("scrub slot %s: flush conntrack: %w", s.Name, err)
+	}
+	return nil
+}
+
+// destroy removes everything of the slot; safe on a partly built slot.
+func (s *Slot) destroy() error {
+	var errs []error
+	if s.dns != nil {
+		s.dns.close()
+	}
+	if err := s.m.hostLinkDel(s.HostVeth); err != nil {
+		errs = append(errs, err)
+	}
+	if s.ns >= 0 {
+		s.ns.Close()
+		s.ns = -1
+	}
+	errs = append(errs, deleteNamedNS(s.Name))
+	if s.m.cfg.GuestNetNS {
+		errs = append(errs, deleteNamedNS(s.Name+"g"))
+	}
+	return errors.Join(errs...)
+}
