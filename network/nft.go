@@ -174,6 +174,7 @@ type slotTable struct {
 	egress                  *nftables.Chain
 	alwaysDeny, allow, deny *nftables.Set
 	dnsAllow                *nftables.Set
+	refuse                  *nftables.Chain
 }
 
 func newSlotTable(prefix string) *slotTable {
@@ -184,6 +185,7 @@ func newSlotTable(prefix string) *slotTable {
 	return &slotTable{
 		table:      t,
 		egress:     &nftables.Chain{Name: "egress", Table: t},
+		refuse:     &nftables.Chain{Name: "refuse", Table: t},
 		alwaysDeny: interval("always_deny"),
 		allow:      interval("allow"),
 		deny:       interval("deny"),
@@ -244,6 +246,13 @@ func (st *slotTable) install(c *nftables.Conn, cfg *Config, hostIP netip.Addr, p
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	c.AddChain(st.egress)
+	// Refused packets get a TCP reset or an ICMP "administratively
+	// prohibited", so guests fail fast instead of waiting for timeouts.
+	c.AddChain(st.refuse)
+	c.AddRule(&nftables.Rule{Table: t, Chain: st.refuse, Exprs: cat(matchL4(unix.IPPROTO_TCP),
+		one(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: st.refuse, Exprs: one(
+		&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 13})})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(matchEstablished(), one(verdict(expr.VerdictAccept)))})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(matchIIF(tap, expr.CmpOpEq), one(jump(st.egress.Name)))})
 	return st.setPolicy(c, p, nil)
@@ -268,12 +277,12 @@ func (st *slotTable) setPolicy(c *nftables.Conn, p *compiledPolicy, dnsAddrs map
 		return fmt.Errorf("fill set dns_allow: %w", err)
 	}
 	t, ch := st.table, st.egress
-	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(matchDaddrSet(st.alwaysDeny), one(verdict(expr.VerdictDrop)))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(matchDaddrSet(st.alwaysDeny), one(jump(st.refuse.Name)))})
 	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(matchDaddrSet(st.allow), one(verdict(expr.VerdictAccept)))})
 	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(matchDaddrSet(st.dnsAllow), one(verdict(expr.VerdictAccept)))})
-	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(matchDaddrSet(st.deny), one(verdict(expr.VerdictDrop)))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(matchDaddrSet(st.deny), one(jump(st.refuse.Name)))})
 	if p.denyInternet {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: one(verdict(expr.VerdictDrop))})
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: one(jump(st.refuse.Name))})
 	}
 	return nil
 }

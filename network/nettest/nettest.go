@@ -57,7 +57,7 @@ func Prefix() string {
 var (
 	HostUplink  = netip.MustParseAddr("198.18.0.1") // host end of the uplink
 	WorldUplink = netip.MustParseAddr("198.18.0.2")
-	TestNet1    = netip.MustParseAddr("192.0.2.10")   // TEST-NET-1
+	TestNet1    = netip.MustParseAddr("192.0.2.10")    // TEST-NET-1
 	TestNet2    = netip.MustParseAddr("198.51.100.10") // TEST-NET-2
 	TestNet3    = netip.MustParseAddr("203.0.113.10")  // TEST-NET-3
 	// Private is a private address in the world: always denied.
@@ -216,6 +216,20 @@ func Hello(ctx context.Context, nsPath string, addr netip.AddrPort) (string, err
 		return "", fmt.Errorf("read greeting from %s: %w", addr, err)
 	}
 	return strings.TrimSpace(string(buf[:n])), nil
+}
+
+// Blocked reports whether a TCP connection from the namespace at nsPath to
+// addr fails (refused, or no answer within a short time: inside
+// namespaces an answer takes microseconds).
+func Blocked(ctx context.Context, nsPath string, addr netip.AddrPort) bool {
+	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	c, err := DialIn(ctx, nsPath, "tcp4", addr.String())
+	if err != nil {
+		return true
+	}
+	c.Close()
+	return false
 }
 
 // DialIn dials from the namespace at nsPath.
@@ -400,4 +414,3 @@ func Leftovers(prefix, hostNS string) ([]string, error) {
 	}
 	return out, nil
 }
-
