@@ -184,13 +184,32 @@ func (a *Agent) handleEnvs(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(a.st.Envs())
 }
 
-// Serve runs the agent on addr until ctx ends (HTTP/1.1 and cleartext HTTP/2).
+// Serve runs the agent until ctx ends (HTTP/1.1 and cleartext HTTP/2) on
+// addr, which may list several addresses separated by commas (e.g. the IPv4
+// and IPv6 loopbacks, both of which "localhost" may mean).
 func Serve(ctx context.Context, addr string, h http.Handler) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", addr, err)
+	var lns []net.Listener
+	for _, a := range strings.Split(addr, ",") {
+		ln, err := net.Listen("tcp", strings.TrimSpace(a))
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return fmt.Errorf("listen %s: %w", a, err)
+		}
+		lns = append(lns, ln)
 	}
-	return ServeListener(ctx, ln, h)
+	errc := make(chan error, len(lns))
+	for _, ln := range lns {
+		go func() { errc <- ServeListener(ctx, ln, h) }()
+	}
+	var first error
+	for range lns {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // ServeListener is Serve on an existing listener.

@@ -276,20 +276,9 @@ func (s *Service) specFor(cfg *pb.ProcessConfig, u *users.User) (spawnSpec, erro
 		return spec, connect.NewError(connect.CodeNotFound, fmt.Errorf("start process: %w", err))
 	}
 	spec.path = path
-	dir := s.st.DefaultWorkdir()
-	if cfg.Cwd != nil && cfg.GetCwd() != "" {
-		dir = cfg.GetCwd()
-	}
-	if dir == "" {
-		dir = u.Home
-	}
-	if dir != "" {
-		if dir, err = state.ResolvePath(u, dir); err != nil {
-			return spec, connect.NewError(connect.CodeInvalidArgument, err)
-		}
-		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-			return spec, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("start process: working directory %s is not a directory", dir))
-		}
+	dir, err := workdir(cfg, u, s.st.DefaultWorkdir())
+	if err != nil {
+		return spec, err
 	}
 	spec.dir = dir
 	cred, err := credential(u)
@@ -301,6 +290,31 @@ func (s *Service) specFor(cfg *pb.ProcessConfig, u *users.User) (spawnSpec, erro
 		spec.chown = func(name string) { _ = os.Chown(name, int(u.UID), -1) }
 	}
 	return spec, nil
+}
+
+// workdir picks the working directory: the requested one (which must
+// exist), else the default from /init, else the user's home; a default that
+// does not exist falls back to "/" the way a login does.
+func workdir(cfg *pb.ProcessConfig, u *users.User, def string) (string, error) {
+	if cfg.Cwd != nil && cfg.GetCwd() != "" {
+		dir, err := state.ResolvePath(u, cfg.GetCwd())
+		if err != nil {
+			return "", connect.NewError(connect.CodeInvalidArgument, err)
+		}
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			return "", connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("start process: working directory %s is not a directory", dir))
+		}
+		return dir, nil
+	}
+	for _, dir := range []string{def, u.Home} {
+		if dir == "" {
+			continue
+		}
+		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+			return dir, nil
+		}
+	}
+	return "/", nil
 }
 
 // credential returns the credential to switch to u, or nil when the agent already runs as u.

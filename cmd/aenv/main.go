@@ -1,0 +1,36 @@
+// Command aenv is the AgentENV command-line interface.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/agentenv/agentenv/cli/guestcmd"
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	root := &cobra.Command{
+		Use:           "aenv",
+		Short:         "AgentENV: microVM sandboxes for AI agents",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(guestcmd.NewCommand(), &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Run:   func(*cobra.Command, []string) { fmt.Println("aenv", version) },
+	})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "aenv:", err)
+		os.Exit(1)
+	}
+}

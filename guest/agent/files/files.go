@@ -1,0 +1,387 @@
+// Package files serves the agent's /files endpoint: GET streams a file to
+// the client (with Range and gzip), POST streams one or more uploads
+// (multipart or raw octet-stream, optionally gzip-encoded) to disk without
+// ever holding a whole file in memory. It also owns the signed-URL rule that
+// lets a client without the access token read or write one path.
+package files
+
+import (
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"mime"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/agentenv/agentenv/guest/agent/fssvc"
+	"github.com/agentenv/agentenv/guest/agent/state"
+	"github.com/agentenv/agentenv/guest/agent/users"
+)
+
+// copyBuf is the size of the buffer between the network and the disk.
+const copyBuf = 1 << 20
+
+// Handler serves GET and POST /files.
+type Handler struct {
+	st  *state.State
+	log *slog.Logger
+	now func() time.Time
+}
+
+// New returns the handler.
+func New(st *state.State, log *slog.Logger) *Handler {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Handler{st: st, log: log, now: time.Now}
+}
+
+// Entry is one element of the upload response.
+type Entry struct {
+	Path string `json:"path"`
+	Name string `json:"name"`
+	Type string `json:"type"`
+}
+
+// ServeHTTP dispatches on the method.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		h.download(w, r)
+	case http.MethodPost, http.MethodPut:
+		h.upload(w, r)
+	default:
+		w.Header().Set("Allow", "GET, HEAD, POST")
+		writeError(w, http.StatusMethodNotAllowed, "method not allowed")
+	}
+}
+
+// Sign computes the signature of a signed /files URL: "v1_" and the
+// unpadded standard base64 of SHA-256 over path:operation:username:token,
+// with ":expiration" appended when the URL expires.
+func Sign(path, operation, username, token string, expiration *int64) string {
+	raw := path + ":" + operation + ":" + username + ":" + token
+	if expiration != nil {
+		raw += ":" + strconv.FormatInt(*expiration, 10)
+	}
+	sum := sha256.Sum256([]byte(raw))
+	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+}
+
+// authorize applies the access rule of /files: no token set, the token in
+// the header, or a valid unexpired signature for this path, operation and user.
+func (h *Handler) authorize(r *http.Request, operation string) error {
+	tok := h.st.Token()
+	if tok == "" || state.TokenEqual(r.Header.Get(state.AccessTokenHeader), tok) {
+		return nil
+	}
+	q := r.URL.Query()
+	sig := q.Get("signature")
+	if sig == "" {
+		return errors.New("missing access token or signature")
+	}
+	var exp *int64
+	if v := q.Get("signature_expiration"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return fmt.Errorf("bad signature_expiration %q", v)
+		}
+		if h.now().Unix() > n {
+			return errors.New("signature expired")
+		}
+		exp = &n
+	}
+	if !state.TokenEqual(sig, Sign(q.Get("path"), operation, q.Get("username"), tok, exp)) {
+		return errors.New("invalid signature")
+	}
+	return nil
+}
+
+// user picks the user of a /files request: ?username=, else Basic auth, else the default.
+func (h *Handler) user(r *http.Request) (*users.User, error) {
+	if name := r.URL.Query().Get("username"); name != "" {
+		return h.st.User(name)
+	}
+	return h.st.RequestUser(r.Header)
+}
+
+func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
+	if err := h.authorize(r, "read"); err != nil {
+		writeError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	u, err := h.user(r)
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	raw := r.URL.Query().Get("path")
+	if raw == "" {
+		writeError(w, http.StatusBadRequest, "path is required")
+		return
+	}
+	path, err := state.ResolvePath(u, raw)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		writeFSError(w, "open "+path, err)
+		return
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		writeFSError(w, "stat "+path, err)
+		return
+	}
+	if fi.IsDir() {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%s is a directory", path))
+		return
+	}
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": filepath.Base(path)}))
+	if wantsGzip(r) {
+		h.sendGzip(w, r, f)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	// ServeContent answers Range and conditional requests from the open file.
+	http.ServeContent(w, r, "", fi.ModTime(), f)
+}
+
+// wantsGzip: compress when the client accepts gzip and did not ask for a range
+// (ranges address the raw bytes).
+func wantsGzip(r *http.Request) bool {
+	if r.Header.Get("Range") != "" || r.Method == http.MethodHead {
+		return false
+	}
+	for _, part := range strings.Split(r.Header.Get("Accept-Encoding"), ",") {
+		enc, _, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if strings.EqualFold(enc, "gzip") {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *Handler) sendGzip(w http.ResponseWriter, r *http.Request, f *os.File) {
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Encoding", "gzip")
+	w.Header().Add("Vary", "Accept-Encoding")
+	w.WriteHeader(http.StatusOK)
+	zw := gzip.NewWriter(w)
+	if _, err := io.CopyBuffer(zw, f, make([]byte, copyBuf)); err != nil {
+		h.log.Debug("files: gzip download aborted", "path", f.Name(), "err", err)
+		return
+	}
+	_ = zw.Close()
+}
+
+func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
+	if err := h.authorize(r, "write"); err != nil {
+		writeError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	u, err := h.user(r)
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	md := metadata(r.Header)
+	queryPath := r.URL.Query().Get("path")
+	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	var entries []Entry
+	if ct == "multipart/form-data" {
+		entries, err = h.uploadMultipart(r, u, queryPath, md)
+	} else {
+		var e Entry
+		e, err = h.uploadRaw(r, u, queryPath, md)
+		entries = []Entry{e}
+	}
+	if err != nil {
+		writeUploadError(w, err)
+		return
+	}
+	if len(entries) == 0 {
+		writeError(w, http.StatusBadRequest, "no file in the request")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(entries)
+}
+
+func (h *Handler) uploadRaw(r *http.Request, u *users.User, raw string, md map[string]string) (Entry, error) {
+	if raw == "" {
+		return Entry{}, badRequest("path is required for an octet-stream upload")
+	}
+	body, err := decoded(r.Body, r.Header.Get("Content-Encoding"))
+	if err != nil {
+		return Entry{}, err
+	}
+	return h.store(u, raw, body, md)
+}
+
+func (h *Handler) uploadMultipart(r *http.Request, u *users.User, queryPath string, md map[string]string) ([]Entry, error) {
+	mr, err := r.MultipartReader()
+	if err != nil {
+		return nil, badRequest("read multipart body: " + err.Error())
+	}
+	var entries []Entry
+	for {
+		part, err := mr.NextPart()
+		if errors.Is(err, io.EOF) {
+			return entries, nil
+		}
+		if err != nil {
+			return nil, badRequest("read multipart body: " + err.Error())
+		}
+		if part.FormName() != "file" {
+			part.Close()
+			continue
+		}
+		target := queryPath
+		if target == "" {
+			// Part.FileName keeps only the base name; the SDK sends the whole
+			// destination path as the file name of each part.
+			_, params, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+			target = params["filename"]
+		}
+		if target == "" {
+			part.Close()
+			return nil, badRequest("a file part has no path")
+		}
+		e, err := h.store(u, target, part, md)
+		part.Close()
+		if err != nil {
+			return nil, err
+		}
+		entries = append(entries, e)
+	}
+}
+
+// store streams body into the file at raw (resolved for u), creating
+// parent directories and giving new things to u.
+func (h *Handler) store(u *users.User, raw string, body io.Reader, md map[string]string) (Entry, error) {
+	path, err := state.ResolvePath(u, raw)
+	if err != nil {
+		return Entry{}, badRequest(err.Error())
+	}
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return Entry{}, badRequest(path + " is a directory")
+	}
+	if err := fssvc.MkdirAllOwned(filepath.Dir(path), u); err != nil {
+		return Entry{}, fmt.Errorf("create parent of %s: %w", path, err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return Entry{}, fmt.Errorf("open %s: %w", path, err)
+	}
+	if _, err := io.CopyBuffer(onlyWriter{f}, body, make([]byte, copyBuf)); err != nil {
+		f.Close()
+		return Entry{}, fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return Entry{}, fmt.Errorf("close %s: %w", path, err)
+	}
+	if err := fssvc.Chown(path, u); err != nil {
+		return Entry{}, err
+	}
+	if len(md) > 0 {
+		if err := fssvc.WriteMetadata(path, md); err != nil && !errors.Is(err, syscall.ENOTSUP) {
+			return Entry{}, err
+		}
+	}
+	return Entry{Path: path, Name: filepath.Base(path), Type: "file"}, nil
+}
+
+// onlyWriter hides os.File's ReadFrom so that io.CopyBuffer uses our buffer
+// (one allocation per upload) instead of allocating its own per call.
+type onlyWriter struct{ w io.Writer }
+
+func (o onlyWriter) Write(p []byte) (int, error) { return o.w.Write(p) }
+
+func decoded(body io.Reader, encoding string) (io.Reader, error) {
+	switch strings.ToLower(strings.TrimSpace(encoding)) {
+	case "", "identity":
+		return body, nil
+	case "gzip":
+		zr, err := gzip.NewReader(body)
+		if err != nil {
+			return nil, badRequest("read gzip body: " + err.Error())
+		}
+		return zr, nil
+	default:
+		return nil, &httpError{status: http.StatusUnsupportedMediaType, msg: "unsupported Content-Encoding " + encoding}
+	}
+}
+
+// metadata collects X-Metadata-<key> headers.
+func metadata(h http.Header) map[string]string {
+	var md map[string]string
+	for k, v := range h {
+		key, ok := strings.CutPrefix(k, "X-Metadata-")
+		if !ok || key == "" || len(v) == 0 {
+			continue
+		}
+		if md == nil {
+			md = map[string]string{}
+		}
+		md[strings.ToLower(key)] = v[0]
+	}
+	return md
+}
+
+type httpError struct {
+	status int
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func badRequest(msg string) error { return &httpError{status: http.StatusBadRequest, msg: msg} }
+
+func writeUploadError(w http.ResponseWriter, err error) {
+	var he *httpError
+	switch {
+	case errors.As(err, &he):
+		writeError(w, he.status, he.msg)
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		writeError(w, http.StatusInsufficientStorage, "not enough disk space: "+err.Error())
+	default:
+		writeFSError(w, "upload", err)
+	}
+}
+
+func writeFSError(w http.ResponseWriter, op string, err error) {
+	status := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		status = http.StatusNotFound
+	case errors.Is(err, fs.ErrPermission):
+		status = http.StatusForbidden
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR):
+		status = http.StatusBadRequest
+	case errors.Is(err, syscall.ENOSPC):
+		status = http.StatusInsufficientStorage
+	}
+	writeError(w, status, fmt.Sprintf("%s: %v", op, err))
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Del("Content-Encoding")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"code": status, "message": msg})
+}

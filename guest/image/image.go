@@ -1,0 +1,277 @@
+// Package image assembles the guest assets every sandbox VM boots from, using
+// Debian's packages only: the kernel (Debian's cloud kernel, whose virtio
+// drivers are modules), an initramfs holding our agent as /init plus the
+// modules it must load, and an ext4 root filesystem (debootstrap minbase with
+// bash, coreutils, python3, iproute2, ca-certificates, sudo and the E2B-style
+// user "user") with the agent at /usr/bin/aenv-agent.
+//
+// Everything is cached under a cache directory: the downloaded kernel and the
+// debootstrap tree by their inputs, and the finished assets by a content hash
+// of all inputs (agent binary included), so a rebuild is cheap.
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// builderVersion changes whenever the layout of what Build produces changes.
+const builderVersion = "guest-image-v2"
+
+// Defaults.
+var (
+	DefaultKernelPackage = "linux-image-6.12-cloud-amd64"
+	DefaultSuite         = "bookworm"
+	DefaultMirror        = "http://deb.debian.org/debian"
+	// DefaultPackages is what the root filesystem holds beyond debootstrap's minbase.
+	DefaultPackages = []string{"python3", "iproute2", "ca-certificates", "sudo", "procps", "curl"}
+	// DefaultModules are loaded by the initramfs, dependencies first. virtio
+	// and ext4 are built into the cloud kernel; these are modules there.
+	DefaultModules = []string{"virtio_mmio", "virtio_blk", "virtio_net", "virtio_rng", "virtio_balloon", "vmw_vsock_virtio_transport", "overlay"}
+)
+
+// Options say what to build and where to cache it.
+type Options struct {
+	CacheDir      string // default DefaultCacheDir()
+	Agent         string // path to a static aenv-agent binary (required)
+	KernelPackage string
+	Modules       []string
+	Suite         string
+	Mirror        string
+	Packages      []string
+	RootfsMiB     int // ext4 image size (sparse), default 2048
+	Log           *slog.Logger
+}
+
+// Assets are the files a VM boots from.
+type Assets struct {
+	Dir           string `json:"dir"`
+	Kernel        string `json:"kernel"`
+	Initrd        string `json:"initrd"`
+	Rootfs        string `json:"rootfs"`
+	KernelVersion string `json:"kernelVersion"`
+	Hash          string `json:"hash"`
+}
+
+// DefaultCacheDir is $AENV_GUEST_CACHE or /var/cache/aenv/guest.
+func DefaultCacheDir() string {
+	if d := os.Getenv("AENV_GUEST_CACHE"); d != "" {
+		return d
+	}
+	return "/var/cache/aenv/guest"
+}
+
+func (o *Options) defaults() error {
+	if o.Agent == "" {
+		return fmt.Errorf("guest image: no agent binary given")
+	}
+	if _, err := os.Stat(o.Agent); err != nil {
+		return fmt.Errorf("guest image: agent binary: %w", err)
+	}
+	if o.CacheDir == "" {
+		o.CacheDir = DefaultCacheDir()
+	}
+	if o.KernelPackage == "" {
+		o.KernelPackage = DefaultKernelPackage
+	}
+	if o.Modules == nil {
+		o.Modules = DefaultModules
+	}
+	if o.Suite == "" {
+		o.Suite = DefaultSuite
+	}
+	if o.Mirror == "" {
+		o.Mirror = DefaultMirror
+		if m := os.Getenv("AENV_DEBIAN_MIRROR"); m != "" {
+			o.Mirror = m
+		}
+	}
+	if o.Packages == nil {
+		o.Packages = DefaultPackages
+	}
+	if o.RootfsMiB == 0 {
+		o.RootfsMiB = 2048
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	return nil
+}
+
+// Build returns the cached assets for opts, building what is missing.
+// Concurrent callers (several test binaries) serialise on a lock file.
+func Build(ctx context.Context, opts Options) (*Assets, error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(opts.CacheDir, 0o755); err != nil {
+		return nil, fmt.Errorf("guest image: cache dir: %w", err)
+	}
+	unlock, err := lockFile(ctx, filepath.Join(opts.CacheDir, ".lock"))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	kern, err := fetchKernel(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	base, err := buildBaseTree(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	agentSum, err := fileSHA256(opts.Agent)
+	if err != nil {
+		return nil, err
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n%s\n%d\n", builderVersion, kern.key, strings.Join(opts.Modules, ","), base.key, agentSum, opts.RootfsMiB)
+	hash := hex.EncodeToString(h.Sum(nil))[:16]
+	dir := filepath.Join(opts.CacheDir, "assets", hash)
+	if a, err := readManifest(dir); err == nil {
+		return a, nil
+	}
+	start := time.Now()
+	a, err := assemble(ctx, opts, kern, base, dir, hash)
+	if err != nil {
+		return nil, err
+	}
+	opts.Log.Info("guest assets built", "dir", dir, "took", time.Since(start).Round(time.Millisecond))
+	pruneAssets(filepath.Join(opts.CacheDir, "assets"), 4)
+	return a, nil
+}
+
+func assemble(ctx context.Context, opts Options, kern *kernel, base *baseTree, dir, hash string) (*Assets, error) {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return nil, fmt.Errorf("guest image: %w", err)
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), ".build-")
+	if err != nil {
+		return nil, fmt.Errorf("guest image: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.Link(kern.vmlinuz, filepath.Join(tmp, "vmlinuz")); err != nil {
+		if err := copyFile(kern.vmlinuz, filepath.Join(tmp, "vmlinuz")); err != nil {
+			return nil, err
+		}
+	}
+	opts.Log.Info("guest image: writing initramfs", "modules", len(opts.Modules))
+	if err := writeInitramfs(filepath.Join(tmp, "initrd.cpio"), opts.Agent, kern, opts.Modules); err != nil {
+		return nil, err
+	}
+	opts.Log.Info("guest image: writing root filesystem", "size_mib", opts.RootfsMiB)
+	if err := makeRootfs(ctx, filepath.Join(tmp, "rootfs.ext4"), base.tree, opts.Agent, opts.RootfsMiB); err != nil {
+		return nil, err
+	}
+	a := &Assets{Dir: dir, Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd.cpio"),
+		Rootfs: filepath.Join(dir, "rootfs.ext4"), KernelVersion: kern.version, Hash: hash}
+	b, _ := json.MarshalIndent(a, "", "  ")
+	if err := os.WriteFile(filepath.Join(tmp, "manifest.json"), b, 0o644); err != nil {
+		return nil, fmt.Errorf("guest image: manifest: %w", err)
+	}
+	_ = os.RemoveAll(dir)
+	if err := os.Rename(tmp, dir); err != nil {
+		return nil, fmt.Errorf("guest image: publish %s: %w", dir, err)
+	}
+	return a, nil
+}
+
+func readManifest(dir string) (*Assets, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if err != nil {
+		return nil, err
+	}
+	var a Assets
+	if err := json.Unmarshal(b, &a); err != nil {
+		return nil, err
+	}
+	for _, f := range []string{a.Kernel, a.Initrd, a.Rootfs} {
+		if _, err := os.Stat(f); err != nil {
+			return nil, err
+		}
+	}
+	return &a, nil
+}
+
+// pruneAssets keeps the keep most recently built asset directories.
+func pruneAssets(dir string, keep int) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	type aged struct {
+		name string
+		mod  time.Time
+	}
+	var all []aged
+	for _, e := range ents {
+		if info, err := e.Info(); err == nil && e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+			all = append(all, aged{e.Name(), info.ModTime()})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].mod.After(all[j].mod) })
+	for i := keep; i < len(all); i++ {
+		_ = os.RemoveAll(filepath.Join(dir, all[i].name))
+	}
+}
+
+func lockFile(ctx context.Context, path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("guest image: lock %s: %w", path, err)
+	}
+	for {
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err == nil {
+			return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("guest image: waiting for lock %s: %w", path, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("hash %s: %w", path, err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("hash %s: %w", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return fmt.Errorf("copy to %s: %w", dst, err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return fmt.Errorf("copy %s to %s: %w", src, dst, err)
+	}
+	return out.Close()
+}
