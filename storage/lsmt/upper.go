@@ -130,6 +130,9 @@ func (u *Upper) open() error {
 		return fmt.Errorf("%w: data header flags %#x are not those of a writable data file", ErrFormat, dh.Flags)
 	}
 	u.hdr = dh
+	if st.Size() < HeaderSize {
+		return fmt.Errorf("%w: data file is %d bytes, shorter than its 4096-byte header", ErrFormat, st.Size())
+	}
 	if u.indexPath == "" {
 		if !dh.IsSparse() {
 			return fmt.Errorf("%w: no index file given and the data file is not sparse", ErrFormat)
@@ -172,12 +175,15 @@ func (u *Upper) loadIndex() error {
 		return fmt.Errorf("%w: virtual size %d is not a positive multiple of 512", ErrFormat, u.hdr.VirtualSize)
 	}
 	start := int64(HeaderSize)
+	if st.Size() < start {
+		return fmt.Errorf("%w: index %s is %d bytes, shorter than its 4096-byte header", ErrFormat, u.indexPath, st.Size())
+	}
 	if ih.IndexOffset != 0 && ih.IndexOffset != HeaderSize {
 		return fmt.Errorf("%w: index %s index_offset %d, want 4096", ErrFormat, u.indexPath, ih.IndexOffset)
 	}
 	size := st.Size()
 	vsec := u.hdr.VirtualSize / SectorSize
-	chunk := make([]byte, 1<<20)
+	chunk := make([]byte, max(min(1<<20, (size-start)/MappingSize*MappingSize), MappingSize))
 	good := start
 	for pos := start; pos+MappingSize <= size; {
 		n := min(int64(len(chunk)), (size-pos)/MappingSize*MappingSize)

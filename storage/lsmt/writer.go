@@ -58,14 +58,20 @@ func WriteSealed(ctx context.Context, w io.Writer, segs []Segment, src func(tag 
 	if opt.UUID.IsNil() {
 		opt.UUID = NewUUID()
 	}
-	cw := &countingWriter{w: bufio.NewWriterSize(w, 1<<20)}
+	cw := &countingWriter{w: bufio.NewWriterSize(w, 256<<10)}
 	hdr := HeaderTrailer{Flags: FlagHeader | FlagData | FlagSealed, VirtualSize: opt.VirtualSize,
 		UUID: opt.UUID, ParentUUID: opt.Parent, Tag: opt.Message}
 	if _, err := cw.Write(hdr.Marshal()); err != nil {
 		return res, fmt.Errorf("write header: %w", err)
 	}
 	out := make([]Segment, 0, len(segs))
-	buf := make([]byte, copyChunkSectors*SectorSize)
+	longest := uint32(0)
+	for _, s := range segs {
+		if !s.Zeroed {
+			longest = max(longest, s.Length)
+		}
+	}
+	buf := make([]byte, min(copyChunkSectors, longest)*SectorSize)
 	for i, s := range segs {
 		if i%64 == 0 {
 			if err := ctx.Err(); err != nil {

@@ -53,7 +53,8 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-const batchBlocks = 256
+// batchBytes is how much raw data one parallel compression round takes.
+const batchBytes = 1 << 20
 
 // Compress reads src to its end and writes a ZFile to dst. When dst is also an
 // io.WriterAt (a file), the header is rewritten at the end with the trailer's
@@ -112,9 +113,10 @@ func Compress(ctx context.Context, dst io.Writer, src io.Reader, opt Options) (H
 // the blocks in order. It returns the jump table and the raw size.
 func compressBlocks(ctx context.Context, w io.Writer, src io.Reader, c codec, opt Options) ([]uint32, int64, error) {
 	bs := opt.BlockSize
-	in := make([]byte, batchBlocks*bs)
-	out := make([][]byte, batchBlocks)
-	errs := make([]error, batchBlocks)
+	batch := max(batchBytes/bs, 4*opt.Concurrency)
+	in := make([]byte, batch*bs)
+	out := make([][]byte, batch)
+	errs := make([]error, batch)
 	var jump []uint32
 	var raw int64
 	for {
