@@ -29,7 +29,7 @@ type Backend interface {
 // Zeroer is an optional Backend extension for NBD_CMD_WRITE_ZEROES: the range
 // must read back as zeroes afterwards. Backends without it get zero-filled writes.
 type Zeroer interface {
-	ZeroAt(off, length int64) error
+	WriteZeroes(off, length int64) error
 }
 
 // ErrReadOnly is returned by writes to a read-only backend.
@@ -107,8 +107,8 @@ func (b *FileBackend) Trim(off, length int64) error {
 	return err
 }
 
-// ZeroAt punches a hole where supported, otherwise writes zeroes.
-func (b *FileBackend) ZeroAt(off, length int64) error {
+// WriteZeroes punches a hole where supported, otherwise writes zeroes.
+func (b *FileBackend) WriteZeroes(off, length int64) error {
 	if b.readOnly {
 		return ErrReadOnly
 	}
@@ -205,10 +205,10 @@ func (m *MemBackend) Size() int64 { return m.size }
 func (m *MemBackend) Flush() error { return nil }
 
 // Trim zeroes the range and frees chunks it covers entirely.
-func (m *MemBackend) Trim(off, length int64) error { return m.ZeroAt(off, length) }
+func (m *MemBackend) Trim(off, length int64) error { return m.WriteZeroes(off, length) }
 
-// ZeroAt zeroes a range, dropping whole chunks.
-func (m *MemBackend) ZeroAt(off, length int64) error {
+// WriteZeroes zeroes a range, dropping whole chunks.
+func (m *MemBackend) WriteZeroes(off, length int64) error {
 	if off < 0 || length < 0 || off+length > m.size {
 		return fmt.Errorf("mem zero at %d+%d: beyond size %d", off, length, m.size)
 	}

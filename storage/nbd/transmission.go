@@ -9,23 +9,39 @@ import (
 	"syscall"
 )
 
-// poolBufSize is the size of pooled request buffers; it covers the usual
-// block-layer request sizes (4 KiB to 128 KiB) without a fresh allocation.
-const poolBufSize = 128 << 10
+// Request buffers come from power-of-two size-class pools (4 KiB to the
+// maximum payload), so steady-state I/O allocates nothing whatever the
+// request size.
+const (
+	minClassShift = 12
+	numClasses    = 14 // 4 KiB << 13 = 32 MiB
+)
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, poolBufSize); return &b }}
+var bufPools [numClasses]sync.Pool
+
+func sizeClass(n uint32) int {
+	c := 0
+	for uint64(1)<<(minClassShift+c) < uint64(n) {
+		c++
+	}
+	return c
+}
 
 func getBuf(n uint32) (*[]byte, []byte) {
-	if n <= poolBufSize {
-		p := bufPool.Get().(*[]byte)
+	c := sizeClass(n)
+	if c >= numClasses {
+		return nil, make([]byte, n)
+	}
+	if p, ok := bufPools[c].Get().(*[]byte); ok {
 		return p, (*p)[:n]
 	}
-	return nil, make([]byte, n)
+	b := make([]byte, 1<<(minClassShift+c))
+	return &b, b[:n]
 }
 
 func putBuf(p *[]byte) {
 	if p != nil {
-		bufPool.Put(p)
+		bufPools[sizeClass(uint32(cap(*p)))].Put(p)
 	}
 }
 
@@ -175,7 +191,7 @@ func (t *transmitter) serveZero(req request) {
 		err = t.e.Backend.Trim(off, n)
 	default:
 		if z, ok := t.e.Backend.(Zeroer); ok {
-			err = z.ZeroAt(off, n)
+			err = z.WriteZeroes(off, n)
 		} else {
 			err = writeZeroes(t.e.Backend, off, n)
 		}
