@@ -1,0 +1,120 @@
+package qemu
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// machineSpec is everything that must be identical between the QEMU that
+// wrote a snapshot and the one restoring it; it is saved as config.json.
+type machineSpec struct {
+	Version   int         `json:"version"`
+	Kernel    string      `json:"kernel"`
+	Initrd    string      `json:"initrd,omitempty"`
+	Cmdline   string      `json:"cmdline"`
+	VCPUs     int         `json:"vcpus"`
+	MemoryMiB int         `json:"memoryMiB"`
+	Accel     string      `json:"accel"`
+	Drives    []vmm.Drive `json:"drives"`
+	NICs      []savedNIC  `json:"nics"`
+}
+
+type savedNIC struct {
+	ID  string `json:"id"`
+	MAC string `json:"mac"`
+}
+
+const specVersion = 1
+
+// memorySource says how guest RAM is backed.
+type memorySource struct {
+	path   string
+	shared bool // share=on: guest writes land in the file (cold boot); off: private copy on write (restore)
+}
+
+// buildArgs renders the QEMU command line. Taps are passed as inherited
+// descriptors starting at fd 3 (ExtraFiles), in NIC order: virtio-mmio has no
+// hotplug, so devices must exist when QEMU starts.
+func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog string, incoming bool) []string {
+	cpu := "max"
+	if spec.Accel == "kvm" {
+		cpu = "host"
+	}
+	share := "off"
+	if mem.shared {
+		share = "on"
+	}
+	args := []string{
+		"-name", "aenv",
+		"-M", "microvm,pit=on,pic=off,isa-serial=on,rtc=on,memory-backend=mem",
+		"-accel", spec.Accel,
+		"-cpu", cpu,
+		"-smp", fmt.Sprint(spec.VCPUs),
+		"-m", fmt.Sprintf("%dM", spec.MemoryMiB),
+		"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s,prealloc=off", spec.MemoryMiB, escapeOpt(mem.path), share),
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-kernel", spec.Kernel,
+		"-append", spec.Cmdline,
+		"-chardev", "file,id=console,path=" + escapeOpt(consoleLog),
+		"-serial", "chardev:console",
+		"-qmp", "unix:" + escapeOpt(qmpSocket) + ",server=on,wait=off",
+		"-device", "virtio-rng-device",
+	}
+	if spec.Initrd != "" {
+		args = append(args, "-initrd", spec.Initrd)
+	}
+	for _, d := range spec.Drives {
+		args = append(args, "-blockdev", blockdev(d), "-device", "virtio-blk-device,drive="+d.ID)
+	}
+	for i, n := range spec.NICs {
+		args = append(args,
+			"-netdev", fmt.Sprintf("tap,id=%s,fd=%d,vhost=off", n.ID, 3+i),
+			"-device", fmt.Sprintf("virtio-net-device,netdev=%s,mac=%s", n.ID, n.MAC))
+	}
+	if incoming {
+		args = append(args, "-incoming", "defer", "-S")
+	}
+	return args
+}
+
+func blockdev(d vmm.Drive) string {
+	ro := "off"
+	if d.ReadOnly {
+		ro = "on"
+	}
+	if d.NBD != nil {
+		s := fmt.Sprintf("driver=nbd,node-name=%s,server.type=unix,server.path=%s,read-only=%s", d.ID, escapeOpt(d.NBD.Socket), ro)
+		if d.NBD.Export != "" {
+			s += ",export=" + escapeOpt(d.NBD.Export)
+		}
+		return s
+	}
+	driver := "file"
+	if st, err := os.Stat(d.Path); err == nil && st.Mode()&os.ModeDevice != 0 {
+		driver = "host_device"
+	}
+	return fmt.Sprintf("driver=%s,node-name=%s,filename=%s,read-only=%s,cache.direct=off", driver, d.ID, escapeOpt(d.Path), ro)
+}
+
+// escapeOpt doubles commas, QEMU's escape inside option values.
+func escapeOpt(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// kernelCmdline appends what the driver needs to the caller's command line.
+func kernelCmdline(user, accel string, tscKHz int) string {
+	parts := []string{}
+	if !strings.Contains(user, "console=") {
+		parts = append(parts, "console=ttyS0")
+	}
+	parts = append(parts, "reboot=t", "panic=-1")
+	if user != "" {
+		parts = append(parts, user)
+	}
+	if accel == "tcg" && tscKHz > 0 && !strings.Contains(user, "tsc_early_khz=") {
+		// Without it the TSC calibration under TCG hangs a share of boots.
+		parts = append(parts, fmt.Sprintf("tsc_early_khz=%d", tscKHz))
+	}
+	return strings.Join(parts, " ")
+}
