@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,7 +43,7 @@ func (e testEnv) config(id string) vmm.Config {
 func newFakeDriver(t *testing.T, mode string, mutate func(*Options)) (*Driver, string) {
 	t.Helper()
 	exe, log := fakeExecutable(t, "firecracker", "firecracker", mode)
-	o := Options{Binary: exe, StartTimeout: 3 * time.Second}
+	o := Options{Binary: exe, StartTimeout: 3 * time.Second, Log: slog.New(slog.DiscardHandler)}
 	if mutate != nil {
 		mutate(&o)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -148,7 +149,10 @@ func fakeExecutable(t *testing.T, name, role, mode string) (exe, log string) {
 	dir := t.TempDir()
 	exe = filepath.Join(dir, name)
 	log = filepath.Join(dir, "calls.jsonl")
-	script := fmt.Sprintf("#!/bin/sh\nFAKEFC_ROLE=%s FAKEFC_MODE=%s FAKEFC_LOG=%s exec %s \"$@\"\n", role, mode, log, self)
+	// exec keeps the shell's pid, so the pid file names the fake VMM even
+	// when it is killed before it could log anything.
+	script := fmt.Sprintf("#!/bin/sh\necho $$ >%s\nFAKEFC_ROLE=%s FAKEFC_MODE=%s FAKEFC_LOG=%s exec %s \"$@\"\n",
+		filepath.Join(dir, "pid"), role, mode, log, self)
 	if err := os.WriteFile(exe, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -176,16 +180,19 @@ func readCalls(t *testing.T, path string) []call {
 	return out
 }
 
-// fakePID returns the pid the fake firecracker reported.
-func fakePID(t *testing.T, calls []call) int {
+// fakePID returns the pid of the fake started by the executable whose call
+// log is log.
+func fakePID(t *testing.T, log string) int {
 	t.Helper()
-	for _, c := range calls {
-		if c.Method == "EXEC" && c.Path == "firecracker" {
-			return int(c.Body["pid"].(float64))
-		}
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(log), "pid"))
+	if err != nil {
+		t.Fatalf("fake firecracker never started: %v", err)
 	}
-	t.Fatal("fake firecracker never started")
-	return 0
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
 }
 
 // processGone reports whether pid no longer exists (waiting briefly, since

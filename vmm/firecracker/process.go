@@ -79,16 +79,26 @@ func (p *proc) exited() bool {
 	}
 }
 
-// exitError describes how the process ended, with its last stderr lines.
+// exitErr is how the process ended, with its last stderr lines.
+type exitErr struct {
+	status string
+	stderr string
+}
+
+func (e *exitErr) Error() string {
+	if e.stderr != "" {
+		return fmt.Sprintf("firecracker exited (%s): %s", e.status, e.stderr)
+	}
+	return fmt.Sprintf("firecracker exited (%s)", e.status)
+}
+
+// exitError describes the ended process; call it once done is closed.
 func (p *proc) exitError() error {
 	status := "exit status 0"
 	if p.err != nil {
 		status = p.err.Error()
 	}
-	if s := p.stderr.String(); s != "" {
-		return fmt.Errorf("firecracker exited (%s): %s", status, s)
-	}
-	return fmt.Errorf("firecracker exited (%s)", status)
+	return &exitErr{status: status, stderr: p.stderr.String()}
 }
 
 // kill ends the process and waits for it; it is idempotent.
@@ -135,8 +145,9 @@ func (p *proc) waitSocket(ctx context.Context, socket string, timeout time.Durat
 // blame replaces an API error with the process's exit when the process died:
 // "connection refused" says less than Firecracker's own last words.
 func (p *proc) blame(err error) error {
-	if err == nil {
-		return nil
+	var ee *exitErr
+	if err == nil || errors.As(err, &ee) {
+		return err
 	}
 	select {
 	case <-p.done:
