@@ -32,7 +32,7 @@ func TestE2BSDKScenario(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: skipping the E2B SDK scenario")
 	}
-	other := otherUser(t)
+	defaultUser, other := users(t)
 	bin := buildAgent(t)
 	_, here, _, _ := runtime.Caller(0)
 	dir := filepath.Dir(here)
@@ -42,9 +42,14 @@ func TestE2BSDKScenario(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(sdkDir, "node_modules", "e2b", "package.json")); err != nil {
 				t.Fatalf("E2B SDK %s is not installed in %s: run %s (CI runs it in setup)", ver, sdkDir, setupScript)
 			}
-			stop := startAgent(t, bin)
+			stop := startAgent(t, bin, defaultUser)
 			defer stop()
-			work := t.TempDir()
+			// Not t.TempDir: its parent is private to root, and the default user must reach it.
+			work, err := os.MkdirTemp("", "aenv-e2e-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(work) })
 			if err := os.Chmod(work, 0o755); err != nil {
 				t.Fatal(err)
 			}
@@ -53,10 +58,10 @@ func TestE2BSDKScenario(t *testing.T) {
 			cmd := exec.CommandContext(ctx, node, filepath.Join(dir, "scenario.mjs"))
 			cmd.Env = append(os.Environ(),
 				"E2B_DEBUG=true", "E2B_API_KEY=e2b_0000000000000000000000000000000000000000",
-				"AENV_E2B_SDK_DIR="+sdkDir, "AENV_WORKDIR="+work, "AENV_OTHER_USER="+other)
+				"AENV_E2B_SDK_DIR="+sdkDir, "AENV_WORKDIR="+work, "AENV_DEFAULT_USER="+defaultUser, "AENV_OTHER_USER="+other)
 			var out bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out
-			err := cmd.Run()
+			err = cmd.Run()
 			t.Logf("scenario output (SDK %s):\n%s", ver, out.String())
 			if err != nil {
 				t.Fatalf("scenario with SDK %s failed: %v", ver, err)
@@ -68,18 +73,19 @@ func TestE2BSDKScenario(t *testing.T) {
 	}
 }
 
-// otherUser picks an unprivileged account of this machine for "as another user" steps.
-func otherUser(t *testing.T) string {
+// users picks the agent's default user — an unprivileged account, as E2B's
+// templates default to "user" — and root as the "another user" of the scenario.
+func users(t *testing.T) (defaultUser, other string) {
 	if os.Geteuid() != 0 {
 		t.Skip("the scenario switches users; it needs root (CI runs as root)")
 	}
 	for _, name := range []string{"nobody", "daemon"} {
 		if _, err := user.Lookup(name); err == nil {
-			return name
+			return name, "root"
 		}
 	}
 	t.Skip("no unprivileged user (nobody, daemon) on this machine")
-	return ""
+	return "", ""
 }
 
 func buildAgent(t *testing.T) string {
@@ -94,10 +100,10 @@ func buildAgent(t *testing.T) string {
 }
 
 // startAgent runs the agent binary on the debug address and waits for /health.
-func startAgent(t *testing.T, bin string) (stop func()) {
+func startAgent(t *testing.T, bin, defaultUser string) (stop func()) {
 	t.Helper()
 	var logs bytes.Buffer
-	cmd := exec.Command(bin, "--addr", debugAddr, "--skip-init-duties")
+	cmd := exec.Command(bin, "--addr", debugAddr, "--skip-init-duties", "--default-user", defaultUser)
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start agent: %v", err)

@@ -1,5 +1,5 @@
 // E2B SDK scenario against aenv-agent. Run by guest/agent/e2e's Go test:
-//   E2B_DEBUG=true AENV_E2B_SDK_DIR=<sdk-x.y.z dir> AENV_WORKDIR=<tmp dir> AENV_OTHER_USER=<user> node scenario.mjs
+//   E2B_DEBUG=true AENV_E2B_SDK_DIR=<sdk-x.y.z dir> AENV_WORKDIR=<tmp dir> AENV_DEFAULT_USER=<agent's --default-user> AENV_OTHER_USER=<user> node scenario.mjs
 // E2B_DEBUG makes the SDK skip the control API and talk to the agent on localhost:49983.
 // Prints "ok <step>" per step; exits non-zero on the first failure.
 import assert from 'node:assert/strict'
@@ -9,6 +9,7 @@ import path from 'node:path'
 const sdkDir = process.env.AENV_E2B_SDK_DIR
 const work = process.env.AENV_WORKDIR
 const other = process.env.AENV_OTHER_USER
+const defaultUser = process.env.AENV_DEFAULT_USER
 const agentURL = 'http://localhost:49983'
 const require = createRequire(path.join(sdkDir, 'package.json'))
 const { Sandbox, CommandExitError, FileNotFoundError } = require('e2b')
@@ -24,9 +25,10 @@ async function waitFor(what, cond, ms = 10000) {
   throw new Error(`timed out waiting for ${what}`)
 }
 async function step(name, fn) {
+  const t0 = Date.now()
   try {
     await fn()
-    console.log(`ok ${name}`)
+    console.log(`ok ${name} (${Date.now() - t0} ms)`)
   } catch (err) {
     console.error(`FAIL ${name}:`, err)
     process.exit(1)
@@ -159,16 +161,15 @@ await step('files watchDir', async () => {
   await handle.stop()
 })
 
-await step(`writes and commands as another user (${other})`, async () => {
-  const dir = f('shared')
-  await sbx.files.makeDir(dir)
-  await sbx.commands.run(`chmod 777 ${dir}`, { user: 'root' })
-  const info = await sbx.files.write(`${dir}/theirs.txt`, 'mine', { user: other })
-  assert.equal(info.path, `${dir}/theirs.txt`)
-  const st = await sbx.files.getInfo(`${dir}/theirs.txt`)
-  assert.equal(st.owner, other)
-  const r = await sbx.commands.run('id -un', { user: other })
-  assert.equal(r.stdout.trim(), other)
+await step(`default user ${defaultUser}, writes and commands as another user (${other})`, async () => {
+  assert.equal((await sbx.commands.run('id -un')).stdout.trim(), defaultUser)
+  assert.equal((await sbx.files.getInfo(f('a.txt'))).owner, defaultUser)
+  const info = await sbx.files.write(f('theirs.txt'), 'theirs', { user: other })
+  assert.equal(info.path, f('theirs.txt'))
+  assert.equal((await sbx.files.getInfo(f('theirs.txt'))).owner, other)
+  assert.equal((await sbx.commands.run('id -un', { user: other })).stdout.trim(), other)
+  await sbx.files.makeDir(f('theirdir'), { user: other })
+  assert.equal((await sbx.files.getInfo(f('theirdir'))).owner, other)
 })
 
 await step('access token and signed URLs', async () => {
@@ -210,3 +211,4 @@ await step('access token and signed URLs', async () => {
 })
 
 console.log('scenario passed')
+process.exit(0) // open keepalive streams must not hold the process
