@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
@@ -140,5 +142,42 @@ func TestOpenErrorsNameTheFile(t *testing.T) {
 	_, err := OpenLayers(context.Background(), []string{bad}, Options{})
 	if err == nil || !bytes.Contains([]byte(err.Error()), []byte(bad)) {
 		t.Fatalf("error %v does not name %s", err, bad)
+	}
+}
+
+// TestRemoteLower serves a ZFile layer over HTTP (range requests on the
+// loopback) and stacks a local upper on it.
+func TestRemoteLower(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	raw := fill(9, 2<<20)
+	clear(raw[1<<20 : 1<<20+300000])
+	os.WriteFile(filepath.Join(dir, "disk.raw"), raw, 0o644)
+	layer := filepath.Join(dir, "base.zfile")
+	if _, err := ImportRaw(ctx, filepath.Join(dir, "disk.raw"), layer, CommitOptions{Compress: &zfile.Options{BlockSize: 16384}}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.FileServer(http.Dir(dir)))
+	defer srv.Close()
+	cfg := &Config{Lowers: []LayerRef{{URL: srv.URL + "/base.zfile"}}, Upper: &UpperRef{Data: "u.data", Index: "u.index"}}
+	if _, err := Create(ctx, filepath.Join(dir, "remote.json"), CreateSpec{Lowers: []string{srv.URL + "/base.zfile"}, UpperData: "u.data", UpperIndex: "u.index"}); err != nil {
+		t.Fatal(err)
+	}
+	im, err := OpenConfig(ctx, cfg, dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	if got := readAll(t, im); !bytes.Equal(got, raw) {
+		t.Fatal("remote layer content differs")
+	}
+	if _, err := im.WriteAt([]byte("local"), 10); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 20)
+	im.ReadAt(got, 0)
+	if string(got[10:15]) != "local" || !bytes.Equal(got[:10], raw[:10]) {
+		t.Fatal("upper over a remote lower")
 	}
 }

@@ -15,7 +15,7 @@ import (
 // Hand-built byte vectors from /work/shared/spec/overlaybd-format.md, written
 // out field by field rather than produced by our encoder.
 
-func unhex(t *testing.T, s string) []byte {
+func unhex(t testing.TB, s string) []byte {
 	t.Helper()
 	b, err := hex.DecodeString(strings.ReplaceAll(s, " ", ""))
 	if err != nil {
@@ -126,7 +126,7 @@ func TestMappingLayout(t *testing.T) {
 
 // handSealed builds a sealed layer byte by byte: two data sectors 'A' at
 // logical 0, one sector 'B' at logical 10, a zeroed mapping at 20..24.
-func handSealed(t *testing.T, vsize uint64) []byte {
+func handSealed(t testing.TB, vsize uint64) []byte {
 	t.Helper()
 	var f bytes.Buffer
 	f.Write(specHeader(7, 0, 0, vsize, testUUID, testParent, "hand"))

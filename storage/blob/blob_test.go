@@ -1,0 +1,156 @@
+package blob
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func content(n int) []byte {
+	r := rand.New(rand.NewPCG(1, 2))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// rangeServer serves data with real range support on the loopback and counts requests.
+func rangeServer(t *testing.T, data []byte) (*httptest.Server, *atomic.Int64) {
+	var reqs atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reqs.Add(1)
+		switch r.URL.Path {
+		case "/blob":
+			http.ServeContent(w, r, "blob", time.Time{}, bytes.NewReader(data))
+		case "/norange":
+			w.Write(data)
+		case "/auth":
+			if r.Header.Get("Authorization") != "Bearer t0ken" {
+				http.Error(w, "no", http.StatusUnauthorized)
+				return
+			}
+			http.ServeContent(w, r, "blob", time.Time{}, bytes.NewReader(data))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &reqs
+}
+
+func TestFile(t *testing.T) {
+	t.Parallel()
+	data := content(10000)
+	p := filepath.Join(t.TempDir(), "f")
+	os.WriteFile(p, data, 0o644)
+	b, err := Open(context.Background(), p, HTTPOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	got := make([]byte, 100)
+	if _, err := b.ReadAt(got, 5000); err != nil || !bytes.Equal(got, data[5000:5100]) || b.Size() != 10000 {
+		t.Fatalf("file read: %v", err)
+	}
+	if _, err := Open(context.Background(), filepath.Join(t.TempDir(), "missing"), HTTPOptions{}); err == nil {
+		t.Fatal("opened a missing file")
+	}
+}
+
+func TestHTTPAndCache(t *testing.T) {
+	t.Parallel()
+	data := content(3<<20 + 123)
+	srv, reqs := rangeServer(t, data)
+	ctx := context.Background()
+	h, err := OpenHTTP(ctx, srv.URL+"/blob", HTTPOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Size() != int64(len(data)) {
+		t.Fatalf("size %d", h.Size())
+	}
+	c := NewCache(h, CacheOptions{BlockSize: 64 << 10, Capacity: 1 << 20, ReadAhead: 8})
+	// Sequential 4 KiB reads: read-ahead turns 768 reads into few requests.
+	before := reqs.Load()
+	buf := make([]byte, 4096)
+	for off := int64(0); off < 3<<20; off += 4096 {
+		if _, err := c.ReadAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(buf, data[off:off+4096]) {
+			t.Fatalf("cached read at %d differs", off)
+		}
+	}
+	if n := reqs.Load() - before; n > 10 {
+		t.Fatalf("sequential read of 3 MiB took %d requests; read-ahead is not working", n)
+	}
+	// The tail past the last full block, and EOF.
+	tail := make([]byte, 200)
+	n, err := c.ReadAt(tail, int64(len(data)-123))
+	if n != 123 || err != io.EOF || !bytes.Equal(tail[:n], data[len(data)-123:]) {
+		t.Fatalf("tail read n=%d err=%v", n, err)
+	}
+	// Random concurrent reads agree with the data (capacity forces evictions).
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 3))
+			p := make([]byte, 10000)
+			for range 200 {
+				off := r.Int64N(int64(len(data) - len(p)))
+				if _, err := c.ReadAt(p, off); err != nil || !bytes.Equal(p, data[off:off+int64(len(p))]) {
+					t.Errorf("concurrent read at %d: %v", off, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	hits, misses, fetches := c.Stats()
+	if hits == 0 || misses == 0 || fetches > misses {
+		t.Fatalf("stats hits=%d misses=%d fetches=%d", hits, misses, fetches)
+	}
+}
+
+func TestHTTPErrors(t *testing.T) {
+	t.Parallel()
+	srv, _ := rangeServer(t, content(1000))
+	ctx := context.Background()
+	for path, want := range map[string]string{"/norange": "range", "/missing": "404", "/auth": "401"} {
+		_, err := OpenHTTP(ctx, srv.URL+path, HTTPOptions{Retries: 1})
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), srv.URL+path) {
+			t.Errorf("%s: error %v, want one naming the URL and %q", path, err, want)
+		}
+	}
+	h, err := OpenHTTP(ctx, srv.URL+"/auth", HTTPOptions{Header: http.Header{"Authorization": {"Bearer t0ken"}}})
+	if err != nil || h.Size() != 1000 {
+		t.Fatalf("with a token: %v", err)
+	}
+}
+
+func TestTotalSize(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]int64{"bytes 0-0/1234": 1234, "bytes 5-9/10": 10} {
+		if got, err := totalSize(in); err != nil || got != want {
+			t.Errorf("%q: %d %v", in, got, err)
+		}
+	}
+	for _, bad := range []string{"", "bytes 0-0/*", "items 0-0/5", "bytes 0-0/-3"} {
+		if _, err := totalSize(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
