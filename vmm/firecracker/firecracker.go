@@ -128,7 +128,8 @@ func (d *Driver) launch(ctx context.Context, id, runDir, console string) (m *Mac
 	if err := m.makeRunDir(); err != nil {
 		return m, err
 	}
-	if m.lay, err = newLayout(runDir, d.opts.Jailer, d.fcBin, id); err != nil {
+	fcID := instanceID(id)
+	if m.lay, err = newLayout(runDir, d.opts.Jailer, d.fcBin, fcID); err != nil {
 		return m, err
 	}
 	if err := m.openConsole(console); err != nil {
@@ -142,10 +143,11 @@ func (d *Driver) launch(ctx context.Context, id, runDir, console string) (m *Mac
 		return m, err
 	}
 	m.own(m.socket)
-	fcArgs := []string{"--api-sock", m.lay.vmPath(socketName), "--id", id}
-	argv := append([]string{d.fcBin}, fcArgs...)
+	// The jailer passes --id to Firecracker itself.
+	fcArgs := []string{"--api-sock", m.lay.vmPath(socketName)}
+	argv := append([]string{d.fcBin, "--id", fcID}, fcArgs...)
 	if d.opts.Jailer != nil {
-		argv = jailerArgs(d.opts.Jailer, d.jailerBin, d.fcBin, id, fcArgs)
+		argv = jailerArgs(d.opts.Jailer, d.jailerBin, d.fcBin, fcID, fcArgs)
 	}
 	m.proc, err = startProc(argv, m.consoleFile)
 	if err != nil {

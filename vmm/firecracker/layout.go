@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -30,6 +31,12 @@ type layout struct {
 
 var jailerID = regexp.MustCompile(`^[a-zA-Z0-9-]{1,64}$`)
 
+// instanceID turns a vmm machine ID into one Firecracker and its jailer
+// accept (letters, digits and '-'). Two IDs differing only in '_' and '-'
+// map to the same instance ID; under the jailer the chroot check in
+// newLayout refuses the second one.
+func instanceID(id string) string { return strings.ReplaceAll(id, "_", "-") }
+
 func newLayout(runDir string, j *JailerOptions, fcBinary, id string) (*layout, error) {
 	l := &layout{runDir: runDir}
 	if j == nil {
@@ -37,6 +44,9 @@ func newLayout(runDir string, j *JailerOptions, fcBinary, id string) (*layout, e
 	}
 	if !jailerID.MatchString(id) {
 		return nil, fmt.Errorf("jailer: id %q: only letters, digits and '-' are allowed", id)
+	}
+	if !strings.Contains(filepath.Base(fcBinary), "firecracker") {
+		return nil, fmt.Errorf("jailer: executable %s: the jailer only runs files whose name contains \"firecracker\"", fcBinary)
 	}
 	l.jailed = true
 	l.uid, l.gid = j.UID, j.GID

@@ -67,7 +67,7 @@ func (m *Machine) teardown() {
 		m.consoleFile = nil
 	}
 	if m.lay != nil {
-		m.lay.cleanup(m.d.opts.Jailer, m.id)
+		m.lay.cleanup(m.d.opts.Jailer, instanceID(m.id))
 	}
 	for _, p := range m.owned {
 		_ = os.Remove(p)

@@ -46,23 +46,38 @@ func logCall(c call) {
 // should start, "no-socket" never opens the API socket.
 func fakeFirecrackerMain(args []string, root string) int {
 	var sock, id string
+	seen := map[string]bool{}
 	for i := 0; i < len(args); i++ {
-		switch args[i] {
-		case "--api-sock", "--id":
-			if i+1 >= len(args) {
-				fmt.Fprintf(os.Stderr, "error: %s needs a value\n", args[i])
-				return 1
-			}
-			if args[i] == "--api-sock" {
-				sock = args[i+1]
-			} else {
-				id = args[i+1]
-			}
-			i++
+		name, val, hasVal := strings.Cut(args[i], "=")
+		switch name {
+		case "--api-sock", "--id", "--start-time-us", "--start-time-cpu-us":
 		default:
 			fmt.Fprintf(os.Stderr, "error: unknown argument %q\n", args[i])
 			return 1
 		}
+		if seen[name] {
+			fmt.Fprintf(os.Stderr, "error: argument %s given more than once\n", name)
+			return 1
+		}
+		seen[name] = true
+		if !hasVal {
+			if i+1 >= len(args) {
+				fmt.Fprintf(os.Stderr, "error: %s needs a value\n", name)
+				return 1
+			}
+			i++
+			val = args[i]
+		}
+		switch name {
+		case "--api-sock":
+			sock = val
+		case "--id":
+			id = val
+		}
+	}
+	if id != "" && !jailerID.MatchString(id) {
+		fmt.Fprintf(os.Stderr, "error: invalid instance id %q\n", id)
+		return 1
 	}
 	logCall(call{Method: "EXEC", Path: "firecracker", Body: map[string]any{"pid": os.Getpid(), "id": id, "sock": sock}})
 	mode := os.Getenv("FAKEFC_MODE")
@@ -134,8 +149,18 @@ func fakeJailerMain(args []string) int {
 	for k, v := range vals {
 		body[k] = v
 	}
+	if !jailerID.MatchString(vals["id"][0]) {
+		fmt.Fprintf(os.Stderr, "jailer: invalid id %q\n", vals["id"][0])
+		return 1
+	}
+	if !strings.Contains(filepath.Base(exe), "firecracker") {
+		fmt.Fprintf(os.Stderr, "jailer: exec file name must contain firecracker\n")
+		return 1
+	}
 	logCall(call{Method: "EXEC", Path: "jailer", Body: body})
-	return fakeFirecrackerMain(rest, root)
+	// Like the jailer, pass the id and start times before the caller's arguments.
+	fcArgs := append([]string{"--id=" + vals["id"][0], "--start-time-us=1", "--start-time-cpu-us=1"}, rest...)
+	return fakeFirecrackerMain(fcArgs, root)
 }
 
 // fakeExecutable writes a script that runs this test binary in role with
