@@ -1,0 +1,237 @@
+// Package rpc owns the wire protocol between aenv-storaged and its clients:
+// frames of a 4-byte big-endian length followed by one JSON document, over a
+// Unix stream socket. A client sends a Request and reads one Response with the
+// same ID; a connection carries any number of such exchanges, one at a time.
+// The types here are the whole API, shared by the daemon and its Go client.
+package rpc
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// MaxFrame bounds one frame, so a hostile or broken peer cannot make us
+// allocate without limit. The largest legitimate message (a device list) is
+// far below it.
+const MaxFrame = 4 << 20
+
+// ProtocolVersion changes when a message changes incompatibly.
+const ProtocolVersion = 1
+
+// Method names.
+const (
+	MethodCreate        = "create"
+	MethodDelete        = "delete"
+	MethodRestack       = "restack"
+	MethodAcquireShared = "acquire_shared"
+	MethodReleaseShared = "release_shared"
+	MethodList          = "list"
+	MethodReclaim       = "reclaim"
+	MethodWarm          = "warm"
+	MethodFeatures      = "features"
+	MethodShutdown      = "shutdown"
+)
+
+// Error codes.
+const (
+	CodeInvalid      = "invalid"
+	CodeNotFound     = "not_found"
+	CodeConflict     = "conflict"
+	CodeLost         = "lost"
+	CodeShuttingDown = "shutting_down"
+	CodeInternal     = "internal"
+)
+
+// ErrFrameTooLarge is returned for frames above MaxFrame.
+var ErrFrameTooLarge = errors.New("rpc frame too large")
+
+// Request is one call.
+type Request struct {
+	ID     uint64          `json:"id"`
+	Method string          `json:"method"`
+	Params json.RawMessage `json:"params,omitempty"`
+}
+
+// Response answers the Request with the same ID: Result or Error.
+type Response struct {
+	ID     uint64          `json:"id"`
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  *Error          `json:"error,omitempty"`
+}
+
+// Error is a failed call.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("storaged: %s: %s", e.Code, e.Message) }
+
+// Is lets errors.Is match on the code alone: errors.Is(err, &rpc.Error{Code: rpc.CodeNotFound}).
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code
+}
+
+// Device kinds.
+const (
+	KindRuntime = "runtime" // a per-VM device with its own writable upper (or read-only)
+	KindShared  = "shared"  // one read-only export per image, reference counted by holders
+	KindPool    = "pool"    // a ready runtime device waiting in the warm pool
+)
+
+// Device states.
+const (
+	StateActive = "active"
+	StateLost   = "lost" // found in the state directory but not servable; see LostReason
+)
+
+// Device describes one block export.
+type Device struct {
+	ID       uint32 `json:"id"`
+	Kind     string `json:"kind"`
+	State    string `json:"state"`
+	Owner    string `json:"owner,omitempty"`
+	Image    string `json:"image"`  // the source image config
+	Config   string `json:"config"` // the runtime image config the export serves
+	ReadOnly bool   `json:"read_only"`
+	Size     int64  `json:"size"`
+	// Socket is the Unix socket of the NBD export; Export is its name.
+	Socket string `json:"socket"`
+	Export string `json:"export"`
+	// URI is the NBD URI QEMU and libnbd accept (nbd+unix:///EXPORT?socket=SOCKET).
+	URI string `json:"uri"`
+	// TCP is the loopback TCP address of the export, when requested.
+	TCP        string   `json:"tcp,omitempty"`
+	Holders    []string `json:"holders,omitempty"`
+	Layers     []string `json:"layers,omitempty"` // sealed layers, bottom first
+	LostReason string   `json:"lost_reason,omitempty"`
+}
+
+// CreateParams asks for a runtime device from an image config.
+type CreateParams struct {
+	// Image is the path of an image config (storage/image JSON) whose lowers
+	// the device stacks on; it must have no upper.
+	Image string `json:"image"`
+	// ReadOnly exports the lowers without an upper.
+	ReadOnly bool `json:"read_only,omitempty"`
+	// Size is the virtual size in bytes (a multiple of 512); 0 takes the image's.
+	Size int64 `json:"size,omitempty"`
+	// Owner tags the device for Reclaim (e.g. the sandbox id).
+	Owner string `json:"owner,omitempty"`
+	// TCP also exports the device on a loopback TCP port.
+	TCP bool `json:"tcp,omitempty"`
+}
+
+// IDParams names a device.
+type IDParams struct {
+	ID uint32 `json:"id"`
+}
+
+// RestackParams seals a device's live upper into a new layer.
+type RestackParams struct {
+	ID uint32 `json:"id"`
+	// Layer is where to write the sealed layer; empty: inside the device's state directory.
+	Layer   string `json:"layer,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// RestackResult describes the sealed layer; the device continues on a fresh
+// upper stacked on it.
+type RestackResult struct {
+	Layer  string `json:"layer"`
+	Digest string `json:"digest"` // sha256:<hex> of the layer file
+	Size   int64  `json:"size"`   // bytes of the layer file
+	Device Device `json:"device"`
+}
+
+// AcquireParams takes a reference on the shared read-only device of an image.
+type AcquireParams struct {
+	Image  string `json:"image"`
+	Holder string `json:"holder"`
+}
+
+// ReleaseParams drops a holder's reference; the export goes away with the last one.
+type ReleaseParams struct {
+	ID     uint32 `json:"id"`
+	Holder string `json:"holder"`
+}
+
+// ReclaimParams deletes an owner's runtime devices and drops its shared
+// references, except the listed devices. aenvd calls it after a restart with
+// the devices it still knows about.
+type ReclaimParams struct {
+	Owner string   `json:"owner"`
+	Keep  []uint32 `json:"keep,omitempty"`
+}
+
+// ReclaimResult lists what was reclaimed.
+type ReclaimResult struct {
+	Deleted  []uint32 `json:"deleted,omitempty"`
+	Released []uint32 `json:"released,omitempty"`
+}
+
+// WarmParams registers an image shape with the warm pool and fills it in the background.
+type WarmParams struct {
+	Image string `json:"image"`
+	Size  int64  `json:"size,omitempty"`
+	// Low and High are the watermarks: refill starts below Low and stops at
+	// High; zero takes the daemon's defaults.
+	Low  int `json:"low,omitempty"`
+	High int `json:"high,omitempty"`
+}
+
+// ListResult lists every device, lost ones included.
+type ListResult struct {
+	Devices []Device `json:"devices"`
+}
+
+// Features says what this daemon can do.
+type Features struct {
+	ProtocolVersion int      `json:"protocol_version"`
+	Exports         []string `json:"exports"` // "nbd"; "ublk" later
+	Restack         bool     `json:"restack"`
+	SharedDevices   bool     `json:"shared_devices"`
+	WarmPool        bool     `json:"warm_pool"`
+	Resize          bool     `json:"resize"`
+	TCP             bool     `json:"tcp"`
+}
+
+// WriteFrame encodes v as one frame.
+func WriteFrame(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode rpc frame: %w", err)
+	}
+	if len(b) > MaxFrame {
+		return fmt.Errorf("encode rpc frame of %d bytes: %w", len(b), ErrFrameTooLarge)
+	}
+	buf := make([]byte, 4, 4+len(b))
+	binary.BigEndian.PutUint32(buf, uint32(len(b)))
+	_, err = w.Write(append(buf, b...))
+	return err
+}
+
+// ReadFrame reads one frame into v. io.EOF means the peer closed cleanly
+// between frames.
+func ReadFrame(r io.Reader, v any) error {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > MaxFrame {
+		return fmt.Errorf("read rpc frame of %d bytes: %w", n, ErrFrameTooLarge)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return fmt.Errorf("read rpc frame: %w", io.ErrUnexpectedEOF)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("decode rpc frame: %w", err)
+	}
+	return nil
+}
