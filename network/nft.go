@@ -179,17 +179,19 @@ type slotTable struct {
 
 func newSlotTable(prefix string) *slotTable {
 	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: prefix}
-	interval := func(name string) *nftables.Set {
-		return &nftables.Set{Table: t, Name: name, KeyType: nftables.TypeIPAddr, Interval: true}
+	// Set IDs are fixed here: they only need to be unique within a batch,
+	// and letting the library allocate them races (a package global).
+	interval := func(id uint32, name string) *nftables.Set {
+		return &nftables.Set{Table: t, ID: id, Name: name, KeyType: nftables.TypeIPAddr, Interval: true}
 	}
 	return &slotTable{
 		table:      t,
 		egress:     &nftables.Chain{Name: "egress", Table: t},
 		refuse:     &nftables.Chain{Name: "refuse", Table: t},
-		alwaysDeny: interval("always_deny"),
-		allow:      interval("allow"),
-		deny:       interval("deny"),
-		dnsAllow:   &nftables.Set{Table: t, Name: "dns_allow", KeyType: nftables.TypeIPAddr, HasTimeout: true},
+		alwaysDeny: interval(1, "always_deny"),
+		allow:      interval(2, "allow"),
+		deny:       interval(3, "deny"),
+		dnsAllow:   &nftables.Set{Table: t, ID: 4, Name: "dns_allow", KeyType: nftables.TypeIPAddr, HasTimeout: true},
 	}
 }
 

@@ -1,0 +1,157 @@
+package network_test
+
+import (
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/network"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// waitFor polls cond until it holds; the deadline only guards against a
+// hung test, it is not a performance assertion.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func countNamespaces(t *testing.T, prefix string) int {
+	t.Helper()
+	entries, err := os.ReadDir(network.NetNSDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), prefix+"-")
+		if ok && rest != "host" && rest != "world" {
+			n++
+		}
+	}
+	return n
+}
+
+func TestWarmPoolWatermarks(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	var prefix string
+	m, _ := newManager(t, func(c *network.Config) {
+		c.PoolLow, c.PoolHigh, c.Registerer = 2, 3, reg
+		prefix = c.Prefix
+	})
+	waitFor(t, "the pool to fill to the low watermark", func() bool { return m.Stats().Pooled == 2 })
+
+	var slots []*network.Slot
+	for range 4 {
+		slots = append(slots, acquire(t, m))
+	}
+	seen := map[int]bool{}
+	for _, s := range slots {
+		if seen[s.Index] {
+			t.Fatalf("index %d handed out twice", s.Index)
+		}
+		seen[s.Index] = true
+	}
+	waitFor(t, "the pool to refill", func() bool { return m.Stats().Pooled == 2 })
+	for _, s := range slots {
+		if err := m.Release(t.Context(), s); err != nil {
+			t.Fatalf("Release %s: %v", s.Name, err)
+		}
+	}
+	// 2 warm + 4 released: the pool keeps 3 (high watermark), the worker
+	// destroys the other 3.
+	if st := m.Stats(); st.Pooled != 3 || st.InUse != 0 {
+		t.Fatalf("after release: %+v, want 3 pooled", st)
+	}
+	waitFor(t, "slots above the high watermark to be destroyed", func() bool { return countNamespaces(t, prefix) == 3 })
+
+	if got := gauge(t, reg, "aenv_network_pool_slots"); got != 3 {
+		t.Errorf("pool gauge = %v, want 3", got)
+	}
+	if h := histogramCount(t, reg, "aenv_network_slot_create_seconds"); h < 6 {
+		t.Errorf("create histogram has %d samples, want >= 6", h)
+	}
+	if h := histogramCount(t, reg, "aenv_network_slot_destroy_seconds"); h != 3 {
+		t.Errorf("destroy histogram has %d samples, want 3", h)
+	}
+}
+
+func TestConcurrentAcquireRelease(t *testing.T) {
+	t.Parallel()
+	m, _ := newManager(t, func(c *network.Config) { c.PoolLow, c.PoolHigh = 1, 4 })
+	const n = 8
+	slots := make([]*network.Slot, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			s, err := m.Acquire(t.Context())
+			if err != nil {
+				errs <- err
+				return
+			}
+			slots[i] = s
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("Acquire: %v", err)
+	}
+	ips := map[string]bool{}
+	for _, s := range slots {
+		if ips[s.HostIP.String()] {
+			t.Fatalf("host address %s handed out twice", s.HostIP)
+		}
+		ips[s.HostIP.String()] = true
+	}
+	for _, s := range slots[:n/2] {
+		wg.Go(func() {
+			if err := m.Release(t.Context(), s); err != nil {
+				t.Errorf("Release: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	// The rest stays in use: Shutdown (in cleanup) must remove them too.
+}
+
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("metric %s not found", name)
+	return 0
+}
+
+func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	t.Fatalf("metric %s not found", name)
+	return 0
+}
+
