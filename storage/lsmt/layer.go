@@ -129,7 +129,9 @@ func (l *Layer) Close() error {
 // ReadAt reads the layer's virtual disk alone; unmapped ranges read as zeros.
 func (l *Layer) ReadAt(p []byte, off int64) (int, error) {
 	return readVirtual(p, off, l.VirtualSize(), func(q []byte, o int64) error {
-		return readIndexed(q, o, l.idx.Lookup, func(uint8) io.ReaderAt { return l.r }, nil)
+		var buf [8]Segment
+		s0, n := sectorSpan(o, len(q))
+		return readSegments(q, o, l.idx.Lookup(buf[:0], s0, n), []io.ReaderAt{l.r}, nil)
 	})
 }
 
@@ -164,19 +166,18 @@ func readVirtual(p []byte, off, size int64, fill func([]byte, int64) error) (int
 	return n, eof
 }
 
-type lookupFunc func(dst []Segment, off, n uint64) []Segment
-
-// readIndexed fills p with the logical bytes at off: data pieces from their
-// layer's source, zeroed pieces as zeros, and gaps through gap (zeros if nil).
-func readIndexed(p []byte, off int64, lookup lookupFunc, src func(tag uint8) io.ReaderAt, gap func([]byte, int64) error) error {
-	if len(p) == 0 {
-		return nil
-	}
-	end := off + int64(len(p))
+// sectorSpan is the sector range [s0, s0+n) covering the bytes [off, off+len).
+func sectorSpan(off int64, l int) (uint64, uint64) {
 	s0 := uint64(off) / SectorSize
-	s1 := (uint64(end) + SectorSize - 1) / SectorSize
-	var buf [8]Segment
-	segs := lookup(buf[:0], s0, s1-s0)
+	s1 := (uint64(off) + uint64(l) + SectorSize - 1) / SectorSize
+	return s0, s1 - s0
+}
+
+// readSegments fills p with the logical bytes at off given the clipped,
+// ordered segments that map into it: data pieces from srcs[tag], zeroed
+// pieces as zeros, and gaps through gap (zeros if nil).
+func readSegments(p []byte, off int64, segs []Segment, srcs []io.ReaderAt, gap func([]byte, int64) error) error {
+	end := off + int64(len(p))
 	cur := off
 	for _, s := range segs {
 		a := max(int64(s.Offset)*SectorSize, off)
@@ -191,7 +192,7 @@ func readIndexed(p []byte, off int64, lookup lookupFunc, src func(tag uint8) io.
 			clear(q)
 		} else {
 			pos := int64(s.MOffset)*SectorSize + (a - int64(s.Offset)*SectorSize)
-			if err := readFull(src(s.Tag), q, pos); err != nil {
+			if err := readFull(srcs[s.Tag], q, pos); err != nil {
 				return err
 			}
 		}

@@ -11,6 +11,8 @@ import (
 // range; ranges no layer maps read as zeros.
 type Stack struct {
 	lowers []*Layer
+	srcs   []io.ReaderAt // lowers' readers by tag
+	upSrc  []io.ReaderAt // the upper's data file
 	merged *Index
 	upper  *Upper
 	size   int64
@@ -30,6 +32,12 @@ func NewStack(lowers []*Layer, upper *Upper) (*Stack, error) {
 		idx[i] = l.Index()
 	}
 	s := &Stack{lowers: lowers, merged: MergeIndexes(idx), upper: upper}
+	for _, l := range lowers {
+		s.srcs = append(s.srcs, l.r)
+	}
+	if upper != nil {
+		s.upSrc = []io.ReaderAt{upper.data}
+	}
 	switch {
 	case upper != nil:
 		s.size = upper.VirtualSize()
@@ -62,11 +70,25 @@ func (s *Stack) fill(p []byte, off int64) error {
 	if s.upper == nil {
 		return s.fillLower(p, off)
 	}
-	return readIndexed(p, off, s.upper.Lookup, func(uint8) io.ReaderAt { return s.upper.data }, s.fillLower)
+	if len(p) == 0 {
+		return nil
+	}
+	var buf [8]Segment
+	s0, n := sectorSpan(off, len(p))
+	segs := s.upper.Lookup(buf[:0], s0, n)
+	if len(segs) == 0 {
+		return s.fillLower(p, off)
+	}
+	return readSegments(p, off, segs, s.upSrc, s.fillLower)
 }
 
 func (s *Stack) fillLower(p []byte, off int64) error {
-	return readIndexed(p, off, s.merged.Lookup, s.lowerSource, nil)
+	if len(p) == 0 {
+		return nil
+	}
+	var buf [8]Segment
+	s0, n := sectorSpan(off, len(p))
+	return readSegments(p, off, s.merged.Lookup(buf[:0], s0, n), s.srcs, nil)
 }
 
 // WriteAt writes to the upper. Writes that are not aligned to the upper's

@@ -303,7 +303,9 @@ func (u *Upper) DataReaderAt() io.ReaderAt { return u.data }
 // Lookup appends the live mappings that overlap [off, off+n) sectors, clipped.
 func (u *Upper) Lookup(dst []Segment, off, n uint64) []Segment {
 	u.mu.RLock()
-	dst = u.lookupLocked(dst, off, n)
+	if u.tree.Len() > 0 {
+		dst = u.lookupLocked(dst, off, n)
+	}
 	u.mu.RUnlock()
 	return dst
 }
