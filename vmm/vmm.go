@@ -69,6 +69,11 @@ type Config struct {
 	// ConsoleLog receives the guest's serial console output. Empty means
 	// RunDir/console.log.
 	ConsoleLog string
+	// NetNS is the path of a network namespace (/var/run/netns/x) the VMM
+	// process runs in, for drivers that open taps by name (Firecracker):
+	// NICs' TapName devices live there. Empty means the caller's namespace.
+	// Drivers handed open Tap files need not use it.
+	NetNS string
 }
 
 // Drive is one virtio block device. Exactly one of Path and NBD is set.
@@ -112,6 +117,7 @@ type RestoreConfig struct {
 	NICs       []NIC
 	RunDir     string
 	ConsoleLog string
+	NetNS      string // as in Config
 	// Paused leaves the vCPUs stopped after the state is loaded.
 	Paused bool
 }
