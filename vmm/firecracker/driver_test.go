@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -451,4 +454,62 @@ func FuzzReadConfig(f *testing.F) {
 			t.Fatalf("accepted a config that fails its own checks: %+v", c)
 		}
 	})
+}
+
+// newNetNS creates a named network namespace with iproute2 and returns its
+// path; it skips when that is impossible here.
+func newNetNS(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("creating a network namespace needs root")
+	}
+	ipPath, err := exec.LookPath("ip")
+	if err != nil {
+		t.Skip("iproute2's ip is not installed")
+	}
+	name := fmt.Sprintf("aenv-fct-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
+	if out, err := exec.Command(ipPath, "netns", "add", name).CombinedOutput(); err != nil {
+		t.Skipf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command(ipPath, "netns", "del", name).Run() })
+	return "/var/run/netns/" + name
+}
+
+func TestBootInNetNS(t *testing.T) {
+	t.Parallel()
+	path := newNetNS(t)
+	env := newTestEnv(t)
+	d, log := newFakeDriver(t, "", nil)
+	cfg := env.config("ns1")
+	cfg.NetNS = path
+	vm, err := d.Boot(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vm.Stop(context.Background())
+	started, _ := findCall(readCalls(t, log), "EXEC", "firecracker")
+	var want, here syscall.Stat_t
+	if err := syscall.Stat(path, &want); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Stat("/proc/self/ns/net", &here); err != nil {
+		t.Fatal(err)
+	}
+	got := started.Body["netns"].(string)
+	if got != fmt.Sprintf("net:[%d]", want.Ino) {
+		t.Errorf("VMM runs in %s, want net:[%d]", got, want.Ino)
+	}
+	// The driver's own thread went back to where it was.
+	var after syscall.Stat_t
+	if err := syscall.Stat("/proc/self/ns/net", &after); err != nil || after.Ino != here.Ino {
+		t.Errorf("test process namespace changed: %v", err)
+	}
+
+	cfg2 := env.config("ns2")
+	cfg2.RunDir = filepath.Join(env.dir, "run2")
+	cfg2.NetNS = filepath.Join(env.dir, "no-such-netns")
+	if _, err := d.Boot(context.Background(), cfg2); err == nil || !strings.Contains(err.Error(), "network namespace") {
+		t.Errorf("boot in a missing namespace: %v", err)
+	}
+	assertNoLeftovers(t, cfg2.RunDir, false)
 }

@@ -83,7 +83,7 @@ func (d *Driver) boot(ctx context.Context, cfg vmm.Config) (*Machine, error) {
 	if err := checkFirecrackerDevices(cfg.Drives, cfg.NICs); err != nil {
 		return nil, err
 	}
-	m, err := d.launch(ctx, cfg.ID, cfg.RunDir, cfg.ConsoleLog)
+	m, err := d.launch(ctx, cfg.ID, cfg.RunDir, cfg.ConsoleLog, cfg.NetNS)
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +106,7 @@ func checkFirecrackerDevices(drives []vmm.Drive, nics []vmm.NIC) error {
 	}
 	for _, n := range nics {
 		if n.TapName == "" {
-			return fmt.Errorf("nic %s: Firecracker opens taps by name and TapName is empty (an open Tap file cannot be passed): %w", n.ID, vmm.ErrUnsupported)
+			return fmt.Errorf("nic %s: Firecracker opens taps by name and TapName is empty; an open Tap file cannot be handed over (use a persistent tap, in Config.NetNS if it lives in another namespace): %w", n.ID, vmm.ErrUnsupported)
 		}
 	}
 	return nil
@@ -114,7 +114,7 @@ func checkFirecrackerDevices(drives []vmm.Drive, nics []vmm.NIC) error {
 
 // launch creates the run directory, starts the VMM and sets up its logger
 // and metrics; everything else is boot- or restore-specific.
-func (d *Driver) launch(ctx context.Context, id, runDir, console string) (m *Machine, err error) {
+func (d *Driver) launch(ctx context.Context, id, runDir, console, netns string) (m *Machine, err error) {
 	m = &Machine{d: d, id: id, runDir: runDir}
 	defer func() {
 		if err != nil {
@@ -125,6 +125,11 @@ func (d *Driver) launch(ctx context.Context, id, runDir, console string) (m *Mac
 			m = nil
 		}
 	}()
+	if netns != "" {
+		if _, err := os.Stat(netns); err != nil {
+			return m, fmt.Errorf("network namespace: %w", err)
+		}
+	}
 	if err := m.makeRunDir(); err != nil {
 		return m, err
 	}
@@ -147,9 +152,15 @@ func (d *Driver) launch(ctx context.Context, id, runDir, console string) (m *Mac
 	fcArgs := []string{"--api-sock", m.lay.vmPath(socketName)}
 	argv := append([]string{d.fcBin, "--id", fcID}, fcArgs...)
 	if d.opts.Jailer != nil {
-		argv = jailerArgs(d.opts.Jailer, d.jailerBin, d.fcBin, fcID, fcArgs)
+		// The jailer joins the namespace itself, after its own set-up.
+		j := *d.opts.Jailer
+		if netns != "" {
+			j.NetNS = netns
+		}
+		argv = jailerArgs(&j, d.jailerBin, d.fcBin, fcID, fcArgs)
+		netns = ""
 	}
-	m.proc, err = startProc(argv, m.consoleFile)
+	m.proc, err = startProc(argv, m.consoleFile, netns)
 	if err != nil {
 		return m, err
 	}

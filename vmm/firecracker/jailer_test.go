@@ -137,7 +137,10 @@ func TestJailerIDWithUnderscore(t *testing.T) {
 	base := filepath.Join(t.TempDir(), "jail")
 	d, log := newJailedDriver(t, base)
 	ctx := context.Background()
-	vm, err := d.Boot(ctx, env.config("sbx_1"))
+	cfg := env.config("sbx_1")
+	// The fake jailer does not join it; any existing path will do.
+	cfg.NetNS = touchFile(t, filepath.Join(env.dir, "netns-handle"), 0)
+	vm, err := d.Boot(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,6 +148,9 @@ func TestJailerIDWithUnderscore(t *testing.T) {
 	exec, _ := findCall(readCalls(t, log), "EXEC", "jailer")
 	if !jsonEqual(exec.Body["id"], []any{"sbx-1"}) {
 		t.Errorf("jailer --id = %v, want sbx-1", exec.Body["id"])
+	}
+	if !jsonEqual(exec.Body["netns"], []any{cfg.NetNS}) {
+		t.Errorf("jailer --netns = %v, want the machine's %s over the driver's default", exec.Body["netns"], cfg.NetNS)
 	}
 	// A second machine whose ID maps to the same jail is refused, not mixed up.
 	env2 := newTestEnv(t)

@@ -79,7 +79,8 @@ func fakeFirecrackerMain(args []string, root string) int {
 		fmt.Fprintf(os.Stderr, "error: invalid instance id %q\n", id)
 		return 1
 	}
-	logCall(call{Method: "EXEC", Path: "firecracker", Body: map[string]any{"pid": os.Getpid(), "id": id, "sock": sock}})
+	netns, _ := os.Readlink("/proc/self/ns/net")
+	logCall(call{Method: "EXEC", Path: "firecracker", Body: map[string]any{"pid": os.Getpid(), "id": id, "sock": sock, "netns": netns}})
 	mode := os.Getenv("FAKEFC_MODE")
 	if sock == "" {
 		fmt.Fprintln(os.Stderr, "error: --api-sock is required")

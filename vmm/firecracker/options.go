@@ -45,7 +45,7 @@ type JailerOptions struct {
 	ChrootBase string // --chroot-base-dir; empty means /srv/jailer
 	UID, GID   int
 	// NetNS is a network namespace path (for instance /var/run/netns/x) the
-	// VMM joins; the taps named in NICs must live there.
+	// VMM joins when the machine's Config.NetNS is empty.
 	NetNS string
 	// CgroupVersion is 1 or 2; zero leaves the jailer's default.
 	CgroupVersion int

@@ -7,10 +7,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // tail keeps the last bytes written to it: Firecracker explains fatal
@@ -49,7 +52,7 @@ type proc struct {
 
 // startProc starts argv with stdout on console (the guest's serial port is
 // Firecracker's stdout) and stderr captured.
-func startProc(argv []string, console *os.File) (*proc, error) {
+func startProc(argv []string, console *os.File, netns string) (*proc, error) {
 	p := &proc{stderr: &tail{max: 4096}, done: make(chan struct{})}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout = console
@@ -57,7 +60,11 @@ func startProc(argv []string, console *os.File) (*proc, error) {
 	// A process group of its own keeps a Ctrl-C aimed at the node server
 	// from taking every VM down with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if netns != "" {
+		start = func() error { return inNetNS(netns, cmd.Start) }
+	}
+	if err := start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", argv[0], err)
 	}
 	p.cmd = cmd
@@ -164,4 +171,34 @@ func checkSocketPath(path string) error {
 		return fmt.Errorf("API socket %s: %w", path, errNoSocketRoom)
 	}
 	return nil
+}
+
+// inNetNS runs fn on an OS thread switched into the network namespace at
+// path. A child forked there starts in that namespace, which is how a VMM
+// reaches taps that exist only inside a sandbox's namespace.
+func inNetNS(path string, fn func() error) error {
+	target, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("network namespace %s: %w", path, err)
+	}
+	defer unix.Close(target)
+	runtime.LockOSThread()
+	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("current network namespace: %w", err)
+	}
+	defer unix.Close(orig)
+	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("enter network namespace %s: %w", path, err)
+	}
+	fnErr := fn()
+	if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+		// The thread stays locked and dies with this goroutine rather than
+		// serving others from the wrong namespace.
+		return errors.Join(fnErr, fmt.Errorf("leave network namespace %s: %w", path, err))
+	}
+	runtime.UnlockOSThread()
+	return fnErr
 }

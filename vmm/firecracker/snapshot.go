@@ -286,7 +286,7 @@ func (d *Driver) restore(ctx context.Context, cfg vmm.RestoreConfig) (*Machine, 
 	if err != nil {
 		return nil, err
 	}
-	m, err := d.launch(ctx, cfg.ID, cfg.RunDir, cfg.ConsoleLog)
+	m, err := d.launch(ctx, cfg.ID, cfg.RunDir, cfg.ConsoleLog, cfg.NetNS)
 	if err != nil {
 		return nil, err
 	}
