@@ -471,4 +471,3 @@ func TestMetadataXattrs(t *testing.T) {
 		t.Fatalf("metadata %v", res.Msg.GetEntry().GetMetadata())
 	}
 }
-
