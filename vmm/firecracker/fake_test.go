@@ -23,6 +23,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/agentenv/agentenv/vmm"
 )
 
 // kind is a JSON value type in the API description.
@@ -236,7 +238,10 @@ type fakeVMM struct {
 	root    string    // chroot prefix for paths in requests ("" = none)
 	console io.Writer // the guest's serial port
 	dieOn   string    // "InstanceStart": exit instead of starting
-	exit    func(code int)
+	// openTaps attaches to each NIC's tap by name, as Firecracker does.
+	openTaps bool
+	taps     []*os.File
+	exit     func(code int)
 
 	mu         sync.Mutex
 	calls      []call
@@ -507,6 +512,15 @@ func (f *fakeVMM) patchDrive(id string, body map[string]any) (any, error) {
 func (f *fakeVMM) setNIC(id string, body map[string]any) error {
 	if body["iface_id"] != id {
 		return bad("The id from the path [%s] does not match the id from the body [%v]!", id, body["iface_id"])
+	}
+	if f.openTaps {
+		// Attach to the tap as Firecracker does, and keep it: a tap someone
+		// else still holds answers EBUSY.
+		tap, err := vmm.OpenTap(body["host_dev_name"].(string))
+		if err != nil {
+			return bad("Open tap device failed: %v", err)
+		}
+		f.taps = append(f.taps, tap)
 	}
 	f.state.NICs[id] = body
 	return nil

@@ -91,9 +91,8 @@ func fakeFirecrackerMain(args []string, root string) int {
 	}
 	f := newFakeVMM(root, os.Stdout)
 	f.logPath = os.Getenv("FAKEFC_LOG")
-	if mode == "die-on-start" {
-		f.dieOn = "InstanceStart"
-	}
+	f.dieOn = map[string]string{"die-on-start": "InstanceStart"}[mode]
+	f.openTaps = mode == "open-taps"
 	if _, _, err := serveFake(f.host(sock), f); err != nil {
 		fmt.Fprintf(os.Stderr, "error: api socket: %v\n", err)
 		return 1

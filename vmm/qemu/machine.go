@@ -121,10 +121,12 @@ func (m *machine) connect(ctx context.Context) error {
 	}()
 	q, err := qmp.Dial(dctx, m.rd.path("qmp.sock"))
 	if err != nil {
+		// A QEMU that refuses its configuration closes the socket as it
+		// exits: give the exit a moment to be seen, then report QEMU's words.
 		select {
 		case <-m.exited:
 			return fmt.Errorf("qemu exited during start (%v): %s", m.exitErr, m.logTail())
-		default:
+		case <-time.After(2 * time.Second):
 			return fmt.Errorf("qemu control socket: %w", err)
 		}
 	}

@@ -1,0 +1,331 @@
+// Package vmmtest is the conformance suite every vmm.Driver passes, in the
+// style of containerd's snapshotter tests: one Run call drives a driver
+// through boot, pause/resume, snapshot, restore, clones and cleanup against
+// real guests, reaching their agent through a tap in a test namespace.
+package vmmtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/guest/agent/agentclient"
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// Harness is what a driver's test provides.
+type Harness struct {
+	Driver vmm.Driver
+	// Kernel, Initrd and Rootfs boot a guest whose init is aenv-agent.
+	Kernel, Initrd, Rootfs string
+	// ReadyTimeout bounds boot and restore to agent-ready; default 3 minutes
+	// (software emulation on a loaded machine is slow).
+	ReadyTimeout time.Duration
+}
+
+// Run executes the suite. Steps depend on each other (the snapshot of one
+// is restored by the next), so they run in order, not in parallel.
+func Run(t *testing.T, h Harness) {
+	if h.ReadyTimeout == 0 {
+		h.ReadyTimeout = 3 * time.Minute
+	}
+	s := &suite{h: h, work: t.TempDir(), top: t}
+	steps := []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"BootToAgentReady", s.bootToReady},
+		{"PauseResumeKeepsRAM", s.pauseResume},
+		{"SnapshotAndStop", s.snapshotAndStop},
+		{"RestoreContinues", s.restoreContinues},
+		{"TwoClonesDiverge", s.twoClones},
+		{"StopCleansUp", s.stopCleansUp},
+		{"BadInput", s.badInput},
+	}
+	for _, st := range steps {
+		if !t.Run(st.name, st.fn) {
+			t.Fatalf("step %s failed; later steps depend on it", st.name)
+		}
+	}
+}
+
+type suite struct {
+	h    Harness
+	top  *testing.T // owns VMs and networks that outlive one step
+	work string
+	vm   vmm.Machine
+	net  *TestNet
+	snap string
+	// counterAtSnapshot is a guest counter value read just before the snapshot.
+	counterAtSnapshot int
+}
+
+const marker = "written-before-snapshot"
+
+func (s *suite) cmdline() string { return "root=/dev/vda ro quiet " + IPCmdline }
+
+func (s *suite) config(id string, nic vmm.NIC) vmm.Config {
+	return vmm.Config{
+		ID: id, Kernel: s.h.Kernel, Initrd: s.h.Initrd, Cmdline: s.cmdline(),
+		VCPUs: 1, MemoryMiB: 256, RunDir: filepath.Join(s.work, id),
+		Drives: []vmm.Drive{{ID: "rootfs", Path: s.h.Rootfs, ReadOnly: true}},
+		NICs:   []vmm.NIC{nic},
+	}
+}
+
+// sh runs a shell command in the guest and returns its trimmed stdout.
+func sh(t *testing.T, tn *TestNet, script string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, errOut, code, err := agentclient.Run(ctx, tn.AgentURL(), tn.HTTP, "/bin/sh", "-c", script)
+	if err != nil {
+		t.Fatalf("guest %q: %v", script, err)
+	}
+	if code != 0 {
+		t.Fatalf("guest %q: exit %d: %s", script, code, errOut)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func (s *suite) waitReady(t *testing.T, vm vmm.Machine, tn *TestNet) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), s.h.ReadyTimeout)
+	defer cancel()
+	if err := tn.WaitHealthy(ctx); err != nil {
+		console, _ := os.ReadFile(vm.Info().ConsoleLog)
+		t.Fatalf("%v\nconsole:\n%s", err, tail(console, 3000))
+	}
+}
+
+func (s *suite) bootToReady(t *testing.T) {
+	s.net = NewTestNet(s.top)
+	vm, err := s.h.Driver.Boot(context.Background(), s.config("boot", s.net.NIC()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.vm = vm
+	s.top.Cleanup(func() { _ = vm.Stop(context.Background()) })
+	s.waitReady(t, vm, s.net)
+	if got := sh(t, s.net, "cat /proc/1/comm; id -un user"); !strings.Contains(got, "user") {
+		t.Fatalf("guest has no default user: %q", got)
+	}
+	info := vm.Info()
+	if info.PID <= 0 || info.ControlSocket == "" {
+		t.Fatalf("info incomplete: %+v", info)
+	}
+}
+
+func (s *suite) pauseResume(t *testing.T) {
+	ctx := context.Background()
+	sh(t, s.net, "echo "+marker+" > /dev/shm/marker")
+	if err := s.vm.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// While paused the agent must not answer.
+	pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	if err := s.net.WaitHealthy(pctx); err == nil {
+		t.Error("agent answered while the VM was paused")
+	}
+	cancel()
+	if err := s.vm.Pause(ctx); err != nil {
+		t.Fatalf("pausing a paused VM: %v", err)
+	}
+	if err := s.vm.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := sh(t, s.net, "cat /dev/shm/marker"); got != marker {
+		t.Fatalf("tmpfs file after resume = %q", got)
+	}
+}
+
+func (s *suite) snapshotAndStop(t *testing.T) {
+	ctx := context.Background()
+	// A counter that keeps running in the guest, orphaned to PID 1.
+	sh(t, s.net, `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /dev/shm/counter; sleep 0.05; done' >/dev/null 2>&1 &`)
+	waitCounter(t, s.net, 3)
+	s.counterAtSnapshot = counter(t, s.net)
+	if _, err := s.vm.Snapshot(ctx, filepath.Join(s.work, "snap-running")); !errors.Is(err, vmm.ErrNotPaused) {
+		t.Fatalf("snapshot of a running VM: got %v, want ErrNotPaused", err)
+	}
+	if err := s.vm.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.snap = filepath.Join(s.work, "snap")
+	snap, err := s.vm.Snapshot(ctx, s.snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("snapshot: state %d bytes, memory %d MiB, took %s", snap.StateBytes, snap.MemBytes>>20, snap.Took)
+	for _, f := range []string{snap.StateFile, snap.MemoryFile, filepath.Join(s.snap, vmm.SnapshotConfigFile)} {
+		if _, err := os.Stat(f); err != nil {
+			t.Fatalf("snapshot file missing: %v", err)
+		}
+	}
+	// The source may go on after a snapshot.
+	if err := s.vm.Resume(ctx); err != nil {
+		t.Fatalf("resume after snapshot: %v", err)
+	}
+	if err := s.vm.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (s *suite) restore(t *testing.T, id string) (vmm.Machine, *TestNet) {
+	t.Helper()
+	tn := NewTestNet(s.top)
+	vm, err := s.h.Driver.Restore(context.Background(), vmm.RestoreConfig{
+		ID: id, SnapshotDir: s.snap, RunDir: filepath.Join(s.work, id), NICs: []vmm.NIC{tn.NIC()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.top.Cleanup(func() { _ = vm.Stop(context.Background()) })
+	s.waitReady(t, vm, tn)
+	return vm, tn
+}
+
+func (s *suite) restoreContinues(t *testing.T) {
+	vm, tn := s.restore(t, "restored")
+	if got := sh(t, tn, "cat /dev/shm/marker"); got != marker {
+		t.Fatalf("tmpfs file after restore = %q", got)
+	}
+	c1 := counter(t, tn)
+	if c1 < s.counterAtSnapshot {
+		t.Fatalf("restored counter %d is behind the value %d read before the snapshot", c1, s.counterAtSnapshot)
+	}
+	waitCounter(t, tn, c1+3)
+	s.vm = vm
+	s.net = tn
+}
+
+func (s *suite) twoClones(t *testing.T) {
+	type clone struct {
+		vm vmm.Machine
+		tn *TestNet
+	}
+	var clones []clone
+	for i := range 2 {
+		vm, tn := s.restore(t, fmt.Sprintf("clone%d", i))
+		clones = append(clones, clone{vm, tn})
+	}
+	if a, b := clones[0].vm.Info(), clones[1].vm.Info(); a.MemoryFile != b.MemoryFile || a.PID == b.PID {
+		t.Fatalf("clones must share one memory image in two processes: %+v / %+v", a, b)
+	}
+	for i, c := range clones {
+		sh(t, c.tn, fmt.Sprintf("echo clone-%d > /dev/shm/who", i))
+	}
+	for i, c := range clones {
+		if got := sh(t, c.tn, "cat /dev/shm/who /dev/shm/marker"); got != fmt.Sprintf("clone-%d\n%s", i, marker) {
+			t.Fatalf("clone %d sees %q", i, got)
+		}
+	}
+	if got := sh(t, s.net, "cat /dev/shm/who 2>/dev/null || echo none"); got != "none" {
+		t.Fatalf("the first restore sees a clone's write: %q", got)
+	}
+}
+
+func (s *suite) stopCleansUp(t *testing.T) {
+	ctx := context.Background()
+	info := s.vm.Info()
+	if err := s.vm.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.vm.Stop(ctx); err != nil {
+		t.Fatalf("second stop: %v", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_ = s.vm.Wait(wctx)
+	if err := syscall.Kill(info.PID, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("process %d still exists after Stop (kill: %v)", info.PID, err)
+	}
+	for _, p := range []string{info.ControlSocket, info.RunDir} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left behind after Stop", p)
+		}
+	}
+	if err := s.vm.Pause(ctx); !errors.Is(err, vmm.ErrStopped) {
+		t.Errorf("pause after stop: got %v, want ErrStopped", err)
+	}
+}
+
+func (s *suite) badInput(t *testing.T) {
+	ctx := context.Background()
+	tn := NewTestNet(t)
+	garbage := filepath.Join(s.work, "garbage-kernel")
+	if err := os.WriteFile(garbage, []byte(strings.Repeat("not a kernel ", 4096)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		mutate func(*vmm.Config)
+		want   string
+	}{
+		{"MissingKernel", func(c *vmm.Config) { c.Kernel = filepath.Join(s.work, "no-such-kernel") }, "kernel"},
+		{"BadDrivePath", func(c *vmm.Config) { c.Drives[0].Path = filepath.Join(s.work, "no-such-disk") }, "drive rootfs"},
+		{"VMMDiesMidBoot", func(c *vmm.Config) { c.Kernel = garbage }, "exited"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := s.config("bad-"+strings.ToLower(tc.name), tn.NIC())
+			tc.mutate(&cfg)
+			vm, err := s.h.Driver.Boot(ctx, cfg)
+			if err == nil {
+				_ = vm.Stop(ctx)
+				t.Fatal("boot succeeded")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not name %q", err, tc.want)
+			}
+			if _, statErr := os.Stat(cfg.RunDir); !errors.Is(statErr, os.ErrNotExist) {
+				t.Fatalf("run dir %s left behind", cfg.RunDir)
+			}
+		})
+	}
+	t.Run("RestoreMissingSnapshot", func(t *testing.T) {
+		_, err := s.h.Driver.Restore(ctx, vmm.RestoreConfig{ID: "nosnap", SnapshotDir: filepath.Join(s.work, "nope"), RunDir: filepath.Join(s.work, "nosnap"), NICs: []vmm.NIC{tn.NIC()}})
+		if err == nil || !strings.Contains(err.Error(), "nope") {
+			t.Fatalf("restore of a missing snapshot: %v", err)
+		}
+	})
+}
+
+func counter(t *testing.T, tn *TestNet) int {
+	t.Helper()
+	n, err := strconv.Atoi(sh(t, tn, "cat /dev/shm/counter"))
+	if err != nil {
+		t.Fatalf("counter: %v", err)
+	}
+	return n
+}
+
+// waitCounter waits until the guest counter reaches at least n.
+func waitCounter(t *testing.T, tn *TestNet, n int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		out := sh(t, tn, "cat /dev/shm/counter 2>/dev/null || echo 0")
+		if v, _ := strconv.Atoi(out); v >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("guest counter stuck at %s, want >= %d", out, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
