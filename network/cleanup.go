@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -55,11 +56,10 @@ func cleanupLinks(cfg Config) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("cleanup: list links: %w", err)
 	}
-	re := regexp.MustCompile("^" + cfg.Prefix + `v[0-9]+$`)
 	n := 0
 	var errs []error
 	for _, l := range links {
-		if !re.MatchString(l.Attrs().Name) {
+		if !isSlotVeth(cfg.Prefix, l.Attrs().Name) {
 			continue
 		}
 		if err := h.LinkDel(l); err != nil {
@@ -122,4 +122,18 @@ func cleanupHostTable(cfg Config) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// isSlotVeth reports whether name is "<prefix>v<digits>".
+func isSlotVeth(prefix, name string) bool {
+	rest, ok := strings.CutPrefix(name, prefix+"v")
+	if !ok || rest == "" {
+		return false
+	}
+	for _, r := range rest {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }

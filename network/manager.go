@@ -34,7 +34,7 @@ type Manager struct {
 
 	mu       sync.Mutex
 	closed   bool
-	freeIdx  []int // released indexes, reused first
+	freeIdx  []int // released indexes, reused first, oldest first
 	nextIdx  int
 	pool     []*Slot
 	inUse    map[*Slot]struct{}
@@ -220,6 +220,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		}
 		errs = append(errs, m.destroy(s))
 	}
+	errs = append(errs, m.awaitHostVeths(ctx))
 	if c, err := m.hostNFT(); err != nil {
 		errs = append(errs, err)
 	} else {
@@ -227,6 +228,43 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	}
 	m.closeHost()
 	return errors.Join(errs...)
+}
+
+// awaitHostVeths waits until the kernel has dismantled the host veths of
+// the destroyed namespaces, and deletes any that outlive a short grace
+// period, so that Shutdown leaves nothing behind when it returns.
+func (m *Manager) awaitHostVeths(ctx context.Context) error {
+	grace := time.Now().Add(5 * time.Second)
+	for {
+		left, err := m.hostVeths()
+		if err != nil || len(left) == 0 {
+			return err
+		}
+		if time.Now().After(grace) || ctx.Err() != nil {
+			var errs []error
+			for _, name := range left {
+				errs = append(errs, m.hostLinkDel(name))
+			}
+			return errors.Join(errs...)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (m *Manager) hostVeths() ([]string, error) {
+	m.hostMu.Lock()
+	defer m.hostMu.Unlock()
+	links, err := m.hostNL.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list host links: %w", err)
+	}
+	var names []string
+	for _, l := range links {
+		if isSlotVeth(m.cfg.Prefix, l.Attrs().Name) {
+			names = append(names, l.Attrs().Name)
+		}
+	}
+	return names, nil
 }
 
 // Stats is a snapshot of the manager's slot counts.
@@ -278,9 +316,10 @@ func (m *Manager) destroy(s *Slot) error {
 func (m *Manager) allocIndex() (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if n := len(m.freeIdx); n > 0 {
-		idx := m.freeIdx[n-1]
-		m.freeIdx = m.freeIdx[:n-1]
+	// Oldest first: the kernel may still be dismantling a recent one's veth.
+	if len(m.freeIdx) > 0 {
+		idx := m.freeIdx[0]
+		m.freeIdx = m.freeIdx[1:]
 		return idx, nil
 	}
 	if m.nextIdx > m.cfg.maxSlots() {

@@ -181,9 +181,18 @@ func (s *Slot) build(ctx context.Context) error {
 		return fmt.Errorf("open netns %s: %w", s.Name, err)
 	}
 	s.ns = ns
-	if err := s.m.hostLinkAdd(&netlink.Veth{
+	veth := &netlink.Veth{
 		LinkAttrs: netlink.LinkAttrs{Name: s.HostVeth}, PeerName: slotUplink, PeerNamespace: netlink.NsFd(int(ns)),
-	}); err != nil {
+	}
+	err = s.m.hostLinkAdd(veth)
+	if errors.Is(err, unix.EEXIST) {
+		// The veth of a destroyed slot with this index is still being
+		// dismantled by the kernel: remove it now.
+		if err = s.m.hostLinkDel(s.HostVeth); err == nil {
+			err = s.m.hostLinkAdd(veth)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("create veth %s: %w", s.HostVeth, err)
 	}
 	if err := s.m.hostVethUp(s); err != nil {
@@ -226,33 +235,45 @@ func (s *Slot) build(ctx context.Context) error {
 
 // configureInside runs on a thread inside the slot namespace.
 func (s *Slot) configureInside(guestNS netns.NsHandle) error {
-	if err := linkUpByName("lo"); err != nil {
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE) // one socket, in this namespace
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer h.Close()
+	// The guest only has IPv4; without IPv6 on the slot's devices it has
+	// no IPv6 path into the slot either. Kernels without IPv6 lack the knob.
+	for _, k := range []string{"net/ipv6/conf/all/disable_ipv6", "net/ipv6/conf/default/disable_ipv6"} {
+		if err := writeSysctl(k, "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	if err := linkUpByName(h, "lo"); err != nil {
 		return err
 	}
-	uplink, err := netlink.LinkByName(slotUplink)
+	uplink, err := h.LinkByName(slotUplink)
 	if err != nil {
 		return fmt.Errorf("find %s: %w", slotUplink, err)
 	}
-	if err := netlink.AddrAdd(uplink, &netlink.Addr{IPNet: ipNet(s.VethPeerIP, 31)}); err != nil {
+	if err := h.AddrAdd(uplink, &netlink.Addr{IPNet: ipNet(s.VethPeerIP, 31)}); err != nil {
 		return fmt.Errorf("address %s: %w", slotUplink, err)
 	}
-	if err := netlink.LinkSetUp(uplink); err != nil {
+	if err := h.LinkSetUp(uplink); err != nil {
 		return fmt.Errorf("up %s: %w", slotUplink, err)
 	}
-	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: uplink.Attrs().Index, Gw: s.VethHostIP.AsSlice()}); err != nil {
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: uplink.Attrs().Index, Gw: s.VethHostIP.AsSlice()}); err != nil {
 		return fmt.Errorf("default route: %w", err)
 	}
-	if err := s.createVMLink(guestNS); err != nil {
+	if err := s.createVMLink(h, guestNS); err != nil {
 		return err
 	}
-	vmLink, err := netlink.LinkByName(TapName)
+	vmLink, err := h.LinkByName(TapName)
 	if err != nil {
 		return fmt.Errorf("find %s: %w", TapName, err)
 	}
-	if err := netlink.AddrAdd(vmLink, &netlink.Addr{IPNet: ipNet(GatewayIP, GuestNetBits)}); err != nil {
+	if err := h.AddrAdd(vmLink, &netlink.Addr{IPNet: ipNet(GatewayIP, GuestNetBits)}); err != nil {
 		return fmt.Errorf("address %s: %w", TapName, err)
 	}
-	if err := netlink.LinkSetUp(vmLink); err != nil {
+	if err := h.LinkSetUp(vmLink); err != nil {
 		return fmt.Errorf("up %s: %w", TapName, err)
 	}
 	if err := writeSysctl("net/ipv4/ip_forward", "1"); err != nil {
@@ -262,11 +283,11 @@ func (s *Slot) configureInside(guestNS netns.NsHandle) error {
 	return s.dns.listen()
 }
 
-func (s *Slot) createVMLink(guestNS netns.NsHandle) error {
+func (s *Slot) createVMLink(h *netlink.Handle, guestNS netns.NsHandle) error {
 	if guestNS < 0 {
 		return createPersistentTap(TapName)
 	}
-	err := netlink.LinkAdd(&netlink.Veth{
+	err := h.LinkAdd(&netlink.Veth{
 		LinkAttrs: netlink.LinkAttrs{Name: TapName}, PeerName: guestIfName,
 		PeerHardwareAddr: GuestMAC, PeerNamespace: netlink.NsFd(int(guestNS)),
 	})
@@ -289,12 +310,12 @@ func (s *Slot) buildGuestNS() (netns.NsHandle, error) {
 	return h, nil
 }
 
-func linkUpByName(name string) error {
-	l, err := netlink.LinkByName(name)
+func linkUpByName(h *netlink.Handle, name string) error {
+	l, err := h.LinkByName(name)
 	if err != nil {
 		return fmt.Errorf("find %s: %w", name, err)
 	}
-	if err := netlink.LinkSetUp(l); err != nil {
+	if err := h.LinkSetUp(l); err != nil {
 		return fmt.Errorf("up %s: %w", name, err)
 	}
 	return nil
@@ -303,20 +324,25 @@ func linkUpByName(name string) error {
 // configureGuestNS gives the fake guest the address a VM gets from the
 // kernel's ip= argument. Runs inside the guest namespace.
 func configureGuestNS() error {
-	if err := linkUpByName("lo"); err != nil {
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	defer h.Close()
+	if err := linkUpByName(h, "lo"); err != nil {
 		return err
 	}
-	l, err := netlink.LinkByName(guestIfName)
+	l, err := h.LinkByName(guestIfName)
 	if err != nil {
 		return fmt.Errorf("find guest %s: %w", guestIfName, err)
 	}
-	if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipNet(GuestIP, GuestNetBits)}); err != nil {
+	if err := h.AddrAdd(l, &netlink.Addr{IPNet: ipNet(GuestIP, GuestNetBits)}); err != nil {
 		return fmt.Errorf("address guest: %w", err)
 	}
-	if err := netlink.LinkSetUp(l); err != nil {
+	if err := h.LinkSetUp(l); err != nil {
 		return fmt.Errorf("up guest: %w", err)
 	}
-	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: GatewayIP.AsSlice()}); err != nil {
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: GatewayIP.AsSlice()}); err != nil {
 		return fmt.Errorf("guest default route: %w", err)
 	}
 	return nil
@@ -341,13 +367,14 @@ func (s *Slot) scrub(ctx context.Context) error {
 }
 
 // destroy removes everything of the slot; safe on a partly built slot.
+// It only drops the namespaces: the kernel then dismantles their devices
+// (and the host end of the veth with them) asynchronously, in batches,
+// which is several times cheaper than deleting each veth synchronously.
+// The host veth's name may linger for a moment; create copes with that.
 func (s *Slot) destroy() error {
 	var errs []error
 	if s.dns != nil {
-		s.dns.close()
-	}
-	if err := s.m.hostLinkDel(s.HostVeth); err != nil {
-		errs = append(errs, err)
+		s.dns.close() // its sockets hold the namespace
 	}
 	if s.ns >= 0 {
 		s.ns.Close()
