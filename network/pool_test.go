@@ -154,4 +154,3 @@ func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 
 	t.Fatalf("metric %s not found", name)
 	return 0
 }
-
