@@ -47,4 +47,3 @@ func kvmUsable() error {
 	}
 	return unix.Close(fd)
 }
-
