@@ -513,3 +513,30 @@ func TestBootInNetNS(t *testing.T) {
 	}
 	assertNoLeftovers(t, cfg2.RunDir, false)
 }
+
+func TestStopKeepsWhatItDidNotCreate(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t)
+	d, _ := newFakeDriver(t, "", nil)
+	if err := os.MkdirAll(env.runDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	foreign := touchFile(t, filepath.Join(env.runDir, "keep-me"), 1)
+	cfg := env.config("keep")
+	cfg.ConsoleLog = filepath.Join(env.dir, "console-elsewhere.log")
+	vm, err := d.Boot(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		b, _ := os.ReadFile(cfg.ConsoleLog)
+		return strings.Contains(string(b), "fake guest")
+	}, "console output")
+	if err := vm.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	assertNoLeftovers(t, env.runDir, true, foreign)
+	if _, err := os.Stat(cfg.ConsoleLog); err != nil {
+		t.Errorf("console log outside the run dir was removed: %v", err)
+	}
+}

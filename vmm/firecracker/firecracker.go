@@ -192,7 +192,9 @@ func (m *Machine) openConsole(path string) error {
 	if path == "" {
 		path = filepath.Join(m.runDir, "console.log")
 	}
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+	// A console log the caller placed outside the run directory is theirs
+	// to keep after Stop.
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) && filepath.Dir(path) == filepath.Clean(m.runDir) {
 		m.own(path)
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)

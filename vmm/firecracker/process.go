@@ -54,7 +54,15 @@ type proc struct {
 // Firecracker's stdout) and stderr captured.
 func startProc(argv []string, console *os.File, netns string) (*proc, error) {
 	p := &proc{stderr: &tail{max: 4096}, done: make(chan struct{})}
+	// The serial port reads stdin: a pipe nobody writes to can be polled,
+	// where /dev/null cannot.
+	stdin, hold, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("console input pipe: %w", err)
+	}
+	defer stdin.Close()
 	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin = stdin
 	cmd.Stdout = console
 	cmd.Stderr = p.stderr
 	// A process group of its own keeps a Ctrl-C aimed at the node server
@@ -65,11 +73,13 @@ func startProc(argv []string, console *os.File, netns string) (*proc, error) {
 		start = func() error { return inNetNS(netns, cmd.Start) }
 	}
 	if err := start(); err != nil {
+		_ = hold.Close()
 		return nil, fmt.Errorf("start %s: %w", argv[0], err)
 	}
 	p.cmd = cmd
 	go func() {
 		p.err = cmd.Wait()
+		_ = hold.Close()
 		close(p.done)
 	}()
 	return p, nil
