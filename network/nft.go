@@ -178,7 +178,9 @@ type slotTable struct {
 }
 
 func newSlotTable(prefix string) *slotTable {
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: prefix}
+	// A name distinct from the host table's, so a slot operation can never
+	// alter the host's rules even if it ran in the wrong namespace.
+	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: prefix + "_slot"}
 	// Set IDs are fixed here: they only need to be unique within a batch,
 	// and letting the library allocate them races (a package global).
 	interval := func(id uint32, name string) *nftables.Set {

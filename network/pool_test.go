@@ -1,6 +1,8 @@
 package network_test
 
 import (
+	"errors"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -153,4 +155,37 @@ func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 
 	}
 	t.Fatalf("metric %s not found", name)
 	return 0
+}
+
+func TestExhaustion(t *testing.T) {
+	t.Parallel()
+	m, _ := newManager(t, func(c *network.Config) {
+		c.HostCIDR = netip.MustParsePrefix("10.200.0.0/30") // room for 2 slots
+	})
+	a, b := acquire(t, m), acquire(t, m)
+	if _, err := m.Acquire(t.Context()); !errors.Is(err, network.ErrExhausted) {
+		t.Fatalf("third Acquire: %v, want ErrExhausted", err)
+	}
+	if err := m.Release(t.Context(), a); err != nil { // destroyed: no pool
+		t.Fatal(err)
+	}
+	waitFor(t, "the released index to come back", func() bool {
+		s, err := m.Acquire(t.Context())
+		if err != nil {
+			return false
+		}
+		if s.HostIP == b.HostIP {
+			t.Fatalf("address %s handed out twice", s.HostIP)
+		}
+		return true
+	})
+	if err := m.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Acquire(t.Context()); !errors.Is(err, network.ErrShutdown) {
+		t.Fatalf("Acquire after Shutdown: %v, want ErrShutdown", err)
+	}
+	if err := a.SetPolicy(t.Context(), network.Policy{}); err == nil {
+		t.Fatalf("SetPolicy on a destroyed slot succeeded")
+	}
 }

@@ -151,6 +151,10 @@ func (s *Slot) currentPolicy() *compiledPolicy {
 }
 
 func (s *Slot) nft() (*nftables.Conn, error) {
+	if s.ns < 0 {
+		// Never fall back to the current namespace: that is the host's.
+		return nil, fmt.Errorf("nftables in slot %s: slot is destroyed", s.Name)
+	}
 	c, err := nftables.New(nftables.WithNetNSFd(int(s.ns)))
 	if err != nil {
 		return nil, fmt.Errorf("nftables in slot %s: %w", s.Name, err)
@@ -355,7 +359,9 @@ func (s *Slot) scrub(ctx context.Context) error {
 	if err := s.applyPolicy(ctx, &compiledPolicy{}); err != nil {
 		return err
 	}
+	s.mu.Lock()
 	h, err := netlink.NewHandleAt(s.ns, unix.NETLINK_NETFILTER)
+	s.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("scrub slot %s: %w", s.Name, err)
 	}
@@ -376,10 +382,12 @@ func (s *Slot) destroy() error {
 	if s.dns != nil {
 		s.dns.close() // its sockets hold the namespace
 	}
+	s.mu.Lock()
 	if s.ns >= 0 {
 		s.ns.Close()
 		s.ns = -1
 	}
+	s.mu.Unlock()
 	errs = append(errs, deleteNamedNS(s.Name))
 	if s.m.cfg.GuestNetNS {
 		errs = append(errs, deleteNamedNS(s.Name+"g"))

@@ -253,19 +253,24 @@ func (w *World) SetRecord(name string, a netip.Addr) {
 	w.records[strings.ToLower(strings.TrimSuffix(name, "."))] = a
 }
 
-// ServeDNS starts the world's DNS server (UDP) at DNS:53.
+// ServeDNS starts the world's DNS server (UDP and TCP) at DNS:53.
 func (w *World) ServeDNS(t TB) {
 	t.Helper()
 	var pc net.PacketConn
+	var l net.Listener
 	err := network.RunInNetNS(w.WorldNS, func() error {
 		var err error
-		pc, err = net.ListenPacket("udp4", netip.AddrPortFrom(DNS, 53).String())
+		if pc, err = net.ListenPacket("udp4", netip.AddrPortFrom(DNS, 53).String()); err != nil {
+			return err
+		}
+		l, err = net.Listen("tcp4", netip.AddrPortFrom(DNS, 53).String())
 		return err
 	})
 	if err != nil {
 		t.Fatalf("listen dns in world: %v", err)
 	}
-	t.Cleanup(func() { pc.Close() })
+	t.Cleanup(func() { pc.Close(); l.Close() })
+	go w.serveDNSTCP(l)
 	go func() {
 		buf := make([]byte, 4096)
 		for {
@@ -278,6 +283,41 @@ func (w *World) ServeDNS(t TB) {
 			}
 		}
 	}()
+}
+
+func (w *World) serveDNSTCP(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			q, err := readMsg(c)
+			if err != nil {
+				return
+			}
+			if resp, err := w.answer(q); err == nil {
+				writeMsg(c, resp)
+			}
+		}()
+	}
+}
+
+func readMsg(r io.Reader) ([]byte, error) {
+	var l [2]byte
+	if _, err := io.ReadFull(r, l[:]); err != nil {
+		return nil, err
+	}
+	msg := make([]byte, int(l[0])<<8|int(l[1]))
+	_, err := io.ReadFull(r, msg)
+	return msg, err
+}
+
+func writeMsg(w io.Writer, msg []byte) error {
+	_, err := w.Write(append([]byte{byte(len(msg) >> 8), byte(len(msg))}, msg...))
+	return err
 }
 
 func (w *World) answer(q []byte) ([]byte, error) {
@@ -318,12 +358,18 @@ func (w *World) answer(q []byte) ([]byte, error) {
 	return b.Finish()
 }
 
-// Resolve asks the DNS server at server (UDP) for name's A record, from the
-// namespace at nsPath. It returns the address or an error naming the rcode.
+// Resolve asks the DNS server at server for name's A record over UDP, from
+// the namespace at nsPath. It returns the address or an error naming the
+// rcode.
 func Resolve(ctx context.Context, nsPath string, server netip.AddrPort, name string) (netip.Addr, error) {
+	return ResolveOver(ctx, "udp4", nsPath, server, name)
+}
+
+// ResolveOver is Resolve over "udp4" or "tcp4".
+func ResolveOver(ctx context.Context, network_, nsPath string, server netip.AddrPort, name string) (netip.Addr, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	c, err := DialIn(ctx, nsPath, "udp4", server.String())
+	c, err := DialIn(ctx, nsPath, network_, server.String())
 	if err != nil {
 		return netip.Addr{}, err
 	}
@@ -340,16 +386,26 @@ func Resolve(ctx context.Context, nsPath string, server netip.AddrPort, name str
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	if _, err := c.Write(q); err != nil {
-		return netip.Addr{}, err
+	var resp []byte
+	if network_ == "tcp4" {
+		if err := writeMsg(c, q); err != nil {
+			return netip.Addr{}, err
+		}
+		resp, err = readMsg(c)
+	} else {
+		if _, err := c.Write(q); err != nil {
+			return netip.Addr{}, err
+		}
+		buf := make([]byte, 4096)
+		var m int
+		m, err = c.Read(buf)
+		resp = buf[:m]
 	}
-	buf := make([]byte, 4096)
-	m, err := c.Read(buf)
 	if err != nil {
 		return netip.Addr{}, err
 	}
 	var p dnsmessage.Parser
-	h, err := p.Start(buf[:m])
+	h, err := p.Start(resp)
 	if err != nil {
 		return netip.Addr{}, err
 	}
