@@ -171,14 +171,22 @@ func RandomReads(r io.ReaderAt, size int64, threads int, d time.Duration) float6
 	return float64(total.Load()) / time.Since(start).Seconds()
 }
 
-// SequentialRead reads the whole disk with bs-sized reads and returns MB/s.
-func SequentialRead(r io.ReaderAt, size int64, bs int) float64 {
+// SequentialRead reads the whole disk with bs-sized reads, in passes until
+// at least d has passed (one pass when d is 0), and returns MB/s.
+func SequentialRead(r io.ReaderAt, size int64, bs int, d time.Duration) float64 {
 	buf := make([]byte, bs)
 	start := time.Now()
-	for off := int64(0); off < size; off += int64(bs) {
-		r.ReadAt(buf, off)
+	var total int64
+	for {
+		for off := int64(0); off < size; off += int64(bs) {
+			r.ReadAt(buf, off)
+		}
+		total += size
+		if time.Since(start) >= d {
+			break
+		}
 	}
-	return float64(size) / 1e6 / time.Since(start).Seconds()
+	return float64(total) / 1e6 / time.Since(start).Seconds()
 }
 
 // BuildIndex returns an index of n segments of 8 sectors with 8-sector gaps.

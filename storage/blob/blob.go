@@ -181,7 +181,8 @@ func IsURL(ref string) bool {
 	return strings.HasPrefix(ref, "http://") || strings.HasPrefix(ref, "https://")
 }
 
-// Open opens a local path or, for an http(s) URL, a cached HTTP blob.
+// Open opens a local path (read with pread) or, for an http(s) URL, a
+// cached HTTP blob.
 func Open(ctx context.Context, ref string, opt HTTPOptions) (Blob, error) {
 	if !IsURL(ref) {
 		return OpenFile(ref)

@@ -154,3 +154,35 @@ func TestTotalSize(t *testing.T) {
 		}
 	}
 }
+
+func TestMapped(t *testing.T) {
+	t.Parallel()
+	data := content(64 << 10)
+	p := filepath.Join(t.TempDir(), "m")
+	os.WriteFile(p, data, 0o644)
+	m, err := OpenMapped(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	got := make([]byte, 5000)
+	if n, err := m.ReadAt(got, 1000); n != 5000 || err != nil || !bytes.Equal(got, data[1000:6000]) {
+		t.Fatalf("mapped read n=%d err=%v", n, err)
+	}
+	if n, err := m.ReadAt(got, int64(len(data)-10)); n != 10 || err != io.EOF {
+		t.Fatalf("read at the end n=%d err=%v", n, err)
+	}
+	// A file truncated under its mapping faults on access: an error, not a crash.
+	if err := os.Truncate(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.ReadAt(got, 32<<10); err == nil || !strings.Contains(err.Error(), "changed underneath") {
+		t.Fatalf("read of a truncated mapping: %v", err)
+	}
+	if _, err := OpenMapped(p); err == nil {
+		t.Fatal("mapped an empty file")
+	}
+	if b, err := OpenLocal(p, true); err != nil || b.Size() != 0 {
+		t.Fatalf("OpenLocal of an empty file should fall back to pread: %v", err)
+	}
+}

@@ -36,6 +36,8 @@ type Options struct {
 	HTTP blob.HTTPOptions
 	// ReadOnly opens the upper (if any) without writing to it.
 	ReadOnly bool
+	// NoMmap reads local lower layers with pread instead of a memory mapping.
+	NoMmap bool
 }
 
 // Image is an opened stacked image.
@@ -83,7 +85,13 @@ func OpenConfig(ctx context.Context, cfg *Config, dir string, opt Options) (*Ima
 			src = ref.URL
 		}
 		src = resolve(dir, src)
-		b, err := blob.Open(ctx, src, opt.HTTP)
+		var b blob.Blob
+		var err error
+		if blob.IsURL(src) {
+			b, err = blob.Open(ctx, src, opt.HTTP)
+		} else {
+			b, err = blob.OpenLocal(src, !opt.NoMmap)
+		}
 		if err != nil {
 			return fail(fmt.Errorf("lowers[%d]: %w", i, err))
 		}

@@ -198,12 +198,17 @@ func (z *Reader) blockLen(i int64) int {
 func (z *Reader) decodeBlock(i int64, dst []byte) error {
 	bp := z.bufs.Get().(*[]byte)
 	defer z.bufs.Put(bp)
-	n := z.offs[i+1] - z.offs[i]
-	src := (*bp)[:n]
+	src := (*bp)[:z.offs[i+1]-z.offs[i]]
 	if err := readFull(z.r, src, z.offs[i]); err != nil {
 		return fmt.Errorf("block %d: %w", i, err)
 	}
+	return z.decodeFrom(i, src, dst)
+}
+
+// decodeFrom checks and decompresses block i, whose stored bytes are src.
+func (z *Reader) decodeFrom(i int64, src, dst []byte) error {
 	if z.tr.Verify {
+		n := len(src)
 		data := src[:n-crcSize]
 		want := binary.LittleEndian.Uint32(src[n-crcSize:])
 		if got := BlockCRC(data); got != want {
@@ -213,6 +218,26 @@ func (z *Reader) decodeBlock(i int64, dst []byte) error {
 	}
 	if _, err := z.codec.decompress(dst, src); err != nil {
 		return fmt.Errorf("block %d at offset %d: %w", i, z.offs[i], err)
+	}
+	return nil
+}
+
+// decodeRun decompresses whole blocks [b0, b1) into dst with one read of
+// their stored bytes.
+func (z *Reader) decodeRun(b0, b1 int64, dst []byte) error {
+	if b1-b0 == 1 {
+		return z.decodeBlock(b0, dst)
+	}
+	src := make([]byte, z.offs[b1]-z.offs[b0])
+	if err := readFull(z.r, src, z.offs[b0]); err != nil {
+		return fmt.Errorf("blocks [%d,%d): %w", b0, b1, err)
+	}
+	for i := b0; i < b1; i++ {
+		o := (i - b0) * z.bs
+		s := src[z.offs[i]-z.offs[b0] : z.offs[i+1]-z.offs[b0]]
+		if err := z.decodeFrom(i, s, dst[o:o+int64(z.blockLen(i))]); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -236,19 +261,30 @@ func (z *Reader) ReadAt(p []byte, off int64) (int, error) {
 		blk := pos / z.bs
 		in := pos - blk*z.bs
 		bl := z.blockLen(blk)
-		n := min(len(p)-done, bl-int(in))
-		if in == 0 && n == bl {
-			// A whole block: decode straight into p.
-			if err := z.decodeBlock(blk, p[done:done+n]); err != nil {
+		if in == 0 && len(p)-done >= bl {
+			// A run of whole blocks: one read, decoded straight into p.
+			run := min(int64(len(p)-done)/z.bs, maxRun)
+			if run == 0 || blk+run > int64(z.Blocks()) {
+				run = 1
+			}
+			n := int((run-1)*z.bs) + z.blockLen(blk+run-1)
+			if err := z.decodeRun(blk, blk+run, p[done:done+n]); err != nil {
 				return done, err
 			}
-		} else if err := z.readCached(blk, p[done:done+n], int(in)); err != nil {
+			done += n
+			continue
+		}
+		n := min(len(p)-done, bl-int(in))
+		if err := z.readCached(blk, p[done:done+n], int(in)); err != nil {
 			return done, err
 		}
 		done += n
 	}
 	return done, eof
 }
+
+// maxRun bounds the blocks decoded from one read.
+const maxRun = 256
 
 func (z *Reader) readCached(blk int64, dst []byte, in int) error {
 	s := &z.cache[blk%cacheSlots]
@@ -296,13 +332,9 @@ func (z *Reader) WriteTo(ctx context.Context, w io.Writer) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for i := a; i < b; i++ {
-					o := (i - lo) * z.bs
-					if err := z.decodeBlock(i, buf[o:o+int64(z.blockLen(i))]); err != nil {
-						errs[k] = err
-						return
-					}
-				}
+				o := (a - lo) * z.bs
+				end := (b-1-lo)*z.bs + int64(z.blockLen(b-1))
+				errs[k] = z.decodeRun(a, b, buf[o:end])
 			}()
 		}
 		wg.Wait()
