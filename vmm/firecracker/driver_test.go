@@ -540,3 +540,21 @@ func TestStopKeepsWhatItDidNotCreate(t *testing.T) {
 		t.Errorf("console log outside the run dir was removed: %v", err)
 	}
 }
+
+func TestProbe(t *testing.T) {
+	t.Parallel()
+	exe, _ := fakeExecutable(t, "firecracker", "firecracker", "")
+	version, err := Probe(context.Background(), exe)
+	if version != "Firecracker v0.0.0-fake" {
+		t.Errorf("version = %q", version)
+	}
+	if _, statErr := os.Stat("/dev/kvm"); statErr != nil && (err == nil || !strings.Contains(err.Error(), "/dev/kvm")) {
+		t.Errorf("probe without /dev/kvm: %v, want an error naming /dev/kvm", err)
+	}
+	if _, err := Probe(context.Background(), shellFirecracker(t)); err == nil || !strings.Contains(err.Error(), "FailedToBindSocket") {
+		t.Errorf("probe of a failing binary: %v", err)
+	}
+	if _, err := Probe(context.Background(), filepath.Join(t.TempDir(), "nothing")); err == nil {
+		t.Error("probe of a missing binary succeeded")
+	}
+}

@@ -45,6 +45,11 @@ func logCall(c call) {
 // FAKEFC_MODE selects a misbehaviour: "die-on-start" exits when the guest
 // should start, "no-socket" never opens the API socket.
 func fakeFirecrackerMain(args []string, root string) int {
+	if len(args) == 1 && args[0] == "--version" {
+		fmt.Println("Firecracker v0.0.0-fake")
+		fmt.Println()
+		return 0
+	}
 	var sock, id string
 	seen := map[string]bool{}
 	for i := 0; i < len(args); i++ {
