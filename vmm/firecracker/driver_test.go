@@ -374,7 +374,13 @@ func TestDiffSnapshot(t *testing.T) {
 	}
 	// A restored machine keeps tracking, so it can write diffs too.
 	d2, log2 := newFakeDriver(t, "", func(o *Options) { o.TrackDirtyPages = true })
-	vm, err := d2.Restore(context.Background(), vmm.RestoreConfig{ID: "diffy2", SnapshotDir: dir, RunDir: filepath.Join(t.TempDir(), "r")})
+	rc := vmm.RestoreConfig{ID: "diffy2", SnapshotDir: dir, RunDir: filepath.Join(t.TempDir(), "r")}
+	if _, err := d2.Restore(context.Background(), rc); err == nil || !strings.Contains(err.Error(), "merge it onto the parent") {
+		t.Fatalf("restoring a diff without a merged memory image: %v", err)
+	}
+	// The fake's diff memory file is full-sized; it stands in for a merged image.
+	rc.MemoryFile = filepath.Join(dir, vmm.SnapshotMemoryFile)
+	vm, err := d2.Restore(context.Background(), rc)
 	if err != nil {
 		t.Fatal(err)
 	}

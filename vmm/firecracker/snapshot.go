@@ -201,6 +201,9 @@ func (d *Driver) planRestore(cfg vmm.RestoreConfig) (*restorePlan, error) {
 	if meta.Jailed != (d.opts.Jailer != nil) {
 		return nil, fmt.Errorf("snapshot taken with jailer=%v cannot be restored with jailer=%v: Firecracker's state names the drives by the paths it saw", meta.Jailed, d.opts.Jailer != nil)
 	}
+	if meta.Type == "Diff" && cfg.MemoryFile == "" {
+		return nil, errors.New("diff snapshot: its memory file holds only the pages written since the previous snapshot; merge it onto the parent's memory image and pass that as MemoryFile")
+	}
 	p := &restorePlan{meta: meta, state: filepath.Join(cfg.SnapshotDir, vmm.SnapshotStateFile), memory: cfg.MemoryFile}
 	if p.memory == "" {
 		p.memory = filepath.Join(cfg.SnapshotDir, vmm.SnapshotMemoryFile)
