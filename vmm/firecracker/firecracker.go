@@ -83,6 +83,17 @@ func (d *Driver) boot(ctx context.Context, cfg vmm.Config) (*Machine, error) {
 	if err := checkFirecrackerDevices(cfg.Drives, cfg.NICs); err != nil {
 		return nil, err
 	}
+	// Firecracker resolves relative paths against its own working directory,
+	// and snapshots record them: make them absolute once, here.
+	cfg.Drives = append([]vmm.Drive(nil), cfg.Drives...)
+	if err := absPaths(&cfg.Kernel, &cfg.Initrd, &cfg.RunDir, &cfg.ConsoleLog); err != nil {
+		return nil, err
+	}
+	for i := range cfg.Drives {
+		if err := absPaths(&cfg.Drives[i].Path); err != nil {
+			return nil, err
+		}
+	}
 	m, err := d.launch(ctx, cfg.ID, cfg.RunDir, cfg.ConsoleLog, cfg.NetNS)
 	if err != nil {
 		return nil, err
@@ -347,4 +358,19 @@ func bootArgs(cmdline string) string {
 		args = append(append(args, "--"), strings.Fields(initArgs)...)
 	}
 	return strings.Join(args, " ")
+}
+
+// absPaths makes each non-empty path absolute.
+func absPaths(paths ...*string) error {
+	for _, p := range paths {
+		if *p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return fmt.Errorf("path %s: %w", *p, err)
+		}
+		*p = abs
+	}
+	return nil
 }

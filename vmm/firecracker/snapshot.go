@@ -57,6 +57,9 @@ func (m *Machine) snapshot(ctx context.Context, dir, kind string) (*vmm.Snapshot
 	if !m.paused {
 		return nil, fmt.Errorf("firecracker: snapshot %s: %w", m.id, vmm.ErrNotPaused)
 	}
+	if err := absPaths(&dir); err != nil {
+		return nil, fmt.Errorf("firecracker: snapshot %s: %w", m.id, err)
+	}
 	start := time.Now()
 	snap, err := m.writeSnapshot(ctx, dir, kind)
 	if err != nil {
@@ -194,6 +197,15 @@ func (d *Driver) planRestore(cfg vmm.RestoreConfig) (*restorePlan, error) {
 	if err := checkFirecrackerDevices(cfg.Drives, cfg.NICs); err != nil {
 		return nil, err
 	}
+	cfg.Drives = append([]vmm.Drive(nil), cfg.Drives...)
+	if err := absPaths(&cfg.SnapshotDir, &cfg.MemoryFile); err != nil {
+		return nil, err
+	}
+	for i := range cfg.Drives {
+		if err := absPaths(&cfg.Drives[i].Path); err != nil {
+			return nil, err
+		}
+	}
 	meta, err := readConfig(cfg.SnapshotDir)
 	if err != nil {
 		return nil, err
@@ -287,6 +299,9 @@ func sameMAC(a, b string) bool {
 func (d *Driver) restore(ctx context.Context, cfg vmm.RestoreConfig) (*Machine, error) {
 	plan, err := d.planRestore(cfg)
 	if err != nil {
+		return nil, err
+	}
+	if err := absPaths(&cfg.RunDir, &cfg.ConsoleLog); err != nil {
 		return nil, err
 	}
 	m, err := d.launch(ctx, cfg.ID, cfg.RunDir, cfg.ConsoleLog, cfg.NetNS)
