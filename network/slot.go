@@ -175,8 +175,8 @@ func (m *Manager) newSlot(index int) *Slot {
 }
 
 // build creates everything of the slot; on error the caller destroys it.
+// The rules go in first, so no packet ever crosses an unfiltered slot.
 func (s *Slot) build(ctx context.Context) error {
-	cfg := &s.m.cfg
 	if err := createNamedNS(s.Name); err != nil {
 		return err
 	}
@@ -185,10 +185,44 @@ func (s *Slot) build(ctx context.Context) error {
 		return fmt.Errorf("open netns %s: %w", s.Name, err)
 	}
 	s.ns = ns
-	veth := &netlink.Veth{
-		LinkAttrs: netlink.LinkAttrs{Name: s.HostVeth}, PeerName: slotUplink, PeerNamespace: netlink.NsFd(int(ns)),
+	if err := s.installRules(); err != nil {
+		return err
 	}
-	err = s.m.hostLinkAdd(veth)
+	if err := s.buildVeth(); err != nil {
+		return err
+	}
+	if err := s.buildInside(); err != nil {
+		return err
+	}
+	if err := s.m.hostRouteAdd(s); err != nil {
+		return err
+	}
+	s.dns.start(ctx)
+	return nil
+}
+
+func (s *Slot) installRules() error {
+	s.policy = &compiledPolicy{}
+	c, err := s.nft()
+	if err != nil {
+		return err
+	}
+	if err := s.table.install(c, &s.m.cfg, s.HostIP, s.policy); err != nil {
+		return fmt.Errorf("install nft table in slot %s: %w", s.Name, err)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("install nft table in slot %s: %w", s.Name, err)
+	}
+	return nil
+}
+
+// buildVeth creates the veth pair with its slot end already in the slot
+// and configures the host end.
+func (s *Slot) buildVeth() error {
+	veth := &netlink.Veth{
+		LinkAttrs: netlink.LinkAttrs{Name: s.HostVeth}, PeerName: slotUplink, PeerNamespace: netlink.NsFd(int(s.ns)),
+	}
+	err := s.m.hostLinkAdd(veth)
 	if errors.Is(err, unix.EEXIST) {
 		// The veth of a destroyed slot with this index is still being
 		// dismantled by the kernel: remove it now.
@@ -199,41 +233,29 @@ func (s *Slot) build(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create veth %s: %w", s.HostVeth, err)
 	}
-	if err := s.m.hostVethUp(s); err != nil {
-		return err
-	}
+	return s.m.hostVethUp(s)
+}
+
+// buildInside configures the slot namespace (and the guest namespace when
+// there is one).
+func (s *Slot) buildInside() error {
 	var guestNS netns.NsHandle = -1
-	if cfg.GuestNetNS {
+	if s.m.cfg.GuestNetNS {
+		var err error
 		if guestNS, err = s.buildGuestNS(); err != nil {
 			return err
 		}
 		defer guestNS.Close()
 	}
 	s.dns = newResolver(s)
-	err = runInHandle(ns, func() error { return s.configureInside(guestNS) })
-	if err != nil {
+	if err := runInHandle(s.ns, func() error { return s.configureInside(guestNS) }); err != nil {
 		return fmt.Errorf("configure slot %s: %w", s.Name, err)
 	}
-	if cfg.GuestNetNS {
+	if guestNS >= 0 {
 		if err := runInHandle(guestNS, configureGuestNS); err != nil {
 			return fmt.Errorf("configure guest of slot %s: %w", s.Name, err)
 		}
 	}
-	if err := s.m.hostRouteAdd(s); err != nil {
-		return err
-	}
-	s.policy = &compiledPolicy{}
-	c, err := s.nft()
-	if err != nil {
-		return err
-	}
-	if err := s.table.install(c, cfg, s.HostIP, s.policy); err != nil {
-		return fmt.Errorf("install nft table in slot %s: %w", s.Name, err)
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("install nft table in slot %s: %w", s.Name, err)
-	}
-	s.dns.start(ctx)
 	return nil
 }
 

@@ -89,6 +89,9 @@ func TestHostGuestPathAndIsolation(t *testing.T) {
 			if !strings.HasPrefix(line, "hello "+c.tag+" ") {
 				t.Fatalf("host -> slot %s got %q", c.tag, line)
 			}
+			if got := peerOf(t, line); got != c.s.VethHostIP {
+				t.Fatalf("guest %s saw the host as %s, want %s", c.tag, got, c.s.VethHostIP)
+			}
 			conn, err := c.s.DialGuest(ctx, "tcp", 8080)
 			if err != nil {
 				t.Fatalf("DialGuest %s: %v", c.tag, err)
