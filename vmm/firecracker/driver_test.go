@@ -564,3 +564,31 @@ func TestProbe(t *testing.T) {
 		t.Error("probe of a missing binary succeeded")
 	}
 }
+
+func TestFailedSnapshotLeavesNothing(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t)
+	d, _ := newFakeDriver(t, "", nil)
+	ctx := context.Background()
+	vm, err := d.Boot(ctx, env.config("fs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vm.Stop(ctx)
+	if err := vm.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Bypass SnapshotDiff's own check so Firecracker (the fake) refuses.
+	dir := filepath.Join(env.dir, "half")
+	_, err = vm.(*Machine).snapshot(ctx, dir, "Diff")
+	if err == nil || !strings.Contains(err.Error(), "dirty page tracking") {
+		t.Fatalf("diff snapshot without tracking: %v", err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("failed snapshot left %s behind: %v", dir, err)
+	}
+	// The machine is still usable.
+	if _, err := vm.Snapshot(ctx, dir); err != nil {
+		t.Errorf("snapshot after a failed one: %v", err)
+	}
+}

@@ -70,12 +70,30 @@ func (m *Machine) snapshot(ctx context.Context, dir, kind string) (*vmm.Snapshot
 	return snap, nil
 }
 
-func (m *Machine) writeSnapshot(ctx context.Context, dir, kind string) (*vmm.Snapshot, error) {
+func (m *Machine) writeSnapshot(ctx context.Context, dir, kind string) (snap *vmm.Snapshot, err error) {
+	_, statErr := os.Stat(dir)
+	createdDir := errors.Is(statErr, os.ErrNotExist)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	state := filepath.Join(dir, vmm.SnapshotStateFile)
 	memory := filepath.Join(dir, vmm.SnapshotMemoryFile)
+	defer func() {
+		// A half-written snapshot must not pass for one.
+		if err == nil {
+			return
+		}
+		for _, p := range []string{state, memory, filepath.Join(dir, vmm.SnapshotConfigFile)} {
+			_ = os.Remove(p)
+		}
+		if m.lay.jailed {
+			_ = os.Remove(m.lay.hostPath("snapshot-state"))
+			_ = os.Remove(m.lay.hostPath("snapshot-memory"))
+		}
+		if createdDir {
+			_ = os.Remove(dir)
+		}
+	}()
 	for _, p := range []string{state, memory} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, err
