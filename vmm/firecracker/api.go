@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	fcclient "github.com/firecracker-microvm/firecracker-go-sdk/client"
@@ -76,7 +78,7 @@ func wrap(op string, err error) error {
 		if errors.As(err, &coded) {
 			ae.Code = coded.Code()
 		} else {
-			ae.Code = http.StatusBadRequest // the only typed non-default answer
+			ae.Code = statusFromMessage(err.Error())
 		}
 		return ae
 	}
@@ -85,6 +87,21 @@ func wrap(op string, err error) error {
 		return &APIError{Op: op, Code: apiErr.Code, Fault: "unexpected response"}
 	}
 	return fmt.Errorf("firecracker %s: %w", op, err)
+}
+
+// statusFromMessage reads the status of a generated response type that has
+// no Code method (400, 404 ...): their messages read "[PUT /path][400] ...".
+func statusFromMessage(msg string) int {
+	_, rest, ok := strings.Cut(msg, "][")
+	if !ok {
+		return 0
+	}
+	code, _, _ := strings.Cut(rest, "]")
+	n, err := strconv.Atoi(code)
+	if err != nil {
+		return 0
+	}
+	return n
 }
 
 func (c *client) putLogger(ctx context.Context, l *models.Logger) error {

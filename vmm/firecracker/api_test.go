@@ -282,6 +282,10 @@ func TestClientErrors(t *testing.T) {
 	if err := c.patchVM(ctx, models.VMStatePaused); !errors.As(err, &ae) || !strings.Contains(ae.Fault, "before starting") {
 		t.Errorf("pause before start: %v", err)
 	}
+	// GET /mmds before anything was stored is a typed 404.
+	if _, err := c.getMMDS(ctx); !errors.As(err, &ae) || ae.Code != http.StatusNotFound {
+		t.Errorf("empty mmds: %v, want a 404 APIError", err)
+	}
 	dead := newClient(filepath.Join(dir, "nobody-listens.sock"))
 	if err := dead.action(ctx, "InstanceStart"); err == nil || !strings.Contains(err.Error(), "PUT /actions") {
 		t.Errorf("dead socket: %v, want an error naming the operation", err)

@@ -11,8 +11,15 @@
 //
 // Firecracker opens block devices and taps by path and name: NBD drives must
 // be attached to /dev/nbdN first (vmm.ErrUnsupported otherwise) and NICs need
-// TapName. The guest's serial console is Firecracker's standard output,
-// which the driver sends to the console log.
+// TapName, a tap nobody else holds open, inside Config.NetNS when the
+// sandbox has its own network namespace. The guest's serial console is
+// Firecracker's standard output, which the driver sends to the console log.
+//
+// Snapshots record drives by the path Firecracker saw. Run directly, that is
+// the host path, so a restore needs the snapshot-time drive files to exist
+// (Firecracker reopens them while loading) and then repoints replaced drives
+// before resuming. Under the jailer every file has a stable name inside the
+// chroot ("/drive-rootfs"), so restored machines take any host files.
 package firecracker
 
 import (
