@@ -232,6 +232,19 @@ func Blocked(ctx context.Context, nsPath string, addr netip.AddrPort) bool {
 	return false
 }
 
+// Reachable reports whether a TCP connection from the namespace at nsPath
+// to addr succeeds, allowing a loaded machine a few seconds.
+func Reachable(ctx context.Context, nsPath string, addr netip.AddrPort) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := DialIn(ctx, nsPath, "tcp4", addr.String())
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
 // DialIn dials from the namespace at nsPath.
 func DialIn(ctx context.Context, nsPath, network_, addr string) (net.Conn, error) {
 	var c net.Conn
