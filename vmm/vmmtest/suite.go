@@ -46,6 +46,7 @@ func Run(t *testing.T, h Harness) {
 		{"SnapshotAndStop", s.snapshotAndStop},
 		{"RestoreContinues", s.restoreContinues},
 		{"TwoClonesDiverge", s.twoClones},
+		{"GuestPowersOff", s.guestPowerOff},
 		{"StopCleansUp", s.stopCleansUp},
 		{"BadInput", s.badInput},
 	}
@@ -117,6 +118,7 @@ func (s *suite) bootToReady(t *testing.T) {
 	if got := sh(t, s.net, "cat /proc/1/comm; id -un user"); !strings.Contains(got, "user") {
 		t.Fatalf("guest has no default user: %q", got)
 	}
+	waitConsole(t, vm, "aenv-agent: ready")
 	info := vm.Info()
 	if info.PID <= 0 || info.ControlSocket == "" {
 		t.Fatalf("info incomplete: %+v", info)
@@ -229,6 +231,38 @@ func (s *suite) twoClones(t *testing.T) {
 	}
 	if got := sh(t, s.net, "cat /dev/shm/who 2>/dev/null || echo none"); got != "none" {
 		t.Fatalf("the first restore sees a clone's write: %q", got)
+	}
+}
+
+// guestPowerOff asks the guest's init to shut down; the VMM must exit by itself.
+func (s *suite) guestPowerOff(t *testing.T) {
+	vm, tn := s.restore(t, "poweroff")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, _, _, _ = agentclient.Run(ctx, tn.AgentURL(), tn.HTTP, "/bin/sh", "-c", "sync; kill -TERM 1")
+	if err := vm.Wait(ctx); err != nil && ctx.Err() != nil {
+		console, _ := os.ReadFile(vm.Info().ConsoleLog)
+		t.Fatalf("VM still running a minute after its init was asked to power off\nconsole:\n%s", tail(console, 2000))
+	}
+	waitConsole(t, vm, "power off")
+	if err := vm.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitConsole waits until the guest console log contains want.
+func waitConsole(t *testing.T, vm vmm.Machine, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, _ := os.ReadFile(vm.Info().ConsoleLog)
+		if strings.Contains(string(b), want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("console never showed %q:\n%s", want, tail(b, 2000))
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
