@@ -85,6 +85,10 @@ func TestJailer(t *testing.T) {
 	if snap.MemBytes != 32<<20 {
 		t.Errorf("memory file %d bytes, want 32 MiB", snap.MemBytes)
 	}
+	var mst syscall.Stat_t
+	if err := syscall.Stat(snap.MemoryFile, &mst); err != nil || mst.Uid != 0 || mst.Gid != 1235 || mst.Mode&0o777 != 0o640 {
+		t.Errorf("snapshot memory file: %v, owner %d:%d mode %o; want root:1235 0640", err, mst.Uid, mst.Gid, mst.Mode&0o777)
+	}
 	for _, leftover := range []string{"snapshot-state", "snapshot-memory"} {
 		if _, err := os.Stat(filepath.Join(chroot, "root", leftover)); !os.IsNotExist(err) {
 			t.Errorf("%s still in the chroot: %v", leftover, err)
@@ -126,6 +130,23 @@ func TestJailer(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(base, "firecracker", "jail-2")); !os.IsNotExist(err) {
 		t.Errorf("clone chroot left behind: %v", err)
 	}
+}
+
+func TestJailerUnreadableFile(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("the jailer layout chowns files for the jail user: needs root")
+	}
+	env := newTestEnv(t)
+	if err := os.Chmod(env.kernel, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := newJailedDriver(t, filepath.Join(t.TempDir(), "jail"))
+	_, err := d.Boot(context.Background(), env.config("unreadable"))
+	if err == nil || !strings.Contains(err.Error(), "not readable by the jail's uid 1234") {
+		t.Fatalf("boot with a kernel the jail cannot read: %v", err)
+	}
+	assertNoLeftovers(t, env.runDir, false)
 }
 
 func TestJailerIDWithUnderscore(t *testing.T) {

@@ -123,8 +123,27 @@ func (l *layout) expose(src, name string, writable bool) (string, error) {
 		if err := os.Chown(dst, l.uid, l.gid); err != nil {
 			return "", fmt.Errorf("jailer: chown %s: %w", dst, err)
 		}
+	} else if !readableBy(st, l.uid, l.gid) {
+		return "", fmt.Errorf("jailer: %s (mode %v) is not readable by the jail's uid %d / gid %d", src, st.Mode().Perm(), l.uid, l.gid)
 	}
 	return "/" + name, nil
+}
+
+// readableBy applies the permission bits the jailed VMM will face.
+func readableBy(st os.FileInfo, uid, gid int) bool {
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return true
+	}
+	perm := st.Mode().Perm()
+	switch {
+	case int(sys.Uid) == uid:
+		return perm&0o400 != 0
+	case int(sys.Gid) == gid:
+		return perm&0o040 != 0
+	default:
+		return perm&0o004 != 0
+	}
 }
 
 func (l *layout) mknodLike(src, dst string, st os.FileInfo) error {
@@ -164,15 +183,22 @@ func (l *layout) collect(name, dst string) error {
 		return nil
 	}
 	src := filepath.Join(l.root, name)
-	if err := os.Rename(src, dst); err == nil {
-		return nil
-	} else if !errors.Is(err, unix.EXDEV) {
+	if err := os.Rename(src, dst); errors.Is(err, unix.EXDEV) {
+		if err := copyFile(src, dst); err != nil {
+			return err
+		}
+		if err := os.Remove(src); err != nil {
+			return err
+		}
+	} else if err != nil {
 		return fmt.Errorf("move %s to %s: %w", src, dst, err)
 	}
-	if err := copyFile(src, dst); err != nil {
-		return err
+	// Snapshot files leave the jail owned by root and readable by the jail
+	// group, so machines restored in other jails of that group can map them.
+	if err := os.Chown(dst, 0, l.gid); err != nil {
+		return fmt.Errorf("chown %s: %w", dst, err)
 	}
-	return os.Remove(src)
+	return os.Chmod(dst, 0o640)
 }
 
 func copyFile(src, dst string) error {

@@ -39,7 +39,10 @@ type Options struct {
 
 // JailerOptions describe how to start Firecracker through its jailer: the
 // VMM runs chrooted in ChrootBase/<firecracker binary name>/<id>/root as
-// UID:GID, optionally in a network namespace and cgroups.
+// UID:GID, optionally in a network namespace and cgroups. Files are linked
+// into the chroot: writable drives are handed to UID:GID, read-only files
+// (kernel, images, snapshots) must be readable by them; snapshots are left
+// root:GID 0640, so jails sharing a GID can restore each other's.
 type JailerOptions struct {
 	Binary     string // jailer executable; empty means "jailer" from PATH
 	ChrootBase string // --chroot-base-dir; empty means /srv/jailer
