@@ -141,13 +141,15 @@ func BenchmarkZFileVsZstdCLI(b *testing.B) {
 	}
 	f := fixture(b)
 	for range b.N {
-		for _, bs := range []int{4096, 65536} {
-			res, err := CompareZstd(context.Background(), f.Layers[0], bs)
+		for _, bs := range []int{4096, 16384, 65536} {
+			res, err := CompareZstd(context.Background(), f.Layers[0], bs, 3)
 			if err != nil {
 				b.Fatal(err)
 			}
 			report(b, fmt.Sprintf("zfile compress, %d KiB blocks", bs>>10), res.OursCompress, res.CLICompress, "MB/s", 0.7)
+			report(b, "  same, per CPU-second", res.OursCompressCPU, res.CLICompressCPU, "MB/s", 0.7)
 			report(b, fmt.Sprintf("zfile decompress, %d KiB blocks", bs>>10), res.OursDecompress, res.CLIDecompress, "MB/s", 0.8)
+			report(b, "  same, per CPU-second", res.OursDecompressCPU, res.CLIDecompressCPU, "MB/s", 0.8)
 			fmt.Printf("%-34s ours %.3f  zstd -3 %.3f (compressed/raw)\n", "  size ratio", res.OursRatio, res.CLIRatio)
 		}
 	}
@@ -177,7 +179,7 @@ func TestFixtureSmoke(t *testing.T) {
 		t.Fatal("index lookups returned nothing")
 	}
 	if _, err := exec.LookPath("zstd"); err == nil {
-		res, err := CompareZstd(ctx, f.Layers[0], 4096)
+		res, err := CompareZstd(ctx, f.Layers[0], 4096, 1)
 		if err != nil {
 			t.Fatal(err)
 		}

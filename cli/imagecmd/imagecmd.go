@@ -126,7 +126,7 @@ func (s *sealFlags) add(cmd *cobra.Command) {
 
 func (s *sealFlags) addZ(cmd *cobra.Command) {
 	f := cmd.Flags()
-	f.IntVar(&s.zopt.BlockSize, "block-size", 4096, "ZFile block size (4096..65536, power of two)")
+	f.IntVar(&s.zopt.BlockSize, "block-size", zfile.DefaultBlockSize, "ZFile block size (4096..65536, power of two)")
 	f.StringVar(&s.algo, "algo", "zstd", "ZFile compression: zstd or lz4")
 	f.Uint8Var(&s.zopt.Level, "level", 3, "zstd level")
 	f.BoolVar(&s.zopt.NoVerify, "no-verify", false, "omit per-block CRC32C")

@@ -13,16 +13,23 @@ import (
 
 // Options for Compress.
 type Options struct {
-	BlockSize   int   // 4 KiB .. 64 KiB, a power of two; default 4 KiB
+	BlockSize   int   // 4 KiB .. 64 KiB, a power of two; default DefaultBlockSize
 	Algorithm   uint8 // AlgoZstd (default) or AlgoLZ4
 	Level       uint8 // zstd level; default 3
 	NoVerify    bool  // omit the per-block CRC32C
 	Concurrency int   // compressing goroutines; default GOMAXPROCS
 }
 
+// DefaultBlockSize is 16 KiB: per-block costs of zstd (frame and entropy
+// tables) make 4 KiB blocks compress and decompress about 4x slower, while a
+// 16 KiB block is still small against the 128 KiB read-ahead of a guest and
+// costs only microseconds to decode for a 4 KiB random read. Any power of two
+// from 4 to 64 KiB can be chosen and is read by overlaybd too.
+const DefaultBlockSize = 16 << 10
+
 func (o *Options) normalize() error {
 	if o.BlockSize == 0 {
-		o.BlockSize = 4096
+		o.BlockSize = DefaultBlockSize
 	}
 	if o.BlockSize < 4096 || o.BlockSize > MaxBlockSize || o.BlockSize&(o.BlockSize-1) != 0 {
 		return fmt.Errorf("zfile: block size %d must be a power of two in [4096, 65536]", o.BlockSize)

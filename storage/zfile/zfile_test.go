@@ -181,7 +181,7 @@ func TestWriterLayout(t *testing.T) {
 	raw := testData(20000)
 	path := filepath.Join(t.TempDir(), "z")
 	f, _ := os.Create(path)
-	if _, err := Compress(context.Background(), f, bytes.NewReader(raw), Options{}); err != nil {
+	if _, err := Compress(context.Background(), f, bytes.NewReader(raw), Options{BlockSize: 4096}); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
