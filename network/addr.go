@@ -17,6 +17,10 @@ var (
 	GuestNetBits = 30
 	// GuestMAC is a locally administered unicast address.
 	GuestMAC = net.HardwareAddr{0x02, 0xae, 0x00, 0x00, 0x00, 0x21}
+	// GatewayMAC is the tap's address in every slot: a guest restored from
+	// a snapshot taken in another slot keeps the gateway in its ARP cache,
+	// so the gateway's MAC must not change either.
+	GatewayMAC = net.HardwareAddr{0x02, 0xae, 0x00, 0x00, 0x00, 0x22}
 	// NameserverIP is where the guest should send DNS. Any address works:
 	// the slot redirects every DNS packet to its resolver, which listens here.
 	NameserverIP = GatewayIP

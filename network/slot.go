@@ -296,6 +296,9 @@ func (s *Slot) configureInside(guestNS netns.NsHandle) error {
 	if err != nil {
 		return fmt.Errorf("find %s: %w", TapName, err)
 	}
+	if err := h.LinkSetHardwareAddr(vmLink, GatewayMAC); err != nil {
+		return fmt.Errorf("set MAC of %s: %w", TapName, err)
+	}
 	if err := h.AddrAdd(vmLink, &netlink.Addr{IPNet: ipNet(GatewayIP, GuestNetBits)}); err != nil {
 		return fmt.Errorf("address %s: %w", TapName, err)
 	}

@@ -43,6 +43,9 @@ func TestOpenTapCarriesGuestFrames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if gwMAC.String() != network.GatewayMAC.String() {
+		t.Fatalf("tap MAC %s, want the fixed gateway MAC %s", gwMAC, network.GatewayMAC)
+	}
 	guestMAC := network.Guest().MAC
 	query := dnsQuery(t, "tap.test")
 	frame := ethFrame(gwMAC, guestMAC, 0x0800, ipv4UDP(network.GuestIP, network.GatewayIP, 40000, 53, query))
