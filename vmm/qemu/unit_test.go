@@ -1,0 +1,153 @@
+package qemu
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/agentenv/agentenv/vmm"
+)
+
+func TestKernelCmdline(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		user, accel string
+		want        []string
+		notWant     []string
+	}{
+		{"root=/dev/vda", "tcg", []string{"console=ttyS0", "root=/dev/vda", "tsc_early_khz=2000000", "panic=-1"}, nil},
+		{"console=hvc0 root=/dev/vda", "tcg", []string{"console=hvc0"}, []string{"console=ttyS0"}},
+		{"root=/dev/vda", "kvm", []string{"root=/dev/vda"}, []string{"tsc_early_khz"}},
+		{"tsc_early_khz=5", "tcg", []string{"tsc_early_khz=5"}, []string{"tsc_early_khz=2000000"}},
+	}
+	for _, tc := range tests {
+		got := kernelCmdline(tc.user, tc.accel, 2000000)
+		for _, w := range tc.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("kernelCmdline(%q, %s) = %q, missing %q", tc.user, tc.accel, got, w)
+			}
+		}
+		for _, w := range tc.notWant {
+			if strings.Contains(got, w) {
+				t.Errorf("kernelCmdline(%q, %s) = %q, must not contain %q", tc.user, tc.accel, got, w)
+			}
+		}
+	}
+}
+
+func TestBuildArgs(t *testing.T) {
+	t.Parallel()
+	spec := &machineSpec{Kernel: "/k", Cmdline: "c", VCPUs: 2, MemoryMiB: 512, Accel: "tcg",
+		Drives: []vmm.Drive{
+			{ID: "rootfs", Path: "/img,with,commas", ReadOnly: true},
+			{ID: "data", NBD: &vmm.NBDSource{Socket: "/run/nbd.sock", Export: "e1"}},
+		},
+		NICs: []savedNIC{{ID: "eth0", MAC: "02:00:00:00:00:01"}}}
+	args := strings.Join(buildArgs(spec, memorySource{path: "/m", shared: false}, "/q.sock", "/c.log", true), " ")
+	for _, want := range []string{
+		"microvm,pit=on",
+		"-accel tcg -cpu max",
+		"mem-path=/m,share=off",
+		"filename=/img,,with,,commas,read-only=on",
+		"driver=nbd,node-name=data,server.type=unix,server.path=/run/nbd.sock,read-only=off,export=e1",
+		"tap,id=eth0,fd=3",
+		"mac=02:00:00:00:00:01",
+		"-incoming defer -S",
+	} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args lack %q:\n%s", want, args)
+		}
+	}
+	if a := strings.Join(buildArgs(spec, memorySource{path: "/m", shared: true}, "/q", "/c", false), " "); strings.Contains(a, "-incoming") || !strings.Contains(a, "share=on") {
+		t.Errorf("cold boot args wrong: %s", a)
+	}
+}
+
+func TestSparseCopy(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	const size = 64 << 20
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	// Data pages, an explicitly written zero page, and a page at the very end.
+	page := bytes.Repeat([]byte{0xab}, pageSize)
+	for _, off := range []int64{0, 5 * pageSize, 1 << 20, size - pageSize} {
+		if _, err := f.WriteAt(page, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.WriteAt(make([]byte, pageSize), 6*pageSize); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	dst := filepath.Join(dir, "dst")
+	written, err := sparseCopy(src, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if written != 4*pageSize {
+		t.Errorf("wrote %d bytes of data, want %d (zero pages must become holes)", written, 4*pageSize)
+	}
+	a, _ := os.ReadFile(src)
+	b, _ := os.ReadFile(dst)
+	if !bytes.Equal(a, b) {
+		t.Fatal("copy differs from source")
+	}
+	if _, err := sparseCopy(filepath.Join(dir, "missing"), dst); err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("copy of a missing file: %v", err)
+	}
+}
+
+func TestReadSpecRejectsBadSnapshots(t *testing.T) {
+	t.Parallel()
+	for name, content := range map[string]string{
+		"garbage":    "{not json",
+		"version":    `{"version": 99, "kernel": "/k", "vcpus": 1, "memoryMiB": 256}`,
+		"incomplete": `{"version": 1}`,
+	} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, vmm.SnapshotConfigFile), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := readSpec(dir); err == nil {
+			t.Errorf("%s: readSpec accepted %q", name, content)
+		}
+	}
+}
+
+func TestMergeDevices(t *testing.T) {
+	t.Parallel()
+	img := filepath.Join(t.TempDir(), "img")
+	if err := os.WriteFile(img, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tap, _ := os.Open(os.DevNull)
+	defer tap.Close()
+	spec := func() *machineSpec {
+		return &machineSpec{Drives: []vmm.Drive{{ID: "rootfs", Path: img}}, NICs: []savedNIC{{ID: "eth0", MAC: "02:00:00:00:00:01"}}}
+	}
+	ok := vmm.RestoreConfig{NICs: []vmm.NIC{{ID: "eth0", Tap: tap}}, Drives: []vmm.Drive{{ID: "rootfs", Path: img, ReadOnly: true}}}
+	s := spec()
+	if _, err := mergeDevices(s, ok); err != nil || !s.Drives[0].ReadOnly {
+		t.Fatalf("valid override: %v %+v", err, s.Drives)
+	}
+	bad := map[string]vmm.RestoreConfig{
+		"no tap":        {},
+		"other mac":     {NICs: []vmm.NIC{{ID: "eth0", MAC: "02:00:00:00:00:02", Tap: tap}}},
+		"unknown nic":   {NICs: []vmm.NIC{{ID: "eth0", Tap: tap}, {ID: "eth1", Tap: tap}}},
+		"unknown drive": {NICs: []vmm.NIC{{ID: "eth0", Tap: tap}}, Drives: []vmm.Drive{{ID: "data", Path: img}}},
+	}
+	for name, rc := range bad {
+		if _, err := mergeDevices(spec(), rc); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
