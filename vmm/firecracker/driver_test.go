@@ -592,3 +592,40 @@ func TestFailedSnapshotLeavesNothing(t *testing.T) {
 		t.Errorf("snapshot after a failed one: %v", err)
 	}
 }
+
+func TestShutdownAndFlush(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t)
+	d, log := newFakeDriver(t, "", func(o *Options) { o.Metrics = true })
+	ctx := context.Background()
+	vm, err := d.Boot(ctx, env.config("sd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := vm.(*Machine)
+	if err := m.FlushMetrics(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pid := vm.Info().PID
+	if err := m.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if !processGone(pid) {
+		t.Errorf("pid %d runs after Shutdown", pid)
+	}
+	if err := vm.Wait(ctx); err != nil {
+		t.Errorf("wait after a clean guest reboot: %v", err)
+	}
+	calls := apiCalls(readCalls(t, log))
+	noFaults(t, calls)
+	var actions []any
+	for _, c := range calls {
+		if c.Path == "/actions" {
+			actions = append(actions, c.Body["action_type"])
+		}
+	}
+	if !jsonEqual(actions, []any{"InstanceStart", "FlushMetrics", "SendCtrlAltDel"}) {
+		t.Errorf("actions = %v", actions)
+	}
+	assertNoLeftovers(t, env.runDir, false)
+}

@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -577,7 +578,16 @@ func (f *fakeVMM) getMMDS(string, map[string]any) (any, error) {
 }
 
 func (f *fakeVMM) doAction(_ string, body map[string]any) (any, error) {
-	if body["action_type"] != "InstanceStart" {
+	switch body["action_type"] {
+	case "FlushMetrics":
+		return nil, nil
+	case "SendCtrlAltDel":
+		if !f.started {
+			return nil, bad("The requested operation is not supported before starting the microVM.")
+		}
+		// The guest reboots; with reboot=k that ends the VMM, cleanly.
+		fmt.Fprintln(f.console, "fake guest: reboot: Restarting system")
+		go func() { time.Sleep(20 * time.Millisecond); f.exit(0) }()
 		return nil, nil
 	}
 	if f.started {

@@ -240,3 +240,33 @@ func (m *Machine) State(ctx context.Context) (string, error) {
 	})
 	return state, err
 }
+
+// FlushMetrics asks Firecracker to write its metrics now rather than at the
+// next periodic flush (Options.Metrics).
+func (m *Machine) FlushMetrics(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.call("flush metrics", func() error {
+		return m.api.action(ctx, models.InstanceActionInfoActionTypeFlushMetrics)
+	})
+}
+
+// Shutdown asks the guest to reboot (Ctrl-Alt-Del, x86 only), which ends a
+// Firecracker guest booted with reboot=k, waits for the VMM to exit until
+// ctx ends, then stops the machine either way. Unlike Stop it lets the guest
+// flush its disks.
+func (m *Machine) Shutdown(ctx context.Context) error {
+	m.mu.Lock()
+	err := m.call("shutdown", func() error {
+		return m.api.action(ctx, models.InstanceActionInfoActionTypeSendCtrlAltDel)
+	})
+	m.mu.Unlock()
+	if err == nil {
+		select {
+		case <-m.proc.done:
+		case <-ctx.Done():
+			err = fmt.Errorf("firecracker: shutdown %s: guest still running: %w", m.id, ctx.Err())
+		}
+	}
+	return errors.Join(err, m.Stop(context.Background()))
+}
