@@ -134,4 +134,3 @@ func TestClosedConnection(t *testing.T) {
 		t.Fatalf("execute on closed connection: %v", err)
 	}
 }
-
