@@ -43,6 +43,7 @@ type GuestConfig struct {
 	Gateway    netip.Addr
 	Nameserver netip.Addr
 	MAC        net.HardwareAddr
+	GatewayMAC net.HardwareAddr
 	// Interface is the guest's device name.
 	Interface string
 }
@@ -52,6 +53,7 @@ func Guest() GuestConfig {
 	return GuestConfig{
 		IP: GuestIP, PrefixBits: GuestNetBits, Gateway: GatewayIP,
 		Nameserver: NameserverIP, MAC: append(net.HardwareAddr(nil), GuestMAC...),
+		GatewayMAC: append(net.HardwareAddr(nil), GatewayMAC...),
 		Interface: guestIfName,
 	}
 }

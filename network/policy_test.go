@@ -134,6 +134,9 @@ func TestReleaseScrubsPolicy(t *testing.T) {
 	if err := s.SetPolicy(t.Context(), network.Policy{DenyInternet: true}); err != nil {
 		t.Fatal(err)
 	}
+	if got := s.Policy(); !got.DenyInternet {
+		t.Fatalf("Policy() = %+v, want the one set", got)
+	}
 	if err := m.Release(t.Context(), s); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
@@ -143,6 +146,9 @@ func TestReleaseScrubsPolicy(t *testing.T) {
 	s2 := acquire(t, m)
 	if s2 != s {
 		t.Fatalf("Acquire did not reuse the pooled slot")
+	}
+	if got := s2.Policy(); got.DenyInternet {
+		t.Fatalf("reused slot reports the previous policy %+v", got)
 	}
 	if !nettest.Reachable(t.Context(), s2.GuestNetNSPath(), netip.AddrPortFrom(nettest.TestNet1, 80)) {
 		t.Fatalf("reused slot kept the previous sandbox's policy")

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -39,6 +40,7 @@ type Slot struct {
 
 	mu     sync.Mutex
 	policy *compiledPolicy
+	raw    Policy // as last set, for reporting
 }
 
 // NetNSPath is the slot namespace's bind-mount path (for `ip netns exec`).
@@ -123,7 +125,20 @@ func (s *Slot) SetPolicy(ctx context.Context, p Policy) error {
 	if err != nil {
 		return fmt.Errorf("set policy of slot %s: %w", s.Name, err)
 	}
-	return s.applyPolicy(ctx, cp)
+	if err := s.applyPolicy(ctx, cp); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.raw = Policy{DenyInternet: p.DenyInternet, AllowOut: slices.Clone(p.AllowOut), DenyOut: slices.Clone(p.DenyOut)}
+	s.mu.Unlock()
+	return nil
+}
+
+// Policy returns the policy last set (the zero Policy after Acquire).
+func (s *Slot) Policy() Policy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Policy{DenyInternet: s.raw.DenyInternet, AllowOut: slices.Clone(s.raw.AllowOut), DenyOut: slices.Clone(s.raw.DenyOut)}
 }
 
 func (s *Slot) applyPolicy(_ context.Context, cp *compiledPolicy) error {
@@ -381,6 +396,9 @@ func configureGuestNS() error {
 // resolved addresses, no connection tracking state of the last guest.
 func (s *Slot) scrub(ctx context.Context) error {
 	s.dns.reset()
+	s.mu.Lock()
+	s.raw = Policy{}
+	s.mu.Unlock()
 	if err := s.applyPolicy(ctx, &compiledPolicy{}); err != nil {
 		return err
 	}
