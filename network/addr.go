@@ -54,7 +54,7 @@ func Guest() GuestConfig {
 		IP: GuestIP, PrefixBits: GuestNetBits, Gateway: GatewayIP,
 		Nameserver: NameserverIP, MAC: append(net.HardwareAddr(nil), GuestMAC...),
 		GatewayMAC: append(net.HardwareAddr(nil), GatewayMAC...),
-		Interface: guestIfName,
+		Interface:  guestIfName,
 	}
 }
 
