@@ -1,0 +1,52 @@
+// Command aenv-storaged is the storage daemon: it owns every block export of
+// a layered image (NBD today, ublk later) and answers aenvd over a Unix-socket
+// RPC (package storage/daemon/rpc: 4-byte big-endian length + JSON frames).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/agentenv/agentenv/storage/daemon"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "aenv-storaged:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	socket := flag.String("socket", "/run/aenv-storaged/storaged.sock", "RPC socket path")
+	state := flag.String("state-dir", "/var/lib/aenv-storaged", "state directory (device records, uppers, sealed layers)")
+	runDir := flag.String("run-dir", "/run/aenv-storaged", "directory for NBD export sockets")
+	poolLow := flag.Int("pool-low", 0, "default warm-pool low watermark per writable image shape (0: pool only shapes given to the warm call)")
+	poolHigh := flag.Int("pool-high", 0, "default warm-pool high watermark per writable image shape")
+	maxDevices := flag.Uint("max-devices", 4096, "largest number of devices")
+	debug := flag.Bool("debug", false, "log at debug level")
+	flag.Parse()
+
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(log)
+
+	d, err := daemon.New(daemon.Options{
+		Socket: *socket, StateDir: *state, RunDir: *runDir, Logger: log,
+		PoolLow: *poolLow, PoolHigh: *poolHigh, MaxDevices: uint32(*maxDevices),
+	})
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return d.Run(ctx)
+}
