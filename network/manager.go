@@ -442,6 +442,13 @@ func (m *Manager) hostRouteAdd(s *Slot) error {
 	return nil
 }
 
+// DialContext dials addr from the host namespace, as the sandbox proxy
+// does; it fits http.Transport.DialContext. With Config.HostNetNS empty it
+// is a plain dial.
+func (m *Manager) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return m.dialHost(ctx, network, addr)
+}
+
 // dialHost dials from the host namespace (the sandbox proxy's view).
 func (m *Manager) dialHost(ctx context.Context, network, addr string) (net.Conn, error) {
 	var d net.Dialer

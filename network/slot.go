@@ -58,6 +58,9 @@ func (s *Slot) GuestNetNSPath() string {
 // Guest returns the guest network configuration (the same for every slot).
 func (s *Slot) Guest() GuestConfig { return Guest() }
 
+// KernelIPArg renders the guest's kernel ip= argument (see GuestConfig).
+func (s *Slot) KernelIPArg() string { return Guest().KernelIPArg() }
+
 // GuestAddr is where the host dials to reach the guest's port.
 func (s *Slot) GuestAddr(port uint16) netip.AddrPort { return netip.AddrPortFrom(s.HostIP, port) }
 

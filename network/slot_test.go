@@ -97,6 +97,11 @@ func TestHostGuestPathAndIsolation(t *testing.T) {
 				t.Fatalf("DialGuest %s: %v", c.tag, err)
 			}
 			conn.Close()
+			conn, err = m.DialContext(ctx, "tcp", c.s.GuestAddr(8080).String())
+			if err != nil {
+				t.Fatalf("Manager.DialContext %s: %v", c.tag, err)
+			}
+			conn.Close()
 		}
 	})
 
@@ -136,7 +141,7 @@ func TestGuestConfig(t *testing.T) {
 	t.Parallel()
 	g := network.Guest()
 	want := "ip=169.254.0.21::169.254.0.22:255.255.255.252::eth0:off"
-	if got := g.KernelIPArg(); got != want {
+	if got := g.KernelIPArg(); got != want || (&network.Slot{}).KernelIPArg() != want {
 		t.Fatalf("KernelIPArg = %q, want %q", got, want)
 	}
 	if g.MAC[0]&1 != 0 || g.MAC[0]&2 == 0 {
