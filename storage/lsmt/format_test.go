@@ -327,3 +327,76 @@ func TestSparseUpperLayout(t *testing.T) {
 		t.Fatalf("mappings rebuilt from holes %+v, want %+v", got, want)
 	}
 }
+
+func TestStackLayerLimit(t *testing.T) {
+	t.Parallel()
+	one := writerLayer(t)
+	var ls []*Layer
+	for range MaxLayers + 1 {
+		l, err := OpenSealed("l", bytes.NewReader(one), int64(len(one)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	if _, err := NewStack(ls, nil); err == nil {
+		t.Fatal("a stack of 256 layers was accepted")
+	}
+	st, err := NewStack(ls[:MaxLayers], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, 128<<10)
+	if _, err := ls[0].ReadAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(want))
+	if _, err := st.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("255 identical layers read differently from one: %v", err)
+	}
+	if tags := st.MergedIndex().Segments(); tags[0].Tag != MaxLayers-1 {
+		t.Fatalf("top layer should serve every range, got tag %d", tags[0].Tag)
+	}
+}
+
+// TestMillionSegments: an index of a million segments, and an upper with a
+// hundred thousand overriding writes, answer lookups correctly.
+func TestMillionSegments(t *testing.T) {
+	t.Parallel()
+	const n = 1_000_000
+	segs := make([]Segment, n)
+	for i := range segs {
+		segs[i] = Segment{Offset: uint64(i) * 16, Length: 8, MOffset: uint64(i)*8 + 8}
+	}
+	x := NewIndex(segs)
+	for _, i := range []uint64{0, 1, 499_999, n - 1} {
+		got := x.Lookup(nil, i*16+4, 10) // the second half of segment i and 2 sectors of the gap
+		if len(got) != 1 || got[0].Offset != i*16+4 || got[0].Length != 4 || got[0].MOffset != i*8+12 {
+			t.Fatalf("lookup in segment %d: %+v", i, got)
+		}
+		if got := x.Lookup(nil, i*16+8, 8); len(got) != 0 {
+			t.Fatalf("lookup in the gap after %d: %+v", i, got)
+		}
+	}
+	dir := t.TempDir()
+	u, err := CreateUpper(filepath.Join(dir, "d"), filepath.Join(dir, "i"), 1<<30, UUID{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	blk := make([]byte, 512)
+	for i := range 100_000 {
+		// Every other sector, twice over: the second pass overrides the first.
+		s := int64(i%50_000) * 2
+		if _, err := u.WriteAt(blk, s*512); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if u.Len() != 50_000 {
+		t.Fatalf("%d live segments, want 50000", u.Len())
+	}
+	got := u.Lookup(nil, 10, 3)
+	if len(got) != 2 || got[0].Offset != 10 || got[1].Offset != 12 || got[0].MOffset < 8+50_000 {
+		t.Fatalf("lookup after overrides: %+v", got)
+	}
+}
