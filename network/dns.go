@@ -36,7 +36,7 @@ const (
 	dnsMaxRecords  = 8192 // per slot, bounds what one guest can add
 	dnsMaxInflight = 64   // concurrent queries per slot
 	dnsTimeout     = 3 * time.Second
-	dnsRenewMargin = 2 * time.Second
+	dnsRenewMargin = 2 * time.Second // policy replacement drops entries this close to expiry
 )
 
 type dnsRecord struct {
@@ -246,33 +246,45 @@ func (s *Slot) allowResolved(name string, addrs map[netip.Addr]time.Duration) er
 	if !s.policy.allowsName(name) {
 		return nil // the policy changed meanwhile
 	}
-	c, err := s.nft()
-	if err != nil {
-		return err
-	}
 	r := s.dns
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
+	add := map[netip.Addr]time.Duration{}
 	for a, ttl := range addrs {
 		rec, known := r.records[a]
-		if !known && len(r.records) >= dnsMaxRecords {
+		left := rec.expires.Sub(now)
+		switch {
+		case known && left > ttl/2:
+			continue // fresh enough: no churn on every query
+		case known && left > 0:
+			// Re-adding an element does not renew its timeout on every
+			// kernel: delete it first. It may have expired meanwhile,
+			// so this is its own batch and its error is ignored.
+			if c, err := s.nft(); err == nil {
+				c.SetDeleteElements(s.table.dnsAllow, dnsElements(map[netip.Addr]time.Duration{a: ttl}))
+				c.Flush()
+			}
+		case !known && len(r.records) >= dnsMaxRecords:
 			continue
 		}
-		el := dnsElements(map[netip.Addr]time.Duration{a: ttl})
-		if known && rec.expires.After(now.Add(dnsRenewMargin)) {
-			// Re-adding an existing element does not renew its timeout.
-			if err := c.SetDeleteElements(s.table.dnsAllow, el); err != nil {
-				return err
-			}
-		}
-		if err := c.SetAddElements(s.table.dnsAllow, el); err != nil {
-			return err
-		}
-		r.records[a] = dnsRecord{name: name, expires: now.Add(ttl)}
+		add[a] = ttl
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	c, err := s.nft()
+	if err != nil {
+		return err
+	}
+	if err := c.SetAddElements(s.table.dnsAllow, dnsElements(add)); err != nil {
+		return err
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("add resolved addresses of %s to slot %s: %w", name, s.Name, err)
+	}
+	for a, ttl := range add {
+		r.records[a] = dnsRecord{name: name, expires: now.Add(ttl)}
 	}
 	return nil
 }
