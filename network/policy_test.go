@@ -76,7 +76,8 @@ func TestEgressPolicy(t *testing.T) {
 	t.Run("domains", func(t *testing.T) {
 		set(t, network.Policy{DenyInternet: true, AllowOut: []string{"allowed.test", "*.wild.test", "private.test"}})
 		reach(t, map[netip.Addr]bool{T1: false, T2: false}) // nothing resolved yet
-		for range 2 {                                       // the second answer finds the address already allowed
+		// The second answer finds the address already allowed.
+		for range 2 {
 			if a, err := resolve("allowed.test"); err != nil || a != T1 {
 				t.Fatalf("resolve allowed.test = %v, %v; want %s", a, err, T1)
 			}
