@@ -400,3 +400,49 @@ func TestMillionSegments(t *testing.T) {
 		t.Fatalf("lookup after overrides: %+v", got)
 	}
 }
+
+// TestCommitDetectsZeroBlocks: zeros written as data are committed as
+// zeroed mappings (no data), and still hide the layer below.
+func TestCommitDetectsZeroBlocks(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	base := writerLayer(t)
+	lower, err := OpenSealed("base", bytes.NewReader(base), int64(len(base)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := CreateUpper(filepath.Join(dir, "d"), filepath.Join(dir, "i"), uint64(lower.VirtualSize()), lower.UUID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	st, _ := NewStack([]*Layer{lower}, u)
+	block := make([]byte, 8192)
+	copy(block[4096:], bytes.Repeat([]byte{9}, 4096)) // 4 KiB of zeros, then 4 KiB of data
+	if _, err := st.WriteAt(block, 0); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	res, err := st.Commit(context.Background(), &out, "zeros")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.DataSize != 4096 || res.Trailer.ParentUUID != lower.UUID() || res.Trailer.Tag != "zeros" {
+		t.Fatalf("commit result %+v", res)
+	}
+	top, err := OpenSealed("top", bytes.NewReader(out.Bytes()), int64(out.Len()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	segs := top.Index().Segments()
+	if len(segs) != 2 || !segs[0].Zeroed || segs[0].Length != 8 || segs[1].Zeroed {
+		t.Fatalf("committed mappings %+v", segs)
+	}
+	lw, _ := OpenSealed("base", bytes.NewReader(base), int64(len(base)))
+	st2, _ := NewStack([]*Layer{lw, top}, nil)
+	got := make([]byte, 8192)
+	st2.ReadAt(got, 0)
+	if !bytes.Equal(got, block) {
+		t.Fatal("zeroed mapping does not hide the lower layer's data")
+	}
+}
