@@ -364,6 +364,9 @@ func TestDiskFull(t *testing.T) {
 	}
 }
 
+// raceEnabled is set by race_test.go when the race detector is on.
+var raceEnabled bool
+
 type zeros struct{}
 
 func (zeros) Read(p []byte) (int, error) {
@@ -387,8 +390,8 @@ func (p *pattern) Read(b []byte) (int, error) {
 // downloads it back, checking content by hash and that the process
 // allocated a small fraction of the file's size along the way.
 func TestOneGiBStreamedWithBoundedMemory(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short")
+	if testing.Short() || raceEnabled {
+		t.Skip("-short or -race: moving 1 GiB under the race detector takes minutes")
 	}
 	const size = 1 << 30
 	srv := agenttest.Start(t)
@@ -442,4 +445,3 @@ func TestOneGiBStreamedWithBoundedMemory(t *testing.T) {
 	t.Logf("heap allocations for 1 GiB up + down: %.1f MiB", float64(after.TotalAlloc-before.TotalAlloc)/(1<<20))
 	os.Remove(p)
 }
-

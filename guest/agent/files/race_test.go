@@ -1,0 +1,5 @@
+//go:build race
+
+package files_test
+
+func init() { raceEnabled = true }
