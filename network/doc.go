@@ -7,7 +7,8 @@
 //	host netns                         slot netns (<prefix>-<index>)
 //	  <prefix>v<index>  10.12.x.y/31 ──veth──  eth0  10.12.x.y+1/31 (default route)
 //	  route HostIP via the veth          tap0  169.254.0.22/30  ── VM eth0 169.254.0.21/30
-//	  nft table <prefix>:                 nft table <prefix>:
+//	                                     (fixed MACs: GatewayMAC on tap0, GuestMAC in the VM)
+//	  nft table <prefix>:                 nft table <prefix>_slot:
 //	    masquerade HostCIDR, VethCIDR      DNAT HostIP -> 169.254.0.21 (host -> guest)
 //	    drop slot -> slot, slot -> host     SNAT 169.254.0.21 -> HostIP (guest egress)
 //	                                       egress policy on forwarded packets from tap0
@@ -27,6 +28,12 @@
 // server it targets, is redirected to it; answers for allowed names add
 // their addresses, with the record's TTL, to a kernel set that the egress
 // rules accept. The data path stays in the kernel.
+//
+// Lifecycle: New (cleans leftovers, installs the host table, starts the
+// warm-pool worker), Acquire (pooled slot or a new one), Slot.SetPolicy at
+// any time, Release (scrub, back to the pool or destroyed above the high
+// watermark), Shutdown (destroys everything). Destroying a slot only drops
+// its namespaces; the kernel dismantles the devices in batches.
 //
 // Everything is named with a configurable prefix so that a crashed process's
 // leftovers can be found and removed at the next start (Cleanup), and so

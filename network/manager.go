@@ -286,6 +286,9 @@ func (m *Manager) kick() {
 
 // create builds a slot on a fresh index.
 func (m *Manager) create(ctx context.Context) (*Slot, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("create slot: %w", err)
+	}
 	idx, err := m.allocIndex()
 	if err != nil {
 		return nil, err

@@ -101,15 +101,15 @@ func parseEntry(s string, domains bool) (ipRange, *domainPattern, error) {
 	if !domains {
 		return ipRange{}, nil, errors.New("not an IPv4 address or CIDR")
 	}
-	d, err := ParseDomainPattern(s)
+	d, err := parseDomainPattern(s)
 	if err != nil {
 		return ipRange{}, nil, err
 	}
 	return ipRange{}, &d, nil
 }
 
-// ParseDomainPattern validates a domain name, optionally "*." prefixed.
-func ParseDomainPattern(s string) (domainPattern, error) {
+// parseDomainPattern validates a domain name, optionally "*." prefixed.
+func parseDomainPattern(s string) (domainPattern, error) {
 	name := strings.TrimSuffix(strings.ToLower(s), ".")
 	var d domainPattern
 	if rest, ok := strings.CutPrefix(name, "*."); ok {

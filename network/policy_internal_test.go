@@ -60,8 +60,8 @@ func TestParseEntry(t *testing.T) {
 
 func TestDomainMatch(t *testing.T) {
 	t.Parallel()
-	exact, _ := ParseDomainPattern("example.com")
-	wild, _ := ParseDomainPattern("*.example.com")
+	exact, _ := parseDomainPattern("example.com")
+	wild, _ := parseDomainPattern("*.example.com")
 	cases := []struct {
 		p    domainPattern
 		q    string
@@ -173,7 +173,7 @@ func FuzzDNSMessage(f *testing.F) {
 	f.Fuzz(func(t *testing.T, msg []byte) {
 		qname, ok := questionName(msg)
 		if ok {
-			p, _ := ParseDomainPattern(qname)
+			p, _ := parseDomainPattern(qname)
 			p.match(qname)
 			if r := errorReply(msg, dnsmessage.RCodeRefused); r != nil {
 				if _, ok := questionName(r); ok {
