@@ -21,7 +21,7 @@
 //
 // Rules are installed with nftables through netlink (github.com/google/nftables):
 // one batch per slot, no processes spawned, and a slot's rules disappear
-// with its namespace, so teardown is deleting one veth and one namespace.
+// with its namespace, so teardown is dropping the namespace.
 //
 // Domain rules in the egress policy are enforced by a DNS-aware resolver
 // served inside each slot (see dns.go): the guest's DNS traffic, whatever
