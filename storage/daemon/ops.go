@@ -272,6 +272,9 @@ func (d *Daemon) nextGeneration(ctx context.Context, old record, layer string, g
 	next.Layers = append(slices.Clone(old.Layers), layer)
 	next.Stamps = append(slices.Clone(old.Stamps), st)
 	next.Config = filepath.Join(d.deviceDir(old.ID), fmt.Sprintf("image.%d.json", gen))
+	// A restack that died after writing these files (before its record was
+	// saved) leaves them behind unused; start clean.
+	removeGeneration(d.deviceDir(old.ID), next)
 	spec := image.CreateSpec{
 		Lowers: next.Layers, Size: old.Size,
 		UpperData: fmt.Sprintf("upper.%d.data", gen), UpperIndex: fmt.Sprintf("upper.%d.index", gen),
