@@ -230,6 +230,9 @@ type ZFileResult struct {
 	OursRatio, CLIRatio                float64 // compressed / raw size
 }
 
+// SelfCPUSeconds is the CPU time this process has used.
+func SelfCPUSeconds() float64 { return selfCPU() }
+
 func selfCPU() float64 {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
