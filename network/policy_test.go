@@ -163,3 +163,23 @@ func TestReleaseScrubsPolicy(t *testing.T) {
 		t.Fatalf("double release accepted")
 	}
 }
+
+func TestConfigurableAlwaysDenied(t *testing.T) {
+	t.Parallel()
+	m, w := newManager(t, func(c *network.Config) {
+		c.GuestNetNS = true
+		c.AlwaysDenied = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}
+	})
+	w.ServeWorld(t, 80)
+	s := acquire(t, m)
+	ctx := t.Context()
+	if err := s.SetPolicy(ctx, network.Policy{AllowOut: []string{"203.0.113.10"}}); err != nil {
+		t.Fatal(err)
+	}
+	if !nettest.Blocked(ctx, s.GuestNetNSPath(), netip.AddrPortFrom(nettest.TestNet3, 80)) {
+		t.Errorf("configured always-denied range reachable despite allowOut")
+	}
+	if !nettest.Reachable(ctx, s.GuestNetNSPath(), netip.AddrPortFrom(nettest.Private, 80)) {
+		t.Errorf("private address blocked although the configured list leaves it out")
+	}
+}
