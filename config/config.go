@@ -1,0 +1,217 @@
+// Package config is the configuration of the node server aenvd: one TOML
+// file with documented defaults, each field overridable by an environment
+// variable (AENVD_<SECTION>_<KEY>, listed in the `env` struct tags).
+package config
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Config is the whole of aenvd's configuration.
+type Config struct {
+	// DataDir holds the state store, templates and per-sandbox files.
+	DataDir string `toml:"data_dir" env:"AENVD_DATA_DIR"`
+	API     API     `toml:"api"`
+	Network Network `toml:"network"`
+	VMM     VMM     `toml:"vmm"`
+	Guest   Guest   `toml:"guest"`
+	Sandbox Sandbox `toml:"sandbox"`
+}
+
+// API configures the HTTP listeners.
+type API struct {
+	// Listen is the control API address; the sandbox proxy also answers here.
+	Listen string `toml:"listen" env:"AENVD_API_LISTEN"`
+	// ProxyListen is the dedicated sandbox proxy address ("" disables it).
+	ProxyListen string `toml:"proxy_listen" env:"AENVD_API_PROXY_LISTEN"`
+	// Key is the accepted X-API-Key. Empty: read KeyFile, or generate an
+	// e2b_<hex> key there (mode 0600) on first start.
+	Key string `toml:"key" env:"AENVD_API_KEY"`
+	// KeyFile defaults to <data_dir>/api-key.
+	KeyFile string `toml:"key_file" env:"AENVD_API_KEY_FILE"`
+	// Domain is reported to SDKs and used for host routing {port}-{id}.{domain}.
+	Domain string `toml:"domain" env:"AENVD_API_DOMAIN"`
+}
+
+// Network configures sandbox network slots (see package network).
+type Network struct {
+	Prefix   string `toml:"prefix" env:"AENVD_NETWORK_PREFIX"`
+	HostCIDR string `toml:"host_cidr" env:"AENVD_NETWORK_HOST_CIDR"`
+	VethCIDR string `toml:"veth_cidr" env:"AENVD_NETWORK_VETH_CIDR"`
+	PoolLow  int    `toml:"pool_low" env:"AENVD_NETWORK_POOL_LOW"`
+	PoolHigh int    `toml:"pool_high" env:"AENVD_NETWORK_POOL_HIGH"`
+}
+
+// VMM chooses the virtual machine monitor.
+type VMM struct {
+	// Driver is "auto" or "qemu" (Firecracker is not wired yet).
+	Driver string `toml:"driver" env:"AENVD_VMM_DRIVER"`
+	// Accel forces QEMU's accelerator ("kvm", "tcg"); empty detects.
+	Accel string `toml:"accel" env:"AENVD_VMM_ACCEL"`
+}
+
+// Guest sets the resources and assets of the default template.
+type Guest struct {
+	VCPUs     int `toml:"vcpus" env:"AENVD_GUEST_VCPUS"`
+	MemoryMiB int `toml:"memory_mib" env:"AENVD_GUEST_MEMORY_MIB"`
+	// Agent is the aenv-agent binary; default: next to the aenvd binary.
+	Agent string `toml:"agent" env:"AENVD_GUEST_AGENT"`
+	// AssetsCache is guest/image's cache directory; empty: its default.
+	AssetsCache string `toml:"assets_cache" env:"AENVD_GUEST_ASSETS_CACHE"`
+	// DefaultUser is the user commands run as unless a request names one.
+	DefaultUser string `toml:"default_user" env:"AENVD_GUEST_DEFAULT_USER"`
+}
+
+// Sandbox holds lifecycle defaults.
+type Sandbox struct {
+	// DefaultTimeout applies when a create request gives no timeout.
+	DefaultTimeout Duration `toml:"default_timeout" env:"AENVD_SANDBOX_DEFAULT_TIMEOUT"`
+	// MaxTimeout caps any requested timeout.
+	MaxTimeout Duration `toml:"max_timeout" env:"AENVD_SANDBOX_MAX_TIMEOUT"`
+	// PauseOnShutdown pauses running sandboxes on a graceful shutdown
+	// (otherwise they are killed).
+	PauseOnShutdown bool `toml:"pause_on_shutdown" env:"AENVD_SANDBOX_PAUSE_ON_SHUTDOWN"`
+}
+
+// Duration is a time.Duration written as "15s", "1h" in TOML.
+type Duration struct{ time.Duration }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// Default returns the documented defaults.
+func Default() Config {
+	return Config{
+		DataDir: "/var/lib/aenv",
+		API:     API{Listen: "127.0.0.1:3000", ProxyListen: "127.0.0.1:3001", Domain: "localhost"},
+		Network: Network{Prefix: "aenv", HostCIDR: "10.11.0.0/16", VethCIDR: "10.12.0.0/16", PoolLow: 2, PoolHigh: 8},
+		VMM:     VMM{Driver: "auto"},
+		Guest:   Guest{VCPUs: 1, MemoryMiB: 512, DefaultUser: "user"},
+		Sandbox: Sandbox{
+			DefaultTimeout:  Duration{15 * time.Second},
+			MaxTimeout:      Duration{24 * time.Hour},
+			PauseOnShutdown: true,
+		},
+	}
+}
+
+// Load reads path (if not empty) over the defaults, then applies the
+// environment overrides, then validates.
+func Load(path string) (Config, error) {
+	c := Default()
+	if path != "" {
+		md, err := toml.DecodeFile(path, &c)
+		if err != nil {
+			return c, fmt.Errorf("load config %s: %w", path, err)
+		}
+		if und := md.Undecoded(); len(und) > 0 {
+			return c, fmt.Errorf("load config %s: unknown keys %v", path, und)
+		}
+	}
+	if err := applyEnv(reflect.ValueOf(&c).Elem(), os.LookupEnv); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// Validate checks values that have no meaningful zero.
+func (c *Config) Validate() error {
+	switch {
+	case c.DataDir == "":
+		return fmt.Errorf("config: data_dir is empty")
+	case c.API.Listen == "":
+		return fmt.Errorf("config: api.listen is empty")
+	case c.VMM.Driver != "auto" && c.VMM.Driver != "qemu":
+		return fmt.Errorf("config: vmm.driver %q: want auto or qemu", c.VMM.Driver)
+	case c.Guest.VCPUs < 1 || c.Guest.MemoryMiB < 64:
+		return fmt.Errorf("config: guest needs at least 1 vcpu and 64 MiB (got %d, %d)", c.Guest.VCPUs, c.Guest.MemoryMiB)
+	case c.Sandbox.DefaultTimeout.Duration <= 0 || c.Sandbox.MaxTimeout.Duration < c.Sandbox.DefaultTimeout.Duration:
+		return fmt.Errorf("config: sandbox timeouts: default %s must be positive and at most max %s",
+			c.Sandbox.DefaultTimeout, c.Sandbox.MaxTimeout)
+	}
+	return nil
+}
+
+// KeyFilePath is API.KeyFile or its default.
+func (c *Config) KeyFilePath() string {
+	if c.API.KeyFile != "" {
+		return c.API.KeyFile
+	}
+	return c.DataDir + "/api-key"
+}
+
+// Encode writes c as TOML (aenvd --print-default-config).
+func (c Config) Encode() (string, error) {
+	var b bytes.Buffer
+	if err := toml.NewEncoder(&b).Encode(c); err != nil {
+		return "", fmt.Errorf("encode config: %w", err)
+	}
+	return b.String(), nil
+}
+
+var durationType = reflect.TypeOf(Duration{})
+
+func applyEnv(v reflect.Value, lookup func(string) (string, bool)) error {
+	t := v.Type()
+	for i := range t.NumField() {
+		f, fv := t.Field(i), v.Field(i)
+		if f.Type.Kind() == reflect.Struct && f.Type != durationType {
+			if err := applyEnv(fv, lookup); err != nil {
+				return err
+			}
+			continue
+		}
+		name := f.Tag.Get("env")
+		s, ok := lookup(name)
+		if name == "" || !ok {
+			continue
+		}
+		if err := setField(fv, s); err != nil {
+			return fmt.Errorf("config: environment %s=%q: %w", name, s, err)
+		}
+	}
+	return nil
+}
+
+func setField(fv reflect.Value, s string) error {
+	if fv.Type() == durationType {
+		return fv.Addr().Interface().(*Duration).UnmarshalText([]byte(s))
+	}
+	switch fv.Kind() {
+	case reflect.String:
+		fv.SetString(s)
+	case reflect.Int:
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return err
+		}
+		fv.SetInt(int64(n))
+	case reflect.Bool:
+		b, err := strconv.ParseBool(strings.TrimSpace(s))
+		if err != nil {
+			return err
+		}
+		fv.SetBool(b)
+	default:
+		return fmt.Errorf("unsupported field kind %s", fv.Kind())
+	}
+	return nil
+}

@@ -1,0 +1,79 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaultRoundTrip(t *testing.T) {
+	def := Default()
+	text, err := def.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text, `default_timeout = "15s"`) || !strings.Contains(text, "[network]") {
+		t.Fatalf("encoded defaults lack expected keys:\n%s", text)
+	}
+	path := filepath.Join(t.TempDir(), "aenvd.toml")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != def {
+		t.Fatalf("round trip changed the config:\n got %+v\nwant %+v", got, def)
+	}
+}
+
+func TestFileAndEnvOverrides(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "aenvd.toml")
+	body := "data_dir = \"/srv/aenv\"\n[guest]\nmemory_mib = 1024\n[sandbox]\ndefault_timeout = \"1m\"\n"
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AENVD_API_LISTEN", "0.0.0.0:9999")
+	t.Setenv("AENVD_GUEST_VCPUS", "2")
+	t.Setenv("AENVD_SANDBOX_PAUSE_ON_SHUTDOWN", "false")
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DataDir != "/srv/aenv" || c.Guest.MemoryMiB != 1024 || c.Sandbox.DefaultTimeout.Duration != time.Minute {
+		t.Fatalf("file values not applied: %+v", c)
+	}
+	if c.API.Listen != "0.0.0.0:9999" || c.Guest.VCPUs != 2 || c.Sandbox.PauseOnShutdown {
+		t.Fatalf("environment overrides not applied: %+v", c)
+	}
+	if c.KeyFilePath() != "/srv/aenv/api-key" {
+		t.Fatalf("key file default: %s", c.KeyFilePath())
+	}
+}
+
+func TestRejects(t *testing.T) {
+	dir := t.TempDir()
+	cases := map[string]string{
+		"unknown key":  "bogus = 1\n",
+		"bad duration": "[sandbox]\ndefault_timeout = \"soon\"\n",
+		"bad driver":   "[vmm]\ndriver = \"xen\"\n",
+		"tiny memory":  "[guest]\nmemory_mib = 8\n",
+		"not toml":     "this is = = not toml",
+	}
+	for name, body := range cases {
+		path := filepath.Join(dir, strings.ReplaceAll(name, " ", "_"))
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Load(path); err == nil {
+			t.Errorf("%s: Load accepted %q", name, body)
+		}
+	}
+	t.Setenv("AENVD_GUEST_VCPUS", "many")
+	if _, err := Load(""); err == nil {
+		t.Error("Load accepted AENVD_GUEST_VCPUS=many")
+	}
+}
