@@ -446,3 +446,32 @@ func TestCommitDetectsZeroBlocks(t *testing.T) {
 		t.Fatal("zeroed mapping does not hide the lower layer's data")
 	}
 }
+
+// TestSparseOddSize: a sparse upper whose size is not a multiple of its 4 KiB
+// write granularity takes unaligned writes and trims up to its last byte.
+func TestSparseOddSize(t *testing.T) {
+	t.Parallel()
+	const size = 3*4096 + 512
+	u, err := CreateSparseUpper(filepath.Join(t.TempDir(), "s"), size, UUID{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := NewStack(nil, u)
+	defer st.Close()
+	want := make([]byte, size)
+	for _, w := range []struct{ off, n int }{{size - 700, 700}, {100, 1}, {4000, 5000}, {size - 512, 512}} {
+		b := bytes.Repeat([]byte{byte(w.n)}, w.n)
+		if _, err := st.WriteAt(b, int64(w.off)); err != nil {
+			t.Fatalf("write [%d,+%d): %v", w.off, w.n, err)
+		}
+		copy(want[w.off:], b)
+	}
+	if err := st.Trim(size-300, 300); err != nil {
+		t.Fatal(err)
+	}
+	clear(want[size-300:])
+	got := make([]byte, size)
+	if _, err := st.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("odd-size sparse upper: %v", err)
+	}
+}

@@ -32,6 +32,7 @@ type machine struct {
 	layers []layerModel // every sealed layer made so far
 	stack  []int        // lowers of the live stack, bottom first (indices into layers)
 	upper  *Upper
+	sparse bool // the live upper is sparse (4 KiB write granularity)
 	upMod  map[uint64][]byte
 	st     *Stack
 	flat   []byte // the expected virtual disk
@@ -79,16 +80,29 @@ func (m *machine) rebuild() {
 }
 
 func (m *machine) newUpper() {
-	u, err := CreateUpper(m.file("data"), m.file("index"), modelSize, UUID{})
+	m.sparse = rapid.Bool().Draw(m.t, "sparse")
+	var u *Upper
+	var err error
+	if m.sparse {
+		u, err = CreateSparseUpper(m.file("sparse"), modelSize, UUID{})
+	} else {
+		u, err = CreateUpper(m.file("data"), m.file("index"), modelSize, UUID{})
+	}
 	if err != nil {
 		m.t.Fatal(err)
 	}
 	m.upper, m.upMod = u, map[uint64][]byte{}
 }
 
-// record copies the touched sectors' final content into the upper's model.
+// record copies the touched sectors' final content into the upper's model;
+// a sparse upper writes whole 4 KiB blocks.
 func (m *machine) record(off, n int) {
-	for s := off / SectorSize; s < (off+n+SectorSize-1)/SectorSize; s++ {
+	a := SectorSize
+	if m.sparse {
+		a = 4096
+	}
+	off, end := off/a*a, (off+n+a-1)/a*a
+	for s := off / SectorSize; s < end/SectorSize; s++ {
 		m.upMod[uint64(s)] = bytes.Clone(m.flat[s*SectorSize : (s+1)*SectorSize])
 	}
 }

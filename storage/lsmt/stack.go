@@ -109,11 +109,11 @@ func (s *Stack) WriteAt(p []byte, off int64) (int, error) {
 	end := min((off+int64(len(p))+a-1)/a*a, s.size)
 	buf := make([]byte, end-start)
 	// Only the partial head and tail blocks need their old contents.
-	if err := s.fill(buf[:a], start); err != nil {
+	if err := s.fill(buf[:min(a, end-start)], start); err != nil {
 		return 0, err
 	}
-	if end-a > start {
-		if err := s.fill(buf[len(buf)-int(a):], end-a); err != nil {
+	if tail := max(end-a, start); tail > start {
+		if err := s.fill(buf[tail-start:], tail); err != nil {
 			return 0, err
 		}
 	}
