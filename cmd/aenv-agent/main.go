@@ -21,7 +21,7 @@ func main() {
 	}
 	addr := flag.String("addr", agent.DefaultAddr, "listen address")
 	skipInit := flag.Bool("skip-init-duties", false, "do not act on the guest system during /init (no clock setting); for running on a host")
-	user := flag.String("default-user", "", "user that requests act as when they name none (default: the user the agent runs as)")
+	user := flag.String("default-user", "", "user that requests act as when they name none (default: \"user\" when it exists, else the user the agent runs as)")
 	debug := flag.Bool("debug", false, "log at debug level")
 	flag.Parse()
 

@@ -117,8 +117,13 @@ func BasicUser(h http.Header) (name string, ok bool, err error) {
 	return name, name != "", nil
 }
 
-// User resolves a user name; "" means the default user, and when none is
-// configured, the user the agent runs as.
+// TemplateUser is the account E2B's templates (and ours) run everything as
+// unless told otherwise; it is the default user wherever it exists.
+const TemplateUser = "user"
+
+// User resolves a user name; "" means the default user: the one configured
+// (flag or /init), else TemplateUser when the guest has it, else the user the
+// agent runs as.
 func (st *State) User(name string) (*users.User, error) {
 	if name == "" {
 		st.mu.RLock()
@@ -127,6 +132,9 @@ func (st *State) User(name string) (*users.User, error) {
 	}
 	if name != "" {
 		return st.Users.Lookup(name)
+	}
+	if u, err := st.Users.Lookup(TemplateUser); err == nil {
+		return u, nil
 	}
 	u, err := st.Users.LookupUID(uint32(os.Getuid()))
 	if err != nil {

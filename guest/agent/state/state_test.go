@@ -2,7 +2,9 @@ package state_test
 
 import (
 	"encoding/base64"
+	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -108,4 +110,29 @@ func FuzzResolvePath(f *testing.F) {
 			t.Fatalf("%q resolved to %q", p, got)
 		}
 	})
+}
+
+func TestDefaultUserFallback(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	db := &users.DB{PasswdPath: filepath.Join(dir, "passwd"), GroupPath: filepath.Join(dir, "group")}
+	write := func(s string) {
+		if err := os.WriteFile(db.PasswdPath, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/bash\n")
+	st := state.New(db, "")
+	if u, err := st.User(""); err != nil || u.Name != "user" {
+		t.Fatalf("with a template user: %+v %v", u, err)
+	}
+	root := "root"
+	st.Apply(state.Settings{DefaultUser: &root})
+	if u, err := st.User(""); err != nil || u.Name != "root" {
+		t.Fatalf("after /init defaultUser: %+v %v", u, err)
+	}
+	write(fmt.Sprintf("me:x:%d:%d::/somewhere:/bin/sh\n", os.Getuid(), os.Getgid()))
+	if u, err := state.New(db, "").User(""); err != nil || u.UID != uint32(os.Getuid()) {
+		t.Fatalf("without a template user: %+v %v", u, err)
+	}
 }
