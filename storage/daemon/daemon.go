@@ -323,6 +323,7 @@ func features() rpc.Features {
 	return rpc.Features{
 		ProtocolVersion: rpc.ProtocolVersion, Exports: []string{"nbd"},
 		Restack: true, SharedDevices: true, WarmPool: true, TCP: true,
+		KernelNBD: nbd.KernelAvailable() == nil,
 	}
 }
 

@@ -564,3 +564,38 @@ func TestHostileRPC(t *testing.T) {
 		t.Fatalf("daemon unusable after hostile clients: %v", err)
 	}
 }
+
+// TestKernelAttach attaches a device to /dev/nbdN where the kernel has the
+// nbd module (the kernel lane), and refuses cleanly where it does not.
+func TestKernelAttach(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 13)
+	h := start(t, testOptions(t))
+	ctx := ctxT(t)
+	feats, err := h.c.Features(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := h.c.Create(ctx, rpc.CreateParams{Image: f.config, Kernel: true})
+	if why := nbd.KernelAvailable(); why != nil {
+		if feats.KernelNBD || !isCode(err, rpc.CodeInvalid) {
+			t.Fatalf("without kernel nbd: features %+v, create err %v", feats, err)
+		}
+		t.Skipf("kernel NBD unavailable: %v", why)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4096)
+	kf, err := os.Open(dev.BlockDevice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kf.Close()
+	if _, err := kf.ReadAt(got, 0); err != nil || !bytes.Equal(got, f.want[:4096]) {
+		t.Fatalf("read through %s: %v", dev.BlockDevice, err)
+	}
+	if err := h.c.Delete(ctx, dev.ID); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -102,6 +102,7 @@ type device struct {
 	cancel  context.CancelFunc
 	served  sync.WaitGroup
 	tcpAddr string
+	kdev    *nbd.KernelDevice
 }
 
 func (dv *device) info(d *Daemon) rpc.Device {
@@ -116,6 +117,9 @@ func (dv *device) info(d *Daemon) rpc.Device {
 		return out
 	}
 	out.Socket = d.socketPath(r.ID)
+	if dv.kdev != nil {
+		out.BlockDevice = dv.kdev.Path
+	}
 	out.URI = "nbd+unix:///" + r.Export + "?socket=" + out.Socket
 	return out
 }
@@ -141,6 +145,15 @@ func (d *Daemon) start(dv *device) error {
 	if err := d.listen(dv); err != nil {
 		dv.stop()
 		return err
+	}
+	if r.Kernel {
+		// Two connections: the kernel spreads requests over them.
+		kd, err := nbd.AttachKernel(d.ctx, dv.srv, r.Export, 2)
+		if err != nil {
+			dv.stop()
+			return err
+		}
+		dv.kdev = kd
 	}
 	return nil
 }
@@ -186,6 +199,11 @@ func (dv *device) listenTCP() error {
 // stop ends the export (dropping client connections) and closes the image;
 // on-disk state is untouched.
 func (dv *device) stop() error {
+	if dv.kdev != nil {
+		// Detach first, so the kernel flushes while the export still answers.
+		dv.kdev.Detach()
+		dv.kdev = nil
+	}
 	if dv.cancel != nil {
 		dv.cancel()
 	}

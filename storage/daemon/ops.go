@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/image"
+	"github.com/agentenv/agentenv/storage/nbd"
 )
 
 func nonce() string {
@@ -57,7 +58,12 @@ func (d *Daemon) create(ctx context.Context, p rpc.CreateParams) (rpc.Device, er
 	if p.Size < 0 || p.Size%512 != 0 {
 		return rpc.Device{}, errf(rpc.CodeInvalid, "size %d must be a non-negative multiple of 512", p.Size)
 	}
-	if !p.ReadOnly && !p.TCP {
+	if p.Kernel {
+		if err := nbd.KernelAvailable(); err != nil {
+			return rpc.Device{}, errf(rpc.CodeInvalid, "kernel attach: %v", err)
+		}
+	}
+	if !p.ReadOnly && !p.TCP && !p.Kernel {
 		sh := shape{image: img, size: p.Size}
 		if dv, ok := d.takeWarm(sh, p.Owner); ok {
 			d.pool.refill(sh)
@@ -65,7 +71,7 @@ func (d *Daemon) create(ctx context.Context, p rpc.CreateParams) (rpc.Device, er
 		}
 		defer d.pool.touch(sh)
 	}
-	dv, err := d.newDevice(ctx, newSpec{kind: rpc.KindRuntime, image: img, size: p.Size, readOnly: p.ReadOnly, owner: p.Owner, tcp: p.TCP})
+	dv, err := d.newDevice(ctx, newSpec{kind: rpc.KindRuntime, image: img, size: p.Size, readOnly: p.ReadOnly, owner: p.Owner, tcp: p.TCP, kernel: p.Kernel})
 	if err != nil {
 		return rpc.Device{}, err
 	}
@@ -103,6 +109,7 @@ type newSpec struct {
 	readOnly bool
 	owner    string
 	tcp      bool
+	kernel   bool
 	holder   string
 }
 
@@ -127,7 +134,7 @@ func (d *Daemon) newDevice(ctx context.Context, s newSpec) (*device, error) {
 	dir := d.deviceDir(id)
 	dv := &device{rec: record{
 		ID: id, Kind: s.kind, Owner: s.owner, Image: s.image, Config: s.image, ReadOnly: s.readOnly || s.kind == rpc.KindShared,
-		Size: s.size, ReqSize: s.size, TCP: s.tcp, Export: fmt.Sprintf("aenv-%d-%s", id, nonce()),
+		Size: s.size, ReqSize: s.size, TCP: s.tcp, Kernel: s.kernel, Export: fmt.Sprintf("aenv-%d-%s", id, nonce()),
 		Layers: lowers, Stamps: stamps, Created: time.Now().UTC(),
 	}}
 	if s.holder != "" {

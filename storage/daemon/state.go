@@ -26,6 +26,7 @@ type record struct {
 	Size     int64     `json:"size"`
 	ReqSize  int64     `json:"req_size,omitempty"` // size as requested (0: the image's); the warm-pool shape
 	TCP      bool      `json:"tcp,omitempty"`
+	Kernel   bool      `json:"kernel,omitempty"`
 	Export   string    `json:"export"` // NBD export name: aenv-ID-NONCE
 	Holders  []string  `json:"holders,omitempty"`
 	Layers   []string  `json:"layers"` // sealed layers under the upper, bottom first

@@ -57,22 +57,50 @@ func Dial(ctx context.Context, network, addr, export string) (*Client, error) {
 
 // NewClient negotiates export over an open connection.
 func NewClient(ctx context.Context, conn net.Conn, export string) (*Client, error) {
+	info, br, err := negotiate(ctx, conn, export)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{conn: conn, size: info.Size, flags: info.Flags, maxBlock: info.MaxBlock,
+		pending: make(map[uint64]*call), done: make(chan struct{})}
+	go c.readLoop(br)
+	return c, nil
+}
+
+// ExportInfo is what a handshake learns about an export.
+type ExportInfo struct {
+	Size     int64
+	Flags    uint16 // transmission flags
+	MaxBlock uint32
+}
+
+// Negotiate runs the client side of the handshake on conn and leaves it in
+// the transmission phase, for a consumer that speaks the rest itself (the
+// kernel NBD driver, see AttachKernel).
+func Negotiate(ctx context.Context, conn net.Conn, export string) (ExportInfo, error) {
+	info, br, err := negotiate(ctx, conn, export)
+	if err == nil && br.Buffered() > 0 {
+		err = fmt.Errorf("nbd open %q: server sent data before the first request", export)
+	}
+	return info, err
+}
+
+func negotiate(ctx context.Context, conn net.Conn, export string) (ExportInfo, *bufio.Reader, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	} else {
 		conn.SetDeadline(time.Now().Add(30 * time.Second))
 	}
+	defer conn.SetDeadline(time.Time{})
 	br := bufio.NewReader(conn)
 	if err := clientGreeting(conn, br); err != nil {
-		return nil, fmt.Errorf("nbd open %q: %w", export, err)
+		return ExportInfo{}, nil, fmt.Errorf("nbd open %q: %w", export, err)
 	}
-	c := &Client{conn: conn, pending: make(map[uint64]*call), done: make(chan struct{}), maxBlock: DefaultMaxPayload}
-	if err := c.goOption(conn, br, export); err != nil {
-		return nil, fmt.Errorf("nbd open %q: %w", export, err)
+	info, err := goOption(conn, br, export)
+	if err != nil {
+		return ExportInfo{}, nil, fmt.Errorf("nbd open %q: %w", export, err)
 	}
-	conn.SetDeadline(time.Time{})
-	go c.readLoop(br)
-	return c, nil
+	return info, br, nil
 }
 
 func clientGreeting(conn net.Conn, br *bufio.Reader) error {
@@ -118,39 +146,40 @@ func readOptReply(br *bufio.Reader, opt uint32) (uint32, []byte, error) {
 	return binary.BigEndian.Uint32(h[12:16]), data, nil
 }
 
-func (c *Client) goOption(conn net.Conn, br *bufio.Reader, export string) error {
+func goOption(conn net.Conn, br *bufio.Reader, export string) (ExportInfo, error) {
+	info := ExportInfo{MaxBlock: DefaultMaxPayload}
 	if err := sendOption(conn, optGo, appendInfoRequest(nil, export, infoBlockSize)); err != nil {
-		return err
+		return info, err
 	}
 	for {
 		typ, data, err := readOptReply(br, optGo)
 		if err != nil {
-			return err
+			return info, err
 		}
 		switch {
 		case typ == repAck:
-			if c.flags == 0 {
-				return errors.New("server sent no export info")
+			if info.Flags == 0 {
+				return info, errors.New("server sent no export info")
 			}
-			return nil
+			return info, nil
 		case typ&(1<<31) != 0:
-			return fmt.Errorf("server refused export: type %#x: %s", typ, data)
+			return info, fmt.Errorf("server refused export: type %#x: %s", typ, data)
 		case typ == repInfo && len(data) >= 2:
-			c.parseInfo(data)
+			info.parse(data)
 		}
 	}
 }
 
-func (c *Client) parseInfo(data []byte) {
+func (info *ExportInfo) parse(data []byte) {
 	switch binary.BigEndian.Uint16(data[0:2]) {
 	case infoExport:
 		if len(data) >= 12 {
-			c.size = int64(binary.BigEndian.Uint64(data[2:10]))
-			c.flags = binary.BigEndian.Uint16(data[10:12])
+			info.Size = int64(binary.BigEndian.Uint64(data[2:10]))
+			info.Flags = binary.BigEndian.Uint16(data[10:12])
 		}
 	case infoBlockSize:
 		if len(data) >= 14 {
-			c.maxBlock = binary.BigEndian.Uint32(data[10:14])
+			info.MaxBlock = max(binary.BigEndian.Uint32(data[10:14]), 512)
 		}
 	}
 }

@@ -105,10 +105,12 @@ type Device struct {
 	// URI is the NBD URI QEMU and libnbd accept (nbd+unix:///EXPORT?socket=SOCKET).
 	URI string `json:"uri"`
 	// TCP is the loopback TCP address of the export, when requested.
-	TCP        string   `json:"tcp,omitempty"`
-	Holders    []string `json:"holders,omitempty"`
-	Layers     []string `json:"layers,omitempty"` // sealed layers, bottom first
-	LostReason string   `json:"lost_reason,omitempty"`
+	TCP string `json:"tcp,omitempty"`
+	// BlockDevice is the kernel NBD device (/dev/nbdN), when requested.
+	BlockDevice string   `json:"block_device,omitempty"`
+	Holders     []string `json:"holders,omitempty"`
+	Layers      []string `json:"layers,omitempty"` // sealed layers, bottom first
+	LostReason  string   `json:"lost_reason,omitempty"`
 }
 
 // CreateParams asks for a runtime device from an image config.
@@ -124,6 +126,9 @@ type CreateParams struct {
 	Owner string `json:"owner,omitempty"`
 	// TCP also exports the device on a loopback TCP port.
 	TCP bool `json:"tcp,omitempty"`
+	// Kernel also attaches the export to the kernel NBD driver (/dev/nbdN);
+	// see Features.KernelNBD.
+	Kernel bool `json:"kernel,omitempty"`
 }
 
 // IDParams names a device.
@@ -198,6 +203,8 @@ type Features struct {
 	WarmPool        bool     `json:"warm_pool"`
 	Resize          bool     `json:"resize"`
 	TCP             bool     `json:"tcp"`
+	// KernelNBD says whether devices can be attached to /dev/nbdN here.
+	KernelNBD bool `json:"kernel_nbd"`
 }
 
 // WriteFrame encodes v as one frame.
