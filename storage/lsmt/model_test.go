@@ -316,3 +316,31 @@ func tmpBase() string {
 	}
 	return ""
 }
+
+// TestIndexLookupAgainstScan: the two-level search finds exactly what a
+// linear scan finds, for indexes around the run size.
+func TestIndexLookupAgainstScan(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(0, 300).Draw(t, "n")
+		var segs []Segment
+		off := uint64(0)
+		for range n {
+			off += uint64(rapid.IntRange(0, 5).Draw(t, "gap"))
+			l := uint32(rapid.IntRange(1, 6).Draw(t, "len"))
+			segs = append(segs, Segment{Offset: off, Length: l, MOffset: off + 100})
+			off += uint64(l)
+		}
+		x := NewIndex(segs)
+		q := uint64(rapid.IntRange(0, int(off)+10).Draw(t, "q"))
+		l := uint64(rapid.IntRange(1, 40).Draw(t, "ql"))
+		var want []Segment
+		for _, s := range segs {
+			if s.Offset < q+l && s.End() > q {
+				want = append(want, s.Clip(q, q+l))
+			}
+		}
+		if got := x.Lookup(nil, q, l); !equalSegs(got, want) {
+			t.Fatalf("lookup [%d,+%d): %+v, want %+v", q, l, got, want)
+		}
+	})
+}
