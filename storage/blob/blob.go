@@ -5,14 +5,18 @@
 package blob
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -56,12 +60,16 @@ type HTTPOptions struct {
 	Retries int          // attempts per request; default 3
 }
 
-// HTTP is a remote blob read with range requests.
+// HTTP is a remote blob read with range requests. A registry that answers
+// 401 with a Bearer challenge gets an anonymous token from its realm (the
+// OCI distribution token flow), reused for later requests.
 type HTTP struct {
-	url  string
-	opt  HTTPOptions
-	ctx  context.Context
-	size int64
+	url   string
+	opt   HTTPOptions
+	ctx   context.Context
+	size  int64
+	mu    sync.Mutex
+	token string
 }
 
 // OpenHTTP probes url for its size and range support. ctx bounds every later
@@ -118,10 +126,25 @@ func (h *HTTP) get(off, n int64) (*http.Response, error) {
 		for k, v := range h.opt.Header {
 			req.Header[k] = v
 		}
+		h.mu.Lock()
+		if h.token != "" {
+			req.Header.Set("Authorization", "Bearer "+h.token)
+		}
+		h.mu.Unlock()
 		req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", off, off+n-1))
 		resp, err := h.opt.Client.Do(req)
 		if err != nil {
 			last = err
+			continue
+		}
+		if resp.StatusCode == http.StatusUnauthorized && req.Header.Get("Authorization") == "" {
+			challenge := resp.Header.Get("WWW-Authenticate")
+			resp.Body.Close()
+			if err := h.fetchToken(challenge); err != nil {
+				return nil, fmt.Errorf("status 401 Unauthorized: %w", err)
+			}
+			last = fmt.Errorf("status 401 Unauthorized")
+			attempt-- // the retry with a token is not a failure
 			continue
 		}
 		switch {
@@ -140,6 +163,80 @@ func (h *HTTP) get(off, n int64) (*http.Response, error) {
 		}
 	}
 	return nil, fmt.Errorf("after %d attempts: %w", h.opt.Retries, last)
+}
+
+// fetchToken answers a Bearer challenge with an anonymous token request.
+func (h *HTTP) fetchToken(challenge string) error {
+	params, ok := parseBearer(challenge)
+	if !ok || params["realm"] == "" {
+		return fmt.Errorf("no Bearer challenge to answer (WWW-Authenticate %q)", challenge)
+	}
+	u, err := url.Parse(params["realm"])
+	if err != nil {
+		return fmt.Errorf("bad token realm %q: %w", params["realm"], err)
+	}
+	q := u.Query()
+	for _, k := range []string{"service", "scope"} {
+		if v := params[k]; v != "" {
+			q.Set(k, v)
+		}
+	}
+	u.RawQuery = q.Encode()
+	req, err := http.NewRequestWithContext(h.ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := h.opt.Client.Do(req)
+	if err != nil {
+		return fmt.Errorf("token request: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("token request to %s: status %s", u.Redacted(), resp.Status)
+	}
+	var body struct {
+		Token       string `json:"token"`
+		AccessToken string `json:"access_token"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&body); err != nil {
+		return fmt.Errorf("token response: %w", err)
+	}
+	tok := cmp.Or(body.Token, body.AccessToken)
+	if tok == "" {
+		return fmt.Errorf("token response from %s has no token", u.Redacted())
+	}
+	h.mu.Lock()
+	h.token = tok
+	h.mu.Unlock()
+	return nil
+}
+
+// parseBearer parses `Bearer realm="...",service="...",scope="..."`.
+func parseBearer(ch string) (map[string]string, bool) {
+	scheme, rest, ok := strings.Cut(strings.TrimSpace(ch), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return nil, false
+	}
+	out := map[string]string{}
+	for rest != "" {
+		var kv string
+		// Values are quoted and may contain commas (scopes do).
+		k, after, ok := strings.Cut(strings.TrimLeft(rest, " ,"), "=")
+		if !ok {
+			break
+		}
+		if strings.HasPrefix(after, `"`) {
+			end := strings.IndexByte(after[1:], '"')
+			if end < 0 {
+				return nil, false
+			}
+			kv, rest = after[1:1+end], after[2+end:]
+		} else {
+			kv, rest, _ = strings.Cut(after, ",")
+		}
+		out[strings.ToLower(strings.TrimSpace(k))] = kv
+	}
+	return out, true
 }
 
 // ReadAt reads with one range request.

@@ -186,3 +186,49 @@ func TestMapped(t *testing.T) {
 		t.Fatalf("OpenLocal of an empty file should fall back to pread: %v", err)
 	}
 }
+
+// TestRegistryTokenFlow: a registry that answers 401 with a Bearer challenge
+// is read after an anonymous token request to its realm.
+func TestRegistryTokenFlow(t *testing.T) {
+	t.Parallel()
+	data := content(5000)
+	var tokens atomic.Int64
+	var srv *httptest.Server
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/token":
+			if r.URL.Query().Get("scope") != "repository:a/b:pull,push" || r.URL.Query().Get("service") != "reg" {
+				http.Error(w, "bad scope", http.StatusBadRequest)
+				return
+			}
+			tokens.Add(1)
+			w.Write([]byte(`{"token":"s3cret"}`))
+		case "/v2/a/b/blobs/sha256:00":
+			if r.Header.Get("Authorization") != "Bearer s3cret" {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="`+srv.URL+`/token",service="reg",scope="repository:a/b:pull,push"`)
+				http.Error(w, "auth", http.StatusUnauthorized)
+				return
+			}
+			http.ServeContent(w, r, "b", time.Time{}, bytes.NewReader(data))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	h, err := OpenHTTP(context.Background(), srv.URL+"/v2/a/b/blobs/sha256:00", HTTPOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 1000)
+	for _, off := range []int64{0, 4000} {
+		if _, err := h.ReadAt(got, off); err != nil || !bytes.Equal(got, data[off:off+1000]) {
+			t.Fatalf("read at %d: %v", off, err)
+		}
+	}
+	if tokens.Load() != 1 {
+		t.Fatalf("%d token requests, want 1 (the token is reused)", tokens.Load())
+	}
+	if p, ok := parseBearer(`Basic realm="x"`); ok {
+		t.Fatalf("parsed a Basic challenge as Bearer: %v", p)
+	}
+}
