@@ -53,23 +53,42 @@ func TestE2BSDKScenario(t *testing.T) {
 			if err := os.Chmod(work, 0o755); err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, node, filepath.Join(dir, "scenario.mjs"))
-			cmd.Env = append(os.Environ(),
-				"E2B_DEBUG=true", "E2B_API_KEY=e2b_0000000000000000000000000000000000000000",
-				"AENV_E2B_SDK_DIR="+sdkDir, "AENV_WORKDIR="+work, "AENV_DEFAULT_USER="+defaultUser, "AENV_OTHER_USER="+other)
-			var out bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			err = cmd.Run()
-			t.Logf("scenario output (SDK %s):\n%s", ver, out.String())
-			if err != nil {
-				t.Fatalf("scenario with SDK %s failed: %v", ver, err)
-			}
-			if !strings.Contains(out.String(), "e2b SDK "+ver) || !strings.Contains(out.String(), "scenario passed") {
-				t.Fatalf("scenario did not run to the end with SDK %s", ver)
-			}
+			runScenario(t, node, sdkDir, ver, work, defaultUser, other)
 		})
+	}
+	// The same SDK scenario against the agent as PID 1 of a real microVM,
+	// reached through its tap (init mode + services).
+	t.Run("vm/sdk-"+vmSDKVersion, func(t *testing.T) {
+		sdkDir := filepath.Join(dir, "sdk-"+vmSDKVersion)
+		if _, err := os.Stat(filepath.Join(sdkDir, "node_modules", "e2b", "package.json")); err != nil {
+			t.Fatalf("E2B SDK %s is not installed in %s: run %s", vmSDKVersion, sdkDir, setupScript)
+		}
+		stop := bootGuest(t)
+		defer stop()
+		runScenario(t, node, sdkDir, vmSDKVersion, "/tmp/e2e", "user", "root")
+	})
+}
+
+// runScenario runs scenario.mjs with one SDK version against whatever
+// serves debugAddr.
+func runScenario(t *testing.T, node, sdkDir, ver, work, defaultUser, other string) {
+	t.Helper()
+	_, here, _, _ := runtime.Caller(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, filepath.Join(filepath.Dir(here), "scenario.mjs"))
+	cmd.Env = append(os.Environ(),
+		"E2B_DEBUG=true", "E2B_API_KEY=e2b_0000000000000000000000000000000000000000",
+		"AENV_E2B_SDK_DIR="+sdkDir, "AENV_WORKDIR="+work, "AENV_DEFAULT_USER="+defaultUser, "AENV_OTHER_USER="+other)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	t.Logf("scenario output (SDK %s):\n%s", ver, out.String())
+	if err != nil {
+		t.Fatalf("scenario with SDK %s failed: %v", ver, err)
+	}
+	if !strings.Contains(out.String(), "e2b SDK "+ver) || !strings.Contains(out.String(), "scenario passed") {
+		t.Fatalf("scenario did not run to the end with SDK %s", ver)
 	}
 }
 

@@ -1,0 +1,96 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/guest/agent/agentclient"
+	"github.com/agentenv/agentenv/internal/testutil/guestassets"
+	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/vmm/qemu"
+	"github.com/agentenv/agentenv/vmm/vmmtest"
+)
+
+// vmSDKVersion is the SDK run against the agent inside a real VM (one
+// version: the guest runs under software emulation in CI, so it is slow).
+const vmSDKVersion = "2.51.0"
+
+// bootGuest boots a QEMU microVM whose PID 1 is aenv-agent (init mode),
+// reachable through a tap in a test namespace, and returns a forwarder from
+// debugAddr on the host to the guest's agent.
+func bootGuest(t *testing.T) (stop func()) {
+	t.Helper()
+	a := guestassets.Get(t)
+	d, err := qemu.New(context.Background(), qemu.Options{ProbeKernel: a.Kernel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn := vmmtest.NewTestNet(t)
+	dir := t.TempDir()
+	vm, err := d.Boot(context.Background(), vmm.Config{
+		ID: "agent-e2e", Kernel: a.Kernel, Initrd: a.Initrd,
+		Cmdline: "root=/dev/vda ro quiet " + vmmtest.IPCmdline,
+		VCPUs:   1, MemoryMiB: 512, RunDir: filepath.Join(dir, "vm"),
+		Drives: []vmm.Drive{{ID: "rootfs", Path: a.Rootfs, ReadOnly: true}},
+		NICs:   []vmm.NIC{tn.NIC()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = vm.Stop(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := tn.WaitHealthy(ctx); err != nil {
+		console, _ := os.ReadFile(vm.Info().ConsoleLog)
+		t.Fatalf("%v\nconsole:\n%s", err, console)
+	}
+	// The scenario's work directory, writable by the guest's default user.
+	if _, errb, code, err := agentclient.Run(ctx, tn.AgentURL(), tn.HTTP, "/bin/sh", "-c", "mkdir -p -m 0777 /tmp/e2e"); err != nil || code != 0 {
+		t.Fatalf("prepare guest: %v %d %s", err, code, errb)
+	}
+	return forward(t, debugAddr, func(ctx context.Context) (net.Conn, error) {
+		return tn.DialContext(ctx, "tcp", tn.AgentURL()[len("http://"):])
+	})
+}
+
+// forward accepts on addr and splices each connection to one from dial.
+func forward(t *testing.T, addr string, dial func(context.Context) (net.Conn, error)) (stop func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listen %s (is port 49983 taken?): %v", addr, err)
+	}
+	var wg sync.WaitGroup
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				g, err := dial(ctx)
+				cancel()
+				if err != nil {
+					return
+				}
+				defer g.Close()
+				done := make(chan struct{}, 2)
+				go func() { io.Copy(g, c); g.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
+				go func() { io.Copy(c, g); c.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
+				<-done
+				<-done
+			}()
+		}
+	}()
+	return func() { ln.Close() }
+}
