@@ -338,3 +338,22 @@ func TestHostileClients(t *testing.T) {
 		t.Fatalf("server stopped serving after hostile clients: %v", err)
 	}
 }
+
+// TestHandshakeTimeout: a client that connects and says nothing is dropped
+// after the handshake timeout instead of holding its goroutine forever.
+func TestHandshakeTimeout(t *testing.T) {
+	t.Parallel()
+	srv := NewServer(Options{HandshakeTimeout: 200 * time.Millisecond})
+	srv.Add(Export{Name: "d", Backend: NewMem(4096)})
+	a, b := net.Pipe()
+	defer a.Close()
+	done := make(chan error, 1)
+	go func() { done <- srv.ServeConn(context.Background(), b) }()
+	io.ReadFull(a, make([]byte, 18)) // greeting
+	if err := <-done; err == nil {
+		t.Fatal("a silent client completed the handshake")
+	}
+	if _, err := a.Read(make([]byte, 1)); err == nil {
+		t.Fatal("connection still open after the handshake timeout")
+	}
+}
