@@ -165,8 +165,11 @@ func (m *machine) commit(t *rapid.T) {
 	if err != nil {
 		t.Fatalf("commit: %v", err)
 	}
-	if res.Trailer.UUID != m.upper.UUID() {
-		t.Fatalf("committed uuid %s, upper %s", res.Trailer.UUID, m.upper.UUID())
+	if res.Trailer.UUID.IsNil() || res.Trailer.UUID == m.upper.UUID() {
+		t.Fatalf("committed uuid %s (upper %s): want a fresh one", res.Trailer.UUID, m.upper.UUID())
+	}
+	if len(m.stack) > 0 && res.Trailer.ParentUUID != m.st.Lowers()[len(m.stack)-1].UUID() {
+		t.Fatalf("committed parent %s is not the top lower", res.Trailer.ParentUUID)
 	}
 	m.layers = append(m.layers, layerModel{path: path, sectors: m.upMod})
 	m.stack = append(m.stack, len(m.layers)-1)

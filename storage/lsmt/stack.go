@@ -180,10 +180,12 @@ func (s *Stack) topUUID() UUID {
 }
 
 // CommitUpper seals an upper into w. parent is recorded as the parent uuid.
+// Every commit gets a fresh uuid, so committing the same upper twice (after
+// more writes) never yields two different layers with one identity.
 func CommitUpper(ctx context.Context, u *Upper, parent UUID, w io.Writer, message string) (SealResult, error) {
 	segs := u.Segments()
 	src := func(uint8) io.ReaderAt { return u.data }
-	opt := SealOptions{VirtualSize: uint64(u.VirtualSize()), UUID: u.UUID(), Parent: parent, Message: message, Zero: ZeroMark}
+	opt := SealOptions{VirtualSize: uint64(u.VirtualSize()), UUID: NewUUID(), Parent: parent, Message: message, Zero: ZeroMark}
 	if parent.IsNil() {
 		opt.Parent = u.hdr.ParentUUID
 	}
