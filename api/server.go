@@ -1,0 +1,524 @@
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/agentenv/agentenv/orchestrator"
+)
+
+// maxBody bounds request bodies so hostile clients cannot exhaust memory.
+const maxBody = 1 << 20
+
+// clientID is E2B's deprecated field; any constant will do.
+const clientID = "aenvd"
+
+// Options configure the API handler.
+type Options struct {
+	Orchestrator *orchestrator.Orchestrator
+	APIKey       string
+	Domain       string
+	// DefaultTimeout applies to creates without a timeout; MaxTimeout caps any.
+	DefaultTimeout, MaxTimeout time.Duration
+	// Proxy, when set, receives every request that names a sandbox
+	// (E2b-Sandbox-Id header or {port}-{id}.{domain} host).
+	Proxy interface {
+		http.Handler
+		Match(r *http.Request) bool
+	}
+	// Extra routes outside the authenticated API (e.g. /metrics).
+	Extra  map[string]http.Handler
+	Logger *slog.Logger
+}
+
+// Server implements ServerInterface over the orchestrator.
+type Server struct {
+	o    *orchestrator.Orchestrator
+	opts Options
+	log  *slog.Logger
+}
+
+// NewHandler returns the complete HTTP handler: sandbox proxy, health,
+// extra routes and the authenticated control API.
+func NewHandler(opts Options) http.Handler {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Server{o: opts.Orchestrator, opts: opts, log: opts.Logger.With("component", "api")}
+	apiHandler := HandlerWithOptions(s, ChiServerOptions{
+		Middlewares: []MiddlewareFunc{s.auth},
+		ErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
+			writeError(w, http.StatusBadRequest, err.Error())
+		},
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil && v != http.ErrAbortHandler {
+				s.log.Error("handler panic", "path", r.URL.Path, "panic", v)
+				writeError(w, http.StatusInternalServerError, "internal error")
+			}
+		}()
+		if opts.Proxy != nil && opts.Proxy.Match(r) {
+			opts.Proxy.ServeHTTP(w, r)
+			return
+		}
+		if h, ok := opts.Extra[r.URL.Path]; ok {
+			h.ServeHTTP(w, r)
+			return
+		}
+		apiHandler.ServeHTTP(w, r)
+	})
+}
+
+// auth checks X-API-Key on every route but /health.
+func (s *Server) auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		key := r.Header.Get("X-API-Key")
+		if key == "" || subtle.ConstantTimeCompare([]byte(key), []byte(s.opts.APIKey)) != 1 {
+			writeError(w, http.StatusUnauthorized, "invalid or missing X-API-Key")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, Error{Code: int32(status), Message: msg})
+}
+
+// fail maps orchestrator errors to statuses.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, orchestrator.ErrNotFound):
+		status = http.StatusNotFound
+	case errors.Is(err, orchestrator.ErrConflict):
+		status = http.StatusConflict
+	case errors.Is(err, orchestrator.ErrInvalid):
+		status = http.StatusBadRequest
+	case errors.Is(err, context.Canceled):
+		status = 499
+	}
+	if status >= 500 {
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, status, err.Error())
+}
+
+// decode reads an optional (required=false) or mandatory JSON body into v.
+func decode(w http.ResponseWriter, r *http.Request, v any, required bool) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
+		return false
+	}
+	if len(strings.TrimSpace(string(body))) == 0 {
+		if required {
+			writeError(w, http.StatusBadRequest, "request body is required")
+			return false
+		}
+		return true
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+// GetHealth implements ServerInterface.
+func (s *Server) GetHealth(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }
+
+// CreateSandbox implements ServerInterface (SDK <= 2.50: secure is opt-in).
+func (s *Server) CreateSandbox(w http.ResponseWriter, r *http.Request) { s.create(w, r, false) }
+
+// CreateSandboxV2 implements ServerInterface (SDK 2.51: always secured).
+func (s *Server) CreateSandboxV2(w http.ResponseWriter, r *http.Request) { s.create(w, r, true) }
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
+	var req NewSandbox
+	if !decode(w, r, &req, true) {
+		return
+	}
+	if req.TemplateID == "" {
+		writeError(w, http.StatusBadRequest, "templateID is required")
+		return
+	}
+	timeout, ok := s.timeout(w, req.Timeout)
+	if !ok {
+		return
+	}
+	opts := orchestrator.CreateOptions{
+		TemplateID: req.TemplateID, Timeout: timeout, Secure: v2 || deref(req.Secure),
+		AutoPause: deref(req.AutoPause), Metadata: derefMap(req.Metadata), EnvVars: derefMap(req.EnvVars),
+	}
+	if req.AutoResume != nil {
+		opts.AutoResume = deref(req.AutoResume.Enabled)
+	}
+	rec, err := s.o.Create(r.Context(), opts)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.sandbox(rec))
+}
+
+// timeout converts a request's seconds into a duration within limits.
+func (s *Server) timeout(w http.ResponseWriter, secs *int32) (time.Duration, bool) {
+	if secs == nil || *secs == 0 {
+		return s.opts.DefaultTimeout, true
+	}
+	if *secs < 0 {
+		writeError(w, http.StatusBadRequest, "timeout must not be negative")
+		return 0, false
+	}
+	d := time.Duration(*secs) * time.Second
+	if d > s.opts.MaxTimeout {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout %s exceeds the maximum %s", d, s.opts.MaxTimeout))
+		return 0, false
+	}
+	return d, true
+}
+
+func (s *Server) sandbox(rec orchestrator.Record) Sandbox {
+	out := Sandbox{SandboxID: rec.ID, TemplateID: rec.TemplateID, ClientID: clientID, EnvdVersion: rec.EnvdVersion, Alias: ptr(rec.TemplateID)}
+	if rec.AccessToken != "" {
+		out.EnvdAccessToken = ptr(rec.AccessToken)
+	}
+	if s.opts.Domain != "" {
+		out.Domain = ptr(s.opts.Domain)
+	}
+	return out
+}
+
+func listedState(st orchestrator.State) SandboxState {
+	if st == orchestrator.Paused || st == orchestrator.Resuming {
+		return Paused
+	}
+	return Running
+}
+
+func listed(rec orchestrator.Record) ListedSandbox {
+	return ListedSandbox{
+		SandboxID: rec.ID, TemplateID: rec.TemplateID, Alias: ptr(rec.TemplateID), ClientID: clientID,
+		StartedAt: rec.StartedAt, EndAt: rec.EndAt, CpuCount: int32(rec.VCPUs), MemoryMB: int32(rec.MemoryMiB),
+		DiskSizeMB: int32(rec.DiskMiB), Metadata: ptr(nonNil(rec.Metadata)), State: listedState(rec.State),
+		EnvdVersion: rec.EnvdVersion,
+	}
+}
+
+// parseMetadata reads E2B's metadata filter: "k=v&k2=v2" (itself url-encoded in the query).
+func parseMetadata(q *string) (map[string]string, error) {
+	if q == nil || *q == "" {
+		return nil, nil
+	}
+	vals, err := url.ParseQuery(*q)
+	if err != nil {
+		return nil, fmt.Errorf("metadata filter: %w", err)
+	}
+	out := map[string]string{}
+	for k, v := range vals {
+		out[k] = v[len(v)-1]
+	}
+	return out, nil
+}
+
+func matches(rec orchestrator.Record, md map[string]string) bool {
+	for k, v := range md {
+		if got, ok := rec.Metadata[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// ListSandboxes implements ServerInterface: running sandboxes only.
+func (s *Server) ListSandboxes(w http.ResponseWriter, r *http.Request, params ListSandboxesParams) {
+	md, err := parseMetadata(params.Metadata)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	out := []ListedSandbox{}
+	for _, rec := range s.o.List() {
+		if rec.State != orchestrator.Starting && listedState(rec.State) == Running && matches(rec, md) {
+			out = append(out, listed(rec))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// ListSandboxesV2 implements ServerInterface: state filter and pagination.
+func (s *Server) ListSandboxesV2(w http.ResponseWriter, r *http.Request, params ListSandboxesV2Params) {
+	md, err := parseMetadata(params.Metadata)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	states := map[SandboxState]bool{Running: true, Paused: true}
+	if params.State != nil && *params.State != "" {
+		states = map[SandboxState]bool{}
+		for _, st := range strings.Split(*params.State, ",") {
+			st := SandboxState(strings.TrimSpace(st))
+			if !st.Valid() {
+				writeError(w, http.StatusBadRequest, fmt.Sprintf("state %q: want running or paused", st))
+				return
+			}
+			states[st] = true
+		}
+	}
+	limit := 100
+	if params.Limit != nil {
+		if *params.Limit < 1 || *params.Limit > 100 {
+			writeError(w, http.StatusBadRequest, "limit must be 1..100")
+			return
+		}
+		limit = int(*params.Limit)
+	}
+	after := ""
+	if params.NextToken != nil && *params.NextToken != "" {
+		b, err := base64.RawURLEncoding.DecodeString(*params.NextToken)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "invalid nextToken")
+			return
+		}
+		after = string(b)
+	}
+	out := []ListedSandbox{}
+	var next string
+	for _, rec := range s.o.List() { // newest first; the cursor is a position in that order
+		if rec.State == orchestrator.Starting || !states[listedState(rec.State)] || !matches(rec, md) {
+			continue
+		}
+		key := cursor(rec)
+		if after != "" && key <= after {
+			continue
+		}
+		if len(out) == limit {
+			next = base64.RawURLEncoding.EncodeToString([]byte(cursor(orchestrator.Record{StartedAt: out[len(out)-1].StartedAt, ID: out[len(out)-1].SandboxID})))
+			break
+		}
+		out = append(out, listed(rec))
+	}
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// cursor orders records as List does (newest first, then id) as
+// increasing strings.
+func cursor(rec orchestrator.Record) string {
+	return fmt.Sprintf("%020d:%s", int64(1<<62)-rec.StartedAt.UnixNano(), rec.ID)
+}
+
+// GetSandbox implements ServerInterface.
+func (s *Server) GetSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	rec, err := s.o.Get(sandboxID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	onTimeout := Kill
+	if rec.AutoPause {
+		onTimeout = Pause
+	}
+	l := listed(rec)
+	d := SandboxDetail{
+		SandboxID: l.SandboxID, TemplateID: l.TemplateID, Alias: l.Alias, ClientID: l.ClientID, StartedAt: l.StartedAt,
+		EndAt: l.EndAt, CpuCount: l.CpuCount, MemoryMB: l.MemoryMB, DiskSizeMB: l.DiskSizeMB, Metadata: l.Metadata,
+		State: l.State, EnvdVersion: l.EnvdVersion, AllowInternetAccess: ptr(true),
+		Lifecycle: &SandboxLifecycle{AutoResume: rec.AutoResume, OnTimeout: onTimeout},
+	}
+	if rec.AccessToken != "" {
+		d.EnvdAccessToken = ptr(rec.AccessToken)
+	}
+	if s.opts.Domain != "" {
+		d.Domain = ptr(s.opts.Domain)
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// KillSandbox implements ServerInterface.
+func (s *Server) KillSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	if err := s.o.Kill(r.Context(), sandboxID); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// PauseSandbox implements ServerInterface.
+func (s *Server) PauseSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	var body map[string]any
+	if !decode(w, r, &body, false) {
+		return
+	}
+	if err := s.o.Pause(r.Context(), sandboxID); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// ResumeSandbox implements ServerInterface (deprecated): 409 when running.
+func (s *Server) ResumeSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	var req ResumedSandbox
+	if !decode(w, r, &req, false) {
+		return
+	}
+	timeout, ok := s.timeout(w, req.Timeout)
+	if !ok {
+		return
+	}
+	if rec, err := s.o.Get(sandboxID); err == nil && rec.State == orchestrator.Running {
+		writeError(w, http.StatusConflict, "sandbox "+sandboxID+" is already running")
+		return
+	}
+	rec, _, err := s.o.Connect(r.Context(), sandboxID, timeout)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.sandbox(rec))
+}
+
+// ConnectSandbox implements ServerInterface.
+func (s *Server) ConnectSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	s.connect(w, r, sandboxID)
+}
+
+// ConnectSandboxV2 implements ServerInterface.
+func (s *Server) ConnectSandboxV2(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	s.connect(w, r, sandboxID)
+}
+
+func (s *Server) connect(w http.ResponseWriter, r *http.Request, id string) {
+	var req ConnectSandbox
+	if !decode(w, r, &req, false) {
+		return
+	}
+	timeout, ok := s.timeout(w, req.Timeout)
+	if !ok {
+		return
+	}
+	rec, resumed, err := s.o.Connect(r.Context(), id, timeout)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if resumed {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, s.sandbox(rec))
+}
+
+// SetSandboxTimeout implements ServerInterface.
+func (s *Server) SetSandboxTimeout(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	var req SandboxTimeout
+	if !decode(w, r, &req, true) {
+		return
+	}
+	if req.Timeout < 0 || time.Duration(req.Timeout)*time.Second > s.opts.MaxTimeout {
+		writeError(w, http.StatusBadRequest, "timeout out of range")
+		return
+	}
+	if err := s.o.SetTimeout(sandboxID, time.Duration(req.Timeout)*time.Second, false); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// RefreshSandbox implements ServerInterface (only extends).
+func (s *Server) RefreshSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	var req SandboxRefresh
+	if !decode(w, r, &req, false) {
+		return
+	}
+	d := s.opts.DefaultTimeout
+	if req.Duration != nil {
+		if *req.Duration < 0 || *req.Duration > 3600 {
+			writeError(w, http.StatusBadRequest, "duration must be 0..3600")
+			return
+		}
+		d = time.Duration(*req.Duration) * time.Second
+	}
+	if err := s.o.SetTimeout(sandboxID, d, true); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func template(t orchestrator.Template) Template {
+	return Template{
+		TemplateID: t.ID, BuildID: t.ID, CpuCount: int32(t.VCPUs), MemoryMB: int32(t.MemoryMiB), DiskSizeMB: int32(t.DiskMiB),
+		Public: true, Aliases: []string{t.ID}, Names: ptr([]string{t.ID}), CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
+		EnvdVersion: t.EnvdVersion, BuildStatus: TemplateBuildStatusReady, BuildCount: ptr(int32(1)),
+	}
+}
+
+// ListTemplates implements ServerInterface.
+func (s *Server) ListTemplates(w http.ResponseWriter, r *http.Request) {
+	out := []Template{}
+	for _, t := range s.o.Templates() {
+		out = append(out, template(t))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// GetTemplate implements ServerInterface.
+func (s *Server) GetTemplate(w http.ResponseWriter, r *http.Request, templateID string) {
+	t, err := s.o.Template(templateID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, template(*t))
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+func derefMap(p *map[string]string) map[string]string {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+func nonNil(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}

@@ -1,0 +1,206 @@
+// Command aenvd is the AgentENV node server: the E2B-compatible control API,
+// the sandbox proxy and the orchestrator of this node's sandboxes.
+//
+//	aenvd [--config /etc/aenv/aenvd.toml]
+//	aenvd --print-default-config
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/config"
+	"github.com/agentenv/agentenv/guest/image"
+	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/proxy"
+	"github.com/agentenv/agentenv/store"
+	"github.com/agentenv/agentenv/vmm/qemu"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+func main() {
+	cfgPath := flag.String("config", "", "TOML configuration file (defaults apply without one)")
+	printDefault := flag.Bool("print-default-config", false, "print the default configuration and exit")
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	slog.SetDefault(log)
+	if *printDefault {
+		text, err := config.Default().Encode()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Print(text)
+		return
+	}
+	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		log.Error("configuration", "err", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, log); err != nil {
+		log.Error("aenvd failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	key, err := apiKey(cfg)
+	if err != nil {
+		return err
+	}
+	st, err := store.Open(filepath.Join(cfg.DataDir, "state.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	assets, err := guestAssets(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	drv, err := qemu.New(ctx, qemu.Options{ProbeKernel: assets.Kernel, Accel: cfg.VMM.Accel, Log: log})
+	if err != nil {
+		return err
+	}
+	accel, why := drv.Accel()
+	log.Info("vmm selected", "driver", drv.Name(), "accel", accel, "reason", why)
+	netCfg, err := networkConfig(cfg, reg, log)
+	if err != nil {
+		return err
+	}
+	nets, err := network.New(ctx, netCfg)
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	defer nets.Shutdown(context.WithoutCancel(ctx))
+	orch, err := orchestrator.New(ctx, orchestrator.Options{
+		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, VCPUs: cfg.Guest.VCPUs,
+		MemoryMiB: cfg.Guest.MemoryMiB, DefaultUser: cfg.Guest.DefaultUser, Registerer: reg, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := orch.EnsureTemplate(ctx, assets); err != nil {
+		return err
+	}
+	px := proxy.New(orch, cfg.API.Domain, log)
+	handler := api.NewHandler(api.Options{
+		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log,
+		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
+		Extra: map[string]http.Handler{"/metrics": promhttp.HandlerFor(reg, promhttp.HandlerOpts{})},
+	})
+	servers := []*http.Server{{Addr: cfg.API.Listen, Handler: handler}}
+	if cfg.API.ProxyListen != "" {
+		servers = append(servers, &http.Server{Addr: cfg.API.ProxyListen, Handler: px})
+	}
+	errc := make(chan error, len(servers))
+	for _, srv := range servers {
+		ln, err := net.Listen("tcp", srv.Addr)
+		if err != nil {
+			return fmt.Errorf("listen %s: %w", srv.Addr, err)
+		}
+		log.Info("listening", "addr", ln.Addr().String())
+		go func() { errc <- srv.Serve(ln) }()
+	}
+	log.Info("aenvd ready", "api", cfg.API.Listen, "proxy", cfg.API.ProxyListen, "dataDir", cfg.DataDir)
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		log.Error("http server", "err", err)
+	}
+	log.Info("shutting down", "pauseRunning", cfg.Sandbox.PauseOnShutdown)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	for _, srv := range servers {
+		_ = srv.Shutdown(sctx)
+	}
+	return orch.Shutdown(sctx, cfg.Sandbox.PauseOnShutdown)
+}
+
+// apiKey returns the configured key, or the one in the key file, creating
+// it (e2b_<40 hex>, mode 0600) on first start.
+func apiKey(cfg config.Config) (string, error) {
+	if cfg.API.Key != "" {
+		return cfg.API.Key, nil
+	}
+	path := cfg.KeyFilePath()
+	b, err := os.ReadFile(path)
+	if err == nil {
+		if k := strings.TrimSpace(string(b)); k != "" {
+			return k, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("api key file: %w", err)
+	}
+	raw := make([]byte, 20)
+	if _, err := rand.Read(raw); err != nil {
+		return "", fmt.Errorf("api key: %w", err)
+	}
+	k := "e2b_" + hex.EncodeToString(raw)
+	if err := os.WriteFile(path, []byte(k+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("api key file: %w", err)
+	}
+	slog.Info("generated an API key", "file", path)
+	return k, nil
+}
+
+func guestAssets(ctx context.Context, cfg config.Config) (*image.Assets, error) {
+	agent := cfg.Guest.Agent
+	if agent == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("locate aenv-agent: %w", err)
+		}
+		agent = filepath.Join(filepath.Dir(exe), "aenv-agent")
+	}
+	a, err := image.Build(ctx, image.Options{Agent: agent, CacheDir: cfg.Guest.AssetsCache})
+	if err != nil {
+		return nil, fmt.Errorf("guest assets: %w", err)
+	}
+	return a, nil
+}
+
+func networkConfig(cfg config.Config, reg prometheus.Registerer, log *slog.Logger) (network.Config, error) {
+	nc := network.Config{Prefix: cfg.Network.Prefix, PoolLow: cfg.Network.PoolLow, PoolHigh: cfg.Network.PoolHigh,
+		Registerer: reg, Logger: log}
+	for _, p := range []struct {
+		s   string
+		dst *netip.Prefix
+	}{{cfg.Network.HostCIDR, &nc.HostCIDR}, {cfg.Network.VethCIDR, &nc.VethCIDR}} {
+		if p.s == "" {
+			continue
+		}
+		v, err := netip.ParsePrefix(p.s)
+		if err != nil {
+			return nc, fmt.Errorf("config network: %w", err)
+		}
+		*p.dst = v
+	}
+	return nc, nil
+}

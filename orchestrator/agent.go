@@ -1,0 +1,85 @@
+package orchestrator
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/agentenv/agentenv/network"
+)
+
+// AgentPort is the in-guest agent's port.
+const AgentPort = 49983
+
+func agentClient(slot *network.Slot, timeout time.Duration) *http.Client {
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return slot.DialGuest(ctx, "tcp", AgentPort)
+	}}
+	return &http.Client{Transport: tr, Timeout: timeout}
+}
+
+// waitAgent polls the agent's /health until it answers 2xx.
+func waitAgent(ctx context.Context, slot *network.Slot, limit time.Duration) error {
+	hc := agentClient(slot, 2*time.Second)
+	deadline := time.Now().Add(limit)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/health", nil)
+		resp, err := hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode < 300 {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("agent did not answer /health within %s (last error: %v)", limit, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+type initRequest struct {
+	EnvVars        map[string]string `json:"envVars,omitempty"`
+	AccessToken    *string           `json:"accessToken,omitempty"`
+	Timestamp      time.Time         `json:"timestamp"`
+	DefaultUser    string            `json:"defaultUser,omitempty"`
+	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
+}
+
+// initAgent posts /init (env vars, access token, clock), retrying briefly
+// while the restored guest's network settles.
+func initAgent(ctx context.Context, slot *network.Slot, req initRequest) error {
+	hc := agentClient(slot, 5*time.Second)
+	var last error
+	for attempt := 0; attempt < 100; attempt++ {
+		req.Timestamp = time.Now().UTC()
+		body, _ := json.Marshal(req)
+		hr, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent/init", bytes.NewReader(body))
+		hr.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(hr)
+		if err == nil {
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			resp.Body.Close()
+			if resp.StatusCode < 300 {
+				return nil
+			}
+			return fmt.Errorf("agent /init: %s: %s", resp.Status, msg)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("agent /init: %w", last)
+}

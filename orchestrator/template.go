@@ -1,0 +1,141 @@
+package orchestrator
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/agentenv/agentenv/guest/image"
+	"github.com/agentenv/agentenv/store"
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// DefaultTemplate is the template built from the guest assets at first start.
+const DefaultTemplate = "base"
+
+// Template is a committed snapshot sandboxes are created from.
+type Template struct {
+	ID          string    `json:"id"`
+	Dir         string    `json:"dir"`      // templates/<id>
+	Snapshot    string    `json:"snapshot"` // <dir>/snapshot
+	Rootfs      string    `json:"rootfs"`   // <dir>/rootfs.ext4, the disk as of the snapshot
+	VCPUs       int       `json:"vcpus"`
+	MemoryMiB   int       `json:"memoryMiB"`
+	DiskMiB     int       `json:"diskMiB"`
+	EnvdVersion string    `json:"envdVersion"`
+	CreatedAt   time.Time `json:"createdAt"`
+}
+
+// EnsureTemplate returns the default template, building it from the guest
+// assets when the store has none: cold boot (writable copy of the rootfs),
+// wait for the agent, pause, snapshot, stop, commit.
+func (o *Orchestrator) EnsureTemplate(ctx context.Context, assets *image.Assets) (*Template, error) {
+	var t Template
+	if err := o.store.Get(store.Templates, DefaultTemplate, &t); err == nil {
+		o.setTemplate(&t)
+		return &t, nil
+	}
+	start := time.Now()
+	t, err := o.buildTemplate(ctx, DefaultTemplate, assets)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.store.Put(store.Templates, t.ID, t); err != nil {
+		return nil, err
+	}
+	o.setTemplate(&t)
+	o.log.Info("template built", "template", t.ID, "took", time.Since(start).Round(time.Millisecond))
+	return &t, nil
+}
+
+func (o *Orchestrator) setTemplate(t *Template) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.templates[t.ID] = t
+}
+
+func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.Assets) (t Template, err error) {
+	dir := filepath.Join(o.cfg.DataDir, "templates", id)
+	if err := os.RemoveAll(dir); err != nil { // a half-built leftover
+		return t, fmt.Errorf("build template %s: %w", id, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return t, fmt.Errorf("build template %s: %w", id, err)
+	}
+	t = Template{ID: id, Dir: dir, Snapshot: filepath.Join(dir, "snapshot"), Rootfs: filepath.Join(dir, "rootfs.ext4"),
+		VCPUs: o.cfg.VCPUs, MemoryMiB: o.cfg.MemoryMiB, EnvdVersion: envdVersion, CreatedAt: time.Now().UTC()}
+	// Kernel and initrd are copied so the template outlives the asset cache
+	// (the snapshot's config names them).
+	kernel, initrd := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.cpio")
+	for src, dst := range map[string]string{a.Kernel: kernel, a.Initrd: initrd, a.Rootfs: t.Rootfs} {
+		if err := sparseCopy(ctx, src, dst); err != nil {
+			return t, fmt.Errorf("build template %s: %w", id, err)
+		}
+	}
+	if st, err := os.Stat(t.Rootfs); err == nil {
+		t.DiskMiB = int(st.Size() >> 20)
+	}
+	slot, err := o.nets.Acquire(ctx)
+	if err != nil {
+		return t, fmt.Errorf("build template %s: network slot: %w", id, err)
+	}
+	defer o.nets.Release(context.WithoutCancel(ctx), slot)
+	tap, err := slot.OpenTap()
+	if err != nil {
+		return t, fmt.Errorf("build template %s: tap: %w", id, err)
+	}
+	defer tap.Close()
+	g := slot.Guest()
+	vm, err := o.drv.Boot(ctx, vmm.Config{
+		ID: "template-" + id, Kernel: kernel, Initrd: initrd, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB,
+		RunDir:  filepath.Join(dir, "run"),
+		Cmdline: fmt.Sprintf("root=/dev/vda rw quiet %s aenv.dns=%s", g.KernelIPArg(), g.Nameserver),
+		Drives:  []vmm.Drive{{ID: rootfsDrive, Path: t.Rootfs}},
+		NICs:    []vmm.NIC{{ID: nicID, MAC: g.MAC.String(), Tap: tap}},
+	})
+	if err != nil {
+		return t, fmt.Errorf("build template %s: boot: %w", id, err)
+	}
+	defer vm.Stop(context.WithoutCancel(ctx))
+	if err := waitAgent(ctx, slot, 5*time.Minute); err != nil {
+		console, _ := os.ReadFile(vm.Info().ConsoleLog)
+		return t, fmt.Errorf("build template %s: %w\nguest console:\n%s", id, err, tail(console, 4000))
+	}
+	if err := vm.Pause(ctx); err != nil {
+		return t, fmt.Errorf("build template %s: pause: %w", id, err)
+	}
+	if _, err := vm.Snapshot(ctx, t.Snapshot); err != nil {
+		return t, fmt.Errorf("build template %s: snapshot: %w", id, err)
+	}
+	if err := vm.Stop(ctx); err != nil {
+		return t, fmt.Errorf("build template %s: stop: %w", id, err)
+	}
+	slog.Debug("template snapshot written", "dir", t.Snapshot)
+	return t, nil
+}
+
+// sparseCopy copies src to dst keeping holes (the interim per-sandbox rootfs
+// until the storage daemon's layered exports are wired).
+func sparseCopy(ctx context.Context, src, dst string) error {
+	out, err := exec.CommandContext(ctx, "cp", "--sparse=always", "--reflink=auto", src, dst).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("copy %s to %s: %w: %s", src, dst, err, out)
+	}
+	return nil
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}

@@ -1,0 +1,179 @@
+// Package proxy forwards sandbox traffic to the guest: requests name their
+// sandbox and port by the E2b-Sandbox-Id / E2b-Sandbox-Port headers (which
+// are stripped) or by the host {port}-{id}.{domain}. Paused and unknown
+// sandboxes answer 502 (unless auto-resume brings a paused one back);
+// streaming responses and WebSocket upgrades pass through.
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentenv/agentenv/orchestrator"
+)
+
+// Header names the SDK sets when E2B_SANDBOX_URL is used.
+const (
+	HeaderSandboxID   = "E2b-Sandbox-Id"
+	HeaderSandboxPort = "E2b-Sandbox-Port"
+)
+
+// Proxy is an http.Handler.
+type Proxy struct {
+	o      *orchestrator.Orchestrator
+	domain string
+	rp     *httputil.ReverseProxy
+	log    *slog.Logger
+	// ResumeTimeout is the end time given to a sandbox auto-resumed by traffic.
+	ResumeTimeout time.Duration
+}
+
+type targetKey struct{}
+
+type target struct {
+	id   string
+	port int
+}
+
+// New returns a proxy for the orchestrator's sandboxes; domain enables host
+// routing ("" disables it).
+func New(o *orchestrator.Orchestrator, domain string, log *slog.Logger) *Proxy {
+	if log == nil {
+		log = slog.Default()
+	}
+	p := &Proxy{o: o, domain: domain, log: log.With("component", "proxy"), ResumeTimeout: 5 * time.Minute}
+	tr := &http.Transport{
+		DialContext:         p.dial,
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	p.rp = &httputil.ReverseProxy{
+		Transport:     tr,
+		FlushInterval: -1,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t := pr.In.Context().Value(targetKey{}).(target)
+			pr.Out.URL.Scheme = "http"
+			// The host names sandbox, port and VM generation, so pooled
+			// connections never outlive the VM they were opened to.
+			_, gen, _ := o.Slot(t.id)
+			pr.Out.URL.Host = fmt.Sprintf("%s.%d.%d", t.id, gen, t.port)
+			pr.Out.Host = pr.In.Host
+			pr.Out.Header.Del(HeaderSandboxID)
+			pr.Out.Header.Del(HeaderSandboxPort)
+			pr.SetXForwarded()
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			p.log.Debug("proxy error", "path", r.URL.Path, "err", err)
+			writeError(w, http.StatusBadGateway, "sandbox unreachable: "+err.Error())
+		},
+	}
+	return p
+}
+
+// Match reports whether r names a sandbox.
+func (p *Proxy) Match(r *http.Request) bool {
+	_, ok := p.route(r)
+	return ok
+}
+
+func (p *Proxy) route(r *http.Request) (target, bool) {
+	if id := r.Header.Get(HeaderSandboxID); id != "" {
+		port, err := strconv.Atoi(r.Header.Get(HeaderSandboxPort))
+		if err != nil || port < 1 || port > 65535 {
+			port = 0
+		}
+		return target{id: id, port: port}, true
+	}
+	if p.domain == "" {
+		return target{}, false
+	}
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	label, ok := strings.CutSuffix(host, "."+p.domain)
+	if !ok {
+		return target{}, false
+	}
+	portStr, id, ok := strings.Cut(label, "-")
+	if !ok || id == "" || strings.Contains(id, ".") {
+		return target{}, false
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 1 || port > 65535 {
+		return target{}, false
+	}
+	return target{id: id, port: port}, true
+}
+
+// ServeHTTP implements http.Handler.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	t, ok := p.route(r)
+	if !ok {
+		writeError(w, http.StatusBadRequest, "request names no sandbox")
+		return
+	}
+	if t.port == 0 {
+		writeError(w, http.StatusBadRequest, "missing or invalid "+HeaderSandboxPort)
+		return
+	}
+	if _, _, err := p.o.Slot(t.id); err != nil {
+		if !p.autoResume(r.Context(), t.id) {
+			writeError(w, http.StatusBadGateway, "sandbox "+t.id+" is not running")
+			return
+		}
+	}
+	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+}
+
+// autoResume resumes a paused sandbox that asked for it; true when it runs.
+func (p *Proxy) autoResume(ctx context.Context, id string) bool {
+	rec, err := p.o.Get(id)
+	if err != nil || !rec.AutoResume || rec.State != orchestrator.Paused {
+		return false
+	}
+	if _, _, err := p.o.Connect(ctx, id, p.ResumeTimeout); err != nil {
+		p.log.Warn("auto-resume failed", "sandbox", id, "err", err)
+		return false
+	}
+	return true
+}
+
+// dial connects to "<id>.<gen>.<port>" inside the sandbox's network slot.
+func (p *Proxy) dial(ctx context.Context, _, addr string) (net.Conn, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	parts := strings.Split(host, ".")
+	if len(parts) != 3 {
+		return nil, fmt.Errorf("proxy: bad upstream %q", addr)
+	}
+	port, err := strconv.Atoi(parts[2])
+	if err != nil {
+		return nil, fmt.Errorf("proxy: bad upstream %q", addr)
+	}
+	slot, gen, err := p.o.Slot(parts[0])
+	if err != nil {
+		return nil, err
+	}
+	if strconv.Itoa(gen) != parts[1] {
+		return nil, errors.New("proxy: sandbox restarted since the request was routed")
+	}
+	return slot.DialGuest(ctx, "tcp", uint16(port))
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"code": status, "message": msg})
+}
