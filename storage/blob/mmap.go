@@ -44,7 +44,7 @@ func OpenMapped(path string) (*Mapped, error) {
 // preadThreshold is the read size from which pread beats copying from the
 // mapping: the kernel copies from the page cache through its own large-page
 // map, while a copy from the mapping walks 4 KiB user pages.
-const preadThreshold = 16 << 10
+const preadThreshold = 64 << 10
 
 // ReadAt copies from the mapping (small reads) or preads (large reads).
 func (b *Mapped) ReadAt(p []byte, off int64) (n int, err error) {
