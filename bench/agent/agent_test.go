@@ -20,6 +20,7 @@ const (
 	starts   = 300       // process starts per side
 	fileSize = 256 << 20 // bytes per transfer
 	copyBuf  = 1 << 20
+	rounds   = 3
 )
 
 // BenchmarkProcessStart: agent Start of /bin/true (start event to end event)
@@ -74,20 +75,27 @@ func BenchmarkFileTransfer(b *testing.B) {
 	hc := &http.Client{Transport: &http.Transport{DisableCompression: true}}
 	b.ResetTimer()
 	for range b.N {
-		local := timeIt(b, func() error { return copyFile(filepath.Join(dir, "local.bin"), src) })
-		up := timeIt(b, func() error { return upload(hc, srv.URL, filepath.Join(dir, "up.bin"), src) })
-		down := timeIt(b, func() error { return download(hc, srv.URL, filepath.Join(dir, "up.bin"), filepath.Join(dir, "down.bin")) })
+		// Best of a few interleaved rounds: the first writes of a round pay
+		// for dirty-page writeback of the previous one, whichever copy it is.
+		local, up, down := time.Duration(1<<62), time.Duration(1<<62), time.Duration(1<<62)
+		for range rounds {
+			local = min(local, timeIt(b, func() error { return copyFile(filepath.Join(dir, "local.bin"), src) }))
+			up = min(up, timeIt(b, func() error { return upload(hc, srv.URL, filepath.Join(dir, "up.bin"), src) }))
+			down = min(down, timeIt(b, func() error {
+				return download(hc, srv.URL, filepath.Join(dir, "up.bin"), filepath.Join(dir, "down.bin"))
+			}))
+			for _, f := range []string{"local.bin", "up.bin", "down.bin"} {
+				os.Remove(filepath.Join(dir, f))
+			}
+		}
 		mbps := func(d time.Duration) float64 { return float64(fileSize) / (1 << 20) / d.Seconds() }
 		b.ReportMetric(mbps(local), "local-MiB/s")
 		b.ReportMetric(mbps(up), "upload-MiB/s")
 		b.ReportMetric(mbps(down), "download-MiB/s")
 		b.ReportMetric(local.Seconds()/up.Seconds(), "upload-ratio")
 		b.ReportMetric(local.Seconds()/down.Seconds(), "download-ratio")
-		fmt.Printf("files (%d MiB): local copy %.0f MiB/s, upload %.0f MiB/s (%.2fx of local), download %.0f MiB/s (%.2fx of local)\n",
-			fileSize>>20, mbps(local), mbps(up), local.Seconds()/up.Seconds(), mbps(down), local.Seconds()/down.Seconds())
-		for _, f := range []string{"local.bin", "up.bin", "down.bin"} {
-			os.Remove(filepath.Join(dir, f))
-		}
+		fmt.Printf("files (%d MiB, best of %d): local copy %.0f MiB/s, upload %.0f MiB/s (%.2fx of local), download %.0f MiB/s (%.2fx of local)\n",
+			fileSize>>20, rounds, mbps(local), mbps(up), local.Seconds()/up.Seconds(), mbps(down), local.Seconds()/down.Seconds())
 	}
 }
 
@@ -152,6 +160,7 @@ func upload(hc *http.Client, base, dst, src string) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/octet-stream")
+	req.ContentLength = fileSize // as the SDK sends it; not chunked
 	resp, err := hc.Do(req)
 	if err != nil {
 		return err
