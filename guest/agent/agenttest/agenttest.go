@@ -30,12 +30,18 @@ type Server struct {
 // "root" come from the machine's /etc/passwd.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return StartWith(t, "", "")
+}
+
+// StartWith is Start with extra passwd and group lines.
+func StartWith(t testing.TB, extraPasswd, extraGroup string) *Server {
+	t.Helper()
 	dir := t.TempDir()
 	home := filepath.Join(dir, "home", "tester")
 	if err := os.MkdirAll(home, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	db := WriteUsers(t, dir, home)
+	db := WriteUsers(t, dir, home, extraPasswd, extraGroup)
 	a := agent.New(agent.Config{DefaultUser: "tester", SkipInitDuties: true, Users: db})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -52,8 +58,9 @@ func Start(t testing.TB) *Server {
 }
 
 // WriteUsers writes passwd and group files into dir: the machine's own
-// entries plus "tester" (this process's uid and gid, home at home).
-func WriteUsers(t testing.TB, dir, home string) *users.DB {
+// entries plus "tester" (this process's uid and gid, home at home) and the
+// extra lines given.
+func WriteUsers(t testing.TB, dir, home, extraPasswd, extraGroup string) *users.DB {
 	t.Helper()
 	passwd, _ := os.ReadFile("/etc/passwd")
 	group, _ := os.ReadFile("/etc/group")
@@ -62,6 +69,11 @@ func WriteUsers(t testing.TB, dir, home string) *users.DB {
 		passwd = append(passwd, '\n')
 	}
 	passwd = append(passwd, fmt.Sprintf("tester:x:%d:%d:Tester:%s:/bin/sh\n", os.Getuid(), os.Getgid(), home)...)
+	passwd = append(passwd, extraPasswd...)
+	if len(group) > 0 && group[len(group)-1] != '\n' {
+		group = append(group, '\n')
+	}
+	group = append(group, extraGroup...)
 	db := &users.DB{PasswdPath: filepath.Join(dir, "passwd"), GroupPath: filepath.Join(dir, "group")}
 	if err := os.WriteFile(db.PasswdPath, passwd, 0o644); err != nil {
 		t.Fatal(err)

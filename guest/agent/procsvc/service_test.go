@@ -236,6 +236,28 @@ func runReq(t *testing.T, c processconnect.ProcessClient, req *connect.Request[p
 	return r
 }
 
+func TestSupplementaryGroups(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("switching users needs root")
+	}
+	home, err := os.MkdirTemp("", "aenv-home-") // t.TempDir's parent is private to root
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(home) })
+	os.Chmod(home, 0o755)
+	srv := agenttest.StartWith(t, fmt.Sprintf("aenvgrp:x:64000:64000::%s:/bin/sh\n", home), "aenvprimary:x:64000:\naenvextra:x:64001:other,aenvgrp\n")
+	c := processconnect.NewProcessClient(agenttest.Client, srv.URL)
+	req := connect.NewRequest(&pb.StartRequest{Process: shell("id -u; id -g; id -G; echo $HOME; pwd")})
+	req.Header().Set("Authorization", basic("aenvgrp"))
+	r := runReq(t, c, req)
+	want := fmt.Sprintf("64000\n64000\n64000 64001\n%s\n%s\n", home, home)
+	if r.stdout != want {
+		t.Fatalf("got %q, want %q (stderr %q)", r.stdout, want, r.stderr)
+	}
+}
+
 func TestUserSwitching(t *testing.T) {
 	t.Parallel()
 	if os.Geteuid() != 0 {
