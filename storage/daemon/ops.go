@@ -333,7 +333,12 @@ func (d *Daemon) acquire(ctx context.Context, p rpc.AcquireParams) (rpc.Device, 
 	id, ok := d.shared[img]
 	d.mu.Unlock()
 	if !ok {
-		dv, err := d.newDevice(ctx, newSpec{kind: rpc.KindShared, image: img, holder: p.Holder})
+		if p.Kernel {
+			if err := nbd.KernelAvailable(); err != nil {
+				return rpc.Device{}, errf(rpc.CodeInvalid, "kernel attach: %v", err)
+			}
+		}
+		dv, err := d.newDevice(ctx, newSpec{kind: rpc.KindShared, image: img, holder: p.Holder, kernel: p.Kernel})
 		if err != nil {
 			return rpc.Device{}, err
 		}

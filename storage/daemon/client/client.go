@@ -146,8 +146,13 @@ func (c *Client) Restack(ctx context.Context, p rpc.RestackParams) (rpc.RestackR
 
 // AcquireShared references the shared read-only device of an image.
 func (c *Client) AcquireShared(ctx context.Context, imageConfig, holder string) (rpc.Device, error) {
+	return c.Acquire(ctx, rpc.AcquireParams{Image: imageConfig, Holder: holder})
+}
+
+// Acquire is AcquireShared with every option.
+func (c *Client) Acquire(ctx context.Context, p rpc.AcquireParams) (rpc.Device, error) {
 	var d rpc.Device
-	return d, c.Call(ctx, rpc.MethodAcquireShared, rpc.AcquireParams{Image: imageConfig, Holder: holder}, &d)
+	return d, c.Call(ctx, rpc.MethodAcquireShared, p, &d)
 }
 
 // ReleaseShared drops a holder's reference.

@@ -157,6 +157,10 @@ type RestackResult struct {
 type AcquireParams struct {
 	Image  string `json:"image"`
 	Holder string `json:"holder"`
+	// Kernel attaches the shared export to /dev/nbdN when the device is first
+	// created (a VMM maps memory from a block device path); later acquires
+	// get the same device whatever they ask.
+	Kernel bool `json:"kernel,omitempty"`
 }
 
 // ReleaseParams drops a holder's reference; the export goes away with the last one.
