@@ -6,7 +6,7 @@ GOFLAGS_STATIC := CGO_ENABLED=0
 .PHONY: build test bench guest vet clean
 
 build:
-	$(GOFLAGS_STATIC) $(GO) build -o $(BIN)/ ./cmd/...
+	$(GOFLAGS_STATIC) $(GO) build -trimpath -o $(BIN)/ ./cmd/...
 
 # The whole suite: unit, conformance (real QEMU VMs) and end-to-end tests.
 test: build

@@ -20,7 +20,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -142,6 +141,8 @@ func Build(ctx context.Context, opts Options) (*Assets, error) {
 	hash := hex.EncodeToString(h.Sum(nil))[:16]
 	dir := filepath.Join(opts.CacheDir, "assets", hash)
 	if a, err := readManifest(dir); err == nil {
+		now := time.Now()
+		_ = os.Chtimes(dir, now, now) // last use, for pruning
 		return a, nil
 	}
 	start := time.Now()
@@ -150,7 +151,7 @@ func Build(ctx context.Context, opts Options) (*Assets, error) {
 		return nil, err
 	}
 	opts.Log.Info("guest assets built", "dir", dir, "took", time.Since(start).Round(time.Millisecond))
-	pruneAssets(filepath.Join(opts.CacheDir, "assets"), 4)
+	pruneAssets(filepath.Join(opts.CacheDir, "assets"), 3*24*time.Hour)
 	return a, nil
 }
 
@@ -206,25 +207,21 @@ func readManifest(dir string) (*Assets, error) {
 	return &a, nil
 }
 
-// pruneAssets keeps the keep most recently built asset directories.
-func pruneAssets(dir string, keep int) {
+// pruneAssets removes asset sets unused for maxAge. Age, not count: a test
+// or VM elsewhere may still be booting from a set built minutes ago.
+func pruneAssets(dir string, maxAge time.Duration) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return
 	}
-	type aged struct {
-		name string
-		mod  time.Time
-	}
-	var all []aged
 	for _, e := range ents {
-		if info, err := e.Info(); err == nil && e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
-			all = append(all, aged{e.Name(), info.ModTime()})
+		info, err := e.Info()
+		if err != nil || !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
 		}
-	}
-	sort.Slice(all, func(i, j int) bool { return all[i].mod.After(all[j].mod) })
-	for i := keep; i < len(all); i++ {
-		_ = os.RemoveAll(filepath.Join(dir, all[i].name))
+		if time.Since(info.ModTime()) > maxAge {
+			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
 	}
 }
 
