@@ -486,7 +486,10 @@ func TestReconnectAfterClientDropped(t *testing.T) {
 	marker := filepath.Join(t.TempDir(), "go")
 	tag := "job-" + fmt.Sprint(time.Now().UnixNano())
 	script := fmt.Sprintf("echo before; while [ ! -e %s ]; do sleep 0.05; done; echo after; exit 3", marker)
-	pid, _, cancel := startBackground(t, c, &pb.StartRequest{Process: shell(script), Tag: &tag})
+	pid, first, cancel := startBackground(t, c, &pb.StartRequest{Process: shell(script), Tag: &tag})
+	// Wait for the early output, so that the re-attached streams below can only see later output.
+	for first.Receive() && string(first.Msg().GetEvent().GetData().GetStdout()) != "before\n" {
+	}
 	cancel() // the client goes away
 
 	list, err := c.List(ctxT(t), connect.NewRequest(&pb.ListRequest{}))
