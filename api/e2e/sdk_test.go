@@ -1,0 +1,63 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// sdkVersions are the E2B npm SDK releases run against aenvd (2.45 uses the
+// v1 create/connect paths, 2.51 the v2 ones), with the number of extra
+// sandboxes each creates concurrently.
+var sdkVersions = []struct {
+	version    string
+	concurrent int
+}{{"2.45.0", 0}, {"2.51.0", 5}}
+
+func TestE2BSDK(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node is not installed; the E2B SDK scenario needs Node.js 20+ (scripts/setup.sh installs it)")
+	}
+	n := sharedNode(t)
+	_, here, _, _ := runtime.Caller(0)
+	dir := filepath.Dir(here)
+	sdkRoot := filepath.Join(dir, "..", "..", "guest", "agent", "e2e")
+	for _, v := range sdkVersions {
+		t.Run("sdk-"+v.version, func(t *testing.T) {
+			sdkDir := filepath.Join(sdkRoot, "sdk-"+v.version)
+			if _, err := os.Stat(filepath.Join(sdkDir, "node_modules", "e2b", "package.json")); err != nil {
+				t.Fatalf("E2B SDK %s is not installed in %s: run .ci/setup.d/30-e2b-sdk.sh", v.version, sdkDir)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, node, filepath.Join(dir, "scenario.mjs"))
+			cmd.Env = append(os.Environ(), "E2B_API_URL="+n.api, "E2B_SANDBOX_URL="+n.proxy, "E2B_API_KEY="+n.key,
+				"AENV_E2B_SDK_DIR="+sdkDir, "AENV_CONCURRENT="+strconv.Itoa(v.concurrent))
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			err := cmd.Run()
+			t.Logf("scenario output (SDK %s):\n%s", v.version, out.String())
+			if err != nil {
+				t.Fatalf("scenario with SDK %s failed: %v\naenvd log tail:\n%s", v.version, err, tailString(n.logs(), 6000))
+			}
+			if !strings.Contains(out.String(), "e2b SDK "+v.version) || !strings.Contains(out.String(), "scenario passed") {
+				t.Fatalf("scenario did not run to the end with SDK %s", v.version)
+			}
+		})
+	}
+}
+
+func tailString(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
