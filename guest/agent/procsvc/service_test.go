@@ -591,7 +591,7 @@ func TestConnectTimeoutBoundsProcess(t *testing.T) {
 	t.Parallel()
 	srv, _ := clients(t)
 	c := processconnect.NewProcessClient(agenttest.Client, srv.URL, connect.WithProtoJSON())
-	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	s, err := c.Start(ctx, connect.NewRequest(&pb.StartRequest{Process: shell("sleep 60")}))
 	if err != nil {
