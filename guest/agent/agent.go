@@ -88,11 +88,36 @@ func (a *Agent) routes() {
 
 // ServeHTTP applies the access-token rule and routes.
 func (a *Agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if cors(w, r) {
+		return
+	}
 	if !tokenExempt(r.URL.Path) && !a.st.TokenOK(r.Header) {
 		unauthorized(w, r)
 		return
 	}
 	a.mux.ServeHTTP(w, r)
+}
+
+// cors lets E2B's SDK run in a browser: every origin may call the agent
+// (the access token, not the origin, is the credential). It answers
+// preflight requests itself and reports whether it did.
+func cors(w http.ResponseWriter, r *http.Request) bool {
+	if r.Header.Get("Origin") == "" {
+		return false
+	}
+	h := w.Header()
+	h.Set("Access-Control-Allow-Origin", "*")
+	h.Set("Access-Control-Expose-Headers", "Grpc-Status, Grpc-Message, Grpc-Status-Details-Bin, Connect-Content-Encoding, Connect-Accept-Encoding, Content-Encoding, Content-Length, Content-Disposition, X-Envd-Version")
+	if r.Method != http.MethodOptions || r.Header.Get("Access-Control-Request-Method") == "" {
+		return false
+	}
+	h.Set("Access-Control-Allow-Methods", "GET, HEAD, POST, PUT, OPTIONS")
+	if req := r.Header.Get("Access-Control-Request-Headers"); req != "" {
+		h.Set("Access-Control-Allow-Headers", req)
+	}
+	h.Set("Access-Control-Max-Age", "7200")
+	w.WriteHeader(http.StatusNoContent)
+	return true
 }
 
 // tokenExempt lists the paths that check credentials themselves (/files,

@@ -17,6 +17,7 @@ import (
 	"github.com/agentenv/agentenv/guest/agent/agenttest"
 	fspb "github.com/agentenv/agentenv/guest/agent/gen/filesystem"
 	"github.com/agentenv/agentenv/guest/agent/gen/filesystem/filesystemconnect"
+	"github.com/agentenv/agentenv/guest/agent/state"
 )
 
 func request(t *testing.T, method, url, body string, hdr ...string) (*http.Response, []byte) {
@@ -207,5 +208,27 @@ func TestRPCBadJSON(t *testing.T) {
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "invalid_argument") {
 			t.Fatalf("body %q: %d %s", body, resp.StatusCode, b)
 		}
+	}
+}
+
+func TestCORS(t *testing.T) {
+	t.Parallel()
+	srv := agenttest.Start(t)
+	tok := "t"
+	srv.Agent.State().Apply(state.Settings{AccessToken: &tok})
+	resp, _ := request(t, "OPTIONS", srv.URL+"/process.Process/Start", "",
+		"Origin", "https://app.example", "Access-Control-Request-Method", "POST", "Access-Control-Request-Headers", "content-type,x-access-token")
+	if resp.StatusCode != http.StatusNoContent || resp.Header.Get("Access-Control-Allow-Origin") != "*" ||
+		!strings.Contains(resp.Header.Get("Access-Control-Allow-Headers"), "x-access-token") {
+		t.Fatalf("preflight: %d %v", resp.StatusCode, resp.Header)
+	}
+	resp, _ = request(t, "GET", srv.URL+"/health", "", "Origin", "https://app.example")
+	if resp.Header.Get("Access-Control-Allow-Origin") != "*" {
+		t.Fatalf("simple request without CORS headers: %v", resp.Header)
+	}
+	// CORS does not bypass the token.
+	resp, _ = request(t, "GET", srv.URL+"/envs", "", "Origin", "https://app.example")
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("/envs from a browser without token: %d", resp.StatusCode)
 	}
 }
