@@ -147,7 +147,9 @@ func decode(w http.ResponseWriter, r *http.Request, v any, required bool) bool {
 }
 
 // GetHealth implements ServerInterface.
-func (s *Server) GetHealth(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }
+func (s *Server) GetHealth(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNoContent)
+}
 
 // CreateSandbox implements ServerInterface (SDK <= 2.50: secure is opt-in).
 func (s *Server) CreateSandbox(w http.ResponseWriter, r *http.Request) { s.create(w, r, false) }

@@ -18,7 +18,7 @@ import (
 // Config is the whole of aenvd's configuration.
 type Config struct {
 	// DataDir holds the state store, templates and per-sandbox files.
-	DataDir string `toml:"data_dir" env:"AENVD_DATA_DIR"`
+	DataDir string  `toml:"data_dir" env:"AENVD_DATA_DIR"`
 	API     API     `toml:"api"`
 	Network Network `toml:"network"`
 	VMM     VMM     `toml:"vmm"`
