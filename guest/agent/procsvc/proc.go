@@ -84,7 +84,6 @@ type spawnSpec struct {
 // the first subscriber can register before any data event exists.
 func spawn(spec spawnSpec) (*proc, error) {
 	cmd := exec.Command(spec.path, spec.args...)
-	cmd.Args[0] = spec.path
 	cmd.Env = spec.env
 	cmd.Dir = spec.dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: spec.cred}
@@ -323,8 +322,15 @@ func (p *proc) closeStdin() error {
 	return err
 }
 
-// signal sends sig to the process group when the process leads one, else to the process.
+// signal sends sig to the process group when the process leads one, else to
+// the process. Once the process was reaped its pid may belong to another
+// process, so an ended process is never signalled.
 func (p *proc) signal(sig syscall.Signal) error {
+	select {
+	case <-p.done:
+		return errEnded
+	default:
+	}
 	if err := syscall.Kill(-int(p.pid), sig); err == nil {
 		return nil
 	}
@@ -342,4 +348,5 @@ var (
 	errNoPTY      = errors.New("process has no pty")
 	errNoStdin    = errors.New("process stdin is not open")
 	errEmptyInput = errors.New("input is empty")
+	errEnded      = errors.New("process has ended")
 )

@@ -164,7 +164,9 @@ func (s *Service) SendSignal(ctx context.Context, req *connect.Request[pb.SendSi
 	default:
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("send signal to %d: unsupported signal %v", p.pid, req.Msg.GetSignal()))
 	}
-	if err := p.signal(sig); err != nil {
+	if err := p.signal(sig); errors.Is(err, errEnded) {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("send signal to %d: %w", p.pid, err))
+	} else if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("send signal %v to %d: %w", sig, p.pid, err))
 	}
 	return connect.NewResponse(&pb.SendSignalResponse{}), nil
