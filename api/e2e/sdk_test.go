@@ -13,13 +13,20 @@ import (
 	"time"
 )
 
-// sdkVersions are the E2B npm SDK releases run against aenvd (2.45 uses the
-// v1 create/connect paths, 2.51 the v2 ones), with the number of extra
-// sandboxes each creates concurrently.
+// sdkVersions are the E2B npm SDK releases run against aenvd (2.45 and 2.50
+// use the v1 create/connect paths, 2.51 the v2 ones), where each is installed
+// (relative to this directory) and how many extra sandboxes it creates
+// concurrently.
 var sdkVersions = []struct {
 	version    string
+	dir        string
+	setup      string
 	concurrent int
-}{{"2.45.0", 0}, {"2.51.0", 5}}
+}{
+	{"2.45.0", "../../guest/agent/e2e", ".ci/setup.d/30-e2b-sdk.sh", 0},
+	{"2.50.0", ".", ".ci/setup.d/40-aenvd-sdk.sh", 0},
+	{"2.51.0", "../../guest/agent/e2e", ".ci/setup.d/30-e2b-sdk.sh", 5},
+}
 
 func TestE2BSDK(t *testing.T) {
 	node, err := exec.LookPath("node")
@@ -29,12 +36,11 @@ func TestE2BSDK(t *testing.T) {
 	n := sharedNode(t)
 	_, here, _, _ := runtime.Caller(0)
 	dir := filepath.Dir(here)
-	sdkRoot := filepath.Join(dir, "..", "..", "guest", "agent", "e2e")
 	for _, v := range sdkVersions {
 		t.Run("sdk-"+v.version, func(t *testing.T) {
-			sdkDir := filepath.Join(sdkRoot, "sdk-"+v.version)
+			sdkDir := filepath.Join(dir, v.dir, "sdk-"+v.version)
 			if _, err := os.Stat(filepath.Join(sdkDir, "node_modules", "e2b", "package.json")); err != nil {
-				t.Fatalf("E2B SDK %s is not installed in %s: run .ci/setup.d/30-e2b-sdk.sh", v.version, sdkDir)
+				t.Fatalf("E2B SDK %s is not installed in %s: run %s", v.version, sdkDir, v.setup)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 			defer cancel()
