@@ -689,3 +689,25 @@ func TestTwoSubscribersSeeTheSameOutput(t *testing.T) {
 		t.Fatalf("subscribers disagree or output incomplete: %d vs %d bytes", len(r1.stdout), len(r2.stdout))
 	}
 }
+
+// TestEndNotHeldByGrandchild: a background grandchild that inherited stdout
+// must not hold back the end event of the command that started it.
+func TestEndNotHeldByGrandchild(t *testing.T) {
+	t.Parallel()
+	_, cs := clients(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s, err := cs["json"].Start(ctx, connect.NewRequest(&pb.StartRequest{Process: shell("sleep 60 & echo started")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := collect(s)
+	if err != nil {
+		t.Fatalf("no end before the grandchild exits: %v", err)
+	}
+	if r.stdout != "started\n" || r.end.GetExitCode() != 0 {
+		t.Fatalf("got %q end %v", r.stdout, r.end)
+	}
+	// The grandchild is in the command's process group; clean it up.
+	syscall.Kill(-int(r.pid), syscall.SIGKILL)
+}
