@@ -62,6 +62,7 @@ type Daemon struct {
 
 	sharedMu sync.Mutex // serialises acquire/release so one image gets one export
 
+	ready    context.Context // set once Run serves requests
 	lockFile *os.File
 	stopOnce sync.Once
 	stopCh   chan struct{}
@@ -116,6 +117,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.stopAll()
 		return err
 	}
+	d.mu.Lock()
+	d.ready = ctx
+	d.mu.Unlock()
 	d.log.Info("storaged ready", "socket", d.opts.Socket, "state", d.opts.StateDir, "devices", len(d.devices))
 	go func() {
 		select {
@@ -201,6 +205,13 @@ func (d *Daemon) recover() error {
 		d.log.Info("device re-exported", "device", r.ID, "kind", r.Kind, "socket", d.socketPath(r.ID))
 	}
 	return nil
+}
+
+// ctxReady returns the run context once Run has recovered its state (for tests).
+func (d *Daemon) ctxReady() context.Context {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ready
 }
 
 func (d *Daemon) stop() { d.stopOnce.Do(func() { close(d.stopCh) }) }

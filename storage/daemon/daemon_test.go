@@ -33,7 +33,7 @@ type fixture struct {
 	want   []byte // its content
 }
 
-func newFixture(t *testing.T, seed uint64) *fixture {
+func newFixture(t testing.TB, seed uint64) *fixture {
 	t.Helper()
 	dir := t.TempDir()
 	f := &fixture{dir: dir, want: make([]byte, diskSize)}
