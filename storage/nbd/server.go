@@ -11,6 +11,7 @@ import (
 	"net"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -157,14 +158,28 @@ func (s *Server) names() []string {
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
+	var backoff time.Duration
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			return fmt.Errorf("nbd accept on %s: %w", ln.Addr(), err)
+			if !isTemporary(err) {
+				return fmt.Errorf("nbd accept on %s: %w", ln.Addr(), err)
+			}
+			// Out of file descriptors and the like: an export must not
+			// die of it, so wait and try again.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.opts.Logger.Warn("nbd accept failed; retrying", "addr", ln.Addr(), "err", err, "in", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+				return nil
+			}
+			continue
 		}
+		backoff = 0
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
@@ -173,6 +188,12 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			}
 		}()
 	}
+}
+
+func isTemporary(err error) bool {
+	var ne net.Error
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) ||
+		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ECONNABORTED) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // Close closes every connection and waits for connection goroutines started by Serve.

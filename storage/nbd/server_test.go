@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -355,5 +356,43 @@ func TestHandshakeTimeout(t *testing.T) {
 	}
 	if _, err := a.Read(make([]byte, 1)); err == nil {
 		t.Fatal("connection still open after the handshake timeout")
+	}
+}
+
+// flakyListener fails its first Accept with EMFILE, as a process out of file
+// descriptors would.
+type flakyListener struct {
+	net.Listener
+	failed bool
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if !l.failed {
+		l.failed = true
+		return nil, &net.OpError{Op: "accept", Net: "unix", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+// TestServeSurvivesAcceptErrors: a transient accept failure does not end the export.
+func TestServeSurvivesAcceptErrors(t *testing.T) {
+	t.Parallel()
+	srv := NewServer(Options{Logger: discardLogger()})
+	srv.Add(Export{Name: "d", Backend: NewMem(4096)})
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, &flakyListener{Listener: ln}) }()
+	c := dial(t, "unix", sock, "d")
+	if c.Size() != 4096 {
+		t.Fatalf("size %d", c.Size())
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
 	}
 }
