@@ -599,3 +599,44 @@ func TestKernelAttach(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRestartAfterRestack: a restacked device comes back on its newest
+// generation with the writes from before and after the restack; the old
+// generation's files are gone.
+func TestRestartAfterRestack(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 14)
+	opts := testOptions(t)
+	h := start(t, opts)
+	ctx := ctxT(t)
+	dev, err := h.c.Create(ctx, rpc.CreateParams{Image: f.config})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := dialDev(t, dev)
+	nc.WriteAt([]byte("before"), 0)
+	res, err := h.c.Restack(ctx, rpc.RestackParams{ID: dev.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.WriteAt([]byte("after!"), 4096)
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	h.stop()
+	for _, old := range []string{"image.0.json", "upper.0.data", "upper.0.index"} {
+		if _, err := os.Stat(filepath.Join(opts.StateDir, "devices", "0", old)); !os.IsNotExist(err) {
+			t.Errorf("old generation file %s still there: %v", old, err)
+		}
+	}
+	h2 := start(t, opts)
+	devs, err := h2.c.List(ctx)
+	if err != nil || len(devs) != 1 || devs[0].State != rpc.StateActive || !slices.Contains(devs[0].Layers, res.Layer) {
+		t.Fatalf("after restart: %+v %v", devs, err)
+	}
+	nc2 := dialDev(t, devs[0])
+	got := make([]byte, 4102)
+	if _, err := nc2.ReadAt(got, 0); err != nil || string(got[:6]) != "before" || string(got[4096:]) != "after!" {
+		t.Fatalf("after restart: %q %q %v", got[:6], got[4096:], err)
+	}
+}
