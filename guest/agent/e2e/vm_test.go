@@ -4,8 +4,11 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -54,6 +57,7 @@ func bootGuest(t *testing.T) (stop func()) {
 	if _, errb, code, err := agentclient.Run(ctx, tn.AgentURL(), tn.HTTP, "/bin/sh", "-c", "mkdir -p -m 0777 /tmp/e2e"); err != nil || code != 0 {
 		t.Fatalf("prepare guest: %v %d %s", err, code, errb)
 	}
+	checkClockSync(ctx, t, tn)
 	return forward(t, debugAddr, func(ctx context.Context) (net.Conn, error) {
 		return tn.DialContext(ctx, "tcp", tn.AgentURL()[len("http://"):])
 	})
@@ -93,4 +97,30 @@ func forward(t *testing.T, addr string, dial func(context.Context) (net.Conn, er
 		}
 	}()
 	return func() { ln.Close() }
+}
+
+// checkClockSync: in init mode, POST /init sets the guest clock from the
+// host's timestamp (a restored snapshot wakes up with a stale clock).
+func checkClockSync(ctx context.Context, t *testing.T, tn *vmmtest.TestNet) {
+	t.Helper()
+	initAt := func(ts time.Time) {
+		body := strings.NewReader(`{"timestamp":"` + ts.UTC().Format(time.RFC3339Nano) + `"}`)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, tn.AgentURL()+"/init", body)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := tn.HTTP.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("/init: %s", resp.Status)
+		}
+	}
+	future := time.Now().AddDate(3, 0, 0)
+	initAt(future)
+	out, _, _, err := agentclient.Run(ctx, tn.AgentURL(), tn.HTTP, "date", "-u", "+%Y")
+	if err != nil || strings.TrimSpace(string(out)) != strconv.Itoa(future.UTC().Year()) {
+		t.Fatalf("guest clock after /init with a timestamp in %d: %q %v", future.Year(), out, err)
+	}
+	initAt(time.Now())
 }
