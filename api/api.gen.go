@@ -20,6 +20,24 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
+// Defines values for NodeStatus.
+const (
+	NodeStatusDraining NodeStatus = "draining"
+	NodeStatusReady    NodeStatus = "ready"
+)
+
+// Valid indicates whether the value is a known member of the NodeStatus enum.
+func (e NodeStatus) Valid() bool {
+	switch e {
+	case NodeStatusDraining:
+		return true
+	case NodeStatusReady:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for SandboxLifecycleOnTimeout.
 const (
 	Kill  SandboxLifecycleOnTimeout = "kill"
@@ -123,6 +141,42 @@ type NewSandbox struct {
 	Timeout *int32 `json:"timeout,omitempty"`
 }
 
+// Node defines model for Node.
+type Node struct {
+	AllocatedCPU      int32         `json:"allocatedCPU"`
+	AllocatedMemoryMB int64         `json:"allocatedMemoryMB"`
+	CpuCount          int32         `json:"cpuCount"`
+	CreateFailures    int64         `json:"createFailures"`
+	CreateSuccesses   int64         `json:"createSuccesses"`
+	DiskTotalMB       int64         `json:"diskTotalMB"`
+	DiskUsedMB        int64         `json:"diskUsedMB"`
+	LoadAverage1m     *float64      `json:"loadAverage1m,omitempty"`
+	MemoryTotalMB     int64         `json:"memoryTotalMB"`
+	MemoryUsedMB      int64         `json:"memoryUsedMB"`
+	NodeID            string        `json:"nodeID"`
+	Sandboxes         NodeSandboxes `json:"sandboxes"`
+	Status            NodeStatus    `json:"status"`
+	Version           string        `json:"version"`
+	Vmm               NodeVMM       `json:"vmm"`
+}
+
+// NodeStatus defines model for Node.Status.
+type NodeStatus string
+
+// NodeSandboxes defines model for NodeSandboxes.
+type NodeSandboxes struct {
+	Paused  int32 `json:"paused"`
+	Running int32 `json:"running"`
+	Total   int32 `json:"total"`
+}
+
+// NodeVMM defines model for NodeVMM.
+type NodeVMM struct {
+	Accel  string  `json:"accel"`
+	Driver string  `json:"driver"`
+	Reason *string `json:"reason,omitempty"`
+}
+
 // ResumedSandbox defines model for ResumedSandbox.
 type ResumedSandbox struct {
 	AutoPause *bool  `json:"autoPause,omitempty"`
@@ -176,11 +230,30 @@ type SandboxLifecycle struct {
 // SandboxLifecycleOnTimeout defines model for SandboxLifecycle.OnTimeout.
 type SandboxLifecycleOnTimeout string
 
+// SandboxMetric defines model for SandboxMetric.
+type SandboxMetric struct {
+	CpuCount      int32     `json:"cpuCount"`
+	CpuUsedPct    float32   `json:"cpuUsedPct"`
+	DiskTotal     int64     `json:"diskTotal"`
+	DiskUsed      int64     `json:"diskUsed"`
+	MemTotal      int64     `json:"memTotal"`
+	MemUsed       int64     `json:"memUsed"`
+	Timestamp     time.Time `json:"timestamp"`
+	TimestampUnix int64     `json:"timestampUnix"`
+}
+
 // SandboxNetworkConfig defines model for SandboxNetworkConfig.
 type SandboxNetworkConfig struct {
 	AllowOut           *[]string `json:"allowOut,omitempty"`
 	AllowPublicTraffic *bool     `json:"allowPublicTraffic,omitempty"`
 	DenyOut            *[]string `json:"denyOut,omitempty"`
+}
+
+// SandboxNetworkUpdate defines model for SandboxNetworkUpdate.
+type SandboxNetworkUpdate struct {
+	AllowOut            *[]string `json:"allowOut,omitempty"`
+	AllowInternetAccess *bool     `json:"allow_internet_access,omitempty"`
+	DenyOut             *[]string `json:"denyOut,omitempty"`
 }
 
 // SandboxRefresh defines model for SandboxRefresh.
@@ -226,6 +299,15 @@ type ListSandboxesParams struct {
 	Metadata *string `form:"metadata,omitempty" json:"metadata,omitempty"`
 }
 
+// GetSandboxMetricsParams defines parameters for GetSandboxMetrics.
+type GetSandboxMetricsParams struct {
+	// Start unix seconds
+	Start *int64 `form:"start,omitempty" json:"start,omitempty"`
+
+	// End unix seconds
+	End *int64 `form:"end,omitempty" json:"end,omitempty"`
+}
+
 // ListSandboxesV2Params defines parameters for ListSandboxesV2.
 type ListSandboxesV2Params struct {
 	Metadata *string `form:"metadata,omitempty" json:"metadata,omitempty"`
@@ -241,6 +323,9 @@ type CreateSandboxJSONRequestBody = NewSandbox
 
 // ConnectSandboxJSONRequestBody defines body for ConnectSandbox for application/json ContentType.
 type ConnectSandboxJSONRequestBody = ConnectSandbox
+
+// UpdateSandboxNetworkJSONRequestBody defines body for UpdateSandboxNetwork for application/json ContentType.
+type UpdateSandboxNetworkJSONRequestBody = SandboxNetworkUpdate
 
 // RefreshSandboxJSONRequestBody defines body for RefreshSandbox for application/json ContentType.
 type RefreshSandboxJSONRequestBody = SandboxRefresh
@@ -265,6 +350,12 @@ type ServerInterface interface {
 	// (GET /health)
 	GetHealth(w http.ResponseWriter, r *http.Request)
 
+	// (GET /nodes)
+	ListNodes(w http.ResponseWriter, r *http.Request)
+
+	// (GET /nodes/{nodeID})
+	GetNode(w http.ResponseWriter, r *http.Request, nodeID string)
+
 	// (GET /sandboxes)
 	ListSandboxes(w http.ResponseWriter, r *http.Request, params ListSandboxesParams)
 
@@ -279,6 +370,12 @@ type ServerInterface interface {
 
 	// (POST /sandboxes/{sandboxID}/connect)
 	ConnectSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+
+	// (GET /sandboxes/{sandboxID}/metrics)
+	GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxMetricsParams)
+
+	// (PUT /sandboxes/{sandboxID}/network)
+	UpdateSandboxNetwork(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
 
 	// (POST /sandboxes/{sandboxID}/pause)
 	PauseSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
@@ -319,6 +416,16 @@ func (_ Unimplemented) GetHealth(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// (GET /nodes)
+func (_ Unimplemented) ListNodes(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /nodes/{nodeID})
+func (_ Unimplemented) GetNode(w http.ResponseWriter, r *http.Request, nodeID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // (GET /sandboxes)
 func (_ Unimplemented) ListSandboxes(w http.ResponseWriter, r *http.Request, params ListSandboxesParams) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -341,6 +448,16 @@ func (_ Unimplemented) GetSandbox(w http.ResponseWriter, r *http.Request, sandbo
 
 // (POST /sandboxes/{sandboxID}/connect)
 func (_ Unimplemented) ConnectSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /sandboxes/{sandboxID}/metrics)
+func (_ Unimplemented) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxMetricsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (PUT /sandboxes/{sandboxID}/network)
+func (_ Unimplemented) UpdateSandboxNetwork(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -405,6 +522,46 @@ func (siw *ServerInterfaceWrapper) GetHealth(w http.ResponseWriter, r *http.Requ
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetHealth(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListNodes operation middleware
+func (siw *ServerInterfaceWrapper) ListNodes(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListNodes(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetNode operation middleware
+func (siw *ServerInterfaceWrapper) GetNode(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "nodeID" -------------
+	var nodeID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "nodeID", chi.URLParam(r, "nodeID"), &nodeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "nodeID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetNode(w, r, nodeID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -530,6 +687,87 @@ func (siw *ServerInterfaceWrapper) ConnectSandbox(w http.ResponseWriter, r *http
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ConnectSandbox(w, r, sandboxID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetSandboxMetrics operation middleware
+func (siw *ServerInterfaceWrapper) GetSandboxMetrics(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", chi.URLParam(r, "sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetSandboxMetricsParams
+
+	// ------------- Optional query parameter "start" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "start", r.URL.Query(), &params.Start, runtime.BindQueryParameterOptions{Type: "integer", Format: "int64"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "start"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "start", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "end" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "end", r.URL.Query(), &params.End, runtime.BindQueryParameterOptions{Type: "integer", Format: "int64"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "end"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "end", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSandboxMetrics(w, r, sandboxID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UpdateSandboxNetwork operation middleware
+func (siw *ServerInterfaceWrapper) UpdateSandboxNetwork(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", chi.URLParam(r, "sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateSandboxNetwork(w, r, sandboxID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -948,6 +1186,18 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/sandboxes/{sandboxID}/refreshes", wrapper.RefreshSandbox)
 	})
 	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/sandboxes/{sandboxID}/network", wrapper.UpdateSandboxNetwork)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/sandboxes/{sandboxID}/metrics", wrapper.GetSandboxMetrics)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/nodes", wrapper.ListNodes)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/nodes/{nodeID}", wrapper.GetNode)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/templates", wrapper.ListTemplates)
 	})
 	r.Group(func(r chi.Router) {
@@ -962,36 +1212,45 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fpbb9u4Ev4rBM8BzllAviQp+uBiH5w02AbpZoPaCAokQUOL45iNRKokFccb+L8vROpq0fKlcrsPfYpj",
-	"kZzbN99wRn7FvggjwYFrhQevOCKShKBBmv8U4XQiXi7eJ/8wjgc4InqGPcxJCHhQeu5hCd9iJoHigZYx",
-	"eFj5MwhJslEvIrNYS8Yf8XK5TBarSHAFRsq5lEImH3zBNXCdfCRRFDCfaCZ476sS3GiTn/hfCVM8wP/p",
-	"Fcr37FPVs6cZKRSUL1mUHIIHmHAE6bNMOyP+THAOvh5ZW4wTpIhAambV0ywEERutpkKGROMBZlyfHGMP",
-	"h4yzMA7xoO9lZjKu4RGslPQrMfkKvsZLrzC1KsIXFJK/VYXhW0wChfQM0Ifx+BopTXSssFdXY1W0h0NQ",
-	"ijyCy/3lUN1a0cX6e4fSH5nSQNf6hwTMOnJFkIf9gAHXFj31h1F8JmLu9mvdIMrU04j9DX+ebrkBOB1W",
-	"D6dEQyeJZrG+UAf4M70BqZjFWu15CKGQi62lh6AJJdqglVDKkpCS4LoKrFUZNc9X8q+2XGkiNexkZQIh",
-	"2JRBaaRHZm2iFoRRQDQ41ViBU2mtV6GHHAtlvbMoldBQ8nQl6Jnu1Ui54HoF8wasBmL+JYmT5KC/EN8H",
-	"VY7FRIgACE+OIbEW1yRWsP7xJ1BxuK07h/mGM8GnLAPdDbFUuz9I2oEaBz0X8mlLY67s6sISBX4s17iq",
-	"ET9emV+r/KfAF5w6CW8D765BpAstNiQN7NYMgzaLQ9sMS0VImGEzHgcBmQSQ1WYn+w1NMozFE7gZcBND",
-	"NpPVJhBIMp0yf0WHDXrvwT2byGNdstZiAjxRjLpQ0RDb96AJC3aJsGGsi5Swhg189VOL7U5Q27kufy8y",
-	"AzYFf+EH21L1x3z9zyr838vGv+4Nu98basF31oKi5tdTUPBxUQ6AJ9R/i59YEGAPR6aG3G/isJKI8nkN",
-	"+laD777x/GVVYhrCRgASKckiZ53reBIwf2yZ2W0xBb7Y8fAGdvwEUwlqVjeCxpLoNLvrZZa82DJ78rbf",
-	"37vqjjKEZ3GTMeeJAWnoqCN2+eZS2FvrHSvZ0QCDcZo5a4qK/bh95CcxC+gutcJsWMM05tnItq0l15qv",
-	"rW/nhGn7SQKhiyRNTYvscvaORcyXQHakuT2azFa7Rk7CXeMVmSR1Z6eKyJw7Xfb2jVP+hktaHNHdPNpE",
-	"8hlutuLw1Eovx3Q5vGXFqiGpIrCePVnjwvRilBQx6/xhxC5hMYz1LB97zYBQkMXg63NneH3RuYRFYTMx",
-	"u+zgifGpqPcz4xkgX3AtRYCG1xdITNEDSdR98FBSTolmkwDQnOkZOj8+/Z9C1myzWAmkZ0SnD0bvLxVK",
-	"aB/FPBSUTRnQ7h0/fwa5sFMuRLiag1To4fXODHnu8ADdxf3+iV8aJpkvwEN32QDIrMLdbvcOLx+6KHEC",
-	"cJ1O4gbI+gE95PY/dO8SN2umk4KJh4/A9fnVDeKCgtH7/+fHp53Cut+wh5+zhMH97lG3bypnBJxEDA/w",
-	"SbffPTGkq2cmGr0ZkMCG4hEM8hKOM/pcUDzAf4D+YFesjBWP+2/qMdAzQArkM0jEFIqjCgbw4PY++b+X",
-	"XkDsOU6pH5nKJoYGjeW56e2q0FgGHeBJECh6+v0ZRYRJhb4KxoGiycKE5fgt9izWvsUgFwXU8gtl00j1",
-	"vmZ7f6eBas43Tfe76hywXthrE9e0hKLCnWbJlMSBXicsN6M8yI2EcsTgzDBApo+lGlD6VNBFa9Pk0jBp",
-	"WaWzpL1Z1tx+1JrkilgHiO1jNCcKpVS4n3creO+95nfvpU2eAOzVour6SxYEZcdvSrvkEryvgt7avF+r",
-	"Qb/tKKR9e3Ms9kZ3lTtc+4olvaI5Wt6vjV3Pty81Vl/p7Hb82sSrvjE5TOatCFnW3xsdIM6uCDNtkiwl",
-	"s3covYwjeNHAqUX1D0r8TBU7s2w533tRNuZsHzFmgroLYaQ9V8sWSttggjqMlWn/eti8WOmVnXnhcGgZ",
-	"re26NJuHtOFPCpEE3xSzdH646uFE2mEdvPJGwOngH5LtB0rz0kyi/RQY5VU5m4kcNAsyIVvdzd64XjHp",
-	"/d2btbPNXcI4X/Uj7uj5NGiL63muPxIc6RlTpmtrwR+916LTXzY1brm2B6zshUfclzdd8lgLtzfHr2Qq",
-	"Y4/tfyZjbnfPx7s2ozfH2K3UPn2lt5owvghD0lGQCNBAB9m1yEsLtruHzUbwjYJcGzm8aPveZ4/NAQuZ",
-	"rmzM43vU73sNk+SjyiD5yDGf/Xc23DlU3mWTms+dK3jRHeNDNJ8BR6GQgCSY93VeOtgympSXVpWt/YDr",
-	"cG28Qe+vRn5fCi7Txc/qBw8Wwl8d4YE6wuoItDoAv71f3i//CQAA//8=",
+	"7FvtT+M4Gv9XrNxJtyuFtjCr+dDRfegw3C2agUNbBq0EaDHJU+ohsTO2Q+mh/u8n23mPkyYlZe7DfKJt",
+	"bD/vL/494cXxWBgxClQKZ/riRJjjECRw/U1g6t+z59NP6guhztSJsFw6rkNxCM608Nx1OHyPCQffmUoe",
+	"g+sIbwkhVhvlOtKLJSf0wdlsNmqxiBgVoKmccM64+uAxKoFK9RFHUUA8LAmj42+CUc1NduLfOSycqfO3",
+	"cc782DwVY3OapuKD8DiJ1CHO1MEUQfIs5U6TP2aUgifnRhatBM4i4JIY9iQJgcWaqwXjIZbO1CFUvjty",
+	"XCcklIRx6EwnbiomoRIewFBJfmL338CTzsbNRS2T8JgP6m+ZYfge40AguQT0++XlBRISy1g4bp2NKmnX",
+	"CUEI/AA29RdNdW1I5+tvLUx/IUKC36gfHBCjyAoh1/ECAlQa76k/jOJjFlO7XusC+UQ8zsl/4exjxw1A",
+	"/Vn5cB9LOFDWzNfn7AB98q+AC2J8rfY8hJDxdWfqIUjsY6m9Ffs+USbFwUXZsao0apovxV9tuZCYS+gl",
+	"pXIh2BZBiaXneq1iC8IowBKsbFTcqbDWLaWHzBeKfKdWKnhDQdMlo6e8ly1lc9dzWLX4asBWfyk7cQry",
+	"L+x5IIq2uGcsAEzVMTiW7ALHApof/wEiDruqc5ZtOGZ0QVKnu8Im1e7uJMO4GgW5YvyxozDnZnUuiQAv",
+	"5g2qavUft5hfy/lPgMeob014W/Jug0davSVJvXU/8bAE//jia8eIz7acNWSK979Z9/XMgx4HLOFfmAQx",
+	"N7x2oaE3zWPt7p13qei7ZBIHnWVRO74K8DtvCBj2Z0/A8QMchuU0xuL7oJDDaBzep6lV6bcfY2ZPL9Yo",
+	"85s8NslrRpFt0aKca54tTvJvrLcBVe577XDA/lqlOo4JVeffWtL2U0thegrDLmxcnZ3VQiMRMWMrJ2SO",
+	"taTlVO0VlZadpeQIRXW55cCyBU3dWWs+3xTG86JZyvEcqUTudwwxHlNtiW6rpRK609qK9lMybspdelaT",
+	"fMqE9UzleRBYHcPn5Am49REHLKzuVGExOcJNqNgYMyWtpTtsL6NDNtdDd6g+CzHRWqJxEGCVjpK7jbV7",
+	"nGmHvWSPYA/UbR1me7O3rYhyvFgQr8LDFr536N22NV9NzU7NJkAVY77NK1ps+wkkJkEfC+uO7zRp+GYt",
+	"/d4Pvaz0crXe95rXemZAFuCtvaBrq/slW/+jLk6v7WZ/3rv637tqxrfWgvzOVA9BRi/zcpA2SI8kCNIa",
+	"aWmOKnookCie18LvGUhOPAsm07Mvj2LV8Fx45Q2LgGFp62Kzfqlna9294e1zeghhj8OVlwuJw6h7AGRb",
+	"vlLy3IlM1cEzmtXDSk5cMEMuVUEdBUUWbdDiH+XkYEcU/mNclkgIWxMU5hyvs6p0Ed8HxLs0ldseET7Q",
+	"dc/DN1tF+Rr5STYaTJRukMqw0vwBCw5iWZfDjzmWSS2rN5X42TSV795PJjv3mPM0n2fXuGozb7vGJZsL",
+	"SW4wpLkaKk1J7zKpEw0tlPnY3fj3MQn8PmlSb2ioq/rZvHZD1j8b3a4wkeZTem02iL5N2TvhKr2K+g6Q",
+	"9KAYM8VhX3tFOuXYo1NEeEWtKmsqA+1XklinmR4abWtpUr/p1LEkUrqZTxfNW2SsbJKyB9ajJ4U5iVzP",
+	"VctmlD+LyGdYz2K5zIZkS8C+vjYnY7I/D2YXpwefYZ3LjPUuM6YidMHq6OflEpDHqOQsQLOLU8QW6A4r",
+	"du9cpJpHLMl9AGhF5BKdHH38h0BGbL1YMCSXWCYP5p8+C6QyP4ppyHyyIOCPbujJE/C1mYkhTMUKuEB3",
+	"Lzd6JHTjTNFNPJm88wqjJ/0DuOgmHRfpVc5oNLpxNncjpJQAVCZzuykyekB3mfx3oxuq67dU7aEzewAq",
+	"T86vEGU+aL5/OTn6eJBL92sBkpo6k9HhaKL7xAgojogzdd6NJqN3OunKpbbGeAk4MKZ4AO15Ksdpfk59",
+	"Z+r8G+TvZkVlCHk0+a1uA7kEJIA/AUdEoDgq+YAzvb5V38eKe9FI8QsR8lyvqFGc9Bp6ZlG+DeqzVNHa",
+	"MFQuidBqN3V5geNANp2dcZ3PVjOxxy8GRNy0afzczBhfJf12oW1CwitkdEvD8GvrADxDULtPv2+V7koI",
+	"cqPbzAvAaYWXsqAxDw6Aqrj10eM/n1CECRfoGyMUfHS/1pF89N5xjQjfY+DrXIbsxt3K9Vs4b3nQ3MGL",
+	"k64LiSLGvpOlmbDY4Ngg0Qk/xsgg5Efmr4fz3XxauSlXQOVIm5raDwejXCJryXvmMVphgZLquXuuyAw0",
+	"fsnAiY3JtwGYbrSs+s8kCIqK35apH0kQ7Mqg25i4GjmYDG2FBNhst8VAecy2L18yztGjSq4q2m7smbdm",
+	"qu8M9Tu+MfDKr+TsJ/IqRDb1F5P2YGebhYnUQZYksw8oub8heJZAfePVbxT4KStmqDNwvI9DDbWJtlah",
+	"BMptr3uUPKP8NQFbddOgZ6m0dUCedqAD1O9J5U1Kahnk7FBSBQ6jAAT6BaNKdc3uCIyCiyR+BIooW31A",
+	"GBnMQz1AlFH49f8pURVGAa9KVLHFYQ2SVkbX9pStrBBep46h4V4DDxyEQBELiLdW1xtC0YJxD4aO+iid",
+	"/g5fJ/RguU+bkIBzA0vIDRIJYj9SJkDnfqthBVS1VkOLQos1aliVpmOiIfTpQ8RBv2eS3s+qGlbU9qvg",
+	"yosSVgW/SY3fU3EvgNfDh8A86wxS8HyvUZAS2TW/CpC7qzfFPduxgcts1Vu0EdnYoAu0lHKGGEUD4EzZ",
+	"eeOXHBJuxZsybvfYz+casV/ZZEFj+8GeSvh4T/zp6agvBHV15NiZ2gVNqjXYHgtDfCBAEZDgT9Pe081e",
+	"jWvo7bWRWwnZNlJ4luZ1mB02ByQk5RtFZt/DycRtGTkeliaOhz/qTtAbZstc5UMK6f95cA7P8kDrEK2W",
+	"QFHIOCAO+jUmN5mAaE6KS8vM1v4vaH/gnfben/Ddrim4mC5+FAq0NxP+xIH2hAOVZ2XlSen17eZ2878A",
+	"AAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -36,6 +36,8 @@ type Options struct {
 		http.Handler
 		Match(r *http.Request) bool
 	}
+	// Node identifies this node in /nodes.
+	Node NodeInfo
 	// Extra routes outside the authenticated API (e.g. /metrics).
 	Extra  map[string]http.Handler
 	Logger *slog.Logger
@@ -173,6 +175,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 	opts := orchestrator.CreateOptions{
 		TemplateID: req.TemplateID, Timeout: timeout, Secure: v2 || deref(req.Secure),
 		AutoPause: deref(req.AutoPause), Metadata: derefMap(req.Metadata), EnvVars: derefMap(req.EnvVars),
+		Policy: createPolicy(req),
 	}
 	if req.AutoResume != nil {
 		opts.AutoResume = deref(req.AutoResume.Enabled)

@@ -1,6 +1,7 @@
 package orchestrator
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -9,6 +10,8 @@ import (
 type metrics struct {
 	seconds *prometheus.HistogramVec
 	total   *prometheus.CounterVec
+	// creates and createFails feed the /nodes snapshot.
+	creates, createFails atomic.Int64
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -37,5 +40,10 @@ func (m *metrics) observe(op string) func(error) {
 		}
 		m.seconds.WithLabelValues(op, result).Observe(time.Since(start).Seconds())
 		m.total.WithLabelValues(op, result).Inc()
+		if op == "create" && err != nil {
+			m.createFails.Add(1)
+		} else if op == "create" {
+			m.creates.Add(1)
+		}
 	}
 }

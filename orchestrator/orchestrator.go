@@ -78,6 +78,7 @@ type Record struct {
 	Snapshot    string            `json:"snapshot,omitempty"` // set while paused
 	Gen         int               `json:"gen"`                // bumps on every (re)start of the VM
 	PID         int               `json:"pid,omitempty"`
+	Policy      network.Policy    `json:"policy"`
 }
 
 // Options configure an Orchestrator. Driver, Network and Store are owned by
@@ -173,6 +174,7 @@ type CreateOptions struct {
 	Secure     bool
 	Metadata   map[string]string
 	EnvVars    map[string]string
+	Policy     network.Policy
 }
 
 // Template returns a committed template by id.
@@ -207,6 +209,9 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	if opts.Timeout <= 0 {
 		return rec, fmt.Errorf("create: timeout must be positive: %w", ErrInvalid)
 	}
+	if err := network.ValidatePolicy(opts.Policy); err != nil {
+		return rec, fmt.Errorf("create: network policy: %w: %w", err, ErrInvalid)
+	}
 	done := o.m.observe("create")
 	defer func() { done(err) }()
 	id, err := newID()
@@ -218,7 +223,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 		ID: id, TemplateID: t.ID, State: Starting, Metadata: opts.Metadata, EnvVars: opts.EnvVars,
 		AutoPause: opts.AutoPause, AutoResume: opts.AutoResume, Secure: opts.Secure,
 		VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, DiskMiB: t.DiskMiB, EnvdVersion: t.EnvdVersion,
-		Dir: dir, Rootfs: filepath.Join(dir, "rootfs.ext4"),
+		Dir: dir, Rootfs: filepath.Join(dir, "rootfs.ext4"), Policy: opts.Policy,
 	}}
 	if opts.Secure {
 		if s.rec.AccessToken, err = randomHex(32); err != nil {
@@ -271,6 +276,11 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 			_ = o.nets.Release(context.WithoutCancel(ctx), slot)
 		}
 	}()
+	if !isZeroPolicy(s.rec.Policy) {
+		if err := slot.SetPolicy(ctx, s.rec.Policy); err != nil {
+			return fmt.Errorf("network policy: %w", err)
+		}
+	}
 	tap, err := slot.OpenTap()
 	if err != nil {
 		return fmt.Errorf("tap: %w", err)
@@ -523,6 +533,36 @@ func (o *Orchestrator) SetTimeout(id string, timeout time.Duration, extendOnly b
 	rec := s.rec
 	s.mu.Unlock()
 	return o.store.Put(store.Sandboxes, id, rec)
+}
+
+// SetPolicy replaces the sandbox's egress policy, in force at once when it
+// runs and kept across pause and resume.
+func (o *Orchestrator) SetPolicy(ctx context.Context, id string, p network.Policy) error {
+	if err := network.ValidatePolicy(p); err != nil {
+		return fmt.Errorf("network policy: %w: %w", err, ErrInvalid)
+	}
+	s, err := o.lockOp(id)
+	if err != nil {
+		return err
+	}
+	defer s.op.Unlock()
+	s.mu.Lock()
+	slot := s.slot
+	s.mu.Unlock()
+	if slot != nil {
+		if err := slot.SetPolicy(ctx, p); err != nil {
+			return fmt.Errorf("sandbox %s: network policy: %w", id, err)
+		}
+	}
+	s.mu.Lock()
+	s.rec.Policy = p
+	rec := s.rec
+	s.mu.Unlock()
+	return o.store.Put(store.Sandboxes, id, rec)
+}
+
+func isZeroPolicy(p network.Policy) bool {
+	return !p.DenyInternet && len(p.AllowOut) == 0 && len(p.DenyOut) == 0
 }
 
 // armTimer (re)starts the TTL timer; s.mu must be held.

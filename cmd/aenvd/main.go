@@ -36,6 +36,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
+// version is reported in /nodes.
+const version = "0.1.0-dev"
+
 func main() {
 	cfgPath := flag.String("config", "", "TOML configuration file (defaults apply without one)")
 	printDefault := flag.Bool("print-default-config", false, "print the default configuration and exit")
@@ -110,8 +113,10 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	px := proxy.New(orch, cfg.API.Domain, log)
+	hostname, _ := os.Hostname()
 	handler := api.NewHandler(api.Options{
 		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log,
+		Node:           api.NodeInfo{ID: hostname, Version: version, VMMDriver: drv.Name(), VMMAccel: accel, VMMReasons: why},
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
 		Extra: map[string]http.Handler{"/metrics": promhttp.HandlerFor(reg, promhttp.HandlerOpts{})},
 	})

@@ -1,0 +1,154 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+type sandboxJSON struct {
+	SandboxID string `json:"sandboxID"`
+	State     string `json:"state"`
+}
+
+func (n *node) create(t *testing.T, body string) string {
+	t.Helper()
+	var sbx sandboxJSON
+	b := n.expect(t, http.StatusCreated, "POST", "/sandboxes", n.key, body)
+	if err := json.Unmarshal(b, &sbx); err != nil || sbx.SandboxID == "" {
+		t.Fatalf("create %s: %s %v", body, b, err)
+	}
+	id := sbx.SandboxID
+	t.Cleanup(func() { n.call(t, "DELETE", "/sandboxes/"+id, n.key, "") })
+	return id
+}
+
+// waitState polls GET /sandboxes/{id} until it reports state ("gone" for 404).
+func (n *node) waitState(t *testing.T, id, state string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var last string
+	for time.Now().Before(deadline) {
+		code, b, _ := n.call(t, "GET", "/sandboxes/"+id, n.key, "")
+		switch {
+		case code == http.StatusNotFound:
+			last = "gone"
+		case code == http.StatusOK:
+			var s sandboxJSON
+			_ = json.Unmarshal(b, &s)
+			last = s.State
+		default:
+			last = string(b)
+		}
+		if last == state {
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("sandbox %s: state %q after %s, want %q", id, last, within, state)
+}
+
+// TestTimeouts: a sandbox whose time runs out is killed, or paused with
+// autoPause; traffic to a paused autoResume sandbox resumes it.
+func TestTimeouts(t *testing.T) {
+	n := sharedNode(t)
+	killed := n.create(t, `{"templateID":"base","timeout":2}`)
+	paused := n.create(t, `{"templateID":"base","timeout":2,"autoPause":true,"autoResume":{"enabled":true}}`)
+	n.waitState(t, killed, "gone", 90*time.Second)
+	n.waitState(t, paused, "paused", 90*time.Second)
+	var detail struct {
+		Lifecycle struct {
+			AutoResume bool   `json:"autoResume"`
+			OnTimeout  string `json:"onTimeout"`
+		} `json:"lifecycle"`
+	}
+	_ = json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/sandboxes/"+paused, n.key, ""), &detail)
+	if !detail.Lifecycle.AutoResume || detail.Lifecycle.OnTimeout != "pause" {
+		t.Fatalf("lifecycle of the auto-paused sandbox: %+v", detail.Lifecycle)
+	}
+	// Traffic wakes it (the proxy resumes it before forwarding).
+	if code := n.proxyGet(t, paused, "49983", "/health", ""); code != http.StatusNoContent {
+		t.Fatalf("agent /health of an autoResume sandbox through the proxy: %d, want 204", code)
+	}
+	n.waitState(t, paused, "running", 5*time.Second)
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+paused, n.key, "")
+}
+
+// TestNodeMetricsNetworkHostRouting covers /nodes, Prometheus /metrics,
+// sandbox metrics, the network policy update and host-based proxy routing.
+func TestNodeMetricsNetworkHostRouting(t *testing.T) {
+	n := sharedNode(t)
+	id := n.create(t, `{"templateID":"base","timeout":120,"allow_internet_access":false,"network":{"denyOut":["8.8.8.8/32"]}}`)
+	n.expect(t, http.StatusBadRequest, "POST", "/sandboxes", n.key, `{"templateID":"base","network":{"denyOut":["not a cidr"]}}`)
+
+	var nodes []struct {
+		NodeID string `json:"nodeID"`
+		Vmm    struct {
+			Driver string `json:"driver"`
+			Accel  string `json:"accel"`
+		} `json:"vmm"`
+		MemoryTotalMB   int64 `json:"memoryTotalMB"`
+		DiskTotalMB     int64 `json:"diskTotalMB"`
+		CreateSuccesses int64 `json:"createSuccesses"`
+		Sandboxes       struct {
+			Running int `json:"running"`
+		} `json:"sandboxes"`
+		AllocatedMemoryMB int64 `json:"allocatedMemoryMB"`
+	}
+	if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/nodes", n.key, ""), &nodes); err != nil || len(nodes) != 1 {
+		t.Fatalf("/nodes: %+v %v", nodes, err)
+	}
+	nd := nodes[0]
+	if nd.Vmm.Driver != "qemu" || nd.Vmm.Accel == "" || nd.MemoryTotalMB <= 0 || nd.DiskTotalMB <= 0 ||
+		nd.Sandboxes.Running < 1 || nd.AllocatedMemoryMB < 256 || nd.CreateSuccesses < 1 {
+		t.Fatalf("/nodes snapshot: %+v", nd)
+	}
+	n.expect(t, http.StatusOK, "GET", "/nodes/"+nd.NodeID, n.key, "")
+	n.expect(t, http.StatusNotFound, "GET", "/nodes/no-such-node", n.key, "")
+	n.expect(t, http.StatusUnauthorized, "GET", "/nodes", "", "")
+
+	var samples []struct {
+		MemTotal  int64 `json:"memTotal"`
+		DiskTotal int64 `json:"diskTotal"`
+		CpuCount  int   `json:"cpuCount"`
+	}
+	if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/sandboxes/"+id+"/metrics", n.key, ""), &samples); err != nil ||
+		len(samples) != 1 || samples[0].MemTotal <= 0 || samples[0].DiskTotal <= 0 || samples[0].CpuCount != 1 {
+		t.Fatalf("sandbox metrics: %+v %v", samples, err)
+	}
+
+	n.expect(t, http.StatusNoContent, "PUT", "/sandboxes/"+id+"/network", n.key, `{"allow_internet_access":true,"allowOut":["1.1.1.1"]}`)
+	n.expect(t, http.StatusBadRequest, "PUT", "/sandboxes/"+id+"/network", n.key, `{"denyOut":["300.1.2.3/8"]}`)
+	n.expect(t, http.StatusBadRequest, "PUT", "/sandboxes/"+id+"/network", n.key, `{"denyOut":`)
+	n.expect(t, http.StatusNotFound, "PUT", "/sandboxes/nosuchsandbox/network", n.key, `{}`)
+
+	// Host routing on the API port: {port}-{id}.{domain}. /envs exists only
+	// on the agent (the API would answer 401 without a key).
+	req, _ := http.NewRequest("GET", n.api+"/envs", nil)
+	req.Host = "49983-" + id + ".localhost"
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	envs, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(envs), "{") {
+		t.Fatalf("host-routed agent /envs: %d %s", resp.StatusCode, envs)
+	}
+
+	resp, err = http.Get(n.api + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`aenvd_sandbox_operation_seconds_bucket{op="create",result="success"`, `aenvd_sandbox_operations_total{op="create",result="success"}`} {
+		if !strings.Contains(string(text), want) {
+			t.Fatalf("/metrics lacks %s", want)
+		}
+	}
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+}
