@@ -30,6 +30,20 @@ type Driver interface {
 	Restore(ctx context.Context, cfg RestoreConfig) (Machine, error)
 }
 
+// Adopter is implemented by drivers that can take over a machine started by
+// an earlier process (the node server restarted while its VMs ran on).
+type Adopter interface {
+	// Adopt reconnects to the machine whose run directory is runDir. It
+	// fails with ErrStopped when the VMM process is gone.
+	Adopt(ctx context.Context, runDir string) (Machine, error)
+}
+
+// Detacher is implemented by machines whose handle can be dropped while the
+// VMM keeps running (to be adopted by the next node process).
+type Detacher interface {
+	Detach() error
+}
+
 // Machine is one running VMM process.
 type Machine interface {
 	// Pause stops the vCPUs. Pausing a paused machine is not an error.

@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/agentenv/agentenv/cli/guestcmd"
+	"github.com/agentenv/agentenv/cli/imagecmd"
 	"github.com/agentenv/agentenv/cli/vmcmd"
 	"github.com/spf13/cobra"
 )
@@ -23,7 +24,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(guestcmd.NewCommand(), vmcmd.NewCommand(), &cobra.Command{
+	root.AddCommand(guestcmd.NewCommand(), imagecmd.NewCommand(), vmcmd.NewCommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Run:   func(*cobra.Command, []string) { fmt.Println("aenv", version) },

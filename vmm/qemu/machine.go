@@ -24,7 +24,7 @@ type machine struct {
 	spec *machineSpec
 	mem  memorySource
 	rd   *runDir
-	cmd  *exec.Cmd
+	proc *os.Process
 	qmp  *qmp.Conn
 	log  *slog.Logger
 
@@ -94,12 +94,17 @@ func (d *Driver) start(ctx context.Context, id string, spec *machineSpec, mem me
 		rd.cleanup()
 		return nil, fmt.Errorf("start %s: %w", d.binary, err)
 	}
-	m := &machine{id: id, spec: spec, mem: mem, rd: rd, cmd: cmd, exited: make(chan struct{}),
+	m := &machine{id: id, spec: spec, mem: mem, rd: rd, proc: cmd.Process, exited: make(chan struct{}),
 		log: d.log.With("vm", id, "pid", cmd.Process.Pid)}
 	go func() {
 		m.exitErr = cmd.Wait()
 		close(m.exited)
 	}()
+	if err := m.saveRecord(); err != nil {
+		m.kill()
+		rd.cleanup()
+		return nil, err
+	}
 	if err := m.connect(ctx); err != nil {
 		m.kill()
 		rd.cleanup()
@@ -152,7 +157,7 @@ func (m *machine) logTail() string {
 }
 
 func (m *machine) kill() {
-	_ = m.cmd.Process.Kill()
+	_ = m.proc.Kill()
 	<-m.exited
 	if m.qmp != nil {
 		m.qmp.Close()
@@ -363,6 +368,6 @@ func (m *machine) Wait(ctx context.Context) error {
 
 // Info implements vmm.Machine.
 func (m *machine) Info() vmm.Info {
-	return vmm.Info{Driver: "qemu", PID: m.cmd.Process.Pid, ControlSocket: m.rd.path("qmp.sock"), RunDir: m.rd.dir,
+	return vmm.Info{Driver: "qemu", PID: m.proc.Pid, ControlSocket: m.rd.path("qmp.sock"), RunDir: m.rd.dir,
 		ConsoleLog: m.rd.console, Accel: m.spec.Accel, MemoryFile: m.mem.path}
 }

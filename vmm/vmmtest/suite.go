@@ -45,6 +45,7 @@ func Run(t *testing.T, h Harness) {
 		{"PauseResumeKeepsRAM", s.pauseResume},
 		{"SnapshotAndStop", s.snapshotAndStop},
 		{"RestoreContinues", s.restoreContinues},
+		{"AdoptAfterDetach", s.adopt},
 		{"TwoClonesDiverge", s.twoClones},
 		{"GuestPowersOff", s.guestPowerOff},
 		{"StopCleansUp", s.stopCleansUp},
@@ -208,6 +209,42 @@ func (s *suite) restoreContinues(t *testing.T) {
 	s.net = tn
 }
 
+// adopt drops the handle of the running restored VM, as a restarting node
+// process would, and takes the VM over again from its run directory.
+func (s *suite) adopt(t *testing.T) {
+	ad, ok := s.h.Driver.(vmm.Adopter)
+	det, ok2 := s.vm.(vmm.Detacher)
+	if !ok || !ok2 {
+		t.Skipf("driver %s does not support adoption", s.h.Driver.Name())
+	}
+	info := s.vm.Info()
+	if err := det.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	vm, err := ad.Adopt(ctx, info.RunDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.top.Cleanup(func() { _ = vm.Stop(context.Background()) })
+	if got := vm.Info(); got.PID != info.PID || got.MemoryFile != info.MemoryFile {
+		t.Fatalf("adopted %+v, was %+v", got, info)
+	}
+	if err := vm.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := sh(t, s.net, "cat /dev/shm/marker"); got != marker {
+		t.Fatalf("adopted VM lost its tmpfs file: %q", got)
+	}
+	s.vm = vm
+	if _, err := ad.Adopt(ctx, filepath.Join(s.work, "no-such-run-dir")); err == nil {
+		t.Fatal("adopting a missing run directory succeeded")
+	}
+}
+
 func (s *suite) twoClones(t *testing.T) {
 	type clone struct {
 		vm vmm.Machine
@@ -239,7 +276,8 @@ func (s *suite) guestPowerOff(t *testing.T) {
 	vm, tn := s.restore(t, "poweroff")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, _, _, _ = agentclient.Run(ctx, tn.AgentURL(), tn.HTTP, "/bin/sh", "-c", "sync; kill -TERM 1")
+	// The agent may die with the rest of userspace before it answers.
+	_, _, _, _ = agentclient.RunWith(ctx, tn.AgentURL(), tn.HTTP, []agentclient.Option{agentclient.WithUser("root")}, "/bin/sh", "-c", "sync; kill -TERM 1")
 	if err := vm.Wait(ctx); err != nil && ctx.Err() != nil {
 		console, _ := os.ReadFile(vm.Info().ConsoleLog)
 		t.Fatalf("VM still running a minute after its init was asked to power off\nconsole:\n%s", tail(console, 2000))

@@ -1,0 +1,105 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/agentenv/agentenv/vmm"
+	"golang.org/x/sys/unix"
+)
+
+// recordFile in a run directory describes the running machine, so a new
+// node process can adopt it after a restart.
+const recordFile = "machine.json"
+
+type machineRecord struct {
+	ID         string       `json:"id"`
+	PID        int          `json:"pid"`
+	Binary     string       `json:"binary"`
+	Spec       *machineSpec `json:"spec"`
+	MemoryPath string       `json:"memoryPath"`
+	MemShared  bool         `json:"memoryShared"`
+	Console    string       `json:"console"`
+	Created    bool         `json:"createdRunDir"`
+	Owned      []string     `json:"owned"`
+}
+
+func (m *machine) saveRecord() error {
+	path := m.rd.path(recordFile)
+	m.rd.own(path)
+	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", m.proc.Pid))
+	rec := machineRecord{ID: m.id, PID: m.proc.Pid, Binary: exe, Spec: m.spec, MemoryPath: m.mem.path,
+		MemShared: m.mem.shared, Console: m.rd.console, Created: m.rd.created, Owned: m.rd.owned}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
+		return fmt.Errorf("machine record: %w", err)
+	}
+	return os.Rename(path+".tmp", path)
+}
+
+// Adopt implements vmm.Adopter: it takes over a QEMU started by an earlier
+// process of ours from its run directory (the node server restarted while
+// its VMs kept running).
+func (d *Driver) Adopt(ctx context.Context, dir string) (vmm.Machine, error) {
+	b, err := os.ReadFile(filepath.Join(dir, recordFile))
+	if err != nil {
+		return nil, fmt.Errorf("adopt %s: %w", dir, err)
+	}
+	var rec machineRecord
+	if err := json.Unmarshal(b, &rec); err != nil || rec.Spec == nil || rec.PID <= 0 {
+		return nil, fmt.Errorf("adopt %s: bad machine record", dir)
+	}
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", rec.PID))
+	if err != nil || strings.TrimSuffix(exe, " (deleted)") != rec.Binary {
+		return nil, fmt.Errorf("adopt %s: process %d is gone: %w", dir, rec.PID, vmm.ErrStopped)
+	}
+	proc, err := os.FindProcess(rec.PID)
+	if err != nil {
+		return nil, fmt.Errorf("adopt %s: %w", dir, err)
+	}
+	pidfd, err := unix.PidfdOpen(rec.PID, 0)
+	if err != nil {
+		return nil, fmt.Errorf("adopt %s: pidfd: %w", dir, err)
+	}
+	rd := &runDir{dir: dir, created: rec.Created, console: rec.Console, owned: rec.Owned}
+	m := &machine{id: rec.ID, spec: rec.Spec, mem: memorySource{path: rec.MemoryPath, shared: rec.MemShared}, rd: rd,
+		proc: proc, exited: make(chan struct{}), log: d.log.With("vm", rec.ID, "pid", rec.PID, "adopted", true)}
+	go m.watchPidfd(pidfd)
+	if err := m.connect(ctx); err != nil {
+		return nil, fmt.Errorf("adopt %s: %w", dir, err)
+	}
+	m.log.Info("adopted running machine")
+	return m, nil
+}
+
+// watchPidfd closes exited when a process that is not our child ends.
+func (m *machine) watchPidfd(fd int) {
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(fds, -1)
+		if err == nil || !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	m.exitErr = errors.New("adopted process exited")
+	close(m.exited)
+}
+
+// Detach implements vmm.Detacher: it drops this handle's control
+// connection and leaves QEMU running, for a later Adopt.
+func (m *machine) Detach() error {
+	if err := m.alive(); err != nil {
+		return err
+	}
+	m.stopOnce.Do(func() {}) // this handle must not stop the VM any more
+	return m.qmp.Close()
+}
