@@ -53,8 +53,11 @@ type transmitter struct {
 	sem chan struct{}
 	wg  sync.WaitGroup
 
-	wmu  sync.Mutex // serialises replies on the socket
-	werr error
+	wmu     sync.Mutex // guards the reply queue below
+	queue   []outReply
+	spare   []outReply
+	writing bool // a goroutine is writing the queue
+	werr    error
 }
 
 // transmit reads requests until DISC, a protocol violation or a socket error.
@@ -171,16 +174,16 @@ func (t *transmitter) start(fn func()) {
 
 func (t *transmitter) serveRead(req request) {
 	pb, buf := getBuf(req.length)
-	defer putBuf(pb)
 	n, err := t.e.Backend.ReadAt(buf, int64(req.offset))
 	if n == len(buf) {
 		err = nil // io.ReaderAt may report EOF with a full read at the very end
 	}
 	if err != nil {
+		putBuf(pb)
 		t.reply(req.handle, errno(err), nil)
 		return
 	}
-	t.reply(req.handle, 0, buf)
+	t.send(req.handle, 0, buf, pb) // send returns the buffer once written
 }
 
 func (t *transmitter) serveZero(req request) {
@@ -202,28 +205,75 @@ func (t *transmitter) serveZero(req request) {
 	t.reply(req.handle, errno(err), nil)
 }
 
-// reply writes a simple reply (header plus read data) in one writev. A write
-// failure is remembered and ends the connection at the next request.
+// reply sends a simple reply without read data.
 func (t *transmitter) reply(handle uint64, code uint32, data []byte) error {
-	var hdr [simpleReplyLen]byte
-	putSimpleReply(hdr[:], code, handle)
+	return t.send(handle, code, data, nil)
+}
+
+// outReply is one reply waiting to be written; pb (if set) is returned to
+// its pool once data is on the wire.
+type outReply struct {
+	hdr  [simpleReplyLen]byte
+	data []byte
+	pb   *[]byte
+}
+
+// send queues a reply and writes the queue unless another goroutine is
+// already writing it. Whoever finds the socket idle becomes the writer and
+// flushes every reply queued meanwhile with one writev, so under load many
+// replies share a system call, while a lone request still writes at once
+// without a hand-off to another goroutine.
+func (t *transmitter) send(handle uint64, code uint32, data []byte, pb *[]byte) error {
+	r := outReply{data: data, pb: pb}
+	putSimpleReply(r.hdr[:], code, handle)
 	t.wmu.Lock()
-	defer t.wmu.Unlock()
 	if t.werr != nil {
+		t.wmu.Unlock()
+		putBuf(pb)
 		return t.werr
 	}
-	var err error
-	if len(data) == 0 {
-		_, err = t.c.conn.Write(hdr[:])
-	} else {
-		bufs := net.Buffers{hdr[:], data}
-		_, err = bufs.WriteTo(t.c.conn)
+	t.queue = append(t.queue, r)
+	if t.writing {
+		t.wmu.Unlock()
+		return nil
 	}
-	if err != nil {
-		t.werr = fmt.Errorf("nbd %q: send reply: %w", t.e.Name, err)
-		t.c.close()
+	t.writing = true
+	for len(t.queue) > 0 && t.werr == nil {
+		batch := t.queue
+		t.queue = t.spare[:0]
+		t.wmu.Unlock()
+		err := t.writeBatch(batch)
+		t.wmu.Lock()
+		t.spare = batch[:0]
+		if err != nil {
+			t.werr = fmt.Errorf("nbd %q: send reply: %w", t.e.Name, err)
+			t.c.close()
+		}
 	}
-	return t.werr
+	for _, r := range t.queue { // only left when the socket failed
+		putBuf(r.pb)
+	}
+	t.queue = t.queue[:0]
+	t.writing = false
+	err := t.werr
+	t.wmu.Unlock()
+	return err
+}
+
+func (t *transmitter) writeBatch(batch []outReply) error {
+	bufs := make(net.Buffers, 0, 2*len(batch))
+	for i := range batch {
+		bufs = append(bufs, batch[i].hdr[:])
+		if len(batch[i].data) > 0 {
+			bufs = append(bufs, batch[i].data)
+		}
+	}
+	_, err := bufs.WriteTo(t.c.conn)
+	for i := range batch {
+		putBuf(batch[i].pb)
+		batch[i] = outReply{}
+	}
+	return err
 }
 
 func (t *transmitter) writeErr() error {
