@@ -12,7 +12,7 @@ const other = process.env.AENV_OTHER_USER
 const defaultUser = process.env.AENV_DEFAULT_USER
 const agentURL = 'http://localhost:49983'
 const require = createRequire(path.join(sdkDir, 'package.json'))
-const { Sandbox, CommandExitError, FileNotFoundError } = require('e2b')
+const { Sandbox, CommandExitError, FileNotFoundError, TimeoutError, AuthenticationError } = require('e2b')
 const sdkVersion = require('e2b/package.json').version
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
@@ -63,6 +63,13 @@ await step('commands.run streams output through callbacks', async () => {
   const chunks = []
   await sbx.commands.run('for i in 1 2 3; do echo line$i; sleep 0.05; done', { onStdout: (d) => chunks.push(d) })
   assert.equal(chunks.join(''), 'line1\nline2\nline3\n')
+})
+
+await step('commands.run timeoutMs bounds the command', async () => {
+  const marker = `aenv-timeout-${Date.now()}`
+  await assert.rejects(sbx.commands.run(`sleep 30 # ${marker}`, { timeoutMs: 1000 }), (err) => err instanceof TimeoutError)
+  await waitFor('timed-out command to be killed', async () =>
+    !(await sbx.commands.list()).some((p) => p.args.some((a) => a.includes(marker))))
 })
 
 await step('background command, list, connect, kill', async () => {
@@ -183,8 +190,9 @@ await step('access token and signed URLs', async () => {
   const version = init.headers.get('X-Envd-Version')
   assert.ok(version, 'X-Envd-Version header')
 
-  // The SDK object without the token is now refused.
-  await assert.rejects(sbx.commands.run('true'))
+  // The SDK object without the token is now refused, on RPCs and on /files.
+  await assert.rejects(sbx.commands.run('true'), (err) => err instanceof AuthenticationError)
+  await assert.rejects(sbx.files.read(f('a.txt')), (err) => err instanceof AuthenticationError)
 
   const secured = new Sandbox({ sandboxId: sbx.sandboxId, envdVersion: version, envdAccessToken: token, debug: true })
   const r = await secured.commands.run('echo $FROM_INIT')
