@@ -1,0 +1,97 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestRestartKill9 kills aenvd with SIGKILL while it has a paused and a
+// running sandbox, and starts it again on the same data directory.
+func TestRestartKill9(t *testing.T) {
+	n := sharedNode(t)
+	paused := n.create(t, `{"templateID":"base","timeout":300}`)
+	running := n.create(t, `{"templateID":"base","timeout":300}`)
+	n.writeFile(t, paused, "/home/user/p.txt", "kept across the restart")
+	n.writeFile(t, running, "/home/user/r.txt", "running before the restart")
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+paused+"/pause", n.key, "")
+
+	if err := n.stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	if err := n.start(ctx, 3*time.Minute); err != nil {
+		t.Fatalf("restart aenvd: %v", err)
+	}
+
+	// The paused sandbox survives: listed as paused, resumable, its files intact.
+	n.waitState(t, paused, "paused", time.Second)
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+paused+"/connect", n.key, `{"timeout":60}`)
+	if got := n.readFile(t, paused, "/home/user/p.txt"); got != "kept across the restart" {
+		t.Fatalf("file of the paused sandbox after restart: %q", got)
+	}
+	// A running sandbox cannot be re-adopted yet (see the orchestrator's
+	// package doc): it is dropped, and its VMM process does not leak.
+	n.waitState(t, running, "gone", time.Second)
+	if pids := processesMentioning(running); len(pids) > 0 {
+		t.Fatalf("VMM processes of the dropped sandbox %s still run: %v", running, pids)
+	}
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+paused, n.key, "")
+}
+
+func (n *node) writeFile(t *testing.T, id, path, content string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", n.proxy+"/files?path="+path, strings.NewReader(content))
+	req.Header.Set("Content-Type", "application/octet-stream")
+	n.sandboxHeaders(req, id)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("write %s in %s: %v", path, id, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("write %s in %s: %d %s", path, id, resp.StatusCode, b)
+	}
+}
+
+func (n *node) readFile(t *testing.T, id, path string) string {
+	t.Helper()
+	req, _ := http.NewRequest("GET", n.proxy+"/files?path="+path, nil)
+	n.sandboxHeaders(req, id)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("read %s in %s: %v", path, id, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("read %s in %s: %d %s", path, id, resp.StatusCode, b)
+	}
+	return string(b)
+}
+
+func (n *node) sandboxHeaders(req *http.Request, id string) {
+	req.Header.Set("E2b-Sandbox-Id", id)
+	req.Header.Set("E2b-Sandbox-Port", "49983")
+}
+
+// processesMentioning lists pids whose command line contains s.
+func processesMentioning(s string) []string {
+	var out []string
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "cmdline"))
+		if err == nil && strings.Contains(string(b), s) {
+			out = append(out, filepath.Base(d))
+		}
+	}
+	return out
+}
