@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/agentenv/agentenv/guest/agent/gen/process/processconnect"
 	"github.com/agentenv/agentenv/guest/agent/procsvc"
 	"github.com/agentenv/agentenv/guest/agent/state"
@@ -34,6 +36,10 @@ import (
 // Version is the envd protocol version the agent reports. E2B's SDKs enable
 // features by it (0.6.4 or newer is required for everything we serve).
 const Version = "0.6.4"
+
+// MaxRPCMessage bounds one RPC message (e.g. a SendInput chunk); larger
+// ones are refused rather than buffered.
+const MaxRPCMessage = 32 << 20
 
 // DefaultAddr is where E2B's SDKs expect the agent.
 const DefaultAddr = ":49983"
@@ -78,7 +84,7 @@ func New(cfg Config) *Agent {
 func (a *Agent) State() *state.State { return a.st }
 
 func (a *Agent) routes() {
-	a.mux.Handle(processconnect.NewProcessHandler(a.procs))
+	a.mux.Handle(processconnect.NewProcessHandler(a.procs, connect.WithReadMaxBytes(MaxRPCMessage)))
 	a.mountExtra()
 	a.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	a.mux.HandleFunc("POST /init", a.handleInit)

@@ -232,3 +232,13 @@ func TestCORS(t *testing.T) {
 		t.Fatalf("/envs from a browser without token: %d", resp.StatusCode)
 	}
 }
+
+func TestOversizedRPCRefused(t *testing.T) {
+	t.Parallel()
+	srv := agenttest.Start(t)
+	body := `{"path":"` + strings.Repeat("a", agent.MaxRPCMessage+1) + `"}`
+	resp, b := request(t, "POST", srv.URL+"/filesystem.Filesystem/Stat", body, "Content-Type", "application/json")
+	if resp.StatusCode == http.StatusOK || !strings.Contains(string(b), "resource_exhausted") {
+		t.Fatalf("oversized message: %d %.200s", resp.StatusCode, b)
+	}
+}

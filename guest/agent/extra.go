@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"connectrpc.com/connect"
+
 	"github.com/agentenv/agentenv/guest/agent/files"
 	"github.com/agentenv/agentenv/guest/agent/fssvc"
 	"github.com/agentenv/agentenv/guest/agent/gen/filesystem/filesystemconnect"
@@ -8,6 +10,6 @@ import (
 
 // mountExtra adds the filesystem service and /files.
 func (a *Agent) mountExtra() {
-	a.mux.Handle(filesystemconnect.NewFilesystemHandler(fssvc.New(a.st, a.log)))
+	a.mux.Handle(filesystemconnect.NewFilesystemHandler(fssvc.New(a.st, a.log), connect.WithReadMaxBytes(MaxRPCMessage)))
 	a.mux.Handle("/files", files.New(a.st, a.log))
 }
