@@ -84,12 +84,20 @@ func New(cfg Config) *Agent {
 func (a *Agent) State() *state.State { return a.st }
 
 func (a *Agent) routes() {
-	a.mux.Handle(processconnect.NewProcessHandler(a.procs, connect.WithReadMaxBytes(MaxRPCMessage)))
+	a.mux.Handle(processconnect.NewProcessHandler(a.procs, a.rpcOptions()...))
 	a.mountExtra()
 	a.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	a.mux.HandleFunc("POST /init", a.handleInit)
 	a.mux.HandleFunc("GET /envs", a.handleEnvs)
 	a.mux.HandleFunc("GET /metrics", a.handleMetrics)
+}
+
+// rpcOptions are the handler options of both Connect services.
+func (a *Agent) rpcOptions() []connect.HandlerOption {
+	return []connect.HandlerOption{
+		connect.WithReadMaxBytes(MaxRPCMessage),
+		connect.WithInterceptors(tokenInterceptor{a.st}),
+	}
 }
 
 // ServeHTTP applies the access-token rule and routes.
@@ -98,7 +106,7 @@ func (a *Agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !tokenExempt(r.URL.Path) && !a.st.TokenOK(r.Header) {
-		unauthorized(w, r)
+		unauthorized(w)
 		return
 	}
 	a.mux.ServeHTTP(w, r)
@@ -124,28 +132,6 @@ func cors(w http.ResponseWriter, r *http.Request) bool {
 	h.Set("Access-Control-Max-Age", "7200")
 	w.WriteHeader(http.StatusNoContent)
 	return true
-}
-
-// tokenExempt lists the paths that check credentials themselves (/files,
-// /init) or need none (/health).
-func tokenExempt(path string) bool {
-	switch path {
-	case "/health", "/files", "/init":
-		return true
-	}
-	return false
-}
-
-func unauthorized(w http.ResponseWriter, r *http.Request) {
-	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/connect") || strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") ||
-		strings.HasPrefix(r.Header.Get("Content-Type"), "application/proto") || r.Header.Get("Connect-Protocol-Version") != "" {
-		// Connect clients decode a JSON error body with a code.
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusUnauthorized)
-		_, _ = w.Write([]byte(`{"code":"unauthenticated","message":"invalid or missing access token"}`))
-		return
-	}
-	WriteError(w, http.StatusUnauthorized, "invalid or missing access token")
 }
 
 // WriteError writes the protocol's JSON error body {code, message}.

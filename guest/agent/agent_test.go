@@ -17,6 +17,8 @@ import (
 	"github.com/agentenv/agentenv/guest/agent/agenttest"
 	fspb "github.com/agentenv/agentenv/guest/agent/gen/filesystem"
 	"github.com/agentenv/agentenv/guest/agent/gen/filesystem/filesystemconnect"
+	pb "github.com/agentenv/agentenv/guest/agent/gen/process"
+	"github.com/agentenv/agentenv/guest/agent/gen/process/processconnect"
 	"github.com/agentenv/agentenv/guest/agent/state"
 )
 
@@ -240,5 +242,52 @@ func TestOversizedRPCRefused(t *testing.T) {
 	resp, b := request(t, "POST", srv.URL+"/filesystem.Filesystem/Stat", body, "Content-Type", "application/json")
 	if resp.StatusCode == http.StatusOK || !strings.Contains(string(b), "resource_exhausted") {
 		t.Fatalf("oversized message: %d %.200s", resp.StatusCode, b)
+	}
+}
+
+// TestTokenOnEveryProtocol: unary and streaming RPCs over Connect, gRPC and
+// gRPC-Web all answer unauthenticated without the token, and work with it.
+func TestTokenOnEveryProtocol(t *testing.T) {
+	t.Parallel()
+	srv := agenttest.Start(t)
+	tok := "tok"
+	srv.Agent.State().Apply(state.Settings{AccessToken: &tok})
+	tr := &http.Transport{}
+	tr.Protocols = new(http.Protocols)
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	h2c := &http.Client{Transport: tr}
+	protocols := map[string][]connect.ClientOption{
+		"connect-json": {connect.WithProtoJSON()},
+		"grpc":         {connect.WithGRPC()},
+		"grpc-web":     {connect.WithGRPCWeb()},
+	}
+	for name, opts := range protocols {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			fs := filesystemconnect.NewFilesystemClient(h2c, srv.URL, opts...)
+			pc := processconnect.NewProcessClient(h2c, srv.URL, opts...)
+			for _, withToken := range []bool{false, true} {
+				statReq := connect.NewRequest(&fspb.StatRequest{Path: "/"})
+				startReq := connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "true"}})
+				if withToken {
+					statReq.Header().Set("X-Access-Token", tok)
+					startReq.Header().Set("X-Access-Token", tok)
+				}
+				_, err := fs.Stat(ctxT(t), statReq)
+				s, serr := pc.Start(ctxT(t), startReq)
+				if serr == nil {
+					for s.Receive() {
+					}
+					serr = s.Err()
+					s.Close()
+				}
+				if withToken && (err != nil || serr != nil) {
+					t.Fatalf("with token: %v / %v", err, serr)
+				}
+				if !withToken && (connect.CodeOf(err) != connect.CodeUnauthenticated || connect.CodeOf(serr) != connect.CodeUnauthenticated) {
+					t.Fatalf("without token: %v / %v, want unauthenticated", err, serr)
+				}
+			}
+		})
 	}
 }

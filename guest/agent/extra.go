@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"connectrpc.com/connect"
-
 	"github.com/agentenv/agentenv/guest/agent/files"
 	"github.com/agentenv/agentenv/guest/agent/fssvc"
 	"github.com/agentenv/agentenv/guest/agent/gen/filesystem/filesystemconnect"
@@ -10,6 +8,6 @@ import (
 
 // mountExtra adds the filesystem service and /files.
 func (a *Agent) mountExtra() {
-	a.mux.Handle(filesystemconnect.NewFilesystemHandler(fssvc.New(a.st, a.log), connect.WithReadMaxBytes(MaxRPCMessage)))
+	a.mux.Handle(filesystemconnect.NewFilesystemHandler(fssvc.New(a.st, a.log), a.rpcOptions()...))
 	a.mux.Handle("/files", files.New(a.st, a.log))
 }
