@@ -1,7 +1,8 @@
 // Package daemon owns aenv-storaged: the long-running process that holds
 // every block export of a layered image. It keeps a state directory
 // (STATE/devices/ID/{device.json, image.GEN.json, upper.GEN.*, layers/}),
-// exports each device over NBD on its own Unix socket (RUN/nbd-ID.sock), and
+// exports each device through an Exporter (today NBD, on its own Unix socket
+// RUN/nbd-ID.sock; ublk later behind the same interface), and
 // answers a length-prefixed JSON RPC (package rpc) on a Unix socket: create,
 // delete, restack, shared devices, warm pool, reclaim, features, shutdown.
 //
@@ -45,6 +46,8 @@ type Options struct {
 	PoolLow, PoolHigh int
 	// NBD tunes every export's server.
 	NBD nbd.Options
+	// Exporter serves devices; default an NBDExporter on RunDir.
+	Exporter Exporter
 }
 
 // Daemon is the storage daemon.
@@ -53,8 +56,9 @@ type Daemon struct {
 	log  *slog.Logger
 	ctx  context.Context // cancelled at shutdown; parent of every export
 
-	ids  *idAllocator
-	pool *warmPool
+	ids      *idAllocator
+	pool     *warmPool
+	exporter Exporter
 
 	mu      sync.Mutex
 	devices map[uint32]*device
@@ -91,6 +95,10 @@ func New(opts Options) (*Daemon, error) {
 		devices: make(map[uint32]*device), shared: make(map[string]uint32), stopCh: make(chan struct{}),
 	}
 	d.pool = newWarmPool(d)
+	d.exporter = opts.Exporter
+	if d.exporter == nil {
+		d.exporter = &NBDExporter{RunDir: opts.RunDir, Opts: opts.NBD, Log: opts.Logger}
+	}
 	return d, nil
 }
 
@@ -314,7 +322,7 @@ func (d *Daemon) dispatch(ctx context.Context, req rpc.Request) (any, error) {
 	case rpc.MethodList:
 		return d.list(), nil
 	case rpc.MethodFeatures:
-		return features(), nil
+		return d.features(), nil
 	case rpc.MethodShutdown:
 		return struct{}{}, nil
 	default:
@@ -330,9 +338,9 @@ func call[P, R any](ctx context.Context, raw json.RawMessage, fn func(context.Co
 	return fn(ctx, p)
 }
 
-func features() rpc.Features {
+func (d *Daemon) features() rpc.Features {
 	return rpc.Features{
-		ProtocolVersion: rpc.ProtocolVersion, Exports: []string{"nbd"},
+		ProtocolVersion: rpc.ProtocolVersion, Exports: []string{d.exporter.Name()},
 		Restack: true, SharedDevices: true, WarmPool: true, TCP: true,
 		KernelNBD: nbd.KernelAvailable() == nil,
 	}

@@ -1,11 +1,8 @@
 package daemon
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
 	"sync"
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
@@ -96,31 +93,23 @@ type device struct {
 	lost    string // non-empty: not exported, and why
 	deleted bool   // set under op when removed from the daemon
 
-	be      *swapBackend
-	srv     *nbd.Server
-	lns     []net.Listener
-	cancel  context.CancelFunc
-	served  sync.WaitGroup
-	tcpAddr string
-	kdev    *nbd.KernelDevice
+	be  *swapBackend
+	exp Export
 }
 
 func (dv *device) info(d *Daemon) rpc.Device {
 	r := dv.rec
 	out := rpc.Device{
 		ID: r.ID, Kind: r.Kind, State: rpc.StateActive, Owner: r.Owner, Image: r.Image, Config: r.Config,
-		ReadOnly: r.ReadOnly, Size: r.Size, Export: r.Export, TCP: dv.tcpAddr,
+		ReadOnly: r.ReadOnly, Size: r.Size, Export: r.Export,
 		Holders: append([]string(nil), r.Holders...), Layers: append([]string(nil), r.Layers...),
 	}
-	if dv.lost != "" {
+	if dv.lost != "" || dv.exp == nil {
 		out.State, out.LostReason = rpc.StateLost, dv.lost
 		return out
 	}
-	out.Socket = d.socketPath(r.ID)
-	if dv.kdev != nil {
-		out.BlockDevice = dv.kdev.Path
-	}
-	out.URI = "nbd+unix:///" + r.Export + "?socket=" + out.Socket
+	ep := dv.exp.Endpoint()
+	out.Socket, out.URI, out.TCP, out.BlockDevice = ep.Socket, ep.URI, ep.TCP, ep.BlockDevice
 	return out
 }
 
@@ -137,84 +126,25 @@ func (d *Daemon) start(dv *device) error {
 	}
 	r.Size = im.Size()
 	dv.be = &swapBackend{im: im, size: im.Size()}
-	dv.srv = nbd.NewServer(d.opts.NBD)
-	if err := dv.srv.Add(nbd.Export{Name: r.Export, Description: r.Image, Backend: dv.be, ReadOnly: r.ReadOnly}); err != nil {
+	dv.exp, err = d.exporter.Export(d.ctx, ExportSpec{
+		ID: r.ID, Name: r.Export, Description: r.Image, Backend: dv.be,
+		ReadOnly: r.ReadOnly, TCP: r.TCP, Kernel: r.Kernel,
+	})
+	if err != nil {
 		dv.be.Close()
+		dv.be = nil
 		return err
 	}
-	if err := d.listen(dv); err != nil {
-		dv.stop()
-		return err
-	}
-	if r.Kernel {
-		// Two connections: the kernel spreads requests over them.
-		kd, err := nbd.AttachKernel(d.ctx, dv.srv, r.Export, 2)
-		if err != nil {
-			dv.stop()
-			return err
-		}
-		dv.kdev = kd
-	}
-	return nil
-}
-
-// listen opens the device's Unix socket (and loopback TCP port) and serves them.
-func (d *Daemon) listen(dv *device) error {
-	sock := d.socketPath(dv.rec.ID)
-	os.Remove(sock) // a socket file left by a dead daemon
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		return fmt.Errorf("export device %d on %s: %w", dv.rec.ID, sock, err)
-	}
-	dv.lns = append(dv.lns, ln)
-	if dv.rec.TCP {
-		if err := dv.listenTCP(); err != nil {
-			return err
-		}
-	}
-	ctx, cancel := context.WithCancel(d.ctx)
-	dv.cancel = cancel
-	for _, l := range dv.lns {
-		dv.served.Add(1)
-		go func() {
-			defer dv.served.Done()
-			if err := dv.srv.Serve(ctx, l); err != nil {
-				d.log.Warn("nbd export stopped", "device", dv.rec.ID, "err", err)
-			}
-		}()
-	}
-	return nil
-}
-
-func (dv *device) listenTCP() error {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return fmt.Errorf("export device %d on loopback tcp: %w", dv.rec.ID, err)
-	}
-	dv.lns = append(dv.lns, ln)
-	dv.tcpAddr = ln.Addr().String()
 	return nil
 }
 
 // stop ends the export (dropping client connections) and closes the image;
 // on-disk state is untouched.
 func (dv *device) stop() error {
-	if dv.kdev != nil {
-		// Detach first, so the kernel flushes while the export still answers.
-		dv.kdev.Detach()
-		dv.kdev = nil
+	if dv.exp != nil {
+		dv.exp.Stop()
+		dv.exp = nil
 	}
-	if dv.cancel != nil {
-		dv.cancel()
-	}
-	for _, l := range dv.lns {
-		l.Close()
-	}
-	dv.served.Wait()
-	if dv.srv != nil {
-		dv.srv.Close()
-	}
-	dv.lns, dv.cancel = nil, nil
 	if dv.be == nil {
 		return nil
 	}

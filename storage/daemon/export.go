@@ -1,0 +1,148 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/agentenv/agentenv/storage/nbd"
+)
+
+// Exporter makes a device's backend reachable by a VMM. NBDExporter is the
+// one built today; a ublk exporter will implement the same interface, so the
+// daemon's device lifecycle (create, restack, shared, pool, recovery) does
+// not change with the transport.
+type Exporter interface {
+	// Name is the transport ("nbd"), reported in Features.
+	Name() string
+	// Export starts serving spec.Backend. The export must tolerate the
+	// backend pausing I/O (restack) and must not close it.
+	Export(ctx context.Context, spec ExportSpec) (Export, error)
+}
+
+// ExportSpec describes one export.
+type ExportSpec struct {
+	ID          uint32
+	Name        string // unique, includes a nonce: a stale client of a reused id cannot connect
+	Description string
+	Backend     nbd.Backend
+	ReadOnly    bool
+	TCP         bool // also on a loopback TCP port
+	Kernel      bool // also as a kernel block device
+}
+
+// Export is a running export.
+type Export interface {
+	Endpoint() Endpoint
+	// Stop drops every client and stops serving; it does not close the backend.
+	Stop()
+}
+
+// Endpoint says where a running export is reached.
+type Endpoint struct {
+	Socket      string // Unix socket
+	URI         string // for QEMU and libnbd
+	TCP         string // loopback host:port, if requested
+	BlockDevice string // /dev/nbdN (or /dev/ublkbN), if requested
+}
+
+// NBDExporter exports each device from its own nbd.Server on
+// RunDir/nbd-ID.sock (plus loopback TCP and /dev/nbdN on request).
+type NBDExporter struct {
+	RunDir string
+	Opts   nbd.Options
+	Log    *slog.Logger
+}
+
+// Name implements Exporter.
+func (x *NBDExporter) Name() string { return "nbd" }
+
+func (x *NBDExporter) socketPath(id uint32) string {
+	return filepath.Join(x.RunDir, fmt.Sprintf("nbd-%d.sock", id))
+}
+
+// Export implements Exporter.
+func (x *NBDExporter) Export(ctx context.Context, spec ExportSpec) (Export, error) {
+	e := &nbdExport{srv: nbd.NewServer(x.Opts)}
+	err := e.srv.Add(nbd.Export{Name: spec.Name, Description: spec.Description, Backend: spec.Backend, ReadOnly: spec.ReadOnly})
+	if err == nil {
+		err = e.listen(x.socketPath(spec.ID), spec.TCP)
+	}
+	if err != nil {
+		e.Stop()
+		return nil, fmt.Errorf("export device %d: %w", spec.ID, err)
+	}
+	ctx, e.cancel = context.WithCancel(ctx)
+	for _, l := range e.lns {
+		e.served.Add(1)
+		go func() {
+			defer e.served.Done()
+			if err := e.srv.Serve(ctx, l); err != nil {
+				x.Log.Warn("nbd export stopped", "device", spec.ID, "err", err)
+			}
+		}()
+	}
+	e.ep.URI = "nbd+unix:///" + spec.Name + "?socket=" + e.ep.Socket
+	if spec.Kernel {
+		// Two connections: the kernel spreads requests over them.
+		kd, err := nbd.AttachKernel(ctx, e.srv, spec.Name, 2)
+		if err != nil {
+			e.Stop()
+			return nil, fmt.Errorf("export device %d: %w", spec.ID, err)
+		}
+		e.kdev, e.ep.BlockDevice = kd, kd.Path
+	}
+	return e, nil
+}
+
+type nbdExport struct {
+	srv    *nbd.Server
+	lns    []net.Listener
+	cancel context.CancelFunc
+	served sync.WaitGroup
+	kdev   *nbd.KernelDevice
+	ep     Endpoint
+}
+
+// listen opens the Unix socket (replacing one left by a dead daemon) and
+// optionally a loopback TCP port.
+func (e *nbdExport) listen(sock string, tcp bool) error {
+	os.Remove(sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return err
+	}
+	e.lns, e.ep.Socket = append(e.lns, ln), sock
+	if !tcp {
+		return nil
+	}
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	e.lns, e.ep.TCP = append(e.lns, tl), tl.Addr().String()
+	return nil
+}
+
+func (e *nbdExport) Endpoint() Endpoint { return e.ep }
+
+func (e *nbdExport) Stop() {
+	if e.kdev != nil {
+		// Detach first, so the kernel flushes while the export still answers.
+		e.kdev.Detach()
+		e.kdev = nil
+	}
+	if e.cancel != nil {
+		e.cancel()
+	}
+	for _, l := range e.lns {
+		l.Close()
+	}
+	e.served.Wait()
+	e.srv.Close()
+	e.lns = nil
+}
