@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -638,5 +640,67 @@ func TestRestartAfterRestack(t *testing.T) {
 	got := make([]byte, 4102)
 	if _, err := nc2.ReadAt(got, 0); err != nil || string(got[:6]) != "before" || string(got[4096:]) != "after!" {
 		t.Fatalf("after restart: %q %q %v", got[:6], got[4096:], err)
+	}
+}
+
+// TestConcurrentClients: several clients create, delete, acquire and
+// release at once; afterwards exactly one shared device holds every
+// remaining holder and no runtime device is left.
+func TestConcurrentClients(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 15)
+	h := start(t, testOptions(t))
+	ctx := ctxT(t)
+	var wg sync.WaitGroup
+	sharedIDs := make([]uint32, 6)
+	for g := range 6 {
+		wg.Go(func() {
+			c, err := client.Dial(ctx, h.opts.Socket)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			holder := fmt.Sprintf("vm-%d", g)
+			sh, err := c.AcquireShared(ctx, f.config, holder)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			sharedIDs[g] = sh.ID
+			for range 3 {
+				dev, err := c.Create(ctx, rpc.CreateParams{Image: f.config, Owner: holder})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if err := c.Delete(ctx, dev.ID); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			if g%2 == 0 {
+				if err := c.ReleaseShared(ctx, sh.ID, holder); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, id := range sharedIDs[1:] {
+		if id != sharedIDs[0] {
+			t.Fatalf("one image got several shared devices: %v", sharedIDs)
+		}
+	}
+	devs, err := h.c.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) != 1 || devs[0].Kind != rpc.KindShared {
+		t.Fatalf("devices left: %+v", devs)
+	}
+	holders := slices.Sorted(slices.Values(devs[0].Holders))
+	if !slices.Equal(holders, []string{"vm-1", "vm-3", "vm-5"}) {
+		t.Fatalf("holders %v", holders)
 	}
 }
