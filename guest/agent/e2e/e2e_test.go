@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -33,6 +35,7 @@ func TestE2BSDKScenario(t *testing.T) {
 		t.Skip("-short: skipping the E2B SDK scenario")
 	}
 	defaultUser, other := users(t)
+	lockPort(t)
 	bin := buildAgent(t)
 	_, here, _, _ := runtime.Caller(0)
 	dir := filepath.Dir(here)
@@ -67,6 +70,36 @@ func TestE2BSDKScenario(t *testing.T) {
 		defer stop()
 		runScenario(t, node, sdkDir, vmSDKVersion, "/tmp/e2e", "user", "root")
 	})
+}
+
+// portLock serializes every run of this test on a machine (several
+// checkouts may be tested at once on a shared host): port 49983 is fixed.
+const portLock = "/tmp/aenv-e2e-port-49983.lock"
+
+// lockPort takes portLock for the rest of the test, waiting up to 15 minutes.
+func lockPort(t *testing.T) {
+	t.Helper()
+	f, err := os.OpenFile(portLock, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		t.Fatalf("open %s: %v", portLock, err)
+	}
+	deadline := time.Now().Add(15 * time.Minute)
+	for logged := false; ; {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			f.Close()
+			t.Fatalf("lock %s: %v", portLock, err)
+		}
+		if !logged {
+			t.Logf("another run of this test holds port 49983; waiting")
+			logged = true
+		}
+		time.Sleep(time.Second)
+	}
+	t.Cleanup(func() { f.Close() }) // closing releases the lock
 }
 
 // runScenario runs scenario.mjs with one SDK version against whatever
