@@ -212,6 +212,10 @@ func (d *Daemon) recover() error {
 		}
 		d.log.Info("device re-exported", "device", r.ID, "kind", r.Kind, "socket", d.socketPath(r.ID))
 	}
+	if err := d.loadPool(); err != nil {
+		// The pool is an optimisation: a bad config file must not stop the daemon.
+		d.log.Error("warm pool config ignored", "err", err)
+	}
 	return nil
 }
 

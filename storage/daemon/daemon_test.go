@@ -508,6 +508,19 @@ func TestWarmPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPool(t, h.c, 2) // refilled in the background to the high watermark
+
+	// A restarted daemon adopts the pool devices and keeps the watermarks
+	// (the daemon defaults are 0/0, so only the saved config refills).
+	h.stop()
+	h2 := start(t, opts)
+	pool = waitPool(t, h2.c, 2)
+	for range 2 {
+		dev, err := h2.c.Create(ctx, rpc.CreateParams{Image: f.config})
+		if err != nil || !slices.Contains(pool, dev.ID) {
+			t.Fatalf("create after restart: %+v %v (pool %v)", dev, err, pool)
+		}
+	}
+	waitPool(t, h2.c, 2)
 }
 
 // waitPool polls until n pool devices exist (no timing assertion: the test

@@ -446,5 +446,5 @@ func (d *Daemon) warm(p rpc.WarmParams) error {
 		return errf(rpc.CodeInvalid, "%v", err)
 	}
 	d.pool.configure(shape{image: img, size: p.Size}, p.Low, p.High)
-	return nil
+	return d.savePool()
 }

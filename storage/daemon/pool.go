@@ -1,6 +1,12 @@
 package daemon
 
 import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
 	"sync"
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
@@ -18,6 +24,7 @@ func shapeOf(r *record) shape { return shape{image: r.Image, size: r.ReqSize} }
 // poolShape is the warm pool of one shape.
 type poolShape struct {
 	low, high int
+	explicit  bool // set by a warm call (persisted), not just the defaults
 	ready     []uint32
 	filling   bool
 }
@@ -71,9 +78,75 @@ func (p *warmPool) configure(s shape, low, high int) {
 	ps := p.get(s)
 	if low > 0 || high > 0 {
 		ps.low, ps.high = low, max(low, high)
+		ps.explicit = true
 	}
 	p.mu.Unlock()
 	p.refill(s)
+}
+
+// poolShapeRecord is one explicitly configured shape in STATE/pool.json, so
+// a restarted daemon keeps its watermarks.
+type poolShapeRecord struct {
+	Image string `json:"image"`
+	Size  int64  `json:"size,omitempty"`
+	Low   int    `json:"low"`
+	High  int    `json:"high"`
+}
+
+func (p *warmPool) records() []poolShapeRecord {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []poolShapeRecord
+	for s, ps := range p.shapes {
+		if ps.explicit {
+			out = append(out, poolShapeRecord{Image: s.image, Size: s.size, Low: ps.low, High: ps.high})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Image != out[j].Image {
+			return out[i].Image < out[j].Image
+		}
+		return out[i].Size < out[j].Size
+	})
+	return out
+}
+
+func (d *Daemon) poolFile() string { return filepath.Join(d.opts.StateDir, "pool.json") }
+
+// savePool writes the configured shapes atomically.
+func (d *Daemon) savePool() error {
+	b, err := json.MarshalIndent(d.pool.records(), "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := d.poolFile() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("save warm pool config: %w", err)
+	}
+	if err := os.Rename(tmp, d.poolFile()); err != nil {
+		return fmt.Errorf("save warm pool config: %w", err)
+	}
+	return nil
+}
+
+// loadPool restores configured shapes (after the pool devices were adopted)
+// and starts their refills.
+func (d *Daemon) loadPool() error {
+	b, err := os.ReadFile(d.poolFile())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("load warm pool config: %w", err)
+	}
+	var recs []poolShapeRecord
+	if err := json.Unmarshal(b, &recs); err != nil {
+		return fmt.Errorf("load warm pool config %s: %w", d.poolFile(), err)
+	}
+	for _, r := range recs {
+		d.pool.configure(shape{image: r.Image, size: r.Size}, r.Low, r.High)
+	}
+	return nil
 }
 
 // adopt puts a pool device found at startup back into its shape's pool.
