@@ -290,12 +290,14 @@ func (h *Handler) store(u *users.User, raw string, body io.Reader, md map[string
 	if err != nil {
 		return Entry{}, fmt.Errorf("open %s: %w", path, err)
 	}
-	if _, err := io.CopyBuffer(onlyWriter{f}, body, make([]byte, copyBuf)); err != nil {
-		f.Close()
-		return Entry{}, fmt.Errorf("write %s: %w", path, err)
+	_, err = io.CopyBuffer(onlyWriter{f}, body, make([]byte, copyBuf))
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	if err := f.Close(); err != nil {
-		return Entry{}, fmt.Errorf("close %s: %w", path, err)
+	if err != nil {
+		// A partial file is useless, and on a full disk it holds the space.
+		os.Remove(path)
+		return Entry{}, fmt.Errorf("write %s: %w", path, err)
 	}
 	if err := fssvc.Chown(path, u); err != nil {
 		return Entry{}, err

@@ -362,6 +362,9 @@ func TestDiskFull(t *testing.T) {
 	if resp.StatusCode != http.StatusInsufficientStorage {
 		t.Fatalf("status %d, want 507: %s", resp.StatusCode, b)
 	}
+	if _, err := os.Stat(filepath.Join(mnt, "big")); !os.IsNotExist(err) {
+		t.Fatalf("partial upload left behind: %v", err)
+	}
 }
 
 // raceEnabled is set by race_test.go when the race detector is on.
