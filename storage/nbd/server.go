@@ -11,6 +11,7 @@ import (
 	"net"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -68,6 +69,7 @@ type Server struct {
 	conns       map[*session]struct{}
 	closed      bool
 	wg          sync.WaitGroup
+	transmits   atomic.Int64 // connections that reached the transmission phase
 }
 
 // NewServer returns a server with no exports.
@@ -133,6 +135,10 @@ func (s *Server) Connections(name string) int {
 	}
 	return n
 }
+
+// Transmissions counts connections that completed the handshake since the
+// server was made.
+func (s *Server) Transmissions() int64 { return s.transmits.Load() }
 
 func (s *Server) lookup(name string) *Export {
 	s.mu.Lock()
@@ -243,6 +249,7 @@ func (s *Server) ServeConn(ctx context.Context, conn net.Conn) error {
 		return err
 	}
 	conn.SetDeadline(time.Time{})
+	s.transmits.Add(1)
 	return c.transmit(exp)
 }
 
