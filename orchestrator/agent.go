@@ -65,6 +65,10 @@ func initAgent(ctx context.Context, slot *network.Slot, req initRequest) error {
 		body, _ := json.Marshal(req)
 		hr, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent/init", bytes.NewReader(body))
 		hr.Header.Set("Content-Type", "application/json")
+		if req.AccessToken != nil {
+			// A re-init (after resume, or a retry) must present the token already set.
+			hr.Header.Set("X-Access-Token", *req.AccessToken)
+		}
 		resp, err := hc.Do(hr)
 		if err == nil {
 			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))

@@ -5,6 +5,10 @@
 // restoring that snapshot, TTLs with auto-pause or kill, and persistence of
 // every sandbox in the node's store.
 //
+// After a restart (graceful or kill -9) paused sandboxes stay paused; the
+// VMs of running ones are adopted, snapshotted and kept as paused (Recover):
+// live re-adoption needs network slots that survive a restart.
+//
 // Interim (until the storage daemon's layered exports are wired): each
 // sandbox's root disk is a sparse copy of the template's rootfs file.
 package orchestrator
@@ -120,9 +124,9 @@ type sandbox struct {
 }
 
 // New returns an orchestrator and loads the persisted sandboxes: paused ones
-// are kept; ones that were running cannot be re-adopted yet (the network
-// manager clears the previous run's slots), so their VMM processes are
-// stopped and their records dropped.
+// are kept; any other (Recover, run before the network manager starts, turns
+// re-adoptable running ones into paused ones) has its VMM process stopped
+// and its record dropped.
 func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()

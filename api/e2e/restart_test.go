@@ -13,7 +13,8 @@ import (
 )
 
 // TestRestartKill9 kills aenvd with SIGKILL while it has a paused and a
-// running sandbox, and starts it again on the same data directory.
+// running sandbox, and starts it again on the same data directory: both are
+// listed (paused) and usable after connect.
 func TestRestartKill9(t *testing.T) {
 	n := sharedNode(t)
 	paused := n.create(t, `{"templateID":"base","timeout":300}`)
@@ -37,13 +38,19 @@ func TestRestartKill9(t *testing.T) {
 	if got := n.readFile(t, paused, "/home/user/p.txt"); got != "kept across the restart" {
 		t.Fatalf("file of the paused sandbox after restart: %q", got)
 	}
-	// A running sandbox cannot be re-adopted yet (see the orchestrator's
-	// package doc): it is dropped, and its VMM process does not leak.
-	n.waitState(t, running, "gone", time.Second)
+	// The running one was adopted, snapshotted and kept as paused: its old
+	// VMM process is gone, and it resumes with its files.
+	n.waitState(t, running, "paused", time.Second)
 	if pids := processesMentioning(running); len(pids) > 0 {
-		t.Fatalf("VMM processes of the dropped sandbox %s still run: %v", running, pids)
+		t.Fatalf("VMM processes of sandbox %s still run after recovery: %v", running, pids)
 	}
-	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+paused, n.key, "")
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+running+"/connect", n.key, `{"timeout":60}`)
+	if got := n.readFile(t, running, "/home/user/r.txt"); got != "running before the restart" {
+		t.Fatalf("file of the running sandbox after restart: %q", got)
+	}
+	for _, id := range []string{paused, running} {
+		n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+	}
 }
 
 func (n *node) writeFile(t *testing.T, id, path, content string) {

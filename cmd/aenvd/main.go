@@ -93,6 +93,11 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	accel, why := drv.Accel()
 	log.Info("vmm selected", "driver", drv.Name(), "accel", accel, "reason", why)
+	// Before the network manager clears the previous run's slots, take over
+	// the VMs a crashed predecessor left running (kept as paused sandboxes).
+	if err := orchestrator.Recover(ctx, drv, st, log); err != nil {
+		return err
+	}
 	netCfg, err := networkConfig(cfg, reg, log)
 	if err != nil {
 		return err

@@ -1,0 +1,87 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/agentenv/agentenv/store"
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// Recover runs before the network manager starts (which clears the previous
+// run's slots): it takes over every VMM process a previous aenvd left running
+// (after kill -9 or a crash), snapshots it and stops it, so the sandbox is
+// kept as paused and resumes on the next connect. Sandboxes whose VMM cannot
+// be adopted are stopped and dropped. Paused sandboxes are left alone.
+func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	recs, err := store.ListAll[Record](st, store.Sandboxes)
+	if err != nil {
+		return fmt.Errorf("recover sandboxes: %w", err)
+	}
+	for _, r := range recs {
+		if r.State == Paused {
+			continue
+		}
+		if r.State == Running || r.State == Pausing || r.State == Resuming {
+			if err := recoverOne(ctx, drv, st, r, log); err == nil {
+				continue
+			} else {
+				log.Warn("cannot re-adopt sandbox; dropping it", "sandbox", r.ID, "state", r.State, "err", err)
+			}
+		}
+		killStale(r.PID, r.ID)
+		_ = os.RemoveAll(r.Dir)
+		if err := st.Delete(store.Sandboxes, r.ID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recoverOne adopts the sandbox's VMM, pauses and snapshots it, stops it and
+// records the sandbox as paused.
+func recoverOne(ctx context.Context, drv vmm.Driver, st *store.Store, r Record, log *slog.Logger) error {
+	ad, ok := drv.(vmm.Adopter)
+	if !ok {
+		return fmt.Errorf("driver %s cannot adopt machines: %w", drv.Name(), vmm.ErrUnsupported)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	m, err := ad.Adopt(ctx, filepath.Join(r.Dir, fmt.Sprintf("run-%d", r.Gen)))
+	if err != nil {
+		return err
+	}
+	defer m.Stop(context.WithoutCancel(ctx))
+	if err := m.Pause(ctx); err != nil {
+		return fmt.Errorf("pause adopted machine: %w", err)
+	}
+	snapDir := filepath.Join(r.Dir, fmt.Sprintf("snapshot-%d", r.Gen))
+	if snapDir == r.Snapshot {
+		return errors.New("snapshot directory of this generation already in use")
+	}
+	_ = os.RemoveAll(snapDir) // a pause the crash interrupted
+	if _, err := m.Snapshot(ctx, snapDir); err != nil {
+		_ = os.RemoveAll(snapDir)
+		return fmt.Errorf("snapshot adopted machine: %w", err)
+	}
+	if err := m.Stop(ctx); err != nil {
+		return fmt.Errorf("stop adopted machine: %w", err)
+	}
+	if r.Snapshot != "" {
+		_ = os.RemoveAll(r.Snapshot)
+	}
+	r.State, r.Snapshot, r.PID = Paused, snapDir, 0
+	if err := st.Put(store.Sandboxes, r.ID, r); err != nil {
+		return err
+	}
+	log.Info("re-adopted sandbox after restart and kept it paused", "sandbox", r.ID)
+	return nil
+}
