@@ -40,7 +40,7 @@ type TestNet struct {
 // NewTestNet creates a namespace with a configured tap; t.Cleanup removes it.
 func NewTestNet(t testing.TB) *TestNet {
 	t.Helper()
-	name := fmt.Sprintf("aenv-vmmt-%d-%d", os.Getpid(), netSeq.Add(1))
+	name := fmt.Sprintf("vmmt-%d-%d", os.Getpid(), netSeq.Add(1))
 	tn := &TestNet{Name: name}
 	err := inNewNS(name, func(ns netns.NsHandle) error {
 		tn.ns = ns
