@@ -31,6 +31,9 @@ type Options struct {
 	// MaxInFlight bounds requests served concurrently per connection (default 128).
 	// The reader stops taking requests off the socket when it is reached.
 	MaxInFlight int
+	// MaxInFlightBytes bounds the READ/WRITE payload bytes one connection
+	// holds at once (default 64 MiB; at least MaxPayload).
+	MaxInFlightBytes int64
 	// MaxPayload is the largest READ/WRITE accepted (default DefaultMaxPayload).
 	MaxPayload uint32
 	// PreferredBlock is the advertised preferred block size (default 4096).
@@ -49,6 +52,9 @@ func (o *Options) fill() {
 	}
 	if o.MaxPayload == 0 {
 		o.MaxPayload = DefaultMaxPayload
+	}
+	if o.MaxInFlightBytes <= 0 {
+		o.MaxInFlightBytes = 64 << 20
 	}
 	if o.PreferredBlock == 0 {
 		o.PreferredBlock = 4096
@@ -70,6 +76,8 @@ type Server struct {
 	closed      bool
 	wg          sync.WaitGroup
 	transmits   atomic.Int64 // connections that reached the transmission phase
+
+	onTransmit func(*transmitter) // test hook
 }
 
 // NewServer returns a server with no exports.

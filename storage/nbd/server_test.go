@@ -396,3 +396,61 @@ func TestServeSurvivesAcceptErrors(t *testing.T) {
 		t.Fatalf("serve: %v", err)
 	}
 }
+
+// TestSlowReaderBounded: a client that pipelines many large reads and does
+// not read replies makes the server stop taking requests at its per-connection
+// byte budget instead of buffering every reply; all replies still arrive.
+func TestSlowReaderBounded(t *testing.T) {
+	t.Parallel()
+	const chunk, budgetBytes, n = 1 << 20, 3 << 20, 40
+	srv := NewServer(Options{MaxInFlight: 16, MaxPayload: chunk, MaxInFlightBytes: budgetBytes, Logger: discardLogger()})
+	b := NewMem(n * chunk)
+	for i := range n {
+		b.WriteAt(bytes.Repeat([]byte{byte(i)}, chunk), int64(i)*chunk)
+	}
+	srv.Add(Export{Name: "d", Backend: b})
+	mems := make(chan *budget, 1)
+	srv.onTransmit = func(tr *transmitter) { mems <- tr.mem }
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go srv.Serve(ctx, ln)
+	conn := rawConn(t, sock, "d")
+	conn.SetDeadline(time.Now().Add(60 * time.Second))
+	reqs := make([]byte, 0, n*requestLen)
+	for i := range n {
+		h := make([]byte, requestLen)
+		putRequest(h, request{typ: cmdRead, handle: uint64(i), offset: uint64(i) * chunk, length: chunk})
+		reqs = append(reqs, h...)
+	}
+	if _, err := conn.Write(reqs); err != nil {
+		t.Fatal(err)
+	}
+	mem := <-mems
+	seen := make(map[uint64]bool)
+	hdr := make([]byte, simpleReplyLen)
+	data := make([]byte, chunk)
+	for range n {
+		if _, err := io.ReadFull(conn, hdr); err != nil {
+			t.Fatal(err)
+		}
+		h := binary.BigEndian.Uint64(hdr[8:16])
+		if binary.BigEndian.Uint32(hdr[4:8]) != 0 || seen[h] || h >= n {
+			t.Fatalf("bad reply %x", hdr)
+		}
+		seen[h] = true
+		if _, err := io.ReadFull(conn, data); err != nil || data[0] != byte(h) || data[chunk-1] != byte(h) {
+			t.Fatalf("reply %d data wrong: %v", h, err)
+		}
+	}
+	mem.mu.Lock()
+	peak := mem.peak
+	mem.mu.Unlock()
+	if peak > budgetBytes || peak < chunk {
+		t.Fatalf("peak in-flight payload %d, budget %d", peak, budgetBytes)
+	}
+}

@@ -50,7 +50,12 @@ type transmitter struct {
 	c   *session
 	e   *Export
 	max uint32
+	// sem and mem bound what one connection holds: requests being served or
+	// whose reply is not yet on the wire, and the payload bytes they carry.
+	// Both are released only when a reply is written, so a client that stops
+	// reading replies stalls its own connection instead of growing memory.
 	sem chan struct{}
+	mem *budget
 	wg  sync.WaitGroup
 
 	wmu     sync.Mutex // guards the reply queue below
@@ -67,7 +72,12 @@ func (c *session) transmit(e *Export) error {
 	c.mu.Lock()
 	c.exp = e
 	c.mu.Unlock()
-	t := &transmitter{c: c, e: e, max: c.srv.opts.MaxPayload, sem: make(chan struct{}, c.srv.opts.MaxInFlight)}
+	o := &c.srv.opts
+	t := &transmitter{c: c, e: e, max: o.MaxPayload, sem: make(chan struct{}, o.MaxInFlight),
+		mem: newBudget(max(o.MaxInFlightBytes, int64(o.MaxPayload)))}
+	if h := c.srv.onTransmit; h != nil {
+		h(t)
+	}
 	err := t.loop()
 	t.wg.Wait() // in-flight requests still get their replies before we close
 	return err
@@ -110,9 +120,11 @@ func (t *transmitter) dispatch(req request) error {
 		if req.length > t.max || !inRange {
 			return t.reply(req.handle, errInval, nil)
 		}
-		t.start(func() { t.serveRead(req) })
+		tk := t.acquire(int64(req.length))
+		t.run(func() { t.serveRead(req, tk) })
 	case cmdFlush:
-		t.start(func() { t.reply(req.handle, errno(t.e.Backend.Flush()), nil) })
+		tk := t.acquire(0)
+		t.run(func() { t.finish(req.handle, errno(t.e.Backend.Flush()), nil, nil, tk) })
 	case cmdTrim, cmdWriteZeroes:
 		switch {
 		case t.e.ReadOnly:
@@ -120,7 +132,8 @@ func (t *transmitter) dispatch(req request) error {
 		case !inRange:
 			return t.reply(req.handle, errNoSpc, nil)
 		}
-		t.start(func() { t.serveZero(req) })
+		tk := t.acquire(0)
+		t.run(func() { t.serveZero(req, tk) })
 	case cmdCache:
 		// Advisory prefetch; nothing to do for a page-cache-backed store.
 		return t.reply(req.handle, 0, nil)
@@ -137,42 +150,63 @@ func (t *transmitter) dispatchWrite(req request, inRange bool) error {
 		// will not buffer it: the protocol lets us drop the connection.
 		return fmt.Errorf("nbd %q: write of %d bytes exceeds maximum %d", t.e.Name, req.length, t.max)
 	}
+	tk := t.acquire(int64(req.length)) // before the payload is buffered
 	pb, buf := getBuf(req.length)
 	if _, err := io.ReadFull(t.c.br, buf); err != nil {
 		putBuf(pb)
+		t.release(tk)
 		return fmt.Errorf("nbd %q: read write payload: %w", t.e.Name, err)
 	}
 	switch {
 	case t.e.ReadOnly:
 		putBuf(pb)
-		return t.reply(req.handle, errPerm, nil)
+		return t.finish(req.handle, errPerm, nil, nil, tk)
 	case !inRange:
 		putBuf(pb)
-		return t.reply(req.handle, errNoSpc, nil)
+		return t.finish(req.handle, errNoSpc, nil, nil, tk)
 	}
-	t.start(func() {
-		defer putBuf(pb)
+	t.run(func() {
 		_, err := t.e.Backend.WriteAt(buf, int64(req.offset))
+		putBuf(pb)
 		if err == nil && req.flags&cmdFlagFUA != 0 {
 			err = t.e.Backend.Flush()
 		}
-		t.reply(req.handle, errno(err), nil)
+		t.finish(req.handle, errno(err), nil, nil, tk)
 	})
 	return nil
 }
 
-// start runs fn on a new goroutine once a slot is free. Waiting here is the
+// ticket is what a served request holds until its reply is written.
+type ticket struct {
+	held  bool
+	bytes int64
+}
+
+// acquire waits for a request slot and payload budget. Waiting here is the
 // backpressure: the reader stops pulling requests off the socket.
-func (t *transmitter) start(fn func()) {
+func (t *transmitter) acquire(bytes int64) ticket {
 	t.sem <- struct{}{}
+	t.mem.acquire(bytes)
+	return ticket{held: true, bytes: bytes}
+}
+
+func (t *transmitter) release(tk ticket) {
+	if tk.held {
+		t.mem.release(tk.bytes)
+		<-t.sem
+	}
+}
+
+// run serves fn on a new goroutine.
+func (t *transmitter) run(fn func()) {
 	t.wg.Add(1)
 	go func() {
-		defer func() { <-t.sem; t.wg.Done() }()
+		defer t.wg.Done()
 		fn()
 	}()
 }
 
-func (t *transmitter) serveRead(req request) {
+func (t *transmitter) serveRead(req request, tk ticket) {
 	pb, buf := getBuf(req.length)
 	n, err := t.e.Backend.ReadAt(buf, int64(req.offset))
 	if n == len(buf) {
@@ -180,13 +214,13 @@ func (t *transmitter) serveRead(req request) {
 	}
 	if err != nil {
 		putBuf(pb)
-		t.reply(req.handle, errno(err), nil)
+		t.finish(req.handle, errno(err), nil, nil, tk)
 		return
 	}
-	t.send(req.handle, 0, buf, pb) // send returns the buffer once written
+	t.finish(req.handle, 0, buf, pb, tk) // the buffer is returned once written
 }
 
-func (t *transmitter) serveZero(req request) {
+func (t *transmitter) serveZero(req request, tk ticket) {
 	off, n := int64(req.offset), int64(req.length)
 	var err error
 	switch {
@@ -202,12 +236,18 @@ func (t *transmitter) serveZero(req request) {
 	if err == nil && req.flags&cmdFlagFUA != 0 {
 		err = t.e.Backend.Flush()
 	}
-	t.reply(req.handle, errno(err), nil)
+	t.finish(req.handle, errno(err), nil, nil, tk)
 }
 
-// reply sends a simple reply without read data.
+// reply sends a reply for a request that holds no ticket.
 func (t *transmitter) reply(handle uint64, code uint32, data []byte) error {
-	return t.send(handle, code, data, nil)
+	return t.send(outReply{data: data}, handle, code)
+}
+
+// finish sends the reply of a served request; its buffer and ticket are
+// released once the reply is on the wire (or the connection failed).
+func (t *transmitter) finish(handle uint64, code uint32, data []byte, pb *[]byte, tk ticket) error {
+	return t.send(outReply{data: data, pb: pb, tk: tk}, handle, code)
 }
 
 // outReply is one reply waiting to be written; pb (if set) is returned to
@@ -216,6 +256,7 @@ type outReply struct {
 	hdr  [simpleReplyLen]byte
 	data []byte
 	pb   *[]byte
+	tk   ticket
 }
 
 // send queues a reply and writes the queue unless another goroutine is
@@ -223,13 +264,12 @@ type outReply struct {
 // flushes every reply queued meanwhile with one writev, so under load many
 // replies share a system call, while a lone request still writes at once
 // without a hand-off to another goroutine.
-func (t *transmitter) send(handle uint64, code uint32, data []byte, pb *[]byte) error {
-	r := outReply{data: data, pb: pb}
+func (t *transmitter) send(r outReply, handle uint64, code uint32) error {
 	putSimpleReply(r.hdr[:], code, handle)
 	t.wmu.Lock()
 	if t.werr != nil {
 		t.wmu.Unlock()
-		putBuf(pb)
+		t.done(&r)
 		return t.werr
 	}
 	t.queue = append(t.queue, r)
@@ -250,8 +290,8 @@ func (t *transmitter) send(handle uint64, code uint32, data []byte, pb *[]byte) 
 			t.c.close()
 		}
 	}
-	for _, r := range t.queue { // only left when the socket failed
-		putBuf(r.pb)
+	for i := range t.queue { // only left when the socket failed
+		t.done(&t.queue[i])
 	}
 	t.queue = t.queue[:0]
 	t.writing = false
@@ -270,10 +310,49 @@ func (t *transmitter) writeBatch(batch []outReply) error {
 	}
 	_, err := bufs.WriteTo(t.c.conn)
 	for i := range batch {
-		putBuf(batch[i].pb)
-		batch[i] = outReply{}
+		t.done(&batch[i])
 	}
 	return err
+}
+
+// done releases what a reply held once it is written or dropped.
+func (t *transmitter) done(r *outReply) {
+	putBuf(r.pb)
+	t.release(r.tk)
+	*r = outReply{}
+}
+
+// budget is a counting semaphore over bytes.
+type budget struct {
+	mu         sync.Mutex
+	cond       sync.Cond
+	free, peak int64
+	total      int64
+}
+
+func newBudget(total int64) *budget {
+	b := &budget{free: total, total: total}
+	b.cond.L = &b.mu
+	return b
+}
+
+func (b *budget) acquire(n int64) {
+	n = min(n, b.total) // one maximal request always fits
+	b.mu.Lock()
+	for b.free < n {
+		b.cond.Wait()
+	}
+	b.free -= n
+	b.peak = max(b.peak, b.total-b.free)
+	b.mu.Unlock()
+}
+
+func (b *budget) release(n int64) {
+	n = min(n, b.total)
+	b.mu.Lock()
+	b.free += n
+	b.mu.Unlock()
+	b.cond.Broadcast()
 }
 
 func (t *transmitter) writeErr() error {
