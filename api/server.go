@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/go-chi/chi/v5"
 )
 
 // maxBody bounds request bodies so hostile clients cannot exhaust memory.
@@ -57,7 +58,15 @@ func NewHandler(opts Options) http.Handler {
 		opts.Logger = slog.Default()
 	}
 	s := &Server{o: opts.Orchestrator, opts: opts, log: opts.Logger.With("component", "api")}
+	router := chi.NewRouter()
+	router.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no route "+r.URL.Path)
+	})
+	router.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed on "+r.URL.Path)
+	})
 	apiHandler := HandlerWithOptions(s, ChiServerOptions{
+		BaseRouter:  router,
 		Middlewares: []MiddlewareFunc{s.auth},
 		ErrorHandlerFunc: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeError(w, http.StatusBadRequest, err.Error())

@@ -1,0 +1,155 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/store"
+)
+
+const testKey = "e2b_0123456789abcdef0123456789abcdef01234567"
+
+// newTestHandler serves the API over an orchestrator with no templates and
+// no VMM: every request is answered without starting a VM.
+func newTestHandler(t testing.TB) http.Handler {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewHandler(Options{Orchestrator: o, APIKey: testKey, DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour,
+		Node: NodeInfo{ID: "node1"}})
+}
+
+func do(h http.Handler, method, path, key, body string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(method, path, strings.NewReader(body))
+	if key != "" {
+		r.Header.Set("X-API-Key", key)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// checkError asserts the {"code": status, "message": ...} body of an error.
+func checkError(t testing.TB, w *httptest.ResponseRecorder) {
+	t.Helper()
+	if w.Code < 400 {
+		return
+	}
+	var e Error
+	if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || int(e.Code) != w.Code || e.Message == "" {
+		t.Fatalf("status %d: body %q is not {\"code\": %d, \"message\": ...}", w.Code, w.Body.String(), w.Code)
+	}
+}
+
+func TestStatusesWithoutVMs(t *testing.T) {
+	h := newTestHandler(t)
+	cases := []struct {
+		method, path, key, body string
+		want                    int
+	}{
+		{"GET", "/health", "", "", 204},
+		{"GET", "/sandboxes", "", "", 401},
+		{"GET", "/sandboxes", "e2b_nope", "", 401},
+		{"GET", "/sandboxes", testKey, "", 200},
+		{"GET", "/v2/sandboxes?state=running,paused&limit=5", testKey, "", 200},
+		{"GET", "/v2/sandboxes?limit=101", testKey, "", 400},
+		{"GET", "/v2/sandboxes?metadata=%25zz", testKey, "", 400},
+		{"POST", "/sandboxes", testKey, `{"templateID":"base"}`, 404},
+		{"POST", "/v2/sandboxes", testKey, `{"templateID":"base","timeout":999999}`, 400},
+		{"POST", "/sandboxes", testKey, `{"templateID":`, 400},
+		{"POST", "/sandboxes", testKey, `{}`, 400},
+		{"DELETE", "/sandboxes/abc", testKey, "", 404},
+		{"POST", "/sandboxes/abc/pause", testKey, "", 404},
+		{"POST", "/sandboxes/abc/pause", testKey, "{", 400},
+		{"POST", "/sandboxes/abc/connect", testKey, `{"timeout":10}`, 404},
+		{"POST", "/v2/sandboxes/abc/connect", testKey, `{}`, 404},
+		{"POST", "/sandboxes/abc/resume", testKey, `{}`, 404},
+		{"POST", "/sandboxes/abc/timeout", testKey, `{"timeout":10}`, 404},
+		{"POST", "/sandboxes/abc/refreshes", testKey, `{"duration":4000}`, 400},
+		{"PUT", "/sandboxes/abc/network", testKey, `{"denyOut":["10.0.0.0/8"]}`, 404},
+		{"GET", "/sandboxes/abc/metrics", testKey, "", 404},
+		{"GET", "/templates", testKey, "", 200},
+		{"GET", "/templates/base", testKey, "", 404},
+		{"GET", "/nodes", testKey, "", 200},
+		{"GET", "/nodes/node1", testKey, "", 200},
+		{"GET", "/nodes/other", testKey, "", 404},
+		{"GET", "/no/such/route", testKey, "", 404},
+		{"PATCH", "/sandboxes", testKey, "", 405},
+	}
+	for _, c := range cases {
+		w := do(h, c.method, c.path, c.key, c.body)
+		if w.Code != c.want {
+			t.Errorf("%s %s %q: status %d, want %d (%s)", c.method, c.path, c.body, w.Code, c.want, w.Body.String())
+			continue
+		}
+		checkError(t, w)
+	}
+}
+
+// FuzzAPI sends arbitrary requests: the server never panics, never answers
+// 5xx without a VM involved, and every error has the E2B error shape.
+func FuzzAPI(f *testing.F) {
+	for _, s := range []struct{ m, p, b string }{
+		{"POST", "/sandboxes", `{"templateID":"base","metadata":{"a":"b"},"envVars":{"X":"1"},"timeout":10}`},
+		{"POST", "/v2/sandboxes", `{"templateID":"x","autoResume":{"enabled":true},"network":{"allowOut":["*.example.com"]}}`},
+		{"GET", "/v2/sandboxes?metadata=a%3Db&state=paused&nextToken=MDA6YQ&limit=3", ""},
+		{"PUT", "/sandboxes/x/network", `{"allowOut":["1.2.3.4/33"]}`},
+		{"POST", "/sandboxes/x/timeout", `{"timeout":-1}`},
+		{"GET", "/templates/%00", ""},
+	} {
+		f.Add(s.m, s.p, s.b, true)
+	}
+	h := newTestHandler(f)
+	methods := map[string]bool{"GET": true, "POST": true, "PUT": true, "DELETE": true, "PATCH": true}
+	f.Fuzz(func(t *testing.T, method, path, body string, auth bool) {
+		if !methods[method] || !strings.HasPrefix(path, "/") || strings.ContainsAny(path, " \r\n\t#") {
+			return
+		}
+		key := ""
+		if auth {
+			key = testKey
+		}
+		r, err := http.NewRequest(method, "http://node"+path, io.NopCloser(bytes.NewReader([]byte(body))))
+		if err != nil {
+			return
+		}
+		r.Header.Set("X-API-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code >= 500 {
+			t.Fatalf("%s %s %q: status %d: %s", method, path, body, w.Code, w.Body.String())
+		}
+		checkError(t, w)
+	})
+}
+
+func TestPaginationCursorOrder(t *testing.T) {
+	now := time.Now()
+	newer := orchestrator.Record{ID: "b", StartedAt: now}
+	older := orchestrator.Record{ID: "a", StartedAt: now.Add(-time.Second)}
+	sameTimeLaterID := orchestrator.Record{ID: "c", StartedAt: now}
+	if !(cursor(newer) < cursor(sameTimeLaterID) && cursor(sameTimeLaterID) < cursor(older)) {
+		t.Fatalf("cursor order does not follow List order (newest first, then id): %q %q %q",
+			cursor(newer), cursor(sameTimeLaterID), cursor(older))
+	}
+	md, err := parseMetadata(ptr("user=alice&team=a%26b"))
+	if err != nil || md["user"] != "alice" || md["team"] != "a&b" {
+		t.Fatalf("parseMetadata: %v %v", md, err)
+	}
+}
