@@ -9,6 +9,7 @@ import (
 
 type metrics struct {
 	seconds *prometheus.HistogramVec
+	stages  *prometheus.HistogramVec
 	total   *prometheus.CounterVec
 	// creates and createFails feed the /nodes snapshot.
 	creates, createFails atomic.Int64
@@ -20,12 +21,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "aenvd_sandbox_operation_seconds", Help: "Latency of sandbox lifecycle operations.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
 		}, []string{"op", "result"}),
+		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "aenvd_sandbox_stage_seconds", Help: "Latency of the stages of create and resume (storage, network, vmm_restore, agent).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
+		}, []string{"op", "stage"}),
 		total: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aenvd_sandbox_operations_total", Help: "Sandbox lifecycle operations by result.",
 		}, []string{"op", "result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.seconds, m.total)
+		reg.MustRegister(m.seconds, m.stages, m.total)
 	}
 	return m
 }
@@ -45,5 +50,16 @@ func (m *metrics) observe(op string) func(error) {
 		} else if op == "create" {
 			m.creates.Add(1)
 		}
+	}
+}
+
+// stage returns a function that records the time since the previous call
+// (or since stage was called) under op and the given stage name.
+func (m *metrics) stage(op string) func(stage string) {
+	last := time.Now()
+	return func(stage string) {
+		now := time.Now()
+		m.stages.WithLabelValues(op, stage).Observe(now.Sub(last).Seconds())
+		last = now
 	}
 }

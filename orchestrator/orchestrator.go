@@ -241,10 +241,12 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 		_ = os.RemoveAll(dir)
 		return Record{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
+	lap := o.m.stage("create")
 	if err := sparseCopy(ctx, t.Rootfs, s.rec.Rootfs); err != nil {
 		return fail(err)
 	}
-	if err := o.startVM(ctx, s, t.Snapshot); err != nil {
+	lap("storage")
+	if err := o.startVM(ctx, s, t.Snapshot, lap); err != nil {
 		return fail(err)
 	}
 	now := time.Now().UTC()
@@ -266,7 +268,8 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 
 // startVM restores snapshotDir with the sandbox's rootfs and a fresh slot,
 // waits for the agent and initialises it. On failure nothing is left running.
-func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir string) (err error) {
+// lap records the stages (network, vmm_restore, agent).
+func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir string, lap func(string)) (err error) {
 	slot, err := o.nets.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("network slot: %w", err)
@@ -290,6 +293,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 		return fmt.Errorf("tap: %w", err)
 	}
 	defer tap.Close()
+	lap("network")
 	s.rec.Gen++
 	vm, err = o.drv.Restore(ctx, vmm.RestoreConfig{
 		ID: fmt.Sprintf("%s-%d", s.rec.ID, s.rec.Gen), SnapshotDir: snapshotDir,
@@ -301,6 +305,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 		vm = nil
 		return fmt.Errorf("restore: %w", err)
 	}
+	lap("vmm_restore")
 	if err := waitAgent(ctx, slot, time.Minute); err != nil {
 		return err
 	}
@@ -311,6 +316,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 	if err := initAgent(ctx, slot, initRequest{EnvVars: s.rec.EnvVars, AccessToken: token, DefaultUser: o.cfg.DefaultUser}); err != nil {
 		return err
 	}
+	lap("agent")
 	s.mu.Lock()
 	s.vm, s.slot, s.rec.PID = vm, slot, vm.Info().PID
 	s.mu.Unlock()
@@ -502,7 +508,7 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 	done := o.m.observe("resume")
 	defer func() { done(err) }()
 	o.setState(s, Resuming)
-	if err := o.startVM(ctx, s, s.rec.Snapshot); err != nil {
+	if err := o.startVM(ctx, s, s.rec.Snapshot, o.m.stage("resume")); err != nil {
 		o.setState(s, Paused)
 		return rec, false, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}

@@ -23,14 +23,7 @@ func TestRestartKill9(t *testing.T) {
 	n.writeFile(t, running, "/home/user/r.txt", "running before the restart")
 	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+paused+"/pause", n.key, "")
 
-	if err := n.stop(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	if err := n.start(ctx, 3*time.Minute); err != nil {
-		t.Fatalf("restart aenvd: %v", err)
-	}
+	n.restart(t, syscall.SIGKILL)
 
 	// The paused sandbox survives: listed as paused, resumable, its files intact.
 	n.waitState(t, paused, "paused", time.Second)
@@ -101,4 +94,37 @@ func processesMentioning(s string) []string {
 		}
 	}
 	return out
+}
+
+// restart stops aenvd with sig and starts it again on the same data directory.
+func (n *node) restart(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := n.Stop(sig); err != nil {
+		t.Fatalf("stop aenvd with %s: %v\n%s", sig, err, n.Logs())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	if err := n.Restart(ctx, 3*time.Minute); err != nil {
+		t.Fatalf("restart aenvd: %v", err)
+	}
+}
+
+// TestRestartGraceful: SIGTERM pauses running sandboxes (the default), and
+// they come back paused and resumable.
+func TestRestartGraceful(t *testing.T) {
+	n := sharedNode(t)
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	n.writeFile(t, id, "/home/user/g.txt", "graceful")
+	pausedLine := `msg="sandbox paused" component=orchestrator sandbox=` + id
+	before := strings.Count(n.Logs(), pausedLine)
+	n.restart(t, syscall.SIGTERM)
+	if strings.Count(n.Logs(), pausedLine) != before+1 || strings.Contains(n.Logs(), "re-adopted sandbox after restart and kept it paused\" sandbox="+id) {
+		t.Fatalf("graceful shutdown did not pause sandbox %s itself", id)
+	}
+	n.waitState(t, id, "paused", time.Second)
+	n.expect(t, http.StatusCreated, "POST", "/v2/sandboxes/"+id+"/connect", n.key, `{"timeout":60}`)
+	if got := n.readFile(t, id, "/home/user/g.txt"); got != "graceful" {
+		t.Fatalf("file after graceful restart: %q", got)
+	}
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
 }

@@ -1,0 +1,227 @@
+// Package aenvdtest runs aenvd as a real process for tests and benchmarks:
+// it builds aenvd and aenv-agent from this checkout, uses the cached guest
+// assets, and starts the server on free loopback ports with a data
+// directory, network prefix and address ranges of its own.
+package aenvdtest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/agentenv/agentenv/internal/testutil/guestassets"
+)
+
+// Key is the API key every test node accepts.
+const Key = "e2b_ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12"
+
+// Node is one aenvd process (restartable on the same data directory).
+type Node struct {
+	API, Proxy string // base URLs
+	Key        string
+	DataDir    string
+	work       string
+	bin, agent string
+	env        []string
+
+	cmd  *exec.Cmd
+	done chan error
+	mu   sync.Mutex
+	log  bytes.Buffer
+}
+
+// Options tune a node.
+type Options struct {
+	// Prefix names the node's network objects (default "adtest"); nodes
+	// running at once need distinct prefixes and ranges.
+	Prefix string
+	// CIDRBase is the second octet of the host and veth ranges (10.<b>.0.0/16
+	// and 10.<b+1>.0.0/16); default 81.
+	CIDRBase int
+	// Env adds AENVD_* overrides.
+	Env []string
+}
+
+// Start builds and starts aenvd and waits for /health (the first start on a
+// data directory builds the template: allow minutes under TCG).
+func Start(ctx context.Context, opts Options) (*Node, error) {
+	if opts.Prefix == "" {
+		opts.Prefix = "adtest"
+	}
+	if opts.CIDRBase == 0 {
+		opts.CIDRBase = 81
+	}
+	work, err := os.MkdirTemp("", "aenvd-test-")
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{DataDir: filepath.Join(work, "data"), work: work, bin: filepath.Join(work, "aenvd"), Key: Key}
+	if n.agent, err = guestassets.BuildAgent(ctx); err != nil {
+		os.RemoveAll(work)
+		return nil, err
+	}
+	build := exec.CommandContext(ctx, "go", "build", "-o", n.bin, "github.com/agentenv/agentenv/cmd/aenvd")
+	if out, err := build.CombinedOutput(); err != nil {
+		os.RemoveAll(work)
+		return nil, fmt.Errorf("build aenvd: %w\n%s", err, out)
+	}
+	apiAddr, proxyAddr := freePort(), freePort()
+	if apiAddr == "" || proxyAddr == "" {
+		os.RemoveAll(work)
+		return nil, fmt.Errorf("no free loopback port")
+	}
+	n.API, n.Proxy = "http://"+apiAddr, "http://"+proxyAddr
+	n.env = append(os.Environ(),
+		"AENVD_DATA_DIR="+n.DataDir, "AENVD_API_LISTEN="+apiAddr, "AENVD_API_PROXY_LISTEN="+proxyAddr,
+		"AENVD_API_KEY="+n.Key, "AENVD_GUEST_AGENT="+n.agent, "AENVD_GUEST_MEMORY_MIB=256",
+		"AENVD_NETWORK_PREFIX="+opts.Prefix,
+		fmt.Sprintf("AENVD_NETWORK_HOST_CIDR=10.%d.0.0/16", opts.CIDRBase),
+		fmt.Sprintf("AENVD_NETWORK_VETH_CIDR=10.%d.0.0/16", opts.CIDRBase+1),
+		"AENVD_NETWORK_POOL_LOW=1", "AENVD_NETWORK_POOL_HIGH=4", "AENVD_SANDBOX_DEFAULT_TIMEOUT=60s")
+	n.env = append(n.env, opts.Env...)
+	if err := n.Restart(ctx, 10*time.Minute); err != nil {
+		os.RemoveAll(work)
+		return nil, err
+	}
+	return n, err
+}
+
+// Restart starts the process (again) and waits for /health within limit.
+func (n *Node) Restart(ctx context.Context, limit time.Duration) error {
+	n.cmd = exec.Command(n.bin)
+	n.cmd.Env = n.env
+	n.cmd.Stdout, n.cmd.Stderr = n, n
+	if err := n.cmd.Start(); err != nil {
+		return fmt.Errorf("start aenvd: %w", err)
+	}
+	n.done = make(chan error, 1)
+	go func() { n.done <- n.cmd.Wait() }()
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-n.done:
+			return fmt.Errorf("aenvd exited early: %v\n%s", err, n.Logs())
+		case <-ctx.Done():
+			_ = n.Stop(syscall.SIGKILL)
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+		resp, err := http.Get(n.API + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusNoContent {
+				return nil
+			}
+		}
+	}
+	_ = n.Stop(syscall.SIGKILL)
+	return fmt.Errorf("aenvd not healthy within %s\n%s", limit, n.Logs())
+}
+
+// Stop signals the process and waits for it (SIGTERM: graceful shutdown,
+// whose exit status is returned; SIGKILL: a crash).
+func (n *Node) Stop(sig syscall.Signal) error {
+	_ = n.cmd.Process.Signal(sig)
+	select {
+	case err := <-n.done:
+		if sig == syscall.SIGKILL {
+			return nil
+		}
+		return err
+	case <-time.After(3 * time.Minute):
+		_ = n.cmd.Process.Kill()
+		<-n.done
+		return fmt.Errorf("aenvd did not stop on %s", sig)
+	}
+}
+
+// Close stops the node gracefully and removes its files.
+func (n *Node) Close() error {
+	err := n.Stop(syscall.SIGTERM)
+	os.RemoveAll(n.work)
+	return err
+}
+
+// Write collects the process's output (io.Writer).
+func (n *Node) Write(p []byte) (int, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.log.Write(p)
+}
+
+// Logs returns the process's output so far.
+func (n *Node) Logs() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.log.String()
+}
+
+// Call sends a control API request (key "" sends none) and returns status,
+// body and headers.
+func (n *Node) Call(method, path, key, body string) (int, []byte, http.Header, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, n.API+path, rd)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	if key != "" {
+		req.Header.Set("X-API-Key", key)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Timeout: 3 * time.Minute}).Do(req)
+	if err != nil {
+		return 0, nil, nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, resp.Header, err
+}
+
+// Create creates a sandbox from body and returns its id.
+func (n *Node) Create(body string) (string, error) {
+	code, b, _, err := n.Call("POST", "/sandboxes", n.Key, body)
+	if err != nil {
+		return "", err
+	}
+	var sbx struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	if code != http.StatusCreated || json.Unmarshal(b, &sbx) != nil || sbx.SandboxID == "" {
+		return "", fmt.Errorf("create %s: %d %s", body, code, b)
+	}
+	return sbx.SandboxID, nil
+}
+
+// Metrics returns the Prometheus text of /metrics.
+func (n *Node) Metrics() (string, error) {
+	resp, err := http.Get(n.API + "/metrics")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+func freePort() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return ""
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
