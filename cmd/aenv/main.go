@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/agentenv/agentenv/cli/guestcmd"
 	"github.com/agentenv/agentenv/cli/imagecmd"
+	"github.com/agentenv/agentenv/cli/sandboxcmd"
 	"github.com/agentenv/agentenv/cli/vmcmd"
 	"github.com/spf13/cobra"
 )
@@ -29,9 +31,15 @@ func main() {
 		Short: "Print the version",
 		Run:   func(*cobra.Command, []string) { fmt.Println("aenv", version) },
 	})
+	root.AddCommand(sandboxcmd.Commands()...)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := root.ExecuteContext(ctx); err != nil {
+		var exit *sandboxcmd.ExitError
+		if errors.As(err, &exit) {
+			stop()
+			os.Exit(exit.Code)
+		}
 		fmt.Fprintln(os.Stderr, "aenv:", err)
 		os.Exit(1)
 	}

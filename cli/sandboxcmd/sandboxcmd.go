@@ -1,0 +1,708 @@
+// Package sandboxcmd implements the aenv CLI's commands that drive an aenvd
+// node: auth, start, exec, connect, upload, download, pause, resume, fork,
+// list, rm, timeout, snapshot, template and nodes.
+package sandboxcmd
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/cli/client"
+	"github.com/agentenv/agentenv/cli/clientcfg"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+)
+
+// ExitError carries a remote command's exit code out of a command; main
+// exits with Code and prints nothing.
+type ExitError struct{ Code int }
+
+func (e *ExitError) Error() string { return fmt.Sprintf("exit status %d", e.Code) }
+
+// Commands returns the node commands to add to the root command.
+func Commands() []*cobra.Command {
+	return []*cobra.Command{
+		authCmd(), startCmd(), execCmd(), connectCmd(), uploadCmd(), downloadCmd(),
+		pauseCmd(), resumeCmd(), forkCmd(), listCmd(), rmCmd(), timeoutCmd(),
+		snapshotCmd(), templateCmd(), nodesCmd(),
+	}
+}
+
+// newClient builds a client from the stored config and the environment.
+func newClient() (*client.Client, error) {
+	cfg, err := clientcfg.Load()
+	if err != nil {
+		return nil, err
+	}
+	if err := clientcfg.ValidateURL(cfg.URL); err != nil {
+		return nil, fmt.Errorf("%w (fix it with `aenv auth` or AENV_URL)", err)
+	}
+	if cfg.APIKey == "" {
+		return nil, errors.New("no API key configured: run `aenv auth --url URL --api-key KEY` or set AENV_API_KEY")
+	}
+	return client.New(cfg.URL, cfg.APIKey), nil
+}
+
+// seconds parses a timeout given as seconds ("300") or a Go duration ("5m").
+func seconds(s string) (int32, error) {
+	if s == "" {
+		return 0, nil
+	}
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 0 {
+			return 0, fmt.Errorf("timeout %q is negative", s)
+		}
+		return int32(n), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("timeout %q: give seconds (300) or a duration (5m, 1h)", s)
+	}
+	return int32(d.Round(time.Second) / time.Second), nil
+}
+
+// pairs parses repeated KEY=VALUE flags.
+func pairs(flag string, vals []string) (map[string]string, error) {
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(vals))
+	for _, v := range vals {
+		k, val, ok := strings.Cut(v, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--%s %q: want KEY=VALUE", flag, v)
+		}
+		m[k] = val
+	}
+	return m, nil
+}
+
+// running returns a handle on a running sandbox's agent, with a clear
+// error for unknown or paused ones.
+func running(ctx context.Context, c *client.Client, id, user string) (*client.Sandbox, error) {
+	d, err := c.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if d.State != api.Running {
+		return nil, fmt.Errorf("sandbox %s is %s: run `aenv resume %s` first (or `aenv connect %s`)", id, d.State, id, id)
+	}
+	token := ""
+	if d.EnvdAccessToken != nil {
+		token = *d.EnvdAccessToken
+	}
+	return c.Sandbox(id, token, user), nil
+}
+
+func authCmd() *cobra.Command {
+	var url, key string
+	var noVerify bool
+	cmd := &cobra.Command{
+		Use:   "auth",
+		Short: "Store the aenvd URL and API key (in ~/.config/aenv, mode 0600)",
+		Long: "Store the aenvd URL and API key in ~/.config/aenv/config.json (mode 0600).\n" +
+			"AENV_URL and AENV_API_KEY override the stored values. Without --api-key the key is read from the terminal or stdin.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cur, _ := clientcfg.Load()
+			if url == "" {
+				url = cur.URL
+			}
+			if key == "" {
+				var err error
+				if key, err = readKey(cmd); err != nil {
+					return err
+				}
+			}
+			if !noVerify {
+				c := client.New(url, key)
+				if _, err := c.Nodes(cmd.Context()); err != nil {
+					return fmt.Errorf("verify the credentials: %w (use --no-verify to store them anyway)", err)
+				}
+			}
+			p, err := clientcfg.Save(clientcfg.Config{URL: url, APIKey: key})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "Saved %s for %s\n", p, strings.TrimRight(url, "/"))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&url, "url", "", "aenvd API URL (default: the stored one, else "+clientcfg.DefaultURL+")")
+	cmd.Flags().StringVar(&key, "api-key", "", "API key (AENVD_API_KEY of the node)")
+	cmd.Flags().BoolVar(&noVerify, "no-verify", false, "store without checking the key against the server")
+	return cmd
+}
+
+func readKey(cmd *cobra.Command) (string, error) {
+	if f, ok := cmd.InOrStdin().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		fmt.Fprint(cmd.ErrOrStderr(), "API key: ")
+		b, err := term.ReadPassword(int(f.Fd()))
+		fmt.Fprintln(cmd.ErrOrStderr())
+		if err != nil {
+			return "", fmt.Errorf("read the API key from the terminal: %w", err)
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+	line, err := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+	if strings.TrimSpace(line) == "" {
+		return "", fmt.Errorf("no API key given: pass --api-key KEY or pipe it on stdin (%v)", err)
+	}
+	return strings.TrimSpace(line), nil
+}
+
+func printSandbox(cmd *cobra.Command, o *output, s api.Sandbox) error {
+	if o.json() {
+		return printJSON(cmd.OutOrStdout(), s)
+	}
+	return table(cmd.OutOrStdout(), []string{"SANDBOX ID", "TEMPLATE", "ENVD"}, [][]string{{s.SandboxID, s.TemplateID, s.EnvdVersion}})
+}
+
+func startCmd() *cobra.Command {
+	var detach, rm bool
+	var timeout, user string
+	var envs, md []string
+	var o output
+	cmd := &cobra.Command{
+		Use:   "start TEMPLATE",
+		Short: "Create a sandbox and attach a terminal to it",
+		Long: "Create a sandbox from TEMPLATE and open an interactive shell in it; exiting the shell returns its exit code.\n" +
+			"With -d the sandbox is created, printed and left running until its timeout.",
+		Example: "  aenv start base\n  aenv start base -d --timeout 10m --metadata owner=me -o json",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			secs, err := seconds(timeout)
+			if err != nil {
+				return err
+			}
+			env, err := pairs("env", envs)
+			if err != nil {
+				return err
+			}
+			meta, err := pairs("metadata", md)
+			if err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			req := api.NewSandbox{TemplateID: args[0]}
+			if secs > 0 {
+				req.Timeout = &secs
+			}
+			if env != nil {
+				req.EnvVars = &env
+			}
+			if meta != nil {
+				req.Metadata = &meta
+			}
+			s, err := c.Create(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if detach {
+				return printSandbox(cmd, &o, s)
+			}
+			token := ""
+			if s.EnvdAccessToken != nil {
+				token = *s.EnvdAccessToken
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "Sandbox %s started from %s.\n", s.SandboxID, s.TemplateID)
+			code, err := attach(cmd, c.Sandbox(s.SandboxID, token, user), nil)
+			if rm {
+				if kerr := c.Kill(context.WithoutCancel(cmd.Context()), s.SandboxID); kerr != nil && err == nil {
+					err = kerr
+				}
+			} else {
+				fmt.Fprintf(cmd.ErrOrStderr(), "Sandbox %s keeps running until its timeout: `aenv connect %s` to return, `aenv rm %s` to remove it.\n", s.SandboxID, s.SandboxID, s.SandboxID)
+			}
+			if err != nil {
+				return err
+			}
+			if code != 0 {
+				return &ExitError{Code: code}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "do not attach a terminal; print the sandbox")
+	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox when the terminal exits")
+	cmd.Flags().StringVar(&timeout, "timeout", "", "lifetime in seconds or as a duration (5m); default: the server's")
+	cmd.Flags().StringArrayVarP(&envs, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	cmd.Flags().StringArrayVar(&md, "metadata", nil, "metadata KEY=VALUE (repeatable)")
+	cmd.Flags().StringVarP(&user, "user", "u", "", "user of the shell (default: the template's)")
+	o.register(cmd)
+	return cmd
+}
+
+func connectCmd() *cobra.Command {
+	var timeout, user string
+	cmd := &cobra.Command{
+		Use:   "connect SANDBOX_ID [-- CMD...]",
+		Short: "Open a terminal in a sandbox (resuming it if paused)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			secs, err := seconds(timeout)
+			if err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			s, resumed, err := c.Connect(cmd.Context(), args[0], secs)
+			if err != nil {
+				return err
+			}
+			if resumed {
+				fmt.Fprintf(cmd.ErrOrStderr(), "Resumed sandbox %s.\n", s.SandboxID)
+			}
+			token := ""
+			if s.EnvdAccessToken != nil {
+				token = *s.EnvdAccessToken
+			}
+			code, err := attach(cmd, c.Sandbox(s.SandboxID, token, user), args[1:])
+			if err != nil {
+				return err
+			}
+			if code != 0 {
+				return &ExitError{Code: code}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&timeout, "timeout", "", "extend the sandbox's lifetime to this (seconds or duration)")
+	cmd.Flags().StringVarP(&user, "user", "u", "", "user of the shell (default: the template's)")
+	return cmd
+}
+
+func execCmd() *cobra.Command {
+	var user, cwd string
+	var envs []string
+	var stdin bool
+	cmd := &cobra.Command{
+		Use:   "exec SANDBOX_ID -- CMD [ARG...]",
+		Short: "Run a command in a sandbox, streaming its output; exits with its exit code",
+		Long: "Run CMD with its arguments as given (no shell parsing; PATH from a login shell) and stream its\n" +
+			"stdout and stderr. aenv exits with the command's exit code. Use `sh -c '...'` for shell syntax.",
+		Example: "  aenv exec SANDBOX_ID -- ls -la /\n  echo hi | aenv exec -i SANDBOX_ID -- cat",
+		Args:    cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			env, err := pairs("env", envs)
+			if err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			sb, err := running(cmd.Context(), c, args[0], user)
+			if err != nil {
+				return err
+			}
+			var in = cmd.InOrStdin()
+			if !stdin {
+				in = nil
+			}
+			code, err := sb.Exec(cmd.Context(), client.Command{Argv: args[1:], Env: env, Cwd: cwd}, in, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if code != 0 {
+				return &ExitError{Code: code}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&user, "user", "u", "", "run as this user (default: the template's)")
+	cmd.Flags().StringVarP(&cwd, "cwd", "w", "", "working directory")
+	cmd.Flags().StringArrayVarP(&envs, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	cmd.Flags().BoolVarP(&stdin, "interactive", "i", false, "copy stdin to the command")
+	return cmd
+}
+
+func pauseCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "pause SANDBOX_ID...",
+		Short: "Pause sandboxes (snapshot memory and disk, free the VM)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			for _, id := range args {
+				if err := c.Pause(cmd.Context(), id); err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), "Paused", id)
+			}
+			return nil
+		},
+	}
+}
+
+func resumeCmd() *cobra.Command {
+	var timeout string
+	var o output
+	cmd := &cobra.Command{
+		Use:   "resume SANDBOX_ID",
+		Short: "Resume a paused sandbox",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			secs, err := seconds(timeout)
+			if err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			s, resumed, err := c.Connect(cmd.Context(), args[0], secs)
+			if err != nil {
+				return err
+			}
+			if !resumed && !o.json() {
+				fmt.Fprintf(cmd.ErrOrStderr(), "Sandbox %s was already running.\n", args[0])
+			}
+			return printSandbox(cmd, &o, s)
+		},
+	}
+	cmd.Flags().StringVar(&timeout, "timeout", "", "lifetime after resuming (seconds or duration)")
+	o.register(cmd)
+	return cmd
+}
+
+func rmCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm SANDBOX_ID...",
+		Aliases: []string{"kill"},
+		Short:   "Remove sandboxes",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			var errs []error
+			for _, id := range args {
+				if err := c.Kill(cmd.Context(), id); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), "Removed", id)
+			}
+			return errors.Join(errs...)
+		},
+	}
+}
+
+func timeoutCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "timeout SANDBOX_ID DURATION",
+		Short:   "Set how long a sandbox still lives (seconds or a duration such as 10m)",
+		Example: "  aenv timeout SANDBOX_ID 600\n  aenv timeout SANDBOX_ID 1h",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			secs, err := seconds(args[1])
+			if err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			if err := c.SetTimeout(cmd.Context(), args[0], secs); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "Sandbox %s now ends in %s\n", args[0], time.Duration(secs)*time.Second)
+			return nil
+		},
+	}
+}
+
+func listCmd() *cobra.Command {
+	var states, md []string
+	var o output
+	cmd := &cobra.Command{
+		Use:     "list",
+		Aliases: []string{"ls"},
+		Short:   "List sandboxes (all pages)",
+		Example: "  aenv list --state running --metadata owner=me -o json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			var st []string
+			for _, s := range states {
+				for _, p := range strings.Split(s, ",") {
+					if p != "running" && p != "paused" {
+						return fmt.Errorf("--state %q: use running or paused", p)
+					}
+					st = append(st, p)
+				}
+			}
+			meta, err := pairs("metadata", md)
+			if err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			list, err := c.List(cmd.Context(), client.ListOptions{States: st, Metadata: meta})
+			if err != nil {
+				return err
+			}
+			if o.json() {
+				return printJSON(cmd.OutOrStdout(), list)
+			}
+			rows := make([][]string, 0, len(list))
+			for _, s := range list {
+				var m map[string]string
+				if s.Metadata != nil {
+					m = *s.Metadata
+				}
+				rows = append(rows, []string{s.SandboxID, s.TemplateID, string(s.State), when(s.StartedAt), when(s.EndAt),
+					strconv.Itoa(int(s.CpuCount)), strconv.Itoa(int(s.MemoryMB)), kv(m)})
+			}
+			return table(cmd.OutOrStdout(), []string{"SANDBOX ID", "TEMPLATE", "STATE", "STARTED", "ENDS", "CPU", "MEM MB", "METADATA"}, rows)
+		},
+	}
+	cmd.Flags().StringSliceVar(&states, "state", nil, "only these states: running, paused (comma-separated or repeated)")
+	cmd.Flags().StringArrayVar(&md, "metadata", nil, "only sandboxes with metadata KEY=VALUE (repeatable; all must match)")
+	o.register(cmd)
+	return cmd
+}
+
+func forkCmd() *cobra.Command {
+	var count int
+	var timeout string
+	var o output
+	cmd := &cobra.Command{
+		Use:   "fork SANDBOX_ID",
+		Short: "Clone a running sandbox into N new ones",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			if count < 1 || count > 100 {
+				return fmt.Errorf("--count %d: use 1 to 100", count)
+			}
+			secs, err := seconds(timeout)
+			if err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			res, err := c.Fork(cmd.Context(), args[0], count, secs)
+			if errors.Is(err, client.ErrUnsupported) {
+				return fmt.Errorf("%w: this aenvd cannot fork sandboxes yet", err)
+			}
+			if err != nil {
+				return err
+			}
+			failed := 0
+			rows := [][]string{}
+			for _, r := range res {
+				switch {
+				case r.Sandbox != nil:
+					rows = append(rows, []string{r.Sandbox.SandboxID, r.Sandbox.TemplateID, "-"})
+				case r.Error != nil:
+					failed++
+					rows = append(rows, []string{"-", "-", r.Error.Message})
+				}
+			}
+			if o.json() {
+				err = printJSON(cmd.OutOrStdout(), res)
+			} else {
+				err = table(cmd.OutOrStdout(), []string{"SANDBOX ID", "TEMPLATE", "ERROR"}, rows)
+			}
+			if err == nil && failed > 0 {
+				err = fmt.Errorf("fork sandbox %s: %d of %d children failed (see above)", args[0], failed, len(res))
+			}
+			return err
+		},
+	}
+	cmd.Flags().IntVarP(&count, "count", "n", 1, "number of children (1..100)")
+	cmd.Flags().StringVar(&timeout, "timeout", "", "lifetime of the children (seconds or duration)")
+	o.register(cmd)
+	return cmd
+}
+
+func snapshotCmd() *cobra.Command {
+	root := &cobra.Command{Use: "snapshot", Short: "Create and list named sandbox snapshots"}
+	var name string
+	var co, lo output
+	create := &cobra.Command{
+		Use:   "create SANDBOX_ID",
+		Short: "Snapshot a sandbox (it keeps running)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := co.validate(); err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			s, err := c.CreateSnapshot(cmd.Context(), args[0], name)
+			if errors.Is(err, client.ErrUnsupported) {
+				return fmt.Errorf("%w: this aenvd has no snapshots yet", err)
+			}
+			if err != nil {
+				return err
+			}
+			if co.json() {
+				return printJSON(cmd.OutOrStdout(), s)
+			}
+			return table(cmd.OutOrStdout(), []string{"SNAPSHOT ID", "NAMES"}, [][]string{{s.SnapshotID, orDash(strings.Join(s.Names, ","))}})
+		},
+	}
+	create.Flags().StringVar(&name, "name", "", "name of the snapshot")
+	co.register(create)
+	var sbx string
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List snapshots",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := lo.validate(); err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			snaps, err := c.ListSnapshots(cmd.Context(), sbx)
+			if errors.Is(err, client.ErrUnsupported) {
+				return fmt.Errorf("%w: this aenvd has no snapshots yet", err)
+			}
+			if err != nil {
+				return err
+			}
+			if lo.json() {
+				return printJSON(cmd.OutOrStdout(), snaps)
+			}
+			rows := [][]string{}
+			for _, s := range snaps {
+				rows = append(rows, []string{s.SnapshotID, orDash(s.SandboxID), orDash(strings.Join(s.Names, ","))})
+			}
+			return table(cmd.OutOrStdout(), []string{"SNAPSHOT ID", "SANDBOX ID", "NAMES"}, rows)
+		},
+	}
+	list.Flags().StringVar(&sbx, "sandbox", "", "only snapshots of this sandbox")
+	lo.register(list)
+	root.AddCommand(create, list)
+	return root
+}
+
+func templateCmd() *cobra.Command {
+	root := &cobra.Command{Use: "template", Aliases: []string{"templates"}, Short: "List and remove templates"}
+	var o output
+	list := &cobra.Command{
+		Use:     "list",
+		Aliases: []string{"ls"},
+		Short:   "List templates",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			ts, err := c.Templates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if o.json() {
+				return printJSON(cmd.OutOrStdout(), ts)
+			}
+			rows := [][]string{}
+			for _, t := range ts {
+				rows = append(rows, []string{t.TemplateID, orDash(strings.Join(t.Aliases, ",")), string(t.BuildStatus),
+					strconv.Itoa(int(t.CpuCount)), strconv.Itoa(int(t.MemoryMB)), t.EnvdVersion, when(t.CreatedAt)})
+			}
+			return table(cmd.OutOrStdout(), []string{"TEMPLATE ID", "ALIASES", "STATUS", "CPU", "MEM MB", "ENVD", "CREATED"}, rows)
+		},
+	}
+	o.register(list)
+	rm := &cobra.Command{
+		Use:   "rm TEMPLATE_ID...",
+		Short: "Remove templates",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			for _, id := range args {
+				err := c.DeleteTemplate(cmd.Context(), id)
+				if errors.Is(err, client.ErrUnsupported) {
+					return fmt.Errorf("%w: this aenvd cannot remove templates yet", err)
+				}
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), "Removed template", id)
+			}
+			return nil
+		},
+	}
+	root.AddCommand(list, rm)
+	return root
+}
+
+func nodesCmd() *cobra.Command {
+	var o output
+	cmd := &cobra.Command{
+		Use:   "nodes",
+		Short: "List the nodes and their load",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			ns, err := c.Nodes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if o.json() {
+				return printJSON(cmd.OutOrStdout(), ns)
+			}
+			rows := [][]string{}
+			for _, n := range ns {
+				rows = append(rows, []string{n.NodeID, string(n.Status), n.Version, n.Vmm.Driver + "/" + n.Vmm.Accel,
+					fmt.Sprintf("%d/%d", n.Sandboxes.Running, n.Sandboxes.Paused),
+					fmt.Sprintf("%d/%d", n.AllocatedCPU, n.CpuCount), fmt.Sprintf("%d/%d", n.MemoryUsedMB, n.MemoryTotalMB)})
+			}
+			return table(cmd.OutOrStdout(), []string{"NODE ID", "STATUS", "VERSION", "VMM", "RUNNING/PAUSED", "CPU", "MEM MB"}, rows)
+		},
+	}
+	o.register(cmd)
+	return cmd
+}
