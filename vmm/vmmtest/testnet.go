@@ -100,9 +100,14 @@ func (tn *TestNet) DialContext(ctx context.Context, network, addr string) (net.C
 // WaitHealthy polls the agent's /health until it answers 2xx.
 func (tn *TestNet) WaitHealthy(ctx context.Context) error {
 	var last error
+	// Short first attempts: a SYN lost while the guest's NIC comes back would
+	// otherwise wait for TCP's one-second retransmission. Longer later ones,
+	// for a guest slowed down by a loaded host.
+	attempt := 300 * time.Millisecond
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, tn.AgentURL()+"/health", nil)
-		hc := &http.Client{Transport: tn.HTTP.Transport, Timeout: 2 * time.Second}
+		hc := &http.Client{Transport: tn.HTTP.Transport, Timeout: attempt}
+		attempt = min(attempt*2, 5*time.Second)
 		resp, err := hc.Do(req)
 		if err == nil {
 			resp.Body.Close()
