@@ -103,11 +103,14 @@ func (tn *TestNet) WaitHealthy(ctx context.Context) error {
 	// Short first attempts: a SYN lost while the guest's NIC comes back would
 	// otherwise wait for TCP's one-second retransmission. Longer later ones,
 	// for a guest slowed down by a loaded host.
-	attempt := 300 * time.Millisecond
+	start := time.Now()
 	for {
+		attempt := 500 * time.Millisecond
+		if time.Since(start) > 20*time.Second {
+			attempt = 3 * time.Second
+		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, tn.AgentURL()+"/health", nil)
 		hc := &http.Client{Transport: tn.HTTP.Transport, Timeout: attempt}
-		attempt = min(attempt*2, 5*time.Second)
 		resp, err := hc.Do(req)
 		if err == nil {
 			resp.Body.Close()
