@@ -717,3 +717,64 @@ func TestConcurrentClients(t *testing.T) {
 		t.Fatalf("holders %v", holders)
 	}
 }
+
+// repoint rewrites an image config in place to name other's base layer, as
+// a template rebuild at the same path would.
+func repoint(t *testing.T, f, other *fixture) {
+	t.Helper()
+	time.Sleep(10 * time.Millisecond) // a distinct mtime even on coarse clocks
+	if err := (&image.Config{Lowers: []image.LayerRef{{File: other.base}}}).Save(f.config); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStaleSharedAndPool: after an image config changes, acquire gives new
+// holders a fresh shared export (old holders keep theirs) and create never
+// hands out a pool device made from the old layers.
+func TestStaleSharedAndPool(t *testing.T) {
+	t.Parallel()
+	f, other := newFixture(t, 16), newFixture(t, 17)
+	h := start(t, testOptions(t))
+	ctx := ctxT(t)
+	old, err := h.c.AcquireShared(ctx, f.config, "old-vm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.c.Warm(ctx, rpc.WarmParams{Image: f.config, Low: 1, High: 1}); err != nil {
+		t.Fatal(err)
+	}
+	pool := waitPool(t, h.c, 1)
+	repoint(t, f, other)
+
+	fresh, err := h.c.AcquireShared(ctx, f.config, "new-vm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh.ID == old.ID {
+		t.Fatal("a changed image reused the old shared export")
+	}
+	if got := readAll(t, dialDev(t, fresh), diskSize); !bytes.Equal(got, other.want) {
+		t.Fatal("fresh shared export does not serve the new image")
+	}
+	if got := readAll(t, dialDev(t, old), diskSize); !bytes.Equal(got, f.want) {
+		t.Fatal("old holders lost their export")
+	}
+	if err := h.c.ReleaseShared(ctx, old.ID, "old-vm"); err != nil {
+		t.Fatal(err)
+	}
+	again, err := h.c.AcquireShared(ctx, f.config, "third-vm")
+	if err != nil || again.ID != fresh.ID {
+		t.Fatalf("acquire after the change settled: %+v %v (want device %d)", again, err, fresh.ID)
+	}
+
+	dev, err := h.c.Create(ctx, rpc.CreateParams{Image: f.config})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(pool, dev.ID) && dev.Layers[0] != other.base {
+		t.Fatalf("create handed out the stale pool device %d", dev.ID)
+	}
+	if got := readAll(t, dialDev(t, dev), diskSize); !bytes.Equal(got, other.want) {
+		t.Fatal("created device does not serve the new image")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -87,6 +88,13 @@ func (d *Daemon) takeWarm(sh shape, owner string) (rpc.Device, bool) {
 		}
 		dv, err := d.lockDevice(id)
 		if err != nil {
+			continue
+		}
+		if why := staleAgainstSource(&dv.rec); why != "" {
+			// Made before the image config changed: never hand it out.
+			dv.op.Unlock()
+			d.log.Info("warm pool: dropping stale device", "device", id, "reason", why)
+			d.delete(context.Background(), id, false)
 			continue
 		}
 		dv.rec.Kind, dv.rec.Owner = rpc.KindRuntime, owner
@@ -332,35 +340,63 @@ func (d *Daemon) acquire(ctx context.Context, p rpc.AcquireParams) (rpc.Device, 
 	d.mu.Lock()
 	id, ok := d.shared[img]
 	d.mu.Unlock()
-	if !ok {
-		if p.Kernel {
-			if err := nbd.KernelAvailable(); err != nil {
-				return rpc.Device{}, errf(rpc.CodeInvalid, "kernel attach: %v", err)
-			}
+	if ok {
+		if dv, err := d.reuseShared(id, p.Holder); err == nil || !errors.Is(err, errStaleShared) {
+			return dv, err
 		}
-		dv, err := d.newDevice(ctx, newSpec{kind: rpc.KindShared, image: img, holder: p.Holder, kernel: p.Kernel})
-		if err != nil {
-			return rpc.Device{}, err
-		}
-		return dv.info(d), nil
+		// The existing export serves an older version of the image (or is
+		// lost): its holders keep it, new holders get a fresh export.
 	}
-	dv, err := d.lockDevice(id)
+	if p.Kernel {
+		if err := nbd.KernelAvailable(); err != nil {
+			return rpc.Device{}, errf(rpc.CodeInvalid, "kernel attach: %v", err)
+		}
+	}
+	dv, err := d.newDevice(ctx, newSpec{kind: rpc.KindShared, image: img, holder: p.Holder, kernel: p.Kernel})
 	if err != nil {
 		return rpc.Device{}, err
 	}
-	defer dv.op.Unlock()
-	if dv.lost != "" {
-		return rpc.Device{}, errf(rpc.CodeLost, "shared device %d of %s is lost: %s", id, img, dv.lost)
+	return dv.info(d), nil
+}
+
+var errStaleShared = errors.New("shared device is stale")
+
+// reuseShared adds holder to the shared device id, unless the device no
+// longer matches its image (errStaleShared).
+func (d *Daemon) reuseShared(id uint32, holder string) (rpc.Device, error) {
+	dv, err := d.lockDevice(id)
+	if err != nil {
+		return rpc.Device{}, errStaleShared
 	}
-	if !slices.Contains(dv.rec.Holders, p.Holder) {
+	defer dv.op.Unlock()
+	if dv.lost != "" || staleAgainstSource(&dv.rec) != "" {
+		return rpc.Device{}, errStaleShared
+	}
+	if !slices.Contains(dv.rec.Holders, holder) {
 		next := dv.rec
-		next.Holders = append(slices.Clone(dv.rec.Holders), p.Holder)
+		next.Holders = append(slices.Clone(dv.rec.Holders), holder)
 		if err := d.save(&next); err != nil {
 			return rpc.Device{}, err
 		}
 		dv.rec = next
 	}
 	return dv.info(d), nil
+}
+
+// staleAgainstSource says why a never-restacked device (pool or shared) no
+// longer matches its source image config, or "".
+func staleAgainstSource(r *record) string {
+	if why := checkStamps(r.Stamps); why != "" {
+		return why
+	}
+	lowers, err := resolveLowers(r.Image)
+	if err != nil {
+		return err.Error()
+	}
+	if !slices.Equal(lowers, r.Layers) {
+		return fmt.Sprintf("image config %s now names layers %v, the device was made from %v", r.Image, lowers, r.Layers)
+	}
+	return ""
 }
 
 // release drops a holder; the last one takes the export down.
