@@ -127,8 +127,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	d.mu.Lock()
 	d.ready = ctx
+	n := len(d.devices)
 	d.mu.Unlock()
-	d.log.Info("storaged ready", "socket", d.opts.Socket, "state", d.opts.StateDir, "devices", len(d.devices))
+	d.log.Info("storaged ready", "socket", d.opts.Socket, "state", d.opts.StateDir, "devices", n)
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -191,6 +192,7 @@ func (d *Daemon) recover() error {
 	for _, r := range recs {
 		dv := &device{rec: *r}
 		if !d.ids.reserve(r.ID) {
+			d.log.Error("device ignored: id out of range or duplicate", "device", r.ID, "max", d.opts.MaxDevices)
 			continue
 		}
 		d.devices[r.ID] = dv
