@@ -186,6 +186,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 		AutoPause: deref(req.AutoPause), Metadata: derefMap(req.Metadata), EnvVars: derefMap(req.EnvVars),
 		Policy: createPolicy(req),
 	}
+	if req.Network != nil && req.Network.AllowPublicTraffic != nil {
+		opts.PrivateTraffic = !*req.Network.AllowPublicTraffic
+	}
 	if req.AutoResume != nil {
 		opts.AutoResume = deref(req.AutoResume.Enabled)
 	}
@@ -218,6 +221,9 @@ func (s *Server) sandbox(rec orchestrator.Record) Sandbox {
 	out := Sandbox{SandboxID: rec.ID, TemplateID: rec.TemplateID, ClientID: clientID, EnvdVersion: rec.EnvdVersion, Alias: ptr(rec.TemplateID)}
 	if rec.AccessToken != "" {
 		out.EnvdAccessToken = ptr(rec.AccessToken)
+	}
+	if rec.TrafficToken != "" {
+		out.TrafficAccessToken = ptr(rec.TrafficToken)
 	}
 	if s.opts.Domain != "" {
 		out.Domain = ptr(s.opts.Domain)

@@ -73,16 +73,19 @@ type Record struct {
 	AutoResume  bool              `json:"autoResume"`
 	Secure      bool              `json:"secure"`
 	AccessToken string            `json:"accessToken,omitempty"`
-	VCPUs       int               `json:"vcpus"`
-	MemoryMiB   int               `json:"memoryMiB"`
-	DiskMiB     int               `json:"diskMiB"`
-	EnvdVersion string            `json:"envdVersion"`
-	Dir         string            `json:"dir"`
-	Rootfs      string            `json:"rootfs"`
-	Snapshot    string            `json:"snapshot,omitempty"` // set while paused
-	Gen         int               `json:"gen"`                // bumps on every (re)start of the VM
-	PID         int               `json:"pid,omitempty"`
-	Policy      network.Policy    `json:"policy"`
+	// TrafficToken, when set, must accompany proxied traffic to ports other
+	// than the agent's (allowPublicTraffic false).
+	TrafficToken string         `json:"trafficToken,omitempty"`
+	VCPUs        int            `json:"vcpus"`
+	MemoryMiB    int            `json:"memoryMiB"`
+	DiskMiB      int            `json:"diskMiB"`
+	EnvdVersion  string         `json:"envdVersion"`
+	Dir          string         `json:"dir"`
+	Rootfs       string         `json:"rootfs"`
+	Snapshot     string         `json:"snapshot,omitempty"` // set while paused
+	Gen          int            `json:"gen"`                // bumps on every (re)start of the VM
+	PID          int            `json:"pid,omitempty"`
+	Policy       network.Policy `json:"policy"`
 }
 
 // Options configure an Orchestrator. Driver, Network and Store are owned by
@@ -179,6 +182,8 @@ type CreateOptions struct {
 	Metadata   map[string]string
 	EnvVars    map[string]string
 	Policy     network.Policy
+	// PrivateTraffic requires a traffic access token on the proxy.
+	PrivateTraffic bool
 }
 
 // Template returns a committed template by id.
@@ -231,6 +236,11 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	}}
 	if opts.Secure {
 		if s.rec.AccessToken, err = randomHex(32); err != nil {
+			return rec, err
+		}
+	}
+	if opts.PrivateTraffic {
+		if s.rec.TrafficToken, err = randomHex(32); err != nil {
 			return rec, err
 		}
 	}

@@ -2,11 +2,14 @@
 // sandbox and port by the E2b-Sandbox-Id / E2b-Sandbox-Port headers (which
 // are stripped) or by the host {port}-{id}.{domain}. Paused and unknown
 // sandboxes answer 502 (unless auto-resume brings a paused one back);
-// streaming responses and WebSocket upgrades pass through.
+// sandboxes created with allowPublicTraffic false answer 403 on ports other
+// than the agent's without their E2b-Traffic-Access-Token; streaming
+// responses and WebSocket upgrades pass through.
 package proxy
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,8 +26,9 @@ import (
 
 // Header names the SDK sets when E2B_SANDBOX_URL is used.
 const (
-	HeaderSandboxID   = "E2b-Sandbox-Id"
-	HeaderSandboxPort = "E2b-Sandbox-Port"
+	HeaderSandboxID    = "E2b-Sandbox-Id"
+	HeaderSandboxPort  = "E2b-Sandbox-Port"
+	HeaderTrafficToken = "E2b-Traffic-Access-Token"
 )
 
 // Proxy is an http.Handler.
@@ -69,6 +73,7 @@ func New(o *orchestrator.Orchestrator, domain string, log *slog.Logger) *Proxy {
 			pr.Out.Host = pr.In.Host
 			pr.Out.Header.Del(HeaderSandboxID)
 			pr.Out.Header.Del(HeaderSandboxPort)
+			pr.Out.Header.Del(HeaderTrafficToken)
 			pr.SetXForwarded()
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -124,6 +129,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if t.port == 0 {
 		writeError(w, http.StatusBadRequest, "missing or invalid "+HeaderSandboxPort)
+		return
+	}
+	rec, err := p.o.Get(t.id)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "sandbox "+t.id+" is not running")
+		return
+	}
+	if rec.TrafficToken != "" && t.port != orchestrator.AgentPort &&
+		subtle.ConstantTimeCompare([]byte(r.Header.Get(HeaderTrafficToken)), []byte(rec.TrafficToken)) != 1 {
+		writeError(w, http.StatusForbidden, "sandbox "+t.id+" requires "+HeaderTrafficToken)
 		return
 	}
 	if _, _, err := p.o.Slot(t.id); err != nil {

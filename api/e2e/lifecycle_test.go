@@ -81,7 +81,25 @@ func TestTimeouts(t *testing.T) {
 // sandbox metrics, the network policy update and host-based proxy routing.
 func TestNodeMetricsNetworkHostRouting(t *testing.T) {
 	n := sharedNode(t)
-	id := n.create(t, `{"templateID":"base","timeout":120,"allow_internet_access":false,"network":{"denyOut":["8.8.8.8/32"]}}`)
+	body := n.expect(t, http.StatusCreated, "POST", "/sandboxes", n.key,
+		`{"templateID":"base","timeout":120,"allow_internet_access":false,"network":{"denyOut":["8.8.8.8/32"],"allowPublicTraffic":false}}`)
+	var created struct {
+		SandboxID          string `json:"sandboxID"`
+		TrafficAccessToken string `json:"trafficAccessToken"`
+	}
+	if err := json.Unmarshal(body, &created); err != nil || created.TrafficAccessToken == "" {
+		t.Fatalf("create with allowPublicTraffic false: %s %v", body, err)
+	}
+	id := created.SandboxID
+	t.Cleanup(func() { n.call(t, "DELETE", "/sandboxes/"+id, n.key, "") })
+	// Traffic to a user port needs the traffic token (nothing listens on
+	// 8000: with the token the proxy gets through and answers 502).
+	if code := n.proxyGetHeaders(t, id, "8000", "/", nil); code != http.StatusForbidden {
+		t.Fatalf("user port without the traffic token: %d, want 403", code)
+	}
+	if code := n.proxyGetHeaders(t, id, "8000", "/", map[string]string{"E2b-Traffic-Access-Token": created.TrafficAccessToken}); code != http.StatusBadGateway {
+		t.Fatalf("user port with the traffic token (no server): %d, want 502", code)
+	}
 	n.expect(t, http.StatusBadRequest, "POST", "/sandboxes", n.key, `{"templateID":"base","network":{"denyOut":["not a cidr"]}}`)
 
 	var nodes []struct {
@@ -151,4 +169,20 @@ func TestNodeMetricsNetworkHostRouting(t *testing.T) {
 		}
 	}
 	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+}
+
+func (n *node) proxyGetHeaders(t *testing.T, id, port, path string, headers map[string]string) int {
+	t.Helper()
+	req, _ := http.NewRequest("GET", n.proxy+path, nil)
+	req.Header.Set("E2b-Sandbox-Id", id)
+	req.Header.Set("E2b-Sandbox-Port", port)
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("proxy GET %s: %v", path, err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
