@@ -1,0 +1,561 @@
+// Package unpack applies OCI image layers (tar streams) to a directory, the
+// way a container runtime builds a root filesystem: layers in order, OCI
+// whiteouts (".wh.<name>" removes a lower entry, ".wh..wh..opq" hides a
+// directory's lower content), hard and symbolic links, ownership, modes with
+// setuid/setgid/sticky bits, extended attributes, device nodes and mtimes.
+//
+// Layer content is untrusted. Every path is resolved inside the root with
+// openat2(RESOLVE_IN_ROOT): a symbolic link in the tree (absolute or full of
+// "..") is interpreted as if the root were "/", so it can never lead a write
+// outside the root; the final component of an entry is always operated on
+// with *at system calls on its parent directory without following it. Entry
+// names and hard-link targets with ".." components are rejected outright.
+// The standard library's os.Root is not used because it refuses to follow
+// in-root absolute symbolic links (/var/run -> /run), which real images need.
+//
+// Unpacking needs root (ownership, device nodes, trusted xattrs).
+package unpack
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	whiteoutPrefix = ".wh."
+	opaqueMarker   = ".wh..wh..opq"
+	xattrPrefix    = "SCHILY.xattr."
+)
+
+// ErrUnsafePath reports an entry name or link target that would escape the root.
+var ErrUnsafePath = errors.New("unsafe path")
+
+// Clean turns a tar entry name (or hard-link target) into a clean path
+// relative to the root, "." for the root itself. A leading "/" is dropped
+// (absolute names are root-relative); names with a ".." component, a NUL
+// byte or that are empty are rejected with ErrUnsafePath.
+func Clean(name string) (string, error) {
+	if name == "" {
+		return "", fmt.Errorf("%w: empty name", ErrUnsafePath)
+	}
+	if strings.IndexByte(name, 0) >= 0 {
+		return "", fmt.Errorf("%w: %q contains a NUL byte", ErrUnsafePath, name)
+	}
+	for _, c := range strings.Split(name, "/") {
+		if c == ".." {
+			return "", fmt.Errorf("%w: %q contains a \"..\" component", ErrUnsafePath, name)
+		}
+	}
+	p := path.Clean("/" + name)
+	if p == "/" {
+		return ".", nil
+	}
+	return p[1:], nil
+}
+
+// Root is a directory that layers are applied to.
+type Root struct {
+	fd   int // O_PATH directory
+	path string
+}
+
+// OpenRoot opens (creating it if needed) the directory dir as a Root.
+func OpenRoot(dir string) (*Root, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("unpack: create root %s: %w", dir, err)
+	}
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("unpack: open root %s: %w", dir, err)
+	}
+	return &Root{fd: fd, path: dir}, nil
+}
+
+// Path is the directory the root was opened at.
+func (r *Root) Path() string { return r.path }
+
+// Close releases the root.
+func (r *Root) Close() error {
+	if r.fd < 0 {
+		return nil
+	}
+	err := unix.Close(r.fd)
+	r.fd = -1
+	return err
+}
+
+func (r *Root) openat2(rel string, flags uint64) (int, error) {
+	for {
+		fd, err := unix.Openat2(r.fd, rel, &unix.OpenHow{
+			Flags:   flags | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		if err == unix.EINTR || err == unix.EAGAIN {
+			continue
+		}
+		return fd, err
+	}
+}
+
+// openDir opens the directory rel (clean, relative) inside the root as an
+// O_PATH descriptor. With create, missing components are made (mode 0755,
+// owned by root) and reported to made.
+func (r *Root) openDir(rel string, create bool, made func(string)) (int, error) {
+	fd, err := r.openat2(rel, unix.O_PATH|unix.O_DIRECTORY)
+	if err == nil || !create || err != unix.ENOENT {
+		return fd, err
+	}
+	// Walk from the top, creating what is missing.
+	parent, err := unix.Dup(r.fd)
+	if err != nil {
+		return -1, err
+	}
+	prefix := ""
+	for _, c := range strings.Split(rel, "/") {
+		if prefix == "" {
+			prefix = c
+		} else {
+			prefix += "/" + c
+		}
+		fd, err := r.openat2(prefix, unix.O_PATH|unix.O_DIRECTORY)
+		if err == unix.ENOENT {
+			// parent is the resolved directory of the previous prefix, so
+			// mkdirat creates exactly the component that is missing.
+			merr := unix.Mkdirat(parent, c, 0o755)
+			if merr == unix.EEXIST {
+				// Only a dangling symbolic link exists yet does not open.
+				var st unix.Stat_t
+				if unix.Fstatat(parent, c, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+					buf := make([]byte, 4096)
+					n, _ := unix.Readlinkat(parent, c, buf)
+					unix.Close(parent)
+					return -1, fmt.Errorf("%w: %q is a symbolic link to %q, which does not exist inside the root",
+						ErrUnsafePath, prefix, buf[:max(n, 0)])
+				}
+			}
+			if merr != nil && merr != unix.EEXIST {
+				unix.Close(parent)
+				return -1, merr
+			}
+			if made != nil && merr == nil {
+				made(prefix)
+			}
+			fd, err = r.openat2(prefix, unix.O_PATH|unix.O_DIRECTORY)
+		}
+		unix.Close(parent)
+		if err != nil {
+			return -1, err
+		}
+		parent = fd
+	}
+	return parent, nil
+}
+
+// split returns the parent directory and final component of a clean path.
+func split(rel string) (dir, name string) {
+	dir, name = path.Split(rel)
+	dir = strings.TrimSuffix(dir, "/")
+	if dir == "" {
+		dir = "."
+	}
+	return dir, name
+}
+
+// removeAll removes name (and, for a directory, everything below it) from
+// the directory dirfd without following symbolic links.
+func removeAll(dirfd int, name string) error {
+	err := unix.Unlinkat(dirfd, name, 0)
+	if err == nil || err == unix.ENOENT {
+		return nil
+	}
+	if err != unix.EISDIR && err != unix.EPERM {
+		return err
+	}
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	names, err := f.Readdirnames(-1)
+	if err == nil {
+		for _, n := range names {
+			if err = removeAll(fd, n); err != nil {
+				break
+			}
+		}
+	}
+	f.Close()
+	if err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR); err != nil && err != unix.ENOENT {
+		return err
+	}
+	return nil
+}
+
+// Stats counts what Apply did.
+type Stats struct {
+	Entries   int
+	Bytes     int64 // regular file content written
+	Whiteouts int
+}
+
+// layer is the state of one Apply call.
+type layer struct {
+	r     *Root
+	seen  map[string]bool // paths this layer wrote (whiteouts apply to lower layers only)
+	dirs  []dirTime       // directory mtimes, set after the layer so later entries don't disturb them
+	stats Stats
+}
+
+type dirTime struct {
+	rel   string
+	atime time.Time
+	mtime time.Time
+}
+
+// Apply reads a tar stream (uncompressed) and applies it to the root as one
+// layer on top of what the root holds.
+func (r *Root) Apply(ctx context.Context, tr io.Reader) (Stats, error) {
+	l := &layer{r: r, seen: map[string]bool{}}
+	rd := tar.NewReader(tr)
+	for {
+		if err := ctx.Err(); err != nil {
+			return l.stats, err
+		}
+		hdr, err := rd.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return l.stats, fmt.Errorf("unpack: read tar header: %w", err)
+		}
+		if err := l.entry(hdr, rd); err != nil {
+			return l.stats, fmt.Errorf("unpack: tar entry %q: %w", hdr.Name, err)
+		}
+		l.stats.Entries++
+	}
+	for _, d := range slices.Backward(l.dirs) {
+		if err := l.setTimes(d.rel, d.atime, d.mtime); err != nil {
+			return l.stats, fmt.Errorf("unpack: directory %q times: %w", d.rel, err)
+		}
+	}
+	return l.stats, nil
+}
+
+func (l *layer) markParents(rel string) {
+	for d := rel; d != "."; {
+		d, _ = split(d)
+		l.seen[d] = true
+	}
+}
+
+func (l *layer) entry(hdr *tar.Header, rd io.Reader) error {
+	switch hdr.Typeflag {
+	case tar.TypeXGlobalHeader:
+		return nil
+	case tar.TypeReg, tar.TypeDir, tar.TypeSymlink, tar.TypeLink, tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+	default:
+		if hdr.Typeflag == '\x00' { // old-style regular file (TypeRegA)
+			break
+		}
+		return fmt.Errorf("unsupported tar entry type %q", hdr.Typeflag)
+	}
+	rel, err := Clean(hdr.Name)
+	if err != nil {
+		return err
+	}
+	dir, base := split(rel)
+	if strings.HasPrefix(base, whiteoutPrefix) {
+		if hdr.Typeflag == tar.TypeDir {
+			return fmt.Errorf("whiteout is a directory")
+		}
+		l.stats.Whiteouts++
+		return l.whiteout(dir, base)
+	}
+	if rel == "." {
+		if hdr.Typeflag != tar.TypeDir {
+			return fmt.Errorf("the root entry is not a directory")
+		}
+		return l.rootDir(hdr)
+	}
+	dirfd, err := l.r.openDir(dir, true, func(p string) { l.seen[p] = true })
+	if err != nil {
+		return fmt.Errorf("open parent directory %q: %w", dir, err)
+	}
+	defer unix.Close(dirfd)
+	l.seen[rel] = true
+	l.markParents(rel)
+
+	var st unix.Stat_t
+	exists := unix.Fstatat(dirfd, base, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
+	if exists && !(hdr.Typeflag == tar.TypeDir && st.Mode&unix.S_IFMT == unix.S_IFDIR) {
+		if hdr.Typeflag == tar.TypeLink {
+			if target, err := Clean(hdr.Linkname); err == nil && target == rel {
+				return nil // a link to itself: keep the file
+			}
+		}
+		if err := removeAll(dirfd, base); err != nil {
+			return fmt.Errorf("replace existing entry: %w", err)
+		}
+	}
+	perm := uint32(hdr.Mode) & 0o7777
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		if !exists || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			if err := unix.Mkdirat(dirfd, base, 0o700); err != nil {
+				return fmt.Errorf("mkdir: %w", err)
+			}
+		}
+		fd, err := unix.Openat(dirfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open directory: %w", err)
+		}
+		defer unix.Close(fd)
+		if err := fdMeta(fd, hdr, perm); err != nil {
+			return err
+		}
+		l.dirs = append(l.dirs, dirTime{rel: rel, atime: atime(hdr), mtime: hdr.ModTime})
+		return nil
+	case tar.TypeReg, '\x00':
+		fd, err := unix.Openat(dirfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return fmt.Errorf("create file: %w", err)
+		}
+		f := os.NewFile(uintptr(fd), base)
+		defer f.Close()
+		n, err := io.Copy(f, rd)
+		l.stats.Bytes += n
+		if err != nil {
+			return fmt.Errorf("write file: %w", err)
+		}
+		if err := fdMeta(fd, hdr, perm); err != nil {
+			return err
+		}
+	case tar.TypeSymlink:
+		if hdr.Linkname == "" || strings.IndexByte(hdr.Linkname, 0) >= 0 {
+			return fmt.Errorf("invalid symlink target %q", hdr.Linkname)
+		}
+		if err := unix.Symlinkat(hdr.Linkname, dirfd, base); err != nil {
+			return fmt.Errorf("symlink: %w", err)
+		}
+		if err := unix.Fchownat(dirfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("chown symlink: %w", err)
+		}
+		if err := pathXattrs(dirfd, base, hdr); err != nil {
+			return err
+		}
+	case tar.TypeLink:
+		target, err := Clean(hdr.Linkname)
+		if err != nil {
+			return fmt.Errorf("hard link target: %w", err)
+		}
+		if target == "." {
+			return fmt.Errorf("hard link to the root directory")
+		}
+		tdir, tbase := split(target)
+		tfd, err := l.r.openDir(tdir, false, nil)
+		if err != nil {
+			return fmt.Errorf("hard link target %q: %w", hdr.Linkname, err)
+		}
+		err = unix.Linkat(tfd, tbase, dirfd, base, 0)
+		unix.Close(tfd)
+		if err != nil {
+			return fmt.Errorf("hard link to %q: %w", hdr.Linkname, err)
+		}
+		return nil // a hard link shares the target's inode and metadata
+	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		mode := uint32(unix.S_IFIFO)
+		switch hdr.Typeflag {
+		case tar.TypeChar:
+			mode = unix.S_IFCHR
+		case tar.TypeBlock:
+			mode = unix.S_IFBLK
+		}
+		if hdr.Devmajor < 0 || hdr.Devminor < 0 || hdr.Devmajor > 0xffffffff || hdr.Devminor > 0xffffffff {
+			return fmt.Errorf("invalid device number %d:%d", hdr.Devmajor, hdr.Devminor)
+		}
+		dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
+		if err := unix.Mknodat(dirfd, base, mode|0o600, int(dev)); err != nil {
+			return fmt.Errorf("mknod: %w", err)
+		}
+		// A special file opened O_PATH: fchown/fchmod through /proc would be
+		// needed; the *at calls below act on the node just made (never a symlink).
+		if err := unix.Fchownat(dirfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("chown: %w", err)
+		}
+		if err := unix.Fchmodat(dirfd, base, perm, 0); err != nil {
+			return fmt.Errorf("chmod: %w", err)
+		}
+		if err := pathXattrs(dirfd, base, hdr); err != nil {
+			return err
+		}
+	}
+	ts := []unix.Timespec{unix.NsecToTimespec(atime(hdr).UnixNano()), unix.NsecToTimespec(hdr.ModTime.UnixNano())}
+	if err := unix.UtimesNanoAt(dirfd, base, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("set times: %w", err)
+	}
+	return nil
+}
+
+func atime(hdr *tar.Header) time.Time {
+	if hdr.AccessTime.IsZero() {
+		return hdr.ModTime
+	}
+	return hdr.AccessTime
+}
+
+// fdMeta sets ownership, then mode (chown clears setuid bits), then xattrs
+// (chown clears security.capability) on an open file or directory.
+func fdMeta(fd int, hdr *tar.Header, perm uint32) error {
+	if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
+		return fmt.Errorf("chown: %w", err)
+	}
+	if err := unix.Fchmod(fd, perm); err != nil {
+		return fmt.Errorf("chmod: %w", err)
+	}
+	for name, val := range xattrs(hdr) {
+		if err := unix.Fsetxattr(fd, name, []byte(val), 0); err != nil {
+			return fmt.Errorf("set xattr %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// pathXattrs sets xattrs on a symlink or special file through its parent
+// directory's descriptor (the final component is not followed).
+func pathXattrs(dirfd int, base string, hdr *tar.Header) error {
+	for name, val := range xattrs(hdr) {
+		p := "/proc/self/fd/" + strconv.Itoa(dirfd) + "/" + base
+		if err := unix.Lsetxattr(p, name, []byte(val), 0); err != nil {
+			return fmt.Errorf("set xattr %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func xattrs(hdr *tar.Header) map[string]string {
+	var m map[string]string
+	for k, v := range hdr.PAXRecords {
+		if name, ok := strings.CutPrefix(k, xattrPrefix); ok && name != "" {
+			if m == nil {
+				m = map[string]string{}
+			}
+			m[name] = v
+		}
+	}
+	return m
+}
+
+// rootDir applies a "./" entry's metadata to the root directory itself.
+func (l *layer) rootDir(hdr *tar.Header) error {
+	fd, err := unix.Openat(l.r.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open root: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := fdMeta(fd, hdr, uint32(hdr.Mode)&0o7777); err != nil {
+		return err
+	}
+	l.dirs = append(l.dirs, dirTime{rel: ".", atime: atime(hdr), mtime: hdr.ModTime})
+	return nil
+}
+
+func (l *layer) setTimes(rel string, at, mt time.Time) error {
+	ts := []unix.Timespec{unix.NsecToTimespec(at.UnixNano()), unix.NsecToTimespec(mt.UnixNano())}
+	if rel == "." {
+		return unix.UtimesNanoAt(l.r.fd, ".", ts, 0)
+	}
+	dir, base := split(rel)
+	dirfd, err := l.r.openDir(dir, false, nil)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dirfd)
+	return unix.UtimesNanoAt(dirfd, base, ts, unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// whiteout handles ".wh.<name>" and ".wh..wh..opq" in directory dir.
+func (l *layer) whiteout(dir, base string) error {
+	if base == opaqueMarker {
+		dirfd, err := l.r.openDir(dir, true, func(p string) { l.seen[p] = true })
+		if err != nil {
+			return fmt.Errorf("opaque directory %q: %w", dir, err)
+		}
+		defer unix.Close(dirfd)
+		l.seen[dir] = true
+		l.markParents(dir)
+		return l.prune(dir, dirfd)
+	}
+	name := strings.TrimPrefix(base, whiteoutPrefix)
+	if strings.HasPrefix(name, whiteoutPrefix) {
+		return nil // other AUFS metadata (.wh..wh.plnk, ...): nothing to do
+	}
+	if name == "" || name == "." || name == ".." {
+		return fmt.Errorf("%w: invalid whiteout name %q", ErrUnsafePath, base)
+	}
+	target := path.Join(dir, name)
+	if l.seen[target] {
+		return nil // whiteouts hide lower layers only, not this layer's entries
+	}
+	dirfd, err := l.r.openDir(dir, false, nil)
+	if err == unix.ENOENT || err == unix.ENOTDIR {
+		return nil // nothing below to hide
+	}
+	if err != nil {
+		return fmt.Errorf("whiteout parent %q: %w", dir, err)
+	}
+	defer unix.Close(dirfd)
+	if err := removeAll(dirfd, name); err != nil {
+		return fmt.Errorf("whiteout %q: %w", target, err)
+	}
+	return nil
+}
+
+// prune removes everything below dir that this layer did not write.
+func (l *layer) prune(dir string, dirfd int) error {
+	fd, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opaque directory %q: %w", dir, err)
+	}
+	f := os.NewFile(uintptr(fd), dir)
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("opaque directory %q: list: %w", dir, err)
+	}
+	for _, n := range names {
+		p := path.Join(dir, n)
+		if !l.seen[p] {
+			if err := removeAll(fd, n); err != nil {
+				return fmt.Errorf("opaque directory %q: remove %q: %w", dir, n, err)
+			}
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			sub, err := unix.Openat(fd, n, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("opaque directory %q: %w", p, err)
+			}
+			err = l.prune(p, sub)
+			unix.Close(sub)
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
