@@ -186,3 +186,66 @@ func (n *node) proxyGetHeaders(t *testing.T, id, port, path string, headers map[
 	resp.Body.Close()
 	return resp.StatusCode
 }
+
+// TestConcurrentLifecycleCalls fires pauses, connects, timeouts and kills at
+// one sandbox at once: each call gets a lifecycle answer (never a 5xx), the
+// sandbox ends gone, and its VMM process does not outlive it.
+func TestConcurrentLifecycleCalls(t *testing.T) {
+	n := sharedNode(t)
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	calls := []struct{ method, path, body string }{
+		{"POST", "/sandboxes/" + id + "/pause", ""},
+		{"POST", "/sandboxes/" + id + "/pause", ""},
+		{"POST", "/sandboxes/" + id + "/connect", `{"timeout":60}`},
+		{"POST", "/v2/sandboxes/" + id + "/connect", `{"timeout":60}`},
+		{"POST", "/sandboxes/" + id + "/timeout", `{"timeout":120}`},
+		{"GET", "/sandboxes/" + id, ""},
+		{"POST", "/sandboxes/" + id + "/pause", ""},
+	}
+	allowed := map[int]bool{200: true, 201: true, 204: true, 404: true, 409: true}
+	type result struct {
+		call string
+		code int
+		body string
+	}
+	results := make(chan result, len(calls)+1)
+	start := make(chan struct{})
+	for _, c := range calls {
+		go func() {
+			<-start
+			code, b, _, err := n.Call(c.method, c.path, n.key, c.body)
+			if err != nil {
+				b = []byte(err.Error())
+			}
+			results <- result{c.method + " " + c.path, code, string(b)}
+		}()
+	}
+	go func() {
+		<-start
+		time.Sleep(300 * time.Millisecond) // let some of the others begin
+		code, b, _, err := n.Call("DELETE", "/sandboxes/"+id, n.key, "")
+		if err != nil {
+			b = []byte(err.Error())
+		}
+		results <- result{"DELETE", code, string(b)}
+	}()
+	close(start)
+	for range len(calls) + 1 {
+		r := <-results
+		if !allowed[r.code] {
+			t.Errorf("%s: status %d: %s", r.call, r.code, r.body)
+		}
+		if r.call == "DELETE" && r.code != http.StatusNoContent {
+			t.Errorf("the only kill: status %d, want 204: %s", r.code, r.body)
+		}
+	}
+	n.expect(t, http.StatusNotFound, "GET", "/sandboxes/"+id, n.key, "")
+	n.expect(t, http.StatusNotFound, "DELETE", "/sandboxes/"+id, n.key, "")
+	deadline := time.Now().Add(10 * time.Second)
+	for len(processesMentioning(id)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if pids := processesMentioning(id); len(pids) > 0 {
+		t.Fatalf("VMM processes of killed sandbox %s still run: %v", id, pids)
+	}
+}
