@@ -54,7 +54,9 @@ func (m *tmux) waitFor(s string, re *regexp.Regexp, within time.Duration) []stri
 	}
 }
 
-func (m *tmux) send(s string, keys ...string) { m.cmd(append([]string{"send-keys", "-t", s}, keys...)...) }
+func (m *tmux) send(s string, keys ...string) {
+	m.cmd(append([]string{"send-keys", "-t", s}, keys...)...)
+}
 
 // TestTerminal: `aenv start` attaches a shell through tmux: a command's
 // output, the initial size and a resize reach the remote pty, Ctrl-C goes to
