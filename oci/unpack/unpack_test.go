@@ -1,7 +1,6 @@
 package unpack
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
@@ -21,69 +20,6 @@ func apply(t *testing.T, r *Root, entries []lt.Entry) error {
 	return err
 }
 
-// craftedLayers exercise whiteouts, opaque directories, hard links, symbolic
-// links, setuid bits, ownership, xattrs, device nodes and a file deleted in
-// one layer and recreated in the next.
-func craftedLayers() [][]lt.Entry {
-	owned := lt.File("srv/owned", "owned by 1234", 0o640)
-	owned.UID, owned.GID = 1234, 5678
-	capped := lt.File("usr/bin/ping", "ping", 0o755)
-	capped.Xattrs = map[string]string{"security.capability": "\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00", "user.note": "hello"}
-	xdir := lt.Dir("srv/xdir", 0o750)
-	xdir.Xattrs = map[string]string{"trusted.overlay.test": "y"}
-	return [][]lt.Entry{
-		{
-			lt.Dir("./", 0o755),
-			lt.Dir("etc", 0o755),
-			lt.File("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n", 0o644),
-			lt.File("etc/gone", "deleted later", 0o644),
-			lt.File("etc/recreated", "first version", 0o644),
-			lt.Dir("opaque", 0o755),
-			lt.File("opaque/lower1", "lower", 0o644),
-			lt.Dir("opaque/sub", 0o700),
-			lt.File("opaque/sub/deep", "deep", 0o644),
-			lt.Dir("gonedir", 0o755),
-			lt.File("gonedir/x", "x", 0o644),
-			lt.Dir("usr", 0o755),
-			lt.Dir("usr/bin", 0o755),
-			lt.File("usr/bin/sudo", "sudo", 0o4755),
-			lt.File("usr/bin/wall", "wall", 0o2755),
-			lt.Dir("tmp", 0o1777),
-			capped,
-			lt.Hardlink("usr/bin/sudo-link", "usr/bin/sudo"),
-			lt.Symlink("bin", "usr/bin"),
-			lt.Symlink("etc/abs-link", "/etc/passwd"),
-			lt.Dir("dev", 0o755),
-			lt.Char("dev/null", 1, 3),
-			lt.Char("dev/zero", 1, 5),
-			lt.Fifo("dev/fifo"),
-			{Name: "dev/sda", Type: tar.TypeBlock, Mode: 0o660, Major: 8, Minor: 0, GID: 6, ModTime: time.Unix(1700000000, 0)},
-			lt.File("implicit/parent/file", "no parent entries", 0o600),
-		},
-		{
-			lt.Whiteout("etc/gone"),
-			lt.Whiteout("etc/recreated"),
-			lt.Whiteout("gonedir"),
-			lt.Whiteout("does/not/exist"),
-			lt.Opaque("opaque"),
-			lt.File("opaque/upper", "upper", 0o644),
-			lt.Dir("srv", 0o755),
-			owned,
-			xdir,
-			lt.File("etc/passwd", "root:x:0:0:root:/root:/bin/bash\n", 0o600),
-			lt.Hardlink("srv/passwd-link", "etc/passwd"),
-			lt.Symlink("usr/bin/sudo", "/bin/false"), // a file replaced by a symlink
-		},
-		{
-			lt.File("etc/recreated", "second version", 0o600),
-			lt.Dir("gonedir", 0o711),
-			lt.Dir("opaque/new", 0o755),
-			lt.Opaque("opaque/new"), // opaque in the same layer keeps this layer's entries
-			lt.File("opaque/new/kept", "kept", 0o644),
-		},
-	}
-}
-
 func TestApplyCraftedLayers(t *testing.T) {
 	dir := t.TempDir()
 	r, err := OpenRoot(filepath.Join(dir, "root"))
@@ -92,7 +28,7 @@ func TestApplyCraftedLayers(t *testing.T) {
 	}
 	defer r.Close()
 	model := lt.Model{}
-	for i, layer := range craftedLayers() {
+	for i, layer := range lt.Crafted() {
 		if err := apply(t, r, layer); err != nil {
 			t.Fatalf("layer %d: %v", i, err)
 		}

@@ -335,3 +335,66 @@ func FromTree(root string) (Model, error) {
 	})
 	return m, err
 }
+
+// Crafted layers exercise whiteouts, opaque directories, hard links, symbolic
+// links, setuid bits, ownership, xattrs, device nodes and a file deleted in
+// one layer and recreated in the next.
+func Crafted() [][]Entry {
+	owned := File("srv/owned", "owned by 1234", 0o640)
+	owned.UID, owned.GID = 1234, 5678
+	capped := File("usr/bin/ping", "ping", 0o755)
+	capped.Xattrs = map[string]string{"security.capability": "\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00", "user.note": "hello"}
+	xdir := Dir("srv/xdir", 0o750)
+	xdir.Xattrs = map[string]string{"trusted.overlay.test": "y"}
+	return [][]Entry{
+		{
+			Dir("./", 0o755),
+			Dir("etc", 0o755),
+			File("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n", 0o644),
+			File("etc/gone", "deleted later", 0o644),
+			File("etc/recreated", "first version", 0o644),
+			Dir("opaque", 0o755),
+			File("opaque/lower1", "lower", 0o644),
+			Dir("opaque/sub", 0o700),
+			File("opaque/sub/deep", "deep", 0o644),
+			Dir("gonedir", 0o755),
+			File("gonedir/x", "x", 0o644),
+			Dir("usr", 0o755),
+			Dir("usr/bin", 0o755),
+			File("usr/bin/sudo", "sudo", 0o4755),
+			File("usr/bin/wall", "wall", 0o2755),
+			Dir("tmp", 0o1777),
+			capped,
+			Hardlink("usr/bin/sudo-link", "usr/bin/sudo"),
+			Symlink("bin", "usr/bin"),
+			Symlink("etc/abs-link", "/etc/passwd"),
+			Dir("dev", 0o755),
+			Char("dev/null", 1, 3),
+			Char("dev/zero", 1, 5),
+			Fifo("dev/fifo"),
+			{Name: "dev/sda", Type: tar.TypeBlock, Mode: 0o660, Major: 8, Minor: 0, GID: 6, ModTime: time.Unix(1700000000, 0)},
+			File("implicit/parent/file", "no parent entries", 0o600),
+		},
+		{
+			Whiteout("etc/gone"),
+			Whiteout("etc/recreated"),
+			Whiteout("gonedir"),
+			Whiteout("does/not/exist"),
+			Opaque("opaque"),
+			File("opaque/upper", "upper", 0o644),
+			Dir("srv", 0o755),
+			owned,
+			xdir,
+			File("etc/passwd", "root:x:0:0:root:/root:/bin/bash\n", 0o600),
+			Hardlink("srv/passwd-link", "etc/passwd"),
+			Symlink("usr/bin/sudo", "/bin/false"), // a file replaced by a symlink
+		},
+		{
+			File("etc/recreated", "second version", 0o600),
+			Dir("gonedir", 0o711),
+			Dir("opaque/new", 0o755),
+			Opaque("opaque/new"), // opaque in the same layer keeps this layer's entries
+			File("opaque/new/kept", "kept", 0o644),
+		},
+	}
+}
