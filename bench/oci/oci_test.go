@@ -1,0 +1,80 @@
+package oci
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	aoci "github.com/agentenv/agentenv/oci"
+	"github.com/agentenv/agentenv/oci/unpack"
+)
+
+// Run with: go test -run '^$' -bench . -benchtime 1x ./bench/oci
+// AENV_BENCH_OCI_MIB sets the synthetic tree size when no Debian tree is cached (default 128).
+
+func BenchmarkConvert(b *testing.B) {
+	ctx := context.Background()
+	mib := 128
+	if v, err := strconv.Atoi(os.Getenv("AENV_BENCH_OCI_MIB")); err == nil && v > 0 {
+		mib = v
+	}
+	dir := b.TempDir()
+	f, err := NewFixture(ctx, dir, mib)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mb := float64(f.Bytes) / 1e6
+	var tConv, tUnpack, tTar time.Duration
+	for i := 0; i < b.N; i++ {
+		// tar -x of the same blobs into a directory.
+		start := time.Now()
+		if err := f.TarExtract(ctx, filepath.Join(dir, fmt.Sprintf("tar-%d", i))); err != nil {
+			b.Fatal(err)
+		}
+		tTar += time.Since(start)
+		os.RemoveAll(filepath.Join(dir, fmt.Sprintf("tar-%d", i)))
+
+		// Our unpack alone (the part that does what tar -x does).
+		start = time.Now()
+		root, err := unpack.OpenRoot(filepath.Join(dir, fmt.Sprintf("unpack-%d", i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, l := range f.Image.Layers {
+			if _, err := aoci.ApplyLayer(ctx, root, l); err != nil {
+				b.Fatal(err)
+			}
+		}
+		root.Close()
+		tUnpack += time.Since(start)
+		os.RemoveAll(root.Path())
+
+		// The whole conversion into a sealed layer (a new hostname defeats the cache).
+		start = time.Now()
+		rf, err := f.Puller.Convert(ctx, f.Image, aoci.ConvertOptions{Hostname: fmt.Sprintf("bench%d", i)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		tConv += time.Since(start)
+		if rf.Cached {
+			b.Fatal("conversion was cached")
+		}
+		os.RemoveAll(filepath.Dir(rf.Path))
+	}
+	n := float64(b.N)
+	conv := mb * n / tConv.Seconds()
+	unp := mb * n / tUnpack.Seconds()
+	tar := mb * n / tTar.Seconds()
+	b.ReportMetric(conv, "convert-MB/s")
+	b.ReportMetric(unp, "unpack-MB/s")
+	b.ReportMetric(tar, "tar-x-MB/s")
+	b.ReportMetric(conv/tar, "convert/tar")
+	b.ReportMetric(unp/tar, "unpack/tar")
+	fmt.Printf("layers: %s, %.1f MB uncompressed in %d gzip layers\n", f.Source, mb, len(f.Image.Layers))
+	fmt.Printf("convert to sealed layer %.1f MB/s, unpack only %.1f MB/s, tar -x %.1f MB/s: convert/tar %.2f, unpack/tar %.2f\n",
+		conv, unp, tar, conv/tar, unp/tar)
+}
