@@ -24,6 +24,20 @@ type Config struct {
 	VMM     VMM     `toml:"vmm"`
 	Guest   Guest   `toml:"guest"`
 	Sandbox Sandbox `toml:"sandbox"`
+	Storage Storage `toml:"storage"`
+}
+
+// Storage chooses where sandbox root disks come from.
+type Storage struct {
+	// Backend is "storaged" (layered images exported over NBD by
+	// aenv-storaged: a fresh upper per sandbox, sealed on pause) or "files"
+	// (a sparse copy of the template's rootfs file per sandbox).
+	Backend string `toml:"backend" env:"AENVD_STORAGE_BACKEND"`
+	// Socket is aenv-storaged's RPC socket; aenvd starts the daemon when
+	// nothing answers there. Default <data_dir>/storaged/storaged.sock.
+	Socket string `toml:"socket" env:"AENVD_STORAGE_SOCKET"`
+	// Binary is the aenv-storaged executable; default next to aenvd.
+	Binary string `toml:"binary" env:"AENVD_STORAGE_BINARY"`
 }
 
 // API configures the HTTP listeners.
@@ -105,6 +119,7 @@ func Default() Config {
 		Network: Network{Prefix: "aenv", HostCIDR: "10.11.0.0/16", VethCIDR: "10.12.0.0/16", PoolLow: 2, PoolHigh: 8},
 		VMM:     VMM{Driver: "auto"},
 		Guest:   Guest{VCPUs: 1, MemoryMiB: 512, DefaultUser: "user"},
+		Storage: Storage{Backend: "storaged"},
 		Sandbox: Sandbox{
 			DefaultTimeout:  Duration{15 * time.Second},
 			MaxTimeout:      Duration{24 * time.Hour},
@@ -139,6 +154,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: data_dir is empty")
 	case c.API.Listen == "":
 		return fmt.Errorf("config: api.listen is empty")
+	case c.Storage.Backend != "storaged" && c.Storage.Backend != "files":
+		return fmt.Errorf("config: storage.backend %q: want storaged or files", c.Storage.Backend)
 	case c.VMM.Driver != "auto" && c.VMM.Driver != "qemu":
 		return fmt.Errorf("config: vmm.driver %q: want auto or qemu", c.VMM.Driver)
 	case c.Guest.VCPUs < 1 || c.Guest.MemoryMiB < 64:

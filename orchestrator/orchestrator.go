@@ -9,8 +9,9 @@
 // VMs of running ones are adopted, snapshotted and kept as paused (Recover):
 // live re-adoption needs network slots that survive a restart.
 //
-// Interim (until the storage daemon's layered exports are wired): each
-// sandbox's root disk is a sparse copy of the template's rootfs file.
+// Root disks come from the storage daemon (layers + a fresh upper per
+// sandbox over NBD; pause seals the upper by restack) or, without a daemon,
+// from a sparse copy of the template's rootfs file per sandbox.
 package orchestrator
 
 import (
@@ -28,6 +29,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,26 +77,34 @@ type Record struct {
 	AccessToken string            `json:"accessToken,omitempty"`
 	// TrafficToken, when set, must accompany proxied traffic to ports other
 	// than the agent's (allowPublicTraffic false).
-	TrafficToken string         `json:"trafficToken,omitempty"`
-	VCPUs        int            `json:"vcpus"`
-	MemoryMiB    int            `json:"memoryMiB"`
-	DiskMiB      int            `json:"diskMiB"`
-	EnvdVersion  string         `json:"envdVersion"`
-	Dir          string         `json:"dir"`
-	Rootfs       string         `json:"rootfs"`
-	Snapshot     string         `json:"snapshot,omitempty"` // set while paused
-	Gen          int            `json:"gen"`                // bumps on every (re)start of the VM
-	PID          int            `json:"pid,omitempty"`
-	Policy       network.Policy `json:"policy"`
+	TrafficToken string `json:"trafficToken,omitempty"`
+	VCPUs        int    `json:"vcpus"`
+	MemoryMiB    int    `json:"memoryMiB"`
+	DiskMiB      int    `json:"diskMiB"`
+	EnvdVersion  string `json:"envdVersion"`
+	Dir          string `json:"dir"`
+	Rootfs       string `json:"rootfs,omitempty"` // file mode
+	// RootfsImage is the image config the daemon device is created from
+	// (daemon mode); Device is the live device while the VM runs.
+	RootfsImage string         `json:"rootfsImage,omitempty"`
+	Device      uint32         `json:"device,omitempty"`
+	HasDevice   bool           `json:"hasDevice,omitempty"`
+	Snapshot    string         `json:"snapshot,omitempty"` // set while paused
+	Gen         int            `json:"gen"`                // bumps on every (re)start of the VM
+	PID         int            `json:"pid,omitempty"`
+	Policy      network.Policy `json:"policy"`
 }
 
 // Options configure an Orchestrator. Driver, Network and Store are owned by
 // the caller.
 type Options struct {
-	DataDir     string
-	Driver      vmm.Driver
-	Network     *network.Manager
-	Store       *store.Store
+	DataDir string
+	Driver  vmm.Driver
+	Network *network.Manager
+	Store   *store.Store
+	// Storage is the storage daemon serving root disks; nil uses a sparse
+	// copy of the template's rootfs file per sandbox.
+	Storage     *client.Client
 	VCPUs       int
 	MemoryMiB   int
 	DefaultUser string
@@ -108,6 +118,7 @@ type Orchestrator struct {
 	drv   vmm.Driver
 	nets  *network.Manager
 	store *store.Store
+	sd    *client.Client
 	log   *slog.Logger
 	m     *metrics
 
@@ -137,7 +148,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	if opts.DefaultUser == "" {
 		opts.DefaultUser = "user"
 	}
-	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store,
+	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store, sd: opts.Storage,
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
 		sandboxes: map[string]*sandbox{}, templates: map[string]*Template{}}
 	if err := os.MkdirAll(filepath.Join(opts.DataDir, "sandboxes"), 0o755); err != nil {
@@ -164,6 +175,9 @@ func (o *Orchestrator) load(ctx context.Context) error {
 		}
 		o.log.Warn("dropping sandbox that cannot be re-adopted", "sandbox", r.ID, "state", r.State)
 		killStale(r.PID, r.ID)
+		if o.sd != nil && r.HasDevice {
+			_ = o.sd.Delete(ctx, r.Device)
+		}
 		_ = os.RemoveAll(r.Dir)
 		if err := o.store.Delete(store.Sandboxes, r.ID); err != nil {
 			return err
@@ -232,8 +246,13 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 		ID: id, TemplateID: t.ID, State: Starting, Metadata: opts.Metadata, EnvVars: opts.EnvVars,
 		AutoPause: opts.AutoPause, AutoResume: opts.AutoResume, Secure: opts.Secure,
 		VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, DiskMiB: t.DiskMiB, EnvdVersion: t.EnvdVersion,
-		Dir: dir, Rootfs: filepath.Join(dir, "rootfs.ext4"), Policy: opts.Policy,
+		Dir: dir, Policy: opts.Policy,
 	}}
+	if o.sd != nil {
+		s.rec.RootfsImage = t.RootfsImage
+	} else {
+		s.rec.Rootfs = filepath.Join(dir, "rootfs.ext4")
+	}
 	if opts.Secure {
 		if s.rec.AccessToken, err = randomHex(32); err != nil {
 			return rec, err
@@ -252,10 +271,6 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 		return Record{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	lap := o.m.stage("create")
-	if err := sparseCopy(ctx, t.Rootfs, s.rec.Rootfs); err != nil {
-		return fail(err)
-	}
-	lap("storage")
 	if err := o.startVM(ctx, s, t.Snapshot, lap); err != nil {
 		return fail(err)
 	}
@@ -263,6 +278,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	s.rec.StartedAt, s.rec.EndAt, s.rec.State = now, now.Add(opts.Timeout), Running
 	if err := o.store.Put(store.Sandboxes, id, s.rec); err != nil {
 		o.stopVM(ctx, s)
+		o.releaseDevice(ctx, s)
 		return fail(err)
 	}
 	o.mu.Lock()
@@ -290,9 +306,11 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 			if vm != nil {
 				_ = vm.Stop(context.WithoutCancel(ctx))
 			}
+			o.releaseDevice(ctx, s)
 			_ = o.nets.Release(context.WithoutCancel(ctx), slot)
 		}
 	}()
+
 	if !isZeroPolicy(s.rec.Policy) {
 		if err := slot.SetPolicy(ctx, s.rec.Policy); err != nil {
 			return fmt.Errorf("network policy: %w", err)
@@ -304,11 +322,16 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 	}
 	defer tap.Close()
 	lap("network")
+	drive, err := o.rootfsDrive(ctx, s)
+	if err != nil {
+		return err
+	}
+	lap("storage")
 	s.rec.Gen++
 	vm, err = o.drv.Restore(ctx, vmm.RestoreConfig{
 		ID: fmt.Sprintf("%s-%d", s.rec.ID, s.rec.Gen), SnapshotDir: snapshotDir,
 		RunDir: filepath.Join(s.rec.Dir, fmt.Sprintf("run-%d", s.rec.Gen)),
-		Drives: []vmm.Drive{{ID: rootfsDrive, Path: s.rec.Rootfs}},
+		Drives: []vmm.Drive{drive},
 		NICs:   []vmm.NIC{{ID: nicID, MAC: slot.Guest().MAC.String(), Tap: tap}},
 	})
 	if err != nil {
@@ -436,6 +459,7 @@ func (o *Orchestrator) Kill(ctx context.Context, id string) (err error) {
 	o.setState(s, Killing)
 	o.stopTimer(s)
 	o.stopVM(ctx, s)
+	o.releaseDevice(ctx, s)
 	s.gone = true
 	o.mu.Lock()
 	delete(o.sandboxes, id)
@@ -477,6 +501,13 @@ func (o *Orchestrator) Pause(ctx context.Context, id string) (err error) {
 	}
 	o.stopTimer(s)
 	o.stopVM(ctx, s)
+	if err := o.sealRootfs(ctx, s); err != nil {
+		// The VM is gone and its disk cannot be sealed: the sandbox is lost.
+		o.releaseDevice(ctx, s)
+		_ = os.RemoveAll(snapDir)
+		o.dropLost(s)
+		return fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
 	s.mu.Lock()
 	old := s.rec.Snapshot
 	s.rec.Snapshot, s.rec.State = snapDir, Paused
@@ -490,6 +521,17 @@ func (o *Orchestrator) Pause(ctx context.Context, id string) (err error) {
 	}
 	o.log.Info("sandbox paused", "sandbox", id)
 	return nil
+}
+
+// dropLost forgets a sandbox whose state could not be kept.
+func (o *Orchestrator) dropLost(s *sandbox) {
+	s.gone = true
+	o.mu.Lock()
+	delete(o.sandboxes, s.rec.ID)
+	o.mu.Unlock()
+	_ = os.RemoveAll(s.rec.Dir)
+	_ = o.store.Delete(store.Sandboxes, s.rec.ID)
+	o.log.Error("sandbox lost", "sandbox", s.rec.ID)
 }
 
 // Connect makes sure the sandbox runs: a running one gets its end time

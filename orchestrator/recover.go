@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -18,7 +19,10 @@ import (
 // (after kill -9 or a crash), snapshots it and stops it, so the sandbox is
 // kept as paused and resumes on the next connect. Sandboxes whose VMM cannot
 // be adopted are stopped and dropped. Paused sandboxes are left alone.
-func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, log *slog.Logger) error {
+//
+// sd is the storage daemon (nil in file mode): a recovered sandbox's rootfs
+// upper is sealed like on pause; a dropped one's device is deleted.
+func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, sd *client.Client, log *slog.Logger) error {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -31,13 +35,16 @@ func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, log *slog.Log
 			continue
 		}
 		if r.State == Running || r.State == Pausing || r.State == Resuming {
-			if err := recoverOne(ctx, drv, st, r, log); err == nil {
+			if err := recoverOne(ctx, drv, st, sd, r, log); err == nil {
 				continue
 			} else {
 				log.Warn("cannot re-adopt sandbox; dropping it", "sandbox", r.ID, "state", r.State, "err", err)
 			}
 		}
 		killStale(r.PID, r.ID)
+		if sd != nil && r.HasDevice {
+			_ = sd.Delete(ctx, r.Device)
+		}
 		_ = os.RemoveAll(r.Dir)
 		if err := st.Delete(store.Sandboxes, r.ID); err != nil {
 			return err
@@ -48,7 +55,7 @@ func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, log *slog.Log
 
 // recoverOne adopts the sandbox's VMM, pauses and snapshots it, stops it and
 // records the sandbox as paused.
-func recoverOne(ctx context.Context, drv vmm.Driver, st *store.Store, r Record, log *slog.Logger) error {
+func recoverOne(ctx context.Context, drv vmm.Driver, st *store.Store, sd *client.Client, r Record, log *slog.Logger) error {
 	ad, ok := drv.(vmm.Adopter)
 	if !ok {
 		return fmt.Errorf("driver %s cannot adopt machines: %w", drv.Name(), vmm.ErrUnsupported)
@@ -74,6 +81,12 @@ func recoverOne(ctx context.Context, drv vmm.Driver, st *store.Store, r Record, 
 	}
 	if err := m.Stop(ctx); err != nil {
 		return fmt.Errorf("stop adopted machine: %w", err)
+	}
+	if sd != nil {
+		if err := sealDevice(ctx, sd, &r); err != nil {
+			_ = os.RemoveAll(snapDir)
+			return err
+		}
 	}
 	if r.Snapshot != "" {
 		_ = os.RemoveAll(r.Snapshot)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/guest/image"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	storimage "github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -19,10 +21,13 @@ const DefaultTemplate = "base"
 
 // Template is a committed snapshot sandboxes are created from.
 type Template struct {
-	ID          string    `json:"id"`
-	Dir         string    `json:"dir"`      // templates/<id>
-	Snapshot    string    `json:"snapshot"` // <dir>/snapshot
-	Rootfs      string    `json:"rootfs"`   // <dir>/rootfs.ext4, the disk as of the snapshot
+	ID       string `json:"id"`
+	Dir      string `json:"dir"`              // templates/<id>
+	Snapshot string `json:"snapshot"`         // <dir>/snapshot
+	Rootfs   string `json:"rootfs,omitempty"` // file mode: <dir>/rootfs.ext4, the disk as of the snapshot
+	// RootfsImage (daemon mode) is the image config of the disk as of the
+	// snapshot: the imported base layer and the sealed boot upper.
+	RootfsImage string    `json:"rootfsImage,omitempty"`
 	VCPUs       int       `json:"vcpus"`
 	MemoryMiB   int       `json:"memoryMiB"`
 	DiskMiB     int       `json:"diskMiB"`
@@ -36,6 +41,10 @@ type Template struct {
 func (o *Orchestrator) EnsureTemplate(ctx context.Context, assets *image.Assets) (*Template, error) {
 	var t Template
 	if err := o.store.Get(store.Templates, DefaultTemplate, &t); err == nil {
+		if (o.sd != nil) != (t.RootfsImage != "") {
+			return nil, fmt.Errorf("template %s was built for the other storage backend (daemon: %v); use that backend or a fresh data_dir",
+				t.ID, t.RootfsImage != "")
+		}
 		o.setTemplate(&t)
 		return &t, nil
 	}
@@ -71,19 +80,28 @@ func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.As
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return t, fmt.Errorf("build template %s: %w", id, err)
 	}
-	t = Template{ID: id, Dir: dir, Snapshot: filepath.Join(dir, "snapshot"), Rootfs: filepath.Join(dir, "rootfs.ext4"),
+	t = Template{ID: id, Dir: dir, Snapshot: filepath.Join(dir, "snapshot"),
 		VCPUs: o.cfg.VCPUs, MemoryMiB: o.cfg.MemoryMiB, EnvdVersion: envdVersion, CreatedAt: time.Now().UTC()}
 	// Kernel and initrd are copied so the template outlives the asset cache
 	// (the snapshot's config names them).
 	kernel, initrd := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.cpio")
-	for src, dst := range map[string]string{a.Kernel: kernel, a.Initrd: initrd, a.Rootfs: t.Rootfs} {
+	for src, dst := range map[string]string{a.Kernel: kernel, a.Initrd: initrd} {
 		if err := sparseCopy(ctx, src, dst); err != nil {
 			return t, fmt.Errorf("build template %s: %w", id, err)
 		}
 	}
-	if st, err := os.Stat(t.Rootfs); err == nil {
+	if st, err := os.Stat(a.Rootfs); err == nil {
 		t.DiskMiB = int(st.Size() >> 20)
 	}
+	drive, finish, err := o.templateDisk(ctx, &t, a.Rootfs)
+	if err != nil {
+		return t, fmt.Errorf("build template %s: %w", id, err)
+	}
+	defer func() {
+		if ferr := finish(ctx, err == nil); err == nil && ferr != nil {
+			err = fmt.Errorf("build template %s: %w", id, ferr)
+		}
+	}()
 	slot, err := o.nets.Acquire(ctx)
 	if err != nil {
 		return t, fmt.Errorf("build template %s: network slot: %w", id, err)
@@ -99,7 +117,7 @@ func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.As
 		ID: "template-" + id, Kernel: kernel, Initrd: initrd, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB,
 		RunDir:  filepath.Join(dir, "run"),
 		Cmdline: fmt.Sprintf("root=/dev/vda rw quiet %s aenv.dns=%s", g.KernelIPArg(), g.Nameserver),
-		Drives:  []vmm.Drive{{ID: rootfsDrive, Path: t.Rootfs}},
+		Drives:  []vmm.Drive{drive},
 		NICs:    []vmm.NIC{{ID: nicID, MAC: g.MAC.String(), Tap: tap}},
 	})
 	if err != nil {
@@ -138,4 +156,43 @@ func tail(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
+}
+
+// templateDisk prepares the writable disk the template boots from. finish
+// runs once the VM stopped: with commit it makes the disk the template's
+// (daemon mode: seal the boot upper into a layer), else it cleans up.
+func (o *Orchestrator) templateDisk(ctx context.Context, t *Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error) {
+	if o.sd == nil {
+		t.Rootfs = filepath.Join(t.Dir, "rootfs.ext4")
+		if err := sparseCopy(ctx, raw, t.Rootfs); err != nil {
+			return vmm.Drive{}, nil, err
+		}
+		return vmm.Drive{ID: rootfsDrive, Path: t.Rootfs}, func(context.Context, bool) error { return nil }, nil
+	}
+	base := filepath.Join(t.Dir, "rootfs-0.lsmt")
+	if _, err := storimage.ImportRaw(ctx, raw, base, storimage.CommitOptions{Message: "guest rootfs " + raw}); err != nil {
+		return vmm.Drive{}, nil, err
+	}
+	bootCfg := filepath.Join(t.Dir, "rootfs-boot.json")
+	if err := imageConfig(bootCfg, []string{base}); err != nil {
+		return vmm.Drive{}, nil, err
+	}
+	rec := Record{ID: "template-" + t.ID, Dir: t.Dir, Gen: 1, RootfsImage: bootCfg}
+	dev, err := o.sd.Create(ctx, rpc.CreateParams{Image: bootCfg, Owner: rec.ID})
+	if err != nil {
+		return vmm.Drive{}, nil, fmt.Errorf("rootfs device: %w", err)
+	}
+	rec.Device, rec.HasDevice = dev.ID, true
+	finish := func(ctx context.Context, commit bool) error {
+		if !commit {
+			return o.sd.Delete(context.WithoutCancel(ctx), dev.ID)
+		}
+		if err := sealDevice(ctx, o.sd, &rec); err != nil {
+			_ = o.sd.Delete(context.WithoutCancel(ctx), dev.ID)
+			return err
+		}
+		t.RootfsImage = rec.RootfsImage
+		return nil
+	}
+	return vmm.Drive{ID: rootfsDrive, NBD: &vmm.NBDSource{Socket: dev.Socket, Export: dev.Export}}, finish, nil
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
+	"github.com/agentenv/agentenv/storage/daemon/client"
 )
 
 // Key is the API key every test node accepts.
@@ -71,7 +72,9 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		os.RemoveAll(work)
 		return nil, err
 	}
-	build := exec.CommandContext(ctx, "go", "build", "-o", n.bin, "github.com/agentenv/agentenv/cmd/aenvd")
+	// aenv-storaged goes next to aenvd, where aenvd looks for it.
+	build := exec.CommandContext(ctx, "go", "build", "-o", work+"/",
+		"github.com/agentenv/agentenv/cmd/aenvd", "github.com/agentenv/agentenv/cmd/aenv-storaged")
 	if out, err := build.CombinedOutput(); err != nil {
 		os.RemoveAll(work)
 		return nil, fmt.Errorf("build aenvd: %w\n%s", err, out)
@@ -146,9 +149,16 @@ func (n *Node) Stop(sig syscall.Signal) error {
 	}
 }
 
-// Close stops the node gracefully and removes its files.
+// Close stops the node gracefully, then the storage daemon it started (which
+// outlives aenvd by design), and removes its files.
 func (n *Node) Close() error {
 	err := n.Stop(syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if c, derr := client.Dial(ctx, filepath.Join(n.DataDir, "storaged", "storaged.sock")); derr == nil {
+		_ = c.Shutdown(ctx)
+		c.Close()
+	}
 	os.RemoveAll(n.work)
 	return err
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/proxy"
+	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm/qemu"
 	"github.com/prometheus/client_golang/prometheus"
@@ -93,9 +94,16 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	accel, why := drv.Accel()
 	log.Info("vmm selected", "driver", drv.Name(), "accel", accel, "reason", why)
+	sd, err := storageDaemon(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if sd != nil {
+		defer sd.Close()
+	}
 	// Before the network manager clears the previous run's slots, take over
 	// the VMs a crashed predecessor left running (kept as paused sandboxes).
-	if err := orchestrator.Recover(ctx, drv, st, log); err != nil {
+	if err := orchestrator.Recover(ctx, drv, st, sd, log); err != nil {
 		return err
 	}
 	netCfg, err := networkConfig(cfg, reg, log)
@@ -108,7 +116,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	defer nets.Shutdown(context.WithoutCancel(ctx))
 	orch, err := orchestrator.New(ctx, orchestrator.Options{
-		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, VCPUs: cfg.Guest.VCPUs,
+		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, Storage: sd, VCPUs: cfg.Guest.VCPUs,
 		MemoryMiB: cfg.Guest.MemoryMiB, DefaultUser: cfg.Guest.DefaultUser, Registerer: reg, Logger: log,
 	})
 	if err != nil {
@@ -213,4 +221,38 @@ func networkConfig(cfg config.Config, reg prometheus.Registerer, log *slog.Logge
 		*p.dst = v
 	}
 	return nc, nil
+}
+
+// storageDaemon connects to aenv-storaged (starting it when nothing answers;
+// it outlives aenvd so devices survive restarts), or returns nil for the
+// "files" backend.
+func storageDaemon(ctx context.Context, cfg config.Config) (*client.Client, error) {
+	if cfg.Storage.Backend != "storaged" {
+		return nil, nil
+	}
+	dir := filepath.Join(cfg.DataDir, "storaged")
+	socket, bin := cfg.Storage.Socket, cfg.Storage.Binary
+	if socket == "" {
+		socket = filepath.Join(dir, "storaged.sock")
+	}
+	if bin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("locate aenv-storaged: %w", err)
+		}
+		bin = filepath.Join(filepath.Dir(exe), "aenv-storaged")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("storage daemon dir: %w", err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	c, err := client.Ensure(sctx, client.StartOptions{
+		Socket: socket, Binary: bin, LogFile: filepath.Join(dir, "storaged.log"),
+		Args: []string{"-state-dir", filepath.Join(dir, "state"), "-run-dir", filepath.Join(dir, "run")},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage daemon: %w", err)
+	}
+	return c, nil
 }
