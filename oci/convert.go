@@ -439,7 +439,6 @@ func MakeExt4(ctx context.Context, tree, out string, sizeMiB int) (int, error) {
 	args := []string{"-q", "-F", "-t", "ext4", "-L", "aenv-root", "-b", "4096", "-N", strconv.FormatInt(inodes, 10),
 		"-E", "root_owner=0:0", "-O", "^has_journal", "-d", tree, out, fmt.Sprintf("%dM", sizeMiB)}
 	cmd := exec.CommandContext(ctx, "mke2fs", args...)
-	cmd.Env = append(os.Environ(), "E2FSPROGS_FAKE_TIME=", "MKE2FS_DEVICE_SECTSIZE=512")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return 0, fmt.Errorf("mke2fs -d %s %s (%d MiB, %d inodes): %w: %s", tree, out, sizeMiB, inodes, err, strings.TrimSpace(string(b)))
 	}
