@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -101,12 +102,15 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Command, stdin io.Reader, stdout
 		return -1, s.agentError("start "+cmd.Argv[0], err)
 	}
 	defer stream.Close()
+	var pid uint32
+	defer func() { s.stopIfCancelled(ctx, pid, pb.Signal_SIGNAL_SIGTERM) }()
 	for stream.Receive() {
 		ev := stream.Msg().GetEvent()
 		switch {
 		case ev.GetStart() != nil:
+			pid = ev.GetStart().GetPid()
 			if useStdin {
-				go s.feed(ctx, ev.GetStart().GetPid(), stdin, false)
+				go s.feed(ctx, pid, stdin, false)
 			}
 		case ev.GetData() != nil:
 			d := ev.GetData()
@@ -120,6 +124,7 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Command, stdin io.Reader, stdout
 			if end.Error != nil && *end.Error != "" && !end.GetExited() {
 				return int(end.GetExitCode()), fmt.Errorf("run %s in sandbox %s: %s", cmd.Argv[0], s.ID, *end.Error)
 			}
+			pid = 0
 			return int(end.GetExitCode()), nil
 		}
 	}
@@ -127,6 +132,19 @@ func (s *Sandbox) Exec(ctx context.Context, cmd Command, stdin io.Reader, stdout
 		return -1, s.agentError("run "+cmd.Argv[0], err)
 	}
 	return -1, fmt.Errorf("run %s in sandbox %s: the output stream ended without an exit status", cmd.Argv[0], s.ID)
+}
+
+// stopIfCancelled signals process pid (and its group) when ctx was
+// cancelled before it ended: the agent keeps processes whose client went
+// away, and an interrupted aenv must not leave them behind.
+func (s *Sandbox) stopIfCancelled(ctx context.Context, pid uint32, sig pb.Signal) {
+	if pid == 0 || ctx.Err() == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	sel := &pb.ProcessSelector{Selector: &pb.ProcessSelector_Pid{Pid: pid}}
+	_, _ = s.proc().SendSignal(ctx, connect.NewRequest(&pb.SendSignalRequest{Process: sel, Signal: sig}))
 }
 
 // feed copies r to the process's stdin (or pty) and closes stdin at EOF.

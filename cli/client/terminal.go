@@ -47,14 +47,17 @@ func (s *Sandbox) Terminal(ctx context.Context, o TerminalOptions, in io.Reader,
 		return -1, s.agentError("start a terminal", err)
 	}
 	defer stream.Close()
+	var pid uint32
+	// An interactive shell ignores SIGTERM: kill it if aenv is stopped.
+	defer func() { s.stopIfCancelled(ctx, pid, pb.Signal_SIGNAL_SIGKILL) }()
 	for stream.Receive() {
 		ev := stream.Msg().GetEvent()
 		switch {
 		case ev.GetStart() != nil:
-			pid := ev.GetStart().GetPid()
+			pid = ev.GetStart().GetPid()
 			go s.feed(ctx, pid, in, true)
 			if o.Resizes != nil {
-				go func() {
+				go func(pid uint32) {
 					sel := &pb.ProcessSelector{Selector: &pb.ProcessSelector_Pid{Pid: pid}}
 					for {
 						select {
@@ -64,7 +67,7 @@ func (s *Sandbox) Terminal(ctx context.Context, o TerminalOptions, in io.Reader,
 							_, _ = s.proc().Update(ctx, connect.NewRequest(&pb.UpdateRequest{Process: sel, Pty: size(sz)}))
 						}
 					}
-				}()
+				}(pid)
 			}
 		case ev.GetData() != nil:
 			d := ev.GetData()
@@ -74,6 +77,7 @@ func (s *Sandbox) Terminal(ctx context.Context, o TerminalOptions, in io.Reader,
 			_, _ = out.Write(d.GetStdout())
 			_, _ = out.Write(d.GetStderr())
 		case ev.GetEnd() != nil:
+			pid = 0
 			return int(ev.GetEnd().GetExitCode()), nil
 		}
 	}

@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -162,6 +164,9 @@ func TestSandboxCommands(t *testing.T) {
 		t.Fatalf("exec of a missing command: want exit 127 and its name, got %s", r)
 	}
 
+	// Ctrl-C on exec stops the remote command too.
+	interrupted(t, c, id)
+
 	// upload and download a file larger than one chunk.
 	data := make([]byte, 3<<20+17)
 	rand.Read(data)
@@ -287,5 +292,39 @@ func TestTemplates(t *testing.T) {
 	r := c.fails(nil, "template", "rm", "no-such-template")
 	if !strings.Contains(r.stderr, "not supported by this server") && !strings.Contains(r.stderr, "404") {
 		t.Fatalf("template rm of an unknown template: %s", r)
+	}
+}
+
+// interrupted runs a long command with exec, interrupts aenv and checks that
+// aenv exits 130 and the remote command is gone.
+func interrupted(t *testing.T, c *cli, id string) {
+	t.Helper()
+	cmd := exec.Command(aenvBin, "exec", id, "--", "sh", "-c", "echo started; exec sleep 3071")
+	cmd.Env = append([]string{"HOME=" + c.home, "PATH=" + os.Getenv("PATH")}, c.env...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "started\n" {
+		_ = cmd.Process.Kill()
+		t.Fatalf("exec before the interrupt: %q %v; stderr %s", line, err, errb.String())
+	}
+	count := `for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 3071' || true`
+	if r := c.ok("exec", id, "--", "sh", "-c", count); strings.TrimSpace(r.stdout) != "1" {
+		t.Fatalf("remote sleep not running before the interrupt: %s", r)
+	}
+	_ = cmd.Process.Signal(os.Interrupt)
+	_ = cmd.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != 130 {
+		t.Fatalf("interrupted exec: exit %d, want 130; stderr %s", code, errb.String())
+	}
+	if r := c.ok("exec", id, "--", "sh", "-c", count); strings.TrimSpace(r.stdout) != "0" {
+		t.Fatalf("remote sleep survived the interrupt: %s", r)
 	}
 }

@@ -87,7 +87,16 @@ type result struct {
 }
 
 func (r result) String() string {
-	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s%s", r.code, r.stdout, r.stderr, logTail())
+}
+
+// logTail is the end of aenvd's log, to explain failures.
+func logTail() string {
+	if shared == nil {
+		return ""
+	}
+	l := shared.Logs()
+	return "\naenvd log (tail):\n" + l[max(0, len(l)-4000):]
 }
 
 func (c *cli) runIn(stdin string, args ...string) result {

@@ -41,6 +41,9 @@ func main() {
 			os.Exit(exit.Code)
 		}
 		fmt.Fprintln(os.Stderr, "aenv:", err)
+		if ctx.Err() != nil {
+			os.Exit(130) // interrupted, as shells report SIGINT
+		}
 		os.Exit(1)
 	}
 }
