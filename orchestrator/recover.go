@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/storage/daemon/client"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -49,6 +50,39 @@ func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, sd *client.Cl
 		if err := st.Delete(store.Sandboxes, r.ID); err != nil {
 			return err
 		}
+	}
+	if sd != nil {
+		return reclaimDevices(ctx, st, sd, log)
+	}
+	return nil
+}
+
+// reclaimDevices deletes the daemon's devices no sandbox record holds (a
+// crash between creating a device and recording it, or mid template build).
+func reclaimDevices(ctx context.Context, st *store.Store, sd *client.Client, log *slog.Logger) error {
+	recs, err := store.ListAll[Record](st, store.Sandboxes)
+	if err != nil {
+		return fmt.Errorf("reclaim devices: %w", err)
+	}
+	held := map[uint32]string{}
+	for _, r := range recs {
+		if r.HasDevice {
+			held[r.Device] = r.ID
+		}
+	}
+	devs, err := sd.List(ctx)
+	if err != nil {
+		return fmt.Errorf("reclaim devices: %w", err)
+	}
+	for _, d := range devs {
+		if owner, ok := held[d.ID]; d.Kind != rpc.KindRuntime || ok && owner == d.Owner {
+			continue
+		}
+		if err := sd.Delete(ctx, d.ID); err != nil {
+			log.Warn("reclaim storage device", "device", d.ID, "owner", d.Owner, "err", err)
+			continue
+		}
+		log.Info("reclaimed orphaned storage device", "device", d.ID, "owner", d.Owner)
 	}
 	return nil
 }

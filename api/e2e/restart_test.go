@@ -2,10 +2,14 @@ package e2e
 
 import (
 	"context"
+
+	"github.com/agentenv/agentenv/storage/daemon/client"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,8 +26,27 @@ func TestRestartKill9(t *testing.T) {
 	n.writeFile(t, paused, "/home/user/p.txt", "kept across the restart")
 	n.writeFile(t, running, "/home/user/r.txt", "running before the restart")
 	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+paused+"/pause", n.key, "")
+	// A storage device no sandbox holds (as a crash between creating and
+	// recording one leaves): the restart reclaims it.
+	sd := n.storaged(t)
+	orphan, err := sd.Create(t.Context(), rpc.CreateParams{Image: filepath.Join(n.DataDir, "templates", "base", "rootfs-1.json"), Owner: "orphan"})
+	if err != nil {
+		t.Fatalf("create an orphan storage device: %v", err)
+	}
+	if devs, err := sd.List(t.Context()); err != nil || !slices.ContainsFunc(devs, func(d rpc.Device) bool { return d.ID == orphan.ID }) {
+		t.Fatalf("the storage daemon does not list the orphan device %d: %+v %v", orphan.ID, devs, err)
+	}
 
 	n.restart(t, syscall.SIGKILL)
+	devs, err := sd.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range devs {
+		if d.ID == orphan.ID || d.Owner == "orphan" {
+			t.Fatalf("orphan storage device %d survived the restart: %+v", orphan.ID, d)
+		}
+	}
 
 	// The paused sandbox survives: listed as paused, resumable, its files intact.
 	n.waitState(t, paused, "paused", time.Second)
@@ -127,4 +150,15 @@ func TestRestartGraceful(t *testing.T) {
 		t.Fatalf("file after graceful restart: %q", got)
 	}
 	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+}
+
+// storaged connects to the node's storage daemon.
+func (n *node) storaged(t *testing.T) *client.Client {
+	t.Helper()
+	c, err := client.Dial(t.Context(), filepath.Join(n.DataDir, "storaged", "storaged.sock"))
+	if err != nil {
+		t.Fatalf("dial the storage daemon: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
