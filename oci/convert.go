@@ -89,15 +89,77 @@ func (l Layer) Open() (io.ReadCloser, error) {
 		r = zr
 		closeFn = func() error { zr.Close(); return f.Close() }
 	}
-	return &diffIDReader{r: r, h: sha256.New(), want: l.DiffID.Hex, close: closeFn, name: l.Digest.String()}, nil
+	d := &diffIDReader{r: r, h: sha256.New(), want: l.DiffID.Hex, name: l.Digest.String()}
+	return newReadahead(d, closeFn), nil
+}
+
+// readahead decompresses and hashes in its own goroutine, a few chunks ahead
+// of the consumer (as `tar -xz` runs gzip in another process).
+type readahead struct {
+	ch    chan chunk
+	stop  chan struct{}
+	done  chan struct{}
+	cur   []byte
+	err   error
+	close func() error
+}
+
+type chunk struct {
+	b   []byte
+	err error
+}
+
+func newReadahead(r io.Reader, closeFn func() error) *readahead {
+	ra := &readahead{ch: make(chan chunk, 4), stop: make(chan struct{}), done: make(chan struct{}), close: closeFn}
+	go func() {
+		defer close(ra.done)
+		defer close(ra.ch)
+		for {
+			b := make([]byte, 256<<10)
+			n, err := io.ReadFull(r, b)
+			if err == io.ErrUnexpectedEOF {
+				err = io.EOF
+			}
+			select {
+			case ra.ch <- chunk{b[:n], err}:
+			case <-ra.stop:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return ra
+}
+
+func (ra *readahead) Read(b []byte) (int, error) {
+	for len(ra.cur) == 0 {
+		if ra.err != nil {
+			return 0, ra.err
+		}
+		c, ok := <-ra.ch
+		if !ok {
+			return 0, io.ErrClosedPipe
+		}
+		ra.cur, ra.err = c.b, c.err
+	}
+	n := copy(b, ra.cur)
+	ra.cur = ra.cur[n:]
+	return n, nil
+}
+
+func (ra *readahead) Close() error {
+	close(ra.stop)
+	<-ra.done
+	return ra.close()
 }
 
 type diffIDReader struct {
-	r     io.Reader
-	h     hash.Hash
-	want  string
-	close func() error
-	name  string
+	r    io.Reader
+	h    hash.Hash
+	want string
+	name string
 }
 
 func (d *diffIDReader) Read(b []byte) (int, error) {
@@ -110,8 +172,6 @@ func (d *diffIDReader) Read(b []byte) (int, error) {
 	}
 	return n, err
 }
-
-func (d *diffIDReader) Close() error { return d.close() }
 
 func (p *Puller) convertKey(img *Image, opt ConvertOptions) (string, error) {
 	h := sha256.New()

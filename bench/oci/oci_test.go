@@ -13,7 +13,7 @@ import (
 	"github.com/agentenv/agentenv/oci/unpack"
 )
 
-// Run with: go test -run '^$' -bench . -benchtime 1x ./bench/oci
+// Run with: go test -run '^$' -bench . -benchtime 3x ./bench/oci (best of 3 each)
 // AENV_BENCH_OCI_MIB sets the synthetic tree size when no Debian tree is cached (default 128).
 
 func BenchmarkConvert(b *testing.B) {
@@ -28,6 +28,12 @@ func BenchmarkConvert(b *testing.B) {
 		b.Fatal(err)
 	}
 	mb := float64(f.Bytes) / 1e6
+	// Best of b.N for each: the machine is shared, the minimum is the least noisy.
+	best := func(cur *time.Duration, d time.Duration) {
+		if *cur == 0 || d < *cur {
+			*cur = d
+		}
+	}
 	var tConv, tUnpack, tTar time.Duration
 	for i := 0; i < b.N; i++ {
 		// tar -x of the same blobs into a directory.
@@ -35,7 +41,7 @@ func BenchmarkConvert(b *testing.B) {
 		if err := f.TarExtract(ctx, filepath.Join(dir, fmt.Sprintf("tar-%d", i))); err != nil {
 			b.Fatal(err)
 		}
-		tTar += time.Since(start)
+		best(&tTar, time.Since(start))
 		os.RemoveAll(filepath.Join(dir, fmt.Sprintf("tar-%d", i)))
 
 		// Our unpack alone (the part that does what tar -x does).
@@ -50,7 +56,7 @@ func BenchmarkConvert(b *testing.B) {
 			}
 		}
 		root.Close()
-		tUnpack += time.Since(start)
+		best(&tUnpack, time.Since(start))
 		os.RemoveAll(root.Path())
 
 		// The whole conversion into a sealed layer (a new hostname defeats the cache).
@@ -59,16 +65,15 @@ func BenchmarkConvert(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		tConv += time.Since(start)
+		best(&tConv, time.Since(start))
 		if rf.Cached {
 			b.Fatal("conversion was cached")
 		}
 		os.RemoveAll(filepath.Dir(rf.Path))
 	}
-	n := float64(b.N)
-	conv := mb * n / tConv.Seconds()
-	unp := mb * n / tUnpack.Seconds()
-	tar := mb * n / tTar.Seconds()
+	conv := mb / tConv.Seconds()
+	unp := mb / tUnpack.Seconds()
+	tar := mb / tTar.Seconds()
 	b.ReportMetric(conv, "convert-MB/s")
 	b.ReportMetric(unp, "unpack-MB/s")
 	b.ReportMetric(tar, "tar-x-MB/s")

@@ -277,6 +277,9 @@ func (l *layer) entry(hdr *tar.Header, rd io.Reader) error {
 	if err != nil {
 		return err
 	}
+	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid >= 1<<32-1 || hdr.Gid >= 1<<32-1 {
+		return fmt.Errorf("invalid owner %d:%d", hdr.Uid, hdr.Gid)
+	}
 	dir, base := split(rel)
 	if strings.HasPrefix(base, whiteoutPrefix) {
 		if hdr.Typeflag == tar.TypeDir {
@@ -403,11 +406,17 @@ func (l *layer) entry(hdr *tar.Header, rd io.Reader) error {
 			return err
 		}
 	}
-	ts := []unix.Timespec{unix.NsecToTimespec(atime(hdr).UnixNano()), unix.NsecToTimespec(hdr.ModTime.UnixNano())}
+	ts := []unix.Timespec{timespec(atime(hdr)), timespec(hdr.ModTime)}
 	if err := unix.UtimesNanoAt(dirfd, base, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return fmt.Errorf("set times: %w", err)
 	}
 	return nil
+}
+
+// timespec converts any time a tar header can hold (seconds may be far
+// outside the nanosecond range; the kernel clamps to what the fs stores).
+func timespec(t time.Time) unix.Timespec {
+	return unix.Timespec{Sec: t.Unix(), Nsec: int64(t.Nanosecond())}
 }
 
 func atime(hdr *tar.Header) time.Time {
@@ -474,7 +483,7 @@ func (l *layer) rootDir(hdr *tar.Header) error {
 }
 
 func (l *layer) setTimes(rel string, at, mt time.Time) error {
-	ts := []unix.Timespec{unix.NsecToTimespec(at.UnixNano()), unix.NsecToTimespec(mt.UnixNano())}
+	ts := []unix.Timespec{timespec(at), timespec(mt)}
 	if rel == "." {
 		return unix.UtimesNanoAt(l.r.fd, ".", ts, 0)
 	}

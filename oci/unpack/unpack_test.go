@@ -213,3 +213,29 @@ func TestRootFiles(t *testing.T) {
 		t.Fatalf("ReadFile(../) = %v", err)
 	}
 }
+
+// TestApplyOddHeaders: extreme times and owners give a result or a clear
+// error, never a panic.
+func TestApplyOddHeaders(t *testing.T) {
+	r, err := OpenRoot(filepath.Join(t.TempDir(), "root"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	old := lt.File("old", "x", 0o644)
+	old.ModTime = time.Unix(-1<<40, 0)
+	future := lt.File("future", "x", 0o644)
+	future.ModTime = time.Unix(1<<40, 5)
+	if err := apply(t, r, []lt.Entry{old, future, lt.Dir("d", 0o755)}); err != nil {
+		t.Fatalf("extreme mtimes: %v", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(r.Path(), "future"), &st); err != nil || st.Mtim.Sec < 1<<32 {
+		t.Errorf("future mtime %d: %v", st.Mtim.Sec, err)
+	}
+	bad := lt.File("neg", "x", 0o644)
+	bad.UID = -5
+	if err := apply(t, r, []lt.Entry{bad}); err == nil || !strings.Contains(err.Error(), "invalid owner") {
+		t.Errorf("negative uid: %v", err)
+	}
+}
