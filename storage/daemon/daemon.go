@@ -25,6 +25,7 @@ import (
 	"sort"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/nbd"
@@ -161,12 +162,21 @@ func (d *Daemon) lockState() error {
 	if err != nil {
 		return fmt.Errorf("storaged: lock state dir: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return fmt.Errorf("storaged: state dir %s is in use by another daemon: %w", d.opts.StateDir, err)
+	// A daemon that is just exiting (or a forked child that has not yet
+	// exec'd and closed its inherited descriptors) may hold the lock for a
+	// moment: retry briefly before giving up.
+	for wait := 10 * time.Millisecond; ; wait *= 2 {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			d.lockFile = f
+			return nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) || wait > 2*time.Second {
+			f.Close()
+			return fmt.Errorf("storaged: state dir %s is in use by another daemon: %w", d.opts.StateDir, err)
+		}
+		time.Sleep(wait)
 	}
-	d.lockFile = f
-	return nil
 }
 
 func (d *Daemon) listenRPC() (net.Listener, error) {
