@@ -1,0 +1,89 @@
+package orchestrator
+
+import (
+	"errors"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/store"
+)
+
+func TestNewIDIsADNSLabel(t *testing.T) {
+	re := regexp.MustCompile(`^[a-z0-9]{20}$`)
+	seen := map[string]bool{}
+	for range 1000 {
+		id, err := newID()
+		if err != nil || !re.MatchString(id) || seen[id] {
+			t.Fatalf("id %q (err %v, repeated %v)", id, err, seen[id])
+		}
+		seen[id] = true
+	}
+}
+
+func TestImageConfigRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rootfs-2.json")
+	layers := []string{filepath.Join(dir, "rootfs-0.lsmt"), "/abs/elsewhere/rootfs-1.lsmt"}
+	if err := imageConfig(path, layers); err != nil {
+		t.Fatal(err)
+	}
+	got, err := layersOf(path)
+	if err != nil || !reflect.DeepEqual(got, layers) {
+		t.Fatalf("layersOf = %v, %v; want %v", got, err, layers)
+	}
+	if _, err := layersOf(filepath.Join(dir, "missing.json")); err == nil {
+		t.Fatal("layersOf of a missing config succeeded")
+	}
+}
+
+// TestLoadKeepsPausedDropsTheRest: without a VMM, New keeps paused records
+// whose snapshot exists and drops every other.
+func TestLoadKeepsPausedDropsTheRest(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	snap := t.TempDir()
+	recs := []Record{
+		{ID: "paused1", State: Paused, Snapshot: snap, Dir: t.TempDir(), StartedAt: time.Now()},
+		{ID: "paused2", State: Paused, Snapshot: filepath.Join(dir, "gone"), Dir: t.TempDir()},
+		{ID: "running1", State: Running, Dir: t.TempDir()},
+	}
+	for _, r := range recs {
+		if err := st.Put(store.Sandboxes, r.ID, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o, err := New(t.Context(), Options{DataDir: dir, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := o.List()
+	if len(list) != 1 || list[0].ID != "paused1" || list[0].State != Paused {
+		t.Fatalf("loaded %+v, want only paused1", list)
+	}
+	left, _ := store.ListAll[Record](st, store.Sandboxes)
+	if len(left) != 1 || left[0].ID != "paused1" {
+		t.Fatalf("store after load: %+v", left)
+	}
+	if err := o.Pause(t.Context(), "paused1"); !errors.Is(err, ErrConflict) {
+		t.Fatalf("pause of a paused sandbox: %v, want ErrConflict", err)
+	}
+	if err := o.Kill(t.Context(), "running1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("kill of a dropped sandbox: %v, want ErrNotFound", err)
+	}
+	if err := o.Kill(t.Context(), "paused1"); err != nil {
+		t.Fatalf("kill of a paused sandbox: %v", err)
+	}
+	if err := o.Kill(t.Context(), "paused1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second kill: %v, want ErrNotFound", err)
+	}
+	if left, _ := store.ListAll[Record](st, store.Sandboxes); len(left) != 0 || len(o.List()) != 0 {
+		t.Fatalf("after kill: store %+v, list %+v", left, o.List())
+	}
+}
