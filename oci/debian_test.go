@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	guestimage "github.com/agentenv/agentenv/guest/image"
 	lt "github.com/agentenv/agentenv/oci/internal/layertest"
 )
 
@@ -17,13 +18,13 @@ import (
 // (guest/image) on this node.
 func debianTree(t testing.TB) string {
 	t.Helper()
-	trees, _ := filepath.Glob("/var/cache/aenv/guest/rootfs/*/tree")
+	trees, _ := filepath.Glob(filepath.Join(guestimage.DefaultCacheDir(), "rootfs", "*", "tree"))
 	for _, tr := range trees {
 		if _, err := os.Stat(filepath.Join(tr, "usr/bin/dpkg")); err == nil {
 			return tr
 		}
 	}
-	t.Skip("no Debian tree cached under /var/cache/aenv/guest/rootfs (run `aenv guest build` / `make guest` first)")
+	t.Skip("no Debian tree cached under the guest image cache (run `aenv guest build` / `make guest` first)")
 	return ""
 }
 

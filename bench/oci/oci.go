@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 
+	guestimage "github.com/agentenv/agentenv/guest/image"
 	aoci "github.com/agentenv/agentenv/oci"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/klauspost/compress/gzip"
@@ -34,7 +35,7 @@ type Fixture struct {
 // SourceTree returns the cached Debian tree, or builds a synthetic tree of
 // about mib MiB under dir.
 func SourceTree(dir string, mib int) (string, string, error) {
-	trees, _ := filepath.Glob("/var/cache/aenv/guest/rootfs/*/tree")
+	trees, _ := filepath.Glob(filepath.Join(guestimage.DefaultCacheDir(), "rootfs", "*", "tree"))
 	for _, t := range trees {
 		if _, err := os.Stat(filepath.Join(t, "usr/bin/dpkg")); err == nil {
 			return t, "debian tree " + t, nil
