@@ -80,13 +80,20 @@ func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog string
 	return args
 }
 
+// nbdReconnectDelaySeconds is how long an NBD drive's requests wait for a
+// lost export to come back.
+const nbdReconnectDelaySeconds = 30
+
 func blockdev(d vmm.Drive) string {
 	ro := "off"
 	if d.ReadOnly {
 		ro = "on"
 	}
 	if d.NBD != nil {
-		s := fmt.Sprintf("driver=nbd,node-name=%s,server.type=unix,server.path=%s,read-only=%s", d.ID, escapeOpt(d.NBD.Socket), ro)
+		// reconnect-delay keeps the disk through a restart of the storage
+		// daemon: requests wait for the export to come back instead of failing.
+		s := fmt.Sprintf("driver=nbd,node-name=%s,server.type=unix,server.path=%s,read-only=%s,reconnect-delay=%d",
+			d.ID, escapeOpt(d.NBD.Socket), ro, nbdReconnectDelaySeconds)
 		if d.NBD.Export != "" {
 			s += ",export=" + escapeOpt(d.NBD.Export)
 		}

@@ -51,7 +51,7 @@ func TestBuildArgs(t *testing.T) {
 		"-accel tcg -cpu max",
 		"mem-path=/m,share=off",
 		"filename=/img,,with,,commas,read-only=on",
-		"driver=nbd,node-name=data,server.type=unix,server.path=/run/nbd.sock,read-only=off,export=e1",
+		"driver=nbd,node-name=data,server.type=unix,server.path=/run/nbd.sock,read-only=off,reconnect-delay=30,export=e1",
 		"tap,id=eth0,fd=3",
 		"mac=02:00:00:00:00:01",
 		"-incoming defer -S",
