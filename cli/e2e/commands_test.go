@@ -174,14 +174,18 @@ func TestSandboxCommands(t *testing.T) {
 	if err := os.WriteFile(local, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c.ok("upload", id, local, "/tmp/blob.bin")
+	if r = c.ok("upload", id, local, "/tmp/blob.bin"); r.stdout != "" || r.stderr != "" {
+		t.Fatalf("upload to a pipe prints nothing (no progress bar): %s", r)
+	}
 	sum := sha256.Sum256(data)
 	r = c.ok("exec", id, "--", "sha256sum", "/tmp/blob.bin")
 	if !strings.HasPrefix(r.stdout, hex.EncodeToString(sum[:])) {
 		t.Fatalf("uploaded file hash %q, want %x", r.stdout, sum)
 	}
 	back := filepath.Join(t.TempDir(), "back.bin")
-	c.ok("download", id, "/tmp/blob.bin", back)
+	if r = c.ok("download", id, "/tmp/blob.bin", back); r.stdout != "" || r.stderr != "" {
+		t.Fatalf("download to a file with stderr a pipe prints nothing: %s", r)
+	}
 	if b, err := os.ReadFile(back); err != nil || !bytes.Equal(b, data) {
 		t.Fatalf("downloaded file differs (%d bytes, %v)", len(b), err)
 	}

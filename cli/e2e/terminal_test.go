@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -114,6 +115,17 @@ func TestTerminal(t *testing.T) {
 	m.waitFor("start", regexp.MustCompile(`(?m)^AENV-EXIT=3\s*$`), 30*time.Second)
 	if p := m.pane("start"); !strings.Contains(p, "aenv connect "+id) {
 		t.Fatalf("no hint on how to return to the sandbox:\n%s", p)
+	}
+
+	// Large transfers on a terminal show a progress bar.
+	big := filepath.Join(t.TempDir(), "big.bin")
+	if err := os.WriteFile(big, make([]byte, 24<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run("upload", "upload "+id+" "+big+" /tmp/big.bin")
+	m.waitFor("upload", regexp.MustCompile(`(?m)^AENV-EXIT=0\s*$`), time.Minute)
+	if p := m.pane("upload"); !regexp.MustCompile(`upload /tmp/big.bin +100% .*\((\d+)/(\d+) MB`).MatchString(p) || !strings.Contains(p, "(25/25 MB") {
+		t.Fatalf("no finished progress bar for a 24 MiB upload:\n%s", p)
 	}
 
 	// The sandbox outlived the terminal: connect, Ctrl-D after a failing command.

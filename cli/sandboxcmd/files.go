@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"time"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
@@ -23,9 +24,9 @@ func progress(cmd *cobra.Command, quiet bool, size int64, desc string) io.Writer
 	}
 	return progressbar.NewOptions64(size,
 		progressbar.OptionSetWriter(f), progressbar.OptionSetDescription(desc),
-		progressbar.OptionShowBytes(true), progressbar.OptionShowTotalBytes(true),
-		progressbar.OptionThrottle(100_000_000), progressbar.OptionClearOnFinish(),
-		progressbar.OptionFullWidth(), progressbar.OptionSpinnerType(14))
+		progressbar.OptionShowBytes(true), progressbar.OptionShowCount(), progressbar.OptionShowTotalBytes(true),
+		progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionFullWidth(),
+		progressbar.OptionSpinnerType(14), progressbar.OptionOnCompletion(func() { fmt.Fprintln(f) }))
 }
 
 func uploadCmd() *cobra.Command {
