@@ -49,7 +49,13 @@ type ConvertOptions struct {
 	Nameservers []string
 	// Compress stores the layer as a ZFile.
 	Compress *zfile.Options
+	// MaxBytes bounds the file bytes the layers may unpack (default: the
+	// filesystem size when SizeMiB is set, else DefaultMaxBytes).
+	MaxBytes int64
 }
+
+// DefaultMaxBytes bounds what an image's layers may unpack to.
+const DefaultMaxBytes = 64 << 30
 
 // Rootfs is a converted image.
 type Rootfs struct {
@@ -283,6 +289,13 @@ func (p *Puller) buildTree(ctx context.Context, img *Image, tree string, opt Con
 		return nil, err
 	}
 	defer root.Close()
+	root.MaxBytes = opt.MaxBytes
+	if root.MaxBytes <= 0 {
+		root.MaxBytes = DefaultMaxBytes
+		if opt.SizeMiB > 0 {
+			root.MaxBytes = int64(opt.SizeMiB) << 20
+		}
+	}
 	res := &Rootfs{}
 	for i, l := range img.Layers {
 		n, err := ApplyLayer(ctx, root, l)

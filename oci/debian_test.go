@@ -50,7 +50,12 @@ func TestPullConvertDebianTree(t *testing.T) {
 	base := []string{"bin", "sbin", "lib", "lib64", "etc", "dev", "var", "tmp", "root", "run"}
 	l1 := gzipLayer(t, gnuTar(t, tree, base...))
 	l2 := rawLayer(gnuTar(t, tree, "usr/bin", "usr/sbin"))
-	reg.push(t, "debian:subset", buildImage(t, "amd64", l1, l2))
+	// On top: whiteouts and an opaque directory over the Debian content.
+	top := []lt.Entry{lt.Whiteout("usr/sbin"), lt.Whiteout("usr/bin/perl"), lt.Opaque("etc/apt"),
+		lt.File("etc/apt/sources.list", "deb http://deb.debian.org/debian bookworm main\n", 0o644),
+		lt.File("usr/bin/dpkg", "replaced", 0o755)}
+	l3 := gzipLayer(t, lt.Tar(top))
+	reg.push(t, "debian:subset", buildImage(t, "amd64", l1, l2, l3))
 
 	p, err := NewPuller(Options{CacheDir: t.TempDir()})
 	if err != nil {
@@ -74,6 +79,10 @@ func TestPullConvertDebianTree(t *testing.T) {
 		if strings.HasPrefix(k, "usr/bin") || strings.HasPrefix(k, "usr/sbin") || slices.Contains(base, top) {
 			model[k] = n
 		}
+	}
+	model.Apply(top)
+	if _, ok := model["usr/bin/perl"]; ok {
+		t.Fatal("model kept a whited-out file")
 	}
 	if len(model) < 500 {
 		t.Fatalf("only %d entries in the subset", len(model))

@@ -19,6 +19,7 @@ import (
 
 	lt "github.com/agentenv/agentenv/oci/internal/layertest"
 	"github.com/agentenv/agentenv/storage/image"
+	"github.com/agentenv/agentenv/storage/zfile"
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -321,6 +322,23 @@ func TestPullConvertCraftedLayers(t *testing.T) {
 	rf2, err := p.Convert(ctx, img2, ConvertOptions{Agent: agent})
 	if err != nil || !rf2.Cached || rf2.Path != rf.Path {
 		t.Fatalf("second conversion: %+v, %v (want cached %s)", rf2, err, rf.Path)
+	}
+	// ZFile-compressed: a different key, the same filesystem.
+	rfz, err := p.Convert(ctx, img, ConvertOptions{Agent: agent, Compress: &zfile.Options{}})
+	if err != nil || rfz.Cached || rfz.Path == rf.Path {
+		t.Fatalf("compressed conversion: %+v, %v", rfz, err)
+	}
+	if head, _ := os.ReadFile(rfz.Path); !bytes.Contains(head[:min(len(head), 64)], []byte("ZFile")) {
+		t.Errorf("compressed layer does not start with a ZFile header: %q", head[:min(len(head), 16)])
+	}
+	mntz := mountLayer(t, rfz.Path)
+	for _, d := range lt.Compare(mntz, model, injected) {
+		t.Error("compressed:", d)
+	}
+	checkInjected(t, mntz, 1000)
+	// Too small a filesystem: a clear mke2fs error, nothing cached.
+	if _, err := p.Convert(ctx, img, ConvertOptions{SizeMiB: 1}); err == nil || !strings.Contains(err.Error(), "mke2fs") {
+		t.Errorf("1 MiB filesystem: %v", err)
 	}
 	if ents, _ := filepath.Glob(filepath.Join(cache, "rootfs", ".build-*")); len(ents) != 0 {
 		t.Errorf("build directories left: %v", ents)

@@ -68,6 +68,11 @@ func Clean(name string) (string, error) {
 type Root struct {
 	fd   int // O_PATH directory
 	path string
+	// MaxBytes, when positive, bounds the regular-file bytes (sizes as the
+	// tar headers declare them, sparse holes included) all Apply calls on
+	// this root may write, so a hostile layer cannot fill the disk.
+	MaxBytes int64
+	written  int64
 }
 
 // OpenRoot opens (creating it if needed) the directory dir as a Root.
@@ -333,6 +338,10 @@ func (l *layer) entry(hdr *tar.Header, rd io.Reader) error {
 		l.dirs = append(l.dirs, dirTime{rel: rel, atime: atime(hdr), mtime: hdr.ModTime})
 		return nil
 	case tar.TypeReg, '\x00':
+		if hdr.Size < 0 || (l.r.MaxBytes > 0 && l.r.written+hdr.Size > l.r.MaxBytes) {
+			return fmt.Errorf("file of %d bytes exceeds the limit of %d bytes for the root (%d written)", hdr.Size, l.r.MaxBytes, l.r.written)
+		}
+		l.r.written += hdr.Size
 		fd, err := unix.Openat(dirfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err != nil {
 			return fmt.Errorf("create file: %w", err)

@@ -239,3 +239,19 @@ func TestApplyOddHeaders(t *testing.T) {
 		t.Errorf("negative uid: %v", err)
 	}
 }
+
+func TestApplyMaxBytes(t *testing.T) {
+	r, err := OpenRoot(filepath.Join(t.TempDir(), "root"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.MaxBytes = 10
+	if err := apply(t, r, []lt.Entry{lt.File("a", "123456", 0o644)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := apply(t, r, []lt.Entry{lt.File("b", "123456", 0o644)}); err == nil || !strings.Contains(err.Error(), "exceeds the limit") {
+		t.Fatalf("second layer over the limit: %v", err)
+	}
+	mustNotExist(t, filepath.Join(r.Path(), "b"))
+}
