@@ -82,7 +82,7 @@ func TestTimeouts(t *testing.T) {
 func TestNodeMetricsNetworkHostRouting(t *testing.T) {
 	n := sharedNode(t)
 	body := n.expect(t, http.StatusCreated, "POST", "/sandboxes", n.key,
-		`{"templateID":"base","timeout":120,"allow_internet_access":false,"network":{"denyOut":["8.8.8.8/32"],"allowPublicTraffic":false}}`)
+		`{"templateID":"base","timeout":120,"metadata":{"suite":"nodes"},"allow_internet_access":false,"network":{"denyOut":["8.8.8.8/32"],"allowPublicTraffic":false}}`)
 	var created struct {
 		SandboxID          string `json:"sandboxID"`
 		TrafficAccessToken string `json:"trafficAccessToken"`
@@ -136,6 +136,34 @@ func TestNodeMetricsNetworkHostRouting(t *testing.T) {
 	if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/sandboxes/"+id+"/metrics", n.key, ""), &samples); err != nil ||
 		len(samples) != 1 || samples[0].MemTotal <= 0 || samples[0].DiskTotal <= 0 || samples[0].CpuCount != 1 {
 		t.Fatalf("sandbox metrics: %+v %v", samples, err)
+	}
+
+	// v1 list with a metadata filter.
+	var listed []sandboxJSON
+	_ = json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/sandboxes?metadata=suite%3Dnodes", n.key, ""), &listed)
+	if len(listed) != 1 || listed[0].SandboxID != id {
+		t.Fatalf("v1 list by metadata: %+v", listed)
+	}
+	_ = json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/sandboxes?metadata=suite%3Dother", n.key, ""), &listed)
+	if len(listed) != 0 {
+		t.Fatalf("v1 list by another metadata value: %+v", listed)
+	}
+	// Refreshes only extend the end time.
+	endAt := func() time.Time {
+		var d struct {
+			EndAt time.Time `json:"endAt"`
+		}
+		_ = json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/sandboxes/"+id, n.key, ""), &d)
+		return d.EndAt
+	}
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/refreshes", n.key, `{"duration":600}`)
+	extended := endAt()
+	if time.Until(extended) < 550*time.Second {
+		t.Fatalf("refresh by 600 s: endAt %s", extended)
+	}
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/refreshes", n.key, `{"duration":10}`)
+	if got := endAt(); !got.Equal(extended) {
+		t.Fatalf("a shorter refresh moved endAt from %s to %s", extended, got)
 	}
 
 	n.expect(t, http.StatusNoContent, "PUT", "/sandboxes/"+id+"/network", n.key, `{"allow_internet_access":true,"allowOut":["1.1.1.1"]}`)
