@@ -59,7 +59,8 @@ func TestBootFromNBD(t *testing.T) {
 		console, _ := os.ReadFile(vm.Info().ConsoleLog)
 		t.Fatalf("%v\n%s", err, console)
 	}
-	out, errOut, code, err := agentclient.Run(rctx, tn.AgentURL(), tn.HTTP, "/bin/sh", "-c",
+	asRoot := []agentclient.Option{agentclient.WithUser("root")} // raw block device access
+	out, errOut, code, err := agentclient.RunWith(rctx, tn.AgentURL(), tn.HTTP, asRoot, "/bin/sh", "-c",
 		"echo hello-nbd | dd of=/dev/vdb bs=512 seek=8 conv=fsync 2>/dev/null && head -c 9 /etc/debian_version >/dev/null && echo ok")
 	if err != nil || code != 0 || strings.TrimSpace(string(out)) != "ok" {
 		t.Fatalf("guest: err %v code %d out %q stderr %q", err, code, out, errOut)
