@@ -616,7 +616,7 @@ func snapshotCmd() *cobra.Command {
 }
 
 func templateCmd() *cobra.Command {
-	root := &cobra.Command{Use: "template", Aliases: []string{"templates"}, Short: "List and remove templates"}
+	root := &cobra.Command{Use: "template", Aliases: []string{"templates"}, Short: "Build, list and remove templates"}
 	var o output
 	list := &cobra.Command{
 		Use:     "list",
@@ -669,7 +669,7 @@ func templateCmd() *cobra.Command {
 			return nil
 		},
 	}
-	root.AddCommand(list, rm)
+	root.AddCommand(list, rm, templateBuildCmd())
 	return root
 }
 
