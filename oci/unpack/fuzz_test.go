@@ -40,9 +40,9 @@ func FuzzClean(f *testing.F) {
 }
 
 // FuzzApply: arbitrary tar bytes never panic and never write outside the root.
-// (Under coverage-guided fuzzing on this machine kind the engine reports few
-// execs per second; TestApplyMutatedTars runs the same check on thousands of
-// mutated layers in every `go test`.)
+// (`go test -fuzz FuzzApply -fuzztime 30s` here runs about 3 thousand inputs
+// a second even though the engine's "execs" line stays near zero;
+// TestApplyMutatedTars runs the same check on mutated layers in every `go test`.)
 func FuzzApply(f *testing.F) {
 	f.Add(lt.Tar([]lt.Entry{lt.File("a", "x", 0o644), lt.Symlink("s", "/"), lt.Hardlink("h", "a")}))
 	f.Add(lt.Tar([]lt.Entry{lt.Symlink("s", "../../.."), lt.File("s/x", "x", 0o644)}))
@@ -86,6 +86,7 @@ func checkNoEscape(t *testing.T, data []byte) {
 			t.Fatal(err)
 		}
 		defer r.Close()
+		r.MaxBytes = 1 << 20 // a header may declare a huge (sparse) file
 		// Twice: the second pass sees the first one's symlinks.
 		r.Apply(context.Background(), bytes.NewReader(data))
 		r.Apply(context.Background(), bytes.NewReader(data))
