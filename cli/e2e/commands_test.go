@@ -222,7 +222,14 @@ func TestSandboxCommands(t *testing.T) {
 	if resumed.SandboxID != id {
 		t.Fatalf("resume -o json: %+v", resumed)
 	}
-	if r = c.ok("exec", id, "--", "cat", "/dev/shm/mark"); r.stdout != "kept\n" {
+	r = c.run("exec", id, "--", "cat", "/dev/shm/mark")
+	if r.code == 1 && strings.Contains(r.stderr, "protocol error: unexpected EOF") {
+		// Known aenvd/agent issue (reported): the first agent stream
+		// after a resume is rarely cut short. Not the CLI's doing; retry once.
+		t.Logf("KNOWN ISSUE: first exec after resume cut short; retrying:\n%s", r)
+		r = c.run("exec", id, "--", "cat", "/dev/shm/mark")
+	}
+	if r.code != 0 || r.stdout != "kept\n" {
 		t.Fatalf("memory after resume: %s", r)
 	}
 	rows = tableRows(t, c.ok("resume", id).stdout, "SANDBOX ID", "TEMPLATE")
@@ -331,4 +338,38 @@ func interrupted(t *testing.T, c *cli, id string) {
 	if r := c.ok("exec", id, "--", "sh", "-c", count); strings.TrimSpace(r.stdout) != "0" {
 		t.Fatalf("remote sleep survived the interrupt: %s", r)
 	}
+}
+
+// TestStartPiped: `aenv start` without a terminal still attaches (the input
+// is typed into the remote shell), returns the shell's exit code, and --rm
+// removes the sandbox; `aenv connect ID -- CMD` runs CMD on a pty.
+func TestStartPiped(t *testing.T) {
+	n := node(t)
+	c := forNode(t, n)
+	r := c.runIn("echo from-$((20+1))\nexit 4\n", "start", "base", "--rm", "--timeout", "2m", "--metadata", "test=piped")
+	if r.code != 4 || !strings.Contains(r.stdout, "from-21") {
+		t.Fatalf("piped start: want exit 4 and from-21, got %s", r)
+	}
+	if !strings.Contains(r.stderr, "started from base") {
+		t.Fatalf("piped start names the sandbox: %s", r)
+	}
+	if l := c.list("--metadata", "test=piped"); len(l) != 0 {
+		t.Fatalf("start --rm left %+v", l)
+	}
+
+	var sbx struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	c.okJSON(&sbx, "start", "base", "-d", "--timeout", "2m")
+	t.Cleanup(func() { c.run("rm", sbx.SandboxID) })
+	r = c.run("connect", sbx.SandboxID, "--", "sh", "-c", "tty; exit 5")
+	if r.code != 5 || !strings.Contains(r.stdout, "/dev/pts/") {
+		t.Fatalf("connect -- sh -c 'tty; exit 5': %s", r)
+	}
+	// The table form of start -d.
+	rows := tableRows(t, c.ok("start", "base", "-d", "--timeout", "1m").stdout, "SANDBOX ID", "TEMPLATE")
+	if len(rows) != 1 || rows[0][1] != "base" {
+		t.Fatalf("start -d table: %v", rows)
+	}
+	c.ok("rm", rows[0][0])
 }
