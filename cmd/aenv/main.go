@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentenv/agentenv/cli/guestcmd"
 	"github.com/agentenv/agentenv/cli/imagecmd"
+	"github.com/agentenv/agentenv/cli/pullcmd"
 	"github.com/agentenv/agentenv/cli/sandboxcmd"
 	"github.com/agentenv/agentenv/cli/vmcmd"
 	"github.com/spf13/cobra"
@@ -31,6 +32,7 @@ func main() {
 		Short: "Print the version",
 		Run:   func(*cobra.Command, []string) { fmt.Println("aenv", version) },
 	})
+	root.AddCommand(pullcmd.NewCommand())
 	root.AddCommand(sandboxcmd.Commands()...)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
