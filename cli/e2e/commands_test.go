@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -360,11 +361,30 @@ func TestStartPiped(t *testing.T) {
 	var sbx struct {
 		SandboxID string `json:"sandboxID"`
 	}
-	c.okJSON(&sbx, "start", "base", "-d", "--timeout", "2m")
+	c.okJSON(&sbx, "start", "base", "-d", "--secure", "--timeout", "2m")
 	t.Cleanup(func() { c.run("rm", sbx.SandboxID) })
+	// A secured agent refuses requests without the token; aenv sends it.
+	req, _ := http.NewRequest("POST", n.Proxy+"/process.Process/List", strings.NewReader("{}"))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("E2b-Sandbox-Id", sbx.SandboxID)
+	req.Header.Set("E2b-Sandbox-Port", "49983")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("agent of a --secure sandbox without a token: %v %v, want 401", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	r = c.run("connect", sbx.SandboxID, "--", "sh", "-c", "tty; exit 5")
 	if r.code != 5 || !strings.Contains(r.stdout, "/dev/pts/") {
 		t.Fatalf("connect -- sh -c 'tty; exit 5': %s", r)
+	}
+	if r = c.runIn("secret\n", "upload", sbx.SandboxID, "-", "/tmp/s.txt"); r.code != 0 {
+		t.Fatalf("upload to a --secure sandbox: %s", r)
+	}
+	if r = c.ok("exec", sbx.SandboxID, "--", "cat", "/tmp/s.txt"); r.stdout != "secret\n" {
+		t.Fatalf("exec in a --secure sandbox: %s", r)
+	}
+	if r = c.ok("download", sbx.SandboxID, "/tmp/s.txt", "-"); r.stdout != "secret\n" {
+		t.Fatalf("download from a --secure sandbox: %s", r)
 	}
 	// The table form of start -d.
 	rows := tableRows(t, c.ok("start", "base", "-d", "--timeout", "1m").stdout, "SANDBOX ID", "TEMPLATE")

@@ -166,7 +166,7 @@ func printSandbox(cmd *cobra.Command, o *output, s api.Sandbox) error {
 }
 
 func startCmd() *cobra.Command {
-	var detach, rm bool
+	var detach, rm, secure bool
 	var timeout, user string
 	var envs, md []string
 	var o output
@@ -198,6 +198,9 @@ func startCmd() *cobra.Command {
 				return err
 			}
 			req := api.NewSandbox{TemplateID: args[0]}
+			if secure {
+				req.Secure = &secure
+			}
 			if secs > 0 {
 				req.Timeout = &secs
 			}
@@ -238,6 +241,7 @@ func startCmd() *cobra.Command {
 	}
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "do not attach a terminal; print the sandbox")
 	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox when the terminal exits")
+	cmd.Flags().BoolVar(&secure, "secure", false, "require the sandbox's access token for every agent request (aenv sends it)")
 	cmd.Flags().StringVar(&timeout, "timeout", "", "lifetime in seconds or as a duration (5m); default: the server's")
 	cmd.Flags().StringArrayVarP(&envs, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	cmd.Flags().StringArrayVar(&md, "metadata", nil, "metadata KEY=VALUE (repeatable)")
