@@ -130,7 +130,8 @@ func (c *Client) roundTrip(ctx context.Context, req rpc.Request) (rpc.Response, 
 // Create makes a runtime device from an image config.
 func (c *Client) Create(ctx context.Context, p rpc.CreateParams) (rpc.Device, error) {
 	var d rpc.Device
-	return d, c.Call(ctx, rpc.MethodCreate, p, &d)
+	err := c.Call(ctx, rpc.MethodCreate, p, &d)
+	return d, err
 }
 
 // Delete removes a device and its state.
@@ -141,7 +142,8 @@ func (c *Client) Delete(ctx context.Context, id uint32) error {
 // Restack seals a device's upper into a new layer and continues on a fresh upper.
 func (c *Client) Restack(ctx context.Context, p rpc.RestackParams) (rpc.RestackResult, error) {
 	var r rpc.RestackResult
-	return r, c.Call(ctx, rpc.MethodRestack, p, &r)
+	err := c.Call(ctx, rpc.MethodRestack, p, &r)
+	return r, err
 }
 
 // AcquireShared references the shared read-only device of an image.
@@ -152,7 +154,8 @@ func (c *Client) AcquireShared(ctx context.Context, imageConfig, holder string) 
 // Acquire is AcquireShared with every option.
 func (c *Client) Acquire(ctx context.Context, p rpc.AcquireParams) (rpc.Device, error) {
 	var d rpc.Device
-	return d, c.Call(ctx, rpc.MethodAcquireShared, p, &d)
+	err := c.Call(ctx, rpc.MethodAcquireShared, p, &d)
+	return d, err
 }
 
 // ReleaseShared drops a holder's reference.
@@ -163,13 +166,15 @@ func (c *Client) ReleaseShared(ctx context.Context, id uint32, holder string) er
 // List returns every device, lost ones included.
 func (c *Client) List(ctx context.Context) ([]rpc.Device, error) {
 	var r rpc.ListResult
-	return r.Devices, c.Call(ctx, rpc.MethodList, nil, &r)
+	err := c.Call(ctx, rpc.MethodList, nil, &r)
+	return r.Devices, err
 }
 
 // Reclaim deletes an owner's devices and references except those kept.
 func (c *Client) Reclaim(ctx context.Context, owner string, keep ...uint32) (rpc.ReclaimResult, error) {
 	var r rpc.ReclaimResult
-	return r, c.Call(ctx, rpc.MethodReclaim, rpc.ReclaimParams{Owner: owner, Keep: keep}, &r)
+	err := c.Call(ctx, rpc.MethodReclaim, rpc.ReclaimParams{Owner: owner, Keep: keep}, &r)
+	return r, err
 }
 
 // Warm registers an image shape with the warm pool.
@@ -180,7 +185,8 @@ func (c *Client) Warm(ctx context.Context, p rpc.WarmParams) error {
 // Features reports what the daemon supports.
 func (c *Client) Features(ctx context.Context) (rpc.Features, error) {
 	var f rpc.Features
-	return f, c.Call(ctx, rpc.MethodFeatures, nil, &f)
+	err := c.Call(ctx, rpc.MethodFeatures, nil, &f)
+	return f, err
 }
 
 // Shutdown asks the daemon to stop its exports (keeping state) and exit.
