@@ -163,7 +163,23 @@ func (s *Sandbox) feed(ctx context.Context, pid uint32, r io.Reader, pty bool) {
 			}
 		}
 		if err != nil {
-			if !pty {
+			if pty {
+				// End of piped input: Ctrl-D, which a program reading the pty
+				// takes as EOF. A Ctrl-D that arrives while the shell is still
+				// starting (cooked mode) can be lost, so repeat it every second
+				// until the process ends (Terminal cancels ctx then).
+				eof := &pb.ProcessInput{Input: &pb.ProcessInput_Pty{Pty: []byte{4}}}
+				for {
+					if _, err := s.proc().SendInput(ctx, connect.NewRequest(&pb.SendInputRequest{Process: sel, Input: eof})); err != nil {
+						return
+					}
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(time.Second):
+					}
+				}
+			} else {
 				_, _ = s.proc().CloseStdin(ctx, connect.NewRequest(&pb.CloseStdinRequest{Process: sel}))
 			}
 			return

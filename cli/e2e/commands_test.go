@@ -7,8 +7,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"os"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -385,6 +385,10 @@ func TestStartPiped(t *testing.T) {
 	}
 	if r = c.ok("download", sbx.SandboxID, "/tmp/s.txt", "-"); r.stdout != "secret\n" {
 		t.Fatalf("download from a --secure sandbox: %s", r)
+	}
+	// Piped input without `exit` ends the shell at its end (Ctrl-D).
+	if r = c.runIn("echo last-$((3*3))\n", "connect", sbx.SandboxID); r.code != 0 || !strings.Contains(r.stdout, "last-9") {
+		t.Fatalf("connect with piped input: %s", r)
 	}
 	// The table form of start -d.
 	rows := tableRows(t, c.ok("start", "base", "-d", "--timeout", "1m").stdout, "SANDBOX ID", "TEMPLATE")

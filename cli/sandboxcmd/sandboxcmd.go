@@ -265,18 +265,11 @@ func connectCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, resumed, err := c.Connect(cmd.Context(), args[0], secs)
+			sb, err := resumeIfPaused(cmd, c, args[0], secs, user)
 			if err != nil {
 				return err
 			}
-			if resumed {
-				fmt.Fprintf(cmd.ErrOrStderr(), "Resumed sandbox %s.\n", s.SandboxID)
-			}
-			token := ""
-			if s.EnvdAccessToken != nil {
-				token = *s.EnvdAccessToken
-			}
-			code, err := attach(cmd, c.Sandbox(s.SandboxID, token, user), args[1:])
+			code, err := attach(cmd, sb, args[1:])
 			if err != nil {
 				return err
 			}
@@ -289,6 +282,38 @@ func connectCmd() *cobra.Command {
 	cmd.Flags().StringVar(&timeout, "timeout", "", "extend the sandbox's lifetime to this (seconds or duration)")
 	cmd.Flags().StringVarP(&user, "user", "u", "", "user of the shell (default: the template's)")
 	return cmd
+}
+
+// resumeIfPaused returns a handle on sandbox id's agent, resuming it if it
+// is paused. The server's connect call sets the lifetime (to its default
+// when secs is 0), so a running sandbox is only connected to when the user
+// asked for a new timeout.
+func resumeIfPaused(cmd *cobra.Command, c *client.Client, id string, secs int32, user string) (*client.Sandbox, error) {
+	if secs == 0 {
+		d, err := c.Get(cmd.Context(), id)
+		if err != nil {
+			return nil, err
+		}
+		if d.State == api.Running {
+			token := ""
+			if d.EnvdAccessToken != nil {
+				token = *d.EnvdAccessToken
+			}
+			return c.Sandbox(id, token, user), nil
+		}
+	}
+	s, resumed, err := c.Connect(cmd.Context(), id, secs)
+	if err != nil {
+		return nil, err
+	}
+	if resumed {
+		fmt.Fprintf(cmd.ErrOrStderr(), "Resumed sandbox %s.\n", s.SandboxID)
+	}
+	token := ""
+	if s.EnvdAccessToken != nil {
+		token = *s.EnvdAccessToken
+	}
+	return c.Sandbox(s.SandboxID, token, user), nil
 }
 
 func execCmd() *cobra.Command {
