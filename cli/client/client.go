@@ -359,3 +359,10 @@ func (c *Client) BuildStatus(ctx context.Context, ref BuildRef, logsOffset int) 
 	_, _, err := c.do(ctx, "get the status of build "+ref.BuildID+" of template "+ref.TemplateID, "GET", path, nil, &st)
 	return st, err
 }
+
+// Refresh extends a sandbox's lifetime to at least secs from now (it never
+// shortens it).
+func (c *Client) Refresh(ctx context.Context, id string, secs int32) error {
+	_, _, err := c.do(ctx, "refresh sandbox "+id, "POST", "/sandboxes/"+url.PathEscape(id)+"/refreshes", api.SandboxRefresh{Duration: &secs}, nil)
+	return err
+}

@@ -390,6 +390,19 @@ func TestStartPiped(t *testing.T) {
 	if r = c.runIn("echo last-$((3*3))\n", "connect", sbx.SandboxID); r.code != 0 || !strings.Contains(r.stdout, "last-9") {
 		t.Fatalf("connect with piped input: %s", r)
 	}
+	// An attached command keeps its sandbox alive: a 10 s sandbox lives on.
+	var short struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	c.okJSON(&short, "start", "base", "-d", "--timeout", "10s")
+	t.Cleanup(func() { c.run("rm", short.SandboxID) })
+	if got := find(c.list(), short.SandboxID); got == nil || time.Until(got.EndAt) > 11*time.Second {
+		t.Fatalf("start --timeout 10s: %+v", got)
+	}
+	c.ok("exec", short.SandboxID, "--", "sleep", "1")
+	if got := find(c.list(), short.SandboxID); got == nil || time.Until(got.EndAt) < 40*time.Second {
+		t.Fatalf("exec did not keep the sandbox alive: %+v", got)
+	}
 	// The table form of start -d.
 	rows := tableRows(t, c.ok("start", "base", "-d", "--timeout", "1m").stdout, "SANDBOX ID", "TEMPLATE")
 	if len(rows) != 1 || rows[0][1] != "base" {

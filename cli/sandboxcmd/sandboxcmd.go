@@ -222,7 +222,9 @@ func startCmd() *cobra.Command {
 				token = *s.EnvdAccessToken
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "Sandbox %s started from %s.\n", s.SandboxID, s.TemplateID)
+			stop := keepAlive(cmd.Context(), c, s.SandboxID)
 			code, err := attach(cmd, c.Sandbox(s.SandboxID, token, user), nil)
+			stop()
 			if rm {
 				if kerr := c.Kill(context.WithoutCancel(cmd.Context()), s.SandboxID); kerr != nil && err == nil {
 					err = kerr
@@ -242,7 +244,7 @@ func startCmd() *cobra.Command {
 	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "do not attach a terminal; print the sandbox")
 	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox when the terminal exits")
 	cmd.Flags().BoolVar(&secure, "secure", false, "require the sandbox's access token for every agent request (aenv sends it)")
-	cmd.Flags().StringVar(&timeout, "timeout", "", "lifetime in seconds or as a duration (5m); default: the server's")
+	cmd.Flags().StringVar(&timeout, "timeout", "5m", "lifetime in seconds or as a duration (an attached terminal keeps it alive)")
 	cmd.Flags().StringArrayVarP(&envs, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	cmd.Flags().StringArrayVar(&md, "metadata", nil, "metadata KEY=VALUE (repeatable)")
 	cmd.Flags().StringVarP(&user, "user", "u", "", "user of the shell (default: the template's)")
@@ -269,7 +271,9 @@ func connectCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			stop := keepAlive(cmd.Context(), c, args[0])
 			code, err := attach(cmd, sb, args[1:])
+			stop()
 			if err != nil {
 				return err
 			}
@@ -283,6 +287,30 @@ func connectCmd() *cobra.Command {
 	cmd.Flags().StringVarP(&user, "user", "u", "", "user of the shell (default: the template's)")
 	return cmd
 }
+
+// keepAlive extends the sandbox's lifetime while a terminal or command is
+// attached (refreshes only ever extend), so that a session does not end
+// under the user's hands. stop ends it.
+func keepAlive(ctx context.Context, c *client.Client, id string) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		for {
+			if err := c.Refresh(ctx, id, keepAliveSecs); err != nil && ctx.Err() == nil && client.NotFound(err) {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(keepAliveSecs * time.Second / 3):
+			}
+		}
+	}()
+	return cancel
+}
+
+// keepAliveSecs is how long an attached session keeps its sandbox alive
+// past the last refresh.
+const keepAliveSecs = 60
 
 // resumeIfPaused returns a handle on sandbox id's agent, resuming it if it
 // is paused. The server's connect call sets the lifetime (to its default
@@ -344,6 +372,8 @@ func execCmd() *cobra.Command {
 			if !stdin {
 				in = nil
 			}
+			stop := keepAlive(cmd.Context(), c, args[0])
+			defer stop()
 			code, err := sb.Exec(cmd.Context(), client.Command{Argv: args[1:], Env: env, Cwd: cwd}, in, cmd.OutOrStdout(), cmd.ErrOrStderr())
 			if err != nil {
 				return err
@@ -411,7 +441,7 @@ func resumeCmd() *cobra.Command {
 			return printSandbox(cmd, &o, s)
 		},
 	}
-	cmd.Flags().StringVar(&timeout, "timeout", "", "lifetime after resuming (seconds or duration)")
+	cmd.Flags().StringVar(&timeout, "timeout", "5m", "lifetime after resuming (seconds or duration)")
 	o.register(cmd)
 	return cmd
 }
