@@ -399,7 +399,7 @@ func TestStartPiped(t *testing.T) {
 	if got := find(c.list(), short.SandboxID); got == nil || time.Until(got.EndAt) > 11*time.Second {
 		t.Fatalf("start --timeout 10s: %+v", got)
 	}
-	c.ok("exec", short.SandboxID, "--", "sleep", "1")
+	c.ok("exec", short.SandboxID, "--", "sleep", "3")
 	if got := find(c.list(), short.SandboxID); got == nil || time.Until(got.EndAt) < 40*time.Second {
 		t.Fatalf("exec did not keep the sandbox alive: %+v", got)
 	}
