@@ -147,6 +147,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	// Full duplex: otherwise, once the upstream response starts, net/http's
+	// HTTP/1.1 server drains and closes the request body under the
+	// transport that is still forwarding it, and the transport then closes
+	// the upstream connection mid-response ("use of closed network
+	// connection"), cutting agent streams short.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
 }
 
