@@ -18,9 +18,7 @@ func shellFirecracker(t *testing.T) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "firecracker")
 	script := "#!/bin/sh\necho 'Error: RunWithApiError(FailedToBindSocket)' >&2\nexit 3\n"
-	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	writeExecutable(t, p, script)
 	return p
 }
 

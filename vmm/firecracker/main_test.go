@@ -183,9 +183,7 @@ func fakeExecutable(t *testing.T, name, role, mode string) (exe, log string) {
 	// when it is killed before it could log anything.
 	script := fmt.Sprintf("#!/bin/sh\necho $$ >%s\nFAKEFC_ROLE=%s FAKEFC_MODE=%s FAKEFC_LOG=%s exec %s \"$@\"\n",
 		filepath.Join(dir, "pid"), role, mode, log, self)
-	if err := os.WriteFile(exe, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	writeExecutable(t, exe, script)
 	return exe, log
 }
 
@@ -236,4 +234,18 @@ func processGone(pid int) bool {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return false
+}
+
+// writeExecutable writes a script that the test execs soon after. It holds
+// syscall.ForkLock while the file is open for writing: a fork by a parallel
+// test would otherwise inherit the write descriptor until its exec, and our
+// own exec of the script would fail with "text file busy" (ETXTBSY).
+func writeExecutable(t testing.TB, path, script string) {
+	t.Helper()
+	syscall.ForkLock.Lock()
+	err := os.WriteFile(path, []byte(script), 0o755)
+	syscall.ForkLock.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
 }
