@@ -20,6 +20,30 @@ import (
 	"github.com/oapi-codegen/runtime"
 )
 
+// Defines values for BuildLogEntryLevel.
+const (
+	BuildLogEntryLevelDebug BuildLogEntryLevel = "debug"
+	BuildLogEntryLevelError BuildLogEntryLevel = "error"
+	BuildLogEntryLevelInfo  BuildLogEntryLevel = "info"
+	BuildLogEntryLevelWarn  BuildLogEntryLevel = "warn"
+)
+
+// Valid indicates whether the value is a known member of the BuildLogEntryLevel enum.
+func (e BuildLogEntryLevel) Valid() bool {
+	switch e {
+	case BuildLogEntryLevelDebug:
+		return true
+	case BuildLogEntryLevelError:
+		return true
+	case BuildLogEntryLevelInfo:
+		return true
+	case BuildLogEntryLevelWarn:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for NodeStatus.
 const (
 	NodeStatusDraining NodeStatus = "draining"
@@ -98,6 +122,72 @@ func (e TemplateBuildStatus) Valid() bool {
 	}
 }
 
+// Defines values for TemplateBuildInfoStatus.
+const (
+	TemplateBuildInfoStatusBuilding TemplateBuildInfoStatus = "building"
+	TemplateBuildInfoStatusError    TemplateBuildInfoStatus = "error"
+	TemplateBuildInfoStatusReady    TemplateBuildInfoStatus = "ready"
+	TemplateBuildInfoStatusWaiting  TemplateBuildInfoStatus = "waiting"
+)
+
+// Valid indicates whether the value is a known member of the TemplateBuildInfoStatus enum.
+func (e TemplateBuildInfoStatus) Valid() bool {
+	switch e {
+	case TemplateBuildInfoStatusBuilding:
+		return true
+	case TemplateBuildInfoStatusError:
+		return true
+	case TemplateBuildInfoStatusReady:
+		return true
+	case TemplateBuildInfoStatusWaiting:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for GetTemplateBuildStatusParamsLevel.
+const (
+	GetTemplateBuildStatusParamsLevelDebug GetTemplateBuildStatusParamsLevel = "debug"
+	GetTemplateBuildStatusParamsLevelError GetTemplateBuildStatusParamsLevel = "error"
+	GetTemplateBuildStatusParamsLevelInfo  GetTemplateBuildStatusParamsLevel = "info"
+	GetTemplateBuildStatusParamsLevelWarn  GetTemplateBuildStatusParamsLevel = "warn"
+)
+
+// Valid indicates whether the value is a known member of the GetTemplateBuildStatusParamsLevel enum.
+func (e GetTemplateBuildStatusParamsLevel) Valid() bool {
+	switch e {
+	case GetTemplateBuildStatusParamsLevelDebug:
+		return true
+	case GetTemplateBuildStatusParamsLevelError:
+		return true
+	case GetTemplateBuildStatusParamsLevelInfo:
+		return true
+	case GetTemplateBuildStatusParamsLevelWarn:
+		return true
+	default:
+		return false
+	}
+}
+
+// BuildLogEntry defines model for BuildLogEntry.
+type BuildLogEntry struct {
+	Level     BuildLogEntryLevel `json:"level"`
+	Message   string             `json:"message"`
+	Step      *string            `json:"step,omitempty"`
+	Timestamp time.Time          `json:"timestamp"`
+}
+
+// BuildLogEntryLevel defines model for BuildLogEntry.Level.
+type BuildLogEntryLevel string
+
+// BuildStatusReason defines model for BuildStatusReason.
+type BuildStatusReason struct {
+	LogEntries *[]BuildLogEntry `json:"logEntries,omitempty"`
+	Message    string           `json:"message"`
+	Step       *string          `json:"step,omitempty"`
+}
+
 // ConnectSandbox defines model for ConnectSandbox.
 type ConnectSandbox struct {
 	Timeout *int32 `json:"timeout,omitempty"`
@@ -108,6 +198,12 @@ type Error struct {
 	// Code equals the HTTP status
 	Code    int32  `json:"code"`
 	Message string `json:"message"`
+}
+
+// ForkResult defines model for ForkResult.
+type ForkResult struct {
+	Error   *Error   `json:"error,omitempty"`
+	Sandbox *Sandbox `json:"sandbox,omitempty"`
 }
 
 // ListedSandbox defines model for ListedSandbox.
@@ -139,6 +235,11 @@ type NewSandbox struct {
 
 	// Timeout seconds
 	Timeout *int32 `json:"timeout,omitempty"`
+}
+
+// NewSnapshot defines model for NewSnapshot.
+type NewSnapshot struct {
+	Name *string `json:"name,omitempty"`
 }
 
 // Node defines model for Node.
@@ -221,6 +322,14 @@ type SandboxDetail struct {
 	TemplateID          string                `json:"templateID"`
 }
 
+// SandboxFork defines model for SandboxFork.
+type SandboxFork struct {
+	Count int32 `json:"count"`
+
+	// Timeout seconds each child lives
+	Timeout *int32 `json:"timeout,omitempty"`
+}
+
 // SandboxLifecycle defines model for SandboxLifecycle.
 type SandboxLifecycle struct {
 	AutoResume bool                      `json:"autoResume"`
@@ -269,6 +378,19 @@ type SandboxTimeout struct {
 	Timeout int32 `json:"timeout"`
 }
 
+// SnapshotInfo defines model for SnapshotInfo.
+type SnapshotInfo struct {
+	CpuCount     *int32    `json:"cpuCount,omitempty"`
+	CreatedAt    time.Time `json:"createdAt"`
+	MemoryLayers int32     `json:"memoryLayers"`
+	MemoryMB     *int32    `json:"memoryMB,omitempty"`
+	Names        []string  `json:"names"`
+	RootfsLayers int32     `json:"rootfsLayers"`
+	SandboxID    string    `json:"sandboxID"`
+	SnapshotID   string    `json:"snapshotID"`
+	TemplateID   string    `json:"templateID"`
+}
+
 // Template defines model for Template.
 type Template struct {
 	Aliases     []string            `json:"aliases"`
@@ -290,6 +412,70 @@ type Template struct {
 // TemplateBuildStatus defines model for Template.BuildStatus.
 type TemplateBuildStatus string
 
+// TemplateAliasResponse defines model for TemplateAliasResponse.
+type TemplateAliasResponse struct {
+	Public     bool   `json:"public"`
+	TemplateID string `json:"templateID"`
+}
+
+// TemplateBuildFileUpload defines model for TemplateBuildFileUpload.
+type TemplateBuildFileUpload struct {
+	Present bool    `json:"present"`
+	Url     *string `json:"url,omitempty"`
+}
+
+// TemplateBuildInfo defines model for TemplateBuildInfo.
+type TemplateBuildInfo struct {
+	BuildID    string                  `json:"buildID"`
+	LogEntries []BuildLogEntry         `json:"logEntries"`
+	Logs       []string                `json:"logs"`
+	Reason     *BuildStatusReason      `json:"reason,omitempty"`
+	Status     TemplateBuildInfoStatus `json:"status"`
+	TemplateID string                  `json:"templateID"`
+}
+
+// TemplateBuildInfoStatus defines model for TemplateBuildInfo.Status.
+type TemplateBuildInfoStatus string
+
+// TemplateBuildRequestV3 defines model for TemplateBuildRequestV3.
+type TemplateBuildRequestV3 struct {
+	// Alias deprecated
+	Alias    *string   `json:"alias,omitempty"`
+	CpuCount *int32    `json:"cpuCount,omitempty"`
+	MemoryMB *int32    `json:"memoryMB,omitempty"`
+	Name     *string   `json:"name,omitempty"`
+	Tags     *[]string `json:"tags,omitempty"`
+	TeamID   *string   `json:"teamID,omitempty"`
+}
+
+// TemplateBuildStartV2 defines model for TemplateBuildStartV2.
+type TemplateBuildStartV2 struct {
+	Force        *bool           `json:"force,omitempty"`
+	FromImage    *string         `json:"fromImage,omitempty"`
+	FromTemplate *string         `json:"fromTemplate,omitempty"`
+	ReadyCmd     *string         `json:"readyCmd,omitempty"`
+	StartCmd     *string         `json:"startCmd,omitempty"`
+	Steps        *[]TemplateStep `json:"steps,omitempty"`
+}
+
+// TemplateRequestResponseV3 defines model for TemplateRequestResponseV3.
+type TemplateRequestResponseV3 struct {
+	Aliases    []string `json:"aliases"`
+	BuildID    string   `json:"buildID"`
+	Names      []string `json:"names"`
+	Public     bool     `json:"public"`
+	Tags       []string `json:"tags"`
+	TemplateID string   `json:"templateID"`
+}
+
+// TemplateStep defines model for TemplateStep.
+type TemplateStep struct {
+	Args      *[]string `json:"args,omitempty"`
+	FilesHash *string   `json:"filesHash,omitempty"`
+	Force     *bool     `json:"force,omitempty"`
+	Type      string    `json:"type"`
+}
+
 // SandboxID defines model for sandboxID.
 type SandboxID = string
 
@@ -308,6 +494,24 @@ type GetSandboxMetricsParams struct {
 	End *int64 `form:"end,omitempty" json:"end,omitempty"`
 }
 
+// ListSnapshotsParams defines parameters for ListSnapshots.
+type ListSnapshotsParams struct {
+	SandboxID *string `form:"sandboxID,omitempty" json:"sandboxID,omitempty"`
+	Name      *string `form:"name,omitempty" json:"name,omitempty"`
+	Limit     *int32  `form:"limit,omitempty" json:"limit,omitempty"`
+	NextToken *string `form:"nextToken,omitempty" json:"nextToken,omitempty"`
+}
+
+// GetTemplateBuildStatusParams defines parameters for GetTemplateBuildStatus.
+type GetTemplateBuildStatusParams struct {
+	LogsOffset *int32                             `form:"logsOffset,omitempty" json:"logsOffset,omitempty"`
+	Limit      *int32                             `form:"limit,omitempty" json:"limit,omitempty"`
+	Level      *GetTemplateBuildStatusParamsLevel `form:"level,omitempty" json:"level,omitempty"`
+}
+
+// GetTemplateBuildStatusParamsLevel defines parameters for GetTemplateBuildStatus.
+type GetTemplateBuildStatusParamsLevel string
+
 // ListSandboxesV2Params defines parameters for ListSandboxesV2.
 type ListSandboxesV2Params struct {
 	Metadata *string `form:"metadata,omitempty" json:"metadata,omitempty"`
@@ -324,6 +528,9 @@ type CreateSandboxJSONRequestBody = NewSandbox
 // ConnectSandboxJSONRequestBody defines body for ConnectSandbox for application/json ContentType.
 type ConnectSandboxJSONRequestBody = ConnectSandbox
 
+// ForkSandboxJSONRequestBody defines body for ForkSandbox for application/json ContentType.
+type ForkSandboxJSONRequestBody = SandboxFork
+
 // UpdateSandboxNetworkJSONRequestBody defines body for UpdateSandboxNetwork for application/json ContentType.
 type UpdateSandboxNetworkJSONRequestBody = SandboxNetworkUpdate
 
@@ -335,6 +542,9 @@ type RefreshSandboxJSONRequestBody = SandboxRefresh
 // Deprecated: this type has been marked as deprecated upstream, but no `x-deprecated-reason` was set
 type ResumeSandboxJSONRequestBody = ResumedSandbox
 
+// CreateSnapshotJSONRequestBody defines body for CreateSnapshot for application/json ContentType.
+type CreateSnapshotJSONRequestBody = NewSnapshot
+
 // SetSandboxTimeoutJSONRequestBody defines body for SetSandboxTimeout for application/json ContentType.
 type SetSandboxTimeoutJSONRequestBody = SandboxTimeout
 
@@ -343,6 +553,12 @@ type CreateSandboxV2JSONRequestBody = NewSandbox
 
 // ConnectSandboxV2JSONRequestBody defines body for ConnectSandboxV2 for application/json ContentType.
 type ConnectSandboxV2JSONRequestBody = ConnectSandbox
+
+// StartTemplateBuildV2JSONRequestBody defines body for StartTemplateBuildV2 for application/json ContentType.
+type StartTemplateBuildV2JSONRequestBody = TemplateBuildStartV2
+
+// CreateTemplateV3JSONRequestBody defines body for CreateTemplateV3 for application/json ContentType.
+type CreateTemplateV3JSONRequestBody = TemplateBuildRequestV3
 
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
@@ -371,6 +587,9 @@ type ServerInterface interface {
 	// (POST /sandboxes/{sandboxID}/connect)
 	ConnectSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
 
+	// (POST /sandboxes/{sandboxID}/fork)
+	ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+
 	// (GET /sandboxes/{sandboxID}/metrics)
 	GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxMetricsParams)
 
@@ -388,14 +607,41 @@ type ServerInterface interface {
 	// Deprecated: this operation has been marked as deprecated upstream, but no `x-deprecated-reason` was set
 	ResumeSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
 
+	// (POST /sandboxes/{sandboxID}/snapshots)
+	CreateSnapshot(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+
 	// (POST /sandboxes/{sandboxID}/timeout)
 	SetSandboxTimeout(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+
+	// (GET /snapshots)
+	ListSnapshots(w http.ResponseWriter, r *http.Request, params ListSnapshotsParams)
+
+	// (DELETE /snapshots/{snapshotID})
+	DeleteSnapshot(w http.ResponseWriter, r *http.Request, snapshotID string)
+
+	// (GET /snapshots/{snapshotID})
+	GetSnapshot(w http.ResponseWriter, r *http.Request, snapshotID string)
 
 	// (GET /templates)
 	ListTemplates(w http.ResponseWriter, r *http.Request)
 
+	// (GET /templates/aliases/{alias})
+	GetTemplateAlias(w http.ResponseWriter, r *http.Request, alias string)
+
+	// (DELETE /templates/{templateID})
+	DeleteTemplate(w http.ResponseWriter, r *http.Request, templateID string)
+
 	// (GET /templates/{templateID})
 	GetTemplate(w http.ResponseWriter, r *http.Request, templateID string)
+
+	// (GET /templates/{templateID}/builds/{buildID}/status)
+	GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, templateID string, buildID string, params GetTemplateBuildStatusParams)
+
+	// (GET /templates/{templateID}/files/{hash})
+	GetTemplateFiles(w http.ResponseWriter, r *http.Request, templateID string, hash string)
+
+	// (PUT /templates/{templateID}/files/{hash})
+	UploadTemplateFiles(w http.ResponseWriter, r *http.Request, templateID string, hash string)
 
 	// (GET /v2/sandboxes)
 	ListSandboxesV2(w http.ResponseWriter, r *http.Request, params ListSandboxesV2Params)
@@ -405,6 +651,15 @@ type ServerInterface interface {
 
 	// (POST /v2/sandboxes/{sandboxID}/connect)
 	ConnectSandboxV2(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+
+	// (GET /v2/templates)
+	ListTemplatesV2(w http.ResponseWriter, r *http.Request)
+
+	// (POST /v2/templates/{templateID}/builds/{buildID})
+	StartTemplateBuildV2(w http.ResponseWriter, r *http.Request, templateID string, buildID string)
+
+	// (POST /v3/templates)
+	CreateTemplateV3(w http.ResponseWriter, r *http.Request)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -451,6 +706,11 @@ func (_ Unimplemented) ConnectSandbox(w http.ResponseWriter, r *http.Request, sa
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// (POST /sandboxes/{sandboxID}/fork)
+func (_ Unimplemented) ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // (GET /sandboxes/{sandboxID}/metrics)
 func (_ Unimplemented) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxMetricsParams) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -478,8 +738,28 @@ func (_ Unimplemented) ResumeSandbox(w http.ResponseWriter, r *http.Request, san
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// (POST /sandboxes/{sandboxID}/snapshots)
+func (_ Unimplemented) CreateSnapshot(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // (POST /sandboxes/{sandboxID}/timeout)
 func (_ Unimplemented) SetSandboxTimeout(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /snapshots)
+func (_ Unimplemented) ListSnapshots(w http.ResponseWriter, r *http.Request, params ListSnapshotsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (DELETE /snapshots/{snapshotID})
+func (_ Unimplemented) DeleteSnapshot(w http.ResponseWriter, r *http.Request, snapshotID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /snapshots/{snapshotID})
+func (_ Unimplemented) GetSnapshot(w http.ResponseWriter, r *http.Request, snapshotID string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -488,8 +768,33 @@ func (_ Unimplemented) ListTemplates(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// (GET /templates/aliases/{alias})
+func (_ Unimplemented) GetTemplateAlias(w http.ResponseWriter, r *http.Request, alias string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (DELETE /templates/{templateID})
+func (_ Unimplemented) DeleteTemplate(w http.ResponseWriter, r *http.Request, templateID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // (GET /templates/{templateID})
 func (_ Unimplemented) GetTemplate(w http.ResponseWriter, r *http.Request, templateID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /templates/{templateID}/builds/{buildID}/status)
+func (_ Unimplemented) GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, templateID string, buildID string, params GetTemplateBuildStatusParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /templates/{templateID}/files/{hash})
+func (_ Unimplemented) GetTemplateFiles(w http.ResponseWriter, r *http.Request, templateID string, hash string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (PUT /templates/{templateID}/files/{hash})
+func (_ Unimplemented) UploadTemplateFiles(w http.ResponseWriter, r *http.Request, templateID string, hash string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -505,6 +810,21 @@ func (_ Unimplemented) CreateSandboxV2(w http.ResponseWriter, r *http.Request) {
 
 // (POST /v2/sandboxes/{sandboxID}/connect)
 func (_ Unimplemented) ConnectSandboxV2(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /v2/templates)
+func (_ Unimplemented) ListTemplatesV2(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (POST /v2/templates/{templateID}/builds/{buildID})
+func (_ Unimplemented) StartTemplateBuildV2(w http.ResponseWriter, r *http.Request, templateID string, buildID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (POST /v3/templates)
+func (_ Unimplemented) CreateTemplateV3(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -696,6 +1016,32 @@ func (siw *ServerInterfaceWrapper) ConnectSandbox(w http.ResponseWriter, r *http
 	handler.ServeHTTP(w, r)
 }
 
+// ForkSandbox operation middleware
+func (siw *ServerInterfaceWrapper) ForkSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", chi.URLParam(r, "sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ForkSandbox(w, r, sandboxID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetSandboxMetrics operation middleware
 func (siw *ServerInterfaceWrapper) GetSandboxMetrics(w http.ResponseWriter, r *http.Request) {
 
@@ -855,6 +1201,32 @@ func (siw *ServerInterfaceWrapper) ResumeSandbox(w http.ResponseWriter, r *http.
 	handler.ServeHTTP(w, r)
 }
 
+// CreateSnapshot operation middleware
+func (siw *ServerInterfaceWrapper) CreateSnapshot(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", chi.URLParam(r, "sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateSnapshot(w, r, sandboxID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // SetSandboxTimeout operation middleware
 func (siw *ServerInterfaceWrapper) SetSandboxTimeout(w http.ResponseWriter, r *http.Request) {
 
@@ -881,11 +1253,187 @@ func (siw *ServerInterfaceWrapper) SetSandboxTimeout(w http.ResponseWriter, r *h
 	handler.ServeHTTP(w, r)
 }
 
+// ListSnapshots operation middleware
+func (siw *ServerInterfaceWrapper) ListSnapshots(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListSnapshotsParams
+
+	// ------------- Optional query parameter "sandboxID" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "sandboxID", r.URL.Query(), &params.SandboxID, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "sandboxID"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "name" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "name", r.URL.Query(), &params.Name, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "name"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "name", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", r.URL.Query(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: "int32"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "limit"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "nextToken" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "nextToken", r.URL.Query(), &params.NextToken, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "nextToken"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "nextToken", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListSnapshots(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteSnapshot operation middleware
+func (siw *ServerInterfaceWrapper) DeleteSnapshot(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "snapshotID" -------------
+	var snapshotID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "snapshotID", chi.URLParam(r, "snapshotID"), &snapshotID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "snapshotID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteSnapshot(w, r, snapshotID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetSnapshot operation middleware
+func (siw *ServerInterfaceWrapper) GetSnapshot(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "snapshotID" -------------
+	var snapshotID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "snapshotID", chi.URLParam(r, "snapshotID"), &snapshotID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "snapshotID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSnapshot(w, r, snapshotID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListTemplates operation middleware
 func (siw *ServerInterfaceWrapper) ListTemplates(w http.ResponseWriter, r *http.Request) {
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListTemplates(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetTemplateAlias operation middleware
+func (siw *ServerInterfaceWrapper) GetTemplateAlias(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "alias" -------------
+	var alias string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "alias", chi.URLParam(r, "alias"), &alias, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "alias", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetTemplateAlias(w, r, alias)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteTemplate operation middleware
+func (siw *ServerInterfaceWrapper) DeleteTemplate(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", chi.URLParam(r, "templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteTemplate(w, r, templateID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -912,6 +1460,153 @@ func (siw *ServerInterfaceWrapper) GetTemplate(w http.ResponseWriter, r *http.Re
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetTemplate(w, r, templateID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetTemplateBuildStatus operation middleware
+func (siw *ServerInterfaceWrapper) GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", chi.URLParam(r, "templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "buildID" -------------
+	var buildID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "buildID", chi.URLParam(r, "buildID"), &buildID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "buildID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetTemplateBuildStatusParams
+
+	// ------------- Optional query parameter "logsOffset" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "logsOffset", r.URL.Query(), &params.LogsOffset, runtime.BindQueryParameterOptions{Type: "integer", Format: "int32"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "logsOffset"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "logsOffset", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", r.URL.Query(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: "int32"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "limit"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "level" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "level", r.URL.Query(), &params.Level, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "level"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "level", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetTemplateBuildStatus(w, r, templateID, buildID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetTemplateFiles operation middleware
+func (siw *ServerInterfaceWrapper) GetTemplateFiles(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", chi.URLParam(r, "templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "hash" -------------
+	var hash string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "hash", chi.URLParam(r, "hash"), &hash, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "hash", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetTemplateFiles(w, r, templateID, hash)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UploadTemplateFiles operation middleware
+func (siw *ServerInterfaceWrapper) UploadTemplateFiles(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", chi.URLParam(r, "templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "hash" -------------
+	var hash string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "hash", chi.URLParam(r, "hash"), &hash, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "hash", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UploadTemplateFiles(w, r, templateID, hash)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -1024,6 +1719,69 @@ func (siw *ServerInterfaceWrapper) ConnectSandboxV2(w http.ResponseWriter, r *ht
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ConnectSandboxV2(w, r, sandboxID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListTemplatesV2 operation middleware
+func (siw *ServerInterfaceWrapper) ListTemplatesV2(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListTemplatesV2(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// StartTemplateBuildV2 operation middleware
+func (siw *ServerInterfaceWrapper) StartTemplateBuildV2(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", chi.URLParam(r, "templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "buildID" -------------
+	var buildID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "buildID", chi.URLParam(r, "buildID"), &buildID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "buildID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.StartTemplateBuildV2(w, r, templateID, buildID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateTemplateV3 operation middleware
+func (siw *ServerInterfaceWrapper) CreateTemplateV3(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateTemplateV3(w, r)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -1192,6 +1950,21 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/sandboxes/{sandboxID}/metrics", wrapper.GetSandboxMetrics)
 	})
 	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/sandboxes/{sandboxID}/fork", wrapper.ForkSandbox)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/sandboxes/{sandboxID}/snapshots", wrapper.CreateSnapshot)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/snapshots", wrapper.ListSnapshots)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/snapshots/{snapshotID}", wrapper.DeleteSnapshot)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/snapshots/{snapshotID}", wrapper.GetSnapshot)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/nodes", wrapper.ListNodes)
 	})
 	r.Group(func(r chi.Router) {
@@ -1201,7 +1974,31 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/templates", wrapper.ListTemplates)
 	})
 	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/templates/{templateID}", wrapper.DeleteTemplate)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/templates/{templateID}", wrapper.GetTemplate)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v2/templates", wrapper.ListTemplatesV2)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v3/templates", wrapper.CreateTemplateV3)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v2/templates/{templateID}/builds/{buildID}", wrapper.StartTemplateBuildV2)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/templates/{templateID}/builds/{buildID}/status", wrapper.GetTemplateBuildStatus)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/templates/{templateID}/files/{hash}", wrapper.GetTemplateFiles)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/templates/{templateID}/files/{hash}", wrapper.UploadTemplateFiles)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/templates/aliases/{alias}", wrapper.GetTemplateAlias)
 	})
 
 	return r
@@ -1212,45 +2009,62 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7FvtT+M4Gv9XrNxJtyuFtjCr+dDRfegw3C2agUNbBq0EaDHJU+ohsTO2Q+mh/u8n23mPkyYlZe7DfKJt",
-	"bD/vL/494cXxWBgxClQKZ/riRJjjECRw/U1g6t+z59NP6guhztSJsFw6rkNxCM608Nx1OHyPCQffmUoe",
-	"g+sIbwkhVhvlOtKLJSf0wdlsNmqxiBgVoKmccM64+uAxKoFK9RFHUUA8LAmj42+CUc1NduLfOSycqfO3",
-	"cc782DwVY3OapuKD8DiJ1CHO1MEUQfIs5U6TP2aUgifnRhatBM4i4JIY9iQJgcWaqwXjIZbO1CFUvjty",
-	"XCcklIRx6EwnbiomoRIewFBJfmL338CTzsbNRS2T8JgP6m+ZYfge40AguQT0++XlBRISy1g4bp2NKmnX",
-	"CUEI/AA29RdNdW1I5+tvLUx/IUKC36gfHBCjyAoh1/ECAlQa76k/jOJjFlO7XusC+UQ8zsl/4exjxw1A",
-	"/Vn5cB9LOFDWzNfn7AB98q+AC2J8rfY8hJDxdWfqIUjsY6m9Ffs+USbFwUXZsao0apovxV9tuZCYS+gl",
-	"pXIh2BZBiaXneq1iC8IowBKsbFTcqbDWLaWHzBeKfKdWKnhDQdMlo6e8ly1lc9dzWLX4asBWfyk7cQry",
-	"L+x5IIq2uGcsAEzVMTiW7ALHApof/wEiDruqc5ZtOGZ0QVKnu8Im1e7uJMO4GgW5YvyxozDnZnUuiQAv",
-	"5g2qavUft5hfy/lPgMeob014W/Jug0davSVJvXU/8bAE//jia8eIz7acNWSK979Z9/XMgx4HLOFfmAQx",
-	"N7x2oaE3zWPt7p13qei7ZBIHnWVRO74K8DtvCBj2Z0/A8QMchuU0xuL7oJDDaBzep6lV6bcfY2ZPL9Yo",
-	"85s8NslrRpFt0aKca54tTvJvrLcBVe577XDA/lqlOo4JVeffWtL2U0thegrDLmxcnZ3VQiMRMWMrJ2SO",
-	"taTlVO0VlZadpeQIRXW55cCyBU3dWWs+3xTG86JZyvEcqUTudwwxHlNtiW6rpRK609qK9lMybspdelaT",
-	"fMqE9UzleRBYHcPn5Am49REHLKzuVGExOcJNqNgYMyWtpTtsL6NDNtdDd6g+CzHRWqJxEGCVjpK7jbV7",
-	"nGmHvWSPYA/UbR1me7O3rYhyvFgQr8LDFr536N22NV9NzU7NJkAVY77NK1ps+wkkJkEfC+uO7zRp+GYt",
-	"/d4Pvaz0crXe95rXemZAFuCtvaBrq/slW/+jLk6v7WZ/3rv637tqxrfWgvzOVA9BRi/zcpA2SI8kCNIa",
-	"aWmOKnookCie18LvGUhOPAsm07Mvj2LV8Fx45Q2LgGFp62Kzfqlna9294e1zeghhj8OVlwuJw6h7AGRb",
-	"vlLy3IlM1cEzmtXDSk5cMEMuVUEdBUUWbdDiH+XkYEcU/mNclkgIWxMU5hyvs6p0Ed8HxLs0ldseET7Q",
-	"dc/DN1tF+Rr5STYaTJRukMqw0vwBCw5iWZfDjzmWSS2rN5X42TSV795PJjv3mPM0n2fXuGozb7vGJZsL",
-	"SW4wpLkaKk1J7zKpEw0tlPnY3fj3MQn8PmlSb2ioq/rZvHZD1j8b3a4wkeZTem02iL5N2TvhKr2K+g6Q",
-	"9KAYM8VhX3tFOuXYo1NEeEWtKmsqA+1XklinmR4abWtpUr/p1LEkUrqZTxfNW2SsbJKyB9ajJ4U5iVzP",
-	"VctmlD+LyGdYz2K5zIZkS8C+vjYnY7I/D2YXpwefYZ3LjPUuM6YidMHq6OflEpDHqOQsQLOLU8QW6A4r",
-	"du9cpJpHLMl9AGhF5BKdHH38h0BGbL1YMCSXWCYP5p8+C6QyP4ppyHyyIOCPbujJE/C1mYkhTMUKuEB3",
-	"Lzd6JHTjTNFNPJm88wqjJ/0DuOgmHRfpVc5oNLpxNncjpJQAVCZzuykyekB3mfx3oxuq67dU7aEzewAq",
-	"T86vEGU+aL5/OTn6eJBL92sBkpo6k9HhaKL7xAgojogzdd6NJqN3OunKpbbGeAk4MKZ4AO15Ksdpfk59",
-	"Z+r8G+TvZkVlCHk0+a1uA7kEJIA/AUdEoDgq+YAzvb5V38eKe9FI8QsR8lyvqFGc9Bp6ZlG+DeqzVNHa",
-	"MFQuidBqN3V5geNANp2dcZ3PVjOxxy8GRNy0afzczBhfJf12oW1CwitkdEvD8GvrADxDULtPv2+V7koI",
-	"cqPbzAvAaYWXsqAxDw6Aqrj10eM/n1CECRfoGyMUfHS/1pF89N5xjQjfY+DrXIbsxt3K9Vs4b3nQ3MGL",
-	"k64LiSLGvpOlmbDY4Ngg0Qk/xsgg5Efmr4fz3XxauSlXQOVIm5raDwejXCJryXvmMVphgZLquXuuyAw0",
-	"fsnAiY3JtwGYbrSs+s8kCIqK35apH0kQ7Mqg25i4GjmYDG2FBNhst8VAecy2L18yztGjSq4q2m7smbdm",
-	"qu8M9Tu+MfDKr+TsJ/IqRDb1F5P2YGebhYnUQZYksw8oub8heJZAfePVbxT4KStmqDNwvI9DDbWJtlah",
-	"BMptr3uUPKP8NQFbddOgZ6m0dUCedqAD1O9J5U1Kahnk7FBSBQ6jAAT6BaNKdc3uCIyCiyR+BIooW31A",
-	"GBnMQz1AlFH49f8pURVGAa9KVLHFYQ2SVkbX9pStrBBep46h4V4DDxyEQBELiLdW1xtC0YJxD4aO+iid",
-	"/g5fJ/RguU+bkIBzA0vIDRIJYj9SJkDnfqthBVS1VkOLQos1aliVpmOiIfTpQ8RBv2eS3s+qGlbU9qvg",
-	"yosSVgW/SY3fU3EvgNfDh8A86wxS8HyvUZAS2TW/CpC7qzfFPduxgcts1Vu0EdnYoAu0lHKGGEUD4EzZ",
-	"eeOXHBJuxZsybvfYz+casV/ZZEFj+8GeSvh4T/zp6agvBHV15NiZ2gVNqjXYHgtDfCBAEZDgT9Pe081e",
-	"jWvo7bWRWwnZNlJ4luZ1mB02ByQk5RtFZt/DycRtGTkeliaOhz/qTtAbZstc5UMK6f95cA7P8kDrEK2W",
-	"QFHIOCAO+jUmN5mAaE6KS8vM1v4vaH/gnfben/Ddrim4mC5+FAq0NxP+xIH2hAOVZ2XlSen17eZ2878A",
-	"AAD//w==",
+	"7Fxrb9s41v4rhN4XmBZQ4jSZLRYu9kN62xa9TFCnwSzaYkpLxzEnEqmSVBxv4P++IKkbJUqWHDnpLuZT",
+	"00gkz53n8ii3XsDihFGgUnjTWy/BHMcggev/CUzDObt5+1L9h1Bv6iVYLj3fozgGb1p57nscfqSEQ+hN",
+	"JU/B90SwhBirhXKd6JclJ/TS22w26mWRMCpAn/KKc8bVDwGjEqhUP+IkiUiAJWF08qdgVFNT7Pj/HBbe",
+	"1Pu/SUn8xDwVE7ObPiUEEXCSqE28qYcpguxZTp0+/nlKovA9u3xFJV9rGXCWAJfEUBfBNUTqB6Bp7E2/",
+	"eCHM00vP9whdMM/3VphTz/fM1t/8Ore+F4MQ+BIckvA9ISFxPpAkBiFxrJ8uGI+x9KZeiCUcqEde45xN",
+	"VQNfKutLAvyMl5JINv8TAqnO00KYSSxT8QlwJvCaIIyIsv8RCbHYpgtbtJviXMw5Xu8omxqj+Q4upl4w",
+	"SiGQM2OlTY6UkFgqLRETKk+OldAIJbFS+FGxMaESLsHYT+OswojtIwIWau5sU4QfKY4EkktAb87Pz5DQ",
+	"gvf8Jhn1o7tEVpOMPtrvFNBrxq8+gUgj2aQccoZ6OJufR4Jt7+eqcIrwPRESwlZt4YgYh21YShARoNJE",
+	"qebDJH3BUurWclO8IRFXM/Jv+PC85wKg4ans66Xq9evwArggxsUc0SJmfN379BgkDrHUURGHIVEGhqMz",
+	"28wbwaUueSvOOxwRcwmDuFQGDT2NYabfVWRBnERYgpOMenwr3/Wta6iwhSrduZYq1lCRtKX0nHZbUy7n",
+	"+QirDluN2OoPpSdOQf6BgwBEVRdzxiLAVG2DU8nOcCqg/bFy0bivOE+LBS8YXZDc6C6wudJ3N5JxTI2C",
+	"XDF+1ZOZj+btkhMBQcpbRNVpP3412tvRWEDAaOgMv1tugRaLbLMWihOxZI5Ya9Ipl80398kulKa9BVhC",
+	"+OLsc8/IUSz50BJxnv7qXDcwngYcsITXmEQpN7T2OUMvmqXabXqvUl58ziSOevOiVnwWEPZeEDEcnl4D",
+	"x5fwJLbDIUvnUSUW0jSe5yFayXcYYWbNINIoC9ssP4uPsDVfU8Y1K17O4ngqqtkvBxyuVcjkmFC1vyvl",
+	"ve644K7juA8ZFx8+NFwsY7EgqzzIbOsI77nYayK1jcUyhKq4fNuxXE7TNNaGzX9rceNZVS22PyfqQgh7",
+	"uhhPqdZEv7elYrrXuzXp58f4OXX5Xm38KRU2I1UQmHKqYRghJ9fAnY94UZJ0ZwXZFn52ioswczV2ZJnd",
+	"1/GYJcPYmW7IYky0lGgaRViFo6wWd2ahp9pgz9kVuB11W6banTRuu4w5XixIUKNhC9075IDbkri2pKlZ",
+	"DlFFWOiyig7dvgSJSTREwzpzfJsljqcdeeODFj2DTG1wfXRXy4zIAoJ1EPVNmd8X7z9UAXbXrPiv+m14",
+	"/ZaR/zqTe71v0+Y9Mb4xUf7J0VEl5j9x3rVbSg4EOFiiYEmiEEXkGu5agxiqO5h9X/WM5sVXFprNeMPo",
+	"eclNng1ekSjKEwJHJlgjr3JEdb8Oej+A5CRwqGdgEZKkKrs7C+wFi4hh6UrZi+RwYB3RP7sfsnsM8YDN",
+	"B3eOK0s+U3LT65iObrO9meWxFTWUXFXEURFkVQcd9mFHQncb5jdjskXDui0aF01pveosnUckODdpitsj",
+	"QqDrgZtvtrLyOQmz0DsaK/36UONy8wkWHMSyyUeYciyzi7s9tp48tYLrsIR6ll9eRc1ar1xcNWu2uBLk",
+	"RhsW1F2lNehlDaK3dMHuHvN0ETro1jc36nu8zsZ/vdKfQdkSxXFtfLTVhDljciEGEbUlHcqlvEPhUlNm",
+	"ZaucNzubsdKcUiM1UdeYdJnGebZRSykxVKjzlEThEGvSC1okNi9nh1Wv0782brfCRJqf8vZR+7h0/2a+",
+	"w4hn1JnNDk6Q6NvIHbhFglfUKbK2DKG7NE/1DTRAol2pfW43vTL3jEu/sGnbZ0rCbJXYFtjlPadq308Z",
+	"9sDRdeuQ8s7FTbZpF1l6TP6aRPA5iRgOHYRxEBkwoklZyqPtJOU7bCXDffd0uf8+cAERuxx6TRQtwq0H",
+	"WzAHZ5N7x9C1s42UXlJ0trUELOFuVd0n+JGCkBcnHf0muwwNIeGg+9kNr/a9VAAygymaRtG2yNxdCHdG",
+	"yHLp8d/b4qXbBvBQK5GA4zbtdAt3JjGXF8dN0S4YD1pK5gVn8du4Dd+inlavdVfXO1y/iMP2pk77Q0j6",
+	"e2NOxExC0i/Jz1dkFpdH1FbL2yk9aQk3I9+eu9jQnb3ccdHl2aOmp8vVZxksqiZmPpSNBYlAvMGmRmsa",
+	"Z7tVm99s5Vw9bfKRj/CJXM+U+RnqTxPyDtanqVwWQMMl4FCPcjKo4e8Hp2dvD97BuoxUWK8yUD+SXVt2",
+	"fDtfAgoYlZxF6PTsLWIL9B2r1OG7j5QjYEnmEaAVkUv06vj5LwIZzeiXBUNyiWX2YPbynUCqQEcpjVlI",
+	"FgTCw6/01TXwtcEVIkzFCrhA32+/avDVV2+KvqZHRydBBeSlfwE++poDs/Rb3uHh4Vdv8/0QKSEAlRn2",
+	"cYqMHND3gv/vh1+pbrPISAnh9BKofPXxAlEWgqb70avj5wcld48rY9Kpd3T45PBIt/MSoDgh3tQ7OTw6",
+	"PNG1sVxqbUyWgCOjikvQ0V5ZmqbnbehNvX+CfGPeqAE5j49+bepALgEJ4NfAEREoTSwb8KZfvqn/TxT1",
+	"ovXE90TIj/qNxolHg4CjveKhhlg042ADUCqXRGixm/bJAmc4OtfeBdUlPrVge3JrBtubLol/NGi+O3G/",
+	"nWkXk3AHHn0LUPzFCSIupvr9EcTflOwsVEOr2cwqw/waLTajKY8OgCq/DdHVP65RggkX6E9GKIRovtae",
+	"fPxU4369qfcjBb4ueSimQJ1U34fx2iDKHlacNceQqOI+dtI0Ew4dvDDoiIweo2QQ8jkL1+PZbonE29j3",
+	"kDKkTUPsT0Y72TrWEffMY7TCAmWV7O6xolDQ5LZoMW1MvI3ApJC26N+RKKoKflukviJRtCuBfmvgaqXg",
+	"aGwtZMP2bl2MFMdc68pXJmUPsBarqrqbBAafXv/uYtj2rY5ng9/343m1QzbNjzv2oGeXhonUTpYFs2co",
+	"a7MjuJFAQ2PV9+T4OSkGaDSyv08W+bh6dIN5zfjVfq2lOnHfQ6DudT9WPnnocTkyClqRkUQJcDOp9xGh",
+	"iHGVlT/CRYjX+b8pBB6PrfNYT8FFV3pozcu35zqU3KAS9uzKaHR/wUpnegyFdzgHaDjwlHtJo2z8QQ9L",
+	"EThOIhDKJGoZVVEXMgo+kvgKKKJs9QxhZMaR6gGijMLjn+lyqkCS7hRrUofBmiG3Pfjeb8yxp+u9gk9L",
+	"LQuXHIRACYtIsFYlLaHIdEtG9vokR6GOH+o1wHVIapjNzUfmkBuQAIj9cJlhEO7lTsvxDs4MyCHQal4y",
+	"rkhzBNcY8qzMB7KavC5hddp+BVwDbDsFfC953Z4SuhxDsCcnyOrv/NOj/RXg+Qn7VlAVI9NW6mXvoEep",
+	"wPMIEBao7MQjRrNifPRErYIRGl+TsyLLyzFKe41o+SG73pUC5B3EW3WK9t5e8Za7z1hPaSvAnPYune9e",
+	"rP/ZYV1EYmLn0YVENID4DvjiVlLhRhrw/IN3I21v7ZFF5xr1EYUVCIkWhAv5DP1+8BFu5IFmS0+lzdfz",
+	"ilWU4EsYwdQmtyWcq7Ov9lL/3gqp25zBbDV+b62VhqMHCbj7GxJYSLuBg4I89HcHk/PirftwjGLw32fO",
+	"lFOmbq4Rhk7FfpNs/Dy51T90zp8sCNU+7c2N1WoxvJwVhCnSPJjYsD87xAX7u5ng5LZMRHoEmcJMHjDI",
+	"tNMwvtK36Xl/irWQGqNod6LxHmJym+E+NpMSaLZN1hWcWr/cJmKX4rfFQiVdzlzjaPCHRftNZ4Ycqf9o",
+	"UfXI3f4S050znj4GXGIoWyxZG8MvQqNBVNgKUcQuERiMH1pwFqNSl4jRn87ifedmJbZpHN/R6KTJ7RKL",
+	"Za9r6bV639tj3dmG1XWoebUEuQSOcugEWmKTrWqmEFsgjF78dvYvJCQk6BFGEnOEebAk14DmazR7c3pw",
+	"/Lenj31tHqslcECSoVQfqDaK/0uMQmlvmEW09osV601d9yl+WSBBHgjJAce2uotYNScU87UD2N53RFUr",
+	"YiTjd+kTXR8PxbZcHPe7JXrBVBpTnIDFMT4QoA6QEE7zAYdf/B2IlgGS3Kli7le+PkC5/XPidwpTeZZj",
+	"Ba1aebUEimLGAXHQ3+z7GbRSU1J91Sa24Qr7QwVp6/0LFzRGuHgoeMneVPgXwGR/AJPr46GtkUzN/8vN",
+	"kapQuss5h1/9lFl26zxBYm4XnHvzYueXNL1C8nEzvdJCQNkfB7mDok9s6++6qHL6L07uQ0Dld1z9RTQq",
+	"Fc3Pera330JEpDDdelPj+ij7dA4tmKmFMsUlEOyoNfvDAfuzkS/fNt82/wkAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
