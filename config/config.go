@@ -25,6 +25,37 @@ type Config struct {
 	Guest   Guest   `toml:"guest"`
 	Sandbox Sandbox `toml:"sandbox"`
 	Storage Storage `toml:"storage"`
+	Image   Image   `toml:"image"`
+}
+
+// Image configures OCI pulls and template builds (POST /v3/templates).
+type Image struct {
+	// DefaultRegistry is used for references without a registry host.
+	DefaultRegistry string `toml:"default_registry" env:"AENVD_IMAGE_DEFAULT_REGISTRY"`
+	// AllowedRegistries, when not empty, are the only registry hosts
+	// (host[:port]) builds may pull from. Environment: comma-separated.
+	AllowedRegistries []string `toml:"allowed_registries" env:"AENVD_IMAGE_ALLOWED_REGISTRIES"`
+	// InsecureRegistries are reached over plain HTTP (tests, local mirrors).
+	InsecureRegistries []string `toml:"insecure_registries" env:"AENVD_IMAGE_INSECURE_REGISTRIES"`
+	// CacheDir holds layer blobs and converted root filesystems; default
+	// <data_dir>/oci.
+	CacheDir string `toml:"cache_dir" env:"AENVD_IMAGE_CACHE_DIR"`
+	// RootfsSizeMiB is the ext4 size of a converted image (sparse; the
+	// build's RUN steps write into the free space). 0 sizes it from the
+	// content (+25% + 64 MiB).
+	RootfsSizeMiB int `toml:"rootfs_size_mib" env:"AENVD_IMAGE_ROOTFS_SIZE_MIB"`
+	// ReadyTimeout bounds how long a build polls its readyCmd.
+	ReadyTimeout Duration `toml:"ready_timeout" env:"AENVD_IMAGE_READY_TIMEOUT"`
+	// StepTimeout bounds each build step (a RUN command, a COPY).
+	StepTimeout Duration `toml:"step_timeout" env:"AENVD_IMAGE_STEP_TIMEOUT"`
+}
+
+// ImageCacheDir is Image.CacheDir or its default.
+func (c *Config) ImageCacheDir() string {
+	if c.Image.CacheDir != "" {
+		return c.Image.CacheDir
+	}
+	return c.DataDir + "/oci"
 }
 
 // Storage chooses where sandbox root disks come from.
@@ -120,6 +151,8 @@ func Default() Config {
 		VMM:     VMM{Driver: "auto"},
 		Guest:   Guest{VCPUs: 1, MemoryMiB: 512, DefaultUser: "user"},
 		Storage: Storage{Backend: "storaged"},
+		Image: Image{DefaultRegistry: "docker.io", AllowedRegistries: []string{}, InsecureRegistries: []string{},
+			RootfsSizeMiB: 2048, ReadyTimeout: Duration{5 * time.Minute}, StepTimeout: Duration{30 * time.Minute}},
 		Sandbox: Sandbox{
 			DefaultTimeout:  Duration{15 * time.Second},
 			MaxTimeout:      Duration{24 * time.Hour},
@@ -160,6 +193,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: vmm.driver %q: want auto or qemu", c.VMM.Driver)
 	case c.Guest.VCPUs < 1 || c.Guest.MemoryMiB < 64:
 		return fmt.Errorf("config: guest needs at least 1 vcpu and 64 MiB (got %d, %d)", c.Guest.VCPUs, c.Guest.MemoryMiB)
+	case c.Image.RootfsSizeMiB < 0 || c.Image.ReadyTimeout.Duration <= 0 || c.Image.StepTimeout.Duration <= 0:
+		return fmt.Errorf("config: image: rootfs_size_mib must not be negative, ready_timeout and step_timeout must be positive")
 	case c.Sandbox.DefaultTimeout.Duration <= 0 || c.Sandbox.MaxTimeout.Duration < c.Sandbox.DefaultTimeout.Duration:
 		return fmt.Errorf("config: sandbox timeouts: default %s must be positive and at most max %s",
 			c.Sandbox.DefaultTimeout, c.Sandbox.MaxTimeout)
@@ -221,6 +256,17 @@ func setField(fv reflect.Value, s string) error {
 			return err
 		}
 		fv.SetInt(int64(n))
+	case reflect.Slice:
+		if fv.Type().Elem().Kind() != reflect.String {
+			return fmt.Errorf("unsupported list kind %s", fv.Type().Elem().Kind())
+		}
+		list := []string{}
+		for _, item := range strings.Split(s, ",") {
+			if item = strings.TrimSpace(item); item != "" {
+				list = append(list, item)
+			}
+		}
+		fv.Set(reflect.ValueOf(list))
 	case reflect.Bool:
 		b, err := strconv.ParseBool(strings.TrimSpace(s))
 		if err != nil {

@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +26,7 @@ func TestDefaultRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != def {
+	if !reflect.DeepEqual(got, def) {
 		t.Fatalf("round trip changed the config:\n got %+v\nwant %+v", got, def)
 	}
 }
@@ -39,6 +40,7 @@ func TestFileAndEnvOverrides(t *testing.T) {
 	t.Setenv("AENVD_API_LISTEN", "0.0.0.0:9999")
 	t.Setenv("AENVD_GUEST_VCPUS", "2")
 	t.Setenv("AENVD_SANDBOX_PAUSE_ON_SHUTDOWN", "false")
+	t.Setenv("AENVD_IMAGE_INSECURE_REGISTRIES", "127.0.0.1:5000, localhost:5001")
 	c, err := Load(path)
 	if err != nil {
 		t.Fatal(err)
@@ -48,6 +50,10 @@ func TestFileAndEnvOverrides(t *testing.T) {
 	}
 	if c.API.Listen != "0.0.0.0:9999" || c.Guest.VCPUs != 2 || c.Sandbox.PauseOnShutdown {
 		t.Fatalf("environment overrides not applied: %+v", c)
+	}
+	if !reflect.DeepEqual(c.Image.InsecureRegistries, []string{"127.0.0.1:5000", "localhost:5001"}) ||
+		c.Image.DefaultRegistry != "docker.io" || c.ImageCacheDir() != "/srv/aenv/oci" {
+		t.Fatalf("image section: %+v (cache %s)", c.Image, c.ImageCacheDir())
 	}
 	if c.KeyFilePath() != "/srv/aenv/api-key" {
 		t.Fatalf("key file default: %s", c.KeyFilePath())
