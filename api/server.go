@@ -119,6 +119,15 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 
 // fail maps orchestrator errors to statuses.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status := statusOf(err)
+	if status >= 500 {
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, status, err.Error())
+}
+
+// statusOf maps an orchestrator error to an HTTP status.
+func statusOf(err error) int {
 	status := http.StatusInternalServerError
 	switch {
 	case errors.Is(err, orchestrator.ErrNotFound):
@@ -130,10 +139,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, context.Canceled):
 		status = 499
 	}
-	if status >= 500 {
-		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-	}
-	writeError(w, status, err.Error())
+	return status
 }
 
 // decode reads an optional (required=false) or mandatory JSON body into v.

@@ -90,6 +90,9 @@ type Record struct {
 	Device      uint32         `json:"device,omitempty"`
 	HasDevice   bool           `json:"hasDevice,omitempty"`
 	Snapshot    string         `json:"snapshot,omitempty"` // set while paused
+	// Memory is the layered memory image the running VM maps (empty when
+	// its snapshot carried the memory whole).
+	Memory MemoryImage `json:"memory,omitempty"`
 	Gen         int            `json:"gen"`                // bumps on every (re)start of the VM
 	PID         int            `json:"pid,omitempty"`
 	Policy      network.Policy `json:"policy"`
@@ -223,9 +226,9 @@ func (o *Orchestrator) Templates() []Template {
 	return out
 }
 
-// Create restores the template's snapshot into a new sandbox.
+// Create restores the template's (or snapshot's) snapshot into a new sandbox.
 func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Record, err error) {
-	t, err := o.Template(opts.TemplateID)
+	t, err := o.source(opts.TemplateID)
 	if err != nil {
 		return rec, err
 	}
@@ -269,6 +272,11 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	fail := func(err error) (Record, error) {
 		_ = os.RemoveAll(dir)
 		return Record{}, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	if o.sd == nil {
+		if err := sparseCopy(ctx, t.Rootfs, s.rec.Rootfs); err != nil {
+			return fail(err)
+		}
 	}
 	lap := o.m.stage("create")
 	if err := o.startVM(ctx, s, t.Snapshot, lap); err != nil {
@@ -471,6 +479,7 @@ func (o *Orchestrator) Kill(ctx context.Context, id string) (err error) {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
 	o.log.Info("sandbox killed", "sandbox", id)
+	o.collectForkSnapshot(s.rec.TemplateID)
 	return nil
 }
 

@@ -1,0 +1,161 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/guest/agent/agentclient"
+)
+
+// sh runs a bash script as root in sandbox id through the proxy and
+// returns its trimmed stdout; a non-zero exit fails the test.
+func (n *node) sh(t *testing.T, id, script string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	hc := &http.Client{Transport: headerTransport{id, "49983"}}
+	out, stderr, code, err := agentclient.RunWith(ctx, n.proxy, hc, []agentclient.Option{agentclient.WithUser("root")},
+		"/bin/bash", "-c", script)
+	if err != nil || code != 0 {
+		t.Fatalf("sandbox %s: %q: exit %d, %v, stderr %s", id, script, code, err, stderr)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// counterScript starts a background loop bumping a counter in tmpfs (guest
+// memory) every 100 ms: it proves a process and memory contents survive.
+const counterScript = `setsid nohup bash -c 'i=0; while :; do i=$((i+1)); echo $i > /dev/shm/counter; sleep 0.1; done' >/dev/null 2>&1 < /dev/null & disown`
+
+// counter reads the loop's counter and checks it still moves.
+func (n *node) counter(t *testing.T, id string) int {
+	t.Helper()
+	out := n.sh(t, id, `for i in $(seq 50); do [ -s /dev/shm/counter ] && break; sleep 0.1; done; a=$(cat /dev/shm/counter); sleep 0.5; b=$(cat /dev/shm/counter); echo "$a $b"`)
+	f := strings.Fields(out)
+	if len(f) != 2 {
+		t.Fatalf("sandbox %s: counter output %q", id, out)
+	}
+	a, _ := strconv.Atoi(f[0])
+	b, _ := strconv.Atoi(f[1])
+	if b <= a {
+		t.Fatalf("sandbox %s: the counter loop stopped (%d then %d)", id, a, b)
+	}
+	return b
+}
+
+type snapshotJSON struct {
+	SnapshotID   string   `json:"snapshotID"`
+	Names        []string `json:"names"`
+	SandboxID    string   `json:"sandboxID"`
+	MemoryLayers int      `json:"memoryLayers"`
+	RootfsLayers int      `json:"rootfsLayers"`
+}
+
+// TestSnapshotsAndFork: a named snapshot of a running sandbox restores its
+// files, memory and processes into a new sandbox while the source runs on;
+// a fork's children see the source's state and then diverge; snapshots in
+// use cannot be deleted; bad requests get clear errors.
+func TestSnapshotsAndFork(t *testing.T) {
+	n := sharedNode(t)
+	src := n.create(t, `{"templateID":"base","timeout":600}`)
+	n.sh(t, src, counterScript+`; echo v1 > /home/user/a.txt; echo mem1 > /dev/shm/marker`)
+	before := n.counter(t, src)
+
+	name := fmt.Sprintf("snap-%d", time.Now().UnixNano())
+	var snap snapshotJSON
+	b := n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+src+"/snapshots", n.key, `{"name":"`+name+`"}`)
+	if err := json.Unmarshal(b, &snap); err != nil || snap.SnapshotID == "" || len(snap.Names) != 1 || snap.Names[0] != name || snap.SandboxID != src {
+		t.Fatalf("create snapshot: %s (%v)", b, err)
+	}
+	t.Cleanup(func() { n.call(t, "DELETE", "/snapshots/"+snap.SnapshotID, n.key, "") })
+	// The source runs on, and changes after the snapshot stay its own.
+	if after := n.counter(t, src); after <= before {
+		t.Fatalf("source counter went from %d to %d across the snapshot", before, after)
+	}
+	n.sh(t, src, `echo v2 > /home/user/a.txt`)
+
+	for _, path := range []string{"/snapshots/" + snap.SnapshotID, "/snapshots/" + name} {
+		var got snapshotJSON
+		if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", path, n.key, ""), &got); err != nil || got.SnapshotID != snap.SnapshotID {
+			t.Fatalf("GET %s: %+v %v", path, got, err)
+		}
+	}
+	var listed []snapshotJSON
+	if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/snapshots?sandboxID="+src, n.key, ""), &listed); err != nil ||
+		len(listed) != 1 || listed[0].SnapshotID != snap.SnapshotID {
+		t.Fatalf("list snapshots of %s: %+v %v", src, listed, err)
+	}
+
+	// A sandbox from the snapshot's name has the state as of the snapshot.
+	restored := n.create(t, `{"templateID":"`+name+`","timeout":300}`)
+	if got := n.sh(t, restored, `cat /home/user/a.txt /dev/shm/marker`); got != "v1\nmem1" {
+		t.Fatalf("sandbox from snapshot sees %q, want v1 and mem1", got)
+	}
+	n.counter(t, restored)
+	code, body, _ := n.call(t, "DELETE", "/snapshots/"+name, n.key, "")
+	if code != http.StatusConflict {
+		t.Fatalf("delete a snapshot in use: %d %s, want 409", code, body)
+	}
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+restored, n.key, "")
+
+	// Fork: children start from the source as it is now, then diverge.
+	var kids []struct {
+		Sandbox *sandboxJSON `json:"sandbox"`
+		Error   *struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	const count = 5
+	b = n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+src+"/fork", n.key, fmt.Sprintf(`{"count":%d,"timeout":300}`, count))
+	if err := json.Unmarshal(b, &kids); err != nil || len(kids) != count {
+		t.Fatalf("fork: %s (%v)", b, err)
+	}
+	var ids []string
+	for i, k := range kids {
+		if k.Error != nil || k.Sandbox == nil {
+			t.Fatalf("fork child %d failed: %s", i, b)
+		}
+		id := k.Sandbox.SandboxID
+		ids = append(ids, id)
+		t.Cleanup(func() { n.call(t, "DELETE", "/sandboxes/"+id, n.key, "") })
+	}
+	for i, id := range ids {
+		if got := n.sh(t, id, `cat /home/user/a.txt /dev/shm/marker`); got != "v2\nmem1" {
+			t.Fatalf("fork child %s sees %q, want the source's v2 and mem1", id, got)
+		}
+		n.counter(t, id)
+		n.sh(t, id, fmt.Sprintf(`echo child%d > /home/user/a.txt; echo child%d > /dev/shm/marker`, i, i))
+	}
+	for i, id := range ids {
+		if got := n.sh(t, id, `cat /home/user/a.txt /dev/shm/marker`); got != fmt.Sprintf("child%d\nchild%d", i, i) {
+			t.Fatalf("fork child %s sees %q after the others wrote theirs", id, got)
+		}
+	}
+	if got := n.sh(t, src, `cat /home/user/a.txt /dev/shm/marker`); got != "v2\nmem1" {
+		t.Fatalf("the source sees %q after its children wrote", got)
+	}
+	n.counter(t, src)
+
+	// Bad input.
+	for _, c := range []struct {
+		method, path, body string
+		want               int
+	}{
+		{"POST", "/sandboxes/" + src + "/fork", `{"count":0}`, http.StatusBadRequest},
+		{"POST", "/sandboxes/" + src + "/fork", `{"count":101}`, http.StatusBadRequest},
+		{"POST", "/sandboxes/nosuchsandbox/fork", `{"count":1}`, http.StatusNotFound},
+		{"POST", "/sandboxes/" + src + "/snapshots", `{"name":"bad name/../x"}`, http.StatusBadRequest},
+		{"POST", "/sandboxes/" + src + "/snapshots", `{"name":"` + name + `"}`, http.StatusConflict},
+		{"POST", "/sandboxes/nosuchsandbox/snapshots", `{}`, http.StatusNotFound},
+		{"GET", "/snapshots/nosuchsnapshot", ``, http.StatusNotFound},
+		{"POST", "/sandboxes", `{"templateID":"nosuchsnapshot"}`, http.StatusNotFound},
+	} {
+		n.expect(t, c.want, c.method, c.path, n.key, c.body)
+	}
+}

@@ -1,0 +1,464 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/store"
+)
+
+// Snapshots are persistent, named restore points of a sandbox, taken while
+// it keeps running: the VM pauses, its state, memory and disk are captured,
+// and it resumes in place. A snapshot's id or name is accepted wherever a
+// template id is (create, fork children).
+//
+// On disk a snapshot is data_dir/snapshots/<id>: vm/ (the VMM snapshot:
+// state, config, memory image and memory.json when memory is layered),
+// rootfs.json + the sealed layers that lived in the sandbox's directory
+// (hard links, so killing the sandbox keeps them), or rootfs.ext4 in file
+// mode.
+
+// SnapshotRecord is the persisted description of a snapshot.
+type SnapshotRecord struct {
+	ID          string    `json:"id"`
+	Names       []string  `json:"names"`
+	SandboxID   string    `json:"sandboxID"`
+	TemplateID  string    `json:"templateID"`
+	CreatedAt   time.Time `json:"createdAt"`
+	Dir         string    `json:"dir"`
+	VM          string    `json:"vm"`                    // the VMM snapshot directory
+	RootfsImage string    `json:"rootfsImage,omitempty"` // daemon mode
+	Rootfs      string    `json:"rootfs,omitempty"`      // file mode
+	VCPUs       int       `json:"vcpus"`
+	MemoryMiB   int       `json:"memoryMiB"`
+	DiskMiB     int       `json:"diskMiB"`
+	EnvdVersion string    `json:"envdVersion"`
+	// Hidden snapshots (taken for a fork) are not listed.
+	Hidden bool `json:"hidden,omitempty"`
+}
+
+// asTemplate is the snapshot seen as a template to create sandboxes from.
+func (r SnapshotRecord) asTemplate() *Template {
+	return &Template{ID: r.ID, Dir: r.Dir, Snapshot: r.VM, Rootfs: r.Rootfs, RootfsImage: r.RootfsImage,
+		VCPUs: r.VCPUs, MemoryMiB: r.MemoryMiB, DiskMiB: r.DiskMiB, EnvdVersion: r.EnvdVersion, CreatedAt: r.CreatedAt}
+}
+
+var snapshotName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`)
+
+// source resolves a template id, or a snapshot id or name, to what a
+// sandbox is restored from.
+func (o *Orchestrator) source(id string) (*Template, error) {
+	t, err := o.Template(id)
+	if err == nil || !errors.Is(err, ErrNotFound) {
+		return t, err
+	}
+	snap, serr := o.Snapshot(id)
+	if serr != nil {
+		return nil, fmt.Errorf("template or snapshot %q: %w", id, ErrNotFound)
+	}
+	return snap.asTemplate(), nil
+}
+
+// Snapshot returns a snapshot by id or name.
+func (o *Orchestrator) Snapshot(idOrName string) (SnapshotRecord, error) {
+	var r SnapshotRecord
+	if err := o.store.Get(store.Snapshots, idOrName, &r); err == nil {
+		return r, nil
+	}
+	all, err := store.ListAll[SnapshotRecord](o.store, store.Snapshots)
+	if err != nil {
+		return r, err
+	}
+	for _, s := range all {
+		for _, n := range s.Names {
+			if n == idOrName {
+				return s, nil
+			}
+		}
+	}
+	return r, fmt.Errorf("snapshot %q: %w", idOrName, ErrNotFound)
+}
+
+// Snapshots lists the visible snapshots, newest first, optionally only those
+// of one sandbox or carrying one name.
+func (o *Orchestrator) Snapshots(sandboxID, name string) ([]SnapshotRecord, error) {
+	all, err := store.ListAll[SnapshotRecord](o.store, store.Snapshots)
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, s := range all {
+		if s.Hidden || (sandboxID != "" && s.SandboxID != sandboxID) || (name != "" && !contains(s.Names, name)) {
+			continue
+		}
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.After(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// CreateSnapshot captures a running sandbox (it pauses for the capture and
+// resumes in place) or a paused one, under an optional unique name.
+func (o *Orchestrator) CreateSnapshot(ctx context.Context, sandboxID, name string) (SnapshotRecord, error) {
+	if name != "" {
+		if !snapshotName.MatchString(name) {
+			return SnapshotRecord{}, fmt.Errorf("snapshot name %q: letters, digits, '.', '_' and '-', at most 128: %w", name, ErrInvalid)
+		}
+		if _, err := o.source(name); err == nil {
+			return SnapshotRecord{}, fmt.Errorf("snapshot name %q is taken by a template or snapshot: %w", name, ErrConflict)
+		}
+	}
+	s, err := o.lockOp(sandboxID)
+	if err != nil {
+		return SnapshotRecord{}, err
+	}
+	defer s.op.Unlock()
+	r, err := o.snapshotLocked(ctx, s, false)
+	if err != nil {
+		return r, err
+	}
+	if name != "" {
+		r.Names = []string{name}
+	}
+	if err := o.store.Put(store.Snapshots, r.ID, r); err != nil {
+		_ = os.RemoveAll(r.Dir)
+		return SnapshotRecord{}, fmt.Errorf("snapshot sandbox %s: %w", sandboxID, err)
+	}
+	o.log.Info("snapshot created", "sandbox", sandboxID, "snapshot", r.ID, "name", name)
+	return r, nil
+}
+
+// snapshotLocked captures s (op lock held) into a new snapshot directory;
+// the caller stores the record. On error nothing is left behind and a
+// running sandbox keeps running.
+func (o *Orchestrator) snapshotLocked(ctx context.Context, s *sandbox, hidden bool) (r SnapshotRecord, err error) {
+	done := o.m.observe("snapshot")
+	defer func() { done(err) }()
+	id, err := newID()
+	if err != nil {
+		return r, err
+	}
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	r = SnapshotRecord{ID: id, Names: []string{}, SandboxID: rec.ID, TemplateID: rec.TemplateID, CreatedAt: time.Now().UTC(),
+		Dir: filepath.Join(o.cfg.DataDir, "snapshots", id), VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB,
+		DiskMiB: rec.DiskMiB, EnvdVersion: rec.EnvdVersion, Hidden: hidden}
+	r.VM = filepath.Join(r.Dir, "vm")
+	if err := os.MkdirAll(r.Dir, 0o755); err != nil {
+		return r, fmt.Errorf("snapshot sandbox %s: %w", rec.ID, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(r.Dir)
+		}
+	}()
+	switch rec.State {
+	case Running:
+		err = o.captureRunning(ctx, s, &r)
+	case Paused:
+		err = o.capturePaused(rec, &r)
+	default:
+		err = fmt.Errorf("it is %s: %w", rec.State, ErrConflict)
+	}
+	if err != nil {
+		return r, fmt.Errorf("snapshot sandbox %s: %w", rec.ID, err)
+	}
+	return r, nil
+}
+
+// captureRunning pauses the VM, writes its snapshot and seals its disk
+// into r, then resumes it whatever happened.
+func (o *Orchestrator) captureRunning(ctx context.Context, s *sandbox, r *SnapshotRecord) (err error) {
+	s.mu.Lock()
+	vm := s.vm
+	s.mu.Unlock()
+	if err := vm.Pause(ctx); err != nil {
+		return fmt.Errorf("pause: %w", err)
+	}
+	defer func() {
+		if rerr := vm.Resume(context.WithoutCancel(ctx)); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("resume: %w", rerr))
+		}
+	}()
+	if err := o.captureMemory(ctx, s, vm, r.VM); err != nil {
+		return err
+	}
+	return o.captureDisk(ctx, s, r)
+}
+
+// captureDisk (VM paused) makes r's rootfs: in daemon mode it seals the live
+// upper into a layer of the sandbox (the device goes on with a fresh upper
+// on top of it) and lists the sandbox's layers for r; in file mode it copies
+// the disk file.
+func (o *Orchestrator) captureDisk(ctx context.Context, s *sandbox, r *SnapshotRecord) error {
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	if o.sd == nil {
+		r.Rootfs = filepath.Join(r.Dir, "rootfs.ext4")
+		return sparseCopy(ctx, rec.Rootfs, r.Rootfs)
+	}
+	layers, err := layersOf(rec.RootfsImage)
+	if err != nil {
+		return err
+	}
+	layer := filepath.Join(rec.Dir, fmt.Sprintf("rootfs-%d-%s.lsmt", rec.Gen, r.ID))
+	if _, err := o.sd.Restack(ctx, rpc.RestackParams{ID: rec.Device, Layer: layer, Message: "snapshot " + r.ID}); err != nil {
+		return fmt.Errorf("seal rootfs: %w", err)
+	}
+	layers = append(layers, layer)
+	// The sandbox's own view now has the sealed layer under its upper.
+	own := filepath.Join(rec.Dir, fmt.Sprintf("rootfs-%d-%s.json", rec.Gen, r.ID))
+	if err := imageConfig(own, layers); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.rec.RootfsImage = own
+	s.mu.Unlock()
+	snapLayers, err := adoptLayers(layers, rec.Dir, r.Dir)
+	if err != nil {
+		return err
+	}
+	r.RootfsImage = filepath.Join(r.Dir, "rootfs.json")
+	return imageConfig(r.RootfsImage, snapLayers)
+}
+
+// capturePaused copies a paused sandbox's saved state into r.
+func (o *Orchestrator) capturePaused(rec Record, r *SnapshotRecord) error {
+	if err := linkTree(rec.Snapshot, r.VM); err != nil {
+		return err
+	}
+	if o.sd == nil {
+		r.Rootfs = filepath.Join(r.Dir, "rootfs.ext4")
+		return linkOrCopy(rec.Rootfs, r.Rootfs)
+	}
+	layers, err := layersOf(rec.RootfsImage)
+	if err != nil {
+		return err
+	}
+	snapLayers, err := adoptLayers(layers, rec.Dir, r.Dir)
+	if err != nil {
+		return err
+	}
+	r.RootfsImage = filepath.Join(r.Dir, "rootfs.json")
+	return imageConfig(r.RootfsImage, snapLayers)
+}
+
+// adoptLayers hard-links the layers that live under owner into dir (sealed
+// layers never change, so a link is a copy that costs nothing and survives
+// the owner's removal) and returns the list with those paths replaced.
+func adoptLayers(layers []string, owner, dir string) ([]string, error) {
+	out := make([]string, len(layers))
+	prefix := filepath.Clean(owner) + string(filepath.Separator)
+	for i, l := range layers {
+		out[i] = l
+		if !strings.HasPrefix(l, prefix) {
+			continue
+		}
+		dst := filepath.Join(dir, filepath.Base(l))
+		if err := linkOrCopy(l, dst); err != nil {
+			return nil, err
+		}
+		out[i] = dst
+	}
+	return out, nil
+}
+
+// linkTree hard-links every regular file of src into dst (created).
+func linkTree(src, dst string) error {
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		if err := linkOrCopy(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// linkOrCopy hard-links src to dst, or copies it sparsely across filesystems.
+func linkOrCopy(src, dst string) error {
+	if err := os.Link(src, dst); err == nil {
+		return nil
+	}
+	return sparseCopy(context.Background(), src, dst)
+}
+
+// DeleteSnapshot removes a snapshot by id or name. It refuses while a
+// sandbox or another snapshot still reads its files.
+func (o *Orchestrator) DeleteSnapshot(idOrName string) error {
+	r, err := o.Snapshot(idOrName)
+	if err != nil {
+		return err
+	}
+	if user := o.snapshotUser(r); user != "" {
+		return fmt.Errorf("snapshot %s is in use by %s: %w", r.ID, user, ErrConflict)
+	}
+	if err := o.store.Delete(store.Snapshots, r.ID); err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", r.ID, err)
+	}
+	if err := os.RemoveAll(r.Dir); err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", r.ID, err)
+	}
+	o.log.Info("snapshot deleted", "snapshot", r.ID)
+	return nil
+}
+
+// snapshotUser names a sandbox or snapshot whose files point into r.Dir.
+func (o *Orchestrator) snapshotUser(r SnapshotRecord) string {
+	prefix := filepath.Clean(r.Dir) + string(filepath.Separator)
+	uses := func(paths ...string) bool {
+		for _, p := range paths {
+			if strings.HasPrefix(p, prefix) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, rec := range o.List() {
+		if rec.TemplateID == r.ID || uses(append(refs(rec.RootfsImage), rec.Snapshot, rec.Memory.File)...) ||
+			uses(rec.Memory.Layers...) {
+			return "sandbox " + rec.ID
+		}
+	}
+	all, _ := store.ListAll[SnapshotRecord](o.store, store.Snapshots)
+	for _, other := range all {
+		if other.ID != r.ID && uses(refs(other.RootfsImage)...) {
+			return "snapshot " + other.ID
+		}
+		if other.ID != r.ID {
+			if m, err := readMemoryManifest(other.VM); err == nil && uses(append(m.Layers, m.File)...) {
+				return "snapshot " + other.ID
+			}
+		}
+	}
+	return ""
+}
+
+// refs lists the layer files of an image config (none when unreadable).
+func refs(imageConfig string) []string {
+	if imageConfig == "" {
+		return nil
+	}
+	l, _ := layersOf(imageConfig)
+	return l
+}
+
+// ForkResult is one child of a fork: its record, or why it failed.
+type ForkResult struct {
+	Sandbox Record
+	Err     error
+}
+
+// Fork snapshots a running sandbox once (it pauses for the capture and
+// resumes in place) and starts count children from that snapshot, each
+// with its own network slot, disk upper, access tokens and timeout.
+func (o *Orchestrator) Fork(ctx context.Context, id string, count int, timeout time.Duration) ([]ForkResult, error) {
+	if count < 1 || count > 100 {
+		return nil, fmt.Errorf("fork: count %d is not within 1..100: %w", count, ErrInvalid)
+	}
+	s, err := o.lockOp(id)
+	if err != nil {
+		return nil, err
+	}
+	if st := o.state(s); st != Running {
+		s.op.Unlock()
+		return nil, fmt.Errorf("fork sandbox %s: it is %s: %w", id, st, ErrConflict)
+	}
+	snap, err := o.snapshotLocked(ctx, s, true)
+	if err == nil {
+		err = o.store.Put(store.Snapshots, snap.ID, snap)
+	}
+	s.mu.Lock()
+	src := s.rec
+	s.mu.Unlock()
+	s.op.Unlock()
+	if err != nil {
+		_ = os.RemoveAll(snap.Dir)
+		return nil, fmt.Errorf("fork sandbox %s: %w", id, err)
+	}
+	if timeout <= 0 {
+		timeout = time.Until(src.EndAt)
+	}
+	opts := CreateOptions{TemplateID: snap.ID, Timeout: timeout, AutoPause: src.AutoPause, AutoResume: src.AutoResume,
+		Secure: src.Secure, Metadata: src.Metadata, EnvVars: src.EnvVars, Policy: src.Policy,
+		PrivateTraffic: src.TrafficToken != ""}
+	out := make([]ForkResult, count)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, o.forkParallelism())
+	for i := range out {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			out[i].Sandbox, out[i].Err = o.Create(ctx, opts)
+		}()
+	}
+	wg.Wait()
+	o.log.Info("sandbox forked", "sandbox", id, "snapshot", snap.ID, "children", count)
+	return out, nil
+}
+
+// forkParallelism bounds how many children restore at once: restores are
+// CPU-bound in the VMM, so more than a couple per core only adds latency.
+func (o *Orchestrator) forkParallelism() int {
+	return 4
+}
+
+// collectForkSnapshot deletes the hidden snapshot a fork took once its
+// last child is gone.
+func (o *Orchestrator) collectForkSnapshot(id string) {
+	var r SnapshotRecord
+	if err := o.store.Get(store.Snapshots, id, &r); err != nil || !r.Hidden || o.snapshotUser(r) != "" {
+		return
+	}
+	if err := o.DeleteSnapshot(id); err != nil {
+		o.log.Warn("collect fork snapshot", "snapshot", id, "err", err)
+	}
+}
+
+// LayerCounts reports how many memory and rootfs layers the snapshot has
+// (memory 1 when its memory is one whole file).
+func (r SnapshotRecord) LayerCounts() (memory, rootfs int) {
+	memory, rootfs = 1, 1
+	if m, err := readMemoryManifest(r.VM); err == nil && len(m.Layers) > 0 {
+		memory = len(m.Layers)
+	}
+	if l := refs(r.RootfsImage); len(l) > 0 {
+		rootfs = len(l)
+	}
+	return memory, rootfs
+}
