@@ -209,6 +209,9 @@ func (o *Orchestrator) Template(id string) (*Template, error) {
 	defer o.mu.Unlock()
 	t, ok := o.templates[id]
 	if !ok {
+		t, ok = o.templateByName(id) // a built template's name (build.go)
+	}
+	if !ok {
 		return nil, fmt.Errorf("template %q: %w", id, ErrNotFound)
 	}
 	return t, nil
@@ -354,7 +357,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 	if s.rec.AccessToken != "" {
 		token = &s.rec.AccessToken
 	}
-	if err := initAgent(ctx, slot, initRequest{EnvVars: s.rec.EnvVars, AccessToken: token, DefaultUser: o.cfg.DefaultUser}); err != nil {
+	if err := initAgent(ctx, slot, initRequest{EnvVars: s.rec.EnvVars, AccessToken: token, DefaultUser: o.defaultUser(s.rec.TemplateID)}); err != nil {
 		return err
 	}
 	lap("agent")

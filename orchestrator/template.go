@@ -33,6 +33,25 @@ type Template struct {
 	DiskMiB     int       `json:"diskMiB"`
 	EnvdVersion string    `json:"envdVersion"`
 	CreatedAt   time.Time `json:"createdAt"`
+
+	// Built templates (build.go). Names are the template's names (E2B's
+	// aliases), usable instead of its id. Status is "" or ready once a build
+	// committed a snapshot; waiting, building or error before that.
+	Names       []string                `json:"names,omitempty"`
+	Tags        []string                `json:"tags,omitempty"`
+	Status      string                  `json:"status,omitempty"`
+	BuildID     string                  `json:"buildID,omitempty"`     // the build the snapshot comes from
+	LatestBuild string                  `json:"latestBuild,omitempty"` // the newest build
+	Builds      map[string]*BuildRecord `json:"builds,omitempty"`
+	// Parent is the template a fromTemplate build restored (its snapshot
+	// files are shared).
+	Parent string `json:"parent,omitempty"`
+	// DefaultUser, DefaultWorkdir and Env are the final USER, WORKDIR and
+	// ENV of the build, set in the agent before the snapshot.
+	DefaultUser    string            `json:"defaultUser,omitempty"`
+	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
+	Env            map[string]string `json:"env,omitempty"`
+	UpdatedAt      time.Time         `json:"updatedAt,omitzero"`
 }
 
 // EnsureTemplate returns the default template, building it from the guest

@@ -1,0 +1,847 @@
+package orchestrator
+
+// Template builds (E2B's v2/v3 template API): a template is created first
+// (POST /v3/templates: status "waiting"), then a build spec starts its build
+// (fromImage or fromTemplate, steps, startCmd, readyCmd). Builds run in the
+// background, one build VM at a time per node (others queue). Build state is
+// persisted in the template record (store.Templates) so status survives a
+// restart; a build a restart interrupted is marked as failed. Log entries go
+// to a JSON-lines file per build.
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentenv/agentenv/guest/image"
+	"github.com/agentenv/agentenv/oci"
+	"github.com/agentenv/agentenv/store"
+)
+
+// Build statuses (E2B's names).
+const (
+	BuildWaiting  = "waiting"
+	BuildBuilding = "building"
+	BuildReady    = "ready"
+	BuildError    = "error"
+)
+
+// Step names used in log entries besides the step numbers "1".."n" (E2B's).
+const (
+	StepBase     = "base"
+	StepFinalize = "finalize"
+)
+
+// maxBuildLogs bounds the entries kept per build; maxLogLine the bytes of one.
+const (
+	maxBuildLogs = 10000
+	maxLogLine   = 4096
+	// MaxTemplateFiles bounds one uploaded COPY archive.
+	MaxTemplateFiles = 8 << 30
+)
+
+// BuildStep is one step of a build spec.
+type BuildStep struct {
+	Type      string   `json:"type"`
+	Args      []string `json:"args,omitempty"`
+	FilesHash string   `json:"filesHash,omitempty"`
+	Force     bool     `json:"force,omitempty"`
+}
+
+// BuildSpec is what POST /v2/templates/{id}/builds/{buildID} asks for.
+type BuildSpec struct {
+	FromImage    string      `json:"fromImage,omitempty"`
+	FromTemplate string      `json:"fromTemplate,omitempty"`
+	Force        bool        `json:"force,omitempty"`
+	Steps        []BuildStep `json:"steps,omitempty"`
+	StartCmd     string      `json:"startCmd,omitempty"`
+	ReadyCmd     string      `json:"readyCmd,omitempty"`
+}
+
+// BuildLog is one log entry of a build.
+type BuildLog struct {
+	Timestamp time.Time `json:"timestamp"`
+	Level     string    `json:"level"` // debug, info, warn, error
+	Message   string    `json:"message"`
+	Step      string    `json:"step,omitempty"`
+}
+
+// BuildRecord is the persisted state of one build of a template.
+type BuildRecord struct {
+	ID         string     `json:"id"`
+	Status     string     `json:"status"`
+	Spec       *BuildSpec `json:"spec,omitempty"`
+	Reason     string     `json:"reason,omitempty"`
+	ReasonStep string     `json:"reasonStep,omitempty"`
+	CreatedAt  time.Time  `json:"createdAt"`
+	FinishedAt time.Time  `json:"finishedAt,omitzero"`
+	PID        int        `json:"pid,omitempty"` // the build VM's, while it runs
+}
+
+// BuildStatus is a build's status with a window of its log entries.
+type BuildStatus struct {
+	TemplateID string
+	BuildID    string
+	Status     string
+	Logs       []BuildLog
+	Reason     string
+	ReasonStep string
+	// ReasonLogs are the last entries of the failing step.
+	ReasonLogs []BuildLog
+}
+
+// ImageOptions configure builds (the [image] section plus the guest assets).
+type ImageOptions struct {
+	Pull oci.Options
+	// RootfsSizeMiB sizes converted images (0: from the content).
+	RootfsSizeMiB int
+	// Agent is the aenv-agent binary injected into converted images.
+	Agent string
+	// Assets hold the kernel and initrd build VMs boot.
+	Assets       *image.Assets
+	ReadyTimeout time.Duration
+	StepTimeout  time.Duration
+}
+
+// TemplateRequest is POST /v3/templates.
+type TemplateRequest struct {
+	Name      string
+	Tags      []string
+	VCPUs     int
+	MemoryMiB int
+}
+
+type builder struct {
+	o      *Orchestrator
+	opt    ImageOptions
+	puller *oci.Puller
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu    sync.Mutex
+	recs  map[string]*Template // every template (also waiting/failed ones), by id
+	logs  map[string][]BuildLog
+	queue chan buildJob
+}
+
+type buildJob struct{ templateID, buildID string }
+
+// builders holds each orchestrator's builder. It lives outside the
+// Orchestrator struct so builds stay out of orchestrator.go.
+var builders sync.Map // *Orchestrator -> *builder
+
+func (o *Orchestrator) builder() (*builder, error) {
+	if b, ok := builders.Load(o); ok {
+		return b.(*builder), nil
+	}
+	return nil, fmt.Errorf("template builds are not enabled on this node: %w", ErrInvalid)
+}
+
+var validName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`)
+
+// EnableBuilds starts the build worker, loads every template in the store
+// (built ones become usable for sandboxes) and marks builds a previous run
+// left unfinished as failed.
+func (o *Orchestrator) EnableBuilds(ctx context.Context, opt ImageOptions) error {
+	if opt.ReadyTimeout <= 0 {
+		opt.ReadyTimeout = 5 * time.Minute
+	}
+	if opt.StepTimeout <= 0 {
+		opt.StepTimeout = 30 * time.Minute
+	}
+	if opt.Pull.Log == nil {
+		opt.Pull.Log = o.log
+	}
+	p, err := oci.NewPuller(opt.Pull)
+	if err != nil {
+		return fmt.Errorf("enable builds: %w", err)
+	}
+	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	b := &builder{o: o, opt: opt, puller: p, ctx: bctx, cancel: cancel,
+		recs: map[string]*Template{}, logs: map[string][]BuildLog{}, queue: make(chan buildJob, 1024)}
+	all, err := store.ListAll[Template](o.store, store.Templates)
+	if err != nil {
+		cancel()
+		return fmt.Errorf("enable builds: load templates: %w", err)
+	}
+	for i := range all {
+		t := &all[i]
+		changed := false
+		for _, br := range t.Builds {
+			if br.Status == BuildBuilding {
+				killStale(br.PID, "build-"+br.ID)
+				br.Status, br.Reason, br.ReasonStep, br.FinishedAt, br.PID = BuildError, "interrupted by node restart", StepBase, time.Now().UTC(), 0
+				changed = true
+				b.appendLogFile(t.ID, br.ID, BuildLog{Timestamp: br.FinishedAt, Level: "error", Message: br.Reason})
+			}
+		}
+		if changed {
+			t.Status = t.latestStatus()
+			if err := o.store.Put(store.Templates, t.ID, t); err != nil {
+				cancel()
+				return fmt.Errorf("enable builds: %w", err)
+			}
+		}
+		b.recs[t.ID] = t
+		if t.ready() && t.Snapshot != "" {
+			o.setTemplate(t.clone())
+		}
+	}
+	builders.Store(o, b)
+	b.wg.Add(1)
+	go b.worker()
+	return nil
+}
+
+// CloseBuilds cancels a running build and waits for the worker to stop
+// (its VM is stopped; the build is left for the next start to mark failed).
+func (o *Orchestrator) CloseBuilds() {
+	b, err := o.builder()
+	if err != nil {
+		return
+	}
+	b.cancel()
+	b.wg.Wait()
+}
+
+func (t *Template) ready() bool { return t.Status == "" || t.Status == BuildReady }
+
+// latestStatus is the status of the newest build ("ready" without builds).
+func (t *Template) latestStatus() string {
+	if br := t.Builds[t.LatestBuild]; br != nil {
+		return br.Status
+	}
+	return BuildReady
+}
+
+func (t *Template) clone() *Template {
+	c := *t
+	c.Names = slices.Clone(t.Names)
+	c.Tags = slices.Clone(t.Tags)
+	c.Builds = make(map[string]*BuildRecord, len(t.Builds))
+	for k, v := range t.Builds {
+		bv := *v
+		c.Builds[k] = &bv
+	}
+	return &c
+}
+
+// resolve finds a template by id or name; b.mu must be held.
+func (b *builder) resolve(idOrName string) *Template {
+	if t, ok := b.recs[idOrName]; ok {
+		return t
+	}
+	for _, t := range b.recs {
+		if slices.Contains(t.Names, idOrName) {
+			return t
+		}
+	}
+	return nil
+}
+
+// templateByName finds a committed template by one of its names; o.mu must
+// be held.
+func (o *Orchestrator) templateByName(name string) (*Template, bool) {
+	for _, t := range o.templates {
+		if slices.Contains(t.Names, name) {
+			return t, true
+		}
+	}
+	return nil, false
+}
+
+// CreateTemplate registers a template (or, when name already names one, a
+// new build of it) and returns it with the new build waiting for its spec.
+func (o *Orchestrator) CreateTemplate(req TemplateRequest) (Template, string, error) {
+	b, err := o.builder()
+	if err != nil {
+		return Template{}, "", err
+	}
+	if req.Name != "" && !validName.MatchString(req.Name) {
+		return Template{}, "", fmt.Errorf("template name %q: want letters, digits, '.', '_' or '-' (at most 128): %w", req.Name, ErrInvalid)
+	}
+	if req.VCPUs == 0 {
+		req.VCPUs = o.cfg.VCPUs
+	}
+	if req.MemoryMiB == 0 {
+		req.MemoryMiB = o.cfg.MemoryMiB
+	}
+	if req.VCPUs < 1 || req.VCPUs > 64 || req.MemoryMiB < 128 || req.MemoryMiB > 1<<20 {
+		return Template{}, "", fmt.Errorf("template resources: cpuCount 1..64 and memoryMB >= 128 (got %d, %d): %w", req.VCPUs, req.MemoryMiB, ErrInvalid)
+	}
+	buildID, err := newUUID()
+	if err != nil {
+		return Template{}, "", err
+	}
+	now := time.Now().UTC()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var t *Template
+	if req.Name != "" {
+		t = b.resolve(req.Name)
+		if t != nil && t.ID == DefaultTemplate {
+			return Template{}, "", fmt.Errorf("template %q is the node's default template: %w", req.Name, ErrConflict)
+		}
+	}
+	if t == nil {
+		id, err := newID()
+		if err != nil {
+			return Template{}, "", err
+		}
+		t = &Template{ID: id, Dir: filepath.Join(o.cfg.DataDir, "templates", id), EnvdVersion: envdVersion, CreatedAt: now,
+			Status: BuildWaiting}
+		if req.Name != "" {
+			t.Names = []string{req.Name}
+		}
+	} else {
+		t = t.clone()
+	}
+	if t.Builds == nil {
+		t.Builds = map[string]*BuildRecord{}
+	}
+	for _, br := range t.Builds {
+		if br.Status == BuildBuilding {
+			return Template{}, "", fmt.Errorf("template %s has build %s running: %w", t.ID, br.ID, ErrConflict)
+		}
+	}
+	t.Tags = req.Tags
+	t.VCPUs, t.MemoryMiB = req.VCPUs, req.MemoryMiB
+	t.Builds[buildID] = &BuildRecord{ID: buildID, Status: BuildWaiting, CreatedAt: now}
+	t.LatestBuild, t.UpdatedAt = buildID, now
+	if !t.ready() || t.Snapshot == "" {
+		t.Status = BuildWaiting
+	}
+	if err := o.store.Put(store.Templates, t.ID, t); err != nil {
+		return Template{}, "", err
+	}
+	b.recs[t.ID] = t
+	return *t.clone(), buildID, nil
+}
+
+// StartBuild queues the build of a waiting build with spec.
+func (o *Orchestrator) StartBuild(templateID, buildID string, spec BuildSpec) error {
+	b, err := o.builder()
+	if err != nil {
+		return err
+	}
+	if o.sd == nil {
+		return fmt.Errorf("template builds need the storaged storage backend: %w", ErrInvalid)
+	}
+	if (spec.FromImage == "") == (spec.FromTemplate == "") {
+		return fmt.Errorf("build spec: exactly one of fromImage and fromTemplate is required: %w", ErrInvalid)
+	}
+	if err := validateSteps(spec.Steps); err != nil {
+		return err
+	}
+	if spec.FromImage != "" {
+		if _, err := b.puller.ParseReference(spec.FromImage); err != nil {
+			return fmt.Errorf("fromImage: %w: %w", err, ErrInvalid)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t, ok := b.recs[templateID]
+	if !ok {
+		return fmt.Errorf("template %q: %w", templateID, ErrNotFound)
+	}
+	br, ok := t.Builds[buildID]
+	if !ok {
+		return fmt.Errorf("build %q of template %s: %w", buildID, templateID, ErrNotFound)
+	}
+	if br.Status != BuildWaiting {
+		return fmt.Errorf("build %s is %s, not waiting: %w", buildID, br.Status, ErrConflict)
+	}
+	if spec.FromTemplate != "" {
+		src := b.resolve(spec.FromTemplate)
+		if src == nil && spec.FromTemplate == DefaultTemplate {
+			if d, err := o.Template(DefaultTemplate); err == nil {
+				src = d
+			}
+		}
+		if src == nil || !src.ready() || src.Snapshot == "" {
+			return fmt.Errorf("fromTemplate %q: no ready template by that id or name: %w", spec.FromTemplate, ErrInvalid)
+		}
+		if src.ID == templateID {
+			return fmt.Errorf("fromTemplate %q is the template being built: %w", spec.FromTemplate, ErrInvalid)
+		}
+	}
+	for _, st := range spec.Steps {
+		if st.FilesHash != "" {
+			if _, err := os.Stat(o.filesPath(st.FilesHash)); err != nil {
+				return fmt.Errorf("step %s: files %s were not uploaded (PUT /templates/%s/files/%s): %w", st.Type, st.FilesHash, templateID, st.FilesHash, ErrInvalid)
+			}
+		}
+	}
+	nt := t.clone()
+	nbr := nt.Builds[buildID]
+	nbr.Status, nbr.Spec = BuildBuilding, &spec
+	if !nt.ready() || nt.Snapshot == "" {
+		nt.Status = BuildBuilding
+	}
+	nt.UpdatedAt = time.Now().UTC()
+	if err := o.store.Put(store.Templates, nt.ID, nt); err != nil {
+		return err
+	}
+	b.recs[nt.ID] = nt
+	select {
+	case b.queue <- buildJob{templateID, buildID}:
+	default:
+		return fmt.Errorf("build queue is full: %w", ErrConflict)
+	}
+	b.logLocked(templateID, buildID, "info", StepBase, fmt.Sprintf("build queued (%d ahead)", len(b.queue)-1))
+	return nil
+}
+
+var stepTypes = []string{"RUN", "ENV", "ARG", "WORKDIR", "USER", "COPY", "ADD"}
+
+func validateSteps(steps []BuildStep) error {
+	for i, st := range steps {
+		typ := strings.ToUpper(st.Type)
+		if !slices.Contains(stepTypes, typ) {
+			return fmt.Errorf("step %d: unsupported type %q (want one of %v): %w", i+1, st.Type, stepTypes, ErrInvalid)
+		}
+		need := map[string]int{"RUN": 1, "ENV": 2, "ARG": 1, "WORKDIR": 1, "USER": 1, "COPY": 2, "ADD": 2}[typ]
+		if len(st.Args) < need {
+			return fmt.Errorf("step %d %s: needs at least %d args, got %d: %w", i+1, typ, need, len(st.Args), ErrInvalid)
+		}
+		if typ == "ENV" && len(st.Args)%2 != 0 {
+			return fmt.Errorf("step %d ENV: args are key, value pairs: %w", i+1, ErrInvalid)
+		}
+		if (typ == "COPY" || typ == "ADD") && !validHash(st.FilesHash) {
+			return fmt.Errorf("step %d %s: filesHash must be 64 lowercase hex characters: %w", i+1, typ, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// BuildStatusOf returns a build's status and its log entries at level or
+// above (all when level is empty), from offset on, at most limit.
+func (o *Orchestrator) BuildStatusOf(templateID, buildID string, offset, limit int, level string) (BuildStatus, error) {
+	b, err := o.builder()
+	if err != nil {
+		return BuildStatus{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t := b.recs[templateID]
+	if t == nil {
+		return BuildStatus{}, fmt.Errorf("template %q: %w", templateID, ErrNotFound)
+	}
+	br := t.Builds[buildID]
+	if br == nil {
+		return BuildStatus{}, fmt.Errorf("build %q of template %s: %w", buildID, templateID, ErrNotFound)
+	}
+	all := b.logsLocked(templateID, buildID)
+	min := levelRank(level)
+	var sel []BuildLog
+	for _, l := range all {
+		if levelRank(l.Level) >= min {
+			sel = append(sel, l)
+		}
+	}
+	st := BuildStatus{TemplateID: templateID, BuildID: buildID, Status: br.Status, Reason: br.Reason, ReasonStep: br.ReasonStep}
+	if offset < len(sel) {
+		sel = sel[offset:]
+		if limit > 0 && len(sel) > limit {
+			sel = sel[:limit]
+		}
+		st.Logs = sel
+	}
+	if br.Status == BuildError {
+		for _, l := range all {
+			if br.ReasonStep != "" && l.Step == br.ReasonStep {
+				st.ReasonLogs = append(st.ReasonLogs, l)
+			}
+		}
+		if len(st.ReasonLogs) > 50 {
+			st.ReasonLogs = st.ReasonLogs[len(st.ReasonLogs)-50:]
+		}
+	}
+	return st, nil
+}
+
+func levelRank(l string) int {
+	switch l {
+	case "info":
+		return 1
+	case "warn":
+		return 2
+	case "error":
+		return 3
+	}
+	return 0
+}
+
+// AllTemplates lists every template, the default and those waiting for or
+// failing their build included, oldest first.
+func (o *Orchestrator) AllTemplates() []Template {
+	byID := map[string]Template{}
+	for _, t := range o.Templates() {
+		byID[t.ID] = t
+	}
+	if b, err := o.builder(); err == nil {
+		b.mu.Lock()
+		for _, t := range b.recs {
+			if _, ok := byID[t.ID]; !ok || t.ready() {
+				byID[t.ID] = *t.clone()
+			}
+		}
+		b.mu.Unlock()
+	}
+	out := make([]Template, 0, len(byID))
+	for _, t := range byID {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// ResolveTemplate finds any template (also one not built yet) by id or name.
+func (o *Orchestrator) ResolveTemplate(idOrName string) (Template, error) {
+	if b, err := o.builder(); err == nil {
+		b.mu.Lock()
+		t := b.resolve(idOrName)
+		var c Template
+		if t != nil {
+			c = *t.clone()
+		}
+		b.mu.Unlock()
+		if t != nil {
+			return c, nil
+		}
+	}
+	t, err := o.Template(idOrName)
+	if err != nil {
+		return Template{}, err
+	}
+	return *t, nil
+}
+
+// DeleteTemplate removes a template and its files. It refuses (ErrConflict)
+// while a sandbox, in any state, was created from it, while it builds, or
+// while another template was built from it; the default template cannot be
+// deleted.
+func (o *Orchestrator) DeleteTemplate(ctx context.Context, idOrName string) error {
+	b, err := o.builder()
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t := b.resolve(idOrName)
+	if t == nil {
+		if _, err := o.Template(idOrName); err == nil && idOrName == DefaultTemplate {
+			return fmt.Errorf("template %s is the node's default template: %w", idOrName, ErrConflict)
+		}
+		return fmt.Errorf("template %q: %w", idOrName, ErrNotFound)
+	}
+	if t.ID == DefaultTemplate {
+		return fmt.Errorf("template %s is the node's default template: %w", t.ID, ErrConflict)
+	}
+	for _, br := range t.Builds {
+		if br.Status == BuildBuilding {
+			return fmt.Errorf("template %s: build %s is running: %w", t.ID, br.ID, ErrConflict)
+		}
+	}
+	for _, r := range o.List() {
+		if r.TemplateID == t.ID {
+			return fmt.Errorf("template %s: sandbox %s (%s) uses it: %w", t.ID, r.ID, r.State, ErrConflict)
+		}
+	}
+	for _, other := range b.recs {
+		if other.ID != t.ID && other.Parent == t.ID {
+			return fmt.Errorf("template %s: template %s was built from it: %w", t.ID, other.ID, ErrConflict)
+		}
+	}
+	o.mu.Lock()
+	delete(o.templates, t.ID)
+	o.mu.Unlock()
+	if err := o.store.Delete(store.Templates, t.ID); err != nil {
+		return err
+	}
+	delete(b.recs, t.ID)
+	for id := range t.Builds {
+		delete(b.logs, id)
+	}
+	if err := os.RemoveAll(filepath.Join(o.cfg.DataDir, "templates", t.ID)); err != nil {
+		o.log.Warn("remove template files", "template", t.ID, "err", err)
+	}
+	o.log.Info("template deleted", "template", t.ID)
+	return nil
+}
+
+// Template files (the archives of COPY steps), stored by SHA-256.
+
+func validHash(h string) bool {
+	if len(h) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(h)
+	return err == nil && strings.ToLower(h) == h
+}
+
+func (o *Orchestrator) filesPath(hash string) string {
+	return filepath.Join(o.cfg.DataDir, "template-files", hash+".tar")
+}
+
+// TemplateFilesPresent reports whether the archive with hash was uploaded
+// (the template must exist).
+func (o *Orchestrator) TemplateFilesPresent(templateID, hash string) (bool, error) {
+	if !validHash(hash) {
+		return false, fmt.Errorf("files hash %q: want 64 lowercase hex characters: %w", hash, ErrInvalid)
+	}
+	if _, err := o.ResolveTemplate(templateID); err != nil {
+		return false, err
+	}
+	_, err := os.Stat(o.filesPath(hash))
+	return err == nil, nil
+}
+
+// PutTemplateFiles stores r (an archive, at most MaxTemplateFiles bytes) if
+// its SHA-256 equals hash; ErrInvalid otherwise.
+func (o *Orchestrator) PutTemplateFiles(ctx context.Context, templateID, hash string, r io.Reader) error {
+	if ok, err := o.TemplateFilesPresent(templateID, hash); err != nil || ok {
+		if ok {
+			_, _ = io.Copy(io.Discard, io.LimitReader(r, MaxTemplateFiles)) // already stored: content-addressed
+		}
+		return err
+	}
+	dst := o.filesPath(hash)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return fmt.Errorf("store template files %s: %w", hash, err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(dst), ".upload-*")
+	if err != nil {
+		return fmt.Errorf("store template files %s: %w", hash, err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(tmp, h), ctxReader{ctx, io.LimitReader(r, MaxTemplateFiles+1)})
+	if err != nil {
+		return fmt.Errorf("store template files %s: %w", hash, err)
+	}
+	if n > MaxTemplateFiles {
+		return fmt.Errorf("template files %s: larger than %d bytes: %w", hash, int64(MaxTemplateFiles), ErrInvalid)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != hash {
+		return fmt.Errorf("template files: the body's sha256 is %s, not %s: %w", got, hash, ErrInvalid)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("store template files %s: %w", hash, err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return fmt.Errorf("store template files %s: %w", hash, err)
+	}
+	return nil
+}
+
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(b []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(b)
+}
+
+// Logs.
+
+func (b *builder) buildDir(templateID, buildID string) string {
+	return filepath.Join(b.o.cfg.DataDir, "templates", templateID, "builds", buildID)
+}
+
+func (b *builder) log(templateID, buildID, level, step, msg string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.logLocked(templateID, buildID, level, step, msg)
+}
+
+func (b *builder) logLocked(templateID, buildID, level, step, msg string) {
+	if len(msg) > maxLogLine {
+		msg = msg[:maxLogLine] + "…"
+	}
+	l := BuildLog{Timestamp: time.Now().UTC(), Level: level, Message: msg, Step: step}
+	cur := b.logsLocked(templateID, buildID)
+	if len(cur) >= maxBuildLogs {
+		if len(cur) == maxBuildLogs {
+			l = BuildLog{Timestamp: l.Timestamp, Level: "warn", Message: "log limit reached: further output is dropped", Step: step}
+		} else if level != "error" {
+			return
+		}
+	}
+	b.logs[buildID] = append(cur, l)
+	b.appendLogFile(templateID, buildID, l)
+}
+
+func (b *builder) appendLogFile(templateID, buildID string, l BuildLog) {
+	dir := b.buildDir(templateID, buildID)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "build.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	line, _ := json.Marshal(l)
+	_, _ = f.Write(append(line, '\n'))
+}
+
+// logsLocked returns the build's entries, reading its log file once.
+func (b *builder) logsLocked(templateID, buildID string) []BuildLog {
+	if l, ok := b.logs[buildID]; ok {
+		return l
+	}
+	var out []BuildLog
+	if f, err := os.Open(filepath.Join(b.buildDir(templateID, buildID), "build.log")); err == nil {
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			var l BuildLog
+			if json.Unmarshal(sc.Bytes(), &l) == nil {
+				out = append(out, l)
+			}
+		}
+		f.Close()
+	}
+	b.logs[buildID] = out
+	return out
+}
+
+// finish records the outcome of a build; on success t is the committed
+// template (its snapshot and disk).
+func (b *builder) finish(templateID, buildID string, built *Template, berr error, step string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur := b.recs[templateID]
+	if cur == nil { // deleted meanwhile (cannot happen while building)
+		return
+	}
+	t := cur.clone()
+	br := t.Builds[buildID]
+	br.FinishedAt, br.PID = time.Now().UTC(), 0
+	if berr != nil {
+		br.Status, br.Reason, br.ReasonStep = BuildError, berr.Error(), step
+		b.logLocked(templateID, buildID, "error", step, "build failed: "+berr.Error())
+		if !t.ready() || t.Snapshot == "" {
+			t.Status = BuildError
+		}
+	} else {
+		br.Status = BuildReady
+		t.Snapshot, t.RootfsImage, t.DiskMiB = built.Snapshot, built.RootfsImage, built.DiskMiB
+		t.Dir, t.BuildID, t.Parent = built.Dir, buildID, built.Parent
+		t.DefaultUser, t.DefaultWorkdir, t.Env = built.DefaultUser, built.DefaultWorkdir, built.Env
+		t.VCPUs, t.MemoryMiB = built.VCPUs, built.MemoryMiB
+		t.Status = BuildReady
+		b.logLocked(templateID, buildID, "info", StepFinalize, "build finished: template "+templateID+" is ready")
+	}
+	t.UpdatedAt = br.FinishedAt
+	if err := b.o.store.Put(store.Templates, t.ID, t); err != nil {
+		b.o.log.Error("persist build result", "template", templateID, "build", buildID, "err", err)
+	}
+	b.recs[t.ID] = t
+	if berr == nil {
+		b.o.setTemplate(t.clone())
+	}
+}
+
+func (b *builder) setPID(templateID, buildID string, pid int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t := b.recs[templateID]
+	if t == nil || t.Builds[buildID] == nil {
+		return
+	}
+	t = t.clone()
+	t.Builds[buildID].PID = pid
+	b.recs[t.ID] = t
+	_ = b.o.store.Put(store.Templates, t.ID, t)
+}
+
+func (b *builder) worker() {
+	defer b.wg.Done()
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case job := <-b.queue:
+			b.run(job)
+		}
+	}
+}
+
+func (b *builder) run(job buildJob) {
+	b.mu.Lock()
+	t := b.recs[job.templateID]
+	var spec BuildSpec
+	var tc *Template
+	if t != nil && t.Builds[job.buildID] != nil && t.Builds[job.buildID].Spec != nil {
+		spec = *t.Builds[job.buildID].Spec
+		tc = t.clone()
+	}
+	b.mu.Unlock()
+	if tc == nil {
+		return
+	}
+	start := time.Now()
+	b.log(job.templateID, job.buildID, "info", StepBase, "build started")
+	built, step, err := b.execute(b.ctx, tc, job.buildID, spec)
+	if err != nil && b.ctx.Err() != nil {
+		return // shutting down: the next start marks the build interrupted
+	}
+	if err != nil {
+		_ = os.RemoveAll(filepath.Join(b.buildDir(job.templateID, job.buildID), "snapshot"))
+	}
+	b.finish(job.templateID, job.buildID, built, err, step)
+	b.o.log.Info("template build finished", "template", job.templateID, "build", job.buildID,
+		"ok", err == nil, "took", time.Since(start).Round(time.Millisecond))
+}
+
+// newUUID returns a random (version 4) UUID, E2B's form of build ids.
+func newUUID() (string, error) {
+	var u [16]byte
+	if _, err := rand.Read(u[:]); err != nil {
+		return "", fmt.Errorf("build id: %w", err)
+	}
+	u[6] = u[6]&0x0f | 0x40
+	u[8] = u[8]&0x3f | 0x80
+	h := hex.EncodeToString(u[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:], nil
+}
+
+var errNoBash = errors.New("no /bin/bash in the image")
+
+// defaultUser is the user a sandbox's commands run as: its template's final
+// USER, else the node's default.
+func (o *Orchestrator) defaultUser(templateID string) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if t, ok := o.templates[templateID]; ok && t.DefaultUser != "" {
+		return t.DefaultUser
+	}
+	return o.cfg.DefaultUser
+}

@@ -1,0 +1,628 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	pb "github.com/agentenv/agentenv/guest/agent/gen/process"
+	"github.com/agentenv/agentenv/guest/agent/gen/process/processconnect"
+	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/oci"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/vmm"
+)
+
+const agentURL = "http://agent"
+
+// buildVM is the state of a running build: its VM, the agent and the
+// USER/WORKDIR/ENV/ARG the steps so far set.
+type buildVM struct {
+	b        *builder
+	tid, bid string
+	slot     *network.Slot
+	hc       *http.Client
+	user     string
+	workdir  string
+	env      map[string]string // ENV: persisted in the template
+	args     map[string]string // ARG: build only
+	bash     string            // shell RUN uses
+}
+
+func (v *buildVM) logf(level, step, format string, a ...any) {
+	v.b.log(v.tid, v.bid, level, step, fmt.Sprintf(format, a...))
+}
+
+// execute runs one build to a committed snapshot. It returns the built
+// template (snapshot, disk, defaults) or the error and the step it failed in.
+func (b *builder) execute(ctx context.Context, t *Template, buildID string, spec BuildSpec) (built *Template, step string, err error) {
+	o := b.o
+	dir := b.buildDir(t.ID, buildID)
+	if err := clearBuildDir(dir); err != nil {
+		return nil, StepBase, err
+	}
+	built = &Template{ID: t.ID, Dir: dir, Snapshot: filepath.Join(dir, "snapshot"), VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB,
+		EnvdVersion: envdVersion}
+	v := &buildVM{b: b, tid: t.ID, bid: buildID, env: map[string]string{}, args: map[string]string{}, bash: "/bin/bash"}
+
+	slot, err := o.nets.Acquire(ctx)
+	if err != nil {
+		return nil, StepBase, fmt.Errorf("network slot: %w", err)
+	}
+	defer o.nets.Release(context.WithoutCancel(ctx), slot)
+	tap, err := slot.OpenTap()
+	if err != nil {
+		return nil, StepBase, fmt.Errorf("tap: %w", err)
+	}
+	defer tap.Close()
+	v.slot, v.hc = slot, agentClient(slot, 0)
+	g := slot.Guest()
+	nic := vmm.NIC{ID: nicID, MAC: g.MAC.String(), Tap: tap}
+
+	// The root disk: the base layers plus a fresh upper from the daemon.
+	rec := Record{ID: "build-" + buildID, Dir: dir, Gen: 1}
+	var src *Template
+	if spec.FromImage != "" {
+		layer, err := b.baseImage(ctx, v, spec.FromImage, built)
+		if err != nil {
+			return nil, StepBase, err
+		}
+		rec.RootfsImage = filepath.Join(dir, "rootfs-boot.json")
+		if err := imageConfig(rec.RootfsImage, []string{layer}); err != nil {
+			return nil, StepBase, err
+		}
+	} else {
+		st, err := o.ResolveTemplate(spec.FromTemplate)
+		if err != nil || !st.ready() || st.Snapshot == "" {
+			return nil, StepBase, fmt.Errorf("fromTemplate %q: no ready template by that id or name", spec.FromTemplate)
+		}
+		src = &st
+		built.Parent, built.DiskMiB, built.VCPUs, built.MemoryMiB = src.ID, src.DiskMiB, src.VCPUs, src.MemoryMiB
+		if src.VCPUs != t.VCPUs || src.MemoryMiB != t.MemoryMiB {
+			v.logf("warn", StepBase, "a build from template %s keeps its %d vCPUs and %d MiB (a snapshot's resources are fixed)", src.ID, src.VCPUs, src.MemoryMiB)
+		}
+		rec.RootfsImage = src.RootfsImage
+		v.env = cloneMap(src.Env)
+		v.user, v.workdir = src.DefaultUser, src.DefaultWorkdir
+	}
+	if v.user == "" {
+		v.user = o.cfg.DefaultUser
+	}
+	if v.workdir == "" {
+		v.workdir = homeOf(v.user)
+	}
+	dev, err := o.sd.Create(ctx, rpc.CreateParams{Image: rec.RootfsImage, Owner: rec.ID})
+	if err != nil {
+		return nil, StepBase, fmt.Errorf("rootfs device: %w", err)
+	}
+	rec.Device, rec.HasDevice = dev.ID, true
+	defer func() {
+		if rec.HasDevice {
+			_ = o.sd.Delete(context.WithoutCancel(ctx), rec.Device)
+		}
+	}()
+	drive := vmm.Drive{ID: rootfsDrive, NBD: &vmm.NBDSource{Socket: dev.Socket, Export: dev.Export}}
+
+	var vm vmm.Machine
+	if src == nil {
+		kernel, initrd := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.cpio")
+		for s, d := range map[string]string{b.opt.Assets.Kernel: kernel, b.opt.Assets.Initrd: initrd} {
+			if err := sparseCopy(ctx, s, d); err != nil {
+				return nil, StepBase, err
+			}
+		}
+		v.logf("info", StepBase, "booting the build VM (%d vCPU, %d MiB)", built.VCPUs, built.MemoryMiB)
+		vm, err = o.drv.Boot(ctx, vmm.Config{
+			ID: "build-" + buildID, Kernel: kernel, Initrd: initrd, VCPUs: built.VCPUs, MemoryMiB: built.MemoryMiB,
+			RunDir:  filepath.Join(dir, "run"),
+			Cmdline: fmt.Sprintf("root=/dev/vda rw quiet %s aenv.dns=%s", g.KernelIPArg(), g.Nameserver),
+			Drives:  []vmm.Drive{drive}, NICs: []vmm.NIC{nic},
+		})
+	} else {
+		v.logf("info", StepBase, "restoring template %s", src.ID)
+		vm, err = o.drv.Restore(ctx, vmm.RestoreConfig{ID: "build-" + buildID, SnapshotDir: src.Snapshot,
+			RunDir: filepath.Join(dir, "run"), Drives: []vmm.Drive{drive}, NICs: []vmm.NIC{nic}})
+	}
+	if err != nil {
+		return nil, StepBase, fmt.Errorf("start build VM: %w", err)
+	}
+	defer vm.Stop(context.WithoutCancel(ctx))
+	b.setPID(t.ID, buildID, vm.Info().PID)
+	if err := waitAgent(ctx, slot, 5*time.Minute); err != nil {
+		console, _ := os.ReadFile(vm.Info().ConsoleLog)
+		return nil, StepBase, fmt.Errorf("%w\nguest console:\n%s", err, tail(console, 2000))
+	}
+	if err := initAgent(ctx, slot, initRequest{}); err != nil {
+		return nil, StepBase, err
+	}
+	v.logf("info", StepBase, "build VM is up; user %s, workdir %s", v.user, v.workdir)
+
+	for i, st := range spec.Steps {
+		step = strconv.Itoa(i + 1)
+		if err := v.step(ctx, step, st); err != nil {
+			return nil, step, err
+		}
+	}
+	step = StepFinalize
+	if err := v.startAndWait(ctx, spec); err != nil {
+		return nil, step, err
+	}
+	// The final USER, WORKDIR and ENV become the agent's defaults, kept in
+	// the snapshot (a sandbox's /init adds its own env vars on top).
+	user, workdir := v.user, v.workdir
+	if err := initAgent(ctx, slot, initRequest{EnvVars: v.env, DefaultUser: user, DefaultWorkdir: workdir}); err != nil {
+		return nil, step, err
+	}
+	built.DefaultUser, built.DefaultWorkdir, built.Env = user, workdir, cloneMap(v.env)
+	v.logf("info", step, "snapshotting the build VM")
+	if err := vm.Pause(ctx); err != nil {
+		return nil, step, fmt.Errorf("pause: %w", err)
+	}
+	if _, err := vm.Snapshot(ctx, built.Snapshot); err != nil {
+		return nil, step, fmt.Errorf("snapshot: %w", err)
+	}
+	if err := vm.Stop(ctx); err != nil {
+		return nil, step, fmt.Errorf("stop build VM: %w", err)
+	}
+	if err := sealDevice(ctx, o.sd, &rec); err != nil {
+		return nil, step, err
+	}
+	built.RootfsImage = rec.RootfsImage
+	return built, step, nil
+}
+
+// clearBuildDir empties a build directory (a retry's leftovers) but its log.
+func clearBuildDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("build dir: %w", err)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("build dir: %w", err)
+	}
+	for _, e := range ents {
+		if e.Name() != "build.log" {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				return fmt.Errorf("build dir: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// baseImage pulls and converts ref (cached by digest) and returns the
+// sealed layer; it takes ENV, USER and WORKDIR defaults from the image.
+func (b *builder) baseImage(ctx context.Context, v *buildVM, ref string, built *Template) (string, error) {
+	v.logf("info", StepBase, "pulling %s", ref)
+	img, err := b.puller.Pull(ctx, ref)
+	if err != nil {
+		return "", fmt.Errorf("pull %s: %w", ref, err)
+	}
+	var size int64
+	for _, l := range img.Layers {
+		size += l.Size
+	}
+	v.logf("info", StepBase, "pulled %s (%s, %d layers, %d MiB)", img.Ref, img.Digest, len(img.Layers), size>>20)
+	rf, err := b.puller.Convert(ctx, img, oci.ConvertOptions{SizeMiB: b.opt.RootfsSizeMiB, Agent: b.opt.Agent})
+	if err != nil {
+		return "", fmt.Errorf("convert %s: %w", ref, err)
+	}
+	if rf.Cached {
+		v.logf("info", StepBase, "using the cached conversion of %s", img.Digest)
+	} else {
+		v.logf("info", StepBase, "converted %s into a %d MiB root filesystem (%d MiB of layers)", img.Digest, rf.SizeMiB, rf.Bytes>>20)
+	}
+	built.DiskMiB = rf.SizeMiB
+	if img.Config != nil {
+		for _, kv := range img.Config.Config.Env {
+			if k, val, ok := strings.Cut(kv, "="); ok && k != "" {
+				v.env[k] = val
+			}
+		}
+	}
+	return rf.Path, nil
+}
+
+func homeOf(user string) string {
+	if user == "root" {
+		return "/root"
+	}
+	return "/home/" + user
+}
+
+func cloneMap(m map[string]string) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// step runs one build step.
+func (v *buildVM) step(ctx context.Context, step string, st BuildStep) error {
+	typ := strings.ToUpper(st.Type)
+	v.logf("info", step, "%s %s", typ, strings.Join(st.Args, " "))
+	switch typ {
+	case "ENV":
+		for i := 0; i+1 < len(st.Args); i += 2 {
+			v.env[st.Args[i]] = st.Args[i+1]
+		}
+		return nil
+	case "ARG":
+		if len(st.Args) > 1 {
+			v.args[st.Args[0]] = st.Args[1]
+		} else if _, ok := v.args[st.Args[0]]; !ok {
+			v.args[st.Args[0]] = ""
+		}
+		return nil
+	case "WORKDIR":
+		dir := v.abs(st.Args[0])
+		script := `[ -d "$1" ] || { mkdir -p "$1" && chown "$2" "$1"; }`
+		if err := v.run(ctx, step, "root", "/bin/sh", []string{"-c", script, "sh", dir, v.user}, "/"); err != nil {
+			return err
+		}
+		v.workdir = dir
+		return nil
+	case "USER":
+		user := st.Args[0]
+		if err := v.run(ctx, step, user, "/bin/sh", []string{"-c", "true"}, "/"); err != nil {
+			return fmt.Errorf("USER %s: %w", user, err)
+		}
+		if v.user != user && v.workdir == homeOf(v.user) {
+			v.workdir = homeOf(user) // E2B: a new user starts in its home unless WORKDIR was set
+		}
+		v.user = user
+		return nil
+	case "RUN":
+		user := v.user
+		if len(st.Args) > 1 && st.Args[1] != "" {
+			user = st.Args[1]
+		}
+		return v.runShell(ctx, step, user, st.Args[0])
+	case "COPY", "ADD":
+		return v.copy(ctx, step, st)
+	}
+	return fmt.Errorf("unsupported step type %q", st.Type)
+}
+
+// abs resolves p against the current workdir.
+func (v *buildVM) abs(p string) string {
+	if path.IsAbs(p) {
+		return path.Clean(p)
+	}
+	return path.Join(v.workdir, p)
+}
+
+// runShell runs cmd with bash -l -c (sh -c when the image has no bash).
+func (v *buildVM) runShell(ctx context.Context, step, user, cmd string) error {
+	err := v.run(ctx, step, user, v.bash, []string{"-l", "-c", cmd}, v.workdir)
+	if errors.Is(err, errNoBash) && v.bash != "/bin/sh" {
+		v.logf("warn", step, "the image has no /bin/bash; using /bin/sh")
+		v.bash = "/bin/sh"
+		return v.run(ctx, step, user, v.bash, []string{"-c", cmd}, v.workdir)
+	}
+	return err
+}
+
+// run runs a process to its end, logging its output line by line; a
+// non-zero exit is an error naming the code.
+func (v *buildVM) run(ctx context.Context, step, user, cmd string, args []string, cwd string) error {
+	ctx, cancel := context.WithTimeout(ctx, v.b.opt.StepTimeout)
+	defer cancel()
+	var last tailLines
+	code, err := v.process(ctx, step, user, cmd, args, cwd, nil, &last)
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		if out := last.String(); out != "" {
+			return fmt.Errorf("exited with code %d; last output:\n%s", code, out)
+		}
+		return fmt.Errorf("exited with code %d", code)
+	}
+	return nil
+}
+
+// tailLines keeps the last lines of a process's output for error messages.
+type tailLines struct{ lines []string }
+
+func (t *tailLines) add(l string) {
+	if t == nil {
+		return
+	}
+	t.lines = append(t.lines, l)
+	if len(t.lines) > 15 {
+		t.lines = t.lines[len(t.lines)-15:]
+	}
+}
+
+func (t *tailLines) String() string { return strings.Join(t.lines, "\n") }
+
+func (v *buildVM) procEnv() map[string]string {
+	env := cloneMap(v.args)
+	for k, val := range v.env {
+		env[k] = val
+	}
+	return env
+}
+
+// process starts a process through the agent and follows it until it ends
+// (started, when not nil, is called once it runs: the caller may cancel ctx
+// to leave it running in the background).
+func (v *buildVM) process(ctx context.Context, step, user, cmd string, args []string, cwd string, started func(), last *tailLines) (int, error) {
+	client := processconnect.NewProcessClient(v.hc, agentURL)
+	stdinOff := false
+	req := connect.NewRequest(&pb.StartRequest{
+		Process: &pb.ProcessConfig{Cmd: cmd, Args: args, Envs: v.procEnv(), Cwd: &cwd},
+		Stdin:   &stdinOff,
+	})
+	req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
+	stream, err := client.Start(ctx, req)
+	if err != nil {
+		return -1, v.startError(cmd, user, err)
+	}
+	defer stream.Close()
+	emit := func(l string) {
+		last.add(l)
+		v.logf("info", step, "%s", l)
+	}
+	out, errOut := &lineLogger{emit: emit}, &lineLogger{emit: emit}
+	defer out.flush()
+	defer errOut.flush()
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if ev.GetStart() != nil && started != nil {
+			started()
+		}
+		if d := ev.GetData(); d != nil {
+			out.Write(d.GetStdout())
+			out.Write(d.GetPty())
+			errOut.Write(d.GetStderr())
+		}
+		if end := ev.GetEnd(); end != nil {
+			return int(end.GetExitCode()), nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		if ctx.Err() != nil {
+			return -1, fmt.Errorf("%s: %w", cmd, ctx.Err())
+		}
+		return -1, v.startError(cmd, user, err)
+	}
+	return -1, fmt.Errorf("%s: the agent's stream ended without an exit code", cmd)
+}
+
+func (v *buildVM) startError(cmd, user string, err error) error {
+	switch connect.CodeOf(err) {
+	case connect.CodeNotFound:
+		if cmd == "/bin/bash" {
+			return errNoBash
+		}
+		return fmt.Errorf("%s: not found in the image: %w", cmd, err)
+	case connect.CodeUnauthenticated, connect.CodePermissionDenied, connect.CodeInvalidArgument:
+		return fmt.Errorf("run %s as %s: %w", cmd, user, err)
+	}
+	return fmt.Errorf("run %s: %w", cmd, err)
+}
+
+// lineLogger splits output into log lines.
+type lineLogger struct {
+	buf  []byte
+	emit func(string)
+}
+
+func (l *lineLogger) Write(b []byte) {
+	l.buf = append(l.buf, b...)
+	for {
+		i := strings.IndexByte(string(l.buf), '\n')
+		if i < 0 {
+			break
+		}
+		l.emit(strings.TrimRight(string(l.buf[:i]), "\r"))
+		l.buf = l.buf[i+1:]
+	}
+	if len(l.buf) > maxLogLine {
+		l.flush()
+	}
+}
+
+func (l *lineLogger) flush() {
+	if len(l.buf) > 0 {
+		l.emit(string(l.buf))
+		l.buf = nil
+	}
+}
+
+// copy runs a COPY/ADD step: args [src, dest, user?, mode?].
+func (v *buildVM) copy(ctx context.Context, step string, st BuildStep) error {
+	src, err := cleanRel(st.Args[0])
+	if err != nil {
+		return fmt.Errorf("COPY: %w", err)
+	}
+	dest := st.Args[1]
+	plan := copyPlan{src: src, dest: v.abs(dest), destDir: strings.HasSuffix(dest, "/") || dest == "." || dest == "", mode: -1}
+	owner := v.user
+	if len(st.Args) > 2 && st.Args[2] != "" {
+		owner = st.Args[2]
+	}
+	if len(st.Args) > 3 && st.Args[3] != "" {
+		m, err := strconv.ParseInt(st.Args[3], 8, 32)
+		if err != nil || m < 0 || m > 0o7777 {
+			return fmt.Errorf("COPY: mode %q: want octal like 0644", st.Args[3])
+		}
+		plan.mode = m
+	}
+	if plan.uid, plan.gid, err = v.ids(ctx, step, owner); err != nil {
+		return err
+	}
+	archive := v.b.o.filesPath(st.FilesHash)
+	open := func() (io.ReadCloser, error) { return os.Open(archive) }
+	tmp, err := os.CreateTemp(filepath.Dir(archive), ".copy-*")
+	if err != nil {
+		return fmt.Errorf("COPY: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	n, err := copyArchive(open, plan, tmp)
+	if err != nil {
+		return fmt.Errorf("COPY: %w", err)
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("COPY: %w", err)
+	}
+	guestPath := fmt.Sprintf("/tmp/.aenv-copy-%s-%s.tar", v.bid, step)
+	if err := v.upload(ctx, guestPath, tmp); err != nil {
+		return fmt.Errorf("COPY: upload to the build VM: %w", err)
+	}
+	script := `tar -xf "$1" -C / ; rc=$?; rm -f "$1"; exit $rc`
+	if err := v.run(ctx, step, "root", "/bin/sh", []string{"-c", script, "sh", guestPath}, "/"); err != nil {
+		return fmt.Errorf("COPY: extract in the build VM (the image needs tar): %w", err)
+	}
+	v.logf("info", step, "copied %d entries to %s (owner %s)", n, plan.dest, owner)
+	return nil
+}
+
+// ids returns a user's uid and primary gid in the build VM.
+func (v *buildVM) ids(ctx context.Context, step, user string) (int, int, error) {
+	if user == "root" || user == "0" {
+		return 0, 0, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var out strings.Builder
+	client := processconnect.NewProcessClient(v.hc, agentURL)
+	stdinOff := false
+	cwd := "/"
+	req := connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", `id -u "$1"; id -g "$1"`, "sh", user}, Cwd: &cwd}, Stdin: &stdinOff})
+	req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("root:")))
+	stream, err := client.Start(ctx, req)
+	if err != nil {
+		return 0, 0, fmt.Errorf("look up user %s: %w", user, err)
+	}
+	defer stream.Close()
+	code := -1
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			out.Write(d.GetStdout())
+		}
+		if end := ev.GetEnd(); end != nil {
+			code = int(end.GetExitCode())
+		}
+	}
+	f := strings.Fields(out.String())
+	if code != 0 || len(f) != 2 {
+		return 0, 0, fmt.Errorf("user %s does not exist in the image", user)
+	}
+	uid, err1 := strconv.Atoi(f[0])
+	gid, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("user %s: id printed %q", user, out.String())
+	}
+	return uid, gid, nil
+}
+
+// upload writes r to guestPath (as root) through the agent's /files.
+func (v *buildVM) upload(ctx context.Context, guestPath string, r io.Reader) error {
+	q := url.Values{"path": {guestPath}, "username": {"root"}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, agentURL+"/files?"+q.Encode(), r)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := v.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return fmt.Errorf("agent answered %s: %s", resp.Status, msg)
+	}
+	return nil
+}
+
+// startAndWait starts startCmd in the background and polls readyCmd until
+// it exits 0.
+func (v *buildVM) startAndWait(ctx context.Context, spec BuildSpec) error {
+	step := StepFinalize
+	if spec.StartCmd != "" {
+		v.logf("info", step, "starting %q in the background", spec.StartCmd)
+		sctx, cancel := context.WithCancel(ctx)
+		defer cancel() // the process lives on without its stream
+		started := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			once := false
+			code, err := v.process(sctx, step, v.user, v.bash, []string{"-l", "-c", spec.StartCmd}, v.workdir, func() {
+				if !once {
+					once = true
+					close(started)
+				}
+			}, nil)
+			if err == nil {
+				err = fmt.Errorf("start command exited with code %d", code)
+			}
+			done <- err
+		}()
+		select {
+		case <-started:
+		case err := <-done:
+			return fmt.Errorf("start command %q: %w", spec.StartCmd, err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		defer func() {
+			select {
+			case err := <-done:
+				if sctx.Err() == nil {
+					v.logf("warn", step, "start command ended: %v", err)
+				}
+			default:
+			}
+		}()
+	}
+	if spec.ReadyCmd == "" {
+		return nil
+	}
+	v.logf("info", step, "waiting for ready command %q (up to %s)", spec.ReadyCmd, v.b.opt.ReadyTimeout)
+	deadline := time.Now().Add(v.b.opt.ReadyTimeout)
+	var last error
+	for attempt := 1; ; attempt++ {
+		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		code, err := v.process(pctx, step, v.user, v.bash, []string{"-l", "-c", spec.ReadyCmd}, v.workdir, nil, nil)
+		cancel()
+		if err == nil && code == 0 {
+			v.logf("info", step, "ready command succeeded (attempt %d)", attempt)
+			return nil
+		}
+		if err != nil {
+			last = err
+		} else {
+			last = fmt.Errorf("exit code %d", code)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("ready command %q did not succeed within %s (last: %v)", spec.ReadyCmd, v.b.opt.ReadyTimeout, last)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
