@@ -128,6 +128,7 @@ type Orchestrator struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	templates map[string]*Template
+	matMu     sync.Mutex // serialises memory imports and materializations
 }
 
 type sandbox struct {
@@ -203,6 +204,14 @@ type CreateOptions struct {
 	PrivateTraffic bool
 }
 
+// templateByID returns a registered template (not a snapshot) by id.
+func (o *Orchestrator) templateByID(id string) (*Template, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	t, ok := o.templates[id]
+	return t, ok
+}
+
 // Template returns a committed template by id.
 func (o *Orchestrator) Template(id string) (*Template, error) {
 	o.mu.Lock()
@@ -234,6 +243,11 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	t, err := o.source(opts.TemplateID)
 	if err != nil {
 		return rec, err
+	}
+	if _, isTemplate := o.templateByID(t.ID); isTemplate {
+		if err := o.ensureMemoryBase(t); err != nil {
+			o.log.Warn("template memory stays unlayered", "template", t.ID, "err", err)
+		}
 	}
 	if opts.Timeout <= 0 {
 		return rec, fmt.Errorf("create: timeout must be positive: %w", ErrInvalid)
@@ -338,9 +352,14 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 		return err
 	}
 	lap("storage")
+	mem, err := o.restoreMemory(ctx, snapshotDir)
+	if err != nil {
+		return err
+	}
+	lap("memory")
 	s.rec.Gen++
 	vm, err = o.drv.Restore(ctx, vmm.RestoreConfig{
-		ID: fmt.Sprintf("%s-%d", s.rec.ID, s.rec.Gen), SnapshotDir: snapshotDir,
+		ID: fmt.Sprintf("%s-%d", s.rec.ID, s.rec.Gen), SnapshotDir: snapshotDir, MemoryFile: mem.File,
 		RunDir: filepath.Join(s.rec.Dir, fmt.Sprintf("run-%d", s.rec.Gen)),
 		Drives: []vmm.Drive{drive},
 		NICs:   []vmm.NIC{{ID: nicID, MAC: slot.Guest().MAC.String(), Tap: tap}},
@@ -362,7 +381,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 	}
 	lap("agent")
 	s.mu.Lock()
-	s.vm, s.slot, s.rec.PID = vm, slot, vm.Info().PID
+	s.vm, s.slot, s.rec.PID, s.rec.Memory = vm, slot, vm.Info().PID, mem
 	s.mu.Unlock()
 	return nil
 }
@@ -505,7 +524,8 @@ func (o *Orchestrator) Pause(ctx context.Context, id string) (err error) {
 		o.setState(s, Running)
 		return fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
-	if _, err := vm.Snapshot(ctx, snapDir); err != nil {
+	diff := filepath.Join(s.rec.Dir, fmt.Sprintf("mem-%d.lsmt", s.rec.Gen))
+	if err := o.captureMemory(ctx, s, vm, snapDir, diff); err != nil {
 		_ = os.RemoveAll(snapDir)
 		rerr := vm.Resume(context.WithoutCancel(ctx))
 		o.setState(s, Running)
@@ -513,6 +533,11 @@ func (o *Orchestrator) Pause(ctx context.Context, id string) (err error) {
 	}
 	o.stopTimer(s)
 	o.stopVM(ctx, s)
+	// Flatten the new image now, while nothing waits on it, so a resume
+	// maps it at once.
+	if _, err := o.restoreMemory(ctx, snapDir); err != nil {
+		o.log.Warn("flatten memory at pause (the resume retries)", "sandbox", id, "err", err)
+	}
 	if err := o.sealRootfs(ctx, s); err != nil {
 		// The VM is gone and its disk cannot be sealed: the sandbox is lost.
 		o.releaseDevice(ctx, s)

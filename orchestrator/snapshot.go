@@ -204,7 +204,13 @@ func (o *Orchestrator) captureRunning(ctx context.Context, s *sandbox, r *Snapsh
 			err = errors.Join(err, fmt.Errorf("resume: %w", rerr))
 		}
 	}()
-	if err := o.captureMemory(ctx, s, vm, r.VM); err != nil {
+	if err := o.captureMemory(ctx, s, vm, r.VM, filepath.Join(r.Dir, "mem.lsmt")); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	owner := s.rec.Dir
+	s.mu.Unlock()
+	if err := adoptMemory(r.VM, owner, r.Dir); err != nil {
 		return err
 	}
 	return o.captureDisk(ctx, s, r)
@@ -250,6 +256,9 @@ func (o *Orchestrator) captureDisk(ctx context.Context, s *sandbox, r *SnapshotR
 // capturePaused copies a paused sandbox's saved state into r.
 func (o *Orchestrator) capturePaused(rec Record, r *SnapshotRecord) error {
 	if err := linkTree(rec.Snapshot, r.VM); err != nil {
+		return err
+	}
+	if err := adoptMemory(r.VM, rec.Dir, r.Dir); err != nil {
 		return err
 	}
 	if o.sd == nil {
