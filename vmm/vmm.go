@@ -44,6 +44,28 @@ type Detacher interface {
 	Detach() error
 }
 
+// DeviceSnapshotter is implemented by machines that can snapshot VM state
+// without guest memory; the caller captures memory itself (vmm/memsnap) and
+// restores with RestoreConfig.MemoryFile.
+type DeviceSnapshotter interface {
+	// SnapshotDevices writes the VM state but no guest RAM pages into dir
+	// (created if needed). The VM must be paused (ErrNotPaused otherwise)
+	// and stays paused; the caller resumes or stops it afterwards.
+	//
+	// The returned Snapshot has an empty MemoryFile: the directory holds no
+	// memory image, and Restore of it fails unless RestoreConfig.MemoryFile
+	// names a file (of MemBytes bytes) whose content equals guest RAM at
+	// the time of the snapshot. Info().MemoryFile names the file the
+	// machine's RAM is mapped from now; for a restored machine its own
+	// writes are not in that file but in the VMM's private copy-on-write
+	// pages, which the caller captures (while the machine is still paused)
+	// and layers on top of it.
+	//
+	// Drivers fail with an error wrapping ErrUnsupported when they cannot
+	// leave RAM out this time; callers fall back to Machine.Snapshot.
+	SnapshotDevices(ctx context.Context, dir string) (*Snapshot, error)
+}
+
 // Machine is one running VMM process.
 type Machine interface {
 	// Pause stops the vCPUs. Pausing a paused machine is not an error.

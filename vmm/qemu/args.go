@@ -20,6 +20,9 @@ type machineSpec struct {
 	Accel     string      `json:"accel"`
 	Drives    []vmm.Drive `json:"drives"`
 	NICs      []savedNIC  `json:"nics"`
+	// NoMemory marks a snapshot written by SnapshotDevices: its directory
+	// holds no memory image, so a restore must name one.
+	NoMemory bool `json:"noMemory,omitempty"`
 }
 
 type savedNIC struct {
@@ -28,6 +31,10 @@ type savedNIC struct {
 }
 
 const specVersion = 1
+
+// guestRAMBlock is the id of the memory backend holding guest RAM, which is
+// also its RAM block's idstr in the migration stream.
+const guestRAMBlock = "mem"
 
 // memorySource says how guest RAM is backed.
 type memorySource struct {
@@ -49,12 +56,12 @@ func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog string
 	}
 	args := []string{
 		"-name", "aenv",
-		"-M", "microvm,pit=on,pic=off,isa-serial=on,rtc=on,memory-backend=mem",
+		"-M", "microvm,pit=on,pic=off,isa-serial=on,rtc=on,memory-backend=" + guestRAMBlock,
 		"-accel", spec.Accel,
 		"-cpu", cpu,
 		"-smp", fmt.Sprint(spec.VCPUs),
 		"-m", fmt.Sprintf("%dM", spec.MemoryMiB),
-		"-object", fmt.Sprintf("memory-backend-file,id=mem,size=%dM,mem-path=%s,share=%s,prealloc=off", spec.MemoryMiB, escapeOpt(mem.path), share),
+		"-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,share=%s,prealloc=off", guestRAMBlock, spec.MemoryMiB, escapeOpt(mem.path), share),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-kernel", spec.Kernel,
 		"-append", spec.Cmdline,

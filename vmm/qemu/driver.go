@@ -134,10 +134,14 @@ func (d *Driver) Restore(ctx context.Context, rc vmm.RestoreConfig) (vmm.Machine
 	}
 	mem := memorySource{path: rc.MemoryFile}
 	if mem.path == "" {
+		if spec.NoMemory {
+			return nil, fmt.Errorf("restore %s: the snapshot holds no guest memory (SnapshotDevices): RestoreConfig.MemoryFile is required", rc.SnapshotDir)
+		}
 		mem.path = filepath.Join(rc.SnapshotDir, vmm.SnapshotMemoryFile)
 	}
-	if _, err := os.Stat(mem.path); err != nil {
-		return nil, fmt.Errorf("restore %s: memory image: %w", rc.SnapshotDir, err)
+	spec.NoMemory = false // the restored machine's own spec
+	if err := checkMemoryImage(mem.path, spec.MemoryMiB); err != nil {
+		return nil, fmt.Errorf("restore %s: %w", rc.SnapshotDir, err)
 	}
 	state := filepath.Join(rc.SnapshotDir, vmm.SnapshotStateFile)
 	stateFile, err := os.Open(state)
@@ -238,6 +242,19 @@ func taps(nics []vmm.NIC) (files []*os.File, closeTaps func(), err error) {
 		files = append(files, f)
 	}
 	return files, closeTaps, nil
+}
+
+// checkMemoryImage fails early on a memory image QEMU would refuse (or map
+// short, faulting the guest later). Block devices are not sized here.
+func checkMemoryImage(path string, mib int) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("memory image: %w", err)
+	}
+	if want := int64(mib) << 20; st.Mode().IsRegular() && st.Size() < want {
+		return fmt.Errorf("memory image %s is %d bytes, guest RAM is %d", path, st.Size(), want)
+	}
+	return nil
 }
 
 func createMemoryFile(path string, mib int) error {

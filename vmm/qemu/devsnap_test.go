@@ -1,0 +1,232 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/guest/agent/agentclient"
+	"github.com/agentenv/agentenv/internal/testutil/guestassets"
+	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/vmm/qemu/migstream"
+	"github.com/agentenv/agentenv/vmm/vmmtest"
+)
+
+// maxDeviceState bounds a device-only state file of a 256 MiB guest: the
+// device state is tens of KiB; guest RAM would be over a hundred MiB.
+const maxDeviceState = 8 << 20
+
+// TestDeviceSnapshot: a VM restored from a shared memory image (so its RAM
+// is a private mapping that a plain snapshot would stream whole) takes a
+// device-only snapshot; its RAM, captured separately, restores with it; a
+// second round starts from that restored VM. Along the way: a stream the
+// filter refuses cancels the migration cleanly, and the size against a
+// full snapshot of the same VM.
+func TestDeviceSnapshot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: network namespaces and taps")
+	}
+	a := guestassets.Get(t)
+	ctx := context.Background()
+	d, err := New(ctx, Options{ProbeKernel: a.Kernel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	work := t.TempDir()
+
+	// A template: cold boot (RAM shared with its file), snapshot, stop.
+	tn := vmmtest.NewTestNet(t)
+	boot, err := d.Boot(ctx, vmm.Config{
+		ID: "devsnap-boot", Kernel: a.Kernel, Initrd: a.Initrd, MemoryMiB: 256, RunDir: filepath.Join(work, "boot"),
+		Cmdline: "root=/dev/vda ro quiet " + vmmtest.IPCmdline,
+		Drives:  []vmm.Drive{{ID: "rootfs", Path: a.Rootfs, ReadOnly: true}},
+		NICs:    []vmm.NIC{tn.NIC()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = boot.Stop(context.Background()) })
+	waitHealthy(t, boot, tn)
+	guest(t, tn, "echo m0 > /dev/shm/m0")
+	guest(t, tn, `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /dev/shm/counter; sleep 0.05; done' >/dev/null 2>&1 &`)
+	waitCounter(t, tn, 3)
+	if err := boot.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	base := filepath.Join(work, "base")
+	if _, err := boot.Snapshot(ctx, base); err != nil {
+		t.Fatal(err)
+	}
+	_ = boot.Stop(ctx)
+
+	// The first sandbox: restored privately from the template's memory.
+	tn = vmmtest.NewTestNet(t)
+	vm, err := d.Restore(ctx, vmm.RestoreConfig{ID: "devsnap-r0", SnapshotDir: base, RunDir: filepath.Join(work, "r0"), NICs: []vmm.NIC{tn.NIC()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = vm.Stop(context.Background()) })
+	waitHealthy(t, vm, tn)
+
+	for round := 1; round <= 2; round++ {
+		vm, tn = deviceSnapshotRound(t, d, vm, tn, work, round)
+	}
+}
+
+// deviceSnapshotRound writes a marker into vm, snapshots it without RAM,
+// captures its RAM, stops it and restores a successor from both.
+func deviceSnapshotRound(t *testing.T, d *Driver, vm vmm.Machine, tn *vmmtest.TestNet, work string, round int) (vmm.Machine, *vmmtest.TestNet) {
+	ctx := context.Background()
+	marker := fmt.Sprintf("m%d", round)
+	guest(t, tn, fmt.Sprintf("echo %s > /dev/shm/%s", marker, marker))
+	before := counter(t, tn)
+	if err := vm.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ds := vm.(vmm.DeviceSnapshotter)
+	dir := filepath.Join(work, fmt.Sprintf("dev%d", round))
+	if round == 2 {
+		refusedStreamKeepsVM(t, vm.(*machine), filepath.Join(work, "refused"))
+	}
+	snap, err := ds.SnapshotDevices(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("round %d: device snapshot state %d bytes (RAM %d MiB), took %s", round, snap.StateBytes, snap.MemBytes>>20, snap.Took)
+	if snap.StateBytes <= 0 || snap.StateBytes >= maxDeviceState || snap.MemBytes < 256<<20 {
+		t.Fatalf("device snapshot: state %d bytes (want 0 < state < %d), memory %d bytes", snap.StateBytes, maxDeviceState, snap.MemBytes)
+	}
+	if fi, err := os.Stat(snap.StateFile); err != nil || fi.Size() != snap.StateBytes {
+		t.Fatalf("state file %v: size disagrees with %d", err, snap.StateBytes)
+	}
+	if snap.MemoryFile != "" {
+		t.Fatalf("device snapshot names a memory file: %s", snap.MemoryFile)
+	}
+	if _, err := os.Stat(filepath.Join(dir, vmm.SnapshotMemoryFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("device snapshot dir holds a memory image: %v", err)
+	}
+	memFile := filepath.Join(work, fmt.Sprintf("mem%d", round))
+	written, err := vmmtest.CaptureMemory(vm.Info().PID, vm.Info().MemoryFile, memFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("round %d: captured %d MiB of non-zero guest RAM", round, written>>20)
+	if round == 2 {
+		// The same VM's full snapshot streams its RAM into the state.
+		full, err := vm.Snapshot(ctx, filepath.Join(work, "full"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("full snapshot of the same restored VM: state %d bytes", full.StateBytes)
+		if full.StateBytes < 10*snap.StateBytes {
+			t.Errorf("full state %d bytes is not much larger than device state %d: is RAM really left out?", full.StateBytes, snap.StateBytes)
+		}
+	}
+	if err := vm.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := d.Restore(ctx, vmm.RestoreConfig{ID: "nomem", SnapshotDir: dir, RunDir: filepath.Join(work, "nomem"), NICs: []vmm.NIC{tn.NIC()}}); err == nil || !strings.Contains(err.Error(), "MemoryFile") {
+		t.Fatalf("restore of a device snapshot without a memory file: %v", err)
+	}
+	ntn := vmmtest.NewTestNet(t)
+	next, err := d.Restore(ctx, vmm.RestoreConfig{ID: fmt.Sprintf("devsnap-r%d", round), SnapshotDir: dir, MemoryFile: memFile,
+		RunDir: filepath.Join(work, fmt.Sprintf("r%d", round)), NICs: []vmm.NIC{ntn.NIC()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = next.Stop(context.Background()) })
+	waitHealthy(t, next, ntn)
+	var want []string
+	for i := 0; i <= round; i++ {
+		want = append(want, fmt.Sprintf("m%d", i))
+	}
+	if got := guest(t, ntn, "cat /dev/shm/m* | tr '\\n' ' '"); strings.TrimSpace(got) != strings.Join(want, " ") {
+		t.Fatalf("round %d: markers after restore = %q, want %q", round, got, want)
+	}
+	after := counter(t, ntn)
+	if after < before {
+		t.Fatalf("round %d: counter %d after restore is behind %d before the snapshot", round, after, before)
+	}
+	waitCounter(t, ntn, after+3)
+	return next, ntn
+}
+
+// refusedStreamKeepsVM turns on a capability whose page encoding the filter
+// does not know: SnapshotDevices must fail naming it, cancel the migration
+// and leave the VM paused and able to snapshot again.
+func refusedStreamKeepsVM(t *testing.T, m *machine, dir string) {
+	ctx := context.Background()
+	setCap := func(on bool) {
+		caps := map[string]any{"capabilities": []map[string]any{{"capability": "compress", "state": on}}}
+		if err := m.qmp.Execute(ctx, "migrate-set-capabilities", caps, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setCap(true)
+	_, err := m.SnapshotDevices(ctx, dir)
+	setCap(false)
+	if !errors.Is(err, migstream.ErrUnsupported) || !strings.Contains(err.Error(), "compress") {
+		t.Fatalf("device snapshot of a compressed stream: got %v, want an unsupported-content error naming compression", err)
+	}
+	t.Logf("refused as expected: %v", err)
+	if st, err := m.status(ctx); err != nil || (st != "paused" && st != "postmigrate") {
+		t.Fatalf("after a refused stream the VM is %q (%v), want paused", st, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, vmm.SnapshotStateFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a refused stream left a state file: %v", err)
+	}
+}
+
+func waitHealthy(t *testing.T, vm vmm.Machine, tn *vmmtest.TestNet) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := tn.WaitHealthy(ctx); err != nil {
+		console, _ := os.ReadFile(vm.Info().ConsoleLog)
+		if len(console) > 3000 {
+			console = console[len(console)-3000:]
+		}
+		t.Fatalf("%v\nconsole:\n%s", err, console)
+	}
+}
+
+func guest(t *testing.T, tn *vmmtest.TestNet, script string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, errOut, code, err := agentclient.Run(ctx, tn.AgentURL(), tn.HTTP, "/bin/sh", "-c", script)
+	if err != nil || code != 0 {
+		t.Fatalf("guest %q: exit %d, %v: %s", script, code, err, errOut)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func counter(t *testing.T, tn *vmmtest.TestNet) int {
+	t.Helper()
+	n, err := strconv.Atoi(guest(t, tn, "cat /dev/shm/counter"))
+	if err != nil {
+		t.Fatalf("counter: %v", err)
+	}
+	return n
+}
+
+func waitCounter(t *testing.T, tn *vmmtest.TestNet, n int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if v, _ := strconv.Atoi(guest(t, tn, "cat /dev/shm/counter 2>/dev/null || echo 0")); v >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("guest counter stuck below %d", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
