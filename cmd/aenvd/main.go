@@ -27,6 +27,7 @@ import (
 	"github.com/agentenv/agentenv/config"
 	"github.com/agentenv/agentenv/guest/image"
 	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/oci"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/proxy"
 	"github.com/agentenv/agentenv/storage/daemon/client"
@@ -125,6 +126,10 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if _, err := orch.EnsureTemplate(ctx, assets); err != nil {
 		return err
 	}
+	if err := orch.EnableBuilds(ctx, imageOptions(cfg, assets, log)); err != nil {
+		return err
+	}
+	defer orch.CloseBuilds()
 	px := proxy.New(orch, cfg.API.Domain, log)
 	hostname, _ := os.Hostname()
 	handler := api.NewHandler(api.Options{
@@ -188,14 +193,33 @@ func apiKey(cfg config.Config) (string, error) {
 	return k, nil
 }
 
+// agentPath is the configured aenv-agent binary, or the one next to aenvd.
+func agentPath(cfg config.Config) (string, error) {
+	if cfg.Guest.Agent != "" {
+		return cfg.Guest.Agent, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("locate aenv-agent: %w", err)
+	}
+	return filepath.Join(filepath.Dir(exe), "aenv-agent"), nil
+}
+
+// imageOptions configures template builds from the [image] section.
+func imageOptions(cfg config.Config, assets *image.Assets, log *slog.Logger) orchestrator.ImageOptions {
+	agent, _ := agentPath(cfg) // resolved already by guestAssets
+	return orchestrator.ImageOptions{
+		Pull: oci.Options{CacheDir: cfg.ImageCacheDir(), DefaultRegistry: cfg.Image.DefaultRegistry,
+			AllowedRegistries: cfg.Image.AllowedRegistries, InsecureRegistries: cfg.Image.InsecureRegistries, Log: log},
+		RootfsSizeMiB: cfg.Image.RootfsSizeMiB, Agent: agent, Assets: assets,
+		ReadyTimeout: cfg.Image.ReadyTimeout.Duration, StepTimeout: cfg.Image.StepTimeout.Duration,
+	}
+}
+
 func guestAssets(ctx context.Context, cfg config.Config) (*image.Assets, error) {
-	agent := cfg.Guest.Agent
-	if agent == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("locate aenv-agent: %w", err)
-		}
-		agent = filepath.Join(filepath.Dir(exe), "aenv-agent")
+	agent, err := agentPath(cfg)
+	if err != nil {
+		return nil, err
 	}
 	a, err := image.Build(ctx, image.Options{Agent: agent, CacheDir: cfg.Guest.AssetsCache})
 	if err != nil {
