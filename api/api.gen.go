@@ -62,6 +62,24 @@ func (e NodeStatus) Valid() bool {
 	}
 }
 
+// Defines values for NodeMemoryMode.
+const (
+	BlockExport NodeMemoryMode = "block-export"
+	CacheFile   NodeMemoryMode = "cache-file"
+)
+
+// Valid indicates whether the value is a known member of the NodeMemoryMode enum.
+func (e NodeMemoryMode) Valid() bool {
+	switch e {
+	case BlockExport:
+		return true
+	case CacheFile:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for SandboxLifecycleOnTimeout.
 const (
 	Kill  SandboxLifecycleOnTimeout = "kill"
@@ -244,25 +262,42 @@ type NewSnapshot struct {
 
 // Node defines model for Node.
 type Node struct {
-	AllocatedCPU      int32         `json:"allocatedCPU"`
-	AllocatedMemoryMB int64         `json:"allocatedMemoryMB"`
-	CpuCount          int32         `json:"cpuCount"`
-	CreateFailures    int64         `json:"createFailures"`
-	CreateSuccesses   int64         `json:"createSuccesses"`
-	DiskTotalMB       int64         `json:"diskTotalMB"`
-	DiskUsedMB        int64         `json:"diskUsedMB"`
-	LoadAverage1m     *float64      `json:"loadAverage1m,omitempty"`
-	MemoryTotalMB     int64         `json:"memoryTotalMB"`
-	MemoryUsedMB      int64         `json:"memoryUsedMB"`
-	NodeID            string        `json:"nodeID"`
-	Sandboxes         NodeSandboxes `json:"sandboxes"`
-	Status            NodeStatus    `json:"status"`
-	Version           string        `json:"version"`
-	Vmm               NodeVMM       `json:"vmm"`
+	AllocatedCPU      int32    `json:"allocatedCPU"`
+	AllocatedMemoryMB int64    `json:"allocatedMemoryMB"`
+	CpuCount          int32    `json:"cpuCount"`
+	CreateFailures    int64    `json:"createFailures"`
+	CreateSuccesses   int64    `json:"createSuccesses"`
+	DiskTotalMB       int64    `json:"diskTotalMB"`
+	DiskUsedMB        int64    `json:"diskUsedMB"`
+	LoadAverage1m     *float64 `json:"loadAverage1m,omitempty"`
+
+	// Memory how restored VMs get their memory images, and how many distinct images running VMs map
+	Memory        *NodeMemory   `json:"memory,omitempty"`
+	MemoryTotalMB int64         `json:"memoryTotalMB"`
+	MemoryUsedMB  int64         `json:"memoryUsedMB"`
+	NodeID        string        `json:"nodeID"`
+	Sandboxes     NodeSandboxes `json:"sandboxes"`
+	Status        NodeStatus    `json:"status"`
+	Version       string        `json:"version"`
+	Vmm           NodeVMM       `json:"vmm"`
 }
 
 // NodeStatus defines model for Node.Status.
 type NodeStatus string
+
+// NodeMemory how restored VMs get their memory images, and how many distinct images running VMs map
+type NodeMemory struct {
+	// Images distinct memory image files mapped by running VMs
+	Images int32          `json:"images"`
+	Mode   NodeMemoryMode `json:"mode"`
+	Reason string         `json:"reason"`
+
+	// Vms running VMs mapping a memory image
+	Vms int32 `json:"vms"`
+}
+
+// NodeMemoryMode defines model for NodeMemory.Mode.
+type NodeMemoryMode string
 
 // NodeSandboxes defines model for NodeSandboxes.
 type NodeSandboxes struct {
@@ -2009,62 +2044,65 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fxrb9s41v4rhN4XmBZQ4jSZLRYu9kN62xa9TFCnwSzaYkpLxzEnEqmSVBxv4P++IKkbJUqWHDnpLuZT",
-	"00gkz53n8ii3XsDihFGgUnjTWy/BHMcggev/CUzDObt5+1L9h1Bv6iVYLj3fozgGb1p57nscfqSEQ+hN",
-	"JU/B90SwhBirhXKd6JclJ/TS22w26mWRMCpAn/KKc8bVDwGjEqhUP+IkiUiAJWF08qdgVFNT7Pj/HBbe",
-	"1Pu/SUn8xDwVE7ObPiUEEXCSqE28qYcpguxZTp0+/nlKovA9u3xFJV9rGXCWAJfEUBfBNUTqB6Bp7E2/",
-	"eCHM00vP9whdMM/3VphTz/fM1t/8Ore+F4MQ+BIckvA9ISFxPpAkBiFxrJ8uGI+x9KZeiCUcqEde45xN",
-	"VQNfKutLAvyMl5JINv8TAqnO00KYSSxT8QlwJvCaIIyIsv8RCbHYpgtbtJviXMw5Xu8omxqj+Q4upl4w",
-	"SiGQM2OlTY6UkFgqLRETKk+OldAIJbFS+FGxMaESLsHYT+OswojtIwIWau5sU4QfKY4EkktAb87Pz5DQ",
-	"gvf8Jhn1o7tEVpOMPtrvFNBrxq8+gUgj2aQccoZ6OJufR4Jt7+eqcIrwPRESwlZt4YgYh21YShARoNJE",
-	"qebDJH3BUurWclO8IRFXM/Jv+PC85wKg4ans66Xq9evwArggxsUc0SJmfN379BgkDrHUURGHIVEGhqMz",
-	"28wbwaUueSvOOxwRcwmDuFQGDT2NYabfVWRBnERYgpOMenwr3/Wta6iwhSrduZYq1lCRtKX0nHZbUy7n",
-	"+QirDluN2OoPpSdOQf6BgwBEVRdzxiLAVG2DU8nOcCqg/bFy0bivOE+LBS8YXZDc6C6wudJ3N5JxTI2C",
-	"XDF+1ZOZj+btkhMBQcpbRNVpP3412tvRWEDAaOgMv1tugRaLbLMWihOxZI5Ya9Ipl80398kulKa9BVhC",
-	"+OLsc8/IUSz50BJxnv7qXDcwngYcsITXmEQpN7T2OUMvmqXabXqvUl58ziSOevOiVnwWEPZeEDEcnl4D",
-	"x5fwJLbDIUvnUSUW0jSe5yFayXcYYWbNINIoC9ssP4uPsDVfU8Y1K17O4ngqqtkvBxyuVcjkmFC1vyvl",
-	"ve644K7juA8ZFx8+NFwsY7EgqzzIbOsI77nYayK1jcUyhKq4fNuxXE7TNNaGzX9rceNZVS22PyfqQgh7",
-	"uhhPqdZEv7elYrrXuzXp58f4OXX5Xm38KRU2I1UQmHKqYRghJ9fAnY94UZJ0ZwXZFn52ioswczV2ZJnd",
-	"1/GYJcPYmW7IYky0lGgaRViFo6wWd2ahp9pgz9kVuB11W6banTRuu4w5XixIUKNhC9075IDbkri2pKlZ",
-	"DlFFWOiyig7dvgSJSTREwzpzfJsljqcdeeODFj2DTG1wfXRXy4zIAoJ1EPVNmd8X7z9UAXbXrPiv+m14",
-	"/ZaR/zqTe71v0+Y9Mb4xUf7J0VEl5j9x3rVbSg4EOFiiYEmiEEXkGu5agxiqO5h9X/WM5sVXFprNeMPo",
-	"eclNng1ekSjKEwJHJlgjr3JEdb8Oej+A5CRwqGdgEZKkKrs7C+wFi4hh6UrZi+RwYB3RP7sfsnsM8YDN",
-	"B3eOK0s+U3LT65iObrO9meWxFTWUXFXEURFkVQcd9mFHQncb5jdjskXDui0aF01pveosnUckODdpitsj",
-	"QqDrgZtvtrLyOQmz0DsaK/36UONy8wkWHMSyyUeYciyzi7s9tp48tYLrsIR6ll9eRc1ar1xcNWu2uBLk",
-	"RhsW1F2lNehlDaK3dMHuHvN0ETro1jc36nu8zsZ/vdKfQdkSxXFtfLTVhDljciEGEbUlHcqlvEPhUlNm",
-	"ZaucNzubsdKcUiM1UdeYdJnGebZRSykxVKjzlEThEGvSC1okNi9nh1Wv0782brfCRJqf8vZR+7h0/2a+",
-	"w4hn1JnNDk6Q6NvIHbhFglfUKbK2DKG7NE/1DTRAol2pfW43vTL3jEu/sGnbZ0rCbJXYFtjlPadq308Z",
-	"9sDRdeuQ8s7FTbZpF1l6TP6aRPA5iRgOHYRxEBkwoklZyqPtJOU7bCXDffd0uf8+cAERuxx6TRQtwq0H",
-	"WzAHZ5N7x9C1s42UXlJ0trUELOFuVd0n+JGCkBcnHf0muwwNIeGg+9kNr/a9VAAygymaRtG2yNxdCHdG",
-	"yHLp8d/b4qXbBvBQK5GA4zbtdAt3JjGXF8dN0S4YD1pK5gVn8du4Dd+inlavdVfXO1y/iMP2pk77Q0j6",
-	"e2NOxExC0i/Jz1dkFpdH1FbL2yk9aQk3I9+eu9jQnb3ccdHl2aOmp8vVZxksqiZmPpSNBYlAvMGmRmsa",
-	"Z7tVm99s5Vw9bfKRj/CJXM+U+RnqTxPyDtanqVwWQMMl4FCPcjKo4e8Hp2dvD97BuoxUWK8yUD+SXVt2",
-	"fDtfAgoYlZxF6PTsLWIL9B2r1OG7j5QjYEnmEaAVkUv06vj5LwIZzeiXBUNyiWX2YPbynUCqQEcpjVlI",
-	"FgTCw6/01TXwtcEVIkzFCrhA32+/avDVV2+KvqZHRydBBeSlfwE++poDs/Rb3uHh4Vdv8/0QKSEAlRn2",
-	"cYqMHND3gv/vh1+pbrPISAnh9BKofPXxAlEWgqb70avj5wcld48rY9Kpd3T45PBIt/MSoDgh3tQ7OTw6",
-	"PNG1sVxqbUyWgCOjikvQ0V5ZmqbnbehNvX+CfGPeqAE5j49+bepALgEJ4NfAEREoTSwb8KZfvqn/TxT1",
-	"ovXE90TIj/qNxolHg4CjveKhhlg042ADUCqXRGixm/bJAmc4OtfeBdUlPrVge3JrBtubLol/NGi+O3G/",
-	"nWkXk3AHHn0LUPzFCSIupvr9EcTflOwsVEOr2cwqw/waLTajKY8OgCq/DdHVP65RggkX6E9GKIRovtae",
-	"fPxU4369qfcjBb4ueSimQJ1U34fx2iDKHlacNceQqOI+dtI0Ew4dvDDoiIweo2QQ8jkL1+PZbonE29j3",
-	"kDKkTUPsT0Y72TrWEffMY7TCAmWV7O6xolDQ5LZoMW1MvI3ApJC26N+RKKoKflukviJRtCuBfmvgaqXg",
-	"aGwtZMP2bl2MFMdc68pXJmUPsBarqrqbBAafXv/uYtj2rY5ng9/343m1QzbNjzv2oGeXhonUTpYFs2co",
-	"a7MjuJFAQ2PV9+T4OSkGaDSyv08W+bh6dIN5zfjVfq2lOnHfQ6DudT9WPnnocTkyClqRkUQJcDOp9xGh",
-	"iHGVlT/CRYjX+b8pBB6PrfNYT8FFV3pozcu35zqU3KAS9uzKaHR/wUpnegyFdzgHaDjwlHtJo2z8QQ9L",
-	"EThOIhDKJGoZVVEXMgo+kvgKKKJs9QxhZMaR6gGijMLjn+lyqkCS7hRrUofBmiG3Pfjeb8yxp+u9gk9L",
-	"LQuXHIRACYtIsFYlLaHIdEtG9vokR6GOH+o1wHVIapjNzUfmkBuQAIj9cJlhEO7lTsvxDs4MyCHQal4y",
-	"rkhzBNcY8qzMB7KavC5hddp+BVwDbDsFfC953Z4SuhxDsCcnyOrv/NOj/RXg+Qn7VlAVI9NW6mXvoEep",
-	"wPMIEBao7MQjRrNifPRErYIRGl+TsyLLyzFKe41o+SG73pUC5B3EW3WK9t5e8Za7z1hPaSvAnPYune9e",
-	"rP/ZYV1EYmLn0YVENID4DvjiVlLhRhrw/IN3I21v7ZFF5xr1EYUVCIkWhAv5DP1+8BFu5IFmS0+lzdfz",
-	"ilWU4EsYwdQmtyWcq7Ov9lL/3gqp25zBbDV+b62VhqMHCbj7GxJYSLuBg4I89HcHk/PirftwjGLw32fO",
-	"lFOmbq4Rhk7FfpNs/Dy51T90zp8sCNU+7c2N1WoxvJwVhCnSPJjYsD87xAX7u5ng5LZMRHoEmcJMHjDI",
-	"tNMwvtK36Xl/irWQGqNod6LxHmJym+E+NpMSaLZN1hWcWr/cJmKX4rfFQiVdzlzjaPCHRftNZ4Ycqf9o",
-	"UfXI3f4S050znj4GXGIoWyxZG8MvQqNBVNgKUcQuERiMH1pwFqNSl4jRn87ifedmJbZpHN/R6KTJ7RKL",
-	"Za9r6bV639tj3dmG1XWoebUEuQSOcugEWmKTrWqmEFsgjF78dvYvJCQk6BFGEnOEebAk14DmazR7c3pw",
-	"/Lenj31tHqslcECSoVQfqDaK/0uMQmlvmEW09osV601d9yl+WSBBHgjJAce2uotYNScU87UD2N53RFUr",
-	"YiTjd+kTXR8PxbZcHPe7JXrBVBpTnIDFMT4QoA6QEE7zAYdf/B2IlgGS3Kli7le+PkC5/XPidwpTeZZj",
-	"Ba1aebUEimLGAXHQ3+z7GbRSU1J91Sa24Qr7QwVp6/0LFzRGuHgoeMneVPgXwGR/AJPr46GtkUzN/8vN",
-	"kapQuss5h1/9lFl26zxBYm4XnHvzYueXNL1C8nEzvdJCQNkfB7mDok9s6++6qHL6L07uQ0Dld1z9RTQq",
-	"Fc3Pera330JEpDDdelPj+ij7dA4tmKmFMsUlEOyoNfvDAfuzkS/fNt82/wkAAP//",
+	"7Fxrb9s41v4rhN4XmBZQ4jSZLRYu9kN62xa9TFCnwSzaYkpLxzYnEqmSVBxv4P++IKkbJUqWHLntLuZT",
+	"HIuXc+c5PI985wUsThgFKoU3vfMSzHEMErj+T2Aaztnt6+fqH0K9qZdgufJ8j+IYvGnlue9x+JYSDqE3",
+	"lTwF3xPBCmKsJspNogdLTujS2263arBIGBWgd3nBOePqQ8CoBCrVR5wkEQmwJIxO/hSMamqKFf+fw8Kb",
+	"ev83KYmfmKdiYlbTu4QgAk4StYg39TBFkD3LqdPbP01JFL5lyxdU8o2WAWcJcEkMdRHcQKQ+AE1jb/rJ",
+	"C2GeLj3fI3TBPN9bY0493zNLf/Hr3PpeDELgJTgk4XtCQuJ8IEkMQuJYP10wHmPpTb0QSzhSj7zGPtuq",
+	"Bj5V5pcE+BkvJZFs/icEUu2nhTCTWKbiA+BM4DVBGBFl/xEJsdilC1u022JfzDne7CmbGqP5Ci6mnjFK",
+	"IZAzY6VNjpSQWCotERMqz06V0AglsVL4SbEwoRKWYOynsVdhxPYWAQs1d7YpwrcURwLJFaBXl5cXSGjB",
+	"e36TjPrWXSKrSUZv7XcK6CXj1x9ApJFsUg45Qz2czc8jwa7xuSqcInxLhISwVVs4IsZhG5YSRASoNFGq",
+	"+TBJn7GUurXcFG9IxPWM/BvePe05AWh4Lvt6qRp+E14BF8S4mCNaxIxveu8eg8Qhljoq4jAkysBwdGGb",
+	"eSO41CVvxXmHI2IuYRCXyqChpzHM9FhFFsRJhCU4yajHt3Ksbx1DhS1U6c61VLGGiqQtpee025pyOc97",
+	"WHfYasTWfyg9cQryDxwEIKq6mDMWAaZqGZxKdoFTAe2PlYvGfcV5Xkx4xuiC5EZ3hc2Rvr+RjGNqFOSa",
+	"8euezLw3o0tOBAQpbxFVp/341WhvR2MBAaOhM/zuOAVaLLLNWihOxIo5Yq1Jp1w231wnO1Ca9hZgCeGz",
+	"i489I0cx5V1LxHn8q3PewHgacMASXmISpdzQ2mcPPWmWarfpPUt58SWTOOrNi5rxUUDYe0LEcHh+Axwv",
+	"4VFsh0OWzqNKLKRpPM9DtJLvLoNXejWaKOcMY8bMGcQOZWGbt2QxFUQfwmfF4Cz2p6KaMXPA4UaFWY4J",
+	"Veu70uSbjkPxJo77kHH17l3DLTMWC7LKjcyyjiMhF3tNpLaBWcZTFZdvO6PL0ZoG3vCTLy2u/64wJjuG",
+	"rdgacRCScQjR1TuBliBVfkk4MkwgEuMlCB9hGiI1OsZ0g0IiJKGBzJ4inlKlIL1CjFXxYMcZM6y5fbFO",
+	"dTO0IBHodRII0XxTXb1nrpsFu9yQAhys4Egt6/nePGLB9RHcJoxLp0XxopBxGJSDiRrzifqMLY76UF2v",
+	"T0wWntHi5xI0JLRpeVZ1PlsDiUoVwp7BN+Oo52ipTLvX2BqP+TZ+Tl2+Vht/ylGbZ1gQmEK7oa2Qkxvg",
+	"zketOq6RmC3hZ7u4CDNJU0f90Z2ojVlMjl0DhSzGREuJplGE1UGV3dI465NzHZYu2TW4vWdXDdNdTuxK",
+	"0zheLEhQo2EH3XtUB7vS+7Z0ulkoU0VY6LKKDt0+B4lJNETDuqZ4nZUU5x0VxQ8thweZ2uDK+b6WGZEF",
+	"BJsg6ltMvS3G/6jS/L710l+V/fDKPiP/ZSb3+o1em/fE+NZE+UcnJ5WY/8h51u4oRhHgYIWCFYlCFJEb",
+	"uG91aqjuYPZt1TOaB195BdGMN4xeltzkqdo1iaI8IXBkZzXyKltU1+ug9x1ITgKHegaWp0mqcviLwJ6w",
+	"iBiWrmKuKAEGVpj9a7ghq8cQD1h8cE+hMuUjJbe9tunoQ9iLWR5bUUPJVUUcFUFWddBhH3YkdF/Q/WZM",
+	"tmhltEXjol2hZ12k84gElyZNcXtECHQzcPHtTlY+JmEWekdjpd8N5bjcfIAFB7Fq8hGmHMvs4G6PrWeP",
+	"reA6LKGe5YdXcTNRr1xcdWQ2uRLkRmsj1V2lNehlV4ev6YLdP+bpq4ZBp745Ud/iTdYY7pX+DMqWKI5r",
+	"jcWdJswZkwsxiKgd6VAu5T0Kl5oyK0vlvNnZjJXmlBqpibrGpMs0LrOFWkqJoUKdpyQKh1iTntAisXnZ",
+	"Va56nf7auN0aE2k+5ZeE7Y30w5v5Hs2/Ubt5ezhBok8jd+AWCV5Tp8jaMoTu0jzVJ9AAiXal9rnd9Mrc",
+	"My79wqZtnykJs1ViW2CX95yrdT9kqBTHrVuHlPcubrJFu8jSAIqXJIKPScRw6CCMg8ggM03KUh7tJilf",
+	"YScZ7rOny/0PgRiJ2HLoMVFcEe7c2ALAOFsZe4auvW2k9JKif6ElYAl3p+o+wLcUhLw667hvql3oQ8JB",
+	"dy0aXu17qQBkWpY0jaJdkbm7EO6MkOXU07+3xUu3DeChViIBx23a6RbuTGIur06bol0wHrSUzAvO4tdx",
+	"G/JJPa0e665b73DzLA7bL3XaH0LS3xtzImYSkn5Jfj4js7g8orZa3l7pSUu4Gfn03MeG7u3ljoMuzx41",
+	"PV2uPssAczUx86Fs6LbdK2xqtKZxtlu1+WYn5+ppk48c3EHkZqbMz1B/npA3sDlP5aqAoK4Ah7qVk4FQ",
+	"fz86v3h99AY2ZaTCepYBgZLs2LLj2+UKUMCo5CxC5xevEVugr1ilDl99pBwBSzKPAK2JXKEXp09/Echo",
+	"Rg8WDMkVltmD2fM3AqkCHaU0ZiFZEAiPP9MXN8A3BnGKMBVr4AJ9vfusYXmfvSn6nJ6cnAUV+J/+Anz0",
+	"OYfs6VHe8fHxZ2/79RgpIQCVGSp2iowc0NeC/6/Hn6m+ZpGREsL5Eqh88f4KURaCpvvBi9OnRyV3DyvN",
+	"8Kl3cvzo+ERf5yVAcUK8qXd2fHJ8pmtjudLamKwAR0YVS9DRXlmapud16E29f4J8ZUbUIL6nJ782dSBX",
+	"gATwG+CICJQmlg14009f1P8TRb1o3fEtEfK9HtHY8WQQpLhXPNTgm2YcbECN5YoILXZzfbLAGcLStXZB",
+	"dYlcLtie3Bn4wrZL4u/zDvM9uN/NtItJuAePvgU1/+SElxfYjf7Y8i9KdhZ2pdVsZhXIRo0Wm9GUR0dA",
+	"ld+G6PofNyjBhAv0JyPUwBqU454+1ohwb+p9S4FvSh6KLlAn1d/DeG14bQ8rzvEQooru2UvTTDh08Mxg",
+	"YDJ6jJJByKcs3IxnuyVGc2ufQ8qQtg2xPxptZ2tbR9wzj9EaC5RVsvvHikJBk7viimlr4m0EJoW0Rf+G",
+	"RFFV8Lsi9TWJon0J9FsDVysFJ2NrIWu2d+tipDjmmlcOmZR3gLVYVdXdJDBvLtTfyBm2fKvj2a9FHMbz",
+	"aptsm6/9HEDPLg0TqZ0sC2ZPUHbNjuBWAg2NVX8nx89JMUCjkf19ssjb1aMbzEvGrw9rLdWO+wECda/z",
+	"sfIyTI/DkVHQiowkSoCbTr2PCEWMq6z8AS5CvM7/TSHwcGydx7oLLrrSQ6tfvjvXoeQWlYB4V0aj7xes",
+	"dKZHU3iPfYCGA3f5LmmUjT/oYSkCx0kEQplELaMq6kJGwUcSXwNFlK2fIIxMO1I9QJRRePgzHU4VSNK9",
+	"Yk3qMFjT5LYb34eNOXZ3vVfwaallYclBCJSwiAQbVdISisxtychen+Qo1PFDvQa4DkkNs775yBxyAxIA",
+	"cRguMwzCdznTcryDMwNyCLSal4wr0hzBNYY8K/2BrCavS1jtdlgB1wDbTgF/l7zuQAldjiE4kBNk9Xf+",
+	"UtrhCvB8h0MrqIqRaSv1sjHoQSrwPAKEBSpv4hGjWTE+eqJWwQiNr8lZkeXlGKWDRrR8k33PSgHyHuKt",
+	"OkX73V4xyn3PWE9pK8Cc9ls63z1Z/9ljXkRiYufRhUQ0gPge+OJWUuFWGvD8D7+NtL21Rxada9RHFNYg",
+	"JFoQLuQT9PvRe7iVR5ot3ZU2v6ugWEUJXsIIpja5K+Fcnfdqz/X3Vkjd5QxmqfHv1lppOPkhAfdwTQIL",
+	"aTewUZCH/u5gclmM+h6OUTT++/SZcsrUyTVC06lYb5K1nyd3+kNn/8mCUB3S3txYrRbDy1lBmCLNg4kN",
+	"h7NDXLC/nwlO7spEpEeQKczkBwaZdhrGV/ouPR9OsRZSYxTtTjTeQ0zuMtzHdlICzXbJuoJT65fbRGwp",
+	"flssVNLlzDVOBr9YdNh0ZsiW+uesqlvu9xtd9854+hhwiaFssWRtDL8IjQYB/Zp+xJYIDMYPLTiLUalL",
+	"xOhPZ/G+c7ES2zSO72h00uRuhcWq17H0Uo33Dlh3tmF1HWper0CugKMcOoFW2GSr5pcS2AJh9Oy3i38h",
+	"ISFBDzCSmCPMgxW5ATTfoNmr86PTvz1+aH7FYb0CDkgylOoN1ULxf4lRKO0Ns4jW+2LFelPXfYpfFkiQ",
+	"R0JywLGt7iJWzQnFfOMAtvdtUdWKGP37HPvnZzenQ7EtV6f9ToleMJVGFydgcYyPBKgNJITTvMHhF78D",
+	"0dJAkntVzP3K1x9Qbv+c+J3CVJ7kWEGrVl6vgKKYcUAc9Dv7fgat1JRUh9rENlzhcKggbb1/4YLGCBc/",
+	"Cl5yMBX+BTA5HMDk5nTo1Uim5v/ly5GqULrLOYdf/ZRZdms/QWJuF5wH82LnmzS9QvJpM73SQkDZj4Pc",
+	"Q9FntvV3HVQ5/Vdn30NA5Xtc/UU0KhXN13p2X7+FiEhhbutNjeuj7NU5tGCmFsoUl0Cwp9bsFwfs10Y+",
+	"fdl+2f4nAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -23,6 +23,8 @@ func (s *Server) node() Node {
 		Sandboxes:    NodeSandboxes{Running: int32(st.Running), Paused: int32(st.Paused), Total: int32(st.Total)},
 		AllocatedCPU: int32(st.AllocatedCPU), AllocatedMemoryMB: st.AllocatedMemMiB,
 		CreateSuccesses: st.CreateSuccesses, CreateFailures: st.CreateFailed,
+		Memory: &NodeMemory{Mode: NodeMemoryMode(st.MemoryMode), Reason: st.MemoryReason,
+			Images: int32(st.MemoryImages), Vms: int32(st.MemoryVMs)},
 	}
 }
 

@@ -26,11 +26,53 @@ type NodeStats struct {
 	AllocatedCPU                  int
 	AllocatedMemMiB               int64
 	CreateSuccesses, CreateFailed int64
+	// How restored VMs get memory images, and how many distinct image
+	// files the running VMs map (one per snapshot when shared).
+	MemoryMode, MemoryReason string
+	MemoryImages, MemoryVMs  int
+}
+
+// MemoryMode is how VMs restored from a layered memory image map it: the
+// stack flattened once per snapshot into a node-local file. A block export
+// of the stack (ublk or kernel NBD from aenv-storaged) would be mappable
+// too, but QEMU maps files, and these hosts have neither driver.
+const (
+	MemoryMode   = "cache-file"
+	MemoryReason = "memory layer stacks are flattened once per snapshot into a node-local file that every VM restored from it maps privately (no mappable block export: the VMM maps files)"
+)
+
+// memoryImages counts the distinct memory files the running VMs map.
+func (o *Orchestrator) memoryImages() (images, vms int) {
+	o.mu.Lock()
+	all := make([]*sandbox, 0, len(o.sandboxes))
+	for _, s := range o.sandboxes {
+		all = append(all, s)
+	}
+	o.mu.Unlock()
+	seen := map[[2]uint64]bool{}
+	for _, s := range all {
+		s.mu.Lock()
+		file := s.rec.Memory.File
+		if file == "" && s.vm != nil {
+			file = s.vm.Info().MemoryFile
+		}
+		running := s.vm != nil
+		s.mu.Unlock()
+		var st unix.Stat_t
+		if !running || file == "" || unix.Stat(file, &st) != nil {
+			continue
+		}
+		vms++
+		seen[[2]uint64{st.Dev, st.Ino}] = true
+	}
+	return len(seen), vms
 }
 
 // NodeStats samples /proc, the data directory's filesystem and the sandboxes.
 func (o *Orchestrator) NodeStats() NodeStats {
-	st := NodeStats{CPUCount: runtime.NumCPU(), CreateSuccesses: o.m.creates.Load(), CreateFailed: o.m.createFails.Load()}
+	st := NodeStats{CPUCount: runtime.NumCPU(), CreateSuccesses: o.m.creates.Load(), CreateFailed: o.m.createFails.Load(),
+		MemoryMode: MemoryMode, MemoryReason: MemoryReason}
+	st.MemoryImages, st.MemoryVMs = o.memoryImages()
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		if f := strings.Fields(string(b)); len(f) > 0 {
 			st.LoadAverage1m, _ = strconv.ParseFloat(f[0], 64)
