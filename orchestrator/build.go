@@ -568,6 +568,15 @@ func (o *Orchestrator) DeleteTemplate(ctx context.Context, idOrName string) erro
 			return fmt.Errorf("template %s: sandbox %s (%s) uses it: %w", t.ID, r.ID, r.State, ErrConflict)
 		}
 	}
+	snaps, err := store.ListAll[SnapshotRecord](o.store, store.Snapshots)
+	if err != nil {
+		return err
+	}
+	for _, sn := range snaps {
+		if sn.TemplateID == t.ID {
+			return fmt.Errorf("template %s: snapshot %s was taken from one of its sandboxes: %w", t.ID, sn.ID, ErrConflict)
+		}
+	}
 	for _, other := range b.recs {
 		if other.ID != t.ID && other.Parent == t.ID {
 			return fmt.Errorf("template %s: template %s was built from it: %w", t.ID, other.ID, ErrConflict)

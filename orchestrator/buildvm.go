@@ -57,20 +57,6 @@ func (b *builder) execute(ctx context.Context, t *Template, buildID string, spec
 		EnvdVersion: envdVersion}
 	v := &buildVM{b: b, tid: t.ID, bid: buildID, env: map[string]string{}, args: map[string]string{}, bash: "/bin/bash"}
 
-	slot, err := o.nets.Acquire(ctx)
-	if err != nil {
-		return nil, StepBase, fmt.Errorf("network slot: %w", err)
-	}
-	defer o.nets.Release(context.WithoutCancel(ctx), slot)
-	tap, err := slot.OpenTap()
-	if err != nil {
-		return nil, StepBase, fmt.Errorf("tap: %w", err)
-	}
-	defer tap.Close()
-	v.slot, v.hc = slot, agentClient(slot, 0)
-	g := slot.Guest()
-	nic := vmm.NIC{ID: nicID, MAC: g.MAC.String(), Tap: tap}
-
 	// The root disk: the base layers plus a fresh upper from the daemon.
 	rec := Record{ID: "build-" + buildID, Dir: dir, Gen: 1}
 	var src *Template
@@ -103,6 +89,19 @@ func (b *builder) execute(ctx context.Context, t *Template, buildID string, spec
 	if v.workdir == "" {
 		v.workdir = homeOf(v.user)
 	}
+	slot, err := o.nets.Acquire(ctx)
+	if err != nil {
+		return nil, StepBase, fmt.Errorf("network slot: %w", err)
+	}
+	defer o.nets.Release(context.WithoutCancel(ctx), slot)
+	tap, err := slot.OpenTap()
+	if err != nil {
+		return nil, StepBase, fmt.Errorf("tap: %w", err)
+	}
+	defer tap.Close()
+	v.slot, v.hc = slot, agentClient(slot, 0)
+	g := slot.Guest()
+	nic := vmm.NIC{ID: nicID, MAC: g.MAC.String(), Tap: tap}
 	dev, err := o.sd.Create(ctx, rpc.CreateParams{Image: rec.RootfsImage, Owner: rec.ID})
 	if err != nil {
 		return nil, StepBase, fmt.Errorf("rootfs device: %w", err)
@@ -132,7 +131,11 @@ func (b *builder) execute(ctx context.Context, t *Template, buildID string, spec
 		})
 	} else {
 		v.logf("info", StepBase, "restoring template %s", src.ID)
-		vm, err = o.drv.Restore(ctx, vmm.RestoreConfig{ID: "build-" + buildID, SnapshotDir: src.Snapshot,
+		mem, merr := o.restoreMemory(ctx, src.Snapshot)
+		if merr != nil {
+			return nil, StepBase, merr
+		}
+		vm, err = o.drv.Restore(ctx, vmm.RestoreConfig{ID: "build-" + buildID, SnapshotDir: src.Snapshot, MemoryFile: mem.File,
 			RunDir: filepath.Join(dir, "run"), Drives: []vmm.Drive{drive}, NICs: []vmm.NIC{nic}})
 	}
 	if err != nil {
