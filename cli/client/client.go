@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"time"
 
 	"github.com/agentenv/agentenv/api"
 )
@@ -292,72 +291,6 @@ func withQuery(path string, q url.Values) string {
 		return path
 	}
 	return path + "?" + q.Encode()
-}
-
-// BuildRequest describes a template build (E2B's v3 template API).
-type BuildRequest struct {
-	Name      string
-	FromImage string
-	CPUCount  int32
-	MemoryMB  int32
-	StartCmd  string
-	ReadyCmd  string
-}
-
-// BuildRef names a build in progress.
-type BuildRef struct {
-	TemplateID string   `json:"templateID"`
-	BuildID    string   `json:"buildID"`
-	Names      []string `json:"names,omitempty"`
-}
-
-// BuildLog is one line of a build's log.
-type BuildLog struct {
-	Timestamp time.Time `json:"timestamp"`
-	Level     string    `json:"level,omitempty"`
-	Message   string    `json:"message"`
-}
-
-// BuildStatus is the state of a build: building, waiting, ready or error.
-type BuildStatus struct {
-	Status     string     `json:"status"`
-	LogEntries []BuildLog `json:"logEntries"`
-	Reason     *struct {
-		Message string `json:"message"`
-	} `json:"reason,omitempty"`
-}
-
-// StartBuild registers a template and starts its build.
-func (c *Client) StartBuild(ctx context.Context, b BuildRequest) (BuildRef, error) {
-	op := "build template " + b.Name
-	req := map[string]any{"name": b.Name}
-	if b.CPUCount > 0 {
-		req["cpuCount"] = b.CPUCount
-	}
-	if b.MemoryMB > 0 {
-		req["memoryMB"] = b.MemoryMB
-	}
-	var ref BuildRef
-	if _, _, err := c.do(ctx, op, "POST", "/v3/templates", req, &ref); err != nil {
-		return ref, err
-	}
-	spec := map[string]any{"fromImage": b.FromImage}
-	if b.StartCmd != "" {
-		spec["startCmd"] = b.StartCmd
-	}
-	if b.ReadyCmd != "" {
-		spec["readyCmd"] = b.ReadyCmd
-	}
-	_, _, err := c.do(ctx, op, "POST", "/v2/templates/"+url.PathEscape(ref.TemplateID)+"/builds/"+url.PathEscape(ref.BuildID), spec, nil)
-	return ref, err
-}
-
-// BuildStatus returns a build's state and the log lines from logsOffset on.
-func (c *Client) BuildStatus(ctx context.Context, ref BuildRef, logsOffset int) (BuildStatus, error) {
-	var st BuildStatus
-	path := fmt.Sprintf("/templates/%s/builds/%s/status?logsOffset=%d", url.PathEscape(ref.TemplateID), url.PathEscape(ref.BuildID), logsOffset)
-	_, _, err := c.do(ctx, "get the status of build "+ref.BuildID+" of template "+ref.TemplateID, "GET", path, nil, &st)
-	return st, err
 }
 
 // Refresh extends a sandbox's lifetime to at least secs from now (it never

@@ -166,9 +166,9 @@ func TestWriteTarRefusesEscapes(t *testing.T) {
 	t.Parallel()
 	outside := tree(t, map[string]string{"secret": "s"})
 	dir := tree(t, map[string]string{
-		"ok": "fine",
+		"ok":  "fine",
 		"abs": "->" + filepath.Join(outside, "secret"), "absdir": "->" + outside,
-		"rel": "->../../../../../../../../etc/passwd",
+		"rel":     "->../../../../../../../../etc/passwd",
 		"d/inner": "->/etc/passwd", "d/up": "->../ok",
 	})
 	tests := []struct{ src, want string }{

@@ -1,6 +1,8 @@
-// Package pullcmd is `aenv pull IMAGE`: pull an OCI image from a registry and
-// convert it into a bootable root filesystem stored as a sealed LSMT layer
-// (package oci), printing the layer's path.
+// Package pullcmd is `aenv pull IMAGE`: by default a template build on aenvd
+// from the image with no steps (the node pulls and converts it), followed
+// until ready; with --local, pull the OCI image here and convert it into a
+// bootable root filesystem stored as a sealed LSMT layer (package oci),
+// printing the layer's path.
 package pullcmd
 
 import (
@@ -9,7 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
+	"time"
 
+	"github.com/agentenv/agentenv/cli/client"
+	"github.com/agentenv/agentenv/cli/sandboxcmd"
 	"github.com/agentenv/agentenv/oci"
 	"github.com/agentenv/agentenv/storage/zfile"
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -40,22 +46,53 @@ func NewCommand() *cobra.Command {
 		user     string
 		compress bool
 		asJSON   bool
+		local    bool
+		remote   client.BuildRequest
+		poll     time.Duration
+		format   string
 	)
 	cmd := &cobra.Command{
 		Use:   "pull IMAGE",
-		Short: "Pull an OCI image and convert it into a root filesystem layer",
-		Long: `Pull an OCI image (linux/amd64) from a registry, verify and cache its layers by
-digest, apply them into an ext4 root filesystem with the agent, /etc/hosts,
-/etc/resolv.conf and the default user injected, and store it as a sealed LSMT
-layer (cached by image digest). Prints the layer's path.
+		Short: "Make a template from an OCI image (on aenvd; --local converts it here)",
+		Long: `Build a template on aenvd from an OCI image (linux/amd64) with no further steps: the
+node pulls the image, converts it into a root filesystem with the agent, boots it, runs the
+start command if any and snapshots it. The build's log is followed until the template is
+ready; then ` + "`aenv start NAME`" + ` starts sandboxes from it. NAME defaults to the image's
+repository name (ubuntu for ubuntu:22.04).
 
-Credentials: --username with the password in $AENV_REGISTRY_PASSWORD, else the
-Docker config keychain (~/.docker/config.json), else anonymous.`,
+With --local, pull the image here instead: verify and cache its layers by digest, apply
+them into an ext4 root filesystem with the agent, /etc/hosts, /etc/resolv.conf and the
+default user injected, and store it as a sealed LSMT layer (cached by image digest).
+Prints the layer's path. Credentials (--local): --username with the password in
+$AENV_REGISTRY_PASSWORD, else the Docker config keychain (~/.docker/config.json), else
+anonymous.`,
+		Example:      "  aenv pull ubuntu:22.04 --name ubuntu\n  aenv pull python:3.13-slim --name py --start-cmd 'python -m http.server' --ready-cmd 'curl -s localhost:8000'\n  aenv pull --local ubuntu:22.04 --cache /var/cache/aenv/oci",
 		Args:         cobra.ExactArgs(1),
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if name != "" && !validName.MatchString(name) {
 				return fmt.Errorf("pull: invalid name %q", name)
+			}
+			if !local {
+				for _, f := range localFlags {
+					if cmd.Flags().Changed(f) {
+						return fmt.Errorf("pull: --%s applies to --local only (the node pulls with its own [image] configuration)", f)
+					}
+				}
+				remote.FromImage = args[0]
+				remote.Name = name
+				if remote.Name == "" {
+					remote.Name = defaultName(args[0])
+				}
+				if asJSON {
+					format = "json"
+				}
+				return sandboxcmd.ServerBuild(cmd, remote, poll, format)
+			}
+			for _, f := range []string{"start-cmd", "ready-cmd", "cpu", "memory", "output"} {
+				if cmd.Flags().Changed(f) {
+					return fmt.Errorf("pull: --%s does not apply to --local", f)
+				}
 			}
 			if compress {
 				conv.Compress = &zfile.Options{}
@@ -115,7 +152,38 @@ Docker config keychain (~/.docker/config.json), else anonymous.`,
 	f.StringSliceVar(&conv.Nameservers, "nameserver", nil, "nameservers for /etc/resolv.conf (default 8.8.8.8)")
 	f.BoolVar(&compress, "compress", false, "store the layer as a ZFile (zstd)")
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	f.BoolVar(&local, "local", false, "pull and convert the image on this machine instead of building a template on aenvd")
+	f.StringVar(&remote.StartCmd, "start-cmd", "", "command started in the template before its snapshot")
+	f.StringVar(&remote.ReadyCmd, "ready-cmd", "", "command that succeeds once the start command is ready")
+	f.Int32Var(&remote.CPUCount, "cpu", 0, "vCPUs of the template's sandboxes (default: the server's)")
+	f.Int32Var(&remote.MemoryMB, "memory", 0, "memory in MiB of the template's sandboxes (default: the server's)")
+	f.DurationVar(&poll, "poll", time.Second, "build status poll interval")
+	f.StringVarP(&format, "output", "o", "table", "output format: table or json")
 	return cmd
+}
+
+// localFlags only make sense when converting here.
+var localFlags = []string{"cache", "default-registry", "allowed-registry", "insecure-registry", "username", "agent", "size", "hostname", "nameserver", "compress"}
+
+// defaultName is the template name for an image reference: its repository's
+// last path component (ubuntu for docker.io/library/ubuntu:22.04).
+func defaultName(ref string) string {
+	ref, _, _ = strings.Cut(ref, "@")
+	last := ref[strings.LastIndex(ref, "/")+1:]
+	last, _, _ = strings.Cut(last, ":")
+	last = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' {
+			return r
+		}
+		if r >= 'A' && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		return '-'
+	}, last)
+	if last == "" {
+		return "image"
+	}
+	return last
 }
 
 func saveName(cache string, res Result) error {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"log"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -63,7 +64,7 @@ func TestPull(t *testing.T) {
 	cache := t.TempDir()
 	agent := filepath.Join(t.TempDir(), "aenv-agent")
 	os.WriteFile(agent, []byte("agent"), 0o755)
-	args := []string{"pull", host + "/small:v1", "--cache", cache, "--name", "small", "--agent", agent,
+	args := []string{"pull", "--local", host + "/small:v1", "--cache", cache, "--name", "small", "--agent", agent,
 		"--insecure-registry", host, "--allowed-registry", host}
 	out, err := run(t, append(args[1:], "--json")...)
 	if err != nil {
@@ -89,10 +90,74 @@ func TestPull(t *testing.T) {
 	if err != nil || strings.TrimSpace(out) != res.Layer {
 		t.Fatalf("second pull: %q, %v", out, err)
 	}
-	if _, err := run(t, host+"/small:v1", "--cache", cache, "--name", "../bad"); err == nil {
+	if _, err := run(t, "--local", host+"/small:v1", "--cache", cache, "--name", "../bad"); err == nil {
 		t.Fatal("invalid name accepted")
 	}
-	if out, err := run(t, host+"/missing:v1", "--cache", cache); err == nil || !strings.Contains(err.Error(), "NAME_UNKNOWN") {
+	if out, err := run(t, "--local", host+"/missing:v1", "--cache", cache); err == nil || !strings.Contains(err.Error(), "NAME_UNKNOWN") {
 		t.Fatalf("missing image: %v\n%s", err, out)
+	}
+}
+
+// TestPullOnServer: without --local, pull is a server-side build from the
+// image with no steps, followed until ready.
+func TestPullOnServer(t *testing.T) {
+	var spec struct {
+		FromImage string          `json:"fromImage"`
+		StartCmd  string          `json:"startCmd"`
+		ReadyCmd  string          `json:"readyCmd"`
+		Steps     json.RawMessage `json:"steps"`
+	}
+	var created struct {
+		Name     string `json:"name"`
+		CPUCount int    `json:"cpuCount"`
+		MemoryMB int    `json:"memoryMB"`
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v3/templates", func(w http.ResponseWriter, r *http.Request) {
+		json.NewDecoder(r.Body).Decode(&created)
+		w.WriteHeader(202)
+		io.WriteString(w, `{"templateID":"t1","buildID":"b1","names":["x"]}`)
+	})
+	mux.HandleFunc("POST /v2/templates/t1/builds/b1", func(w http.ResponseWriter, r *http.Request) {
+		json.NewDecoder(r.Body).Decode(&spec)
+		w.WriteHeader(202)
+	})
+	mux.HandleFunc("GET /templates/t1/builds/b1/status", func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `{"status":"ready","logEntries":[{"level":"info","message":"pulled"}]}`)
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("AENV_URL", srv.URL)
+	t.Setenv("AENV_API_KEY", "k")
+	out, err := run(t, "registry.example:5000/team/Py:3.13", "--start-cmd", "srv", "--ready-cmd", "true", "--cpu", "2", "--memory", "512", "--poll", "1ms", "-o", "json")
+	if err != nil {
+		t.Fatalf("pull: %v\n%s", err, out)
+	}
+	if created.Name != "py" || created.CPUCount != 2 || created.MemoryMB != 512 {
+		t.Errorf("template request %+v", created)
+	}
+	if spec.FromImage != "registry.example:5000/team/Py:3.13" || spec.StartCmd != "srv" || spec.ReadyCmd != "true" || spec.Steps != nil {
+		t.Errorf("build spec %+v", spec)
+	}
+	if !strings.Contains(out, "pulled\n") || !strings.Contains(out, `"templateID": "t1"`) {
+		t.Errorf("output:\n%s", out)
+	}
+	if _, err := run(t, "x", "--cache", "/tmp"); err == nil || !strings.Contains(err.Error(), "--cache applies to --local only") {
+		t.Errorf("local flag without --local: %v", err)
+	}
+	if _, err := run(t, "--local", "x", "--memory", "5"); err == nil || !strings.Contains(err.Error(), "--memory does not apply to --local") {
+		t.Errorf("server flag with --local: %v", err)
+	}
+}
+
+func TestDefaultName(t *testing.T) {
+	for ref, want := range map[string]string{
+		"ubuntu:22.04": "ubuntu", "docker.io/library/debian": "debian", "127.0.0.1:5000/a/b:v1": "b",
+		"ghcr.io/x/My_Img@sha256:abc": "my_img", "": "image",
+	} {
+		if got := defaultName(ref); got != want {
+			t.Errorf("defaultName(%q) = %q, want %q", ref, got, want)
+		}
 	}
 }

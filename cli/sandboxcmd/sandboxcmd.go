@@ -728,7 +728,7 @@ func templateCmd() *cobra.Command {
 			return nil
 		},
 	}
-	root.AddCommand(list, rm, templateBuildCmd())
+	root.AddCommand(list, rm, templateBuildCmd(), templateWatchCmd())
 	return root
 }
 

@@ -34,6 +34,7 @@ func main() {
 	})
 	root.AddCommand(pullcmd.NewCommand())
 	root.AddCommand(sandboxcmd.Commands()...)
+	root.AddCommand(sandboxcmd.BuildCommand())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := root.ExecuteContext(ctx); err != nil {
