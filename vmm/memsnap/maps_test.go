@@ -146,3 +146,15 @@ func FuzzParseMapsLine(f *testing.F) {
 		}
 	})
 }
+
+func FuzzFindRegion(f *testing.F) {
+	f.Add("1000-3000 rw-p 0 fe:01 42 /run/aenv/mem\n10000-20000 rw-s 0 fe:01 42 /run/aenv/mem\n")
+	f.Add("10000-14000 rw-p 0 fe:01 42 /m\n14000-15000 r--p 4000 00:2f 42 /run/aenv/mem\n")
+	f.Fuzz(func(t *testing.T, maps string) {
+		id := fileID{major: 0xfe, minor: 1, ino: 42, path: "/run/aenv/mem"}
+		r, err := findRegion(strings.NewReader(maps), id)
+		if err == nil && (r.End < r.Start || r.Shared) {
+			t.Fatalf("findRegion accepted %+v", r)
+		}
+	})
+}

@@ -68,15 +68,16 @@ func materialize(ctx context.Context, paths []string, out string) (int64, error)
 
 // copyStack writes the data segments of the stack's merged index to f at
 // their logical offsets, skipping zero pages, and returns the bytes written.
+// Logically contiguous segments (a diff's pages between its base's) are
+// gathered into one buffer and written with one call.
 func copyStack(ctx context.Context, st *lsmt.Stack, f *atomicFile) (int64, error) {
 	size := st.Size()
 	lowers := st.Lowers()
-	buf := make([]byte, readBatch)
-	var written int64
+	w := &gather{f: f, buf: make([]byte, readBatch)}
 	for i, s := range st.MergedIndex().Segments() {
 		if i%256 == 0 {
 			if err := ctx.Err(); err != nil {
-				return written, err
+				return w.written, err
 			}
 		}
 		a := int64(s.Offset) * lsmt.SectorSize
@@ -84,23 +85,54 @@ func copyStack(ctx context.Context, st *lsmt.Stack, f *atomicFile) (int64, error
 		if s.Zeroed || a >= b {
 			continue
 		}
-		src := lowers[s.Tag].DataReaderAt()
-		phys := int64(s.MOffset) * lsmt.SectorSize
-		for pos := a; pos < b; {
-			chunk := buf[:min(int64(len(buf)), b-pos)]
-			n, err := src.ReadAt(chunk, phys+pos-a)
-			if n < len(chunk) {
-				return written, fmt.Errorf("read layer %s at %d: got %d of %d bytes: %w", lowers[s.Tag].Name(), phys+pos-a, n, len(chunk), err)
-			}
-			w, err := writeNonZero(f, chunk, pos)
-			written += w
-			if err != nil {
-				return written, err
-			}
-			pos += int64(len(chunk))
+		l := lowers[s.Tag]
+		if err := w.add(l, int64(s.MOffset)*lsmt.SectorSize, a, b-a); err != nil {
+			return w.written, err
 		}
 	}
-	return written, nil
+	return w.written, w.flush()
+}
+
+// gather collects logically contiguous data in buf before writing it.
+type gather struct {
+	f       *atomicFile
+	buf     []byte
+	start   int64 // logical offset of buf[0]
+	n       int64 // bytes of buf in use
+	written int64
+}
+
+// add appends length bytes read from layer l at physical offset phys, which
+// belong at logical offset logical.
+func (g *gather) add(l *lsmt.Layer, phys, logical, length int64) error {
+	for length > 0 {
+		if g.n > 0 && (logical != g.start+g.n || g.n == int64(len(g.buf))) {
+			if err := g.flush(); err != nil {
+				return err
+			}
+		}
+		if g.n == 0 {
+			g.start = logical
+		}
+		k := min(length, int64(len(g.buf))-g.n)
+		chunk := g.buf[g.n : g.n+k]
+		if n, err := l.DataReaderAt().ReadAt(chunk, phys); n < len(chunk) {
+			return fmt.Errorf("read layer %s at %d: got %d of %d bytes: %w", l.Name(), phys, n, len(chunk), err)
+		}
+		g.n += k
+		phys, logical, length = phys+k, logical+k, length-k
+	}
+	return nil
+}
+
+func (g *gather) flush() error {
+	if g.n == 0 {
+		return nil
+	}
+	w, err := writeNonZero(g.f, g.buf[:g.n], g.start)
+	g.written += w
+	g.n = 0
+	return err
 }
 
 // writeNonZero writes the parts of b (at off) that are not whole zero pages
