@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -111,6 +112,7 @@ func deviceSnapshotRound(t *testing.T, d *Driver, vm vmm.Machine, tn *vmmtest.Te
 	if _, err := os.Stat(filepath.Join(dir, vmm.SnapshotMemoryFile)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("device snapshot dir holds a memory image: %v", err)
 	}
+	checkDeviceState(t, snap.StateFile)
 	memFile := filepath.Join(work, fmt.Sprintf("mem%d", round))
 	written, err := vmmtest.CaptureMemory(vm.Info().PID, vm.Info().MemoryFile, memFile)
 	if err != nil {
@@ -181,6 +183,35 @@ func refusedStreamKeepsVM(t *testing.T, m *machine, dir string) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, vmm.SnapshotStateFile)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a refused stream left a state file: %v", err)
+	}
+}
+
+// checkDeviceState runs the filter over a written device state again: the
+// guest RAM block is listed with the VM's size, none of its pages are left,
+// the other blocks (firmware, option ROMs) kept theirs, and the output is
+// the input.
+func checkDeviceState(t *testing.T, path string) {
+	t.Helper()
+	in, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	st, err := migstream.Filter(&out, bytes.NewReader(in), migstream.Options{DropBlocks: []string{guestRAMBlock}})
+	if err != nil {
+		t.Fatalf("filter over the device state: %v", err)
+	}
+	t.Logf("device state: blocks %+v, capabilities %v, %d other pages", st.Blocks, st.Capabilities, st.KeptPages)
+	if st.DroppedPages+st.DroppedZeroPages != 0 || st.KeptPages == 0 || !bytes.Equal(out.Bytes(), in) {
+		t.Fatalf("device state holds %d guest RAM pages and %d others; refiltered output equal: %v",
+			st.DroppedPages+st.DroppedZeroPages, st.KeptPages, bytes.Equal(out.Bytes(), in))
+	}
+	found := false
+	for _, b := range st.Blocks {
+		found = found || (b.Name == guestRAMBlock && b.Length == 256<<20)
+	}
+	if !found {
+		t.Fatalf("guest RAM block %q of 256 MiB not listed: %+v", guestRAMBlock, st.Blocks)
 	}
 }
 
