@@ -1,0 +1,140 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// layerFiles counts a sandbox's own sealed layers on the node: memory diffs
+// (mem-<gen>.lsmt) and sealed rootfs uppers (rootfs-<gen>.lsmt).
+func (n *node) layerFiles(t *testing.T, id string) (memory, rootfs int) {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(n.DataDir, "sandboxes", id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, disk := regexp.MustCompile(`^mem-\d+\.lsmt$`), regexp.MustCompile(`^rootfs-\d+\.lsmt$`)
+	for _, e := range entries {
+		switch {
+		case mem.MatchString(e.Name()):
+			memory++
+		case disk.MatchString(e.Name()):
+			rootfs++
+		}
+	}
+	return memory, rootfs
+}
+
+// TestPauseResumeCycles: 20 pause/resume cycles with writes between each
+// (synced files, unsynced files, tmpfs): everything written survives, a
+// long-running process keeps counting, and every pause adds exactly one
+// memory layer and one rootfs layer.
+func TestPauseResumeCycles(t *testing.T) {
+	n := sharedNode(t)
+	id := n.create(t, `{"templateID":"base","timeout":900}`)
+	n.sh(t, id, counterScript)
+	last := n.counter(t, id)
+	const cycles = 20
+	for i := 1; i <= cycles; i++ {
+		// f<i> is synced, u<i> may sit in the guest page cache only, and
+		// m<i> lives in tmpfs (guest RAM).
+		n.sh(t, id, fmt.Sprintf(`echo synced%d > /home/user/f%d && sync /home/user/f%d; echo unsynced%d > /home/user/u%d; echo mem%d > /dev/shm/m%d`, i, i, i, i, i, i, i))
+		n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+		n.waitState(t, id, "paused", time.Second)
+		if mem, disk := n.layerFiles(t, id); mem != i || disk != i {
+			t.Fatalf("after pause %d: %d memory and %d rootfs layers, want %d of each", i, mem, disk, i)
+		}
+		n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":900}`)
+		got := n.sh(t, id, fmt.Sprintf(`for j in $(seq %d); do cat /home/user/f$j /home/user/u$j /dev/shm/m$j; done | tr '\n' ' '`, i))
+		var want strings.Builder
+		for j := 1; j <= i; j++ {
+			fmt.Fprintf(&want, "synced%d unsynced%d mem%d ", j, j, j)
+		}
+		if strings.TrimSpace(got) != strings.TrimSpace(want.String()) {
+			t.Fatalf("after resume %d: files read %q, want %q", i, got, want.String())
+		}
+		c := n.counter(t, id)
+		if c <= last {
+			t.Fatalf("after resume %d: counter %d, not past %d", i, c, last)
+		}
+		last = c
+	}
+}
+
+// TestSharedMemoryImage: ten sandboxes created from one snapshot map one
+// memory image file (the same inode), and /nodes counts it once.
+func TestSharedMemoryImage(t *testing.T) {
+	n := sharedNode(t)
+	src := n.create(t, `{"templateID":"base","timeout":600}`)
+	n.sh(t, src, `echo shared > /dev/shm/marker`)
+	var snap snapshotJSON
+	if err := json.Unmarshal(n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+src+"/snapshots", n.key, `{}`), &snap); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.call(t, "DELETE", "/snapshots/"+snap.SnapshotID, n.key, "") })
+	if snap.MemoryLayers != 2 {
+		t.Fatalf("snapshot of a sandbox fresh from the template has %d memory layers, want 2 (base + diff)", snap.MemoryLayers)
+	}
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+src, n.key, "")
+	const count = 10
+	inodes := map[[2]uint64][]string{}
+	for range count {
+		id := n.create(t, `{"templateID":"`+snap.SnapshotID+`","timeout":300}`)
+		if got := n.sh(t, id, `cat /dev/shm/marker`); got != "shared" {
+			t.Fatalf("sandbox %s from the snapshot reads %q", id, got)
+		}
+		dev, ino, path := memoryMapping(t, id)
+		k := [2]uint64{dev, ino}
+		inodes[k] = append(inodes[k], id+" "+path)
+	}
+	if len(inodes) != 1 {
+		t.Fatalf("%d sandboxes from one snapshot map %d different memory files: %v", count, len(inodes), inodes)
+	}
+	var nodes []struct {
+		Memory struct {
+			Mode   string `json:"mode"`
+			Images int    `json:"images"`
+			VMs    int    `json:"vms"`
+		} `json:"memory"`
+	}
+	if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/nodes", n.key, ""), &nodes); err != nil || len(nodes) != 1 {
+		t.Fatalf("/nodes: %v", err)
+	}
+	if m := nodes[0].Memory; m.Mode == "" || m.VMs < count || m.Images > m.VMs-count+1 {
+		t.Fatalf("/nodes memory %+v: want the %d sandboxes counted as one image", m, count)
+	}
+}
+
+// memoryMapping finds the guest RAM mapping of a sandbox's VMM process: the
+// largest file mapping whose name is a memory image.
+func memoryMapping(t *testing.T, id string) (dev, ino uint64, path string) {
+	t.Helper()
+	pids := processesMentioning(id)
+	for _, pid := range pids {
+		maps, err := os.ReadFile("/proc/" + pid + "/maps")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(maps), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 6 || !strings.HasPrefix(filepath.Base(f[5]), "memory") {
+				continue
+			}
+			var st syscall.Stat_t
+			if err := syscall.Stat(f[5], &st); err != nil {
+				t.Fatalf("stat %s: %v", f[5], err)
+			}
+			return st.Dev, st.Ino, f[5]
+		}
+	}
+	t.Fatalf("no memory image mapping in the processes of sandbox %s (%v)", id, pids)
+	return 0, 0, ""
+}
