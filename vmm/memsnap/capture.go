@@ -19,11 +19,14 @@ const (
 	pmPresent = 1 << 63
 	pmSwapped = 1 << 62
 	pmFile    = 1 << 61 // file page or shared anonymous page
+	pmGuard   = 1 << 58 // guard region marker (MADV_GUARD_INSTALL, Linux 6.15+): reported as swapped, holds nothing
 )
 
 // written reports whether a pagemap entry of a private file mapping is a page
 // the process wrote: an anonymous (copy-on-write) page, in RAM or in swap.
-func written(e uint64) bool { return e&(pmPresent|pmSwapped) != 0 && e&pmFile == 0 }
+func written(e uint64) bool {
+	return e&(pmPresent|pmSwapped) != 0 && e&(pmFile|pmGuard) == 0
+}
 
 const (
 	pagemapBatch = 16 << 10 // pages per pagemap read (128 KiB of entries)
@@ -33,10 +36,11 @@ const (
 
 // CaptureDiff writes the pages that process pid wrote into its PRIVATE mapping
 // of memFile (the guest RAM of a VMM restored from a memory image mapped
-// copy-on-write) as a sealed LSMT layer at out, whose virtual size is the
-// mapping's end in the file (the mapping size when it starts at offset 0, as
-// VMMs map guest RAM) and whose parent UUID is parentUUID. Logical offsets in
-// the layer are file offsets.
+// copy-on-write) as a sealed LSMT layer at out, whose parent UUID is
+// parentUUID and whose virtual size is the mapping size (precisely: the
+// mapping's end in the file, or the file's size if that is larger, so that
+// stacking the diff never cuts off the parent). Logical offsets in the layer
+// are file offsets; VMMs map guest RAM from offset 0.
 //
 // The caller has stopped the vCPUs (and any device emulation that writes guest
 // memory). Written pages are the mapping's anonymous pages: pagemap entries
@@ -72,7 +76,11 @@ func captureDiff(ctx context.Context, pid int, memFile, out string, parent lsmt.
 	if err != nil {
 		return Stats{}, err
 	}
-	xw, err := lsmt.NewExtentWriter(af, lsmt.SealOptions{VirtualSize: region.FileOffset + region.Size(), Parent: parent, Message: message})
+	vs := region.FileOffset + region.Size()
+	if fi, err := os.Stat(memFile); err == nil && fi.Size() > int64(vs) {
+		vs = uint64(fi.Size()+lsmt.SectorSize-1) / lsmt.SectorSize * lsmt.SectorSize
+	}
+	xw, err := lsmt.NewExtentWriter(af, lsmt.SealOptions{VirtualSize: vs, Parent: parent, Message: message})
 	if err != nil {
 		af.abort()
 		return Stats{}, err

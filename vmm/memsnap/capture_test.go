@@ -76,6 +76,11 @@ func TestCaptureDiff(t *testing.T) {
 				t.Fatal(err)
 			}
 			noTemp(t, flat)
+			for _, p := range []string{diff, flat} {
+				if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+					t.Errorf("%s: mode %v (%v), want 0600: guest memory is private", p, fi.Mode(), err)
+				}
+			}
 			mem, err := proc.Memory()
 			if err != nil {
 				t.Fatal(err)
@@ -93,6 +98,48 @@ func TestCaptureDiff(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCapturePartialMapping maps the middle of a memory file: the layer's
+// offsets are file offsets and its virtual size still covers the whole file.
+func TestCapturePartialMapping(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	const n = 64
+	all := make([]int64, n)
+	for i := range all {
+		all[i] = int64(i)
+	}
+	memFile := filepath.Join(dir, "mem")
+	content := writeMemFile(t, memFile, n, 1, all)
+	base := filepath.Join(dir, "base.lsmt")
+	if _, err := ImportFull(ctx, memFile, base, ""); err != nil {
+		t.Fatal(err)
+	}
+	spec := memsnaptest.Spec{File: memFile, Offset: 16 * ps, Size: 32 * ps, Seed: 3, Writes: []int64{0, 5}, Zeros: []int64{31}}
+	proc := startHelper(t, spec)
+	diff := filepath.Join(dir, "diff.lsmt")
+	if _, err := CaptureDiff(ctx, proc.Pid, memFile, diff, lsmt.UUID{}, ""); err != nil {
+		t.Fatal(err)
+	}
+	l, data, zeroed := layerPages(t, diff)
+	if !slices.Equal(data, []int64{16, 21}) || !slices.Equal(zeroed, []int64{47}) || l.VirtualSize() != n*ps {
+		t.Fatalf("layer: data pages %v zeroed %v size %d; want [16 21], [47], %d", data, zeroed, l.VirtualSize(), n*ps)
+	}
+	mem, err := proc.Memory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Clone(content)
+	copy(want[16*ps:48*ps], mem)
+	flat := filepath.Join(dir, "flat")
+	if err := Materialize(ctx, []string{base, diff}, flat); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, flat); !bytes.Equal(got, want) {
+		t.Fatalf("materialized file differs at %s", firstDiff(got, want))
 	}
 }
 

@@ -43,13 +43,14 @@ var pageSize = os.Getpagesize()
 
 // atomicFile is an output written under path+".tmp" and renamed into place
 // only when complete, so a crash never leaves a half file under the final name.
+// Guest memory may hold secrets: files are private to their owner (0600).
 type atomicFile struct {
 	*os.File
 	path string
 }
 
 func createAtomic(path string) (*atomicFile, error) {
-	f, err := os.OpenFile(path+".tmp", os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.OpenFile(path+".tmp", os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, err
 	}

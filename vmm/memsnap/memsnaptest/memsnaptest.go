@@ -28,11 +28,13 @@ const envHelper = "AENV_MEMSNAP_HELPER"
 var PageSize = os.Getpagesize()
 
 // Spec says what a helper does, in this order: map Size bytes of File (0: the
-// file's size) at offset 0, MAP_SHARED when Shared else MAP_PRIVATE; read
+// file's size less Offset) from file offset Offset (page-aligned), MAP_SHARED
+// when Shared else MAP_PRIVATE; read
 // every page in Reads; fill every page in Writes with Pattern(Seed, page);
 // fill every page in Zeros with zeros. Pages are indexes into the mapping.
 type Spec struct {
 	File   string
+	Offset int64
 	Size   int64
 	Shared bool
 	Seed   uint64
@@ -119,9 +121,9 @@ func mapFile(spec Spec) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		size = fi.Size()
+		size = fi.Size() - spec.Offset
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, mflag)
+	mem, err := unix.Mmap(int(f.Fd()), spec.Offset, int(size), unix.PROT_READ|unix.PROT_WRITE, mflag)
 	if err != nil {
 		return nil, fmt.Errorf("mmap %s: %w", spec.File, err)
 	}
@@ -146,7 +148,7 @@ func Start(ctx context.Context, spec Spec) (*Proc, error) {
 		if err != nil {
 			return nil, err
 		}
-		spec.Size = fi.Size()
+		spec.Size = fi.Size() - spec.Offset
 	}
 	exe, err := os.Executable()
 	if err != nil {
