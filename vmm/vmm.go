@@ -61,8 +61,11 @@ type DeviceSnapshotter interface {
 	// pages, which the caller captures (while the machine is still paused)
 	// and layers on top of it.
 	//
-	// Drivers fail with an error wrapping ErrUnsupported when they cannot
-	// leave RAM out this time; callers fall back to Machine.Snapshot.
+	// SnapshotDevices does not run the guest, so memory captured before or
+	// after it (during the same pause) matches the state. It fails with an
+	// error wrapping ErrUnsupported when it cannot leave RAM out this time
+	// (including a second snapshot within one pause); the caller falls back
+	// to Machine.Snapshot, which may then let the guest run for an instant.
 	SnapshotDevices(ctx context.Context, dir string) (*Snapshot, error)
 }
 

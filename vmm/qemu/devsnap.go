@@ -26,7 +26,7 @@ var _ vmm.DeviceSnapshotter = (*machine)(nil)
 // leaves the (privately mapped) memory file's contents in place.
 func (m *machine) SnapshotDevices(ctx context.Context, dir string) (*vmm.Snapshot, error) {
 	start := time.Now()
-	if err := m.requirePaused(ctx, "snapshot devices"); err != nil {
+	if err := m.requirePausedOnce(ctx); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -38,9 +38,9 @@ func (m *machine) SnapshotDevices(ctx context.Context, dir string) (*vmm.Snapsho
 		_ = os.Remove(snap.StateFile)
 		return nil, fmt.Errorf("snapshot devices %s: %w", m.id, err)
 	}
-	// A memory image left by an earlier full snapshot in dir would be
-	// mistaken for this one's.
-	_ = os.Remove(filepath.Join(dir, vmm.SnapshotMemoryFile))
+	// A memory file already in dir (say, the image this VM was restored
+	// from) stays: it may be in use. config.json's noMemory keeps Restore
+	// from taking it for this snapshot's memory.
 	spec := *m.spec
 	spec.NoMemory = true
 	b, _ := json.MarshalIndent(&spec, "", "  ")
@@ -54,6 +54,28 @@ func (m *machine) SnapshotDevices(ctx context.Context, dir string) (*vmm.Snapsho
 		"stream_bytes", stats.BytesIn, "dropped_pages", stats.DroppedPages+stats.DroppedZeroPages,
 		"took", snap.Took.Round(time.Millisecond))
 	return snap, nil
+}
+
+// requirePausedOnce fails unless the VM is paused and took no snapshot
+// during this pause. Unlike a full snapshot it must not run the guest to
+// leave the postmigrate state: the caller may have captured guest memory
+// already, and the state must match it.
+func (m *machine) requirePausedOnce(ctx context.Context) error {
+	if err := m.alive(); err != nil {
+		return err
+	}
+	st, err := m.status(ctx)
+	if err != nil {
+		return fmt.Errorf("snapshot devices %s: %w", m.id, err)
+	}
+	switch st {
+	case "paused":
+		return nil
+	case "postmigrate":
+		return fmt.Errorf("snapshot devices %s: the vm already took (or failed) a snapshot during this pause; resume and pause it, or take a full Snapshot: %w", m.id, vmm.ErrUnsupported)
+	default:
+		return fmt.Errorf("snapshot devices %s: vm is %s: %w", m.id, st, vmm.ErrNotPaused)
+	}
 }
 
 // requirePaused fails unless the VM is paused (or stopped after a
