@@ -22,7 +22,7 @@ import (
 // share of its pages.
 const memSize = 64 << 20
 
-const repeats = 5 // each timing is the median of this many runs
+const repeats = 7 // each timing is the median of this many runs
 
 func TestMain(m *testing.M) {
 	memsnaptest.Main()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -85,38 +86,65 @@ func captureDiff(ctx context.Context, pid int, memFile, out string, parent lsmt.
 		af.abort()
 		return Stats{}, err
 	}
-	c := &capturer{pid: pid, region: region, pm: pm, xw: xw, buf: make([]byte, readBatch)}
-	if err := c.run(ctx); err != nil {
+	var st Stats
+	if err := capture(ctx, pid, region, pm, xw, &st); err != nil {
 		af.abort()
-		return c.stats, err
+		return st, err
 	}
 	res, err := xw.Close()
 	if err != nil {
 		af.abort()
-		return c.stats, err
+		return st, err
 	}
 	if err := af.commit(); err != nil {
-		return c.stats, err
+		return st, err
 	}
-	c.stats.Bytes = res.FileSize
-	return c.stats, nil
+	st.Bytes = res.FileSize
+	return st, nil
 }
 
-// capturer streams the written pages of one region into a layer: pagemap in
-// batches, runs of written pages gathered into one process_vm_readv per
-// batch, each page then written as data or as a zeroed extent.
+// batch is a set of runs of written pages read with one process_vm_readv.
+type batch struct {
+	buf    []byte             // the pages' contents
+	used   int                // bytes of buf in use
+	remote []unix.RemoteIovec // the runs, in address order
+	offs   []uint64           // logical (file) offset of each run
+}
+
+// capture streams the written pages of region into xw. Two batches
+// alternate: while one is written to the layer (zero detection, the file
+// write), the next is gathered from pagemap and read from the process, so
+// the copy out of the VMM overlaps the write.
+func capture(ctx context.Context, pid int, region Region, pm *os.File, xw *lsmt.ExtentWriter, st *Stats) error {
+	c := &capturer{pid: pid, region: region, pm: pm,
+		free: make(chan *batch, 2), full: make(chan *batch), werr: make(chan error, 1)}
+	for range 2 {
+		c.free <- &batch{buf: make([]byte, readBatch)}
+	}
+	go c.writer(xw, st)
+	err := c.run(ctx)
+	close(c.full)
+	werr := <-c.werr // after this, st is the writer's final count
+	if werr != nil {
+		return werr
+	}
+	return err
+}
+
+// capturer is the reading side of a capture.
 type capturer struct {
 	pid    int
 	region Region
 	pm     *os.File
-	xw     *lsmt.ExtentWriter
-	stats  Stats
-
-	buf    []byte             // gathered page contents
-	used   int                // bytes of buf in use
-	remote []unix.RemoteIovec // the runs in buf, in address order
-	offs   []uint64           // logical (file) offset of each run
+	cur    *batch      // being gathered; nil until a free one is taken
+	free   chan *batch // batches the writer is done with
+	full   chan *batch // batches read from the process, for the writer
+	werr   chan error  // the writer's result, once full is closed
+	failed atomic.Bool // the writer failed: stop reading
 }
+
+// errWriterFailed stops the reader; the writer's own error is reported.
+var errWriterFailed = errors.New("layer writer failed")
 
 func (c *capturer) run(ctx context.Context) error {
 	pages := c.region.Size() / uint64(pageSize)
@@ -163,48 +191,71 @@ func (c *capturer) readPagemap(ents []byte, addr uint64) error {
 }
 
 // addRun queues npages written pages starting at page index p of the region,
-// flushing whenever the buffer or the iovec list is full.
+// flushing whenever the batch's buffer or iovec list is full.
 func (c *capturer) addRun(p, npages uint64) error {
 	ps := uint64(pageSize)
 	for npages > 0 {
-		room := uint64(len(c.buf)-c.used) / ps
-		if room == 0 || len(c.remote) == maxIovecs {
+		if c.cur == nil {
+			c.cur = <-c.free
+		}
+		b := c.cur
+		room := uint64(len(b.buf)-b.used) / ps
+		if room == 0 || len(b.remote) == maxIovecs {
 			if err := c.flush(); err != nil {
 				return err
 			}
 			continue
 		}
 		k := min(room, npages)
-		c.remote = append(c.remote, unix.RemoteIovec{Base: uintptr(c.region.Start + p*ps), Len: int(k * ps)})
-		c.offs = append(c.offs, c.region.FileOffset+p*ps)
-		c.used += int(k * ps)
+		b.remote = append(b.remote, unix.RemoteIovec{Base: uintptr(c.region.Start + p*ps), Len: int(k * ps)})
+		b.offs = append(b.offs, c.region.FileOffset+p*ps)
+		b.used += int(k * ps)
 		p, npages = p+k, npages-k
 	}
 	return nil
 }
 
-// flush reads the queued runs from the process and writes them to the layer.
+// flush reads the current batch from the process and hands it to the writer.
 func (c *capturer) flush() error {
-	if len(c.remote) == 0 {
+	b := c.cur
+	if b == nil || len(b.remote) == 0 {
 		return nil
 	}
-	if err := readRemote(c.pid, c.buf[:c.used], c.remote); err != nil {
+	if c.failed.Load() {
+		return errWriterFailed
+	}
+	if err := readRemote(c.pid, b.buf[:b.used], b.remote); err != nil {
 		return err
 	}
-	pos := 0
-	for i, r := range c.remote {
-		if err := c.emit(int64(c.offs[i]), c.buf[pos:pos+r.Len]); err != nil {
-			return err
-		}
-		pos += r.Len
-	}
-	c.remote, c.offs, c.used = c.remote[:0], c.offs[:0], 0
+	c.cur = nil
+	c.full <- b
 	return nil
+}
+
+// writer writes every batch it is handed to xw, counting pages in st, and
+// gives the batch back. After a failure it only drains.
+func (c *capturer) writer(xw *lsmt.ExtentWriter, st *Stats) {
+	var err error
+	for b := range c.full {
+		if err == nil {
+			pos := 0
+			for i, r := range b.remote {
+				if err = emit(xw, st, int64(b.offs[i]), b.buf[pos:pos+r.Len]); err != nil {
+					c.failed.Store(true)
+					break
+				}
+				pos += r.Len
+			}
+		}
+		b.used, b.remote, b.offs = 0, b.remote[:0], b.offs[:0]
+		c.free <- b
+	}
+	c.werr <- err
 }
 
 // emit writes the pages of b (at logical offset off): runs of non-zero pages
 // as data, runs of zero pages as zeroed extents.
-func (c *capturer) emit(off int64, b []byte) error {
+func emit(xw *lsmt.ExtentWriter, st *Stats, off int64, b []byte) error {
 	for i := 0; i < len(b); {
 		zero := isZero(b[i : i+pageSize])
 		j := i + pageSize
@@ -213,15 +264,15 @@ func (c *capturer) emit(off int64, b []byte) error {
 		}
 		n := int64((j - i) / pageSize)
 		if zero {
-			if err := c.xw.WriteZeroed(off+int64(i), int64(j-i)); err != nil {
+			if err := xw.WriteZeroed(off+int64(i), int64(j-i)); err != nil {
 				return err
 			}
-			c.stats.ZeroPages += n
+			st.ZeroPages += n
 		} else {
-			if err := c.xw.WriteData(off+int64(i), b[i:j]); err != nil {
+			if err := xw.WriteData(off+int64(i), b[i:j]); err != nil {
 				return err
 			}
-			c.stats.Pages += n
+			st.Pages += n
 		}
 		i = j
 	}
