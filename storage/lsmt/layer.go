@@ -13,7 +13,8 @@ type Layer struct {
 	Trailer HeaderTrailer
 	idx     *Index
 	r       io.ReaderAt // the LSMT bytes (the decompressed view of a ZFile)
-	size    int64       // size of the LSMT bytes
+	srcs    [1]io.ReaderAt
+	size    int64 // size of the LSMT bytes
 	closer  io.Closer
 	// Compressed is set when the layer's file is a ZFile.
 	Compressed bool
@@ -38,7 +39,7 @@ func openSealed(name string, r io.ReaderAt, size int64) (*Layer, error) {
 	if size < 2*HeaderSize {
 		return nil, fmt.Errorf("%w: file is %d bytes, too short for a header and a trailer", ErrFormat, size)
 	}
-	l := &Layer{name: name, r: r, size: size}
+	l := &Layer{name: name, r: r, size: size, srcs: [1]io.ReaderAt{r}}
 	buf := make([]byte, HTSize)
 	if err := readFull(r, buf, 0); err != nil {
 		return nil, fmt.Errorf("read header: %w", err)
@@ -131,7 +132,7 @@ func (l *Layer) ReadAt(p []byte, off int64) (int, error) {
 	return readVirtual(p, off, l.VirtualSize(), func(q []byte, o int64) error {
 		var buf [8]Segment
 		s0, n := sectorSpan(o, len(q))
-		return readSegments(q, o, l.idx.Lookup(buf[:0], s0, n), []io.ReaderAt{l.r}, nil)
+		return readSegments(q, o, l.idx.Lookup(buf[:0], s0, n), l.srcs[:], nil)
 	})
 }
 
@@ -171,43 +172,4 @@ func sectorSpan(off int64, l int) (uint64, uint64) {
 	s0 := uint64(off) / SectorSize
 	s1 := (uint64(off) + uint64(l) + SectorSize - 1) / SectorSize
 	return s0, s1 - s0
-}
-
-// readSegments fills p with the logical bytes at off given the clipped,
-// ordered segments that map into it: data pieces from srcs[tag], zeroed
-// pieces as zeros, and gaps through gap (zeros if nil).
-func readSegments(p []byte, off int64, segs []Segment, srcs []io.ReaderAt, gap func([]byte, int64) error) error {
-	end := off + int64(len(p))
-	cur := off
-	for _, s := range segs {
-		a := max(int64(s.Offset)*SectorSize, off)
-		b := min(int64(s.End())*SectorSize, end)
-		if a > cur {
-			if err := fillGap(p[cur-off:a-off], cur, gap); err != nil {
-				return err
-			}
-		}
-		q := p[a-off : b-off]
-		if s.Zeroed {
-			clear(q)
-		} else {
-			pos := int64(s.MOffset)*SectorSize + (a - int64(s.Offset)*SectorSize)
-			if err := readFull(srcs[s.Tag], q, pos); err != nil {
-				return err
-			}
-		}
-		cur = b
-	}
-	if cur < end {
-		return fillGap(p[cur-off:], cur, gap)
-	}
-	return nil
-}
-
-func fillGap(q []byte, off int64, gap func([]byte, int64) error) error {
-	if gap == nil {
-		clear(q)
-		return nil
-	}
-	return gap(q, off)
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/agentenv/agentenv/storage/blob"
 	"github.com/agentenv/agentenv/storage/zfile"
 	"pgregory.net/rapid"
 )
@@ -56,13 +57,33 @@ func overlayModels(models ...map[uint64][]byte) []byte {
 func (m *machine) openLowers(idx []int) []*Layer {
 	var ls []*Layer
 	for _, i := range idx {
-		l, err := OpenLayerFile(m.layers[i].path)
+		l, err := m.openLayer(m.layers[i].path)
 		if err != nil {
 			m.t.Fatalf("open %s: %v", m.layers[i].path, err)
 		}
 		ls = append(ls, l)
 	}
 	return ls
+}
+
+// openLayer opens a layer file as a plain *os.File, or through storage/blob
+// (pread with vectored reads, or a mapping), so every read path is covered.
+func (m *machine) openLayer(path string) (*Layer, error) {
+	switch rapid.IntRange(0, 2).Draw(m.t, "source") {
+	case 1, 2:
+		b, err := blob.OpenLocal(path, rapid.Bool().Draw(m.t, "mmap"))
+		if err != nil {
+			return nil, err
+		}
+		l, err := OpenLayerAt(path, b, b.Size())
+		if err != nil {
+			b.Close()
+			return nil, err
+		}
+		l.SetCloser(b)
+		return l, nil
+	}
+	return OpenLayerFile(path)
 }
 
 // rebuild reopens the live stack's lowers around the current upper.
