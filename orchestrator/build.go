@@ -679,8 +679,14 @@ func (c ctxReader) Read(b []byte) (int, error) {
 
 // Logs.
 
+// buildDir holds a build's files; short, as QEMU's sockets live in it
+// (sun_path holds 107 bytes).
 func (b *builder) buildDir(templateID, buildID string) string {
-	return filepath.Join(b.o.cfg.DataDir, "templates", templateID, "builds", buildID)
+	short := strings.ReplaceAll(buildID, "-", "")
+	if len(short) > 8 {
+		short = short[:8]
+	}
+	return filepath.Join(b.o.cfg.DataDir, "templates", templateID, "b-"+short)
 }
 
 func (b *builder) log(templateID, buildID, level, step, msg string) {
