@@ -47,12 +47,16 @@ func TestPauseResumeCycles(t *testing.T) {
 		// f<i> is synced, u<i> may sit in the guest page cache only, and
 		// m<i> lives in tmpfs (guest RAM).
 		n.sh(t, id, fmt.Sprintf(`echo synced%d > /home/user/f%d && sync /home/user/f%d; echo unsynced%d > /home/user/u%d; echo mem%d > /dev/shm/m%d`, i, i, i, i, i, i, i))
+		start := time.Now()
 		n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+		paused := time.Since(start)
 		n.waitState(t, id, "paused", time.Second)
 		if mem, disk := n.layerFiles(t, id); mem != i || disk != i {
 			t.Fatalf("after pause %d: %d memory and %d rootfs layers, want %d of each", i, mem, disk, i)
 		}
+		start = time.Now()
 		n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":900}`)
+		t.Logf("cycle %d: pause %s, resume %s", i, paused.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 		got := n.sh(t, id, fmt.Sprintf(`for j in $(seq %d); do cat /home/user/f$j /home/user/u$j /dev/shm/m$j; done | tr '\n' ' '`, i))
 		var want strings.Builder
 		for j := 1; j <= i; j++ {
