@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/agentenv/agentenv/storage/lsmt"
+	"github.com/agentenv/agentenv/storage/zfile"
 )
 
 // TestMaterializeErrors feeds broken stacks; each must fail without touching
@@ -144,5 +145,101 @@ func TestLayerUUID(t *testing.T) {
 	}
 	if _, err := LayerUUID(filepath.Join(dir, "missing")); err == nil {
 		t.Fatal("LayerUUID of a missing file succeeded")
+	}
+}
+
+// TestMaterializeStacks covers stacks whose layers differ in size, a
+// compressed (ZFile) layer, and layers with zero data inside data extents
+// (as other tools may write them).
+func TestMaterializeStacks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	page := func(v byte) []byte { return bytes.Repeat([]byte{v}, int(ps)) }
+	seal := func(name string, vs int64, ext func(xw *lsmt.ExtentWriter) error) string {
+		p := filepath.Join(dir, name)
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		xw, err := lsmt.NewExtentWriter(f, lsmt.SealOptions{VirtualSize: uint64(vs)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ext(xw); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := xw.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	big := seal("big", 16*ps, func(xw *lsmt.ExtentWriter) error {
+		return xw.WriteData(0, bytes.Repeat([]byte{1}, int(16*ps)))
+	})
+	small := seal("small", 8*ps, func(xw *lsmt.ExtentWriter) error {
+		if err := xw.WriteData(2*ps, page(2)); err != nil {
+			return err
+		}
+		return xw.WriteZeroed(4*ps, ps)
+	})
+	zeroData := seal("zerodata", 16*ps, func(xw *lsmt.ExtentWriter) error {
+		return xw.WriteData(ps, append(page(0), page(3)...)) // a zero page stored as data
+	})
+	compressed := filepath.Join(dir, "small.zfile")
+	func() {
+		src, err := os.Open(small)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer src.Close()
+		dst, err := os.Create(compressed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dst.Close()
+		if _, err := zfile.Compress(ctx, dst, src, zfile.Options{}); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	want := func(size int64, pages map[int64]byte) []byte {
+		b := make([]byte, size)
+		for p, v := range pages {
+			copy(b[p*ps:], page(v))
+		}
+		return b
+	}
+	ones := map[int64]byte{}
+	for p := range int64(16) {
+		ones[p] = 1
+	}
+	cases := []struct {
+		name   string
+		layers []string
+		want   []byte
+		holes  []int64
+	}{
+		{"smaller top cuts the size", []string{big, small}, want(8*ps, map[int64]byte{0: 1, 1: 1, 2: 2, 3: 1, 5: 1, 6: 1, 7: 1}), []int64{4}},
+		{"larger top keeps the lower", []string{small, big}, want(16*ps, ones), nil},
+		{"compressed layer", []string{big, compressed}, want(8*ps, map[int64]byte{0: 1, 1: 1, 2: 2, 3: 1, 5: 1, 6: 1, 7: 1}), []int64{4}},
+		{"zero data stays a hole", []string{zeroData}, want(16*ps, map[int64]byte{2: 3}), []int64{0, 1, 3, 15}},
+		{"zero data hides the lower", []string{big, zeroData}, want(16*ps, map[int64]byte{0: 1, 2: 3, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1, 9: 1, 10: 1, 11: 1, 12: 1, 13: 1, 14: 1, 15: 1}), []int64{1}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(dir, "out-"+tc.name)
+			if err := Materialize(ctx, tc.layers, out); err != nil {
+				t.Fatal(err)
+			}
+			if got := readFile(t, out); !bytes.Equal(got, tc.want) {
+				t.Fatalf("materialized differs at %s", firstDiff(got, tc.want))
+			}
+			for _, p := range tc.holes {
+				if !isHole(t, out, p) {
+					t.Errorf("page %d is not a hole", p)
+				}
+			}
+		})
 	}
 }
