@@ -128,8 +128,8 @@ func copyArchive(open func() (io.ReadCloser, error), plan copyPlan, w io.Writer)
 			continue
 		}
 		target := plan.target(root, rest, roots)
-		if target == "" {
-			continue
+		if target == "" || target == "/" {
+			continue // never re-own or re-mode the guest's root directory
 		}
 		out := &tar.Header{Name: strings.TrimPrefix(target, "/"), Typeflag: h.Typeflag, Mode: h.Mode & 0o7777,
 			Uid: plan.uid, Gid: plan.gid, ModTime: h.ModTime, Linkname: h.Linkname, Size: h.Size,

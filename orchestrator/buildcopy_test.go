@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path"
 	"path/filepath"
 	"reflect"
 	"sort"
@@ -198,12 +199,7 @@ func FuzzCopyArchive(f *testing.F) {
 		if err != nil {
 			return
 		}
-		dest = "/" + strings.TrimLeft(dest, "/")
-		plan := copyPlan{src: s, dest: dest, destDir: strings.HasSuffix(dest, "/"), mode: -1}
-		plan.dest = strings.TrimSuffix(plan.dest, "/")
-		if plan.dest == "" || strings.Contains(plan.dest, "..") {
-			return
-		}
+		plan := copyPlan{src: s, dest: path.Clean("/" + dest), destDir: strings.HasSuffix(dest, "/"), mode: -1}
 		var out bytes.Buffer
 		if _, err := copyArchive(opener(arch), plan, &out); err != nil {
 			return
@@ -214,9 +210,12 @@ func FuzzCopyArchive(f *testing.F) {
 			if err != nil {
 				break
 			}
-			name := "/" + strings.TrimSuffix(h.Name, "/")
-			if name != plan.dest && !strings.HasPrefix(name, strings.TrimSuffix(plan.dest, "/")+"/") {
-				t.Fatalf("entry %q outside %q", h.Name, plan.dest)
+			name := path.Clean("/" + h.Name)
+			if name == "/" || h.Name == "" || name != plan.dest && !strings.HasPrefix(name, strings.TrimSuffix(plan.dest, "/")+"/") {
+				t.Fatalf("entry %q outside %q (or the root itself)", h.Name, plan.dest)
+			}
+			if l := h.Linkname; h.Typeflag == tar.TypeLink && !strings.HasPrefix(path.Clean("/"+l), strings.TrimSuffix(plan.dest, "/")+"/") && path.Clean("/"+l) != plan.dest {
+				t.Fatalf("hard link %q -> %q outside %q", h.Name, l, plan.dest)
 			}
 		}
 	})
