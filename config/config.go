@@ -124,6 +124,9 @@ type Sandbox struct {
 	// PauseOnShutdown pauses running sandboxes on a graceful shutdown
 	// (otherwise they are killed).
 	PauseOnShutdown bool `toml:"pause_on_shutdown" env:"AENVD_SANDBOX_PAUSE_ON_SHUTDOWN"`
+	// MaxLayers is the depth of a paused sandbox's memory or rootfs layer
+	// chain above which its own layers are merged in the background.
+	MaxLayers int `toml:"max_layers" env:"AENVD_SANDBOX_MAX_LAYERS"`
 }
 
 // Duration is a time.Duration written as "15s", "1h" in TOML.
@@ -157,6 +160,7 @@ func Default() Config {
 			DefaultTimeout:  Duration{15 * time.Second},
 			MaxTimeout:      Duration{24 * time.Hour},
 			PauseOnShutdown: true,
+			MaxLayers:       32,
 		},
 	}
 }
@@ -191,6 +195,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: storage.backend %q: want storaged or files", c.Storage.Backend)
 	case c.VMM.Driver != "auto" && c.VMM.Driver != "qemu":
 		return fmt.Errorf("config: vmm.driver %q: want auto or qemu", c.VMM.Driver)
+	case c.Sandbox.MaxLayers < 2 || c.Sandbox.MaxLayers > 200:
+		return fmt.Errorf("config: sandbox.max_layers %d is not within 2..200", c.Sandbox.MaxLayers)
 	case c.Guest.VCPUs < 1 || c.Guest.MemoryMiB < 64:
 		return fmt.Errorf("config: guest needs at least 1 vcpu and 64 MiB (got %d, %d)", c.Guest.VCPUs, c.Guest.MemoryMiB)
 	case c.Image.RootfsSizeMiB < 0 || c.Image.ReadyTimeout.Duration <= 0 || c.Image.StepTimeout.Duration <= 0:

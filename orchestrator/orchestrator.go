@@ -86,16 +86,16 @@ type Record struct {
 	Rootfs       string `json:"rootfs,omitempty"` // file mode
 	// RootfsImage is the image config the daemon device is created from
 	// (daemon mode); Device is the live device while the VM runs.
-	RootfsImage string         `json:"rootfsImage,omitempty"`
-	Device      uint32         `json:"device,omitempty"`
-	HasDevice   bool           `json:"hasDevice,omitempty"`
-	Snapshot    string         `json:"snapshot,omitempty"` // set while paused
+	RootfsImage string `json:"rootfsImage,omitempty"`
+	Device      uint32 `json:"device,omitempty"`
+	HasDevice   bool   `json:"hasDevice,omitempty"`
+	Snapshot    string `json:"snapshot,omitempty"` // set while paused
 	// Memory is the layered memory image the running VM maps (empty when
 	// its snapshot carried the memory whole).
-	Memory MemoryImage `json:"memory,omitempty"`
-	Gen         int            `json:"gen"`                // bumps on every (re)start of the VM
-	PID         int            `json:"pid,omitempty"`
-	Policy      network.Policy `json:"policy"`
+	Memory MemoryImage    `json:"memory,omitempty"`
+	Gen    int            `json:"gen"` // bumps on every (re)start of the VM
+	PID    int            `json:"pid,omitempty"`
+	Policy network.Policy `json:"policy"`
 }
 
 // Options configure an Orchestrator. Driver, Network and Store are owned by
@@ -111,8 +111,11 @@ type Options struct {
 	VCPUs       int
 	MemoryMiB   int
 	DefaultUser string
-	Registerer  prometheus.Registerer
-	Logger      *slog.Logger
+	// MaxLayers is the memory or rootfs chain depth above which a paused
+	// sandbox's own layers are merged (default DefaultMaxLayers).
+	MaxLayers  int
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
 }
 
 // Orchestrator owns the node's sandboxes.
@@ -558,6 +561,7 @@ func (o *Orchestrator) Pause(ctx context.Context, id string) (err error) {
 		return fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	o.log.Info("sandbox paused", "sandbox", id)
+	o.maybeCompact(rec)
 	return nil
 }
 

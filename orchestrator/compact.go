@@ -1,0 +1,157 @@
+package orchestrator
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/agentenv/agentenv/storage/lsmt"
+	"github.com/agentenv/agentenv/store"
+)
+
+// Every pause adds a memory layer and a rootfs layer to a sandbox. Reads
+// cost more the deeper a stack gets (and an LSMT stack holds at most 255
+// layers), so once a paused sandbox's memory or rootfs chain is deeper than
+// Options.MaxLayers, a background job merges the layers the sandbox owns
+// (those in its directory; shared template and snapshot layers stay) into
+// one.
+
+// DefaultMaxLayers is the chain depth above which layers are merged.
+const DefaultMaxLayers = 32
+
+func (o *Orchestrator) maxLayers() int {
+	if o.cfg.MaxLayers > 0 {
+		return o.cfg.MaxLayers
+	}
+	return DefaultMaxLayers
+}
+
+// maybeCompact starts a merge in the background when a paused sandbox's
+// chains are too deep.
+func (o *Orchestrator) maybeCompact(rec Record) {
+	mem, _ := readMemoryManifest(rec.Snapshot)
+	if len(mem.Layers) <= o.maxLayers() && len(refs(rec.RootfsImage)) <= o.maxLayers() {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		if err := o.compact(ctx, rec.ID); err != nil {
+			o.log.Warn("compact sandbox layers", "sandbox", rec.ID, "err", err)
+		}
+	}()
+}
+
+// compact merges the sandbox's own memory and rootfs layers while it is
+// paused (the operation lock keeps resume out meanwhile).
+func (o *Orchestrator) compact(ctx context.Context, id string) error {
+	s, err := o.lockOp(id)
+	if err != nil {
+		return err
+	}
+	defer s.op.Unlock()
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	if rec.State != Paused {
+		return nil
+	}
+	start := time.Now()
+	var obsolete []string
+	if mem, err := readMemoryManifest(rec.Snapshot); err == nil && len(mem.Layers) > o.maxLayers() {
+		merged, old, err := mergeOwned(ctx, mem.Layers, rec.Dir, fmt.Sprintf("mem-%d-merged.lsmt", rec.Gen))
+		if err != nil {
+			return fmt.Errorf("memory: %w", err)
+		}
+		mem.Layers = merged
+		if err := writeMemoryManifest(rec.Snapshot, mem); err != nil {
+			return err
+		}
+		obsolete = append(obsolete, old...)
+	}
+	if layers := refs(rec.RootfsImage); len(layers) > o.maxLayers() {
+		merged, old, err := mergeOwned(ctx, layers, rec.Dir, fmt.Sprintf("rootfs-%d-merged.lsmt", rec.Gen))
+		if err != nil {
+			return fmt.Errorf("rootfs: %w", err)
+		}
+		cfg := filepath.Join(rec.Dir, fmt.Sprintf("rootfs-%d-merged.json", rec.Gen))
+		if err := imageConfig(cfg, merged); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.rec.RootfsImage = cfg
+		rec = s.rec
+		s.mu.Unlock()
+		if err := o.store.Put(store.Sandboxes, id, rec); err != nil {
+			return err
+		}
+		obsolete = append(obsolete, old...)
+	}
+	// Only now that the new manifests are in place are the merged-away
+	// layers unused (snapshots hold their own hard links).
+	for _, p := range obsolete {
+		_ = os.Remove(p)
+	}
+	o.log.Info("sandbox layers merged", "sandbox", id, "layers", len(obsolete), "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// mergeOwned merges the run of layers at the top of the chain that live in
+// dir into dir/name, returning the new chain and the merged-away files.
+func mergeOwned(ctx context.Context, chain []string, dir, name string) (merged, old []string, err error) {
+	prefix := filepath.Clean(dir) + string(filepath.Separator)
+	first := len(chain)
+	for first > 0 && strings.HasPrefix(chain[first-1], prefix) {
+		first--
+	}
+	if len(chain)-first < 2 {
+		return chain, nil, nil // nothing of ours to merge
+	}
+	out := filepath.Join(dir, name)
+	if err := mergeLayers(ctx, chain[first:], out); err != nil {
+		return nil, nil, err
+	}
+	merged = append(append([]string{}, chain[:first]...), out)
+	return merged, chain[first:], nil
+}
+
+// mergeLayers writes the sealed layers (bottom first) merged into out,
+// atomically.
+func mergeLayers(ctx context.Context, paths []string, out string) (err error) {
+	var layers []*lsmt.Layer
+	defer func() {
+		for _, l := range layers {
+			l.Close()
+		}
+	}()
+	for _, p := range paths {
+		l, err := lsmt.OpenLayerFile(p)
+		if err != nil {
+			return fmt.Errorf("merge: %w", err)
+		}
+		layers = append(layers, l)
+	}
+	f, err := os.Create(out + ".tmp")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(out + ".tmp")
+		}
+	}()
+	if _, err = lsmt.Merge(ctx, layers, f, fmt.Sprintf("merge of %d layers", len(paths))); err != nil {
+		return fmt.Errorf("merge into %s: %w", out, err)
+	}
+	if err = f.Sync(); err != nil {
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(out+".tmp", out)
+}
