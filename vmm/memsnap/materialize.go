@@ -2,7 +2,6 @@ package memsnap
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -26,28 +25,8 @@ func Materialize(ctx context.Context, layers []string, out string) error {
 }
 
 func materialize(ctx context.Context, paths []string, out string) (int64, error) {
-	if len(paths) == 0 {
-		return 0, errors.New("no layers")
-	}
-	if len(paths) > lsmt.MaxLayers {
-		return 0, fmt.Errorf("%d layers exceed the stack limit of %d", len(paths), lsmt.MaxLayers)
-	}
-	layers := make([]*lsmt.Layer, 0, len(paths))
-	for _, p := range paths {
-		l, err := lsmt.OpenLayerFile(p)
-		if err != nil {
-			for _, o := range layers {
-				o.Close()
-			}
-			return 0, err
-		}
-		layers = append(layers, l)
-	}
-	st, err := lsmt.NewStack(layers, nil)
+	st, err := openStack(paths)
 	if err != nil {
-		for _, o := range layers {
-			o.Close()
-		}
 		return 0, err
 	}
 	defer st.Close()

@@ -1,0 +1,177 @@
+package memsnap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/agentenv/agentenv/storage/lsmt"
+)
+
+// Merge writes one sealed memory layer at out equivalent to the stack of
+// sealed layers (bottom to top), for compacting a long chain: stacking it
+// where the merged layers were gives the same memory. Its parent is the
+// bottom layer's parent and it gets a fresh UUID (a later diff captured on
+// top of the old top layer names that layer as its parent; Materialize does
+// not check parents). Pages are classified like a capture's: non-zero pages
+// are data, zero pages are zeroed extents, or left out when the bottom
+// layer has no parent (nothing below to hide). The layer is written to
+// out+".tmp" and renamed.
+func Merge(ctx context.Context, layers []string, out, message string) (Stats, error) {
+	start := time.Now()
+	st, err := merge(ctx, layers, out, message)
+	if err != nil {
+		return st, fmt.Errorf("merge %d memory layers into %s: %w", len(layers), out, err)
+	}
+	st.Took = time.Since(start)
+	slog.Debug("memsnap: merged memory layers", "layers", len(layers), "out", out, "pages", st.Pages,
+		"zero_pages", st.ZeroPages, "bytes", st.Bytes, "took", st.Took)
+	return st, nil
+}
+
+func merge(ctx context.Context, paths []string, out, message string) (Stats, error) {
+	var st Stats
+	stack, err := openStack(paths)
+	if err != nil {
+		return st, err
+	}
+	defer stack.Close()
+	lowers := stack.Lowers()
+	parent := lowers[0].ParentUUID()
+	af, err := createAtomic(out)
+	if err != nil {
+		return st, err
+	}
+	xw, err := lsmt.NewExtentWriter(af, lsmt.SealOptions{VirtualSize: uint64(stack.Size()), Parent: parent, Message: message})
+	if err != nil {
+		af.abort()
+		return st, err
+	}
+	m := &merger{xw: xw, st: &st, dropZero: parent.IsNil(), buf: make([]byte, readBatch)}
+	if err := m.run(ctx, stack); err != nil {
+		af.abort()
+		return st, err
+	}
+	res, err := xw.Close()
+	if err != nil {
+		af.abort()
+		return st, err
+	}
+	if err := af.commit(); err != nil {
+		return st, err
+	}
+	st.Bytes = res.FileSize
+	return st, nil
+}
+
+// openStack opens sealed layer files (bottom first) as a stack that owns them.
+func openStack(paths []string) (*lsmt.Stack, error) {
+	if len(paths) == 0 {
+		return nil, errors.New("no layers")
+	}
+	if len(paths) > lsmt.MaxLayers {
+		return nil, fmt.Errorf("%d layers exceed the stack limit of %d", len(paths), lsmt.MaxLayers)
+	}
+	layers := make([]*lsmt.Layer, 0, len(paths))
+	closeAll := func() {
+		for _, l := range layers {
+			l.Close()
+		}
+	}
+	for _, p := range paths {
+		l, err := lsmt.OpenLayerFile(p)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		layers = append(layers, l)
+	}
+	st, err := lsmt.NewStack(layers, nil)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	return st, nil
+}
+
+// merger copies a stack's merged index into an ExtentWriter.
+type merger struct {
+	xw       *lsmt.ExtentWriter
+	st       *Stats
+	dropZero bool
+	buf      []byte
+}
+
+func (m *merger) run(ctx context.Context, stack *lsmt.Stack) error {
+	size := stack.Size()
+	lowers := stack.Lowers()
+	for i, s := range stack.MergedIndex().Segments() {
+		if i%256 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		a := int64(s.Offset) * lsmt.SectorSize
+		b := min(int64(s.End())*lsmt.SectorSize, size)
+		if a >= b {
+			continue
+		}
+		if s.Zeroed {
+			if err := m.zero(a, b-a); err != nil {
+				return err
+			}
+			continue
+		}
+		l := lowers[s.Tag]
+		phys := int64(s.MOffset) * lsmt.SectorSize
+		for pos := a; pos < b; {
+			chunk := m.buf[:min(int64(len(m.buf)), b-pos)]
+			if n, err := l.DataReaderAt().ReadAt(chunk, phys+pos-a); n < len(chunk) {
+				return fmt.Errorf("read layer %s at %d: got %d of %d bytes: %w", l.Name(), phys+pos-a, n, len(chunk), err)
+			}
+			if err := m.data(chunk, pos); err != nil {
+				return err
+			}
+			pos += int64(len(chunk))
+		}
+	}
+	return nil
+}
+
+// zero records n zero bytes at off: a zeroed extent, unless nothing is below.
+func (m *merger) zero(off, n int64) error {
+	if m.dropZero {
+		return nil
+	}
+	m.st.ZeroPages += (n + psz() - 1) / psz()
+	return m.xw.WriteZeroed(off, n)
+}
+
+// data writes b (at logical offset off, both sector-aligned) split at page
+// boundaries into runs of non-zero pieces (data) and zero pieces (zero).
+func (m *merger) data(b []byte, off int64) error {
+	pieceEnd := func(p int64) int64 { return min((off+p)/psz()*psz()+psz()-off, int64(len(b))) }
+	for p := int64(0); p < int64(len(b)); {
+		q := pieceEnd(p)
+		zero := isZero(b[p:q])
+		for q < int64(len(b)) && isZero(b[q:pieceEnd(q)]) == zero {
+			q = pieceEnd(q)
+		}
+		if zero {
+			if err := m.zero(off+p, q-p); err != nil {
+				return err
+			}
+		} else {
+			if err := m.xw.WriteData(off+p, b[p:q]); err != nil {
+				return err
+			}
+			m.st.Pages += (q - p + psz() - 1) / psz()
+		}
+		p = q
+	}
+	return nil
+}
+
+func psz() int64 { return int64(pageSize) }
