@@ -14,10 +14,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/storage/lsmt"
@@ -55,10 +58,79 @@ func fillMixed(r *rand.Rand, b []byte) {
 	}
 }
 
-// NewFixture builds the stack in dir: a full base layer imported from a raw
-// file, then three layers each committed from an upper that rewrote ~10% of
-// the disk in scattered 4-64 KiB extents.
+// Layout says how the three layers above the base were written.
+type Layout int
+
+const (
+	// Fragmented: each layer rewrote ~10% of the disk in 4-64 KiB extents
+	// scattered over the whole disk: a worst case, where a 1 MiB read of
+	// the stack is some 16 pieces from 4 layer files.
+	Fragmented Layout = iota
+	// Unpacked: each layer wrote ~10% of the disk as an unpacked image
+	// layer does: files of 64 KiB-1 MiB laid out one after another from
+	// where the file system's allocator was (small gaps between them),
+	// plus scattered 4 KiB metadata blocks (inode tables, bitmaps,
+	// directories).
+	Unpacked
+)
+
+func (l Layout) String() string {
+	if l == Unpacked {
+		return "unpacked-image layers"
+	}
+	return "fragmented layers"
+}
+
+// NewFixture builds the Fragmented stack in dir.
 func NewFixture(ctx context.Context, dir string, size int64) (*Fixture, error) {
+	return NewFixtureLayout(ctx, dir, size, Fragmented)
+}
+
+// writeLayer makes the writes of one layer above the base.
+func writeLayer(im *image.Image, r *rand.Rand, size int64, layout Layout) error {
+	buf := make([]byte, 1<<20)
+	write := func(off, n int64) error {
+		n = min(n, size-off)
+		fillMixed(r, buf[:n])
+		_, err := im.WriteAt(buf[:n], off)
+		return err
+	}
+	if layout == Fragmented {
+		for written := int64(0); written < size/10; {
+			n := int64(4096 * (1 + r.IntN(16)))
+			if err := write(r.Int64N(size/4096-16)*4096, n); err != nil {
+				return err
+			}
+			written += n
+		}
+		return nil
+	}
+	off := r.Int64N(size/4096) * 4096
+	for written := int64(0); written < size/10; {
+		n := int64(64<<10) << r.IntN(5) // 64 KiB .. 1 MiB
+		n += int64(r.IntN(int(n/4096))) * 4096
+		n = min(n, 1<<20)
+		if off+n > size {
+			off = 0
+		}
+		if err := write(off, n); err != nil {
+			return err
+		}
+		written += n
+		off += n + int64(r.IntN(16))*4096
+		if r.IntN(8) == 0 { // a metadata block somewhere else
+			if err := write(r.Int64N(size/4096)*4096, 4096); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// NewFixtureLayout builds the stack in dir: a full base layer imported from
+// a raw file, then three layers each committed from an upper written as
+// layout says, and the flat raw file of the result.
+func NewFixtureLayout(ctx context.Context, dir string, size int64, layout Layout) (*Fixture, error) {
 	f := &Fixture{Dir: dir, Size: size, Raw: filepath.Join(dir, "flat.raw"), Config: filepath.Join(dir, "image.json")}
 	r := rand.New(rand.NewPCG(42, 42))
 	base := make([]byte, size)
@@ -82,18 +154,13 @@ func NewFixture(ctx context.Context, dir string, size int64) (*Fixture, error) {
 		if err != nil {
 			return nil, err
 		}
-		buf := make([]byte, 64<<10)
-		for written := int64(0); written < size/10; {
-			n := int64(4096 * (1 + r.IntN(16)))
-			off := r.Int64N(size/4096-16) * 4096
-			fillMixed(r, buf[:n])
-			if _, err := im.WriteAt(buf[:n], off); err != nil {
-				return nil, err
-			}
-			written += n
+		if err := writeLayer(im, r, size, layout); err != nil {
+			im.Close()
+			return nil, err
 		}
 		li := filepath.Join(dir, fmt.Sprintf("l%d.lsmt", i))
 		if _, err := im.Commit(ctx, li, image.CommitOptions{}); err != nil {
+			im.Close()
 			return nil, err
 		}
 		im.Close()
@@ -111,6 +178,53 @@ func NewFixture(ctx context.Context, dir string, size int64) (*Fixture, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// Recache drops the page cache of the flat file and of every layer file and
+// reads each back whole with 1 MiB reads, so that all of them are cached
+// alike: by read-ahead, not by whatever write sizes made each file (the page
+// cache keeps the folio sizes a file was written with, and larger folios copy
+// faster).
+func (f *Fixture) Recache() error {
+	for _, p := range append([]string{f.Raw}, f.Layers...) {
+		if err := recache(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func recache(path string) error {
+	fd, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer fd.Close()
+	if err := fd.Sync(); err != nil {
+		return fmt.Errorf("recache %s: %w", path, err)
+	}
+	if err := unix.Fadvise(int(fd.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		return fmt.Errorf("recache %s: %w", path, err)
+	}
+	st, err := fd.Stat()
+	if err != nil {
+		return err
+	}
+	SequentialRead(fd, st.Size(), 1<<20, 0)
+	return nil
+}
+
+// PieceStats is how many pieces (runs of one layer) a request of bs bytes
+// resolves to in the stack, on average over the disk.
+func PieceStats(im *image.Image, size int64, bs int) float64 {
+	x := im.Stack().MergedIndex()
+	var buf []lsmt.Segment
+	n := 0
+	for off := int64(0); off < size; off += int64(bs) {
+		buf = x.Lookup(buf[:0], uint64(off)/lsmt.SectorSize, uint64(bs)/lsmt.SectorSize)
+		n += len(buf)
+	}
+	return float64(n) / float64(size/int64(bs))
 }
 
 // Verify compares the image with the raw file.
@@ -220,15 +334,21 @@ func IndexLookups(x *lsmt.Index, d time.Duration) float64 {
 }
 
 // ZFileResult holds compression throughputs in MB/s of raw data (wall
-// clock), the same per CPU-second (robust when the machine is shared), and
-// the compression ratios.
+// clock) and the same per CPU-second (robust when the machine is shared):
+// ours with one goroutine (like for like with the single-threaded zstd CLI)
+// and with Threads goroutines; and the compression ratios.
 type ZFileResult struct {
-	OursCompress, OursDecompress       float64
-	CLICompress, CLIDecompress         float64
-	OursCompressCPU, OursDecompressCPU float64
-	CLICompressCPU, CLIDecompressCPU   float64
-	OursRatio, CLIRatio                float64 // compressed / raw size
+	Threads                    int
+	Compress1, Decompress1     Rate    // ours, one goroutine
+	CompressN, DecompressN     Rate    // ours, Threads goroutines
+	CLICompress, CLIDecompress Rate    // zstd -3 -T1, zstd -d
+	OursRatio, CLIRatio        float64 // compressed / raw size
 }
+
+// Rate is a throughput by wall clock and per CPU-second.
+type Rate struct{ Wall, CPU float64 }
+
+func (r *Rate) best(o Rate) { r.Wall, r.CPU = max(r.Wall, o.Wall), max(r.CPU, o.CPU) }
 
 // SelfCPUSeconds is the CPU time this process has used.
 func SelfCPUSeconds() float64 { return selfCPU() }
@@ -259,27 +379,67 @@ func runCLI(ctx context.Context, name string, args ...string) (float64, float64,
 // times interleaved, keeping the best of each (load from elsewhere on the
 // machine only ever slows a run down).
 func CompareZstd(ctx context.Context, path string, blockSize, rounds int) (ZFileResult, error) {
-	var res ZFileResult
+	res := ZFileResult{Threads: runtime.GOMAXPROCS(0)}
 	for range max(rounds, 1) {
-		r, err := compareOnce(ctx, path, blockSize)
+		r, err := compareOnce(ctx, path, blockSize, res.Threads)
 		if err != nil {
 			return res, err
 		}
-		res.OursCompress = max(res.OursCompress, r.OursCompress)
-		res.OursDecompress = max(res.OursDecompress, r.OursDecompress)
-		res.CLICompress = max(res.CLICompress, r.CLICompress)
-		res.CLIDecompress = max(res.CLIDecompress, r.CLIDecompress)
-		res.OursCompressCPU = max(res.OursCompressCPU, r.OursCompressCPU)
-		res.OursDecompressCPU = max(res.OursDecompressCPU, r.OursDecompressCPU)
-		res.CLICompressCPU = max(res.CLICompressCPU, r.CLICompressCPU)
-		res.CLIDecompressCPU = max(res.CLIDecompressCPU, r.CLIDecompressCPU)
+		res.Compress1.best(r.Compress1)
+		res.Decompress1.best(r.Decompress1)
+		res.CompressN.best(r.CompressN)
+		res.DecompressN.best(r.DecompressN)
+		res.CLICompress.best(r.CLICompress)
+		res.CLIDecompress.best(r.CLIDecompress)
 		res.OursRatio, res.CLIRatio = r.OursRatio, r.CLIRatio
 	}
 	return res, nil
 }
 
-func compareOnce(ctx context.Context, path string, blockSize int) (ZFileResult, error) {
-	var res ZFileResult
+// timed runs f and returns the rate of size bytes by wall clock and per
+// CPU-second of this process.
+func timed(size float64, f func() error) (Rate, error) {
+	start, cpu := time.Now(), selfCPU()
+	err := f()
+	return Rate{Wall: size / 1e6 / time.Since(start).Seconds(), CPU: size / 1e6 / (selfCPU() - cpu)}, err
+}
+
+func compressFile(ctx context.Context, path, zpath string, opt zfile.Options) error {
+	in, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(zpath)
+	if err != nil {
+		return err
+	}
+	if _, err := zfile.Compress(ctx, out, in, opt); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+func decompressFile(ctx context.Context, zpath string, workers int) error {
+	zf, err := os.Open(zpath)
+	if err != nil {
+		return err
+	}
+	defer zf.Close()
+	st, err := zf.Stat()
+	if err != nil {
+		return err
+	}
+	z, err := zfile.Open(zpath, zf, st.Size())
+	if err != nil {
+		return err
+	}
+	return z.WriteToN(ctx, io.Discard, workers)
+}
+
+func compareOnce(ctx context.Context, path string, blockSize, threads int) (ZFileResult, error) {
+	res := ZFileResult{Threads: threads}
 	st, err := os.Stat(path)
 	if err != nil {
 		return res, err
@@ -288,55 +448,48 @@ func compareOnce(ctx context.Context, path string, blockSize int) (ZFileResult, 
 	dir := filepath.Dir(path)
 	zpath := filepath.Join(dir, "bench.zfile")
 	defer os.Remove(zpath)
-	in, err := os.Open(path)
+	// Ours: the file is read through the page cache, as the CLI reads it.
+	for _, c := range []struct {
+		rate    *Rate
+		threads int
+	}{{&res.CompressN, threads}, {&res.Compress1, 1}} {
+		if *c.rate, err = timed(size, func() error {
+			return compressFile(ctx, path, zpath, zfile.Options{BlockSize: blockSize, Concurrency: c.threads})
+		}); err != nil {
+			return res, err
+		}
+	}
+	zst, err := os.Stat(zpath)
 	if err != nil {
 		return res, err
 	}
-	out, err := os.Create(zpath)
-	if err != nil {
-		return res, err
-	}
-	start, cpu := time.Now(), selfCPU()
-	_, err = zfile.Compress(ctx, out, in, zfile.Options{BlockSize: blockSize})
-	res.OursCompress = size / 1e6 / time.Since(start).Seconds()
-	res.OursCompressCPU = size / 1e6 / (selfCPU() - cpu)
-	in.Close()
-	out.Close()
-	if err != nil {
-		return res, err
-	}
-	zst, _ := os.Stat(zpath)
 	res.OursRatio = float64(zst.Size()) / size
 
 	cpath := filepath.Join(dir, "bench.zst")
 	defer os.Remove(cpath)
-	wall, cpus, err := runCLI(ctx, "zstd", "-3", "-q", "-f", path, "-o", cpath)
+	wall, cpus, err := runCLI(ctx, "zstd", "-3", "-T1", "-q", "-f", path, "-o", cpath)
 	if err != nil {
 		return res, err
 	}
-	res.CLICompress, res.CLICompressCPU = size/1e6/wall, size/1e6/cpus
-	cst, _ := os.Stat(cpath)
+	res.CLICompress = Rate{Wall: size / 1e6 / wall, CPU: size / 1e6 / cpus}
+	cst, err := os.Stat(cpath)
+	if err != nil {
+		return res, err
+	}
 	res.CLIRatio = float64(cst.Size()) / size
 
-	zf, err := os.Open(zpath)
-	if err != nil {
-		return res, err
+	for _, c := range []struct {
+		rate    *Rate
+		threads int
+	}{{&res.Decompress1, 1}, {&res.DecompressN, threads}} {
+		if *c.rate, err = timed(size, func() error { return decompressFile(ctx, zpath, c.threads) }); err != nil {
+			return res, err
+		}
 	}
-	defer zf.Close()
-	z, err := zfile.Open(zpath, zf, zst.Size())
-	if err != nil {
-		return res, err
-	}
-	start, cpu = time.Now(), selfCPU()
-	if err := z.WriteTo(ctx, io.Discard); err != nil {
-		return res, err
-	}
-	res.OursDecompress = size / 1e6 / time.Since(start).Seconds()
-	res.OursDecompressCPU = size / 1e6 / (selfCPU() - cpu)
 	wall, cpus, err = runCLI(ctx, "zstd", "-d", "-q", "-f", cpath, "-o", "/dev/null")
 	if err != nil {
 		return res, err
 	}
-	res.CLIDecompress, res.CLIDecompressCPU = size/1e6/wall, size/1e6/cpus
+	res.CLIDecompress = Rate{Wall: size / 1e6 / wall, CPU: size / 1e6 / cpus}
 	return res, nil
 }

@@ -63,8 +63,14 @@ func newZstdCodec(level uint8, dict []byte) (*zstdCodec, error) {
 	if enc == nil {
 		lvl := zstd.EncoderLevelFromZstd(int(max(level, 1)))
 		var err error
+		// Every block is a frame of its own (the format needs blocks that
+		// decode alone), so its matches are found within at most 64 KiB:
+		// the smaller match tables of the low-memory mode stay in cache
+		// and cost nothing in ratio. Single-segment frames skip the
+		// window descriptor, as a one-shot encoder should.
 		enc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(lvl), zstd.WithEncoderCRC(false),
-			zstd.WithEncoderConcurrency(0), zstd.WithWindowSize(MaxBlockSize), zstd.WithZeroFrames(true))
+			zstd.WithEncoderConcurrency(0), zstd.WithWindowSize(MaxBlockSize), zstd.WithZeroFrames(true),
+			zstd.WithLowerEncoderMem(true), zstd.WithSingleSegment(true))
 		if err != nil {
 			return nil, err
 		}

@@ -228,7 +228,15 @@ func (z *Reader) decodeRun(b0, b1 int64, dst []byte) error {
 	if b1-b0 == 1 {
 		return z.decodeBlock(b0, dst)
 	}
-	src := make([]byte, z.offs[b1]-z.offs[b0])
+	// A pooled buffer: a fresh one per run costs zeroing and, on a VM,
+	// page faults that are dearer than decoding the blocks.
+	bp := runBufs.Get().(*[]byte)
+	defer runBufs.Put(bp)
+	n := z.offs[b1] - z.offs[b0]
+	if int64(cap(*bp)) < n {
+		*bp = make([]byte, n)
+	}
+	src := (*bp)[:n]
 	if err := readFull(z.r, src, z.offs[b0]); err != nil {
 		return fmt.Errorf("blocks [%d,%d): %w", b0, b1, err)
 	}
@@ -286,6 +294,8 @@ func (z *Reader) ReadAt(p []byte, off int64) (int, error) {
 // maxRun bounds the blocks decoded from one read.
 const maxRun = 256
 
+var runBufs = sync.Pool{New: func() any { return new([]byte) }}
+
 func (z *Reader) readCached(blk int64, dst []byte, in int) error {
 	s := &z.cache[blk%cacheSlots]
 	s.mu.Lock()
@@ -310,42 +320,65 @@ func (z *Reader) Verify(ctx context.Context) error {
 	return z.WriteTo(ctx, io.Discard)
 }
 
-// WriteTo decompresses the whole file to w, decoding batches of blocks in parallel.
+// WriteTo decompresses the whole file to w, decoding batches of blocks on
+// GOMAXPROCS goroutines.
 func (z *Reader) WriteTo(ctx context.Context, w io.Writer) error {
+	return z.WriteToN(ctx, w, runtime.GOMAXPROCS(0))
+}
+
+// WriteToN decompresses the whole file to w with workers goroutines (1:
+// all in the caller's goroutine).
+func (z *Reader) WriteToN(ctx context.Context, w io.Writer, workers int) error {
 	nb := int64(z.Blocks())
-	workers := int64(runtime.GOMAXPROCS(0))
+	workers = max(workers, 1)
 	const batch = 256
 	buf := make([]byte, batch*z.bs)
+	errs := make([]error, workers)
 	for lo := int64(0); lo < nb; lo += batch {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		hi := min(lo+batch, nb)
-		errs := make([]error, workers)
-		var wg sync.WaitGroup
-		per := (hi - lo + workers - 1) / workers
-		for k := int64(0); k < workers; k++ {
-			a, b := lo+k*per, min(lo+(k+1)*per, hi)
-			if a >= b {
-				break
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				o := (a - lo) * z.bs
-				end := (b-1-lo)*z.bs + int64(z.blockLen(b-1))
-				errs[k] = z.decodeRun(a, b, buf[o:end])
-			}()
-		}
-		wg.Wait()
-		for _, err := range errs {
-			if err != nil {
-				return err
-			}
+		if err := z.decodeBatch(buf, lo, hi, errs); err != nil {
+			return err
 		}
 		end := (hi-lo-1)*z.bs + int64(z.blockLen(hi-1))
 		if _, err := w.Write(buf[:end]); err != nil {
 			return fmt.Errorf("zfile: write: %w", err)
+		}
+	}
+	return nil
+}
+
+// decodeBatch decodes blocks [lo, hi) into buf, split among len(errs) goroutines.
+func (z *Reader) decodeBatch(buf []byte, lo, hi int64, errs []error) error {
+	workers := int64(len(errs))
+	run := func(a, b int64) error {
+		o := (a - lo) * z.bs
+		end := (b-1-lo)*z.bs + int64(z.blockLen(b-1))
+		return z.decodeRun(a, b, buf[o:end])
+	}
+	if workers == 1 {
+		return run(lo, hi)
+	}
+	clear(errs)
+	var wg sync.WaitGroup
+	per := (hi - lo + workers - 1) / workers
+	for k := int64(0); k < workers; k++ {
+		a, b := lo+k*per, min(lo+(k+1)*per, hi)
+		if a >= b {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[k] = run(a, b)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
 		}
 	}
 	return nil
