@@ -15,9 +15,11 @@
 //     --build-arg overrides) only substitutes and feeds RUN.
 //   - WORKDIR (resolved against the previous one) → WORKDIR [absolute path];
 //     USER → USER [user].
-//   - COPY/ADD [--chown] [--chmod] src... dest → one COPY [src, dest, chown,
-//     chmod] step per source, dest made absolute against WORKDIR; sources are
-//     local only (ADD of URLs and of archives is an error; see Pack).
+//   - COPY/ADD [--chown] [--chmod] src... dest → one COPY [src, dest, user,
+//     mode] step per source, dest made absolute against WORKDIR; sources are
+//     local only (ADD of URLs and of archives is an error; see Pack). The
+//     files get the user's primary group (a --chown group is ignored with a
+//     warning).
 //   - CMD/ENTRYPOINT → the start command (combined as Docker does).
 //   - LABEL, MAINTAINER, EXPOSE, VOLUME, STOPSIGNAL, HEALTHCHECK and ONBUILD
 //     do not affect a sandbox: ignored with a warning. SHELL (it would change
@@ -521,7 +523,16 @@ func (p *parser) copyInstr(l line) error {
 		}
 		switch k {
 		case "chown":
-			chown = v
+			// The build sets the owner's primary group; E2B's COPY step
+			// carries a user only.
+			u, g, hasGroup := strings.Cut(v, ":")
+			if u == "" {
+				return fmt.Errorf("--chown=%s: name a user", v)
+			}
+			if hasGroup && g != u {
+				p.warn(l.num, fmt.Sprintf("--chown=%s: group %s ignored, the files get %s's primary group", v, g, u))
+			}
+			chown = u
 		case "chmod":
 			n, err := strconv.ParseUint(v, 8, 32)
 			if err != nil || n > 0o7777 {

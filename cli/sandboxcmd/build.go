@@ -125,6 +125,10 @@ func followBuild(cmd *cobra.Command, c *client.Client, ref client.BuildRef, name
 			fmt.Fprintln(errw, logLine(l))
 		}
 		offset += len(st.LogEntries)
+		final := st.Status == "ready" || st.Status == "error"
+		if final && len(st.LogEntries) > 0 {
+			continue // the log comes in pages: drain it before the end
+		}
 		switch st.Status {
 		case "ready":
 			if bar != nil {
