@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -50,6 +51,9 @@ func TestPauseResumeCycles(t *testing.T) {
 		start := time.Now()
 		n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
 		paused := time.Since(start)
+		if i == 1 {
+			time.Sleep(5 * time.Second) // long enough to show an unsynced clock
+		}
 		n.waitState(t, id, "paused", time.Second)
 		if mem, disk := n.layerFiles(t, id); mem != i || disk != i {
 			t.Fatalf("after pause %d: %d memory and %d rootfs layers, want %d of each", i, mem, disk, i)
@@ -64,6 +68,10 @@ func TestPauseResumeCycles(t *testing.T) {
 		}
 		if strings.TrimSpace(got) != strings.TrimSpace(want.String()) {
 			t.Fatalf("after resume %d: files read %q, want %q", i, got, want.String())
+		}
+		if i == 1 {
+			// The guest clock stood still while paused; resume re-syncs it.
+			checkClock(t, n, id)
 		}
 		c := n.counter(t, id)
 		if c <= last {
@@ -141,4 +149,18 @@ func memoryMapping(t *testing.T, id string) (dev, ino uint64, path string) {
 	}
 	t.Fatalf("no memory image mapping in the processes of sandbox %s (%v)", id, pids)
 	return 0, 0, ""
+}
+
+// checkClock asserts the guest's wall clock is within 2 s of the host's.
+func checkClock(t *testing.T, n *node, id string) {
+	t.Helper()
+	out := n.sh(t, id, `date +%s.%N`)
+	guest, err := strconv.ParseFloat(out, 64)
+	if err != nil {
+		t.Fatalf("guest date %q: %v", out, err)
+	}
+	host := float64(time.Now().UnixNano()) / 1e9
+	if d := host - guest; d > 2 || d < -2 {
+		t.Fatalf("guest clock is %.1f s off the host's after resume", d)
+	}
 }
