@@ -108,10 +108,15 @@ func (c *Client) StartBuild(ctx context.Context, b BuildRequest) (BuildRef, erro
 	return ref, c.StartTemplateBuild(ctx, ref, b)
 }
 
-// BuildStatus returns a build's state and the log lines from logsOffset on.
+// BuildLogPage is how many log entries BuildStatus asks for at most; a full
+// page means more may follow.
+const BuildLogPage = 100
+
+// BuildStatus returns a build's state and the log lines from logsOffset on
+// (at most BuildLogPage).
 func (c *Client) BuildStatus(ctx context.Context, ref BuildRef, logsOffset int) (BuildStatus, error) {
 	var st BuildStatus
-	path := fmt.Sprintf("/templates/%s/builds/%s/status?logsOffset=%d", url.PathEscape(ref.TemplateID), url.PathEscape(ref.BuildID), logsOffset)
+	path := fmt.Sprintf("/templates/%s/builds/%s/status?logsOffset=%d&limit=%d", url.PathEscape(ref.TemplateID), url.PathEscape(ref.BuildID), logsOffset, BuildLogPage)
 	_, _, err := c.do(ctx, "get the status of build "+ref.BuildID+" of template "+ref.TemplateID, "GET", path, nil, &st)
 	return st, err
 }

@@ -126,7 +126,7 @@ func followBuild(cmd *cobra.Command, c *client.Client, ref client.BuildRef, name
 		}
 		offset += len(st.LogEntries)
 		final := st.Status == "ready" || st.Status == "error"
-		if final && len(st.LogEntries) > 0 {
+		if final && len(st.LogEntries) >= client.BuildLogPage {
 			continue // the log comes in pages: drain it before the end
 		}
 		switch st.Status {

@@ -95,3 +95,35 @@ func TestTemplateBuildUnsupported(t *testing.T) {
 		t.Fatalf("unsupported build: %v", err)
 	}
 }
+
+// TestBuildFollowDrainsPages: a build that is ready with more log than one
+// page is followed to the last line.
+func TestBuildFollowDrainsPages(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v3/templates", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(202)
+		fmt.Fprint(w, `{"templateID":"t","buildID":"b"}`)
+	})
+	mux.HandleFunc("POST /v2/templates/t/builds/b", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(202) })
+	mux.HandleFunc("GET /templates/t/builds/b/status", func(w http.ResponseWriter, r *http.Request) {
+		var entries []string
+		switch r.URL.Query().Get("logsOffset") {
+		case "0":
+			for i := range 100 {
+				entries = append(entries, fmt.Sprintf(`{"message":"line %d"}`, i))
+			}
+		case "100":
+			entries = append(entries, `{"message":"the last line"}`)
+		}
+		fmt.Fprintf(w, `{"status":"ready","logEntries":[%s]}`, strings.Join(entries, ","))
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("AENV_URL", srv.URL)
+	t.Setenv("AENV_API_KEY", "k")
+	out, err := run("template", "build", "x", "--from-image", "i", "--poll", "1ms")
+	if err != nil || !strings.Contains(out, "line 99\nthe last line\n") {
+		t.Fatalf("paged log: %v\n%s", err, out)
+	}
+}
