@@ -36,7 +36,7 @@ const (
 )
 
 // CaptureDiff writes the pages that process pid wrote into its PRIVATE mapping
-// of memFile (the guest RAM of a VMM restored from a memory image mapped
+// of memFile (or mappings: see FindRegions) (the guest RAM of a VMM restored from a memory image mapped
 // copy-on-write) as a sealed LSMT layer at out, whose parent UUID is
 // parentUUID and whose virtual size is the mapping size (precisely: the
 // mapping's end in the file, or the file's size if that is larger, so that
@@ -61,7 +61,7 @@ func CaptureDiff(ctx context.Context, pid int, memFile, out string, parentUUID l
 }
 
 func captureDiff(ctx context.Context, pid int, memFile, out string, parent lsmt.UUID, message string) (Stats, error) {
-	region, err := FindRegion(pid, memFile)
+	regions, err := FindRegions(pid, memFile)
 	if err != nil {
 		return Stats{}, err
 	}
@@ -77,7 +77,8 @@ func captureDiff(ctx context.Context, pid int, memFile, out string, parent lsmt.
 	if err != nil {
 		return Stats{}, err
 	}
-	vs := region.FileOffset + region.Size()
+	last := regions[len(regions)-1]
+	vs := last.FileOffset + last.Size()
 	if fi, err := os.Stat(memFile); err == nil && fi.Size() > int64(vs) {
 		vs = uint64(fi.Size()+lsmt.SectorSize-1) / lsmt.SectorSize * lsmt.SectorSize
 	}
@@ -87,7 +88,7 @@ func captureDiff(ctx context.Context, pid int, memFile, out string, parent lsmt.
 		return Stats{}, err
 	}
 	var st Stats
-	if err := capture(ctx, pid, region, pm, xw, &st); err != nil {
+	if err := capture(ctx, pid, regions, pm, xw, &st); err != nil {
 		af.abort()
 		return st, err
 	}
@@ -111,18 +112,26 @@ type batch struct {
 	offs   []uint64           // logical (file) offset of each run
 }
 
-// capture streams the written pages of region into xw. Two batches
+// capture streams the written pages of regions (in file order) into xw. Two batches
 // alternate: while one is written to the layer (zero detection, the file
 // write), the next is gathered from pagemap and read from the process, so
 // the copy out of the VMM overlaps the write.
-func capture(ctx context.Context, pid int, region Region, pm *os.File, xw *lsmt.ExtentWriter, st *Stats) error {
-	c := &capturer{pid: pid, region: region, pm: pm,
+func capture(ctx context.Context, pid int, regions []Region, pm *os.File, xw *lsmt.ExtentWriter, st *Stats) error {
+	c := &capturer{pid: pid, pm: pm,
 		free: make(chan *batch, 2), full: make(chan *batch), werr: make(chan error, 1)}
 	for range 2 {
 		c.free <- &batch{buf: make([]byte, readBatch)}
 	}
 	go c.writer(xw, st)
-	err := c.run(ctx)
+	var err error
+	for _, r := range regions {
+		if err = c.run(ctx, r); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = c.flush()
+	}
 	close(c.full)
 	werr := <-c.werr // after this, st is the writer's final count
 	if werr != nil {
@@ -134,7 +143,7 @@ func capture(ctx context.Context, pid int, region Region, pm *os.File, xw *lsmt.
 // capturer is the reading side of a capture.
 type capturer struct {
 	pid    int
-	region Region
+	region Region // the one being scanned
 	pm     *os.File
 	cur    *batch      // being gathered; nil until a free one is taken
 	free   chan *batch // batches the writer is done with
@@ -146,7 +155,10 @@ type capturer struct {
 // errWriterFailed stops the reader; the writer's own error is reported.
 var errWriterFailed = errors.New("layer writer failed")
 
-func (c *capturer) run(ctx context.Context) error {
+// run queues the written pages of one region (the batches are flushed by
+// the caller at the end).
+func (c *capturer) run(ctx context.Context, r Region) error {
+	c.region = r
 	pages := c.region.Size() / uint64(pageSize)
 	raw := make([]byte, 8*min(pages, pagemapBatch))
 	for first := uint64(0); first < pages; first += pagemapBatch {
@@ -174,7 +186,7 @@ func (c *capturer) run(ctx context.Context) error {
 			i = j
 		}
 	}
-	return c.flush()
+	return nil
 }
 
 func (c *capturer) readPagemap(ents []byte, addr uint64) error {

@@ -143,6 +143,60 @@ func TestCapturePartialMapping(t *testing.T) {
 	}
 }
 
+// TestCaptureSplitRegions: a VMM that maps its memory file as two regions
+// (addresses in the reverse of file order) gets both captured.
+func TestCaptureSplitRegions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	const n = 64
+	all := make([]int64, n)
+	for i := range all {
+		all[i] = int64(i)
+	}
+	memFile := filepath.Join(dir, "mem")
+	content := writeMemFile(t, memFile, n, 1, all)
+	base := filepath.Join(dir, "base.lsmt")
+	if _, err := ImportFull(ctx, memFile, base, ""); err != nil {
+		t.Fatal(err)
+	}
+	spec := memsnaptest.Spec{File: memFile, Split: 24 * ps, Seed: 4, Writes: []int64{1, 23, 24, 40, 63}, Zeros: []int64{5, 30}, Reads: []int64{22, 25}}
+	proc := startHelper(t, spec)
+	regions, err := FindRegions(proc.Pid, memFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(regions) != 2 || regions[0].FileOffset != 0 || regions[1].FileOffset != uint64(24*ps) || regions[0].Start < regions[1].Start {
+		t.Fatalf("regions %+v: want two, in file order, mapped in reverse address order", regions)
+	}
+	if r, err := FindRegion(proc.Pid, memFile); err != nil || r != regions[1] {
+		t.Fatalf("FindRegion = %+v, %v; want the larger region %+v", r, err, regions[1])
+	}
+	diff := filepath.Join(dir, "diff.lsmt")
+	st, err := CaptureDiff(ctx, proc.Pid, memFile, diff, lsmt.UUID{}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, data, zeroed := layerPages(t, diff)
+	if !slices.Equal(data, spec.Writes) || !slices.Equal(zeroed, spec.Zeros) || st.Pages != 5 || st.ZeroPages != 2 {
+		t.Fatalf("layer data %v zeroed %v (stats %+v); want %v and %v", data, zeroed, st, spec.Writes, spec.Zeros)
+	}
+	mem, err := proc.Memory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := apply(content, spec); !bytes.Equal(mem, want) {
+		t.Fatalf("helper memory differs from the model at %s", firstDiff(mem, want))
+	}
+	flat := filepath.Join(dir, "flat")
+	if err := Materialize(ctx, []string{base, diff}, flat); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, flat); !bytes.Equal(got, mem) {
+		t.Fatalf("materialized file differs from the helper's memory at %s", firstDiff(got, mem))
+	}
+}
+
 // TestCaptureBatching dirties more runs than one process_vm_readv takes
 // (1024 iovecs) and a run longer than the read buffer.
 func TestCaptureBatching(t *testing.T) {

@@ -2,11 +2,13 @@ package memsnap
 
 import (
 	"bufio"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -172,27 +174,68 @@ func statFileID(path string) (fileID, error) {
 // with ErrNotMapped when there is none and ErrSharedMapping when the largest
 // is shared.
 func FindRegion(pid int, memFile string) (Region, error) {
-	id, err := statFileID(memFile)
+	cands, err := findCandidates(pid, memFile)
 	if err != nil {
-		return Region{}, fmt.Errorf("find mapping of %s: %w", memFile, err)
+		return Region{}, err
 	}
-	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	r, err := largest(cands)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return Region{}, fmt.Errorf("find mapping of %s in pid %d: %w", memFile, pid, ErrProcessGone)
-		}
-		return Region{}, fmt.Errorf("find mapping of %s in pid %d: %w", memFile, pid, err)
-	}
-	defer f.Close()
-	r, err := findRegion(f, id)
-	if err != nil {
-		return Region{}, fmt.Errorf("find mapping of %s in pid %d: %w", memFile, pid, err)
+		return r, fmt.Errorf("find mapping of %s in pid %d: %w", memFile, pid, err)
 	}
 	return r, nil
 }
 
-// findRegion scans maps text for the mapping of id.
+// FindRegions is FindRegion for a VMM that maps guest RAM as several regions
+// of one file (Firecracker maps each guest memory region of its memory file
+// separately, e.g. below and above the 32-bit MMIO gap of a guest of more
+// than 3 GiB). It returns every private mapping of memFile, in file order,
+// when they cover disjoint parts of the file; otherwise (two mappings of the
+// same pages, which a guest cannot both be using) only the largest, as
+// FindRegion does. Shared mappings other than the largest are ignored.
+func FindRegions(pid int, memFile string) ([]Region, error) {
+	cands, err := findCandidates(pid, memFile)
+	if err != nil {
+		return nil, err
+	}
+	big, err := largest(cands)
+	if err != nil {
+		return nil, fmt.Errorf("find mappings of %s in pid %d: %w", memFile, pid, err)
+	}
+	return disjointPrivate(cands, big), nil
+}
+
+func findCandidates(pid int, memFile string) ([]Region, error) {
+	id, err := statFileID(memFile)
+	if err != nil {
+		return nil, fmt.Errorf("find mapping of %s: %w", memFile, err)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("find mapping of %s in pid %d: %w", memFile, pid, ErrProcessGone)
+		}
+		return nil, fmt.Errorf("find mapping of %s in pid %d: %w", memFile, pid, err)
+	}
+	defer f.Close()
+	cands, err := scanMaps(f, id)
+	if err != nil {
+		return nil, fmt.Errorf("find mapping of %s in pid %d: %w", memFile, pid, err)
+	}
+	return cands, nil
+}
+
+// findRegion scans maps text for the largest mapping of id.
 func findRegion(maps io.Reader, id fileID) (Region, error) {
+	cands, err := scanMaps(maps, id)
+	if err != nil {
+		return Region{}, err
+	}
+	return largest(cands)
+}
+
+// scanMaps returns the mappings of id in maps text (see FindRegion), never
+// an empty list without an error.
+func scanMaps(maps io.Reader, id fileID) ([]Region, error) {
 	sc := bufio.NewScanner(maps)
 	sc.Buffer(make([]byte, 0, 4096), maxMapsLine)
 	var byDev, byPath []Region
@@ -201,7 +244,7 @@ func findRegion(maps io.Reader, id fileID) (Region, error) {
 		lines++
 		m, err := ParseMapsLine(sc.Text())
 		if err != nil {
-			return Region{}, err
+			return nil, err
 		}
 		if m.Inode != id.ino || m.Inode == 0 {
 			continue
@@ -214,19 +257,24 @@ func findRegion(maps io.Reader, id fileID) (Region, error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return Region{}, fmt.Errorf("read maps: %w", err)
+		return nil, fmt.Errorf("read maps: %w", err)
 	}
 	if lines == 0 {
 		// Exited processes (zombies) and kernel threads have no mappings at all.
-		return Region{}, fmt.Errorf("no memory mappings: %w", ErrProcessGone)
+		return nil, fmt.Errorf("no memory mappings: %w", ErrProcessGone)
 	}
 	cands := byDev
 	if len(cands) == 0 {
 		cands = byPath
 	}
 	if len(cands) == 0 {
-		return Region{}, ErrNotMapped
+		return nil, ErrNotMapped
 	}
+	return cands, nil
+}
+
+// largest picks the largest candidate (the first of equals), which must be private.
+func largest(cands []Region) (Region, error) {
 	best := cands[0]
 	for _, c := range cands[1:] {
 		if c.Size() > best.Size() {
@@ -237,6 +285,24 @@ func findRegion(maps io.Reader, id fileID) (Region, error) {
 		return best, fmt.Errorf("%w: [%#x,%#x) is MAP_SHARED", ErrSharedMapping, best.Start, best.End)
 	}
 	return best, nil
+}
+
+// disjointPrivate returns the private candidates in file order if no two
+// overlap in the file, else just big.
+func disjointPrivate(cands []Region, big Region) []Region {
+	var priv []Region
+	for _, c := range cands {
+		if !c.Shared {
+			priv = append(priv, c)
+		}
+	}
+	slices.SortFunc(priv, func(a, b Region) int { return cmp.Compare(a.FileOffset, b.FileOffset) })
+	for i := 1; i < len(priv); i++ {
+		if priv[i].FileOffset < priv[i-1].FileOffset+priv[i-1].Size() {
+			return []Region{big}
+		}
+	}
+	return priv
 }
 
 // appendRegion adds m to rs, extending the last region when m continues it in

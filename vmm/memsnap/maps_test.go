@@ -3,6 +3,7 @@ package memsnap
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -113,6 +114,43 @@ func TestFindRegionInMaps(t *testing.T) {
 }
 
 var errAny = errors.New("any error")
+
+func TestDisjointRegions(t *testing.T) {
+	t.Parallel()
+	id := fileID{major: 0xfe, minor: 1, ino: 42, path: "/m"}
+	r := func(start, end, off uint64) Region {
+		return Region{Start: start, End: end, FileOffset: off, Path: "/m"}
+	}
+	cases := []struct {
+		name string
+		maps string
+		want []Region
+	}{
+		{"one", "10000-20000 rw-p 0 fe:01 42 /m\n", []Region{r(0x10000, 0x20000, 0)}},
+		{"two regions, reverse address order",
+			"10000-20000 rw-p 4000 fe:01 42 /m\n30000-34000 rw-p 0 fe:01 42 /m\n",
+			[]Region{r(0x30000, 0x34000, 0), r(0x10000, 0x20000, 0x4000)}},
+		{"overlapping in the file: the largest",
+			"10000-20000 rw-p 0 fe:01 42 /m\n30000-34000 rw-p 8000 fe:01 42 /m\n",
+			[]Region{r(0x10000, 0x20000, 0)}},
+		{"a small shared mapping is ignored",
+			"10000-20000 rw-p 0 fe:01 42 /m\n30000-31000 rw-s 20000 fe:01 42 /m\n",
+			[]Region{r(0x10000, 0x20000, 0)}},
+	}
+	for _, tc := range cases {
+		cands, err := scanMaps(strings.NewReader(tc.maps), id)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		big, err := largest(cands)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := disjointPrivate(cands, big); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}
 
 func FuzzParseMapsLine(f *testing.F) {
 	for _, s := range []string{

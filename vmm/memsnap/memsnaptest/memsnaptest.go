@@ -29,13 +29,17 @@ var PageSize = os.Getpagesize()
 
 // Spec says what a helper does, in this order: map Size bytes of File (0: the
 // file's size less Offset) from file offset Offset (page-aligned), MAP_SHARED
-// when Shared else MAP_PRIVATE; read
+// when Shared else MAP_PRIVATE, as one mapping or, when Split > 0, as two
+// (the first Split bytes and the rest, mapped in file order, so that mmap's
+// top-down placement puts them in reverse address order, where they cannot
+// merge into one VMA: a VMM with several memory regions has them apart); read
 // every page in Reads; fill every page in Writes with Pattern(Seed, page);
 // fill every page in Zeros with zeros. Pages are indexes into the mapping.
 type Spec struct {
 	File   string
 	Offset int64
 	Size   int64
+	Split  int64
 	Shared bool
 	Seed   uint64
 	Reads  []int64
@@ -82,30 +86,44 @@ func runHelper(in io.Reader, out io.Writer) error {
 	if err := json.Unmarshal(line, &spec); err != nil {
 		return fmt.Errorf("decode spec: %w", err)
 	}
-	mem, err := mapFile(spec)
+	regions, err := mapFile(spec)
 	if err != nil {
 		return err
 	}
 	ps := int64(PageSize)
+	page := func(p int64) []byte {
+		for _, m := range regions {
+			if p*ps < int64(len(m)) {
+				return m[p*ps : (p+1)*ps]
+			}
+			p -= int64(len(m)) / ps
+		}
+		panic(fmt.Sprintf("page %d outside the mapping", p))
+	}
 	sum := 0
 	for _, p := range spec.Reads {
-		for _, c := range mem[p*ps : (p+1)*ps] {
+		for _, c := range page(p) {
 			sum += int(c)
 		}
 	}
 	for _, p := range spec.Writes {
-		Pattern(mem[p*ps:(p+1)*ps], spec.Seed, p)
+		Pattern(page(p), spec.Seed, p)
 	}
 	for _, p := range spec.Zeros {
-		clear(mem[p*ps : (p+1)*ps])
+		clear(page(p))
 	}
-	fmt.Fprintf(out, "ready %x %d\n", uintptr(unsafeAddr(mem)), sum)
+	addrs := make([]string, len(regions))
+	for i, m := range regions {
+		addrs[i] = fmt.Sprintf("%x:%x", uintptr(unsafeAddr(m)), len(m))
+	}
+	fmt.Fprintf(out, "ready %s %d\n", strings.Join(addrs, ","), sum)
 	io.Copy(io.Discard, br) // block until the parent closes stdin
-	runtime.KeepAlive(mem)
+	runtime.KeepAlive(regions)
 	return nil
 }
 
-func mapFile(spec Spec) ([]byte, error) {
+// mapFile maps the file as spec says and returns the mappings in file order.
+func mapFile(spec Spec) ([][]byte, error) {
 	flag, mflag := os.O_RDONLY, unix.MAP_PRIVATE
 	if spec.Shared {
 		flag, mflag = os.O_RDWR, unix.MAP_SHARED
@@ -114,7 +132,7 @@ func mapFile(spec Spec) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close() // the mapping outlives the descriptor
+	defer f.Close() // the mappings outlive the descriptor
 	size := spec.Size
 	if size == 0 {
 		fi, err := f.Stat()
@@ -123,21 +141,32 @@ func mapFile(spec Spec) ([]byte, error) {
 		}
 		size = fi.Size() - spec.Offset
 	}
-	mem, err := unix.Mmap(int(f.Fd()), spec.Offset, int(size), unix.PROT_READ|unix.PROT_WRITE, mflag)
-	if err != nil {
-		return nil, fmt.Errorf("mmap %s: %w", spec.File, err)
+	type part struct{ off, n int64 }
+	parts := []part{{spec.Offset, size}}
+	if spec.Split > 0 && spec.Split < size {
+		parts = []part{{spec.Offset, spec.Split}, {spec.Offset + spec.Split, size - spec.Split}}
 	}
-	return mem, nil
+	out := make([][]byte, len(parts))
+	for i := range parts {
+		mem, err := unix.Mmap(int(f.Fd()), parts[i].off, int(parts[i].n), unix.PROT_READ|unix.PROT_WRITE, mflag)
+		if err != nil {
+			return nil, fmt.Errorf("mmap %s: %w", spec.File, err)
+		}
+		out[i] = mem
+	}
+	return out, nil
 }
 
 // Proc is a running helper.
 type Proc struct {
-	Pid   int
-	Addr  uint64 // start of the mapping
-	Size  int64
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	done  chan error
+	Pid  int
+	Addr uint64 // start of the (first, in file order) mapping
+	Size int64
+	// Regions are the mappings in file order: address and length.
+	Regions [][2]uint64
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	done    chan error
 }
 
 // Start runs a helper for spec and waits until it has done its reads and
@@ -182,10 +211,9 @@ func Start(ctx context.Context, spec Spec) (*Proc, error) {
 	}
 	select {
 	case line := <-ready:
-		var sum int
-		if _, err := fmt.Sscanf(line, "ready %x %d", &p.Addr, &sum); err != nil {
+		if err := p.parseReady(line); err != nil {
 			p.Stop()
-			return nil, fmt.Errorf("memory helper: %q", strings.TrimSpace(line))
+			return nil, err
 		}
 		return p, nil
 	case <-ctx.Done():
@@ -194,18 +222,40 @@ func Start(ctx context.Context, spec Spec) (*Proc, error) {
 	}
 }
 
-// Memory reads the helper's whole mapping through /proc/<pid>/mem.
+// parseReady reads "ready ADDR:LEN[,ADDR:LEN] SUM".
+func (p *Proc) parseReady(line string) error {
+	f := strings.Fields(line)
+	if len(f) != 3 || f[0] != "ready" {
+		return fmt.Errorf("memory helper: %q", strings.TrimSpace(line))
+	}
+	for _, r := range strings.Split(f[1], ",") {
+		var addr, n uint64
+		if _, err := fmt.Sscanf(r, "%x:%x", &addr, &n); err != nil {
+			return fmt.Errorf("memory helper: region %q: %w", r, err)
+		}
+		p.Regions = append(p.Regions, [2]uint64{addr, n})
+	}
+	p.Addr = p.Regions[0][0]
+	return nil
+}
+
+// Memory reads the helper's whole mapping (its regions in file order)
+// through /proc/<pid>/mem.
 func (p *Proc) Memory() ([]byte, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", p.Pid))
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	b := make([]byte, p.Size)
-	if _, err := f.ReadAt(b, int64(p.Addr)); err != nil {
-		return nil, fmt.Errorf("read memory of pid %d: %w", p.Pid, err)
+	var out []byte
+	for _, r := range p.Regions {
+		b := make([]byte, r[1])
+		if _, err := f.ReadAt(b, int64(r[0])); err != nil {
+			return nil, fmt.Errorf("read memory of pid %d at %#x: %w", p.Pid, r[0], err)
+		}
+		out = append(out, b...)
 	}
-	return b, nil
+	return out, nil
 }
 
 // Stop ends the helper (closing its stdin, then killing it if it lingers) and
