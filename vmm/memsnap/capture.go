@@ -35,19 +35,24 @@ const (
 	maxIovecs    = 1024     // UIO_MAXIOV: remote iovecs per process_vm_readv call
 )
 
-// CaptureDiff writes the pages that process pid wrote into its PRIVATE mapping
-// of memFile (or mappings: see FindRegions) (the guest RAM of a VMM restored from a memory image mapped
-// copy-on-write) as a sealed LSMT layer at out, whose parent UUID is
-// parentUUID and whose virtual size is the mapping size (precisely: the
-// mapping's end in the file, or the file's size if that is larger, so that
-// stacking the diff never cuts off the parent). Logical offsets in the layer
-// are file offsets; VMMs map guest RAM from offset 0.
+// CaptureDiff writes the pages that process pid wrote into its PRIVATE
+// mapping of memFile (the guest RAM of a VMM restored from a memory image
+// mapped copy-on-write) as a sealed LSMT layer at out, whose parent UUID is
+// parentUUID and whose virtual size is the mapping size. Precisely: every
+// private mapping of memFile is captured when they cover disjoint parts of
+// the file (see FindRegions), logical offsets in the layer are file offsets
+// (VMMs map guest RAM from offset 0), and the virtual size is the end of the
+// last mapping in the file, or the file's size if that is larger, so that
+// stacking the diff never cuts off its parent.
 //
-// The caller has stopped the vCPUs (and any device emulation that writes guest
-// memory). Written pages are the mapping's anonymous pages: pagemap entries
-// present or swapped with the file-page bit clear. An all-zero written page is
-// recorded as a zeroed extent, so it hides the parent's data. The layer is
-// written to out+".tmp" and renamed.
+// The caller has stopped the vCPUs (and any device emulation that writes
+// guest memory). Written pages are the mapping's anonymous pages: pagemap
+// entries present or swapped with the file-page bit clear. An all-zero
+// written page is recorded as a zeroed extent, so it hides the parent's
+// data. The diff is relative to memFile: a VM that goes on running after a
+// capture keeps its anonymous pages, so its next diff is again a diff
+// against memFile (a superset of this one), not against this layer. The
+// layer is written to out+".tmp" and renamed.
 func CaptureDiff(ctx context.Context, pid int, memFile, out string, parentUUID lsmt.UUID, message string) (Stats, error) {
 	start := time.Now()
 	st, err := captureDiff(ctx, pid, memFile, out, parentUUID, message)

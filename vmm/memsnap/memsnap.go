@@ -8,7 +8,18 @@
 // process_vm_readv) into a sealed layer on top of the image's top layer;
 // ImportFull turns the shared RAM file of a freshly booted VM into a base
 // layer; Materialize flattens a stack of such layers back into a sparse file
-// for the next VM to map. Layers are the overlaybd LSMT format (storage/lsmt).
+// for the next VM to map; Merge compacts a long chain. Layers are the
+// overlaybd LSMT format (storage/lsmt).
+//
+// The cycle of a sandbox:
+//
+//	ImportFull(booted VM's RAM file)            -> L0 (base, no parent)
+//	Materialize([L0], F0); VM maps F0 privately
+//	pause: CaptureDiff(pid, F0, L1, uuid(L0))   -> L1
+//	Materialize([L0, L1], F1); next VM maps F1 privately
+//	pause: CaptureDiff(pid, F1, L2, uuid(L1))   -> L2, and so on
+//
+// Output files hold guest memory and are created 0600.
 package memsnap
 
 import (
