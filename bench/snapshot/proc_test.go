@@ -1,0 +1,204 @@
+package snapshotbench
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// vmmPID finds the QEMU process of a sandbox: its command line names the
+// sandbox's run directory, so it contains the sandbox id.
+func vmmPID(id string) (int, error) {
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	var found []int
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "cmdline"))
+		if err != nil || !bytes.Contains(b, []byte(id)) {
+			continue
+		}
+		argv0, _, _ := bytes.Cut(b, []byte{0})
+		if !strings.HasPrefix(filepath.Base(string(argv0)), "qemu-system") {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(d))
+		found = append(found, pid)
+	}
+	if len(found) != 1 {
+		return 0, fmt.Errorf("sandbox %s: %d QEMU processes (%v), want 1", id, len(found), found)
+	}
+	return found[0], nil
+}
+
+// memStats are smaps fields in bytes (a whole process from smaps_rollup,
+// or one mapping from smaps).
+type memStats struct {
+	Size, Rss, Pss, PssAnon, PssFile, PssShmem, SharedClean, PrivateClean, PrivateDirty, Anonymous, AnonHuge int64
+}
+
+var memFields = map[string]func(*memStats) *int64{
+	"Size":          func(m *memStats) *int64 { return &m.Size },
+	"Rss":           func(m *memStats) *int64 { return &m.Rss },
+	"Pss":           func(m *memStats) *int64 { return &m.Pss },
+	"Pss_Anon":      func(m *memStats) *int64 { return &m.PssAnon },
+	"Pss_File":      func(m *memStats) *int64 { return &m.PssFile },
+	"Pss_Shmem":     func(m *memStats) *int64 { return &m.PssShmem },
+	"Shared_Clean":  func(m *memStats) *int64 { return &m.SharedClean },
+	"Private_Clean": func(m *memStats) *int64 { return &m.PrivateClean },
+	"Private_Dirty": func(m *memStats) *int64 { return &m.PrivateDirty },
+	"Anonymous":     func(m *memStats) *int64 { return &m.Anonymous },
+	"AnonHugePages": func(m *memStats) *int64 { return &m.AnonHuge },
+}
+
+// addField adds a "Key:   123 kB" line to m; it reports whether the line
+// was a field line (a mapping header has spaces before its first colon).
+func (m *memStats) addField(line string) bool {
+	k, rest, ok := strings.Cut(line, ":")
+	if !ok || strings.Contains(k, " ") {
+		return false
+	}
+	f := strings.Fields(rest)
+	if len(f) != 2 || f[1] != "kB" {
+		return true
+	}
+	if get := memFields[k]; get != nil {
+		if v, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+			*get(m) += v << 10
+		}
+	}
+	return true
+}
+
+func rollup(pid int) (memStats, error) {
+	var m memStats
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return m, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		m.addField(line)
+	}
+	return m, nil
+}
+
+// guestRAM returns the smaps of pid's guest RAM: the largest mapping of a
+// file named memory* (the snapshot's memory image), and the file's path.
+func guestRAM(pid int) (memStats, string, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return memStats{}, "", err
+	}
+	defer f.Close()
+	var best, cur memStats
+	var bestPath, curPath string
+	flush := func() {
+		if curPath != "" && cur.Size > best.Size {
+			best, bestPath = cur, curPath
+		}
+	}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<16), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if cur.addField(line) {
+			continue
+		}
+		// A mapping header: "start-end perms offset dev inode [path]".
+		flush()
+		cur, curPath = memStats{}, ""
+		if fs := strings.Fields(line); len(fs) >= 6 && strings.HasPrefix(filepath.Base(fs[5]), "memory") {
+			curPath = fs[5]
+		}
+	}
+	flush()
+	if err := sc.Err(); err != nil {
+		return best, bestPath, err
+	}
+	if bestPath == "" {
+		return best, "", fmt.Errorf("pid %d maps no memory image", pid)
+	}
+	return best, bestPath, nil
+}
+
+// imageBytes returns the bytes a memory image file allocates on disk and
+// how many of them are in non-zero pages (a materialized image leaves zero
+// pages as holes, so the two should agree).
+func imageBytes(path string) (allocated, nonZero int64, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, 0, err
+	}
+	allocated = st.Blocks * 512
+	buf := make([]byte, 1<<20)
+	zero := make([]byte, 4096)
+	for off := int64(0); off < st.Size; {
+		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break
+		} else if err != nil {
+			return 0, 0, fmt.Errorf("seek data %s: %w", path, err)
+		}
+		hole, err := unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return 0, 0, fmt.Errorf("seek hole %s: %w", path, err)
+		}
+		for p := data; p < hole; {
+			n, err := f.ReadAt(buf[:min(int64(len(buf)), hole-p)], p)
+			if err != nil && !errors.Is(err, io.EOF) {
+				return 0, 0, err
+			}
+			if n == 0 {
+				break
+			}
+			for i := 0; i+4096 <= n; i += 4096 {
+				if !bytes.Equal(buf[i:i+4096], zero) {
+					nonZero += 4096
+				}
+			}
+			p += int64(n)
+		}
+		off = hole
+	}
+	return allocated, nonZero, nil
+}
+
+// pageCacheBytes returns how much of a file is resident in the host page
+// cache (mincore over a read-only shared mapping, which faults nothing in).
+func pageCacheBytes(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || st.Size() == 0 {
+		return 0, err
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Munmap(m)
+	vec := make([]byte, (len(m)+4095)/4096)
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		return 0, fmt.Errorf("mincore %s: %w", path, e)
+	}
+	var n int64
+	for _, v := range vec {
+		n += int64(v & 1)
+	}
+	return n * 4096, nil
+}

@@ -1,0 +1,326 @@
+package snapshotbench
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+const (
+	sharedVMs = 10 // sandboxes restored from one snapshot
+	dirtyMiB  = 64 // tmpfs the snapshot's source writes before the snapshot
+)
+
+// BenchmarkSharedMemoryPSS: ten sandboxes restored from one snapshot share
+// its memory image. The sum of their VMM processes' PSS is compared with
+// ten private copies of the image: 10 x guest RAM, and 10 x the image's
+// non-zero bytes (what a copy that skips zero pages would cost).
+func BenchmarkSharedMemoryPSS(b *testing.B) {
+	n := sharedNode(b)
+	for range b.N {
+		src := n.create(b, "base")
+		filled := n.fill(b, src, dirtyMiB)
+		snap := n.snapshot(b, src)
+		n.mustKill(b, src)
+		var ids []string
+		defer func() {
+			n.mustKill(b, ids...)
+			n.Call("DELETE", "/snapshots/"+snap.SnapshotID, n.Key, "")
+		}()
+		pids := map[string]int{}
+		start := func() {
+			id := n.create(b, snap.SnapshotID)
+			ids = append(ids, id)
+			want := strconv.Itoa(filled << 20)
+			if got := n.sh(b, id, `stat -c %s /dev/shm/fill`); got != want {
+				b.Fatalf("sandbox %s from the snapshot: /dev/shm/fill is %s bytes, want %s", id, got, want)
+			}
+			pid, err := vmmPID(id)
+			if err != nil {
+				b.Fatal(err)
+			}
+			pids[id] = pid
+		}
+
+		start()
+		alone := settle(b, pids)[ids[0]]
+		aloneRAM, image, err := guestRAM(pids[ids[0]])
+		if err != nil {
+			b.Fatal(err)
+		}
+		for len(ids) < sharedVMs {
+			start()
+		}
+		all := settle(b, pids)
+
+		var sum, ram memStats
+		files := map[string]bool{}
+		for _, id := range ids {
+			add(&sum, all[id])
+			m, path, err := guestRAM(pids[id])
+			if err != nil {
+				b.Fatal(err)
+			}
+			add(&ram, m)
+			files[path] = true
+		}
+		if len(files) != 1 {
+			b.Fatalf("%d sandboxes from one snapshot map %d memory files: %v", sharedVMs, len(files), files)
+		}
+		allocated, nonZero, err := imageBytes(image)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cached, err := pageCacheBytes(image)
+		if err != nil {
+			b.Fatal(err)
+		}
+		guest := aloneRAM.Size
+		vsRAM := 100 * (1 - float64(sum.Pss)/float64(sharedVMs*guest))
+		vsData := 100 * (1 - float64(sum.Pss)/float64(int64(sharedVMs)*nonZero))
+
+		b.Logf("snapshot %s (source dirtied %d MiB of tmpfs): guest RAM %.0f MiB; image %s: non-zero %.1f MiB, allocated %.1f MiB, in host page cache %.1f MiB",
+			snap.SnapshotID, filled, mib(guest), filepath.Base(image), mib(nonZero), mib(allocated), mib(cached))
+		b.Logf("one VM alone: Pss %.1f MiB = Pss_File %.1f (shared file-backed) + Pss_Anon %.1f + Pss_Shmem %.1f; Rss %.1f, AnonHugePages %.1f",
+			mib(alone.Pss), mib(alone.PssFile), mib(alone.PssAnon), mib(alone.PssShmem), mib(alone.Rss), mib(alone.AnonHuge))
+		b.Logf("  its guest RAM mapping: Rss %.1f MiB, Pss %.1f, copied on write (Anonymous) %.1f; outside guest RAM (QEMU, TCG code buffer, libraries): Pss %.1f",
+			mib(aloneRAM.Rss), mib(aloneRAM.Pss), mib(aloneRAM.Anonymous), mib(alone.Pss-aloneRAM.Pss))
+		b.Logf("%d VMs: sum Pss %.1f MiB (%.1f per VM) = Pss_File %.1f + Pss_Anon %.1f + Pss_Shmem %.1f; sum Rss %.1f (what unshared touched pages would cost)",
+			sharedVMs, mib(sum.Pss), mib(sum.Pss)/sharedVMs, mib(sum.PssFile), mib(sum.PssAnon), mib(sum.PssShmem), mib(sum.Rss))
+		b.Logf("  guest RAM mappings: sum Pss %.1f MiB, copied on write %.1f (%.1f per VM); outside guest RAM: sum Pss %.1f (%.1f per VM)",
+			mib(ram.Pss), mib(ram.Anonymous), mib(ram.Anonymous)/sharedVMs, mib(sum.Pss-ram.Pss), mib(sum.Pss-ram.Pss)/sharedVMs)
+		b.Logf("vs %d x guest RAM (%.0f MiB): saved %.1f%% (goal >= 85%%)", sharedVMs, mib(sharedVMs*guest), vsRAM)
+		b.Logf("vs %d x non-zero image (%.1f MiB): saved %.1f%%", sharedVMs, mib(int64(sharedVMs)*nonZero), vsData)
+		b.Logf("guest RAM mappings alone vs %d x guest RAM: saved %.1f%%", sharedVMs, 100*(1-float64(ram.Pss)/float64(sharedVMs*guest)))
+		b.ReportMetric(vsRAM, "saved-%-vs-RAM")
+		b.ReportMetric(vsData, "saved-%-vs-nonzero")
+		b.ReportMetric(mib(sum.Pss), "sum-PSS-MiB")
+		b.ReportMetric(mib(alone.Pss), "alone-PSS-MiB")
+	}
+}
+
+func add(sum *memStats, m memStats) {
+	sum.Size += m.Size
+	sum.Rss += m.Rss
+	sum.Pss += m.Pss
+	sum.PssAnon += m.PssAnon
+	sum.PssFile += m.PssFile
+	sum.PssShmem += m.PssShmem
+	sum.SharedClean += m.SharedClean
+	sum.PrivateClean += m.PrivateClean
+	sum.PrivateDirty += m.PrivateDirty
+	sum.Anonymous += m.Anonymous
+	sum.AnonHuge += m.AnonHuge
+}
+
+// settle samples the processes' smaps_rollup every 2 s until their summed
+// PSS changed by less than 1% twice in a row (at most 90 s) and returns
+// the last sample.
+func settle(b *testing.B, pids map[string]int) map[string]memStats {
+	b.Helper()
+	var last int64
+	calm := 0
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		cur := map[string]memStats{}
+		var total int64
+		for id, pid := range pids {
+			m, err := rollup(pid)
+			if err != nil {
+				b.Fatalf("sandbox %s (pid %d): %v", id, pid, err)
+			}
+			cur[id] = m
+			total += m.Pss
+		}
+		if last > 0 && abs(total-last)*100 < last {
+			calm++
+		} else {
+			calm = 0
+		}
+		if calm >= 2 || time.Now().After(deadline) {
+			return cur
+		}
+		last = total
+		time.Sleep(2 * time.Second)
+	}
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
+}
+
+// BenchmarkPauseVsDirtied: pause time of a sandbox fresh from the template
+// after its guest dirtied ~0%, 10%, 50% and 100% of its RAM (tmpfs filled
+// with non-zero bytes, up to what fits), against the ~0% pause and a host
+// cp (+fsync) of as many bytes as the memory diff, both measured here; and
+// the restore-to-ready (resume) time of each.
+func BenchmarkPauseVsDirtied(b *testing.B) {
+	n := sharedNode(b)
+	tmp := b.TempDir()
+	for range b.N {
+		var refPause, refResume time.Duration
+		for _, pct := range []int{0, 10, 50, 100} {
+			id := n.create(b, "base")
+			written := 0
+			if pct > 0 {
+				written = n.fill(b, id, guestMiB*pct/100)
+			} else {
+				n.sh(b, id, `true`)
+			}
+			off := len(n.Logs())
+			_, pause := n.expect(b, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", "")
+			diff := n.oneLog(b, off, "memory diff captured", "sandbox="+id)
+			var flatten time.Duration
+			if ls := n.logsSince(off, "memory image materialized", id); len(ls) == 1 {
+				flatten = ls[0].dur("took")
+			}
+			before := n.stageSums(b, "resume")
+			_, resume := n.expect(b, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", `{"timeout":600}`)
+			stages := stageMeans(before, n.stageSums(b, "resume"))
+			if written > 0 {
+				n.checkFill(b, id, written)
+			} else {
+				n.sh(b, id, `true`)
+			}
+			n.mustKill(b, id)
+
+			layer := diff.int("bytes")
+			cp, cpSync := hostCopy(b, tmp, layer)
+			if pct == 0 {
+				refPause, refResume = pause, resume
+			}
+			dirtied := float64(diff.int("pages")+diff.int("zero_pages")) * 4096
+			b.Logf("dirty %3d%% (guest wrote %d MiB of tmpfs): diff %.1f MiB dirtied (%d data + %d zero pages), layer %.1f MiB",
+				pct, written, dirtied/(1<<20), diff.int("pages"), diff.int("zero_pages"), mib(layer))
+			b.Logf("  pause %s (diff capture %s, flatten for resume %s) = %.2fx the ~0%% pause; host cp of %.1f MiB %s, cp+fsync %s: pause/cp+fsync %.1fx, capture/cp+fsync %.1fx",
+				ms(pause), ms(diff.dur("took")), ms(flatten), ratio(pause, refPause), mib(layer), ms(cp), ms(cpSync),
+				ratio(pause, cpSync), ratio(diff.dur("took"), cpSync))
+			b.Logf("  resume to ready %s = %.2fx the ~0%% resume (%s)", ms(resume), ratio(resume, refResume), stages)
+			tag := fmt.Sprintf("-%d%%", pct)
+			b.ReportMetric(pause.Seconds()*1000, "pause-ms"+tag)
+			b.ReportMetric(resume.Seconds()*1000, "resume-ms"+tag)
+			b.ReportMetric(ratio(pause, cpSync), "pause/cp"+tag)
+		}
+	}
+}
+
+func ratio(a, b time.Duration) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// hostCopy times `cp` of a host file of size bytes (non-zero, in the page
+// cache, as guest RAM is) and the fsync of the copy: a memory diff is
+// written and synced the same way.
+func hostCopy(b *testing.B, dir string, size int64) (cp, cpSync time.Duration) {
+	b.Helper()
+	src, dst := filepath.Join(dir, "src"), filepath.Join(dir, "dst")
+	defer os.Remove(src)
+	defer os.Remove(dst)
+	f, err := os.Create(src)
+	if err != nil {
+		b.Fatal(err)
+	}
+	chunk := make([]byte, 1<<20)
+	for i := range chunk {
+		chunk[i] = byte(i*7 + 1)
+	}
+	for left := size; left > 0; left -= int64(len(chunk)) {
+		if _, err := f.Write(chunk[:min(int64(len(chunk)), left)]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := errors.Join(f.Sync(), f.Close()); err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	if out, err := exec.Command("cp", src, dst).CombinedOutput(); err != nil {
+		b.Fatalf("cp: %v %s", err, out)
+	}
+	cp = time.Since(start)
+	g, err := os.OpenFile(dst, os.O_RDWR, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := errors.Join(g.Sync(), g.Close()); err != nil {
+		b.Fatal(err)
+	}
+	return cp, time.Since(start)
+}
+
+type forkResult struct {
+	Sandbox *struct {
+		SandboxID string `json:"sandboxID"`
+	} `json:"sandbox"`
+	Error *struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// BenchmarkFork: POST /sandboxes/{id}/fork wall time for 1 and 10 children
+// (and per child) against one plain create from the template in the same
+// run; every child must see the source's disk and memory state.
+func BenchmarkFork(b *testing.B) {
+	n := sharedNode(b)
+	for range b.N {
+		before := n.stageSums(b, "create")
+		start := time.Now()
+		ref := n.create(b, "base")
+		create := time.Since(start)
+		b.Logf("reference: one create from the template %s (%s)", ms(create), stageMeans(before, n.stageSums(b, "create")))
+		n.mustKill(b, ref)
+
+		src := n.create(b, "base")
+		defer n.mustKill(b, src)
+		n.sh(b, src, `echo disk > /home/user/fork-marker && echo mem > /dev/shm/fork-marker`)
+		for _, count := range []int{1, 10} {
+			off := len(n.Logs())
+			before := n.stageSums(b, "create")
+			out, took := n.expect(b, http.StatusCreated, "POST", "/sandboxes/"+src+"/fork", fmt.Sprintf(`{"count":%d,"timeout":600}`, count))
+			stages := stageMeans(before, n.stageSums(b, "create"))
+			var kids []forkResult
+			if err := json.Unmarshal(out, &kids); err != nil || len(kids) != count {
+				b.Fatalf("fork %d: %s (%v)", count, out, err)
+			}
+			var ids []string
+			for i, k := range kids {
+				if k.Error != nil || k.Sandbox == nil {
+					n.mustKill(b, ids...)
+					b.Fatalf("fork %d: child %d failed: %s", count, i, out)
+				}
+				ids = append(ids, k.Sandbox.SandboxID)
+			}
+			for _, id := range ids {
+				if got := n.sh(b, id, `cat /home/user/fork-marker /dev/shm/fork-marker`); got != "disk\nmem" {
+					n.mustKill(b, ids...)
+					b.Fatalf("fork child %s sees %q, want the source's disk and mem markers", id, got)
+				}
+			}
+			n.mustKill(b, ids...)
+			capture := n.oneLog(b, off, "memory diff captured", "sandbox="+src).dur("took")
+			var flatten time.Duration
+			if ls := n.logsSince(off, "memory image materialized"); len(ls) == 1 {
+				flatten = ls[0].dur("took")
+			}
+			per := took / time.Duration(count)
+			b.Logf("fork %2d: %s wall, %s per child = %.2fx one create (wall %.2fx); source memory diff %s, image flatten %s; children's create stages: %s",
+				count, ms(took), ms(per), ratio(per, create), ratio(took, create), ms(capture), ms(flatten), stages)
+			b.ReportMetric(took.Seconds()*1000, fmt.Sprintf("fork%d-ms", count))
+			b.ReportMetric(ratio(per, create), fmt.Sprintf("fork%d-per-child/create", count))
+		}
+		b.ReportMetric(create.Seconds()*1000, "create-ms")
+	}
+}
