@@ -184,7 +184,7 @@ func (o *Orchestrator) EnableBuilds(ctx context.Context, opt ImageOptions) error
 		changed := false
 		for _, br := range t.Builds {
 			if br.Status == BuildBuilding {
-				killStale(br.PID, "build-"+br.ID)
+				killStale(br.PID, b.buildDir(t.ID, br.ID)) // its run dir is on the VMM's command line
 				br.Status, br.Reason, br.ReasonStep, br.FinishedAt, br.PID = BuildError, "interrupted by node restart", StepBase, time.Now().UTC(), 0
 				changed = true
 				b.appendLogFile(t.ID, br.ID, BuildLog{Timestamp: br.FinishedAt, Level: "error", Message: br.Reason})

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -175,7 +176,7 @@ type buildStatus struct {
 
 // build creates a template named name, uploads files, starts the build with
 // spec and polls its status (paging through the logs) until it ends.
-func (c buildClient) build(name, spec string, files map[string][]byte) (string, buildStatus, string) {
+func (c buildClient) build(name, spec string, files map[string][]byte) (string, string, buildStatus, string) {
 	c.t.Helper()
 	var created struct {
 		TemplateID string   `json:"templateID"`
@@ -235,7 +236,7 @@ func (c buildClient) build(name, spec string, files map[string][]byte) (string, 
 			time.Sleep(time.Second)
 		}
 	}
-	return created.TemplateID, st, strings.Join(all, "\n")
+	return created.TemplateID, created.BuildID, st, strings.Join(all, "\n")
 }
 
 // TestBuildE2E drives template builds through the HTTP API of a real
@@ -295,7 +296,7 @@ func TestBuildE2E(t *testing.T) {
 		"readyCmd": `test -f /tmp/started.txt`,
 	}
 	body, _ := json.Marshal(spec)
-	tid, st, logs := c.build("busy-box", string(body), map[string][]byte{hash: files})
+	tid, bid, st, logs := c.build("busy-box", string(body), map[string][]byte{hash: files})
 	if st.Status != "ready" {
 		t.Fatalf("build: %s (reason %+v)\n%s", st.Status, st.Reason, logs)
 	}
@@ -305,6 +306,18 @@ func TestBuildE2E(t *testing.T) {
 		}
 	}
 
+	// Builds and built templates survive a restart of aenvd.
+	if err := n.Stop(syscall.SIGTERM); err != nil {
+		t.Fatalf("stop aenvd: %v", err)
+	}
+	if err := n.Restart(ctx, 5*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var after buildStatus
+	json.Unmarshal(c.call("GET", "/templates/"+tid+"/builds/"+bid+"/status?level=warn", "", http.StatusOK), &after)
+	if after.Status != "ready" {
+		t.Fatalf("status after restart: %+v", after)
+	}
 	// The template is listed, found by its name, and sandboxes start from it by name.
 	var alias struct {
 		TemplateID string `json:"templateID"`
@@ -354,7 +367,7 @@ func TestBuildE2E(t *testing.T) {
 
 	// A failing RUN step (from the built template: a restore, no cold boot).
 	failSpec := `{"fromTemplate":"busy-box","steps":[{"type":"RUN","args":["echo about to fail; echo on stderr >&2; exit 3"]},{"type":"RUN","args":["echo never"]}]}`
-	_, st, logs = c.build("failing", failSpec, nil)
+	_, _, st, logs = c.build("failing", failSpec, nil)
 	if st.Status != "error" || st.Reason == nil || st.Reason.Step != "1" || !strings.Contains(st.Reason.Message, "exited with code 3") ||
 		!strings.Contains(st.Reason.Message, "about to fail") {
 		t.Fatalf("failing step: %s %+v\n%s", st.Status, st.Reason, logs)
@@ -375,7 +388,7 @@ func TestBuildE2E(t *testing.T) {
 		{"missing", `{"fromImage":"` + host + `/nosuch:v1"}`, "NAME_UNKNOWN"},
 		{"arm", `{"fromImage":"` + host + `/small:arm"}`, "linux/arm64, want linux/amd64"},
 	} {
-		_, st, logs := c.build(bad.name, bad.spec, nil)
+		_, _, st, logs := c.build(bad.name, bad.spec, nil)
 		if st.Status != "error" || st.Reason == nil || !strings.Contains(st.Reason.Message, bad.want) || st.Reason.Step != "base" {
 			t.Errorf("%s: %s %+v\n%s", bad.name, st.Status, st.Reason, logs)
 		}
