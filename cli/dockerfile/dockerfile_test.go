@@ -208,6 +208,8 @@ func FuzzParse(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, src string) {
+		// The same text as a .dockerignore: no panic, whatever the patterns.
+		ParseIgnore(src).Excluded("a/b.txt")
 		s, err := Parse(src, Options{BuildArgs: map[string]string{"B": "v"}})
 		if err != nil {
 			var de *Error
