@@ -88,46 +88,53 @@ func pattern(seed byte, n int) []byte {
 // reads and reads through holes) gives exactly the bytes that reading every
 // piece on its own gives, for any layout, request and gap filler.
 func TestGatheredReadsMatchPieceByPiece(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		tags := rapid.IntRange(1, 4).Draw(t, "tags")
-		segs := drawLayout(t, tags)
-		vector := rapid.Bool().Draw(t, "vector")
-		var reads int
-		srcs := make([]io.ReaderAt, tags)
-		for i := range srcs {
-			r := bytes.NewReader(pattern(byte(i*50+1), 3*readTestSectors*SectorSize))
-			if vector {
-				srcs[i] = vecReader{r, &reads}
-			} else {
-				srcs[i] = r
-			}
+	rapid.Check(t, gatheredMatchesPieces)
+}
+
+// FuzzGatheredReads runs the same property on layouts drawn from fuzz input.
+func FuzzGatheredReads(f *testing.F) {
+	f.Fuzz(rapid.MakeFuzz(gatheredMatchesPieces))
+}
+
+func gatheredMatchesPieces(t *rapid.T) {
+	tags := rapid.IntRange(1, 4).Draw(t, "tags")
+	segs := drawLayout(t, tags)
+	vector := rapid.Bool().Draw(t, "vector")
+	var reads int
+	srcs := make([]io.ReaderAt, tags)
+	for i := range srcs {
+		r := bytes.NewReader(pattern(byte(i*50+1), 3*readTestSectors*SectorSize))
+		if vector {
+			srcs[i] = vecReader{r, &reads}
+		} else {
+			srcs[i] = r
 		}
-		var gap func([]byte, int64) error
-		if rapid.Bool().Draw(t, "gapFiller") {
-			fill := pattern(222, readTestSectors*SectorSize)
-			gap = func(q []byte, off int64) error { copy(q, fill[off:]); return nil }
-		}
-		off := int64(rapid.IntRange(0, readTestSectors*SectorSize-1).Draw(t, "off"))
-		n := rapid.IntRange(1, readTestSectors*SectorSize-int(off)).Draw(t, "n")
-		s0, ns := sectorSpan(off, n)
-		clipped := NewIndex(segs).Lookup(nil, s0, ns)
-		want := bytes.Repeat([]byte{0xa5}, n)
-		if err := readEach(want, off, clipped, srcs, gap); err != nil {
-			t.Fatal(err)
-		}
-		pieceReads := reads
-		reads = 0
-		got := bytes.Repeat([]byte{0x5a}, n)
-		if err := readSegments(got, off, clipped, srcs, gap); err != nil {
-			t.Fatal(err)
-		}
-		if i := firstDiff(got, want); i < n {
-			t.Fatalf("byte %d of [%d,+%d) differs: got %#x, want %#x (segments %+v)", i, off, n, got[i], want[i], clipped)
-		}
-		if vector && reads > pieceReads {
-			t.Fatalf("gathered path made %d reads, piece by piece %d", reads, pieceReads)
-		}
-	})
+	}
+	var gap func([]byte, int64) error
+	if rapid.Bool().Draw(t, "gapFiller") {
+		fill := pattern(222, readTestSectors*SectorSize)
+		gap = func(q []byte, off int64) error { copy(q, fill[off:]); return nil }
+	}
+	off := int64(rapid.IntRange(0, readTestSectors*SectorSize-1).Draw(t, "off"))
+	n := rapid.IntRange(1, readTestSectors*SectorSize-int(off)).Draw(t, "n")
+	s0, ns := sectorSpan(off, n)
+	clipped := NewIndex(segs).Lookup(nil, s0, ns)
+	want := bytes.Repeat([]byte{0xa5}, n)
+	if err := readEach(want, off, clipped, srcs, gap); err != nil {
+		t.Fatal(err)
+	}
+	pieceReads := reads
+	reads = 0
+	got := bytes.Repeat([]byte{0x5a}, n)
+	if err := readSegments(got, off, clipped, srcs, gap); err != nil {
+		t.Fatal(err)
+	}
+	if i := firstDiff(got, want); i < n {
+		t.Fatalf("byte %d of [%d,+%d) differs: got %#x, want %#x (segments %+v)", i, off, n, got[i], want[i], clipped)
+	}
+	if vector && reads > pieceReads {
+		t.Fatalf("gathered path made %d reads, piece by piece %d", reads, pieceReads)
+	}
 }
 
 // TestHoleWithForeignData is the case that makes reading through holes
