@@ -147,7 +147,10 @@ type RestoreConfig struct {
 	ID          string
 	SnapshotDir string
 	// MemoryFile overrides the snapshot's memory image (for instance a
-	// shared, node-wide copy of it). It is mapped privately.
+	// shared, node-wide copy of it). It is mapped privately. Required for
+	// a snapshot written by DeviceSnapshotter.SnapshotDevices, whose
+	// directory holds no memory image: then its content must equal guest
+	// RAM at the time of that snapshot.
 	MemoryFile string
 	// Drives and NICs replace the snapshot's devices of the same ID (a new
 	// writable upper for the rootfs, a tap in a fresh network slot). The set

@@ -47,6 +47,7 @@ func Run(t *testing.T, h Harness) {
 		{"RestoreContinues", s.restoreContinues},
 		{"AdoptAfterDetach", s.adopt},
 		{"TwoClonesDiverge", s.twoClones},
+		{"DeviceSnapshotWithoutRAM", s.deviceSnapshot},
 		{"GuestPowersOff", s.guestPowerOff},
 		{"StopCleansUp", s.stopCleansUp},
 		{"BadInput", s.badInput},
@@ -268,6 +269,62 @@ func (s *suite) twoClones(t *testing.T) {
 	}
 	if got := sh(t, s.net, "cat /dev/shm/who 2>/dev/null || echo none"); got != "none" {
 		t.Fatalf("the first restore sees a clone's write: %q", got)
+	}
+}
+
+// maxDeviceState bounds the state of a 256 MiB guest snapshotted without
+// RAM: device state is tens of KiB, the guest's RAM over a hundred MiB.
+const maxDeviceState = 8 << 20
+
+// deviceSnapshot (drivers implementing vmm.DeviceSnapshotter): the running
+// VM, restored from a memory image it maps privately, snapshots without RAM;
+// its RAM, captured from the VMM process, restores with that state.
+func (s *suite) deviceSnapshot(t *testing.T) {
+	ds, ok := s.vm.(vmm.DeviceSnapshotter)
+	if !ok {
+		t.Skipf("driver %s cannot snapshot without RAM", s.h.Driver.Name())
+	}
+	ctx := context.Background()
+	sh(t, s.net, "echo devsnap > /dev/shm/devsnap")
+	before := counter(t, s.net)
+	if err := s.vm.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(s.work, "devsnap")
+	snap, err := ds.SnapshotDevices(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("device snapshot: state %d bytes for %d MiB of RAM, took %s", snap.StateBytes, snap.MemBytes>>20, snap.Took)
+	if snap.StateBytes <= 0 || snap.StateBytes >= maxDeviceState || snap.MemBytes != 256<<20 || snap.MemoryFile != "" {
+		t.Fatalf("device snapshot %+v: want 0 < state < %d bytes, 256 MiB of RAM, no memory file", snap, maxDeviceState)
+	}
+	mem := filepath.Join(s.work, "devsnap-memory")
+	if _, err := CaptureMemory(s.vm.Info().PID, s.vm.Info().MemoryFile, mem); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.vm.Resume(ctx); err != nil {
+		t.Fatalf("resume after a device snapshot: %v", err)
+	}
+	tn := NewTestNet(s.top)
+	vm, err := s.h.Driver.Restore(ctx, vmm.RestoreConfig{
+		ID: "devsnap", SnapshotDir: dir, MemoryFile: mem, RunDir: filepath.Join(s.work, "devsnap-run"), NICs: []vmm.NIC{tn.NIC()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.top.Cleanup(func() { _ = vm.Stop(context.Background()) })
+	s.waitReady(t, vm, tn)
+	if got := sh(t, tn, "cat /dev/shm/marker /dev/shm/devsnap"); got != marker+"\ndevsnap" {
+		t.Fatalf("tmpfs files after restoring a device snapshot = %q", got)
+	}
+	after := counter(t, tn)
+	if after < before {
+		t.Fatalf("counter %d after restore is behind %d before the snapshot", after, before)
+	}
+	waitCounter(t, tn, after+3)
+	if err := vm.Stop(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -109,8 +109,8 @@ func Filter(dst io.Writer, src io.Reader, opts Options) (*Stats, error) {
 	cr := &countingReader{r: src}
 	cw := &countingWriter{w: dst}
 	f := &filter{
-		in:       bufio.NewReaderSize(cr, 64<<10),
-		out:      bufio.NewWriterSize(cw, 64<<10),
+		in:       bufio.NewReaderSize(cr, 1<<20),
+		out:      bufio.NewWriterSize(cw, 256<<10),
 		drop:     map[string]bool{},
 		pageSize: defaultPageSize,
 		blocks:   map[string]uint64{},
@@ -480,7 +480,7 @@ func (f *filter) pageRecord(addr, flags uint64, n int64) error {
 		return fmt.Errorf("migstream: page %#x beyond RAM block %q of %d bytes", addr, f.curBlock, length)
 	}
 	if f.drop[f.curBlock] {
-		if _, err := io.CopyN(io.Discard, f.in, n); err != nil {
+		if _, err := f.in.Discard(int(n)); err != nil {
 			return f.readErr(err)
 		}
 		if n == 1 {
