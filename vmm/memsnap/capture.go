@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -117,6 +118,10 @@ type batch struct {
 	offs   []uint64           // logical (file) offset of each run
 }
 
+// batchPool keeps batch buffers between captures: a pause every few
+// seconds should not clear 8 MiB of fresh buffers each time.
+var batchPool = sync.Pool{New: func() any { return &batch{buf: make([]byte, readBatch)} }}
+
 // capture streams the written pages of regions (in file order) into xw. Two batches
 // alternate: while one is written to the layer (zero detection, the file
 // write), the next is gathered from pagemap and read from the process, so
@@ -125,7 +130,10 @@ func capture(ctx context.Context, pid int, regions []Region, pm *os.File, xw *ls
 	c := &capturer{pid: pid, pm: pm,
 		free: make(chan *batch, 2), full: make(chan *batch), werr: make(chan error, 1)}
 	for range 2 {
-		c.free <- &batch{buf: make([]byte, readBatch)}
+		b := batchPool.Get().(*batch)
+		b.used, b.remote, b.offs = 0, b.remote[:0], b.offs[:0] // a failed capture may have left it dirty
+		defer batchPool.Put(b)                                 // after the writer is done: capture waits for it below
+		c.free <- b
 	}
 	go c.writer(xw, st)
 	var err error
