@@ -430,7 +430,8 @@ func validateSteps(steps []BuildStep) error {
 }
 
 // BuildStatusOf returns a build's status and its log entries at level or
-// above (all when level is empty), from offset on, at most limit.
+// above (all when level is empty), from offset on, at most limit (all when
+// limit is negative).
 func (o *Orchestrator) BuildStatusOf(templateID, buildID string, offset, limit int, level string) (BuildStatus, error) {
 	b, err := o.builder()
 	if err != nil {
@@ -457,7 +458,7 @@ func (o *Orchestrator) BuildStatusOf(templateID, buildID string, offset, limit i
 	st := BuildStatus{TemplateID: templateID, BuildID: buildID, Status: br.Status, Reason: br.Reason, ReasonStep: br.ReasonStep}
 	if offset < len(sel) {
 		sel = sel[offset:]
-		if limit > 0 && len(sel) > limit {
+		if limit >= 0 && len(sel) > limit {
 			sel = sel[:limit]
 		}
 		st.Logs = sel
@@ -829,7 +830,10 @@ func (b *builder) run(job buildJob) {
 		return // shutting down: the next start marks the build interrupted
 	}
 	if err != nil {
-		_ = os.RemoveAll(filepath.Join(b.buildDir(job.templateID, job.buildID), "snapshot"))
+		// Only the log of a failed build is worth keeping.
+		if cerr := clearBuildDir(b.buildDir(job.templateID, job.buildID)); cerr != nil {
+			b.o.log.Warn("clean failed build", "build", job.buildID, "err", cerr)
+		}
 	}
 	b.finish(job.templateID, job.buildID, built, err, step)
 	b.o.log.Info("template build finished", "template", job.templateID, "build", job.buildID,

@@ -309,6 +309,9 @@ func TestBuildStateSurvivesRestart(t *testing.T) {
 	if bs, _ := o.BuildStatusOf(tpl.ID, b2, 1, 100, ""); len(bs.Logs) != 1 || bs.Logs[0].Level != "error" {
 		t.Fatalf("offset: %+v", bs.Logs)
 	}
+	if bs, _ := o.BuildStatusOf(tpl.ID, b2, 0, 0, ""); len(bs.Logs) != 0 || bs.Status != BuildError {
+		t.Fatalf("limit 0: %+v", bs)
+	}
 	if bs, _ := o.BuildStatusOf(tpl.ID, b1, 0, 100, ""); bs.Status != BuildWaiting {
 		t.Fatalf("the waiting build: %+v", bs)
 	}
