@@ -34,9 +34,15 @@ func (m *machine) SnapshotDevices(ctx context.Context, dir string) (*vmm.Snapsho
 		return nil, fmt.Errorf("snapshot devices %s: %w", m.id, err)
 	}
 	snap := &vmm.Snapshot{Dir: dir, StateFile: filepath.Join(dir, vmm.SnapshotStateFile)}
-	stats, err := m.saveFilteredState(ctx, snap.StateFile)
+	// Written aside and renamed, so a failure (after which the caller may
+	// fall back to a full snapshot) never leaves a partial state behind.
+	tmp := snap.StateFile + ".tmp"
+	stats, err := m.saveFilteredState(ctx, tmp)
+	if err == nil {
+		err = os.Rename(tmp, snap.StateFile)
+	}
 	if err != nil {
-		_ = os.Remove(snap.StateFile)
+		_ = os.Remove(tmp)
 		return nil, fmt.Errorf("snapshot devices %s: %w", m.id, err)
 	}
 	// A memory file already in dir (say, the image this VM was restored
@@ -145,7 +151,7 @@ func (m *machine) saveFilteredState(ctx context.Context, path string) (*migstrea
 	done := make(chan filterResult, 1)
 	filterFailed := make(chan struct{})
 	go func() {
-		stats, err := migstream.Filter(out, pr, migstream.Options{DropBlocks: []string{guestRAMBlock}})
+		stats, err := migstream.Filter(out, pr, migstream.Options{DropBlocks: []string{guestRAMBlock}, MaxOutput: maxDeviceState})
 		if err != nil {
 			close(filterFailed)
 			// Keep reading so QEMU never blocks on a full pipe while the
@@ -171,7 +177,7 @@ func (m *machine) saveFilteredState(ctx context.Context, path string) (*migstrea
 	// (which also cuts the stream short), else a stream the filter found broken.
 	switch {
 	case errors.Is(res.err, migstream.ErrUnsupported):
-		return nil, fmt.Errorf("filter migration stream: %w", res.err)
+		return nil, fmt.Errorf("filter migration stream (%w): %w", vmm.ErrUnsupported, res.err)
 	case migErr != nil:
 		return nil, migErr
 	case res.err != nil:
@@ -250,6 +256,11 @@ func (m *machine) settleMigration(ctx context.Context) {
 }
 
 const statePipeSize = 1 << 20
+
+// maxDeviceState bounds a state written without RAM. Our machines' device
+// state is about 64 KiB (plus firmware and ACPI blobs); far more means
+// something other than device state is in the stream.
+const maxDeviceState = 64 << 20
 
 // blockingPipe is os.Pipe with a blocking write end. os.Pipe makes both
 // ends non-blocking (for Go's poller), and QEMU would inherit that on its

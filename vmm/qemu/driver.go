@@ -2,7 +2,11 @@
 // controlled over QMP. Guest memory is a file-backed memory backend, so a
 // snapshot's saved state stays tiny (the x-ignore-shared migration
 // capability leaves shared RAM out of it) and restores map the memory image
-// privately: any number of clones share one image copy-on-write.
+// privately: any number of clones share one image copy-on-write. A restored
+// machine's RAM is private, so x-ignore-shared no longer applies to it;
+// SnapshotDevices (vmm.DeviceSnapshotter) then filters the guest RAM pages
+// out of the migration stream (vmm/qemu/migstream) and the caller keeps the
+// memory itself.
 //
 // It runs under KVM when a test guest boots with it and under TCG
 // (software emulation) otherwise; Accel reports which and why.

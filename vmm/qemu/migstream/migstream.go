@@ -81,7 +81,13 @@ type Options struct {
 	// the stream's RAM block list, or Filter fails: a renamed block would
 	// otherwise silently put all of RAM into the output.
 	DropBlocks []string
+	// MaxOutput bounds the bytes written (0: no bound), so a misbehaving
+	// VMM cannot fill the disk with what should be a small device state.
+	MaxOutput int64
 }
+
+// ErrTooLarge is returned when the output would exceed Options.MaxOutput.
+var ErrTooLarge = errors.New("migstream: output exceeds its limit")
 
 // Block is one RAM block announced by the stream.
 type Block struct {
@@ -107,10 +113,10 @@ func Filter(dst io.Writer, src io.Reader, opts Options) (*Stats, error) {
 		return nil, errors.New("migstream: no RAM block to drop given")
 	}
 	cr := &countingReader{r: src}
-	cw := &countingWriter{w: dst}
+	cw := &countingWriter{w: dst, limit: opts.MaxOutput}
 	f := &filter{
-		in:       bufio.NewReaderSize(cr, 1<<20),
-		out:      bufio.NewWriterSize(cw, 256<<10),
+		in:       bufio.NewReaderSize(cr, 128<<10),
+		out:      bufio.NewWriterSize(cw, 64<<10),
 		drop:     map[string]bool{},
 		pageSize: defaultPageSize,
 		blocks:   map[string]uint64{},
@@ -607,11 +613,15 @@ func (c *countingReader) Read(p []byte) (int, error) {
 }
 
 type countingWriter struct {
-	w io.Writer
-	n int64
+	w     io.Writer
+	n     int64
+	limit int64
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
+	if c.limit > 0 && c.n+int64(len(p)) > c.limit {
+		return 0, fmt.Errorf("%w (%d bytes)", ErrTooLarge, c.limit)
+	}
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err

@@ -314,6 +314,23 @@ func TestFilterWriteError(t *testing.T) {
 	}
 }
 
+// TestFilterMaxOutput: the output bound stops a stream whose kept part is
+// larger than allowed.
+func TestFilterMaxOutput(t *testing.T) {
+	t.Parallel()
+	want := int64(len(stream(false)))
+	for _, limit := range []int64{want, 1 << 20} {
+		var out bytes.Buffer
+		if _, err := Filter(&out, bytes.NewReader(stream(true)), Options{DropBlocks: []string{"mem"}, MaxOutput: limit}); err != nil {
+			t.Fatalf("limit %d: %v", limit, err)
+		}
+	}
+	_, err := Filter(io.Discard, bytes.NewReader(stream(true)), Options{DropBlocks: []string{"mem"}, MaxOutput: want - 1})
+	if !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("output of %d bytes with a limit of %d: got %v, want ErrTooLarge", want, want-1, err)
+	}
+}
+
 type failWriter struct{}
 
 func (failWriter) Write([]byte) (int, error) { return 0, errors.New("disk full") }
