@@ -34,7 +34,7 @@ func materialize(ctx context.Context, paths []string, out string) (int64, error)
 	if err != nil {
 		return 0, err
 	}
-	written, err := copyStack(ctx, st, af)
+	written, err := copyStack(ctx, st, af, false)
 	if err == nil {
 		err = af.Truncate(st.Size())
 	}
@@ -47,12 +47,14 @@ func materialize(ctx context.Context, paths []string, out string) (int64, error)
 
 // copyStack writes the data segments of the stack's merged index to f at
 // their logical offsets, skipping zero pages, and returns the bytes written.
+// With onto set, f already holds data (the stack's parent image): zeroed
+// segments and zero pages are then zeroed in f, as holes where possible.
 // Logically contiguous segments (a diff's pages between its base's) are
 // gathered into one buffer and written with one call.
-func copyStack(ctx context.Context, st *lsmt.Stack, f *atomicFile) (int64, error) {
+func copyStack(ctx context.Context, st *lsmt.Stack, f *atomicFile, onto bool) (int64, error) {
 	size := st.Size()
 	lowers := st.Lowers()
-	w := &gather{f: f, buf: make([]byte, readBatch)}
+	w := &gather{f: f, buf: make([]byte, readBatch), punch: onto}
 	for i, s := range st.MergedIndex().Segments() {
 		if i%256 == 0 {
 			if err := ctx.Err(); err != nil {
@@ -61,7 +63,18 @@ func copyStack(ctx context.Context, st *lsmt.Stack, f *atomicFile) (int64, error
 		}
 		a := int64(s.Offset) * lsmt.SectorSize
 		b := min(int64(s.End())*lsmt.SectorSize, size)
-		if s.Zeroed || a >= b {
+		if a >= b {
+			continue
+		}
+		if s.Zeroed {
+			if onto {
+				if err := w.flush(); err != nil {
+					return w.written, err
+				}
+				if err := zeroRange(f.File, a, b-a); err != nil {
+					return w.written, err
+				}
+			}
 			continue
 		}
 		l := lowers[s.Tag]
@@ -78,6 +91,7 @@ type gather struct {
 	buf     []byte
 	start   int64 // logical offset of buf[0]
 	n       int64 // bytes of buf in use
+	punch   bool  // zero pages must be zeroed in f (it is not empty)
 	written int64
 }
 
@@ -108,31 +122,36 @@ func (g *gather) flush() error {
 	if g.n == 0 {
 		return nil
 	}
-	w, err := writeNonZero(g.f, g.buf[:g.n], g.start)
+	w, err := writeNonZero(g.f, g.buf[:g.n], g.start, g.punch)
 	g.written += w
 	g.n = 0
 	return err
 }
 
 // writeNonZero writes the parts of b (at off) that are not whole zero pages
-// (page boundaries taken in the output file), so zero pages stay holes.
-func writeNonZero(f *atomicFile, b []byte, off int64) (int64, error) {
+// (page boundaries taken in the output file), so zero pages stay holes. With
+// punch set, the zero pieces are also zeroed in f (which may hold data there).
+func writeNonZero(f *atomicFile, b []byte, off int64, punch bool) (int64, error) {
 	ps := int64(pageSize)
 	var written int64
 	pieceEnd := func(p int64) int64 { return min((off+p)/ps*ps+ps-off, int64(len(b))) }
 	for p := int64(0); p < int64(len(b)); {
 		q := pieceEnd(p)
-		if isZero(b[p:q]) {
-			p = q
-			continue
-		}
-		for q < int64(len(b)) && !isZero(b[q:pieceEnd(q)]) {
+		zero := isZero(b[p:q])
+		for q < int64(len(b)) && isZero(b[q:pieceEnd(q)]) == zero {
 			q = pieceEnd(q)
 		}
-		if _, err := f.WriteAt(b[p:q], off+p); err != nil {
-			return written, fmt.Errorf("write at %d: %w", off+p, err)
+		switch {
+		case zero && punch:
+			if err := zeroRange(f.File, off+p, q-p); err != nil {
+				return written, err
+			}
+		case !zero:
+			if _, err := f.WriteAt(b[p:q], off+p); err != nil {
+				return written, fmt.Errorf("write at %d: %w", off+p, err)
+			}
+			written += q - p
 		}
-		written += q - p
 		p = q
 	}
 	return written, nil
