@@ -190,8 +190,10 @@ func (o *Orchestrator) EnableBuilds(ctx context.Context, opt ImageOptions) error
 				b.appendLogFile(t.ID, br.ID, BuildLog{Timestamp: br.FinishedAt, Level: "error", Message: br.Reason})
 			}
 		}
+		if changed && (t.Snapshot == "" || t.BuildID == "") {
+			t.Status = BuildError // no earlier build serves sandboxes
+		}
 		if changed {
-			t.Status = t.latestStatus()
 			if err := o.store.Put(store.Templates, t.ID, t); err != nil {
 				cancel()
 				return fmt.Errorf("enable builds: %w", err)
@@ -220,14 +222,6 @@ func (o *Orchestrator) CloseBuilds() {
 }
 
 func (t *Template) ready() bool { return t.Status == "" || t.Status == BuildReady }
-
-// latestStatus is the status of the newest build ("ready" without builds).
-func (t *Template) latestStatus() string {
-	if br := t.Builds[t.LatestBuild]; br != nil {
-		return br.Status
-	}
-	return BuildReady
-}
 
 func (t *Template) clone() *Template {
 	c := *t

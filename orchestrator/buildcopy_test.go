@@ -289,6 +289,16 @@ func TestBuildStateSurvivesRestart(t *testing.T) {
 	if err := st.Put(store.Templates, tpl.ID, rec); err != nil {
 		t.Fatal(err)
 	}
+	// And a template with a ready snapshot whose rebuild was interrupted.
+	ready, rb, err := o.CreateTemplate(TemplateRequest{Name: "served"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready.Snapshot, ready.BuildID, ready.Status = t.TempDir(), "earlier", BuildReady
+	ready.Builds[rb].Status = BuildBuilding
+	if err := st.Put(store.Templates, ready.ID, ready); err != nil {
+		t.Fatal(err)
+	}
 	b.log(tpl.ID, b2, "info", "1", "step output before the crash")
 	o.CloseBuilds()
 	builders.Delete(o)
@@ -320,6 +330,12 @@ func TestBuildStateSurvivesRestart(t *testing.T) {
 	}
 	if _, err := o.Template("py"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("an unbuilt template serves sandboxes: %v", err)
+	}
+	if got, err := o.Template("served"); err != nil || got.ID != ready.ID {
+		t.Fatalf("a served template whose rebuild was interrupted: %+v %v", got, err)
+	}
+	if bs, _ := o.BuildStatusOf(ready.ID, rb, 0, 100, ""); bs.Status != BuildError {
+		t.Fatalf("its interrupted rebuild: %+v", bs)
 	}
 	if err := o.DeleteTemplate(ctx, "py"); err != nil {
 		t.Fatal(err)
