@@ -66,7 +66,7 @@ func (o *Orchestrator) compact(ctx context.Context, id string) error {
 		if err != nil {
 			return fmt.Errorf("memory: %w", err)
 		}
-		mem.Layers = merged
+		mem.Layers, mem.Onto = merged, nil // Onto counted the old chain
 		if err := writeMemoryManifest(rec.Snapshot, mem); err != nil {
 			return err
 		}
