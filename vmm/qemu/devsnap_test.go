@@ -55,7 +55,8 @@ func TestDeviceSnapshot(t *testing.T) {
 	t.Cleanup(func() { _ = boot.Stop(context.Background()) })
 	waitHealthy(t, boot, tn)
 	guest(t, tn, "echo m0 > /dev/shm/m0")
-	guest(t, tn, `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /dev/shm/counter; sleep 0.05; done' >/dev/null 2>&1 &`)
+	// Written aside and renamed, so a read never sees a truncated file.
+	guest(t, tn, `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /dev/shm/c.tmp; mv /dev/shm/c.tmp /dev/shm/counter; sleep 0.05; done' >/dev/null 2>&1 &`)
 	waitCounter(t, tn, 3)
 	if err := boot.Pause(ctx); err != nil {
 		t.Fatal(err)

@@ -429,11 +429,19 @@ func (s *suite) badInput(t *testing.T) {
 
 func counter(t *testing.T, tn *TestNet) int {
 	t.Helper()
-	n, err := strconv.Atoi(sh(t, tn, "cat /dev/shm/counter"))
-	if err != nil {
-		t.Fatalf("counter: %v", err)
+	// The guest loop rewrites the file in place: a read can fall between
+	// truncate and write, so an empty value is read again.
+	for try := 0; ; try++ {
+		out := sh(t, tn, "cat /dev/shm/counter")
+		n, err := strconv.Atoi(out)
+		if err == nil {
+			return n
+		}
+		if out != "" || try == 20 {
+			t.Fatalf("counter: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	return n
 }
 
 // waitCounter waits until the guest counter reaches at least n.
