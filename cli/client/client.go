@@ -264,10 +264,16 @@ func (c *Client) ListSnapshots(ctx context.Context, sandboxID string) ([]Snapsho
 	}
 }
 
-// Templates lists the templates.
+// Templates lists the templates: GET /v2/templates (every template with its
+// names, also those building or failed), else GET /templates on servers
+// without it.
 func (c *Client) Templates(ctx context.Context) ([]api.Template, error) {
 	out := []api.Template{}
-	_, _, err := c.do(ctx, "list templates", "GET", "/templates", nil, &out)
+	_, _, err := c.do(ctx, "list templates", "GET", "/v2/templates", nil, &out)
+	if errors.Is(err, ErrUnsupported) {
+		out = []api.Template{}
+		_, _, err = c.do(ctx, "list templates", "GET", "/templates", nil, &out)
+	}
 	return out, err
 }
 
