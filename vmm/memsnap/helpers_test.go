@@ -105,7 +105,13 @@ func sorted(s []int64) []int64 {
 	return slices.Compact(s)
 }
 
-func readFile(t *testing.T, path string) []byte {
+// fataler is what readFile needs of a *testing.T or a *rapid.T.
+type fataler interface {
+	Helper()
+	Fatal(args ...any)
+}
+
+func readFile(t fataler, path string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -16,9 +16,11 @@ import (
 // bottom layer's parent and it gets a fresh UUID (a later diff captured on
 // top of the old top layer names that layer as its parent; Materialize does
 // not check parents). Pages are classified like a capture's: non-zero pages
-// are data, zero pages are zeroed extents, or left out when the bottom
-// layer has no parent (nothing below to hide). The layer is written to
-// out+".tmp" and renamed.
+// are data, zero pages and zeroed extents are zeroed extents (always kept:
+// a layer cannot tell whether anything will lie below it). The layer is
+// written to out+".tmp" and renamed. The merged layer's size is the top
+// merged layer's: a chain's layers all have the guest RAM's size, and a
+// lower layer's mappings past a smaller top are cut.
 func Merge(ctx context.Context, layers []string, out, message string) (Stats, error) {
 	start := time.Now()
 	st, err := merge(ctx, layers, out, message)
@@ -49,7 +51,7 @@ func merge(ctx context.Context, paths []string, out, message string) (Stats, err
 		af.abort()
 		return st, err
 	}
-	m := &merger{xw: xw, st: &st, dropZero: parent.IsNil(), buf: make([]byte, readBatch)}
+	m := &merger{xw: xw, st: &st, buf: make([]byte, readBatch)}
 	if err := m.run(ctx, stack); err != nil {
 		af.abort()
 		return st, err
@@ -98,10 +100,9 @@ func openStack(paths []string) (*lsmt.Stack, error) {
 
 // merger copies a stack's merged index into an ExtentWriter.
 type merger struct {
-	xw       *lsmt.ExtentWriter
-	st       *Stats
-	dropZero bool
-	buf      []byte
+	xw  *lsmt.ExtentWriter
+	st  *Stats
+	buf []byte
 }
 
 func (m *merger) run(ctx context.Context, stack *lsmt.Stack) error {
@@ -140,11 +141,8 @@ func (m *merger) run(ctx context.Context, stack *lsmt.Stack) error {
 	return nil
 }
 
-// zero records n zero bytes at off: a zeroed extent, unless nothing is below.
+// zero records n zero bytes at off as a zeroed extent.
 func (m *merger) zero(off, n int64) error {
-	if m.dropZero {
-		return nil
-	}
 	m.st.ZeroPages += (n + psz() - 1) / psz()
 	return m.xw.WriteZeroed(off, n)
 }

@@ -60,7 +60,7 @@ func TestMerge(t *testing.T) {
 		from, to   int // merge layers[from:to]
 		wantZeroed []int64
 	}{
-		{name: "whole chain", from: 0, to: 4},                              // no parent: zero pages dropped
+		{name: "whole chain", from: 0, to: 4, wantZeroed: []int64{4, 5, 6}},
 		{name: "the diffs", from: 1, to: 4, wantZeroed: []int64{4, 5, 6}},  // zeros must still hide the base
 		{name: "middle two", from: 1, to: 3, wantZeroed: []int64{2, 4, 5}}, // page 0 rewritten by l2
 	}

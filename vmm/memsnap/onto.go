@@ -22,7 +22,8 @@ import (
 // the size of the diffs instead of reading every layer of the stack, and
 // only the diffs on filesystems that clone (XFS, btrfs). The size is the top
 // layer's virtual size. Like Materialize, it writes out+".tmp" and renames
-// it; out may be base itself.
+// it; out may be base itself. It equals Materialize of the whole stack when
+// base is as large as the lower layers (one chain has one size).
 func MaterializeOnto(ctx context.Context, base string, layers []string, out string) error {
 	start := time.Now()
 	n, err := materializeOnto(ctx, base, layers, out)
