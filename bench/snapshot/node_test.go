@@ -343,3 +343,38 @@ func secs(s float64) string {
 func ms(d time.Duration) string { return d.Round(time.Millisecond).String() }
 
 func mib(bytes int64) float64 { return float64(bytes) / (1 << 20) }
+
+// timeline lists the log records since offset that mention id, with their
+// time since start and their took/stream figures: the steps of one
+// operation as aenvd saw them.
+func (n *node) timeline(offset int, start time.Time, id string) string {
+	text := n.Logs()
+	if offset > len(text) {
+		offset = len(text)
+	}
+	var parts []string
+	for _, line := range strings.Split(text[offset:], "\n") {
+		if !strings.Contains(line, id) {
+			continue
+		}
+		l := parseLogLine(line)
+		at, err := time.Parse(time.RFC3339Nano, l["time"])
+		if err != nil || l["msg"] == "" {
+			continue
+		}
+		p := fmt.Sprintf("%q +%s", l["msg"], ms(at.Sub(start)))
+		if l["took"] != "" {
+			p += " took " + l["took"]
+		}
+		if v := l.int("stream_bytes"); v > 0 {
+			p += fmt.Sprintf(" streamed %.0f MiB", mib(v))
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// say prints one result line (b.Log keeps only 10 lines of a benchmark).
+func say(format string, args ...any) {
+	fmt.Printf("    "+format+"\n", args...)
+}

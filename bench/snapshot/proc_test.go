@@ -89,43 +89,69 @@ func rollup(pid int) (memStats, error) {
 	return m, nil
 }
 
-// guestRAM returns the smaps of pid's guest RAM: the largest mapping of a
-// file named memory* (the snapshot's memory image), and the file's path.
-func guestRAM(pid int) (memStats, string, error) {
+// mapping is one entry of /proc/<pid>/smaps.
+type mapping struct {
+	Perms, Path string
+	memStats
+}
+
+func mappings(pid int) ([]mapping, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
 	if err != nil {
-		return memStats{}, "", err
+		return nil, err
 	}
 	defer f.Close()
-	var best, cur memStats
-	var bestPath, curPath string
-	flush := func() {
-		if curPath != "" && cur.Size > best.Size {
-			best, bestPath = cur, curPath
-		}
-	}
+	var out []mapping
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<16), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if cur.addField(line) {
+		if len(out) > 0 && out[len(out)-1].addField(line) {
 			continue
 		}
 		// A mapping header: "start-end perms offset dev inode [path]".
-		flush()
-		cur, curPath = memStats{}, ""
-		if fs := strings.Fields(line); len(fs) >= 6 && strings.HasPrefix(filepath.Base(fs[5]), "memory") {
-			curPath = fs[5]
+		fs := strings.Fields(line)
+		if len(fs) < 5 {
+			return nil, fmt.Errorf("pid %d smaps: unexpected line %q", pid, line)
+		}
+		m := mapping{Perms: fs[1]}
+		if len(fs) >= 6 {
+			m.Path = fs[5]
+		}
+		out = append(out, m)
+	}
+	return out, sc.Err()
+}
+
+// guestRAM returns the smaps of pid's guest RAM: the largest mapping of a
+// file named memory* (the snapshot's memory image), and the file's path.
+func guestRAM(pid int) (memStats, string, error) {
+	ms, err := mappings(pid)
+	if err != nil {
+		return memStats{}, "", err
+	}
+	var best mapping
+	for _, m := range ms {
+		if strings.HasPrefix(filepath.Base(m.Path), "memory") && m.Size > best.Size {
+			best = m
 		}
 	}
-	flush()
-	if err := sc.Err(); err != nil {
-		return best, bestPath, err
+	if best.Path == "" {
+		return memStats{}, "", fmt.Errorf("pid %d maps no memory image", pid)
 	}
-	if bestPath == "" {
-		return best, "", fmt.Errorf("pid %d maps no memory image", pid)
+	return best.memStats, best.Path, nil
+}
+
+// tcgBuffer returns the smaps of the TCG translation buffer: QEMU's one
+// anonymous mapping that is writable and executable (absent under KVM).
+func tcgBuffer(ms []mapping) memStats {
+	var out memStats
+	for _, m := range ms {
+		if m.Path == "" && m.Perms == "rwxp" && m.Size > out.Size {
+			out = m.memStats
+		}
 	}
-	return best, bestPath, nil
+	return out
 }
 
 // imageBytes returns the bytes a memory image file allocates on disk and

@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -55,12 +57,16 @@ func BenchmarkSharedMemoryPSS(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		aloneMaps, err := mappings(pids[ids[0]])
+		if err != nil {
+			b.Fatal(err)
+		}
 		for len(ids) < sharedVMs {
 			start()
 		}
 		all := settle(b, pids)
 
-		var sum, ram memStats
+		var sum, ram, tcg memStats
 		files := map[string]bool{}
 		for _, id := range ids {
 			add(&sum, all[id])
@@ -70,6 +76,11 @@ func BenchmarkSharedMemoryPSS(b *testing.B) {
 			}
 			add(&ram, m)
 			files[path] = true
+			maps, err := mappings(pids[id])
+			if err != nil {
+				b.Fatal(err)
+			}
+			add(&tcg, tcgBuffer(maps))
 		}
 		if len(files) != 1 {
 			b.Fatalf("%d sandboxes from one snapshot map %d memory files: %v", sharedVMs, len(files), files)
@@ -86,24 +97,59 @@ func BenchmarkSharedMemoryPSS(b *testing.B) {
 		vsRAM := 100 * (1 - float64(sum.Pss)/float64(sharedVMs*guest))
 		vsData := 100 * (1 - float64(sum.Pss)/float64(int64(sharedVMs)*nonZero))
 
-		b.Logf("snapshot %s (source dirtied %d MiB of tmpfs): guest RAM %.0f MiB; image %s: non-zero %.1f MiB, allocated %.1f MiB, in host page cache %.1f MiB",
+		fmt.Println()
+		say("snapshot %s (source dirtied %d MiB of tmpfs): guest RAM %.0f MiB; image %s: non-zero %.1f MiB, allocated %.1f MiB, in host page cache %.1f MiB",
 			snap.SnapshotID, filled, mib(guest), filepath.Base(image), mib(nonZero), mib(allocated), mib(cached))
-		b.Logf("one VM alone: Pss %.1f MiB = Pss_File %.1f (shared file-backed) + Pss_Anon %.1f + Pss_Shmem %.1f; Rss %.1f, AnonHugePages %.1f",
+		say("one VM alone: Pss %.1f MiB = Pss_File %.1f (shared file-backed) + Pss_Anon %.1f + Pss_Shmem %.1f; Rss %.1f, AnonHugePages %.1f",
 			mib(alone.Pss), mib(alone.PssFile), mib(alone.PssAnon), mib(alone.PssShmem), mib(alone.Rss), mib(alone.AnonHuge))
-		b.Logf("  its guest RAM mapping: Rss %.1f MiB, Pss %.1f, copied on write (Anonymous) %.1f; outside guest RAM (QEMU, TCG code buffer, libraries): Pss %.1f",
-			mib(aloneRAM.Rss), mib(aloneRAM.Pss), mib(aloneRAM.Anonymous), mib(alone.Pss-aloneRAM.Pss))
-		b.Logf("%d VMs: sum Pss %.1f MiB (%.1f per VM) = Pss_File %.1f + Pss_Anon %.1f + Pss_Shmem %.1f; sum Rss %.1f (what unshared touched pages would cost)",
+		say("  its guest RAM mapping: Rss %.1f MiB, Pss %.1f, copied on write (Anonymous) %.1f, THP %.1f; outside guest RAM (QEMU, TCG code buffer, libraries): Pss %.1f",
+			mib(aloneRAM.Rss), mib(aloneRAM.Pss), mib(aloneRAM.Anonymous), mib(aloneRAM.AnonHuge), mib(alone.Pss-aloneRAM.Pss))
+		say("%d VMs: sum Pss %.1f MiB (%.1f per VM) = Pss_File %.1f + Pss_Anon %.1f + Pss_Shmem %.1f; sum Rss %.1f (what unshared touched pages would cost)",
 			sharedVMs, mib(sum.Pss), mib(sum.Pss)/sharedVMs, mib(sum.PssFile), mib(sum.PssAnon), mib(sum.PssShmem), mib(sum.Rss))
-		b.Logf("  guest RAM mappings: sum Pss %.1f MiB, copied on write %.1f (%.1f per VM); outside guest RAM: sum Pss %.1f (%.1f per VM)",
+		say("  guest RAM mappings: sum Pss %.1f MiB, copied on write %.1f (%.1f per VM); outside guest RAM: sum Pss %.1f (%.1f per VM)",
 			mib(ram.Pss), mib(ram.Anonymous), mib(ram.Anonymous)/sharedVMs, mib(sum.Pss-ram.Pss), mib(sum.Pss-ram.Pss)/sharedVMs)
-		b.Logf("vs %d x guest RAM (%.0f MiB): saved %.1f%% (goal >= 85%%)", sharedVMs, mib(sharedVMs*guest), vsRAM)
-		b.Logf("vs %d x non-zero image (%.1f MiB): saved %.1f%%", sharedVMs, mib(int64(sharedVMs)*nonZero), vsData)
-		b.Logf("guest RAM mappings alone vs %d x guest RAM: saved %.1f%%", sharedVMs, 100*(1-float64(ram.Pss)/float64(sharedVMs*guest)))
+		say("vs %d x guest RAM (%.0f MiB): saved %.1f%% (goal >= 85%%)", sharedVMs, mib(sharedVMs*guest), vsRAM)
+		say("vs %d x non-zero image (%.1f MiB): saved %.1f%%", sharedVMs, mib(int64(sharedVMs)*nonZero), vsData)
+		say("  the largest mappings of the VM alone outside guest RAM: %s", topMappings(aloneMaps, image, 5))
+		say("  TCG translation buffers (anonymous rwx; KVM has none): sum Pss %.1f MiB (%.1f per VM), AnonHugePages %.1f; without them: saved %.1f%% vs RAM, %.1f%% vs non-zero",
+			mib(tcg.Pss), mib(tcg.Pss)/sharedVMs, mib(tcg.AnonHuge),
+			100*(1-float64(sum.Pss-tcg.Pss)/float64(sharedVMs*guest)), 100*(1-float64(sum.Pss-tcg.Pss)/float64(int64(sharedVMs)*nonZero)))
+		say("host: THP %s, KSM run=%s", sysfs("kernel/mm/transparent_hugepage/enabled"), sysfs("kernel/mm/ksm/run"))
+		say("guest RAM mappings alone vs %d x guest RAM: saved %.1f%%", sharedVMs, 100*(1-float64(ram.Pss)/float64(sharedVMs*guest)))
 		b.ReportMetric(vsRAM, "saved-%-vs-RAM")
 		b.ReportMetric(vsData, "saved-%-vs-nonzero")
 		b.ReportMetric(mib(sum.Pss), "sum-PSS-MiB")
 		b.ReportMetric(mib(alone.Pss), "alone-PSS-MiB")
 	}
+}
+
+// topMappings formats the count largest mappings by Pss other than the
+// memory image.
+func topMappings(maps []mapping, image string, count int) string {
+	var rest []mapping
+	for _, m := range maps {
+		if m.Path != image {
+			rest = append(rest, m)
+		}
+	}
+	sort.Slice(rest, func(i, j int) bool { return rest[i].Pss > rest[j].Pss })
+	var parts []string
+	for _, m := range rest[:min(count, len(rest))] {
+		name := m.Path
+		if name == "" {
+			name = "[anon]"
+		}
+		parts = append(parts, fmt.Sprintf("%s %s size %.0f MiB Pss %.1f (THP %.1f)", filepath.Base(name), m.Perms, mib(m.Size), mib(m.Pss), mib(m.AnonHuge)))
+	}
+	return strings.Join(parts, "; ")
+}
+
+func sysfs(path string) string {
+	b, err := os.ReadFile("/sys/" + path)
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
 }
 
 func add(sum *memStats, m memStats) {
@@ -168,6 +214,7 @@ func BenchmarkPauseVsDirtied(b *testing.B) {
 	n := sharedNode(b)
 	tmp := b.TempDir()
 	for range b.N {
+		fmt.Println()
 		var refPause, refResume time.Duration
 		for _, pct := range []int{0, 10, 50, 100} {
 			id := n.create(b, "base")
@@ -178,7 +225,9 @@ func BenchmarkPauseVsDirtied(b *testing.B) {
 				n.sh(b, id, `true`)
 			}
 			off := len(n.Logs())
+			t0 := time.Now()
 			_, pause := n.expect(b, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", "")
+			steps := n.timeline(off, t0, id)
 			diff := n.oneLog(b, off, "memory diff captured", "sandbox="+id)
 			var flatten time.Duration
 			if ls := n.logsSince(off, "memory image materialized", id); len(ls) == 1 {
@@ -200,12 +249,13 @@ func BenchmarkPauseVsDirtied(b *testing.B) {
 				refPause, refResume = pause, resume
 			}
 			dirtied := float64(diff.int("pages")+diff.int("zero_pages")) * 4096
-			b.Logf("dirty %3d%% (guest wrote %d MiB of tmpfs): diff %.1f MiB dirtied (%d data + %d zero pages), layer %.1f MiB",
+			say("dirty %3d%% (guest wrote %d MiB of tmpfs): diff %.1f MiB dirtied (%d data + %d zero pages), layer %.1f MiB",
 				pct, written, dirtied/(1<<20), diff.int("pages"), diff.int("zero_pages"), mib(layer))
-			b.Logf("  pause %s (diff capture %s, flatten for resume %s) = %.2fx the ~0%% pause; host cp of %.1f MiB %s, cp+fsync %s: pause/cp+fsync %.1fx, capture/cp+fsync %.1fx",
+			say("  pause %s (diff capture %s, flatten for resume %s) = %.2fx the ~0%% pause; host cp of %.1f MiB %s, cp+fsync %s: pause/cp+fsync %.1fx, capture/cp+fsync %.1fx",
 				ms(pause), ms(diff.dur("took")), ms(flatten), ratio(pause, refPause), mib(layer), ms(cp), ms(cpSync),
 				ratio(pause, cpSync), ratio(diff.dur("took"), cpSync))
-			b.Logf("  resume to ready %s = %.2fx the ~0%% resume (%s)", ms(resume), ratio(resume, refResume), stages)
+			say("  pause steps: %s", steps)
+			say("  resume to ready %s = %.2fx the ~0%% resume (%s)", ms(resume), ratio(resume, refResume), stages)
 			tag := fmt.Sprintf("-%d%%", pct)
 			b.ReportMetric(pause.Seconds()*1000, "pause-ms"+tag)
 			b.ReportMetric(resume.Seconds()*1000, "resume-ms"+tag)
@@ -276,11 +326,12 @@ type forkResult struct {
 func BenchmarkFork(b *testing.B) {
 	n := sharedNode(b)
 	for range b.N {
+		fmt.Println()
 		before := n.stageSums(b, "create")
 		start := time.Now()
 		ref := n.create(b, "base")
 		create := time.Since(start)
-		b.Logf("reference: one create from the template %s (%s)", ms(create), stageMeans(before, n.stageSums(b, "create")))
+		say("reference: one create from the template %s (%s)", ms(create), stageMeans(before, n.stageSums(b, "create")))
 		n.mustKill(b, ref)
 
 		src := n.create(b, "base")
@@ -289,6 +340,7 @@ func BenchmarkFork(b *testing.B) {
 		for _, count := range []int{1, 10} {
 			off := len(n.Logs())
 			before := n.stageSums(b, "create")
+			t0 := time.Now()
 			out, took := n.expect(b, http.StatusCreated, "POST", "/sandboxes/"+src+"/fork", fmt.Sprintf(`{"count":%d,"timeout":600}`, count))
 			stages := stageMeans(before, n.stageSums(b, "create"))
 			var kids []forkResult
@@ -316,8 +368,10 @@ func BenchmarkFork(b *testing.B) {
 				flatten = ls[0].dur("took")
 			}
 			per := took / time.Duration(count)
-			b.Logf("fork %2d: %s wall, %s per child = %.2fx one create (wall %.2fx); source memory diff %s, image flatten %s; children's create stages: %s",
+			steps := n.timeline(off, t0, src)
+			say("fork %2d: %s wall, %s per child = %.2fx one create (wall %.2fx); source memory diff %s, image flatten %s; children's create stages: %s",
 				count, ms(took), ms(per), ratio(per, create), ratio(took, create), ms(capture), ms(flatten), stages)
+			say("  source steps: %s", steps)
 			b.ReportMetric(took.Seconds()*1000, fmt.Sprintf("fork%d-ms", count))
 			b.ReportMetric(ratio(per, create), fmt.Sprintf("fork%d-per-child/create", count))
 		}
