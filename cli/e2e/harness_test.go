@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +19,7 @@ import (
 
 	"github.com/agentenv/agentenv/api/aenvdtest"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
+	"github.com/google/go-containerregistry/pkg/registry"
 )
 
 var (
@@ -23,6 +27,9 @@ var (
 	shared     *aenvdtest.Node
 	sharedErr  error
 	sharedOnce sync.Once
+	// registryHost is an OCI registry (host:port, plain HTTP) the shared
+	// aenvd may pull from, for the pull and build tests.
+	registryHost string
 )
 
 func TestMain(m *testing.M) {
@@ -36,7 +43,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build aenv: %v\n%s", err, out)
 		os.Exit(1)
 	}
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	registryHost = strings.TrimPrefix(reg.URL, "http://")
 	code := m.Run()
+	reg.Close()
 	if shared != nil {
 		if err := shared.Close(); err != nil {
 			fmt.Fprintf(os.Stderr, "aenvd shutdown: %v\n%s", err, shared.Logs())
@@ -57,7 +67,8 @@ func node(t *testing.T) *aenvdtest.Node {
 	sharedOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()
-		shared, sharedErr = aenvdtest.Start(ctx, aenvdtest.Options{Prefix: "clit", CIDRBase: 91})
+		shared, sharedErr = aenvdtest.Start(ctx, aenvdtest.Options{Prefix: "clit", CIDRBase: 91, Env: []string{
+			"AENVD_IMAGE_INSECURE_REGISTRIES=" + registryHost, "AENVD_IMAGE_ROOTFS_SIZE_MIB=256", "AENVD_IMAGE_READY_TIMEOUT=2m"}})
 	})
 	if sharedErr != nil {
 		t.Fatalf("start aenvd: %v", sharedErr)
@@ -70,6 +81,8 @@ type cli struct {
 	t    *testing.T
 	home string
 	env  []string
+	// timeout bounds each run (default 3 minutes; builds take longer).
+	timeout time.Duration
 }
 
 func newCLI(t *testing.T, env ...string) *cli {
@@ -115,7 +128,11 @@ func (c *cli) runIn(stdin string, args ...string) result {
 
 func (c *cli) runOnce(stdin string, args ...string) result {
 	c.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	limit := c.timeout
+	if limit == 0 {
+		limit = 3 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, aenvBin, args...)
 	cmd.Env = append([]string{"HOME=" + c.home, "PATH=" + os.Getenv("PATH")}, c.env...)

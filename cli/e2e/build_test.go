@@ -1,0 +1,288 @@
+package e2e
+
+import (
+	"archive/tar"
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// marker is a file only the test image has.
+const marker = "from the test registry"
+
+// smallImageLayer is a tiny root filesystem from this host's files: static
+// busybox with the applets builds use, bash with the libraries ldd names,
+// /etc/passwd with root only (aenvd adds the sandbox user) and a marker.
+func smallImageLayer(t *testing.T) []byte {
+	t.Helper()
+	busybox, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("busybox-static is not installed (CI installs it)")
+	}
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	add := func(h *tar.Header, data []byte) {
+		h.Size = int64(len(data))
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write(data)
+	}
+	hostFile := func(name, src string) {
+		data, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		add(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o755}, data)
+	}
+	for _, d := range []string{"bin", "etc", "lib", "lib/x86_64-linux-gnu", "lib64", "root", "home", "proc", "sys", "dev", "run", "usr", "usr/bin"} {
+		add(&tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
+	}
+	add(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777}, nil)
+	hostFile("bin/busybox", busybox)
+	for _, a := range []string{"sh", "mkdir", "chown", "chmod", "id", "tar", "cat", "ls", "rm", "true", "false", "sleep", "echo",
+		"pwd", "test", "stat", "env", "mktemp", "whoami", "printf", "grep", "ps", "touch"} {
+		add(&tar.Header{Name: "bin/" + a, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}, nil)
+	}
+	hostFile("bin/bash", "/bin/bash")
+	out, err := exec.Command("ldd", "/bin/bash").Output()
+	if err != nil {
+		t.Fatalf("ldd /bin/bash: %v", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		var lib string
+		switch {
+		case len(f) >= 3 && f[1] == "=>" && strings.HasPrefix(f[2], "/"):
+			lib = f[2]
+		case len(f) >= 1 && strings.HasPrefix(f[0], "/"):
+			lib = f[0]
+		default:
+			continue
+		}
+		hostFile(strings.TrimPrefix(strings.TrimPrefix(lib, "/"), "usr/"), lib)
+	}
+	add(&tar.Header{Name: "etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("root:x:0:0:root:/root:/bin/sh\n"))
+	add(&tar.Header{Name: "etc/group", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("root:x:0:\n"))
+	add(&tar.Header{Name: "etc/cli-e2e-marker", Typeflag: tar.TypeReg, Mode: 0o644}, []byte(marker+"\n"))
+	tw.Close()
+	return b.Bytes()
+}
+
+// pushSmallImage pushes the small image to the test registry as repo:tag
+// and returns its reference.
+func pushSmallImage(t *testing.T, repoTag string) string {
+	t.Helper()
+	layer, err := tarball.LayerFromReader(bytes.NewReader(smallImageLayer(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, _ := img.ConfigFile()
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	ref := registryHost + "/" + repoTag
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(r, img, remote.WithPlatform(v1.Platform{OS: "linux", Architecture: "amd64"})); err != nil {
+		t.Fatalf("push %s: %v", ref, err)
+	}
+	return ref
+}
+
+type builtTemplate struct {
+	TemplateID string   `json:"templateID"`
+	BuildID    string   `json:"buildID"`
+	Names      []string `json:"names"`
+	Status     string   `json:"status"`
+}
+
+// startedSandbox starts a detached sandbox from template and returns its id.
+func startedSandbox(t *testing.T, c *cli, template string) string {
+	t.Helper()
+	var s struct {
+		SandboxID  string `json:"sandboxID"`
+		TemplateID string `json:"templateID"`
+	}
+	c.okJSON(&s, "start", template, "-d", "--timeout", "5m")
+	if s.SandboxID == "" {
+		t.Fatalf("start %s: no sandbox id", template)
+	}
+	t.Cleanup(func() { c.run("rm", s.SandboxID) })
+	return s.SandboxID
+}
+
+// TestPull: `aenv pull` builds a template on aenvd from an image in a
+// registry (following the log), a sandbox from it runs the image's files;
+// a missing image fails with the registry's reason and exit code 1.
+func TestPull(t *testing.T) {
+	n := node(t)
+	c := forNode(t, n)
+	c.timeout = 20 * time.Minute
+	ref := pushSmallImage(t, "cli/small:v1")
+
+	r := c.fails([]string{"build", "of template cli-missing failed", "NAME_UNKNOWN"}, "pull", registryHost+"/cli/nosuch:v1", "--name", "cli-missing", "--poll", "200ms")
+	if !strings.Contains(r.stderr, "Building template cli-missing") {
+		t.Fatalf("pull of a missing image: %s", r)
+	}
+	c.ok("template", "rm", "cli-missing")
+
+	var tpl builtTemplate
+	r = c.ok("pull", ref, "--poll", "200ms", "-o", "json") // the name defaults to the repository's: small
+	if err := jsonDecode(r.stdout, &tpl); err != nil || tpl.Status != "ready" || tpl.TemplateID == "" {
+		t.Fatalf("pull -o json: %v\n%s", err, r)
+	}
+	if !strings.Contains(r.stderr, "Building template small") || !strings.Contains(r.stderr, ref) {
+		t.Fatalf("pull log not followed: %s", r)
+	}
+	id := startedSandbox(t, c, "small")
+	if r := c.ok("exec", id, "--", "cat", "/etc/cli-e2e-marker"); r.stdout != marker+"\n" {
+		t.Fatalf("exec in the pulled template: %s", r)
+	}
+	// watch a finished build: its whole log, then the result.
+	r = c.ok("template", "watch", tpl.TemplateID, tpl.BuildID)
+	rows := tableRows(t, r.stdout, "TEMPLATE ID", "BUILD ID", "STATUS")
+	if len(rows) != 1 || rows[0][0] != tpl.TemplateID || rows[0][2] != "ready" || !strings.Contains(r.stderr, ref) {
+		t.Fatalf("template watch: %s", r)
+	}
+	c.ok("rm", id)
+	if r := c.ok("template", "rm", tpl.TemplateID); r.stdout != "Removed template "+tpl.TemplateID+"\n" {
+		t.Fatalf("template rm: %s", r)
+	}
+	c.fails([]string{"small"}, "start", "small", "-d")
+}
+
+// TestBuildDockerfile: `aenv build` of a Dockerfile with ARG, ENV, WORKDIR,
+// USER, COPY and RUN; a sandbox from the template shows the copied files,
+// the environment, the working directory and the user.
+func TestBuildDockerfile(t *testing.T) {
+	n := node(t)
+	c := forNode(t, n)
+	c.timeout = 20 * time.Minute
+	ref := pushSmallImage(t, "cli/base:v1")
+	dir := t.TempDir()
+	files := map[string]string{
+		"Dockerfile": "FROM " + ref + "\n" +
+			"ARG GREETING=hi\n" +
+			"LABEL purpose=e2e\n" +
+			"ENV APP_MSG=\"${GREETING} world\" APP_MODE=test\n" +
+			"WORKDIR /app\n" +
+			"COPY --chown=user src/ ./src/\n" +
+			"COPY conf.txt /etc/app.conf\n" +
+			"RUN echo \"$GREETING from $(id -un) in $(pwd)\" > built.txt\n" +
+			"USER user\n" +
+			"WORKDIR work\n" +
+			"RUN id -un > who.txt\n",
+		"src/a.txt": "alpha\n", "src/sub/run.sh": "#!/bin/sh\necho run ok\n", "conf.txt": "conf\n",
+		"secret.key": "never uploaded\n", ".dockerignore": "*.key\n",
+	}
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		mode := os.FileMode(0o644)
+		if strings.HasSuffix(name, ".sh") {
+			mode = 0o755
+		}
+		if err := os.WriteFile(p, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Chmod(filepath.Join(dir, "src/sub/run.sh"), 0o755)
+
+	var tpl builtTemplate
+	r := c.ok("build", dir, "--name", "cli-built", "--build-arg", "GREETING=hello", "--poll", "200ms", "-o", "json")
+	if err := jsonDecode(r.stdout, &tpl); err != nil || tpl.Status != "ready" || !slices.Contains(tpl.Names, "cli-built") {
+		t.Fatalf("build -o json: %v\n%s", err, r)
+	}
+	for _, want := range []string{"warning: ", "LABEL ignored", "Uploaded COPY src", "Uploaded COPY conf.txt"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Fatalf("build stderr lacks %q: %s", want, r)
+		}
+	}
+	id := startedSandbox(t, c, "cli-built")
+	script := `cat /app/built.txt; echo "$APP_MSG $APP_MODE [$GREETING]"; pwd; id -un; cat /app/work/who.txt; ` +
+		`stat -c '%U %a' /app/src/a.txt /app/src/sub/run.sh; cat /etc/app.conf; /app/src/sub/run.sh; ls /app/src`
+	r = c.ok("exec", id, "--", "/bin/bash", "-l", "-c", script)
+	want := "hello from root in /app\nhello world test []\n/app/work\nuser\nuser\nuser 644\nuser 755\nconf\nrun ok\na.txt\nsub\n"
+	if r.stdout != want {
+		t.Fatalf("the built template:\n got %q\nwant %q\n%s", r.stdout, want, r)
+	}
+
+	// Listed (json and table) while it exists; removed once unused.
+	var ts []struct {
+		TemplateID  string   `json:"templateID"`
+		Aliases     []string `json:"aliases"`
+		BuildStatus string   `json:"buildStatus"`
+	}
+	c.okJSON(&ts, "template", "list")
+	if !slices.ContainsFunc(ts, func(x struct {
+		TemplateID  string   `json:"templateID"`
+		Aliases     []string `json:"aliases"`
+		BuildStatus string   `json:"buildStatus"`
+	}) bool {
+		return x.TemplateID == tpl.TemplateID && slices.Contains(x.Aliases, "cli-built") && x.BuildStatus == "ready"
+	}) {
+		t.Fatalf("template list lacks cli-built: %+v", ts)
+	}
+	rows := tableRows(t, c.ok("template", "list").stdout, "TEMPLATE ID", "ALIASES", "STATUS")
+	if !slices.ContainsFunc(rows, func(r []string) bool { return r[0] == tpl.TemplateID && r[1] == "cli-built" && r[2] == "ready" }) {
+		t.Fatalf("template table lacks cli-built: %v", rows)
+	}
+	c.fails([]string{"remove template " + tpl.TemplateID, "409"}, "template", "rm", tpl.TemplateID)
+	c.ok("rm", id)
+	c.ok("template", "rm", tpl.TemplateID)
+	if r := c.ok("template", "list"); strings.Contains(r.stdout, "cli-built") {
+		t.Fatalf("removed template still listed: %s", r)
+	}
+}
+
+// TestBuildDockerfileFails: a RUN step that fails ends `aenv build` with
+// exit code 1 and the step's reason; a bad Dockerfile fails before the
+// server is asked for anything.
+func TestBuildDockerfileFails(t *testing.T) {
+	n := node(t)
+	c := forNode(t, n)
+	c.timeout = 20 * time.Minute
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM "+registryHost+"/cli/none:v1\nSHELL [\"/bin/bash\", \"-c\"]\n"), 0o644)
+	c.fails([]string{"Dockerfile line 2: SHELL: not supported"}, "build", dir, "--name", "cli-bad")
+	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM "+registryHost+"/cli/none:v1\nCOPY ../x /x\n"), 0o644)
+	c.fails([]string{"outside the build context"}, "build", dir, "--name", "cli-bad")
+	var ts []struct {
+		Aliases []string `json:"aliases"`
+	}
+	c.okJSON(&ts, "template", "list")
+	for _, x := range ts {
+		if slices.Contains(x.Aliases, "cli-bad") {
+			t.Fatalf("a template was created from a bad Dockerfile: %+v", ts)
+		}
+	}
+	// A server-side failure: the base image does not exist.
+	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM "+registryHost+"/cli/none:v1\nRUN true\n"), 0o644)
+	c.fails([]string{"build", "of template cli-bad failed", "NAME_UNKNOWN"}, "build", dir, "--name", "cli-bad", "--poll", "200ms")
+	c.ok("template", "rm", "cli-bad")
+}
+
+func jsonDecode(s string, v any) error { return json.Unmarshal([]byte(s), v) }
