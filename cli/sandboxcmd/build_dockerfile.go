@@ -63,7 +63,7 @@ when the build fails, with the reason.`,
 	cmd.Flags().StringVarP(&file, "file", "f", "", "the Dockerfile (default: CONTEXT/Dockerfile; - reads stdin)")
 	cmd.Flags().StringArrayVar(&buildArgs, "build-arg", nil, "set an ARG: KEY=VALUE, or KEY to take it from the environment (repeatable)")
 	cmd.Flags().StringVar(&b.StartCmd, "start-cmd", "", "start command (default: from CMD/ENTRYPOINT)")
-	cmd.Flags().BoolVar(&noCache, "no-cache", false, "rebuild every step even if the node has cached layers")
+	cmd.Flags().BoolVar(&noCache, "no-cache", false, "ask the node not to reuse cached build results (E2B's force flag)")
 	buildFlags(cmd, &b, &poll)
 	o.register(cmd)
 	return cmd
