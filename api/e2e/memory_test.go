@@ -79,6 +79,11 @@ func TestPauseResumeCycles(t *testing.T) {
 		}
 		last = c
 	}
+	for _, l := range strings.Split(n.Logs(), "\n") {
+		if strings.Contains(l, id) && (strings.Contains(l, "memory diff captured") || strings.Contains(l, "materialized")) {
+			t.Log(l)
+		}
+	}
 }
 
 // TestSharedMemoryImage: ten sandboxes created from one snapshot map one

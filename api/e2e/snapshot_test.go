@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -23,9 +26,28 @@ func (n *node) sh(t *testing.T, id, script string) string {
 	out, stderr, code, err := agentclient.RunWith(ctx, n.proxy, hc, []agentclient.Option{agentclient.WithUser("root")},
 		"/bin/bash", "-c", script)
 	if err != nil || code != 0 {
-		t.Fatalf("sandbox %s: %q: exit %d, %v, stderr %s", id, script, code, err, stderr)
+		t.Fatalf("sandbox %s: %q: exit %d, %v, stderr %s\n%s", id, script, code, err, stderr, n.diagnose(id))
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// diagnose returns what the node logged about a sandbox and the tail of its
+// newest guest console, for failure messages.
+func (n *node) diagnose(id string) string {
+	var b strings.Builder
+	b.WriteString("aenvd log lines about the sandbox:\n")
+	for _, l := range strings.Split(n.Logs(), "\n") {
+		if strings.Contains(l, id) || strings.Contains(l, "proxy") {
+			b.WriteString(l + "\n")
+		}
+	}
+	consoles, _ := filepath.Glob(filepath.Join(n.DataDir, "sandboxes", id, "run-*", "console.log"))
+	sort.Strings(consoles)
+	if len(consoles) > 0 {
+		c, _ := os.ReadFile(consoles[len(consoles)-1])
+		fmt.Fprintf(&b, "tail of %s:\n%s", consoles[len(consoles)-1], tailString(string(c), 3000))
+	}
+	return b.String()
 }
 
 // counterScript starts a background loop bumping a counter in tmpfs (guest
