@@ -37,7 +37,7 @@ func (n *node) diagnose(id string) string {
 	var b strings.Builder
 	b.WriteString("aenvd log lines about the sandbox:\n")
 	for _, l := range strings.Split(n.Logs(), "\n") {
-		if strings.Contains(l, id) || strings.Contains(l, "proxy") {
+		if strings.Contains(l, id) || strings.Contains(strings.ToLower(l), "proxy") {
 			b.WriteString(l + "\n")
 		}
 	}
