@@ -49,83 +49,172 @@ func materialize(ctx context.Context, paths []string, out string) (int64, error)
 // their logical offsets, skipping zero pages, and returns the bytes written.
 // With onto set, f already holds data (the stack's parent image): zeroed
 // segments and zero pages are then zeroed in f, as holes where possible.
-// Logically contiguous segments (a diff's pages between its base's) are
-// gathered into one buffer and written with one call.
+//
+// It works in windows of the virtual disk. A diff's pages interleave with
+// its base's, so a window holds thousands of small pieces; reading each
+// layer's pieces of a window with one read of their physical span (layers
+// are packed in logical order) and writing each contiguous run once keeps
+// the system calls per window to a few.
 func copyStack(ctx context.Context, st *lsmt.Stack, f *atomicFile, onto bool) (int64, error) {
 	size := st.Size()
-	lowers := st.Lowers()
-	w := &gather{f: f, buf: make([]byte, readBatch), punch: onto}
-	for i, s := range st.MergedIndex().Segments() {
-		if i%256 == 0 {
-			if err := ctx.Err(); err != nil {
-				return w.written, err
-			}
+	w := &window{lowers: st.Lowers(), buf: make([]byte, readBatch)}
+	var written int64
+	var segs []lsmt.Segment
+	for w0 := int64(0); w0 < size; w0 += int64(len(w.buf)) {
+		if err := ctx.Err(); err != nil {
+			return written, err
 		}
-		a := int64(s.Offset) * lsmt.SectorSize
-		b := min(int64(s.End())*lsmt.SectorSize, size)
+		w1 := min(w0+int64(len(w.buf)), size)
+		s0 := uint64(w0) / lsmt.SectorSize
+		segs = st.MergedIndex().Lookup(segs[:0], s0, (uint64(w1)+lsmt.SectorSize-1)/lsmt.SectorSize-s0)
+		if len(segs) == 0 {
+			continue
+		}
+		if err := w.fill(segs, w0, w1); err != nil {
+			return written, err
+		}
+		n, err := w.emit(f, segs, w0, w1, onto)
+		written += n
+		if err != nil {
+			return written, err
+		}
+	}
+	return written, nil
+}
+
+// window is the logical range [w0, w0+len(buf)) of a stack being copied.
+type window struct {
+	lowers  []*lsmt.Layer
+	buf     []byte // logical bytes of the window (only data pieces are filled)
+	scratch []byte // one layer's physical span
+}
+
+// maxSpanTags bounds how many layers' spans are read per window; past it
+// (a window touched by very many layers) pieces are read one by one.
+const maxSpanTags = 16
+
+// fill reads the data pieces of segs (the window's merged segments, clipped
+// to it) into buf.
+func (w *window) fill(segs []lsmt.Segment, w0, w1 int64) error {
+	var lo, hi [256]int64
+	var seen [256]bool
+	var tags []uint8
+	for _, s := range segs {
+		if s.Zeroed {
+			continue
+		}
+		a, b := pieceSpan(s, w1)
 		if a >= b {
 			continue
 		}
-		if s.Zeroed {
-			if onto {
-				if err := w.flush(); err != nil {
-					return w.written, err
-				}
-				if err := zeroRange(f.File, a, b-a); err != nil {
-					return w.written, err
-				}
+		p0 := int64(s.MOffset) * lsmt.SectorSize
+		p1 := p0 + b - a
+		if !seen[s.Tag] {
+			seen[s.Tag], lo[s.Tag], hi[s.Tag] = true, p0, p1
+			tags = append(tags, s.Tag)
+		}
+		lo[s.Tag], hi[s.Tag] = min(lo[s.Tag], p0), max(hi[s.Tag], p1)
+	}
+	for _, tag := range tags {
+		l := w.lowers[tag]
+		span := hi[tag] - lo[tag]
+		if len(tags) > maxSpanTags || span > 2*int64(len(w.buf)) {
+			if err := w.fillPieces(segs, tag, w0, w1); err != nil {
+				return err
 			}
 			continue
 		}
-		l := lowers[s.Tag]
-		if err := w.add(l, int64(s.MOffset)*lsmt.SectorSize, a, b-a); err != nil {
-			return w.written, err
+		if int64(cap(w.scratch)) < span {
+			w.scratch = make([]byte, span)
 		}
-	}
-	return w.written, w.flush()
-}
-
-// gather collects logically contiguous data in buf before writing it.
-type gather struct {
-	f       *atomicFile
-	buf     []byte
-	start   int64 // logical offset of buf[0]
-	n       int64 // bytes of buf in use
-	punch   bool  // zero pages must be zeroed in f (it is not empty)
-	written int64
-}
-
-// add appends length bytes read from layer l at physical offset phys, which
-// belong at logical offset logical.
-func (g *gather) add(l *lsmt.Layer, phys, logical, length int64) error {
-	for length > 0 {
-		if g.n > 0 && (logical != g.start+g.n || g.n == int64(len(g.buf))) {
-			if err := g.flush(); err != nil {
-				return err
+		sc := w.scratch[:span]
+		if err := readAt(l, sc, lo[tag]); err != nil {
+			return err
+		}
+		for _, s := range segs {
+			if s.Zeroed || s.Tag != tag {
+				continue
 			}
+			a, b := pieceSpan(s, w1)
+			p0 := int64(s.MOffset)*lsmt.SectorSize - lo[tag]
+			copy(w.buf[a-w0:b-w0], sc[p0:p0+b-a])
 		}
-		if g.n == 0 {
-			g.start = logical
-		}
-		k := min(length, int64(len(g.buf))-g.n)
-		chunk := g.buf[g.n : g.n+k]
-		if n, err := l.DataReaderAt().ReadAt(chunk, phys); n < len(chunk) {
-			return fmt.Errorf("read layer %s at %d: got %d of %d bytes: %w", l.Name(), phys, n, len(chunk), err)
-		}
-		g.n += k
-		phys, logical, length = phys+k, logical+k, length-k
 	}
 	return nil
 }
 
-func (g *gather) flush() error {
-	if g.n == 0 {
-		return nil
+// fillPieces reads the data pieces of layer tag one by one.
+func (w *window) fillPieces(segs []lsmt.Segment, tag uint8, w0, w1 int64) error {
+	for _, s := range segs {
+		if s.Zeroed || s.Tag != tag {
+			continue
+		}
+		a, b := pieceSpan(s, w1)
+		if a >= b {
+			continue
+		}
+		if err := readAt(w.lowers[tag], w.buf[a-w0:b-w0], int64(s.MOffset)*lsmt.SectorSize); err != nil {
+			return err
+		}
 	}
-	w, err := writeNonZero(g.f, g.buf[:g.n], g.start, g.punch)
-	g.written += w
-	g.n = 0
-	return err
+	return nil
+}
+
+// emit writes the window: contiguous data pieces as one run each (zero
+// pages skipped, or zeroed in f when onto), zeroed pieces zeroed in f when onto.
+func (w *window) emit(f *atomicFile, segs []lsmt.Segment, w0, w1 int64, onto bool) (int64, error) {
+	var written int64
+	runA, runB := int64(-1), int64(-1)
+	flush := func() error {
+		if runA < 0 {
+			return nil
+		}
+		n, err := writeNonZero(f, w.buf[runA-w0:runB-w0], runA, onto)
+		written += n
+		runA, runB = -1, -1
+		return err
+	}
+	for _, s := range segs {
+		a, b := pieceSpan(s, w1)
+		if a >= b {
+			continue
+		}
+		if s.Zeroed {
+			if !onto {
+				continue
+			}
+			if err := flush(); err != nil {
+				return written, err
+			}
+			if err := zeroRange(f.File, a, b-a); err != nil {
+				return written, err
+			}
+			continue
+		}
+		if runA >= 0 && a != runB {
+			if err := flush(); err != nil {
+				return written, err
+			}
+		}
+		if runA < 0 {
+			runA = a
+		}
+		runB = b
+	}
+	return written, flush()
+}
+
+// pieceSpan is the logical byte range of a (window-clipped) segment, cut at
+// the end of the stack.
+func pieceSpan(s lsmt.Segment, end int64) (int64, int64) {
+	return int64(s.Offset) * lsmt.SectorSize, min(int64(s.End())*lsmt.SectorSize, end)
+}
+
+func readAt(l *lsmt.Layer, p []byte, off int64) error {
+	if n, err := l.DataReaderAt().ReadAt(p, off); n < len(p) {
+		return fmt.Errorf("read layer %s at %d: got %d of %d bytes: %w", l.Name(), off, n, len(p), err)
+	}
+	return nil
 }
 
 // writeNonZero writes the parts of b (at off) that are not whole zero pages
