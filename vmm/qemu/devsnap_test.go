@@ -88,13 +88,17 @@ func deviceSnapshotRound(t *testing.T, d *Driver, vm vmm.Machine, tn *vmmtest.Te
 	marker := fmt.Sprintf("m%d", round)
 	guest(t, tn, fmt.Sprintf("echo %s > /dev/shm/%s", marker, marker))
 	before := counter(t, tn)
+	ds := vm.(vmm.DeviceSnapshotter)
+	dir := filepath.Join(work, fmt.Sprintf("dev%d", round))
+	if _, err := ds.SnapshotDevices(ctx, dir); !errors.Is(err, vmm.ErrNotPaused) {
+		t.Fatalf("device snapshot of a running VM: got %v, want ErrNotPaused", err)
+	}
 	if err := vm.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ds := vm.(vmm.DeviceSnapshotter)
-	dir := filepath.Join(work, fmt.Sprintf("dev%d", round))
 	if round == 2 {
 		refusedStreamKeepsVM(t, vm.(*machine), filepath.Join(work, "refused"))
+		cancelledKeepsVM(t, vm.(*machine), filepath.Join(work, "cancelled"))
 	}
 	snap, err := ds.SnapshotDevices(ctx, dir)
 	if err != nil {
@@ -229,6 +233,33 @@ func checkDeviceState(t *testing.T, path string) {
 	}
 	if !found {
 		t.Fatalf("guest RAM block %q of 256 MiB not listed: %+v", guestRAMBlock, st.Blocks)
+	}
+}
+
+// cancelledKeepsVM: a device snapshot whose context ends mid-stream returns
+// the context's error, leaves no state file and a VM that goes on.
+func cancelledKeepsVM(t *testing.T, m *machine, dir string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	_, err := m.SnapshotDevices(ctx, dir)
+	switch {
+	case err == nil:
+		t.Log("the device snapshot finished within its deadline; nothing to cancel")
+	case !errors.Is(err, context.DeadlineExceeded):
+		t.Fatalf("device snapshot past its deadline: got %v, want DeadlineExceeded", err)
+	}
+	if _, serr := os.Stat(filepath.Join(dir, vmm.SnapshotStateFile)); err != nil && !errors.Is(serr, os.ErrNotExist) {
+		t.Fatalf("a cancelled device snapshot left a state file: %v", serr)
+	}
+	if _, serr := os.Stat(filepath.Join(dir, vmm.SnapshotStateFile+".tmp")); !errors.Is(serr, os.ErrNotExist) {
+		t.Fatalf("a device snapshot left its temporary file: %v", serr)
+	}
+	bg := context.Background()
+	if err := m.Resume(bg); err != nil {
+		t.Fatalf("resume after a cancelled device snapshot: %v", err)
+	}
+	if err := m.Pause(bg); err != nil {
+		t.Fatal(err)
 	}
 }
 
