@@ -107,35 +107,35 @@ type merger struct {
 
 func (m *merger) run(ctx context.Context, stack *lsmt.Stack) error {
 	size := stack.Size()
-	lowers := stack.Lowers()
-	for i, s := range stack.MergedIndex().Segments() {
-		if i%256 == 0 {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
+	w := &window{lowers: stack.Lowers(), buf: m.buf}
+	var segs []lsmt.Segment
+	for w0 := int64(0); w0 < size; w0 += int64(len(w.buf)) {
+		if err := ctx.Err(); err != nil {
+			return err
 		}
-		a := int64(s.Offset) * lsmt.SectorSize
-		b := min(int64(s.End())*lsmt.SectorSize, size)
-		if a >= b {
+		w1 := min(w0+int64(len(w.buf)), size)
+		s0 := uint64(w0) / lsmt.SectorSize
+		segs = stack.MergedIndex().Lookup(segs[:0], s0, (uint64(w1)+lsmt.SectorSize-1)/lsmt.SectorSize-s0)
+		if len(segs) == 0 {
 			continue
 		}
-		if s.Zeroed {
-			if err := m.zero(a, b-a); err != nil {
-				return err
-			}
-			continue
+		if err := w.fill(segs, w0, w1); err != nil {
+			return err
 		}
-		l := lowers[s.Tag]
-		phys := int64(s.MOffset) * lsmt.SectorSize
-		for pos := a; pos < b; {
-			chunk := m.buf[:min(int64(len(m.buf)), b-pos)]
-			if n, err := l.DataReaderAt().ReadAt(chunk, phys+pos-a); n < len(chunk) {
-				return fmt.Errorf("read layer %s at %d: got %d of %d bytes: %w", l.Name(), phys+pos-a, n, len(chunk), err)
+		for _, s := range segs {
+			a, b := pieceSpan(s, w1)
+			if a >= b {
+				continue
 			}
-			if err := m.data(chunk, pos); err != nil {
+			var err error
+			if s.Zeroed {
+				err = m.zero(a, b-a)
+			} else {
+				err = m.data(w.buf[a-w0:b-w0], a)
+			}
+			if err != nil {
 				return err
 			}
-			pos += int64(len(chunk))
 		}
 	}
 	return nil
