@@ -2,6 +2,8 @@ package qemu
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -149,5 +151,55 @@ func TestMergeDevices(t *testing.T) {
 		if _, err := mergeDevices(spec(), rc); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+func TestCheckMemoryImage(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	short := filepath.Join(dir, "short")
+	exact := filepath.Join(dir, "exact")
+	for path, size := range map[string]int64{short: 16<<20 - pageSize, exact: 16 << 20} {
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Truncate(size); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	if err := checkMemoryImage(exact, 16); err != nil {
+		t.Errorf("image of guest RAM size refused: %v", err)
+	}
+	if err := checkMemoryImage(short, 16); err == nil || !strings.Contains(err.Error(), "guest RAM is") {
+		t.Errorf("short image: %v", err)
+	}
+	if err := checkMemoryImage(filepath.Join(dir, "missing"), 16); err == nil {
+		t.Error("missing image accepted")
+	}
+}
+
+// TestRestoreDeviceSnapshotNeedsMemoryFile: a snapshot written without RAM
+// names no memory image, so a restore without MemoryFile fails before
+// starting anything.
+func TestRestoreDeviceSnapshotNeedsMemoryFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cfg := `{"version": 1, "kernel": "/k", "vcpus": 1, "memoryMiB": 256, "accel": "tcg", "noMemory": true}`
+	if err := os.WriteFile(filepath.Join(dir, vmm.SnapshotConfigFile), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A memory file left in the directory must not be taken for its image.
+	if err := os.WriteFile(filepath.Join(dir, vmm.SnapshotMemoryFile), make([]byte, pageSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := &Driver{accel: "tcg"}
+	_, err := d.Restore(context.Background(), vmm.RestoreConfig{SnapshotDir: dir, RunDir: filepath.Join(dir, "run")})
+	if err == nil || !strings.Contains(err.Error(), "MemoryFile is required") {
+		t.Fatalf("restore of a device snapshot without MemoryFile: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "run")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("a refused restore created its run directory")
 	}
 }
