@@ -279,9 +279,17 @@ func TestBuildDockerfileFails(t *testing.T) {
 			t.Fatalf("a template was created from a bad Dockerfile: %+v", ts)
 		}
 	}
-	// A server-side failure: the base image does not exist.
+	// Server-side failures: the base image does not exist; a RUN step fails
+	// (its output is in the log, its exit code in the reason).
 	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM "+registryHost+"/cli/none:v1\nRUN true\n"), 0o644)
 	c.fails([]string{"build", "of template cli-bad failed", "NAME_UNKNOWN"}, "build", dir, "--name", "cli-bad", "--poll", "200ms")
+	c.ok("template", "rm", "cli-bad")
+	ref := pushSmallImage(t, "cli/base:v1")
+	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM "+ref+"\nRUN echo about to fail; exit 3\nRUN echo never\n"), 0o644)
+	r := c.fails([]string{"of template cli-bad failed", "code 3"}, "build", dir, "--name", "cli-bad", "--poll", "200ms")
+	if !strings.Contains(r.stderr, "about to fail\n") || strings.Contains(r.stderr, "echo never") {
+		t.Fatalf("failing RUN step: %s", r)
+	}
 	c.ok("template", "rm", "cli-bad")
 }
 
