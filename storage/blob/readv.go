@@ -136,3 +136,7 @@ func (b *Mapped) ReadvAt(bufs [][]byte, off int64) (int, error) {
 	}
 	return done, nil
 }
+
+// CopiesSmallReads tells the layer stack that reads below 64 KiB are copies
+// from the mapping, not system calls (so gathering them saves nothing).
+func (b *Mapped) CopiesSmallReads() bool { return true }

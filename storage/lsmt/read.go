@@ -16,7 +16,8 @@ import (
 //     segments usually do) are read with one vectored read, each piece landing
 //     at its own place in the caller's buffer.
 //   - For the layer with the most pieces in the request (typically the base
-//     image, cut into pieces by newer layers), pieces separated by a hole of
+//     image, cut into pieces by newer layers), when it is read with system
+//     calls rather than copied from a mapping, pieces separated by a hole of
 //     the same size in the file and in the request are read with one read
 //     through the hole. The hole's bytes in the buffer are garbage at that
 //     point; they belong to pieces of other layers, zeroed pieces or unmapped
@@ -35,6 +36,18 @@ const maxIovecs = 1024
 // (storage/blob's files implement it with preadv).
 type vectorReaderAt interface {
 	ReadvAt(bufs [][]byte, off int64) (int, error)
+}
+
+// memorySource is a source whose small reads are copies from memory (a
+// mapped file) rather than system calls: reading through holes there would
+// only add bytes to copy, so its pieces are read as they are.
+type memorySource interface {
+	CopiesSmallReads() bool
+}
+
+func throughHoles(src io.ReaderAt) bool {
+	m, ok := src.(memorySource)
+	return !ok || !m.CopiesSmallReads()
 }
 
 type readScratch struct {
@@ -125,7 +138,7 @@ func (sc *readScratch) read(p []byte, off int64, segs []Segment, srcs []io.Reade
 	}
 	best := -1
 	for t, c := range count[:len(srcs)] {
-		if c >= 2 && (best < 0 || c > count[best]) {
+		if c >= 2 && (best < 0 || c > count[best]) && throughHoles(srcs[t]) {
 			best = t
 		}
 	}
