@@ -46,14 +46,14 @@ func sealExtents(t *testing.T, vs uint64, ext []extent) ([]byte, lsmt.SealResult
 
 func TestExtentWriterLayer(t *testing.T) {
 	t.Parallel()
-	const vs = 40 << 20
-	long := bytes.Repeat([]byte{0xab, 0xcd}, 9<<20) // 18 MiB: longer than one mapping (8 MiB - 512)
+	const vs = 24 << 20
+	long := bytes.Repeat([]byte{0xab, 0xcd, 0xef, 0x01}, 9<<18) // 9 MiB: longer than one mapping (8 MiB - 512)
 	ext := []extent{
 		{off: 0, data: bytes.Repeat([]byte{1}, 1024)},
 		{off: 1024, data: bytes.Repeat([]byte{2}, 512)}, // contiguous: merged with the first
 		{off: 4096, n: 8192},
 		{off: 1 << 20, data: long},
-		{off: 20 << 20, n: 12 << 20}, // zeroed, longer than one mapping
+		{off: 12 << 20, n: 9 << 20}, // zeroed, longer than one mapping
 	}
 	raw, res := sealExtents(t, vs, ext)
 	l, err := lsmt.OpenSealed("ext", bytes.NewReader(raw), int64(len(raw)))
