@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentenv/agentenv/storage/lsmt"
 	"github.com/agentenv/agentenv/store"
+	"github.com/agentenv/agentenv/vmm/memsnap"
 )
 
 // Every pause adds a memory layer and a rootfs layer to a sandbox. Reads
@@ -62,7 +63,7 @@ func (o *Orchestrator) compact(ctx context.Context, id string) error {
 	start := time.Now()
 	var obsolete []string
 	if mem, err := readMemoryManifest(rec.Snapshot); err == nil && len(mem.Layers) > o.maxLayers() {
-		merged, old, err := mergeOwned(ctx, mem.Layers, rec.Dir, fmt.Sprintf("mem-%d-merged.lsmt", rec.Gen))
+		merged, old, err := mergeOwned(ctx, mem.Layers, rec.Dir, fmt.Sprintf("mem-%d-merged.lsmt", rec.Gen), mergeMemory)
 		if err != nil {
 			return fmt.Errorf("memory: %w", err)
 		}
@@ -73,7 +74,7 @@ func (o *Orchestrator) compact(ctx context.Context, id string) error {
 		obsolete = append(obsolete, old...)
 	}
 	if layers := refs(rec.RootfsImage); len(layers) > o.maxLayers() {
-		merged, old, err := mergeOwned(ctx, layers, rec.Dir, fmt.Sprintf("rootfs-%d-merged.lsmt", rec.Gen))
+		merged, old, err := mergeOwned(ctx, layers, rec.Dir, fmt.Sprintf("rootfs-%d-merged.lsmt", rec.Gen), mergeLayers)
 		if err != nil {
 			return fmt.Errorf("rootfs: %w", err)
 		}
@@ -101,7 +102,10 @@ func (o *Orchestrator) compact(ctx context.Context, id string) error {
 
 // mergeOwned merges the run of layers at the top of the chain that live in
 // dir into dir/name, returning the new chain and the merged-away files.
-func mergeOwned(ctx context.Context, chain []string, dir, name string) (merged, old []string, err error) {
+// Memory layers merge page by page (memsnap.Merge); disk layers sector by
+// sector (mergeLayers).
+func mergeOwned(ctx context.Context, chain []string, dir, name string,
+	merge func(ctx context.Context, layers []string, out, message string) error) (merged, old []string, err error) {
 	prefix := filepath.Clean(dir) + string(filepath.Separator)
 	first := len(chain)
 	for first > 0 && strings.HasPrefix(chain[first-1], prefix) {
@@ -111,7 +115,7 @@ func mergeOwned(ctx context.Context, chain []string, dir, name string) (merged, 
 		return chain, nil, nil // nothing of ours to merge
 	}
 	out := filepath.Join(dir, name)
-	if err := mergeLayers(ctx, chain[first:], out); err != nil {
+	if err := merge(ctx, chain[first:], out, fmt.Sprintf("merge of %d layers", len(chain)-first)); err != nil {
 		return nil, nil, err
 	}
 	merged = append(append([]string{}, chain[:first]...), out)
@@ -120,7 +124,7 @@ func mergeOwned(ctx context.Context, chain []string, dir, name string) (merged, 
 
 // mergeLayers writes the sealed layers (bottom first) merged into out,
 // atomically.
-func mergeLayers(ctx context.Context, paths []string, out string) (err error) {
+func mergeLayers(ctx context.Context, paths []string, out, message string) (err error) {
 	var layers []*lsmt.Layer
 	defer func() {
 		for _, l := range layers {
@@ -144,7 +148,7 @@ func mergeLayers(ctx context.Context, paths []string, out string) (err error) {
 			os.Remove(out + ".tmp")
 		}
 	}()
-	if _, err = lsmt.Merge(ctx, layers, f, fmt.Sprintf("merge of %d layers", len(paths))); err != nil {
+	if _, err = lsmt.Merge(ctx, layers, f, message); err != nil {
 		return fmt.Errorf("merge into %s: %w", out, err)
 	}
 	if err = f.Sync(); err != nil {
@@ -154,4 +158,9 @@ func mergeLayers(ctx context.Context, paths []string, out string) (err error) {
 		return err
 	}
 	return os.Rename(out+".tmp", out)
+}
+
+func mergeMemory(ctx context.Context, layers []string, out, message string) error {
+	_, err := memsnap.Merge(ctx, layers, out, message)
+	return err
 }
