@@ -7,4 +7,10 @@
 // the same run; a benchmark fails only on functional errors. Run with:
 //
 //	go test -run '^$' -bench . -benchtime 1x -timeout 40m ./bench/snapshot/
+//
+// One aenvd serves the three benchmarks (network prefix snbench, ranges
+// 10.95.0.0/16 and 10.96.0.0/16, guest RAM 512 MiB). Results go to stdout,
+// one line per figure (b.Log would keep only ten). SNBENCH_THP_DISABLE=1
+// runs aenvd and its VMMs without transparent huge pages (an experiment
+// on where PSS goes).
 package snapshotbench

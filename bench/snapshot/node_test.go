@@ -17,6 +17,7 @@ import (
 	"github.com/agentenv/agentenv/api/aenvdtest"
 	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
+	"golang.org/x/sys/unix"
 )
 
 // guestMiB is the guest RAM of every sandbox here: aenvd's production
@@ -30,8 +31,19 @@ var (
 )
 
 // TestMain stops the shared node (and its storage daemon) after the run.
+//
+// SNBENCH_THP_DISABLE=1 is an experiment knob: it sets PR_SET_THP_DISABLE
+// on this process, which aenvd and its QEMU processes inherit (fork and
+// exec keep it), to see how much transparent huge pages add to PSS.
 func TestMain(m *testing.M) {
 	flag.Parse()
+	if os.Getenv("SNBENCH_THP_DISABLE") == "1" {
+		if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
+			fmt.Fprintln(os.Stderr, "PR_SET_THP_DISABLE:", err)
+			os.Exit(1)
+		}
+		fmt.Println("THP disabled for aenvd and its VMMs (PR_SET_THP_DISABLE)")
+	}
 	code := m.Run()
 	if shared != nil {
 		if err := shared.Close(); err != nil {

@@ -114,7 +114,8 @@ func BenchmarkSharedMemoryPSS(b *testing.B) {
 		say("  TCG translation buffers (anonymous rwx; KVM has none): sum Pss %.1f MiB (%.1f per VM), AnonHugePages %.1f; without them: saved %.1f%% vs RAM, %.1f%% vs non-zero",
 			mib(tcg.Pss), mib(tcg.Pss)/sharedVMs, mib(tcg.AnonHuge),
 			100*(1-float64(sum.Pss-tcg.Pss)/float64(sharedVMs*guest)), 100*(1-float64(sum.Pss-tcg.Pss)/float64(int64(sharedVMs)*nonZero)))
-		say("host: THP %s, KSM run=%s", sysfs("kernel/mm/transparent_hugepage/enabled"), sysfs("kernel/mm/ksm/run"))
+		say("host: THP %s, KSM run=%s; VMM THP_enabled %s (0 with SNBENCH_THP_DISABLE=1)", sysfs("kernel/mm/transparent_hugepage/enabled"),
+			sysfs("kernel/mm/ksm/run"), procStatus(pids[ids[0]], "THP_enabled"))
 		say("guest RAM mappings alone vs %d x guest RAM: saved %.1f%%", sharedVMs, 100*(1-float64(ram.Pss)/float64(sharedVMs*guest)))
 		b.ReportMetric(vsRAM, "saved-%-vs-RAM")
 		b.ReportMetric(vsData, "saved-%-vs-nonzero")
@@ -142,6 +143,20 @@ func topMappings(maps []mapping, image string, count int) string {
 		parts = append(parts, fmt.Sprintf("%s %s size %.0f MiB Pss %.1f (THP %.1f)", filepath.Base(name), m.Perms, mib(m.Size), mib(m.Pss), mib(m.AnonHuge)))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// procStatus returns one field of /proc/<pid>/status ("?" if absent).
+func procStatus(pid int, key string) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return "?"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && k == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "?"
 }
 
 func sysfs(path string) string {
