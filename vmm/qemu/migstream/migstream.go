@@ -18,6 +18,11 @@
 // in the bits below the target page size); unless CONTINUE is set a
 // length-prefixed RAM block idstr follows; a ZERO record carries one fill
 // byte, a PAGE record one target page; EOS ends the section's RAM data.
+// The block list in the START section has, per block, its idstr, its used
+// length, its page size only when postcopy-ram is on and the block's page
+// size differs from the host's (not visible in the stream: the source must
+// not enable postcopy-ram), and its guest address when x-ignore-shared is on
+// (visible in the configuration section's capabilities subsection).
 package migstream
 
 import (
