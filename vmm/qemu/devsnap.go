@@ -178,6 +178,8 @@ func (m *machine) saveFilteredState(ctx context.Context, path string) (*migstrea
 	switch {
 	case errors.Is(res.err, migstream.ErrUnsupported):
 		return nil, fmt.Errorf("filter migration stream (%w): %w", vmm.ErrUnsupported, res.err)
+	case res.err != nil && errors.Is(migErr, errFilterAborted):
+		return nil, fmt.Errorf("filter migration stream: %w", res.err)
 	case migErr != nil:
 		return nil, migErr
 	case res.err != nil:
@@ -225,7 +227,7 @@ func (m *machine) waitMigrationOr(ctx context.Context, abort <-chan struct{}) er
 		// only once this one has left the cancelling state.
 		m.settleMigration(context.WithoutCancel(ctx))
 		if ctx.Err() == nil {
-			return errors.New("migration cancelled: the stream filter failed")
+			return errFilterAborted
 		}
 	}
 	return err
@@ -279,6 +281,8 @@ func blockingPipe() (r, w *os.File, err error) {
 	}
 	return os.NewFile(uintptr(p[0]), "state-pipe-r"), os.NewFile(uintptr(p[1]), "state-pipe-w"), nil
 }
+
+var errFilterAborted = errors.New("migration cancelled: the stream filter failed")
 
 type filterResult struct {
 	stats *migstream.Stats
