@@ -67,7 +67,7 @@ func (o *Orchestrator) compact(ctx context.Context, id string) error {
 		if err != nil {
 			return fmt.Errorf("memory: %w", err)
 		}
-		mem.Layers, mem.Onto = merged, nil // Onto counted the old chain
+		mem.Layers = merged
 		if err := writeMemoryManifest(rec.Snapshot, mem); err != nil {
 			return err
 		}

@@ -29,16 +29,6 @@ import (
 type MemoryImage struct {
 	Layers []string `json:"layers,omitempty"`
 	File   string   `json:"file,omitempty"`
-	// Onto, when its file still exists, is the flattened image of the
-	// first Onto.Count layers: flattening then copies it and applies only
-	// the layers above instead of reading the whole stack.
-	Onto *FlatBase `json:"onto,omitempty"`
-}
-
-// FlatBase is a flattened image of the bottom Count layers of a stack.
-type FlatBase struct {
-	File  string `json:"file"`
-	Count int    `json:"count"`
 }
 
 func (m MemoryImage) layered() bool { return len(m.Layers) > 0 && m.File != "" }
@@ -114,17 +104,10 @@ func (o *Orchestrator) restoreMemory(ctx context.Context, vmDir string) (MemoryI
 		return m, nil
 	}
 	start := time.Now()
-	onto := m.Onto != nil && m.Onto.Count > 0 && m.Onto.Count < len(m.Layers) && fileExists(m.Onto.File)
-	if onto {
-		err = memsnap.MaterializeOnto(ctx, m.Onto.File, m.Layers[m.Onto.Count:], m.File)
-	} else {
-		err = memsnap.Materialize(ctx, m.Layers, m.File)
-	}
-	if err != nil {
+	if err := memsnap.Materialize(ctx, m.Layers, m.File); err != nil {
 		return MemoryImage{}, fmt.Errorf("materialize memory of %s: %w", vmDir, err)
 	}
-	o.log.Info("memory image materialized", "file", m.File, "layers", len(m.Layers), "onto_flat_base", onto,
-		"took", time.Since(start).Round(time.Millisecond))
+	o.log.Info("memory image materialized", "file", m.File, "layers", len(m.Layers), "took", time.Since(start).Round(time.Millisecond))
 	return m, nil
 }
 
@@ -167,8 +150,7 @@ func (o *Orchestrator) captureMemory(ctx context.Context, s *sandbox, vm vmm.Mac
 	o.log.Info("memory diff captured", "sandbox", s.rec.ID, "pages", st.Pages, "zero_pages", st.ZeroPages,
 		"bytes", st.Bytes, "took", st.Took.Round(time.Millisecond))
 	layers := append(append([]string{}, cur.Layers...), diff)
-	return writeMemoryManifest(vmDir, MemoryImage{Layers: layers, File: filepath.Join(vmDir, flatMemory),
-		Onto: &FlatBase{File: cur.File, Count: len(cur.Layers)}})
+	return writeMemoryManifest(vmDir, MemoryImage{Layers: layers, File: filepath.Join(vmDir, flatMemory)})
 }
 
 // adoptMemory rewrites the manifest of a VMM snapshot directory copied from
@@ -187,9 +169,4 @@ func adoptMemory(vmDir, owner, dir string) error {
 	}
 	m.File = filepath.Join(vmDir, flatMemory)
 	return writeMemoryManifest(vmDir, m)
-}
-
-func fileExists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
 }

@@ -52,7 +52,8 @@ func (n *node) diagnose(id string) string {
 
 // counterScript starts a background loop bumping a counter in tmpfs (guest
 // memory) every 100 ms: it proves a process and memory contents survive.
-const counterScript = `setsid nohup bash -c 'i=0; while :; do i=$((i+1)); echo $i > /dev/shm/counter; sleep 0.1; done' >/dev/null 2>&1 < /dev/null & disown`
+// (Written aside and renamed, so a reader never sees a half-written file.)
+const counterScript = `setsid nohup bash -c 'i=0; while :; do i=$((i+1)); echo $i > /dev/shm/counter.new; mv /dev/shm/counter.new /dev/shm/counter; sleep 0.1; done' >/dev/null 2>&1 < /dev/null & disown`
 
 // counter reads the loop's counter and checks it still moves.
 func (n *node) counter(t *testing.T, id string) int {
