@@ -211,7 +211,8 @@ func (o *Orchestrator) EnableBuilds(ctx context.Context, opt ImageOptions) error
 }
 
 // CloseBuilds cancels a running build and waits for the worker to stop
-// (its VM is stopped; the build is left for the next start to mark failed).
+// (its VM is stopped; the build is left for the next start to mark failed);
+// build calls fail afterwards.
 func (o *Orchestrator) CloseBuilds() {
 	b, err := o.builder()
 	if err != nil {
@@ -219,6 +220,7 @@ func (o *Orchestrator) CloseBuilds() {
 	}
 	b.cancel()
 	b.wg.Wait()
+	builders.Delete(o)
 }
 
 func (t *Template) ready() bool { return t.Status == "" || t.Status == BuildReady }

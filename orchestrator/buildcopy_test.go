@@ -301,7 +301,9 @@ func TestBuildStateSurvivesRestart(t *testing.T) {
 	}
 	b.log(tpl.ID, b2, "info", "1", "step output before the crash")
 	o.CloseBuilds()
-	builders.Delete(o)
+	if _, _, err := o.CreateTemplate(TemplateRequest{}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("create after CloseBuilds: %v", err)
+	}
 
 	o = start()
 	bs, err := o.BuildStatusOf("py", b2, 0, 100, "")
