@@ -537,11 +537,13 @@ func (o *Orchestrator) Pause(ctx context.Context, id string) (err error) {
 	}
 	o.stopTimer(s)
 	o.stopVM(ctx, s)
-	// Flatten the new image now, while nothing waits on it, so a resume
-	// maps it at once.
-	if _, err := o.restoreMemory(ctx, snapDir); err != nil {
-		o.log.Warn("flatten memory at pause (the resume retries)", "sandbox", id, "err", err)
-	}
+	// Flatten the new image in the background, while nothing waits on it,
+	// so a resume maps it at once (a resume that comes first waits for it).
+	go func() {
+		if _, err := o.restoreMemory(context.WithoutCancel(ctx), snapDir); err != nil {
+			o.log.Warn("flatten memory after pause (the resume retries)", "sandbox", id, "err", err)
+		}
+	}()
 	if err := o.sealRootfs(ctx, s); err != nil {
 		// The VM is gone and its disk cannot be sealed: the sandbox is lost.
 		o.releaseDevice(ctx, s)

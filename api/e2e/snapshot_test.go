@@ -35,8 +35,9 @@ func (n *node) sh(t *testing.T, id, script string) string {
 // newest guest console, for failure messages.
 func (n *node) diagnose(id string) string {
 	var b strings.Builder
-	b.WriteString("aenvd log lines about the sandbox:\n")
-	for _, l := range strings.Split(n.Logs(), "\n") {
+	logs := n.Logs()
+	fmt.Fprintf(&b, "aenvd log lines about the sandbox (of %d bytes logged):\n", len(logs))
+	for _, l := range strings.Split(logs, "\n") {
 		if strings.Contains(l, id) || strings.Contains(strings.ToLower(l), "proxy") {
 			b.WriteString(l + "\n")
 		}
