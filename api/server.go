@@ -498,31 +498,20 @@ func (s *Server) RefreshSandbox(w http.ResponseWriter, r *http.Request, sandboxI
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func template(t orchestrator.Template) Template {
-	return Template{
-		TemplateID: t.ID, BuildID: t.ID, CpuCount: int32(t.VCPUs), MemoryMB: int32(t.MemoryMiB), DiskSizeMB: int32(t.DiskMiB),
-		Public: true, Aliases: []string{t.ID}, Names: ptr([]string{t.ID}), CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
-		EnvdVersion: t.EnvdVersion, BuildStatus: TemplateBuildStatusReady, BuildCount: ptr(int32(1)),
-	}
-}
 
 // ListTemplates implements ServerInterface.
 func (s *Server) ListTemplates(w http.ResponseWriter, r *http.Request) {
-	out := []Template{}
-	for _, t := range s.o.Templates() {
-		out = append(out, template(t))
-	}
-	writeJSON(w, http.StatusOK, out)
+	s.ListTemplatesV2(w, r)
 }
 
 // GetTemplate implements ServerInterface.
 func (s *Server) GetTemplate(w http.ResponseWriter, r *http.Request, templateID string) {
-	t, err := s.o.Template(templateID)
+	t, err := s.o.ResolveTemplate(templateID)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, template(*t))
+	writeJSON(w, http.StatusOK, builtTemplate(t))
 }
 
 func ptr[T any](v T) *T { return &v }
