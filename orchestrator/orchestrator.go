@@ -374,7 +374,9 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 	}
 	lap("vmm_restore")
 	if err := waitAgent(ctx, slot, time.Minute); err != nil {
-		return err
+		console, _ := os.ReadFile(vm.Info().ConsoleLog)
+		o.log.Error("restored guest's agent is silent", "sandbox", s.rec.ID, "console_tail", string(tail(console, 3000)))
+		return fmt.Errorf("%w (guest console: %s)", err, strings.TrimSpace(string(tail(console, 600))))
 	}
 	var token *string
 	if s.rec.AccessToken != "" {
