@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -111,15 +112,21 @@ func (o *Orchestrator) restoreMemory(ctx context.Context, vmDir string) (MemoryI
 	return m, nil
 }
 
-// captureMemory (VM paused) writes the VM's snapshot into vmDir. With a
-// layered memory image and a VMM that can leave RAM out, the pages the VM
-// wrote become the sealed layer diff on top of its image's layers, and the
-// manifest in vmDir lists them (flattened into vmDir/memory later, by
-// restoreMemory). Otherwise the VMM's snapshot carries the memory whole.
+// captureMemory (VM paused) writes the VM's snapshot into vmDir (see
+// captureVM).
 func (o *Orchestrator) captureMemory(ctx context.Context, s *sandbox, vm vmm.Machine, vmDir, diff string) error {
 	s.mu.Lock()
-	cur := s.rec.Memory
+	cur, id := s.rec.Memory, s.rec.ID
 	s.mu.Unlock()
+	return captureVM(ctx, o.log, id, vm, cur, vmDir, diff)
+}
+
+// captureVM (VM paused) writes the VM's snapshot into vmDir. With a layered
+// memory image cur and a VMM that can leave RAM out, the pages the VM wrote
+// become the sealed layer diff on top of cur's layers, and the manifest in
+// vmDir lists them (flattened into vmDir/memory.flat later, by
+// restoreMemory). Otherwise the VMM's snapshot carries the memory whole.
+func captureVM(ctx context.Context, log *slog.Logger, id string, vm vmm.Machine, cur MemoryImage, vmDir, diff string) error {
 	ds, ok := vm.(deviceSnapshotter)
 	if !ok || !cur.layered() {
 		if _, err := vm.Snapshot(ctx, vmDir); err != nil {
@@ -131,7 +138,7 @@ func (o *Orchestrator) captureMemory(ctx context.Context, s *sandbox, vm vmm.Mac
 	if err != nil {
 		return err
 	}
-	st, err := memsnap.CaptureDiff(ctx, vm.Info().PID, cur.File, diff, parent, "sandbox "+s.rec.ID)
+	st, err := memsnap.CaptureDiff(ctx, vm.Info().PID, cur.File, diff, parent, "sandbox "+id)
 	if err != nil {
 		return fmt.Errorf("capture memory: %w", err)
 	}
@@ -140,14 +147,14 @@ func (o *Orchestrator) captureMemory(ctx context.Context, s *sandbox, vm vmm.Mac
 		if !errors.Is(err, vmm.ErrUnsupported) {
 			return fmt.Errorf("vm state: %w", err)
 		}
-		o.log.Warn("vm state without RAM refused; taking a whole snapshot", "sandbox", s.rec.ID, "err", err)
+		log.Warn("vm state without RAM refused; taking a whole snapshot", "sandbox", id, "err", err)
 		_ = os.RemoveAll(vmDir)
 		if _, err := vm.Snapshot(ctx, vmDir); err != nil {
 			return fmt.Errorf("vm snapshot: %w", err)
 		}
 		return nil
 	}
-	o.log.Info("memory diff captured", "sandbox", s.rec.ID, "pages", st.Pages, "zero_pages", st.ZeroPages,
+	log.Info("memory diff captured", "sandbox", id, "pages", st.Pages, "zero_pages", st.ZeroPages,
 		"bytes", st.Bytes, "took", st.Took.Round(time.Millisecond))
 	layers := append(append([]string{}, cur.Layers...), diff)
 	return writeMemoryManifest(vmDir, MemoryImage{Layers: layers, File: filepath.Join(vmDir, flatMemory)})

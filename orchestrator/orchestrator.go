@@ -386,6 +386,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 		return err
 	}
 	lap("agent")
+	o.log.Debug("vm started", "sandbox", s.rec.ID, "gen", s.rec.Gen, "slot", slot.Name, "pid", vm.Info().PID, "memory", mem.File)
 	s.mu.Lock()
 	s.vm, s.slot, s.rec.PID, s.rec.Memory = vm, slot, vm.Info().PID, mem
 	s.mu.Unlock()

@@ -109,7 +109,8 @@ func recoverOne(ctx context.Context, drv vmm.Driver, st *store.Store, sd *client
 		return errors.New("snapshot directory of this generation already in use")
 	}
 	_ = os.RemoveAll(snapDir) // a pause the crash interrupted
-	if _, err := m.Snapshot(ctx, snapDir); err != nil {
+	diff := filepath.Join(r.Dir, fmt.Sprintf("mem-%d.lsmt", r.Gen))
+	if err := captureVM(ctx, log, r.ID, m, r.Memory, snapDir, diff); err != nil {
 		_ = os.RemoveAll(snapDir)
 		return fmt.Errorf("snapshot adopted machine: %w", err)
 	}

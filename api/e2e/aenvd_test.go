@@ -29,6 +29,10 @@ var (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if shared != nil {
+		// AENV_E2E_LOG keeps the whole node log for a post-mortem.
+		if path := os.Getenv("AENV_E2E_LOG"); path != "" {
+			_ = os.WriteFile(path, []byte(shared.Logs()), 0o644)
+		}
 		if err := shared.Close(); err != nil {
 			fmt.Fprintf(os.Stderr, "aenvd graceful shutdown: %v\n%s\n", err, shared.Logs())
 			code = 1

@@ -25,6 +25,7 @@ func TestRestartKill9(t *testing.T) {
 	running := n.create(t, `{"templateID":"base","timeout":300}`)
 	n.writeFile(t, paused, "/home/user/p.txt", "kept across the restart")
 	n.writeFile(t, running, "/home/user/r.txt", "running before the restart")
+	n.sh(t, running, `echo in-memory > /dev/shm/r`)
 	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+paused+"/pause", n.key, "")
 	// A storage device no sandbox holds (as a crash between creating and
 	// recording one leaves): the restart reclaims it.
@@ -63,6 +64,13 @@ func TestRestartKill9(t *testing.T) {
 	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+running+"/connect", n.key, `{"timeout":60}`)
 	if got := n.readFile(t, running, "/home/user/r.txt"); got != "running before the restart" {
 		t.Fatalf("file of the running sandbox after restart: %q", got)
+	}
+	// Its memory came through too: recovery captured it as a memory layer.
+	if got := n.sh(t, running, `cat /dev/shm/r`); got != "in-memory" {
+		t.Fatalf("tmpfs of the running sandbox after restart: %q", got)
+	}
+	if mem, _ := n.layerFiles(t, running); mem != 1 {
+		t.Fatalf("recovery left %d memory layers in the sandbox, want 1", mem)
 	}
 	for _, id := range []string{paused, running} {
 		n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
