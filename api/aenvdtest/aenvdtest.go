@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -38,6 +39,7 @@ type Node struct {
 
 	cmd  *exec.Cmd
 	done chan error
+	lock *os.File // the network prefix's host-wide lock
 	mu   sync.Mutex
 	log  bytes.Buffer
 }
@@ -63,11 +65,21 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if opts.CIDRBase == 0 {
 		opts.CIDRBase = 81
 	}
-	work, err := os.MkdirTemp("", "aenvd-test-")
+	lock, err := lockPrefix(ctx, opts.Prefix)
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{DataDir: filepath.Join(work, "data"), work: work, bin: filepath.Join(work, "aenvd"), Key: Key}
+	work, err := os.MkdirTemp("", "aenvd-test-")
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	n := &Node{DataDir: filepath.Join(work, "data"), work: work, bin: filepath.Join(work, "aenvd"), Key: Key, lock: lock}
+	defer func() {
+		if n.cmd == nil || n.cmd.ProcessState != nil {
+			lock.Close() // not started: nobody holds the prefix
+		}
+	}()
 	if n.agent, err = guestassets.BuildAgent(ctx); err != nil {
 		os.RemoveAll(work)
 		return nil, err
@@ -160,7 +172,36 @@ func (n *Node) Close() error {
 		c.Close()
 	}
 	os.RemoveAll(n.work)
+	n.lock.Close()
 	return err
+}
+
+// lockPrefix takes a host-wide lock on a network prefix: two nodes with one
+// prefix (the same test package run twice at once, by two engineers or a
+// developer and CI) would clean up and reuse each other's namespaces and
+// addresses, wiring sandboxes to the other node's VMs. The second waits.
+func lockPrefix(ctx context.Context, prefix string) (*os.File, error) {
+	path := filepath.Join(os.TempDir(), "aenvdtest-"+prefix+".lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock network prefix %s: %w", prefix, err)
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return f, nil // released when f is closed (or the process dies)
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock network prefix %s: %w", prefix, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("another aenvd test node holds network prefix %s (%s): %w", prefix, path, ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // Write collects the process's output (io.Writer).
