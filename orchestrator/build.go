@@ -853,10 +853,22 @@ var errNoBash = errors.New("no /bin/bash in the image")
 // defaultUser is the user a sandbox's commands run as: its template's final
 // USER, else the node's default.
 func (o *Orchestrator) defaultUser(templateID string) string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if t, ok := o.templates[templateID]; ok && t.DefaultUser != "" {
-		return t.DefaultUser
+	// A snapshot's sandboxes keep the user of the template it descends from.
+	for range 64 {
+		o.mu.Lock()
+		t, ok := o.templates[templateID]
+		o.mu.Unlock()
+		if ok {
+			if t.DefaultUser != "" {
+				return t.DefaultUser
+			}
+			break
+		}
+		var snap SnapshotRecord
+		if err := o.store.Get(store.Snapshots, templateID, &snap); err != nil || snap.TemplateID == templateID {
+			break
+		}
+		templateID = snap.TemplateID
 	}
 	return o.cfg.DefaultUser
 }
