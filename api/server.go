@@ -498,7 +498,6 @@ func (s *Server) RefreshSandbox(w http.ResponseWriter, r *http.Request, sandboxI
 	w.WriteHeader(http.StatusNoContent)
 }
 
-
 // ListTemplates implements ServerInterface.
 func (s *Server) ListTemplates(w http.ResponseWriter, r *http.Request) {
 	s.ListTemplatesV2(w, r)

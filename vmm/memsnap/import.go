@@ -30,6 +30,16 @@ func ImportFull(ctx context.Context, memFile, out, message string) (Stats, error
 }
 
 func importFull(ctx context.Context, memFile, out, message string) (Stats, error) {
+	return importFile(ctx, memFile, out, lsmt.SealOptions{Message: message}, writeNonZeroPages)
+}
+
+// pageWriter writes the pages of b (at logical offset off) into xw.
+type pageWriter func(xw *lsmt.ExtentWriter, b []byte, off int64, st *Stats) error
+
+// importFile seals the data extents of memFile as a layer at out (opt gives
+// parent and message; the virtual size is the file's), each chunk of data
+// handed to write.
+func importFile(ctx context.Context, memFile, out string, opt lsmt.SealOptions, write pageWriter) (Stats, error) {
 	var st Stats
 	f, err := os.Open(memFile)
 	if err != nil {
@@ -48,12 +58,13 @@ func importFull(ctx context.Context, memFile, out, message string) (Stats, error
 	if err != nil {
 		return st, err
 	}
-	xw, err := lsmt.NewExtentWriter(af, lsmt.SealOptions{VirtualSize: uint64(vs), Message: message})
+	opt.VirtualSize = uint64(vs)
+	xw, err := lsmt.NewExtentWriter(af, opt)
 	if err != nil {
 		af.abort()
 		return st, err
 	}
-	if err := importExtents(ctx, f, fi.Size(), vs, xw, &st); err != nil {
+	if err := importExtents(ctx, f, fi.Size(), vs, xw, &st, write); err != nil {
 		af.abort()
 		return st, err
 	}
@@ -69,9 +80,9 @@ func importFull(ctx context.Context, memFile, out, message string) (Stats, error
 	return st, nil
 }
 
-// importExtents copies the non-zero pages of f's data extents (SEEK_DATA /
-// SEEK_HOLE; the whole file where holes are not reported) into xw.
-func importExtents(ctx context.Context, f *os.File, size, vs int64, xw *lsmt.ExtentWriter, st *Stats) error {
+// importExtents hands the pages of f's data extents (SEEK_DATA / SEEK_HOLE;
+// the whole file where holes are not reported) to write.
+func importExtents(ctx context.Context, f *os.File, size, vs int64, xw *lsmt.ExtentWriter, st *Stats, write pageWriter) error {
 	buf := make([]byte, readBatch)
 	ps := int64(pageSize)
 	next := int64(0) // everything before this is done
@@ -94,7 +105,7 @@ func importExtents(ctx context.Context, f *os.File, size, vs int64, xw *lsmt.Ext
 			if err := readPadded(f, chunk, pos); err != nil {
 				return err
 			}
-			if err := writeNonZeroPages(xw, chunk, pos, st); err != nil {
+			if err := write(xw, chunk, pos, st); err != nil {
 				return err
 			}
 			pos += int64(len(chunk))

@@ -73,6 +73,14 @@ func TestImportSparseDiff(t *testing.T) {
 			}
 		}
 	}
+	// A file whose size is not a page multiple: the short tail page counts.
+	odd := filepath.Join(dir, "odd.mem")
+	if err := os.WriteFile(odd, append(page('Z'), bytes.Repeat([]byte{'T'}, 1024)...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := ImportSparseDiff(ctx, odd, filepath.Join(dir, "odd.lsmt"), parent, "odd"); err != nil || st.Pages != 2 {
+		t.Fatalf("odd-sized diff: %+v %v, want 2 data pages", st, err)
+	}
 	if _, err := ImportSparseDiff(ctx, filepath.Join(dir, "missing"), filepath.Join(dir, "x.lsmt"), parent, ""); err == nil {
 		t.Fatal("a missing diff file imported")
 	}
