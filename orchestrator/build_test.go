@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,6 +21,7 @@ import (
 	"github.com/agentenv/agentenv/api/aenvdtest"
 	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
+	"github.com/agentenv/agentenv/internal/testutil/smallroot"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -31,67 +31,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
-// smallImageLayer is a tiny root filesystem from this host's files:
-// busybox (static) with its applets, bash with the libraries ldd names, and
-// minimal /etc databases.
-func smallImageLayer(t *testing.T) []byte {
-	t.Helper()
-	busybox, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Skip("busybox-static is not installed (CI installs it)")
-	}
-	var b bytes.Buffer
-	tw := tar.NewWriter(&b)
-	dir := func(name string, mode int64) {
-		tw.WriteHeader(&tar.Header{Name: name + "/", Typeflag: tar.TypeDir, Mode: mode})
-	}
-	file := func(name string, data []byte, mode int64) {
-		tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: mode, Size: int64(len(data))})
-		tw.Write(data)
-	}
-	hostFile := func(name, src string) {
-		data, err := os.ReadFile(src)
-		if err != nil {
-			t.Fatal(err)
-		}
-		file(name, data, 0o755)
-	}
-	for _, d := range []string{"bin", "etc", "lib", "lib/x86_64-linux-gnu", "lib64", "root", "home", "proc", "sys", "dev", "run", "usr", "usr/bin"} {
-		dir(d, 0o755)
-	}
-	dir("tmp", 0o1777)
-	hostFile("bin/busybox", busybox)
-	for _, a := range []string{"sh", "mkdir", "chown", "chmod", "id", "tar", "cat", "ls", "rm", "true", "false", "sleep", "echo",
-		"pwd", "test", "stat", "env", "mktemp", "whoami", "printf", "grep", "ps", "touch"} {
-		tw.WriteHeader(&tar.Header{Name: "bin/" + a, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777})
-	}
-	hostFile("bin/bash", "/bin/bash")
-	out, err := exec.Command("ldd", "/bin/bash").Output()
-	if err != nil {
-		t.Fatalf("ldd /bin/bash: %v", err)
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		var lib string
-		switch {
-		case len(f) >= 3 && f[1] == "=>" && strings.HasPrefix(f[2], "/"):
-			lib = f[2]
-		case len(f) >= 1 && strings.HasPrefix(f[0], "/"):
-			lib = f[0]
-		default:
-			continue
-		}
-		dst := strings.TrimPrefix(lib, "/")
-		if strings.HasPrefix(dst, "usr/lib/") {
-			dst = strings.TrimPrefix(dst, "usr/")
-		}
-		hostFile(dst, lib)
-	}
-	file("etc/passwd", []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644)
-	file("etc/group", []byte("root:x:0:\n"), 0o644)
-	tw.Close()
-	return b.Bytes()
-}
+// smallImageLayer is a tiny root filesystem from this host's files
+// (package smallroot).
+func smallImageLayer(t *testing.T) []byte { return smallroot.Layer(t, nil) }
 
 func pushImage(t *testing.T, host, ref, arch string, layerTar []byte) {
 	t.Helper()
@@ -249,7 +191,7 @@ func TestBuildE2E(t *testing.T) {
 		t.Skip("aenvd needs root (network namespaces, taps); CI runs as root")
 	}
 	if testing.Short() {
-		t.Skip("boots VMs")
+		t.Skip("-short: this test boots VMs (CI runs without -short)")
 	}
 	guestassets.Get(t)
 	layer := smallImageLayer(t)

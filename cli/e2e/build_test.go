@@ -1,17 +1,16 @@
 package e2e
 
 import (
-	"archive/tar"
 	"bytes"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/testutil/smallroot"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -23,63 +22,10 @@ import (
 // marker is a file only the test image has.
 const marker = "from the test registry"
 
-// smallImageLayer is a tiny root filesystem from this host's files: static
-// busybox with the applets builds use, bash with the libraries ldd names,
-// /etc/passwd with root only (aenvd adds the sandbox user) and a marker.
+// smallImageLayer is the test image's only layer (package smallroot) plus
+// the marker file.
 func smallImageLayer(t *testing.T) []byte {
-	t.Helper()
-	busybox, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Skip("busybox-static is not installed (CI installs it)")
-	}
-	var b bytes.Buffer
-	tw := tar.NewWriter(&b)
-	add := func(h *tar.Header, data []byte) {
-		h.Size = int64(len(data))
-		if err := tw.WriteHeader(h); err != nil {
-			t.Fatal(err)
-		}
-		tw.Write(data)
-	}
-	hostFile := func(name, src string) {
-		data, err := os.ReadFile(src)
-		if err != nil {
-			t.Fatal(err)
-		}
-		add(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o755}, data)
-	}
-	for _, d := range []string{"bin", "etc", "lib", "lib/x86_64-linux-gnu", "lib64", "root", "home", "proc", "sys", "dev", "run", "usr", "usr/bin"} {
-		add(&tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
-	}
-	add(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777}, nil)
-	hostFile("bin/busybox", busybox)
-	for _, a := range []string{"sh", "mkdir", "chown", "chmod", "id", "tar", "cat", "ls", "rm", "true", "false", "sleep", "echo",
-		"pwd", "test", "stat", "env", "mktemp", "whoami", "printf", "grep", "ps", "touch"} {
-		add(&tar.Header{Name: "bin/" + a, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}, nil)
-	}
-	hostFile("bin/bash", "/bin/bash")
-	out, err := exec.Command("ldd", "/bin/bash").Output()
-	if err != nil {
-		t.Fatalf("ldd /bin/bash: %v", err)
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		var lib string
-		switch {
-		case len(f) >= 3 && f[1] == "=>" && strings.HasPrefix(f[2], "/"):
-			lib = f[2]
-		case len(f) >= 1 && strings.HasPrefix(f[0], "/"):
-			lib = f[0]
-		default:
-			continue
-		}
-		hostFile(strings.TrimPrefix(strings.TrimPrefix(lib, "/"), "usr/"), lib)
-	}
-	add(&tar.Header{Name: "etc/passwd", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("root:x:0:0:root:/root:/bin/sh\n"))
-	add(&tar.Header{Name: "etc/group", Typeflag: tar.TypeReg, Mode: 0o644}, []byte("root:x:0:\n"))
-	add(&tar.Header{Name: "etc/cli-e2e-marker", Typeflag: tar.TypeReg, Mode: 0o644}, []byte(marker+"\n"))
-	tw.Close()
-	return b.Bytes()
+	return smallroot.Layer(t, map[string]string{"etc/cli-e2e-marker": marker + "\n"})
 }
 
 // pushSmallImage pushes the small image to the test registry as repo:tag

@@ -36,6 +36,18 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// printList prints items as JSON, or as a table with one row per item.
+func printList[T any](w io.Writer, o *output, items []T, header []string, row func(T) []string) error {
+	if o.json() {
+		return printJSON(w, items)
+	}
+	rows := make([][]string, 0, len(items))
+	for _, it := range items {
+		rows = append(rows, row(it))
+	}
+	return table(w, header, rows)
+}
+
 // table writes a header and rows aligned in columns.
 func table(w io.Writer, header []string, rows [][]string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

@@ -528,19 +528,15 @@ func listCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if o.json() {
-				return printJSON(cmd.OutOrStdout(), list)
-			}
-			rows := make([][]string, 0, len(list))
-			for _, s := range list {
+			header := []string{"SANDBOX ID", "TEMPLATE", "STATE", "STARTED", "ENDS", "CPU", "MEM MB", "METADATA"}
+			return printList(cmd.OutOrStdout(), &o, list, header, func(s api.ListedSandbox) []string {
 				var m map[string]string
 				if s.Metadata != nil {
 					m = *s.Metadata
 				}
-				rows = append(rows, []string{s.SandboxID, s.TemplateID, string(s.State), when(s.StartedAt), when(s.EndAt),
-					strconv.Itoa(int(s.CpuCount)), strconv.Itoa(int(s.MemoryMB)), kv(m)})
-			}
-			return table(cmd.OutOrStdout(), []string{"SANDBOX ID", "TEMPLATE", "STATE", "STARTED", "ENDS", "CPU", "MEM MB", "METADATA"}, rows)
+				return []string{s.SandboxID, s.TemplateID, string(s.State), when(s.StartedAt), when(s.EndAt),
+					strconv.Itoa(int(s.CpuCount)), strconv.Itoa(int(s.MemoryMB)), kv(m)}
+			})
 		},
 	}
 	cmd.Flags().StringSliceVar(&states, "state", nil, "only these states: running, paused (comma-separated or repeated)")
@@ -658,14 +654,9 @@ func snapshotCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if lo.json() {
-				return printJSON(cmd.OutOrStdout(), snaps)
-			}
-			rows := [][]string{}
-			for _, s := range snaps {
-				rows = append(rows, []string{s.SnapshotID, orDash(s.SandboxID), orDash(strings.Join(s.Names, ","))})
-			}
-			return table(cmd.OutOrStdout(), []string{"SNAPSHOT ID", "SANDBOX ID", "NAMES"}, rows)
+			return printList(cmd.OutOrStdout(), &lo, snaps, []string{"SNAPSHOT ID", "SANDBOX ID", "NAMES"}, func(s client.Snapshot) []string {
+				return []string{s.SnapshotID, orDash(s.SandboxID), orDash(strings.Join(s.Names, ","))}
+			})
 		},
 	}
 	list.Flags().StringVar(&sbx, "sandbox", "", "only snapshots of this sandbox")
@@ -694,15 +685,11 @@ func templateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if o.json() {
-				return printJSON(cmd.OutOrStdout(), ts)
-			}
-			rows := [][]string{}
-			for _, t := range ts {
-				rows = append(rows, []string{t.TemplateID, orDash(strings.Join(t.Aliases, ",")), string(t.BuildStatus),
-					strconv.Itoa(int(t.CpuCount)), strconv.Itoa(int(t.MemoryMB)), t.EnvdVersion, when(t.CreatedAt)})
-			}
-			return table(cmd.OutOrStdout(), []string{"TEMPLATE ID", "ALIASES", "STATUS", "CPU", "MEM MB", "ENVD", "CREATED"}, rows)
+			header := []string{"TEMPLATE ID", "ALIASES", "STATUS", "CPU", "MEM MB", "ENVD", "CREATED"}
+			return printList(cmd.OutOrStdout(), &o, ts, header, func(t api.Template) []string {
+				return []string{t.TemplateID, orDash(strings.Join(t.Aliases, ",")), string(t.BuildStatus),
+					strconv.Itoa(int(t.CpuCount)), strconv.Itoa(int(t.MemoryMB)), t.EnvdVersion, when(t.CreatedAt)}
+			})
 		},
 	}
 	o.register(list)
@@ -750,16 +737,12 @@ func nodesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if o.json() {
-				return printJSON(cmd.OutOrStdout(), ns)
-			}
-			rows := [][]string{}
-			for _, n := range ns {
-				rows = append(rows, []string{n.NodeID, string(n.Status), n.Version, n.Vmm.Driver + "/" + n.Vmm.Accel,
+			header := []string{"NODE ID", "STATUS", "VERSION", "VMM", "RUNNING/PAUSED", "CPU", "MEM MB"}
+			return printList(cmd.OutOrStdout(), &o, ns, header, func(n api.Node) []string {
+				return []string{n.NodeID, string(n.Status), n.Version, n.Vmm.Driver + "/" + n.Vmm.Accel,
 					fmt.Sprintf("%d/%d", n.Sandboxes.Running, n.Sandboxes.Paused),
-					fmt.Sprintf("%d/%d", n.AllocatedCPU, n.CpuCount), fmt.Sprintf("%d/%d", n.MemoryUsedMB, n.MemoryTotalMB)})
-			}
-			return table(cmd.OutOrStdout(), []string{"NODE ID", "STATUS", "VERSION", "VMM", "RUNNING/PAUSED", "CPU", "MEM MB"}, rows)
+					fmt.Sprintf("%d/%d", n.AllocatedCPU, n.CpuCount), fmt.Sprintf("%d/%d", n.MemoryUsedMB, n.MemoryTotalMB)}
+			})
 		},
 	}
 	o.register(cmd)
