@@ -227,9 +227,10 @@ func PieceStats(im *image.Image, size int64, bs int) float64 {
 	return float64(n) / float64(size/int64(bs))
 }
 
-// Verify compares the image with the raw file.
-func (f *Fixture) Verify(ctx context.Context) error {
-	im, err := image.Open(ctx, f.Config, image.Options{ReadOnly: true})
+// Verify compares the image, opened with opt, with the raw file.
+func (f *Fixture) Verify(ctx context.Context, opt image.Options) error {
+	opt.ReadOnly = true
+	im, err := image.Open(ctx, f.Config, opt)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/uring"
 	"github.com/agentenv/agentenv/storage/image"
 )
 
@@ -187,9 +188,15 @@ func BenchmarkSequentialRead(b *testing.B) {
 				s := rounds(7,
 					func() float64 { return SequentialRead(raw, f.Size, bs, 200*time.Millisecond) },
 					func() float64 { return SequentialRead(im, f.Size, bs, 200*time.Millisecond) },
-					func() float64 { return SequentialRead(pr, f.Size, bs, 200*time.Millisecond) })
+					func() float64 { return SequentialRead(pr, f.Size, bs, 200*time.Millisecond) },
+					func() float64 {
+						uring.SetEnabled(false)
+						defer uring.SetEnabled(true)
+						return SequentialRead(pr, f.Size, bs, 200*time.Millisecond)
+					})
 				report(b, fmt.Sprintf("sequential read, %d KiB requests", bs>>10), s[1], s[0], "MB/s", 0.8)
 				report(b, "  lowers via pread", s[2], s[0], "MB/s", 0.8)
+				report(b, "  lowers via pread, no io_uring batches", s[3], s[0], "MB/s", 0.8)
 			}
 		}
 		im.Close()
@@ -254,8 +261,18 @@ func TestFixtureSmoke(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := f.Verify(ctx); err != nil {
-			t.Fatalf("%s: %v", layout, err)
+		// Every read path: mapped lowers, pread lowers with io_uring
+		// batches, and without.
+		for _, opt := range []image.Options{{}, {NoMmap: true}} {
+			if err := f.Verify(ctx, opt); err != nil {
+				t.Fatalf("%s, %+v: %v", layout, opt, err)
+			}
+		}
+		uring.SetEnabled(false)
+		err = f.Verify(ctx, image.Options{NoMmap: true})
+		uring.SetEnabled(true)
+		if err != nil {
+			t.Fatalf("%s, no io_uring: %v", layout, err)
 		}
 		if err := f.Recache(); err != nil {
 			t.Fatal(err)

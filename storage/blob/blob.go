@@ -30,8 +30,10 @@ type Blob interface {
 
 // File is a local file read with pread.
 type File struct {
-	f    *os.File
-	size int64
+	f     *os.File
+	fd    int
+	size  int64
+	guard fdGuard
 }
 
 // OpenFile opens a local file.
@@ -45,13 +47,18 @@ func OpenFile(path string) (*File, error) {
 		f.Close()
 		return nil, fmt.Errorf("open blob %s: %w", path, err)
 	}
-	return &File{f: f, size: st.Size()}, nil
+	return &File{f: f, fd: int(f.Fd()), size: st.Size()}, nil
 }
 
 func (b *File) ReadAt(p []byte, off int64) (int, error) { return b.f.ReadAt(p, off) }
 func (b *File) Size() int64                             { return b.size }
 func (b *File) Name() string                            { return b.f.Name() }
-func (b *File) Close() error                            { return b.f.Close() }
+
+// Close closes the file once reads using its descriptor are done.
+func (b *File) Close() error {
+	b.guard.closeWait()
+	return b.f.Close()
+}
 
 // HTTPOptions configure an HTTP blob.
 type HTTPOptions struct {

@@ -14,8 +14,10 @@ import (
 // Sealed layers are immutable; if a file is truncated under its mapping
 // anyway, the fault is turned into an error instead of crashing the process.
 type Mapped struct {
-	f *os.File
-	m []byte
+	f     *os.File
+	fd    int
+	m     []byte
+	guard fdGuard
 }
 
 // OpenMapped maps a local file. Empty files cannot be mapped: use OpenFile.
@@ -38,7 +40,7 @@ func OpenMapped(path string) (*Mapped, error) {
 		f.Close()
 		return nil, fmt.Errorf("open blob %s: mmap: %w", path, err)
 	}
-	return &Mapped{f: f, m: m}, nil
+	return &Mapped{f: f, fd: int(f.Fd()), m: m}, nil
 }
 
 // preadThreshold is the read size from which pread beats copying from the
@@ -76,6 +78,7 @@ func (b *Mapped) Name() string { return b.f.Name() }
 
 // Close unmaps and closes the file.
 func (b *Mapped) Close() error {
+	b.guard.closeWait()
 	err := syscall.Munmap(b.m)
 	if cerr := b.f.Close(); err == nil {
 		err = cerr

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"sync"
+
+	"github.com/agentenv/agentenv/internal/uring"
 )
 
 // The read path. A request that a stack serves from one piece is one read of
@@ -51,9 +53,13 @@ func throughHoles(src io.ReaderAt) bool {
 }
 
 type readScratch struct {
-	next []int32 // index of the next data piece of the same layer, or -1
-	done []bool  // data piece already read
-	iov  [][]byte
+	next  []int32 // index of the next data piece of the same layer, or -1
+	done  []bool  // data piece already read
+	iov   [][]byte
+	ops   []uring.Op
+	opAt  []int32 // where each op's buffers start in iov
+	opTag []uint8 // each op's layer
+	held  []batchSource
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(readScratch) }}
@@ -81,7 +87,10 @@ func readSegments(p []byte, off int64, segs []Segment, srcs []io.ReaderAt, gap f
 		return readEach(p, off, segs, srcs, gap)
 	}
 	sc := scratchPool.Get().(*readScratch)
-	err := sc.read(p, off, segs, srcs, gap)
+	err := sc.readBatched(p, off, segs, srcs, gap)
+	if err == errNoBatch {
+		err = sc.read(p, off, segs, srcs, gap)
+	}
 	clear(sc.iov) // do not keep the caller's buffer alive
 	sc.iov = sc.iov[:0]
 	scratchPool.Put(sc)
@@ -113,29 +122,33 @@ func readEach(p []byte, off int64, segs []Segment, srcs []io.ReaderAt, gap func(
 	return nil
 }
 
-func (sc *readScratch) read(p []byte, off int64, segs []Segment, srcs []io.ReaderAt, gap func([]byte, int64) error) error {
-	end := off + int64(len(p))
+// link links each data piece to the next one of the same layer (walking
+// backwards, last[tag] is the layer's first piece + 1) and counts pieces
+// per layer.
+func (sc *readScratch) link(segs []Segment, last *[MaxLayers + 1]int32, count *[MaxLayers + 1]uint16) {
 	n := len(segs)
 	if cap(sc.next) < n {
 		sc.next = make([]int32, n)
 		sc.done = make([]bool, n)
 	}
-	next, done := sc.next[:n], sc.done[:n]
-	clear(done)
-	// Link each data piece to the next one of the same layer (walking
-	// backwards, last[tag] is the nearest later piece + 1), count pieces
-	// per layer and pick the layer read through holes.
-	var last [MaxLayers + 1]int32
-	var count [MaxLayers + 1]uint16
+	sc.next, sc.done = sc.next[:n], sc.done[:n]
+	clear(sc.done)
 	for i := n - 1; i >= 0; i-- {
 		s := segs[i]
 		if s.Zeroed {
 			continue
 		}
-		next[i] = last[s.Tag] - 1
+		sc.next[i] = last[s.Tag] - 1
 		last[s.Tag] = int32(i) + 1
 		count[s.Tag]++
 	}
+}
+
+func (sc *readScratch) read(p []byte, off int64, segs []Segment, srcs []io.ReaderAt, gap func([]byte, int64) error) error {
+	end := off + int64(len(p))
+	var last [MaxLayers + 1]int32
+	var count [MaxLayers + 1]uint16
+	sc.link(segs, &last, &count)
 	best := -1
 	for t, c := range count[:len(srcs)] {
 		if c >= 2 && (best < 0 || c > count[best]) && throughHoles(srcs[t]) {
@@ -147,6 +160,13 @@ func (sc *readScratch) read(p []byte, off int64, segs []Segment, srcs []io.Reade
 			return err
 		}
 	}
+	return sc.fillRest(p, off, segs, srcs, gap)
+}
+
+// fillRest reads the data pieces not done yet and fills zeroed pieces and
+// gaps.
+func (sc *readScratch) fillRest(p []byte, off int64, segs []Segment, srcs []io.ReaderAt, gap func([]byte, int64) error) error {
+	end := off + int64(len(p))
 	cur := off
 	for i, s := range segs {
 		a, b, _ := piece(s, off, end)
@@ -159,7 +179,7 @@ func (sc *readScratch) read(p []byte, off int64, segs []Segment, srcs []io.Reade
 		switch {
 		case s.Zeroed:
 			clear(p[a-off : b-off])
-		case !done[i]:
+		case !sc.done[i]:
 			if err := sc.readLayer(p, off, end, segs, srcs[s.Tag], i, false); err != nil {
 				return err
 			}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/btree"
 )
@@ -27,6 +28,7 @@ type Upper struct {
 	index     *os.File // nil for a sparse layer
 	hdr       HeaderTrailer
 	tree      *btree.BTreeG[Segment]
+	mapped    atomic.Bool // the tree ever held a mapping: reads of a fresh upper skip the lock
 	dataEnd   uint64 // sectors: next append position (log-structured)
 	indexEnd  int64  // bytes of the index file written
 	pending   []byte // encoded mappings not yet written to the index file
@@ -266,6 +268,7 @@ func (u *Upper) loadSparse(size int64) error {
 		for s := s0; s < s1; {
 			n := min(s1-s, MaxSegmentLen)
 			u.tree.ReplaceOrInsert(Segment{Offset: s, MOffset: s + HeaderSize/SectorSize, Length: uint32(n)})
+			u.mapped.Store(true)
 			s += n
 		}
 		pos = h
@@ -302,6 +305,9 @@ func (u *Upper) DataReaderAt() io.ReaderAt { return u.data }
 
 // Lookup appends the live mappings that overlap [off, off+n) sectors, clipped.
 func (u *Upper) Lookup(dst []Segment, off, n uint64) []Segment {
+	if !u.mapped.Load() {
+		return dst
+	}
 	u.mu.RLock()
 	if u.tree.Len() > 0 {
 		dst = u.lookupLocked(dst, off, n)
@@ -341,6 +347,7 @@ func (u *Upper) insertLocked(s Segment) {
 		}
 	}
 	u.tree.ReplaceOrInsert(s)
+	u.mapped.Store(true)
 }
 
 // lookupRaw appends the whole (unclipped) segments overlapping [off, end).
