@@ -3,6 +3,7 @@ package lsmt
 import (
 	"bytes"
 	"io"
+	"os"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -31,6 +32,26 @@ func (v vecReader) ReadvAt(bufs [][]byte, off int64) (int, error) {
 		}
 	}
 	return done, nil
+}
+
+// fileSrc is a layer file that lends its descriptor to io_uring batches,
+// like storage/blob's files.
+type fileSrc struct{ *os.File }
+
+func (f fileSrc) AcquireFd() (int, bool) { return int(f.Fd()), true }
+func (f fileSrc) ReleaseFd()             {}
+
+// tempSource writes b to a temporary file for the batched read path.
+func tempSource(t *rapid.T, b []byte) fileSrc {
+	f, err := os.CreateTemp("", "lsmt-read-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(f.Name()) // gone when closed
+	if _, err := f.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	return fileSrc{f}
 }
 
 const readTestSectors = 96
@@ -99,14 +120,21 @@ func FuzzGatheredReads(f *testing.F) {
 func gatheredMatchesPieces(t *rapid.T) {
 	tags := rapid.IntRange(1, 4).Draw(t, "tags")
 	segs := drawLayout(t, tags)
-	vector := rapid.Bool().Draw(t, "vector")
+	kind := rapid.SampledFrom([]string{"reader", "vector", "file"}).Draw(t, "source")
+	vector := kind == "vector"
 	var reads int
 	srcs := make([]io.ReaderAt, tags)
 	for i := range srcs {
-		r := bytes.NewReader(pattern(byte(i*50+1), 3*readTestSectors*SectorSize))
-		if vector {
+		data := pattern(byte(i*50+1), 3*readTestSectors*SectorSize)
+		r := bytes.NewReader(data)
+		switch kind {
+		case "vector":
 			srcs[i] = vecReader{r, &reads}
-		} else {
+		case "file": // io_uring batches where the kernel has them
+			f := tempSource(t, data)
+			defer f.Close()
+			srcs[i] = f
+		default:
 			srcs[i] = r
 		}
 	}
