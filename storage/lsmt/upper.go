@@ -29,9 +29,9 @@ type Upper struct {
 	hdr       HeaderTrailer
 	tree      *btree.BTreeG[Segment]
 	mapped    atomic.Bool // the tree ever held a mapping: reads of a fresh upper skip the lock
-	dataEnd   uint64 // sectors: next append position (log-structured)
-	indexEnd  int64  // bytes of the index file written
-	pending   []byte // encoded mappings not yet written to the index file
+	dataEnd   uint64      // sectors: next append position (log-structured)
+	indexEnd  int64       // bytes of the index file written
+	pending   []byte      // encoded mappings not yet written to the index file
 	readOnly  bool
 	closed    bool
 	// Recovered counts index bytes dropped at open (a torn or invalid tail).
