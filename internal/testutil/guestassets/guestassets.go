@@ -6,6 +6,9 @@ package guestassets
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,7 +45,9 @@ func Get(t testing.TB) *image.Assets {
 	return assets
 }
 
-// BuildAgent compiles a static aenv-agent from this module.
+// BuildAgent compiles a static aenv-agent from this module. The binary is
+// kept under a name made of its content hash (the build is reproducible),
+// so repeated test runs share one file instead of piling up copies.
 func BuildAgent(ctx context.Context) (string, error) {
 	root, err := moduleRoot(ctx)
 	if err != nil {
@@ -52,18 +57,57 @@ func BuildAgent(ctx context.Context) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	out, err := os.CreateTemp(dir, "aenv-agent-*")
+	out, err := os.CreateTemp(dir, "build-*")
 	if err != nil {
 		return "", err
 	}
 	out.Close()
+	defer os.Remove(out.Name()) // after a failed build; gone by rename otherwise
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out.Name(), "./cmd/aenv-agent")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", &buildError{string(b), err}
 	}
-	return out.Name(), nil
+	sum, err := fileHash(out.Name())
+	if err != nil {
+		return "", err
+	}
+	final := filepath.Join(dir, "aenv-agent-"+sum)
+	if err := os.Rename(out.Name(), final); err != nil {
+		return "", err
+	}
+	removeStale(dir, final)
+	return final, nil
+}
+
+func fileHash(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// removeStale deletes agent binaries of other builds older than an hour
+// (a run still using one started within the hour) and older unnamed copies.
+func removeStale(dir, keep string) {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		info, err := e.Info()
+		if p == keep || err != nil || time.Since(info.ModTime()) < time.Hour {
+			continue
+		}
+		if strings.HasPrefix(e.Name(), "aenv-agent-") || strings.HasPrefix(e.Name(), "build-") {
+			os.Remove(p)
+		}
+	}
 }
 
 type buildError struct {
