@@ -183,7 +183,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 		writeError(w, http.StatusBadRequest, "templateID is required")
 		return
 	}
-	timeout, ok := s.timeout(w, req.Timeout)
+	timeout, ok := s.createTimeout(w, req.Timeout, v2)
 	if !ok {
 		return
 	}
@@ -204,6 +204,18 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, s.sandbox(rec))
+}
+
+// v2DefaultTimeout is the timeout of POST /v2/sandboxes without one.
+const v2DefaultTimeout = 300 * time.Second
+
+// createTimeout is a create's timeout: the request's, or the default of its
+// API version (v2's documented 300 s; v1 the configured default).
+func (s *Server) createTimeout(w http.ResponseWriter, secs *int32, v2 bool) (time.Duration, bool) {
+	if v2 && (secs == nil || *secs == 0) {
+		return min(v2DefaultTimeout, s.opts.MaxTimeout), true
+	}
+	return s.timeout(w, secs)
 }
 
 // timeout converts a request's seconds into a duration within limits.
@@ -373,8 +385,15 @@ func (s *Server) GetSandbox(w http.ResponseWriter, r *http.Request, sandboxID Sa
 	d := SandboxDetail{
 		SandboxID: l.SandboxID, TemplateID: l.TemplateID, Alias: l.Alias, ClientID: l.ClientID, StartedAt: l.StartedAt,
 		EndAt: l.EndAt, CpuCount: l.CpuCount, MemoryMB: l.MemoryMB, DiskSizeMB: l.DiskSizeMB, Metadata: l.Metadata,
-		State: l.State, EnvdVersion: l.EnvdVersion, AllowInternetAccess: ptr(true),
+		State: l.State, EnvdVersion: l.EnvdVersion, AllowInternetAccess: ptr(!rec.Policy.DenyInternet),
 		Lifecycle: &SandboxLifecycle{AutoResume: rec.AutoResume, OnTimeout: onTimeout},
+		Network:   &SandboxNetworkConfig{AllowPublicTraffic: ptr(rec.TrafficToken == "")},
+	}
+	if len(rec.Policy.AllowOut) > 0 {
+		d.Network.AllowOut = ptr(rec.Policy.AllowOut)
+	}
+	if len(rec.Policy.DenyOut) > 0 {
+		d.Network.DenyOut = ptr(rec.Policy.DenyOut)
 	}
 	if rec.AccessToken != "" {
 		d.EnvdAccessToken = ptr(rec.AccessToken)

@@ -6,11 +6,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/store"
 )
@@ -151,5 +153,90 @@ func TestPaginationCursorOrder(t *testing.T) {
 	md, err := parseMetadata(ptr("user=alice&team=a%26b"))
 	if err != nil || md["user"] != "alice" || md["team"] != "a&b" {
 		t.Fatalf("parseMetadata: %v %v", md, err)
+	}
+}
+
+func TestCreateTimeoutDefaults(t *testing.T) {
+	t.Parallel()
+	s := &Server{opts: Options{DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour}}
+	cases := []struct {
+		secs *int32
+		v2   bool
+		want time.Duration
+		ok   bool
+	}{
+		{nil, false, 15 * time.Second, true},
+		{nil, true, 300 * time.Second, true},
+		{ptr(int32(0)), true, 300 * time.Second, true},
+		{ptr(int32(40)), true, 40 * time.Second, true},
+		{ptr(int32(40)), false, 40 * time.Second, true},
+		{ptr(int32(-1)), false, 0, false},
+		{ptr(int32(7200)), true, 0, false},
+	}
+	for _, c := range cases {
+		w := httptest.NewRecorder()
+		got, ok := s.createTimeout(w, c.secs, c.v2)
+		if got != c.want || ok != c.ok {
+			t.Errorf("createTimeout(%v, v2=%v) = %s, %v; want %s, %v", c.secs, c.v2, got, ok, c.want, c.ok)
+		}
+		if !ok && w.Code != http.StatusBadRequest {
+			t.Errorf("refused timeout answered %d", w.Code)
+		}
+	}
+	short := &Server{opts: Options{DefaultTimeout: 15 * time.Second, MaxTimeout: time.Minute}}
+	if got, _ := short.createTimeout(httptest.NewRecorder(), nil, true); got != time.Minute {
+		t.Errorf("v2 default above the maximum: %s, want the maximum", got)
+	}
+}
+
+// TestSandboxDetailNetwork: GET /sandboxes/{id} reports the sandbox's egress
+// policy and whether its public traffic needs a token.
+func TestSandboxDetailNetwork(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	recs := []orchestrator.Record{
+		{ID: "sbxlocked", TemplateID: "base", State: orchestrator.Paused, Snapshot: filepath.Join(dir, "s1"), TrafficToken: "tok",
+			Policy: network.Policy{DenyInternet: true, AllowOut: []string{"10.1.2.3", "example.com"}, DenyOut: []string{"8.8.8.8/32"}}},
+		{ID: "sbxopen", TemplateID: "base", State: orchestrator.Paused, Snapshot: filepath.Join(dir, "s2")},
+	}
+	for _, r := range recs {
+		if err := os.MkdirAll(r.Snapshot, 0o755); err != nil { // a paused sandbox's snapshot
+			t.Fatal(err)
+		}
+		if err := st.Put(store.Sandboxes, r.ID, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := NewHandler(Options{Orchestrator: o, APIKey: testKey, DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour})
+	get := func(id string) SandboxDetail {
+		w := do(h, "GET", "/sandboxes/"+id, testKey, "")
+		if w.Code != 200 {
+			t.Fatalf("GET %s: %d %s", id, w.Code, w.Body)
+		}
+		var d SandboxDetail
+		if err := json.Unmarshal(w.Body.Bytes(), &d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	d := get("sbxlocked")
+	if d.AllowInternetAccess == nil || *d.AllowInternetAccess || d.Network == nil ||
+		d.Network.AllowPublicTraffic == nil || *d.Network.AllowPublicTraffic ||
+		d.Network.AllowOut == nil || strings.Join(*d.Network.AllowOut, ",") != "10.1.2.3,example.com" ||
+		d.Network.DenyOut == nil || strings.Join(*d.Network.DenyOut, ",") != "8.8.8.8/32" {
+		t.Fatalf("locked sandbox detail: %+v network %+v", d, d.Network)
+	}
+	d = get("sbxopen")
+	if d.AllowInternetAccess == nil || !*d.AllowInternetAccess || d.Network == nil || !*d.Network.AllowPublicTraffic ||
+		d.Network.AllowOut != nil || d.Network.DenyOut != nil {
+		t.Fatalf("open sandbox detail: %+v network %+v", d, d.Network)
 	}
 }
