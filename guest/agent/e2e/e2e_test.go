@@ -29,7 +29,7 @@ const setupScript = ".ci/setup.d/30-e2b-sdk.sh"
 func TestE2BSDKScenario(t *testing.T) {
 	node, err := exec.LookPath("node")
 	if err != nil {
-		t.Skip("node is not installed; the E2B SDK scenario needs Node.js 20+")
+		t.Fatal("node is not installed; the E2B SDK scenario needs Node.js 20+ (scripts/setup.sh installs it)")
 	}
 	if testing.Short() {
 		t.Skip("-short: skipping the E2B SDK scenario")
