@@ -57,7 +57,7 @@ type initRequest struct {
 
 // initAgent posts /init (env vars, access token, clock), retrying briefly
 // while the restored guest's network settles.
-func initAgent(ctx context.Context, slot *network.Slot, req initRequest) error {
+func initAgent(ctx context.Context, slot *network.Slot, held string, req initRequest) error {
 	hc := agentClient(slot, 5*time.Second)
 	var last error
 	for attempt := 0; attempt < 100; attempt++ {
@@ -65,8 +65,13 @@ func initAgent(ctx context.Context, slot *network.Slot, req initRequest) error {
 		body, _ := json.Marshal(req)
 		hr, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent/init", bytes.NewReader(body))
 		hr.Header.Set("Content-Type", "application/json")
-		if req.AccessToken != nil {
-			// A re-init (after resume, or a retry) must present the token already set.
+		switch {
+		case held != "":
+			// The agent already holds a token (a resume, or a snapshot of a
+			// secure sandbox): a re-init must present it.
+			hr.Header.Set("X-Access-Token", held)
+		case req.AccessToken != nil && *req.AccessToken != "":
+			// A retry after the first attempt set the token.
 			hr.Header.Set("X-Access-Token", *req.AccessToken)
 		}
 		resp, err := hc.Do(hr)

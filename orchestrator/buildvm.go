@@ -147,7 +147,7 @@ func (b *builder) execute(ctx context.Context, t *Template, buildID string, spec
 		console, _ := os.ReadFile(vm.Info().ConsoleLog)
 		return nil, StepBase, fmt.Errorf("%w\nguest console:\n%s", err, tail(console, 2000))
 	}
-	if err := initAgent(ctx, slot, initRequest{}); err != nil {
+	if err := initAgent(ctx, slot, "", initRequest{}); err != nil {
 		return nil, StepBase, err
 	}
 	v.logf("info", StepBase, "build VM is up; user %s, workdir %s", v.user, v.workdir)
@@ -165,7 +165,7 @@ func (b *builder) execute(ctx context.Context, t *Template, buildID string, spec
 	// The final USER, WORKDIR and ENV become the agent's defaults, kept in
 	// the snapshot (a sandbox's /init adds its own env vars on top).
 	user, workdir := v.user, v.workdir
-	if err := initAgent(ctx, slot, initRequest{EnvVars: v.env, DefaultUser: user, DefaultWorkdir: workdir}); err != nil {
+	if err := initAgent(ctx, slot, "", initRequest{EnvVars: v.env, DefaultUser: user, DefaultWorkdir: workdir}); err != nil {
 		return nil, step, err
 	}
 	built.DefaultUser, built.DefaultWorkdir, built.Env = user, workdir, cloneMap(v.env)

@@ -75,6 +75,10 @@ type Record struct {
 	AutoResume  bool              `json:"autoResume"`
 	Secure      bool              `json:"secure"`
 	AccessToken string            `json:"accessToken,omitempty"`
+	// GuestToken is the access token the guest's agent holds now: the one
+	// of the sandbox a snapshot was taken from until this sandbox's first
+	// /init replaces it, then AccessToken. A re-init must present it.
+	GuestToken string `json:"guestToken,omitempty"`
 	// TrafficToken, when set, must accompany proxied traffic to ports other
 	// than the agent's (allowPublicTraffic false).
 	TrafficToken string `json:"trafficToken,omitempty"`
@@ -270,7 +274,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 		ID: id, TemplateID: t.ID, State: Starting, Metadata: opts.Metadata, EnvVars: opts.EnvVars,
 		AutoPause: opts.AutoPause, AutoResume: opts.AutoResume, Secure: opts.Secure,
 		VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, DiskMiB: t.DiskMiB, EnvdVersion: t.EnvdVersion,
-		Dir: dir, Policy: opts.Policy,
+		Dir: dir, Policy: opts.Policy, GuestToken: t.GuestToken,
 	}}
 	if o.sd != nil {
 		s.rec.RootfsImage = t.RootfsImage
@@ -378,13 +382,14 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 		o.log.Error("restored guest's agent is silent", "sandbox", s.rec.ID, "console_tail", string(tail(console, 3000)))
 		return fmt.Errorf("%w (guest console: %s)", err, strings.TrimSpace(string(tail(console, 600))))
 	}
-	var token *string
-	if s.rec.AccessToken != "" {
-		token = &s.rec.AccessToken
+	req := initRequest{EnvVars: s.rec.EnvVars, DefaultUser: o.defaultUser(s.rec.TemplateID)}
+	if s.rec.AccessToken != "" || s.rec.GuestToken != "" {
+		req.AccessToken = &s.rec.AccessToken // "" clears a token the snapshot's sandbox had
 	}
-	if err := initAgent(ctx, slot, initRequest{EnvVars: s.rec.EnvVars, AccessToken: token, DefaultUser: o.defaultUser(s.rec.TemplateID)}); err != nil {
+	if err := initAgent(ctx, slot, s.rec.GuestToken, req); err != nil {
 		return err
 	}
+	s.rec.GuestToken = s.rec.AccessToken
 	lap("agent")
 	o.log.Debug("vm started", "sandbox", s.rec.ID, "gen", s.rec.Gen, "slot", slot.Name, "pid", vm.Info().PID, "memory", mem.File)
 	s.mu.Lock()

@@ -42,6 +42,9 @@ type SnapshotRecord struct {
 	MemoryMiB   int       `json:"memoryMiB"`
 	DiskMiB     int       `json:"diskMiB"`
 	EnvdVersion string    `json:"envdVersion"`
+	// GuestToken is the access token the snapshot's agent holds (its
+	// sandbox's): sandboxes created from it present it at their first /init.
+	GuestToken string `json:"guestToken,omitempty"`
 	// Hidden snapshots (taken for a fork) are not listed.
 	Hidden bool `json:"hidden,omitempty"`
 }
@@ -49,7 +52,8 @@ type SnapshotRecord struct {
 // asTemplate is the snapshot seen as a template to create sandboxes from.
 func (r SnapshotRecord) asTemplate() *Template {
 	return &Template{ID: r.ID, Dir: r.Dir, Snapshot: r.VM, Rootfs: r.Rootfs, RootfsImage: r.RootfsImage,
-		VCPUs: r.VCPUs, MemoryMiB: r.MemoryMiB, DiskMiB: r.DiskMiB, EnvdVersion: r.EnvdVersion, CreatedAt: r.CreatedAt}
+		VCPUs: r.VCPUs, MemoryMiB: r.MemoryMiB, DiskMiB: r.DiskMiB, EnvdVersion: r.EnvdVersion, CreatedAt: r.CreatedAt,
+		GuestToken: r.GuestToken}
 }
 
 var snapshotName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`)
@@ -166,7 +170,7 @@ func (o *Orchestrator) snapshotLocked(ctx context.Context, s *sandbox, hidden bo
 	s.mu.Unlock()
 	r = SnapshotRecord{ID: id, Names: []string{}, SandboxID: rec.ID, TemplateID: rec.TemplateID, CreatedAt: time.Now().UTC(),
 		Dir: filepath.Join(o.cfg.DataDir, "snapshots", id), VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB,
-		DiskMiB: rec.DiskMiB, EnvdVersion: rec.EnvdVersion, Hidden: hidden}
+		DiskMiB: rec.DiskMiB, EnvdVersion: rec.EnvdVersion, GuestToken: rec.GuestToken, Hidden: hidden}
 	r.VM = filepath.Join(r.Dir, "vm")
 	if err := os.MkdirAll(r.Dir, 0o755); err != nil {
 		return r, fmt.Errorf("snapshot sandbox %s: %w", rec.ID, err)

@@ -33,6 +33,9 @@ type Template struct {
 	DiskMiB     int       `json:"diskMiB"`
 	EnvdVersion string    `json:"envdVersion"`
 	CreatedAt   time.Time `json:"createdAt"`
+	// GuestToken is the access token the snapshot's agent holds (a snapshot
+	// of a secure sandbox seen as a template; templates have none).
+	GuestToken string `json:"-"`
 
 	// Built templates (build.go). Names are the template's names (E2B's
 	// aliases), usable instead of its id. Status is "" or ready once a build

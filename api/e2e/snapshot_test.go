@@ -183,3 +183,79 @@ func TestSnapshotsAndFork(t *testing.T) {
 		n.expect(t, c.want, c.method, c.path, n.key, c.body)
 	}
 }
+
+// createToken creates a sandbox and returns its id and agent access token.
+func (n *node) createToken(t *testing.T, body string) (string, string) {
+	t.Helper()
+	var sbx struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	b := n.expect(t, http.StatusCreated, "POST", "/sandboxes", n.key, body)
+	if err := json.Unmarshal(b, &sbx); err != nil || sbx.SandboxID == "" {
+		t.Fatalf("create %s: %s %v", body, b, err)
+	}
+	t.Cleanup(func() { n.call(t, "DELETE", "/sandboxes/"+sbx.SandboxID, n.key, "") })
+	return sbx.SandboxID, sbx.EnvdAccessToken
+}
+
+// run runs a command in a sandbox's agent with an access token ("" for
+// none) and returns its stdout and the error of the call.
+func (n *node) run(id, token, script string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	opts := []agentclient.Option{agentclient.WithUser("root")}
+	if token != "" {
+		opts = append(opts, agentclient.WithToken(token))
+	}
+	hc := &http.Client{Transport: headerTransport{id, "49983"}}
+	out, stderr, code, err := agentclient.RunWith(ctx, n.proxy, hc, opts, "/bin/bash", "-c", script)
+	if err == nil && code != 0 {
+		err = fmt.Errorf("exit %d: %s", code, stderr)
+	}
+	return strings.TrimSpace(string(out)), err
+}
+
+// TestSnapshotOfSecureSandbox: sandboxes created from a snapshot of a secure
+// sandbox get their own access token (the source's no longer opens them),
+// or none when they are not secure; both keep the snapshot's files.
+func TestSnapshotOfSecureSandbox(t *testing.T) {
+	n := sharedNode(t)
+	src, srcToken := n.createToken(t, `{"templateID":"base","timeout":300,"secure":true}`)
+	if srcToken == "" {
+		t.Fatal("a secure sandbox came without an access token")
+	}
+	if _, err := n.run(src, srcToken, `echo secret > /home/user/s.txt`); err != nil {
+		t.Fatalf("write in the source: %v", err)
+	}
+	var snap snapshotJSON
+	b := n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+src+"/snapshots", n.key, `{}`)
+	if err := json.Unmarshal(b, &snap); err != nil || snap.SnapshotID == "" {
+		t.Fatalf("create snapshot: %s (%v)", b, err)
+	}
+	t.Cleanup(func() { n.call(t, "DELETE", "/snapshots/"+snap.SnapshotID, n.key, "") })
+
+	child, childToken := n.createToken(t, `{"templateID":"`+snap.SnapshotID+`","timeout":300,"secure":true}`)
+	if childToken == "" || childToken == srcToken {
+		t.Fatalf("secure sandbox from the snapshot: token %q (source %q)", childToken, srcToken)
+	}
+	if got, err := n.run(child, childToken, `cat /home/user/s.txt`); err != nil || got != "secret" {
+		t.Fatalf("secure child with its token: %q %v\n%s", got, err, n.diagnose(child))
+	}
+	if _, err := n.run(child, srcToken, `true`); err == nil {
+		t.Fatal("the source's token opens the secure child")
+	}
+	open, openToken := n.createToken(t, `{"templateID":"`+snap.SnapshotID+`","timeout":300}`)
+	if openToken != "" {
+		t.Fatalf("a sandbox created without secure got token %q", openToken)
+	}
+	if got, err := n.run(open, "", `cat /home/user/s.txt`); err != nil || got != "secret" {
+		t.Fatalf("non-secure child without a token: %q %v\n%s", got, err, n.diagnose(open))
+	}
+	// A pause and resume keeps the child's own token.
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+child+"/pause", n.key, "")
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+child+"/connect", n.key, `{"timeout":300}`)
+	if got, err := n.run(child, childToken, `cat /home/user/s.txt`); err != nil || got != "secret" {
+		t.Fatalf("secure child after resume: %q %v\n%s", got, err, n.diagnose(child))
+	}
+}
