@@ -44,6 +44,9 @@ type Manager struct {
 	wake   chan struct{}
 	stop   chan struct{}
 	worker sync.WaitGroup
+	// releasing counts Releases scrubbing a slot outside the lock: Shutdown
+	// waits for them, so a slot released during Shutdown is destroyed too.
+	releasing sync.WaitGroup
 }
 
 // New cleans up what a previous process with the same prefix left, sets up
@@ -167,12 +170,18 @@ func (m *Manager) Acquire(ctx context.Context) (*Slot, error) {
 // have stopped the VM using the slot.
 func (m *Manager) Release(ctx context.Context, s *Slot) error {
 	m.mu.Lock()
+	if m.closed { // Shutdown destroys (or destroyed) it with the other slots in use
+		m.mu.Unlock()
+		return nil
+	}
 	if _, ok := m.inUse[s]; !ok {
 		m.mu.Unlock()
 		return fmt.Errorf("release slot %s: not in use", s.Name)
 	}
 	delete(m.inUse, s)
+	m.releasing.Add(1)
 	m.mu.Unlock()
+	defer m.releasing.Done()
 	err := s.scrub(ctx)
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -202,6 +211,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Unlock()
 	close(m.stop)
 	m.worker.Wait()
+	m.releasing.Wait()
 
 	m.mu.Lock()
 	all := append(append([]*Slot(nil), m.pool...), m.doomed...)

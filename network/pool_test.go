@@ -191,3 +191,25 @@ func TestExhaustion(t *testing.T) {
 		t.Fatalf("SetPolicy on a destroyed slot succeeded")
 	}
 }
+
+// TestReleaseDuringShutdown: a slot released while the manager shuts down
+// is destroyed with the others (the cleanup checks nothing is left).
+func TestReleaseDuringShutdown(t *testing.T) {
+	t.Parallel()
+	for range 5 {
+		m, _ := newManager(t, func(c *network.Config) { c.PoolLow, c.PoolHigh = 0, 4 })
+		slots := []*network.Slot{acquire(t, m), acquire(t, m), acquire(t, m)}
+		var wg sync.WaitGroup
+		for _, s := range slots {
+			wg.Go(func() {
+				if err := m.Release(t.Context(), s); err != nil {
+					t.Errorf("Release: %v", err)
+				}
+			})
+		}
+		if err := m.Shutdown(t.Context()); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		wg.Wait()
+	}
+}
