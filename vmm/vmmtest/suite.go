@@ -49,6 +49,8 @@ func Run(t *testing.T, h Harness) {
 		{"TwoClonesDiverge", s.twoClones},
 		{"DeviceSnapshotWithoutRAM", s.deviceSnapshot},
 		{"GuestPowersOff", s.guestPowerOff},
+		{"InitReapsOrphans", s.initReaps},
+		{"VMMKilledAfterBoot", s.vmmKilled},
 		{"StopCleansUp", s.stopCleansUp},
 		{"BadInput", s.badInput},
 	}
@@ -345,6 +347,54 @@ func (s *suite) guestPowerOff(t *testing.T) {
 	}
 }
 
+// initReaps: a process orphaned in the guest (its parent exited) is
+// reparented to init, which must reap it when it exits: no zombies pile up.
+func (s *suite) initReaps(t *testing.T) {
+	vm, tn := s.restore(t, "reap")
+	defer vm.Stop(context.Background())
+	sh(t, tn, "for i in 1 2 3 4 5; do (sleep 0.2 &); done")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		z := sh(t, tn, `sleep 0.5; grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null || true`)
+		if z == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("zombies in the guest 20 s after their parent exited: %s", z)
+		}
+	}
+}
+
+// vmmKilled: a VMM that dies after boot (killed, crashed) is reported by
+// Wait, and Stop still removes its sockets and run directory.
+func (s *suite) vmmKilled(t *testing.T) {
+	vm, _ := s.restore(t, "killed")
+	info := vm.Info()
+	if err := syscall.Kill(info.PID, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill VMM %d: %v", info.PID, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := vm.Wait(ctx)
+	if ctx.Err() != nil {
+		t.Fatal("Wait did not return within 30 s of the VMM being killed")
+	}
+	if err == nil {
+		t.Error("Wait reported a killed VMM as a clean exit")
+	}
+	if err := vm.Stop(context.Background()); err != nil {
+		t.Fatalf("stop after the VMM died: %v", err)
+	}
+	if alive(info.PID) {
+		t.Errorf("process %d still running", info.PID)
+	}
+	for _, p := range []string{info.ControlSocket, info.RunDir} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left behind after the VMM died and Stop", p)
+		}
+	}
+}
+
 // waitConsole waits until the guest console log contains want.
 func waitConsole(t *testing.T, vm vmm.Machine, want string) {
 	t.Helper()
@@ -406,7 +456,15 @@ func (s *suite) badInput(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := s.config("bad-"+strings.ToLower(tc.name), tn.NIC())
 			tc.mutate(&cfg)
+			before := children()
 			vm, err := s.h.Driver.Boot(ctx, cfg)
+			defer func() {
+				for pid, cmd := range children() {
+					if _, ok := before[pid]; !ok {
+						t.Errorf("failed boot left process %d (%s) running", pid, cmd)
+					}
+				}
+			}()
 			if err == nil {
 				_ = vm.Stop(ctx)
 				t.Fatal("boot succeeded")
@@ -465,6 +523,34 @@ func tail(b []byte, n int) string {
 		b = b[len(b)-n:]
 	}
 	return string(b)
+}
+
+// children returns the live child processes of this test process by pid,
+// with their command names.
+func children() map[int]string {
+	out := map[int]string{}
+	ents, _ := os.ReadDir("/proc")
+	self := os.Getpid()
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		st := string(b)
+		open, closeP := strings.IndexByte(st, '('), strings.LastIndexByte(st, ')')
+		if open < 0 || closeP < open {
+			continue
+		}
+		f := strings.Fields(st[closeP+1:]) // state, ppid, ...
+		if len(f) >= 2 && f[1] == strconv.Itoa(self) && f[0] != "Z" && f[0] != "X" {
+			out[pid] = st[open+1 : closeP]
+		}
+	}
+	return out
 }
 
 // alive reports whether pid is a live process. A zombie counts as gone: an
