@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/google/nftables"
@@ -16,7 +18,8 @@ import (
 
 // Cleanup removes everything a process with cfg's prefix may have left
 // behind (after a crash): host veths "<prefix>v<n>", namespaces
-// "<prefix>-<n>" and "<prefix>-<n>g", and the host nft table "<prefix>".
+// "<prefix>-<n>" and "<prefix>-<n>g", and the host nft table "<prefix>";
+// the slots of cfg.Keep stay.
 // Slot rules and taps live in the namespaces and go with them. It returns
 // how many objects it removed. Never run it while another manager with
 // the same prefix is alive.
@@ -27,7 +30,7 @@ func Cleanup(ctx context.Context, cfg Config) (int, error) {
 	var errs []error
 	n, err := cleanupLinks(cfg)
 	errs = append(errs, err)
-	m, err := cleanupNamespaces(ctx, cfg.Prefix)
+	m, err := cleanupNamespaces(ctx, cfg.Prefix, cfg.Keep)
 	errs = append(errs, err)
 	removedTable, err := cleanupHostTable(cfg)
 	errs = append(errs, err)
@@ -59,7 +62,8 @@ func cleanupLinks(cfg Config) (int, error) {
 	n := 0
 	var errs []error
 	for _, l := range links {
-		if !isSlotVeth(cfg.Prefix, l.Attrs().Name) {
+		name := l.Attrs().Name
+		if !isSlotVeth(cfg.Prefix, name) || kept(cfg.Keep, strings.TrimPrefix(name, cfg.Prefix+"v")) {
 			continue
 		}
 		if err := h.LinkDel(l); err != nil {
@@ -71,7 +75,13 @@ func cleanupLinks(cfg Config) (int, error) {
 	return n, errors.Join(errs...)
 }
 
-func cleanupNamespaces(ctx context.Context, prefix string) (int, error) {
+// kept reports whether the decimal index is in keep.
+func kept(keep []int, index string) bool {
+	i, err := strconv.Atoi(index)
+	return err == nil && slices.Contains(keep, i)
+}
+
+func cleanupNamespaces(ctx context.Context, prefix string, keep []int) (int, error) {
 	entries, err := os.ReadDir(NetNSDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil
@@ -86,7 +96,7 @@ func cleanupNamespaces(ctx context.Context, prefix string) (int, error) {
 		if ctx.Err() != nil {
 			return n, ctx.Err()
 		}
-		if !re.MatchString(e.Name()) {
+		if !re.MatchString(e.Name()) || kept(keep, strings.TrimSuffix(strings.TrimPrefix(e.Name(), prefix+"-"), "g")) {
 			continue
 		}
 		if err := deleteNamedNS(e.Name()); err != nil {

@@ -46,6 +46,11 @@ type Config struct {
 	// with the guest address. Processes in that namespace then play the VM
 	// (tests, container-like workloads); OpenTap is unavailable.
 	GuestNetNS bool
+	// Keep lists slot indexes a previous process left in use by VMs that
+	// outlive it (the node server restarted while sandboxes ran): New's
+	// cleanup spares them, Adopt takes one over, Forget destroys one that
+	// cannot be, and Shutdown destroys those never adopted.
+	Keep []int
 	// Registerer receives the manager's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 	// Logger defaults to slog.Default().

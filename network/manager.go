@@ -39,7 +39,9 @@ type Manager struct {
 	pool     []*Slot
 	inUse    map[*Slot]struct{}
 	creating int
-	doomed   []*Slot // released above the high watermark, destroyed by the worker
+	doomed   []*Slot      // released above the high watermark, destroyed by the worker
+	kept     map[int]bool // Config.Keep indexes not adopted (nor forgotten) yet
+	reserved map[int]bool // Config.Keep: never handed out as new indexes (they come back through freeIdx)
 
 	wake   chan struct{}
 	stop   chan struct{}
@@ -57,8 +59,11 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m := &Manager{
 		cfg: cfg, log: cfg.Logger.With("component", "network", "prefix", cfg.Prefix),
-		hostNS: -1, nextIdx: 1, inUse: map[*Slot]struct{}{},
+		hostNS: -1, nextIdx: 1, inUse: map[*Slot]struct{}{}, kept: map[int]bool{}, reserved: map[int]bool{},
 		wake: make(chan struct{}, 1), stop: make(chan struct{}),
+	}
+	for _, i := range cfg.Keep {
+		m.kept[i], m.reserved[i] = true, true
 	}
 	m.metrics = newMetrics(cfg.Prefix, cfg.Registerer)
 	if err := m.openHost(); err != nil {
@@ -218,7 +223,10 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	for s := range m.inUse {
 		all = append(all, s)
 	}
-	m.pool, m.doomed, m.inUse = nil, nil, map[*Slot]struct{}{}
+	for i := range m.kept {
+		all = append(all, m.newSlot(i))
+	}
+	m.pool, m.doomed, m.inUse, m.kept = nil, nil, map[*Slot]struct{}{}, nil
 	m.metrics.setPool(0, 0)
 	m.mu.Unlock()
 
@@ -335,6 +343,9 @@ func (m *Manager) allocIndex() (int, error) {
 		m.freeIdx = m.freeIdx[1:]
 		return idx, nil
 	}
+	for m.reserved[m.nextIdx] {
+		m.nextIdx++
+	}
 	if m.nextIdx > m.cfg.maxSlots() {
 		return 0, ErrExhausted
 	}
@@ -421,6 +432,15 @@ func (m *Manager) hostLinkDel(name string) error {
 	}
 	if err := m.hostNL.LinkDel(l); err != nil {
 		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	return nil
+}
+
+func (m *Manager) hostVethExists(name string) error {
+	m.hostMu.Lock()
+	defer m.hostMu.Unlock()
+	if _, err := m.hostNL.LinkByName(name); err != nil {
+		return fmt.Errorf("find %s: %w", name, err)
 	}
 	return nil
 }

@@ -198,11 +198,9 @@ func (s *Slot) build(ctx context.Context) error {
 	if err := createNamedNS(s.Name); err != nil {
 		return err
 	}
-	ns, err := netns.GetFromPath(s.NetNSPath())
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", s.Name, err)
+	if err := s.openNS(); err != nil {
+		return err
 	}
-	s.ns = ns
 	if err := s.installRules(); err != nil {
 		return err
 	}
@@ -216,6 +214,15 @@ func (s *Slot) build(ctx context.Context) error {
 		return err
 	}
 	s.dns.start(ctx)
+	return nil
+}
+
+func (s *Slot) openNS() error {
+	ns, err := netns.GetFromPath(s.NetNSPath())
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", s.Name, err)
+	}
+	s.ns = ns
 	return nil
 }
 
