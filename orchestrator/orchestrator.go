@@ -99,6 +99,7 @@ type Record struct {
 	Memory MemoryImage    `json:"memory,omitempty"`
 	Gen    int            `json:"gen"` // bumps on every (re)start of the VM
 	PID    int            `json:"pid,omitempty"`
+	Slot   int            `json:"slot,omitempty"` // network slot index while the VM runs
 	Policy network.Policy `json:"policy"`
 }
 
@@ -117,7 +118,10 @@ type Options struct {
 	DefaultUser string
 	// MaxLayers is the memory or rootfs chain depth above which a paused
 	// sandbox's own layers are merged (default DefaultMaxLayers).
-	MaxLayers  int
+	MaxLayers int
+	// Recovered holds the VMs Recover took over, re-adopted as running
+	// sandboxes (Network must keep their slots: Recovered.Slots).
+	Recovered  *Recovered
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 }
@@ -178,6 +182,10 @@ func (o *Orchestrator) load(ctx context.Context) error {
 		return fmt.Errorf("orchestrator: load sandboxes: %w", err)
 	}
 	for _, r := range recs {
+		if m, ok := o.cfg.Recovered.machine(r.ID); ok && r.State == Running {
+			o.adoptRunning(ctx, r, m)
+			continue
+		}
 		if r.State == Paused && r.Snapshot != "" {
 			if _, err := os.Stat(r.Snapshot); err == nil {
 				o.sandboxes[r.ID] = &sandbox{rec: r}
@@ -393,7 +401,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 	lap("agent")
 	o.log.Debug("vm started", "sandbox", s.rec.ID, "gen", s.rec.Gen, "slot", slot.Name, "pid", vm.Info().PID, "memory", mem.File)
 	s.mu.Lock()
-	s.vm, s.slot, s.rec.PID, s.rec.Memory = vm, slot, vm.Info().PID, mem
+	s.vm, s.slot, s.rec.PID, s.rec.Memory, s.rec.Slot = vm, slot, vm.Info().PID, mem, slot.Index
 	s.mu.Unlock()
 	return nil
 }

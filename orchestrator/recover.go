@@ -15,46 +15,85 @@ import (
 	"github.com/agentenv/agentenv/vmm"
 )
 
+// Recovered is what Recover took over: running VMs a previous aenvd left
+// (after kill -9 or a crash), to be re-adopted by New with their network
+// slots, which the network manager must keep through its startup cleanup.
+type Recovered struct {
+	machines map[string]vmm.Machine // by sandbox id
+	slots    []int
+}
+
+func (r *Recovered) machine(id string) (vmm.Machine, bool) {
+	if r == nil {
+		return nil, false
+	}
+	m, ok := r.machines[id]
+	return m, ok
+}
+
+// Slots are the network slot indexes of the recovered VMs (network.Config.Keep).
+func (r *Recovered) Slots() []int {
+	if r == nil {
+		return nil
+	}
+	return r.slots
+}
+
 // Recover runs before the network manager starts (which clears the previous
-// run's slots): it takes over every VMM process a previous aenvd left running
-// (after kill -9 or a crash), snapshots it and stops it, so the sandbox is
-// kept as paused and resumes on the next connect. Sandboxes whose VMM cannot
-// be adopted are stopped and dropped. Paused sandboxes are left alone.
+// run's slots but those it is told to keep). It takes over every VMM process
+// a previous aenvd left running: one whose network slot is known stays
+// running (New re-adopts it with its slot); others (older records, or a
+// sandbox caught mid-pause or mid-resume) are snapshotted and stopped, so
+// the sandbox is kept as paused and resumes on the next connect. Sandboxes
+// whose VMM cannot be adopted are stopped and dropped. Paused sandboxes are
+// left alone.
 //
-// sd is the storage daemon (nil in file mode): a recovered sandbox's rootfs
+// sd is the storage daemon (nil in file mode): a paused sandbox's rootfs
 // upper is sealed like on pause; a dropped one's device is deleted.
-func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, sd *client.Client, log *slog.Logger) error {
+func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, sd *client.Client, log *slog.Logger) (*Recovered, error) {
 	if log == nil {
 		log = slog.Default()
 	}
 	recs, err := store.ListAll[Record](st, store.Sandboxes)
 	if err != nil {
-		return fmt.Errorf("recover sandboxes: %w", err)
+		return nil, fmt.Errorf("recover sandboxes: %w", err)
 	}
+	out := &Recovered{machines: map[string]vmm.Machine{}}
 	for _, r := range recs {
 		if r.State == Paused {
 			continue
 		}
 		if r.State == Running || r.State == Pausing || r.State == Resuming {
-			if err := recoverOne(ctx, drv, st, sd, r, log); err == nil {
+			m, err := adoptVM(ctx, drv, r)
+			if err == nil && r.State == Running && r.Slot > 0 {
+				out.machines[r.ID], out.slots = m, append(out.slots, r.Slot)
+				log.Info("re-adopted running sandbox's VM", "sandbox", r.ID, "pid", m.Info().PID, "slot", r.Slot)
 				continue
-			} else {
-				log.Warn("cannot re-adopt sandbox; dropping it", "sandbox", r.ID, "state", r.State, "err", err)
 			}
+			if err == nil {
+				err = pauseAdopted(ctx, st, sd, r, m, log)
+			}
+			if err == nil {
+				continue
+			}
+			log.Warn("cannot re-adopt sandbox; dropping it", "sandbox", r.ID, "state", r.State, "err", err)
 		}
-		killStale(r.PID, r.ID)
-		if sd != nil && r.HasDevice {
-			_ = sd.Delete(ctx, r.Device)
-		}
-		_ = os.RemoveAll(r.Dir)
-		if err := st.Delete(store.Sandboxes, r.ID); err != nil {
-			return err
-		}
+		dropRecord(ctx, st, sd, r)
 	}
 	if sd != nil {
-		return reclaimDevices(ctx, st, sd, log)
+		return out, reclaimDevices(ctx, st, sd, log)
 	}
-	return nil
+	return out, nil
+}
+
+// dropRecord stops whatever is left of a sandbox and forgets it.
+func dropRecord(ctx context.Context, st *store.Store, sd *client.Client, r Record) {
+	killStale(r.PID, r.ID)
+	if sd != nil && r.HasDevice {
+		_ = sd.Delete(ctx, r.Device)
+	}
+	_ = os.RemoveAll(r.Dir)
+	_ = st.Delete(store.Sandboxes, r.ID)
 }
 
 // reclaimDevices deletes the daemon's devices no sandbox record holds (a
@@ -87,19 +126,22 @@ func reclaimDevices(ctx context.Context, st *store.Store, sd *client.Client, log
 	return nil
 }
 
-// recoverOne adopts the sandbox's VMM, pauses and snapshots it, stops it and
-// records the sandbox as paused.
-func recoverOne(ctx context.Context, drv vmm.Driver, st *store.Store, sd *client.Client, r Record, log *slog.Logger) error {
+// adoptVM takes over the sandbox's running VMM from its run directory.
+func adoptVM(ctx context.Context, drv vmm.Driver, r Record) (vmm.Machine, error) {
 	ad, ok := drv.(vmm.Adopter)
 	if !ok {
-		return fmt.Errorf("driver %s cannot adopt machines: %w", drv.Name(), vmm.ErrUnsupported)
+		return nil, fmt.Errorf("driver %s cannot adopt machines: %w", drv.Name(), vmm.ErrUnsupported)
 	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return ad.Adopt(ctx, filepath.Join(r.Dir, fmt.Sprintf("run-%d", r.Gen)))
+}
+
+// pauseAdopted pauses and snapshots an adopted VM, stops it and records the
+// sandbox as paused. The VM is stopped whatever happens.
+func pauseAdopted(ctx context.Context, st *store.Store, sd *client.Client, r Record, m vmm.Machine, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	m, err := ad.Adopt(ctx, filepath.Join(r.Dir, fmt.Sprintf("run-%d", r.Gen)))
-	if err != nil {
-		return err
-	}
 	defer m.Stop(context.WithoutCancel(ctx))
 	if err := m.Pause(ctx); err != nil {
 		return fmt.Errorf("pause adopted machine: %w", err)
@@ -126,10 +168,58 @@ func recoverOne(ctx context.Context, drv vmm.Driver, st *store.Store, sd *client
 	if r.Snapshot != "" {
 		_ = os.RemoveAll(r.Snapshot)
 	}
-	r.State, r.Snapshot, r.PID = Paused, snapDir, 0
+	r.State, r.Snapshot, r.PID, r.Slot = Paused, snapDir, 0, 0
 	if err := st.Put(store.Sandboxes, r.ID, r); err != nil {
 		return err
 	}
 	log.Info("re-adopted sandbox after restart and kept it paused", "sandbox", r.ID)
 	return nil
+}
+
+// adoptRunning makes a recovered VM a running sandbox again: its slot is
+// adopted from the network manager, the sandbox's egress policy set anew,
+// its agent checked and its timeout re-armed. If any of that fails, the
+// sandbox is paused (snapshot, then the VM stops) or, failing that, dropped.
+func (o *Orchestrator) adoptRunning(ctx context.Context, r Record, m vmm.Machine) {
+	s := &sandbox{rec: r, vm: m}
+	err := func() error {
+		slot, err := o.nets.Adopt(ctx, r.Slot)
+		if err != nil {
+			return err
+		}
+		s.slot = slot
+		if !isZeroPolicy(r.Policy) {
+			if err := slot.SetPolicy(ctx, r.Policy); err != nil {
+				return fmt.Errorf("network policy: %w", err)
+			}
+		}
+		return waitAgent(ctx, slot, 20*time.Second)
+	}()
+	if err == nil {
+		s.rec.PID = m.Info().PID
+		err = o.store.Put(store.Sandboxes, r.ID, s.rec)
+	}
+	if err != nil {
+		o.log.Warn("re-adopted VM cannot run on; pausing the sandbox", "sandbox", r.ID, "err", err)
+		if s.slot != nil {
+			_ = o.nets.Release(context.WithoutCancel(ctx), s.slot)
+		} else {
+			_ = o.nets.Forget(r.Slot)
+		}
+		if err := pauseAdopted(ctx, o.store, o.sd, r, m, o.log); err != nil {
+			o.log.Warn("cannot keep the re-adopted sandbox; dropping it", "sandbox", r.ID, "err", err)
+			dropRecord(ctx, o.store, o.sd, r)
+			return
+		}
+		var rec Record
+		if err := o.store.Get(store.Sandboxes, r.ID, &rec); err == nil {
+			o.sandboxes[r.ID] = &sandbox{rec: rec}
+		}
+		return
+	}
+	o.sandboxes[r.ID] = s
+	s.mu.Lock()
+	o.armTimer(s)
+	s.mu.Unlock()
+	o.log.Info("sandbox keeps running after the restart", "sandbox", r.ID, "slot", s.slot.Name)
 }

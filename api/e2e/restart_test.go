@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,16 +18,23 @@ import (
 )
 
 // TestRestartKill9 kills aenvd with SIGKILL while it has a paused and a
-// running sandbox, and starts it again on the same data directory: both are
-// listed (paused) and usable after connect.
+// running sandbox, and starts it again on the same data directory: the
+// paused one is listed as paused and resumes; the running one keeps running
+// in the same VMM process (its processes never stop), with its network slot,
+// access token and egress policy.
 func TestRestartKill9(t *testing.T) {
 	n := sharedNode(t)
 	paused := n.create(t, `{"templateID":"base","timeout":300}`)
-	running := n.create(t, `{"templateID":"base","timeout":300}`)
+	running, token := n.createToken(t, `{"templateID":"base","timeout":300,"secure":true,"allow_internet_access":false}`)
 	n.writeFile(t, paused, "/home/user/p.txt", "kept across the restart")
-	n.writeFile(t, running, "/home/user/r.txt", "running before the restart")
-	n.sh(t, running, `echo in-memory > /dev/shm/r`)
+	if _, err := n.run(running, token, counterScript+`; echo in-memory > /dev/shm/r`); err != nil {
+		t.Fatalf("start the counter: %v", err)
+	}
 	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+paused+"/pause", n.key, "")
+	vmmBefore := processesMentioning(running)
+	if len(vmmBefore) == 0 {
+		t.Fatalf("no VMM process of the running sandbox %s", running)
+	}
 	// A storage device no sandbox holds (as a crash between creating and
 	// recording one leaves): the restart reclaims it.
 	sd := n.storaged(t)
@@ -37,6 +45,16 @@ func TestRestartKill9(t *testing.T) {
 	if devs, err := sd.List(t.Context()); err != nil || !slices.ContainsFunc(devs, func(d rpc.Device) bool { return d.ID == orphan.ID }) {
 		t.Fatalf("the storage daemon does not list the orphan device %d: %+v %v", orphan.ID, devs, err)
 	}
+	readCounter := func() int {
+		t.Helper()
+		out, err := n.run(running, token, `for i in $(seq 50); do [ -s /dev/shm/counter ] && break; sleep 0.1; done; cat /dev/shm/counter`)
+		v, cerr := strconv.Atoi(out)
+		if err != nil || cerr != nil {
+			t.Fatalf("read the counter: %q %v", out, err)
+		}
+		return v
+	}
+	counterBefore := readCounter()
 
 	n.restart(t, syscall.SIGKILL)
 	devs, err := sd.List(t.Context())
@@ -55,22 +73,32 @@ func TestRestartKill9(t *testing.T) {
 	if got := n.readFile(t, paused, "/home/user/p.txt"); got != "kept across the restart" {
 		t.Fatalf("file of the paused sandbox after restart: %q", got)
 	}
-	// The running one was adopted, snapshotted and kept as paused: its old
-	// VMM process is gone, and it resumes with its files.
-	n.waitState(t, running, "paused", time.Second)
-	if pids := processesMentioning(running); len(pids) > 0 {
-		t.Fatalf("VMM processes of sandbox %s still run after recovery: %v", running, pids)
+	// The running one runs on in the same VMM process: no pause, no new
+	// memory layer, its counter moved on while aenvd was down.
+	n.waitState(t, running, "running", time.Second)
+	if after := processesMentioning(running); !slices.Equal(after, vmmBefore) {
+		t.Fatalf("VMM processes of %s before the restart %v, after %v", running, vmmBefore, after)
 	}
+	if got, err := n.run(running, token, `cat /dev/shm/r`); err != nil || got != "in-memory" {
+		t.Fatalf("tmpfs of the running sandbox after restart: %q %v\n%s", got, err, n.diagnose(running))
+	}
+	if after := readCounter(); after <= counterBefore {
+		t.Fatalf("counter %d before the restart, %d after", counterBefore, after)
+	}
+	if mem, _ := n.layerFiles(t, running); mem != 0 {
+		t.Fatalf("the running sandbox got %d memory layers across the restart, want none (it was never paused)", mem)
+	}
+	if _, err := n.run(running, "", `true`); err == nil {
+		t.Fatal("the re-adopted secure sandbox's agent answers without its token")
+	}
+	// (Its egress policy, no internet, was set again on the adopted slot:
+	// a failure there would have paused it. network's TestAdoptAfterCrash
+	// checks that a policy set on an adopted slot holds.)
+	// And it pauses and resumes as any other.
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+running+"/pause", n.key, "")
 	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+running+"/connect", n.key, `{"timeout":60}`)
-	if got := n.readFile(t, running, "/home/user/r.txt"); got != "running before the restart" {
-		t.Fatalf("file of the running sandbox after restart: %q", got)
-	}
-	// Its memory came through too: recovery captured it as a memory layer.
-	if got := n.sh(t, running, `cat /dev/shm/r`); got != "in-memory" {
-		t.Fatalf("tmpfs of the running sandbox after restart: %q", got)
-	}
-	if mem, _ := n.layerFiles(t, running); mem != 1 {
-		t.Fatalf("recovery left %d memory layers in the sandbox, want 1", mem)
+	if got, err := n.run(running, token, `cat /dev/shm/r`); err != nil || got != "in-memory" {
+		t.Fatalf("tmpfs of the re-adopted sandbox after pause and resume: %q %v", got, err)
 	}
 	for _, id := range []string{paused, running} {
 		n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")

@@ -103,21 +103,24 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		defer sd.Close()
 	}
 	// Before the network manager clears the previous run's slots, take over
-	// the VMs a crashed predecessor left running (kept as paused sandboxes).
-	if err := orchestrator.Recover(ctx, drv, st, sd, log); err != nil {
+	// the VMs a crashed predecessor left running; their slots are kept and
+	// the orchestrator re-adopts them as running sandboxes.
+	recovered, err := orchestrator.Recover(ctx, drv, st, sd, log)
+	if err != nil {
 		return err
 	}
 	netCfg, err := networkConfig(cfg, reg, log)
 	if err != nil {
 		return err
 	}
+	netCfg.Keep = recovered.Slots()
 	nets, err := network.New(ctx, netCfg)
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
 	defer nets.Shutdown(context.WithoutCancel(ctx))
 	orch, err := orchestrator.New(ctx, orchestrator.Options{
-		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, Storage: sd, MaxLayers: cfg.Sandbox.MaxLayers, VCPUs: cfg.Guest.VCPUs,
+		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, Storage: sd, MaxLayers: cfg.Sandbox.MaxLayers, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
 		MemoryMiB: cfg.Guest.MemoryMiB, DefaultUser: cfg.Guest.DefaultUser, Registerer: reg, Logger: log,
 	})
 	if err != nil {
