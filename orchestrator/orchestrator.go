@@ -5,9 +5,11 @@
 // restoring that snapshot, TTLs with auto-pause or kill, and persistence of
 // every sandbox in the node's store.
 //
-// After a restart (graceful or kill -9) paused sandboxes stay paused; the
-// VMs of running ones are adopted, snapshotted and kept as paused (Recover):
-// live re-adoption needs network slots that survive a restart.
+// A graceful shutdown pauses running sandboxes (by default). After a crash
+// or kill -9, paused sandboxes stay paused and running ones keep running:
+// Recover adopts their VMM processes, the network manager keeps their slots
+// through its startup cleanup, and New re-adopts both (policy and timeout
+// set again); a sandbox that cannot run on is snapshotted and kept paused.
 //
 // Root disks come from the storage daemon (layers + a fresh upper per
 // sandbox over NBD; pause seals the upper by restack) or, without a daemon,
