@@ -69,6 +69,11 @@ type Storage struct {
 	Socket string `toml:"socket" env:"AENVD_STORAGE_SOCKET"`
 	// Binary is the aenv-storaged executable; default next to aenvd.
 	Binary string `toml:"binary" env:"AENVD_STORAGE_BINARY"`
+	// PoolLow and PoolHigh are the watermarks of the daemon's warm pool of
+	// ready root disks per template (refilled below low, up to high); both
+	// zero turns the pool off.
+	PoolLow  int `toml:"pool_low" env:"AENVD_STORAGE_POOL_LOW"`
+	PoolHigh int `toml:"pool_high" env:"AENVD_STORAGE_POOL_HIGH"`
 }
 
 // API configures the HTTP listeners.
@@ -153,7 +158,7 @@ func Default() Config {
 		Network: Network{Prefix: "aenv", HostCIDR: "10.11.0.0/16", VethCIDR: "10.12.0.0/16", PoolLow: 2, PoolHigh: 8},
 		VMM:     VMM{Driver: "auto"},
 		Guest:   Guest{VCPUs: 1, MemoryMiB: 512, DefaultUser: "user"},
-		Storage: Storage{Backend: "storaged"},
+		Storage: Storage{Backend: "storaged", PoolLow: 2, PoolHigh: 4},
 		Image: Image{DefaultRegistry: "docker.io", AllowedRegistries: []string{}, InsecureRegistries: []string{},
 			RootfsSizeMiB: 2048, ReadyTimeout: Duration{5 * time.Minute}, StepTimeout: Duration{30 * time.Minute}},
 		Sandbox: Sandbox{
@@ -201,6 +206,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: guest needs at least 1 vcpu and 64 MiB (got %d, %d)", c.Guest.VCPUs, c.Guest.MemoryMiB)
 	case c.Image.RootfsSizeMiB < 0 || c.Image.ReadyTimeout.Duration <= 0 || c.Image.StepTimeout.Duration <= 0:
 		return fmt.Errorf("config: image: rootfs_size_mib must not be negative, ready_timeout and step_timeout must be positive")
+	case c.Storage.PoolLow < 0 || c.Storage.PoolHigh < c.Storage.PoolLow:
+		return fmt.Errorf("config: storage pool watermarks: want 0 <= pool_low (%d) <= pool_high (%d)", c.Storage.PoolLow, c.Storage.PoolHigh)
 	case c.Sandbox.DefaultTimeout.Duration <= 0 || c.Sandbox.MaxTimeout.Duration < c.Sandbox.DefaultTimeout.Duration:
 		return fmt.Errorf("config: sandbox timeouts: default %s must be positive and at most max %s",
 			c.Sandbox.DefaultTimeout, c.Sandbox.MaxTimeout)

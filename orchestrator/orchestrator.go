@@ -114,10 +114,13 @@ type Options struct {
 	Store   *store.Store
 	// Storage is the storage daemon serving root disks; nil uses a sparse
 	// copy of the template's rootfs file per sandbox.
-	Storage     *client.Client
-	VCPUs       int
-	MemoryMiB   int
-	DefaultUser string
+	Storage *client.Client
+	// StoragePoolLow and StoragePoolHigh are the watermarks of the daemon's
+	// warm pool of root disks per template (zero: no pool).
+	StoragePoolLow, StoragePoolHigh int
+	VCPUs                           int
+	MemoryMiB                       int
+	DefaultUser                     string
 	// MaxLayers is the memory or rootfs chain depth above which a paused
 	// sandbox's own layers are merged (default DefaultMaxLayers).
 	MaxLayers int
@@ -142,6 +145,7 @@ type Orchestrator struct {
 	sandboxes map[string]*sandbox
 	templates map[string]*Template
 	matMu     sync.Mutex // serialises memory imports and materializations
+	warmed    sync.Map   // root disk image configs given a warm pool
 }
 
 type sandbox struct {
@@ -266,6 +270,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 		if err := o.ensureMemoryBase(t); err != nil {
 			o.log.Warn("template memory stays unlayered", "template", t.ID, "err", err)
 		}
+		o.warmRootfs(ctx, t)
 	}
 	if opts.Timeout <= 0 {
 		return rec, fmt.Errorf("create: timeout must be positive: %w", ErrInvalid)

@@ -59,6 +59,22 @@ func layersOf(path string) ([]string, error) {
 	return out, nil
 }
 
+// warmRootfs asks the storage daemon, once per template image, to keep a
+// warm pool of ready root disks of it, so the next creates only take one.
+func (o *Orchestrator) warmRootfs(ctx context.Context, t *Template) {
+	if o.sd == nil || t.RootfsImage == "" || o.cfg.StoragePoolHigh <= 0 {
+		return
+	}
+	if _, done := o.warmed.LoadOrStore(t.RootfsImage, true); done {
+		return
+	}
+	p := rpc.WarmParams{Image: t.RootfsImage, Low: o.cfg.StoragePoolLow, High: o.cfg.StoragePoolHigh}
+	if err := o.sd.Warm(ctx, p); err != nil {
+		o.warmed.Delete(t.RootfsImage)
+		o.log.Warn("storage warm pool", "template", t.ID, "err", err)
+	}
+}
+
 // rootfsDrive returns the sandbox's root drive for a (re)start: a new
 // daemon device on its image config, or its rootfs file.
 func (o *Orchestrator) rootfsDrive(ctx context.Context, s *sandbox) (vmm.Drive, error) {

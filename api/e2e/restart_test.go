@@ -198,3 +198,50 @@ func (n *node) storaged(t *testing.T) *client.Client {
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// TestStorageWarmPool: after a create from a template, the storage daemon
+// keeps ready root disks of that template (the warm pool), and the next
+// create takes one of them as its device.
+func TestStorageWarmPool(t *testing.T) {
+	n := sharedNode(t)
+	n.create(t, `{"templateID":"base","timeout":120}`)
+	sd := n.storaged(t)
+	pooled := func() []rpc.Device {
+		devs, err := sd.List(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []rpc.Device
+		for _, d := range devs {
+			if d.Kind == rpc.KindPool && strings.Contains(d.Image, filepath.Join("templates", "base")) {
+				out = append(out, d)
+			}
+		}
+		return out
+	}
+	deadline := time.Now().Add(time.Minute)
+	for len(pooled()) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the base template's warm pool has %d devices a minute after the first create, want at least 2", len(pooled()))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	ready := map[uint32]bool{}
+	for _, d := range pooled() {
+		ready[d.ID] = true
+	}
+	id := n.create(t, `{"templateID":"base","timeout":120}`)
+	devs, err := sd.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range devs {
+		if d.Owner == id {
+			if !ready[d.ID] {
+				t.Fatalf("sandbox %s got device %d, not one of the pool's %v", id, d.ID, ready)
+			}
+			return
+		}
+	}
+	t.Fatalf("no storage device owned by sandbox %s", id)
+}

@@ -121,6 +121,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	defer nets.Shutdown(context.WithoutCancel(ctx))
 	orch, err := orchestrator.New(ctx, orchestrator.Options{
 		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, Storage: sd, MaxLayers: cfg.Sandbox.MaxLayers, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
+		StoragePoolLow: cfg.Storage.PoolLow, StoragePoolHigh: cfg.Storage.PoolHigh,
 		MemoryMiB: cfg.Guest.MemoryMiB, DefaultUser: cfg.Guest.DefaultUser, Registerer: reg, Logger: log,
 	})
 	if err != nil {
