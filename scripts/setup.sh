@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what AgentENV needs on a fresh Debian 12 / Ubuntu machine (as root):
+# Installs what AgentENV needs on a fresh Debian 12 machine (as root):
 # QEMU, disk and network tools, the Debian tools the guest image builder uses, Go and Node.js.
 # Idempotent. Used by the README's quick start and by CI.
 set -euo pipefail
