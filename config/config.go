@@ -93,11 +93,17 @@ type API struct {
 
 // Network configures sandbox network slots (see package network).
 type Network struct {
-	Prefix   string `toml:"prefix" env:"AENVD_NETWORK_PREFIX"`
+	// Prefix names the node's namespaces "<prefix>-<n>", host veths
+	// "<prefix>v<n>" and nft table (1-8 lower-case letters and digits).
+	Prefix string `toml:"prefix" env:"AENVD_NETWORK_PREFIX"`
+	// HostCIDR holds one host-interaction address per sandbox slot.
 	HostCIDR string `toml:"host_cidr" env:"AENVD_NETWORK_HOST_CIDR"`
+	// VethCIDR holds one /31 transit network per slot.
 	VethCIDR string `toml:"veth_cidr" env:"AENVD_NETWORK_VETH_CIDR"`
-	PoolLow  int    `toml:"pool_low" env:"AENVD_NETWORK_POOL_LOW"`
-	PoolHigh int    `toml:"pool_high" env:"AENVD_NETWORK_POOL_HIGH"`
+	// PoolLow and PoolHigh are the warm pool of ready slots: refilled up to
+	// low in the background; released slots above high are destroyed.
+	PoolLow  int `toml:"pool_low" env:"AENVD_NETWORK_POOL_LOW"`
+	PoolHigh int `toml:"pool_high" env:"AENVD_NETWORK_POOL_HIGH"`
 }
 
 // VMM chooses the virtual machine monitor.
@@ -110,6 +116,7 @@ type VMM struct {
 
 // Guest sets the resources and assets of the default template.
 type Guest struct {
+	// VCPUs and MemoryMiB size the VM of the default template "base".
 	VCPUs     int `toml:"vcpus" env:"AENVD_GUEST_VCPUS"`
 	MemoryMiB int `toml:"memory_mib" env:"AENVD_GUEST_MEMORY_MIB"`
 	// Agent is the aenv-agent binary; default: next to the aenvd binary.
@@ -223,7 +230,7 @@ func (c *Config) KeyFilePath() string {
 	return c.DataDir + "/api-key"
 }
 
-// Encode writes c as TOML (aenvd --print-default-config).
+// Encode writes c as plain TOML (EncodeDocumented adds the documentation).
 func (c Config) Encode() (string, error) {
 	var b bytes.Buffer
 	if err := toml.NewEncoder(&b).Encode(c); err != nil {

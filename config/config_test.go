@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/BurntSushi/toml"
 )
 
 func TestDefaultRoundTrip(t *testing.T) {
@@ -82,4 +84,72 @@ func TestRejects(t *testing.T) {
 	if _, err := Load(""); err == nil {
 		t.Error("Load accepted AENVD_GUEST_VCPUS=many")
 	}
+}
+
+// TestDocumentedDefaults: --print-default-config output is valid TOML that
+// decodes to the defaults, and every key comes with its documentation and
+// environment variable.
+func TestDocumentedDefaults(t *testing.T) {
+	t.Parallel()
+	text, err := Default().EncodeDocumented()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Config
+	if _, err := toml.Decode(text, &got); err != nil {
+		t.Fatalf("documented defaults are not TOML: %v\n%s", err, text)
+	}
+	if !reflect.DeepEqual(got, Default()) {
+		t.Fatalf("documented defaults decode to %+v, want %+v", got, Default())
+	}
+	lines := strings.Split(text, "\n")
+	keys := 0
+	for i, l := range lines {
+		if l == "" || strings.HasPrefix(l, "#") || strings.HasPrefix(l, "[") {
+			continue
+		}
+		keys++
+		if i == 0 || !strings.HasPrefix(lines[i-1], "# Environment: AENVD_") {
+			t.Errorf("key line %q has no environment variable above it", l)
+		}
+	}
+	docs, err := fieldDocs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var undocumented []string
+	var walk func(reflect.Type)
+	walk = func(rt reflect.Type) {
+		for i := range rt.NumField() {
+			f := rt.Field(i)
+			if f.Tag.Get("env") != "" && strings.TrimSpace(docs[rt.Name()][f.Name]) == "" {
+				undocumented = append(undocumented, rt.Name()+"."+f.Name)
+			} else if f.Tag.Get("env") == "" && f.Type.Kind() == reflect.Struct {
+				if strings.TrimSpace(docs["type "+f.Type.Name()][""]) == "" {
+					undocumented = append(undocumented, "type "+f.Type.Name())
+				}
+				walk(f.Type)
+			}
+		}
+	}
+	walk(reflect.TypeOf(Config{}))
+	if len(undocumented) > 0 {
+		t.Errorf("settings without documentation: %v", undocumented)
+	}
+	if want := countEnvTags(reflect.TypeOf(Config{})); keys != want {
+		t.Errorf("%d keys printed, %d settings exist", keys, want)
+	}
+}
+
+func countEnvTags(t reflect.Type) int {
+	n := 0
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Tag.Get("env") != "" {
+			n++
+		} else if f.Type.Kind() == reflect.Struct {
+			n += countEnvTags(f.Type)
+		}
+	}
+	return n
 }

@@ -48,7 +48,7 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
 	if *printDefault {
-		text, err := config.Default().Encode()
+		text, err := config.Default().EncodeDocumented()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
