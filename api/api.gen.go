@@ -601,6 +601,9 @@ type ServerInterface interface {
 	// (GET /health)
 	GetHealth(w http.ResponseWriter, r *http.Request)
 
+	// (GET /metrics)
+	GetMetrics(w http.ResponseWriter, r *http.Request)
+
 	// (GET /nodes)
 	ListNodes(w http.ResponseWriter, r *http.Request)
 
@@ -703,6 +706,11 @@ type Unimplemented struct{}
 
 // (GET /health)
 func (_ Unimplemented) GetHealth(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /metrics)
+func (_ Unimplemented) GetMetrics(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -877,6 +885,20 @@ func (siw *ServerInterfaceWrapper) GetHealth(w http.ResponseWriter, r *http.Requ
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetHealth(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetMetrics operation middleware
+func (siw *ServerInterfaceWrapper) GetMetrics(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetMetrics(w, r)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -1943,6 +1965,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/health", wrapper.GetHealth)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/metrics", wrapper.GetMetrics)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/sandboxes", wrapper.ListSandboxes)
 	})
 	r.Group(func(r chi.Router) {
@@ -2044,65 +2069,66 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fxrb9s41v4rhN4XmBZQ4jSZLRYu9kN62xa9TFCnwSzaYkpLxzYnEqmSVBxv4P++IKkbJUqWHLntLuZT",
-	"HIuXc+c5PI985wUsThgFKoU3vfMSzHEMErj+T2Aaztnt6+fqH0K9qZdgufJ8j+IYvGnlue9x+JYSDqE3",
-	"lTwF3xPBCmKsJspNogdLTujS2263arBIGBWgd3nBOePqQ8CoBCrVR5wkEQmwJIxO/hSMamqKFf+fw8Kb",
-	"ev83KYmfmKdiYlbTu4QgAk4StYg39TBFkD3LqdPbP01JFL5lyxdU8o2WAWcJcEkMdRHcQKQ+AE1jb/rJ",
-	"C2GeLj3fI3TBPN9bY0493zNLf/Hr3PpeDELgJTgk4XtCQuJ8IEkMQuJYP10wHmPpTb0QSzhSj7zGPtuq",
-	"Bj5V5pcE+BkvJZFs/icEUu2nhTCTWKbiA+BM4DVBGBFl/xEJsdilC1u022JfzDne7CmbGqP5Ci6mnjFK",
-	"IZAzY6VNjpSQWCotERMqz06V0AglsVL4SbEwoRKWYOynsVdhxPYWAQs1d7YpwrcURwLJFaBXl5cXSGjB",
-	"e36TjPrWXSKrSUZv7XcK6CXj1x9ApJFsUg45Qz2czc8jwa7xuSqcInxLhISwVVs4IsZhG5YSRASoNFGq",
-	"+TBJn7GUurXcFG9IxPWM/BvePe05AWh4Lvt6qRp+E14BF8S4mCNaxIxveu8eg8Qhljoq4jAkysBwdGGb",
-	"eSO41CVvxXmHI2IuYRCXyqChpzHM9FhFFsRJhCU4yajHt3Ksbx1DhS1U6c61VLGGiqQtpee025pyOc97",
-	"WHfYasTWfyg9cQryDxwEIKq6mDMWAaZqGZxKdoFTAe2PlYvGfcV5Xkx4xuiC5EZ3hc2Rvr+RjGNqFOSa",
-	"8euezLw3o0tOBAQpbxFVp/341WhvR2MBAaOhM/zuOAVaLLLNWihOxIo5Yq1Jp1w231wnO1Ca9hZgCeGz",
-	"i489I0cx5V1LxHn8q3PewHgacMASXmISpdzQ2mcPPWmWarfpPUt58SWTOOrNi5rxUUDYe0LEcHh+Axwv",
-	"4VFsh0OWzqNKLKRpPM9DtJLvLoNXejWaKOcMY8bMGcQOZWGbt2QxFUQfwmfF4Cz2p6KaMXPA4UaFWY4J",
-	"Veu70uSbjkPxJo77kHH17l3DLTMWC7LKjcyyjiMhF3tNpLaBWcZTFZdvO6PL0ZoG3vCTLy2u/64wJjuG",
-	"rdgacRCScQjR1TuBliBVfkk4MkwgEuMlCB9hGiI1OsZ0g0IiJKGBzJ4inlKlIL1CjFXxYMcZM6y5fbFO",
-	"dTO0IBHodRII0XxTXb1nrpsFu9yQAhys4Egt6/nePGLB9RHcJoxLp0XxopBxGJSDiRrzifqMLY76UF2v",
-	"T0wWntHi5xI0JLRpeVZ1PlsDiUoVwp7BN+Oo52ipTLvX2BqP+TZ+Tl2+Vht/ylGbZ1gQmEK7oa2Qkxvg",
-	"zketOq6RmC3hZ7u4CDNJU0f90Z2ojVlMjl0DhSzGREuJplGE1UGV3dI465NzHZYu2TW4vWdXDdNdTuxK",
-	"0zheLEhQo2EH3XtUB7vS+7Z0ulkoU0VY6LKKDt0+B4lJNETDuqZ4nZUU5x0VxQ8thweZ2uDK+b6WGZEF",
-	"BJsg6ltMvS3G/6jS/L710l+V/fDKPiP/ZSb3+o1em/fE+NZE+UcnJ5WY/8h51u4oRhHgYIWCFYlCFJEb",
-	"uG91aqjuYPZt1TOaB195BdGMN4xeltzkqdo1iaI8IXBkZzXyKltU1+ug9x1ITgKHegaWp0mqcviLwJ6w",
-	"iBiWrmKuKAEGVpj9a7ghq8cQD1h8cE+hMuUjJbe9tunoQ9iLWR5bUUPJVUUcFUFWddBhH3YkdF/Q/WZM",
-	"tmhltEXjol2hZ12k84gElyZNcXtECHQzcPHtTlY+JmEWekdjpd8N5bjcfIAFB7Fq8hGmHMvs4G6PrWeP",
-	"reA6LKGe5YdXcTNRr1xcdWQ2uRLkRmsj1V2lNehlV4ev6YLdP+bpq4ZBp745Ud/iTdYY7pX+DMqWKI5r",
-	"jcWdJswZkwsxiKgd6VAu5T0Kl5oyK0vlvNnZjJXmlBqpibrGpMs0LrOFWkqJoUKdpyQKh1iTntAisXnZ",
-	"Va56nf7auN0aE2k+5ZeE7Y30w5v5Hs2/Ubt5ezhBok8jd+AWCV5Tp8jaMoTu0jzVJ9AAiXal9rnd9Mrc",
-	"My79wqZtnykJs1ViW2CX95yrdT9kqBTHrVuHlPcubrJFu8jSAIqXJIKPScRw6CCMg8ggM03KUh7tJilf",
-	"YScZ7rOny/0PgRiJ2HLoMVFcEe7c2ALAOFsZe4auvW2k9JKif6ElYAl3p+o+wLcUhLw667hvql3oQ8JB",
-	"dy0aXu17qQBkWpY0jaJdkbm7EO6MkOXU07+3xUu3DeChViIBx23a6RbuTGIur06bol0wHrSUzAvO4tdx",
-	"G/JJPa0e665b73DzLA7bL3XaH0LS3xtzImYSkn5Jfj4js7g8orZa3l7pSUu4Gfn03MeG7u3ljoMuzx41",
-	"PV2uPssAczUx86Fs6LbdK2xqtKZxtlu1+WYn5+ppk48c3EHkZqbMz1B/npA3sDlP5aqAoK4Ah7qVk4FQ",
-	"fz86v3h99AY2ZaTCepYBgZLs2LLj2+UKUMCo5CxC5xevEVugr1ilDl99pBwBSzKPAK2JXKEXp09/Echo",
-	"Rg8WDMkVltmD2fM3AqkCHaU0ZiFZEAiPP9MXN8A3BnGKMBVr4AJ9vfusYXmfvSn6nJ6cnAUV+J/+Anz0",
-	"OYfs6VHe8fHxZ2/79RgpIQCVGSp2iowc0NeC/6/Hn6m+ZpGREsL5Eqh88f4KURaCpvvBi9OnRyV3DyvN",
-	"8Kl3cvzo+ERf5yVAcUK8qXd2fHJ8pmtjudLamKwAR0YVS9DRXlmapud16E29f4J8ZUbUIL6nJ782dSBX",
-	"gATwG+CICJQmlg14009f1P8TRb1o3fEtEfK9HtHY8WQQpLhXPNTgm2YcbECN5YoILXZzfbLAGcLStXZB",
-	"dYlcLtie3Bn4wrZL4u/zDvM9uN/NtItJuAePvgU1/+SElxfYjf7Y8i9KdhZ2pdVsZhXIRo0Wm9GUR0dA",
-	"ld+G6PofNyjBhAv0JyPUwBqU454+1ohwb+p9S4FvSh6KLlAn1d/DeG14bQ8rzvEQooru2UvTTDh08Mxg",
-	"YDJ6jJJByKcs3IxnuyVGc2ufQ8qQtg2xPxptZ2tbR9wzj9EaC5RVsvvHikJBk7viimlr4m0EJoW0Rf+G",
-	"RFFV8Lsi9TWJon0J9FsDVysFJ2NrIWu2d+tipDjmmlcOmZR3gLVYVdXdJDBvLtTfyBm2fKvj2a9FHMbz",
-	"aptsm6/9HEDPLg0TqZ0sC2ZPUHbNjuBWAg2NVX8nx89JMUCjkf19ssjb1aMbzEvGrw9rLdWO+wECda/z",
-	"sfIyTI/DkVHQiowkSoCbTr2PCEWMq6z8AS5CvM7/TSHwcGydx7oLLrrSQ6tfvjvXoeQWlYB4V0aj7xes",
-	"dKZHU3iPfYCGA3f5LmmUjT/oYSkCx0kEQplELaMq6kJGwUcSXwNFlK2fIIxMO1I9QJRRePgzHU4VSNK9",
-	"Yk3qMFjT5LYb34eNOXZ3vVfwaallYclBCJSwiAQbVdISisxtychen+Qo1PFDvQa4DkkNs775yBxyAxIA",
-	"cRguMwzCdznTcryDMwNyCLSal4wr0hzBNYY8K/2BrCavS1jtdlgB1wDbTgF/l7zuQAldjiE4kBNk9Xf+",
-	"UtrhCvB8h0MrqIqRaSv1sjHoQSrwPAKEBSpv4hGjWTE+eqJWwQiNr8lZkeXlGKWDRrR8k33PSgHyHuKt",
-	"OkX73V4xyn3PWE9pK8Cc9ls63z1Z/9ljXkRiYufRhUQ0gPge+OJWUuFWGvD8D7+NtL21Rxada9RHFNYg",
-	"JFoQLuQT9PvRe7iVR5ot3ZU2v6ugWEUJXsIIpja5K+Fcnfdqz/X3Vkjd5QxmqfHv1lppOPkhAfdwTQIL",
-	"aTewUZCH/u5gclmM+h6OUTT++/SZcsrUyTVC06lYb5K1nyd3+kNn/8mCUB3S3txYrRbDy1lBmCLNg4kN",
-	"h7NDXLC/nwlO7spEpEeQKczkBwaZdhrGV/ouPR9OsRZSYxTtTjTeQ0zuMtzHdlICzXbJuoJT65fbRGwp",
-	"flssVNLlzDVOBr9YdNh0ZsiW+uesqlvu9xtd9854+hhwiaFssWRtDL8IjQYB/Zp+xJYIDMYPLTiLUalL",
-	"xOhPZ/G+c7ES2zSO72h00uRuhcWq17H0Uo33Dlh3tmF1HWper0CugKMcOoFW2GSr5pcS2AJh9Oy3i38h",
-	"ISFBDzCSmCPMgxW5ATTfoNmr86PTvz1+aH7FYb0CDkgylOoN1ULxf4lRKO0Ns4jW+2LFelPXfYpfFkiQ",
-	"R0JywLGt7iJWzQnFfOMAtvdtUdWKGP37HPvnZzenQ7EtV6f9ToleMJVGFydgcYyPBKgNJITTvMHhF78D",
-	"0dJAkntVzP3K1x9Qbv+c+J3CVJ7kWEGrVl6vgKKYcUAc9Dv7fgat1JRUh9rENlzhcKggbb1/4YLGCBc/",
-	"Cl5yMBX+BTA5HMDk5nTo1Uim5v/ly5GqULrLOYdf/ZRZdms/QWJuF5wH82LnmzS9QvJpM73SQkDZj4Pc",
-	"Q9FntvV3HVQ5/Vdn30NA5Xtc/UU0KhXN13p2X7+FiEhhbutNjeuj7NU5tGCmFsoUl0Cwp9bsFwfs10Y+",
-	"fdl+2f4nAAD//w==",
+	"7Fzrbtu4l38VQrvAtIASp8lssXCxH9LbtmjTCeo0mEVbTGnp2OZEIlWSiuMN/O4LkrpRomTJkdvuH/Op",
+	"bsTLufMcnp907wUsThgFKoU3vfcSzHEMErj+n8A0nLO7ty/Vfwj1pl6C5crzPYpj8KaV577H4XtKOITe",
+	"VPIUfE8EK4ixmig3iR4sOaFLb7vdqsEiYVSA3uUV54yrHwGjEqhUP3GSRCTAkjA6+VswqqkpVvx3Dgtv",
+	"6v3bpCR+Yp6KiVlN7xKCCDhJ1CLe1MMUQfYsp05v/zwlUfieLV9RyTdaBpwlwCUx1EVwC5H6ATSNveln",
+	"L4R5uvR8j9AF83xvjTn1fM8s/dWvc+t7MQiBl+CQhO8JCYnzgSQxCIlj/XTBeIylN/VCLOFIPfIa+2yr",
+	"GvhcmV8S4Ge8lESy+d8QSLWfFsJMYpmKj4AzgdcEYUSU/Y9IiMUuXdii3Rb7Ys7xZk/Z1BjNV3Ax9YJR",
+	"CoGcGSttcqSExFJpiZhQeXaqhEYoiZXCT4qFCZWwBGM/jb0KI7a3CFioubNNEb6nOBJIrgC9ubq6REIL",
+	"3vObZNS37hJZTTJ6a79TQK8Zv/kIIo1kk3LIGerhbH4eCXaNz1XhFOF7IiSErdrCETEO27CUICJApYlS",
+	"zYdJ+oKl1K3lpnhDIm5m5H/h4nnPCUDDc9nXS9Xw2/AauCDGxRzRImZ803v3GCQOsdRREYchUQaGo0vb",
+	"zBvBpS55K847HBFzCYO4VAYNPY1hpscqsiBOIizBSUY9vpVjfesYKmyhSneupYo1VCRtKT2n3daUy3k+",
+	"wLrDViO2/kvpiVOQf+EgAFHVxZyxCDBVy+BUskucCmh/rFw07ivO82LCC0YXJDe6a2yO9P2NZBxToyDX",
+	"jN/0ZOaDGV1yIiBIeYuoOu3Hr0Z7OxoLCBgNneF3xynQYpFt1kJxIlbMEWtNOuWy+eY62YHStLcASwhf",
+	"XH7qGTmKKRctEefp7855A+NpwAFLeI1JlHJDa5899KRZqt2m9yzlxVdM4qg3L2rGJwFh7wkRw+H5LXC8",
+	"hCexHQ5ZOo8qsZCm8TwP0Uq+uwxe6dVoopwzjBkzZxA7lIVt3pLFVBB9CJ8Vg7PYn4pqxswBhxsVZjkm",
+	"VK3vSpNvOw7F2zjuQ8b1xUXDLTMWC7LKjcyyjiMhF3tNpLaBWcZTFZdvO6PL0ZoG3vCTry2uf1EYkx3D",
+	"VmyNOAjJOITo+kKgJUiVXxKODBOIxHgJwkeYhkiNjjHdoJAISWggs6eIp1QpSK8QY1U82HHGDGtuX6xT",
+	"3QwtSAR6nQRCNN9UV++Z62bBLjekAAcrOFLLer43j1hwcwR3CePSaVG8KGQcBuVgosZ8on5ji6M+VNfr",
+	"E5OFZ7T4uQQNCW1anlWdz9ZAolKFsGfwzTjqOVoq0+41tsZjvo2fU5ev1cafctTmGRYEptBuaCvk5Ba4",
+	"81GrjmskZkv42S4uwkzS1FF/dCdqYxaTY9dAIYsx0VKiaRRhdVBltzTO+uRch6UrdgNu79lVw3SXE7vS",
+	"NI4XCxLUaNhB9x7Vwa70vi2dbhbKVBEWuqyiQ7cvQWISDdGwrineZiXFeUdF8VPL4UGmNrhyfqhlRmQB",
+	"wSaI+hZT74vxP6s0f2i99E9lP7yyz8h/ncm9fqPX5j0xvjNR/snJSSXmP3GetTuKUQQ4WKFgRaIQReQW",
+	"HlqdGqo7mH1f9YzmwVdeQTTjDaNXJTd5qnZDoihPCBzZWY28yhbV9TrovQDJSeBQz8DyNElVDn8Z2BMW",
+	"EcPSVcwVJcDACrN/DTdk9RjiAYsP7ilUpnyi5K7XNh19CHsxy2Mraii5qoijIsiqDjrsw46E7gu6P4zJ",
+	"Fq2MtmhctCv0rMt0HpHgyqQpbo8IgW4GLr7dycqnJMxC72is9LuhHJebj7DgIFZNPsKUY5kd3O2x9eyp",
+	"FVyHJdSz/PAqbibqlYurjswmV4LcaG2kuqu0Br3s6vAtXbCHxzx91TDo1Dcn6nu8yRrDvdKfQdkSxXGt",
+	"sbjThDljciEGEbUjHcqlvEfhUlNmZamcNzubsdKcUiM1UdeYdJnGVbZQSykxVKjzlEThEGvSE1okNi+7",
+	"ylWv0382brfGRJpf+SVheyP98Ga+R/Nv1G7eHk6Q6NPIHbhFgtfUKbK2DKG7NE/1CTRAol2pfW43vTL3",
+	"jEu/sGnbZ0rCbJXYFtjlPedq3Y8ZKsVx69Yh5b2Lm2zRLrI0gOI1ieBTEjEcOgjjIDLITJOylEe7ScpX",
+	"2EmG++zpcv9DIEYithx6TBRXhDs3tgAwzlbGnqFrbxspvaToX2gJWMLdqbqP8D0FIa/POu6bahf6kHDQ",
+	"XYuGV/teKgCZliVNo2hXZO4uhDsjZDn19D/b4qXbBvBQK5GA4zbtdAt3JjGX16dN0S4YD1pK5gVn8du4",
+	"DfmknlaPddetd7h5EYftlzrtDyHp7405ETMJSb8kP5+RWVweUVstb6/0pCXcjHx67mNDD/Zyx0GXZ4+a",
+	"ni5Xn2WAuZqY+VA2dNvuDTY1WtM4263a/GUn5+ppk48c3EHkZqbMz1B/npB3sDlP5aqAoK4Ah7qVk4FQ",
+	"/zw6v3x79A42ZaTCepYBgZLs2LLj29UKUMCo5CxC55dvEVugb1ilDt98pBwBSzKPAK2JXKFXp89/E8ho",
+	"Rg8WDMkVltmD2ct3AqkCHaU0ZiFZEAiPv9BXt8A3BnGKMBVr4AJ9u/+iYXlfvCn6kp6cnAUV+J/+A/jo",
+	"Sw7Z06O84+PjL9722zFSQgAqM1TsFBk5oG8F/9+Ov1B9zSIjJYTzJVD56sM1oiwETfejV6fPj0ruHlea",
+	"4VPv5PjJ8Ym+zkuA4oR4U+/s+OT4TNfGcqW1MVkBjowqlqCjvbI0Tc/b0Jt6/w3yjRlRg/ienvze1IFc",
+	"ARLAb4EjIlCaWDbgTT9/Vf+fxPqiT1T2tFe55CwGuYJUoGyoUqZaW/P9qLjyRwWtwuhV+QwNNmhFhGRL",
+	"jmOhm+NCmkZ5wlgkfFR09h8fe36T34uMvAbDJzVEs4Q7OUmirDnSiY5uZVCtgeAuYUJ3E1B2YDrlprgX",
+	"rZp6T4T8oEfsJLwbit3rHNGgpeb50WBVrojQajPXTgucIVNdaxdUl4jvgu3JvYF9bLss9UPemX8A97uZ",
+	"djEJD+DRtyD6n52w/ALz0h+T/1XJzsL8tJrNrAJ1qdFiM5ry6AioinchuvmvW5RgwgX6mxFq4CAq4J0+",
+	"1Uh6b+p9T4FvSh6K7lkn1T/CeG1Ycg8rznEkooqK2kvTTDh08MJghzJ6jJJByOcs3IxnuyW2dWuf38qQ",
+	"tg2xPxltZ2tbx3lhHqM1Fii7Adg/VhQKmtwXV3Nbc8JEYFJvW/TvSBRVBb/rhLshUbQvgX5r4Gql4GRs",
+	"LWQghW5djBTHXPPKIZPy7rQWq6q6mwTmjY/6m0zDlm91PPt1ksN4Xm2TbfN1qQPo2aVhIrWTZcHsGcra",
+	"EwjuJNDQWPUPcvycFAPQGtnfJ4u8zT+6wbxm/Oaw1lJFKhwgUPc6HysvEfU4HBkFrchIogS4QTj4iFDE",
+	"uKpmHuEixOu6yRRQj8fWebOoaIuyZX7fnetQcofKFwlcGY2+l7HSmR7N9D32ARoO3OWHpFE2bqOHpQgc",
+	"JxEIZRK1jKqopxkFH0l8AxRRtn6GMDJtXPUAUUbh8a90OFWgXA+KNanDYA04wAYMHDbm2KiEXsGn5Q4A",
+	"lhyEQAmLSLBBRKhoYG6ZRvb6JEfvjh/qNTB4SGqY4Q1G5pAbcAWIw3CZYTd+yJmW40ScGZBDoNW8ZFyR",
+	"5si3MeRZ6atkNXldwmq3wwq4BnR3CviH5HUHSuhy7MWBnCCrv/OX+Q5XgOc7HFpBVWxRW6mXjUGPUoHn",
+	"ESAsUNnBQIxmxfjoiVoFWzW+JmdFlpdjuw4a0fJN9j0rBcgHiLfqFO13e8Uo9z1jPaWtAJrab+l892T9",
+	"zx7zIhITO48uJKKB1w/AZbeSCnfSvHTw028jbW/tkUXnGvURhTUIiRaEC/kM/Xn0Ae7kkWZLd/PN9ygU",
+	"qyjBSxjB1Cb3JQyu817tpf67FVJ3OYNZavy7tVYaTn5KwD1ck8BCKA5sFOShvzuYXBWjfoRjFICJPn2m",
+	"nDJ1co3QdCrWm2Rt+8m9/tHZf7KgZ4e0NzfGrcXwclYQpkjzYGLD4ewQF+zvZ4KT+zIR6RFkCjP5iUGm",
+	"nYbxlb5Lz4dTrIVwGUW7E42TEZP7DC+znZQAvV2yruD7+uU2EVuKPxYLlXQ5c42TwS9kHTadGbKl/gxY",
+	"dcv9vm324IynjwGX2NMWS9bG8JvQKBrQCI6ILREYbCRacBajUpeI0V/O4n3nYiUmbBzf0aiuyf0Ki1Wv",
+	"Y+m1Gu8dsO5swzg71LxegVwBL1E9K2yyVfOFCbZAGL344/J/kJCQoEcYScwR5sGK3AKab9DszfnR6X88",
+	"fWy+frFeAQckGUr1hmqh+P+JUSjtDbOI1vtixXpT132KXxZIkEdCcsCxre4iVs0JxXzjeCGgb4uqVsTo",
+	"75rsn5/dng7Ftlyf9jslesFUGl2cgMUxPhKgNpAQTvMGh198P6OlgST3qpj7la8/odz+NfE7hak8yzGW",
+	"Vq28XgFFMeOAOOhvHfgZJFVTUh26A+h3OFSQtt5/cEFjhIufBS85mAr/AZgcDmByezr0aiRT87/y5UhV",
+	"KN3lnMOvfsksu7WfIDG3C86DebHzDaReIfm0mV5pIaDsoyoPUPSZbf1dB1VO//XZjxBQ+f5bfxGNSkXz",
+	"dajd128hIlKY23pT4/ooe+UQLZiphTLFJRDsqTX7xQH7dZvPX7dft/8XAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

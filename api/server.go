@@ -39,9 +39,9 @@ type Options struct {
 	}
 	// Node identifies this node in /nodes.
 	Node NodeInfo
-	// Extra routes outside the authenticated API (e.g. /metrics).
-	Extra  map[string]http.Handler
-	Logger *slog.Logger
+	// Metrics serves GET /metrics (Prometheus); nil answers 404.
+	Metrics http.Handler
+	Logger  *slog.Logger
 }
 
 // Server implements ServerInterface over the orchestrator.
@@ -83,18 +83,15 @@ func NewHandler(opts Options) http.Handler {
 			opts.Proxy.ServeHTTP(w, r)
 			return
 		}
-		if h, ok := opts.Extra[r.URL.Path]; ok {
-			h.ServeHTTP(w, r)
-			return
-		}
 		apiHandler.ServeHTTP(w, r)
 	})
 }
 
-// auth checks X-API-Key on every route but /health.
+// auth checks X-API-Key on every route but /health and /metrics (scraped
+// by Prometheus; read-only counters).
 func (s *Server) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/health" {
+		if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -166,6 +163,15 @@ func decode(w http.ResponseWriter, r *http.Request, v any, required bool) bool {
 // GetHealth implements ServerInterface.
 func (s *Server) GetHealth(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// GetMetrics implements ServerInterface.
+func (s *Server) GetMetrics(w http.ResponseWriter, r *http.Request) {
+	if s.opts.Metrics == nil {
+		writeError(w, http.StatusNotFound, "metrics are not enabled")
+		return
+	}
+	s.opts.Metrics.ServeHTTP(w, r)
 }
 
 // CreateSandbox implements ServerInterface (SDK <= 2.50: secure is opt-in).

@@ -66,6 +66,7 @@ func TestStatusesWithoutVMs(t *testing.T) {
 		want                    int
 	}{
 		{"GET", "/health", "", "", 204},
+		{"GET", "/metrics", "", "", 404}, // no registry given
 		{"GET", "/sandboxes", "", "", 401},
 		{"GET", "/sandboxes", "e2b_nope", "", 401},
 		{"GET", "/sandboxes", testKey, "", 200},
@@ -238,5 +239,29 @@ func TestSandboxDetailNetwork(t *testing.T) {
 	if d.AllowInternetAccess == nil || !*d.AllowInternetAccess || d.Network == nil || !*d.Network.AllowPublicTraffic ||
 		d.Network.AllowOut != nil || d.Network.DenyOut != nil {
 		t.Fatalf("open sandbox detail: %+v network %+v", d, d.Network)
+	}
+}
+
+// TestMetricsRoute: GET /metrics serves the given handler without an API key.
+func TestMetricsRoute(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "aenvd_up 1\n") })
+	h := NewHandler(Options{Orchestrator: o, APIKey: testKey, DefaultTimeout: time.Second, MaxTimeout: time.Hour, Metrics: metrics})
+	w := do(h, "GET", "/metrics", "", "")
+	if w.Code != 200 || w.Body.String() != "aenvd_up 1\n" {
+		t.Fatalf("GET /metrics: %d %q", w.Code, w.Body)
+	}
+	if w := do(h, "POST", "/metrics", "", ""); w.Code != http.StatusMethodNotAllowed && w.Code != http.StatusUnauthorized {
+		t.Fatalf("POST /metrics: %d", w.Code)
 	}
 }

@@ -140,7 +140,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log,
 		Node:           api.NodeInfo{ID: hostname, Version: version, VMMDriver: drv.Name(), VMMAccel: accel, VMMReasons: why},
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
-		Extra: map[string]http.Handler{"/metrics": promhttp.HandlerFor(reg, promhttp.HandlerOpts{})},
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 	})
 	servers := []*http.Server{{Addr: cfg.API.Listen, Handler: handler}}
 	if cfg.API.ProxyListen != "" {
