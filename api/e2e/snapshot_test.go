@@ -259,3 +259,83 @@ func TestSnapshotOfSecureSandbox(t *testing.T) {
 		t.Fatalf("secure child after resume: %q %v\n%s", got, err, n.diagnose(child))
 	}
 }
+
+// metricValue returns the first sample of a metric in aenvd's /metrics.
+func (n *node) metricValue(t *testing.T, name string) float64 {
+	t.Helper()
+	text, err := n.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, name+" ") || strings.HasPrefix(l, name+"{") {
+			f := strings.Fields(l)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				t.Fatalf("metric line %q: %v", l, err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// TestFailedCreateReleasesEverything: a create that fails in the VMM
+// restore (a snapshot whose VM state was damaged on disk) answers an error
+// and leaves no VMM process, storage device, network slot or sandbox.
+func TestFailedCreateReleasesEverything(t *testing.T) {
+	n := sharedNode(t)
+	src := n.create(t, `{"templateID":"base","timeout":120}`)
+	var snap snapshotJSON
+	b := n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+src+"/snapshots", n.key, `{}`)
+	if err := json.Unmarshal(b, &snap); err != nil || snap.SnapshotID == "" {
+		t.Fatalf("create snapshot: %s (%v)", b, err)
+	}
+	t.Cleanup(func() { n.call(t, "DELETE", "/snapshots/"+snap.SnapshotID, n.key, "") })
+	state := filepath.Join(n.DataDir, "snapshots", snap.SnapshotID, "vm", "state")
+	if err := os.WriteFile(state, []byte(strings.Repeat("damaged ", 512)), 0o644); err != nil {
+		t.Fatalf("damage the snapshot: %v", err)
+	}
+
+	sd := n.storaged(t)
+	runtimeDevices := func() int {
+		devs, err := sd.List(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := 0
+		for _, d := range devs {
+			if d.Kind == "runtime" {
+				c++
+			}
+		}
+		return c
+	}
+	listed := func() int {
+		var all []sandboxJSON
+		if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/sandboxes", n.key, ""), &all); err != nil {
+			t.Fatal(err)
+		}
+		return len(all)
+	}
+	devsBefore, slotsBefore, listedBefore := runtimeDevices(), n.metricValue(t, "aenv_network_slots_in_use"), listed()
+	vmmsBefore := len(processesMentioning("qemu-system"))
+
+	code, body, _ := n.call(t, "POST", "/sandboxes", n.key, `{"templateID":"`+snap.SnapshotID+`","timeout":60}`)
+	if code < 500 || !strings.Contains(string(body), "restore") {
+		t.Fatalf("create from a damaged snapshot: %d %s, want a 5xx naming the restore", code, body)
+	}
+	if got := runtimeDevices(); got != devsBefore {
+		t.Errorf("storage devices: %d before the failed create, %d after", devsBefore, got)
+	}
+	if got := n.metricValue(t, "aenv_network_slots_in_use"); got != slotsBefore {
+		t.Errorf("network slots in use: %v before the failed create, %v after", slotsBefore, got)
+	}
+	if got := listed(); got != listedBefore {
+		t.Errorf("sandboxes listed: %d before the failed create, %d after", listedBefore, got)
+	}
+	if got := len(processesMentioning("qemu-system")); got > vmmsBefore {
+		t.Errorf("QEMU processes: %d before the failed create, %d after", vmmsBefore, got)
+	}
+}
