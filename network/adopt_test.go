@@ -1,12 +1,10 @@
 package network_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -54,35 +52,11 @@ func TestAdoptAfterCrash(t *testing.T) {
 	cfg.GuestNetNS = true
 	t.Cleanup(func() { network.Cleanup(context.Background(), cfg) })
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestAdoptHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashPrefixEnv+"_ADOPT="+cfg.Prefix, crashHostEnv+"="+cfg.HostNetNS)
-	out, err := cmd.StdoutPipe()
+	cmd, line := startHelper(t, "TestAdoptHelper", []string{crashPrefixEnv + "_ADOPT=" + cfg.Prefix, crashHostEnv + "=" + cfg.HostNetNS},
+		func(l string) bool { return strings.HasPrefix(l, "SLOT ") })
+	index, err := strconv.Atoi(strings.TrimPrefix(line, "SLOT "))
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	got := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if l := sc.Text(); strings.HasPrefix(l, "SLOT ") || strings.HasPrefix(l, "ERROR") {
-				got <- l
-				return
-			}
-		}
-		got <- "helper exited"
-	}()
-	var index int
-	select {
-	case l := <-got:
-		if index, err = strconv.Atoi(strings.TrimPrefix(l, "SLOT ")); err != nil {
-			t.Fatalf("helper: %s", l)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("helper did not get a slot")
+		t.Fatalf("helper: %s", line)
 	}
 	time.Sleep(200 * time.Millisecond) // let its pool refill build another slot
 	cmd.Process.Kill()

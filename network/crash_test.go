@@ -51,34 +51,10 @@ func TestCrashCleanup(t *testing.T) {
 	cfg := w.Config()
 	t.Cleanup(func() { network.Cleanup(context.Background(), cfg) })
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashPrefixEnv+"="+cfg.Prefix, crashHostEnv+"="+cfg.HostNetNS)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	ready := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if l := sc.Text(); l == "READY" || strings.HasPrefix(l, "ERROR") {
-				ready <- l
-				return
-			}
-		}
-		ready <- "helper exited"
-	}()
-	select {
-	case l := <-ready:
-		if l != "READY" {
-			t.Fatalf("helper: %s", l)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("helper did not get ready")
+	cmd, line := startHelper(t, "TestCrashHelper", []string{crashPrefixEnv + "=" + cfg.Prefix, crashHostEnv + "=" + cfg.HostNetNS},
+		func(l string) bool { return l == "READY" })
+	if line != "READY" {
+		t.Fatalf("helper: %s", line)
 	}
 	// Kill it while it is in the middle of building slots.
 	time.Sleep(3 * time.Millisecond)
@@ -125,5 +101,41 @@ func TestCrashCleanup(t *testing.T) {
 	}
 	if n, err := network.Cleanup(t.Context(), cfg); err != nil || n != 1 {
 		t.Fatalf("Cleanup = %d, %v; want 1 object removed", n, err)
+	}
+}
+
+// startHelper runs the test named helper of this binary as a separate
+// process (killed at cleanup) and returns it with the first line of its
+// output that want accepts or that starts with ERROR ("helper exited" if
+// none came, a failure after 30 s).
+func startHelper(t *testing.T, helper string, env []string, want func(string) bool) (*exec.Cmd, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+helper+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	got := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if l := sc.Text(); want(l) || strings.HasPrefix(l, "ERROR") {
+				got <- l
+				return
+			}
+		}
+		got <- "helper exited"
+	}()
+	select {
+	case l := <-got:
+		return cmd, l
+	case <-time.After(30 * time.Second):
+		t.Fatalf("helper %s did not get ready", helper)
+		return nil, ""
 	}
 }
