@@ -200,12 +200,7 @@ func (o *Orchestrator) load(ctx context.Context) error {
 			}
 		}
 		o.log.Warn("dropping sandbox that cannot be re-adopted", "sandbox", r.ID, "state", r.State)
-		killStale(r.PID, r.ID)
-		if o.sd != nil && r.HasDevice {
-			_ = o.sd.Delete(ctx, r.Device)
-		}
-		_ = os.RemoveAll(r.Dir)
-		if err := o.store.Delete(store.Sandboxes, r.ID); err != nil {
+		if err := dropRecord(ctx, o.store, o.sd, r); err != nil {
 			return err
 		}
 	}

@@ -78,7 +78,9 @@ func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, sd *client.Cl
 			}
 			log.Warn("cannot re-adopt sandbox; dropping it", "sandbox", r.ID, "state", r.State, "err", err)
 		}
-		dropRecord(ctx, st, sd, r)
+		if err := dropRecord(ctx, st, sd, r); err != nil {
+			return nil, err
+		}
 	}
 	if sd != nil {
 		return out, reclaimDevices(ctx, st, sd, log)
@@ -87,13 +89,13 @@ func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, sd *client.Cl
 }
 
 // dropRecord stops whatever is left of a sandbox and forgets it.
-func dropRecord(ctx context.Context, st *store.Store, sd *client.Client, r Record) {
+func dropRecord(ctx context.Context, st *store.Store, sd *client.Client, r Record) error {
 	killStale(r.PID, r.ID)
 	if sd != nil && r.HasDevice {
 		_ = sd.Delete(ctx, r.Device)
 	}
 	_ = os.RemoveAll(r.Dir)
-	_ = st.Delete(store.Sandboxes, r.ID)
+	return st.Delete(store.Sandboxes, r.ID)
 }
 
 // reclaimDevices deletes the daemon's devices no sandbox record holds (a
@@ -208,7 +210,9 @@ func (o *Orchestrator) adoptRunning(ctx context.Context, r Record, m vmm.Machine
 		}
 		if err := pauseAdopted(ctx, o.store, o.sd, r, m, o.log); err != nil {
 			o.log.Warn("cannot keep the re-adopted sandbox; dropping it", "sandbox", r.ID, "err", err)
-			dropRecord(ctx, o.store, o.sd, r)
+			if err := dropRecord(ctx, o.store, o.sd, r); err != nil {
+				o.log.Error("drop sandbox", "sandbox", r.ID, "err", err)
+			}
 			return
 		}
 		var rec Record
