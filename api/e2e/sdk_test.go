@@ -23,8 +23,8 @@ var sdkVersions = []struct {
 	setup      string
 	concurrent int
 }{
-	{"2.45.0", "../../guest/agent/e2e", ".ci/setup.d/30-e2b-sdk.sh", 0},
-	{"2.50.0", ".", ".ci/setup.d/40-aenvd-sdk.sh", 0},
+	{"2.45.0", "../../guest/agent/e2e", ".ci/setup.d/30-e2b-sdk.sh", 5},
+	{"2.50.0", ".", ".ci/setup.d/40-aenvd-sdk.sh", 5},
 	{"2.51.0", "../../guest/agent/e2e", ".ci/setup.d/30-e2b-sdk.sh", 5},
 }
 
