@@ -203,12 +203,15 @@ func (o *Orchestrator) adoptRunning(ctx context.Context, r Record, m vmm.Machine
 	}
 	if err != nil {
 		o.log.Warn("re-adopted VM cannot run on; pausing the sandbox", "sandbox", r.ID, "err", err)
+		// The slot goes back only once the VM using its tap is stopped
+		// (pauseAdopted stops it whatever happens).
+		perr := pauseAdopted(ctx, o.store, o.sd, r, m, o.log)
 		if s.slot != nil {
 			_ = o.nets.Release(context.WithoutCancel(ctx), s.slot)
 		} else {
 			_ = o.nets.Forget(r.Slot)
 		}
-		if err := pauseAdopted(ctx, o.store, o.sd, r, m, o.log); err != nil {
+		if err := perr; err != nil {
 			o.log.Warn("cannot keep the re-adopted sandbox; dropping it", "sandbox", r.ID, "err", err)
 			if err := dropRecord(ctx, o.store, o.sd, r); err != nil {
 				o.log.Error("drop sandbox", "sandbox", r.ID, "err", err)

@@ -2,12 +2,11 @@ package e2e
 
 import (
 	"context"
-
-	"github.com/agentenv/agentenv/storage/daemon/client"
-	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -15,6 +14,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/storage/daemon/client"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/store"
 )
 
 // TestRestartKill9 kills aenvd with SIGKILL while it has a paused and a
@@ -244,4 +248,45 @@ func TestStorageWarmPool(t *testing.T) {
 		}
 	}
 	t.Fatalf("no storage device owned by sandbox %s", id)
+}
+
+// TestRestartKill9SlotLost: when a running sandbox's network slot did not
+// survive aenvd's crash (its namespace was deleted meanwhile), the restarted
+// node cannot keep the sandbox running; it pauses it instead (memory and
+// disk captured from the still running VM), and it resumes with its state.
+func TestRestartKill9SlotLost(t *testing.T) {
+	n := sharedNode(t)
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	n.sh(t, id, counterScript+`; echo lost-slot > /dev/shm/s; echo disk > /home/user/s.txt`)
+	if err := n.Stop(syscall.SIGKILL); err != nil {
+		t.Fatalf("kill aenvd: %v", err)
+	}
+	st, err := store.Open(filepath.Join(n.DataDir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec orchestrator.Record
+	err = st.Get(store.Sandboxes, id, &rec)
+	st.Close()
+	if err != nil || rec.Slot == 0 {
+		t.Fatalf("record of %s: slot %d, %v", id, rec.Slot, err)
+	}
+	ns := fmt.Sprintf("adtest-%d", rec.Slot)
+	if out, err := exec.Command("ip", "netns", "delete", ns).CombinedOutput(); err != nil {
+		t.Fatalf("delete the slot namespace %s: %v %s", ns, err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	if err := n.Restart(ctx, 3*time.Minute); err != nil {
+		t.Fatalf("restart aenvd: %v", err)
+	}
+	n.waitState(t, id, "paused", time.Second)
+	if pids := processesMentioning(id); len(pids) > 0 {
+		t.Fatalf("VMM processes of %s still run after it was paused: %v", id, pids)
+	}
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":60}`)
+	if got := n.sh(t, id, `cat /dev/shm/s /home/user/s.txt`); got != "lost-slot\ndisk" {
+		t.Fatalf("sandbox paused after losing its slot resumed with %q\n%s", got, n.diagnose(id))
+	}
+	n.counter(t, id)
 }
