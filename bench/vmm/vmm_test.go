@@ -41,7 +41,7 @@ func BenchmarkQEMULifecycle(b *testing.B) {
 	accel, _ := d.Accel()
 	work := b.TempDir()
 	var boot, snap, restore, restoreCall []time.Duration
-	var stateBytes int64
+	var stateBytes []time.Duration // bytes, kept as durations to share median
 	for i := range runs() {
 		tn := vmmtest.NewTestNet(b)
 		cfg := vmm.Config{
@@ -69,7 +69,7 @@ func BenchmarkQEMULifecycle(b *testing.B) {
 			b.Fatal(err)
 		}
 		snap = append(snap, time.Since(t0))
-		stateBytes = s.StateBytes
+		stateBytes = append(stateBytes, time.Duration(s.StateBytes))
 		_ = vm.Stop(ctx)
 
 		tn2 := vmmtest.NewTestNet(b)
@@ -89,7 +89,7 @@ func BenchmarkQEMULifecycle(b *testing.B) {
 	fmt.Printf("qemu (%s), %d runs, medians:\n", accel, len(boot))
 	fmt.Printf("  cold boot to agent-ready   %v\n", mb.Round(time.Millisecond))
 	fmt.Printf("  pause + snapshot           %v\n", ms.Round(time.Millisecond))
-	fmt.Printf("  saved state size           %d KiB (memory image separate, 256 MiB logical)\n", stateBytes>>10)
+	fmt.Printf("  saved state size           %d KiB (memory image separate, 256 MiB logical)\n", int64(median(stateBytes))>>10)
 	fmt.Printf("  restore (QEMU up, state loaded, vCPUs running) %v\n", median(restoreCall).Round(time.Millisecond))
 	fmt.Printf("  restore to agent-ready     %v\n", mr.Round(time.Millisecond))
 	fmt.Printf("  restore / cold boot        %.3f (goal <= 0.2)\n", ratio)
