@@ -6,11 +6,12 @@
 package vmm_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -41,7 +42,7 @@ func BenchmarkQEMULifecycle(b *testing.B) {
 	accel, _ := d.Accel()
 	work := b.TempDir()
 	var boot, snap, restore, restoreCall []time.Duration
-	var stateBytes []time.Duration // bytes, kept as durations to share median
+	var stateBytes []int64
 	for i := range runs() {
 		tn := vmmtest.NewTestNet(b)
 		cfg := vmm.Config{
@@ -69,7 +70,7 @@ func BenchmarkQEMULifecycle(b *testing.B) {
 			b.Fatal(err)
 		}
 		snap = append(snap, time.Since(t0))
-		stateBytes = append(stateBytes, time.Duration(s.StateBytes))
+		stateBytes = append(stateBytes, s.StateBytes)
 		_ = vm.Stop(ctx)
 
 		tn2 := vmmtest.NewTestNet(b)
@@ -89,7 +90,7 @@ func BenchmarkQEMULifecycle(b *testing.B) {
 	fmt.Printf("qemu (%s), %d runs, medians:\n", accel, len(boot))
 	fmt.Printf("  cold boot to agent-ready   %v\n", mb.Round(time.Millisecond))
 	fmt.Printf("  pause + snapshot           %v\n", ms.Round(time.Millisecond))
-	fmt.Printf("  saved state size           %d KiB (memory image separate, 256 MiB logical)\n", int64(median(stateBytes))>>10)
+	fmt.Printf("  saved state size           %d KiB (memory image separate, 256 MiB logical)\n", median(stateBytes)>>10)
 	fmt.Printf("  restore (QEMU up, state loaded, vCPUs running) %v\n", median(restoreCall).Round(time.Millisecond))
 	fmt.Printf("  restore to agent-ready     %v\n", mr.Round(time.Millisecond))
 	fmt.Printf("  restore / cold boot        %.3f (goal <= 0.2)\n", ratio)
@@ -106,8 +107,8 @@ func mustReady(b *testing.B, tn *vmmtest.TestNet) {
 	}
 }
 
-func median(d []time.Duration) time.Duration {
-	s := append([]time.Duration(nil), d...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+func median[T cmp.Ordered](v []T) T {
+	s := slices.Clone(v)
+	slices.Sort(s)
 	return s[len(s)/2]
 }
