@@ -79,35 +79,15 @@ func captureDiff(ctx context.Context, pid int, memFile, out string, parent lsmt.
 		return Stats{}, err
 	}
 	defer pm.Close()
-	af, err := createAtomic(out)
-	if err != nil {
-		return Stats{}, err
-	}
 	last := regions[len(regions)-1]
 	vs := last.FileOffset + last.Size()
 	if fi, err := os.Stat(memFile); err == nil && fi.Size() > int64(vs) {
 		vs = uint64(fi.Size()+lsmt.SectorSize-1) / lsmt.SectorSize * lsmt.SectorSize
 	}
-	xw, err := lsmt.NewExtentWriter(af, lsmt.SealOptions{VirtualSize: vs, Parent: parent, Message: message})
-	if err != nil {
-		af.abort()
-		return Stats{}, err
-	}
 	var st Stats
-	if err := capture(ctx, pid, regions, pm, xw, &st); err != nil {
-		af.abort()
-		return st, err
-	}
-	res, err := xw.Close()
-	if err != nil {
-		af.abort()
-		return st, err
-	}
-	if err := af.commit(); err != nil {
-		return st, err
-	}
-	st.Bytes = res.FileSize
-	return st, nil
+	err = writeLayer(out, lsmt.SealOptions{VirtualSize: vs, Parent: parent, Message: message}, &st,
+		func(xw *lsmt.ExtentWriter) error { return capture(ctx, pid, regions, pm, xw, &st) })
+	return st, err
 }
 
 // batch is a set of runs of written pages read with one process_vm_readv.

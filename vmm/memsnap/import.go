@@ -54,30 +54,11 @@ func importFile(ctx context.Context, memFile, out string, opt lsmt.SealOptions, 
 		return st, errors.New("empty file")
 	}
 	vs := (fi.Size() + lsmt.SectorSize - 1) / lsmt.SectorSize * lsmt.SectorSize
-	af, err := createAtomic(out)
-	if err != nil {
-		return st, err
-	}
 	opt.VirtualSize = uint64(vs)
-	xw, err := lsmt.NewExtentWriter(af, opt)
-	if err != nil {
-		af.abort()
-		return st, err
-	}
-	if err := importExtents(ctx, f, fi.Size(), vs, xw, &st, write); err != nil {
-		af.abort()
-		return st, err
-	}
-	res, err := xw.Close()
-	if err != nil {
-		af.abort()
-		return st, err
-	}
-	if err := af.commit(); err != nil {
-		return st, err
-	}
-	st.Bytes = res.FileSize
-	return st, nil
+	err = writeLayer(out, opt, &st, func(xw *lsmt.ExtentWriter) error {
+		return importExtents(ctx, f, fi.Size(), vs, xw, &st, write)
+	})
+	return st, err
 }
 
 // importExtents hands the pages of f's data extents (SEEK_DATA / SEEK_HOLE;

@@ -95,6 +95,35 @@ func (a *atomicFile) abort() {
 	os.Remove(a.Name())
 }
 
+// writeLayer writes the sealed layer out atomically: fill hands its extents
+// to the writer; st.Bytes gets the file's size. On any error nothing is left
+// under out.
+func writeLayer(out string, opt lsmt.SealOptions, st *Stats, fill func(*lsmt.ExtentWriter) error) error {
+	af, err := createAtomic(out)
+	if err != nil {
+		return err
+	}
+	xw, err := lsmt.NewExtentWriter(af, opt)
+	if err != nil {
+		af.abort()
+		return err
+	}
+	if err := fill(xw); err != nil {
+		af.abort()
+		return err
+	}
+	res, err := xw.Close()
+	if err != nil {
+		af.abort()
+		return err
+	}
+	if err := af.commit(); err != nil {
+		return err
+	}
+	st.Bytes = res.FileSize
+	return nil
+}
+
 // isZero reports whether b is all zero bytes.
 func isZero(b []byte) bool {
 	for len(b) >= len(zeroPage) {

@@ -42,30 +42,12 @@ func merge(ctx context.Context, paths []string, out, message string) (Stats, err
 	defer stack.Close()
 	lowers := stack.Lowers()
 	parent := lowers[0].ParentUUID()
-	af, err := createAtomic(out)
-	if err != nil {
-		return st, err
-	}
-	xw, err := lsmt.NewExtentWriter(af, lsmt.SealOptions{VirtualSize: uint64(stack.Size()), Parent: parent, Message: message})
-	if err != nil {
-		af.abort()
-		return st, err
-	}
-	m := &merger{xw: xw, st: &st, buf: make([]byte, readBatch)}
-	if err := m.run(ctx, stack); err != nil {
-		af.abort()
-		return st, err
-	}
-	res, err := xw.Close()
-	if err != nil {
-		af.abort()
-		return st, err
-	}
-	if err := af.commit(); err != nil {
-		return st, err
-	}
-	st.Bytes = res.FileSize
-	return st, nil
+	opt := lsmt.SealOptions{VirtualSize: uint64(stack.Size()), Parent: parent, Message: message}
+	err = writeLayer(out, opt, &st, func(xw *lsmt.ExtentWriter) error {
+		m := &merger{xw: xw, st: &st, buf: make([]byte, readBatch)}
+		return m.run(ctx, stack)
+	})
+	return st, err
 }
 
 // openStack opens sealed layer files (bottom first) as a stack that owns them.
