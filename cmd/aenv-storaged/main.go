@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/agentenv/agentenv/internal/version"
 	"github.com/agentenv/agentenv/storage/daemon"
 )
 
@@ -30,7 +31,12 @@ func run() error {
 	poolHigh := flag.Int("pool-high", 0, "default warm-pool high watermark per writable image shape")
 	maxDevices := flag.Uint("max-devices", 4096, "largest number of devices")
 	debug := flag.Bool("debug", false, "log at debug level")
+	printVersion := flag.Bool("version", false, "print the version, commit and build date and exit")
 	flag.Parse()
+	if *printVersion {
+		fmt.Println("aenv-storaged", version.Get())
+		return nil
+	}
 
 	level := slog.LevelInfo
 	if *debug {

@@ -14,11 +14,9 @@ import (
 	"github.com/agentenv/agentenv/cli/pullcmd"
 	"github.com/agentenv/agentenv/cli/sandboxcmd"
 	"github.com/agentenv/agentenv/cli/vmcmd"
+	"github.com/agentenv/agentenv/internal/version"
 	"github.com/spf13/cobra"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 func main() {
 	root := &cobra.Command{
@@ -26,11 +24,13 @@ func main() {
 		Short:         "AgentENV: microVM sandboxes for AI agents",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version.Get().String(),
 	}
+	root.SetVersionTemplate("aenv {{.Version}}\n")
 	root.AddCommand(guestcmd.NewCommand(), imagecmd.NewCommand(), vmcmd.NewCommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
-		Run:   func(*cobra.Command, []string) { fmt.Println("aenv", version) },
+		Run:   func(*cobra.Command, []string) { fmt.Println("aenv", version.Get()) },
 	})
 	root.AddCommand(pullcmd.NewCommand())
 	root.AddCommand(sandboxcmd.Commands()...)

@@ -26,6 +26,7 @@ import (
 	"github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/config"
 	"github.com/agentenv/agentenv/guest/image"
+	"github.com/agentenv/agentenv/internal/version"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/oci"
 	"github.com/agentenv/agentenv/orchestrator"
@@ -38,13 +39,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// version is reported in /nodes.
-const version = "0.1.0-dev"
-
 func main() {
 	cfgPath := flag.String("config", "", "TOML configuration file (defaults apply without one)")
 	printDefault := flag.Bool("print-default-config", false, "print the default configuration and exit")
+	printVersion := flag.Bool("version", false, "print the version, commit and build date and exit")
 	flag.Parse()
+	if *printVersion {
+		fmt.Println("aenvd", version.Get())
+		return
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
 	if *printDefault {
@@ -138,7 +141,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	hostname, _ := os.Hostname()
 	handler := api.NewHandler(api.Options{
 		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log,
-		Node:           api.NodeInfo{ID: hostname, Version: version, VMMDriver: drv.Name(), VMMAccel: accel, VMMReasons: why},
+		Node:           api.NodeInfo{ID: hostname, Version: version.Version(), VMMDriver: drv.Name(), VMMAccel: accel, VMMReasons: why},
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 	})
