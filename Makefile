@@ -5,7 +5,7 @@ GO ?= go
 BIN := bin
 GOFLAGS_STATIC := CGO_ENABLED=0
 
-.PHONY: build setup check test bench guest vet clean
+.PHONY: build setup check test bench guest vet clean release
 
 build:
 	$(GOFLAGS_STATIC) $(GO) build -trimpath -o $(BIN)/ ./cmd/...
@@ -42,3 +42,30 @@ vet:
 
 clean:
 	rm -rf $(BIN)
+
+# Versioned static binaries for linux/amd64 with their build identity stamped
+# into internal/version, a reproducible tarball and SHA256SUMS:
+#   dist/<version>/aenv-<version>-linux-amd64/{aenv,aenvd,aenv-storaged,...}
+#   dist/<version>/aenv-<version>-linux-amd64.tar.gz
+#   dist/<version>/SHA256SUMS           (check: cd dist/<version> && sha256sum -c SHA256SUMS)
+# The date is the commit's (so a rebuild of one commit is byte-identical).
+# Override VERSION, COMMIT, DATE, RELEASE_DIR or RELEASE_PKGS on the command line.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 0.1.0-dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+DATE ?= $(shell git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null || TZ=UTC date +%Y-%m-%dT%H:%M:%SZ)
+RELEASE_DIR ?= dist
+RELEASE_PKGS ?= ./cmd/...
+VERSION_PKG := github.com/agentenv/agentenv/internal/version
+RELEASE_NAME = aenv-$(VERSION)-linux-amd64
+RELEASE_LDFLAGS = -s -w -buildid= -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMIT) -X $(VERSION_PKG).date=$(DATE)
+
+release:
+	@case "$(VERSION)" in *[!A-Za-z0-9._+-]*|'') echo "release: bad VERSION '$(VERSION)'" >&2; exit 1;; esac
+	rm -rf $(RELEASE_DIR)/$(VERSION)
+	mkdir -p $(RELEASE_DIR)/$(VERSION)/$(RELEASE_NAME)
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -buildvcs=false -ldflags '$(RELEASE_LDFLAGS)' \
+		-o $(RELEASE_DIR)/$(VERSION)/$(RELEASE_NAME)/ $(RELEASE_PKGS)
+	cd $(RELEASE_DIR)/$(VERSION) && TZ=UTC tar --sort=name --mtime='$(DATE)' --owner=0 --group=0 --numeric-owner \
+		-cf - $(RELEASE_NAME) | gzip -n >$(RELEASE_NAME).tar.gz
+	cd $(RELEASE_DIR)/$(VERSION) && sha256sum $(RELEASE_NAME).tar.gz $(RELEASE_NAME)/* >SHA256SUMS
+	@echo "release: $(RELEASE_DIR)/$(VERSION) ($(COMMIT), $(DATE))"
