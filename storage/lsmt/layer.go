@@ -25,6 +25,9 @@ type Layer struct {
 // maxIndexEntries bounds the index we are willing to load (256 MiB of mappings).
 const maxIndexEntries = 16 << 20
 
+// indexChunk is how many mappings one read of a sealed index takes (1 MiB).
+const indexChunk = 64 << 10
+
 // OpenSealed parses a sealed LSMT layer from r, whose length is size. name is
 // used in errors. The layer does not own r unless SetCloser is called.
 func OpenSealed(name string, r io.ReaderAt, size int64) (*Layer, error) {
@@ -74,18 +77,27 @@ func openSealed(name string, r io.ReaderAt, size int64) (*Layer, error) {
 	if t.IndexSize > (limit-t.IndexOffset)/MappingSize || t.IndexSize > maxIndexEntries {
 		return nil, fmt.Errorf("%w: index_size %d entries does not fit between index_offset %d and the trailer", ErrFormat, t.IndexSize, t.IndexOffset)
 	}
-	raw := make([]byte, t.IndexSize*MappingSize)
-	if err := readFull(r, raw, int64(t.IndexOffset)); err != nil {
-		return nil, fmt.Errorf("read index: %w", err)
-	}
-	segs := make([]Segment, 0, t.IndexSize)
-	for i := 0; i < len(raw); i += MappingSize {
-		s := DecodeMapping(raw[i:])
-		if s.IsPadding() {
-			l.RawPadding++
-			continue
+	// The index is read in chunks and only real mappings are kept, so what
+	// opening costs follows the mappings present, not the claimed count: a
+	// ZFile of a few KiB can decompress to an index of millions of padding
+	// entries.
+	chunk := min(t.IndexSize, indexChunk)
+	raw := make([]byte, chunk*MappingSize)
+	segs := make([]Segment, 0, chunk)
+	for done := uint64(0); done < t.IndexSize; done += chunk {
+		chunk = min(chunk, t.IndexSize-done)
+		b := raw[:chunk*MappingSize]
+		if err := readFull(r, b, int64(t.IndexOffset+done*MappingSize)); err != nil {
+			return nil, fmt.Errorf("read index: %w", err)
 		}
-		segs = append(segs, s)
+		for i := 0; i < len(b); i += MappingSize {
+			s := DecodeMapping(b[i:])
+			if s.IsPadding() {
+				l.RawPadding++
+				continue
+			}
+			segs = append(segs, s)
+		}
 	}
 	vs := (t.VirtualSize + SectorSize - 1) / SectorSize
 	if err := validateSegments(segs, vs, HeaderSize/SectorSize, t.IndexOffset/SectorSize); err != nil {

@@ -40,9 +40,27 @@ var (
 	sharedZstdEnc = map[uint8]*zstd.Encoder{}
 )
 
+// maxWindow is the largest zstd window a block frame may declare. Frames
+// without a content size (streaming writers, e.g. the zstd command reading a
+// pipe: 2 MiB at level 3, 8 MiB at level 19) must declare one, though a block
+// never references more than its own bytes. Decoding memory does not follow
+// the declared window: DecodeAll decodes straight into the block's buffer and
+// is capped at its length (WithDecodeAllCapLimit), so what a block may cost is
+// bounded by the block size, and this cap only refuses absurd declarations.
+const maxWindow = 8 << 20
+
+func decoderOptions(maxOut uint64, dict []byte) []zstd.DOption {
+	o := []zstd.DOption{zstd.WithDecoderMaxWindow(maxWindow), zstd.WithDecoderMaxMemory(max(maxOut, maxWindow)),
+		zstd.WithDecodeAllCapLimit(true)}
+	if dict != nil {
+		o = append(o, zstd.WithDecoderDicts(dict))
+	}
+	return o
+}
+
 func newZstdCodec(level uint8, dict []byte) (*zstdCodec, error) {
 	if len(dict) > 0 {
-		dec, err := zstd.NewReader(nil, zstd.WithDecoderMaxMemory(4*MaxBlockSize), zstd.WithDecoderDicts(dict))
+		dec, err := zstd.NewReader(nil, decoderOptions(MaxBlockSize, dict)...)
 		if err != nil {
 			return nil, fmt.Errorf("%w: zstd dictionary: %v", ErrFormat, err)
 		}
@@ -53,7 +71,7 @@ func newZstdCodec(level uint8, dict []byte) (*zstdCodec, error) {
 	sharedZstdMu.Lock()
 	defer sharedZstdMu.Unlock()
 	if sharedZstdDec == nil {
-		dec, err := zstd.NewReader(nil, zstd.WithDecoderMaxMemory(4*MaxBlockSize), zstd.WithDecoderConcurrency(0))
+		dec, err := zstd.NewReader(nil, append(decoderOptions(MaxBlockSize, nil), zstd.WithDecoderConcurrency(0))...)
 		if err != nil {
 			return nil, err
 		}
@@ -78,6 +96,24 @@ func newZstdCodec(level uint8, dict []byte) (*zstdCodec, error) {
 	return &zstdCodec{enc: enc, dec: sharedZstdDec}, nil
 }
 
+var (
+	tableDecOnce sync.Once
+	tableDec     *zstdCodec
+)
+
+// tableZstd decodes compressed jump tables, which are larger than a block;
+// the caller's buffer (sized from bytes on disk) caps the output.
+func tableZstd() *zstdCodec {
+	tableDecOnce.Do(func() {
+		dec, err := zstd.NewReader(nil, append(decoderOptions(4*maxBlocks, nil), zstd.WithDecoderConcurrency(1))...)
+		if err != nil {
+			panic(fmt.Sprintf("zstd: table decoder: %v", err)) // fixed, valid options
+		}
+		tableDec = &zstdCodec{dec: dec}
+	})
+	return tableDec
+}
+
 func (c *zstdCodec) compress(dst, src []byte) ([]byte, error) {
 	if c.enc == nil {
 		return nil, fmt.Errorf("zstd: writing with a dictionary is not supported")
@@ -86,7 +122,9 @@ func (c *zstdCodec) compress(dst, src []byte) ([]byte, error) {
 }
 
 func (c *zstdCodec) decompress(dst, src []byte) ([]byte, error) {
-	out, err := c.dec.DecodeAll(src, dst[:0])
+	// The full slice expression caps the output at the block: with
+	// WithDecodeAllCapLimit a frame decoding to more fails instead of growing.
+	out, err := c.dec.DecodeAll(src, dst[:0:len(dst)])
 	if err != nil {
 		return nil, fmt.Errorf("zstd: %w", err)
 	}

@@ -19,6 +19,8 @@ type Reader struct {
 	codec  codec
 	bs     int64
 	size   int64
+	// tableBytes is the stored size of the jump table (compressed or not).
+	tableBytes int64
 	cache  [cacheSlots]cacheSlot
 	bufs   sync.Pool
 	closer io.Closer
@@ -31,10 +33,6 @@ type cacheSlot struct {
 	blk  int64 // block index + 1; 0 = empty
 	data []byte
 }
-
-// maxBlocks bounds the jump table we load (a 256 TiB file at 4 KiB blocks... is
-// not our case; 64M entries = 256 MiB of table).
-const maxBlocks = 64 << 20
 
 // Open parses a ZFile of the given size. name is used in errors.
 func Open(name string, r io.ReaderAt, size int64) (*Reader, error) {
@@ -103,65 +101,6 @@ func open(r io.ReaderAt, size int64) (*Reader, error) {
 	return z, nil
 }
 
-func (z *Reader) checkTrailer(t *Header, size int64) error {
-	switch {
-	case t.Flags&FlagCompressedIndex != 0:
-		return fmt.Errorf("%w: compressed jump tables are not supported", ErrFormat)
-	case t.BlockSize < MinBlockSize || t.BlockSize > MaxBlockSize:
-		return fmt.Errorf("%w: block_size %d outside [%d,%d]", ErrFormat, t.BlockSize, MinBlockSize, MaxBlockSize)
-	case t.DictSize > uint32(size):
-		return fmt.Errorf("%w: dict_size %d exceeds the file", ErrFormat, t.DictSize)
-	case t.IndexSize > maxBlocks:
-		return fmt.Errorf("%w: index_size %d blocks is too large", ErrFormat, t.IndexSize)
-	}
-	z.bs = int64(t.BlockSize)
-	limit := uint64(size - HTSpace)
-	if t.IndexOffset < HTSpace+uint64(t.DictSize) || t.IndexOffset > limit || t.IndexSize*4 > limit-t.IndexOffset {
-		return fmt.Errorf("%w: jump table [%d,+%d entries) does not fit before the trailer at %d", ErrFormat, t.IndexOffset, t.IndexSize, limit)
-	}
-	want := (t.OriginalSize + uint64(t.BlockSize) - 1) / uint64(t.BlockSize)
-	if want != t.IndexSize {
-		return fmt.Errorf("%w: %d blocks of %d bytes cannot hold original size %d", ErrFormat, t.IndexSize, t.BlockSize, t.OriginalSize)
-	}
-	z.size = int64(t.OriginalSize)
-	return nil
-}
-
-func (z *Reader) maxCompressed() int {
-	// zstd and LZ4 both bound expansion well under this for blocks <= 64 KiB.
-	return int(z.bs) + int(z.bs)/8 + 1024 + crcSize
-}
-
-func (z *Reader) loadJumpTable() error {
-	t := &z.tr
-	table := make([]byte, 4*t.IndexSize)
-	if err := readFull(z.r, table, int64(t.IndexOffset)); err != nil {
-		return fmt.Errorf("jump table: %w", err)
-	}
-	if got := CRC32C(0, table); got != t.IndexCRC {
-		return fmt.Errorf("%w: jump table crc is %#08x, trailer says %#08x", ErrChecksum, got, t.IndexCRC)
-	}
-	z.offs = make([]int64, t.IndexSize+1)
-	pos := int64(HTSpace) + int64(t.DictSize)
-	minLen := uint32(1)
-	if t.Verify {
-		minLen = crcSize + 1
-	}
-	for i := range t.IndexSize {
-		l := binary.LittleEndian.Uint32(table[4*i:])
-		if l < minLen || int(l) > z.maxCompressed() {
-			return fmt.Errorf("%w: block %d has compressed length %d", ErrFormat, i, l)
-		}
-		z.offs[i] = pos
-		pos += int64(l)
-	}
-	z.offs[t.IndexSize] = pos
-	if pos != int64(t.IndexOffset) {
-		return fmt.Errorf("%w: blocks end at %d but the jump table starts at %d", ErrFormat, pos, t.IndexOffset)
-	}
-	return nil
-}
-
 // Size is the decompressed size.
 func (z *Reader) Size() int64 { return z.size }
 
@@ -176,7 +115,7 @@ func (z *Reader) Blocks() int { return len(z.offs) - 1 }
 
 // CompressedSize is the size of the ZFile bytes up to and including the trailer.
 func (z *Reader) CompressedSize() int64 {
-	return int64(z.tr.IndexOffset) + 4*int64(z.tr.IndexSize) + HTSpace
+	return int64(z.tr.IndexOffset) + z.tableBytes + HTSpace
 }
 
 // SetCloser makes Close close c.

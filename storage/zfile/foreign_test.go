@@ -1,0 +1,63 @@
+package zfile
+
+import (
+	"bytes"
+	"os/exec"
+	"runtime"
+	"testing"
+)
+
+// zstdPipe compresses b with the zstd command reading a pipe: the frame has
+// no content size and declares the level's window.
+func zstdPipe(t *testing.T, b []byte, args ...string) []byte {
+	t.Helper()
+	if _, err := exec.LookPath("zstd"); err != nil {
+		t.Skip("zstd command not installed (scripts/setup.sh installs it)")
+	}
+	cmd := exec.Command("zstd", append([]string{"-q", "-c"}, args...)...)
+	cmd.Stdin = bytes.NewReader(b)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("zstd %v: %v", args, err)
+	}
+	return out
+}
+
+// TestZstdFramesWithoutContentSize: streaming frames decode, cost memory by
+// the block and not by their declared window, and cannot overflow the block.
+func TestZstdFramesWithoutContentSize(t *testing.T) {
+	raw := testData(16 << 10)
+	c, err := newCodec(AlgoZstd, 3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, level := range []string{"-1", "-3", "-19"} { // windows of 512 KiB .. 8 MiB
+		frame := zstdPipe(t, raw, level)
+		if frame[4]&0xe0 != 0 {
+			t.Fatalf("zstd %s: frame header %#x has a content size; the test needs a streaming frame", level, frame[4])
+		}
+		dst := make([]byte, len(raw))
+		if _, err := c.decompress(dst, frame); err != nil {
+			t.Fatalf("zstd %s frame: %v", level, err)
+		}
+		if !bytes.Equal(dst, raw) {
+			t.Fatalf("zstd %s frame decodes to different bytes", level)
+		}
+		var a, b runtime.MemStats
+		runtime.ReadMemStats(&a)
+		for range 50 {
+			c.decompress(dst, frame)
+		}
+		runtime.ReadMemStats(&b)
+		if per := (b.TotalAlloc - a.TotalAlloc) / 50; per > 64<<10 {
+			t.Errorf("zstd %s frame: %d bytes allocated per 16 KiB block", level, per)
+		}
+		if _, err := c.decompress(make([]byte, len(raw)-1), frame); err == nil {
+			t.Errorf("zstd %s frame decoding past its block was accepted", level)
+		}
+	}
+	// A declared window past the fixed cap is refused, whatever the block.
+	if _, err := c.decompress(make([]byte, len(raw)), zstdPipe(t, raw, "-3", "--long=27")); err == nil {
+		t.Error("a frame declaring a 128 MiB window was accepted")
+	}
+}
