@@ -12,18 +12,18 @@ import (
 
 // Reader gives random access to the decompressed bytes of a ZFile.
 type Reader struct {
-	r      io.ReaderAt
-	hdr    Header // the header as stored
-	tr     Header // the trailer
-	offs   []int64
-	codec  codec
-	bs     int64
-	size   int64
+	r     io.ReaderAt
+	hdr   Header // the header as stored
+	tr    Header // the trailer
+	offs  []int64
+	codec codec
+	bs    int64
+	size  int64
 	// tableBytes is the stored size of the jump table (compressed or not).
 	tableBytes int64
-	cache  [cacheSlots]cacheSlot
-	bufs   sync.Pool
-	closer io.Closer
+	cache      [cacheSlots]cacheSlot
+	bufs       sync.Pool
+	closer     io.Closer
 }
 
 const cacheSlots = 64
