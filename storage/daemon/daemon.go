@@ -14,10 +14,8 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -33,7 +31,8 @@ import (
 
 // Options configure a Daemon.
 type Options struct {
-	// Socket is the RPC socket path.
+	// Socket is the RPC socket path; empty: no RPC, the daemon is used in
+	// process only (through Local).
 	Socket string
 	// StateDir holds device records, runtime configs, uppers and sealed layers.
 	StateDir string
@@ -68,6 +67,7 @@ type Daemon struct {
 	sharedMu sync.Mutex // serialises acquire/release so one image gets one export
 
 	ready    context.Context // set once Run serves requests
+	readyCh  chan struct{}   // closed at the same time
 	lockFile *os.File
 	stopOnce sync.Once
 	stopCh   chan struct{}
@@ -76,8 +76,8 @@ type Daemon struct {
 
 // New prepares a daemon; Run starts it.
 func New(opts Options) (*Daemon, error) {
-	if opts.Socket == "" || opts.StateDir == "" || opts.RunDir == "" {
-		return nil, errors.New("storaged: socket, state dir and run dir are required")
+	if opts.StateDir == "" || opts.RunDir == "" {
+		return nil, errors.New("storaged: state dir and run dir are required")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -94,6 +94,7 @@ func New(opts Options) (*Daemon, error) {
 	d := &Daemon{
 		opts: opts, log: opts.Logger, ids: newIDAllocator(opts.MaxDevices),
 		devices: make(map[uint32]*device), shared: make(map[string]uint32), stopCh: make(chan struct{}),
+		readyCh: make(chan struct{}),
 	}
 	d.pool = newWarmPool(d)
 	d.exporter = opts.Exporter
@@ -106,52 +107,84 @@ func New(opts Options) (*Daemon, error) {
 // Run recovers the state directory, serves the RPC socket until ctx is done
 // or a client calls shutdown, then stops every export (keeping state on disk).
 func (d *Daemon) Run(ctx context.Context) error {
-	for _, dir := range []string{d.devicesDir(), d.opts.RunDir, filepath.Dir(d.opts.Socket)} {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return fmt.Errorf("storaged: %w", err)
-		}
-	}
-	if err := d.lockState(); err != nil {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := d.open(ctx); err != nil {
 		return err
 	}
 	defer d.lockFile.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	d.ctx = ctx
-	if err := d.recover(); err != nil {
-		return err
-	}
-	ln, err := d.listenRPC()
-	if err != nil {
-		d.stopAll()
-		return err
+	var ln net.Listener
+	if d.opts.Socket != "" {
+		var err error
+		if ln, err = d.listenRPC(); err != nil {
+			d.stopAll()
+			return err
+		}
 	}
 	d.mu.Lock()
 	d.ready = ctx
 	n := len(d.devices)
 	d.mu.Unlock()
+	close(d.readyCh)
 	d.log.Info("storaged ready", "socket", d.opts.Socket, "state", d.opts.StateDir, "devices", n)
-	go func() {
+	var conns sync.WaitGroup
+	if ln != nil {
+		go func() {
+			select {
+			case <-ctx.Done():
+			case <-d.stopCh:
+			}
+			ln.Close()
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				break
+			}
+			conns.Add(1)
+			go func() { defer conns.Done(); d.serveRPC(ctx, c) }()
+		}
+	} else {
 		select {
 		case <-ctx.Done():
 		case <-d.stopCh:
 		}
-		ln.Close()
-	}()
-	var conns sync.WaitGroup
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			break
-		}
-		conns.Add(1)
-		go func() { defer conns.Done(); d.serveRPC(ctx, c) }()
 	}
 	cancel()
 	d.bg.Wait()
 	d.stopAll()
 	conns.Wait()
 	d.log.Info("storaged stopped")
+	return nil
+}
+
+// open makes the directories private, takes the state lock and recovers
+// the state directory; ctx bounds every export.
+func (d *Daemon) open(ctx context.Context) error {
+	dirs := []string{d.opts.StateDir, d.devicesDir(), d.trashDir(), d.opts.RunDir}
+	if d.opts.Socket != "" {
+		dirs = append(dirs, filepath.Dir(d.opts.Socket))
+	}
+	for _, dir := range dirs {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("storaged: %w", err)
+		}
+	}
+	// The state holds every sandbox's disk: only root reads it, whatever
+	// mode an earlier version or an operator left.
+	for _, dir := range []string{d.opts.StateDir, d.opts.RunDir} {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return fmt.Errorf("storaged: %w", err)
+		}
+	}
+	if err := d.lockState(); err != nil {
+		return err
+	}
+	d.ctx = ctx
+	if err := d.recover(); err != nil {
+		d.lockFile.Close()
+		return err
+	}
 	return nil
 }
 
@@ -185,50 +218,12 @@ func (d *Daemon) listenRPC() (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("storaged: listen on %s: %w", d.opts.Socket, err)
 	}
+	// Whoever connects can create and delete every device: root only.
+	if err := os.Chmod(d.opts.Socket, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("storaged: %w", err)
+	}
 	return ln, nil
-}
-
-// recover re-exports every device in the state directory, or marks it lost.
-func (d *Daemon) recover() error {
-	recs, broken, err := d.scanState()
-	if err != nil {
-		return err
-	}
-	for id, why := range broken {
-		d.ids.reserve(id)
-		d.devices[id] = &device{rec: record{ID: id}, lost: "unreadable record: " + why}
-		d.log.Error("device lost", "device", id, "reason", why)
-	}
-	for _, r := range recs {
-		dv := &device{rec: *r}
-		if !d.ids.reserve(r.ID) {
-			d.log.Error("device ignored: id out of range or duplicate", "device", r.ID, "max", d.opts.MaxDevices)
-			continue
-		}
-		d.devices[r.ID] = dv
-		if why := checkStamps(r.Stamps); why != "" {
-			dv.lost = why
-		} else if err := d.start(dv); err != nil {
-			dv.lost = err.Error()
-		}
-		if dv.lost != "" {
-			os.Remove(d.socketPath(r.ID))
-			d.log.Error("device lost", "device", r.ID, "reason", dv.lost)
-			continue
-		}
-		switch r.Kind {
-		case rpc.KindShared:
-			d.shared[r.Image] = r.ID
-		case rpc.KindPool:
-			d.pool.adopt(r.ID, shapeOf(r))
-		}
-		d.log.Info("device re-exported", "device", r.ID, "kind", r.Kind, "socket", d.socketPath(r.ID))
-	}
-	if err := d.loadPool(); err != nil {
-		// The pool is an optimisation: a bad config file must not stop the daemon.
-		d.log.Error("warm pool config ignored", "err", err)
-	}
-	return nil
 }
 
 // ctxReady returns the run context once Run has recovered its state (for tests).
@@ -254,104 +249,6 @@ func (d *Daemon) stopAll() {
 		}
 		dv.op.Unlock()
 	}
-}
-
-// serveRPC answers requests on one client connection until it closes.
-func (d *Daemon) serveRPC(ctx context.Context, c net.Conn) {
-	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	defer stop()
-	for {
-		var req rpc.Request
-		if err := rpc.ReadFrame(c, &req); err != nil {
-			if !errors.Is(err, io.EOF) && ctx.Err() == nil {
-				d.log.Warn("rpc: dropping client", "err", err)
-			}
-			return
-		}
-		resp := rpc.Response{ID: req.ID}
-		result, err := d.dispatch(ctx, req)
-		if err != nil {
-			resp.Error = toRPCError(err)
-		} else if resp.Result, err = json.Marshal(result); err != nil {
-			resp.Error = &rpc.Error{Code: rpc.CodeInternal, Message: err.Error()}
-		}
-		if err := rpc.WriteFrame(c, resp); err != nil {
-			return
-		}
-		if req.Method == rpc.MethodShutdown && resp.Error == nil {
-			d.stop()
-		}
-	}
-}
-
-func toRPCError(err error) *rpc.Error {
-	var re *rpc.Error
-	if errors.As(err, &re) {
-		return &rpc.Error{Code: re.Code, Message: err.Error()}
-	}
-	return &rpc.Error{Code: rpc.CodeInternal, Message: err.Error()}
-}
-
-func errf(code, format string, args ...any) error {
-	return &rpc.Error{Code: code, Message: fmt.Sprintf(format, args...)}
-}
-
-func decode[T any](raw json.RawMessage) (T, error) {
-	var v T
-	if len(raw) == 0 {
-		return v, nil
-	}
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return v, errf(rpc.CodeInvalid, "params: %v", err)
-	}
-	return v, nil
-}
-
-func (d *Daemon) dispatch(ctx context.Context, req rpc.Request) (any, error) {
-	select {
-	case <-d.stopCh:
-		return nil, errf(rpc.CodeShuttingDown, "daemon is shutting down")
-	default:
-	}
-	switch req.Method {
-	case rpc.MethodCreate:
-		return call(ctx, req.Params, d.create)
-	case rpc.MethodDelete:
-		return call(ctx, req.Params, func(ctx context.Context, p rpc.IDParams) (struct{}, error) {
-			return struct{}{}, d.delete(ctx, p.ID, false)
-		})
-	case rpc.MethodRestack:
-		return call(ctx, req.Params, d.restack)
-	case rpc.MethodAcquireShared:
-		return call(ctx, req.Params, d.acquire)
-	case rpc.MethodReleaseShared:
-		return call(ctx, req.Params, func(ctx context.Context, p rpc.ReleaseParams) (struct{}, error) {
-			return struct{}{}, d.release(ctx, p)
-		})
-	case rpc.MethodReclaim:
-		return call(ctx, req.Params, d.reclaim)
-	case rpc.MethodWarm:
-		return call(ctx, req.Params, func(ctx context.Context, p rpc.WarmParams) (struct{}, error) {
-			return struct{}{}, d.warm(p)
-		})
-	case rpc.MethodList:
-		return d.list(), nil
-	case rpc.MethodFeatures:
-		return d.features(), nil
-	case rpc.MethodShutdown:
-		return struct{}{}, nil
-	default:
-		return nil, errf(rpc.CodeInvalid, "unknown method %q", req.Method)
-	}
-}
-
-func call[P, R any](ctx context.Context, raw json.RawMessage, fn func(context.Context, P) (R, error)) (any, error) {
-	p, err := decode[P](raw)
-	if err != nil {
-		return nil, err
-	}
-	return fn(ctx, p)
 }
 
 func (d *Daemon) features() rpc.Features {

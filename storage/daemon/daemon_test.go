@@ -268,7 +268,7 @@ func TestCreateOptionsAndErrors(t *testing.T) {
 		t.Fatal("tcp export content differs")
 	}
 	tc.Close()
-	if _, err := h.c.Restack(ctx, rpc.RestackParams{ID: ro.ID}); !isCode(err, rpc.CodeInvalid) {
+	if _, err := h.c.Restack(ctx, rpc.RestackParams{ID: ro.ID}); !errors.Is(err, rpc.ErrConflict) {
 		t.Fatalf("restack of read-only device: %v", err)
 	}
 	big, err := h.c.Create(ctx, rpc.CreateParams{Image: f.config, Size: 2 * diskSize})

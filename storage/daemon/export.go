@@ -117,6 +117,10 @@ func (e *nbdExport) listen(sock string, tcp bool) error {
 		return err
 	}
 	e.lns, e.ep.Socket = append(e.lns, ln), sock
+	// The export is a sandbox's disk: only root (the VMM launcher) connects.
+	if err := os.Chmod(sock, 0o600); err != nil {
+		return err
+	}
 	if !tcp {
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 )
 
@@ -72,8 +73,9 @@ func (p *warmPool) touch(s shape) {
 	p.refill(s)
 }
 
-// configure sets a shape's watermarks and refills it.
-func (p *warmPool) configure(s shape, low, high int) {
+// configure sets a shape's watermarks, and refills it if asked (warm
+// refills only once the watermarks are saved).
+func (p *warmPool) configure(s shape, low, high int, refill bool) {
 	p.mu.Lock()
 	ps := p.get(s)
 	if low > 0 || high > 0 {
@@ -81,7 +83,9 @@ func (p *warmPool) configure(s shape, low, high int) {
 		ps.explicit = true
 	}
 	p.mu.Unlock()
-	p.refill(s)
+	if refill {
+		p.refill(s)
+	}
 }
 
 // poolShapeRecord is one explicitly configured shape in STATE/pool.json, so
@@ -119,11 +123,7 @@ func (d *Daemon) savePool() error {
 	if err != nil {
 		return err
 	}
-	tmp := d.poolFile() + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("save warm pool config: %w", err)
-	}
-	if err := os.Rename(tmp, d.poolFile()); err != nil {
+	if err := atomicfile.WriteFile(d.poolFile(), b, 0o600); err != nil {
 		return fmt.Errorf("save warm pool config: %w", err)
 	}
 	return nil
@@ -144,7 +144,7 @@ func (d *Daemon) loadPool() error {
 		return fmt.Errorf("load warm pool config %s: %w", d.poolFile(), err)
 	}
 	for _, r := range recs {
-		d.pool.configure(shape{image: r.Image, size: r.Size}, r.Low, r.High)
+		d.pool.configure(shape{image: r.Image, size: r.Size}, r.Low, r.High, true)
 	}
 	return nil
 }
@@ -213,6 +213,13 @@ func (p *warmPool) fill(s shape, ps *poolShape) {
 		dv, err := p.d.newDevice(p.d.ctx, newSpec{kind: rpc.KindPool, image: s.image, size: s.size})
 		if err != nil {
 			p.d.log.Error("warm pool refill failed", "image", s.image, "size", s.size, "err", err)
+			return
+		}
+		// A crash here leaves a pool device on disk that only the restarted
+		// daemon's adoption puts in the ready list.
+		if err := fpPoolAfterFill.Inject(); err != nil {
+			p.d.log.Error("warm pool refill failed", "image", s.image, "size", s.size, "err", err)
+			p.d.delete(p.d.ctx, dv.rec.ID, true)
 			return
 		}
 		p.mu.Lock()

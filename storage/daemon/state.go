@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/storage/blob"
 	"github.com/agentenv/agentenv/storage/image"
 )
@@ -118,41 +120,72 @@ func (d *Daemon) socketPath(id uint32) string {
 	return filepath.Join(d.opts.RunDir, fmt.Sprintf("nbd-%d.sock", id))
 }
 
-// save writes the record atomically.
+// save writes the record atomically and durably (the commit point of every
+// transition of a device).
 func (d *Daemon) save(r *record) error {
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return fmt.Errorf("save device %d: %w", r.ID, err)
 	}
-	path := filepath.Join(d.deviceDir(r.ID), "device.json")
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(d.deviceDir(r.ID), "device.json"), b, 0o600); err != nil {
 		return fmt.Errorf("save device %d: %w", r.ID, err)
 	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		return fmt.Errorf("save device %d: %w", r.ID, err)
-	}
-	return syncDir(d.deviceDir(r.ID))
+	return nil
 }
 
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
+func genConfig(dir string, gen int) string { return filepath.Join(dir, fmt.Sprintf("image.%d.json", gen)) }
+func genUpper(gen int) (data, index string) {
+	return fmt.Sprintf("upper.%d.data", gen), fmt.Sprintf("upper.%d.index", gen)
+}
+
+// writeGeneration makes generation gen of a device in dir: a fresh upper
+// (upper.GEN.data/index, fsynced) on lowers and then its config
+// image.GEN.json, written atomically, so the config never names an upper
+// that is not on disk. noUpper makes a read-only config.
+func writeGeneration(ctx context.Context, dir string, gen int, lowers []string, size int64, noUpper bool) (string, error) {
+	config := genConfig(dir, gen)
+	// image.Create saves its config without fsync; it writes a scratch copy
+	// and the durable config is written here.
+	scratch := filepath.Join(dir, fmt.Sprintf(".image.%d.json.new", gen))
+	data, index := genUpper(gen)
+	cfg, err := image.Create(ctx, scratch, image.CreateSpec{Lowers: lowers, Size: size, UpperData: data, UpperIndex: index, NoUpper: noUpper})
+	os.Remove(scratch)
 	if err != nil {
-		return err
+		return "", fmt.Errorf("generation %d: %w", gen, err)
 	}
-	defer f.Close()
-	return f.Sync()
+	if cfg.Upper != nil {
+		for _, f := range []string{cfg.Upper.Data, cfg.Upper.Index} {
+			p := filepath.Join(dir, f)
+			if err := os.Chmod(p, 0o600); err != nil {
+				return "", fmt.Errorf("generation %d: %w", gen, err)
+			}
+			if err := atomicfile.SyncFile(p); err != nil {
+				return "", fmt.Errorf("generation %d: %w", gen, err)
+			}
+		}
+	}
+	b, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return "", fmt.Errorf("generation %d: %w", gen, err)
+	}
+	if err := atomicfile.WriteFile(config, append(b, '\n'), 0o600); err != nil {
+		return "", fmt.Errorf("generation %d: %w", gen, err)
+	}
+	return config, nil
+}
+
+// removeGeneration deletes the config and upper files of generation gen
+// and syncs the directory.
+func removeGeneration(dir string, gen int) error {
+	data, index := genUpper(gen)
+	var errs []error
+	for _, p := range []string{genConfig(dir, gen), filepath.Join(dir, data), filepath.Join(dir, index)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, atomicfile.SyncDir(dir))
+	return errors.Join(errs...)
 }
 
 func loadRecord(dir string) (*record, error) {

@@ -1,6 +1,20 @@
 // Package client is the Go client of aenv-storaged, used by aenvd: one Unix
-// socket connection carrying length-prefixed JSON calls (package rpc), one
-// call at a time, redialled transparently after the daemon restarts.
+// socket connection carrying length-prefixed JSON calls (package rpc),
+// multiplexed on the request ids: any number of calls are in flight at once
+// and each is answered when the daemon finishes it, so a slow restack does
+// not hold up a create. A connection the daemon closed (a restart) is
+// redialled by the next call.
+//
+// Errors carry the daemon's codes: match them with errors.Is against
+// rpc.ErrNotFound, rpc.ErrConflict, rpc.ErrCapacity, rpc.ErrInvalid and
+// rpc.ErrInternal. A call that fails on the way (a dropped connection, a
+// cancelled context) returns that error instead; whether the daemon ran it
+// is then unknown, and every call is safe to repeat (delete of a deleted
+// device is ErrNotFound; a repeated create leaves an extra device of the
+// same owner for Reclaim).
+//
+// Devices is the interface the node's sandbox code uses; *Client
+// implements it over RPC and daemon.Local in process.
 package client
 
 import (
@@ -9,58 +23,151 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"time"
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 )
 
-// Client talks to one daemon. It is safe for concurrent use; calls are serialised.
+// Client talks to one daemon. It is safe for concurrent use.
 type Client struct {
 	socket string
 
-	mu   sync.Mutex
-	conn net.Conn
+	mu   sync.Mutex // guards conn and next
+	conn *conn
 	next uint64
+}
+
+// conn is one connection and its outstanding calls.
+type conn struct {
+	nc  net.Conn
+	wmu sync.Mutex // one frame at a time
+
+	mu      sync.Mutex
+	pending map[uint64]chan rpc.Response
+	err     error         // why the connection broke; set once
+	done    chan struct{} // closed when it broke
 }
 
 // Dial connects to the daemon's RPC socket.
 func Dial(ctx context.Context, socket string) (*Client, error) {
 	c := &Client{socket: socket}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.connect(ctx); err != nil {
+	if _, err := c.getConn(ctx); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-func (c *Client) connect(ctx context.Context) error {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", c.socket)
-	if err != nil {
-		return fmt.Errorf("storaged dial %s: %w", c.socket, err)
+// getConn returns the live connection, dialling one if there is none or the
+// last one broke.
+func (c *Client) getConn(ctx context.Context) (*conn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != nil && !c.conn.broken() {
+		return c.conn, nil
 	}
-	c.conn = conn
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", c.socket)
+	if err != nil {
+		return nil, fmt.Errorf("storaged dial %s: %w", c.socket, err)
+	}
+	cn := &conn{nc: nc, pending: make(map[uint64]chan rpc.Response), done: make(chan struct{})}
+	go cn.read()
+	c.conn = cn
+	return cn, nil
+}
+
+func (c *Client) nextID() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.next++
+	return c.next
+}
+
+// Close closes the connection; calls in flight fail. Devices are not affected.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	cn := c.conn
+	c.conn = nil
+	c.mu.Unlock()
+	if cn == nil {
+		return nil
+	}
+	cn.fail(net.ErrClosed)
 	return nil
 }
 
-// Close closes the connection. Devices are not affected.
-func (c *Client) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.conn == nil {
-		return nil
+// read delivers responses to their calls until the connection breaks.
+func (cn *conn) read() {
+	for {
+		var resp rpc.Response
+		if err := rpc.ReadFrame(cn.nc, &resp); err != nil {
+			cn.fail(err)
+			return
+		}
+		cn.mu.Lock()
+		ch, ok := cn.pending[resp.ID]
+		delete(cn.pending, resp.ID)
+		cn.mu.Unlock()
+		if ok {
+			ch <- resp // buffered: never blocks
+		}
+		// Unknown ids are answers to calls whose context ended: dropped.
 	}
-	err := c.conn.Close()
-	c.conn = nil
-	return err
 }
 
-// Call performs one RPC. A broken connection is redialled once, before the
-// request is sent, so a call is never sent twice.
+func (cn *conn) fail(err error) {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.err != nil {
+		return
+	}
+	cn.err = err
+	close(cn.done)
+	cn.nc.Close()
+}
+
+func (cn *conn) broken() bool {
+	select {
+	case <-cn.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// register adds a pending call, or fails if the connection broke.
+func (cn *conn) register(id uint64) (chan rpc.Response, error) {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.err != nil {
+		return nil, cn.err
+	}
+	ch := make(chan rpc.Response, 1)
+	cn.pending[id] = ch
+	return ch, nil
+}
+
+func (cn *conn) unregister(id uint64) {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	delete(cn.pending, id)
+}
+
+func (cn *conn) write(ctx context.Context, req rpc.Request) error {
+	cn.wmu.Lock()
+	defer cn.wmu.Unlock()
+	dl, _ := ctx.Deadline()
+	cn.nc.SetWriteDeadline(dl)
+	if err := rpc.WriteFrame(cn.nc, req); err != nil {
+		cn.fail(err)
+		return err
+	}
+	return nil
+}
+
+// Call performs one RPC. A connection found broken when the request is
+// written is redialled once, so a restarted daemon is reached; a request is
+// never written twice.
 func (c *Client) Call(ctx context.Context, method string, params, result any) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	var raw json.RawMessage
 	if params != nil {
 		b, err := json.Marshal(params)
@@ -69,14 +176,7 @@ func (c *Client) Call(ctx context.Context, method string, params, result any) er
 		}
 		raw = b
 	}
-	if c.conn == nil {
-		if err := c.connect(ctx); err != nil {
-			return err
-		}
-	}
-	c.next++
-	req := rpc.Request{ID: c.next, Method: method, Params: raw}
-	resp, err := c.roundTrip(ctx, req)
+	resp, err := c.roundTrip(ctx, rpc.Request{Method: method, Params: raw})
 	if err != nil {
 		return fmt.Errorf("storaged %s: %w", method, err)
 	}
@@ -92,40 +192,45 @@ func (c *Client) Call(ctx context.Context, method string, params, result any) er
 }
 
 func (c *Client) roundTrip(ctx context.Context, req rpc.Request) (rpc.Response, error) {
-	dl, ok := ctx.Deadline()
-	if !ok {
-		dl = time.Time{}
-	}
-	c.conn.SetDeadline(dl)
-	stop := context.AfterFunc(ctx, func() { c.conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	err := rpc.WriteFrame(c.conn, req)
-	if err != nil {
-		// The daemon may have restarted since the last call: redial once.
-		c.conn.Close()
-		if err := c.connect(ctx); err != nil {
+	for attempt := 0; ; attempt++ {
+		cn, err := c.getConn(ctx)
+		if err != nil {
 			return rpc.Response{}, err
 		}
-		c.conn.SetDeadline(dl)
-		err = rpc.WriteFrame(c.conn, req)
-	}
-	var resp rpc.Response
-	if err == nil {
-		err = rpc.ReadFrame(c.conn, &resp)
-	}
-	if err == nil && resp.ID != req.ID {
-		err = fmt.Errorf("response id %d for request %d", resp.ID, req.ID)
-	}
-	if err != nil {
-		c.conn.Close()
-		c.conn = nil
-		if ctx.Err() != nil {
-			err = ctx.Err()
+		req.ID = c.nextID()
+		ch, err := cn.register(req.ID)
+		if err == nil {
+			err = cn.write(ctx, req)
+			if err != nil {
+				cn.unregister(req.ID)
+			}
 		}
-		return rpc.Response{}, err
+		if err != nil {
+			// Broken before the request went out (a daemon restart closes
+			// every connection): redial once.
+			if attempt == 0 && ctx.Err() == nil {
+				continue
+			}
+			return rpc.Response{}, err
+		}
+		select {
+		case resp := <-ch:
+			return resp, nil
+		case <-cn.done:
+			// The answer may have arrived just before the break.
+			select {
+			case resp := <-ch:
+				return resp, nil
+			default:
+			}
+			return rpc.Response{}, fmt.Errorf("connection lost: %w", cn.err)
+		case <-ctx.Done():
+			cn.unregister(req.ID)
+			return rpc.Response{}, ctx.Err()
+		}
 	}
-	return resp, nil
 }
+
 
 // Create makes a runtime device from an image config.
 func (c *Client) Create(ctx context.Context, p rpc.CreateParams) (rpc.Device, error) {
@@ -193,3 +298,22 @@ func (c *Client) Features(ctx context.Context) (rpc.Features, error) {
 func (c *Client) Shutdown(ctx context.Context) error {
 	return c.Call(ctx, rpc.MethodShutdown, nil, nil)
 }
+
+// Devices is what the node needs of the storage daemon: implemented over
+// RPC by *Client and in process by *daemon.Local, and checked against both
+// by package devicestest. Errors match rpc.ErrNotFound, rpc.ErrConflict,
+// rpc.ErrCapacity, rpc.ErrInvalid and rpc.ErrInternal with errors.Is.
+type Devices interface {
+	Create(ctx context.Context, p rpc.CreateParams) (rpc.Device, error)
+	Delete(ctx context.Context, id uint32) error
+	Restack(ctx context.Context, p rpc.RestackParams) (rpc.RestackResult, error)
+	Acquire(ctx context.Context, p rpc.AcquireParams) (rpc.Device, error)
+	AcquireShared(ctx context.Context, imageConfig, holder string) (rpc.Device, error)
+	ReleaseShared(ctx context.Context, id uint32, holder string) error
+	List(ctx context.Context) ([]rpc.Device, error)
+	Reclaim(ctx context.Context, owner string, keep ...uint32) (rpc.ReclaimResult, error)
+	Warm(ctx context.Context, p rpc.WarmParams) error
+	Features(ctx context.Context) (rpc.Features, error)
+}
+
+var _ Devices = (*Client)(nil)

@@ -1,8 +1,29 @@
 // Package rpc owns the wire protocol between aenv-storaged and its clients:
 // frames of a 4-byte big-endian length followed by one JSON document, over a
-// Unix stream socket. A client sends a Request and reads one Response with the
-// same ID; a connection carries any number of such exchanges, one at a time.
+// Unix stream socket. A client sends Requests, each with an ID unique among
+// its outstanding requests on the connection, and the daemon answers each
+// with a Response carrying the same ID. Requests of one connection run
+// concurrently (bounded per connection), so responses may come out of order:
+// a slow restack does not hold up a create sent after it.
 // The types here are the whole API, shared by the daemon and its Go client.
+//
+// # Errors
+//
+// A failed call carries an Error whose Code is one of a small vocabulary,
+// and each code has a sentinel that errors.Is matches (through Unwrap):
+//
+//	code           sentinel         meaning                                        HTTP
+//	not_found      ErrNotFound      no such device, holder                         404
+//	conflict       ErrConflict      the device's state forbids it (shared, read-   409
+//	                                only, layer path taken, lost device)
+//	capacity       ErrCapacity      out of a resource: no free device id; also     503 + Retry-After
+//	                                shutting_down (retry on the restarted daemon)
+//	invalid        ErrInvalid       bad parameters only (missing image, bad size)  400
+//	internal       ErrInternal      anything else: I/O errors, a failed export     500
+//
+// The codes lost and shutting_down are kept for clients that look at Code;
+// they match ErrConflict and ErrCapacity respectively (and ErrLost,
+// ErrShuttingDown). The daemon never labels an internal failure invalid.
 package rpc
 
 import (
@@ -35,15 +56,49 @@ const (
 	MethodShutdown      = "shutdown"
 )
 
-// Error codes.
+// Error codes (see the package doc for what each means).
 const (
 	CodeInvalid      = "invalid"
 	CodeNotFound     = "not_found"
 	CodeConflict     = "conflict"
-	CodeLost         = "lost"
-	CodeShuttingDown = "shutting_down"
+	CodeCapacity     = "capacity"
+	CodeLost         = "lost"          // a conflict: the device exists but is not servable
+	CodeShuttingDown = "shutting_down" // a capacity error: retry once the daemon is back
 	CodeInternal     = "internal"
 )
+
+// Sentinels matched with errors.Is against any error a call returns, over
+// RPC or in process.
+var (
+	ErrNotFound     = errors.New("storaged: not found")
+	ErrConflict     = errors.New("storaged: conflict")
+	ErrCapacity     = errors.New("storaged: out of capacity")
+	ErrInvalid      = errors.New("storaged: invalid request")
+	ErrInternal     = errors.New("storaged: internal error")
+	ErrLost         = fmt.Errorf("storaged: device lost: %w", ErrConflict)
+	ErrShuttingDown = fmt.Errorf("storaged: shutting down: %w", ErrCapacity)
+)
+
+// sentinel returns the sentinel of a code; unknown codes (a newer daemon)
+// are internal errors.
+func sentinel(code string) error {
+	switch code {
+	case CodeNotFound:
+		return ErrNotFound
+	case CodeConflict:
+		return ErrConflict
+	case CodeCapacity:
+		return ErrCapacity
+	case CodeInvalid:
+		return ErrInvalid
+	case CodeLost:
+		return ErrLost
+	case CodeShuttingDown:
+		return ErrShuttingDown
+	default:
+		return ErrInternal
+	}
+}
 
 // ErrFrameTooLarge is returned for frames above MaxFrame.
 var ErrFrameTooLarge = errors.New("rpc frame too large")
@@ -75,6 +130,9 @@ func (e *Error) Is(target error) bool {
 	t, ok := target.(*Error)
 	return ok && t.Code == e.Code
 }
+
+// Unwrap returns the sentinel of the code, so errors.Is(err, rpc.ErrNotFound) works.
+func (e *Error) Unwrap() error { return sentinel(e.Code) }
 
 // Device kinds.
 const (

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 )
 
@@ -56,6 +58,34 @@ func TestErrorIs(t *testing.T) {
 	var err error = &Error{Code: CodeNotFound, Message: "device 3"}
 	if !errors.Is(err, &Error{Code: CodeNotFound}) || errors.Is(err, &Error{Code: CodeLost}) {
 		t.Fatal("errors.Is does not match on the code")
+	}
+}
+
+// TestErrorSentinels: every code maps to exactly the sentinels documented,
+// through any wrapping.
+func TestErrorSentinels(t *testing.T) {
+	t.Parallel()
+	all := []error{ErrNotFound, ErrConflict, ErrCapacity, ErrInvalid, ErrInternal, ErrLost, ErrShuttingDown}
+	cases := []struct {
+		code string
+		want []error
+	}{
+		{CodeNotFound, []error{ErrNotFound}},
+		{CodeConflict, []error{ErrConflict}},
+		{CodeCapacity, []error{ErrCapacity}},
+		{CodeInvalid, []error{ErrInvalid}},
+		{CodeInternal, []error{ErrInternal}},
+		{CodeLost, []error{ErrLost, ErrConflict}},
+		{CodeShuttingDown, []error{ErrShuttingDown, ErrCapacity}},
+		{"from-a-newer-daemon", []error{ErrInternal}},
+	}
+	for _, c := range cases {
+		err := fmt.Errorf("wrapped: %w", &Error{Code: c.code, Message: "m"})
+		for _, s := range all {
+			if got, want := errors.Is(err, s), slices.Contains(c.want, s); got != want {
+				t.Errorf("code %s: errors.Is(%v) = %v, want %v", c.code, s, got, want)
+			}
+		}
 	}
 }
 
