@@ -69,6 +69,10 @@ func (s *Slot) adopt(ctx context.Context) error {
 	if err := s.installRules(); err != nil {
 		return err
 	}
+	// Slots made by an older version may lack it.
+	if err := runInHandle(s.ns, setRPFilter); err != nil {
+		return err
+	}
 	s.dns = newResolver(s)
 	if err := runInHandle(s.ns, s.dns.listen); err != nil {
 		return fmt.Errorf("resolver: %w", err)

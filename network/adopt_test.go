@@ -3,6 +3,7 @@ package network_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -77,7 +78,8 @@ func TestAdoptAfterCrash(t *testing.T) {
 		t.Fatalf("Adopt: %v", err)
 	}
 	ctx := t.Context()
-	if line, err := nettest.Hello(ctx, w.HostNS, s.GuestAddr(8080)); err != nil || !strings.HasPrefix(line, "hello kept ") {
+	line, err = nettest.HelloVia(ctx, func(ctx context.Context) (net.Conn, error) { return s.DialGuest(ctx, "tcp", 8080) })
+	if err != nil || !strings.HasPrefix(line, "hello kept ") {
 		t.Fatalf("host -> adopted guest: %q %v", line, err)
 	}
 	if a, err := nettest.Resolve(ctx, guestNS, netip.AddrPortFrom(network.NameserverIP, 53), "adopted.test"); err != nil || a != nettest.TestNet1 {

@@ -55,7 +55,7 @@ func cleanupLinks(cfg Config) (int, error) {
 		return 0, fmt.Errorf("cleanup: netlink: %w", err)
 	}
 	defer h.Close()
-	links, err := h.LinkList()
+	links, err := retryDump(h.LinkList)
 	if err != nil {
 		return 0, fmt.Errorf("cleanup: list links: %w", err)
 	}

@@ -32,8 +32,16 @@ type Config struct {
 	// VethCIDR holds one /31 transit network per slot (default 10.12.0.0/16).
 	VethCIDR netip.Prefix
 	// AlwaysDenied are destinations no policy can open (default
-	// DefaultAlwaysDenied).
+	// DefaultAlwaysDenied). The host namespace's own addresses at New are
+	// always added. IPv6 entries are accepted and ignored while guests
+	// only have IPv4.
 	AlwaysDenied []netip.Prefix
+	// SocketMark (default DefaultSocketMark) marks the sockets of DialGuest
+	// and DialContext: the host's rules let only packets with this mark
+	// reach slot addresses, so no other local process (and no unprivileged
+	// user, who cannot set marks) gets to a guest. Pick a value no policy
+	// routing rule of the host uses.
+	SocketMark uint32
 	// DNSUpstream is where the slots' resolvers forward queries, dialled from
 	// the host namespace. Zero means the first nameserver of /etc/resolv.conf.
 	DNSUpstream netip.AddrPort
@@ -57,9 +65,17 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// DefaultAlwaysDenied are the ranges a guest never reaches: "this" network,
-// private (RFC 1918), CGNAT, loopback, link-local (cloud metadata),
-// multicast and reserved.
+// DefaultAlwaysDenied are the ranges a guest never reaches: every block of
+// the IANA IPv4 and IPv6 special-purpose address registries (RFC 6890 and
+// its updates) that is not plain global unicast: "this" network, private
+// (RFC 1918), CGNAT, loopback, link-local (cloud metadata), IETF protocol
+// assignments, documentation, 6to4 relay, benchmarking, AS112, AMT,
+// multicast, reserved and broadcast; for IPv6 the unspecified, loopback,
+// IPv4-mapped and -translated, discard-only, IETF protocol assignments
+// (Teredo, ORCHID, ...), documentation, 6to4, unique-local, link-local and
+// multicast blocks. The host's own addresses are denied on top of these.
+// Guests only have IPv4 today; the IPv6 blocks are kept so that the list
+// is complete when they get it.
 var DefaultAlwaysDenied = []netip.Prefix{
 	netip.MustParsePrefix("0.0.0.0/8"),
 	netip.MustParsePrefix("10.0.0.0/8"),
@@ -67,10 +83,37 @@ var DefaultAlwaysDenied = []netip.Prefix{
 	netip.MustParsePrefix("127.0.0.0/8"),
 	netip.MustParsePrefix("169.254.0.0/16"),
 	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.0.0.0/24"),
+	netip.MustParsePrefix("192.0.2.0/24"),
+	netip.MustParsePrefix("192.31.196.0/24"),
+	netip.MustParsePrefix("192.52.193.0/24"),
+	netip.MustParsePrefix("192.88.99.0/24"),
 	netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("192.175.48.0/24"),
+	netip.MustParsePrefix("198.18.0.0/15"),
+	netip.MustParsePrefix("198.51.100.0/24"),
+	netip.MustParsePrefix("203.0.113.0/24"),
 	netip.MustParsePrefix("224.0.0.0/4"),
-	netip.MustParsePrefix("240.0.0.0/4"),
+	netip.MustParsePrefix("240.0.0.0/4"), // includes 255.255.255.255/32
+	netip.MustParsePrefix("::/128"),
+	netip.MustParsePrefix("::1/128"),
+	netip.MustParsePrefix("::ffff:0:0/96"),
+	netip.MustParsePrefix("64:ff9b::/96"),
+	netip.MustParsePrefix("64:ff9b:1::/48"),
+	netip.MustParsePrefix("100::/64"),
+	netip.MustParsePrefix("2001::/23"),
+	netip.MustParsePrefix("2001:db8::/32"),
+	netip.MustParsePrefix("2002::/16"),
+	netip.MustParsePrefix("3fff::/20"),
+	netip.MustParsePrefix("5f00::/16"),
+	netip.MustParsePrefix("fc00::/7"),
+	netip.MustParsePrefix("fe80::/10"),
+	netip.MustParsePrefix("ff00::/8"),
 }
+
+// DefaultSocketMark is the socket mark (SO_MARK) of the manager's own
+// connections to guests; see Config.SocketMark.
+const DefaultSocketMark uint32 = 0x61650000
 
 var prefixRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,7}$`)
 
@@ -99,6 +142,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.AlwaysDenied == nil {
 		c.AlwaysDenied = DefaultAlwaysDenied
+	}
+	if c.SocketMark == 0 {
+		c.SocketMark = DefaultSocketMark
 	}
 	if c.PoolLow < 0 || c.PoolHigh < c.PoolLow {
 		return fmt.Errorf("network config: pool watermarks low=%d high=%d", c.PoolLow, c.PoolHigh)

@@ -207,7 +207,7 @@ func (r *resolver) handle(ctx context.Context, network string, q []byte) []byte 
 
 // exchange forwards q to the upstream from the host namespace.
 func (r *resolver) exchange(ctx context.Context, network string, q []byte) ([]byte, error) {
-	c, err := r.s.m.dialHost(ctx, network, r.s.m.cfg.DNSUpstream.String())
+	c, err := r.s.m.dialHost(ctx, network, r.s.m.cfg.DNSUpstream.String(), false)
 	if err != nil {
 		return nil, err
 	}

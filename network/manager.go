@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/nftables"
@@ -29,7 +31,10 @@ type Manager struct {
 	metrics *metrics
 
 	hostNS netns.NsHandle // -1: the process's own namespace
-	hostMu sync.Mutex     // serialises hostNL
+	// denied is what no guest reaches: Config.AlwaysDenied, the slot
+	// ranges and the host's own addresses at New.
+	denied []ipRange
+	hostMu sync.Mutex // serialises hostNL
 	hostNL *netlink.Handle
 
 	mu       sync.Mutex
@@ -76,6 +81,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		m.log.Info("removed leftovers of a previous run", "objects", n)
 	}
 	if err := m.setupHost(); err != nil {
+		m.closeHost()
+		return nil, err
+	}
+	if err := m.computeDenied(); err != nil {
 		m.closeHost()
 		return nil, err
 	}
@@ -129,6 +138,43 @@ func (m *Manager) setupHost() error {
 		return fmt.Errorf("host setup: %w", err)
 	}
 	return installHostTable(c, &m.cfg)
+}
+
+// computeDenied gathers the always-denied ranges: the configured list, the
+// slot ranges themselves and every address the host namespace has now.
+func (m *Manager) computeDenied() error {
+	ps := append([]netip.Prefix{m.cfg.HostCIDR, m.cfg.VethCIDR}, m.cfg.AlwaysDenied...)
+	m.hostMu.Lock()
+	addrs, err := retryDump(func() ([]netlink.Addr, error) { return m.hostNL.AddrList(nil, netlink.FAMILY_V4) })
+	m.hostMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("list host addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+			ps = append(ps, netip.PrefixFrom(ip, 32))
+		}
+	}
+	m.denied = prefixesToRanges(ps)
+	return nil
+}
+
+// dumpRetries bounds the retries of a netlink dump the kernel reports as
+// interrupted by a concurrent change (netlink.ErrDumpInterrupted).
+const dumpRetries = 30
+
+// retryDump runs a netlink dump until it is not interrupted by concurrent
+// changes (links of other slots come and go all the time on a busy node).
+func retryDump[T any](dump func() (T, error)) (T, error) {
+	for i := 0; ; i++ {
+		v, err := dump()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) || i == dumpRetries {
+			return v, err
+		}
+		if i > 3 {
+			time.Sleep(time.Duration(i) * time.Millisecond)
+		}
+	}
 }
 
 // Acquire returns a slot with the default policy: a warm one when the pool
@@ -272,7 +318,7 @@ func (m *Manager) awaitHostVeths(ctx context.Context) error {
 func (m *Manager) hostVeths() ([]string, error) {
 	m.hostMu.Lock()
 	defer m.hostMu.Unlock()
-	links, err := m.hostNL.LinkList()
+	links, err := retryDump(m.hostNL.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("list host links: %w", err)
 	}
@@ -475,16 +521,22 @@ func (m *Manager) hostRouteAdd(s *Slot) error {
 	return nil
 }
 
-// DialContext dials addr from the host namespace, as the sandbox proxy
-// does; it fits http.Transport.DialContext. With Config.HostNetNS empty it
-// is a plain dial.
+// DialContext dials addr from the host namespace with the manager's socket
+// mark, as the sandbox proxy does; it fits http.Transport.DialContext. Only
+// sockets with that mark reach slot addresses (see Config.SocketMark):
+// every connection of the node server to a guest must come from here or
+// from Slot.DialGuest.
 func (m *Manager) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	return m.dialHost(ctx, network, addr)
+	return m.dialHost(ctx, network, addr, true)
 }
 
-// dialHost dials from the host namespace (the sandbox proxy's view).
-func (m *Manager) dialHost(ctx context.Context, network, addr string) (net.Conn, error) {
+// dialHost dials from the host namespace; marked dials carry the socket
+// mark that opens the slot addresses.
+func (m *Manager) dialHost(ctx context.Context, network, addr string, marked bool) (net.Conn, error) {
 	var d net.Dialer
+	if marked {
+		d.Control = markSocket(m.cfg.SocketMark)
+	}
 	if m.hostNS < 0 {
 		return d.DialContext(ctx, network, addr)
 	}
@@ -495,4 +547,19 @@ func (m *Manager) dialHost(ctx context.Context, network, addr string) (net.Conn,
 		return err
 	})
 	return c, err
+}
+
+// markSocket sets SO_MARK (needs CAP_NET_ADMIN, which is the point: an
+// unprivileged process cannot forge it).
+func markSocket(mark uint32) func(string, string, syscall.RawConn) error {
+	return func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(mark))
+		})
+		if err == nil && serr != nil {
+			err = fmt.Errorf("set socket mark: %w", serr)
+		}
+		return err
+	}
 }

@@ -82,12 +82,37 @@ func matchDport(port uint16) []expr.Any {
 }
 
 func matchEstablished() []expr.Any {
-	bits := expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED
+	return matchCtState(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED)
+}
+
+// matchCtState matches packets whose conntrack state is any of bits.
+func matchCtState(bits uint32) []expr.Any {
 	return []expr.Any{
 		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
 			Mask: binaryutil.NativeEndian.PutUint32(bits), Xor: binaryutil.NativeEndian.PutUint32(0)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+	}
+}
+
+func matchMark(mark uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(mark)},
+	}
+}
+
+func matchAddrNot(offset uint32, a netip.Addr) []expr.Any {
+	b := a.As4()
+	return []expr.Any{ipField(offset), &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: b[:]}}
+}
+
+// rejectRules are the two rules that end a refused packet: a TCP reset for
+// TCP, ICMP "administratively prohibited" for the rest.
+func rejectRules(match []expr.Any) [][]expr.Any {
+	return [][]expr.Any{
+		cat(match, matchL4(unix.IPPROTO_TCP), one(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})),
+		cat(match, one(&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 13})),
 	}
 }
 
@@ -123,7 +148,9 @@ func rangeElements(rs []ipRange) []nftables.SetElement {
 
 // installHostTable (re)creates the host namespace's table: masquerade of
 // the slots' egress, no slot-to-slot forwarding, no new connections from a
-// slot into the host.
+// slot into the host, and nothing into a slot but the manager's own marked
+// sockets: no other local process or user (output) and no other machine
+// routing the slot ranges through this one (forward).
 func installHostTable(c *nftables.Conn, cfg *Config) error {
 	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: cfg.Prefix}
 	c.AddTable(t)
@@ -143,6 +170,28 @@ func installHostTable(c *nftables.Conn, cfg *Config) error {
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
 		matchIIF(vethPrefix, expr.CmpOpEq), matchOIF(vethPrefix, expr.CmpOpEq), one(verdict(expr.VerdictDrop)))})
+	// Into a slot only the answers of its guest's own connections are
+	// forwarded; a neighbour routing the slot ranges here gets nothing.
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+		matchOIF(vethPrefix, expr.CmpOpEq), matchEstablished(), one(verdict(expr.VerdictAccept)))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+		matchOIF(vethPrefix, expr.CmpOpEq), one(verdict(expr.VerdictDrop)))})
+
+	// Locally generated packets towards the slot ranges must carry the
+	// manager's mark (set with SO_MARK, which needs CAP_NET_ADMIN), or
+	// belong to a connection that such a socket opened. Refused ones are
+	// rejected so that a local client fails at once.
+	out := c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
+	for _, p := range []netip.Prefix{cfg.HostCIDR, cfg.VethCIDR} {
+		c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: cat(
+			matchPrefix(offDaddr, p), matchMark(cfg.SocketMark), one(verdict(expr.VerdictAccept)))})
+		c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: cat(
+			matchPrefix(offDaddr, p), matchEstablished(), one(verdict(expr.VerdictAccept)))})
+		for _, r := range rejectRules(matchPrefix(offDaddr, p)) {
+			c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: r})
+		}
+	}
 
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &policyAccept})
@@ -197,10 +246,13 @@ func newSlotTable(prefix string) *slotTable {
 	}
 }
 
-// install creates the whole slot table in one batch: NAT between the host
-// address and the guest, DNS redirection, input protection and the egress
-// policy p.
-func (st *slotTable) install(c *nftables.Conn, cfg *Config, hostIP netip.Addr, p *compiledPolicy) error {
+// install creates the whole slot table in one batch: anti-spoofing, NAT
+// between the host address and the guest, DNS redirection, input
+// protection, forwarding limited to the guest's egress and the host's
+// connections to it, and the egress policy p. denied are the always-denied
+// ranges; a is the slot's addresses.
+func (st *slotTable) install(c *nftables.Conn, denied []ipRange, a slotAddrs, p *compiledPolicy) error {
+	hostIP := a.HostIP
 	t := st.table
 	c.AddTable(t)
 	for _, s := range []*nftables.Set{st.alwaysDeny, st.allow, st.deny, st.dnsAllow} {
@@ -208,16 +260,25 @@ func (st *slotTable) install(c *nftables.Conn, cfg *Config, hostIP netip.Addr, p
 			return fmt.Errorf("add set %s: %w", s.Name, err)
 		}
 	}
-	if err := c.SetAddElements(st.alwaysDeny, rangeElements(prefixesToRanges(cfg.AlwaysDenied))); err != nil {
+	if err := c.SetAddElements(st.alwaysDeny, rangeElements(denied)); err != nil {
 		return fmt.Errorf("fill set always_deny: %w", err)
 	}
 	tap, up := ifname(TapName), ifname(slotUplink)
 
+	// Anti-spoofing, before anything else sees the packet: the guest sends
+	// with its own address or not at all (rp_filter backs this up).
+	raw := c.AddChain(&nftables.Chain{Name: "antispoof", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw})
+	c.AddRule(&nftables.Rule{Table: t, Chain: raw, Exprs: cat(
+		matchIIF(tap, expr.CmpOpEq), matchAddrNot(offSaddr, GuestIP), one(verdict(expr.VerdictDrop)))})
+
 	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
 	guest := GuestIP.As4()
+	// Only the host's end of the veth (where the manager's dials come
+	// from) is translated to the guest.
 	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: cat(
-		matchIIF(up, expr.CmpOpEq), matchAddr(offDaddr, hostIP),
+		matchIIF(up, expr.CmpOpEq), matchAddr(offSaddr, a.VethHost), matchAddr(offDaddr, hostIP),
 		one(&expr.Immediate{Register: 1, Data: guest[:]},
 			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1}))})
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
@@ -259,6 +320,10 @@ func (st *slotTable) install(c *nftables.Conn, cfg *Config, hostIP netip.Addr, p
 		&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 13})})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(matchEstablished(), one(verdict(expr.VerdictAccept)))})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(matchIIF(tap, expr.CmpOpEq), one(jump(st.egress.Name)))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(matchIIF(tap, expr.CmpOpEq), one(verdict(expr.VerdictAccept)))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(matchIIF(up, expr.CmpOpEq), matchOIF(tap, expr.CmpOpEq),
+		matchAddr(offSaddr, a.VethHost), one(verdict(expr.VerdictAccept)))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: one(verdict(expr.VerdictDrop))})
 	return st.setPolicy(c, p, nil)
 }
 

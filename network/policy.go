@@ -150,6 +150,33 @@ func (d domainPattern) match(qname string) bool {
 	return len(q) > len(d.name)+1 && strings.HasSuffix(q, "."+d.name)
 }
 
+// permits reports whether the egress rules accept a new connection to a:
+// the same order as the kernel's egress chain (always denied, allowed,
+// resolved for an allowed name, denied, internet). resolved says whether
+// a is in the slot's set of addresses resolved for allowed names.
+func (c *compiledPolicy) permits(a netip.Addr, alwaysDenied []ipRange, resolved bool) bool {
+	in := func(rs []ipRange) bool { return slices.ContainsFunc(rs, func(r ipRange) bool { return r.contains(a) }) }
+	switch {
+	case in(alwaysDenied):
+		return false
+	case in(c.allow), resolved:
+		return true
+	case in(c.deny):
+		return false
+	}
+	return !c.denyInternet
+}
+
+// closed reports whether the policy denies by default (no internet, or a
+// deny list covering every address): then the resolver must not be a way
+// out either, and answers only names an AllowOut domain covers.
+func (c *compiledPolicy) closed() bool {
+	if c.denyInternet {
+		return true
+	}
+	return slices.ContainsFunc(c.deny, func(r ipRange) bool { return r.lo == 0 && r.hi == ^uint32(0) })
+}
+
 func (c *compiledPolicy) allowsName(qname string) bool {
 	return slices.ContainsFunc(c.domains, func(d domainPattern) bool { return d.match(qname) })
 }

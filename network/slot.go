@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
@@ -67,7 +68,7 @@ func (s *Slot) GuestAddr(port uint16) netip.AddrPort { return netip.AddrPortFrom
 // DialGuest connects from the host namespace to the guest's port through
 // the slot's host-interaction address.
 func (s *Slot) DialGuest(ctx context.Context, network string, port uint16) (net.Conn, error) {
-	return s.m.dialHost(ctx, network, s.GuestAddr(port).String())
+	return s.m.dialHost(ctx, network, s.GuestAddr(port).String(), true)
 }
 
 // OpenTap opens the slot's tap device for a VMM: an open /dev/net/tun file
@@ -144,6 +145,10 @@ func (s *Slot) Policy() Policy {
 	return Policy{DenyInternet: s.raw.DenyInternet, AllowOut: slices.Clone(s.raw.AllowOut), DenyOut: slices.Clone(s.raw.DenyOut)}
 }
 
+// applyPolicy installs cp and then ends the guest's connections that cp
+// no longer permits: the rules accept packets of established connections
+// before they look at the policy, so without this a tightened policy
+// would only apply to new connections.
 func (s *Slot) applyPolicy(_ context.Context, cp *compiledPolicy) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -159,7 +164,45 @@ func (s *Slot) applyPolicy(_ context.Context, cp *compiledPolicy) error {
 		return fmt.Errorf("set policy of slot %s: %w", s.Name, err)
 	}
 	s.policy = cp
+	if err := s.cutDenied(cp, keep); err != nil {
+		return fmt.Errorf("set policy of slot %s: %w", s.Name, err)
+	}
 	return nil
+}
+
+// cutDenied deletes the conntrack entries of guest connections to
+// destinations cp does not permit; their next packet is then a new one,
+// which the egress rules refuse. Called with s.mu held.
+func (s *Slot) cutDenied(cp *compiledPolicy, keep map[netip.Addr]time.Duration) error {
+	h, err := netlink.NewHandleAt(s.ns, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return fmt.Errorf("conntrack: %w", err)
+	}
+	defer h.Close()
+	f := deniedFlows{p: cp, denied: s.m.denied, keep: keep}
+	_, err = retryDump(func() (uint, error) { return h.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f) })
+	if err != nil {
+		return fmt.Errorf("cut denied connections: %w", err)
+	}
+	return nil
+}
+
+// deniedFlows matches the guest's connections to destinations a policy
+// does not permit.
+type deniedFlows struct {
+	p      *compiledPolicy
+	denied []ipRange
+	keep   map[netip.Addr]time.Duration
+}
+
+func (f deniedFlows) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	src, ok1 := netip.AddrFromSlice(flow.Forward.SrcIP.To4())
+	dst, ok2 := netip.AddrFromSlice(flow.Forward.DstIP.To4())
+	if !ok1 || !ok2 || src != GuestIP {
+		return false
+	}
+	_, resolved := f.keep[dst]
+	return !f.p.permits(dst, f.denied, resolved)
 }
 
 func (s *Slot) currentPolicy() *compiledPolicy {
@@ -232,7 +275,8 @@ func (s *Slot) installRules() error {
 	if err != nil {
 		return err
 	}
-	if err := s.table.install(c, &s.m.cfg, s.HostIP, s.policy); err != nil {
+	a := slotAddrs{HostIP: s.HostIP, VethHost: s.VethHostIP, VethPeer: s.VethPeerIP}
+	if err := s.table.install(c, s.m.denied, a, s.policy); err != nil {
 		return fmt.Errorf("install nft table in slot %s: %w", s.Name, err)
 	}
 	if err := c.Flush(); err != nil {
@@ -298,6 +342,9 @@ func (s *Slot) configureInside(guestNS netns.NsHandle) error {
 			return err
 		}
 	}
+	if err := setRPFilter(); err != nil {
+		return err
+	}
 	if err := linkUpByName(h, "lo"); err != nil {
 		return err
 	}
@@ -335,6 +382,20 @@ func (s *Slot) configureInside(guestNS netns.NsHandle) error {
 	}
 	// The resolver's sockets are created here so they live in the slot.
 	return s.dns.listen()
+}
+
+// setRPFilter turns on strict reverse-path filtering in the current
+// thread's namespace: a packet arriving on an interface its source would
+// not be routed back through (a guest claiming an address that is not its
+// own) is dropped. The kernel applies the larger of "all" and the
+// interface's value, so "all" covers the interfaces that exist already.
+func setRPFilter() error {
+	for _, k := range []string{"net/ipv4/conf/all/rp_filter", "net/ipv4/conf/default/rp_filter"} {
+		if err := writeSysctl(k, "1"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *Slot) createVMLink(h *netlink.Handle, guestNS netns.NsHandle) error {

@@ -2,6 +2,7 @@ package network_test
 
 import (
 	"context"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -82,7 +83,7 @@ func TestHostGuestPathAndIsolation(t *testing.T) {
 			s   *network.Slot
 			tag string
 		}{{a, "A"}, {b, "B"}} {
-			line, err := nettest.Hello(ctx, w.HostNS, c.s.GuestAddr(8080))
+			line, err := nettest.HelloVia(ctx, func(ctx context.Context) (net.Conn, error) { return c.s.DialGuest(ctx, "tcp", 8080) })
 			if err != nil {
 				t.Fatalf("host -> %s: %v", c.s.GuestAddr(8080), err)
 			}
@@ -131,7 +132,9 @@ func TestHostGuestPathAndIsolation(t *testing.T) {
 		}
 		// Sanity: the same service is reachable from the host itself, so
 		// the checks above fail for the right reason.
-		if _, err := nettest.Hello(ctx, w.HostNS, netip.AddrPortFrom(a.VethHostIP, 2222)); err != nil {
+		if _, err := nettest.HelloVia(ctx, func(ctx context.Context) (net.Conn, error) {
+			return m.DialContext(ctx, "tcp4", netip.AddrPortFrom(a.VethHostIP, 2222).String())
+		}); err != nil {
 			t.Errorf("host service unreachable from the host: %v", err)
 		}
 	})

@@ -13,6 +13,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"time"
@@ -112,8 +113,11 @@ func runChecks(ctx context.Context, w *nettest.World, s *network.Slot) error {
 		ok   func() bool
 	}{
 		{"host reaches the guest through its host address", func() bool {
-			_, err := nettest.Hello(ctx, w.HostNS, s.GuestAddr(8080))
+			_, err := nettest.HelloVia(ctx, func(ctx context.Context) (net.Conn, error) { return s.DialGuest(ctx, "tcp", 8080) })
 			return err == nil
+		}},
+		{"other host sockets (no socket mark) do not reach the guest", func() bool {
+			return nettest.Blocked(ctx, w.HostNS, s.GuestAddr(8080))
 		}},
 		{"guest reaches the internet", func() bool { return nettest.Reachable(ctx, guest, world(nettest.TestNet2)) }},
 		{"guest cannot reach a private range", func() bool { return nettest.Blocked(ctx, guest, world(nettest.Private)) }},

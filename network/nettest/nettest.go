@@ -64,7 +64,35 @@ var (
 	Private = netip.MustParseAddr("192.168.77.10")
 	// DNS is the world's DNS server.
 	DNS = netip.MustParseAddr("198.51.100.53")
+	// Special is a special-purpose address (IETF protocol assignments,
+	// RFC 6890) in the world: always denied.
+	Special = netip.MustParseAddr("192.0.0.9")
+	// LANHost and LANNode are the two ends of the link AddLAN creates.
+	LANNode = netip.MustParseAddr("198.18.1.1")
+	LANHost = netip.MustParseAddr("198.18.1.2")
 )
+
+// worldRanges are the special-purpose ranges the fake internet is built
+// from; a manager in the world must let guests reach them.
+var worldRanges = []netip.Addr{TestNet1, TestNet2, TestNet3, DNS, HostUplink}
+
+// AlwaysDenied is network.DefaultAlwaysDenied without the ranges the fake
+// internet lives in (TEST-NETs, the benchmarking range of the uplink).
+func AlwaysDenied() []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range network.DefaultAlwaysDenied {
+		keep := true
+		for _, a := range worldRanges {
+			if p.Contains(a) {
+				keep = false
+			}
+		}
+		if keep {
+			out = append(out, p)
+		}
+	}
+	return out
+}
 
 // World is a host namespace and an internet namespace.
 type World struct {
@@ -115,7 +143,7 @@ func (w *World) wire() error {
 	return network.RunInNetNS(w.WorldNS, func() error {
 		var ps []netip.Prefix
 		ps = append(ps, netip.PrefixFrom(WorldUplink, 30))
-		for _, a := range []netip.Addr{TestNet1, TestNet2, TestNet3, Private, DNS} {
+		for _, a := range []netip.Addr{TestNet1, TestNet2, TestNet3, Private, DNS, Special} {
 			ps = append(ps, netip.PrefixFrom(a, 32))
 		}
 		return configure("up0", ps, HostUplink)
@@ -151,8 +179,66 @@ func configure(link string, addrs []netip.Prefix, gw netip.Addr) error {
 func (w *World) Config() network.Config {
 	return network.Config{
 		Prefix: w.Prefix, HostNetNS: w.HostNS,
-		DNSUpstream: netip.AddrPortFrom(DNS, 53),
+		DNSUpstream: netip.AddrPortFrom(DNS, 53), AlwaysDenied: AlwaysDenied(),
 	}
+}
+
+// AddLAN creates a namespace "<prefix>-lan" that plays a neighbour on the
+// host's LAN: linked to the host namespace (LANHost here, LANNode on the
+// host) with routes for routed (the slot ranges) through the host, as an
+// attacker on the same network would set up. It returns its path;
+// t.Cleanup removes it.
+func (w *World) AddLAN(t TB, routed ...netip.Prefix) string {
+	t.Helper()
+	name := w.Prefix + "-lan"
+	if err := network.CreateNamedNetNS(name); err != nil {
+		t.Fatalf("create netns %s: %v", name, err)
+	}
+	t.Cleanup(func() { network.DeleteNamedNetNS(name) })
+	path := network.NetNSPath(name)
+	lns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatalf("open netns %s: %v", name, err)
+	}
+	defer lns.Close()
+	err = network.RunInNetNS(w.HostNS, func() error {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lan0"},
+			PeerName: "lan0", PeerNamespace: netlink.NsFd(int(lns))}); err != nil {
+			return fmt.Errorf("lan veth: %w", err)
+		}
+		l, err := netlink.LinkByName("lan0")
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: LANNode.AsSlice(), Mask: net.CIDRMask(30, 32)}}); err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(l)
+	})
+	if err != nil {
+		t.Fatalf("wire lan: %v", err)
+	}
+	err = network.RunInNetNS(path, func() error {
+		if err := configure("lan0", []netip.Prefix{netip.PrefixFrom(LANHost, 30)}, LANNode); err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName("lan0")
+		if err != nil {
+			return err
+		}
+		for _, p := range routed {
+			r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)},
+				Gw: LANNode.AsSlice()}
+			if err := netlink.RouteReplace(r); err != nil {
+				return fmt.Errorf("route %s: %w", p, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("configure lan: %v", err)
+	}
+	return path
 }
 
 // Listen opens a TCP listener at addr inside the namespace at nsPath.
@@ -194,20 +280,30 @@ func ServeHello(l net.Listener, tag string) {
 // address, each answering with its own address as tag.
 func (w *World) ServeWorld(t TB, port uint16) {
 	t.Helper()
-	for _, a := range []netip.Addr{TestNet1, TestNet2, TestNet3, Private} {
+	for _, a := range []netip.Addr{TestNet1, TestNet2, TestNet3, Private, Special} {
 		ServeHello(Listen(t, w.WorldNS, netip.AddrPortFrom(a, port)), a.String())
 	}
 }
 
 // Hello dials addr from the namespace at nsPath and returns the greeting
 // line ("hello <tag> <peer>"), or an error if the connection fails.
+// Slot addresses answer only the manager's dialers: use HelloVia for them.
 func Hello(ctx context.Context, nsPath string, addr netip.AddrPort) (string, error) {
+	return HelloVia(ctx, func(ctx context.Context) (net.Conn, error) {
+		return DialIn(ctx, nsPath, "tcp4", addr.String())
+	})
+}
+
+// HelloVia is Hello over a connection dial opens (Slot.DialGuest,
+// Manager.DialContext).
+func HelloVia(ctx context.Context, dial func(context.Context) (net.Conn, error)) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	c, err := DialIn(ctx, nsPath, "tcp4", addr.String())
+	c, err := dial(ctx)
 	if err != nil {
 		return "", err
 	}
+	addr := c.RemoteAddr()
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(2 * time.Second))
 	buf := make([]byte, 128)
@@ -453,7 +549,7 @@ func Leftovers(prefix, hostNS string) ([]string, error) {
 		return nil, err
 	}
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), prefix+"-") && e.Name() != prefix+"-host" && e.Name() != prefix+"-world" {
+		if strings.HasPrefix(e.Name(), prefix+"-") && e.Name() != prefix+"-host" && e.Name() != prefix+"-world" && e.Name() != prefix+"-lan" {
 			out = append(out, "netns "+e.Name())
 		}
 	}
