@@ -184,7 +184,8 @@ func (o *Orchestrator) EnableBuilds(ctx context.Context, opt ImageOptions) error
 		changed := false
 		for _, br := range t.Builds {
 			if br.Status == BuildBuilding {
-				killStale(br.PID, b.buildDir(t.ID, br.ID)) // its run dir is on the VMM's command line
+				// Its VMM (its run dir is under the data directory) was
+				// killed by Recover's sweep of VMMs no record owns.
 				br.Status, br.Reason, br.ReasonStep, br.FinishedAt, br.PID = BuildError, "interrupted by node restart", StepBase, time.Now().UTC(), 0
 				changed = true
 				b.appendLogFile(t.ID, br.ID, BuildLog{Timestamp: br.FinishedAt, Level: "error", Message: br.Reason})
@@ -545,6 +546,9 @@ func (o *Orchestrator) DeleteTemplate(ctx context.Context, idOrName string) erro
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	// refMu: no create resolves this template between the check and the delete.
+	o.refMu.Lock()
+	defer o.refMu.Unlock()
 	t := b.resolve(idOrName)
 	if t == nil {
 		if _, err := o.Template(idOrName); err == nil && idOrName == DefaultTemplate {

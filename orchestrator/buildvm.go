@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"io"
 	"net/http"
 	"net/url"
@@ -176,10 +177,13 @@ func (b *builder) execute(ctx context.Context, t *Template, buildID string, spec
 	if _, err := vm.Snapshot(ctx, built.Snapshot); err != nil {
 		return nil, step, fmt.Errorf("snapshot: %w", err)
 	}
+	if err := atomicfile.SyncTree(built.Snapshot); err != nil {
+		return nil, step, err
+	}
 	if err := vm.Stop(ctx); err != nil {
 		return nil, step, fmt.Errorf("stop build VM: %w", err)
 	}
-	if err := sealDevice(ctx, o.sd, &rec); err != nil {
+	if err := sealAndDelete(ctx, o.sd, &rec); err != nil {
 		return nil, step, err
 	}
 	built.RootfsImage = rec.RootfsImage

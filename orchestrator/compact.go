@@ -3,13 +3,14 @@ package orchestrator
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/storage/lsmt"
-	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm/memsnap"
 )
 
@@ -37,13 +38,13 @@ func (o *Orchestrator) maybeCompact(rec Record) {
 	if len(mem.Layers) <= o.maxLayers() && len(refs(rec.RootfsImage)) <= o.maxLayers() {
 		return
 	}
-	go func() {
+	o.goBackground(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
 		if err := o.compact(ctx, rec.ID); err != nil {
 			o.log.Warn("compact sandbox layers", "sandbox", rec.ID, "err", err)
 		}
-	}()
+	})
 }
 
 // compact merges the sandbox's own memory and rootfs layers while it is
@@ -68,6 +69,9 @@ func (o *Orchestrator) compact(ctx context.Context, id string) error {
 			return fmt.Errorf("memory: %w", err)
 		}
 		mem.Layers = merged
+		if err := fpCompactMerged.Inject(); err != nil {
+			return err
+		}
 		if err := writeMemoryManifest(rec.Snapshot, mem); err != nil {
 			return err
 		}
@@ -82,11 +86,7 @@ func (o *Orchestrator) compact(ctx context.Context, id string) error {
 		if err := imageConfig(cfg, merged); err != nil {
 			return err
 		}
-		s.mu.Lock()
-		s.rec.RootfsImage = cfg
-		rec = s.rec
-		s.mu.Unlock()
-		if err := o.store.Put(store.Sandboxes, id, rec); err != nil {
+		if err := o.update(s, func(r *Record) { r.RootfsImage = cfg }); err != nil {
 			return err
 		}
 		obsolete = append(obsolete, old...)
@@ -124,7 +124,7 @@ func mergeOwned(ctx context.Context, chain []string, dir, name string,
 
 // mergeLayers writes the sealed layers (bottom first) merged into out,
 // atomically.
-func mergeLayers(ctx context.Context, paths []string, out, message string) (err error) {
+func mergeLayers(ctx context.Context, paths []string, out, message string) error {
 	var layers []*lsmt.Layer
 	defer func() {
 		for _, l := range layers {
@@ -138,26 +138,12 @@ func mergeLayers(ctx context.Context, paths []string, out, message string) (err 
 		}
 		layers = append(layers, l)
 	}
-	f, err := os.Create(out + ".tmp")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(out + ".tmp")
+	return atomicfile.Write(out, 0o600, func(w io.Writer) error {
+		if _, err := lsmt.Merge(ctx, layers, w, message); err != nil {
+			return fmt.Errorf("merge into %s: %w", out, err)
 		}
-	}()
-	if _, err = lsmt.Merge(ctx, layers, f, message); err != nil {
-		return fmt.Errorf("merge into %s: %w", out, err)
-	}
-	if err = f.Sync(); err != nil {
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(out+".tmp", out)
+		return nil
+	})
 }
 
 func mergeMemory(ctx context.Context, layers []string, out, message string) error {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/vmm/memsnap"
 )
@@ -64,11 +65,10 @@ func writeMemoryManifest(vmDir string, m MemoryImage) error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(vmDir, memoryManifest)
-	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
-		return fmt.Errorf("write memory manifest %s: %w", path, err)
+	if err := atomicfile.WriteFile(filepath.Join(vmDir, memoryManifest), b, 0o600); err != nil {
+		return fmt.Errorf("write memory manifest: %w", err)
 	}
-	return os.Rename(path+".tmp", path)
+	return nil
 }
 
 // ensureMemoryBase gives a template's snapshot a layered memory image: its
@@ -86,6 +86,9 @@ func (o *Orchestrator) ensureMemoryBase(t *Template) error {
 		return fmt.Errorf("template %s: import memory: %w", t.ID, err)
 	}
 	o.log.Info("template memory imported as base layer", "template", t.ID, "pages", st.Pages, "bytes", st.Bytes, "took", st.Took.Round(time.Millisecond))
+	if err := fpTemplateImported.Inject(); err != nil {
+		return err
+	}
 	return writeMemoryManifest(t.Snapshot, MemoryImage{Layers: []string{base}, File: mem})
 }
 

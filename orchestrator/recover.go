@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/store"
@@ -39,58 +40,111 @@ func (r *Recovered) Slots() []int {
 	return r.slots
 }
 
+// recovery carries what the startup steps share.
+type recovery struct {
+	drv     vmm.Driver
+	st      *store.Store
+	sd      *client.Client
+	log     *slog.Logger
+	dataDir string
+}
+
 // Recover runs before the network manager starts (which clears the previous
-// run's slots but those it is told to keep). It takes over every VMM process
-// a previous aenvd left running: one whose network slot is known stays
-// running (New re-adopts it with its slot); others (older records, or a
-// sandbox caught mid-pause or mid-resume) are snapshotted and stopped, so
-// the sandbox is kept as paused and resumes on the next connect. Sandboxes
-// whose VMM cannot be adopted are stopped and dropped. Paused sandboxes are
-// left alone.
+// run's slots but those it is told to keep). It walks every sandbox record
+// and finishes or rolls back the transition a crash interrupted:
 //
-// sd is the storage daemon (nil in file mode): a paused sandbox's rootfs
-// upper is sealed like on pause; a dropped one's device is deleted.
-func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, sd *client.Client, log *slog.Logger) (*Recovered, error) {
+//   - running with its VMM alive and its slot known: taken over (New
+//     re-adopts it with its slot);
+//   - running, pausing or resuming with its VMM alive otherwise: paused
+//     (memory captured from the live VM, disk sealed), so nothing is lost;
+//   - resuming whose VMM never came up: back to paused on its snapshot;
+//   - starting (a create that never answered): rolled back;
+//   - killing: the kill is finished;
+//   - paused: a VMM or device a pause left behind is removed.
+//
+// Then every VMM process under the data directory that no record owns is
+// killed, and (daemon mode) every device no record holds is deleted.
+// Sandboxes whose VMM is gone while running are dropped.
+func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, sd *client.Client, dataDir string, log *slog.Logger) (*Recovered, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	rc := &recovery{drv: drv, st: st, sd: sd, log: log, dataDir: dataDir}
 	recs, err := store.ListAll[Record](st, store.Sandboxes)
 	if err != nil {
 		return nil, fmt.Errorf("recover sandboxes: %w", err)
 	}
 	out := &Recovered{machines: map[string]vmm.Machine{}}
 	for _, r := range recs {
-		if r.State == Paused {
-			continue
-		}
-		if r.State == Running || r.State == Pausing || r.State == Resuming {
-			m, err := adoptVM(ctx, drv, r)
-			if err == nil && r.State == Running && r.Slot > 0 {
-				out.machines[r.ID], out.slots = m, append(out.slots, r.Slot)
-				log.Info("re-adopted running sandbox's VM", "sandbox", r.ID, "pid", m.Info().PID, "slot", r.Slot)
-				continue
-			}
-			if err == nil {
-				err = pauseAdopted(ctx, st, sd, r, m, log)
-			}
-			if err == nil {
-				continue
-			}
-			log.Warn("cannot re-adopt sandbox; dropping it", "sandbox", r.ID, "state", r.State, "err", err)
-		}
-		if err := dropRecord(ctx, st, sd, r); err != nil {
+		if err := rc.recoverOne(ctx, r, out); err != nil {
 			return nil, err
 		}
 	}
+	owned := map[int]bool{}
+	for _, m := range out.machines {
+		owned[m.Info().PID] = true
+	}
+	reapOrphans(dataDir, owned, log)
 	if sd != nil {
 		return out, reclaimDevices(ctx, st, sd, log)
 	}
 	return out, nil
 }
 
+func (rc *recovery) recoverOne(ctx context.Context, r Record, out *Recovered) error {
+	switch r.State {
+	case Paused:
+		return rc.tidyPaused(ctx, r)
+	case Starting:
+		rc.log.Warn("rolling back a create interrupted by a restart", "sandbox", r.ID)
+		return dropRecord(ctx, rc.st, rc.sd, r)
+	case Killing:
+		rc.log.Info("finishing a kill interrupted by a restart", "sandbox", r.ID)
+		return dropRecord(ctx, rc.st, rc.sd, r)
+	}
+	m, err := adoptVM(ctx, rc.drv, r)
+	if err == nil && r.State == Running && r.Slot > 0 {
+		out.machines[r.ID], out.slots = m, append(out.slots, r.Slot)
+		rc.log.Info("re-adopted running sandbox's VM", "sandbox", r.ID, "pid", m.Info().PID, "slot", r.Slot)
+		return nil
+	}
+	if err == nil {
+		if err = pauseAdopted(ctx, rc.st, rc.sd, r, m, rc.log); err == nil {
+			return nil
+		}
+	}
+	if r.State == Resuming && r.Snapshot != "" {
+		rc.log.Warn("a resume interrupted by a restart goes back to paused", "sandbox", r.ID, "err", err)
+		if m != nil {
+			_ = m.Stop(ctx)
+		}
+		r.State = Paused
+		return rc.tidyPaused(ctx, r)
+	}
+	rc.log.Error("cannot re-adopt sandbox; dropping it", "sandbox", r.ID, "state", r.State, "err", err)
+	return dropRecord(ctx, rc.st, rc.sd, r)
+}
+
+// tidyPaused removes what a pause interrupted after its "paused" record
+// left: the VMM process and the storage device.
+func (rc *recovery) tidyPaused(ctx context.Context, r Record) error {
+	if r.PID == 0 && !r.HasDevice && r.Slot == 0 {
+		return nil
+	}
+	killStale(r.PID, r.PIDStart)
+	if rc.sd != nil && r.HasDevice {
+		if err := rc.sd.Delete(ctx, r.Device); err != nil && !errors.Is(err, rpc.ErrNotFound) {
+			rc.log.Warn("delete the device of a paused sandbox", "sandbox", r.ID, "device", r.Device, "err", err)
+		}
+	}
+	r.PID, r.PIDStart, r.Slot, r.Device, r.HasDevice = 0, 0, 0, 0, false
+	rc.log.Info("finished a pause interrupted by a restart", "sandbox", r.ID)
+	return rc.st.Put(store.Sandboxes, r.ID, r)
+}
+
 // dropRecord stops whatever is left of a sandbox and forgets it.
 func dropRecord(ctx context.Context, st *store.Store, sd *client.Client, r Record) error {
-	killStale(r.PID, r.ID)
+	killStale(r.PID, r.PIDStart)
 	if sd != nil && r.HasDevice {
 		_ = sd.Delete(ctx, r.Device)
 	}
@@ -139,8 +193,11 @@ func adoptVM(ctx context.Context, drv vmm.Driver, r Record) (vmm.Machine, error)
 	return ad.Adopt(ctx, filepath.Join(r.Dir, fmt.Sprintf("run-%d", r.Gen)))
 }
 
-// pauseAdopted pauses and snapshots an adopted VM, stops it and records the
-// sandbox as paused. The VM is stopped whatever happens.
+// pauseAdopted pauses an adopted VM in the same durable steps as a pause:
+// vCPUs stopped, memory and VM state written and synced, disk sealed (a
+// seal the crash interrupted is finished, not repeated), "paused" recorded,
+// then the VMM stopped and the device deleted. The VM is stopped whatever
+// happens.
 func pauseAdopted(ctx context.Context, st *store.Store, sd *client.Client, r Record, m vmm.Machine, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -154,79 +211,44 @@ func pauseAdopted(ctx context.Context, st *store.Store, sd *client.Client, r Rec
 	}
 	_ = os.RemoveAll(snapDir) // a pause the crash interrupted
 	diff := filepath.Join(r.Dir, fmt.Sprintf("mem-%d.lsmt", r.Gen))
-	if err := captureVM(ctx, log, r.ID, m, r.Memory, snapDir, diff); err != nil {
+	err := captureVM(ctx, log, r.ID, m, r.Memory, snapDir, diff)
+	if err == nil {
+		err = atomicfile.SyncTree(snapDir)
+	}
+	if err != nil {
 		_ = os.RemoveAll(snapDir)
 		return fmt.Errorf("snapshot adopted machine: %w", err)
 	}
-	if err := m.Stop(ctx); err != nil {
-		return fmt.Errorf("stop adopted machine: %w", err)
-	}
 	if sd != nil {
-		if err := sealDevice(ctx, sd, &r); err != nil {
+		cfg, err := sealDevice(ctx, sd, r, fmt.Sprintf("rootfs-%d", r.Gen), "sandbox "+r.ID)
+		if err != nil {
 			_ = os.RemoveAll(snapDir)
 			return err
 		}
+		r.RootfsImage = cfg
+	} else if err := atomicfile.SyncFile(r.Rootfs); err != nil {
+		return err
 	}
-	if r.Snapshot != "" {
-		_ = os.RemoveAll(r.Snapshot)
+	old := r.Snapshot
+	r.State, r.Snapshot = Paused, snapDir
+	if err := st.Put(store.Sandboxes, r.ID, r); err != nil {
+		return err
 	}
-	r.State, r.Snapshot, r.PID, r.Slot = Paused, snapDir, 0, 0
+	if err := m.Stop(ctx); err != nil {
+		log.Warn("stop adopted machine", "sandbox", r.ID, "err", err)
+	}
+	if sd != nil {
+		if err := sd.Delete(ctx, r.Device); err != nil {
+			log.Warn("delete the device of a paused sandbox (reclaimed at the next start)", "sandbox", r.ID, "err", err)
+		}
+	}
+	if old != "" {
+		_ = os.RemoveAll(old)
+	}
+	r.PID, r.PIDStart, r.Slot, r.Device, r.HasDevice = 0, 0, 0, 0, false
 	if err := st.Put(store.Sandboxes, r.ID, r); err != nil {
 		return err
 	}
 	log.Info("re-adopted sandbox after restart and kept it paused", "sandbox", r.ID)
 	return nil
-}
-
-// adoptRunning makes a recovered VM a running sandbox again: its slot is
-// adopted from the network manager, the sandbox's egress policy set anew,
-// its agent checked and its timeout re-armed. If any of that fails, the
-// sandbox is paused (snapshot, then the VM stops) or, failing that, dropped.
-func (o *Orchestrator) adoptRunning(ctx context.Context, r Record, m vmm.Machine) {
-	s := &sandbox{rec: r, vm: m}
-	err := func() error {
-		slot, err := o.nets.Adopt(ctx, r.Slot)
-		if err != nil {
-			return err
-		}
-		s.slot = slot
-		if !isZeroPolicy(r.Policy) {
-			if err := slot.SetPolicy(ctx, r.Policy); err != nil {
-				return fmt.Errorf("network policy: %w", err)
-			}
-		}
-		return waitAgent(ctx, slot, 20*time.Second)
-	}()
-	if err == nil {
-		s.rec.PID = m.Info().PID
-		err = o.store.Put(store.Sandboxes, r.ID, s.rec)
-	}
-	if err != nil {
-		o.log.Warn("re-adopted VM cannot run on; pausing the sandbox", "sandbox", r.ID, "err", err)
-		// The slot goes back only once the VM using its tap is stopped
-		// (pauseAdopted stops it whatever happens).
-		perr := pauseAdopted(ctx, o.store, o.sd, r, m, o.log)
-		if s.slot != nil {
-			_ = o.nets.Release(context.WithoutCancel(ctx), s.slot)
-		} else {
-			_ = o.nets.Forget(r.Slot)
-		}
-		if err := perr; err != nil {
-			o.log.Warn("cannot keep the re-adopted sandbox; dropping it", "sandbox", r.ID, "err", err)
-			if err := dropRecord(ctx, o.store, o.sd, r); err != nil {
-				o.log.Error("drop sandbox", "sandbox", r.ID, "err", err)
-			}
-			return
-		}
-		var rec Record
-		if err := o.store.Get(store.Sandboxes, r.ID, &rec); err == nil {
-			o.sandboxes[r.ID] = &sandbox{rec: rec}
-		}
-		return
-	}
-	o.sandboxes[r.ID] = s
-	s.mu.Lock()
-	o.armTimer(s)
-	s.mu.Unlock()
-	o.log.Info("sandbox keeps running after the restart", "sandbox", r.ID, "slot", s.slot.Name)
 }

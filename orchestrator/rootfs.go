@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/image"
@@ -33,10 +34,10 @@ func imageConfig(path string, layers []string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
-		return fmt.Errorf("write image config %s: %w", path, err)
+	if err := atomicfile.WriteFile(path, b, 0o600); err != nil {
+		return fmt.Errorf("write image config: %w", err)
 	}
-	return os.Rename(path+".tmp", path)
+	return nil
 }
 
 // layersOf reads the lowers of an image config as absolute paths.
@@ -114,47 +115,80 @@ func (o *Orchestrator) releaseDevice(ctx context.Context, s *sandbox) {
 	}
 }
 
-// sealRootfs (daemon mode, VM stopped) seals the device's upper into a new
-// layer of the sandbox, points the sandbox's image config at it and deletes
-// the device.
+// sealRootfs (vCPUs stopped, drives flushed) makes the disk's content as
+// of now durable: in daemon mode the device's upper is sealed into
+// <dir>/rootfs-<gen>.lsmt (the device goes on with a fresh upper on top)
+// and the record points at a config listing the device's layers; in file
+// mode the disk file is fsynced.
 func (o *Orchestrator) sealRootfs(ctx context.Context, s *sandbox) error {
-	if o.sd == nil {
-		return nil
-	}
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	if err := sealDevice(ctx, o.sd, &rec); err != nil {
+	if o.sd == nil {
+		return atomicfile.SyncFile(rec.Rootfs)
+	}
+	cfg, err := sealDevice(ctx, o.sd, rec, fmt.Sprintf("rootfs-%d", rec.Gen), "sandbox "+rec.ID)
+	if err != nil {
 		return err
 	}
 	s.mu.Lock()
-	s.rec.RootfsImage, s.rec.Device, s.rec.HasDevice = rec.RootfsImage, 0, false
+	s.rec.RootfsImage = cfg
 	s.mu.Unlock()
 	return nil
 }
 
-// sealDevice restacks rec's device into <dir>/rootfs-<gen>.lsmt, writes
-// <dir>/rootfs-<gen>.json (the previous layers plus the new one), deletes
-// the device and updates rec.
-func sealDevice(ctx context.Context, sd *client.Client, rec *Record) error {
+// sealDevice seals rec's device's upper into <dir>/<name>.lsmt, unless a
+// seal a crash interrupted got that far already, and writes <dir>/<name>.json
+// listing the device's layers (the daemon's list is the truth: it changed
+// with the restack). It returns that config. The device stays.
+func sealDevice(ctx context.Context, sd *client.Client, rec Record, name, message string) (string, error) {
 	if !rec.HasDevice {
-		return fmt.Errorf("seal rootfs of %s: no device", rec.ID)
+		return "", fmt.Errorf("seal rootfs of %s: no device", rec.ID)
 	}
-	layers, err := layersOf(rec.RootfsImage)
+	layer := filepath.Join(rec.Dir, name+".lsmt")
+	layers, err := deviceLayers(ctx, sd, rec.Device)
 	if err != nil {
-		return fmt.Errorf("seal rootfs of %s: %w", rec.ID, err)
+		return "", fmt.Errorf("seal rootfs of %s: %w", rec.ID, err)
 	}
-	layer := filepath.Join(rec.Dir, fmt.Sprintf("rootfs-%d.lsmt", rec.Gen))
-	if _, err := sd.Restack(ctx, rpc.RestackParams{ID: rec.Device, Layer: layer, Message: "sandbox " + rec.ID}); err != nil {
-		return fmt.Errorf("seal rootfs of %s: restack: %w", rec.ID, err)
+	if len(layers) == 0 || layers[len(layers)-1] != layer {
+		res, err := sd.Restack(ctx, rpc.RestackParams{ID: rec.Device, Layer: layer, Message: message})
+		if err != nil {
+			return "", fmt.Errorf("seal rootfs of %s: restack: %w", rec.ID, err)
+		}
+		layers = res.Device.Layers
 	}
-	cfg := filepath.Join(rec.Dir, fmt.Sprintf("rootfs-%d.json", rec.Gen))
-	if err := imageConfig(cfg, append(layers, layer)); err != nil {
-		return fmt.Errorf("seal rootfs of %s: %w", rec.ID, err)
+	cfg := filepath.Join(rec.Dir, name+".json")
+	if err := imageConfig(cfg, layers); err != nil {
+		return "", fmt.Errorf("seal rootfs of %s: %w", rec.ID, err)
+	}
+	return cfg, nil
+}
+
+// sealAndDelete (VM stopped) seals rec's device into
+// <dir>/rootfs-<gen>.lsmt, points rec at the config listing it and deletes
+// the device: for build and template VMs, whose disk is committed once.
+func sealAndDelete(ctx context.Context, sd *client.Client, rec *Record) error {
+	cfg, err := sealDevice(ctx, sd, *rec, fmt.Sprintf("rootfs-%d", rec.Gen), "sandbox "+rec.ID)
+	if err != nil {
+		return err
 	}
 	if err := sd.Delete(context.WithoutCancel(ctx), rec.Device); err != nil {
 		return fmt.Errorf("seal rootfs of %s: delete device: %w", rec.ID, err)
 	}
 	rec.RootfsImage, rec.Device, rec.HasDevice = cfg, 0, false
 	return nil
+}
+
+// deviceLayers returns the sealed layers of a daemon device, bottom first.
+func deviceLayers(ctx context.Context, sd *client.Client, id uint32) ([]string, error) {
+	devs, err := sd.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range devs {
+		if d.ID == id {
+			return d.Layers, nil
+		}
+	}
+	return nil, fmt.Errorf("storage device %d: %w", id, ErrNotFound)
 }

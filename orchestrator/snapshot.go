@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/store"
 )
 
@@ -151,6 +151,7 @@ func (o *Orchestrator) CreateSnapshot(ctx context.Context, sandboxID, name strin
 		_ = os.RemoveAll(r.Dir)
 		return SnapshotRecord{}, fmt.Errorf("snapshot sandbox %s: %w", sandboxID, err)
 	}
+	_ = fpSnapshotStored.Inject()
 	o.log.Info("snapshot created", "sandbox", sandboxID, "snapshot", r.ID, "name", name)
 	return r, nil
 }
@@ -187,6 +188,9 @@ func (o *Orchestrator) snapshotLocked(ctx context.Context, s *sandbox, hidden bo
 		err = o.capturePaused(rec, &r)
 	default:
 		err = fmt.Errorf("it is %s: %w", rec.State, ErrConflict)
+	}
+	if err == nil {
+		err = atomicfile.SyncTree(r.Dir)
 	}
 	if err != nil {
 		return r, fmt.Errorf("snapshot sandbox %s: %w", rec.ID, err)
@@ -232,23 +236,26 @@ func (o *Orchestrator) captureDisk(ctx context.Context, s *sandbox, r *SnapshotR
 		r.Rootfs = filepath.Join(r.Dir, "rootfs.ext4")
 		return sparseCopy(ctx, rec.Rootfs, r.Rootfs)
 	}
-	layers, err := layersOf(rec.RootfsImage)
+	// The sandbox's own view now has the sealed layer under its upper: that
+	// layer list is recorded before the VM continues, or a crash would
+	// leave a record whose disk lacks the layer.
+	own, err := sealDevice(ctx, o.sd, rec, fmt.Sprintf("rootfs-%d-%s", rec.Gen, r.ID), "snapshot "+r.ID)
 	if err != nil {
 		return err
 	}
-	layer := filepath.Join(rec.Dir, fmt.Sprintf("rootfs-%d-%s.lsmt", rec.Gen, r.ID))
-	if _, err := o.sd.Restack(ctx, rpc.RestackParams{ID: rec.Device, Layer: layer, Message: "snapshot " + r.ID}); err != nil {
-		return fmt.Errorf("seal rootfs: %w", err)
-	}
-	layers = append(layers, layer)
-	// The sandbox's own view now has the sealed layer under its upper.
-	own := filepath.Join(rec.Dir, fmt.Sprintf("rootfs-%d-%s.json", rec.Gen, r.ID))
-	if err := imageConfig(own, layers); err != nil {
+	if err := fpSnapshotSealed.Inject(); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.rec.RootfsImage = own
-	s.mu.Unlock()
+	if err := o.update(s, func(rec *Record) { rec.RootfsImage = own }); err != nil {
+		return err
+	}
+	if err := fpSnapshotRecorded.Inject(); err != nil {
+		return err
+	}
+	layers, err := layersOf(own)
+	if err != nil {
+		return err
+	}
 	snapLayers, err := adoptLayers(layers, rec.Dir, r.Dir)
 	if err != nil {
 		return err
@@ -332,6 +339,9 @@ func linkOrCopy(src, dst string) error {
 // DeleteSnapshot removes a snapshot by id or name. It refuses while a
 // sandbox or another snapshot still reads its files.
 func (o *Orchestrator) DeleteSnapshot(idOrName string) error {
+	// refMu: no create resolves this snapshot between the check and the delete.
+	o.refMu.Lock()
+	defer o.refMu.Unlock()
 	r, err := o.Snapshot(idOrName)
 	if err != nil {
 		return err
@@ -413,6 +423,9 @@ func (o *Orchestrator) Fork(ctx context.Context, id string, count int, timeout t
 	snap, err := o.snapshotLocked(ctx, s, true)
 	if err == nil {
 		err = o.store.Put(store.Snapshots, snap.ID, snap)
+	}
+	if err == nil {
+		err = fpForkSnapshot.Inject()
 	}
 	s.mu.Lock()
 	src := s.rec

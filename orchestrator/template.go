@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/guest/image"
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	storimage "github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/store"
@@ -83,7 +84,18 @@ func (o *Orchestrator) EnsureTemplate(ctx context.Context, assets *image.Assets)
 	return &t, nil
 }
 
+// setTemplate registers a committed (or building) template. A committed
+// one is prepared first, here and not in a create: its memory imported as
+// the base layer and its root disks given a warm pool.
 func (o *Orchestrator) setTemplate(t *Template) {
+	if t.Status == "" || t.Status == BuildReady {
+		if _, err := os.Stat(t.Snapshot); err == nil {
+			if err := o.ensureMemoryBase(t); err != nil {
+				o.log.Warn("template memory stays unlayered", "template", t.ID, "err", err)
+			}
+			o.warmRootfs(context.Background(), t)
+		}
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.templates[t.ID] = t
@@ -156,6 +168,9 @@ func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.As
 	if _, err := vm.Snapshot(ctx, t.Snapshot); err != nil {
 		return t, fmt.Errorf("build template %s: snapshot: %w", id, err)
 	}
+	if err := atomicfile.SyncTree(t.Snapshot); err != nil {
+		return t, fmt.Errorf("build template %s: %w", id, err)
+	}
 	if err := vm.Stop(ctx); err != nil {
 		return t, fmt.Errorf("build template %s: stop: %w", id, err)
 	}
@@ -209,7 +224,7 @@ func (o *Orchestrator) templateDisk(ctx context.Context, t *Template, raw string
 		if !commit {
 			return o.sd.Delete(context.WithoutCancel(ctx), dev.ID)
 		}
-		if err := sealDevice(ctx, o.sd, &rec); err != nil {
+		if err := sealAndDelete(ctx, o.sd, &rec); err != nil {
 			_ = o.sd.Delete(context.WithoutCancel(ctx), dev.ID)
 			return err
 		}

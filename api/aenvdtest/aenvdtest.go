@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 )
@@ -104,6 +105,7 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		fmt.Sprintf("AENVD_NETWORK_HOST_CIDR=10.%d.0.0/16", opts.CIDRBase),
 		fmt.Sprintf("AENVD_NETWORK_VETH_CIDR=10.%d.0.0/16", opts.CIDRBase+1),
 		"AENVD_NETWORK_POOL_LOW=1", "AENVD_NETWORK_POOL_HIGH=4", "AENVD_SANDBOX_DEFAULT_TIMEOUT=60s")
+	n.env = append(n.env, failpoint.ControlEnvVar+"="+n.FailpointSocket())
 	n.env = append(n.env, opts.Env...)
 	if err := n.Restart(ctx, 10*time.Minute); err != nil {
 		os.RemoveAll(work)
@@ -142,6 +144,26 @@ func (n *Node) Restart(ctx context.Context, limit time.Duration) error {
 	}
 	_ = n.Stop(syscall.SIGKILL)
 	return fmt.Errorf("aenvd not healthy within %s\n%s", limit, n.Logs())
+}
+
+// FailpointSocket is the control socket through which tests arm aenvd's
+// fault points (internal/failpoint).
+func (n *Node) FailpointSocket() string { return filepath.Join(n.work, "failpoints.sock") }
+
+// Arm arms one of aenvd's fault points in the running process ("" disarms).
+func (n *Node) Arm(name, action string) error {
+	return failpoint.ArmRemote(n.FailpointSocket(), name, action)
+}
+
+// WaitExit waits up to limit for the process to end by itself (a fault
+// point's crash) and returns how it ended.
+func (n *Node) WaitExit(limit time.Duration) (*os.ProcessState, error) {
+	select {
+	case <-n.done:
+		return n.cmd.ProcessState, nil
+	case <-time.After(limit):
+		return nil, fmt.Errorf("aenvd still runs after %s", limit)
+	}
 }
 
 // Stop signals the process and waits for it (SIGTERM: graceful shutdown,

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/agentenv/agentenv/internal/failpoint"
 	"log/slog"
 	"net"
 	"net/http"
@@ -64,8 +65,21 @@ func main() {
 		log.Error("configuration", "err", err)
 		os.Exit(2)
 	}
+	if err := failpoint.Check(); err != nil {
+		log.Error("fault injection", "err", err)
+		os.Exit(2)
+	}
+	if armed := failpoint.Armed(); len(armed) > 0 {
+		log.Warn("fault injection armed (tests only)", "points", armed)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	stopControl, err := failpoint.ServeControl(ctx)
+	if err != nil {
+		log.Error("fault injection", "err", err)
+		os.Exit(2)
+	}
+	defer stopControl()
 	if err := run(ctx, cfg, log); err != nil {
 		log.Error("aenvd failed", "err", err)
 		os.Exit(1)
@@ -108,7 +122,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	// Before the network manager clears the previous run's slots, take over
 	// the VMs a crashed predecessor left running; their slots are kept and
 	// the orchestrator re-adopts them as running sandboxes.
-	recovered, err := orchestrator.Recover(ctx, drv, st, sd, log)
+	recovered, err := orchestrator.Recover(ctx, drv, st, sd, cfg.DataDir, log)
 	if err != nil {
 		return err
 	}

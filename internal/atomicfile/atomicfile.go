@@ -130,3 +130,39 @@ func SyncDir(dir string) error {
 	}
 	return nil
 }
+
+// SyncTree fsyncs every regular file under dir, then every directory
+// bottom up: for output a tool wrote in place (a VMM's snapshot directory)
+// before a record names it.
+func SyncTree(dir string) error {
+	var dirs []string
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir():
+			dirs = append(dirs, path)
+			return nil
+		case !d.Type().IsRegular():
+			return nil
+		}
+		f, err := os.OpenFile(path, os.O_RDONLY, 0)
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("sync tree %s: %w", dir, err)
+	}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := SyncDir(dirs[i]); err != nil {
+			return err
+		}
+	}
+	return SyncDir(filepath.Dir(filepath.Clean(dir)))
+}

@@ -108,3 +108,25 @@ func TestCrash(t *testing.T) {
 		t.Fatalf("undeclared armed point not reported: %v: %s", err, out)
 	}
 }
+
+func TestControlSocket(t *testing.T) {
+	path := t.TempDir() + "/fp.sock"
+	t.Setenv(ControlEnvVar, path)
+	stop, err := ServeControl(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if err := ArmRemote(path, testPoint.Name(), "error"); err != nil {
+		t.Fatal(err)
+	}
+	if err := testPoint.Inject(); !errors.Is(err, ErrInjected) {
+		t.Fatalf("remotely armed point: %v", err)
+	}
+	if err := ArmRemote(path, testPoint.Name(), ""); err != nil || testPoint.Inject() != nil {
+		t.Fatalf("disarm: %v", err)
+	}
+	if err := ArmRemote(path, "no/such", "crash"); err == nil || !strings.Contains(err.Error(), "not declared") {
+		t.Fatalf("arming an undeclared point: %v", err)
+	}
+}

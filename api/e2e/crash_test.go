@@ -1,0 +1,309 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/internal/failpoint"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
+)
+
+// guestData is what a crash test writes into a sandbox before the crash:
+// a multi-MiB file of random bytes and a few small files, synced, with
+// their checksums as the guest computed them.
+type guestData struct {
+	tag  string
+	sums string
+}
+
+// writeData writes the data set tag into the sandbox and syncs it.
+func (n *node) writeData(t *testing.T, id, tag string) guestData {
+	t.Helper()
+	script := fmt.Sprintf(`set -e; d=/home/user/%[1]s; mkdir -p $d
+head -c 6291456 /dev/urandom > $d/big
+for i in 1 2 3 4 5; do echo "%[1]s small $i" > $d/small-$i; done
+sync; cd $d && sha256sum big small-*`, tag)
+	return guestData{tag: tag, sums: n.sh(t, id, script)}
+}
+
+// checkData drops the guest's page cache and checks the data set reads back
+// as written, and that ext4 reported no error.
+func (n *node) checkData(t *testing.T, id string, want ...guestData) {
+	t.Helper()
+	n.sh(t, id, `sync; echo 3 > /proc/sys/vm/drop_caches`)
+	for _, d := range want {
+		got := n.sh(t, id, fmt.Sprintf(`cd /home/user/%s && sha256sum big small-*`, d.tag))
+		if got != d.sums {
+			t.Fatalf("sandbox %s: data set %s after the crash:\n%s\nwant\n%s\n%s", id, d.tag, got, d.sums, n.diagnose(id))
+		}
+	}
+	if errs := n.sh(t, id, `dmesg | grep -c 'EXT4-fs error' || true`); errs != "0" {
+		t.Fatalf("sandbox %s: the guest's ext4 reported %s errors:\n%s", id, errs, n.sh(t, id, `dmesg | grep -i ext4 | tail -20`))
+	}
+}
+
+// crashAt arms point to crash aenvd, runs trigger (which the crash cuts
+// off), waits for the process to die of SIGKILL and starts it again.
+func (n *node) crashAt(t *testing.T, point string, trigger func()) {
+	t.Helper()
+	if err := n.Arm(point, "crash"); err != nil {
+		t.Fatalf("arm %s: %v", point, err)
+	}
+	trigger()
+	st, err := n.WaitExit(2 * time.Minute)
+	if err != nil {
+		t.Fatalf("crash at %s: %v\n%s", point, err, n.Logs())
+	}
+	if ws, ok := st.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("aenvd ended with %v at %s, want SIGKILL from the fault point", st, point)
+	}
+	n.start(t)
+}
+
+// start starts aenvd again after it ended.
+func (n *node) start(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	if err := n.Restart(ctx, 3*time.Minute); err != nil {
+		t.Fatalf("restart aenvd: %v", err)
+	}
+}
+
+// listed returns the sandboxes GET /sandboxes lists (running and paused).
+func (n *node) listed(t *testing.T) map[string]string {
+	t.Helper()
+	var all []sandboxJSON
+	if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/v2/sandboxes?state=running,paused", n.key, ""), &all); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, s := range all {
+		out[s.SandboxID] = s.State
+	}
+	return out
+}
+
+// checkNoOrphans asserts that every VMM process, sandbox directory, storage
+// device and network slot of the node belongs to a listed sandbox.
+func (n *node) checkNoOrphans(t *testing.T) {
+	t.Helper()
+	sbx := n.listed(t)
+	running := 0
+	for _, st := range sbx {
+		if st == "running" {
+			running++
+		}
+	}
+	for _, pid := range processesMentioning(n.DataDir + "/") {
+		cmd, _ := os.ReadFile("/proc/" + pid + "/cmdline")
+		if !strings.Contains(string(cmd), "qemu-system") {
+			continue
+		}
+		owner := ""
+		for id, st := range sbx {
+			if st == "running" && strings.Contains(string(cmd), id) {
+				owner = id
+			}
+		}
+		if owner == "" {
+			t.Errorf("QEMU process %s belongs to no running sandbox: %s", pid, strings.ReplaceAll(string(cmd), "\x00", " "))
+		}
+	}
+	dirs, _ := os.ReadDir(filepath.Join(n.DataDir, "sandboxes"))
+	for _, d := range dirs {
+		if _, ok := sbx[d.Name()]; !ok {
+			t.Errorf("sandbox directory %s has no sandbox", d.Name())
+		}
+	}
+	devs, err := n.storaged(t).List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range devs {
+		if d.Kind == rpc.KindRuntime && sbx[d.Owner] != "running" {
+			t.Errorf("storage device %d (owner %q) belongs to no running sandbox", d.ID, d.Owner)
+		}
+	}
+	if slots := n.metricValue(t, "aenv_network_slots_in_use"); int(slots) != running {
+		t.Errorf("%v network slots in use for %d running sandboxes", slots, running)
+	}
+}
+
+// TestSnapshotThenCrashKeepsDisk is the regression test of a lost layer
+// list: a snapshot of a running sandbox seals its disk's upper into a layer
+// the sandbox's disk then stacks on; that list must be durable before the
+// VM continues, or after a crash the next pause builds the disk without it
+// and files written before the snapshot read back as zeros.
+func TestSnapshotThenCrashKeepsDisk(t *testing.T) {
+	n := sharedNode(t)
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	before := n.writeData(t, id, "before")
+	var snap snapshotJSON
+	b := n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/snapshots", n.key, `{}`)
+	if err := json.Unmarshal(b, &snap); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.call(t, "DELETE", "/snapshots/"+snap.SnapshotID, n.key, "") })
+	after := n.writeData(t, id, "after")
+	n.restart(t, syscall.SIGKILL)
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":60}`)
+	n.checkData(t, id, before, after)
+	n.checkNoOrphans(t)
+}
+
+// TestCrashMatrix kills aenvd with SIGKILL at each fault point of create,
+// pause, resume, snapshot and fork, restarts it, and checks that the
+// sandbox exists (but a create that never answered), resumes, holds every
+// byte written before the crash once the guest's cache is dropped, that
+// ext4 saw no error, and that nothing is left that no sandbox owns.
+func TestCrashMatrix(t *testing.T) {
+	n := sharedNode(t)
+	cases := map[string]func(t *testing.T, point string){
+		"orchestrator/create/":   n.crashCreate,
+		"orchestrator/pause/":    n.crashPause,
+		"orchestrator/resume/":   n.crashResume,
+		"orchestrator/snapshot/": n.crashSnapshot,
+		"orchestrator/fork/":     n.crashFork,
+	}
+	covered := 0
+	for prefix, run := range cases {
+		for _, point := range failpoint.Names(prefix) {
+			covered++
+			t.Run(strings.TrimPrefix(point, "orchestrator/"), func(t *testing.T) { run(t, point) })
+			n.checkNoOrphans(t)
+		}
+	}
+	if covered < 12 {
+		t.Fatalf("the matrix covered %d fault points; the orchestrator declares %v", covered, failpoint.Names("orchestrator/"))
+	}
+}
+
+func (n *node) crashCreate(t *testing.T, point string) {
+	before := n.listed(t)
+	n.crashAt(t, point, func() {
+		if code, b, _, err := n.Call("POST", "/sandboxes", n.key, `{"templateID":"base","timeout":120}`); err == nil {
+			t.Fatalf("create answered %d %s through a crash at %s", code, b, point)
+		}
+	})
+	after := n.listed(t)
+	for id := range after {
+		if _, ok := before[id]; ok {
+			continue
+		}
+		// Once "running" is durable the sandbox exists, answered or not.
+		if !strings.HasSuffix(point, "/running") {
+			t.Fatalf("a create that never answered left sandbox %s (%s)", id, after[id])
+		}
+		n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+	}
+}
+
+func (n *node) crashPause(t *testing.T, point string) {
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	data := n.writeData(t, id, "p")
+	n.crashAt(t, point, func() { _, _, _, _ = n.Call("POST", "/sandboxes/"+id+"/pause", n.key, "") })
+	n.resumeAndCheck(t, id, data)
+}
+
+func (n *node) crashResume(t *testing.T, point string) {
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	data := n.writeData(t, id, "r")
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+	n.crashAt(t, point, func() { _, _, _, _ = n.Call("POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":60}`) })
+	n.resumeAndCheck(t, id, data)
+}
+
+func (n *node) crashSnapshot(t *testing.T, point string) {
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	data := n.writeData(t, id, "s")
+	n.crashAt(t, point, func() { _, _, _, _ = n.Call("POST", "/sandboxes/"+id+"/snapshots", n.key, `{}`) })
+	n.resumeAndCheck(t, id, data)
+	later := n.writeData(t, id, "s2")
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+	n.resumeAndCheck(t, id, data, later)
+	n.dropSnapshotsOf(t, id)
+}
+
+func (n *node) crashFork(t *testing.T, point string) {
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	data := n.writeData(t, id, "f")
+	dirsBefore := n.snapshotDirs(t)
+	n.crashAt(t, point, func() { _, _, _, _ = n.Call("POST", "/sandboxes/"+id+"/fork", n.key, `{"count":1}`) })
+	n.resumeAndCheck(t, id, data)
+	// The hidden snapshot of the fork that never started a child is gone.
+	if got := n.snapshotDirs(t); len(got) != len(dirsBefore) {
+		t.Fatalf("fork interrupted at %s: snapshot directories %v before, %v after", point, dirsBefore, got)
+	}
+}
+
+func (n *node) snapshotDirs(t *testing.T) []string {
+	ents, err := os.ReadDir(filepath.Join(n.DataDir, "snapshots"))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// resumeAndCheck brings the sandbox up (whether recovery left it running
+// or paused) and checks its data.
+func (n *node) resumeAndCheck(t *testing.T, id string, data ...guestData) {
+	t.Helper()
+	st, ok := n.listed(t)[id]
+	if !ok {
+		t.Fatalf("sandbox %s is gone after the crash\n%s", id, n.diagnose(id))
+	}
+	if st == "paused" {
+		n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":60}`)
+	}
+	n.checkData(t, id, data...)
+}
+
+func (n *node) dropSnapshotsOf(t *testing.T, id string) {
+	var listed []snapshotJSON
+	_ = json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/snapshots?sandboxID="+id, n.key, ""), &listed)
+	for _, s := range listed {
+		n.call(t, "DELETE", "/snapshots/"+s.SnapshotID, n.key, "")
+	}
+}
+
+// TestPauseFailureKeepsSandbox: a pause that fails (before or after the disk
+// is sealed) leaves the sandbox running with its data, and a graceful
+// shutdown whose pauses fail never kills a sandbox.
+func TestPauseFailureKeepsSandbox(t *testing.T) {
+	n := sharedNode(t)
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	data := n.writeData(t, id, "pf")
+	for _, point := range []string{"orchestrator/pause/captured", "orchestrator/pause/sealed"} {
+		if err := n.Arm(point, "error"); err != nil {
+			t.Fatal(err)
+		}
+		code, b, _ := n.call(t, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+		_ = n.Arm(point, "")
+		if code < 500 {
+			t.Fatalf("pause with %s failing: %d %s", point, code, b)
+		}
+		n.waitState(t, id, "running", time.Second)
+		n.checkData(t, id, data)
+	}
+	// Graceful shutdown with every pause failing.
+	n.Arm("orchestrator/pause/recorded", "error")
+	if err := n.Stop(syscall.SIGTERM); err == nil {
+		t.Log("aenvd exited 0 although a pause failed")
+	}
+	n.start(t)
+	n.resumeAndCheck(t, id, data)
+}

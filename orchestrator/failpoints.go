@@ -1,0 +1,33 @@
+package orchestrator
+
+import "github.com/agentenv/agentenv/internal/failpoint"
+
+// The orchestrator's fault points, one between every two durable steps of a
+// state transition (see the package doc's durability rules). The crash
+// matrix (api/e2e) kills aenvd at each one and checks recovery.
+var (
+	fpCreateRecorded = failpoint.New("orchestrator/create/recorded")     // "starting" is durable, nothing started
+	fpCreateDisk     = failpoint.New("orchestrator/create/disk")         // the root disk device exists
+	fpCreateRestored = failpoint.New("orchestrator/create/restored")     // the VMM runs, not yet recorded
+	fpCreateVMM      = failpoint.New("orchestrator/create/vmm-recorded") // the VMM's pid is recorded
+	fpCreateRunning  = failpoint.New("orchestrator/create/running")      // "running" is durable
+
+	fpPauseRecorded = failpoint.New("orchestrator/pause/recorded") // "pausing" is durable, the VM runs
+	fpPauseCaptured = failpoint.New("orchestrator/pause/captured") // memory and VM state written, vCPUs stopped
+	fpPauseSealed   = failpoint.New("orchestrator/pause/sealed")   // the disk's upper is a sealed layer
+	fpPausePaused   = failpoint.New("orchestrator/pause/paused")   // "paused" is durable, VMM still there
+	fpPauseStopped  = failpoint.New("orchestrator/pause/stopped")  // the VMM is gone, the device not yet
+
+	fpResumeRecorded = failpoint.New("orchestrator/resume/recorded") // "resuming" is durable
+	fpResumeRestored = failpoint.New("orchestrator/resume/restored") // the VMM runs, not yet recorded
+
+	fpSnapshotSealed   = failpoint.New("orchestrator/snapshot/sealed")   // the disk is restacked, vCPUs stopped
+	fpSnapshotRecorded = failpoint.New("orchestrator/snapshot/recorded") // the sandbox's new layer list is durable
+	fpSnapshotStored   = failpoint.New("orchestrator/snapshot/stored")   // the snapshot record is durable
+
+	fpForkSnapshot = failpoint.New("orchestrator/fork/snapshot") // the hidden snapshot exists, no child yet
+
+	fpCompactMerged = failpoint.New("orchestrator/compact/merged") // merged layers written, record not yet
+
+	fpTemplateImported = failpoint.New("orchestrator/template/memory-imported") // base memory layer written, manifest not yet
+)

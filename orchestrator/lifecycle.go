@@ -1,0 +1,351 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/store"
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// Kill stops the sandbox and removes everything it owns.
+func (o *Orchestrator) Kill(ctx context.Context, id string) (err error) {
+	s, err := o.lockOp(id)
+	if err != nil {
+		return err
+	}
+	defer s.op.Unlock()
+	return o.killLocked(ctx, s)
+}
+
+// killLocked (op held) records "killing", then removes the VM, the slot,
+// the device, the directory and finally the record; recovery finishes a
+// kill a crash interrupted.
+func (o *Orchestrator) killLocked(ctx context.Context, s *sandbox) (err error) {
+	done := o.m.observe("kill")
+	defer func() { done(err) }()
+	id := s.rec.ID
+	if err := o.update(s, func(r *Record) { r.State = Killing }); err != nil {
+		return fmt.Errorf("kill sandbox %s: %w", id, err)
+	}
+	o.stopTimer(s)
+	o.stopVM(ctx, s)
+	o.releaseDevice(ctx, s)
+	s.mu.Lock()
+	s.gone = true
+	dir, tmpl := s.rec.Dir, s.rec.TemplateID
+	s.mu.Unlock()
+	o.mu.Lock()
+	delete(o.sandboxes, id)
+	o.mu.Unlock()
+	if err := os.RemoveAll(dir); err != nil {
+		o.log.Warn("remove sandbox dir", "sandbox", id, "err", err)
+	}
+	if err := o.store.Delete(store.Sandboxes, id); err != nil {
+		return fmt.Errorf("kill sandbox %s: %w", id, err)
+	}
+	o.log.Info("sandbox killed", "sandbox", id)
+	o.collectForkSnapshot(tmpl)
+	return nil
+}
+
+// Pause snapshots a running sandbox and releases its VM and slot.
+func (o *Orchestrator) Pause(ctx context.Context, id string) error {
+	s, err := o.lockOp(id)
+	if err != nil {
+		return err
+	}
+	defer s.op.Unlock()
+	if st := o.state(s); st != Running {
+		return fmt.Errorf("pause sandbox %s: it is %s: %w", id, st, ErrConflict)
+	}
+	if err := o.pauseLocked(ctx, s); err != nil {
+		return fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// pauseLocked (op held, sandbox running) pauses in durable steps: record
+// "pausing"; stop the vCPUs; write the memory diff and VM state; seal the
+// disk's upper while the vCPUs are stopped; record "paused" pointing at
+// both; only then stop the VMM and release the slot and the device. Up to
+// the "paused" record any failure resumes the VM and the sandbox runs on
+// as before (nothing is lost); after it, what is left is cleanup that
+// recovery redoes.
+func (o *Orchestrator) pauseLocked(ctx context.Context, s *sandbox) (err error) {
+	done := o.m.observe("pause")
+	defer func() { done(err) }()
+	if err := o.update(s, func(r *Record) { r.State = Pausing }); err != nil {
+		return err
+	}
+	if err := fpPauseRecorded.Inject(); err != nil {
+		return o.resumeAfterFailedPause(ctx, s, nil, err)
+	}
+	s.mu.Lock()
+	vm, gen, dir, id := s.vm, s.rec.Gen, s.rec.Dir, s.rec.ID
+	s.mu.Unlock()
+	if err := vm.Pause(ctx); err != nil {
+		return o.resumeAfterFailedPause(ctx, s, nil, err)
+	}
+	snapDir := filepath.Join(dir, fmt.Sprintf("snapshot-%d", gen))
+	diff := filepath.Join(dir, fmt.Sprintf("mem-%d.lsmt", gen))
+	if err := o.captureMemory(ctx, s, vm, snapDir, diff); err != nil {
+		return o.resumeAfterFailedPause(ctx, s, vm, fmt.Errorf("snapshot: %w", err), snapDir)
+	}
+	if err := atomicfile.SyncTree(snapDir); err != nil {
+		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
+	}
+	if err := fpPauseCaptured.Inject(); err != nil {
+		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
+	}
+	if err := o.sealRootfs(ctx, s); err != nil {
+		return o.resumeAfterFailedPause(ctx, s, vm, fmt.Errorf("seal disk: %w", err), snapDir)
+	}
+	if err := fpPauseSealed.Inject(); err != nil {
+		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
+	}
+	var old string
+	if err := o.update(s, func(r *Record) { old, r.Snapshot, r.State = r.Snapshot, snapDir, Paused }); err != nil {
+		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
+	}
+	_ = fpPausePaused.Inject()
+	o.stopTimer(s)
+	o.stopVM(ctx, s)
+	_ = fpPauseStopped.Inject()
+	o.releaseDevice(ctx, s)
+	if err := o.persist(s); err != nil {
+		o.log.Warn("record paused sandbox without its VMM (recovery redoes it)", "sandbox", id, "err", err)
+	}
+	if old != "" && old != snapDir {
+		_ = os.RemoveAll(old)
+	}
+	// Flatten the new image in the background, while nothing waits on it,
+	// so a resume maps it at once (a resume that comes first waits for it).
+	o.goBackground(func() {
+		if _, err := o.restoreMemory(context.WithoutCancel(ctx), snapDir); err != nil {
+			o.log.Warn("flatten memory after pause (the resume retries)", "sandbox", id, "err", err)
+		}
+	})
+	o.log.Info("sandbox paused", "sandbox", id)
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	o.maybeCompact(rec)
+	return nil
+}
+
+// resumeAfterFailedPause lets the VM continue (vm nil: its vCPUs never
+// stopped), records the sandbox running again and returns cause; the
+// partial snapshot directories go.
+func (o *Orchestrator) resumeAfterFailedPause(ctx context.Context, s *sandbox, vm vmm.Machine, cause error, partial ...string) error {
+	ctx = context.WithoutCancel(ctx)
+	var rerr error
+	if vm != nil {
+		if rerr = vm.Resume(ctx); rerr != nil {
+			rerr = fmt.Errorf("resume the VM: %w", rerr)
+		}
+	}
+	for _, p := range partial {
+		_ = os.RemoveAll(p)
+	}
+	if err := o.update(s, func(r *Record) { r.State = Running }); err != nil {
+		rerr = errors.Join(rerr, err)
+	}
+	s.mu.Lock()
+	id := s.rec.ID
+	s.mu.Unlock()
+	o.log.Error("pause failed; the sandbox runs on", "sandbox", id, "err", cause, "resume_err", rerr)
+	return errors.Join(cause, rerr)
+}
+
+// Connect makes sure the sandbox runs: a running one gets its end time
+// extended to at least now+timeout; a paused one is resumed. resumed
+// reports which.
+func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Duration) (rec Record, resumed bool, err error) {
+	s, err := o.lockOp(id)
+	if err != nil {
+		return rec, false, err
+	}
+	defer s.op.Unlock()
+	switch st := o.state(s); st {
+	case Running:
+		s.mu.Lock()
+		if end := time.Now().UTC().Add(timeout); end.After(s.rec.EndAt) {
+			s.rec.EndAt = end
+			o.armTimer(s)
+		}
+		rec = s.rec
+		s.mu.Unlock()
+		return rec, false, o.persist(s)
+	case Paused:
+	default:
+		return rec, false, fmt.Errorf("connect sandbox %s: it is %s: %w", id, st, ErrConflict)
+	}
+	if err := o.resumeLocked(ctx, s, timeout); err != nil {
+		return rec, false, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	s.mu.Lock()
+	rec = s.rec
+	s.mu.Unlock()
+	o.log.Info("sandbox resumed", "sandbox", id)
+	return rec, true, nil
+}
+
+// resumeLocked (op held, sandbox paused) records "resuming", brings the VM
+// up from the paused snapshot and records "running". A failure leaves the
+// sandbox paused on the same snapshot.
+func (o *Orchestrator) resumeLocked(ctx context.Context, s *sandbox, timeout time.Duration) (err error) {
+	done := o.m.observe("resume")
+	defer func() { done(err) }()
+	if err := o.update(s, func(r *Record) { r.State = Resuming }); err != nil {
+		return err
+	}
+	if err := fpResumeRecorded.Inject(); err != nil {
+		return errors.Join(err, o.update(s, func(r *Record) { r.State = Paused }))
+	}
+	if err := o.startVM(ctx, s, s.rec.Snapshot, o.m.stage("resume")); err != nil {
+		return errors.Join(err, o.update(s, func(r *Record) { r.State, r.PID, r.PIDStart = Paused, 0, 0 }))
+	}
+	if err := o.update(s, func(r *Record) { r.State, r.EndAt = Running, time.Now().UTC().Add(timeout) }); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	o.armTimer(s)
+	s.mu.Unlock()
+	return nil
+}
+
+// SetTimeout sets the end time to now+timeout (it may shorten it). When
+// extendOnly, an earlier end than the current one is ignored. It takes the
+// operation lock: a pause in flight is never overwritten with an older record.
+func (o *Orchestrator) SetTimeout(id string, timeout time.Duration, extendOnly bool) error {
+	s, err := o.lockOp(id)
+	if err != nil {
+		return err
+	}
+	defer s.op.Unlock()
+	end := time.Now().UTC().Add(timeout)
+	s.mu.Lock()
+	if !extendOnly || end.After(s.rec.EndAt) {
+		s.rec.EndAt = end
+		if s.rec.State == Running {
+			o.armTimer(s)
+		}
+	}
+	s.mu.Unlock()
+	return o.persist(s)
+}
+
+// SetPolicy replaces the sandbox's egress policy, in force at once when it
+// runs and kept across pause and resume.
+func (o *Orchestrator) SetPolicy(ctx context.Context, id string, p network.Policy) error {
+	if err := network.ValidatePolicy(p); err != nil {
+		return fmt.Errorf("network policy: %w: %w", err, ErrInvalid)
+	}
+	s, err := o.lockOp(id)
+	if err != nil {
+		return err
+	}
+	defer s.op.Unlock()
+	s.mu.Lock()
+	slot := s.slot
+	s.mu.Unlock()
+	if slot != nil {
+		if err := slot.SetPolicy(ctx, p); err != nil {
+			return fmt.Errorf("sandbox %s: network policy: %w", id, err)
+		}
+	}
+	return o.update(s, func(r *Record) { r.Policy = p })
+}
+
+func isZeroPolicy(p network.Policy) bool {
+	return !p.DenyInternet && len(p.AllowOut) == 0 && len(p.DenyOut) == 0
+}
+
+// armTimer (re)starts the TTL timer; s.mu must be held.
+func (o *Orchestrator) armTimer(s *sandbox) {
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	id := s.rec.ID
+	s.timer = time.AfterFunc(time.Until(s.rec.EndAt), func() { o.expire(id) })
+}
+
+func (o *Orchestrator) stopTimer(s *sandbox) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
+	}
+}
+
+// expire runs when a sandbox's end time passed: pause when autoPause, else
+// kill. It decides under the operation lock, so an extension that came
+// while it waited for the lock wins.
+func (o *Orchestrator) expire(id string) {
+	s, err := o.lockOp(id)
+	if err != nil {
+		return
+	}
+	defer s.op.Unlock()
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	if rec.State != Running || time.Now().Before(rec.EndAt) {
+		return // paused meanwhile, or the end moved (a newer timer is armed)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if rec.AutoPause {
+		err = o.pauseLocked(ctx, s)
+	} else {
+		err = o.killLocked(ctx, s)
+	}
+	if err != nil {
+		o.log.Error("sandbox timeout", "sandbox", id, "autoPause", rec.AutoPause, "err", err)
+		return
+	}
+	o.log.Info("sandbox timed out", "sandbox", id, "autoPause", rec.AutoPause)
+}
+
+func (o *Orchestrator) state(s *sandbox) State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rec.State
+}
+
+// Shutdown pauses every running sandbox (pause true) or leaves them
+// running for the next start to re-adopt. It never kills one: a sandbox
+// whose pause fails runs on (and is counted and logged), paused ones stay
+// paused. Background work is waited for.
+func (o *Orchestrator) Shutdown(ctx context.Context, pause bool) error {
+	defer o.Close()
+	if !pause {
+		return nil
+	}
+	var failed int
+	for _, r := range o.List() {
+		if r.State != Running {
+			continue
+		}
+		err := o.Pause(ctx, r.ID)
+		switch {
+		case err == nil, errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
+			// paused, gone meanwhile, or no longer running (an auto-pause)
+		default:
+			failed++
+			o.log.Error("shutdown: pause failed; the sandbox is left running for the next start", "sandbox", r.ID, "err", err)
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("shutdown: %d sandboxes could not be paused and were left running", failed)
+	}
+	return nil
+}

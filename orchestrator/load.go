@@ -1,0 +1,141 @@
+package orchestrator
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/agentenv/agentenv/store"
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// load registers the persisted sandboxes after Recover: paused ones as
+// they are, running ones whose VMM Recover took over re-adopted with their
+// slot; anything else left (a record Recover could not settle) is dropped.
+// Then directories no record owns and fork snapshots no child uses go.
+func (o *Orchestrator) load(ctx context.Context) error {
+	recs, err := store.ListAll[Record](o.store, store.Sandboxes)
+	if err != nil {
+		return fmt.Errorf("orchestrator: load sandboxes: %w", err)
+	}
+	for _, r := range recs {
+		if m, ok := o.cfg.Recovered.machine(r.ID); ok && r.State == Running {
+			o.adoptRunning(ctx, r, m)
+			continue
+		}
+		if r.State == Paused && r.Snapshot != "" {
+			if _, err := os.Stat(r.Snapshot); err == nil {
+				o.sandboxes[r.ID] = &sandbox{rec: r}
+				o.log.Info("kept paused sandbox", "sandbox", r.ID)
+				continue
+			}
+		}
+		o.log.Error("dropping sandbox that cannot be re-adopted", "sandbox", r.ID, "state", r.State)
+		if err := dropRecord(ctx, o.store, o.sd, r); err != nil {
+			return err
+		}
+	}
+	o.removeUnowned()
+	return nil
+}
+
+// removeUnowned deletes sandbox and snapshot directories that no record
+// names (a crash between creating one and recording it) and hidden fork
+// snapshots whose children are all gone.
+func (o *Orchestrator) removeUnowned() {
+	owned := map[string]bool{}
+	for _, s := range o.sandboxes {
+		owned[filepath.Clean(s.rec.Dir)] = true
+	}
+	snaps, _ := store.ListAll[SnapshotRecord](o.store, store.Snapshots)
+	for _, r := range snaps {
+		owned[filepath.Clean(r.Dir)] = true
+	}
+	for _, kind := range []string{"sandboxes", "snapshots"} {
+		parent := filepath.Join(o.cfg.DataDir, kind)
+		ents, _ := os.ReadDir(parent)
+		for _, e := range ents {
+			dir := filepath.Join(parent, e.Name())
+			if owned[dir] {
+				continue
+			}
+			if err := os.RemoveAll(dir); err != nil {
+				o.log.Warn("remove a directory no record owns", "dir", dir, "err", err)
+				continue
+			}
+			o.log.Warn("removed a directory no record owns", "dir", dir)
+		}
+	}
+	for _, r := range snaps {
+		if r.Hidden {
+			o.collectForkSnapshot(r.ID)
+		}
+	}
+}
+
+// adoptRunning makes a recovered VM a running sandbox again: its slot is
+// adopted from the network manager, the sandbox's egress policy set anew,
+// its agent checked and its timeout re-armed. If any of that fails, the
+// sandbox is paused (snapshot, then the VM stops) or, failing that, dropped.
+func (o *Orchestrator) adoptRunning(ctx context.Context, r Record, m vmm.Machine) {
+	s := &sandbox{rec: r, vm: m}
+	err := func() error {
+		slot, err := o.nets.Adopt(ctx, r.Slot)
+		if err != nil {
+			return err
+		}
+		s.slot = slot
+		// A crash during a snapshot leaves the vCPUs stopped.
+		if err := m.Resume(ctx); err != nil {
+			return fmt.Errorf("resume vCPUs: %w", err)
+		}
+		if !isZeroPolicy(r.Policy) {
+			if err := slot.SetPolicy(ctx, r.Policy); err != nil {
+				return fmt.Errorf("network policy: %w", err)
+			}
+		}
+		return waitAgent(ctx, slot, 20*time.Second)
+	}()
+	if err == nil {
+		s.rec.PID = m.Info().PID
+		s.rec.PIDStart = procStart(s.rec.PID)
+		err = o.store.Put(store.Sandboxes, r.ID, s.rec)
+	}
+	if err != nil {
+		o.pauseUnadoptable(ctx, s, m, err)
+		return
+	}
+	o.sandboxes[r.ID] = s
+	s.mu.Lock()
+	o.armTimer(s)
+	s.mu.Unlock()
+	o.log.Info("sandbox keeps running after the restart", "sandbox", r.ID, "slot", s.slot.Name)
+}
+
+// pauseUnadoptable pauses a recovered VM that cannot run on (its slot or
+// agent failed), or drops the sandbox if even that fails.
+func (o *Orchestrator) pauseUnadoptable(ctx context.Context, s *sandbox, m vmm.Machine, cause error) {
+	r := s.rec
+	o.log.Warn("re-adopted VM cannot run on; pausing the sandbox", "sandbox", r.ID, "err", cause)
+	// The slot goes back only once the VM using its tap is stopped
+	// (pauseAdopted stops it whatever happens).
+	perr := pauseAdopted(ctx, o.store, o.sd, r, m, o.log)
+	if s.slot != nil {
+		_ = o.nets.Release(context.WithoutCancel(ctx), s.slot)
+	} else {
+		_ = o.nets.Forget(r.Slot)
+	}
+	if perr != nil {
+		o.log.Error("cannot keep the re-adopted sandbox; dropping it", "sandbox", r.ID, "err", perr)
+		if err := dropRecord(ctx, o.store, o.sd, r); err != nil {
+			o.log.Error("drop sandbox", "sandbox", r.ID, "err", err)
+		}
+		return
+	}
+	var rec Record
+	if err := o.store.Get(store.Sandboxes, r.ID, &rec); err == nil {
+		o.sandboxes[r.ID] = &sandbox{rec: rec}
+	}
+}

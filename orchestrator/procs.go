@@ -1,0 +1,96 @@
+package orchestrator
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// A VMM process is identified by its pid and its start time (field 22 of
+// /proc/PID/stat, in clock ticks since boot): a pid alone may have been
+// reused by an unrelated process after a crash.
+
+// procStart returns the start time of pid, 0 if it does not exist.
+func procStart(pid int) uint64 {
+	if pid <= 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 { // fields 3.. : start time is the 20th of them
+		return 0
+	}
+	v, _ := strconv.ParseUint(f[19], 10, 64)
+	return v
+}
+
+// sameProcess reports whether pid still names the process that started at start.
+func sameProcess(pid int, start uint64) bool {
+	return pid > 0 && start != 0 && procStart(pid) == start
+}
+
+// vmmProcesses lists the VMM processes (QEMU or Firecracker) whose command
+// line names a path under dir, by pid.
+func vmmProcesses(dir string) map[int]string {
+	out := map[int]string{}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return out
+	}
+	needle := []byte(filepath.Clean(dir) + "/")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if base := filepath.Base(exe); err != nil || !(strings.HasPrefix(base, "qemu-system") || strings.HasPrefix(base, "firecracker")) {
+			continue
+		}
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || !bytes.Contains(cmdline, needle) {
+			continue
+		}
+		out[pid] = string(bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))
+	}
+	return out
+}
+
+// reapOrphans kills every VMM process under dir that owned does not list,
+// and logs each: after a crash, a VMM no record owns (a create or a build
+// interrupted before its pid was recorded) would otherwise run forever.
+func reapOrphans(dir string, owned map[int]bool, log *slog.Logger) int {
+	n := 0
+	for pid, cmd := range vmmProcesses(dir) {
+		if owned[pid] {
+			continue
+		}
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			log.Warn("kill orphaned VMM process", "pid", pid, "err", err)
+			continue
+		}
+		n++
+		log.Warn("killed a VMM process no sandbox owns", "pid", pid, "cmdline", truncate(cmd, 300))
+	}
+	return n
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
