@@ -45,7 +45,7 @@ clean:
 
 # Versioned static binaries for linux/amd64 with their build identity stamped
 # into internal/version, a reproducible tarball and SHA256SUMS:
-#   dist/<version>/aenv-<version>-linux-amd64/{aenv,aenvd,aenv-storaged,...}
+#   dist/<version>/aenv-<version>-linux-amd64/{aenv,aenvd,aenv-storaged,...,install.sh,systemd/}
 #   dist/<version>/aenv-<version>-linux-amd64.tar.gz
 #   dist/<version>/SHA256SUMS           (check: cd dist/<version> && sha256sum -c SHA256SUMS)
 # The date is the commit's (so a rebuild of one commit is byte-identical).
@@ -65,7 +65,10 @@ release:
 	mkdir -p $(RELEASE_DIR)/$(VERSION)/$(RELEASE_NAME)
 	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -trimpath -buildvcs=false -ldflags '$(RELEASE_LDFLAGS)' \
 		-o $(RELEASE_DIR)/$(VERSION)/$(RELEASE_NAME)/ $(RELEASE_PKGS)
+	install -m 0755 scripts/install.sh $(RELEASE_DIR)/$(VERSION)/$(RELEASE_NAME)/install.sh
+	install -d $(RELEASE_DIR)/$(VERSION)/$(RELEASE_NAME)/systemd
+	install -m 0644 deploy/systemd/* $(RELEASE_DIR)/$(VERSION)/$(RELEASE_NAME)/systemd/
 	cd $(RELEASE_DIR)/$(VERSION) && TZ=UTC tar --sort=name --mtime='$(DATE)' --owner=0 --group=0 --numeric-owner \
 		-cf - $(RELEASE_NAME) | gzip -n >$(RELEASE_NAME).tar.gz
-	cd $(RELEASE_DIR)/$(VERSION) && sha256sum $(RELEASE_NAME).tar.gz $(RELEASE_NAME)/* >SHA256SUMS
+	cd $(RELEASE_DIR)/$(VERSION) && find $(RELEASE_NAME) -type f | LC_ALL=C sort | xargs sha256sum $(RELEASE_NAME).tar.gz >SHA256SUMS
 	@echo "release: $(RELEASE_DIR)/$(VERSION) ($(COMMIT), $(DATE))"
