@@ -38,6 +38,10 @@ type Options struct {
 	ReadOnly bool
 	// NoMmap reads local lower layers with pread instead of a memory mapping.
 	NoMmap bool
+	// AllowReparent opens lowers whose parent UUIDs do not chain (each
+	// layer's parent is normally the UUID of the layer below), for tools
+	// that re-parent layers on purpose.
+	AllowReparent bool
 }
 
 // Image is an opened stacked image.
@@ -110,7 +114,7 @@ func OpenConfig(ctx context.Context, cfg *Config, dir string, opt Options) (*Ima
 			return fail(err)
 		}
 	}
-	st, err := lsmt.NewStack(lowers, upper)
+	st, err := lsmt.NewStackWith(lowers, upper, lsmt.StackOptions{AllowReparent: opt.AllowReparent})
 	if err != nil {
 		if upper != nil {
 			upper.Close()

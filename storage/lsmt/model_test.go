@@ -3,6 +3,7 @@ package lsmt
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -37,6 +38,8 @@ type machine struct {
 	upMod  map[uint64][]byte
 	st     *Stack
 	flat   []byte // the expected virtual disk
+	// reparented: a middle run was merged, so the lowers no longer chain.
+	reparented bool
 }
 
 func (m *machine) file(ext string) string {
@@ -93,7 +96,7 @@ func (m *machine) rebuild() {
 			l.Close()
 		}
 	}
-	st, err := NewStack(m.openLowers(m.stack), m.upper)
+	st, err := NewStackWith(m.openLowers(m.stack), m.upper, StackOptions{AllowReparent: m.reparented})
 	if err != nil {
 		m.t.Fatal(err)
 	}
@@ -208,7 +211,7 @@ func (m *machine) merge(t *rapid.T) {
 	ls := m.openLowers(m.stack[i:j])
 	path := m.file("lsmt")
 	f, _ := os.Create(path)
-	_, err := Merge(context.Background(), ls, f, "m")
+	_, err := MergeWith(context.Background(), ls, f, "m", StackOptions{AllowReparent: m.reparented})
 	f.Close()
 	for _, l := range ls {
 		l.Close()
@@ -221,7 +224,21 @@ func (m *machine) merge(t *rapid.T) {
 		maps.Copy(mod, m.layers[k].sectors)
 	}
 	m.layers = append(m.layers, layerModel{path: path, sectors: mod})
+	above := j < len(m.stack)
 	m.stack = append(append(append([]int{}, m.stack[:i]...), len(m.layers)-1), m.stack[j:]...)
+	if above && !m.reparented {
+		// The layer above the merged run names the run's old top as its
+		// parent, not the merged layer (which has a fresh UUID): the
+		// default stack refuses it, a re-parenting tool says so.
+		ls := m.openLowers(m.stack)
+		if _, err := NewStack(ls, nil); !errors.Is(err, ErrParentMismatch) {
+			t.Fatalf("a stack over a merged middle run opened without a parent mismatch: %v", err)
+		}
+		for _, l := range ls {
+			l.Close()
+		}
+		m.reparented = true
+	}
 	m.rebuild()
 }
 
@@ -275,7 +292,8 @@ func (m *machine) order(t *rapid.T) {
 		t.Skip("no layers")
 	}
 	idx := rapid.SliceOfN(rapid.IntRange(0, len(m.layers)-1), 1, 5).Draw(t, "order")
-	st, err := NewStack(m.openLowers(idx), nil)
+	// Any order, chained or not: this checks the overlay, not the parents.
+	st, err := NewStackWith(m.openLowers(idx), nil, StackOptions{AllowReparent: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package lsmt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 )
@@ -18,14 +19,50 @@ type Stack struct {
 	size   int64
 }
 
-// NewStack builds a stack. The virtual size is the upper's, or the top
-// lower's. The stack owns the layers: Close closes them.
+// StackOptions tune NewStackWith.
+type StackOptions struct {
+	// AllowReparent accepts sealed layers whose parent UUID does not name the
+	// layer below, for tools that re-parent layers on purpose (rebasing a
+	// diff onto another base). Everything else wants the check.
+	AllowReparent bool
+}
+
+// ErrParentMismatch marks a stack whose layers do not chain: a layer's parent
+// UUID is not the UUID of the layer below it (a replaced or mis-ordered layer).
+var ErrParentMismatch = errors.New("lsmt: layer parent mismatch")
+
+// NewStack builds a stack, checking that every sealed layer but the bottom
+// one names the layer below as its parent. The virtual size is the upper's,
+// or the top lower's. The stack owns the layers: Close closes them.
 func NewStack(lowers []*Layer, upper *Upper) (*Stack, error) {
+	return NewStackWith(lowers, upper, StackOptions{})
+}
+
+// CheckParents reports the first sealed layer (bottom first) whose parent
+// UUID is not the UUID of the layer below, naming both.
+func CheckParents(lowers []*Layer) error {
+	for i := 1; i < len(lowers); i++ {
+		l, below := lowers[i], lowers[i-1]
+		if l.ParentUUID() != below.UUID() {
+			return fmt.Errorf("%w: layer %d (%s) has parent %s but the layer below it (%s) is %s",
+				ErrParentMismatch, i, l.Name(), l.ParentUUID(), below.Name(), below.UUID())
+		}
+	}
+	return nil
+}
+
+// NewStackWith is NewStack with options.
+func NewStackWith(lowers []*Layer, upper *Upper, opt StackOptions) (*Stack, error) {
 	if len(lowers) > MaxLayers {
 		return nil, fmt.Errorf("stack of %d layers exceeds the limit of %d", len(lowers), MaxLayers)
 	}
 	if len(lowers) == 0 && upper == nil {
 		return nil, fmt.Errorf("stack has no layers")
+	}
+	if !opt.AllowReparent {
+		if err := CheckParents(lowers); err != nil {
+			return nil, err
+		}
 	}
 	idx := make([]*Index, len(lowers))
 	for i, l := range lowers {
@@ -198,13 +235,19 @@ func CommitUpper(ctx context.Context, u *Upper, parent UUID, w io.Writer, messag
 
 // Merge writes one sealed layer equivalent to the sealed layers (bottom first).
 // Zero sectors become zeroed mappings; the result's parent is the bottom's parent.
+// The layers must chain (see NewStack) unless MergeWith allows re-parenting.
 func Merge(ctx context.Context, layers []*Layer, w io.Writer, message string) (SealResult, error) {
+	return MergeWith(ctx, layers, w, message, StackOptions{})
+}
+
+// MergeWith is Merge with stack options.
+func MergeWith(ctx context.Context, layers []*Layer, w io.Writer, message string, so StackOptions) (SealResult, error) {
 	if len(layers) == 0 || len(layers) > MaxLayers {
 		return SealResult{}, fmt.Errorf("merge: %d layers, need 1..%d", len(layers), MaxLayers)
 	}
-	st, err := NewStack(layers, nil)
+	st, err := NewStackWith(layers, nil, so)
 	if err != nil {
-		return SealResult{}, err
+		return SealResult{}, fmt.Errorf("merge: %w", err)
 	}
 	opt := SealOptions{VirtualSize: uint64(st.Size()), Parent: layers[0].ParentUUID(), Message: message, Zero: ZeroMark}
 	return WriteSealed(ctx, w, st.merged.Segments(), st.lowerSource, opt)
