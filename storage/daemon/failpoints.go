@@ -1,6 +1,27 @@
 package daemon
 
-import "github.com/agentenv/agentenv/internal/failpoint"
+import (
+	"sync/atomic"
+
+	"github.com/agentenv/agentenv/internal/failpoint"
+)
+
+// point is a failpoint that tests can also stop at (stepHook), to look at
+// the state directory between two steps without killing the process.
+type point struct{ *failpoint.Point }
+
+func newPoint(name string) point { return point{failpoint.New(name)} }
+
+// stepHook, when set, runs at every point before its action.
+var stepHook atomic.Pointer[func(name string)]
+
+// Inject runs the test hook, then the point's action.
+func (p point) Inject() error {
+	if h := stepHook.Load(); h != nil {
+		(*h)(p.Name())
+	}
+	return p.Point.Inject()
+}
 
 // Failpoints at every step of the daemon's state transitions. Each sits
 // just after the step its name says is done, so a crash there leaves the
@@ -9,29 +30,29 @@ import "github.com/agentenv/agentenv/internal/failpoint"
 // matrix test.
 var (
 	// create (also the warm pool's refill, which makes devices the same way)
-	fpCreateAfterDir    = failpoint.New("storaged/create/after-dir")    // device directory made, no files yet
-	fpCreateAfterConfig = failpoint.New("storaged/create/after-config") // upper and config durable, not exported
-	fpCreateAfterExport = failpoint.New("storaged/create/after-export") // exported, no record
-	fpCreateAfterRecord = failpoint.New("storaged/create/after-record") // record durable, not yet answered
+	fpCreateAfterDir    = newPoint("storaged/create/after-dir")    // device directory made, no files yet
+	fpCreateAfterConfig = newPoint("storaged/create/after-config") // upper and config durable, not exported
+	fpCreateAfterExport = newPoint("storaged/create/after-export") // exported, no record
+	fpCreateAfterRecord = newPoint("storaged/create/after-record") // record durable, not yet answered
 
 	// delete
-	fpDeleteAfterStop   = failpoint.New("storaged/delete/after-stop")   // export stopped, record still in place
-	fpDeleteAfterUnlink = failpoint.New("storaged/delete/after-unlink") // directory moved to the trash, not removed
+	fpDeleteAfterStop   = newPoint("storaged/delete/after-stop")   // export stopped, record still in place
+	fpDeleteAfterUnlink = newPoint("storaged/delete/after-unlink") // directory moved to the trash, not removed
 
 	// restack (see restack.go for the steps)
-	fpRestackAfterIntent  = failpoint.New("storaged/restack/after-intent")  // journal says "begun"
-	fpRestackAfterSeal    = failpoint.New("storaged/restack/after-seal")    // sealed layer durable
-	fpRestackAfterConfig  = failpoint.New("storaged/restack/after-config")  // next generation's config durable
-	fpRestackAfterRecord  = failpoint.New("storaged/restack/after-record")  // record names the new generation
-	fpRestackAfterCleanup = failpoint.New("storaged/restack/after-cleanup") // old generation removed, journal left
+	fpRestackAfterIntent  = newPoint("storaged/restack/after-intent")  // journal says "begun"
+	fpRestackAfterSeal    = newPoint("storaged/restack/after-seal")    // sealed layer durable
+	fpRestackAfterConfig  = newPoint("storaged/restack/after-config")  // next generation's config durable
+	fpRestackAfterRecord  = newPoint("storaged/restack/after-record")  // record names the new generation
+	fpRestackAfterCleanup = newPoint("storaged/restack/after-cleanup") // old generation removed, journal left
 
 	// reclaim: after each device it deleted or released
-	fpReclaimAfterDelete  = failpoint.New("storaged/reclaim/after-delete")
-	fpReclaimAfterRelease = failpoint.New("storaged/reclaim/after-release")
+	fpReclaimAfterDelete  = newPoint("storaged/reclaim/after-delete")
+	fpReclaimAfterRelease = newPoint("storaged/reclaim/after-release")
 
 	// warm pool
-	fpWarmAfterSave     = failpoint.New("storaged/warm/after-save")     // pool.json durable, refill not started
-	fpPoolAfterFill     = failpoint.New("storaged/pool/after-fill")     // pool device made, not yet in the ready list
-	fpPoolAfterClaim    = failpoint.New("storaged/pool/after-claim")    // pool device recorded as the caller's, not answered
-	fpSharedAfterRecord = failpoint.New("storaged/shared/after-record") // a holder added or dropped in the record
+	fpWarmAfterSave     = newPoint("storaged/warm/after-save")     // pool.json durable, refill not started
+	fpPoolAfterFill     = newPoint("storaged/pool/after-fill")     // pool device made, not yet in the ready list
+	fpPoolAfterClaim    = newPoint("storaged/pool/after-claim")    // pool device recorded as the caller's, not answered
+	fpSharedAfterRecord = newPoint("storaged/shared/after-record") // a holder added or dropped in the record
 )

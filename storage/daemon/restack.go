@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
-	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/image"
 )
@@ -177,7 +176,7 @@ func (d *Daemon) restack(ctx context.Context, p rpc.RestackParams) (rpc.RestackR
 // An error before the record is saved leaves the caller to roll back.
 func (d *Daemon) restackSteps(ctx context.Context, dv *device, j *restackJournal, msg string) (rpc.RestackResult, error) {
 	dir := d.deviceDir(dv.rec.ID)
-	step := func(name string, fp *failpoint.Point) error {
+	step := func(name string, fp point) error {
 		if err := fp.Inject(); err != nil {
 			return err
 		}

@@ -133,7 +133,9 @@ func (d *Daemon) save(r *record) error {
 	return nil
 }
 
-func genConfig(dir string, gen int) string { return filepath.Join(dir, fmt.Sprintf("image.%d.json", gen)) }
+func genConfig(dir string, gen int) string {
+	return filepath.Join(dir, fmt.Sprintf("image.%d.json", gen))
+}
 func genUpper(gen int) (data, index string) {
 	return fmt.Sprintf("upper.%d.data", gen), fmt.Sprintf("upper.%d.index", gen)
 }

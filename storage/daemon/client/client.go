@@ -231,7 +231,6 @@ func (c *Client) roundTrip(ctx context.Context, req rpc.Request) (rpc.Response, 
 	}
 }
 
-
 // Create makes a runtime device from an image config.
 func (c *Client) Create(ctx context.Context, p rpc.CreateParams) (rpc.Device, error) {
 	var d rpc.Device
