@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,16 +22,24 @@ import (
 // every connection. It listens at NameserverIP:53 inside the slot; the slot
 // redirects every DNS packet of the guest to it. For each query it:
 //
-//   - refuses names no rule allows when the policy denies the internet (so
-//     DNS is not a way out either);
-//   - forwards the rest, from the host namespace, to the node's upstream;
+//   - answers only standard queries (opcode QUERY, one question, class IN,
+//     a usual record type: dnsTypes) and REFUSED to anything else;
+//   - when the policy is closed (no internet, or a deny list covering every
+//     address: E2B's "deny all, allow these domains"), refuses names no
+//     AllowOut domain covers, so DNS is not a tunnel out either;
+//   - forwards a query it rebuilt from the question alone (nothing else of
+//     the guest's message leaves), from the host namespace, to the node's
+//     upstream, and checks the answer matches the question;
 //   - before answering a name an AllowOut domain covers, adds the answer's
 //     IPv4 addresses to the slot's dns_allow set for the record's TTL
-//     (clamped), so the guest's connection that follows is accepted.
+//     (clamped), so the guest's connection that follows is accepted;
+//     addresses in the always-denied ranges are never added (a name cannot
+//     be made to point into the private network).
 //
 // Known limits: an address allowed for one name is allowed for every name
 // it serves (shared CDN addresses); a guest that learned an address while
-// it was allowed keeps established connections after the entry expires.
+// it was allowed keeps established connections after the entry expires
+// (a policy change, though, cuts them).
 
 const (
 	dnsMinTTL      = 60 * time.Second
@@ -44,8 +55,25 @@ type dnsRecord struct {
 	expires time.Time
 }
 
+// dnsTypes are the record types a guest may ask for.
+var dnsTypes = map[dnsmessage.Type]bool{
+	dnsmessage.TypeA: true, dnsmessage.TypeAAAA: true, dnsmessage.TypeCNAME: true, dnsmessage.TypeNS: true,
+	dnsmessage.TypeSOA: true, dnsmessage.TypePTR: true, dnsmessage.TypeMX: true, dnsmessage.TypeTXT: true,
+	dnsmessage.TypeSRV: true,
+	64:                 true, 65: true, 257: true, // SVCB, HTTPS, CAA
+}
+
 type resolver struct {
-	s      *Slot
+	s *Slot
+	// What the resolver needs of its slot, as functions so that the
+	// protocol logic is testable without a slot.
+	policy   func() *compiledPolicy
+	allow    func(name string, addrs map[netip.Addr]time.Duration) error
+	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
+	upstream netip.AddrPort
+	denied   []ipRange
+	log      *slog.Logger
+
 	udp    *net.UDPConn
 	tcp    *net.TCPListener
 	cancel context.CancelFunc
@@ -57,7 +85,14 @@ type resolver struct {
 }
 
 func newResolver(s *Slot) *resolver {
-	return &resolver{s: s, sem: make(chan struct{}, dnsMaxInflight), records: map[netip.Addr]dnsRecord{}}
+	return &resolver{
+		s: s, policy: s.currentPolicy, allow: s.allowResolved,
+		dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return s.m.dialHost(ctx, network, addr, false)
+		},
+		upstream: s.m.cfg.DNSUpstream, denied: s.m.denied, log: s.m.log.With("slot", s.Name),
+		sem: make(chan struct{}, dnsMaxInflight), records: map[netip.Addr]dnsRecord{},
+	}
 }
 
 // listen opens the resolver's sockets; call it on a thread inside the slot.
@@ -177,37 +212,49 @@ func (r *resolver) release() { <-r.sem }
 
 // handle answers one query from the guest; nil means no answer.
 func (r *resolver) handle(ctx context.Context, network string, q []byte) []byte {
-	qname, ok := questionName(q)
+	h, question, udpSize, ok := parseQuery(q)
 	if !ok {
 		return nil
 	}
-	pol := r.s.currentPolicy()
+	if h.OpCode != 0 || question.Class != dnsmessage.ClassINET || !dnsTypes[question.Type] {
+		return errorReply(h, question, dnsmessage.RCodeRefused)
+	}
+	qname := question.Name.String()
+	pol := r.policy()
 	allowed := pol.allowsName(qname)
-	if pol.denyInternet && !allowed {
-		return errorReply(q, dnsmessage.RCodeRefused)
+	if pol.closed() && !allowed {
+		return errorReply(h, question, dnsmessage.RCodeRefused)
 	}
 	ctx, cancel := context.WithTimeout(ctx, dnsTimeout)
 	defer cancel()
-	resp, err := r.exchange(ctx, network, q)
+	if network != "udp" {
+		udpSize = 0
+	}
+	resp, err := r.exchange(ctx, network, h, question, udpSize)
 	if err != nil {
-		r.s.m.log.Debug("dns upstream", "slot", r.s.Name, "name", qname, "err", err)
-		return errorReply(q, dnsmessage.RCodeServerFailure)
+		r.log.Debug("dns upstream", "name", qname, "err", err)
+		return errorReply(h, question, dnsmessage.RCodeServerFailure)
 	}
 	if !allowed {
 		return resp
 	}
-	if addrs := answerAddrs(resp); len(addrs) > 0 {
-		if err := r.s.allowResolved(qname, addrs); err != nil {
-			r.s.m.log.Warn("dns allow", "slot", r.s.Name, "name", qname, "err", err)
-			return errorReply(q, dnsmessage.RCodeServerFailure)
+	if addrs := answerAddrs(resp, r.denied); len(addrs) > 0 {
+		if err := r.allow(qname, addrs); err != nil {
+			r.log.Warn("dns allow", "name", qname, "err", err)
+			return errorReply(h, question, dnsmessage.RCodeServerFailure)
 		}
 	}
 	return resp
 }
 
-// exchange forwards q to the upstream from the host namespace.
-func (r *resolver) exchange(ctx context.Context, network string, q []byte) ([]byte, error) {
-	c, err := r.s.m.dialHost(ctx, network, r.s.m.cfg.DNSUpstream.String(), false)
+// exchange sends a query rebuilt from h and question to the upstream
+// (dialled from the host namespace) and returns its answer to it.
+func (r *resolver) exchange(ctx context.Context, network string, h dnsmessage.Header, question dnsmessage.Question, udpSize int) ([]byte, error) {
+	q, err := upstreamQuery(h, question, udpSize)
+	if err != nil {
+		return nil, err
+	}
+	c, err := r.dial(ctx, network, r.upstream.String())
 	if err != nil {
 		return nil, err
 	}
@@ -233,10 +280,53 @@ func (r *resolver) exchange(ctx context.Context, network string, q []byte) ([]by
 	if err != nil {
 		return nil, err
 	}
-	if len(resp) < 12 || resp[0] != q[0] || resp[1] != q[1] {
+	if !answers(resp, h.ID, question) {
 		return nil, errors.New("upstream answer does not match the query")
 	}
 	return resp, nil
+}
+
+// dnsUDPSize is the EDNS payload size offered upstream over UDP: large
+// answers without fragmentation (the DNS flag day value).
+const dnsUDPSize = 1232
+
+// upstreamQuery builds the query sent upstream: the guest's ID, RD and CD
+// bits and its question, nothing else; an EDNS record offering udpSize
+// (at most dnsUDPSize) when the guest offered one over UDP, so that no
+// answer is larger than the guest can take.
+func upstreamQuery(h dnsmessage.Header, question dnsmessage.Question, udpSize int) ([]byte, error) {
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, RecursionDesired: h.RecursionDesired, CheckingDisabled: h.CheckingDisabled})
+	if err := b.StartQuestions(); err != nil {
+		return nil, err
+	}
+	if err := b.Question(question); err != nil {
+		return nil, err
+	}
+	if udpSize > 0 {
+		if err := b.StartAdditionals(); err != nil {
+			return nil, err
+		}
+		var opt dnsmessage.ResourceHeader
+		if err := opt.SetEDNS0(min(max(udpSize, 512), dnsUDPSize), dnsmessage.RCodeSuccess, false); err != nil {
+			return nil, err
+		}
+		if err := b.OPTResource(opt, dnsmessage.OPTResource{}); err != nil {
+			return nil, err
+		}
+	}
+	return b.Finish()
+}
+
+// answers reports whether resp is a response with id to question.
+func answers(resp []byte, id uint16, question dnsmessage.Question) bool {
+	var p dnsmessage.Parser
+	h, err := p.Start(resp)
+	if err != nil || !h.Response || h.ID != id {
+		return false
+	}
+	got, err := p.Question()
+	return err == nil && got.Type == question.Type && got.Class == question.Class &&
+		strings.EqualFold(got.Name.String(), question.Name.String())
 }
 
 // allowResolved adds addrs (address -> TTL) to the slot's dns_allow set.
@@ -309,34 +399,39 @@ func (r *resolver) keepFor(p *compiledPolicy) map[netip.Addr]time.Duration {
 
 // ---- DNS message helpers (inputs are untrusted) ----
 
-// questionName returns the name of a query's single question.
-func questionName(q []byte) (string, bool) {
+// parseQuery returns the header and single question of a query, and the
+// UDP payload size its EDNS record offers (0 without one).
+func parseQuery(q []byte) (h dnsmessage.Header, question dnsmessage.Question, udpSize int, ok bool) {
 	var p dnsmessage.Parser
 	h, err := p.Start(q)
 	if err != nil || h.Response {
-		return "", false
+		return h, question, 0, false
 	}
-	question, err := p.Question()
-	if err != nil {
-		return "", false
+	if question, err = p.Question(); err != nil {
+		return h, question, 0, false
 	}
 	if _, err := p.Question(); !errors.Is(err, dnsmessage.ErrSectionDone) {
-		return "", false // exactly one question
+		return h, question, 0, false // exactly one question
 	}
-	return question.Name.String(), true
+	if p.SkipAllAnswers() != nil || p.SkipAllAuthorities() != nil {
+		return h, question, 0, true
+	}
+	for {
+		rh, err := p.AdditionalHeader()
+		if err != nil {
+			return h, question, 0, true
+		}
+		if rh.Type == dnsmessage.TypeOPT {
+			return h, question, int(rh.Class), true
+		}
+		if p.SkipAdditional() != nil {
+			return h, question, 0, true
+		}
+	}
 }
 
-// errorReply builds an empty answer with rcode to query q.
-func errorReply(q []byte, rcode dnsmessage.RCode) []byte {
-	var p dnsmessage.Parser
-	h, err := p.Start(q)
-	if err != nil {
-		return nil
-	}
-	question, err := p.Question()
-	if err != nil {
-		return nil
-	}
+// errorReply builds an empty answer with rcode to the query h, question.
+func errorReply(h dnsmessage.Header, question dnsmessage.Question, rcode dnsmessage.RCode) []byte {
 	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{
 		ID: h.ID, Response: true, OpCode: h.OpCode, RecursionDesired: h.RecursionDesired,
 		RecursionAvailable: true, RCode: rcode,
@@ -351,9 +446,9 @@ func errorReply(q []byte, rcode dnsmessage.RCode) []byte {
 	return out
 }
 
-// answerAddrs returns the IPv4 addresses of a successful answer, with
-// their TTLs clamped to [dnsMinTTL, dnsMaxTTL].
-func answerAddrs(resp []byte) map[netip.Addr]time.Duration {
+// answerAddrs returns the IPv4 addresses of a successful answer that are
+// not in denied, with their TTLs clamped to [dnsMinTTL, dnsMaxTTL].
+func answerAddrs(resp []byte, denied []ipRange) map[netip.Addr]time.Duration {
 	var p dnsmessage.Parser
 	h, err := p.Start(resp)
 	if err != nil || !h.Response || h.RCode != dnsmessage.RCodeSuccess {
@@ -380,6 +475,9 @@ func answerAddrs(resp []byte) map[netip.Addr]time.Duration {
 		}
 		ttl := min(max(time.Duration(ah.TTL)*time.Second, dnsMinTTL), dnsMaxTTL)
 		addr := netip.AddrFrom4(a.A)
+		if slices.ContainsFunc(denied, func(r ipRange) bool { return r.contains(addr) }) {
+			continue
+		}
 		out[addr] = max(out[addr], ttl)
 	}
 }

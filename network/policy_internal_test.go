@@ -123,7 +123,7 @@ func TestAnswerAddrsClampsTTL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := answerAddrs(resp)
+	got := answerAddrs(resp, nil)
 	want := map[netip.Addr]time.Duration{
 		netip.MustParseAddr("192.0.2.1"): dnsMinTTL,
 		netip.MustParseAddr("192.0.2.2"): dnsMaxTTL,
@@ -131,8 +131,11 @@ func TestAnswerAddrsClampsTTL(t *testing.T) {
 	if len(got) != len(want) || got[netip.MustParseAddr("192.0.2.1")] != dnsMinTTL || got[netip.MustParseAddr("192.0.2.2")] != dnsMaxTTL {
 		t.Fatalf("answerAddrs = %v, want %v", got, want)
 	}
-	if q, ok := questionName(resp); ok {
-		t.Fatalf("a response was taken for a query (%q)", q)
+	if _, q, _, ok := parseQuery(resp); ok {
+		t.Fatalf("a response was taken for a query (%q)", q.Name)
+	}
+	if got := answerAddrs(resp, prefixesToRanges(DefaultAlwaysDenied)); len(got) != 0 {
+		t.Fatalf("answerAddrs kept always-denied addresses: %v", got)
 	}
 }
 
@@ -171,17 +174,28 @@ func FuzzDNSMessage(f *testing.F) {
 	f.Add([]byte{})
 	f.Add(make([]byte, 12))
 	f.Fuzz(func(t *testing.T, msg []byte) {
-		qname, ok := questionName(msg)
+		h, question, _, ok := parseQuery(msg)
 		if ok {
+			qname := question.Name.String()
 			p, _ := parseDomainPattern(qname)
 			p.match(qname)
-			if r := errorReply(msg, dnsmessage.RCodeRefused); r != nil {
-				if _, ok := questionName(r); ok {
+			if r := errorReply(h, question, dnsmessage.RCodeRefused); r != nil {
+				if _, _, _, ok := parseQuery(r); ok {
 					t.Fatalf("error reply parses as a query")
+				}
+				if !answers(r, h.ID, question) {
+					t.Fatalf("error reply does not answer its query")
+				}
+			}
+			for _, size := range []int{0, 4096} {
+				if uq, err := upstreamQuery(h, question, size); err == nil {
+					if _, q2, _, ok := parseQuery(uq); !ok || q2 != question {
+						t.Fatalf("upstream query does not carry the question %v", question)
+					}
 				}
 			}
 		}
-		for a, ttl := range answerAddrs(msg) {
+		for a, ttl := range answerAddrs(msg, nil) {
 			if !a.Is4() || ttl < dnsMinTTL || ttl > dnsMaxTTL {
 				t.Fatalf("answerAddrs gave %s for %s", ttl, a)
 			}
