@@ -17,6 +17,7 @@ type Stack struct {
 	merged *Index
 	upper  *Upper
 	size   int64
+	locks  rangeLocks // writes of shared blocks (see WriteAt)
 }
 
 // StackOptions tune NewStackWith.
@@ -129,8 +130,10 @@ func (s *Stack) fillLower(p []byte, off int64) error {
 }
 
 // WriteAt writes to the upper. Writes that are not aligned to the upper's
-// granularity are widened with the current contents (read-modify-write), so
-// concurrent unaligned writes to the same block may race, as on any disk.
+// granularity are widened with the current contents (read-modify-write),
+// atomically per block: concurrent writes of different bytes of one block
+// all survive (a client may write single bytes: we advertise a minimum
+// block size of 1), and overlapping ones land in some order.
 func (s *Stack) WriteAt(p []byte, off int64) (int, error) {
 	if s.upper == nil {
 		return 0, fmt.Errorf("write: %w (the stack has no upper layer)", ErrReadOnly)
@@ -140,10 +143,12 @@ func (s *Stack) WriteAt(p []byte, off int64) (int, error) {
 	}
 	a := s.upper.Align()
 	if off%a == 0 && int64(len(p))%a == 0 {
+		defer s.locks.lock(off, off+int64(len(p)), false)()
 		return s.upper.WriteAt(p, off)
 	}
 	start := off / a * a
 	end := min((off+int64(len(p))+a-1)/a*a, s.size)
+	defer s.locks.lock(start, end, true)()
 	buf := make([]byte, end-start)
 	// Only the partial head and tail blocks need their old contents.
 	if err := s.fill(buf[:min(a, end-start)], start); err != nil {
@@ -186,6 +191,7 @@ func (s *Stack) Trim(off, n int64) error {
 			return err
 		}
 	}
+	defer s.locks.lock(start, end, false)()
 	return s.upper.Trim(start, end-start)
 }
 
