@@ -104,6 +104,26 @@ type Network struct {
 	// low in the background; released slots above high are destroyed.
 	PoolLow  int `toml:"pool_low" env:"AENVD_NETWORK_POOL_LOW"`
 	PoolHigh int `toml:"pool_high" env:"AENVD_NETWORK_POOL_HIGH"`
+	// AlwaysDenied lists the CIDRs no sandbox egress policy can open. Empty:
+	// the built-in list, every special-purpose block of the IANA IPv4 and
+	// IPv6 registries (RFC 6890: private, loopback, link-local and cloud
+	// metadata, CGNAT, documentation, benchmarking, multicast, reserved,
+	// ...). A list replaces the built-in one. The host's own addresses and
+	// the slot ranges are denied in any case.
+	AlwaysDenied []string `toml:"always_denied" env:"AENVD_NETWORK_ALWAYS_DENIED"`
+	// DNSUpstream is the resolver (IPv4 address, optionally :port) the
+	// sandboxes' DNS queries are forwarded to after filtering. Empty: the
+	// first IPv4 nameserver of /etc/resolv.conf.
+	DNSUpstream string `toml:"dns_upstream" env:"AENVD_NETWORK_DNS_UPSTREAM"`
+	// SocketMark is the socket mark (SO_MARK) of aenvd's own connections to
+	// sandboxes; only packets carrying it reach sandbox addresses. Choose
+	// a value no policy-routing rule of the host uses.
+	SocketMark int `toml:"socket_mark" env:"AENVD_NETWORK_SOCKET_MARK"`
+	// ConnsPerClient bounds the concurrent connections one client address
+	// may hold open to the API and the proxy listeners (slow clients cannot
+	// exhaust the server). A gateway in front of the node is one client:
+	// raise it there.
+	ConnsPerClient int `toml:"conns_per_client" env:"AENVD_NETWORK_CONNS_PER_CLIENT"`
 }
 
 // VMM chooses the virtual machine monitor.
@@ -162,7 +182,8 @@ func Default() Config {
 	return Config{
 		DataDir: "/var/lib/aenv",
 		API:     API{Listen: "127.0.0.1:3000", ProxyListen: "127.0.0.1:3001", Domain: "localhost"},
-		Network: Network{Prefix: "aenv", HostCIDR: "10.11.0.0/16", VethCIDR: "10.12.0.0/16", PoolLow: 2, PoolHigh: 8},
+		Network: Network{Prefix: "aenv", HostCIDR: "10.11.0.0/16", VethCIDR: "10.12.0.0/16", PoolLow: 2, PoolHigh: 8,
+			AlwaysDenied: []string{}, SocketMark: 0x61650000, ConnsPerClient: 512}, // network.DefaultSocketMark
 		VMM:     VMM{Driver: "auto"},
 		Guest:   Guest{VCPUs: 1, MemoryMiB: 512, DefaultUser: "user"},
 		Storage: Storage{Backend: "storaged", PoolLow: 2, PoolHigh: 4},
@@ -215,6 +236,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: image: rootfs_size_mib must not be negative, ready_timeout and step_timeout must be positive")
 	case c.Storage.PoolLow < 0 || c.Storage.PoolHigh < c.Storage.PoolLow:
 		return fmt.Errorf("config: storage pool watermarks: want 0 <= pool_low (%d) <= pool_high (%d)", c.Storage.PoolLow, c.Storage.PoolHigh)
+	case c.Network.SocketMark <= 0 || c.Network.SocketMark > 0xffffffff || c.Network.ConnsPerClient < 1:
+		return fmt.Errorf("config: network: socket_mark must be within 1..0xffffffff and conns_per_client at least 1")
 	case c.Sandbox.DefaultTimeout.Duration <= 0 || c.Sandbox.MaxTimeout.Duration < c.Sandbox.DefaultTimeout.Duration:
 		return fmt.Errorf("config: sandbox timeouts: default %s must be positive and at most max %s",
 			c.Sandbox.DefaultTimeout, c.Sandbox.MaxTimeout)

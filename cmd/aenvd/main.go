@@ -159,15 +159,16 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 	})
-	servers := []*http.Server{{Addr: cfg.API.Listen, Handler: handler}}
+	limits := defaultServerLimits(cfg)
+	servers := []*http.Server{newHTTPServer(cfg.API.Listen, handler, limits)}
 	if cfg.API.ProxyListen != "" {
-		servers = append(servers, &http.Server{Addr: cfg.API.ProxyListen, Handler: px})
+		servers = append(servers, newHTTPServer(cfg.API.ProxyListen, px, limits))
 	}
 	errc := make(chan error, len(servers))
 	for _, srv := range servers {
-		ln, err := net.Listen("tcp", srv.Addr)
+		ln, err := listenHTTP(srv.Addr, limits)
 		if err != nil {
-			return fmt.Errorf("listen %s: %w", srv.Addr, err)
+			return err
 		}
 		log.Info("listening", "addr", ln.Addr().String())
 		go func() { errc <- srv.Serve(ln) }()
@@ -185,6 +186,44 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		_ = srv.Shutdown(sctx)
 	}
 	return orch.Shutdown(sctx, cfg.Sandbox.PauseOnShutdown)
+}
+
+// serverLimits are the HTTP servers' protections against slow and greedy
+// clients (see newHTTPServer).
+type serverLimits struct {
+	readHeader, idle time.Duration
+	perClient        int
+}
+
+func defaultServerLimits(cfg config.Config) serverLimits {
+	return serverLimits{readHeader: 10 * time.Second, idle: 2 * time.Minute, perClient: cfg.Network.ConnsPerClient}
+}
+
+// maxHeaderBytes bounds a request's header block; SDK requests carry a few
+// hundred bytes.
+const maxHeaderBytes = 64 << 10
+
+// newHTTPServer builds the API's or the proxy's server. A client must send
+// its request headers within readHeader and may keep an idle connection for
+// idle. There is deliberately no ReadTimeout or WriteTimeout: they bound
+// the whole request or response, and the proxy carries E2B command and PTY
+// streams and file transfers that rightly last minutes or hours (the
+// agent's own keepalives keep them busy). What a client that sends a body
+// or reads a response slowly can tie up is bounded by listenHTTP's limit on
+// connections per client address instead.
+func newHTTPServer(addr string, h http.Handler, l serverLimits) *http.Server {
+	return &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: l.readHeader, IdleTimeout: l.idle,
+		MaxHeaderBytes: maxHeaderBytes}
+}
+
+// listenHTTP opens a server's listener, limited to l.perClient concurrent
+// connections per client address.
+func listenHTTP(addr string, l serverLimits) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	return proxy.LimitPerClient(ln, l.perClient), nil
 }
 
 // apiKey returns the configured key, or the one in the key file, creating
@@ -251,7 +290,7 @@ func guestAssets(ctx context.Context, cfg config.Config) (*image.Assets, error) 
 
 func networkConfig(cfg config.Config, reg prometheus.Registerer, log *slog.Logger) (network.Config, error) {
 	nc := network.Config{Prefix: cfg.Network.Prefix, PoolLow: cfg.Network.PoolLow, PoolHigh: cfg.Network.PoolHigh,
-		Registerer: reg, Logger: log}
+		SocketMark: uint32(cfg.Network.SocketMark), Registerer: reg, Logger: log}
 	for _, p := range []struct {
 		s   string
 		dst *netip.Prefix
@@ -264,6 +303,27 @@ func networkConfig(cfg config.Config, reg prometheus.Registerer, log *slog.Logge
 			return nc, fmt.Errorf("config network: %w", err)
 		}
 		*p.dst = v
+	}
+	for _, s := range cfg.Network.AlwaysDenied {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nc, fmt.Errorf("config network.always_denied: %w", err)
+		}
+		nc.AlwaysDenied = append(nc.AlwaysDenied, p)
+	}
+	if s := cfg.Network.DNSUpstream; s != "" {
+		ap, err := netip.ParseAddrPort(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return nc, fmt.Errorf("config network.dns_upstream %q: want an IPv4 address with an optional :port", s)
+			}
+			ap = netip.AddrPortFrom(a, 53)
+		}
+		if !ap.Addr().Is4() {
+			return nc, fmt.Errorf("config network.dns_upstream %q: want an IPv4 address", s)
+		}
+		nc.DNSUpstream = ap
 	}
 	return nc, nil
 }
