@@ -120,6 +120,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if status >= 500 {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "5")
+	}
 	writeError(w, status, err.Error())
 }
 
@@ -133,6 +136,8 @@ func statusOf(err error) int {
 		status = http.StatusConflict
 	case errors.Is(err, orchestrator.ErrInvalid):
 		status = http.StatusBadRequest
+	case errors.Is(err, orchestrator.ErrCapacity):
+		status = http.StatusServiceUnavailable
 	case errors.Is(err, context.Canceled):
 		status = 499
 	}

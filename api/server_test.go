@@ -3,7 +3,10 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -263,5 +266,30 @@ func TestMetricsRoute(t *testing.T) {
 	}
 	if w := do(h, "POST", "/metrics", "", ""); w.Code != http.StatusMethodNotAllowed && w.Code != http.StatusUnauthorized {
 		t.Fatalf("POST /metrics: %d", w.Code)
+	}
+}
+
+// TestErrorVocabulary: the orchestrator's errors map to one status each,
+// whatever wraps them; a lower layer's own "invalid" is not a client error.
+func TestErrorVocabulary(t *testing.T) {
+	cases := []struct {
+		err  error
+		want int
+	}{
+		{fmt.Errorf("sandbox x: %w", orchestrator.ErrNotFound), http.StatusNotFound},
+		{fmt.Errorf("pause: %w", orchestrator.ErrConflict), http.StatusConflict},
+		{fmt.Errorf("create: %w", orchestrator.ErrInvalid), http.StatusBadRequest},
+		{fmt.Errorf("network slot: %w: %w", errors.New("no free slot index"), orchestrator.ErrCapacity), http.StatusServiceUnavailable},
+		{fmt.Errorf("rootfs device: %w", errors.New("storaged: invalid request")), http.StatusInternalServerError},
+	}
+	for _, c := range cases {
+		if got := statusOf(c.err); got != c.want {
+			t.Errorf("statusOf(%v) = %d, want %d", c.err, got, c.want)
+		}
+	}
+	rec := httptest.NewRecorder()
+	(&Server{log: slog.Default()}).fail(rec, httptest.NewRequest("POST", "/sandboxes", nil), fmt.Errorf("x: %w", orchestrator.ErrCapacity))
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("capacity error answered %d with Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
 	}
 }

@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -42,6 +43,11 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	done := o.m.observe("create")
 	defer func() { done(err) }()
 	s, t, err := o.register(opts)
+	if err == nil {
+		if err = o.checkMemory(t.MemoryMiB); err != nil {
+			o.unregister(s)
+		}
+	}
 	if err != nil {
 		return rec, err
 	}
@@ -129,6 +135,29 @@ func (o *Orchestrator) register(opts CreateOptions) (*sandbox, *Template, error)
 	return s, t, nil
 }
 
+// checkMemory refuses a create the host's free memory cannot hold.
+func (o *Orchestrator) checkMemory(mib int) error {
+	_, avail, err := meminfo()
+	if err != nil || avail <= 0 {
+		return nil // unknown: let the VMM try
+	}
+	if need := int64(mib) << 20; avail < need {
+		return fmt.Errorf("create: %d MiB of guest memory asked, %d MiB available: %w", mib, avail>>20, ErrCapacity)
+	}
+	return nil
+}
+
+// unregister takes a sandbox that never started out of the registry.
+func (o *Orchestrator) unregister(s *sandbox) {
+	s.mu.Lock()
+	s.gone = true
+	s.mu.Unlock()
+	o.mu.Lock()
+	delete(o.sandboxes, s.rec.ID)
+	o.mu.Unlock()
+	s.op.Unlock()
+}
+
 // abortCreate undoes a failed create (op held): whatever startVM left is
 // already released; the directory, the record and the registry entry go.
 func (o *Orchestrator) abortCreate(ctx context.Context, s *sandbox) {
@@ -161,6 +190,9 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 		}
 	}()
 	slot, err := o.nets.Acquire(ctx)
+	if errors.Is(err, network.ErrExhausted) {
+		return fmt.Errorf("network slot: %w: %w", err, ErrCapacity)
+	}
 	if err != nil {
 		return fmt.Errorf("network slot: %w", err)
 	}

@@ -81,11 +81,18 @@ const (
 	Killing  State = "killing"
 )
 
-// Errors callers map to HTTP statuses.
+// Errors callers map to HTTP statuses: the node's one error vocabulary.
+// Errors of the layers below are wrapped into these where they mean the
+// same for a client (a full slot range or a full storage daemon is
+// ErrCapacity); anything else is an internal failure (500), whatever the
+// lower layer called it.
 var (
-	ErrNotFound = errors.New("not found")
-	ErrConflict = errors.New("conflict")
-	ErrInvalid  = errors.New("invalid request")
+	ErrNotFound = errors.New("not found")       // 404
+	ErrConflict = errors.New("conflict")        // 409
+	ErrInvalid  = errors.New("invalid request") // 400
+	// ErrCapacity: the node cannot take the request now (no network slot,
+	// no storage device, not enough free memory); retry later or elsewhere.
+	ErrCapacity = errors.New("node at capacity") // 503 with Retry-After
 )
 
 // Record is the persisted description of a sandbox.

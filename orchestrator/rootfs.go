@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -92,6 +93,9 @@ func (o *Orchestrator) rootfsDrive(ctx context.Context, s *sandbox) (vmm.Drive, 
 		return vmm.Drive{ID: rootfsDrive, Path: s.rec.Rootfs}, nil
 	}
 	dev, err := o.sd.Create(ctx, rpc.CreateParams{Image: s.rec.RootfsImage, Owner: s.rec.ID})
+	if errors.Is(err, rpc.ErrCapacity) {
+		return vmm.Drive{}, fmt.Errorf("rootfs device: %w: %w", err, ErrCapacity)
+	}
 	if err != nil {
 		return vmm.Drive{}, fmt.Errorf("rootfs device: %w", err)
 	}
