@@ -18,10 +18,13 @@ import (
 //
 // The in-memory index is a B-tree so that overriding writes cost O(log n) even
 // with a million live segments. Mappings are appended to the index file in
-// batches and always after their data was written, so a crash can lose recent
-// writes but never makes the index point at data that was not written.
+// batches, and a batch is written only after the data it maps was fsynced,
+// then fsynced itself: whatever order the kernel writes dirty pages back in,
+// after a crash or a power loss the index never points at data that is not
+// on disk, so a range reads back its old or its new data, never zeros.
 type Upper struct {
 	mu        sync.RWMutex
+	flushMu   sync.Mutex // serializes index batches (held across the fsyncs; mu is not)
 	dataPath  string
 	indexPath string
 	data      *os.File
@@ -30,8 +33,9 @@ type Upper struct {
 	tree      *btree.BTreeG[Segment]
 	mapped    atomic.Bool // the tree ever held a mapping: reads of a fresh upper skip the lock
 	dataEnd   uint64      // sectors: next append position (log-structured)
-	indexEnd  int64       // bytes of the index file written
-	pending   []byte      // encoded mappings not yet written to the index file
+	indexEnd  int64       // bytes of the index file written (under flushMu)
+	pending   []byte      // encoded mappings not yet written to the index file (under mu)
+	spare     []byte      // the previous batch's buffer, for reuse
 	readOnly  bool
 	closed    bool
 	// Recovered counts index bytes dropped at open (a torn or invalid tail).
@@ -432,14 +436,15 @@ func (u *Upper) WriteAt(p []byte, off int64) (int, error) {
 		return 0, fmt.Errorf("write upper %s: %w", u.dataPath, err)
 	}
 	u.mu.Lock()
-	defer u.mu.Unlock()
 	for done := uint64(0); done < n; {
 		l := min(n-done, MaxSegmentLen)
 		u.addLocked(Segment{Offset: sec + done, MOffset: phys + done, Length: uint32(l)})
 		done += l
 	}
-	if len(u.pending) >= pendingLimit {
-		if err := u.writePendingLocked(); err != nil {
+	full := len(u.pending) >= pendingLimit
+	u.mu.Unlock()
+	if full {
+		if err := u.flushIndex(false); err != nil {
 			return 0, err
 		}
 	}
@@ -470,28 +475,63 @@ func (u *Upper) Trim(off, n int64) error {
 		return nil
 	}
 	u.mu.Lock()
-	defer u.mu.Unlock()
 	sec, cnt := uint64(off)/SectorSize, uint64(n)/SectorSize
 	for done := uint64(0); done < cnt; {
 		l := min(cnt-done, MaxSegmentLen)
 		u.addLocked(Segment{Offset: sec + done, Length: uint32(l), Zeroed: true})
 		done += l
 	}
-	if len(u.pending) >= pendingLimit {
-		return u.writePendingLocked()
+	full := len(u.pending) >= pendingLimit
+	u.mu.Unlock()
+	if full {
+		return u.flushIndex(false)
 	}
 	return nil
 }
 
-func (u *Upper) writePendingLocked() error {
-	if len(u.pending) == 0 {
+// flushIndex writes the pending mappings as one index batch, ordered on disk
+// after the data they map: it takes the batch, fsyncs the data file (every
+// mapping in the batch was added after its data write returned), then
+// appends the batch to the index file and fsyncs that. Writers go on while
+// it waits (mu is held only to take the batch). Unless always, it does
+// nothing when the batch was taken by another flush meanwhile.
+func (u *Upper) flushIndex(always bool) error {
+	u.flushMu.Lock()
+	defer u.flushMu.Unlock()
+	u.mu.Lock()
+	if !always && len(u.pending) < pendingLimit {
+		u.mu.Unlock()
 		return nil
 	}
-	if _, err := u.index.WriteAt(u.pending, u.indexEnd); err != nil {
+	batch := u.pending
+	u.pending, u.spare = u.spare[:0], nil
+	u.mu.Unlock()
+	err := u.writeBatch(batch)
+	u.mu.Lock()
+	if err != nil {
+		// Keep the mappings for the next attempt, in order, before newer ones.
+		u.pending = append(batch, u.pending...)
+	} else {
+		u.spare = batch[:0]
+	}
+	u.mu.Unlock()
+	return err
+}
+
+func (u *Upper) writeBatch(batch []byte) error {
+	if err := u.data.Sync(); err != nil {
+		return fmt.Errorf("sync upper data %s: %w", u.dataPath, err)
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	if _, err := u.index.WriteAt(batch, u.indexEnd); err != nil {
 		return fmt.Errorf("append upper index %s: %w", u.indexPath, err)
 	}
-	u.indexEnd += int64(len(u.pending))
-	u.pending = u.pending[:0]
+	if err := u.index.Sync(); err != nil {
+		return fmt.Errorf("sync upper index %s: %w", u.indexPath, err)
+	}
+	u.indexEnd += int64(len(batch))
 	return nil
 }
 
@@ -500,21 +540,13 @@ func (u *Upper) Flush() error {
 	if u.readOnly {
 		return nil
 	}
-	if err := u.data.Sync(); err != nil {
-		return fmt.Errorf("sync upper data %s: %w", u.dataPath, err)
-	}
 	if u.Sparse() {
+		if err := u.data.Sync(); err != nil {
+			return fmt.Errorf("sync upper data %s: %w", u.dataPath, err)
+		}
 		return nil
 	}
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if err := u.writePendingLocked(); err != nil {
-		return err
-	}
-	if err := u.index.Sync(); err != nil {
-		return fmt.Errorf("sync upper index %s: %w", u.indexPath, err)
-	}
-	return nil
+	return u.flushIndex(true)
 }
 
 // Close flushes and closes the files.
