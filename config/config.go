@@ -128,7 +128,9 @@ type Network struct {
 
 // VMM chooses the virtual machine monitor.
 type VMM struct {
-	// Driver is "auto" or "qemu" (Firecracker is not wired yet).
+	// Driver is "auto" (Firecracker when its binary runs and /dev/kvm opens,
+	// else QEMU with KVM when a test guest boots under it, else QEMU with
+	// TCG), "firecracker" or "qemu".
 	Driver string `toml:"driver" env:"AENVD_VMM_DRIVER"`
 	// Accel forces QEMU's accelerator ("kvm", "tcg"); empty detects.
 	Accel string `toml:"accel" env:"AENVD_VMM_ACCEL"`
@@ -226,8 +228,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: api.listen is empty")
 	case c.Storage.Backend != "storaged" && c.Storage.Backend != "files":
 		return fmt.Errorf("config: storage.backend %q: want storaged or files", c.Storage.Backend)
-	case c.VMM.Driver != "auto" && c.VMM.Driver != "qemu":
-		return fmt.Errorf("config: vmm.driver %q: want auto or qemu", c.VMM.Driver)
+	case c.VMM.Driver != "auto" && c.VMM.Driver != "qemu" && c.VMM.Driver != "firecracker":
+		return fmt.Errorf("config: vmm.driver %q: want auto, firecracker or qemu", c.VMM.Driver)
 	case c.Sandbox.MaxLayers < 2 || c.Sandbox.MaxLayers > 200:
 		return fmt.Errorf("config: sandbox.max_layers %d is not within 2..200", c.Sandbox.MaxLayers)
 	case c.Guest.VCPUs < 1 || c.Guest.MemoryMiB < 64:

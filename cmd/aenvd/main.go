@@ -35,6 +35,7 @@ import (
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm/qemu"
+	"github.com/agentenv/agentenv/vmm/vmmselect"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -106,12 +107,16 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	drv, err := qemu.New(ctx, qemu.Options{ProbeKernel: assets.Kernel, Accel: cfg.VMM.Accel, Log: log})
+	// One backend choice, made once: vmmselect logs it, /nodes reports it.
+	choice, err := vmmselect.Select(ctx, vmmselect.Options{Prefer: cfg.VMM.Driver, Kernel: assets.Kernel, Accel: cfg.VMM.Accel, Log: log})
 	if err != nil {
 		return err
 	}
-	accel, why := drv.Accel()
-	log.Info("vmm selected", "driver", drv.Name(), "accel", accel, "reason", why)
+	drv := choice.Driver
+	accel, why := "", choice.Reason
+	if q, ok := drv.(*qemu.Driver); ok {
+		accel, _ = q.Accel()
+	}
 	sd, err := storageDaemon(ctx, cfg)
 	if err != nil {
 		return err

@@ -23,7 +23,9 @@ type Options struct {
 	QEMU string
 	// Kernel boots the QEMU KVM probe.
 	Kernel string
-	Log    *slog.Logger
+	// Accel forces QEMU's accelerator ("kvm", "tcg"); empty detects.
+	Accel string
+	Log   *slog.Logger
 }
 
 // Choice is the selected driver and the reason.
@@ -54,7 +56,7 @@ func Select(ctx context.Context, o Options) (*Choice, error) {
 	default:
 		return nil, fmt.Errorf("select vmm: unknown driver %q (want auto, firecracker or qemu)", o.Prefer)
 	}
-	d, err := qemu.New(ctx, qemu.Options{Binary: o.QEMU, ProbeKernel: o.Kernel, Log: o.Log})
+	d, err := qemu.New(ctx, qemu.Options{Binary: o.QEMU, ProbeKernel: o.Kernel, Accel: o.Accel, Log: o.Log})
 	if err != nil {
 		return nil, fmt.Errorf("select vmm: %w", err)
 	}
