@@ -5,7 +5,7 @@ GO ?= go
 BIN := bin
 GOFLAGS_STATIC := CGO_ENABLED=0
 
-.PHONY: build setup check test bench guest vet clean release
+.PHONY: build setup check test test-race bench guest vet clean release
 
 build:
 	$(GOFLAGS_STATIC) $(GO) build -trimpath -o $(BIN)/ ./cmd/...
@@ -16,6 +16,15 @@ build:
 # cross-node interference (see the session notes).
 test: build
 	$(GO) test -p 1 -count=1 -timeout 50m ./...
+	$(MAKE) test-race
+
+# The race detector over every package whose tests boot no VM
+# (scripts/race-packages.sh), and one end-to-end test against a race-built
+# aenvd (api/aenvdtest builds it with -race when AENVDTEST_RACE=1; a race
+# report makes its exit status, and so the test, fail).
+test-race:
+	$(GO) test -race -count=1 -timeout 30m $$(./scripts/race-packages.sh)
+	AENVDTEST_RACE=1 $(GO) test -count=1 -timeout 20m -run 'TestConcurrentLifecycleCalls$$' ./api/e2e/
 
 # Everything the tests need, installed from scratch when missing (idempotent):
 # packages, Go, Node.js (scripts/setup.sh), E2B's npm SDKs and the other

@@ -86,8 +86,12 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		return nil, err
 	}
 	// aenv-storaged goes next to aenvd, where aenvd looks for it.
-	build := exec.CommandContext(ctx, "go", "build", "-o", work+"/",
-		"github.com/agentenv/agentenv/cmd/aenvd", "github.com/agentenv/agentenv/cmd/aenv-storaged")
+	args := []string{"build", "-o", work + "/"}
+	if os.Getenv("AENVDTEST_RACE") == "1" {
+		args = append(args, "-race") // a detected race makes the process exit 66
+	}
+	build := exec.CommandContext(ctx, "go", append(args,
+		"github.com/agentenv/agentenv/cmd/aenvd", "github.com/agentenv/agentenv/cmd/aenv-storaged")...)
 	if out, err := build.CombinedOutput(); err != nil {
 		os.RemoveAll(work)
 		return nil, fmt.Errorf("build aenvd: %w\n%s", err, out)

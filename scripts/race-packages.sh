@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Lists the Go packages whose tests boot no VM, for `go test -race` (make
+# test-race). A package is VM-booting when its tests use the guest assets, a
+# VMM driver, a node server or QEMU directly; benchmarks are left out.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+vm=$(grep -rlE 'guestassets|qemu\.New|aenvdtest|vmtest\.|memsnaptest|qemu-system|vmmtest\.' --include='*_test.go' . |
+	xargs -r -n1 dirname | sed 's|^\./||' | sort -u)
+go list ./... | while read -r pkg; do
+	dir=${pkg#github.com/agentenv/agentenv}
+	dir=${dir#/}
+	case "$dir" in bench/*) continue ;; esac
+	if ! grep -qxF "$dir" <<<"$vm"; then echo "$pkg"; fi
+done
