@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/storage/blob"
 	"github.com/agentenv/agentenv/storage/lsmt"
 )
@@ -99,7 +100,8 @@ func LoadConfig(path string) (*Config, error) {
 	return c, nil
 }
 
-// Save writes the config atomically (temporary file + rename).
+// Save writes the config atomically and durably (internal/atomicfile): after
+// a crash or a power loss path holds the old config or the whole new one.
 func (c *Config) Save(path string) error {
 	if err := c.Validate(); err != nil {
 		return err
@@ -108,11 +110,7 @@ func (c *Config) Save(path string) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("save image config %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := atomicfile.WriteFile(path, append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("save image config %s: %w", path, err)
 	}
 	return nil

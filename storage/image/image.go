@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"sync/atomic"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/storage/blob"
 	"github.com/agentenv/agentenv/storage/lsmt"
 	"github.com/agentenv/agentenv/storage/zfile"
@@ -264,46 +265,38 @@ func Merge(ctx context.Context, layers []string, path string, opt CommitOptions)
 	return res, nil
 }
 
-// writeAtomic runs write into path.tmp (through a plain temporary when
-// compressing), syncs and renames it.
+// writeAtomic writes a layer at path through internal/atomicfile (a
+// temporary file, fsynced, renamed, directory fsynced; through a plain
+// temporary when compressing), so a config that names it never names a
+// partial layer, even after a power loss.
 func writeAtomic(path string, comp *zfile.Options, write func(io.Writer) (lsmt.SealResult, error)) (LayerInfo, error) {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return LayerInfo{}, err
-	}
-	defer os.Remove(tmp)
-	defer f.Close()
 	var res lsmt.SealResult
-	if comp == nil {
-		if res, err = write(f); err != nil {
-			return LayerInfo{}, err
+	err := atomicfile.Write(path, 0o644, func(f io.Writer) error {
+		var err error
+		if comp == nil {
+			res, err = write(f)
+			return err
 		}
-	} else {
 		raw, err := os.CreateTemp(filepath.Dir(path), ".seal-*")
 		if err != nil {
-			return LayerInfo{}, err
+			return err
 		}
 		defer os.Remove(raw.Name())
 		defer raw.Close()
 		if res, err = write(raw); err != nil {
-			return LayerInfo{}, err
+			return err
 		}
 		if _, err := raw.Seek(0, io.SeekStart); err != nil {
-			return LayerInfo{}, err
+			return err
 		}
-		if _, err := zfile.Compress(context.Background(), f, raw, *comp); err != nil {
-			return LayerInfo{}, err
-		}
-	}
-	if err := f.Sync(); err != nil {
-		return LayerInfo{}, err
-	}
-	st, err := f.Stat()
+		_, err = zfile.Compress(context.Background(), f, raw, *comp) // f is the temporary *os.File: the header is rewritten in place
+		return err
+	})
 	if err != nil {
 		return LayerInfo{}, err
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	st, err := os.Stat(path)
+	if err != nil {
 		return LayerInfo{}, err
 	}
 	return LayerInfo{Path: path, UUID: res.Trailer.UUID, ParentUUID: res.Trailer.ParentUUID,

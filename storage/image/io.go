@@ -26,11 +26,11 @@ func (z zeroPadded) ReadAt(p []byte, off int64) (int, error) {
 }
 
 // dataExtents lists the sectors of f that hold data (SEEK_DATA/SEEK_HOLE),
-// as segments mapping each sector to itself.
-func dataExtents(f *os.File, size int64) []lsmt.Segment {
-	const seekData, seekHole = 3, 4
+// as segments mapping each sector to itself. A seek error other than "no
+// more data" is an error: the data past it would be silently dropped.
+func dataExtents(f *os.File, size int64) ([]lsmt.Segment, error) {
 	var segs []lsmt.Segment
-	add := func(a, b int64) {
+	err := lsmt.DataRanges(f, 0, size, func(a, b int64) {
 		s0 := uint64(a) / lsmt.SectorSize
 		s1 := (uint64(b) + lsmt.SectorSize - 1) / lsmt.SectorSize
 		for s := s0; s < s1; {
@@ -38,22 +38,8 @@ func dataExtents(f *os.File, size int64) []lsmt.Segment {
 			segs = append(segs, lsmt.Segment{Offset: s, MOffset: s, Length: uint32(n)})
 			s += n
 		}
-	}
-	for pos := int64(0); pos < size; {
-		d, err := f.Seek(pos, seekData)
-		if err != nil || d >= size {
-			break
-		}
-		h, err := f.Seek(d, seekHole)
-		if err != nil {
-			add(d, size) // no hole support: treat the rest as data
-			break
-		}
-		h = min(h, size)
-		add(d, h)
-		pos = h
-	}
-	return segs
+	})
+	return segs, err
 }
 
 // ImportRaw writes a raw disk file as one sealed layer at out (no parent).
@@ -73,7 +59,10 @@ func ImportRaw(ctx context.Context, raw, out string, opt CommitOptions) (LayerIn
 		return LayerInfo{}, fmt.Errorf("import raw %s: empty file", raw)
 	}
 	vs := (st.Size() + lsmt.SectorSize - 1) / lsmt.SectorSize * lsmt.SectorSize
-	segs := dataExtents(f, st.Size())
+	segs, err := dataExtents(f, st.Size())
+	if err != nil {
+		return LayerInfo{}, fmt.Errorf("import raw %s: %w", raw, err)
+	}
 	src := zeroPadded{f: f, size: st.Size()}
 	info, err := writeAtomic(out, opt.Compress, func(w io.Writer) (lsmt.SealResult, error) {
 		return lsmt.WriteSealed(ctx, w, segs, func(uint8) io.ReaderAt { return src },

@@ -6,9 +6,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/google/btree"
 )
 
@@ -66,6 +68,10 @@ func CreateUpper(dataPath, indexPath string, virtualSize uint64, parent UUID) (*
 	if err := writeNew(indexPath, ih.Marshal()); err != nil {
 		return nil, fmt.Errorf("create upper index %s: %w", indexPath, err)
 	}
+	// The names must be durable before a config names them.
+	if err := syncDirs(dataPath, indexPath); err != nil {
+		return nil, fmt.Errorf("create upper %s: %w", dataPath, err)
+	}
 	return OpenUpper(dataPath, indexPath, false)
 }
 
@@ -81,7 +87,26 @@ func CreateSparseUpper(path string, virtualSize uint64, parent UUID) (*Upper, er
 	if err := os.Truncate(path, int64(HeaderSize+virtualSize)); err != nil {
 		return nil, fmt.Errorf("create sparse upper %s: %w", path, err)
 	}
+	if err := syncDirs(path); err != nil {
+		return nil, fmt.Errorf("create sparse upper %s: %w", path, err)
+	}
 	return OpenUpper(path, "", false)
+}
+
+// syncDirs fsyncs the directories holding paths (each once).
+func syncDirs(paths ...string) error {
+	done := map[string]bool{}
+	for _, p := range paths {
+		d := filepath.Dir(p)
+		if done[d] {
+			continue
+		}
+		done[d] = true
+		if err := atomicfile.SyncDir(d); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func writeNew(path string, b []byte) error {
@@ -241,11 +266,6 @@ func (u *Upper) truncateIndex(good, size int64) error {
 	return nil
 }
 
-const (
-	seekData = 3
-	seekHole = 4
-)
-
 func (u *Upper) loadSparse(size int64) error {
 	vs := u.hdr.VirtualSize
 	if vs == 0 || vs%SectorSize != 0 {
@@ -257,16 +277,7 @@ func (u *Upper) loadSparse(size int64) error {
 		}
 	}
 	end := int64(HeaderSize + vs)
-	for pos := int64(HeaderSize); pos < end; {
-		d, err := u.data.Seek(pos, seekData)
-		if err != nil || d >= end {
-			break // ENXIO: no more data
-		}
-		h, err := u.data.Seek(d, seekHole)
-		if err != nil {
-			return fmt.Errorf("seek hole: %w", err)
-		}
-		h = min(h, end)
+	err := DataRanges(u.data, HeaderSize, end, func(d, h int64) {
 		s0 := uint64(d-HeaderSize) / SectorSize
 		s1 := (uint64(h-HeaderSize) + SectorSize - 1) / SectorSize
 		for s := s0; s < s1; {
@@ -275,7 +286,9 @@ func (u *Upper) loadSparse(size int64) error {
 			u.mapped.Store(true)
 			s += n
 		}
-		pos = h
+	})
+	if err != nil {
+		return fmt.Errorf("sparse data of %s: %w", u.dataPath, err)
 	}
 	return nil
 }
