@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/storage/zfile"
 	"github.com/spf13/cobra"
@@ -249,21 +250,13 @@ func newCompress() *cobra.Command {
 }
 
 func compressTo(ctx context.Context, path string, r io.Reader, opt zfile.Options) (zfile.Header, error) {
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return zfile.Header{}, err
-	}
-	defer os.Remove(tmp)
-	defer f.Close()
-	h, err := zfile.Compress(ctx, f, r, opt)
-	if err != nil {
-		return h, err
-	}
-	if err := f.Sync(); err != nil {
-		return h, err
-	}
-	return h, os.Rename(tmp, path)
+	var h zfile.Header
+	err := atomicfile.Write(path, 0o644, func(w io.Writer) error {
+		var err error
+		h, err = zfile.Compress(ctx, w, r, opt) // w is the temporary *os.File: the header is rewritten in place
+		return err
+	})
+	return h, err
 }
 
 func newImport() *cobra.Command {

@@ -1,12 +1,14 @@
 package imagecmd
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/storage/lsmt"
@@ -131,16 +133,32 @@ func sealedReport(ctx context.Context, r *LayerReport, l *lsmt.Layer, keep, veri
 	return r, nil
 }
 
+// readAllData reads every physical data sector the layer's mappings use,
+// each once: what check costs is bounded by the data the file holds, not by
+// the virtual size it claims or by how often its mappings reuse the data.
 func readAllData(ctx context.Context, l *lsmt.Layer) error {
+	var ext [][2]uint64 // physical sector ranges
+	for _, s := range l.Index().Segments() {
+		if !s.Zeroed {
+			ext = append(ext, [2]uint64{s.MOffset, s.MOffset + uint64(s.Length)})
+		}
+	}
+	slices.SortFunc(ext, func(a, b [2]uint64) int { return cmp.Compare(a[0], b[0]) })
 	buf := make([]byte, 1<<20)
-	for off := int64(0); off < l.VirtualSize(); off += int64(len(buf)) {
-		if err := ctx.Err(); err != nil {
-			return err
+	r := l.DataReaderAt()
+	var done uint64 // sectors below this were read
+	for _, e := range ext {
+		for s := max(e[0], done); s < e[1]; {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			n := min(e[1]-s, uint64(len(buf))/lsmt.SectorSize)
+			if _, err := r.ReadAt(buf[:n*lsmt.SectorSize], int64(s*lsmt.SectorSize)); err != nil && err != io.EOF {
+				return fmt.Errorf("read data sectors [%d,+%d): %w", s, n, err)
+			}
+			s += n
 		}
-		n := min(int64(len(buf)), l.VirtualSize()-off)
-		if _, err := l.ReadAt(buf[:n], off); err != nil && err != io.EOF {
-			return fmt.Errorf("read at %d: %w", off, err)
-		}
+		done = max(done, e[1])
 	}
 	return nil
 }
@@ -152,7 +170,7 @@ func inspectZFile(ctx context.Context, r *LayerReport, f *os.File, keep, verify 
 	}
 	t := z.Trailer()
 	r.ZFile = &ZFileReport{Algorithm: algoName(t.Algorithm), Level: t.Level, BlockSize: t.BlockSize,
-		Blocks: t.IndexSize, Verify: t.Verify, OriginalSize: t.OriginalSize, CompressedSize: r.FileSize,
+		Blocks: uint64(z.Blocks()), Verify: t.Verify, OriginalSize: t.OriginalSize, CompressedSize: r.FileSize,
 		HeaderOverride: z.StoredHeader().Flags&zfile.FlagHeaderOverwrite != 0, Digest: t.Flags&zfile.FlagDigest != 0}
 	if verify {
 		if err := z.Verify(ctx); err != nil {
