@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -71,6 +72,7 @@ type ring struct {
 	fd           int
 	sq, cq, sqes []byte
 	p            params
+	sqHead       *uint32 // advanced by the kernel as it takes entries
 	sqTail       *uint32
 	sqMask       uint32
 	sqArray      []uint32
@@ -119,6 +121,7 @@ func (r *ring) mapRings() error {
 		return fmt.Errorf("io_uring mmap: %w", err)
 	}
 	u32 := func(b []byte, off uint32) *uint32 { return (*uint32)(unsafe.Pointer(&b[off])) }
+	r.sqHead = u32(r.sq, r.p.sqOff.head)
 	r.sqTail, r.sqMask = u32(r.sq, r.p.sqOff.tail), *u32(r.sq, r.p.sqOff.ringMask)
 	r.cqHead, r.cqTail, r.cqMask = u32(r.cq, r.p.cqOff.head), u32(r.cq, r.p.cqOff.tail), *u32(r.cq, r.p.cqOff.ringMask)
 	r.sqArray = unsafe.Slice(u32(r.sq, r.p.sqOff.array), r.p.sqEntries)
@@ -174,31 +177,65 @@ func (r *ring) submitWait(chunk []Op) error {
 		r.sqArray[idx] = idx
 	}
 	atomic.StoreUint32(r.sqTail, tail+uint32(len(chunk)))
-	err := r.wait(len(chunk))
+	reaped, err := r.wait(len(chunk))
+	if err != nil {
+		// The kernel may still be reading into the caller's buffers (pooled:
+		// they are reused as soon as we return) and into iov: wait until
+		// every entry it took has completed before anyone may close the
+		// ring or touch the buffers.
+		r.drain(tail, reaped)
+	}
 	clear(iov) // drop the pointers into the caller's buffers
 	r.iovecs = iov[:0]
 	return err
 }
 
-// wait submits the queued n entries and reaps n completions.
-func (r *ring) wait(n int) error {
+// drain waits for the completion of every entry the kernel took from the
+// submission queue since tail (reaped of them are already reaped). It only
+// polls the completion ring, which the kernel fills however io_uring_enter
+// fails, so it works on a ring that is otherwise broken.
+func (r *ring) drain(tail uint32, reaped int) {
+	taken := int(atomic.LoadUint32(r.sqHead) - tail)
+	for pause := time.Microsecond; reaped < taken; pause = min(2*pause, 10*time.Millisecond) {
+		if n := r.reap(); n > 0 {
+			reaped += n
+			continue
+		}
+		time.Sleep(pause)
+	}
+}
+
+// enterHook replaces io_uring_enter in tests (nil: the system call).
+var enterHook func(r *ring, toSubmit, minComplete int) (int, syscall.Errno)
+
+func (r *ring) enter(toSubmit, minComplete int) (int, syscall.Errno) {
+	if enterHook != nil {
+		return enterHook(r, toSubmit, minComplete)
+	}
+	ret, _, errno := syscall.Syscall6(sysIOUringEnter, uintptr(r.fd), uintptr(toSubmit), uintptr(minComplete), enterGetEvents, 0, 0)
+	return int(ret), errno
+}
+
+// wait submits the queued n entries and reaps n completions; it returns how
+// many it reaped.
+func (r *ring) wait(n int) (int, error) {
 	submitted, reaped, stalls := 0, 0, 0
 	for reaped < n {
-		ret, _, errno := syscall.Syscall6(sysIOUringEnter, uintptr(r.fd), uintptr(n-submitted), uintptr(n-reaped), enterGetEvents, 0, 0)
+		ret, errno := r.enter(n-submitted, n-reaped)
 		switch errno {
 		case 0:
-			submitted += int(ret)
+			submitted += ret
 		case syscall.EINTR: // Go's preemption signal; nothing was submitted
 		case syscall.EAGAIN, syscall.EBUSY:
 			if stalls++; stalls > 1000 {
-				return fmt.Errorf("%w: io_uring_enter: %v", errRingBroken, errno)
+				return reaped + r.reap(), fmt.Errorf("%w: io_uring_enter: %v", errRingBroken, errno)
 			}
 		default:
-			return fmt.Errorf("%w: io_uring_enter: %v", errRingBroken, errno)
+			return reaped + r.reap(), fmt.Errorf("%w: io_uring_enter: %v", errRingBroken, errno)
 		}
 		reaped += r.reap()
 	}
-	return nil
+	return reaped, nil
 }
 
 func (r *ring) reap() int {
