@@ -5,11 +5,18 @@
 // sandboxes created with allowPublicTraffic false answer 403 on ports other
 // than the agent's without their E2b-Traffic-Access-Token; streaming
 // responses and WebSocket upgrades pass through.
+//
+// Control-plane credentials never reach a guest: X-API-Key, the routing
+// and traffic-token headers, Proxy-Authorization, and any Authorization
+// header or cookie carrying the node's API key are removed; the agent's
+// X-Access-Token only goes to the agent's port. The package also owns the
+// per-client connection limit of the node's listeners (LimitPerClient).
 package proxy
 
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,10 +24,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/orchestrator"
 )
 
@@ -31,14 +40,25 @@ const (
 	HeaderTrafficToken = "E2b-Traffic-Access-Token"
 )
 
+// Sandboxes is what the proxy needs of the orchestrator.
+type Sandboxes interface {
+	Get(id string) (orchestrator.Record, error)
+	// Slot returns a running sandbox's network slot and VM generation.
+	Slot(id string) (*network.Slot, int, error)
+	Connect(ctx context.Context, id string, timeout time.Duration) (orchestrator.Record, bool, error)
+}
+
 // Proxy is an http.Handler.
 type Proxy struct {
-	o      *orchestrator.Orchestrator
+	o      Sandboxes
 	domain string
 	rp     *httputil.ReverseProxy
 	log    *slog.Logger
 	// ResumeTimeout is the end time given to a sandbox auto-resumed by traffic.
 	ResumeTimeout time.Duration
+	// APIKey is the node's API key: an Authorization header or a cookie
+	// carrying it is removed before forwarding (X-API-Key always is).
+	APIKey string
 }
 
 type targetKey struct{}
@@ -50,7 +70,7 @@ type target struct {
 
 // New returns a proxy for the orchestrator's sandboxes; domain enables host
 // routing ("" disables it).
-func New(o *orchestrator.Orchestrator, domain string, log *slog.Logger) *Proxy {
+func New(o Sandboxes, domain string, log *slog.Logger) *Proxy {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -71,9 +91,7 @@ func New(o *orchestrator.Orchestrator, domain string, log *slog.Logger) *Proxy {
 			_, gen, _ := o.Slot(t.id)
 			pr.Out.URL.Host = fmt.Sprintf("%s.%d.%d", t.id, gen, t.port)
 			pr.Out.Host = pr.In.Host
-			pr.Out.Header.Del(HeaderSandboxID)
-			pr.Out.Header.Del(HeaderSandboxPort)
-			pr.Out.Header.Del(HeaderTrafficToken)
+			p.stripControlPlane(pr.Out.Header, t.port)
 			pr.SetXForwarded()
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -84,12 +102,79 @@ func New(o *orchestrator.Orchestrator, domain string, log *slog.Logger) *Proxy {
 	return p
 }
 
+// stripControlPlane removes from h what belongs to the node, not to the
+// guest.
+func (p *Proxy) stripControlPlane(h http.Header, port int) {
+	for _, k := range []string{HeaderSandboxID, HeaderSandboxPort, HeaderTrafficToken, "X-Api-Key", "Proxy-Authorization"} {
+		h.Del(k)
+	}
+	if port != orchestrator.AgentPort {
+		h.Del("X-Access-Token") // the agent's credential, not an app's
+	}
+	if p.APIKey == "" {
+		return
+	}
+	if slices.ContainsFunc(h.Values("Authorization"), func(v string) bool { return carriesKey(v, p.APIKey) }) {
+		h.Del("Authorization")
+	}
+	cookies := h.Values("Cookie")
+	if len(cookies) == 0 {
+		return
+	}
+	h.Del("Cookie")
+	var kept []string
+	for _, line := range cookies {
+		for pair := range strings.SplitSeq(line, ";") {
+			if pair = strings.TrimSpace(pair); pair != "" && !carriesKey(pair, p.APIKey) {
+				kept = append(kept, pair)
+			}
+		}
+	}
+	if len(kept) > 0 {
+		h.Set("Cookie", strings.Join(kept, "; "))
+	}
+}
+
+// carriesKey reports whether a header value holds the API key, in clear
+// or base64 (Basic credentials).
+func carriesKey(v, key string) bool {
+	if strings.Contains(v, key) {
+		return true
+	}
+	if scheme, cred, ok := strings.Cut(strings.TrimSpace(v), " "); ok && strings.EqualFold(scheme, "Basic") {
+		raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
+		return err == nil && strings.Contains(string(raw), key)
+	}
+	return false
+}
+
 // Match reports whether r names a sandbox.
 func (p *Proxy) Match(r *http.Request) bool {
 	_, ok := p.route(r)
 	return ok
 }
 
+// maxIDLen bounds a sandbox id taken from a request.
+const maxIDLen = 64
+
+// validID reports whether id can be a sandbox id: the orchestrator's are
+// lower-case letters and digits; anything else (dots, colons, slashes)
+// could not name a sandbox and must not reach the upstream address.
+func validID(id string) bool {
+	if id == "" || len(id) > maxIDLen {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// route finds the sandbox and port a request names. A request with the id
+// header always matches (it is meant for a sandbox, never the API); its
+// id is checked by ServeHTTP.
 func (p *Proxy) route(r *http.Request) (target, bool) {
 	if id := r.Header.Get(HeaderSandboxID); id != "" {
 		port, err := strconv.Atoi(r.Header.Get(HeaderSandboxPort))
@@ -110,7 +195,7 @@ func (p *Proxy) route(r *http.Request) (target, bool) {
 		return target{}, false
 	}
 	portStr, id, ok := strings.Cut(label, "-")
-	if !ok || id == "" || strings.Contains(id, ".") {
+	if !ok || !validID(id) {
 		return target{}, false
 	}
 	port, err := strconv.Atoi(portStr)
@@ -129,6 +214,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if t.port == 0 {
 		writeError(w, http.StatusBadRequest, "missing or invalid "+HeaderSandboxPort)
+		return
+	}
+	if !validID(t.id) {
+		writeError(w, http.StatusBadGateway, "no such sandbox")
 		return
 	}
 	rec, err := p.o.Get(t.id)
