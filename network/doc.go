@@ -9,10 +9,17 @@
 //	  route HostIP via the veth          tap0  169.254.0.22/30  ── VM eth0 169.254.0.21/30
 //	                                     (fixed MACs: GatewayMAC on tap0, GuestMAC in the VM)
 //	  nft table <prefix>:                 nft table <prefix>_slot:
-//	    masquerade HostCIDR, VethCIDR      DNAT HostIP -> 169.254.0.21 (host -> guest)
-//	    drop slot -> slot, slot -> host     SNAT 169.254.0.21 -> HostIP (guest egress)
-//	                                       egress policy on forwarded packets from tap0
-//	                                       DNS from the guest redirected to our resolver
+//	    masquerade HostCIDR, VethCIDR      drop from tap0 unless from 169.254.0.21 (+ rp_filter)
+//	    drop slot -> slot, slot -> host     DNAT HostIP -> 169.254.0.21 (from the host's veth end only)
+//	    to the slot ranges: only sockets    SNAT 169.254.0.21 -> HostIP (guest egress)
+//	      with the manager's mark           egress policy on forwarded packets from tap0
+//	    forward into slots: answers only    DNS from the guest redirected to our resolver
+//
+// Only the manager's own sockets (Slot.DialGuest, Manager.DialContext) reach
+// a slot: they carry Config.SocketMark, and the host's rules reject every
+// other local packet towards the slot ranges and forward nothing into a
+// slot but answers to its guest. docs/security.md lists every rule and its
+// test.
 //
 // Every slot has the same guest view (IP, gateway and MAC), which is what a
 // VM restored from a snapshot expects. The host reaches a guest port at

@@ -81,10 +81,11 @@ func TestProxyIsolation(t *testing.T) {
 		recs: map[string]orchestrator.Record{
 			"run1": {ID: "run1", State: orchestrator.Running}, "run2": {ID: "run2", State: orchestrator.Running},
 			"paused1": {ID: "paused1", State: orchestrator.Paused},
+			"locked":  {ID: "locked", State: orchestrator.Running, TrafficToken: "tok"},
 		},
 		// The paused sandbox's slot was handed to run2: reaching it would
 		// be reaching another sandbox.
-		slots: map[string]*network.Slot{"run1": slots[0], "run2": slots[1], "paused1": slots[1]},
+		slots: map[string]*network.Slot{"run1": slots[0], "run2": slots[1], "paused1": slots[1], "locked": slots[0]},
 	}
 	const key = "e2b_0123456789abcdef"
 	p := New(reg, "sbx.test", nil)
@@ -142,6 +143,16 @@ func TestProxyIsolation(t *testing.T) {
 			if kept := got.Get("Authorization") == c.auth; kept != c.keep {
 				t.Errorf("%s: Authorization forwarded=%v, want %v", c.name, kept, c.keep)
 			}
+		}
+	})
+
+	t.Run("private traffic needs its token", func(t *testing.T) {
+		if resp, _ := do(t, "8080-locked.sbx.test", nil); resp.StatusCode != http.StatusForbidden {
+			t.Errorf("without the token: status %d, want 403", resp.StatusCode)
+		}
+		resp, got := do(t, "8080-locked.sbx.test", map[string]string{HeaderTrafficToken: "tok"})
+		if resp.StatusCode != http.StatusOK || got.Get(HeaderTrafficToken) != "" {
+			t.Errorf("with the token: status %d, token forwarded %q", resp.StatusCode, got.Get(HeaderTrafficToken))
 		}
 	})
 
