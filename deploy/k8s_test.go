@@ -32,7 +32,9 @@ type object struct {
 	meta metav1.ObjectMeta
 }
 
-func (o object) String() string { return fmt.Sprintf("%s %s/%s (%s)", o.kind, o.meta.Namespace, o.meta.Name, o.file) }
+func (o object) String() string {
+	return fmt.Sprintf("%s %s/%s (%s)", o.kind, o.meta.Namespace, o.meta.Name, o.file)
+}
 
 // newTyped returns an empty typed object for apiVersion/kind.
 func newTyped(apiVersion, kind string) (any, bool) {
