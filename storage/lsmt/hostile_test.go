@@ -3,6 +3,8 @@ package lsmt
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"runtime"
 	"testing"
 
@@ -51,4 +53,32 @@ func TestTinyZFileHugeIndex(t *testing.T) {
 	if got := m1.TotalAlloc - m0.TotalAlloc; got > 8<<20 {
 		t.Fatalf("opening a %d-byte file allocated %d MiB", len(b), got>>20)
 	}
+}
+
+// FuzzOpenLayerAt opens arbitrary bytes the way an image opens a lower
+// (plain LSMT or ZFile), seeded with layers from other tools and with the
+// hostile shapes: a tiny ZFile claiming a huge index, and ZFiles whose
+// geometry claims more than the file holds.
+func FuzzOpenLayerAt(f *testing.F) {
+	f.Add(writerLayer(f))
+	f.Add(paddedIndexZFile(f, 64<<10))
+	for _, c := range corpusFiles {
+		if b, err := os.ReadFile(filepath.Join(corpusDir, c.name)); err == nil {
+			f.Add(b)
+		}
+	}
+	var z bytes.Buffer
+	if _, err := zfile.Compress(context.Background(), &z, bytes.NewReader(writerLayer(f)), zfile.Options{BlockSize: 4096}); err == nil {
+		f.Add(z.Bytes())
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		l, err := OpenLayerAt("fuzz", bytes.NewReader(b), int64(len(b)))
+		if err != nil {
+			return
+		}
+		if l.FileSize() < 0 || l.VirtualSize() < 0 {
+			t.Fatalf("opened with file size %d, virtual size %d", l.FileSize(), l.VirtualSize())
+		}
+		exercise(l)
+	})
 }

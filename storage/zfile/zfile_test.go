@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -317,10 +318,27 @@ func FuzzOpen(f *testing.F) {
 		Compress(context.Background(), &buf, bytes.NewReader(testData(9000)), o)
 		f.Add(buf.Bytes())
 	}
+	// Hostile geometry: sizes near 2^64, more blocks than bytes on disk.
+	f.Add(hostileZFile(math.MaxUint64, 0, 0))
+	f.Add(hostileZFile(1<<63, 0, 0))
+	f.Add(hostileZFile(1000*4096, 1000, 10))
+	// ZFiles from the zstd command (streaming frames, compressed jump tables).
+	if names, err := filepath.Glob("../lsmt/testdata/foreign/*.zfile"); err == nil {
+		for _, n := range names {
+			if b, err := os.ReadFile(n); err == nil {
+				f.Add(b)
+			}
+		}
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		z, err := Open("fuzz", bytes.NewReader(b), int64(len(b)))
 		if err != nil {
 			return
+		}
+		// Whatever opens is backed by the file: a non-negative size held by
+		// blocks that are on disk (at least a byte each).
+		if z.Size() < 0 || int64(z.Blocks()) > int64(len(b)) || z.Size() > int64(z.Blocks())*int64(z.Trailer().BlockSize) {
+			t.Fatalf("opened with size %d, %d blocks of %d, from %d bytes", z.Size(), z.Blocks(), z.Trailer().BlockSize, len(b))
 		}
 		n := min(z.Size(), 1<<20)
 		p := make([]byte, n)
