@@ -555,6 +555,9 @@ func Leftovers(prefix, hostNS string) ([]string, error) {
 	}
 	err = network.RunInNetNS(hostNS, func() error {
 		links, err := netlink.LinkList()
+		for i := 0; errors.Is(err, netlink.ErrDumpInterrupted) && i < 30; i++ {
+			links, err = netlink.LinkList() // links of other slots came and went meanwhile
+		}
 		if err != nil {
 			return err
 		}
