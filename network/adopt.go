@@ -58,6 +58,9 @@ func (s *Slot) adopt(ctx context.Context) error {
 	if err := s.m.hostVethExists(s.HostVeth); err != nil {
 		return err
 	}
+	if err := s.m.hostRPFilter(s.HostVeth); err != nil {
+		return err
+	}
 	c, err := s.nft()
 	if err != nil {
 		return err

@@ -252,7 +252,8 @@ func TestAntiSpoofing(t *testing.T) {
 				}
 			default:
 			}
-			checkRPFilter(t, a.NetNSPath())
+			checkRPFilter(t, a.NetNSPath(), "all", network.TapName)
+			checkRPFilter(t, w.HostNS, a.HostVeth)
 			return
 		case <-deadline:
 			t.Fatalf("not even the guest's own datagram arrived")
@@ -260,10 +261,10 @@ func TestAntiSpoofing(t *testing.T) {
 	}
 }
 
-func checkRPFilter(t *testing.T, nsPath string) {
+func checkRPFilter(t *testing.T, nsPath string, devs ...string) {
 	t.Helper()
 	err := network.RunInNetNS(nsPath, func() error {
-		for _, dev := range []string{"all", network.TapName} {
+		for _, dev := range devs {
 			b, err := os.ReadFile("/proc/sys/net/ipv4/conf/" + dev + "/rp_filter")
 			if err != nil {
 				return err

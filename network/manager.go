@@ -504,7 +504,20 @@ func (m *Manager) hostVethUp(s *Slot) error {
 	if err := m.hostNL.LinkSetUp(l); err != nil {
 		return fmt.Errorf("up %s: %w", s.HostVeth, err)
 	}
-	return nil
+	return m.hostRPFilter(s.HostVeth)
+}
+
+// hostRPFilter makes reverse-path filtering strict on a host veth (the
+// kernel applies the larger of "all" and the interface's value, so the
+// host's other interfaces keep theirs): only the slot's own addresses come
+// in through it. The slot's rules already drop what its guest spoofs; this
+// is the second line (a host whose "all" is 2, loose, keeps loose).
+func (m *Manager) hostRPFilter(veth string) error {
+	set := func() error { return writeSysctl("net/ipv4/conf/"+veth+"/rp_filter", "1") }
+	if m.hostNS < 0 {
+		return set()
+	}
+	return runInHandle(m.hostNS, set)
 }
 
 func (m *Manager) hostRouteAdd(s *Slot) error {
