@@ -131,13 +131,14 @@ func (d *Daemon) takeWarm(sh shape, owner string) (rpc.Device, bool) {
 			d.delete(context.Background(), id, false)
 			continue
 		}
-		dv.rec.Kind, dv.rec.Owner = rpc.KindRuntime, owner
-		if err := d.save(&dv.rec); err != nil {
-			dv.rec.Kind, dv.rec.Owner = rpc.KindPool, ""
+		next := dv.rec
+		next.Kind, next.Owner = rpc.KindRuntime, owner
+		if err := d.save(&next); err != nil {
 			dv.op.Unlock()
 			d.log.Error("warm pool: claim device", "device", id, "err", err)
 			continue
 		}
+		dv.set(func() { dv.rec = next })
 		fpPoolAfterClaim.Inject()
 		info := dv.info(d)
 		dv.op.Unlock()

@@ -268,9 +268,7 @@ func (d *Daemon) list() rpc.ListResult {
 	d.mu.Unlock()
 	out := rpc.ListResult{Devices: []rpc.Device{}}
 	for _, dv := range devs {
-		dv.op.Lock()
 		out.Devices = append(out.Devices, dv.info(d))
-		dv.op.Unlock()
 	}
 	sort.Slice(out.Devices, func(i, j int) bool { return out.Devices[i].ID < out.Devices[j].ID })
 	return out

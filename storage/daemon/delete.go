@@ -66,7 +66,7 @@ func (d *Daemon) delete(_ context.Context, id uint32, internal bool) error {
 // deleteFailed leaves a device whose export is stopped but whose state is
 // in place marked lost (it can be deleted again; a restart re-exports it).
 func (d *Daemon) deleteFailed(dv *device, err error) error {
-	dv.lost = "delete failed: " + err.Error()
+	dv.set(func() { dv.lost = "delete failed: " + err.Error() })
 	return fmt.Errorf("delete device %d: %w", dv.rec.ID, err)
 }
 

@@ -86,8 +86,12 @@ func (b *swapBackend) Close() error {
 
 // device is one live (or lost) export.
 type device struct {
-	// op serialises restack, delete and holder changes on this device.
-	op  sync.Mutex
+	// op serialises restack, delete and holder changes on this device; its
+	// holder reads rec freely.
+	op sync.Mutex
+	// mu guards rec, lost and exp for readers that do not take op (list,
+	// which must not wait for a restack); writers hold op and take mu.
+	mu  sync.RWMutex
 	rec record
 
 	lost    string // non-empty: not exported, and why
@@ -97,7 +101,16 @@ type device struct {
 	exp Export
 }
 
+// set changes the device's state for readers (op held).
+func (dv *device) set(f func()) {
+	dv.mu.Lock()
+	defer dv.mu.Unlock()
+	f()
+}
+
 func (dv *device) info(d *Daemon) rpc.Device {
+	dv.mu.RLock()
+	defer dv.mu.RUnlock()
 	r := dv.rec
 	out := rpc.Device{
 		ID: r.ID, Kind: r.Kind, State: rpc.StateActive, Owner: r.Owner, Image: r.Image, Config: r.Config,
@@ -143,7 +156,7 @@ func (d *Daemon) start(dv *device) error {
 func (dv *device) stop() error {
 	if dv.exp != nil {
 		dv.exp.Stop()
-		dv.exp = nil
+		dv.set(func() { dv.exp = nil })
 	}
 	if dv.be == nil {
 		return nil

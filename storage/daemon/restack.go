@@ -232,7 +232,8 @@ func (d *Daemon) restackSteps(ctx context.Context, dv *device, j *restackJournal
 	// Committed: from here on nothing rolls back.
 	fpRestackAfterRecord.Inject()
 	oldIm := be.im
-	be.im, dv.rec = newIm, next
+	be.im = newIm
+	dv.set(func() { dv.rec = next })
 	if err := oldIm.Close(); err != nil {
 		d.log.Warn("restack: close old image", "device", next.ID, "err", err)
 	}

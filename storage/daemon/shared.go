@@ -63,7 +63,7 @@ func (d *Daemon) reuseShared(id uint32, holder string) (rpc.Device, error) {
 		if err := d.save(&next); err != nil {
 			return rpc.Device{}, err
 		}
-		dv.rec = next
+		dv.set(func() { dv.rec = next })
 		if err := fpSharedAfterRecord.Inject(); err != nil {
 			return rpc.Device{}, err
 		}
@@ -111,7 +111,7 @@ func (d *Daemon) release(ctx context.Context, p rpc.ReleaseParams) error {
 		if err := d.save(&next); err != nil {
 			return err
 		}
-		dv.rec = next
+		dv.set(func() { dv.rec = next })
 		return fpSharedAfterRecord.Inject()
 	}
 	dv.op.Unlock()
