@@ -421,3 +421,10 @@ func checkUninstall(t *testing.T, root string) {
 		t.Error("--purge left the aenv user")
 	}
 }
+
+// TestShellcheck lints the install script and the CI setup step.
+func TestShellcheck(t *testing.T) {
+	sc := requireTool(t, "shellcheck", "apt-get install shellcheck (.ci/setup.d/50-deploy.sh)")
+	repo := repoRoot(t)
+	run(t, repo, nil, sc, "-S", "warning", "scripts/install.sh", ".ci/setup.d/50-deploy.sh")
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tools the deploy package's tests use: systemd-analyze and systemd-sysusers
 # (Debian's systemd: unit verification, the install into a temporary root),
-# userdel (passwd: --purge) and Debian's docker-compose, whose `config`
+# userdel (passwd: --purge), shellcheck (lint of install.sh) and Debian's docker-compose, whose `config`
 # validates deploy/compose.yaml without a Docker engine. Idempotent: installs
 # only what is missing.
 set -euo pipefail
@@ -9,6 +9,7 @@ export DEBIAN_FRONTEND=noninteractive
 need=()
 { command -v systemd-analyze && command -v systemd-sysusers; } >/dev/null || need+=(systemd)
 command -v userdel >/dev/null || need+=(passwd)
+command -v shellcheck >/dev/null || need+=(shellcheck)
 command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
 if [ ${#need[@]} -eq 0 ]; then
   echo "deploy test tools present"
