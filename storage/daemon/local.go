@@ -97,3 +97,6 @@ func (l *Local) Warm(ctx context.Context, p rpc.WarmParams) error {
 func (l *Local) Features(ctx context.Context) (rpc.Features, error) {
 	return do(ctx, l, func(context.Context) (rpc.Features, error) { return l.d.features(), nil })
 }
+
+// Socket is the RPC socket path ("" when the daemon serves in process only).
+func (d *Daemon) Socket() string { return d.opts.Socket }
