@@ -51,13 +51,19 @@ type composeService struct {
 
 func decodeCompose(t *testing.T, name string, data []byte, strict bool) composeFile {
 	t.Helper()
-	var c composeFile
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(strict)
-	if err := dec.Decode(&c); err != nil {
+	c, err := decodeComposeErr(data, strict)
+	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
 	return c
+}
+
+func decodeComposeErr(data []byte, strict bool) (composeFile, error) {
+	var c composeFile
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(strict)
+	err := dec.Decode(&c)
+	return c, err
 }
 
 // portSpec is one published port in short ("127.0.0.1:3000:3000") or
@@ -106,7 +112,7 @@ func volumeSource(v any) string {
 }
 
 // checkCompose applies the deployment rules to one decoded compose file.
-func checkCompose(t *testing.T, c composeFile) {
+func checkCompose(t reporter, c composeFile) {
 	t.Helper()
 	nodes := 0
 	for name := range c.Extensions {
@@ -183,7 +189,7 @@ func checkCompose(t *testing.T, c composeFile) {
 		t.Errorf("%d nodes, want 2", nodes)
 	}
 	if len(c.Services["gateway"].Ports) == 0 {
-		t.Error("the gateway publishes no port")
+		t.Errorf("the gateway publishes no port")
 	}
 }
 

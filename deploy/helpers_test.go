@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,6 +46,21 @@ func runErr(t *testing.T, dir string, env []string, name string, args ...string)
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	err := cmd.Run()
 	return buf.String(), err
+}
+
+// reporter is what the policy checks need of a *testing.T, so the
+// rejection tests can run them on a collector instead.
+type reporter interface {
+	Helper()
+	Errorf(format string, args ...any)
+}
+
+// collector records the errors of a check run on deliberately broken input.
+type collector struct{ errs []string }
+
+func (c *collector) Helper() {}
+func (c *collector) Errorf(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Sprintf(format, args...))
 }
 
 func requireRoot(t *testing.T) {

@@ -189,40 +189,7 @@ var digestPinned = regexp.MustCompile(`^[a-z0-9./_-]+(:[\w.-]+)?@sha256:[0-9a-f]
 
 func TestKubernetesManifests(t *testing.T) {
 	k, objs := loadManifests(t)
-	own := map[string]bool{} // our images: set per cluster with kustomize edit set image
-	for _, im := range k.Images {
-		own[im.Name] = true
-	}
-	namespaces := map[string]*corev1.Namespace{}
-	for _, o := range objs {
-		if ns, ok := o.obj.(*corev1.Namespace); ok {
-			namespaces[ns.Name] = ns
-		}
-	}
-	t.Run("namespaces", func(t *testing.T) {
-		for _, o := range objs {
-			if _, isNS := o.obj.(*corev1.Namespace); isNS {
-				continue
-			}
-			if namespaces[o.meta.Namespace] == nil {
-				t.Errorf("%v: namespace %q is not one of the manifests' namespaces", o, o.meta.Namespace)
-			}
-		}
-		for name, ns := range namespaces {
-			for _, l := range []string{"enforce", "enforce-version", "audit", "warn"} {
-				if ns.Labels["pod-security.kubernetes.io/"+l] == "" {
-					t.Errorf("namespace %s: no pod-security.kubernetes.io/%s label", name, l)
-				}
-			}
-		}
-		if got := namespaces["aenv"].Labels["pod-security.kubernetes.io/enforce"]; got != "restricted" {
-			t.Errorf("the control plane's namespace enforces %q, want restricted", got)
-		}
-	})
-	t.Run("workloads", func(t *testing.T) { checkWorkloads(t, objs, namespaces, own) })
-	t.Run("rbac", func(t *testing.T) { checkRBAC(t, objs) })
-	t.Run("networkpolicy", func(t *testing.T) { checkNetworkPolicies(t, objs) })
-	t.Run("services", func(t *testing.T) { checkServices(t, objs) })
+	checkManifests(t, k, objs)
 	t.Run("kustomize build", func(t *testing.T) {
 		kubectl, err := exec.LookPath("kubectl")
 		if err != nil {
@@ -244,7 +211,42 @@ func TestKubernetesManifests(t *testing.T) {
 	})
 }
 
-func checkWorkloads(t *testing.T, objs []object, namespaces map[string]*corev1.Namespace, own map[string]bool) {
+// checkManifests applies every rule to the decoded objects.
+func checkManifests(t reporter, k kustomization, objs []object) {
+	t.Helper()
+	own := map[string]bool{} // our images: set per cluster with kustomize edit set image
+	for _, im := range k.Images {
+		own[im.Name] = true
+	}
+	namespaces := map[string]*corev1.Namespace{}
+	for _, o := range objs {
+		if ns, ok := o.obj.(*corev1.Namespace); ok {
+			namespaces[ns.Name] = ns
+		}
+	}
+	for _, o := range objs {
+		if _, isNS := o.obj.(*corev1.Namespace); !isNS && namespaces[o.meta.Namespace] == nil {
+			t.Errorf("%v: namespace %q is not one of the manifests' namespaces", o, o.meta.Namespace)
+			return
+		}
+	}
+	for name, ns := range namespaces {
+		for _, l := range []string{"enforce", "enforce-version", "audit", "warn"} {
+			if ns.Labels["pod-security.kubernetes.io/"+l] == "" {
+				t.Errorf("namespace %s: no pod-security.kubernetes.io/%s label", name, l)
+			}
+		}
+	}
+	if ns := namespaces["aenv"]; ns == nil || ns.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
+		t.Errorf("the control plane's namespace aenv does not enforce restricted")
+	}
+	checkWorkloads(t, objs, namespaces, own)
+	checkRBAC(t, objs)
+	checkNetworkPolicies(t, objs)
+	checkServices(t, objs)
+}
+
+func checkWorkloads(t reporter, objs []object, namespaces map[string]*corev1.Namespace, own map[string]bool) {
 	ws := workloads(objs)
 	byName := map[string]workload{}
 	for _, w := range ws {
@@ -261,7 +263,7 @@ func checkWorkloads(t *testing.T, objs []object, namespaces map[string]*corev1.N
 		}
 	}
 	if w, ok := byName["aenv-node"]; !ok || w.kind != "DaemonSet" {
-		t.Error("no DaemonSet aenv-node")
+		t.Errorf("no DaemonSet aenv-node")
 	}
 	for _, w := range ws {
 		spec := w.pod.Spec
@@ -296,7 +298,7 @@ func checkWorkloads(t *testing.T, objs []object, namespaces map[string]*corev1.N
 		t.Errorf("aenv-node: readiness probe %+v, want GET /health", p)
 	}
 	if node.pod.Spec.TerminationGracePeriodSeconds == nil || *node.pod.Spec.TerminationGracePeriodSeconds < 60 {
-		t.Error("aenv-node: a graceful stop pauses sandboxes; give it a grace period of a minute or more")
+		t.Errorf("aenv-node: a graceful stop pauses sandboxes; give it a grace period of a minute or more")
 	}
 	if gw := byName["aenv-gateway"]; len(gw.pod.Spec.Containers) > 0 {
 		if p := gw.pod.Spec.Containers[0].ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/health" {
@@ -309,7 +311,7 @@ func checkWorkloads(t *testing.T, objs []object, namespaces map[string]*corev1.N
 var nodeCaps = []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "NET_BIND_SERVICE", "SYS_PTRACE", "KILL", "CHOWN",
 	"DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "MKNOD", "SYS_CHROOT"}
 
-func checkContainer(t *testing.T, w workload, c corev1.Container, restricted bool, own map[string]bool) {
+func checkContainer(t reporter, w workload, c corev1.Container, restricted bool, own map[string]bool) {
 	name := w.meta.Name + "/" + c.Name
 	if !digestPinned.MatchString(c.Image) && !own[c.Image] {
 		t.Errorf("%s: image %q is neither pinned by digest nor one of ours set by kustomize", name, c.Image)
@@ -369,7 +371,7 @@ var allowedRules = map[string][]string{ // "group/resource" -> verbs
 	"coordination.k8s.io/leases":      {"get", "create", "update"},
 }
 
-func checkRBAC(t *testing.T, objs []object) {
+func checkRBAC(t reporter, objs []object) {
 	var roles []*rbacv1.Role
 	for _, o := range objs {
 		switch v := o.obj.(type) {
@@ -389,7 +391,7 @@ func checkRBAC(t *testing.T, objs []object) {
 		}
 	}
 	if len(roles) == 0 {
-		t.Error("no Role for the scheduler's discovery and leases")
+		t.Errorf("no Role for the scheduler's discovery and leases")
 	}
 	seen := map[string]bool{}
 	for _, r := range roles {
@@ -422,7 +424,7 @@ func checkRBAC(t *testing.T, objs []object) {
 	}
 }
 
-func checkNetworkPolicies(t *testing.T, objs []object) {
+func checkNetworkPolicies(t reporter, objs []object) {
 	var pols []*networkingv1.NetworkPolicy
 	for _, o := range objs {
 		if p, ok := o.obj.(*networkingv1.NetworkPolicy); ok {
@@ -446,7 +448,8 @@ func checkNetworkPolicies(t *testing.T, objs []object) {
 		for _, p := range pols {
 			sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
 			if err != nil {
-				t.Fatal(err)
+				t.Errorf("policy %s/%s: %v", p.Namespace, p.Name, err)
+				continue
 			}
 			if p.Namespace != w.meta.Namespace || len(p.Spec.PodSelector.MatchLabels) == 0 || !sel.Matches(labels.Set(w.pod.Labels)) {
 				continue
@@ -481,7 +484,7 @@ func checkNetworkPolicies(t *testing.T, objs []object) {
 	}
 }
 
-func checkServices(t *testing.T, objs []object) {
+func checkServices(t reporter, objs []object) {
 	var headless bool
 	for _, o := range objs {
 		s, ok := o.obj.(*corev1.Service)
@@ -505,6 +508,6 @@ func checkServices(t *testing.T, objs []object) {
 		}
 	}
 	if !headless {
-		t.Error("no headless Service aenv-node for node discovery")
+		t.Errorf("no headless Service aenv-node for node discovery")
 	}
 }

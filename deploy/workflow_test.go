@@ -65,10 +65,8 @@ func loadWorkflows(t *testing.T) map[string]workflow {
 	}
 	out := map[string]workflow{}
 	for _, f := range files {
-		var w workflow
-		dec := yaml.NewDecoder(bytes.NewReader(mustRead(t, f)))
-		dec.KnownFields(true)
-		if err := dec.Decode(&w); err != nil {
+		w, err := decodeWorkflow(mustRead(t, f))
+		if err != nil {
 			t.Fatalf("%s: %v", filepath.Base(f), err)
 		}
 		out[filepath.Base(f)] = w
@@ -92,9 +90,20 @@ func readOnly(p any) bool {
 	return false
 }
 
-func TestWorkflowPolicy(t *testing.T) {
+func TestWorkflowPolicy(t *testing.T) { checkWorkflows(t, loadWorkflows(t)) }
+
+func decodeWorkflow(data []byte) (workflow, error) {
+	var w workflow
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	err := dec.Decode(&w)
+	return w, err
+}
+
+func checkWorkflows(t reporter, ws map[string]workflow) {
+	t.Helper()
 	runs := map[string]bool{} // which required commands some job runs
-	for file, w := range loadWorkflows(t) {
+	for file, w := range ws {
 		perms, ok := w.Permissions.(map[string]any)
 		if !ok || len(perms) != 1 || perms["contents"] != "read" {
 			t.Errorf("%s: top-level permissions %v, want exactly {contents: read}", file, w.Permissions)
@@ -137,7 +146,7 @@ func TestWorkflowPolicy(t *testing.T) {
 	}
 }
 
-func checkStep(t *testing.T, where string, i int, s step) {
+func checkStep(t reporter, where string, i int, s step) {
 	t.Helper()
 	if s.Uses != "" && !strings.HasPrefix(s.Uses, "./") && !pinnedAction.MatchString(s.Uses) {
 		t.Errorf("%s step %d: %s is not pinned to a 40-hex commit SHA", where, i, s.Uses)
