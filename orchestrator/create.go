@@ -137,12 +137,12 @@ func (o *Orchestrator) register(opts CreateOptions) (*sandbox, *Template, error)
 
 // checkMemory refuses a create the host's free memory cannot hold.
 func (o *Orchestrator) checkMemory(mib int) error {
-	_, avail, err := meminfo()
-	if err != nil || avail <= 0 {
+	_, availKiB, err := meminfo()
+	if err != nil || availKiB <= 0 {
 		return nil // unknown: let the VMM try
 	}
-	if need := int64(mib) << 20; avail < need {
-		return fmt.Errorf("create: %d MiB of guest memory asked, %d MiB available: %w", mib, avail>>20, ErrCapacity)
+	if needKiB := int64(mib) << 10; availKiB < needKiB {
+		return fmt.Errorf("create: %d MiB of guest memory asked, %d MiB available: %w", mib, availKiB>>10, ErrCapacity)
 	}
 	return nil
 }

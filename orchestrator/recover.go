@@ -119,6 +119,9 @@ func (rc *recovery) recoverOne(ctx context.Context, r Record, out *Recovered) er
 			_ = m.Stop(ctx)
 		}
 		r.State = Paused
+		if err := rc.st.Put(store.Sandboxes, r.ID, r); err != nil {
+			return err
+		}
 		return rc.tidyPaused(ctx, r)
 	}
 	rc.log.Error("cannot re-adopt sandbox; dropping it", "sandbox", r.ID, "state", r.State, "err", err)
