@@ -428,3 +428,32 @@ func TestShellcheck(t *testing.T) {
 	repo := repoRoot(t)
 	run(t, repo, nil, sc, "-S", "warning", "scripts/install.sh", ".ci/setup.d/50-deploy.sh")
 }
+
+// TestInstallPrefix installs under another prefix: the units and the config
+// must name the binaries where they went.
+func TestInstallPrefix(t *testing.T) {
+	requireRoot(t)
+	requireTool(t, "systemd-sysusers", "apt-get install systemd (.ci/setup.d/50-deploy.sh)")
+	analyze := requireTool(t, "systemd-analyze", "apt-get install systemd (.ci/setup.d/50-deploy.sh)")
+	root := targetRoot(t)
+	install(t, root, binaries(t), "--prefix", "/opt/aenv")
+	u := parseUnit(t, filepath.Join(root, "etc/systemd/system/aenvd.service"))
+	if exec := u.get("Service", "ExecStart"); !strings.HasPrefix(exec, "/opt/aenv/bin/aenvd ") {
+		t.Errorf("aenvd ExecStart=%q", exec)
+	}
+	cfg, err := config.Load(filepath.Join(root, "etc/aenv/aenvd.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Storage.Binary != "/opt/aenv/bin/aenv-storaged" || cfg.Guest.Agent != "/opt/aenv/lib/aenv/aenv-agent" {
+		t.Errorf("config names %q and %q", cfg.Storage.Binary, cfg.Guest.Agent)
+	}
+	for _, p := range []string{cfg.Storage.Binary, cfg.Guest.Agent, "/opt/aenv/bin/aenvd"} {
+		if _, err := os.Stat(filepath.Join(root, p)); err != nil {
+			t.Error(err)
+		}
+	}
+	if out, err := runErr(t, "", nil, analyze, "verify", "--root="+root, "aenvd.service", "aenv-storaged.service"); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
