@@ -309,7 +309,7 @@ func checkWorkloads(t reporter, objs []object, namespaces map[string]*corev1.Nam
 
 // nodeCaps are the capabilities a node may add back; see deploy/k8s/node.yaml.
 var nodeCaps = []corev1.Capability{"NET_ADMIN", "SYS_ADMIN", "NET_BIND_SERVICE", "SYS_PTRACE", "KILL", "CHOWN",
-	"DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "MKNOD", "SYS_CHROOT"}
+	"DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "SETFCAP", "MKNOD", "SYS_CHROOT"}
 
 func checkContainer(t reporter, w workload, c corev1.Container, restricted bool, own map[string]bool) {
 	name := w.meta.Name + "/" + c.Name
