@@ -285,6 +285,8 @@ func checkConfig(t *testing.T, root string) {
 	}
 }
 
+var shellDollar = regexp.MustCompile(`\$([a-z_(]|\{[a-z_])`)
+
 var exposure = regexp.MustCompile(`Overall exposure level for \S+: ([0-9.]+)`)
 
 // checkUnits verifies the rendered units with systemd-analyze, scores their
@@ -348,6 +350,15 @@ func checkUnitPolicy(t *testing.T, name string, u unit) {
 	}
 	if u.get("Install", "WantedBy") != "multi-user.target" {
 		t.Errorf("%s: not wanted by multi-user.target", name)
+	}
+	// systemd expands $NAME in command lines itself: a shell's $i or
+	// $((...)) must be written $$ or it silently becomes empty.
+	for _, key := range []string{"ExecStartPre", "ExecStart", "ExecStartPost", "ExecStop", "ExecReload"} {
+		for _, line := range u["Service"][key] {
+			if m := shellDollar.FindString(strings.ReplaceAll(line, "$$", "")); m != "" {
+				t.Errorf("%s: %s has %q, which systemd expands (write $$)", name, key, m)
+			}
+		}
 	}
 	caps := u.words("Service", "CapabilityBoundingSet")
 	switch name {
