@@ -123,13 +123,13 @@ func recoverRestack(dir string, r *record) (string, error) {
 }
 
 func (d *Daemon) restackLayerPath(dir string, gen int, want string) (string, error) {
-	layer := want
-	if layer == "" {
+	layer := filepath.Clean(want)
+	switch {
+	case want == "":
 		layer = filepath.Join(dir, "layers", fmt.Sprintf("layer-%d.lsmt", gen))
-	}
-	layer, err := filepath.Abs(layer)
-	if err != nil {
-		return "", errf(rpc.CodeInvalid, "layer path: %v", err)
+	case !filepath.IsAbs(want):
+		// Relative to what? The daemon's working directory means nothing to a client.
+		return "", errf(rpc.CodeInvalid, "layer path %q is not absolute", want)
 	}
 	// Never overwrite a file: it may be a lower of this or another device
 	// (a retried restack whose first answer was lost).

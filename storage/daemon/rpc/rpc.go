@@ -197,7 +197,8 @@ type IDParams struct {
 // RestackParams seals a device's live upper into a new layer.
 type RestackParams struct {
 	ID uint32 `json:"id"`
-	// Layer is where to write the sealed layer; empty: inside the device's state directory.
+	// Layer is the absolute path to write the sealed layer to (it must not
+	// exist); empty: inside the device's state directory.
 	Layer   string `json:"layer,omitempty"`
 	Message string `json:"message,omitempty"`
 }
