@@ -108,6 +108,11 @@ func (sc *readScratch) batchPieces(p []byte, off int64, segs []Segment, srcs []i
 		}
 		sc.ops[k].Iov = sc.iov[sc.opAt[k]:e]
 	}
+	if len(sc.ops) == 1 {
+		// One run: a plain (p)readv costs less than a ring round trip
+		// (measured: a 4 KiB random read of one piece was 150 ns dearer).
+		return readRun(srcs[sc.opTag[0]], sc.ops[0].Iov, sc.ops[0].Off)
+	}
 	err := uring.ReadBatch(sc.ops)
 	if errors.Is(err, uring.ErrUnavailable) { // every ring busy: read the runs one by one
 		for k, op := range sc.ops {
