@@ -274,7 +274,7 @@ func (z *Reader) WriteToN(ctx context.Context, w io.Writer, workers int) error {
 	workers = max(workers, 1)
 	// Batches of at most 4 MiB, in a pooled buffer: a fresh 16 MiB buffer
 	// per call cost as many page faults (on a VM) as decoding the blocks.
-	batch := max(1, min(256, int64(4<<20)/z.bs))
+	batch := max(1, min(256, int64(4<<20)/z.bs, nb)) // a small file gets a small buffer
 	bp := batchBufs.Get().(*[]byte)
 	defer batchBufs.Put(bp)
 	if int64(cap(*bp)) < batch*z.bs {
