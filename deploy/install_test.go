@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/agentenv/agentenv/config"
+	"github.com/agentenv/agentenv/guest/image"
 )
 
 var (
@@ -466,5 +467,17 @@ func TestInstallPrefix(t *testing.T) {
 	}
 	if out, err := runErr(t, "", nil, analyze, "verify", "--root="+root, "aenvd.service", "aenv-storaged.service"); err != nil || strings.TrimSpace(out) != "" {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+// TestInstallGuestKernel keeps install.sh's guest kernel check on the
+// package the guest image builder takes.
+func TestInstallGuestKernel(t *testing.T) {
+	m := regexp.MustCompile(`(?m)^guest_kernel=(\S+)$`).FindSubmatch(mustRead(t, filepath.Join(repoRoot(t), "scripts/install.sh")))
+	if m == nil {
+		t.Fatal("install.sh: no guest_kernel=")
+	}
+	if string(m[1]) != image.DefaultKernelPackage {
+		t.Errorf("install.sh checks for %s, the guest image builder takes %s", m[1], image.DefaultKernelPackage)
 	}
 }

@@ -193,8 +193,18 @@ enable_units() {
   fi
 }
 
+# The guest kernel is Debian's package, fetched with this host's apt (guest/image).
+guest_kernel=linux-image-6.12-cloud-amd64
+
 build_guest() {
   [ "$host" = 1 ] && [ "$GUEST" = 1 ] || return 0
+  if ! apt-cache show "$guest_kernel" >/dev/null 2>&1; then
+    say "warning: $guest_kernel (the guest kernel) is not in this system's apt sources (on Ubuntu: add Debian 12's"
+    say "  bookworm-security source, see the README), then run: $bindir/aenv guest build --agent $libdir/aenv-agent"
+    say "  --cache /var/cache/aenv/guest && systemctl start aenvd. aenvd is enabled but not started now."
+    START=0
+    return 0
+  fi
   say "building the guest image (cached in /var/cache/aenv/guest; minutes the first time)"
   "$bindir/aenv" guest build --agent "$libdir/aenv-agent" --cache /var/cache/aenv/guest >/dev/null
 }
