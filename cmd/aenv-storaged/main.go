@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/agentenv/agentenv/storage/daemon"
 )
@@ -44,6 +45,13 @@ func run() error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(log)
+	// A misspelt failpoint must fail the test that armed it, not never fire.
+	if err := failpoint.Check(); err != nil {
+		return err
+	}
+	if armed := failpoint.Armed(); len(armed) > 0 {
+		log.Warn("failpoints armed", "points", armed)
+	}
 
 	d, err := daemon.New(daemon.Options{
 		Socket: *socket, StateDir: *state, RunDir: *runDir, Logger: log,

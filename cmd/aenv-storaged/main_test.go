@@ -31,11 +31,11 @@ type proc struct {
 	err  error
 }
 
-func spawn(t *testing.T, dir string) (*proc, *client.Client) {
+func spawn(t *testing.T, dir string, env ...string) (*proc, *client.Client) {
 	t.Helper()
 	sock := filepath.Join(dir, "run", "storaged.sock")
 	cmd := exec.Command(os.Args[0], "-socket", sock, "-state-dir", filepath.Join(dir, "state"), "-run-dir", filepath.Join(dir, "run"))
-	cmd.Env = append(os.Environ(), "AENV_STORAGED_TEST_MAIN=1")
+	cmd.Env = append(append(os.Environ(), "AENV_STORAGED_TEST_MAIN=1"), env...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -1,15 +1,50 @@
 // Package daemon owns aenv-storaged: the long-running process that holds
-// every block export of a layered image. It keeps a state directory
-// (STATE/devices/ID/{device.json, image.GEN.json, upper.GEN.*, layers/}),
-// exports each device through an Exporter (today NBD, on its own Unix socket
-// RUN/nbd-ID.sock; ublk later behind the same interface), and
-// answers a length-prefixed JSON RPC (package rpc) on a Unix socket: create,
-// delete, restack, shared devices, warm pool, reclaim, features, shutdown.
+// every block export of a layered image. It keeps a state directory, exports
+// each device through an Exporter (today NBD, on its own Unix socket
+// RUN/nbd-ID.sock; ublk later behind the same interface), and answers a
+// length-prefixed JSON RPC (package rpc) on a Unix socket: create, delete,
+// restack, shared devices, warm pool, reclaim, features, shutdown. Requests
+// of one connection run concurrently. Local is the same API in process.
 //
 // Devices outlive clients: nothing is tied to an RPC connection. A restarted
 // daemon re-exports every device in its state directory, or reports it lost
 // (with a reason) when its files are missing or changed; it never serves an
 // image whose layers changed under it.
+//
+// # State directory (0700; every file 0600, every socket 0600)
+//
+//	STATE/lock                       flock: one daemon per state directory
+//	STATE/pool.json                  warm-pool watermarks set by Warm
+//	STATE/trash/ID-NONCE/            a deleted device's directory, removed at leisure
+//	STATE/devices/ID/device.json     the record: kind, owner, layers, stamps, generation
+//	STATE/devices/ID/image.GEN.json  the config the export serves
+//	STATE/devices/ID/upper.GEN.{data,index}
+//	STATE/devices/ID/layers/layer-GEN.lsmt   sealed by restack
+//	STATE/devices/ID/restack.json    the journal of a restack in progress
+//
+// # Durability rules
+//
+//   - A record never names a file that is not complete on disk: every state
+//     file is written with internal/atomicfile (temp, fsync, rename, fsync
+//     the directory), files written in place (uppers, sealed layers) are
+//     fsynced and their directory synced before the record or config that
+//     names them is written.
+//   - device.json is the commit point of every transition: a create commits
+//     when its record lands (a directory without one is removed at startup),
+//     a restack when the record names the new generation, a delete when its
+//     directory is renamed into the trash.
+//   - A multi-step transition records its intent first with enough to finish
+//     or undo it (restack.json, see restack.go); startup finishes or rolls
+//     back each one before exporting anything.
+//   - Nothing is left that no record owns: at startup the trash is emptied,
+//     files in a device directory its record does not name are removed, and
+//     export sockets no live device serves are removed; each removal is
+//     logged.
+//   - Every step has a failpoint (failpoints.go, "storaged/..."), and
+//     TestCrashMatrix kills the daemon at each in turn, restarts it and
+//     checks the device's bytes, the absence of orphans and that the
+//     operation can be retried. TestPowerLoss* cut the power (crashdisk) at
+//     each restack step and check the record always names complete files.
 package daemon
 
 import (
