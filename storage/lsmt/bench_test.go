@@ -38,7 +38,7 @@ func BenchmarkStackReadOverhead(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	st, err := NewStack(layers, u)
+	st, err := NewStackWith(layers, u, StackOptions{AllowReparent: true}) // unrelated layers
 	if err != nil {
 		b.Fatal(err)
 	}
