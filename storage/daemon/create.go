@@ -186,7 +186,7 @@ func (d *Daemon) newDevice(ctx context.Context, s newSpec) (*device, error) {
 	}
 	if err := d.materialise(ctx, dv, dir, s); err != nil {
 		dv.stop()
-		os.RemoveAll(dir)
+		d.discard(dir)
 		os.Remove(d.socketPath(id))
 		d.ids.free(id)
 		return nil, fmt.Errorf("create device %d: %w", id, err)

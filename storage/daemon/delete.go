@@ -70,6 +70,21 @@ func (d *Daemon) deleteFailed(dv *device, err error) error {
 	return fmt.Errorf("delete device %d: %w", dv.rec.ID, err)
 }
 
+// discard removes a device directory that was never handed out: renamed
+// into the trash first, so a crash cannot leave half a directory whose
+// record survived.
+func (d *Daemon) discard(dir string) {
+	trash := filepath.Join(d.trashDir(), filepath.Base(dir)+"-"+nonce())
+	if err := atomicfile.Rename(dir, trash); err != nil {
+		if !os.IsNotExist(err) {
+			d.log.Warn("discard device directory", "path", dir, "err", err)
+		}
+		os.RemoveAll(dir)
+		return
+	}
+	os.RemoveAll(trash)
+}
+
 // emptyTrash removes what deletes left in the trash (at startup).
 func (d *Daemon) emptyTrash() error {
 	entries, err := os.ReadDir(d.trashDir())
