@@ -242,7 +242,7 @@ func TestCrashMatrix(t *testing.T) {
 				r.spawn("")
 				devs := r.list()
 				r.checkA("after the crash in " + cut)
-				checkNoOrphans(t, dir, devs)
+				checkNoOrphans(t, filepath.Join(dir, "state"), filepath.Join(dir, "run"), devs)
 				k-- // the cut step again
 			}
 			if cut == "" {
@@ -250,7 +250,7 @@ func TestCrashMatrix(t *testing.T) {
 			}
 			devs := r.list()
 			r.checkA("at the end")
-			checkNoOrphans(t, dir, devs)
+			checkNoOrphans(t, filepath.Join(dir, "state"), filepath.Join(dir, "run"), devs)
 			for _, d := range devs {
 				if d.Kind != rpc.KindPool && d.ID != r.a.ID {
 					t.Errorf("device left after reclaim: %+v", d)
@@ -303,14 +303,12 @@ func (r *crashRun) list() []rpc.Device {
 
 var genConfigName = regexp.MustCompile(`^image\.([0-9]+)\.json$`)
 
-// checkNoOrphans checks that the state and run directories under dir hold
-// exactly what the listed devices own: each device's record, config, upper
+// checkNoOrphans checks that the state and run directories hold exactly what the listed devices own: each device's record, config, upper
 // and sealed layers, the state lock and pool config, the RPC socket and one
 // export socket per device. Derived from the device list, not from the
 // daemon's own idea of what it owns.
-func checkNoOrphans(t *testing.T, dir string, devs []rpc.Device) {
+func checkNoOrphans(t *testing.T, state, run string, devs []rpc.Device) {
 	t.Helper()
-	state := filepath.Join(dir, "state")
 	want := map[string]bool{filepath.Join(state, "lock"): true}
 	optional := map[string]bool{filepath.Join(state, "pool.json"): true}
 	sockets := []string{"storaged.sock"}
@@ -351,7 +349,7 @@ func checkNoOrphans(t *testing.T, dir string, devs []rpc.Device) {
 	for p := range want {
 		t.Errorf("a device's file is missing: %s", p)
 	}
-	entries, err := os.ReadDir(filepath.Join(dir, "run"))
+	entries, err := os.ReadDir(run)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ func TestInternalFailuresAreNotInvalid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkNoOrphans(t, filepath.Dir(opts.StateDir), devs)
+	checkNoOrphans(t, opts.StateDir, opts.RunDir, devs)
 	if len(devs) != 1 || len(devs[0].Layers) != 1 {
 		t.Fatalf("after the failed operations: %+v", devs)
 	}

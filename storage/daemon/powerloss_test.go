@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -66,11 +67,12 @@ func (p *powerLoss) write(off int64, s string) {
 
 // check cuts the power now and checks that the device record on the
 // surviving disk names a config, layers and upper that are complete and
-// together hold every flushed write.
-func (p *powerLoss) check(when string) {
+// together hold every flushed write. It returns the surviving disk's root.
+func (p *powerLoss) check(when string) string {
 	p.t.Helper()
 	live := p.disk.Root()
 	cut := p.disk.Crash()
+	defer p.t.Logf("%s: power cut checked", when)
 	moved := func(path string) string { return strings.Replace(path, live, cut, 1) }
 	dir := filepath.Join(cut, "state", "devices", "0")
 	b, err := os.ReadFile(filepath.Join(dir, "device.json"))
@@ -101,6 +103,43 @@ func (p *powerLoss) check(when string) {
 		}
 		p.t.Fatalf("%s: power loss: gen %d differs from the flushed writes at byte %d", when, r.Gen, i)
 	}
+	return cut
+}
+
+// restartOn stops the daemon and starts one on the surviving disk cut
+// (mounted over the live root, so the record's paths lead there): it must
+// finish or roll back what was in progress, serve the device with every
+// flushed write and leave nothing its records do not own. Then the live
+// disk and its daemon come back.
+func (p *powerLoss) restartOn(cut, when string) {
+	p.t.Helper()
+	live, opts := p.disk.Root(), p.h.opts
+	p.h.stop()
+	mount(p.t, "--bind", cut, live)
+	h := start(p.t, opts)
+	devs, err := h.c.List(ctxT(p.t))
+	if err != nil || len(devs) != 1 || devs[0].State != rpc.StateActive {
+		p.t.Fatalf("%s: after the power cut: %+v %v", when, devs, err)
+	}
+	if got := readAll(p.t, dialDev(p.t, devs[0]), diskSize); !bytes.Equal(got, p.want) {
+		p.t.Fatalf("%s: the recovered device lost flushed writes", when)
+	}
+	checkNoOrphans(p.t, opts.StateDir, opts.RunDir, devs)
+	h.stop()
+	mount(p.t, "-u", live)
+	p.h = start(p.t, opts)
+}
+
+// mount runs mount (or umount with "-u" first).
+func mount(t *testing.T, args ...string) {
+	t.Helper()
+	name := "mount"
+	if args[0] == "-u" {
+		name, args = "umount", args[1:]
+	}
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %v: %v: %s", name, args, err, out)
+	}
 }
 
 // TestPowerLossRestack cuts the power after each step of a device's life
@@ -124,7 +163,7 @@ func TestPowerLossRestack(t *testing.T) {
 	if _, err := p.h.c.Restack(ctxT(t), rpc.RestackParams{ID: p.dev.ID, Layer: outside}); err != nil {
 		t.Fatal(err)
 	}
-	p.check("after a restack to the caller's path")
+	p.restartOn(p.check("after a restack to the caller's path"), "after a restack to the caller's path")
 	p.write(5<<20, "after the restacks")
 	p.check("after the last write")
 }
@@ -148,11 +187,16 @@ func TestPowerLossDuringRestack(t *testing.T) {
 				done <- err
 			}()
 			<-reached
-			p.check("stopped at " + name)
+			cut := p.check("stopped at " + name)
+			// The intent is on the surviving disk, for the restart to act on.
+			if _, err := os.Stat(filepath.Join(cut, "state", "devices", "0", journalName)); err != nil {
+				t.Fatalf("stopped at %s: the restack journal did not survive: %v", name, err)
+			}
 			close(resume)
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}
+			p.restartOn(cut, "stopped at "+name)
 			p.check("after restacking past " + name)
 		})
 	}
