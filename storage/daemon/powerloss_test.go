@@ -116,6 +116,12 @@ func (p *powerLoss) restartOn(cut, when string) {
 	live, opts := p.disk.Root(), p.h.opts
 	p.h.stop()
 	mount(p.t, "--bind", cut, live)
+	bound := true
+	p.t.Cleanup(func() { // a failing check must not leave the bind over the live disk
+		if bound {
+			exec.Command("umount", "-l", live).Run()
+		}
+	})
 	h := start(p.t, opts)
 	devs, err := h.c.List(ctxT(p.t))
 	if err != nil || len(devs) != 1 || devs[0].State != rpc.StateActive {
@@ -127,6 +133,7 @@ func (p *powerLoss) restartOn(cut, when string) {
 	checkNoOrphans(p.t, opts.StateDir, opts.RunDir, devs)
 	h.stop()
 	mount(p.t, "-u", live)
+	bound = false
 	p.h = start(p.t, opts)
 }
 

@@ -4,7 +4,9 @@
 // its outstanding requests on the connection, and the daemon answers each
 // with a Response carrying the same ID. Requests of one connection run
 // concurrently (bounded per connection), so responses may come out of order:
-// a slow restack does not hold up a create sent after it.
+// a slow restack does not hold up a create sent after it. Nothing orders two
+// requests in flight at once: a client that needs one to follow another
+// waits for the first answer.
 // The types here are the whole API, shared by the daemon and its Go client.
 //
 // # Errors
