@@ -2,6 +2,7 @@ package zfile
 
 import (
 	"bytes"
+	"context"
 	"os/exec"
 	"runtime"
 	"testing"
@@ -59,5 +60,61 @@ func TestZstdFramesWithoutContentSize(t *testing.T) {
 	// A declared window past the fixed cap is refused, whatever the block.
 	if _, err := c.decompress(make([]byte, len(raw)), zstdPipe(t, raw, "-3", "--long=27")); err == nil {
 		t.Error("a frame declaring a 128 MiB window was accepted")
+	}
+}
+
+// withCompressedTable rewrites a ZFile's jump table as newer upstream writers
+// store it: one stream of the data's algorithm, index_size its byte length.
+func withCompressedTable(t *testing.T, z []byte, c codec) []byte {
+	t.Helper()
+	tr, err := ParseHeader(z[len(z)-HTSpace:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := z[tr.IndexOffset : tr.IndexOffset+4*tr.IndexSize]
+	stored, err := c.compress(nil, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Flags |= FlagCompressedIndex
+	tr.IndexSize, tr.IndexCRC = uint64(len(stored)), CRC32C(0, stored)
+	out := append(bytes.Clone(z[:tr.IndexOffset]), stored...)
+	return append(out, tr.Marshal()...)
+}
+
+func TestCompressedJumpTables(t *testing.T) {
+	t.Parallel()
+	raw := testData(200 << 10)
+	for _, algo := range []uint8{AlgoZstd, AlgoLZ4} {
+		var buf bytes.Buffer
+		if _, err := Compress(context.Background(), &buf, bytes.NewReader(raw), Options{BlockSize: 4096, Algorithm: algo}); err != nil {
+			t.Fatal(err)
+		}
+		c, err := newCodec(algo, 3, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := withCompressedTable(t, buf.Bytes(), c)
+		z, err := Open("ctable", bytes.NewReader(b), int64(len(b)))
+		if err != nil {
+			t.Fatalf("algorithm %d: a ZFile with a compressed jump table does not open: %v", algo, err)
+		}
+		var out bytes.Buffer
+		if err := z.WriteTo(context.Background(), &out); err != nil || !bytes.Equal(out.Bytes(), raw) {
+			t.Fatalf("algorithm %d: content differs (%v)", algo, err)
+		}
+		if z.CompressedSize() != int64(len(b)) {
+			t.Fatalf("compressed size %d of a %d-byte file", z.CompressedSize(), len(b))
+		}
+		// A table that decodes to one entry too few or too many is refused.
+		for _, delta := range []int{-4096, 4096} {
+			bad := bytes.Clone(b)
+			tr, _ := ParseHeader(bad[len(bad)-HTSpace:])
+			tr.OriginalSize = uint64(int(tr.OriginalSize) + delta)
+			copy(bad[len(bad)-HTSpace:], tr.Marshal())
+			if _, err := Open("ctable", bytes.NewReader(bad), int64(len(bad))); err == nil {
+				t.Errorf("algorithm %d: a table for a size off by %d opened", algo, delta)
+			}
+		}
 	}
 }
