@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/sandbox"
 	"io"
 	"net/http"
 	"net/url"
@@ -22,7 +23,6 @@ import (
 	"github.com/agentenv/agentenv/guest/agent/gen/process/processconnect"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/oci"
-	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/vmm"
 )
 
@@ -90,32 +90,9 @@ func (b *builder) execute(ctx context.Context, t *Template, buildID string, spec
 	if v.workdir == "" {
 		v.workdir = homeOf(v.user)
 	}
-	slot, err := o.nets.Acquire(ctx)
-	if err != nil {
-		return nil, StepBase, fmt.Errorf("network slot: %w", err)
-	}
-	defer o.nets.Release(context.WithoutCancel(ctx), slot)
-	tap, err := slot.OpenTap()
-	if err != nil {
-		return nil, StepBase, fmt.Errorf("tap: %w", err)
-	}
-	defer tap.Close()
-	v.slot, v.hc = slot, agentClient(slot, 0)
-	g := slot.Guest()
-	nic := vmm.NIC{ID: nicID, MAC: g.MAC.String(), Tap: tap}
-	dev, err := o.sd.Create(ctx, rpc.CreateParams{Image: rec.RootfsImage, Owner: rec.ID})
-	if err != nil {
-		return nil, StepBase, fmt.Errorf("rootfs device: %w", err)
-	}
-	rec.Device, rec.HasDevice = dev.ID, true
-	defer func() {
-		if rec.HasDevice {
-			_ = o.sd.Delete(context.WithoutCancel(ctx), rec.Device)
-		}
-	}()
-	drive := vmm.Drive{ID: rootfsDrive, NBD: &vmm.NBDSource{Socket: dev.Socket, Export: dev.Export}}
-
-	var vm vmm.Machine
+	vs := sandbox.Spec{ID: "build-" + buildID, RunDir: filepath.Join(dir, "run"), Disk: &recordDisk{o: o, rec: &rec},
+		AgentWait: 5 * time.Minute, Init: &sandbox.InitRequest{},
+		Started: func(m vmm.Machine) error { b.setPID(t.ID, buildID, m.Info().PID); return nil }}
 	if src == nil {
 		kernel, initrd := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.cpio")
 		for s, d := range map[string]string{b.opt.Assets.Kernel: kernel, b.opt.Assets.Initrd: initrd} {
@@ -124,33 +101,23 @@ func (b *builder) execute(ctx context.Context, t *Template, buildID string, spec
 			}
 		}
 		v.logf("info", StepBase, "booting the build VM (%d vCPU, %d MiB)", built.VCPUs, built.MemoryMiB)
-		vm, err = o.drv.Boot(ctx, vmm.Config{
-			ID: "build-" + buildID, Kernel: kernel, Initrd: initrd, VCPUs: built.VCPUs, MemoryMiB: built.MemoryMiB,
-			RunDir:  filepath.Join(dir, "run"),
-			Cmdline: fmt.Sprintf("root=/dev/vda rw quiet %s aenv.dns=%s", g.KernelIPArg(), g.Nameserver),
-			Drives:  []vmm.Drive{drive}, NICs: []vmm.NIC{nic},
-		})
+		vs.Boot = &vmm.Config{Kernel: kernel, Initrd: initrd, VCPUs: built.VCPUs, MemoryMiB: built.MemoryMiB,
+			Cmdline: "root=/dev/vda rw quiet"}
 	} else {
 		v.logf("info", StepBase, "restoring template %s", src.ID)
-		mem, merr := o.restoreMemory(ctx, src.Snapshot)
-		if merr != nil {
-			return nil, StepBase, merr
+		vs.Restore = src.Snapshot
+		vs.Memory = func(ctx context.Context) (string, error) {
+			mem, err := o.restoreMemory(ctx, src.Snapshot)
+			return mem.File, err
 		}
-		vm, err = o.drv.Restore(ctx, vmm.RestoreConfig{ID: "build-" + buildID, SnapshotDir: src.Snapshot, MemoryFile: mem.File,
-			RunDir: filepath.Join(dir, "run"), Drives: []vmm.Drive{drive}, NICs: []vmm.NIC{nic}})
 	}
+	vm, err := sandbox.Start(ctx, o.vms, vs)
 	if err != nil {
 		return nil, StepBase, fmt.Errorf("start build VM: %w", err)
 	}
-	defer vm.Stop(context.WithoutCancel(ctx))
-	b.setPID(t.ID, buildID, vm.Info().PID)
-	if err := waitAgent(ctx, slot, 5*time.Minute); err != nil {
-		console, _ := os.ReadFile(vm.Info().ConsoleLog)
-		return nil, StepBase, fmt.Errorf("%w\nguest console:\n%s", err, tail(console, 2000))
-	}
-	if err := initAgent(ctx, slot, "", initRequest{}); err != nil {
-		return nil, StepBase, err
-	}
+	defer vm.Close(context.WithoutCancel(ctx))
+	slot := vm.Slot
+	v.slot, v.hc = slot, sandbox.AgentClient(slot, 0)
 	v.logf("info", StepBase, "build VM is up; user %s, workdir %s", v.user, v.workdir)
 
 	for i, st := range spec.Steps {
@@ -166,15 +133,15 @@ func (b *builder) execute(ctx context.Context, t *Template, buildID string, spec
 	// The final USER, WORKDIR and ENV become the agent's defaults, kept in
 	// the snapshot (a sandbox's /init adds its own env vars on top).
 	user, workdir := v.user, v.workdir
-	if err := initAgent(ctx, slot, "", initRequest{EnvVars: v.env, DefaultUser: user, DefaultWorkdir: workdir}); err != nil {
+	if err := sandbox.InitAgent(ctx, slot, "", sandbox.InitRequest{EnvVars: v.env, DefaultUser: user, DefaultWorkdir: workdir}); err != nil {
 		return nil, step, err
 	}
 	built.DefaultUser, built.DefaultWorkdir, built.Env = user, workdir, cloneMap(v.env)
 	v.logf("info", step, "snapshotting the build VM")
-	if err := vm.Pause(ctx); err != nil {
+	if err := vm.Machine.Pause(ctx); err != nil {
 		return nil, step, fmt.Errorf("pause: %w", err)
 	}
-	if _, err := vm.Snapshot(ctx, built.Snapshot); err != nil {
+	if _, err := vm.Machine.Snapshot(ctx, built.Snapshot); err != nil {
 		return nil, step, fmt.Errorf("snapshot: %w", err)
 	}
 	if err := atomicfile.SyncTree(built.Snapshot); err != nil {

@@ -51,7 +51,7 @@ func writeLayer(t *testing.T, path string, data map[int64]byte, zeroed []int64) 
 
 func readStack(t *testing.T, layers []string) []byte {
 	t.Helper()
-	im, err := image.OpenLayers(context.Background(), layers, image.Options{})
+	im, err := image.OpenLayers(context.Background(), layers, image.Options{AllowReparent: true}) // the test layers are not chained
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestCompactMergesOwnLayers(t *testing.T) {
 	}
 	defer st.Close()
 	o := &Orchestrator{cfg: Options{DataDir: dir, MaxLayers: 3}, store: st, log: slog.Default(),
-		m: newMetrics(prometheus.NewRegistry()), sandboxes: map[string]*sandbox{}, templates: map[string]*Template{}}
+		m: newMetrics(prometheus.NewRegistry()), sandboxes: map[string]*instance{}, templates: map[string]*Template{}}
 	tmpl, sbx := filepath.Join(dir, "templates", "t"), filepath.Join(dir, "sandboxes", "s")
 	snap := filepath.Join(sbx, "snapshot-6")
 	for _, d := range []string{tmpl, snap} {
@@ -106,7 +106,7 @@ func TestCompactMergesOwnLayers(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := Record{ID: "s", State: Paused, Dir: sbx, Snapshot: snap, RootfsImage: cfg, Gen: 6}
-	o.sandboxes["s"] = &sandbox{rec: rec}
+	o.sandboxes["s"] = &instance{rec: rec}
 	if err := o.compact(context.Background(), "s"); err != nil {
 		t.Fatal(err)
 	}

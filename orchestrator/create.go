@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -68,10 +68,8 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	if err := fpCreateRecorded.Inject(); err != nil {
 		return rec, err
 	}
-	if o.sd == nil {
-		if err := sparseCopy(ctx, t.Rootfs, s.rec.Rootfs); err != nil {
-			return rec, err
-		}
+	if err := o.disks.prepare(ctx, t, &s.rec); err != nil {
+		return rec, err
 	}
 	if err := o.startVM(ctx, s, t.Snapshot, o.m.stage("create")); err != nil {
 		return rec, err
@@ -95,7 +93,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 // state starting and with its operation lock held, into the registry, both
 // under refMu: a deletion of the source either happened before (the create
 // fails with not found) or sees the sandbox.
-func (o *Orchestrator) register(opts CreateOptions) (*sandbox, *Template, error) {
+func (o *Orchestrator) register(opts CreateOptions) (*instance, *Template, error) {
 	id, err := newID()
 	if err != nil {
 		return nil, nil, err
@@ -107,17 +105,12 @@ func (o *Orchestrator) register(opts CreateOptions) (*sandbox, *Template, error)
 		return nil, nil, err
 	}
 	dir := filepath.Join(o.cfg.DataDir, "sandboxes", id)
-	s := &sandbox{rec: Record{
+	s := &instance{rec: Record{
 		ID: id, TemplateID: t.ID, State: Starting, Metadata: opts.Metadata, EnvVars: opts.EnvVars,
 		AutoPause: opts.AutoPause, AutoResume: opts.AutoResume, Secure: opts.Secure,
 		VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, DiskMiB: t.DiskMiB, EnvdVersion: t.EnvdVersion,
 		Dir: dir, Policy: opts.Policy, GuestToken: t.GuestToken,
 	}}
-	if o.sd != nil {
-		s.rec.RootfsImage = t.RootfsImage
-	} else {
-		s.rec.Rootfs = filepath.Join(dir, "rootfs.ext4")
-	}
 	if opts.Secure {
 		if s.rec.AccessToken, err = randomHex(32); err != nil {
 			return nil, nil, err
@@ -148,7 +141,7 @@ func (o *Orchestrator) checkMemory(mib int) error {
 }
 
 // unregister takes a sandbox that never started out of the registry.
-func (o *Orchestrator) unregister(s *sandbox) {
+func (o *Orchestrator) unregister(s *instance) {
 	s.mu.Lock()
 	s.gone = true
 	s.mu.Unlock()
@@ -160,7 +153,7 @@ func (o *Orchestrator) unregister(s *sandbox) {
 
 // abortCreate undoes a failed create (op held): whatever startVM left is
 // already released; the directory, the record and the registry entry go.
-func (o *Orchestrator) abortCreate(ctx context.Context, s *sandbox) {
+func (o *Orchestrator) abortCreate(ctx context.Context, s *instance) {
 	o.stopVM(ctx, s)
 	o.releaseDevice(ctx, s)
 	s.mu.Lock()
@@ -178,82 +171,62 @@ func (o *Orchestrator) abortCreate(ctx context.Context, s *sandbox) {
 	}
 }
 
-// startVM restores snapshotDir with the sandbox's rootfs and a fresh slot,
-// waits for the agent and initialises it (op held). The stages run in
-// order, each registering its undo; on failure the undo stack runs and
-// nothing is left running. lap records the stages' latencies.
-func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir string, lap func(string)) (err error) {
-	var undo cleanup
-	defer func() {
-		if err != nil {
-			undo.run(context.WithoutCancel(ctx))
-		}
-	}()
-	slot, err := o.nets.Acquire(ctx)
-	if errors.Is(err, network.ErrExhausted) {
-		return fmt.Errorf("network slot: %w: %w", err, ErrCapacity)
-	}
-	if err != nil {
-		return fmt.Errorf("network slot: %w", err)
-	}
-	undo.add(func(ctx context.Context) { _ = o.nets.Release(ctx, slot) })
-	if !isZeroPolicy(s.rec.Policy) {
-		if err := slot.SetPolicy(ctx, s.rec.Policy); err != nil {
-			return fmt.Errorf("network policy: %w", err)
-		}
-	}
-	tap, err := slot.OpenTap()
-	if err != nil {
-		return fmt.Errorf("tap: %w", err)
-	}
-	defer tap.Close()
-	lap("network")
-	drive, err := o.rootfsDrive(ctx, s)
-	if err != nil {
-		return err
-	}
-	undo.add(func(ctx context.Context) { o.releaseDevice(ctx, s) })
-	if err := fpCreateDisk.Inject(); err != nil {
-		return err
-	}
-	lap("storage")
-	mem, err := o.restoreMemory(ctx, snapshotDir)
-	if err != nil {
-		return err
-	}
-	lap("memory")
+// startVM brings the sandbox's VM up from snapshotDir (op held): one
+// sandbox.Start with the sandbox's disk, memory image and agent /init, the
+// generation recorded before the VMM starts and its pid + start time right
+// after. On failure nothing is left running. lap records the stages'
+// latencies.
+func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir string, lap func(string)) error {
 	// The generation names the run directory: recovery finds the VMM there.
 	if err := o.update(s, func(r *Record) { r.Gen++ }); err != nil {
 		return err
 	}
-	vm, err := o.drv.Restore(ctx, vmm.RestoreConfig{
-		ID: fmt.Sprintf("%s-%d", s.rec.ID, s.rec.Gen), SnapshotDir: snapshotDir, MemoryFile: mem.File,
-		RunDir: filepath.Join(s.rec.Dir, fmt.Sprintf("run-%d", s.rec.Gen)),
-		Drives: []vmm.Drive{drive},
-		NICs:   []vmm.NIC{{ID: nicID, MAC: slot.Guest().MAC.String(), Tap: tap}},
-	})
-	if err != nil {
-		return fmt.Errorf("restore: %w", err)
-	}
-	undo.add(func(ctx context.Context) { _ = vm.Stop(ctx) })
-	if err := o.pointAfterRestore(s).Inject(); err != nil {
-		return err
-	}
-	lap("vmm_restore")
-	pid := vm.Info().PID
-	if err := o.update(s, func(r *Record) { r.PID, r.PIDStart = pid, procStart(pid) }); err != nil {
-		return err
-	}
-	if err := fpCreateVMM.Inject(); err != nil {
-		return err
-	}
-	if err := o.initGuest(ctx, s, vm, slot); err != nil {
-		return err
-	}
-	lap("agent")
-	o.log.Debug("vm started", "sandbox", s.rec.ID, "gen", s.rec.Gen, "slot", slot.Name, "pid", pid, "memory", mem.File)
 	s.mu.Lock()
-	s.vm, s.slot, s.rec.Memory, s.rec.Slot = vm, slot, mem, slot.Index
+	rec := s.rec
+	s.mu.Unlock()
+	var mem MemoryImage
+	spec := sandbox.Spec{
+		ID: fmt.Sprintf("%s-%d", rec.ID, rec.Gen), RunDir: filepath.Join(rec.Dir, fmt.Sprintf("run-%d", rec.Gen)),
+		Policy: rec.Policy, Disk: vmDisk{o, s}, Restore: snapshotDir,
+		Memory: func(ctx context.Context) (string, error) {
+			var err error
+			mem, err = o.restoreMemory(ctx, snapshotDir)
+			return mem.File, err
+		},
+		Init:     &sandbox.InitRequest{EnvVars: rec.EnvVars, DefaultUser: o.defaultUser(rec.TemplateID)},
+		InitHeld: rec.GuestToken,
+		Stage: func(name string) error {
+			lap(name)
+			if name == "storage" {
+				return fpCreateDisk.Inject()
+			}
+			return nil
+		},
+		Started: func(m vmm.Machine) error {
+			if err := o.pointAfterRestore(s).Inject(); err != nil {
+				return err
+			}
+			pid := m.Info().PID
+			if err := o.update(s, func(r *Record) { r.PID, r.PIDStart = pid, procStart(pid) }); err != nil {
+				return err
+			}
+			return fpCreateVMM.Inject()
+		},
+	}
+	if rec.AccessToken != "" || rec.GuestToken != "" {
+		token := rec.AccessToken
+		spec.Init.AccessToken = &token // "" clears a token the snapshot's sandbox had
+	}
+	vm, err := sandbox.Start(ctx, o.vms, spec)
+	if errors.Is(err, network.ErrExhausted) {
+		return fmt.Errorf("%w: %w", err, ErrCapacity)
+	}
+	if err != nil {
+		return err
+	}
+	o.log.Debug("vm started", "sandbox", rec.ID, "gen", rec.Gen, "slot", vm.Slot.Name, "pid", vm.Machine.Info().PID, "memory", mem.File)
+	s.mu.Lock()
+	s.vm, s.rec.Memory, s.rec.Slot = vm, mem, vm.Slot.Index
 	s.rec.GuestToken = s.rec.AccessToken
 	s.mu.Unlock()
 	return nil
@@ -261,7 +234,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *sandbox, snapshotDir stri
 
 // pointAfterRestore is the fault point right after the VMM started: a
 // create's or a resume's.
-func (o *Orchestrator) pointAfterRestore(s *sandbox) interface{ Inject() error } {
+func (o *Orchestrator) pointAfterRestore(s *instance) interface{ Inject() error } {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.rec.State == Resuming {
@@ -270,50 +243,18 @@ func (o *Orchestrator) pointAfterRestore(s *sandbox) interface{ Inject() error }
 	return fpCreateRestored
 }
 
-// initGuest waits for the restored guest's agent and sends /init.
-func (o *Orchestrator) initGuest(ctx context.Context, s *sandbox, vm vmm.Machine, slot *network.Slot) error {
-	if err := waitAgent(ctx, slot, time.Minute); err != nil {
-		console, _ := os.ReadFile(vm.Info().ConsoleLog)
-		o.log.Error("restored guest's agent is silent", "sandbox", s.rec.ID, "console_tail", string(tail(console, 3000)))
-		return fmt.Errorf("%w (guest console: %s)", err, strings.TrimSpace(string(tail(console, 600))))
-	}
-	req := initRequest{EnvVars: s.rec.EnvVars, DefaultUser: o.defaultUser(s.rec.TemplateID)}
-	if s.rec.AccessToken != "" || s.rec.GuestToken != "" {
-		req.AccessToken = &s.rec.AccessToken // "" clears a token the snapshot's sandbox had
-	}
-	return initAgent(ctx, slot, s.rec.GuestToken, req)
-}
-
-// stopVM stops the machine and releases the slot of s (any state).
-func (o *Orchestrator) stopVM(ctx context.Context, s *sandbox) {
+// stopVM stops the machine and releases the slot of s (any state); the
+// disk stays (releaseDevice).
+func (o *Orchestrator) stopVM(ctx context.Context, s *instance) {
 	s.mu.Lock()
-	vm, slot := s.vm, s.slot
-	s.vm, s.slot, s.rec.PID, s.rec.PIDStart, s.rec.Slot = nil, nil, 0, 0, 0
+	vm := s.vm
+	s.vm, s.rec.PID, s.rec.PIDStart, s.rec.Slot = nil, 0, 0, 0
 	id := s.rec.ID
 	s.mu.Unlock()
-	if vm != nil {
-		if err := vm.Stop(context.WithoutCancel(ctx)); err != nil {
-			o.log.Warn("stop vm", "sandbox", id, "err", err)
-		}
+	if vm == nil {
+		return
 	}
-	if slot != nil {
-		if err := o.nets.Release(context.WithoutCancel(ctx), slot); err != nil {
-			o.log.Warn("release slot", "sandbox", id, "err", err)
-		}
+	if err := vm.Stop(ctx); err != nil {
+		o.log.Warn("stop vm", "sandbox", id, "err", err)
 	}
-}
-
-// cleanup is an undo stack: every acquired resource registers how to give
-// it back, and run gives them back once, newest first.
-type cleanup struct {
-	fns []func(context.Context)
-}
-
-func (c *cleanup) add(f func(context.Context)) { c.fns = append(c.fns, f) }
-
-func (c *cleanup) run(ctx context.Context) {
-	for i := len(c.fns) - 1; i >= 0; i-- {
-		c.fns[i](ctx)
-	}
-	c.fns = nil
 }

@@ -27,7 +27,7 @@ func (o *Orchestrator) Kill(ctx context.Context, id string) (err error) {
 // killLocked (op held) records "killing", then removes the VM, the slot,
 // the device, the directory and finally the record; recovery finishes a
 // kill a crash interrupted.
-func (o *Orchestrator) killLocked(ctx context.Context, s *sandbox) (err error) {
+func (o *Orchestrator) killLocked(ctx context.Context, s *instance) (err error) {
 	done := o.m.observe("kill")
 	defer func() { done(err) }()
 	id := s.rec.ID
@@ -78,7 +78,7 @@ func (o *Orchestrator) Pause(ctx context.Context, id string) error {
 // the "paused" record any failure resumes the VM and the sandbox runs on
 // as before (nothing is lost); after it, what is left is cleanup that
 // recovery redoes.
-func (o *Orchestrator) pauseLocked(ctx context.Context, s *sandbox) (err error) {
+func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance) (err error) {
 	done := o.m.observe("pause")
 	defer func() { done(err) }()
 	if err := o.update(s, func(r *Record) { r.State = Pausing }); err != nil {
@@ -88,7 +88,7 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *sandbox) (err error) 
 		return o.resumeAfterFailedPause(ctx, s, nil, err)
 	}
 	s.mu.Lock()
-	vm, gen, dir, id := s.vm, s.rec.Gen, s.rec.Dir, s.rec.ID
+	vm, gen, dir, id := s.machine(), s.rec.Gen, s.rec.Dir, s.rec.ID
 	s.mu.Unlock()
 	if err := vm.Pause(ctx); err != nil {
 		return o.resumeAfterFailedPause(ctx, s, nil, err)
@@ -143,7 +143,7 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *sandbox) (err error) 
 // resumeAfterFailedPause lets the VM continue (vm nil: its vCPUs never
 // stopped), records the sandbox running again and returns cause; the
 // partial snapshot directories go.
-func (o *Orchestrator) resumeAfterFailedPause(ctx context.Context, s *sandbox, vm vmm.Machine, cause error, partial ...string) error {
+func (o *Orchestrator) resumeAfterFailedPause(ctx context.Context, s *instance, vm vmm.Machine, cause error, partial ...string) error {
 	ctx = context.WithoutCancel(ctx)
 	var rerr error
 	if vm != nil {
@@ -200,7 +200,7 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 // resumeLocked (op held, sandbox paused) records "resuming", brings the VM
 // up from the paused snapshot and records "running". A failure leaves the
 // sandbox paused on the same snapshot.
-func (o *Orchestrator) resumeLocked(ctx context.Context, s *sandbox, timeout time.Duration) (err error) {
+func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout time.Duration) (err error) {
 	done := o.m.observe("resume")
 	defer func() { done(err) }()
 	if err := o.update(s, func(r *Record) { r.State = Resuming }); err != nil {
@@ -254,7 +254,7 @@ func (o *Orchestrator) SetPolicy(ctx context.Context, id string, p network.Polic
 	}
 	defer s.op.Unlock()
 	s.mu.Lock()
-	slot := s.slot
+	slot := s.slot()
 	s.mu.Unlock()
 	if slot != nil {
 		if err := slot.SetPolicy(ctx, p); err != nil {
@@ -269,7 +269,7 @@ func isZeroPolicy(p network.Policy) bool {
 }
 
 // armTimer (re)starts the TTL timer; s.mu must be held.
-func (o *Orchestrator) armTimer(s *sandbox) {
+func (o *Orchestrator) armTimer(s *instance) {
 	if s.timer != nil {
 		s.timer.Stop()
 	}
@@ -277,7 +277,7 @@ func (o *Orchestrator) armTimer(s *sandbox) {
 	s.timer = time.AfterFunc(time.Until(s.rec.EndAt), func() { o.expire(id) })
 }
 
-func (o *Orchestrator) stopTimer(s *sandbox) {
+func (o *Orchestrator) stopTimer(s *instance) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.timer != nil {
@@ -315,7 +315,7 @@ func (o *Orchestrator) expire(id string) {
 	o.log.Info("sandbox timed out", "sandbox", id, "autoPause", rec.AutoPause)
 }
 
-func (o *Orchestrator) state(s *sandbox) State {
+func (o *Orchestrator) state(s *instance) State {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.rec.State

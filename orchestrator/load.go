@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -27,7 +29,7 @@ func (o *Orchestrator) load(ctx context.Context) error {
 		}
 		if r.State == Paused && r.Snapshot != "" {
 			if _, err := os.Stat(r.Snapshot); err == nil {
-				o.sandboxes[r.ID] = &sandbox{rec: r}
+				o.sandboxes[r.ID] = &instance{rec: r}
 				o.log.Info("kept paused sandbox", "sandbox", r.ID)
 				continue
 			}
@@ -80,50 +82,49 @@ func (o *Orchestrator) removeUnowned() {
 // its agent checked and its timeout re-armed. If any of that fails, the
 // sandbox is paused (snapshot, then the VM stops) or, failing that, dropped.
 func (o *Orchestrator) adoptRunning(ctx context.Context, r Record, m vmm.Machine) {
-	s := &sandbox{rec: r, vm: m}
-	err := func() error {
-		slot, err := o.nets.Adopt(ctx, r.Slot)
-		if err != nil {
-			return err
-		}
-		s.slot = slot
-		// A crash during a snapshot leaves the vCPUs stopped.
-		if err := m.Resume(ctx); err != nil {
-			return fmt.Errorf("resume vCPUs: %w", err)
-		}
-		if !isZeroPolicy(r.Policy) {
-			if err := slot.SetPolicy(ctx, r.Policy); err != nil {
-				return fmt.Errorf("network policy: %w", err)
+	s := &instance{rec: r}
+	slot, err := o.nets.Adopt(ctx, r.Slot)
+	if err == nil {
+		s.vm = sandbox.Adopt(o.vms, m, slot, vmDisk{o, s})
+		err = func() error {
+			// A crash during a snapshot leaves the vCPUs stopped.
+			if err := m.Resume(ctx); err != nil {
+				return fmt.Errorf("resume vCPUs: %w", err)
 			}
-		}
-		return waitAgent(ctx, slot, 20*time.Second)
-	}()
+			if !isZeroPolicy(r.Policy) {
+				if err := slot.SetPolicy(ctx, r.Policy); err != nil {
+					return fmt.Errorf("network policy: %w", err)
+				}
+			}
+			return sandbox.WaitAgent(ctx, slot, 20*time.Second)
+		}()
+	}
 	if err == nil {
 		s.rec.PID = m.Info().PID
 		s.rec.PIDStart = procStart(s.rec.PID)
 		err = o.store.Put(store.Sandboxes, r.ID, s.rec)
 	}
 	if err != nil {
-		o.pauseUnadoptable(ctx, s, m, err)
+		o.pauseUnadoptable(ctx, s, m, slot, err)
 		return
 	}
 	o.sandboxes[r.ID] = s
 	s.mu.Lock()
 	o.armTimer(s)
 	s.mu.Unlock()
-	o.log.Info("sandbox keeps running after the restart", "sandbox", r.ID, "slot", s.slot.Name)
+	o.log.Info("sandbox keeps running after the restart", "sandbox", r.ID, "slot", slot.Name)
 }
 
 // pauseUnadoptable pauses a recovered VM that cannot run on (its slot or
 // agent failed), or drops the sandbox if even that fails.
-func (o *Orchestrator) pauseUnadoptable(ctx context.Context, s *sandbox, m vmm.Machine, cause error) {
+func (o *Orchestrator) pauseUnadoptable(ctx context.Context, s *instance, m vmm.Machine, slot *network.Slot, cause error) {
 	r := s.rec
 	o.log.Warn("re-adopted VM cannot run on; pausing the sandbox", "sandbox", r.ID, "err", cause)
 	// The slot goes back only once the VM using its tap is stopped
 	// (pauseAdopted stops it whatever happens).
 	perr := pauseAdopted(ctx, o.store, o.sd, r, m, o.log)
-	if s.slot != nil {
-		_ = o.nets.Release(context.WithoutCancel(ctx), s.slot)
+	if slot != nil {
+		_ = o.nets.Release(context.WithoutCancel(ctx), slot)
 	} else {
 		_ = o.nets.Forget(r.Slot)
 	}
@@ -136,6 +137,6 @@ func (o *Orchestrator) pauseUnadoptable(ctx context.Context, s *sandbox, m vmm.M
 	}
 	var rec Record
 	if err := o.store.Get(store.Sandboxes, r.ID, &rec); err == nil {
-		o.sandboxes[r.ID] = &sandbox{rec: rec}
+		o.sandboxes[r.ID] = &instance{rec: rec}
 	}
 }

@@ -117,7 +117,7 @@ func (o *Orchestrator) restoreMemory(ctx context.Context, vmDir string) (MemoryI
 
 // captureMemory (VM paused) writes the VM's snapshot into vmDir (see
 // captureVM).
-func (o *Orchestrator) captureMemory(ctx context.Context, s *sandbox, vm vmm.Machine, vmDir, diff string) error {
+func (o *Orchestrator) captureMemory(ctx context.Context, s *instance, vm vmm.Machine, vmDir, diff string) error {
 	s.mu.Lock()
 	cur, id := s.rec.Memory, s.rec.ID
 	s.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/agentenv/agentenv/sandbox"
 	"io"
 	"net/http"
 	"os"
@@ -44,7 +45,7 @@ const (
 // memoryImages counts the distinct memory files the running VMs map.
 func (o *Orchestrator) memoryImages() (images, vms int) {
 	o.mu.Lock()
-	all := make([]*sandbox, 0, len(o.sandboxes))
+	all := make([]*instance, 0, len(o.sandboxes))
 	for _, s := range o.sandboxes {
 		all = append(all, s)
 	}
@@ -54,7 +55,7 @@ func (o *Orchestrator) memoryImages() (images, vms int) {
 		s.mu.Lock()
 		file := s.rec.Memory.File
 		if file == "" && s.vm != nil {
-			file = s.vm.Info().MemoryFile
+			file = s.machine().Info().MemoryFile
 		}
 		running := s.vm != nil
 		s.mu.Unlock()
@@ -152,7 +153,7 @@ func (o *Orchestrator) Metrics(ctx context.Context, id string) (*GuestMetrics, e
 	if rec.AccessToken != "" {
 		req.Header.Set("X-Access-Token", rec.AccessToken)
 	}
-	resp, err := agentClient(slot, 10*time.Second).Do(req)
+	resp, err := sandbox.AgentClient(slot, 10*time.Second).Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s metrics: %w", id, err)
 	}

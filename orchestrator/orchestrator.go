@@ -55,6 +55,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
@@ -176,29 +177,47 @@ type Orchestrator struct {
 	m     *metrics
 
 	mu        sync.Mutex
-	sandboxes map[string]*sandbox
+	sandboxes map[string]*instance
 	templates map[string]*Template
 	// refMu orders resolving a create's source and registering the new
 	// sandbox against the in-use check of a snapshot or template deletion,
 	// so a deletion sees every sandbox that will use what it deletes.
-	refMu  sync.Mutex
-	matMu  sync.Mutex // serialises memory imports and materializations
-	warmed sync.Map   // root disk image configs given a warm pool
-	bg     sync.WaitGroup
+	refMu sync.Mutex
+	matMu sync.Mutex // serialises memory imports and materializations
+	bg    sync.WaitGroup
+	// disks is the root-disk backend, chosen once in New; vms what a VM
+	// bring-up uses (sandbox.Start).
+	disks diskBackend
+	vms   sandbox.Deps
 }
 
-// sandbox is one sandbox's live state. op serialises lifecycle operations
+// instance is one sandbox's live state. op serialises lifecycle operations
 // (create, pause, resume, snapshot, kill, timeout changes): only its holder
 // changes the record. mu guards the fields below it for readers that do not
 // take op (Get, List, the proxy's lookups): every write holds both.
-type sandbox struct {
+type instance struct {
 	op    sync.Mutex
 	mu    sync.Mutex
 	rec   Record
-	vm    vmm.Machine
-	slot  *network.Slot
+	vm    *sandbox.VM // the running VM and its slot; nil unless running
 	timer *time.Timer
 	gone  bool
+}
+
+// machine returns the running VMM (nil when none); mu held.
+func (s *instance) machine() vmm.Machine {
+	if s.vm == nil {
+		return nil
+	}
+	return s.vm.Machine
+}
+
+// slot returns the running VM's network slot (nil when none); mu held.
+func (s *instance) slot() *network.Slot {
+	if s.vm == nil {
+		return nil
+	}
+	return s.vm.Slot
 }
 
 // New returns an orchestrator and loads the persisted sandboxes (see
@@ -214,7 +233,15 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	}
 	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store, sd: opts.Storage,
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
-		sandboxes: map[string]*sandbox{}, templates: map[string]*Template{}}
+		sandboxes: map[string]*instance{}, templates: map[string]*Template{}}
+	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network}
+	if opts.Storage != nil {
+		o.disks = &daemonDisks{sd: opts.Storage, poolLow: opts.StoragePoolLow, poolHigh: opts.StoragePoolHigh,
+			log: o.log, warmed: map[string]bool{}, o: o}
+	} else {
+		o.disks = fileDisks{o: o}
+	}
+	o.log.Info("root disk backend", "backend", o.disks.name())
 	for _, d := range []string{"sandboxes", "snapshots"} {
 		if err := os.MkdirAll(filepath.Join(opts.DataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("orchestrator: %w", err)
@@ -243,7 +270,7 @@ func (o *Orchestrator) goBackground(f func()) {
 }
 
 // persist writes the sandbox's record to the store (op held).
-func (o *Orchestrator) persist(s *sandbox) error {
+func (o *Orchestrator) persist(s *instance) error {
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
@@ -255,7 +282,7 @@ func (o *Orchestrator) persist(s *sandbox) error {
 
 // update changes the sandbox's record under its mutex (op held) and
 // persists it.
-func (o *Orchestrator) update(s *sandbox, f func(r *Record)) error {
+func (o *Orchestrator) update(s *instance, f func(r *Record)) error {
 	s.mu.Lock()
 	f(&s.rec)
 	s.mu.Unlock()
@@ -296,7 +323,7 @@ func (o *Orchestrator) Templates() []Template {
 	return out
 }
 
-func (o *Orchestrator) lookup(id string) (*sandbox, error) {
+func (o *Orchestrator) lookup(id string) (*instance, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	s, ok := o.sandboxes[id]
@@ -307,7 +334,7 @@ func (o *Orchestrator) lookup(id string) (*sandbox, error) {
 }
 
 // lockOp takes the sandbox's operation lock; ErrNotFound if it is gone.
-func (o *Orchestrator) lockOp(id string) (*sandbox, error) {
+func (o *Orchestrator) lockOp(id string) (*instance, error) {
 	s, err := o.lookup(id)
 	if err != nil {
 		return nil, err
@@ -334,7 +361,7 @@ func (o *Orchestrator) Get(id string) (Record, error) {
 // List returns copies of every record, newest first.
 func (o *Orchestrator) List() []Record {
 	o.mu.Lock()
-	all := make([]*sandbox, 0, len(o.sandboxes))
+	all := make([]*instance, 0, len(o.sandboxes))
 	for _, s := range o.sandboxes {
 		all = append(all, s)
 	}
@@ -363,10 +390,10 @@ func (o *Orchestrator) Slot(id string) (*network.Slot, int, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.rec.State != Running || s.slot == nil {
+	if s.rec.State != Running || s.slot() == nil {
 		return nil, 0, fmt.Errorf("sandbox %s is %s: %w", id, s.rec.State, ErrConflict)
 	}
-	return s.slot, s.rec.Gen, nil
+	return s.slot(), s.rec.Gen, nil
 }
 
 // Counts reports how many sandboxes are in each state.

@@ -3,7 +3,6 @@ package orchestrator
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,17 +11,9 @@ import (
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/image"
-	"github.com/agentenv/agentenv/vmm"
 )
 
-// Root disks come from one of two places:
-//
-//   - the storage daemon (Options.Storage set): the template's rootfs is a
-//     stack of sealed layers; each sandbox gets an NBD export of those
-//     layers plus a fresh writable upper; pause seals the upper into a new
-//     layer (restack) and the sandbox's image config lists it on top;
-//   - plain files (no daemon): a sparse copy of the template's rootfs per
-//     sandbox.
+// Image configs and seals of storage-daemon disks (see disks.go).
 
 // imageConfig writes an image config listing layers (absolute paths,
 // bottom first) at path.
@@ -61,111 +52,37 @@ func layersOf(path string) ([]string, error) {
 	return out, nil
 }
 
-// warmRootfs asks the storage daemon, once per template image, to keep a
-// warm pool of ready root disks of it, so the next creates only take one.
-func (o *Orchestrator) warmRootfs(ctx context.Context, t *Template) {
-	if o.sd == nil || t.RootfsImage == "" || o.cfg.StoragePoolHigh <= 0 {
-		return
-	}
-	if _, done := o.warmed.LoadOrStore(t.RootfsImage, true); done {
-		return
-	}
-	p := rpc.WarmParams{Image: t.RootfsImage, Low: o.cfg.StoragePoolLow, High: o.cfg.StoragePoolHigh}
-	if err := o.sd.Warm(ctx, p); err != nil {
-		o.warmed.Delete(t.RootfsImage)
-		o.log.Warn("storage warm pool", "template", t.ID, "err", err)
-	}
-}
-
-// rootfsDrive returns the sandbox's root drive for a (re)start: a new
-// daemon device on its image config, or its rootfs file.
-func (o *Orchestrator) rootfsDrive(ctx context.Context, s *sandbox) (vmm.Drive, error) {
-	if o.sd == nil {
-		if _, err := os.Stat(s.rec.Rootfs); err != nil { // first start: copy the template's disk
-			t, err := o.Template(s.rec.TemplateID)
-			if err != nil {
-				return vmm.Drive{}, err
-			}
-			if err := sparseCopy(ctx, t.Rootfs, s.rec.Rootfs); err != nil {
-				return vmm.Drive{}, err
-			}
-		}
-		return vmm.Drive{ID: rootfsDrive, Path: s.rec.Rootfs}, nil
-	}
-	dev, err := o.sd.Create(ctx, rpc.CreateParams{Image: s.rec.RootfsImage, Owner: s.rec.ID})
-	if errors.Is(err, rpc.ErrCapacity) {
-		return vmm.Drive{}, fmt.Errorf("rootfs device: %w: %w", err, ErrCapacity)
-	}
-	if err != nil {
-		return vmm.Drive{}, fmt.Errorf("rootfs device: %w", err)
-	}
-	s.mu.Lock()
-	s.rec.Device, s.rec.HasDevice = dev.ID, true
-	s.mu.Unlock()
-	return vmm.Drive{ID: rootfsDrive, NBD: &vmm.NBDSource{Socket: dev.Socket, Export: dev.Export}}, nil
-}
-
-// releaseDevice deletes the sandbox's daemon device, if it has one.
-func (o *Orchestrator) releaseDevice(ctx context.Context, s *sandbox) {
-	s.mu.Lock()
-	id, has := s.rec.Device, s.rec.HasDevice
-	s.rec.Device, s.rec.HasDevice = 0, false
-	s.mu.Unlock()
-	if o.sd == nil || !has {
-		return
-	}
-	if err := o.sd.Delete(context.WithoutCancel(ctx), id); err != nil {
-		o.log.Warn("delete rootfs device", "sandbox", s.rec.ID, "device", id, "err", err)
-	}
-}
-
-// sealRootfs (vCPUs stopped, drives flushed) makes the disk's content as
-// of now durable: in daemon mode the device's upper is sealed into
-// <dir>/rootfs-<gen>.lsmt (the device goes on with a fresh upper on top)
-// and the record points at a config listing the device's layers; in file
-// mode the disk file is fsynced.
-func (o *Orchestrator) sealRootfs(ctx context.Context, s *sandbox) error {
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	if o.sd == nil {
-		return atomicfile.SyncFile(rec.Rootfs)
-	}
-	cfg, err := sealDevice(ctx, o.sd, rec, fmt.Sprintf("rootfs-%d", rec.Gen), "sandbox "+rec.ID)
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	s.rec.RootfsImage = cfg
-	s.mu.Unlock()
-	return nil
-}
-
-// sealDevice seals rec's device's upper into <dir>/<name>.lsmt, unless a
-// seal a crash interrupted got that far already, and writes <dir>/<name>.json
-// listing the device's layers (the daemon's list is the truth: it changed
-// with the restack). It returns that config. The device stays.
+// sealDevice seals rec's device's upper into a new layer <dir>/<name>.lsmt
+// (<name>.<k>.lsmt when a seal of the same generation exists already: a
+// pause that failed after its seal and was retried, or a recovery) and
+// writes the config listing the device's layers next to it: the daemon's
+// list is the truth, it changed with the restack. It returns that config.
+// The device stays. Every call seals: skipping one because a layer of that
+// name exists would drop whatever the VM wrote since.
 func sealDevice(ctx context.Context, sd *client.Client, rec Record, name, message string) (string, error) {
 	if !rec.HasDevice {
 		return "", fmt.Errorf("seal rootfs of %s: no device", rec.ID)
 	}
-	layer := filepath.Join(rec.Dir, name+".lsmt")
-	layers, err := deviceLayers(ctx, sd, rec.Device)
+	base := filepath.Join(rec.Dir, name)
+	layer := base + ".lsmt"
+	for k := 1; fileExists(layer); k++ {
+		base = filepath.Join(rec.Dir, fmt.Sprintf("%s.%d", name, k))
+		layer = base + ".lsmt"
+	}
+	res, err := sd.Restack(ctx, rpc.RestackParams{ID: rec.Device, Layer: layer, Message: message})
 	if err != nil {
-		return "", fmt.Errorf("seal rootfs of %s: %w", rec.ID, err)
+		return "", fmt.Errorf("seal rootfs of %s: restack: %w", rec.ID, err)
 	}
-	if len(layers) == 0 || layers[len(layers)-1] != layer {
-		res, err := sd.Restack(ctx, rpc.RestackParams{ID: rec.Device, Layer: layer, Message: message})
-		if err != nil {
-			return "", fmt.Errorf("seal rootfs of %s: restack: %w", rec.ID, err)
-		}
-		layers = res.Device.Layers
-	}
-	cfg := filepath.Join(rec.Dir, name+".json")
-	if err := imageConfig(cfg, layers); err != nil {
+	cfg := base + ".json"
+	if err := imageConfig(cfg, res.Device.Layers); err != nil {
 		return "", fmt.Errorf("seal rootfs of %s: %w", rec.ID, err)
 	}
 	return cfg, nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Lstat(p)
+	return err == nil
 }
 
 // sealAndDelete (VM stopped) seals rec's device into
@@ -181,18 +98,4 @@ func sealAndDelete(ctx context.Context, sd *client.Client, rec *Record) error {
 	}
 	rec.RootfsImage, rec.Device, rec.HasDevice = cfg, 0, false
 	return nil
-}
-
-// deviceLayers returns the sealed layers of a daemon device, bottom first.
-func deviceLayers(ctx context.Context, sd *client.Client, id uint32) ([]string, error) {
-	devs, err := sd.List(ctx)
-	if err != nil {
-		return nil, err
-	}
-	for _, d := range devs {
-		if d.ID == id {
-			return d.Layers, nil
-		}
-	}
-	return nil, fmt.Errorf("storage device %d: %w", id, ErrNotFound)
 }

@@ -159,7 +159,7 @@ func (o *Orchestrator) CreateSnapshot(ctx context.Context, sandboxID, name strin
 // snapshotLocked captures s (op lock held) into a new snapshot directory;
 // the caller stores the record. On error nothing is left behind and a
 // running sandbox keeps running.
-func (o *Orchestrator) snapshotLocked(ctx context.Context, s *sandbox, hidden bool) (r SnapshotRecord, err error) {
+func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden bool) (r SnapshotRecord, err error) {
 	done := o.m.observe("snapshot")
 	defer func() { done(err) }()
 	id, err := newID()
@@ -185,7 +185,7 @@ func (o *Orchestrator) snapshotLocked(ctx context.Context, s *sandbox, hidden bo
 	case Running:
 		err = o.captureRunning(ctx, s, &r)
 	case Paused:
-		err = o.capturePaused(rec, &r)
+		err = o.capturePaused(ctx, rec, &r)
 	default:
 		err = fmt.Errorf("it is %s: %w", rec.State, ErrConflict)
 	}
@@ -200,9 +200,9 @@ func (o *Orchestrator) snapshotLocked(ctx context.Context, s *sandbox, hidden bo
 
 // captureRunning pauses the VM, writes its snapshot and seals its disk
 // into r, then resumes it whatever happened.
-func (o *Orchestrator) captureRunning(ctx context.Context, s *sandbox, r *SnapshotRecord) (err error) {
+func (o *Orchestrator) captureRunning(ctx context.Context, s *instance, r *SnapshotRecord) (err error) {
 	s.mu.Lock()
-	vm := s.vm
+	vm := s.machine()
 	s.mu.Unlock()
 	if err := vm.Pause(ctx); err != nil {
 		return fmt.Errorf("pause: %w", err)
@@ -224,68 +224,43 @@ func (o *Orchestrator) captureRunning(ctx context.Context, s *sandbox, r *Snapsh
 	return o.captureDisk(ctx, s, r)
 }
 
-// captureDisk (VM paused) makes r's rootfs: in daemon mode it seals the live
-// upper into a layer of the sandbox (the device goes on with a fresh upper
-// on top of it) and lists the sandbox's layers for r; in file mode it copies
-// the disk file.
-func (o *Orchestrator) captureDisk(ctx context.Context, s *sandbox, r *SnapshotRecord) error {
+// captureDisk (VM paused) makes r's rootfs: the disk is sealed (daemon:
+// the live upper becomes a layer the sandbox's disk then stacks on) and the
+// sandbox's new layer list is recorded before the VM continues (or a crash
+// would leave a record whose disk lacks the layer); then the disk as of now
+// goes into r's directory.
+func (o *Orchestrator) captureDisk(ctx context.Context, s *instance, r *SnapshotRecord) error {
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	if o.sd == nil {
-		r.Rootfs = filepath.Join(r.Dir, "rootfs.ext4")
-		return sparseCopy(ctx, rec.Rootfs, r.Rootfs)
-	}
-	// The sandbox's own view now has the sealed layer under its upper: that
-	// layer list is recorded before the VM continues, or a crash would
-	// leave a record whose disk lacks the layer.
-	own, err := sealDevice(ctx, o.sd, rec, fmt.Sprintf("rootfs-%d-%s", rec.Gen, r.ID), "snapshot "+r.ID)
+	own, err := o.disks.seal(ctx, rec, fmt.Sprintf("rootfs-%d-%s", rec.Gen, r.ID), "snapshot "+r.ID)
 	if err != nil {
-		return err
+		return fmt.Errorf("seal rootfs: %w", err)
 	}
 	if err := fpSnapshotSealed.Inject(); err != nil {
 		return err
 	}
-	if err := o.update(s, func(rec *Record) { rec.RootfsImage = own }); err != nil {
-		return err
+	if own != "" {
+		if err := o.update(s, func(rec *Record) { rec.RootfsImage = own }); err != nil {
+			return err
+		}
+		rec.RootfsImage = own
 	}
 	if err := fpSnapshotRecorded.Inject(); err != nil {
 		return err
 	}
-	layers, err := layersOf(own)
-	if err != nil {
-		return err
-	}
-	snapLayers, err := adoptLayers(layers, rec.Dir, r.Dir)
-	if err != nil {
-		return err
-	}
-	r.RootfsImage = filepath.Join(r.Dir, "rootfs.json")
-	return imageConfig(r.RootfsImage, snapLayers)
+	return o.disks.copyInto(ctx, rec, r.Dir, r)
 }
 
 // capturePaused copies a paused sandbox's saved state into r.
-func (o *Orchestrator) capturePaused(rec Record, r *SnapshotRecord) error {
+func (o *Orchestrator) capturePaused(ctx context.Context, rec Record, r *SnapshotRecord) error {
 	if err := linkTree(rec.Snapshot, r.VM); err != nil {
 		return err
 	}
 	if err := adoptMemory(r.VM, rec.Dir, r.Dir); err != nil {
 		return err
 	}
-	if o.sd == nil {
-		r.Rootfs = filepath.Join(r.Dir, "rootfs.ext4")
-		return linkOrCopy(rec.Rootfs, r.Rootfs)
-	}
-	layers, err := layersOf(rec.RootfsImage)
-	if err != nil {
-		return err
-	}
-	snapLayers, err := adoptLayers(layers, rec.Dir, r.Dir)
-	if err != nil {
-		return err
-	}
-	r.RootfsImage = filepath.Join(r.Dir, "rootfs.json")
-	return imageConfig(r.RootfsImage, snapLayers)
+	return o.disks.copyInto(ctx, rec, r.Dir, r)
 }
 
 // adoptLayers hard-links the layers that live under owner into dir (sealed

@@ -11,8 +11,7 @@ import (
 
 	"github.com/agentenv/agentenv/guest/image"
 	"github.com/agentenv/agentenv/internal/atomicfile"
-	"github.com/agentenv/agentenv/storage/daemon/rpc"
-	storimage "github.com/agentenv/agentenv/storage/image"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -93,7 +92,7 @@ func (o *Orchestrator) setTemplate(t *Template) {
 			if err := o.ensureMemoryBase(t); err != nil {
 				o.log.Warn("template memory stays unlayered", "template", t.ID, "err", err)
 			}
-			o.warmRootfs(context.Background(), t)
+			o.disks.warm(context.Background(), t)
 		}
 	}
 	o.mu.Lock()
@@ -127,7 +126,7 @@ func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.As
 	if st, err := os.Stat(a.Rootfs); err == nil {
 		t.DiskMiB = int(st.Size() >> 20)
 	}
-	drive, finish, err := o.templateDisk(ctx, &t, a.Rootfs)
+	drive, finish, err := o.disks.templateDisk(ctx, &t, a.Rootfs)
 	if err != nil {
 		return t, fmt.Errorf("build template %s: %w", id, err)
 	}
@@ -136,36 +135,19 @@ func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.As
 			err = fmt.Errorf("build template %s: %w", id, ferr)
 		}
 	}()
-	slot, err := o.nets.Acquire(ctx)
-	if err != nil {
-		return t, fmt.Errorf("build template %s: network slot: %w", id, err)
-	}
-	defer o.nets.Release(context.WithoutCancel(ctx), slot)
-	tap, err := slot.OpenTap()
-	if err != nil {
-		return t, fmt.Errorf("build template %s: tap: %w", id, err)
-	}
-	defer tap.Close()
-	g := slot.Guest()
-	vm, err := o.drv.Boot(ctx, vmm.Config{
-		ID: "template-" + id, Kernel: kernel, Initrd: initrd, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB,
-		RunDir:  filepath.Join(dir, "run"),
-		Cmdline: fmt.Sprintf("root=/dev/vda rw quiet %s aenv.dns=%s", g.KernelIPArg(), g.Nameserver),
-		Drives:  []vmm.Drive{drive},
-		NICs:    []vmm.NIC{{ID: nicID, MAC: g.MAC.String(), Tap: tap}},
+	vm, err := sandbox.Start(ctx, o.vms, sandbox.Spec{
+		ID: "template-" + id, RunDir: filepath.Join(dir, "run"), Disk: preparedDisk{drive},
+		Boot:      &vmm.Config{Kernel: kernel, Initrd: initrd, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, Cmdline: "root=/dev/vda rw quiet"},
+		AgentWait: 5 * time.Minute,
 	})
 	if err != nil {
-		return t, fmt.Errorf("build template %s: boot: %w", id, err)
+		return t, fmt.Errorf("build template %s: %w", id, err)
 	}
-	defer vm.Stop(context.WithoutCancel(ctx))
-	if err := waitAgent(ctx, slot, 5*time.Minute); err != nil {
-		console, _ := os.ReadFile(vm.Info().ConsoleLog)
-		return t, fmt.Errorf("build template %s: %w\nguest console:\n%s", id, err, tail(console, 4000))
-	}
-	if err := vm.Pause(ctx); err != nil {
+	defer vm.Close(context.WithoutCancel(ctx))
+	if err := vm.Machine.Pause(ctx); err != nil {
 		return t, fmt.Errorf("build template %s: pause: %w", id, err)
 	}
-	if _, err := vm.Snapshot(ctx, t.Snapshot); err != nil {
+	if _, err := vm.Machine.Snapshot(ctx, t.Snapshot); err != nil {
 		return t, fmt.Errorf("build template %s: snapshot: %w", id, err)
 	}
 	if err := atomicfile.SyncTree(t.Snapshot); err != nil {
@@ -193,43 +175,4 @@ func tail(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
-}
-
-// templateDisk prepares the writable disk the template boots from. finish
-// runs once the VM stopped: with commit it makes the disk the template's
-// (daemon mode: seal the boot upper into a layer), else it cleans up.
-func (o *Orchestrator) templateDisk(ctx context.Context, t *Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error) {
-	if o.sd == nil {
-		t.Rootfs = filepath.Join(t.Dir, "rootfs.ext4")
-		if err := sparseCopy(ctx, raw, t.Rootfs); err != nil {
-			return vmm.Drive{}, nil, err
-		}
-		return vmm.Drive{ID: rootfsDrive, Path: t.Rootfs}, func(context.Context, bool) error { return nil }, nil
-	}
-	base := filepath.Join(t.Dir, "rootfs-0.lsmt")
-	if _, err := storimage.ImportRaw(ctx, raw, base, storimage.CommitOptions{Message: "guest rootfs " + raw}); err != nil {
-		return vmm.Drive{}, nil, err
-	}
-	bootCfg := filepath.Join(t.Dir, "rootfs-boot.json")
-	if err := imageConfig(bootCfg, []string{base}); err != nil {
-		return vmm.Drive{}, nil, err
-	}
-	rec := Record{ID: "template-" + t.ID, Dir: t.Dir, Gen: 1, RootfsImage: bootCfg}
-	dev, err := o.sd.Create(ctx, rpc.CreateParams{Image: bootCfg, Owner: rec.ID})
-	if err != nil {
-		return vmm.Drive{}, nil, fmt.Errorf("rootfs device: %w", err)
-	}
-	rec.Device, rec.HasDevice = dev.ID, true
-	finish := func(ctx context.Context, commit bool) error {
-		if !commit {
-			return o.sd.Delete(context.WithoutCancel(ctx), dev.ID)
-		}
-		if err := sealAndDelete(ctx, o.sd, &rec); err != nil {
-			_ = o.sd.Delete(context.WithoutCancel(ctx), dev.ID)
-			return err
-		}
-		t.RootfsImage = rec.RootfsImage
-		return nil
-	}
-	return vmm.Drive{ID: rootfsDrive, NBD: &vmm.NBDSource{Socket: dev.Socket, Export: dev.Export}}, finish, nil
 }

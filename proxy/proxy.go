@@ -31,6 +31,7 @@ import (
 
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/sandbox"
 )
 
 // Header names the SDK sets when E2B_SANDBOX_URL is used.
@@ -108,7 +109,7 @@ func (p *Proxy) stripControlPlane(h http.Header, port int) {
 	for _, k := range []string{HeaderSandboxID, HeaderSandboxPort, HeaderTrafficToken, "X-Api-Key", "Proxy-Authorization"} {
 		h.Del(k)
 	}
-	if port != orchestrator.AgentPort {
+	if port != sandbox.AgentPort {
 		h.Del("X-Access-Token") // the agent's credential, not an app's
 	}
 	if p.APIKey == "" {
@@ -225,7 +226,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadGateway, "sandbox "+t.id+" is not running")
 		return
 	}
-	if rec.TrafficToken != "" && t.port != orchestrator.AgentPort &&
+	if rec.TrafficToken != "" && t.port != sandbox.AgentPort &&
 		subtle.ConstantTimeCompare([]byte(r.Header.Get(HeaderTrafficToken)), []byte(rec.TrafficToken)) != 1 {
 		writeError(w, http.StatusForbidden, "sandbox "+t.id+" requires "+HeaderTrafficToken)
 		return

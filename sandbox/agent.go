@@ -1,4 +1,4 @@
-package orchestrator
+package sandbox
 
 import (
 	"bytes"
@@ -16,16 +16,18 @@ import (
 // AgentPort is the in-guest agent's port.
 const AgentPort = 49983
 
-func agentClient(slot *network.Slot, timeout time.Duration) *http.Client {
+// AgentClient is an HTTP client whose connections reach the agent of the
+// guest in slot (timeout 0: none).
+func AgentClient(slot *network.Slot, timeout time.Duration) *http.Client {
 	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return slot.DialGuest(ctx, "tcp", AgentPort)
 	}}
 	return &http.Client{Transport: tr, Timeout: timeout}
 }
 
-// waitAgent polls the agent's /health until it answers 2xx.
-func waitAgent(ctx context.Context, slot *network.Slot, limit time.Duration) error {
-	hc := agentClient(slot, 2*time.Second)
+// WaitAgent polls the agent's /health until it answers 2xx.
+func WaitAgent(ctx context.Context, slot *network.Slot, limit time.Duration) error {
+	hc := AgentClient(slot, 2*time.Second)
 	deadline := time.Now().Add(limit)
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/health", nil)
@@ -47,7 +49,8 @@ func waitAgent(ctx context.Context, slot *network.Slot, limit time.Duration) err
 	}
 }
 
-type initRequest struct {
+// InitRequest is the body of the agent's /init.
+type InitRequest struct {
 	EnvVars        map[string]string `json:"envVars,omitempty"`
 	AccessToken    *string           `json:"accessToken,omitempty"`
 	Timestamp      time.Time         `json:"timestamp"`
@@ -55,10 +58,10 @@ type initRequest struct {
 	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
 }
 
-// initAgent posts /init (env vars, access token, clock), retrying briefly
+// InitAgent posts /init (env vars, access token, clock), retrying briefly
 // while the restored guest's network settles.
-func initAgent(ctx context.Context, slot *network.Slot, held string, req initRequest) error {
-	hc := agentClient(slot, 5*time.Second)
+func InitAgent(ctx context.Context, slot *network.Slot, held string, req InitRequest) error {
+	hc := AgentClient(slot, 5*time.Second)
 	var last error
 	for attempt := 0; attempt < 100; attempt++ {
 		req.Timestamp = time.Now().UTC()

@@ -69,7 +69,7 @@ func TestExtentWriterLayer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := lsmt.NewStack([]*lsmt.Layer{lower, l}, nil)
+	st, err := lsmt.NewStackWith([]*lsmt.Layer{lower, l}, nil, lsmt.StackOptions{AllowReparent: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -72,7 +72,9 @@ func openStack(paths []string) (*lsmt.Stack, error) {
 		}
 		layers = append(layers, l)
 	}
-	st, err := lsmt.NewStack(layers, nil)
+	// Memory stacks are re-parented on purpose: Merge compacts runs in the
+	// middle of a chain, whose layers above keep their old parent UUID.
+	st, err := lsmt.NewStackWith(layers, nil, lsmt.StackOptions{AllowReparent: true})
 	if err != nil {
 		closeAll()
 		return nil, err

@@ -1,0 +1,90 @@
+package orchestrator
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Template files (the archives of COPY steps), stored by SHA-256.
+
+func validHash(h string) bool {
+	if len(h) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(h)
+	return err == nil && strings.ToLower(h) == h
+}
+
+func (o *Orchestrator) filesPath(hash string) string {
+	return filepath.Join(o.cfg.DataDir, "template-files", hash+".tar")
+}
+
+// TemplateFilesPresent reports whether the archive with hash was uploaded
+// (the template must exist).
+func (o *Orchestrator) TemplateFilesPresent(templateID, hash string) (bool, error) {
+	if !validHash(hash) {
+		return false, fmt.Errorf("files hash %q: want 64 lowercase hex characters: %w", hash, ErrInvalid)
+	}
+	if _, err := o.ResolveTemplate(templateID); err != nil {
+		return false, err
+	}
+	_, err := os.Stat(o.filesPath(hash))
+	return err == nil, nil
+}
+
+// PutTemplateFiles stores r (an archive, at most MaxTemplateFiles bytes) if
+// its SHA-256 equals hash; ErrInvalid otherwise.
+func (o *Orchestrator) PutTemplateFiles(ctx context.Context, templateID, hash string, r io.Reader) error {
+	if ok, err := o.TemplateFilesPresent(templateID, hash); err != nil || ok {
+		if ok {
+			_, _ = io.Copy(io.Discard, io.LimitReader(r, MaxTemplateFiles)) // already stored: content-addressed
+		}
+		return err
+	}
+	dst := o.filesPath(hash)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return fmt.Errorf("store template files %s: %w", hash, err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(dst), ".upload-*")
+	if err != nil {
+		return fmt.Errorf("store template files %s: %w", hash, err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(tmp, h), ctxReader{ctx, io.LimitReader(r, MaxTemplateFiles+1)})
+	if err != nil {
+		return fmt.Errorf("store template files %s: %w", hash, err)
+	}
+	if n > MaxTemplateFiles {
+		return fmt.Errorf("template files %s: larger than %d bytes: %w", hash, int64(MaxTemplateFiles), ErrInvalid)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != hash {
+		return fmt.Errorf("template files: the body's sha256 is %s, not %s: %w", got, hash, ErrInvalid)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("store template files %s: %w", hash, err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return fmt.Errorf("store template files %s: %w", hash, err)
+	}
+	return nil
+}
+
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(b []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(b)
+}

@@ -1,0 +1,274 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/storage/daemon/client"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	storimage "github.com/agentenv/agentenv/storage/image"
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// Root disks come from one backend, chosen once in New:
+//
+//   - daemonDisks (Options.Storage set): a template's rootfs is a stack of
+//     sealed layers; each VM gets an NBD export of those layers plus a
+//     fresh writable upper from aenv-storaged; a seal restacks the upper
+//     into a new layer and the sandbox's image config lists it on top;
+//   - fileDisks (no daemon): a sparse copy of the template's rootfs file
+//     per sandbox, fsynced on seal.
+type diskBackend interface {
+	name() string
+	// prepare gives a new sandbox rec its own disk from template t.
+	prepare(ctx context.Context, t *Template, rec *Record) error
+	// attach makes rec's disk available to a VM; a device it creates is
+	// returned for the record.
+	attach(ctx context.Context, rec Record) (vmm.Drive, device, error)
+	// detach releases a device attach created.
+	detach(ctx context.Context, owner string, d device)
+	// seal (vCPUs stopped, drives flushed) makes the disk's content as of
+	// now durable. It returns the image config rec's disk continues on
+	// ("" when it does not change).
+	seal(ctx context.Context, rec Record, name, message string) (string, error)
+	// copyInto puts the disk rec has now into the snapshot directory dir
+	// (shared layers are hard-linked) and fills r's disk fields.
+	copyInto(ctx context.Context, rec Record, dir string, r *SnapshotRecord) error
+	// templateDisk prepares the writable disk a template boots from (raw
+	// is its ext4 image); finish, once the VM stopped, commits it to t
+	// (commit) or cleans up.
+	templateDisk(ctx context.Context, t *Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error)
+	// warm keeps root disks of t ready (daemon only).
+	warm(ctx context.Context, t *Template)
+}
+
+// device is a storage-daemon device a VM's disk holds.
+type device struct {
+	ID  uint32
+	Has bool
+}
+
+// vmDisk is a sandbox's root disk as a VM bring-up sees it
+// (sandbox.Disk): attach records the device in the sandbox.
+type vmDisk struct {
+	o *Orchestrator
+	s *instance
+}
+
+func (d vmDisk) Attach(ctx context.Context) (vmm.Drive, error) {
+	d.s.mu.Lock()
+	rec := d.s.rec
+	d.s.mu.Unlock()
+	drive, dev, err := d.o.disks.attach(ctx, rec)
+	if err != nil {
+		return drive, err
+	}
+	d.s.mu.Lock()
+	d.s.rec.Device, d.s.rec.HasDevice = dev.ID, dev.Has
+	d.s.mu.Unlock()
+	return drive, nil
+}
+
+func (d vmDisk) Detach(ctx context.Context) { d.o.releaseDevice(ctx, d.s) }
+
+// releaseDevice releases the sandbox's device, if it has one.
+func (o *Orchestrator) releaseDevice(ctx context.Context, s *instance) {
+	s.mu.Lock()
+	dev, id := device{ID: s.rec.Device, Has: s.rec.HasDevice}, s.rec.ID
+	s.rec.Device, s.rec.HasDevice = 0, false
+	s.mu.Unlock()
+	if dev.Has {
+		o.disks.detach(ctx, id, dev)
+	}
+}
+
+// sealRootfs seals the sandbox's disk (see diskBackend.seal) and points the
+// record (in memory; the caller persists) at the config it continues on.
+func (o *Orchestrator) sealRootfs(ctx context.Context, s *instance) error {
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	cfg, err := o.disks.seal(ctx, rec, fmt.Sprintf("rootfs-%d", rec.Gen), "sandbox "+rec.ID)
+	if err != nil || cfg == "" {
+		return err
+	}
+	s.mu.Lock()
+	s.rec.RootfsImage = cfg
+	s.mu.Unlock()
+	return nil
+}
+
+// daemonDisks keeps root disks in aenv-storaged.
+type daemonDisks struct {
+	sd                *client.Client
+	poolLow, poolHigh int
+	log               *slog.Logger
+	warmed            map[string]bool // image configs given a warm pool; guarded by the orchestrator's matMu
+	o                 *Orchestrator
+}
+
+func (d *daemonDisks) name() string { return "storaged" }
+
+func (d *daemonDisks) prepare(_ context.Context, t *Template, rec *Record) error {
+	rec.RootfsImage = t.RootfsImage
+	return nil
+}
+
+func (d *daemonDisks) attach(ctx context.Context, rec Record) (vmm.Drive, device, error) {
+	dev, err := d.sd.Create(ctx, rpc.CreateParams{Image: rec.RootfsImage, Owner: rec.ID})
+	if errors.Is(err, rpc.ErrCapacity) {
+		return vmm.Drive{}, device{}, fmt.Errorf("rootfs device: %w: %w", err, ErrCapacity)
+	}
+	if err != nil {
+		return vmm.Drive{}, device{}, fmt.Errorf("rootfs device: %w", err)
+	}
+	return vmm.Drive{ID: rootfsDrive, NBD: &vmm.NBDSource{Socket: dev.Socket, Export: dev.Export}}, device{ID: dev.ID, Has: true}, nil
+}
+
+func (d *daemonDisks) detach(ctx context.Context, owner string, dev device) {
+	if err := d.sd.Delete(context.WithoutCancel(ctx), dev.ID); err != nil && !errors.Is(err, rpc.ErrNotFound) {
+		d.log.Warn("delete rootfs device (reclaimed at the next start)", "sandbox", owner, "device", dev.ID, "err", err)
+	}
+}
+
+func (d *daemonDisks) seal(ctx context.Context, rec Record, name, message string) (string, error) {
+	return sealDevice(ctx, d.sd, rec, name, message)
+}
+
+func (d *daemonDisks) copyInto(_ context.Context, rec Record, dir string, r *SnapshotRecord) error {
+	layers, err := layersOf(rec.RootfsImage)
+	if err != nil {
+		return err
+	}
+	snapLayers, err := adoptLayers(layers, rec.Dir, dir)
+	if err != nil {
+		return err
+	}
+	r.RootfsImage = filepath.Join(dir, "rootfs.json")
+	return imageConfig(r.RootfsImage, snapLayers)
+}
+
+func (d *daemonDisks) templateDisk(ctx context.Context, t *Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error) {
+	base := filepath.Join(t.Dir, "rootfs-0.lsmt")
+	if _, err := storimage.ImportRaw(ctx, raw, base, storimage.CommitOptions{Message: "guest rootfs " + raw}); err != nil {
+		return vmm.Drive{}, nil, err
+	}
+	bootCfg := filepath.Join(t.Dir, "rootfs-boot.json")
+	if err := imageConfig(bootCfg, []string{base}); err != nil {
+		return vmm.Drive{}, nil, err
+	}
+	rec := Record{ID: "template-" + t.ID, Dir: t.Dir, Gen: 1, RootfsImage: bootCfg}
+	drive, dev, err := d.attach(ctx, rec)
+	if err != nil {
+		return vmm.Drive{}, nil, err
+	}
+	rec.Device, rec.HasDevice = dev.ID, true
+	finish := func(ctx context.Context, commit bool) error {
+		if !commit {
+			d.detach(ctx, rec.ID, dev)
+			return nil
+		}
+		if err := sealAndDelete(ctx, d.sd, &rec); err != nil {
+			d.detach(ctx, rec.ID, dev)
+			return err
+		}
+		t.RootfsImage = rec.RootfsImage
+		return nil
+	}
+	return drive, finish, nil
+}
+
+func (d *daemonDisks) warm(ctx context.Context, t *Template) {
+	if t.RootfsImage == "" || d.poolHigh <= 0 {
+		return
+	}
+	d.o.matMu.Lock()
+	done := d.warmed[t.RootfsImage]
+	d.warmed[t.RootfsImage] = true
+	d.o.matMu.Unlock()
+	if done {
+		return
+	}
+	p := rpc.WarmParams{Image: t.RootfsImage, Low: d.poolLow, High: d.poolHigh}
+	if err := d.sd.Warm(ctx, p); err != nil {
+		d.o.matMu.Lock()
+		delete(d.warmed, t.RootfsImage)
+		d.o.matMu.Unlock()
+		d.log.Warn("storage warm pool", "template", t.ID, "err", err)
+	}
+}
+
+// fileDisks keeps each sandbox's root disk as a sparse file of its own.
+type fileDisks struct {
+	o *Orchestrator
+}
+
+func (fileDisks) name() string { return "files" }
+
+func (f fileDisks) prepare(ctx context.Context, t *Template, rec *Record) error {
+	rec.Rootfs = filepath.Join(rec.Dir, "rootfs.ext4")
+	return sparseCopy(ctx, t.Rootfs, rec.Rootfs)
+}
+
+func (f fileDisks) attach(_ context.Context, rec Record) (vmm.Drive, device, error) {
+	if _, err := os.Stat(rec.Rootfs); err != nil {
+		return vmm.Drive{}, device{}, fmt.Errorf("rootfs of %s: %w", rec.ID, err)
+	}
+	return vmm.Drive{ID: rootfsDrive, Path: rec.Rootfs}, device{}, nil
+}
+
+func (fileDisks) detach(context.Context, string, device) {}
+
+func (fileDisks) seal(_ context.Context, rec Record, _, _ string) (string, error) {
+	return "", atomicfile.SyncFile(rec.Rootfs)
+}
+
+func (fileDisks) copyInto(ctx context.Context, rec Record, dir string, r *SnapshotRecord) error {
+	r.Rootfs = filepath.Join(dir, "rootfs.ext4")
+	return sparseCopy(ctx, rec.Rootfs, r.Rootfs)
+}
+
+func (fileDisks) templateDisk(ctx context.Context, t *Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error) {
+	t.Rootfs = filepath.Join(t.Dir, "rootfs.ext4")
+	if err := sparseCopy(ctx, raw, t.Rootfs); err != nil {
+		return vmm.Drive{}, nil, err
+	}
+	return vmm.Drive{ID: rootfsDrive, Path: t.Rootfs}, func(context.Context, bool) error { return nil }, nil
+}
+
+func (fileDisks) warm(context.Context, *Template) {}
+
+// recordDisk is the root disk of a VM described by a bare record (a build
+// VM): attach records the device in rec, detach releases it unless a seal
+// already did.
+type recordDisk struct {
+	o   *Orchestrator
+	rec *Record
+}
+
+func (d *recordDisk) Attach(ctx context.Context) (vmm.Drive, error) {
+	drive, dev, err := d.o.disks.attach(ctx, *d.rec)
+	if err == nil {
+		d.rec.Device, d.rec.HasDevice = dev.ID, dev.Has
+	}
+	return drive, err
+}
+
+func (d *recordDisk) Detach(ctx context.Context) {
+	if d.rec.HasDevice {
+		d.o.disks.detach(ctx, d.rec.ID, device{ID: d.rec.Device, Has: true})
+		d.rec.Device, d.rec.HasDevice = 0, false
+	}
+}
+
+// preparedDisk is a drive its owner prepared and releases itself (a
+// template's boot disk: diskBackend.templateDisk's finish).
+type preparedDisk struct{ drive vmm.Drive }
+
+func (d preparedDisk) Attach(context.Context) (vmm.Drive, error) { return d.drive, nil }
+func (preparedDisk) Detach(context.Context)                      {}

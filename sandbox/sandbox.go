@@ -1,0 +1,284 @@
+// Package sandbox brings one VM of the node up and takes it down: the one
+// sequence every VM goes through, whether it is a sandbox being created or
+// resumed, a fork child, a template's first boot or a build VM.
+//
+// Start runs named stages in order, in the style of a handler list:
+//
+//	network  a slot (netns, veth, tap, NAT) and the sandbox's egress policy
+//	disk     the root drive from the node's disk backend (Disk.Attach)
+//	memory   the memory file a restore maps (Spec.Memory; restores only)
+//	vmm      the VMM restores the snapshot or cold-boots the kernel; Spec.Started
+//	         is told its machine before anything else happens (record its pid)
+//	agent    wait for the agent's /health, then /init (Spec.Init)
+//
+// Every stage that acquires something registers its undo on a cleanup stack
+// (the tap, the slot, the disk, the VMM); on any failure the stack runs
+// once, newest first, so nothing is left running or held. After each stage
+// Spec.Stage is called with its name (latency metrics, fault points); an
+// error from it aborts the start like a failing stage.
+//
+// Stop is the tear-down: the VMM, then the slot. The disk stays attached
+// until Detach, so a pause can seal it between the two.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// NICID is the guest network interface every VM gets.
+const NICID = "eth0"
+
+// Slots hands out network slots (network.Manager).
+type Slots interface {
+	Acquire(ctx context.Context) (*network.Slot, error)
+	Release(ctx context.Context, s *network.Slot) error
+}
+
+// Disk is a VM's root disk on the node's disk backend.
+type Disk interface {
+	// Attach makes the disk available and returns the VM's drive.
+	Attach(ctx context.Context) (vmm.Drive, error)
+	// Detach releases what Attach took (idempotent).
+	Detach(ctx context.Context)
+}
+
+// Deps are the node's parts a start uses.
+type Deps struct {
+	Driver vmm.Driver
+	Slots  Slots
+}
+
+// Spec describes one VM start.
+type Spec struct {
+	ID     string // the machine's id (the VMM names its process with it)
+	RunDir string
+	Policy network.Policy // zero: no egress policy beyond the defaults
+	Disk   Disk
+
+	// Restore is the VMM snapshot directory to restore; empty cold-boots Boot.
+	Restore string
+	// Memory returns the memory file to restore with ("": the snapshot's own).
+	Memory func(ctx context.Context) (string, error)
+	// Boot configures a cold boot: kernel, initrd, sizes and the kernel
+	// command line before the network arguments (drives and NICs are added).
+	Boot *vmm.Config
+
+	// AgentWait bounds the wait for the agent (default one minute).
+	AgentWait time.Duration
+	// Init, when set, is sent to the agent's /init with the token the
+	// guest holds (InitHeld).
+	Init     *InitRequest
+	InitHeld string
+
+	Stage   func(name string) error
+	Started func(m vmm.Machine) error
+}
+
+// VM is a started VM with what it holds.
+type VM struct {
+	Machine vmm.Machine
+	Slot    *network.Slot
+	Memory  string // the memory file it maps ("" for a cold boot or a whole snapshot)
+
+	deps Deps
+	disk Disk
+}
+
+// Start runs the stages; on failure nothing is left running or held.
+func Start(ctx context.Context, deps Deps, spec Spec) (_ *VM, err error) {
+	v := &VM{deps: deps, disk: spec.Disk}
+	var undo cleanup
+	defer func() {
+		if err != nil {
+			undo.run(context.WithoutCancel(ctx))
+		}
+	}()
+	stage := func(name string) error {
+		if spec.Stage == nil {
+			return nil
+		}
+		return spec.Stage(name)
+	}
+	tap, err := v.network(ctx, spec, &undo)
+	if err != nil {
+		return nil, err
+	}
+	defer tap.Close() // the VMM holds its own descriptor once it runs
+	if err := stage("network"); err != nil {
+		return nil, err
+	}
+	drive, err := spec.Disk.Attach(ctx)
+	if err != nil {
+		return nil, err
+	}
+	undo.add(spec.Disk.Detach)
+	if err := stage("storage"); err != nil {
+		return nil, err
+	}
+	if spec.Memory != nil {
+		if v.Memory, err = spec.Memory(ctx); err != nil {
+			return nil, err
+		}
+		if err := stage("memory"); err != nil {
+			return nil, err
+		}
+	}
+	if v.Machine, err = v.vmm(ctx, spec, drive, tap); err != nil {
+		return nil, err
+	}
+	undo.add(func(ctx context.Context) { _ = v.Machine.Stop(ctx) })
+	if spec.Started != nil {
+		if err := spec.Started(v.Machine); err != nil {
+			return nil, err
+		}
+	}
+	if err := stage("vmm_restore"); err != nil {
+		return nil, err
+	}
+	if err := v.agent(ctx, spec); err != nil {
+		return nil, err
+	}
+	if err := stage("agent"); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// network acquires a slot, sets the policy and opens the tap.
+func (v *VM) network(ctx context.Context, spec Spec, undo *cleanup) (*os.File, error) {
+	slot, err := v.deps.Slots.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("network slot: %w", err)
+	}
+	undo.add(func(ctx context.Context) { _ = v.deps.Slots.Release(ctx, slot) })
+	v.Slot = slot
+	if !isZeroPolicy(spec.Policy) {
+		if err := slot.SetPolicy(ctx, spec.Policy); err != nil {
+			return nil, fmt.Errorf("network policy: %w", err)
+		}
+	}
+	tap, err := slot.OpenTap()
+	if err != nil {
+		return nil, fmt.Errorf("tap: %w", err)
+	}
+	return tap, nil
+}
+
+func isZeroPolicy(p network.Policy) bool {
+	return !p.DenyInternet && len(p.AllowOut) == 0 && len(p.DenyOut) == 0
+}
+
+// vmm restores the snapshot or cold-boots the kernel.
+func (v *VM) vmm(ctx context.Context, spec Spec, drive vmm.Drive, tap *os.File) (vmm.Machine, error) {
+	nic := vmm.NIC{ID: NICID, MAC: v.Slot.Guest().MAC.String(), Tap: tap}
+	if spec.Restore != "" {
+		m, err := v.deps.Driver.Restore(ctx, vmm.RestoreConfig{
+			ID: spec.ID, SnapshotDir: spec.Restore, MemoryFile: v.Memory, RunDir: spec.RunDir,
+			Drives: []vmm.Drive{drive}, NICs: []vmm.NIC{nic},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		return m, nil
+	}
+	if spec.Boot == nil {
+		return nil, errors.New("start: neither a snapshot to restore nor a boot configuration")
+	}
+	cfg := *spec.Boot
+	g := v.Slot.Guest()
+	cfg.ID, cfg.RunDir = spec.ID, spec.RunDir
+	cfg.Cmdline = strings.TrimSpace(fmt.Sprintf("%s %s aenv.dns=%s", cfg.Cmdline, g.KernelIPArg(), g.Nameserver))
+	cfg.Drives, cfg.NICs = []vmm.Drive{drive}, []vmm.NIC{nic}
+	m, err := v.deps.Driver.Boot(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("boot: %w", err)
+	}
+	return m, nil
+}
+
+// agent waits for the guest's agent and initialises it.
+func (v *VM) agent(ctx context.Context, spec Spec) error {
+	wait := spec.AgentWait
+	if wait == 0 {
+		wait = time.Minute
+	}
+	if err := WaitAgent(ctx, v.Slot, wait); err != nil {
+		console, _ := os.ReadFile(v.Machine.Info().ConsoleLog)
+		return fmt.Errorf("%w (guest console: %s)", err, strings.TrimSpace(string(tail(console, 600))))
+	}
+	if spec.Init == nil {
+		return nil
+	}
+	return InitAgent(ctx, v.Slot, spec.InitHeld, *spec.Init)
+}
+
+// Stop stops the VMM and then releases the slot (its tap is gone with the
+// VMM). The disk stays attached: Detach releases it.
+func (v *VM) Stop(ctx context.Context) error {
+	ctx = context.WithoutCancel(ctx)
+	var err error
+	if v.Machine != nil {
+		if serr := v.Machine.Stop(ctx); serr != nil {
+			err = fmt.Errorf("stop vm: %w", serr)
+		}
+		v.Machine = nil
+	}
+	if v.Slot != nil {
+		if rerr := v.deps.Slots.Release(ctx, v.Slot); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("release slot: %w", rerr))
+		}
+		v.Slot = nil
+	}
+	return err
+}
+
+// Detach releases the disk.
+func (v *VM) Detach(ctx context.Context) {
+	if v.disk != nil {
+		v.disk.Detach(context.WithoutCancel(ctx))
+	}
+}
+
+// Close is Stop then Detach.
+func (v *VM) Close(ctx context.Context) error {
+	err := v.Stop(ctx)
+	v.Detach(ctx)
+	return err
+}
+
+// cleanup is an undo stack: every acquired resource registers how to give
+// it back, and run gives them back once, newest first.
+type cleanup struct {
+	fns []func(context.Context)
+}
+
+func (c *cleanup) add(f func(context.Context)) { c.fns = append(c.fns, f) }
+
+func (c *cleanup) run(ctx context.Context) {
+	for i := len(c.fns) - 1; i >= 0; i-- {
+		c.fns[i](ctx)
+	}
+	c.fns = nil
+}
+
+// tail returns the last n bytes of b.
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+// Adopt wraps a VM a previous node process started (taken over after a
+// restart) with its slot and disk, so it stops like any other.
+func Adopt(deps Deps, m vmm.Machine, slot *network.Slot, disk Disk) *VM {
+	return &VM{deps: deps, Machine: m, Slot: slot, disk: disk}
+}
