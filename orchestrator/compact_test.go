@@ -17,16 +17,26 @@ import (
 
 const compactSize = 1 << 20
 
-// writeLayer seals a layer of compactSize whose sector i*4096 holds fill
-// (data) or zeros (a zeroed extent hiding lower data) at each offset given.
-func writeLayer(t *testing.T, path string, data map[int64]byte, zeroed []int64) {
+// writeLayer seals a layer of compactSize on top of parent ("" for none)
+// whose sector i*4096 holds fill (data) or zeros (a zeroed extent hiding
+// lower data) at each offset given.
+func writeLayer(t *testing.T, path, parent string, data map[int64]byte, zeroed []int64) {
 	t.Helper()
+	opt := lsmt.SealOptions{VirtualSize: compactSize, Message: filepath.Base(path)}
+	if parent != "" {
+		l, err := lsmt.OpenLayerFile(parent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opt.Parent = l.UUID()
+		l.Close()
+	}
 	f, err := os.Create(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	x, err := lsmt.NewExtentWriter(f, lsmt.SealOptions{VirtualSize: compactSize, Message: filepath.Base(path)})
+	x, err := lsmt.NewExtentWriter(f, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +61,7 @@ func writeLayer(t *testing.T, path string, data map[int64]byte, zeroed []int64) 
 
 func readStack(t *testing.T, layers []string) []byte {
 	t.Helper()
-	im, err := image.OpenLayers(context.Background(), layers, image.Options{AllowReparent: true}) // the test layers are not chained
+	im, err := image.OpenLayers(context.Background(), layers, image.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,11 +94,11 @@ func TestCompactMergesOwnLayers(t *testing.T) {
 	}
 	chain := func(kind string) []string {
 		base := filepath.Join(tmpl, kind+"-0.lsmt")
-		writeLayer(t, base, map[int64]byte{0: 'b', 4096: 'b', 8192: 'b'}, nil)
+		writeLayer(t, base, "", map[int64]byte{0: 'b', 4096: 'b', 8192: 'b'}, nil)
 		out := []string{base}
 		for gen := 1; gen <= 5; gen++ {
 			p := filepath.Join(sbx, fmt.Sprintf("%s-%d.lsmt", kind, gen))
-			writeLayer(t, p, map[int64]byte{int64(gen) * 4096 * 10: byte('0' + gen), 4096: byte('0' + gen)}, []int64{8192})
+			writeLayer(t, p, out[len(out)-1], map[int64]byte{int64(gen) * 4096 * 10: byte('0' + gen), 4096: byte('0' + gen)}, []int64{8192})
 			out = append(out, p)
 		}
 		return out
