@@ -110,6 +110,9 @@ type daemonDisks struct {
 	log               *slog.Logger
 	warmed            map[string]bool // image configs given a warm pool; guarded by the orchestrator's matMu
 	o                 *Orchestrator
+	// kernelNBD attaches devices to /dev/nbdN too: for a VMM that opens
+	// disks by path (Firecracker), where the daemon can.
+	kernelNBD bool
 }
 
 func (d *daemonDisks) name() string { return "storaged" }
@@ -120,14 +123,17 @@ func (d *daemonDisks) prepare(_ context.Context, t *Template, rec *Record) error
 }
 
 func (d *daemonDisks) attach(ctx context.Context, rec Record) (vmm.Drive, device, error) {
-	dev, err := d.sd.Create(ctx, rpc.CreateParams{Image: rec.RootfsImage, Owner: rec.ID})
+	dev, err := d.sd.Create(ctx, rpc.CreateParams{Image: rec.RootfsImage, Owner: rec.ID, Kernel: d.kernelNBD})
 	if errors.Is(err, rpc.ErrCapacity) {
 		return vmm.Drive{}, device{}, fmt.Errorf("rootfs device: %w: %w", err, ErrCapacity)
 	}
 	if err != nil {
 		return vmm.Drive{}, device{}, fmt.Errorf("rootfs device: %w", err)
 	}
-	return vmm.Drive{ID: rootfsDrive, NBD: &vmm.NBDSource{Socket: dev.Socket, Export: dev.Export}}, device{ID: dev.ID, Has: true}, nil
+	// Both forms of the disk: the export's socket (QEMU connects to it) and,
+	// when attached, the kernel's block device (Firecracker opens a path).
+	drive := vmm.Drive{ID: rootfsDrive, Path: dev.BlockDevice, NBD: &vmm.NBDSource{Socket: dev.Socket, Export: dev.Export}}
+	return drive, device{ID: dev.ID, Has: true}, nil
 }
 
 func (d *daemonDisks) detach(ctx context.Context, owner string, dev device) {

@@ -236,8 +236,13 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 		sandboxes: map[string]*instance{}, templates: map[string]*Template{}}
 	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network}
 	if opts.Storage != nil {
-		o.disks = &daemonDisks{sd: opts.Storage, poolLow: opts.StoragePoolLow, poolHigh: opts.StoragePoolHigh,
+		dd := &daemonDisks{sd: opts.Storage, poolLow: opts.StoragePoolLow, poolHigh: opts.StoragePoolHigh,
 			log: o.log, warmed: map[string]bool{}, o: o}
+		if opts.Driver.Name() == "firecracker" {
+			f, err := opts.Storage.Features(ctx)
+			dd.kernelNBD = err == nil && f.KernelNBD
+		}
+		o.disks = dd
 	} else {
 		o.disks = fileDisks{o: o}
 	}

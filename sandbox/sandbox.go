@@ -178,11 +178,14 @@ func isZeroPolicy(p network.Policy) bool {
 
 // vmm restores the snapshot or cold-boots the kernel.
 func (v *VM) vmm(ctx context.Context, spec Spec, drive vmm.Drive, tap *os.File) (vmm.Machine, error) {
-	nic := vmm.NIC{ID: NICID, MAC: v.Slot.Guest().MAC.String(), Tap: tap}
+	// Both forms of the tap: the open descriptor (QEMU inherits it) and its
+	// name in the slot's namespace (Firecracker opens it there).
+	nic := vmm.NIC{ID: NICID, MAC: v.Slot.Guest().MAC.String(), Tap: tap, TapName: network.TapName}
+	netns := v.Slot.NetNSPath()
 	if spec.Restore != "" {
 		m, err := v.deps.Driver.Restore(ctx, vmm.RestoreConfig{
 			ID: spec.ID, SnapshotDir: spec.Restore, MemoryFile: v.Memory, RunDir: spec.RunDir,
-			Drives: []vmm.Drive{drive}, NICs: []vmm.NIC{nic},
+			Drives: []vmm.Drive{drive}, NICs: []vmm.NIC{nic}, NetNS: netns,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("restore: %w", err)
@@ -194,7 +197,7 @@ func (v *VM) vmm(ctx context.Context, spec Spec, drive vmm.Drive, tap *os.File) 
 	}
 	cfg := *spec.Boot
 	g := v.Slot.Guest()
-	cfg.ID, cfg.RunDir = spec.ID, spec.RunDir
+	cfg.ID, cfg.RunDir, cfg.NetNS = spec.ID, spec.RunDir, netns
 	cfg.Cmdline = strings.TrimSpace(fmt.Sprintf("%s %s aenv.dns=%s", cfg.Cmdline, g.KernelIPArg(), g.Nameserver))
 	cfg.Drives, cfg.NICs = []vmm.Drive{drive}, []vmm.NIC{nic}
 	m, err := v.deps.Driver.Boot(ctx, cfg)

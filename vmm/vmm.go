@@ -115,7 +115,10 @@ type Config struct {
 	NetNS string
 }
 
-// Drive is one virtio block device. Exactly one of Path and NBD is set.
+// Drive is one virtio block device: a path, an NBD export, or both forms
+// of one disk (an export attached to the kernel's NBD driver as Path), of
+// which each driver takes the one it can use (QEMU the export, Firecracker
+// the path).
 type Drive struct {
 	ID       string // stable device id ("rootfs", "data0")
 	Path     string // a regular file or block device on the host
@@ -138,7 +141,8 @@ type NIC struct {
 	// keeps ownership and may close it once Boot/Restore returned.
 	Tap *os.File
 	// TapName is the device name, for drivers that open taps by name
-	// (Firecracker). Used when Tap is nil.
+	// (Firecracker, in Config.NetNS). A node sets both forms; each driver
+	// takes the one it can use.
 	TapName string
 }
 
@@ -243,8 +247,6 @@ func CheckDevices(drives []Drive, nics []NIC) error {
 		}
 		seen[d.ID] = true
 		switch {
-		case d.Path != "" && d.NBD != nil:
-			return fmt.Errorf("vmm: drive %s: set Path or NBD, not both", d.ID)
 		case d.NBD != nil:
 			if err := mustExist("drive "+d.ID+" nbd socket", d.NBD.Socket); err != nil {
 				return err
