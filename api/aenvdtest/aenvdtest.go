@@ -55,6 +55,9 @@ type Options struct {
 	CIDRBase int
 	// Env adds AENVD_* overrides.
 	Env []string
+	// Source is a checkout of this module to build aenvd and aenv-storaged
+	// from (default: this one); benchmarks compare against an older commit.
+	Source string
 }
 
 // Start builds and starts aenvd and waits for /health (the first start on a
@@ -87,11 +90,16 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	}
 	// aenv-storaged goes next to aenvd, where aenvd looks for it.
 	args := []string{"build", "-o", work + "/"}
+	if opts.Source != "" {
+		args = []string{"build", "-C", opts.Source, "-o", work + "/"} // -C must come first
+	}
 	if os.Getenv("AENVDTEST_RACE") == "1" {
 		args = append(args, "-race") // a detected race makes the process exit 66
 	}
-	build := exec.CommandContext(ctx, "go", append(args,
-		"github.com/agentenv/agentenv/cmd/aenvd", "github.com/agentenv/agentenv/cmd/aenv-storaged")...)
+	build := exec.CommandContext(ctx, "go", append(args, "./cmd/aenvd", "./cmd/aenv-storaged")...)
+	if opts.Source == "" {
+		build.Dir = moduleRoot()
+	}
 	if out, err := build.CombinedOutput(); err != nil {
 		os.RemoveAll(work)
 		return nil, fmt.Errorf("build aenvd: %w\n%s", err, out)
@@ -301,4 +309,13 @@ func freePort() string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// moduleRoot is the directory of this module's go.mod.
+func moduleRoot() string {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "."
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
 }

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,16 +25,66 @@ const (
 
 var stages = []string{"storage", "network", "vmm_restore", "agent"}
 
+// baselineRef is the last commit before the node-core redesign (one VM
+// bring-up, durable transitions, the concurrent storage client); the
+// benchmark builds aenvd from it too and prints both. AENV_BENCH_BASELINE
+// names another commit, "none" skips it.
+const baselineRef = "da24e4f"
+
 // BenchmarkCreate: per-stage create latency, and throughput at 1 vs 10
-// concurrent creates.
+// concurrent creates, for this tree and for the baseline commit, in one run.
 func BenchmarkCreate(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("aenvd needs root")
 	}
 	guestassets.Get(b)
+	ref := os.Getenv("AENV_BENCH_BASELINE")
+	if ref == "" {
+		ref = baselineRef
+	}
+	type result struct{ total, c1, c10, ratio float64 }
+	results := map[string]result{}
+	for _, run := range []struct{ name, ref string }{{"this tree", ""}, {"baseline " + ref, ref}} {
+		if run.ref == "none" {
+			continue
+		}
+		src := ""
+		if run.ref != "" {
+			src = checkout(b, run.ref)
+		}
+		fmt.Printf("== aenvd from %s\n", run.name)
+		total, c1, c10, ratio := benchNode(b, src)
+		results[run.name] = result{total, c1, c10, ratio}
+	}
+	cur, okc := results["this tree"]
+	base, okb := results["baseline "+ref]
+	if okc && okb {
+		fmt.Printf("this tree vs baseline %s: create %.1f ms vs %.1f ms (%.2fx); 1 at a time %.2f/s vs %.2f/s; 10 at once %.2f/s vs %.2f/s; c10/c1 %.2fx vs %.2fx\n",
+			ref, cur.total, base.total, cur.total/base.total, cur.c1, base.c1, cur.c10, base.c10, cur.ratio, base.ratio)
+		b.ReportMetric(cur.total/base.total, "create-vs-baseline")
+	}
+}
+
+// checkout returns a work tree of ref (cached in the temp directory).
+func checkout(b *testing.B, ref string) string {
+	dir := filepath.Join(os.TempDir(), "aenv-baseline-"+ref)
+	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		return dir
+	}
+	out, err := exec.Command("git", "worktree", "add", "--detach", "-f", dir, ref).CombinedOutput()
+	if err != nil {
+		b.Fatalf("check out baseline %s: %v\n%s", ref, err, out)
+	}
+	return dir
+}
+
+// benchNode starts a node built from src ("" this tree) and measures it:
+// the median whole create in ms, creates/s one at a time and 10 at once
+// (last round), and the median c10/c1 ratio.
+func benchNode(b *testing.B, src string) (total, c1, c10, ratio float64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	n, err := aenvdtest.Start(ctx, aenvdtest.Options{Prefix: "adbench", CIDRBase: 83,
+	n, err := aenvdtest.Start(ctx, aenvdtest.Options{Prefix: "adbench", CIDRBase: 83, Source: src,
 		Env: []string{"AENVD_NETWORK_POOL_LOW=10", "AENVD_NETWORK_POOL_HIGH=12"}})
 	if err != nil {
 		b.Fatal(err)
@@ -65,25 +117,23 @@ func BenchmarkCreate(b *testing.B) {
 				name = "create (whole)"
 			}
 			fmt.Printf("  %-16s %8.1f ms  (%.0f%% of the create)\n", name, med, 100*med/(median(per["_total"])*1000))
-			b.ReportMetric(med, strings.TrimPrefix(st, "_")+"-ms")
 		}
+		total = median(per["_total"]) * 1000
 
 		// Throughput: one at a time (the creates' own time) vs 10 at once,
 		// in rounds; the ratio's median and spread.
 		var ratios []float64
-		var seqRate, concRate float64
 		for range rounds {
-			seqRate = float64(sequential) / sum(runSequential(b, n))
-			concRate = float64(concurrent) / runConcurrent(b, n).Seconds()
-			ratios = append(ratios, concRate/seqRate)
+			c1 = float64(sequential) / sum(runSequential(b, n))
+			c10 = float64(concurrent) / runConcurrent(b, n).Seconds()
+			ratios = append(ratios, c10/c1)
 		}
 		slices.Sort(ratios)
+		ratio = median(ratios)
 		fmt.Printf("create throughput: %.2f/s one at a time, %.2f/s with %d at once (last round); ratio median %.2fx [%.2f..%.2f] over %d rounds\n",
-			seqRate, concRate, concurrent, median(ratios), ratios[0], ratios[len(ratios)-1], rounds)
-		b.ReportMetric(seqRate, "creates/s-c1")
-		b.ReportMetric(concRate, "creates/s-c10")
-		b.ReportMetric(median(ratios), "c10/c1-throughput")
+			c1, c10, concurrent, ratio, ratios[0], ratios[len(ratios)-1], rounds)
 	}
+	return total, c1, c10, ratio
 }
 
 // rounds of the 1 vs 10 throughput comparison.
