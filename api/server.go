@@ -248,7 +248,7 @@ func (s *Server) timeout(w http.ResponseWriter, secs *int32) (time.Duration, boo
 
 func (s *Server) sandbox(rec orchestrator.Record) Sandbox {
 	out := Sandbox{SandboxID: rec.ID, TemplateID: rec.TemplateID, ClientID: clientID, EnvdVersion: rec.EnvdVersion, Alias: ptr(rec.TemplateID)}
-	if rec.AccessToken != "" {
+	if rec.Secure && rec.AccessToken != "" { // a non-secure sandbox's token stays between proxy and agent
 		out.EnvdAccessToken = ptr(rec.AccessToken)
 	}
 	if rec.TrafficToken != "" {
@@ -406,7 +406,7 @@ func (s *Server) GetSandbox(w http.ResponseWriter, r *http.Request, sandboxID Sa
 	if len(rec.Policy.DenyOut) > 0 {
 		d.Network.DenyOut = ptr(rec.Policy.DenyOut)
 	}
-	if rec.AccessToken != "" {
+	if rec.Secure && rec.AccessToken != "" {
 		d.EnvdAccessToken = ptr(rec.AccessToken)
 	}
 	if s.opts.Domain != "" {

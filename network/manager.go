@@ -215,6 +215,17 @@ func (m *Manager) Acquire(ctx context.Context) (*Slot, error) {
 	return s, nil
 }
 
+// Detach hands a slot in use over to the next process of the node: Shutdown
+// leaves its namespace, veth and tap in place (the VM using it runs on), and
+// the next manager takes it back through Config.Keep and Adopt. The slot
+// must not be used after.
+func (m *Manager) Detach(s *Slot) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.inUse, s)
+	m.metrics.setPool(len(m.pool), len(m.inUse))
+}
+
 // Release scrubs a slot (default policy, no resolved addresses, no
 // connection state) and returns it to the pool, or hands it to the worker
 // for destruction when the pool is at its high watermark. The caller must

@@ -111,10 +111,12 @@ func (o *Orchestrator) register(opts CreateOptions) (*instance, *Template, error
 		VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, DiskMiB: t.DiskMiB, EnvdVersion: t.EnvdVersion,
 		Dir: dir, Policy: opts.Policy, GuestToken: t.GuestToken,
 	}}
-	if opts.Secure {
-		if s.rec.AccessToken, err = randomHex(32); err != nil {
-			return nil, nil, err
-		}
+	// Every sandbox's agent gets an access token, so a packet that reached
+	// the agent around the proxy would still be refused. A secure sandbox's
+	// client holds it (E2B's envdAccessToken); otherwise only the proxy
+	// knows it and presents it.
+	if s.rec.AccessToken, err = randomHex(32); err != nil {
+		return nil, nil, err
 	}
 	if opts.PrivateTraffic {
 		if s.rec.TrafficToken, err = randomHex(32); err != nil {

@@ -315,6 +315,24 @@ func (o *Orchestrator) expire(id string) {
 	o.log.Info("sandbox timed out", "sandbox", id, "autoPause", rec.AutoPause)
 }
 
+// handOver leaves a running sandbox to the next start of the node: its VMM
+// runs on and its network slot survives the network manager's shutdown;
+// the record (running, with its slot and VMM) lets Recover re-adopt both.
+func (o *Orchestrator) handOver(id string) {
+	s, err := o.lockOp(id)
+	if err != nil {
+		return
+	}
+	defer s.op.Unlock()
+	s.mu.Lock()
+	slot := s.slot()
+	s.mu.Unlock()
+	if slot != nil {
+		o.nets.Detach(slot)
+	}
+	o.log.Info("sandbox left running for the next start", "sandbox", id)
+}
+
 func (o *Orchestrator) state(s *instance) State {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -323,16 +341,18 @@ func (o *Orchestrator) state(s *instance) State {
 
 // Shutdown pauses every running sandbox (pause true) or leaves them
 // running for the next start to re-adopt. It never kills one: a sandbox
-// whose pause fails runs on (and is counted and logged), paused ones stay
-// paused. Background work is waited for.
+// whose pause fails runs on with its slot handed over to the next start
+// (and is counted and logged); paused ones stay paused. Background work is
+// waited for.
 func (o *Orchestrator) Shutdown(ctx context.Context, pause bool) error {
 	defer o.Close()
-	if !pause {
-		return nil
-	}
 	var failed int
 	for _, r := range o.List() {
 		if r.State != Running {
+			continue
+		}
+		if !pause {
+			o.handOver(r.ID)
 			continue
 		}
 		err := o.Pause(ctx, r.ID)
@@ -341,6 +361,7 @@ func (o *Orchestrator) Shutdown(ctx context.Context, pause bool) error {
 			// paused, gone meanwhile, or no longer running (an auto-pause)
 		default:
 			failed++
+			o.handOver(r.ID)
 			o.log.Error("shutdown: pause failed; the sandbox is left running for the next start", "sandbox", r.ID, "err", err)
 		}
 	}

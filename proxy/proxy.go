@@ -93,6 +93,10 @@ func New(o Sandboxes, domain string, log *slog.Logger) *Proxy {
 			pr.Out.URL.Host = fmt.Sprintf("%s.%d.%d", t.id, gen, t.port)
 			pr.Out.Host = pr.In.Host
 			p.stripControlPlane(pr.Out.Header, t.port)
+			// A non-secure sandbox's agent token is the proxy's to present.
+			if rec, err := o.Get(t.id); err == nil && t.port == sandbox.AgentPort && !rec.Secure && rec.AccessToken != "" {
+				pr.Out.Header.Set("X-Access-Token", rec.AccessToken)
+			}
 			pr.SetXForwarded()
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

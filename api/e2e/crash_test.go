@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -303,13 +304,22 @@ func TestPauseFailureKeepsSandbox(t *testing.T) {
 		n.waitState(t, id, "running", time.Second)
 		n.checkData(t, id, data)
 	}
-	// Graceful shutdown with every pause failing.
-	n.Arm("orchestrator/pause/recorded", "error")
+	// Graceful shutdown with every pause failing: the sandbox is not
+	// killed; it runs on in the same VMM and the next start re-adopts it.
+	vmmBefore := processesMentioning(id)
+	if err := n.Arm("orchestrator/pause/recorded", "error"); err != nil {
+		t.Fatal(err)
+	}
 	if err := n.Stop(syscall.SIGTERM); err == nil {
-		t.Log("aenvd exited 0 although a pause failed")
+		t.Error("aenvd exited 0 although a pause failed at shutdown")
 	}
 	n.start(t)
-	n.resumeAndCheck(t, id, data)
+	n.waitState(t, id, "running", time.Second)
+	if after := processesMentioning(id); len(vmmBefore) == 0 || !slices.Equal(after, vmmBefore) {
+		t.Fatalf("VMM processes of %s before the graceful restart %v, after %v", id, vmmBefore, after)
+	}
+	n.checkData(t, id, data)
+	n.checkNoOrphans(t)
 }
 
 // storagedProcess returns the pid and command line of the node's storage
