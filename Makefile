@@ -13,7 +13,7 @@ build:
 # The whole suite: unit, conformance (real QEMU VMs) and end-to-end tests.
 # One package at a time: several packages boot a node server with VMs, and
 # on 2 cores (TCG) running them side by side starves guests and has shown
-# cross-node interference (see the session notes).
+# cross-node interference.
 test: build
 	$(GO) test -p 1 -count=1 -timeout 50m ./...
 	$(MAKE) test-race

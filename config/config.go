@@ -155,8 +155,9 @@ type Sandbox struct {
 	DefaultTimeout Duration `toml:"default_timeout" env:"AENVD_SANDBOX_DEFAULT_TIMEOUT"`
 	// MaxTimeout caps any requested timeout.
 	MaxTimeout Duration `toml:"max_timeout" env:"AENVD_SANDBOX_MAX_TIMEOUT"`
-	// PauseOnShutdown pauses running sandboxes on a graceful shutdown
-	// (otherwise they are killed).
+	// PauseOnShutdown pauses running sandboxes on a graceful shutdown;
+	// otherwise they keep running and the next start takes them over. A
+	// shutdown never kills a sandbox: one whose pause fails runs on too.
 	PauseOnShutdown bool `toml:"pause_on_shutdown" env:"AENVD_SANDBOX_PAUSE_ON_SHUTDOWN"`
 	// MaxLayers is the depth of a paused sandbox's memory or rootfs layer
 	// chain above which its own layers are merged in the background.

@@ -54,7 +54,7 @@ func TestE2BSDK(t *testing.T) {
 			}
 			out, err := run()
 			if err != nil && knownCutStream(out.String()) {
-				// Known node-side bug (session notes): an agent stream through
+				// Known node-side bug, cause not found yet: an agent stream through
 				// the proxy is rarely cut short ("use of closed network
 				// connection" upstream). Logged, then the scenario runs again.
 				t.Logf("KNOWN ISSUE: agent stream cut short with SDK %s; running the scenario again:\n%s", v.version, out.String())

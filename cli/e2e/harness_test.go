@@ -116,7 +116,7 @@ func (c *cli) runIn(stdin string, args ...string) result {
 	c.t.Helper()
 	r := c.runOnce(stdin, args...)
 	if r.code == 1 && strings.Contains(r.stderr, "protocol error: unexpected EOF") {
-		// Known node-side issue (see the session notes): an agent stream
+		// Known node-side issue, cause not found yet: an agent stream
 		// through the proxy is rarely cut short right after a create or
 		// resume. Not the CLI's doing; one retry keeps CI meaningful while
 		// it is investigated, and the log shows every occurrence.

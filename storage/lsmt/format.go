@@ -2,8 +2,8 @@
 // writable upper layers (log-structured data + index files, and the sparse
 // variant), stacks of layers read top-down, and the writers that commit an upper
 // or merge several sealed layers into a new sealed layer. The byte layout follows
-// /work/shared/spec/overlaybd-format.md so that files are interchangeable with
-// overlaybd's own tools. Every parser here treats its input as hostile: bad bytes
+// overlaybd's LSMT format so that files are interchangeable with overlaybd's own
+// tools. Every parser here treats its input as hostile: bad bytes
 // give an error that names the file and the field, never a panic.
 package lsmt
 

@@ -12,7 +12,7 @@ import (
 	"testing"
 )
 
-// Hand-built byte vectors from /work/shared/spec/overlaybd-format.md, written
+// Hand-built byte vectors from overlaybd's LSMT format description, written
 // out field by field rather than produced by our encoder.
 
 func unhex(t testing.TB, s string) []byte {

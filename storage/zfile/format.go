@@ -2,7 +2,7 @@
 // in fixed-size blocks (zstd via klauspost/compress, LZ4 via pierrec/lz4) with a
 // jump table of compressed lengths, optional per-block CRC32C and a CRC32C
 // digest of the header. It writes ZFiles and reads them with random access.
-// The layout follows /work/shared/spec/overlaybd-format.md; every parser treats
+// The layout follows overlaybd's ZFile format byte for byte; every parser treats
 // its input as hostile.
 package zfile
 
