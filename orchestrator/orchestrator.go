@@ -35,9 +35,11 @@
 // Fault points (failpoints.go) sit between the durable steps; the crash
 // matrix in api/e2e kills aenvd at each one and checks the sandbox.
 //
-// Root disks come from the storage daemon (layers + a fresh upper per
-// sandbox over NBD; pause seals the upper by restack) or, without a daemon,
-// from a sparse copy of the template's rootfs file per sandbox.
+// Every VM (a sandbox's create or resume, a fork child, a template's first
+// boot, a build VM) is brought up by package sandbox's one sequence of
+// stages. Root disks come from one backend chosen in New (disks.go): the
+// storage daemon (layers + a fresh upper per VM over NBD; a seal restacks
+// the upper into a layer) or a sparse copy of the template's rootfs file.
 package orchestrator
 
 import (
