@@ -188,6 +188,24 @@ func (e GetTemplateBuildStatusParamsLevel) Valid() bool {
 	}
 }
 
+// Defines values for ListSandboxesV2ParamsOrder.
+const (
+	Asc  ListSandboxesV2ParamsOrder = "asc"
+	Desc ListSandboxesV2ParamsOrder = "desc"
+)
+
+// Valid indicates whether the value is a known member of the ListSandboxesV2ParamsOrder enum.
+func (e ListSandboxesV2ParamsOrder) Valid() bool {
+	switch e {
+	case Asc:
+		return true
+	case Desc:
+		return true
+	default:
+		return false
+	}
+}
+
 // BuildLogEntry defines model for BuildLogEntry.
 type BuildLogEntry struct {
 	Level     BuildLogEntryLevel `json:"level"`
@@ -555,7 +573,22 @@ type ListSandboxesV2Params struct {
 	State     *string `form:"state,omitempty" json:"state,omitempty"`
 	NextToken *string `form:"nextToken,omitempty" json:"nextToken,omitempty"`
 	Limit     *int32  `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Order sort direction by start time, across pages; a nextToken is valid for the order it was made with
+	Order *ListSandboxesV2ParamsOrder `form:"order,omitempty" json:"order,omitempty"`
+
+	// StartedAfter RFC 3339 time: only sandboxes started at or after it
+	StartedAfter *string `form:"startedAfter,omitempty" json:"startedAfter,omitempty"`
+
+	// StartedBefore aenvd extension (E2B's API has no such filter), RFC 3339 time: only sandboxes started strictly before it
+	StartedBefore *string `form:"startedBefore,omitempty" json:"startedBefore,omitempty"`
+
+	// Template a template id or name: only sandboxes created from that template
+	Template *string `form:"template,omitempty" json:"template,omitempty"`
 }
+
+// ListSandboxesV2ParamsOrder defines parameters for ListSandboxesV2.
+type ListSandboxesV2ParamsOrder string
 
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = NewSandbox
@@ -1734,6 +1767,58 @@ func (siw *ServerInterfaceWrapper) ListSandboxesV2(w http.ResponseWriter, r *htt
 		return
 	}
 
+	// ------------- Optional query parameter "order" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "order", r.URL.Query(), &params.Order, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "order"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "order", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "startedAfter" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "startedAfter", r.URL.Query(), &params.StartedAfter, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "startedAfter"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "startedAfter", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "startedBefore" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "startedBefore", r.URL.Query(), &params.StartedBefore, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "startedBefore"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "startedBefore", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "template" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "template", r.URL.Query(), &params.Template, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "template"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "template", Err: err})
+		}
+		return
+	}
+
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListSandboxesV2(w, r, params)
 	}))
@@ -2069,66 +2154,69 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fzrbtu4l38VQrvAtIASp8lssXCxH9LbtmjTCeo0mEVbTGnp2OZEIlWSiuMN/O4LkrpRomTJkdvuH/Op",
-	"bsTLufMcnp907wUsThgFKoU3vfcSzHEMErj+n8A0nLO7ty/Vfwj1pl6C5crzPYpj8KaV577H4XtKOITe",
-	"VPIUfE8EK4ixmig3iR4sOaFLb7vdqsEiYVSA3uUV54yrHwGjEqhUP3GSRCTAkjA6+VswqqkpVvx3Dgtv",
-	"6v3bpCR+Yp6KiVlN7xKCCDhJ1CLe1MMUQfYsp05v/zwlUfieLV9RyTdaBpwlwCUx1EVwC5H6ATSNveln",
-	"L4R5uvR8j9AF83xvjTn1fM8s/dWvc+t7MQiBl+CQhO8JCYnzgSQxCIlj/XTBeIylN/VCLOFIPfIa+2yr",
-	"GvhcmV8S4Ge8lESy+d8QSLWfFsJMYpmKj4AzgdcEYUSU/Y9IiMUuXdii3Rb7Ys7xZk/Z1BjNV3Ax9YJR",
-	"CoGcGSttcqSExFJpiZhQeXaqhEYoiZXCT4qFCZWwBGM/jb0KI7a3CFioubNNEb6nOBJIrgC9ubq6REIL",
-	"3vObZNS37hJZTTJ6a79TQK8Zv/kIIo1kk3LIGerhbH4eCXaNz1XhFOF7IiSErdrCETEO27CUICJApYlS",
-	"zYdJ+oKl1K3lpnhDIm5m5H/h4nnPCUDDc9nXS9Xw2/AauCDGxRzRImZ803v3GCQOsdRREYchUQaGo0vb",
-	"zBvBpS55K847HBFzCYO4VAYNPY1hpscqsiBOIizBSUY9vpVjfesYKmyhSneupYo1VCRtKT2n3daUy3k+",
-	"wLrDViO2/kvpiVOQf+EgAFHVxZyxCDBVy+BUskucCmh/rFw07ivO82LCC0YXJDe6a2yO9P2NZBxToyDX",
-	"jN/0ZOaDGV1yIiBIeYuoOu3Hr0Z7OxoLCBgNneF3xynQYpFt1kJxIlbMEWtNOuWy+eY62YHStLcASwhf",
-	"XH7qGTmKKRctEefp7855A+NpwAFLeI1JlHJDa5899KRZqt2m9yzlxVdM4qg3L2rGJwFh7wkRw+H5LXC8",
-	"hCexHQ5ZOo8qsZCm8TwP0Uq+uwxe6dVoopwzjBkzZxA7lIVt3pLFVBB9CJ8Vg7PYn4pqxswBhxsVZjkm",
-	"VK3vSpNvOw7F2zjuQ8b1xUXDLTMWC7LKjcyyjiMhF3tNpLaBWcZTFZdvO6PL0ZoG3vCTry2uf1EYkx3D",
-	"VmyNOAjJOITo+kKgJUiVXxKODBOIxHgJwkeYhkiNjjHdoJAISWggs6eIp1QpSK8QY1U82HHGDGtuX6xT",
-	"3QwtSAR6nQRCNN9UV++Z62bBLjekAAcrOFLLer43j1hwcwR3CePSaVG8KGQcBuVgosZ8on5ji6M+VNfr",
-	"E5OFZ7T4uQQNCW1anlWdz9ZAolKFsGfwzTjqOVoq0+41tsZjvo2fU5ev1cafctTmGRYEptBuaCvk5Ba4",
-	"81GrjmskZkv42S4uwkzS1FF/dCdqYxaTY9dAIYsx0VKiaRRhdVBltzTO+uRch6UrdgNu79lVw3SXE7vS",
-	"NI4XCxLUaNhB9x7Vwa70vi2dbhbKVBEWuqyiQ7cvQWISDdGwrineZiXFeUdF8VPL4UGmNrhyfqhlRmQB",
-	"wSaI+hZT74vxP6s0f2i99E9lP7yyz8h/ncm9fqPX5j0xvjNR/snJSSXmP3GetTuKUQQ4WKFgRaIQReQW",
-	"HlqdGqo7mH1f9YzmwVdeQTTjDaNXJTd5qnZDoihPCBzZWY28yhbV9TrovQDJSeBQz8DyNElVDn8Z2BMW",
-	"EcPSVcwVJcDACrN/DTdk9RjiAYsP7ilUpnyi5K7XNh19CHsxy2Mraii5qoijIsiqDjrsw46E7gu6P4zJ",
-	"Fq2MtmhctCv0rMt0HpHgyqQpbo8IgW4GLr7dycqnJMxC72is9LuhHJebj7DgIFZNPsKUY5kd3O2x9eyp",
-	"FVyHJdSz/PAqbibqlYurjswmV4LcaG2kuqu0Br3s6vAtXbCHxzx91TDo1Dcn6nu8yRrDvdKfQdkSxXGt",
-	"sbjThDljciEGEbUjHcqlvEfhUlNmZamcNzubsdKcUiM1UdeYdJnGVbZQSykxVKjzlEThEGvSE1okNi+7",
-	"ylWv0382brfGRJpf+SVheyP98Ga+R/Nv1G7eHk6Q6NPIHbhFgtfUKbK2DKG7NE/1CTRAol2pfW43vTL3",
-	"jEu/sGnbZ0rCbJXYFtjlPedq3Y8ZKsVx69Yh5b2Lm2zRLrI0gOI1ieBTEjEcOgjjIDLITJOylEe7ScpX",
-	"2EmG++zpcv9DIEYithx6TBRXhDs3tgAwzlbGnqFrbxspvaToX2gJWMLdqbqP8D0FIa/POu6bahf6kHDQ",
-	"XYuGV/teKgCZliVNo2hXZO4uhDsjZDn19D/b4qXbBvBQK5GA4zbtdAt3JjGX16dN0S4YD1pK5gVn8du4",
-	"DfmknlaPddetd7h5EYftlzrtDyHp7405ETMJSb8kP5+RWVweUVstb6/0pCXcjHx67mNDD/Zyx0GXZ4+a",
-	"ni5Xn2WAuZqY+VA2dNvuDTY1WtM4263a/GUn5+ppk48c3EHkZqbMz1B/npB3sDlP5aqAoK4Ah7qVk4FQ",
-	"/zw6v3x79A42ZaTCepYBgZLs2LLj29UKUMCo5CxC55dvEVugb1ilDt98pBwBSzKPAK2JXKFXp89/E8ho",
-	"Rg8WDMkVltmD2ct3AqkCHaU0ZiFZEAiPv9BXt8A3BnGKMBVr4AJ9u/+iYXlfvCn6kp6cnAUV+J/+A/jo",
-	"Sw7Z06O84+PjL9722zFSQgAqM1TsFBk5oG8F/9+Ov1B9zSIjJYTzJVD56sM1oiwETfejV6fPj0ruHlea",
-	"4VPv5PjJ8Ym+zkuA4oR4U+/s+OT4TNfGcqW1MVkBjowqlqCjvbI0Tc/b0Jt6/w3yjRlRg/ienvze1IFc",
-	"ARLAb4EjIlCaWDbgTT9/Vf+fxPqiT1T2tFe55CwGuYJUoGyoUqZaW/P9qLjyRwWtwuhV+QwNNmhFhGRL",
-	"jmOhm+NCmkZ5wlgkfFR09h8fe36T34uMvAbDJzVEs4Q7OUmirDnSiY5uZVCtgeAuYUJ3E1B2YDrlprgX",
-	"rZp6T4T8oEfsJLwbit3rHNGgpeb50WBVrojQajPXTgucIVNdaxdUl4jvgu3JvYF9bLss9UPemX8A97uZ",
-	"djEJD+DRtyD6n52w/ALz0h+T/1XJzsL8tJrNrAJ1qdFiM5ry6AioinchuvmvW5RgwgX6mxFq4CAq4J0+",
-	"1Uh6b+p9T4FvSh6K7lkn1T/CeG1Ycg8rznEkooqK2kvTTDh08MJghzJ6jJJByOcs3IxnuyW2dWuf38qQ",
-	"tg2xPxltZ2tbx3lhHqM1Fii7Adg/VhQKmtwXV3Nbc8JEYFJvW/TvSBRVBb/rhLshUbQvgX5r4Gql4GRs",
-	"LWQghW5djBTHXPPKIZPy7rQWq6q6mwTmjY/6m0zDlm91PPt1ksN4Xm2TbfN1qQPo2aVhIrWTZcHsGcra",
-	"EwjuJNDQWPUPcvycFAPQGtnfJ4u8zT+6wbxm/Oaw1lJFKhwgUPc6HysvEfU4HBkFrchIogS4QTj4iFDE",
-	"uKpmHuEixOu6yRRQj8fWebOoaIuyZX7fnetQcofKFwlcGY2+l7HSmR7N9D32ARoO3OWHpFE2bqOHpQgc",
-	"JxEIZRK1jKqopxkFH0l8AxRRtn6GMDJtXPUAUUbh8a90OFWgXA+KNanDYA04wAYMHDbm2KiEXsGn5Q4A",
-	"lhyEQAmLSLBBRKhoYG6ZRvb6JEfvjh/qNTB4SGqY4Q1G5pAbcAWIw3CZYTd+yJmW40ScGZBDoNW8ZFyR",
-	"5si3MeRZ6atkNXldwmq3wwq4BnR3CviH5HUHSuhy7MWBnCCrv/OX+Q5XgOc7HFpBVWxRW6mXjUGPUoHn",
-	"ESAsUNnBQIxmxfjoiVoFWzW+JmdFlpdjuw4a0fJN9j0rBcgHiLfqFO13e8Uo9z1jPaWtAJrab+l892T9",
-	"zx7zIhITO48uJKKB1w/AZbeSCnfSvHTw028jbW/tkUXnGvURhTUIiRaEC/kM/Xn0Ae7kkWZLd/PN9ygU",
-	"qyjBSxjB1Cb3JQyu817tpf67FVJ3OYNZavy7tVYaTn5KwD1ck8BCKA5sFOShvzuYXBWjfoRjFICJPn2m",
-	"nDJ1co3QdCrWm2Rt+8m9/tHZf7KgZ4e0NzfGrcXwclYQpkjzYGLD4ewQF+zvZ4KT+zIR6RFkCjP5iUGm",
-	"nYbxlb5Lz4dTrIVwGUW7E42TEZP7DC+znZQAvV2yruD7+uU2EVuKPxYLlXQ5c42TwS9kHTadGbKl/gxY",
-	"dcv9vm324IynjwGX2NMWS9bG8JvQKBrQCI6ILREYbCRacBajUpeI0V/O4n3nYiUmbBzf0aiuyf0Ki1Wv",
-	"Y+m1Gu8dsO5swzg71LxegVwBL1E9K2yyVfOFCbZAGL344/J/kJCQoEcYScwR5sGK3AKab9DszfnR6X88",
-	"fWy+frFeAQckGUr1hmqh+P+JUSjtDbOI1vtixXpT132KXxZIkEdCcsCxre4iVs0JxXzjeCGgb4uqVsTo",
-	"75rsn5/dng7Ftlyf9jslesFUGl2cgMUxPhKgNpAQTvMGh198P6OlgST3qpj7la8/odz+NfE7hak8yzGW",
-	"Vq28XgFFMeOAOOhvHfgZJFVTUh26A+h3OFSQtt5/cEFjhIufBS85mAr/AZgcDmByezr0aiRT87/y5UhV",
-	"KN3lnMOvfsksu7WfIDG3C86DebHzDaReIfm0mV5pIaDsoyoPUPSZbf1dB1VO//XZjxBQ+f5bfxGNSkXz",
-	"dajd128hIlKY23pT4/ooe+UQLZiphTLFJRDsqTX7xQH7dZvPX7dft/8XAAD//w==",
+	"7Fzrbtu4l38VQrvAtIASp8lssetiP6Rpuw3adII6DWbRFlNaOrY5kUiVpJJ4A7/7ghfdKVly5Hbmj/kU",
+	"x+Ll3HkOz09+8AIWJ4wClcKbPngJ5jgGCVz/JzAN5+z+/JX6h1Bv6iVYrjzfozgGb1p67nscvqeEQ+hN",
+	"JU/B90SwghiriXKd6MGSE7r0NpuNGiwSRgXoXV5zzrj6EDAqgUr1ESdJRAIsCaOTPwWjmpp8xX/nsPCm",
+	"3r9NCuIn5qmYmNX0LiGIgJNELeJNPUwR2GcZdXr7lymJwvds+ZpKvtYy4CwBLomhLoJbiNQHoGnsTT97",
+	"IczTped7hC6Y53t3mFPP98zSX/06t74XgxB4CQ5J+J6QkDgfSBKDkDjWTxeMx1h6Uy/EEg7UI6+xz6as",
+	"gc+l+QUBvuWlIJLN/4RAqv20EGYSy1R8BGwFXhOEEZH9j0iIxTZdVEW7yffFnOP1jrKpMZqt4GLqjFEK",
+	"gZwZK21ypITEUlkRMaHy5FgJjVASK4Uf5QsTKmEJxn4ae+VGXN0iYKHmrmqK8D3FkUByBejt1dUlElrw",
+	"nt8ko751l8hqktFb+50CesP4zUcQaSSblEPGUA9n87NIsG18pgqnCN8TISFs1RaOiHHYhqUEEQEqTZRq",
+	"PkzSM5ZSt5ab4g2JuJmR/4OLlz0nAA1PZV8vVcNvw2vgghgXc0SLmPF1791jkDjEUkdFHIZEGRiOLqtm",
+	"3ggudclX4rzDETGXMIhLZdDQ0xhmeqwiC+IkwhKcZNTjWzHWrxxDuS2U6c60VLKGkqQrSs9or2rK5Twf",
+	"4K7DViN294fSE6cg/8BBAKKsizljEWCqlsGpZJc4FdD+WLlo3Fecp/mEM0YXJDO6a2yO9N2NZBxToyDv",
+	"GL/pycwHM7rgRECQ8hZRddqPX4721WgsIGA0dIbfLadAi0W2WQvFiVgxR6w16ZTL5pvr2AOlaW8BlhCe",
+	"XX7qGTnyKRctEef5r855A+NpwAFLeINJlHJDa5899KRZqt2m9yzlxVdM4qg3L2rGJwFh7wkRw+HpLXC8",
+	"hGdxNRyydB6VYiFN43kWopV8txm80qvRRDFnGDNmziB2KAvbvMXGVBB9CJ/lg23sT0U5Y+aAw7UKsxwT",
+	"qtZ3pcm3HYfibRz3IeP64qLhlpbFnKxiI7Os40jIxF4TadXAKsZTFpdfdUaXozUNvOEnX1tc/yI3pmoM",
+	"W7E7xEFIxiFE1xcCLUGq/JJwZJhAJMZLED7CNERqdIzpGoVESEIDaZ8inlKlIL1CjFXxUI0zZlhz+3yd",
+	"8mZoQSLQ6yQQovm6vHrPXNcGu8yQAhys4EAt6/nePGLBzQHcJ4xLp0XxvJBxGJSDiRrzifqMKxz1obpe",
+	"n5gs3NLiZxI0JLRpeVZ2vqoGEpUqhD2Dr+Wo52ipTLvX2BqP2TZ+Rl22Vht/ylGbZ1gQmEK7oa2Qk1vg",
+	"zketOq6RaJfw7S4uwkzS1FF/dCdqYxaTY9dAIYsx0VKiaRRhdVDZWxpnfXKqw9IVuwG392yrYbrLiW1p",
+	"GseLBQlqNGyhe4fqYFt635ZONwtlqggLXVbRodtXIDGJhmhY1xTntqQ47agofmo5PMjUBlfOj7XMiCwg",
+	"WAdR32LqfT7+Z5Xmj62X/qnsh1f2lvw3Vu71G70274nxvYnyz46OSjH/mfOs3VKMIsDBCgUrEoUoIrfw",
+	"2OrUUN3B7PuyZzQPvuIKohlvGL0quMlStRsSRVlC4MjOauSVtiiv10HvBUhOAod6BpanSapy+MugOmER",
+	"MSxdxVxeAgysMPvXcENWjyEesPjgnkJpyidK7ntt09GHqC5W8diSGgquSuIoCbKsgw77qEZC9wXdb8Zk",
+	"81ZGWzTO2xV61mU6j0hwZdIUt0eEQNcDF99sZeVTEtrQOxor/W4ox+XmIyw4iFWTjzDlWNqDuz22njyv",
+	"BNdhCfUsO7zym4l65eKqI+3kUpAbrY1Ud5XWoGevDs/pgj0+5umrhkGnvjlR3+O1bQz3Sn8GZUsUx7XG",
+	"4lYT5ozJhRhE1JZ0KJPyDoVLTZmlpTLeqtlMJc0pNFITdY1Jl2lc2YVaSomhQp2nJAqHWJOe0CKxedFV",
+	"Lnud/tq43R0m0nzKLgnbG+n7N/Mdmn+jdvN2cIJEn0buwC0SfEedImvLELpL81SfQAMk2pXaZ3bTK3O3",
+	"XPq5TVd9piCsqpKqBXZ5z6la96NFpThu3TqkvHNxYxftIksDKN6QCD4lEcOhgzAOwkJmmpSlPNpOUrbC",
+	"VjLcZ0+X++8DMRKx5dBjIr8i3LpxBQDjbGXsGLp2tpHCS/L+hZZARbhbVfcRvqcg5PVJx31T7UIfEg66",
+	"a9Hwat9LBSDTsqRpFG2LzN2FcGeELKYe/2dbvHTbAB5qJRJw3KadbuHOJOby+rgp2gXjQUvJvOAsPo/b",
+	"kE/qaflYd916h+uzOGy/1Gl/CEl/b8yImElI+iX52QxrcVlEbbW8ndKTlnAz8um5iw092ssdB12WPWp6",
+	"ulx9ZgFzNTHzoWzott1bbGq0pnG2W7X5Zivn6mmTjwzcQeR6pszPUH+akHewPk3lKoegrgCHupVjQai/",
+	"H5xenh+8g3URqbCeZUCgxB5b1fh2tQIUMCo5i9Dp5TliC/QNq9Thm4+UI2BJ5hGgOyJX6PXxy18EMprR",
+	"gwVDcoWlfTB79U4gVaCjlMYsJAsC4eEX+voW+NogThGm4g64QN8evmhY3hdvir6kR0cnQQn+p78AH33J",
+	"IHt6lHd4ePjF23w7REoIQKVFxU6RkQP6lvP/7fAL1dcsMlJCOF0Cla8/XCPKQtB0P3l9/PKg4O5pqRk+",
+	"9Y4Onx0e6eu8BChOiDf1Tg6PDk90bSxXWhuTFeDIqGIJOtorS9P0nIfe1PsfkG/NiBrE9/jo16YO5AqQ",
+	"AH4LHBGB0qRiA97081f1/yTWF32itGd1lUvOYpArSAWyQ5Uy1dqa7yf5lT/KaRVGr8pnaLBGKyIkW3Ic",
+	"C90cF9I0yhPGIuGjvLP/9NDzm/xeWPIaDB/VEM0S7uUkiWxzpBMd3cqgWgPBfcKE7iYge2A65aa4F62a",
+	"ek+E/KBHbCW8G4rd6xzRoKXm+dFgVa6I0Goz104LbJGprrVzqgvEd8725MHAPjZdlvoh68w/gvvtTLuY",
+	"hEfw6Fcg+p+dsPwc89Ifk/9Vya6C+Wk1m1kJ6lKjpcpoyqMDoCrehejmv29RggkX6E9GqIGDqIB3/Fwj",
+	"6b2p9z0Fvi54yLtnnVT/COOtwpJ7WHGGIxFlVNROmmbCoYMzgx2y9Bglg5AvWbgez3YLbOumen4rQ9o0",
+	"xP5stJ0r2zrOC/MY3WGB7A3A7rEiV9DkIb+a25gTJgKTeldF/45EUVnw2064GxJFuxLotwauVgqOxtaC",
+	"BSl062KkOOaaVwyZFHentVhV1t0kMG981N9kGrZ8q+NVXyfZj+fVNtk0X5fag55dGiZSO5kNZi+QbU8g",
+	"uJdAQ2PVP8jxM1IMQGtkf58ssjb/6AbzhvGb/VpLGamwh0Dd63wsvUTU43BkFLQiI4kS4Abh4CNCEeOq",
+	"mnmC8xCv6yZTQD0dW+fNoqItyhb5fXeuQ8k9Kl4kcGU0+l6mks70aKbvsA/QcOAuPySNquI2eliKwHES",
+	"gVAmUcuo8nqaUfCRxDdAEWV3LxBGpo2rHiDKKDz9Kx1OJSjXo2JN6jBYAw6oAgb2G3OqqIRewaflDgCW",
+	"HIRACYtIsEZEqGhgbplG9vokQ++OH+o1MHhIamjxBiNzyA24AsR+uLTYjR9ypmU4EWcG5BBoOS8ZV6QZ",
+	"8m0MeZb6KrYmr0tY7bZfAdeA7k4B/5C8bk8JXYa92JMT2Po7e5lvfwV4tsO+FVTGFrWVenYMepIKPI8A",
+	"YYGKDgZi1BbjoydqJWzV+Jqc5Vlehu3aa0TLNtn1rBQgHyHeslO03+3lo9z3jPWUtgRoar+l892T9Z8d",
+	"5kUkJtU8OpeIBl4/ApfdSircS/PSwU+/jax6a48sOtOojyjcgZBoQbiQL9DvBx/gXh5otnQ33/wehWIV",
+	"JXgJI5ja5KGAwXXeq73S31dC6jZnMEuNf7fWSsPRTwm4+2sSVBCKAxsFWejvDiZX+agf4Rg5YKJPnymj",
+	"TJ1cIzSd8vUmtm0/edAfOvtPFejZPu3NjXFrMbyMFYQp0jyY2LA/O8Q5+7uZ4OShSER6BJncTH5ikGmn",
+	"YXylb9Pz/hRbQbiMot2JxsmIyYPFy2wmBUBvm6xL+L5+uU3EluK3xUIlXc5c42jwC1n7TWeGbKl/Bqy8",
+	"5W6/bfbojKePARfY0xZL1sbwi9AoGtAIjogtERhsJFpwFqNCl4jRv5zF+87FCkzYOL6jUV2ThxUWq17H",
+	"0hs13ttj3dmGcXao+W4FcgW8QPWssMlWzS9MsAXC6Oy3y/9FQkKCnmAkMUeYBytyC2i+RrO3pwfH//H8",
+	"qfn1i7sVcECSoVRvqBaK/yZGobQ3zCJa74sV601d9yl+WSBBHgjJAcdVdeexak4o5mvHCwF9W1S1Ikb/",
+	"rsnu+dnt8VBsy/Vxv1OiF0yl0cUJWBzjAwFqAwnhNGtw+PnvZ7Q0kOROFXO/8vXnlNs1RTMuUUg4BBrf",
+	"Nl8j3TXTzWcf4YAzIXR1Kl4gjHK+EBHoFkckRAtmooTpJtrGcYxDA+VsEawe7GZR06ffKjEHJNb/6S9d",
+	"LzXX+fn45gydnJz8l2ZgihiN1gUsCNnX2BGWutm5kJrkrvYhhKdq1DBr07hW07cXSqpPDG719PJcx1HK",
+	"kEiDlYqlEvhTH/UjWu0XyGiN5rBgHLYS/lIPG0h5UY6QUMlILdmgyOKAzFGvgbmySLBdFJUe/92wZTnX",
+	"LzL8b+Ue524FFMVKHRz073D4Fi6tKSkP3QJC3R9iTUfWfzBrYxxlPwv6tDcV/gN+2h/46fZ46LWdVfO/",
+	"8sVdWSjdVw0Ov/pLVoCtvS51CldKrr15sfPtuF4h+biZ+mshZEnHIxR9UrX+roMqo//65EcIqHg3s7+I",
+	"RqWi+are9qvhEBEpTCfJ3L/4yL4Om2fgVnEJBDtqrfpSS/VVsM9fN183/x8AAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

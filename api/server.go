@@ -3,14 +3,12 @@ package api
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
@@ -274,111 +272,6 @@ func listed(rec orchestrator.Record) ListedSandbox {
 		DiskSizeMB: int32(rec.DiskMiB), Metadata: ptr(nonNil(rec.Metadata)), State: listedState(rec.State),
 		EnvdVersion: rec.EnvdVersion,
 	}
-}
-
-// parseMetadata reads E2B's metadata filter: "k=v&k2=v2" (itself url-encoded in the query).
-func parseMetadata(q *string) (map[string]string, error) {
-	if q == nil || *q == "" {
-		return nil, nil
-	}
-	vals, err := url.ParseQuery(*q)
-	if err != nil {
-		return nil, fmt.Errorf("metadata filter: %w", err)
-	}
-	out := map[string]string{}
-	for k, v := range vals {
-		out[k] = v[len(v)-1]
-	}
-	return out, nil
-}
-
-func matches(rec orchestrator.Record, md map[string]string) bool {
-	for k, v := range md {
-		if got, ok := rec.Metadata[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
-}
-
-// ListSandboxes implements ServerInterface: running sandboxes only.
-func (s *Server) ListSandboxes(w http.ResponseWriter, r *http.Request, params ListSandboxesParams) {
-	md, err := parseMetadata(params.Metadata)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	out := []ListedSandbox{}
-	for _, rec := range s.o.List() {
-		if rec.State != orchestrator.Starting && listedState(rec.State) == Running && matches(rec, md) {
-			out = append(out, listed(rec))
-		}
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-// ListSandboxesV2 implements ServerInterface: state filter and pagination.
-func (s *Server) ListSandboxesV2(w http.ResponseWriter, r *http.Request, params ListSandboxesV2Params) {
-	md, err := parseMetadata(params.Metadata)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	states := map[SandboxState]bool{Running: true, Paused: true}
-	if params.State != nil && *params.State != "" {
-		states = map[SandboxState]bool{}
-		for _, st := range strings.Split(*params.State, ",") {
-			st := SandboxState(strings.TrimSpace(st))
-			if !st.Valid() {
-				writeError(w, http.StatusBadRequest, fmt.Sprintf("state %q: want running or paused", st))
-				return
-			}
-			states[st] = true
-		}
-	}
-	limit := 100
-	if params.Limit != nil {
-		if *params.Limit < 1 || *params.Limit > 100 {
-			writeError(w, http.StatusBadRequest, "limit must be 1..100")
-			return
-		}
-		limit = int(*params.Limit)
-	}
-	after := ""
-	if params.NextToken != nil && *params.NextToken != "" {
-		b, err := base64.RawURLEncoding.DecodeString(*params.NextToken)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, "invalid nextToken")
-			return
-		}
-		after = string(b)
-	}
-	out := []ListedSandbox{}
-	var next string
-	for _, rec := range s.o.List() { // newest first; the cursor is a position in that order
-		if rec.State == orchestrator.Starting || !states[listedState(rec.State)] || !matches(rec, md) {
-			continue
-		}
-		key := cursor(rec)
-		if after != "" && key <= after {
-			continue
-		}
-		if len(out) == limit {
-			next = base64.RawURLEncoding.EncodeToString([]byte(cursor(orchestrator.Record{StartedAt: out[len(out)-1].StartedAt, ID: out[len(out)-1].SandboxID})))
-			break
-		}
-		out = append(out, listed(rec))
-	}
-	if next != "" {
-		w.Header().Set("X-Next-Token", next)
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-// cursor orders records as List does (newest first, then id) as
-// increasing strings.
-func cursor(rec orchestrator.Record) string {
-	return fmt.Sprintf("%020d:%s", int64(1<<62)-rec.StartedAt.UnixNano(), rec.ID)
 }
 
 // GetSandbox implements ServerInterface.
