@@ -144,33 +144,41 @@ func (o *Orchestrator) checkMemory(mib int) error {
 
 // unregister takes a sandbox that never started out of the registry.
 func (o *Orchestrator) unregister(s *instance) {
-	s.mu.Lock()
-	s.gone = true
-	s.mu.Unlock()
-	o.mu.Lock()
-	delete(o.sandboxes, s.rec.ID)
-	o.mu.Unlock()
+	o.unlist(s)
 	s.op.Unlock()
 }
 
 // abortCreate undoes a failed create (op held): whatever startVM left is
 // already released; the directory, the record and the registry entry go.
 func (o *Orchestrator) abortCreate(ctx context.Context, s *instance) {
+	if err := o.remove(ctx, s); err != nil {
+		o.log.Warn("clean up a failed create", "sandbox", s.rec.ID, "err", err)
+	}
+}
+
+// remove (op held) stops the sandbox's VM, releases its slot and device
+// and deletes its registry entry, directory and, last, its record.
+func (o *Orchestrator) remove(ctx context.Context, s *instance) error {
 	o.stopVM(ctx, s)
 	o.releaseDevice(ctx, s)
+	o.unlist(s)
+	if err := os.RemoveAll(s.rec.Dir); err != nil {
+		o.log.Warn("remove sandbox dir", "sandbox", s.rec.ID, "err", err)
+	}
+	if err := o.store.Delete(store.Sandboxes, s.rec.ID); err != nil {
+		return fmt.Errorf("remove record of sandbox %s: %w", s.rec.ID, err)
+	}
+	return nil
+}
+
+// unlist marks the sandbox gone and takes it out of the registry.
+func (o *Orchestrator) unlist(s *instance) {
 	s.mu.Lock()
 	s.gone = true
-	id, dir := s.rec.ID, s.rec.Dir
 	s.mu.Unlock()
 	o.mu.Lock()
-	delete(o.sandboxes, id)
+	delete(o.sandboxes, s.rec.ID)
 	o.mu.Unlock()
-	if err := os.RemoveAll(dir); err != nil {
-		o.log.Warn("remove directory of a failed create", "sandbox", id, "err", err)
-	}
-	if err := o.store.Delete(store.Sandboxes, id); err != nil {
-		o.log.Warn("remove record of a failed create", "sandbox", id, "err", err)
-	}
 }
 
 // startVM brings the sandbox's VM up from snapshotDir (op held): one

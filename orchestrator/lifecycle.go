@@ -10,7 +10,6 @@ import (
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/network"
-	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 )
 
@@ -35,19 +34,8 @@ func (o *Orchestrator) killLocked(ctx context.Context, s *instance) (err error) 
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
 	o.stopTimer(s)
-	o.stopVM(ctx, s)
-	o.releaseDevice(ctx, s)
-	s.mu.Lock()
-	s.gone = true
-	dir, tmpl := s.rec.Dir, s.rec.TemplateID
-	s.mu.Unlock()
-	o.mu.Lock()
-	delete(o.sandboxes, id)
-	o.mu.Unlock()
-	if err := os.RemoveAll(dir); err != nil {
-		o.log.Warn("remove sandbox dir", "sandbox", id, "err", err)
-	}
-	if err := o.store.Delete(store.Sandboxes, id); err != nil {
+	tmpl := s.rec.TemplateID
+	if err := o.remove(ctx, s); err != nil {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
 	o.log.Info("sandbox killed", "sandbox", id)
