@@ -434,3 +434,39 @@ func TestStoragedKill9(t *testing.T) {
 	}
 	n.checkNoOrphans(t)
 }
+
+// TestDeleteSeesStartingSandbox: a snapshot cannot be deleted while a
+// sandbox is still being created from it (the in-use check sees sandboxes
+// that are starting, not only those already running).
+func TestDeleteSeesStartingSandbox(t *testing.T) {
+	n := sharedNode(t)
+	src := n.create(t, `{"templateID":"base","timeout":120}`)
+	var snap snapshotJSON
+	if err := json.Unmarshal(n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+src+"/snapshots", n.key, `{}`), &snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Arm("orchestrator/create/recorded", "delay:4s"); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Arm("orchestrator/create/recorded", "")
+	created := make(chan string, 1)
+	go func() {
+		id, err := n.Create(`{"templateID":"` + snap.SnapshotID + `","timeout":120}`)
+		if err != nil {
+			t.Errorf("create from the snapshot: %v", err)
+		}
+		created <- id
+	}()
+	time.Sleep(1500 * time.Millisecond) // the create is past its registration, in the delay
+	n.expect(t, http.StatusConflict, "DELETE", "/snapshots/"+snap.SnapshotID, n.key, "")
+	id := <-created
+	if id == "" {
+		return
+	}
+	if got := n.sh(t, id, `echo ok`); got != "ok" {
+		t.Fatalf("sandbox from the snapshot: %q", got)
+	}
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+src, n.key, "")
+	n.expect(t, http.StatusNoContent, "DELETE", "/snapshots/"+snap.SnapshotID, n.key, "")
+}
