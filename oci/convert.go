@@ -289,13 +289,7 @@ func (p *Puller) buildTree(ctx context.Context, img *Image, tree string, opt Con
 		return nil, err
 	}
 	defer root.Close()
-	root.MaxBytes = opt.MaxBytes
-	if root.MaxBytes <= 0 {
-		root.MaxBytes = DefaultMaxBytes
-		if opt.SizeMiB > 0 {
-			root.MaxBytes = int64(opt.SizeMiB) << 20
-		}
-	}
+	setLimits(root, opt)
 	res := &Rootfs{}
 	for i, l := range img.Layers {
 		n, err := ApplyLayer(ctx, root, l)
@@ -308,6 +302,20 @@ func (p *Puller) buildTree(ctx context.Context, img *Image, tree string, opt Con
 		return nil, fmt.Errorf("oci: convert %s: %w", img.Ref, err)
 	}
 	return res, nil
+}
+
+// setLimits bounds what an image's layers may unpack into root: the bytes
+// (content, names, link targets and inodes of every entry kind) by
+// opt.MaxBytes or the filesystem size, entries, inodes and path lengths by
+// unpack's defaults.
+func setLimits(root *unpack.Root, opt ConvertOptions) {
+	root.MaxBytes = opt.MaxBytes
+	if root.MaxBytes <= 0 {
+		root.MaxBytes = DefaultMaxBytes
+		if opt.SizeMiB > 0 {
+			root.MaxBytes = int64(opt.SizeMiB) << 20
+		}
+	}
 }
 
 // ApplyLayer applies one cached layer to root, verifying its diff ID, and
@@ -370,7 +378,9 @@ func Inject(root *unpack.Root, opt ConvertOptions) error {
 	return addUser(root, DefaultUser)
 }
 
-// readLines reads an /etc database (missing is empty).
+// readLines reads an /etc database (missing is empty). Only a regular file
+// is read: anything else an image puts there (a FIFO, a device node) is an
+// error, never opened (see unpack.Root.ReadFile).
 func readLines(root *unpack.Root, path string) ([]string, error) {
 	b, err := root.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -444,7 +454,7 @@ func addUser(root *unpack.Root, user string) error {
 	if !ok {
 		uid = freeID(usedUIDs, 1000)
 		shell := "/bin/sh"
-		if _, err := root.ReadFile("/bin/bash"); err == nil {
+		if root.IsRegular("/bin/bash") {
 			shell = "/bin/bash"
 		}
 		passwd = append(passwd, fmt.Sprintf("%s:x:%d:%d::%s:%s", user, uid, gid, home, shell))

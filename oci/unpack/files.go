@@ -4,34 +4,85 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
 
-// ReadFile reads the regular file rel (resolved inside the root).
-func (r *Root) ReadFile(rel string) ([]byte, error) {
+// MaxReadFile bounds what ReadFile reads (an image's /etc/passwd is small;
+// a huge or sparse one must not be read into memory).
+const MaxReadFile = 16 << 20
+
+// openRegular opens rel (resolved inside the root) for reading only if it is
+// a regular file. The path is first opened O_PATH, which never opens the
+// file itself: a FIFO would block the open until a writer comes, and a
+// device node would have root open a host device. Only once fstat says
+// "regular" is that same inode reopened for reading, through its descriptor.
+func (r *Root) openRegular(rel string) (*os.File, unix.Stat_t, error) {
+	var st unix.Stat_t
 	clean, err := Clean(rel)
 	if err != nil {
+		return nil, st, err
+	}
+	pfd, err := r.openat2(clean, unix.O_PATH)
+	if err != nil {
+		return nil, st, &os.PathError{Op: "open", Path: rel, Err: err}
+	}
+	defer unix.Close(pfd)
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return nil, st, &os.PathError{Op: "stat", Path: rel, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, st, fmt.Errorf("%s: not a regular file (mode %#o)", rel, st.Mode&unix.S_IFMT)
+	}
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, st, &os.PathError{Op: "reopen", Path: rel, Err: err}
+	}
+	var again unix.Stat_t
+	if err := unix.Fstat(fd, &again); err != nil || again.Ino != st.Ino || again.Dev != st.Dev {
+		unix.Close(fd)
+		return nil, st, fmt.Errorf("%s: changed while opened", rel)
+	}
+	return os.NewFile(uintptr(fd), rel), st, nil
+}
+
+// ReadFile reads the regular file rel (resolved inside the root) of at most
+// MaxReadFile bytes; anything else (FIFO, device, socket, directory) is an
+// error and is never opened.
+func (r *Root) ReadFile(rel string) ([]byte, error) {
+	f, st, err := r.openRegular(rel)
+	if err != nil {
 		return nil, fmt.Errorf("unpack: read %q: %w", rel, err)
 	}
-	fd, err := r.openat2(clean, unix.O_RDONLY)
-	if err != nil {
-		return nil, fmt.Errorf("unpack: read %q: %w", rel, &os.PathError{Op: "open", Path: rel, Err: err})
-	}
-	f := os.NewFile(uintptr(fd), rel)
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("unpack: read %q: %w", rel, err)
+	if st.Size > MaxReadFile {
+		return nil, fmt.Errorf("unpack: read %q: %d bytes, larger than %d", rel, st.Size, MaxReadFile)
 	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("unpack: read %q: not a regular file", rel)
+	b, err := io.ReadAll(io.LimitReader(f, MaxReadFile+1))
+	if err == nil && len(b) > MaxReadFile {
+		err = fmt.Errorf("larger than %d bytes", MaxReadFile)
 	}
-	b, err := io.ReadAll(f)
 	if err != nil {
 		return nil, fmt.Errorf("unpack: read %q: %w", rel, err)
 	}
 	return b, nil
+}
+
+// IsRegular reports whether rel (resolved inside the root) is a regular
+// file, without opening it.
+func (r *Root) IsRegular(rel string) bool {
+	clean, err := Clean(rel)
+	if err != nil {
+		return false
+	}
+	fd, err := r.openat2(clean, unix.O_PATH)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	return unix.Fstat(fd, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG
 }
 
 // MkdirAll makes directory rel and its missing parents inside the root; the

@@ -64,15 +64,92 @@ func Clean(name string) (string, error) {
 	return p[1:], nil
 }
 
+// Defaults of the Root limits (a zero limit takes its default).
+const (
+	DefaultMaxBytes   = 64 << 30
+	DefaultMaxEntries = 1 << 22
+	DefaultMaxInodes  = 1 << 21
+	DefaultMaxPathLen = 4096 // PATH_MAX
+	// EntryCost is what every inode made costs against MaxBytes besides its
+	// names and content: about an ext4 inode, so a layer of millions of empty
+	// entries is bounded by bytes like a layer of big files.
+	EntryCost = 256
+)
+
+// ErrLimit reports a layer that goes past a limit of its Root.
+var ErrLimit = errors.New("image limit exceeded")
+
 // Root is a directory that layers are applied to.
+//
+// The limits bound everything all Apply calls on the root do together, for
+// entries of every kind, so a hostile image can fill neither the disk, nor
+// the inode table, nor the memory of what walks the tree afterwards
+// (mke2fs -d). Counts only grow: an inode a later whiteout removes still
+// counted.
 type Root struct {
 	fd   int // O_PATH directory
 	path string
-	// MaxBytes, when positive, bounds the regular-file bytes (sizes as the
-	// tar headers declare them, sparse holes included) all Apply calls on
-	// this root may write, so a hostile layer cannot fill the disk.
+	// MaxBytes bounds the bytes of the layers: regular-file sizes as the tar
+	// headers declare them (sparse holes included), plus every entry's name,
+	// link target and PAX records, plus EntryCost per inode made.
 	MaxBytes int64
-	written  int64
+	// MaxEntries bounds the tar entries of every kind (whiteouts, hard links
+	// and PAX global headers included).
+	MaxEntries int64
+	// MaxInodes bounds the inodes made: files, directories (those made for
+	// missing parents too), symbolic links, device nodes and FIFOs. Hard
+	// links make none.
+	MaxInodes int64
+	// MaxPathLen bounds the length of an entry's name and link target.
+	MaxPathLen int
+
+	written, entries, inodes int64
+}
+
+func orDefault[T int | int64](v, d T) T {
+	if v <= 0 {
+		return d
+	}
+	return v
+}
+
+// charge counts n bytes against MaxBytes.
+func (r *Root) charge(n int64, what string) error {
+	limit := orDefault(r.MaxBytes, DefaultMaxBytes)
+	if n < 0 || r.written+n > limit {
+		return fmt.Errorf("%w: %s of %d bytes exceeds the limit of %d bytes for the root (%d written)", ErrLimit, what, n, limit, r.written)
+	}
+	r.written += n
+	return nil
+}
+
+// newInode counts one inode about to be made.
+func (r *Root) newInode() error {
+	if limit := orDefault(r.MaxInodes, DefaultMaxInodes); r.inodes >= limit {
+		return fmt.Errorf("%w: more than %d inodes", ErrLimit, limit)
+	}
+	if err := r.charge(EntryCost, "an inode"); err != nil {
+		return err
+	}
+	r.inodes++
+	return nil
+}
+
+// count checks an entry's header against the limits before it is applied.
+func (r *Root) count(hdr *tar.Header) error {
+	if limit := orDefault(r.MaxEntries, DefaultMaxEntries); r.entries >= limit {
+		return fmt.Errorf("%w: more than %d entries", ErrLimit, limit)
+	}
+	r.entries++
+	limit := orDefault(r.MaxPathLen, DefaultMaxPathLen)
+	if len(hdr.Name) > limit || len(hdr.Linkname) > limit {
+		return fmt.Errorf("%w: path length %d (link target %d) over the limit of %d bytes", ErrLimit, len(hdr.Name), len(hdr.Linkname), limit)
+	}
+	n := int64(len(hdr.Name) + len(hdr.Linkname))
+	for k, v := range hdr.PAXRecords {
+		n += int64(len(k) + len(v))
+	}
+	return r.charge(n, "entry metadata")
 }
 
 // OpenRoot opens (creating it if needed) the directory dir as a Root.
@@ -137,6 +214,10 @@ func (r *Root) openDir(rel string, create bool, made func(string)) (int, error) 
 		if err == unix.ENOENT {
 			// parent is the resolved directory of the previous prefix, so
 			// mkdirat creates exactly the component that is missing.
+			if err := r.newInode(); err != nil {
+				unix.Close(parent)
+				return -1, err
+			}
 			merr := unix.Mkdirat(parent, c, 0o755)
 			if merr == unix.EEXIST {
 				// Only a dangling symbolic link exists yet does not open.
@@ -247,8 +328,11 @@ func (r *Root) Apply(ctx context.Context, tr io.Reader) (Stats, error) {
 		if err != nil {
 			return l.stats, fmt.Errorf("unpack: read tar header: %w", err)
 		}
+		if err := l.r.count(hdr); err != nil {
+			return l.stats, fmt.Errorf("unpack: tar entry %.200q: %w", hdr.Name, err)
+		}
 		if err := l.entry(hdr, rd); err != nil {
-			return l.stats, fmt.Errorf("unpack: tar entry %q: %w", hdr.Name, err)
+			return l.stats, fmt.Errorf("unpack: tar entry %.200q: %w", hdr.Name, err)
 		}
 		l.stats.Entries++
 	}
@@ -323,6 +407,9 @@ func (l *layer) entry(hdr *tar.Header, rd io.Reader) error {
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		if !exists || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			if err := l.r.newInode(); err != nil {
+				return err
+			}
 			if err := unix.Mkdirat(dirfd, base, 0o700); err != nil {
 				return fmt.Errorf("mkdir: %w", err)
 			}
@@ -338,10 +425,12 @@ func (l *layer) entry(hdr *tar.Header, rd io.Reader) error {
 		l.dirs = append(l.dirs, dirTime{rel: rel, atime: atime(hdr), mtime: hdr.ModTime})
 		return nil
 	case tar.TypeReg, '\x00':
-		if hdr.Size < 0 || (l.r.MaxBytes > 0 && l.r.written+hdr.Size > l.r.MaxBytes) {
-			return fmt.Errorf("file of %d bytes exceeds the limit of %d bytes for the root (%d written)", hdr.Size, l.r.MaxBytes, l.r.written)
+		if err := l.r.newInode(); err != nil {
+			return err
 		}
-		l.r.written += hdr.Size
+		if err := l.r.charge(hdr.Size, "file"); err != nil {
+			return err
+		}
 		fd, err := unix.Openat(dirfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err != nil {
 			return fmt.Errorf("create file: %w", err)
@@ -359,6 +448,9 @@ func (l *layer) entry(hdr *tar.Header, rd io.Reader) error {
 	case tar.TypeSymlink:
 		if hdr.Linkname == "" || strings.IndexByte(hdr.Linkname, 0) >= 0 {
 			return fmt.Errorf("invalid symlink target %q", hdr.Linkname)
+		}
+		if err := l.r.newInode(); err != nil {
+			return err
 		}
 		if err := unix.Symlinkat(hdr.Linkname, dirfd, base); err != nil {
 			return fmt.Errorf("symlink: %w", err)
@@ -400,6 +492,9 @@ func (l *layer) entry(hdr *tar.Header, rd io.Reader) error {
 			return fmt.Errorf("invalid device number %d:%d", hdr.Devmajor, hdr.Devminor)
 		}
 		dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
+		if err := l.r.newInode(); err != nil {
+			return err
+		}
 		if err := unix.Mknodat(dirfd, base, mode|0o600, int(dev)); err != nil {
 			return fmt.Errorf("mknod: %w", err)
 		}

@@ -246,11 +246,11 @@ func TestApplyMaxBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	r.MaxBytes = 10
-	if err := apply(t, r, []lt.Entry{lt.File("a", "123456", 0o644)}); err != nil {
+	r.MaxBytes = 2000 // file content plus names and EntryCost per inode
+	if err := apply(t, r, []lt.Entry{lt.File("a", strings.Repeat("x", 600), 0o644)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := apply(t, r, []lt.Entry{lt.File("b", "123456", 0o644)}); err == nil || !strings.Contains(err.Error(), "exceeds the limit") {
+	if err := apply(t, r, []lt.Entry{lt.File("b", strings.Repeat("x", 1200), 0o644)}); err == nil || !strings.Contains(err.Error(), "exceeds the limit") {
 		t.Fatalf("second layer over the limit: %v", err)
 	}
 	mustNotExist(t, filepath.Join(r.Path(), "b"))
