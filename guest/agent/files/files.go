@@ -47,11 +47,13 @@ func New(st *state.State, log *slog.Logger) *Handler {
 	return &Handler{st: st, log: log, now: time.Now}
 }
 
-// Entry is one element of the upload response.
+// Entry is one element of the upload response (E2B's EntryInfo).
 type Entry struct {
 	Path string `json:"path"`
 	Name string `json:"name"`
 	Type string `json:"type"`
+	// Metadata is the file's user metadata as the upload stored it.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // ServeHTTP dispatches on the method.
@@ -201,7 +203,11 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, err.Error())
 		return
 	}
-	md := metadata(r.Header)
+	md, err := metadata(r.Header)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	queryPath := r.URL.Query().Get("path")
 	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var entries []Entry
@@ -302,12 +308,16 @@ func (h *Handler) store(u *users.User, raw string, body io.Reader, md map[string
 	if err := fssvc.Chown(path, u); err != nil {
 		return Entry{}, err
 	}
-	if len(md) > 0 {
-		if err := fssvc.WriteMetadata(path, md); err != nil && !errors.Is(err, syscall.ENOTSUP) {
-			return Entry{}, err
-		}
+	e := Entry{Path: path, Name: filepath.Base(path), Type: "file"}
+	// The upload replaces the metadata the file had (O_TRUNC keeps xattrs).
+	switch err := fssvc.ReplaceMetadata(path, md); {
+	case errors.Is(err, syscall.ENOTSUP): // a filesystem without xattrs keeps none
+	case err != nil:
+		return Entry{}, err
+	case len(md) > 0:
+		e.Metadata = md
 	}
-	return Entry{Path: path, Name: filepath.Base(path), Type: "file"}, nil
+	return e, nil
 }
 
 // onlyWriter hides os.File's ReadFrom so that io.CopyBuffer uses our buffer
@@ -331,20 +341,53 @@ func decoded(body io.Reader, encoding string) (io.Reader, error) {
 	}
 }
 
-// metadata collects X-Metadata-<key> headers.
-func metadata(h http.Header) map[string]string {
+// Limits of E2B's agent on upload metadata: a key fills an xattr name
+// (255 bytes) with the prefix; all of a file's metadata, the prefix counted
+// per key, stays within a filesystem's per-inode xattr budget.
+const (
+	metadataHeader   = "X-Metadata-"
+	maxMetadataKey   = 255 - len(fssvc.MetadataXattrPrefix)
+	maxMetadataBytes = 4096
+)
+
+// metadata collects X-Metadata-<key> headers the way E2B's agent does: the
+// key lowercased, the first value of a repeated header; keys and values of
+// printable US-ASCII within the limits above, else a client error.
+func metadata(h http.Header) (map[string]string, error) {
 	var md map[string]string
+	total := 0
 	for k, v := range h {
-		key, ok := strings.CutPrefix(k, "X-Metadata-")
-		if !ok || key == "" || len(v) == 0 {
+		if len(k) <= len(metadataHeader) || !strings.EqualFold(k[:len(metadataHeader)], metadataHeader) || len(v) == 0 {
 			continue
+		}
+		key, val := strings.ToLower(k[len(metadataHeader):]), v[0]
+		if !printableASCII(key) || !printableASCII(val) {
+			return nil, fmt.Errorf("metadata %q: keys and values must be printable US-ASCII", key)
+		}
+		if len(key) > maxMetadataKey {
+			return nil, fmt.Errorf("metadata key %.32q...: longer than %d bytes", key, maxMetadataKey)
 		}
 		if md == nil {
 			md = map[string]string{}
 		}
-		md[strings.ToLower(key)] = v[0]
+		if _, dup := md[key]; dup {
+			continue
+		}
+		md[key] = val
+		if total += len(fssvc.MetadataXattrPrefix) + len(key) + len(val); total > maxMetadataBytes {
+			return nil, fmt.Errorf("metadata: more than %d bytes with the %q prefix of each key", maxMetadataBytes, fssvc.MetadataXattrPrefix)
+		}
 	}
-	return md
+	return md, nil
+}
+
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 type httpError struct {

@@ -167,21 +167,6 @@ func TestUploadAndDownload(t *testing.T) {
 			t.Fatalf("download %d %q", resp.StatusCode, b)
 		}
 	})
-	t.Run("metadata headers", func(t *testing.T) {
-		p := filepath.Join(dir, "meta.txt")
-		resp, b := postRaw(t, fileURL(srv, p), strings.NewReader("m"), "X-Metadata-Purpose", "test")
-		if resp.StatusCode != 200 {
-			t.Fatalf("status %d: %s", resp.StatusCode, b)
-		}
-		buf := make([]byte, 64)
-		n, err := syscall.Getxattr(p, "user.aenv.meta.purpose", buf)
-		if err != nil {
-			t.Skipf("no user xattrs here: %v", err)
-		}
-		if string(buf[:n]) != "test" {
-			t.Fatalf("xattr %q", buf[:n])
-		}
-	})
 	t.Run("download range, gzip, head", func(t *testing.T) {
 		p := filepath.Join(dir, "digits")
 		os.WriteFile(p, []byte("0123456789"), 0o644)

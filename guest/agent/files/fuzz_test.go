@@ -44,3 +44,29 @@ func FuzzUploadMultipart(f *testing.F) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// FuzzUploadMetadata sends an upload with an arbitrary X-Metadata-* header:
+// the handler answers 200 or 400, and what it stores is printable ASCII.
+func FuzzUploadMetadata(f *testing.F) {
+	f.Add("Purpose", "test")
+	f.Add("K", "caf\xc3\xa9")
+	f.Add(strings.Repeat("k", 247), "v")
+	f.Add("a", strings.Repeat("v", 5000))
+	f.Fuzz(func(t *testing.T, key, value string) {
+		dir := t.TempDir()
+		db := &users.DB{PasswdPath: filepath.Join(dir, "passwd"), GroupPath: filepath.Join(dir, "group")}
+		os.WriteFile(db.PasswdPath, []byte("tester:x:"+itoa(os.Getuid())+":"+itoa(os.Getgid())+"::"+dir+":/bin/sh\n"), 0o644)
+		h := files.New(state.New(db, "tester"), nil)
+		req := httptest.NewRequest(http.MethodPost, "/files?path="+url.QueryEscape(filepath.Join(dir, "t")), strings.NewReader("x"))
+		req.Header.Set("Content-Type", "application/octet-stream")
+		req.Header["X-Metadata-"+key] = []string{value}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != 200 && rec.Code != 400 {
+			t.Fatalf("status %d: %s", rec.Code, rec.Body)
+		}
+		if rec.Code == 200 && strings.ContainsFunc(rec.Body.String(), func(r rune) bool { return r < 0x20 && r != '\n' || r > 0x7e }) {
+			t.Fatalf("stored metadata is not printable ASCII: %q", rec.Body.String())
+		}
+	})
+}

@@ -17,8 +17,8 @@ import (
 )
 
 // MetadataXattrPrefix names the extended attributes that hold a file's user
-// metadata (the X-Metadata-* headers of an upload).
-const MetadataXattrPrefix = "user.aenv.meta."
+// metadata (the X-Metadata-* headers of an upload), E2B's namespace.
+const MetadataXattrPrefix = "user.e2b."
 
 // entryInfo describes path without following a final symlink.
 func entryInfo(db *users.DB, path string) (*fspb.EntryInfo, error) {
@@ -69,40 +69,93 @@ func fileType(m fs.FileMode) fspb.FileType {
 }
 
 // ReadMetadata returns the user metadata stored in path's extended
-// attributes, nil when there is none or the filesystem has no xattrs.
+// attributes (also ones set out-of-band), nil when there is none or the
+// filesystem has no xattrs.
 func ReadMetadata(path string) map[string]string {
-	buf := make([]byte, 4096)
-	n, err := syscall.Listxattr(path, buf)
-	if err != nil || n <= 0 {
+	names, err := metadataXattrs(path)
+	if err != nil {
 		return nil
 	}
 	var out map[string]string
-	for _, name := range strings.Split(string(buf[:n]), "\x00") {
-		key, ok := strings.CutPrefix(name, MetadataXattrPrefix)
-		if !ok || key == "" {
-			continue
-		}
-		val := make([]byte, 4096)
-		m, err := syscall.Getxattr(path, name, val)
+	for _, name := range names {
+		val, err := getXattr(path, name)
 		if err != nil {
-			continue
+			continue // removed meanwhile
 		}
 		if out == nil {
 			out = map[string]string{}
 		}
-		out[key] = string(val[:m])
+		out[strings.TrimPrefix(name, MetadataXattrPrefix)] = string(val)
 	}
 	return out
 }
 
-// WriteMetadata stores user metadata in path's extended attributes.
-func WriteMetadata(path string, md map[string]string) error {
+// ReplaceMetadata makes md the whole of path's user metadata: keys path has
+// and md lacks are removed (an empty md clears it all), as an upload in
+// E2B's agent does. On a filesystem without xattrs it fails with ENOTSUP
+// (syscall.ENOTSUP).
+func ReplaceMetadata(path string, md map[string]string) error {
+	names, err := metadataXattrs(path)
+	if err != nil {
+		return fmt.Errorf("list metadata of %s: %w", path, err)
+	}
+	for _, name := range names {
+		if _, keep := md[strings.TrimPrefix(name, MetadataXattrPrefix)]; keep {
+			continue
+		}
+		if err := syscall.Removexattr(path, name); err != nil && !errors.Is(err, syscall.ENODATA) {
+			return fmt.Errorf("remove metadata %q of %s: %w", name, path, err)
+		}
+	}
 	for k, v := range md {
 		if err := syscall.Setxattr(path, MetadataXattrPrefix+k, []byte(v), 0); err != nil {
 			return fmt.Errorf("set metadata %q on %s: %w", k, path, err)
 		}
 	}
 	return nil
+}
+
+// metadataXattrs lists path's extended attributes in the metadata namespace.
+func metadataXattrs(path string) ([]string, error) {
+	buf, err := sizedRead(func(b []byte) (int, error) { return syscall.Listxattr(path, b) })
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, name := range strings.Split(string(buf), "\x00") {
+		if key, ok := strings.CutPrefix(name, MetadataXattrPrefix); ok && key != "" {
+			out = append(out, name)
+		}
+	}
+	return out, nil
+}
+
+func getXattr(path, name string) ([]byte, error) {
+	return sizedRead(func(b []byte) (int, error) { return syscall.Getxattr(path, name, b) })
+}
+
+// sizedRead calls an xattr read first for its size, then with a buffer of
+// that size, again when the attribute grew in between (ERANGE).
+func sizedRead(read func([]byte) (int, error)) ([]byte, error) {
+	for range 4 {
+		n, err := read(nil)
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			return nil, nil
+		}
+		buf := make([]byte, n)
+		n, err = read(buf)
+		if errors.Is(err, syscall.ERANGE) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return buf[:n], nil
+	}
+	return nil, syscall.ERANGE
 }
 
 // Code maps a filesystem error to the Connect code E2B's SDKs branch on.

@@ -121,14 +121,12 @@ func (s *Service) Move(ctx context.Context, req *connect.Request[fspb.MoveReques
 	return connect.NewResponse(&fspb.MoveResponse{Entry: e}), nil
 }
 
-// Remove deletes a file or a whole directory tree.
+// Remove deletes a file or a whole directory tree. Like E2B's agent (a
+// remove-all) it succeeds when the path does not exist.
 func (s *Service) Remove(ctx context.Context, req *connect.Request[fspb.RemoveRequest]) (*connect.Response[fspb.RemoveResponse], error) {
 	_, path, err := s.resolve(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err
-	}
-	if _, err := os.Lstat(path); err != nil {
-		return nil, rpcError("remove", path, err)
 	}
 	if err := os.RemoveAll(path); err != nil {
 		return nil, rpcError("remove", path, err)

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"syscall"
 	"testing"
 	"time"
 
@@ -224,8 +225,11 @@ func TestMakeDirMoveRemove(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "x")); !os.IsNotExist(err) {
 		t.Fatalf("tree not removed: %v", err)
 	}
-	if _, err := c.Remove(ctxT(t), connect.NewRequest(&fspb.RemoveRequest{Path: filepath.Join(dir, "x")})); connect.CodeOf(err) != connect.CodeNotFound {
-		t.Fatalf("Remove of a missing path: %v, want not_found", err)
+	// E2B's agent removes with a remove-all: a missing path is no error.
+	for _, missing := range []string{filepath.Join(dir, "x"), filepath.Join(dir, "never", "was")} {
+		if _, err := c.Remove(ctxT(t), connect.NewRequest(&fspb.RemoveRequest{Path: missing})); err != nil {
+			t.Fatalf("Remove of the missing %s: %v, want success", missing, err)
+		}
 	}
 }
 
@@ -455,19 +459,27 @@ func TestPolledWatcher(t *testing.T) {
 	}
 }
 
+// TestMetadataXattrs: a file's metadata is its user.e2b.* extended
+// attributes, also ones set out-of-band, as E2B's agent keeps them.
 func TestMetadataXattrs(t *testing.T) {
 	t.Parallel()
 	_, c := setup(t)
 	p := filepath.Join(t.TempDir(), "m")
 	write(t, p, "x")
-	if err := fssvc.WriteMetadata(p, map[string]string{"k": "v"}); err != nil {
+	if err := syscall.Setxattr(p, "user.e2b.k", []byte("v"), 0); err != nil {
 		t.Skipf("filesystem without user xattrs: %v", err)
+	}
+	if err := syscall.Setxattr(p, "user.other.k2", []byte("not metadata"), 0); err != nil {
+		t.Fatal(err)
 	}
 	res, err := c.Stat(ctxT(t), connect.NewRequest(&fspb.StatRequest{Path: p}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Msg.GetEntry().GetMetadata()["k"] != "v" {
-		t.Fatalf("metadata %v", res.Msg.GetEntry().GetMetadata())
+	if md := res.Msg.GetEntry().GetMetadata(); len(md) != 1 || md["k"] != "v" {
+		t.Fatalf("metadata %v, want map[k:v]", md)
+	}
+	if fssvc.MetadataXattrPrefix != "user.e2b." {
+		t.Fatalf("metadata prefix %q, want E2B's user.e2b.", fssvc.MetadataXattrPrefix)
 	}
 }
