@@ -89,7 +89,7 @@ func OpenHTTP(ctx context.Context, url string, opt HTTPOptions) (*HTTP, error) {
 		opt.Retries = 3
 	}
 	h := &HTTP{url: url, opt: opt, ctx: ctx}
-	resp, err := h.get(0, 1)
+	resp, err := h.get(0, 1, -1)
 	if err != nil {
 		return nil, fmt.Errorf("open blob %s: %w", url, err)
 	}
@@ -102,21 +102,89 @@ func OpenHTTP(ctx context.Context, url string, opt HTTPOptions) (*HTTP, error) {
 	return h, nil
 }
 
-// totalSize parses "bytes a-b/N".
+// totalSize parses "bytes a-b/N" and returns N.
 func totalSize(cr string) (int64, error) {
-	i := strings.LastIndexByte(cr, '/')
-	if !strings.HasPrefix(cr, "bytes ") || i < 0 {
-		return 0, fmt.Errorf("bad Content-Range %q", cr)
+	_, _, n, err := contentRange(cr)
+	if err != nil {
+		return 0, err
 	}
-	n, err := strconv.ParseInt(cr[i+1:], 10, 64)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("bad Content-Range %q (unknown total size?)", cr)
+	if n < 0 {
+		return 0, fmt.Errorf("bad Content-Range %q (unknown total size)", cr)
 	}
 	return n, nil
 }
 
-// get requests [off, off+n) and returns a 206 response.
-func (h *HTTP) get(off, n int64) (*http.Response, error) {
+// contentRange parses the Content-Range of a 206 answer, "bytes
+// first-last/total" (RFC 9110 14.4), total -1 for "*". Numbers are plain
+// decimal digits that fit an int64, and first <= last < total.
+func contentRange(cr string) (first, last, total int64, err error) {
+	bad := fmt.Errorf("bad Content-Range %q", cr)
+	rest, ok := strings.CutPrefix(cr, "bytes ")
+	if !ok {
+		return 0, 0, 0, bad
+	}
+	rng, tot, ok := strings.Cut(rest, "/")
+	if !ok {
+		return 0, 0, 0, bad
+	}
+	f, l, ok := strings.Cut(rng, "-")
+	if !ok {
+		return 0, 0, 0, bad
+	}
+	if first, ok = decimal(f); !ok {
+		return 0, 0, 0, bad
+	}
+	if last, ok = decimal(l); !ok || last < first {
+		return 0, 0, 0, bad
+	}
+	total = -1
+	if tot != "*" {
+		if total, ok = decimal(tot); !ok || last >= total {
+			return 0, 0, 0, bad
+		}
+	}
+	return first, last, total, nil
+}
+
+// decimal parses a non-empty string of ASCII digits (no sign, no spaces)
+// that fits an int64.
+func decimal(s string) (int64, bool) {
+	if s == "" {
+		return 0, false
+	}
+	for _, c := range []byte(s) {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
+}
+
+// checkRange checks that a 206 answer carries the range [off, off+n) of a
+// blob of size total (any size when total < 0): a server (or anything on
+// the way) answering with other bytes is an error, not data.
+func checkRange(resp *http.Response, off, n, total int64) error {
+	cr := resp.Header.Get("Content-Range")
+	first, last, size, err := contentRange(cr)
+	if err != nil {
+		return err
+	}
+	if first != off || last != off+n-1 {
+		return fmt.Errorf("Content-Range %q answers another range than bytes=%d-%d", cr, off, off+n-1)
+	}
+	if total >= 0 && size != total {
+		return fmt.Errorf("Content-Range %q: the blob is no longer %d bytes", cr, total)
+	}
+	if size < 0 {
+		return fmt.Errorf("bad Content-Range %q (unknown total size)", cr)
+	}
+	return nil
+}
+
+// get requests [off, off+n) of a blob of size total (any when < 0) and
+// returns a 206 response whose Content-Range says it holds exactly that.
+func (h *HTTP) get(off, n, total int64) (*http.Response, error) {
 	var last error
 	for attempt := 0; attempt < h.opt.Retries; attempt++ {
 		if attempt > 0 {
@@ -156,6 +224,10 @@ func (h *HTTP) get(off, n int64) (*http.Response, error) {
 		}
 		switch {
 		case resp.StatusCode == http.StatusPartialContent:
+			if err := checkRange(resp, off, n, total); err != nil {
+				resp.Body.Close()
+				return nil, err
+			}
 			return resp, nil
 		case resp.StatusCode == http.StatusOK:
 			resp.Body.Close()
@@ -261,7 +333,7 @@ func (h *HTTP) ReadAt(p []byte, off int64) (int, error) {
 	if len(p) == 0 {
 		return 0, eof
 	}
-	resp, err := h.get(off, int64(len(p)))
+	resp, err := h.get(off, int64(len(p)), h.size)
 	if err != nil {
 		return 0, fmt.Errorf("read blob %s [%d,+%d): %w", h.url, off, len(p), err)
 	}

@@ -3,6 +3,7 @@ package blob
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -230,5 +231,72 @@ func TestRegistryTokenFlow(t *testing.T) {
 	}
 	if p, ok := parseBearer(`Basic realm="x"`); ok {
 		t.Fatalf("parsed a Basic challenge as Bearer: %v", p)
+	}
+}
+
+// lyingServer answers range requests with 206 and the bytes of data, but
+// with what lie does to the Content-Range and the offset served.
+func lyingServer(t *testing.T, data []byte, lie func(first, last int64) (cr string, from int64)) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var first, last int64
+		if _, err := fmt.Sscanf(r.Header.Get("Range"), "bytes=%d-%d", &first, &last); err != nil {
+			http.Error(w, "bad range", http.StatusBadRequest)
+			return
+		}
+		cr, from := fmt.Sprintf("bytes %d-%d/%d", first, last, len(data)), first
+		if first > 0 { // the probe of OpenHTTP is answered truthfully
+			cr, from = lie(first, last)
+		}
+		if cr != "" {
+			w.Header().Set("Content-Range", cr)
+		}
+		w.WriteHeader(http.StatusPartialContent)
+		w.Write(data[from:min(int64(len(data)), from+last-first+1)])
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestReadAtChecksContentRange: a 206 answer is used only if its
+// Content-Range is the range asked for, of a blob of the size it had when
+// opened; anything else is an error, never bytes of another offset.
+func TestReadAtChecksContentRange(t *testing.T) {
+	t.Parallel()
+	data := content(1000)
+	ctx := context.Background()
+	for name, lie := range map[string]func(first, last int64) (string, int64){
+		"other offset": func(first, last int64) (string, int64) {
+			return fmt.Sprintf("bytes 0-%d/1000", last-first), 0
+		},
+		"shorter": func(first, last int64) (string, int64) {
+			return fmt.Sprintf("bytes %d-%d/1000", first, first+(last-first)/2), first
+		},
+		"other total":   func(first, last int64) (string, int64) { return fmt.Sprintf("bytes %d-%d/2000", first, last), first },
+		"unknown total": func(first, last int64) (string, int64) { return fmt.Sprintf("bytes %d-%d/*", first, last), first },
+		"missing":       func(first, last int64) (string, int64) { return "", first },
+		"signed":        func(first, last int64) (string, int64) { return fmt.Sprintf("bytes +%d-%d/1000", first, last), first },
+		"past the end":  func(first, last int64) (string, int64) { return fmt.Sprintf("bytes %d-1000/1000", first), first },
+	} {
+		srv := lyingServer(t, data, lie)
+		h, err := OpenHTTP(ctx, srv.URL, HTTPOptions{Retries: 1})
+		if err != nil {
+			t.Fatalf("%s: open: %v", name, err)
+		}
+		p := make([]byte, 100)
+		if n, err := h.ReadAt(p, 500); err == nil || !strings.Contains(err.Error(), "Content-Range") {
+			t.Errorf("%s: ReadAt = %d, %v; want a Content-Range error", name, n, err)
+		}
+	}
+	// The truthful server still works.
+	srv := lyingServer(t, data, func(first, last int64) (string, int64) {
+		return fmt.Sprintf("bytes %d-%d/1000", first, last), first
+	})
+	h, err := OpenHTTP(ctx, srv.URL, HTTPOptions{Retries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 100)
+	if n, err := h.ReadAt(p, 500); err != nil || n != 100 || !bytes.Equal(p, data[500:600]) {
+		t.Errorf("truthful server: %d, %v", n, err)
 	}
 }
