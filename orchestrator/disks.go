@@ -105,7 +105,7 @@ func (o *Orchestrator) sealRootfs(ctx context.Context, s *instance) error {
 
 // daemonDisks keeps root disks in aenv-storaged.
 type daemonDisks struct {
-	sd                *client.Client
+	sd                client.Devices
 	poolLow, poolHigh int
 	log               *slog.Logger
 	warmed            map[string]bool // image configs given a warm pool; guarded by the orchestrator's matMu

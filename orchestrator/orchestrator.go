@@ -151,7 +151,7 @@ type Options struct {
 	Store   *store.Store
 	// Storage is the storage daemon serving root disks; nil uses a sparse
 	// copy of the template's rootfs file per sandbox.
-	Storage *client.Client
+	Storage client.Devices
 	// StoragePoolLow and StoragePoolHigh are the watermarks of the daemon's
 	// warm pool of root disks per template (zero: no pool).
 	StoragePoolLow, StoragePoolHigh int
@@ -174,7 +174,7 @@ type Orchestrator struct {
 	drv   vmm.Driver
 	nets  *network.Manager
 	store *store.Store
-	sd    *client.Client
+	sd    client.Devices
 	log   *slog.Logger
 	m     *metrics
 

@@ -44,7 +44,7 @@ func (r *Recovered) Slots() []int {
 type recovery struct {
 	drv     vmm.Driver
 	st      *store.Store
-	sd      *client.Client
+	sd      client.Devices
 	log     *slog.Logger
 	dataDir string
 }
@@ -65,7 +65,7 @@ type recovery struct {
 // Then every VMM process under the data directory that no record owns is
 // killed, and (daemon mode) every device no record holds is deleted.
 // Sandboxes whose VMM is gone while running are dropped.
-func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, sd *client.Client, dataDir string, log *slog.Logger) (*Recovered, error) {
+func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, sd client.Devices, dataDir string, log *slog.Logger) (*Recovered, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -146,7 +146,7 @@ func (rc *recovery) tidyPaused(ctx context.Context, r Record) error {
 }
 
 // dropRecord stops whatever is left of a sandbox and forgets it.
-func dropRecord(ctx context.Context, st *store.Store, sd *client.Client, r Record) error {
+func dropRecord(ctx context.Context, st *store.Store, sd client.Devices, r Record) error {
 	killStale(r.PID, r.PIDStart)
 	if sd != nil && r.HasDevice {
 		_ = sd.Delete(ctx, r.Device)
@@ -157,7 +157,7 @@ func dropRecord(ctx context.Context, st *store.Store, sd *client.Client, r Recor
 
 // reclaimDevices deletes the daemon's devices no sandbox record holds (a
 // crash between creating a device and recording it, or mid template build).
-func reclaimDevices(ctx context.Context, st *store.Store, sd *client.Client, log *slog.Logger) error {
+func reclaimDevices(ctx context.Context, st *store.Store, sd client.Devices, log *slog.Logger) error {
 	recs, err := store.ListAll[Record](st, store.Sandboxes)
 	if err != nil {
 		return fmt.Errorf("reclaim devices: %w", err)
@@ -201,7 +201,7 @@ func adoptVM(ctx context.Context, drv vmm.Driver, r Record) (vmm.Machine, error)
 // seal the crash interrupted is finished, not repeated), "paused" recorded,
 // then the VMM stopped and the device deleted. The VM is stopped whatever
 // happens.
-func pauseAdopted(ctx context.Context, st *store.Store, sd *client.Client, r Record, m vmm.Machine, log *slog.Logger) error {
+func pauseAdopted(ctx context.Context, st *store.Store, sd client.Devices, r Record, m vmm.Machine, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	defer m.Stop(context.WithoutCancel(ctx))

@@ -59,7 +59,7 @@ func layersOf(path string) ([]string, error) {
 // list is the truth, it changed with the restack. It returns that config.
 // The device stays. Every call seals: skipping one because a layer of that
 // name exists would drop whatever the VM wrote since.
-func sealDevice(ctx context.Context, sd *client.Client, rec Record, name, message string) (string, error) {
+func sealDevice(ctx context.Context, sd client.Devices, rec Record, name, message string) (string, error) {
 	if !rec.HasDevice {
 		return "", fmt.Errorf("seal rootfs of %s: no device", rec.ID)
 	}
@@ -88,7 +88,7 @@ func fileExists(p string) bool {
 // sealAndDelete (VM stopped) seals rec's device into
 // <dir>/rootfs-<gen>.lsmt, points rec at the config listing it and deletes
 // the device: for build and template VMs, whose disk is committed once.
-func sealAndDelete(ctx context.Context, sd *client.Client, rec *Record) error {
+func sealAndDelete(ctx context.Context, sd client.Devices, rec *Record) error {
 	cfg, err := sealDevice(ctx, sd, *rec, fmt.Sprintf("rootfs-%d", rec.Gen), "sandbox "+rec.ID)
 	if err != nil {
 		return err

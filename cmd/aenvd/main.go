@@ -127,7 +127,13 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	// Before the network manager clears the previous run's slots, take over
 	// the VMs a crashed predecessor left running; their slots are kept and
 	// the orchestrator re-adopts them as running sandboxes.
-	recovered, err := orchestrator.Recover(ctx, drv, st, sd, cfg.DataDir, log)
+	// The disk backend, chosen once: the storage daemon's devices, or none
+	// (files). A nil client must not become a non-nil interface.
+	var devices client.Devices
+	if sd != nil {
+		devices = sd
+	}
+	recovered, err := orchestrator.Recover(ctx, drv, st, devices, cfg.DataDir, log)
 	if err != nil {
 		return err
 	}
@@ -142,7 +148,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	defer nets.Shutdown(context.WithoutCancel(ctx))
 	orch, err := orchestrator.New(ctx, orchestrator.Options{
-		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, Storage: sd, MaxLayers: cfg.Sandbox.MaxLayers, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
+		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, Storage: devices, MaxLayers: cfg.Sandbox.MaxLayers, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
 		StoragePoolLow: cfg.Storage.PoolLow, StoragePoolHigh: cfg.Storage.PoolHigh,
 		MemoryMiB: cfg.Guest.MemoryMiB, DefaultUser: cfg.Guest.DefaultUser, Registerer: reg, Logger: log,
 	})
