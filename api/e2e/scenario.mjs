@@ -23,8 +23,8 @@ async function step(name, fn) {
   }
 }
 
-async function listAll(query, limit) {
-  const pager = Sandbox.list({ query, limit })
+async function listAll(query, limit, order) {
+  const pager = Sandbox.list({ query, limit, order })
   const out = []
   let pages = 0
   while (pager.hasNext) {
@@ -61,6 +61,27 @@ await step('list with metadata filter', async () => {
   assert.equal(items[0].metadata.suite, 'aenvd-e2e')
   const none = await listAll({ metadata: { tag: 'no-such-tag' } })
   assert.equal(none.items.length, 0)
+})
+
+await step('files metadata: answered by write, replaced by an overwrite, cleared by one without', async () => {
+  const meta = { purpose: 'aenvd-e2e', owner: 'sdk' }
+  const w1 = await sbx.files.write('meta.txt', 'one', { metadata: meta })
+  assert.deepEqual(w1.metadata, meta)
+  assert.deepEqual((await sbx.files.getInfo('meta.txt')).metadata, meta)
+  const w2 = await sbx.files.write('meta.txt', 'two', { metadata: { purpose: 'again' } })
+  assert.deepEqual(w2.metadata, { purpose: 'again' })
+  assert.deepEqual((await sbx.files.getInfo('meta.txt')).metadata, { purpose: 'again' }, 'an overwrite replaces the metadata')
+  const w3 = await sbx.files.write('meta.txt', 'three')
+  assert.equal(w3.metadata, undefined)
+  assert.equal((await sbx.files.getInfo('meta.txt')).metadata, undefined, 'an overwrite without metadata clears it')
+  assert.equal(await sbx.files.read('meta.txt'), 'three')
+})
+
+await step('files remove of a missing path succeeds', async () => {
+  await sbx.files.remove(`no-such-dir-${tag}/no-such-file`)
+  await sbx.files.remove('meta.txt')
+  await sbx.files.remove('meta.txt')
+  assert.equal(await sbx.files.exists('meta.txt'), false)
 })
 
 let info
@@ -118,8 +139,40 @@ if (concurrent > 0) {
     assert.equal(items.length, concurrent)
     assert.equal(pages, Math.ceil(concurrent / 2))
     assert.equal(new Set(items.map((s) => s.sandboxId)).size, concurrent)
+    await listOrderAndFilters(ctag, items)
     await Promise.all(boxes.map((b) => b.kill()))
   })
+}
+
+// listOrderAndFilters checks Sandbox.list's order, startedAfter and
+// template (every SDK version in use has them) on the sandboxes tagged ctag.
+async function listOrderAndFilters(ctag, items) {
+  const query = { metadata: { tag: ctag } }
+  const ids = (xs) => xs.map((s) => s.sandboxId)
+  const times = (xs) => xs.map((s) => s.startedAt.getTime())
+  const asc = (await listAll(query, undefined, 'asc')).items
+  const desc = (await listAll(query, undefined, 'desc')).items
+  assert.deepEqual(ids(desc), ids((await listAll(query)).items), 'desc is the default order')
+  assert.deepEqual(new Set(ids(asc)), new Set(ids(items)))
+  assert.deepEqual(times(asc), [...times(asc)].sort((a, b) => a - b), 'order asc: oldest first')
+  assert.deepEqual(times(desc), [...times(desc)].sort((a, b) => b - a), 'order desc: newest first')
+  const paged = await listAll(query, 2, 'asc')
+  assert.deepEqual(ids(paged.items), ids(asc), 'the order holds across pages')
+  assert.equal(paged.pages, Math.ceil(asc.length / 2))
+
+  // The SDK's times have milliseconds, the server's nanoseconds: a sandbox
+  // started in mid's millisecond is at or after mid on both sides.
+  const mid = (asc.find((s) => s.startedAt > asc[0].startedAt) ?? asc[asc.length - 1]).startedAt
+  const after = (await listAll({ ...query, startedAfter: mid }, undefined, 'asc')).items
+  assert.deepEqual(ids(after), ids(asc.filter((s) => s.startedAt >= mid)), `startedAfter ${mid.toISOString()}`)
+  assert.ok(after.length >= 1)
+  if (mid > asc[0].startedAt) assert.ok(after.length < asc.length, 'startedAfter left out the older sandboxes')
+  assert.equal((await listAll({ ...query, startedAfter: new Date(Date.now() + 3_600_000) })).items.length, 0)
+
+  const tpl = asc[0].templateId
+  assert.deepEqual(new Set(ids((await listAll({ ...query, template: tpl })).items)), new Set(ids(asc)), `template ${tpl}`)
+  assert.deepEqual(new Set(ids((await listAll({ ...query, template: 'base' })).items)), new Set(ids(asc)), 'template by name')
+  assert.equal((await listAll({ ...query, template: `no-such-template-${tag}` })).items.length, 0)
 }
 
 await step('kill; gone from list; second kill reports false', async () => {
