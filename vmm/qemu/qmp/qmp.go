@@ -70,15 +70,46 @@ func Dial(ctx context.Context, path string) (*Conn, error) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+	q, err := handshake(ctx, c)
+	if err != nil {
+		return nil, fmt.Errorf("qmp: %s: %w", path, err)
+	}
+	return q, nil
+}
+
+// MaxMessage bounds one message from QEMU (a line of JSON). Its largest
+// answers (query-qmp-schema) are a few hundred KiB; a peer that sends more
+// is not a QEMU we drive, and its connection is closed rather than read
+// into memory without end.
+const MaxMessage = 8 << 20
+
+// readMessage reads one line of at most MaxMessage bytes.
+func readMessage(r *bufio.Reader) ([]byte, error) {
+	var line []byte
+	for {
+		frag, err := r.ReadSlice('\n')
+		if len(line)+len(frag) > MaxMessage {
+			return nil, fmt.Errorf("message longer than %d bytes", MaxMessage)
+		}
+		line = append(line, frag...)
+		if err != bufio.ErrBufferFull {
+			return line, err
+		}
+	}
+}
+
+// handshake reads the greeting on c and negotiates capabilities; c is
+// closed on failure.
+func handshake(ctx context.Context, c *net.UnixConn) (*Conn, error) {
 	q := &Conn{conn: c, wait: map[string]chan response{}, events: make(chan Event, 64), done: make(chan struct{})}
 	r := bufio.NewReaderSize(c, 64<<10)
 	// The greeting comes first and carries no id.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Now()) })
-	_, err := r.ReadBytes('\n')
+	_, err := readMessage(r)
 	stop()
 	if err != nil {
 		c.Close()
-		return nil, fmt.Errorf("qmp: read greeting from %s: %w", path, err)
+		return nil, fmt.Errorf("read greeting: %w", err)
 	}
 	_ = c.SetReadDeadline(time.Time{})
 	go q.readLoop(r)
@@ -99,9 +130,10 @@ func (q *Conn) Done() <-chan struct{} { return q.done }
 func (q *Conn) readLoop(r *bufio.Reader) {
 	defer close(q.events)
 	for {
-		line, err := r.ReadBytes('\n')
+		line, err := readMessage(r)
 		if err != nil {
 			q.fail(fmt.Errorf("%w: %v", ErrClosed, err))
+			q.conn.Close()
 			return
 		}
 		var resp response
