@@ -45,7 +45,7 @@ func newClient() (*client.Client, error) {
 		return nil, fmt.Errorf("%w (fix it with `aenv auth` or AENV_URL)", err)
 	}
 	if cfg.APIKey == "" {
-		return nil, errors.New("no API key configured: run `aenv auth --url URL --api-key KEY` or set AENV_API_KEY")
+		return nil, errors.New("no API key configured: run `aenv auth --url URL < KEYFILE` (or type the key at its prompt) or set AENV_API_KEY")
 	}
 	return client.New(cfg.URL, cfg.APIKey), nil
 }
@@ -108,14 +108,17 @@ func authCmd() *cobra.Command {
 		Use:   "auth",
 		Short: "Store the aenvd URL and API key (in ~/.config/aenv, mode 0600)",
 		Long: "Store the aenvd URL and API key in ~/.config/aenv/config.json (mode 0600).\n" +
-			"AENV_URL and AENV_API_KEY override the stored values. Without --api-key the key is read from the terminal or stdin.",
+			"AENV_URL and AENV_API_KEY override the stored values. The key is read from stdin (aenv auth < /var/lib/aenv/api-key)\n" +
+			"or a prompt on the terminal; --api-key works too but is discouraged: every local user sees it in ps.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cur, _ := clientcfg.Load()
 			if url == "" {
 				url = cur.URL
 			}
-			if key == "" {
+			if key != "" {
+				fmt.Fprintln(cmd.ErrOrStderr(), "warning: a key given with --api-key is visible to every local user (ps, /proc); pipe it on stdin instead")
+			} else {
 				var err error
 				if key, err = readKey(cmd); err != nil {
 					return err
@@ -136,7 +139,7 @@ func authCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&url, "url", "", "aenvd API URL (default: the stored one, else "+clientcfg.DefaultURL+")")
-	cmd.Flags().StringVar(&key, "api-key", "", "API key (AENVD_API_KEY of the node)")
+	cmd.Flags().StringVar(&key, "api-key", "", "API key in argv: discouraged, visible to every local user in ps (default: read it from stdin or a prompt)")
 	cmd.Flags().BoolVar(&noVerify, "no-verify", false, "store without checking the key against the server")
 	return cmd
 }
@@ -153,7 +156,7 @@ func readKey(cmd *cobra.Command) (string, error) {
 	}
 	line, err := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
 	if strings.TrimSpace(line) == "" {
-		return "", fmt.Errorf("no API key given: pass --api-key KEY or pipe it on stdin (%v)", err)
+		return "", fmt.Errorf("no API key given: pipe it on stdin (aenv auth < /var/lib/aenv/api-key) or type it at the prompt (%v)", err)
 	}
 	return strings.TrimSpace(line), nil
 }
