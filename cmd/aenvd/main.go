@@ -88,7 +88,7 @@ func main() {
 }
 
 func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+	if err := privateDataDir(cfg.DataDir); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
 	key, err := apiKey(cfg)
@@ -245,6 +245,9 @@ func apiKey(cfg config.Config) (string, error) {
 		return cfg.API.Key, nil
 	}
 	path := cfg.KeyFilePath()
+	if err := tighten(path, 0o600); err != nil {
+		return "", fmt.Errorf("api key file: %w", err)
+	}
 	b, err := os.ReadFile(path)
 	if err == nil {
 		if k := strings.TrimSpace(string(b)); k != "" {
@@ -263,6 +266,41 @@ func apiKey(cfg config.Config) (string, error) {
 	}
 	slog.Info("generated an API key", "file", path)
 	return k, nil
+}
+
+// privateDataDir makes the data dir 0700, or tightens an existing one: it
+// holds the API key, sandbox records with agent tokens, logs and disks,
+// none of which other local users may read.
+func privateDataDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return tighten(dir, 0o700)
+}
+
+// privateStorageDir does the same for the storage daemon's directory and
+// keeps its log (appended to across starts) unreadable by other users.
+func privateStorageDir(dir, log string) error {
+	if err := privateDataDir(dir); err != nil {
+		return err
+	}
+	return tighten(log, 0o600)
+}
+
+// tighten clears the permission bits of path outside perm (a missing path
+// is fine); files made by older versions may be wider.
+func tighten(path string, perm os.FileMode) error {
+	fi, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Perm()&^perm == 0 {
+		return nil
+	}
+	return os.Chmod(path, fi.Mode().Perm()&perm)
 }
 
 // agentPath is the configured aenv-agent binary, or the one next to aenvd.
@@ -359,7 +397,7 @@ func storageDaemon(ctx context.Context, cfg config.Config) (*client.Client, erro
 		}
 		bin = filepath.Join(filepath.Dir(exe), "aenv-storaged")
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := privateStorageDir(dir, filepath.Join(dir, "storaged.log")); err != nil {
 		return nil, fmt.Errorf("storage daemon dir: %w", err)
 	}
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
