@@ -122,10 +122,7 @@ func newReadahead(r io.Reader, closeFn func() error) *readahead {
 		defer close(ra.ch)
 		for {
 			b := make([]byte, 256<<10)
-			n, err := io.ReadFull(r, b)
-			if err == io.ErrUnexpectedEOF {
-				err = io.EOF
-			}
+			n, err := fill(r, b)
 			select {
 			case ra.ch <- chunk{b[:n], err}:
 			case <-ra.stop:
@@ -137,6 +134,21 @@ func newReadahead(r io.Reader, closeFn func() error) *readahead {
 		}
 	}()
 	return ra
+}
+
+// fill reads until b is full or r fails, and returns r's own error: unlike
+// io.ReadFull it never turns a decompressor's io.ErrUnexpectedEOF (a
+// truncated stream) into an end that looks clean and skips the diff ID check.
+func fill(r io.Reader, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := r.Read(b[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 func (ra *readahead) Read(b []byte) (int, error) {

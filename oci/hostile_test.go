@@ -3,8 +3,12 @@ package oci
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +16,8 @@ import (
 
 	lt "github.com/agentenv/agentenv/oci/internal/layertest"
 	"github.com/agentenv/agentenv/oci/unpack"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/klauspost/compress/gzip"
 	"golang.org/x/sys/unix"
 )
 
@@ -104,5 +110,33 @@ func TestBuildTreeLimits(t *testing.T) {
 	_, err = root.Apply(context.Background(), bytes.NewReader(lt.Tar(layer)))
 	if !errors.Is(err, unpack.ErrLimit) {
 		t.Errorf("3000 symlinks of 1.2 KiB into a 1 MiB filesystem: %v, want a limit error", err)
+	}
+}
+
+// TestTruncatedLayerIsAnError: a compressed layer cut short is an error,
+// never a shorter stream that skips the diff ID check (a truncated tar can
+// end on an entry boundary and unpack "cleanly").
+func TestTruncatedLayerIsAnError(t *testing.T) {
+	tarb := lt.Tar([]lt.Entry{lt.File("a", strings.Repeat("a", 100000), 0o644), lt.File("b", strings.Repeat("b", 100000), 0o644)})
+	var gz bytes.Buffer
+	gw := gzip.NewWriter(&gz)
+	gw.Write(tarb)
+	gw.Close()
+	sum := sha256.Sum256(tarb)
+	diffID := v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(sum[:])}
+	for _, cut := range []int{10, gz.Len() / 2, gz.Len() - 9} {
+		p := filepath.Join(t.TempDir(), "blob")
+		if err := os.WriteFile(p, gz.Bytes()[:cut], 0o600); err != nil {
+			t.Fatal(err)
+		}
+		rc, err := Layer{Path: p, DiffID: diffID, Digest: diffID}.Open()
+		if err != nil {
+			continue
+		}
+		n, err := io.Copy(io.Discard, rc)
+		rc.Close()
+		if err == nil {
+			t.Errorf("a gzip layer cut at %d of %d bytes read as a complete stream of %d bytes", cut, gz.Len(), n)
+		}
 	}
 }
