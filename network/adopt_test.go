@@ -156,3 +156,49 @@ func TestForgetKeptSlot(t *testing.T) {
 		t.Fatalf("left after shutdown with a kept slot: %v", left)
 	}
 }
+
+// TestDetachSurvivesShutdown: a slot detached before a graceful Shutdown
+// (its VM runs on) keeps its namespaces and veth through Shutdown and is
+// adopted by the next manager, the guest reachable as before; Shutdown of
+// the slots still in use removes them.
+func TestDetachSurvivesShutdown(t *testing.T) {
+	t.Parallel()
+	nettest.RequireRoot(t)
+	w := nettest.NewWorld(t, nettest.Prefix())
+	cfg := w.Config()
+	cfg.GuestNetNS = true
+	t.Cleanup(func() { network.Cleanup(context.Background(), cfg) })
+	m1, err := network.New(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, other := acquire(t, m1), acquire(t, m1)
+	guestNS := kept.GuestNetNSPath()
+	nettest.ServeHello(nettest.Listen(t, guestNS, guestAddr(8080)), "detached")
+	m1.Detach(kept)
+	if err := m1.Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown with a detached slot: %v", err)
+	}
+	if _, err := os.Stat(other.NetNSPath()); err == nil {
+		t.Fatalf("Shutdown left the slot still in use (%s)", other.Name)
+	}
+	cfg.Keep = []int{kept.Index}
+	m2, err := network.New(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := m2.Adopt(t.Context(), kept.Index)
+	if err != nil {
+		t.Fatalf("Adopt the detached slot: %v", err)
+	}
+	line, err := nettest.HelloVia(t.Context(), func(ctx context.Context) (net.Conn, error) { return s.DialGuest(ctx, "tcp", 8080) })
+	if err != nil || !strings.HasPrefix(line, "hello detached ") {
+		t.Fatalf("host -> guest of the detached slot after the restart: %q %v", line, err)
+	}
+	if err := m2.Release(t.Context(), s); err != nil {
+		t.Fatal(err)
+	}
+	if err := m2.Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+}

@@ -7,6 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -46,6 +49,7 @@ type Manager struct {
 	creating int
 	doomed   []*Slot      // released above the high watermark, destroyed by the worker
 	kept     map[int]bool // Config.Keep indexes not adopted (nor forgotten) yet
+	detached map[int]bool // slots handed over to the next process (Detach): Shutdown leaves them
 	reserved map[int]bool // Config.Keep: never handed out as new indexes (they come back through freeIdx)
 
 	wake   chan struct{}
@@ -223,7 +227,14 @@ func (m *Manager) Detach(s *Slot) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.inUse, s)
+	if m.detached == nil {
+		m.detached = map[int]bool{}
+	}
+	m.detached[s.Index] = true
 	m.metrics.setPool(len(m.pool), len(m.inUse))
+	if s.dns != nil {
+		s.dns.close() // this process's resolver goes; Adopt starts the next one's
+	}
 }
 
 // Release scrubs a slot (default policy, no resolved addresses, no
@@ -308,10 +319,20 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 // awaitHostVeths waits until the kernel has dismantled the host veths of
 // the destroyed namespaces, and deletes any that outlive a short grace
 // period, so that Shutdown leaves nothing behind when it returns.
+// isDetachedVeth reports whether a host veth belongs to a slot handed over
+// to the next process (Detach).
+func (m *Manager) isDetachedVeth(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i, err := strconv.Atoi(strings.TrimPrefix(name, m.cfg.Prefix+"v"))
+	return err == nil && m.detached[i]
+}
+
 func (m *Manager) awaitHostVeths(ctx context.Context) error {
 	grace := time.Now().Add(5 * time.Second)
 	for {
 		left, err := m.hostVeths()
+		left = slices.DeleteFunc(left, m.isDetachedVeth)
 		if err != nil || len(left) == 0 {
 			return err
 		}
