@@ -205,6 +205,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 		},
 		Init:     &sandbox.InitRequest{EnvVars: rec.EnvVars, DefaultUser: o.defaultUser(rec.TemplateID)},
 		InitHeld: rec.GuestToken,
+		Log:      o.log,
 		Stage: func(name string) error {
 			lap(name)
 			if name == "storage" {

@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -80,6 +81,9 @@ type Spec struct {
 
 	Stage   func(name string) error
 	Started func(m vmm.Machine) error
+	// Log receives the guest console's tail when the agent stays silent
+	// (the run directory, console included, goes with the failed VM).
+	Log *slog.Logger
 }
 
 // VM is a started VM with what it holds.
@@ -215,6 +219,9 @@ func (v *VM) agent(ctx context.Context, spec Spec) error {
 	}
 	if err := WaitAgent(ctx, v.Slot, wait); err != nil {
 		console, _ := os.ReadFile(v.Machine.Info().ConsoleLog)
+		if spec.Log != nil {
+			spec.Log.Error("the guest's agent is silent", "vm", spec.ID, "console_tail", string(tail(console, 4000)))
+		}
 		return fmt.Errorf("%w (guest console: %s)", err, strings.TrimSpace(string(tail(console, 600))))
 	}
 	if spec.Init == nil {
