@@ -2,9 +2,9 @@ package e2e
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"strconv"
-	"net/http"
 	"strings"
 	"testing"
 )
