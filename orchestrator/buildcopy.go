@@ -5,11 +5,23 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
+	"os"
 	"path"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	pb "github.com/agentenv/agentenv/guest/agent/gen/process"
+	"github.com/agentenv/agentenv/guest/agent/gen/process/processconnect"
 )
 
 // COPY/ADD steps: the client uploads a tar archive (plain or gzip) of the
@@ -227,4 +239,113 @@ func displaySrc(s string) string {
 		return "."
 	}
 	return s
+}
+
+// copy runs a COPY/ADD step: args [src, dest, user?, mode?].
+func (v *buildVM) copy(ctx context.Context, step string, st BuildStep) error {
+	src, err := cleanRel(st.Args[0])
+	if err != nil {
+		return fmt.Errorf("COPY: %w", err)
+	}
+	dest := st.Args[1]
+	plan := copyPlan{src: src, dest: v.abs(dest), destDir: strings.HasSuffix(dest, "/") || dest == "." || dest == "", mode: -1}
+	owner := v.user
+	if len(st.Args) > 2 && st.Args[2] != "" {
+		owner = st.Args[2]
+	}
+	if len(st.Args) > 3 && st.Args[3] != "" {
+		m, err := strconv.ParseInt(st.Args[3], 8, 32)
+		if err != nil || m < 0 || m > 0o7777 {
+			return fmt.Errorf("COPY: mode %q: want octal like 0644", st.Args[3])
+		}
+		plan.mode = m
+	}
+	if plan.uid, plan.gid, err = v.ids(ctx, step, owner); err != nil {
+		return err
+	}
+	archive := v.b.o.filesPath(st.FilesHash)
+	open := func() (io.ReadCloser, error) { return os.Open(archive) }
+	tmp, err := os.CreateTemp(filepath.Dir(archive), ".copy-*")
+	if err != nil {
+		return fmt.Errorf("COPY: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	n, err := copyArchive(open, plan, tmp)
+	if err != nil {
+		return fmt.Errorf("COPY: %w", err)
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("COPY: %w", err)
+	}
+	guestPath := fmt.Sprintf("/tmp/.aenv-copy-%s-%s.tar", v.bid, step)
+	if err := v.upload(ctx, guestPath, tmp); err != nil {
+		return fmt.Errorf("COPY: upload to the build VM: %w", err)
+	}
+	script := `tar -xf "$1" -C / ; rc=$?; rm -f "$1"; exit $rc`
+	if err := v.run(ctx, step, "root", "/bin/sh", []string{"-c", script, "sh", guestPath}, "/"); err != nil {
+		return fmt.Errorf("COPY: extract in the build VM (the image needs tar): %w", err)
+	}
+	v.logf("info", step, "copied %d entries to %s (owner %s)", n, plan.dest, owner)
+	return nil
+}
+
+// ids returns a user's uid and primary gid in the build VM.
+func (v *buildVM) ids(ctx context.Context, step, user string) (int, int, error) {
+	if user == "root" || user == "0" {
+		return 0, 0, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var out strings.Builder
+	client := processconnect.NewProcessClient(v.hc, agentURL)
+	stdinOff := false
+	cwd := "/"
+	req := connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", `id -u "$1"; id -g "$1"`, "sh", user}, Cwd: &cwd}, Stdin: &stdinOff})
+	req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte("root:")))
+	stream, err := client.Start(ctx, req)
+	if err != nil {
+		return 0, 0, fmt.Errorf("look up user %s: %w", user, err)
+	}
+	defer stream.Close()
+	code := -1
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			out.Write(d.GetStdout())
+		}
+		if end := ev.GetEnd(); end != nil {
+			code = int(end.GetExitCode())
+		}
+	}
+	f := strings.Fields(out.String())
+	if code != 0 || len(f) != 2 {
+		return 0, 0, fmt.Errorf("user %s does not exist in the image", user)
+	}
+	uid, err1 := strconv.Atoi(f[0])
+	gid, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("user %s: id printed %q", user, out.String())
+	}
+	return uid, gid, nil
+}
+
+// upload writes r to guestPath (as root) through the agent's /files.
+func (v *buildVM) upload(ctx context.Context, guestPath string, r io.Reader) error {
+	q := url.Values{"path": {guestPath}, "username": {"root"}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, agentURL+"/files?"+q.Encode(), r)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := v.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return fmt.Errorf("agent answered %s: %s", resp.Status, msg)
+	}
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"time"
 
 	"github.com/agentenv/agentenv/guest/image"
@@ -175,4 +176,119 @@ func tail(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
+}
+
+// AllTemplates lists every template, the default and those waiting for or
+// failing their build included, oldest first.
+func (o *Orchestrator) AllTemplates() []Template {
+	byID := map[string]Template{}
+	for _, t := range o.Templates() {
+		byID[t.ID] = t
+	}
+	if b, err := o.builder(); err == nil {
+		b.mu.Lock()
+		for _, t := range b.recs {
+			if _, ok := byID[t.ID]; !ok || t.ready() {
+				byID[t.ID] = *t.clone()
+			}
+		}
+		b.mu.Unlock()
+	}
+	out := make([]Template, 0, len(byID))
+	for _, t := range byID {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// ResolveTemplate finds any template (also one not built yet) by id or name.
+func (o *Orchestrator) ResolveTemplate(idOrName string) (Template, error) {
+	if b, err := o.builder(); err == nil {
+		b.mu.Lock()
+		t := b.resolve(idOrName)
+		var c Template
+		if t != nil {
+			c = *t.clone()
+		}
+		b.mu.Unlock()
+		if t != nil {
+			return c, nil
+		}
+	}
+	t, err := o.Template(idOrName)
+	if err != nil {
+		return Template{}, err
+	}
+	return *t, nil
+}
+
+// DeleteTemplate removes a template and its files. It refuses (ErrConflict)
+// while a sandbox, in any state, was created from it, while it builds, or
+// while another template was built from it; the default template cannot be
+// deleted.
+func (o *Orchestrator) DeleteTemplate(ctx context.Context, idOrName string) error {
+	b, err := o.builder()
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	// refMu: no create resolves this template between the check and the delete.
+	o.refMu.Lock()
+	defer o.refMu.Unlock()
+	t := b.resolve(idOrName)
+	if t == nil {
+		if _, err := o.Template(idOrName); err == nil && idOrName == DefaultTemplate {
+			return fmt.Errorf("template %s is the node's default template: %w", idOrName, ErrConflict)
+		}
+		return fmt.Errorf("template %q: %w", idOrName, ErrNotFound)
+	}
+	if t.ID == DefaultTemplate {
+		return fmt.Errorf("template %s is the node's default template: %w", t.ID, ErrConflict)
+	}
+	for _, br := range t.Builds {
+		if br.Status == BuildBuilding {
+			return fmt.Errorf("template %s: build %s is running: %w", t.ID, br.ID, ErrConflict)
+		}
+	}
+	for _, r := range o.List() {
+		if r.TemplateID == t.ID {
+			return fmt.Errorf("template %s: sandbox %s (%s) uses it: %w", t.ID, r.ID, r.State, ErrConflict)
+		}
+	}
+	snaps, err := store.ListAll[SnapshotRecord](o.store, store.Snapshots)
+	if err != nil {
+		return err
+	}
+	for _, sn := range snaps {
+		if sn.TemplateID == t.ID {
+			return fmt.Errorf("template %s: snapshot %s was taken from one of its sandboxes: %w", t.ID, sn.ID, ErrConflict)
+		}
+	}
+	for _, other := range b.recs {
+		if other.ID != t.ID && other.Parent == t.ID {
+			return fmt.Errorf("template %s: template %s was built from it: %w", t.ID, other.ID, ErrConflict)
+		}
+	}
+	o.mu.Lock()
+	delete(o.templates, t.ID)
+	o.mu.Unlock()
+	if err := o.store.Delete(store.Templates, t.ID); err != nil {
+		return err
+	}
+	delete(b.recs, t.ID)
+	for id := range t.Builds {
+		delete(b.logs, id)
+	}
+	if err := os.RemoveAll(filepath.Join(o.cfg.DataDir, "templates", t.ID)); err != nil {
+		o.log.Warn("remove template files", "template", t.ID, "err", err)
+	}
+	o.log.Info("template deleted", "template", t.ID)
+	return nil
 }

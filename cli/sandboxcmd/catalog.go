@@ -1,0 +1,158 @@
+package sandboxcmd
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/cli/client"
+	"github.com/spf13/cobra"
+)
+
+func snapshotCmd() *cobra.Command {
+	root := &cobra.Command{Use: "snapshot", Short: "Create and list named sandbox snapshots"}
+	var name string
+	var co, lo output
+	create := &cobra.Command{
+		Use:   "create SANDBOX_ID",
+		Short: "Snapshot a sandbox (it keeps running)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := co.validate(); err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			s, err := c.CreateSnapshot(cmd.Context(), args[0], name)
+			if errors.Is(err, client.ErrUnsupported) {
+				return fmt.Errorf("%w: this aenvd has no snapshots yet", err)
+			}
+			if err != nil {
+				return err
+			}
+			if co.json() {
+				return printJSON(cmd.OutOrStdout(), s)
+			}
+			return table(cmd.OutOrStdout(), []string{"SNAPSHOT ID", "NAMES"}, [][]string{{s.SnapshotID, orDash(strings.Join(s.Names, ","))}})
+		},
+	}
+	create.Flags().StringVar(&name, "name", "", "name of the snapshot")
+	co.register(create)
+	var sbx string
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List snapshots",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := lo.validate(); err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			snaps, err := c.ListSnapshots(cmd.Context(), sbx)
+			if errors.Is(err, client.ErrUnsupported) {
+				return fmt.Errorf("%w: this aenvd has no snapshots yet", err)
+			}
+			if err != nil {
+				return err
+			}
+			return printList(cmd.OutOrStdout(), &lo, snaps, []string{"SNAPSHOT ID", "SANDBOX ID", "NAMES"}, func(s client.Snapshot) []string {
+				return []string{s.SnapshotID, orDash(s.SandboxID), orDash(strings.Join(s.Names, ","))}
+			})
+		},
+	}
+	list.Flags().StringVar(&sbx, "sandbox", "", "only snapshots of this sandbox")
+	lo.register(list)
+	root.AddCommand(create, list)
+	return root
+}
+
+func templateCmd() *cobra.Command {
+	root := &cobra.Command{Use: "template", Aliases: []string{"templates"}, Short: "Build, list and remove templates"}
+	var o output
+	list := &cobra.Command{
+		Use:     "list",
+		Aliases: []string{"ls"},
+		Short:   "List templates",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			ts, err := c.Templates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			header := []string{"TEMPLATE ID", "ALIASES", "STATUS", "CPU", "MEM MB", "ENVD", "CREATED"}
+			return printList(cmd.OutOrStdout(), &o, ts, header, func(t api.Template) []string {
+				return []string{t.TemplateID, orDash(strings.Join(t.Aliases, ",")), string(t.BuildStatus),
+					strconv.Itoa(int(t.CpuCount)), strconv.Itoa(int(t.MemoryMB)), t.EnvdVersion, when(t.CreatedAt)}
+			})
+		},
+	}
+	o.register(list)
+	rm := &cobra.Command{
+		Use:   "rm TEMPLATE_ID...",
+		Short: "Remove templates",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			for _, id := range args {
+				err := c.DeleteTemplate(cmd.Context(), id)
+				if errors.Is(err, client.ErrUnsupported) {
+					return fmt.Errorf("%w: this aenvd cannot remove templates yet", err)
+				}
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), "Removed template", id)
+			}
+			return nil
+		},
+	}
+	root.AddCommand(list, rm, templateBuildCmd(), templateWatchCmd())
+	return root
+}
+
+func nodesCmd() *cobra.Command {
+	var o output
+	cmd := &cobra.Command{
+		Use:   "nodes",
+		Short: "List the nodes and their load",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			ns, err := c.Nodes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			header := []string{"NODE ID", "STATUS", "VERSION", "VMM", "RUNNING/PAUSED", "CPU", "MEM MB"}
+			return printList(cmd.OutOrStdout(), &o, ns, header, func(n api.Node) []string {
+				return []string{n.NodeID, string(n.Status), n.Version, n.Vmm.Driver + "/" + n.Vmm.Accel,
+					fmt.Sprintf("%d/%d", n.Sandboxes.Running, n.Sandboxes.Paused),
+					fmt.Sprintf("%d/%d", n.AllocatedCPU, n.CpuCount), fmt.Sprintf("%d/%d", n.MemoryUsedMB, n.MemoryTotalMB)}
+			})
+		},
+	}
+	o.register(cmd)
+	return cmd
+}
