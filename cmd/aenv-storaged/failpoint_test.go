@@ -13,7 +13,6 @@ import (
 
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
-	"github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/storage/nbd"
 )
 
@@ -25,17 +24,7 @@ func TestFailpointCrashInRestack(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	base := filepath.Join(dir, "base.raw")
-	if err := os.WriteFile(base, make([]byte, 4<<20), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := image.ImportRaw(ctx, base, filepath.Join(dir, "base.lsmt"), image.CommitOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(dir, "image.json")
-	if err := (&image.Config{Lowers: []image.LayerRef{{File: "base.lsmt"}}}).Save(cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg := baseImage(ctx, t, dir)
 	p, c := spawn(t, dir, failpoint.EnvVar+"=storaged/restack/after-seal=crash")
 	dev, err := c.Create(ctx, rpc.CreateParams{Image: cfg})
 	if err != nil {

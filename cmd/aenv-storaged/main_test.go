@@ -67,17 +67,7 @@ func TestCrashAndRestart(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	base := filepath.Join(dir, "base.raw")
-	if err := os.WriteFile(base, make([]byte, 4<<20), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := image.ImportRaw(ctx, base, filepath.Join(dir, "base.lsmt"), image.CommitOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(dir, "image.json")
-	if err := (&image.Config{Lowers: []image.LayerRef{{File: "base.lsmt"}}}).Save(cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg := baseImage(ctx, t, dir)
 	p, c := spawn(t, dir)
 	dev, err := c.Create(ctx, rpc.CreateParams{Image: cfg})
 	if err != nil {
@@ -121,4 +111,22 @@ func TestCrashAndRestart(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("aenv-storaged did not exit after shutdown")
 	}
+}
+
+// baseImage writes a 4 MiB zero base layer and an image config on it into
+// dir and returns the config's path.
+func baseImage(ctx context.Context, t *testing.T, dir string) string {
+	t.Helper()
+	base := filepath.Join(dir, "base.raw")
+	if err := os.WriteFile(base, make([]byte, 4<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := image.ImportRaw(ctx, base, filepath.Join(dir, "base.lsmt"), image.CommitOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "image.json")
+	if err := (&image.Config{Lowers: []image.LayerRef{{File: "base.lsmt"}}}).Save(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
