@@ -23,6 +23,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
+
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -230,24 +232,19 @@ func (p *Puller) fetchLayer(ctx context.Context, d v1.Hash, l v1.Layer) (string,
 		return "", 0, fmt.Errorf("fetch blob: %w", err)
 	}
 	defer rc.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(dst), ".fetch-*")
+	var n int64
+	err = atomicfile.Write(dst, 0o644, func(w io.Writer) error {
+		h := sha256.New()
+		var err error
+		if n, err = io.Copy(io.MultiWriter(w, h), ctxReader{ctx, rc}); err != nil {
+			return fmt.Errorf("fetch blob: %w", err)
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != d.Hex {
+			return fmt.Errorf("blob digest mismatch: got sha256:%s", got)
+		}
+		return nil
+	})
 	if err != nil {
-		return "", 0, fmt.Errorf("cache blob: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	defer tmp.Close()
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(tmp, h), ctxReader{ctx, rc})
-	if err != nil {
-		return "", 0, fmt.Errorf("fetch blob: %w", err)
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != d.Hex {
-		return "", 0, fmt.Errorf("blob digest mismatch: got sha256:%s", got)
-	}
-	if err := tmp.Sync(); err != nil {
-		return "", 0, fmt.Errorf("cache blob: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
 		return "", 0, fmt.Errorf("cache blob: %w", err)
 	}
 	return dst, n, nil

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/agentenv/agentenv/internal/atomicfile"
 )
 
 // Template files (the archives of COPY steps), stored by SHA-256.
@@ -51,27 +53,21 @@ func (o *Orchestrator) PutTemplateFiles(ctx context.Context, templateID, hash st
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return fmt.Errorf("store template files %s: %w", hash, err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(dst), ".upload-*")
+	err := atomicfile.Write(dst, 0o600, func(w io.Writer) error {
+		h := sha256.New()
+		n, err := io.Copy(io.MultiWriter(w, h), ctxReader{ctx, io.LimitReader(r, MaxTemplateFiles+1)})
+		if err != nil {
+			return err
+		}
+		if n > MaxTemplateFiles {
+			return fmt.Errorf("template files %s: larger than %d bytes: %w", hash, int64(MaxTemplateFiles), ErrInvalid)
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != hash {
+			return fmt.Errorf("template files: the body's sha256 is %s, not %s: %w", got, hash, ErrInvalid)
+		}
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("store template files %s: %w", hash, err)
-	}
-	defer os.Remove(tmp.Name())
-	defer tmp.Close()
-	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(tmp, h), ctxReader{ctx, io.LimitReader(r, MaxTemplateFiles+1)})
-	if err != nil {
-		return fmt.Errorf("store template files %s: %w", hash, err)
-	}
-	if n > MaxTemplateFiles {
-		return fmt.Errorf("template files %s: larger than %d bytes: %w", hash, int64(MaxTemplateFiles), ErrInvalid)
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != hash {
-		return fmt.Errorf("template files: the body's sha256 is %s, not %s: %w", got, hash, ErrInvalid)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("store template files %s: %w", hash, err)
-	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
 		return fmt.Errorf("store template files %s: %w", hash, err)
 	}
 	return nil

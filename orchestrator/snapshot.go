@@ -293,7 +293,7 @@ func linkTree(src, dst string) error {
 		return err
 	}
 	for _, e := range entries {
-		if !e.Type().IsRegular() || strings.HasSuffix(e.Name(), ".tmp") { // .tmp: being written
+		if !e.Type().IsRegular() || atomicfile.IsTemp(e.Name()) { // being written
 			continue
 		}
 		if err := linkOrCopy(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {

@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/agentenv/agentenv/internal/atomicfile"
 )
 
 // DefaultURL is aenvd's default API address.
@@ -94,15 +96,8 @@ func Save(c Config) (string, error) {
 	}
 	p := filepath.Join(dir, "config.json")
 	b, _ := json.MarshalIndent(c, "", "  ")
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
-		return "", fmt.Errorf("write aenv config %s: %w", tmp, err)
-	}
-	if err := os.Chmod(tmp, 0o600); err != nil {
-		return "", fmt.Errorf("chmod aenv config %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		return "", fmt.Errorf("install aenv config %s: %w", p, err)
+	if err := atomicfile.WriteFile(p, append(b, '\n'), 0o600); err != nil {
+		return "", fmt.Errorf("write aenv config: %w", err)
 	}
 	return p, nil
 }

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
+
 	"github.com/agentenv/agentenv/cli/client"
 	"github.com/agentenv/agentenv/cli/sandboxcmd"
 	"github.com/agentenv/agentenv/oci"
@@ -192,11 +194,7 @@ func saveName(cache string, res Result) error {
 		return fmt.Errorf("pull: record name %s: %w", res.Name, err)
 	}
 	b, _ := json.MarshalIndent(res, "", "  ")
-	tmp := filepath.Join(dir, "."+res.Name+".tmp")
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("pull: record name %s: %w", res.Name, err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, res.Name+".json")); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, res.Name+".json"), append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("pull: record name %s: %w", res.Name, err)
 	}
 	return nil

@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // WriteFile atomically replaces path with data (perm applies to a new file).
@@ -29,41 +30,16 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 
 // Write atomically replaces path with what fill writes. fill's error, or any
 // error of the write-out, leaves path untouched and removes the temporary file.
-func Write(path string, perm os.FileMode, fill func(w io.Writer) error) (err error) {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+func Write(path string, perm os.FileMode, fill func(w io.Writer) error) error {
+	f, err := Create(path, perm)
 	if err != nil {
-		return fmt.Errorf("atomic write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			_ = f.Close()
-			_ = os.Remove(tmp)
-		}
-	}()
-	if err := f.Chmod(perm); err != nil {
-		return fmt.Errorf("atomic write %s: %w", path, err)
+		return err
 	}
 	if err := fill(f); err != nil {
+		f.Abort()
 		return fmt.Errorf("atomic write %s: %w", path, err)
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("atomic write %s: sync: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("atomic write %s: close: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("atomic write %s: %w", path, err)
-	}
-	if err := SyncDir(dir); err != nil {
-		return fmt.Errorf("atomic write %s: %w", path, err)
-	}
-	return nil
+	return f.Commit()
 }
 
 // CopyFile atomically replaces dst with a copy of src.
@@ -165,4 +141,68 @@ func SyncTree(dir string) error {
 		}
 	}
 	return SyncDir(filepath.Dir(filepath.Clean(dir)))
+}
+
+// File is an output being written in place under a temporary name, for
+// writers that need the file itself (random-access writes, Truncate): Commit
+// makes it the final name durably, Abort drops it. Write is the simpler form.
+type File struct {
+	*os.File
+	path string
+	done bool
+}
+
+// Create starts an atomic replacement of path (perm applies to the new file).
+func Create(path string, perm os.FileMode) (*File, error) {
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	if err != nil {
+		return nil, fmt.Errorf("atomic write %s: %w", path, err)
+	}
+	if err := f.Chmod(perm); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, fmt.Errorf("atomic write %s: %w", path, err)
+	}
+	return &File{File: f, path: path}, nil
+}
+
+// Commit fsyncs the file, renames it over the final name and fsyncs the
+// directory. On error the temporary file is gone and path is untouched.
+func (f *File) Commit() error {
+	if f.done {
+		return fmt.Errorf("atomic write %s: already finished", f.path)
+	}
+	f.done = true
+	err := f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), f.path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("atomic write %s: %w", f.path, err)
+	}
+	return SyncDir(filepath.Dir(f.path))
+}
+
+// Abort drops the temporary file (a no-op after Commit).
+func (f *File) Abort() {
+	if f.done {
+		return
+	}
+	f.done = true
+	f.Close()
+	os.Remove(f.Name())
+}
+
+// IsTemp reports whether a directory entry's name is a temporary file of
+// this package (an atomic write in progress or one a crash left).
+func IsTemp(name string) bool {
+	return strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-")
 }

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
+
 	"github.com/firecracker-microvm/firecracker-go-sdk/client/models"
 
 	"github.com/agentenv/agentenv/vmm"
@@ -138,15 +140,7 @@ func writeConfig(path string, c snapshotConfig) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	return nil
+	return atomicfile.WriteFile(path, append(b, '\n'), 0o644)
 }
 
 // readConfig reads and checks config.json of a snapshot directory. The file

@@ -53,7 +53,7 @@ const (
 // data. The diff is relative to memFile: a VM that goes on running after a
 // capture keeps its anonymous pages, so its next diff is again a diff
 // against memFile (a superset of this one), not against this layer. The
-// layer is written to out+".tmp" and renamed.
+// layer is written atomically (internal/atomicfile).
 func CaptureDiff(ctx context.Context, pid int, memFile, out string, parentUUID lsmt.UUID, message string) (Stats, error) {
 	start := time.Now()
 	st, err := captureDiff(ctx, pid, memFile, out, parentUUID, message)

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/agentenv/agentenv/storage/lsmt"
@@ -153,7 +155,10 @@ func firstDiff(a, b []byte) string {
 
 func noTemp(t *testing.T, out string) {
 	t.Helper()
-	if _, err := os.Stat(out + ".tmp"); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("%s.tmp left behind (stat: %v)", filepath.Base(out), err)
+	ents, _ := os.ReadDir(filepath.Dir(out))
+	for _, e := range ents {
+		if atomicfile.IsTemp(e.Name()) {
+			t.Errorf("temporary file %s left behind next to %s", e.Name(), filepath.Base(out))
+		}
 	}
 }

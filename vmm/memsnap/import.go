@@ -17,7 +17,7 @@ import (
 // ImportFull writes a memory file (the shared RAM file of a freshly booted VM)
 // as a sealed base layer at out: non-zero pages only (holes and zero pages
 // stay unmapped, there is no parent). The virtual size is the file size
-// rounded up to a sector. The layer is written to out+".tmp" and renamed.
+// rounded up to a sector. The layer is written atomically (internal/atomicfile).
 func ImportFull(ctx context.Context, memFile, out, message string) (Stats, error) {
 	start := time.Now()
 	st, err := importFull(ctx, memFile, out, message)

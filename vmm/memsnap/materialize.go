@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
+
 	"github.com/agentenv/agentenv/storage/lsmt"
 )
 
 // Materialize flattens a stack of sealed memory layers (bottom to top) into a
-// sparse raw file at out, written to out+".tmp" then renamed, so a crash
+// sparse raw file at out, written atomically (internal/atomicfile), so a crash
 // never leaves a half file under the final name. The size is the top layer's
 // virtual size. Only non-zero data is written: unmapped ranges, zeroed
 // extents and zero pages inside data extents stay holes.
@@ -30,7 +32,7 @@ func materialize(ctx context.Context, paths []string, out string) (int64, error)
 		return 0, err
 	}
 	defer st.Close()
-	af, err := createAtomic(out)
+	af, err := atomicfile.Create(out, 0o600) // guest memory: private to its owner
 	if err != nil {
 		return 0, err
 	}
@@ -39,10 +41,10 @@ func materialize(ctx context.Context, paths []string, out string) (int64, error)
 		err = af.Truncate(st.Size())
 	}
 	if err != nil {
-		af.abort()
+		af.Abort()
 		return written, err
 	}
-	return written, af.commit()
+	return written, af.Commit()
 }
 
 // copyStack writes the data segments of the stack's merged index to f at
@@ -55,7 +57,7 @@ func materialize(ctx context.Context, paths []string, out string) (int64, error)
 // layer's pieces of a window with one read of their physical span (layers
 // are packed in logical order) and writing each contiguous run once keeps
 // the system calls per window to a few.
-func copyStack(ctx context.Context, st *lsmt.Stack, f *atomicFile, onto bool) (int64, error) {
+func copyStack(ctx context.Context, st *lsmt.Stack, f *atomicfile.File, onto bool) (int64, error) {
 	size := st.Size()
 	w := &window{lowers: st.Lowers(), buf: make([]byte, readBatch)}
 	var written int64
@@ -162,7 +164,7 @@ func (w *window) fillPieces(segs []lsmt.Segment, tag uint8, w0, w1 int64) error 
 
 // emit writes the window: contiguous data pieces as one run each (zero
 // pages skipped, or zeroed in f when onto), zeroed pieces zeroed in f when onto.
-func (w *window) emit(f *atomicFile, segs []lsmt.Segment, w0, w1 int64, onto bool) (int64, error) {
+func (w *window) emit(f *atomicfile.File, segs []lsmt.Segment, w0, w1 int64, onto bool) (int64, error) {
 	var written int64
 	runA, runB := int64(-1), int64(-1)
 	flush := func() error {
@@ -220,7 +222,7 @@ func readAt(l *lsmt.Layer, p []byte, off int64) error {
 // writeNonZero writes the parts of b (at off) that are not whole zero pages
 // (page boundaries taken in the output file), so zero pages stay holes. With
 // punch set, the zero pieces are also zeroed in f (which may hold data there).
-func writeNonZero(f *atomicFile, b []byte, off int64, punch bool) (int64, error) {
+func writeNonZero(f *atomicfile.File, b []byte, off int64, punch bool) (int64, error) {
 	ps := int64(pageSize)
 	var written int64
 	pieceEnd := func(p int64) int64 { return min((off+p)/ps*ps+ps-off, int64(len(b))) }

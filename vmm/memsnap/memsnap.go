@@ -25,8 +25,9 @@ package memsnap
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
+
+	"github.com/agentenv/agentenv/internal/atomicfile"
 
 	"github.com/agentenv/agentenv/storage/lsmt"
 )
@@ -52,72 +53,29 @@ func LayerUUID(path string) (lsmt.UUID, error) {
 // pageSize is the host's base page size: the unit of pagemap entries.
 var pageSize = os.Getpagesize()
 
-// atomicFile is an output written under path+".tmp" and renamed into place
-// only when complete, so a crash never leaves a half file under the final name.
-// Guest memory may hold secrets: files are private to their owner (0600).
-type atomicFile struct {
-	*os.File
-	path string
-}
-
-func createAtomic(path string) (*atomicFile, error) {
-	f, err := os.OpenFile(path+".tmp", os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	return &atomicFile{File: f, path: path}, nil
-}
-
-// commit syncs the file, renames it to its final name and syncs the directory.
-func (a *atomicFile) commit() error {
-	if err := a.Sync(); err != nil {
-		a.abort()
-		return err
-	}
-	if err := a.Close(); err != nil {
-		os.Remove(a.Name())
-		return err
-	}
-	if err := os.Rename(a.Name(), a.path); err != nil {
-		os.Remove(a.Name())
-		return err
-	}
-	if d, err := os.Open(filepath.Dir(a.path)); err == nil {
-		d.Sync() // best effort: the rename is done either way
-		d.Close()
-	}
-	return nil
-}
-
-// abort drops the temporary file.
-func (a *atomicFile) abort() {
-	a.Close()
-	os.Remove(a.Name())
-}
-
 // writeLayer writes the sealed layer out atomically: fill hands its extents
 // to the writer; st.Bytes gets the file's size. On any error nothing is left
 // under out.
 func writeLayer(out string, opt lsmt.SealOptions, st *Stats, fill func(*lsmt.ExtentWriter) error) error {
-	af, err := createAtomic(out)
+	af, err := atomicfile.Create(out, 0o600) // guest memory: private to its owner
 	if err != nil {
 		return err
 	}
 	xw, err := lsmt.NewExtentWriter(af, opt)
 	if err != nil {
-		af.abort()
+		af.Abort()
 		return err
 	}
 	if err := fill(xw); err != nil {
-		af.abort()
+		af.Abort()
 		return err
 	}
 	res, err := xw.Close()
 	if err != nil {
-		af.abort()
+		af.Abort()
 		return err
 	}
-	if err := af.commit(); err != nil {
+	if err := af.Commit(); err != nil {
 		return err
 	}
 	st.Bytes = res.FileSize

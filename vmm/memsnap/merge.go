@@ -18,7 +18,7 @@ import (
 // not check parents). Pages are classified like a capture's: non-zero pages
 // are data, zero pages and zeroed extents are zeroed extents (always kept:
 // a layer cannot tell whether anything will lie below it). The layer is
-// written to out+".tmp" and renamed. The merged layer's size is the top
+// written atomically (internal/atomicfile). The merged layer's size is the top
 // merged layer's: a chain's layers all have the guest RAM's size, and a
 // lower layer's mappings past a smaller top are cut.
 func Merge(ctx context.Context, layers []string, out, message string) (Stats, error) {

@@ -9,6 +9,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -23,7 +25,7 @@ import (
 // tmpfs) it is a full copy of base plus the diffs, which bench/memsnap
 // measures as slower than Materialize of a base and one diff: use it there
 // only for deep stacks. The size is the top
-// layer's virtual size. Like Materialize, it writes out+".tmp" and renames
+// layer's virtual size. Like Materialize, it writes it atomically (internal/atomicfile)
 // it; out may be base itself. It equals Materialize of the whole stack when
 // base is as large as the lower layers (one chain has one size).
 func MaterializeOnto(ctx context.Context, base string, layers []string, out string) error {
@@ -55,7 +57,7 @@ func materializeOnto(ctx context.Context, base string, paths []string, out strin
 	if !fi.Mode().IsRegular() {
 		return 0, fmt.Errorf("base %s is not a regular file", base)
 	}
-	af, err := createAtomic(out)
+	af, err := atomicfile.Create(out, 0o600) // guest memory: private to its owner
 	if err != nil {
 		return 0, err
 	}
@@ -68,10 +70,10 @@ func materializeOnto(ctx context.Context, base string, paths []string, out strin
 		written, err = copyStack(ctx, st, af, true)
 	}
 	if err != nil {
-		af.abort()
+		af.Abort()
 		return written, err
 	}
-	return written, af.commit()
+	return written, af.Commit()
 }
 
 // cloneSparse makes dst (empty) a copy of src's first size bytes: a reflink

@@ -16,7 +16,7 @@ import (
 // written page, so an all-zero one becomes a zeroed extent (it must hide the
 // parent's data); holes stay unmapped (the parent shows through). A file
 // system that reports no holes makes every page a written one: correct, only
-// larger. The layer is written to out+".tmp" and renamed.
+// larger. The layer is written atomically (internal/atomicfile).
 func ImportSparseDiff(ctx context.Context, diffFile, out string, parentUUID lsmt.UUID, message string) (Stats, error) {
 	start := time.Now()
 	st, err := importSparseDiff(ctx, diffFile, out, parentUUID, message)

@@ -84,7 +84,5 @@ func TestImportSparseDiff(t *testing.T) {
 	if _, err := ImportSparseDiff(ctx, filepath.Join(dir, "missing"), filepath.Join(dir, "x.lsmt"), parent, ""); err == nil {
 		t.Fatal("a missing diff file imported")
 	}
-	if _, err := os.Stat(filepath.Join(dir, "x.lsmt.tmp")); !os.IsNotExist(err) {
-		t.Fatal("a failed import left its temporary file")
-	}
+	noTemp(t, filepath.Join(dir, "x.lsmt"))
 }

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
+
 	"github.com/agentenv/agentenv/vmm"
 	"golang.org/x/sys/unix"
 )
@@ -39,10 +41,10 @@ func (m *machine) saveRecord() error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
+	if err := atomicfile.WriteFile(path, b, 0o600); err != nil {
 		return fmt.Errorf("machine record: %w", err)
 	}
-	return os.Rename(path+".tmp", path)
+	return nil
 }
 
 // Adopt implements vmm.Adopter: it takes over a QEMU started by an earlier
