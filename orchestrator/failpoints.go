@@ -27,6 +27,8 @@ var (
 
 	fpForkSnapshot = failpoint.New("orchestrator/fork/snapshot") // the hidden snapshot exists, no child yet
 
+	fpKillRecorded = failpoint.New("orchestrator/kill/recorded") // "killing" is durable, nothing removed yet
+
 	fpCompactMerged = failpoint.New("orchestrator/compact/merged") // merged layers written, record not yet
 
 	fpTemplateImported = failpoint.New("orchestrator/template/memory-imported") // base memory layer written, manifest not yet

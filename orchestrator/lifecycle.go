@@ -33,6 +33,9 @@ func (o *Orchestrator) killLocked(ctx context.Context, s *instance) (err error) 
 	if err := o.update(s, func(r *Record) { r.State = Killing }); err != nil {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
+	if err := fpKillRecorded.Inject(); err != nil {
+		return fmt.Errorf("kill sandbox %s: %w", id, err)
+	}
 	o.stopTimer(s)
 	tmpl := s.rec.TemplateID
 	if err := o.remove(ctx, s); err != nil {

@@ -179,6 +179,7 @@ func TestCrashMatrix(t *testing.T) {
 		"orchestrator/resume/":   n.crashResume,
 		"orchestrator/snapshot/": n.crashSnapshot,
 		"orchestrator/fork/":     n.crashFork,
+		"orchestrator/kill/":     n.crashKill,
 	}
 	covered := 0
 	for prefix, run := range cases {
@@ -261,6 +262,17 @@ func (n *node) snapshotDirs(t *testing.T) []string {
 		out = append(out, e.Name())
 	}
 	return out
+}
+
+// crashKill: a kill interrupted after "killing" was recorded is finished by
+// the restart: the sandbox is gone, with everything it owned.
+func (n *node) crashKill(t *testing.T, point string) {
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	n.crashAt(t, point, func() { _, _, _, _ = n.Call("DELETE", "/sandboxes/"+id, n.key, "") })
+	if st, ok := n.listed(t)[id]; ok {
+		t.Fatalf("a kill interrupted at %s left the sandbox %s", point, st)
+	}
+	n.expect(t, http.StatusNotFound, "GET", "/sandboxes/"+id, n.key, "")
 }
 
 // resumeAndCheck brings the sandbox up (whether recovery left it running
