@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/snapshot"
 )
 
 // Snapshots and forks (issue #8): a snapshot captures a sandbox while it
@@ -116,7 +116,7 @@ func (s *Server) DeleteSnapshot(w http.ResponseWriter, r *http.Request, snapshot
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func snapshotInfo(r orchestrator.SnapshotRecord) SnapshotInfo {
+func snapshotInfo(r snapshot.Record) SnapshotInfo {
 	mem, rootfs := r.LayerCounts()
 	names := r.Names
 	if names == nil {

@@ -20,7 +20,9 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/guest/image"
+	"github.com/agentenv/agentenv/internal/ids"
 	"github.com/agentenv/agentenv/oci"
+	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
 )
 
@@ -273,7 +275,7 @@ func (o *Orchestrator) CreateTemplate(req TemplateRequest) (Template, string, er
 	if req.VCPUs < 1 || req.VCPUs > 64 || req.MemoryMiB < 128 || req.MemoryMiB > 1<<20 {
 		return Template{}, "", fmt.Errorf("template resources: cpuCount 1..64 and memoryMB >= 128 (got %d, %d): %w", req.VCPUs, req.MemoryMiB, ErrInvalid)
 	}
-	buildID, err := newUUID()
+	buildID, err := ids.UUID()
 	if err != nil {
 		return Template{}, "", err
 	}
@@ -288,7 +290,7 @@ func (o *Orchestrator) CreateTemplate(req TemplateRequest) (Template, string, er
 		}
 	}
 	if t == nil {
-		id, err := newID()
+		id, err := ids.New()
 		if err != nil {
 			return Template{}, "", err
 		}
@@ -491,7 +493,7 @@ func (o *Orchestrator) defaultUser(templateID string) string {
 			}
 			break
 		}
-		var snap SnapshotRecord
+		var snap snapshot.Record
 		if err := o.store.Get(store.Snapshots, templateID, &snap); err != nil || snap.TemplateID == templateID {
 			break
 		}

@@ -2,11 +2,8 @@ package orchestrator
 
 import (
 	"bufio"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -175,18 +172,6 @@ func (b *builder) run(job buildJob) {
 	b.finish(job.templateID, job.buildID, built, err, step)
 	b.o.log.Info("template build finished", "template", job.templateID, "build", job.buildID,
 		"ok", err == nil, "took", time.Since(start).Round(time.Millisecond))
-}
-
-// newUUID returns a random (version 4) UUID, E2B's form of build ids.
-func newUUID() (string, error) {
-	var u [16]byte
-	if _, err := rand.Read(u[:]); err != nil {
-		return "", fmt.Errorf("build id: %w", err)
-	}
-	u[6] = u[6]&0x0f | 0x40
-	u[8] = u[8]&0x3f | 0x80
-	h := hex.EncodeToString(u[:])
-	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:], nil
 }
 
 var errNoBash = errors.New("no /bin/bash in the image")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/snapshot"
 
 	"connectrpc.com/connect"
 
@@ -66,7 +67,7 @@ func (b *builder) execute(ctx context.Context, t *Template, buildID string, spec
 			return nil, StepBase, err
 		}
 		rec.RootfsImage = filepath.Join(dir, "rootfs-boot.json")
-		if err := imageConfig(rec.RootfsImage, []string{layer}); err != nil {
+		if err := snapshot.WriteImageConfig(rec.RootfsImage, []string{layer}); err != nil {
 			return nil, StepBase, err
 		}
 	} else {
@@ -95,7 +96,7 @@ func (b *builder) execute(ctx context.Context, t *Template, buildID string, spec
 	if src == nil {
 		kernel, initrd := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.cpio")
 		for s, d := range map[string]string{b.opt.Assets.Kernel: kernel, b.opt.Assets.Initrd: initrd} {
-			if err := sparseCopy(ctx, s, d); err != nil {
+			if err := snapshot.SparseCopy(ctx, s, d); err != nil {
 				return nil, StepBase, err
 			}
 		}

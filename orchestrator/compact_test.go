@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/storage/lsmt"
 	"github.com/agentenv/agentenv/store"
@@ -108,11 +109,11 @@ func TestCompactMergesOwnLayers(t *testing.T) {
 	if wantMem[8192] != 0 || wantMem[4096] != '5' || wantMem[0] != 'b' {
 		t.Fatalf("test layers read wrong before the merge: %q %q %q", wantMem[0], wantMem[4096], wantMem[8192])
 	}
-	if err := writeMemoryManifest(snap, MemoryImage{Layers: mem, File: filepath.Join(snap, flatMemory)}); err != nil {
+	if err := snapshot.WriteMemoryManifest(snap, snapshot.MemoryImage{Layers: mem, File: filepath.Join(snap, snapshot.FlatMemory)}); err != nil {
 		t.Fatal(err)
 	}
 	cfg := filepath.Join(sbx, "rootfs-5.json")
-	if err := imageConfig(cfg, disk); err != nil {
+	if err := snapshot.WriteImageConfig(cfg, disk); err != nil {
 		t.Fatal(err)
 	}
 	rec := Record{ID: "s", State: Paused, Dir: sbx, Snapshot: snap, RootfsImage: cfg, Gen: 6}
@@ -120,12 +121,12 @@ func TestCompactMergesOwnLayers(t *testing.T) {
 	if err := o.compact(context.Background(), "s"); err != nil {
 		t.Fatal(err)
 	}
-	m, err := readMemoryManifest(snap)
+	m, err := snapshot.ReadMemoryManifest(snap)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, _ := o.Get("s")
-	layers := refs(got.RootfsImage)
+	layers := snapshot.Refs(got.RootfsImage)
 	if len(m.Layers) != 2 || m.Layers[0] != mem[0] || len(layers) != 2 || layers[0] != disk[0] {
 		t.Fatalf("after compaction: memory %v, rootfs %v; want the template base plus one merged layer each", m.Layers, layers)
 	}

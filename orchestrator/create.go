@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/ids"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -94,7 +96,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 // under refMu: a deletion of the source either happened before (the create
 // fails with not found) or sees the sandbox.
 func (o *Orchestrator) register(opts CreateOptions) (*instance, *Template, error) {
-	id, err := newID()
+	id, err := ids.New()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -115,11 +117,11 @@ func (o *Orchestrator) register(opts CreateOptions) (*instance, *Template, error
 	// the agent around the proxy would still be refused. A secure sandbox's
 	// client holds it (E2B's envdAccessToken); otherwise only the proxy
 	// knows it and presents it.
-	if s.rec.AccessToken, err = randomHex(32); err != nil {
+	if s.rec.AccessToken, err = ids.Hex(32); err != nil {
 		return nil, nil, err
 	}
 	if opts.PrivateTraffic {
-		if s.rec.TrafficToken, err = randomHex(32); err != nil {
+		if s.rec.TrafficToken, err = ids.Hex(32); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -194,7 +196,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	var mem MemoryImage
+	var mem snapshot.MemoryImage
 	spec := sandbox.Spec{
 		ID: fmt.Sprintf("%s-%d", rec.ID, rec.Gen), RunDir: filepath.Join(rec.Dir, fmt.Sprintf("run-%d", rec.Gen)),
 		Policy: rec.Policy, Disk: vmDisk{o, s}, Restore: snapshotDir,

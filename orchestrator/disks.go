@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	storimage "github.com/agentenv/agentenv/storage/image"
@@ -38,7 +39,7 @@ type diskBackend interface {
 	seal(ctx context.Context, rec Record, name, message string) (string, error)
 	// copyInto puts the disk rec has now into the snapshot directory dir
 	// (shared layers are hard-linked) and fills r's disk fields.
-	copyInto(ctx context.Context, rec Record, dir string, r *SnapshotRecord) error
+	copyInto(ctx context.Context, rec Record, dir string, r *snapshot.Record) error
 	// templateDisk prepares the writable disk a template boots from (raw
 	// is its ext4 image); finish, once the VM stopped, commits it to t
 	// (commit) or cleans up.
@@ -146,17 +147,17 @@ func (d *daemonDisks) seal(ctx context.Context, rec Record, name, message string
 	return sealDevice(ctx, d.sd, rec, name, message)
 }
 
-func (d *daemonDisks) copyInto(_ context.Context, rec Record, dir string, r *SnapshotRecord) error {
-	layers, err := layersOf(rec.RootfsImage)
+func (d *daemonDisks) copyInto(_ context.Context, rec Record, dir string, r *snapshot.Record) error {
+	layers, err := snapshot.LayersOf(rec.RootfsImage)
 	if err != nil {
 		return err
 	}
-	snapLayers, err := adoptLayers(layers, rec.Dir, dir)
+	snapLayers, err := snapshot.AdoptLayers(layers, rec.Dir, dir)
 	if err != nil {
 		return err
 	}
 	r.RootfsImage = filepath.Join(dir, "rootfs.json")
-	return imageConfig(r.RootfsImage, snapLayers)
+	return snapshot.WriteImageConfig(r.RootfsImage, snapLayers)
 }
 
 func (d *daemonDisks) templateDisk(ctx context.Context, t *Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error) {
@@ -165,7 +166,7 @@ func (d *daemonDisks) templateDisk(ctx context.Context, t *Template, raw string)
 		return vmm.Drive{}, nil, err
 	}
 	bootCfg := filepath.Join(t.Dir, "rootfs-boot.json")
-	if err := imageConfig(bootCfg, []string{base}); err != nil {
+	if err := snapshot.WriteImageConfig(bootCfg, []string{base}); err != nil {
 		return vmm.Drive{}, nil, err
 	}
 	rec := Record{ID: "template-" + t.ID, Dir: t.Dir, Gen: 1, RootfsImage: bootCfg}
@@ -218,7 +219,7 @@ func (fileDisks) name() string { return "files" }
 
 func (f fileDisks) prepare(ctx context.Context, t *Template, rec *Record) error {
 	rec.Rootfs = filepath.Join(rec.Dir, "rootfs.ext4")
-	return sparseCopy(ctx, t.Rootfs, rec.Rootfs)
+	return snapshot.SparseCopy(ctx, t.Rootfs, rec.Rootfs)
 }
 
 func (f fileDisks) attach(_ context.Context, rec Record) (vmm.Drive, device, error) {
@@ -234,14 +235,14 @@ func (fileDisks) seal(_ context.Context, rec Record, _, _ string) (string, error
 	return "", atomicfile.SyncFile(rec.Rootfs)
 }
 
-func (fileDisks) copyInto(ctx context.Context, rec Record, dir string, r *SnapshotRecord) error {
+func (fileDisks) copyInto(ctx context.Context, rec Record, dir string, r *snapshot.Record) error {
 	r.Rootfs = filepath.Join(dir, "rootfs.ext4")
-	return sparseCopy(ctx, rec.Rootfs, r.Rootfs)
+	return snapshot.SparseCopy(ctx, rec.Rootfs, r.Rootfs)
 }
 
 func (fileDisks) templateDisk(ctx context.Context, t *Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error) {
 	t.Rootfs = filepath.Join(t.Dir, "rootfs.ext4")
-	if err := sparseCopy(ctx, raw, t.Rootfs); err != nil {
+	if err := snapshot.SparseCopy(ctx, raw, t.Rootfs); err != nil {
 		return vmm.Drive{}, nil, err
 	}
 	return vmm.Drive{ID: rootfsDrive, Path: t.Rootfs}, func(context.Context, bool) error { return nil }, nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -51,7 +52,7 @@ func (o *Orchestrator) removeUnowned() {
 	for _, s := range o.sandboxes {
 		owned[filepath.Clean(s.rec.Dir)] = true
 	}
-	snaps, _ := store.ListAll[SnapshotRecord](o.store, store.Snapshots)
+	snaps, _ := store.ListAll[snapshot.Record](o.store, store.Snapshots)
 	for _, r := range snaps {
 		owned[filepath.Clean(r.Dir)] = true
 	}

@@ -44,9 +44,6 @@ package orchestrator
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -56,8 +53,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
@@ -90,12 +89,10 @@ const (
 // ErrCapacity); anything else is an internal failure (500), whatever the
 // lower layer called it.
 var (
-	ErrNotFound = errors.New("not found")       // 404
-	ErrConflict = errors.New("conflict")        // 409
-	ErrInvalid  = errors.New("invalid request") // 400
-	// ErrCapacity: the node cannot take the request now (no network slot,
-	// no storage device, not enough free memory); retry later or elsewhere.
-	ErrCapacity = errors.New("node at capacity") // 503 with Retry-After
+	ErrNotFound = errdefs.ErrNotFound // 404
+	ErrConflict = errdefs.ErrConflict // 409
+	ErrInvalid  = errdefs.ErrInvalid  // 400
+	ErrCapacity = errdefs.ErrCapacity // 503 with Retry-After
 )
 
 // Record is the persisted description of a sandbox.
@@ -132,9 +129,9 @@ type Record struct {
 	Snapshot    string `json:"snapshot,omitempty"` // set while paused
 	// Memory is the layered memory image the running VM maps (empty when
 	// its snapshot carried the memory whole).
-	Memory MemoryImage `json:"memory,omitempty"`
-	Gen    int         `json:"gen"` // bumps on every (re)start of the VM
-	PID    int         `json:"pid,omitempty"`
+	Memory snapshot.MemoryImage `json:"memory,omitempty"`
+	Gen    int                  `json:"gen"` // bumps on every (re)start of the VM
+	PID    int                  `json:"pid,omitempty"`
 	// PIDStart is the VMM process's start time (see procStart): with PID it
 	// names the process even after the pid was reused.
 	PIDStart uint64         `json:"pidStart,omitempty"`
@@ -410,28 +407,6 @@ func (o *Orchestrator) Counts() map[State]int {
 		out[r.State]++
 	}
 	return out
-}
-
-const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-
-// newID returns 20 characters of [a-z0-9], as E2B's sandbox ids.
-func newID() (string, error) {
-	b := make([]byte, 20)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("sandbox id: %w", err)
-	}
-	for i := range b {
-		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
-	}
-	return string(b), nil
-}
-
-func randomHex(n int) (string, error) {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("random token: %w", err)
-	}
-	return hex.EncodeToString(b), nil
 }
 
 // killStale ends a VMM process left by a previous aenvd run, if pid and

@@ -3,41 +3,11 @@ package orchestrator
 import (
 	"errors"
 	"path/filepath"
-	"reflect"
-	"regexp"
 	"testing"
 	"time"
 
 	"github.com/agentenv/agentenv/store"
 )
-
-func TestNewIDIsADNSLabel(t *testing.T) {
-	re := regexp.MustCompile(`^[a-z0-9]{20}$`)
-	seen := map[string]bool{}
-	for range 1000 {
-		id, err := newID()
-		if err != nil || !re.MatchString(id) || seen[id] {
-			t.Fatalf("id %q (err %v, repeated %v)", id, err, seen[id])
-		}
-		seen[id] = true
-	}
-}
-
-func TestImageConfigRoundTrip(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "rootfs-2.json")
-	layers := []string{filepath.Join(dir, "rootfs-0.lsmt"), "/abs/elsewhere/rootfs-1.lsmt"}
-	if err := imageConfig(path, layers); err != nil {
-		t.Fatal(err)
-	}
-	got, err := layersOf(path)
-	if err != nil || !reflect.DeepEqual(got, layers) {
-		t.Fatalf("layersOf = %v, %v; want %v", got, err, layers)
-	}
-	if _, err := layersOf(filepath.Join(dir, "missing.json")); err == nil {
-		t.Fatal("layersOf of a missing config succeeded")
-	}
-}
 
 // TestLoadKeepsPausedDropsTheRest: without a VMM, New keeps paused records
 // whose snapshot exists and drops every other.

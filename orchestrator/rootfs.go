@@ -2,55 +2,16 @@ package orchestrator
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 
-	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
-	"github.com/agentenv/agentenv/storage/image"
 )
 
 // Image configs and seals of storage-daemon disks (see disks.go).
-
-// imageConfig writes an image config listing layers (absolute paths,
-// bottom first) at path.
-func imageConfig(path string, layers []string) error {
-	cfg := image.Config{}
-	for _, l := range layers {
-		cfg.Lowers = append(cfg.Lowers, image.LayerRef{File: l})
-	}
-	b, err := json.MarshalIndent(cfg, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := atomicfile.WriteFile(path, b, 0o600); err != nil {
-		return fmt.Errorf("write image config: %w", err)
-	}
-	return nil
-}
-
-// layersOf reads the lowers of an image config as absolute paths.
-func layersOf(path string) ([]string, error) {
-	cfg, err := image.LoadConfig(path)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, l := range cfg.Lowers {
-		if l.File == "" {
-			return nil, fmt.Errorf("image config %s: layer %+v is not a local file", path, l)
-		}
-		p := l.File
-		if !filepath.IsAbs(p) {
-			p = filepath.Join(filepath.Dir(path), p)
-		}
-		out = append(out, p)
-	}
-	return out, nil
-}
 
 // sealDevice seals rec's device's upper into a new layer <dir>/<name>.lsmt
 // (<name>.<k>.lsmt when a seal of the same generation exists already: a
@@ -74,7 +35,7 @@ func sealDevice(ctx context.Context, sd client.Devices, rec Record, name, messag
 		return "", fmt.Errorf("seal rootfs of %s: restack: %w", rec.ID, err)
 	}
 	cfg := base + ".json"
-	if err := imageConfig(cfg, res.Device.Layers); err != nil {
+	if err := snapshot.WriteImageConfig(cfg, res.Device.Layers); err != nil {
 		return "", fmt.Errorf("seal rootfs of %s: %w", rec.ID, err)
 	}
 	return cfg, nil

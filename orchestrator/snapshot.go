@@ -6,57 +6,28 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
-	"sort"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/internal/ids"
+	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
 )
 
 // Snapshots are persistent, named restore points of a sandbox, taken while
 // it keeps running: the VM pauses, its state, memory and disk are captured,
 // and it resumes in place. A snapshot's id or name is accepted wherever a
-// template id is (create, fork children).
-//
-// On disk a snapshot is data_dir/snapshots/<id>: vm/ (the VMM snapshot:
-// state, config, memory image and memory.json when memory is layered),
-// rootfs.json + the sealed layers that lived in the sandbox's directory
-// (hard links, so killing the sandbox keeps them), or rootfs.ext4 in file
-// mode.
+// template id is (create, fork children). What a snapshot is on disk, and
+// its record, are package snapshot's.
 
-// SnapshotRecord is the persisted description of a snapshot.
-type SnapshotRecord struct {
-	ID          string    `json:"id"`
-	Names       []string  `json:"names"`
-	SandboxID   string    `json:"sandboxID"`
-	TemplateID  string    `json:"templateID"`
-	CreatedAt   time.Time `json:"createdAt"`
-	Dir         string    `json:"dir"`
-	VM          string    `json:"vm"`                    // the VMM snapshot directory
-	RootfsImage string    `json:"rootfsImage,omitempty"` // daemon mode
-	Rootfs      string    `json:"rootfs,omitempty"`      // file mode
-	VCPUs       int       `json:"vcpus"`
-	MemoryMiB   int       `json:"memoryMiB"`
-	DiskMiB     int       `json:"diskMiB"`
-	EnvdVersion string    `json:"envdVersion"`
-	// GuestToken is the access token the snapshot's agent holds (its
-	// sandbox's): sandboxes created from it present it at their first /init.
-	GuestToken string `json:"guestToken,omitempty"`
-	// Hidden snapshots (taken for a fork) are not listed.
-	Hidden bool `json:"hidden,omitempty"`
-}
-
-// asTemplate is the snapshot seen as a template to create sandboxes from.
-func (r SnapshotRecord) asTemplate() *Template {
+// asTemplate is the snapshot r seen as a template to create sandboxes from.
+func asTemplate(r snapshot.Record) *Template {
 	return &Template{ID: r.ID, Dir: r.Dir, Snapshot: r.VM, Rootfs: r.Rootfs, RootfsImage: r.RootfsImage,
 		VCPUs: r.VCPUs, MemoryMiB: r.MemoryMiB, DiskMiB: r.DiskMiB, EnvdVersion: r.EnvdVersion, CreatedAt: r.CreatedAt,
 		GuestToken: r.GuestToken}
 }
-
-var snapshotName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`)
 
 // source resolves a template id, or a snapshot id or name, to what a
 // sandbox is restored from.
@@ -69,75 +40,34 @@ func (o *Orchestrator) source(id string) (*Template, error) {
 	if serr != nil {
 		return nil, fmt.Errorf("template or snapshot %q: %w", id, ErrNotFound)
 	}
-	return snap.asTemplate(), nil
+	return asTemplate(snap), nil
 }
 
 // Snapshot returns a snapshot by id or name.
-func (o *Orchestrator) Snapshot(idOrName string) (SnapshotRecord, error) {
-	var r SnapshotRecord
-	if err := o.store.Get(store.Snapshots, idOrName, &r); err == nil {
-		return r, nil
-	}
-	all, err := store.ListAll[SnapshotRecord](o.store, store.Snapshots)
-	if err != nil {
-		return r, err
-	}
-	for _, s := range all {
-		for _, n := range s.Names {
-			if n == idOrName {
-				return s, nil
-			}
-		}
-	}
-	return r, fmt.Errorf("snapshot %q: %w", idOrName, ErrNotFound)
+func (o *Orchestrator) Snapshot(idOrName string) (snapshot.Record, error) {
+	return snapshot.Get(o.store, idOrName)
 }
 
 // Snapshots lists the visible snapshots, newest first, optionally only those
 // of one sandbox or carrying one name.
-func (o *Orchestrator) Snapshots(sandboxID, name string) ([]SnapshotRecord, error) {
-	all, err := store.ListAll[SnapshotRecord](o.store, store.Snapshots)
-	if err != nil {
-		return nil, err
-	}
-	out := all[:0]
-	for _, s := range all {
-		if s.Hidden || (sandboxID != "" && s.SandboxID != sandboxID) || (name != "" && !contains(s.Names, name)) {
-			continue
-		}
-		out = append(out, s)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
-			return out[i].CreatedAt.After(out[j].CreatedAt)
-		}
-		return out[i].ID < out[j].ID
-	})
-	return out, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
+func (o *Orchestrator) Snapshots(sandboxID, name string) ([]snapshot.Record, error) {
+	return snapshot.List(o.store, sandboxID, name)
 }
 
 // CreateSnapshot captures a running sandbox (it pauses for the capture and
 // resumes in place) or a paused one, under an optional unique name.
-func (o *Orchestrator) CreateSnapshot(ctx context.Context, sandboxID, name string) (SnapshotRecord, error) {
+func (o *Orchestrator) CreateSnapshot(ctx context.Context, sandboxID, name string) (snapshot.Record, error) {
 	if name != "" {
-		if !snapshotName.MatchString(name) {
-			return SnapshotRecord{}, fmt.Errorf("snapshot name %q: letters, digits, '.', '_' and '-', at most 128: %w", name, ErrInvalid)
+		if !snapshot.ValidName.MatchString(name) {
+			return snapshot.Record{}, fmt.Errorf("snapshot name %q: letters, digits, '.', '_' and '-', at most 128: %w", name, ErrInvalid)
 		}
 		if _, err := o.source(name); err == nil {
-			return SnapshotRecord{}, fmt.Errorf("snapshot name %q is taken by a template or snapshot: %w", name, ErrConflict)
+			return snapshot.Record{}, fmt.Errorf("snapshot name %q is taken by a template or snapshot: %w", name, ErrConflict)
 		}
 	}
 	s, err := o.lockOp(sandboxID)
 	if err != nil {
-		return SnapshotRecord{}, err
+		return snapshot.Record{}, err
 	}
 	defer s.op.Unlock()
 	r, err := o.snapshotLocked(ctx, s, false)
@@ -149,7 +79,7 @@ func (o *Orchestrator) CreateSnapshot(ctx context.Context, sandboxID, name strin
 	}
 	if err := o.store.Put(store.Snapshots, r.ID, r); err != nil {
 		_ = os.RemoveAll(r.Dir)
-		return SnapshotRecord{}, fmt.Errorf("snapshot sandbox %s: %w", sandboxID, err)
+		return snapshot.Record{}, fmt.Errorf("snapshot sandbox %s: %w", sandboxID, err)
 	}
 	_ = fpSnapshotStored.Inject()
 	o.log.Info("snapshot created", "sandbox", sandboxID, "snapshot", r.ID, "name", name)
@@ -159,17 +89,17 @@ func (o *Orchestrator) CreateSnapshot(ctx context.Context, sandboxID, name strin
 // snapshotLocked captures s (op lock held) into a new snapshot directory;
 // the caller stores the record. On error nothing is left behind and a
 // running sandbox keeps running.
-func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden bool) (r SnapshotRecord, err error) {
+func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden bool) (r snapshot.Record, err error) {
 	done := o.m.observe("snapshot")
 	defer func() { done(err) }()
-	id, err := newID()
+	id, err := ids.New()
 	if err != nil {
 		return r, err
 	}
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	r = SnapshotRecord{ID: id, Names: []string{}, SandboxID: rec.ID, TemplateID: rec.TemplateID, CreatedAt: time.Now().UTC(),
+	r = snapshot.Record{ID: id, Names: []string{}, SandboxID: rec.ID, TemplateID: rec.TemplateID, CreatedAt: time.Now().UTC(),
 		Dir: filepath.Join(o.cfg.DataDir, "snapshots", id), VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB,
 		DiskMiB: rec.DiskMiB, EnvdVersion: rec.EnvdVersion, GuestToken: rec.GuestToken, Hidden: hidden}
 	r.VM = filepath.Join(r.Dir, "vm")
@@ -200,7 +130,7 @@ func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden b
 
 // captureRunning pauses the VM, writes its snapshot and seals its disk
 // into r, then resumes it whatever happened.
-func (o *Orchestrator) captureRunning(ctx context.Context, s *instance, r *SnapshotRecord) (err error) {
+func (o *Orchestrator) captureRunning(ctx context.Context, s *instance, r *snapshot.Record) (err error) {
 	s.mu.Lock()
 	vm := s.machine()
 	s.mu.Unlock()
@@ -218,7 +148,7 @@ func (o *Orchestrator) captureRunning(ctx context.Context, s *instance, r *Snaps
 	s.mu.Lock()
 	owner := s.rec.Dir
 	s.mu.Unlock()
-	if err := adoptMemory(r.VM, owner, r.Dir); err != nil {
+	if err := snapshot.AdoptMemory(r.VM, owner, r.Dir); err != nil {
 		return err
 	}
 	return o.captureDisk(ctx, s, r)
@@ -229,7 +159,7 @@ func (o *Orchestrator) captureRunning(ctx context.Context, s *instance, r *Snaps
 // sandbox's new layer list is recorded before the VM continues (or a crash
 // would leave a record whose disk lacks the layer); then the disk as of now
 // goes into r's directory.
-func (o *Orchestrator) captureDisk(ctx context.Context, s *instance, r *SnapshotRecord) error {
+func (o *Orchestrator) captureDisk(ctx context.Context, s *instance, r *snapshot.Record) error {
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
@@ -253,62 +183,14 @@ func (o *Orchestrator) captureDisk(ctx context.Context, s *instance, r *Snapshot
 }
 
 // capturePaused copies a paused sandbox's saved state into r.
-func (o *Orchestrator) capturePaused(ctx context.Context, rec Record, r *SnapshotRecord) error {
-	if err := linkTree(rec.Snapshot, r.VM); err != nil {
+func (o *Orchestrator) capturePaused(ctx context.Context, rec Record, r *snapshot.Record) error {
+	if err := snapshot.LinkTree(rec.Snapshot, r.VM); err != nil {
 		return err
 	}
-	if err := adoptMemory(r.VM, rec.Dir, r.Dir); err != nil {
+	if err := snapshot.AdoptMemory(r.VM, rec.Dir, r.Dir); err != nil {
 		return err
 	}
 	return o.disks.copyInto(ctx, rec, r.Dir, r)
-}
-
-// adoptLayers hard-links the layers that live under owner into dir (sealed
-// layers never change, so a link is a copy that costs nothing and survives
-// the owner's removal) and returns the list with those paths replaced.
-func adoptLayers(layers []string, owner, dir string) ([]string, error) {
-	out := make([]string, len(layers))
-	prefix := filepath.Clean(owner) + string(filepath.Separator)
-	for i, l := range layers {
-		out[i] = l
-		if !strings.HasPrefix(l, prefix) {
-			continue
-		}
-		dst := filepath.Join(dir, filepath.Base(l))
-		if err := linkOrCopy(l, dst); err != nil {
-			return nil, err
-		}
-		out[i] = dst
-	}
-	return out, nil
-}
-
-// linkTree hard-links every regular file of src into dst (created).
-func linkTree(src, dst string) error {
-	entries, err := os.ReadDir(src)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if !e.Type().IsRegular() || atomicfile.IsTemp(e.Name()) { // being written
-			continue
-		}
-		if err := linkOrCopy(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// linkOrCopy hard-links src to dst, or copies it sparsely across filesystems.
-func linkOrCopy(src, dst string) error {
-	if err := os.Link(src, dst); err == nil {
-		return nil
-	}
-	return sparseCopy(context.Background(), src, dst)
 }
 
 // DeleteSnapshot removes a snapshot by id or name. It refuses while a
@@ -335,7 +217,7 @@ func (o *Orchestrator) DeleteSnapshot(idOrName string) error {
 }
 
 // snapshotUser names a sandbox or snapshot whose files point into r.Dir.
-func (o *Orchestrator) snapshotUser(r SnapshotRecord) string {
+func (o *Orchestrator) snapshotUser(r snapshot.Record) string {
 	prefix := filepath.Clean(r.Dir) + string(filepath.Separator)
 	uses := func(paths ...string) bool {
 		for _, p := range paths {
@@ -346,32 +228,23 @@ func (o *Orchestrator) snapshotUser(r SnapshotRecord) string {
 		return false
 	}
 	for _, rec := range o.List() {
-		if rec.TemplateID == r.ID || uses(append(refs(rec.RootfsImage), rec.Snapshot, rec.Memory.File)...) ||
+		if rec.TemplateID == r.ID || uses(append(snapshot.Refs(rec.RootfsImage), rec.Snapshot, rec.Memory.File)...) ||
 			uses(rec.Memory.Layers...) {
 			return "sandbox " + rec.ID
 		}
 	}
-	all, _ := store.ListAll[SnapshotRecord](o.store, store.Snapshots)
+	all, _ := store.ListAll[snapshot.Record](o.store, store.Snapshots)
 	for _, other := range all {
-		if other.ID != r.ID && uses(refs(other.RootfsImage)...) {
+		if other.ID != r.ID && uses(snapshot.Refs(other.RootfsImage)...) {
 			return "snapshot " + other.ID
 		}
 		if other.ID != r.ID {
-			if m, err := readMemoryManifest(other.VM); err == nil && uses(append(m.Layers, m.File)...) {
+			if m, err := snapshot.ReadMemoryManifest(other.VM); err == nil && uses(append(m.Layers, m.File)...) {
 				return "snapshot " + other.ID
 			}
 		}
 	}
 	return ""
-}
-
-// refs lists the layer files of an image config (none when unreadable).
-func refs(imageConfig string) []string {
-	if imageConfig == "" {
-		return nil
-	}
-	l, _ := layersOf(imageConfig)
-	return l
 }
 
 // ForkResult is one child of a fork: its record, or why it failed.
@@ -442,24 +315,11 @@ func (o *Orchestrator) forkParallelism() int {
 // collectForkSnapshot deletes the hidden snapshot a fork took once its
 // last child is gone.
 func (o *Orchestrator) collectForkSnapshot(id string) {
-	var r SnapshotRecord
+	var r snapshot.Record
 	if err := o.store.Get(store.Snapshots, id, &r); err != nil || !r.Hidden || o.snapshotUser(r) != "" {
 		return
 	}
 	if err := o.DeleteSnapshot(id); err != nil {
 		o.log.Warn("collect fork snapshot", "snapshot", id, "err", err)
 	}
-}
-
-// LayerCounts reports how many memory and rootfs layers the snapshot has
-// (memory 1 when its memory is one whole file).
-func (r SnapshotRecord) LayerCounts() (memory, rootfs int) {
-	memory, rootfs = 1, 1
-	if m, err := readMemoryManifest(r.VM); err == nil && len(m.Layers) > 0 {
-		memory = len(m.Layers)
-	}
-	if l := refs(r.RootfsImage); len(l) > 0 {
-		rootfs = len(l)
-	}
-	return memory, rootfs
 }

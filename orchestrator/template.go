@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/agentenv/agentenv/guest/image"
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -120,7 +120,7 @@ func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.As
 	// (the snapshot's config names them).
 	kernel, initrd := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.cpio")
 	for src, dst := range map[string]string{a.Kernel: kernel, a.Initrd: initrd} {
-		if err := sparseCopy(ctx, src, dst); err != nil {
+		if err := snapshot.SparseCopy(ctx, src, dst); err != nil {
 			return t, fmt.Errorf("build template %s: %w", id, err)
 		}
 	}
@@ -159,16 +159,6 @@ func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.As
 	}
 	slog.Debug("template snapshot written", "dir", t.Snapshot)
 	return t, nil
-}
-
-// sparseCopy copies src to dst keeping holes (the interim per-sandbox rootfs
-// until the storage daemon's layered exports are wired).
-func sparseCopy(ctx context.Context, src, dst string) error {
-	out, err := exec.CommandContext(ctx, "cp", "--sparse=always", "--reflink=auto", src, dst).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("copy %s to %s: %w: %s", src, dst, err, out)
-	}
-	return nil
 }
 
 func tail(b []byte, n int) []byte {
@@ -262,7 +252,7 @@ func (o *Orchestrator) DeleteTemplate(ctx context.Context, idOrName string) erro
 			return fmt.Errorf("template %s: sandbox %s (%s) uses it: %w", t.ID, r.ID, r.State, ErrConflict)
 		}
 	}
-	snaps, err := store.ListAll[SnapshotRecord](o.store, store.Snapshots)
+	snaps, err := store.ListAll[snapshot.Record](o.store, store.Snapshots)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,84 @@
+package snapshot
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/agentenv/agentenv/internal/atomicfile"
+)
+
+// Guest memory is layered: a template's memory file is imported once as a
+// sealed base layer; a VM restored from a memory image maps its flattened
+// file privately, so the pages it writes are its own anonymous pages, and a
+// pause or snapshot captures exactly those as one more sealed layer next to
+// a VM state without RAM. The next restore maps the stack flattened once
+// into the snapshot's memory file, shared by every VM restored from it.
+// When the VMM cannot write state without RAM, or the VM was not restored
+// from a layered image, the VMM's own snapshot carries the memory whole and
+// there is no manifest.
+
+// MemoryImage names a layered guest memory image: its sealed LSMT layers,
+// bottom first, and the file they flatten to, which VMs map privately.
+type MemoryImage struct {
+	Layers []string `json:"layers,omitempty"`
+	File   string   `json:"file,omitempty"`
+}
+
+// Layered reports whether m names a layered image (else the VMM snapshot's
+// own memory file is the image).
+func (m MemoryImage) Layered() bool { return len(m.Layers) > 0 && m.File != "" }
+
+// memoryManifest is the file in a VMM snapshot directory that says its
+// memory is layered (absent: the snapshot's own memory file is the image).
+const memoryManifest = "memory.json"
+
+// FlatMemory is the flattened layered image in a snapshot directory (not
+// the VMM's own "memory" file, which may be the image the VM started from).
+const FlatMemory = "memory.flat"
+
+// ReadMemoryManifest reads the layered memory image of the VMM snapshot
+// directory vmDir; an error wrapping os.ErrNotExist when it has none.
+func ReadMemoryManifest(vmDir string) (MemoryImage, error) {
+	var m MemoryImage
+	b, err := os.ReadFile(filepath.Join(vmDir, memoryManifest))
+	if err != nil {
+		return m, err
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("memory manifest of %s: %w", vmDir, err)
+	}
+	return m, nil
+}
+
+// WriteMemoryManifest records m as vmDir's memory image, atomically.
+func WriteMemoryManifest(vmDir string, m MemoryImage) error {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(filepath.Join(vmDir, memoryManifest), b, 0o600); err != nil {
+		return fmt.Errorf("write memory manifest of %s: %w", vmDir, err)
+	}
+	return nil
+}
+
+// AdoptMemory rewrites the manifest of a VMM snapshot directory copied from
+// owner's into vmDir: layers under owner are hard-linked into dir, and the
+// flattened file is vmDir's own.
+func AdoptMemory(vmDir, owner, dir string) error {
+	m, err := ReadMemoryManifest(vmDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if m.Layers, err = AdoptLayers(m.Layers, owner, dir); err != nil {
+		return err
+	}
+	m.File = filepath.Join(vmDir, FlatMemory)
+	return WriteMemoryManifest(vmDir, m)
+}
