@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/template"
+
 	"github.com/agentenv/agentenv/oci"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/store"
@@ -41,7 +43,7 @@ func listTestHandler(t *testing.T) (http.Handler, map[string]time.Time) {
 			t.Fatal(err)
 		}
 	}
-	tpl := orchestrator.Template{ID: "tplcode", Names: []string{"code-interpreter"}, Status: "waiting", CreatedAt: t0}
+	tpl := template.Template{ID: "tplcode", Names: []string{"code-interpreter"}, Status: "waiting", CreatedAt: t0}
 	if err := st.Put(store.Templates, tpl.ID, tpl); err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +51,7 @@ func listTestHandler(t *testing.T) (http.Handler, map[string]time.Time) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := o.EnableBuilds(t.Context(), orchestrator.ImageOptions{Pull: oci.Options{CacheDir: filepath.Join(dir, "oci")}}); err != nil {
+	if err := o.EnableBuilds(t.Context(), template.ImageOptions{Pull: oci.Options{CacheDir: filepath.Join(dir, "oci")}}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(o.CloseBuilds)

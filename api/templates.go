@@ -6,7 +6,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/template"
 )
 
 // Template builds (E2B's v2/v3 template API, issue #10): the handlers map
@@ -14,7 +14,7 @@ import (
 
 // builtTemplate maps any template (built, building or the default) to E2B's
 // Template.
-func builtTemplate(t orchestrator.Template) Template {
+func builtTemplate(t template.Template) Template {
 	names := t.Names
 	if len(names) == 0 {
 		names = []string{t.ID}
@@ -40,7 +40,7 @@ func builtTemplate(t orchestrator.Template) Template {
 	}
 	return Template{
 		TemplateID: t.ID, BuildID: buildID, CpuCount: int32(t.VCPUs), MemoryMB: int32(t.MemoryMiB), DiskSizeMB: int32(t.DiskMiB),
-		Public: t.ID == orchestrator.DefaultTemplate, Aliases: names, Names: ptr(names), CreatedAt: t.CreatedAt, UpdatedAt: updated,
+		Public: t.ID == template.DefaultID, Aliases: names, Names: ptr(names), CreatedAt: t.CreatedAt, UpdatedAt: updated,
 		EnvdVersion: t.EnvdVersion, BuildStatus: status, BuildCount: &count,
 	}
 }
@@ -72,7 +72,7 @@ func (s *Server) GetTemplateAlias(w http.ResponseWriter, r *http.Request, alias 
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, TemplateAliasResponse{TemplateID: t.ID, Public: t.ID == orchestrator.DefaultTemplate})
+	writeJSON(w, http.StatusOK, TemplateAliasResponse{TemplateID: t.ID, Public: t.ID == template.DefaultID})
 }
 
 // CreateTemplateV3 implements ServerInterface: 202 with the template and
@@ -86,7 +86,7 @@ func (s *Server) CreateTemplateV3(w http.ResponseWriter, r *http.Request) {
 	if name == "" {
 		name = deref(req.Alias)
 	}
-	t, buildID, err := s.o.CreateTemplate(orchestrator.TemplateRequest{
+	t, buildID, err := s.o.CreateTemplate(template.Request{
 		Name: name, Tags: deref(req.Tags), VCPUs: int(deref(req.CpuCount)), MemoryMiB: int(deref(req.MemoryMB)),
 	})
 	if err != nil {
@@ -113,12 +113,12 @@ func (s *Server) StartTemplateBuildV2(w http.ResponseWriter, r *http.Request, te
 	if !decode(w, r, &req, true) {
 		return
 	}
-	spec := orchestrator.BuildSpec{
+	spec := template.BuildSpec{
 		FromImage: deref(req.FromImage), FromTemplate: deref(req.FromTemplate), Force: deref(req.Force),
 		StartCmd: deref(req.StartCmd), ReadyCmd: deref(req.ReadyCmd),
 	}
 	for _, st := range deref(req.Steps) {
-		spec.Steps = append(spec.Steps, orchestrator.BuildStep{
+		spec.Steps = append(spec.Steps, template.BuildStep{
 			Type: st.Type, Args: deref(st.Args), FilesHash: deref(st.FilesHash), Force: deref(st.Force),
 		})
 	}
@@ -165,7 +165,7 @@ func (s *Server) GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, 
 		out.LogEntries = append(out.LogEntries, logEntry(l))
 		out.Logs = append(out.Logs, fmt.Sprintf("%s [%s] %s", l.Timestamp.Format("2006-01-02T15:04:05.000Z07:00"), l.Level, l.Message))
 	}
-	if st.Status == orchestrator.BuildError {
+	if st.Status == template.BuildError {
 		reason := &BuildStatusReason{Message: st.Reason}
 		if st.ReasonStep != "" {
 			reason.Step = ptr(st.ReasonStep)
@@ -182,7 +182,7 @@ func (s *Server) GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, 
 	writeJSON(w, http.StatusOK, out)
 }
 
-func logEntry(l orchestrator.BuildLog) BuildLogEntry {
+func logEntry(l template.BuildLog) BuildLogEntry {
 	e := BuildLogEntry{Timestamp: l.Timestamp, Level: BuildLogEntryLevel(l.Level), Message: l.Message}
 	if l.Step != "" {
 		e.Step = ptr(l.Step)
@@ -226,8 +226,8 @@ func (s *Server) UploadTemplateFiles(w http.ResponseWriter, r *http.Request, tem
 		writeError(w, http.StatusBadRequest, "send the archive as the raw body (application/octet-stream), not multipart")
 		return
 	}
-	if r.ContentLength > orchestrator.MaxTemplateFiles {
-		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("archive larger than %d bytes", int64(orchestrator.MaxTemplateFiles)))
+	if r.ContentLength > template.MaxTemplateFiles {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("archive larger than %d bytes", int64(template.MaxTemplateFiles)))
 		return
 	}
 	if err := s.o.PutTemplateFiles(r.Context(), templateID, hash, r.Body); err != nil {

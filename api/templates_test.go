@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/template"
+
 	"github.com/agentenv/agentenv/oci"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/store"
@@ -34,7 +36,7 @@ func TestTemplateBuildAPIWithoutVMs(t *testing.T) {
 	if w := do(h, "POST", "/v3/templates", testKey, `{"name":"x"}`); w.Code != http.StatusBadRequest {
 		t.Fatalf("builds not enabled: %d %s", w.Code, w.Body)
 	}
-	if err := o.EnableBuilds(t.Context(), orchestrator.ImageOptions{Pull: oci.Options{CacheDir: filepath.Join(dir, "oci")}}); err != nil {
+	if err := o.EnableBuilds(t.Context(), template.ImageOptions{Pull: oci.Options{CacheDir: filepath.Join(dir, "oci")}}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(o.CloseBuilds)

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/agentenv/agentenv/template"
+
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/storage/lsmt"
@@ -85,7 +87,7 @@ func TestCompactMergesOwnLayers(t *testing.T) {
 	}
 	defer st.Close()
 	o := &Orchestrator{cfg: Options{DataDir: dir, MaxLayers: 3}, store: st, log: slog.Default(),
-		m: newMetrics(prometheus.NewRegistry()), sandboxes: map[string]*instance{}, templates: map[string]*Template{}}
+		m: newMetrics(prometheus.NewRegistry()), sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
 	tmpl, sbx := filepath.Join(dir, "templates", "t"), filepath.Join(dir, "sandboxes", "s")
 	snap := filepath.Join(sbx, "snapshot-6")
 	for _, d := range []string{tmpl, snap} {

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agentenv/agentenv/template"
+
 	"github.com/agentenv/agentenv/internal/ids"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/sandbox"
@@ -95,7 +97,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 // state starting and with its operation lock held, into the registry, both
 // under refMu: a deletion of the source either happened before (the create
 // fails with not found) or sees the sandbox.
-func (o *Orchestrator) register(opts CreateOptions) (*instance, *Template, error) {
+func (o *Orchestrator) register(opts CreateOptions) (*instance, *template.Template, error) {
 	id, err := ids.New()
 	if err != nil {
 		return nil, nil, err

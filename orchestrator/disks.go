@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/agentenv/agentenv/template"
+
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/daemon/client"
@@ -27,7 +29,7 @@ import (
 type diskBackend interface {
 	name() string
 	// prepare gives a new sandbox rec its own disk from template t.
-	prepare(ctx context.Context, t *Template, rec *Record) error
+	prepare(ctx context.Context, t *template.Template, rec *Record) error
 	// attach makes rec's disk available to a VM; a device it creates is
 	// returned for the record.
 	attach(ctx context.Context, rec Record) (vmm.Drive, device, error)
@@ -43,9 +45,9 @@ type diskBackend interface {
 	// templateDisk prepares the writable disk a template boots from (raw
 	// is its ext4 image); finish, once the VM stopped, commits it to t
 	// (commit) or cleans up.
-	templateDisk(ctx context.Context, t *Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error)
+	templateDisk(ctx context.Context, t *template.Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error)
 	// warm keeps root disks of t ready (daemon only).
-	warm(ctx context.Context, t *Template)
+	warm(ctx context.Context, t *template.Template)
 }
 
 // device is a storage-daemon device a VM's disk holds.
@@ -118,7 +120,7 @@ type daemonDisks struct {
 
 func (d *daemonDisks) name() string { return "storaged" }
 
-func (d *daemonDisks) prepare(_ context.Context, t *Template, rec *Record) error {
+func (d *daemonDisks) prepare(_ context.Context, t *template.Template, rec *Record) error {
 	rec.RootfsImage = t.RootfsImage
 	return nil
 }
@@ -160,7 +162,7 @@ func (d *daemonDisks) copyInto(_ context.Context, rec Record, dir string, r *sna
 	return snapshot.WriteImageConfig(r.RootfsImage, snapLayers)
 }
 
-func (d *daemonDisks) templateDisk(ctx context.Context, t *Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error) {
+func (d *daemonDisks) templateDisk(ctx context.Context, t *template.Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error) {
 	base := filepath.Join(t.Dir, "rootfs-0.lsmt")
 	if _, err := storimage.ImportRaw(ctx, raw, base, storimage.CommitOptions{Message: "guest rootfs " + raw}); err != nil {
 		return vmm.Drive{}, nil, err
@@ -190,7 +192,7 @@ func (d *daemonDisks) templateDisk(ctx context.Context, t *Template, raw string)
 	return drive, finish, nil
 }
 
-func (d *daemonDisks) warm(ctx context.Context, t *Template) {
+func (d *daemonDisks) warm(ctx context.Context, t *template.Template) {
 	if t.RootfsImage == "" || d.poolHigh <= 0 {
 		return
 	}
@@ -217,7 +219,7 @@ type fileDisks struct {
 
 func (fileDisks) name() string { return "files" }
 
-func (f fileDisks) prepare(ctx context.Context, t *Template, rec *Record) error {
+func (f fileDisks) prepare(ctx context.Context, t *template.Template, rec *Record) error {
 	rec.Rootfs = filepath.Join(rec.Dir, "rootfs.ext4")
 	return snapshot.SparseCopy(ctx, t.Rootfs, rec.Rootfs)
 }
@@ -240,7 +242,7 @@ func (fileDisks) copyInto(ctx context.Context, rec Record, dir string, r *snapsh
 	return snapshot.SparseCopy(ctx, rec.Rootfs, r.Rootfs)
 }
 
-func (fileDisks) templateDisk(ctx context.Context, t *Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error) {
+func (fileDisks) templateDisk(ctx context.Context, t *template.Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error) {
 	t.Rootfs = filepath.Join(t.Dir, "rootfs.ext4")
 	if err := snapshot.SparseCopy(ctx, raw, t.Rootfs); err != nil {
 		return vmm.Drive{}, nil, err
@@ -248,7 +250,7 @@ func (fileDisks) templateDisk(ctx context.Context, t *Template, raw string) (vmm
 	return vmm.Drive{ID: rootfsDrive, Path: t.Rootfs}, func(context.Context, bool) error { return nil }, nil
 }
 
-func (fileDisks) warm(context.Context, *Template) {}
+func (fileDisks) warm(context.Context, *template.Template) {}
 
 // recordDisk is the root disk of a VM described by a bare record (a build
 // VM): attach records the device in rec, detach releases it unless a seal

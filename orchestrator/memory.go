@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agentenv/agentenv/template"
+
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/vmm/memsnap"
@@ -32,7 +34,7 @@ type deviceSnapshotter interface {
 
 // ensureMemoryBase gives a template's snapshot a layered memory image: its
 // memory file (the booted VM's RAM) imported as the base layer.
-func (o *Orchestrator) ensureMemoryBase(t *Template) error {
+func (o *Orchestrator) ensureMemoryBase(t *template.Template) error {
 	o.matMu.Lock()
 	defer o.matMu.Unlock()
 	if _, err := snapshot.ReadMemoryManifest(t.Snapshot); err == nil {

@@ -50,8 +50,11 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/network"
@@ -66,8 +69,6 @@ import (
 const (
 	rootfsDrive = "rootfs"
 	nicID       = "eth0"
-	// envdVersion is reported until the agent's own /init answer is known.
-	envdVersion = "0.6.4"
 )
 
 // State is a sandbox's lifecycle state.
@@ -177,7 +178,7 @@ type Orchestrator struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*instance
-	templates map[string]*Template
+	templates map[string]*template.Template
 	// refMu orders resolving a create's source and registering the new
 	// sandbox against the in-use check of a snapshot or template deletion,
 	// so a deletion sees every sandbox that will use what it deletes.
@@ -188,6 +189,8 @@ type Orchestrator struct {
 	// bring-up uses (sandbox.Start).
 	disks diskBackend
 	vms   sandbox.Deps
+	// builds is the template builder once EnableBuilds ran (builds.go).
+	builds atomic.Pointer[template.Builder]
 }
 
 // instance is one sandbox's live state. op serialises lifecycle operations
@@ -232,7 +235,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	}
 	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store, sd: opts.Storage,
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
-		sandboxes: map[string]*instance{}, templates: map[string]*Template{}}
+		sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
 	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network}
 	if opts.Storage != nil {
 		dd := &daemonDisks{sd: opts.Storage, poolLow: opts.StoragePoolLow, poolHigh: opts.StoragePoolHigh,
@@ -294,7 +297,7 @@ func (o *Orchestrator) update(s *instance, f func(r *Record)) error {
 }
 
 // templateByID returns a registered template (not a snapshot) by id.
-func (o *Orchestrator) templateByID(id string) (*Template, bool) {
+func (o *Orchestrator) templateByID(id string) (*template.Template, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	t, ok := o.templates[id]
@@ -302,7 +305,7 @@ func (o *Orchestrator) templateByID(id string) (*Template, bool) {
 }
 
 // Template returns a committed template by id.
-func (o *Orchestrator) Template(id string) (*Template, error) {
+func (o *Orchestrator) Template(id string) (*template.Template, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	t, ok := o.templates[id]
@@ -316,10 +319,10 @@ func (o *Orchestrator) Template(id string) (*Template, error) {
 }
 
 // Templates lists the committed templates.
-func (o *Orchestrator) Templates() []Template {
+func (o *Orchestrator) Templates() []template.Template {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	out := make([]Template, 0, len(o.templates))
+	out := make([]template.Template, 0, len(o.templates))
 	for _, t := range o.templates {
 		out = append(out, *t)
 	}

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentenv/agentenv/template"
+
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/ids"
 	"github.com/agentenv/agentenv/snapshot"
@@ -23,15 +25,15 @@ import (
 // its record, are package snapshot's.
 
 // asTemplate is the snapshot r seen as a template to create sandboxes from.
-func asTemplate(r snapshot.Record) *Template {
-	return &Template{ID: r.ID, Dir: r.Dir, Snapshot: r.VM, Rootfs: r.Rootfs, RootfsImage: r.RootfsImage,
+func asTemplate(r snapshot.Record) *template.Template {
+	return &template.Template{ID: r.ID, Dir: r.Dir, Snapshot: r.VM, Rootfs: r.Rootfs, RootfsImage: r.RootfsImage,
 		VCPUs: r.VCPUs, MemoryMiB: r.MemoryMiB, DiskMiB: r.DiskMiB, EnvdVersion: r.EnvdVersion, CreatedAt: r.CreatedAt,
 		GuestToken: r.GuestToken}
 }
 
 // source resolves a template id, or a snapshot id or name, to what a
 // sandbox is restored from.
-func (o *Orchestrator) source(id string) (*Template, error) {
+func (o *Orchestrator) source(id string) (*template.Template, error) {
 	t, err := o.Template(id)
 	if err == nil || !errors.Is(err, ErrNotFound) {
 		return t, err

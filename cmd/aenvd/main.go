@@ -12,7 +12,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/agentenv/agentenv/internal/failpoint"
 	"log/slog"
 	"net"
 	"net/http"
@@ -23,6 +22,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/agentenv/agentenv/internal/failpoint"
+	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/config"
@@ -316,9 +318,9 @@ func agentPath(cfg config.Config) (string, error) {
 }
 
 // imageOptions configures template builds from the [image] section.
-func imageOptions(cfg config.Config, assets *image.Assets, log *slog.Logger) orchestrator.ImageOptions {
+func imageOptions(cfg config.Config, assets *image.Assets, log *slog.Logger) template.ImageOptions {
 	agent, _ := agentPath(cfg) // resolved already by guestAssets
-	return orchestrator.ImageOptions{
+	return template.ImageOptions{
 		Pull: oci.Options{CacheDir: cfg.ImageCacheDir(), DefaultRegistry: cfg.Image.DefaultRegistry,
 			AllowedRegistries: cfg.Image.AllowedRegistries, InsecureRegistries: cfg.Image.InsecureRegistries, Log: log},
 		RootfsSizeMiB: cfg.Image.RootfsSizeMiB, Agent: agent, Assets: assets,

@@ -1,4 +1,4 @@
-package orchestrator_test
+package template_test
 
 import (
 	"archive/tar"

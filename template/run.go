@@ -1,4 +1,4 @@
-package orchestrator
+package template
 
 import (
 	"bufio"
@@ -16,21 +16,21 @@ import (
 
 // buildDir holds a build's files; short, as QEMU's sockets live in it
 // (sun_path holds 107 bytes).
-func (b *builder) buildDir(templateID, buildID string) string {
+func (b *Builder) buildDir(templateID, buildID string) string {
 	short := strings.ReplaceAll(buildID, "-", "")
 	if len(short) > 8 {
 		short = short[:8]
 	}
-	return filepath.Join(b.o.cfg.DataDir, "templates", templateID, "b-"+short)
+	return filepath.Join(b.cfg.DataDir, "templates", templateID, "b-"+short)
 }
 
-func (b *builder) log(templateID, buildID, level, step, msg string) {
+func (b *Builder) buildLog(templateID, buildID, level, step, msg string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.logLocked(templateID, buildID, level, step, msg)
 }
 
-func (b *builder) logLocked(templateID, buildID, level, step, msg string) {
+func (b *Builder) logLocked(templateID, buildID, level, step, msg string) {
 	if len(msg) > maxLogLine {
 		msg = msg[:maxLogLine] + "…"
 	}
@@ -47,7 +47,7 @@ func (b *builder) logLocked(templateID, buildID, level, step, msg string) {
 	b.appendLogFile(templateID, buildID, l)
 }
 
-func (b *builder) appendLogFile(templateID, buildID string, l BuildLog) {
+func (b *Builder) appendLogFile(templateID, buildID string, l BuildLog) {
 	dir := b.buildDir(templateID, buildID)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return
@@ -62,7 +62,7 @@ func (b *builder) appendLogFile(templateID, buildID string, l BuildLog) {
 }
 
 // logsLocked returns the build's entries, reading its log file once.
-func (b *builder) logsLocked(templateID, buildID string) []BuildLog {
+func (b *Builder) logsLocked(templateID, buildID string) []BuildLog {
 	if l, ok := b.logs[buildID]; ok {
 		return l
 	}
@@ -84,20 +84,20 @@ func (b *builder) logsLocked(templateID, buildID string) []BuildLog {
 
 // finish records the outcome of a build; on success t is the committed
 // template (its snapshot and disk).
-func (b *builder) finish(templateID, buildID string, built *Template, berr error, step string) {
+func (b *Builder) finish(templateID, buildID string, built *Template, berr error, step string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	cur := b.recs[templateID]
 	if cur == nil { // deleted meanwhile (cannot happen while building)
 		return
 	}
-	t := cur.clone()
+	t := cur.Clone()
 	br := t.Builds[buildID]
 	br.FinishedAt, br.PID = time.Now().UTC(), 0
 	if berr != nil {
 		br.Status, br.Reason, br.ReasonStep = BuildError, berr.Error(), step
 		b.logLocked(templateID, buildID, "error", step, "build failed: "+berr.Error())
-		if !t.ready() || t.Snapshot == "" {
+		if !t.Ready() || t.Snapshot == "" {
 			t.Status = BuildError
 		}
 	} else {
@@ -110,29 +110,29 @@ func (b *builder) finish(templateID, buildID string, built *Template, berr error
 		b.logLocked(templateID, buildID, "info", StepFinalize, "build finished: template "+templateID+" is ready")
 	}
 	t.UpdatedAt = br.FinishedAt
-	if err := b.o.store.Put(store.Templates, t.ID, t); err != nil {
-		b.o.log.Error("persist build result", "template", templateID, "build", buildID, "err", err)
+	if err := b.cfg.Store.Put(store.Templates, t.ID, t); err != nil {
+		b.log.Error("persist build result", "template", templateID, "build", buildID, "err", err)
 	}
 	b.recs[t.ID] = t
 	if berr == nil {
-		b.o.setTemplate(t.clone())
+		b.host.Publish(t.Clone())
 	}
 }
 
-func (b *builder) setPID(templateID, buildID string, pid int) {
+func (b *Builder) setPID(templateID, buildID string, pid int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	t := b.recs[templateID]
 	if t == nil || t.Builds[buildID] == nil {
 		return
 	}
-	t = t.clone()
+	t = t.Clone()
 	t.Builds[buildID].PID = pid
 	b.recs[t.ID] = t
-	_ = b.o.store.Put(store.Templates, t.ID, t)
+	_ = b.cfg.Store.Put(store.Templates, t.ID, t)
 }
 
-func (b *builder) worker() {
+func (b *Builder) worker() {
 	defer b.wg.Done()
 	for {
 		select {
@@ -144,21 +144,21 @@ func (b *builder) worker() {
 	}
 }
 
-func (b *builder) run(job buildJob) {
+func (b *Builder) run(job buildJob) {
 	b.mu.Lock()
 	t := b.recs[job.templateID]
 	var spec BuildSpec
 	var tc *Template
 	if t != nil && t.Builds[job.buildID] != nil && t.Builds[job.buildID].Spec != nil {
 		spec = *t.Builds[job.buildID].Spec
-		tc = t.clone()
+		tc = t.Clone()
 	}
 	b.mu.Unlock()
 	if tc == nil {
 		return
 	}
 	start := time.Now()
-	b.log(job.templateID, job.buildID, "info", StepBase, "build started")
+	b.buildLog(job.templateID, job.buildID, "info", StepBase, "build started")
 	built, step, err := b.execute(b.ctx, tc, job.buildID, spec)
 	if err != nil && b.ctx.Err() != nil {
 		return // shutting down: the next start marks the build interrupted
@@ -166,11 +166,11 @@ func (b *builder) run(job buildJob) {
 	if err != nil {
 		// Only the log of a failed build is worth keeping.
 		if cerr := clearBuildDir(b.buildDir(job.templateID, job.buildID)); cerr != nil {
-			b.o.log.Warn("clean failed build", "build", job.buildID, "err", cerr)
+			b.log.Warn("clean failed build", "build", job.buildID, "err", cerr)
 		}
 	}
 	b.finish(job.templateID, job.buildID, built, err, step)
-	b.o.log.Info("template build finished", "template", job.templateID, "build", job.buildID,
+	b.log.Info("template build finished", "template", job.templateID, "build", job.buildID,
 		"ok", err == nil, "took", time.Since(start).Round(time.Millisecond))
 }
 

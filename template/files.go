@@ -1,4 +1,4 @@
-package orchestrator
+package template
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
 // Template files (the archives of COPY steps), stored by SHA-256.
@@ -23,33 +24,35 @@ func validHash(h string) bool {
 	return err == nil && strings.ToLower(h) == h
 }
 
-func (o *Orchestrator) filesPath(hash string) string {
-	return filepath.Join(o.cfg.DataDir, "template-files", hash+".tar")
+func (b *Builder) filesPath(hash string) string {
+	return filepath.Join(b.cfg.DataDir, "template-files", hash+".tar")
 }
 
-// TemplateFilesPresent reports whether the archive with hash was uploaded
+// FilesPresent reports whether the archive with hash was uploaded
 // (the template must exist).
-func (o *Orchestrator) TemplateFilesPresent(templateID, hash string) (bool, error) {
+func (b *Builder) FilesPresent(templateID, hash string) (bool, error) {
 	if !validHash(hash) {
-		return false, fmt.Errorf("files hash %q: want 64 lowercase hex characters: %w", hash, ErrInvalid)
+		return false, fmt.Errorf("files hash %q: want 64 lowercase hex characters: %w", hash, errdefs.ErrInvalid)
 	}
-	if _, err := o.ResolveTemplate(templateID); err != nil {
-		return false, err
+	if _, ok := b.Resolve(templateID); !ok {
+		if _, err := b.host.Committed(templateID); err != nil {
+			return false, err
+		}
 	}
-	_, err := os.Stat(o.filesPath(hash))
+	_, err := os.Stat(b.filesPath(hash))
 	return err == nil, nil
 }
 
-// PutTemplateFiles stores r (an archive, at most MaxTemplateFiles bytes) if
-// its SHA-256 equals hash; ErrInvalid otherwise.
-func (o *Orchestrator) PutTemplateFiles(ctx context.Context, templateID, hash string, r io.Reader) error {
-	if ok, err := o.TemplateFilesPresent(templateID, hash); err != nil || ok {
+// PutFiles stores r (an archive, at most MaxTemplateFiles bytes) if
+// its SHA-256 equals hash; errdefs.ErrInvalid otherwise.
+func (b *Builder) PutFiles(ctx context.Context, templateID, hash string, r io.Reader) error {
+	if ok, err := b.FilesPresent(templateID, hash); err != nil || ok {
 		if ok {
 			_, _ = io.Copy(io.Discard, io.LimitReader(r, MaxTemplateFiles)) // already stored: content-addressed
 		}
 		return err
 	}
-	dst := o.filesPath(hash)
+	dst := b.filesPath(hash)
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return fmt.Errorf("store template files %s: %w", hash, err)
 	}
@@ -60,10 +63,10 @@ func (o *Orchestrator) PutTemplateFiles(ctx context.Context, templateID, hash st
 			return err
 		}
 		if n > MaxTemplateFiles {
-			return fmt.Errorf("template files %s: larger than %d bytes: %w", hash, int64(MaxTemplateFiles), ErrInvalid)
+			return fmt.Errorf("template files %s: larger than %d bytes: %w", hash, int64(MaxTemplateFiles), errdefs.ErrInvalid)
 		}
 		if got := hex.EncodeToString(h.Sum(nil)); got != hash {
-			return fmt.Errorf("template files: the body's sha256 is %s, not %s: %w", got, hash, ErrInvalid)
+			return fmt.Errorf("template files: the body's sha256 is %s, not %s: %w", got, hash, errdefs.ErrInvalid)
 		}
 		return nil
 	})

@@ -1,10 +1,11 @@
-package orchestrator
+package template
 
 import (
 	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path"
@@ -31,7 +32,7 @@ const agentURL = "http://agent"
 // buildVM is the state of a running build: its VM, the agent and the
 // USER/WORKDIR/ENV/ARG the steps so far set.
 type buildVM struct {
-	b        *builder
+	b        *Builder
 	tid, bid string
 	slot     *network.Slot
 	hc       *http.Client
@@ -43,81 +44,29 @@ type buildVM struct {
 }
 
 func (v *buildVM) logf(level, step, format string, a ...any) {
-	v.b.log(v.tid, v.bid, level, step, fmt.Sprintf(format, a...))
+	v.b.buildLog(v.tid, v.bid, level, step, fmt.Sprintf(format, a...))
 }
 
 // execute runs one build to a committed snapshot. It returns the built
 // template (snapshot, disk, defaults) or the error and the step it failed in.
-func (b *builder) execute(ctx context.Context, t *Template, buildID string, spec BuildSpec) (built *Template, step string, err error) {
-	o := b.o
+func (b *Builder) execute(ctx context.Context, t *Template, buildID string, spec BuildSpec) (built *Template, step string, err error) {
 	dir := b.buildDir(t.ID, buildID)
 	if err := clearBuildDir(dir); err != nil {
 		return nil, StepBase, err
 	}
 	built = &Template{ID: t.ID, Dir: dir, Snapshot: filepath.Join(dir, "snapshot"), VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB,
-		EnvdVersion: envdVersion}
+		EnvdVersion: AgentVersion}
 	v := &buildVM{b: b, tid: t.ID, bid: buildID, env: map[string]string{}, args: map[string]string{}, bash: "/bin/bash"}
-
-	// The root disk: the base layers plus a fresh upper from the daemon.
-	rec := Record{ID: "build-" + buildID, Dir: dir, Gen: 1}
-	var src *Template
-	if spec.FromImage != "" {
-		layer, err := b.baseImage(ctx, v, spec.FromImage, built)
-		if err != nil {
-			return nil, StepBase, err
-		}
-		rec.RootfsImage = filepath.Join(dir, "rootfs-boot.json")
-		if err := snapshot.WriteImageConfig(rec.RootfsImage, []string{layer}); err != nil {
-			return nil, StepBase, err
-		}
-	} else {
-		st, err := o.ResolveTemplate(spec.FromTemplate)
-		if err != nil || !st.ready() || st.Snapshot == "" {
-			return nil, StepBase, fmt.Errorf("fromTemplate %q: no ready template by that id or name", spec.FromTemplate)
-		}
-		src = &st
-		built.Parent, built.DiskMiB, built.VCPUs, built.MemoryMiB = src.ID, src.DiskMiB, src.VCPUs, src.MemoryMiB
-		if src.VCPUs != t.VCPUs || src.MemoryMiB != t.MemoryMiB {
-			v.logf("warn", StepBase, "a build from template %s keeps its %d vCPUs and %d MiB (a snapshot's resources are fixed)", src.ID, src.VCPUs, src.MemoryMiB)
-		}
-		rec.RootfsImage = src.RootfsImage
-		v.env = cloneMap(src.Env)
-		v.user, v.workdir = src.DefaultUser, src.DefaultWorkdir
+	vs, disk, err := b.vmSpec(ctx, v, t, spec, built)
+	if err != nil {
+		return nil, StepBase, err
 	}
-	if v.user == "" {
-		v.user = o.cfg.DefaultUser
-	}
-	if v.workdir == "" {
-		v.workdir = homeOf(v.user)
-	}
-	vs := sandbox.Spec{ID: "build-" + buildID, RunDir: filepath.Join(dir, "run"), Disk: &recordDisk{o: o, rec: &rec},
-		AgentWait: 5 * time.Minute, Init: &sandbox.InitRequest{},
-		Started: func(m vmm.Machine) error { b.setPID(t.ID, buildID, m.Info().PID); return nil }}
-	if src == nil {
-		kernel, initrd := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.cpio")
-		for s, d := range map[string]string{b.opt.Assets.Kernel: kernel, b.opt.Assets.Initrd: initrd} {
-			if err := snapshot.SparseCopy(ctx, s, d); err != nil {
-				return nil, StepBase, err
-			}
-		}
-		v.logf("info", StepBase, "booting the build VM (%d vCPU, %d MiB)", built.VCPUs, built.MemoryMiB)
-		vs.Boot = &vmm.Config{Kernel: kernel, Initrd: initrd, VCPUs: built.VCPUs, MemoryMiB: built.MemoryMiB,
-			Cmdline: "root=/dev/vda rw quiet"}
-	} else {
-		v.logf("info", StepBase, "restoring template %s", src.ID)
-		vs.Restore = src.Snapshot
-		vs.Memory = func(ctx context.Context) (string, error) {
-			mem, err := o.restoreMemory(ctx, src.Snapshot)
-			return mem.File, err
-		}
-	}
-	vm, err := sandbox.Start(ctx, o.vms, vs)
+	vm, err := sandbox.Start(ctx, b.cfg.VMs, vs)
 	if err != nil {
 		return nil, StepBase, fmt.Errorf("start build VM: %w", err)
 	}
 	defer vm.Close(context.WithoutCancel(ctx))
-	slot := vm.Slot
-	v.slot, v.hc = slot, sandbox.AgentClient(slot, 0)
+	v.slot, v.hc = vm.Slot, sandbox.AgentClient(vm.Slot, 0)
 	v.logf("info", StepBase, "build VM is up; user %s, workdir %s", v.user, v.workdir)
 
 	for i, st := range spec.Steps {
@@ -130,31 +79,110 @@ func (b *builder) execute(ctx context.Context, t *Template, buildID string, spec
 	if err := v.startAndWait(ctx, spec); err != nil {
 		return nil, step, err
 	}
-	// The final USER, WORKDIR and ENV become the agent's defaults, kept in
-	// the snapshot (a sandbox's /init adds its own env vars on top).
-	user, workdir := v.user, v.workdir
-	if err := sandbox.InitAgent(ctx, slot, "", sandbox.InitRequest{EnvVars: v.env, DefaultUser: user, DefaultWorkdir: workdir}); err != nil {
+	if err := v.commit(ctx, vm, disk, built); err != nil {
 		return nil, step, err
 	}
-	built.DefaultUser, built.DefaultWorkdir, built.Env = user, workdir, cloneMap(v.env)
+	return built, step, nil
+}
+
+// vmSpec prepares the build VM: its root disk (a converted image, or the
+// source template's disk) and a cold boot or a restore of the source.
+func (b *Builder) vmSpec(ctx context.Context, v *buildVM, t *Template, spec BuildSpec, built *Template) (sandbox.Spec, Disk, error) {
+	dir, buildID := built.Dir, v.bid
+	var src *Template
+	var imageCfg string
+	if spec.FromImage != "" {
+		layer, err := b.baseImage(ctx, v, spec.FromImage, built)
+		if err != nil {
+			return sandbox.Spec{}, nil, err
+		}
+		imageCfg = filepath.Join(dir, "rootfs-boot.json")
+		if err := snapshot.WriteImageConfig(imageCfg, []string{layer}); err != nil {
+			return sandbox.Spec{}, nil, err
+		}
+	} else {
+		var err error
+		if src, err = b.source(spec.FromTemplate); err != nil {
+			return sandbox.Spec{}, nil, err
+		}
+		built.Parent, built.DiskMiB, built.VCPUs, built.MemoryMiB = src.ID, src.DiskMiB, src.VCPUs, src.MemoryMiB
+		if src.VCPUs != t.VCPUs || src.MemoryMiB != t.MemoryMiB {
+			v.logf("warn", StepBase, "a build from template %s keeps its %d vCPUs and %d MiB (a snapshot's resources are fixed)", src.ID, src.VCPUs, src.MemoryMiB)
+		}
+		imageCfg = src.RootfsImage
+		v.env = maps.Clone(src.Env)
+		if v.env == nil {
+			v.env = map[string]string{}
+		}
+		v.user, v.workdir = src.DefaultUser, src.DefaultWorkdir
+	}
+	if v.user == "" {
+		v.user = b.cfg.DefaultUser
+	}
+	if v.workdir == "" {
+		v.workdir = homeOf(v.user)
+	}
+	disk := b.host.BuildDisk("build-"+buildID, dir, imageCfg)
+	vs := sandbox.Spec{ID: "build-" + buildID, RunDir: filepath.Join(dir, "run"), Disk: disk,
+		AgentWait: 5 * time.Minute, Init: &sandbox.InitRequest{},
+		Started: func(m vmm.Machine) error { b.setPID(t.ID, buildID, m.Info().PID); return nil }}
+	if src != nil {
+		v.logf("info", StepBase, "restoring template %s", src.ID)
+		vs.Restore = src.Snapshot
+		vs.Memory = func(ctx context.Context) (string, error) { return b.host.RestoreMemory(ctx, src.Snapshot) }
+		return vs, disk, nil
+	}
+	kernel, initrd := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.cpio")
+	for s, d := range map[string]string{b.cfg.Image.Assets.Kernel: kernel, b.cfg.Image.Assets.Initrd: initrd} {
+		if err := snapshot.SparseCopy(ctx, s, d); err != nil {
+			return sandbox.Spec{}, nil, err
+		}
+	}
+	v.logf("info", StepBase, "booting the build VM (%d vCPU, %d MiB)", built.VCPUs, built.MemoryMiB)
+	vs.Boot = &vmm.Config{Kernel: kernel, Initrd: initrd, VCPUs: built.VCPUs, MemoryMiB: built.MemoryMiB,
+		Cmdline: "root=/dev/vda rw quiet"}
+	return vs, disk, nil
+}
+
+// source resolves a fromTemplate to a ready template.
+func (b *Builder) source(idOrName string) (*Template, error) {
+	if st, ok := b.Resolve(idOrName); ok && st.Ready() && st.Snapshot != "" {
+		return &st, nil
+	}
+	if st, err := b.host.Committed(idOrName); err == nil {
+		return st, nil
+	}
+	return nil, fmt.Errorf("fromTemplate %q: no ready template by that id or name", idOrName)
+}
+
+// commit makes the final USER, WORKDIR and ENV the agent's defaults (kept
+// in the snapshot: a sandbox's /init adds its own env vars on top), then
+// snapshots the VM and seals its disk.
+func (v *buildVM) commit(ctx context.Context, vm *sandbox.VM, disk Disk, built *Template) error {
+	step := StepFinalize
+	if err := sandbox.InitAgent(ctx, vm.Slot, "", sandbox.InitRequest{EnvVars: v.env, DefaultUser: v.user, DefaultWorkdir: v.workdir}); err != nil {
+		return err
+	}
+	built.DefaultUser, built.DefaultWorkdir, built.Env = v.user, v.workdir, maps.Clone(v.env)
 	v.logf("info", step, "snapshotting the build VM")
 	if err := vm.Machine.Pause(ctx); err != nil {
-		return nil, step, fmt.Errorf("pause: %w", err)
+		return fmt.Errorf("pause: %w", err)
 	}
 	if _, err := vm.Machine.Snapshot(ctx, built.Snapshot); err != nil {
-		return nil, step, fmt.Errorf("snapshot: %w", err)
+		return fmt.Errorf("snapshot: %w", err)
 	}
 	if err := atomicfile.SyncTree(built.Snapshot); err != nil {
-		return nil, step, err
+		return err
 	}
 	if err := vm.Stop(ctx); err != nil {
-		return nil, step, fmt.Errorf("stop build VM: %w", err)
+		return fmt.Errorf("stop build VM: %w", err)
 	}
-	if err := sealAndDelete(ctx, o.sd, &rec); err != nil {
-		return nil, step, err
+	cfg, err := disk.Seal(ctx)
+	if err != nil {
+		return err
 	}
-	built.RootfsImage = rec.RootfsImage
-	return built, step, nil
+	built.RootfsImage = cfg
+	return nil
 }
 
 // clearBuildDir empties a build directory (a retry's leftovers) but its log.
@@ -178,7 +206,7 @@ func clearBuildDir(dir string) error {
 
 // baseImage pulls and converts ref (cached by digest) and returns the
 // sealed layer; it takes ENV, USER and WORKDIR defaults from the image.
-func (b *builder) baseImage(ctx context.Context, v *buildVM, ref string, built *Template) (string, error) {
+func (b *Builder) baseImage(ctx context.Context, v *buildVM, ref string, built *Template) (string, error) {
 	v.logf("info", StepBase, "pulling %s", ref)
 	img, err := b.puller.Pull(ctx, ref)
 	if err != nil {
@@ -189,7 +217,7 @@ func (b *builder) baseImage(ctx context.Context, v *buildVM, ref string, built *
 		size += l.Size
 	}
 	v.logf("info", StepBase, "pulled %s (%s, %d layers, %d MiB)", img.Ref, img.Digest, len(img.Layers), size>>20)
-	rf, err := b.puller.Convert(ctx, img, oci.ConvertOptions{SizeMiB: b.opt.RootfsSizeMiB, Agent: b.opt.Agent})
+	rf, err := b.puller.Convert(ctx, img, oci.ConvertOptions{SizeMiB: b.cfg.Image.RootfsSizeMiB, Agent: b.cfg.Image.Agent})
 	if err != nil {
 		return "", fmt.Errorf("convert %s: %w", ref, err)
 	}
@@ -214,14 +242,6 @@ func homeOf(user string) string {
 		return "/root"
 	}
 	return "/home/" + user
-}
-
-func cloneMap(m map[string]string) map[string]string {
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 // step runs one build step.
@@ -293,7 +313,7 @@ func (v *buildVM) runShell(ctx context.Context, step, user, cmd string) error {
 // run runs a process to its end, logging its output line by line; a
 // non-zero exit is an error naming the code.
 func (v *buildVM) run(ctx context.Context, step, user, cmd string, args []string, cwd string) error {
-	ctx, cancel := context.WithTimeout(ctx, v.b.opt.StepTimeout)
+	ctx, cancel := context.WithTimeout(ctx, v.b.cfg.Image.StepTimeout)
 	defer cancel()
 	var last tailLines
 	code, err := v.process(ctx, step, user, cmd, args, cwd, nil, &last)
@@ -325,7 +345,7 @@ func (t *tailLines) add(l string) {
 func (t *tailLines) String() string { return strings.Join(t.lines, "\n") }
 
 func (v *buildVM) procEnv() map[string]string {
-	env := cloneMap(v.args)
+	env := maps.Clone(v.args)
 	for k, val := range v.env {
 		env[k] = val
 	}
@@ -462,8 +482,8 @@ func (v *buildVM) startAndWait(ctx context.Context, spec BuildSpec) error {
 	if spec.ReadyCmd == "" {
 		return nil
 	}
-	v.logf("info", step, "waiting for ready command %q (up to %s)", spec.ReadyCmd, v.b.opt.ReadyTimeout)
-	deadline := time.Now().Add(v.b.opt.ReadyTimeout)
+	v.logf("info", step, "waiting for ready command %q (up to %s)", spec.ReadyCmd, v.b.cfg.Image.ReadyTimeout)
+	deadline := time.Now().Add(v.b.cfg.Image.ReadyTimeout)
 	var last error
 	for attempt := 1; ; attempt++ {
 		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -482,7 +502,7 @@ func (v *buildVM) startAndWait(ctx context.Context, spec BuildSpec) error {
 			return ctx.Err()
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("ready command %q did not succeed within %s (last: %v)", spec.ReadyCmd, v.b.opt.ReadyTimeout, last)
+			return fmt.Errorf("ready command %q did not succeed within %s (last: %v)", spec.ReadyCmd, v.b.cfg.Image.ReadyTimeout, last)
 		}
 		select {
 		case <-ctx.Done():

@@ -1,4 +1,4 @@
-package orchestrator
+package template
 
 import (
 	"archive/tar"
@@ -263,7 +263,7 @@ func (v *buildVM) copy(ctx context.Context, step string, st BuildStep) error {
 	if plan.uid, plan.gid, err = v.ids(ctx, step, owner); err != nil {
 		return err
 	}
-	archive := v.b.o.filesPath(st.FilesHash)
+	archive := v.b.filesPath(st.FilesHash)
 	open := func() (io.ReadCloser, error) { return os.Open(archive) }
 	tmp, err := os.CreateTemp(filepath.Dir(archive), ".copy-*")
 	if err != nil {
