@@ -82,6 +82,9 @@ func (o *Orchestrator) compact(ctx context.Context, id string) error {
 		if err := snapshot.WriteImageConfig(cfg, merged); err != nil {
 			return err
 		}
+		if err := fpCompactRootfs.Inject(); err != nil {
+			return err
+		}
 		if err := o.update(s, func(r *Record) { r.RootfsImage = cfg }); err != nil {
 			return err
 		}

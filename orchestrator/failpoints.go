@@ -29,7 +29,8 @@ var (
 
 	fpKillRecorded = failpoint.New("orchestrator/kill/recorded") // "killing" is durable, nothing removed yet
 
-	fpCompactMerged = failpoint.New("orchestrator/compact/merged") // merged layers written, record not yet
+	fpCompactMerged = failpoint.New("orchestrator/compact/merged")        // merged memory layer written, manifest not yet
+	fpCompactRootfs = failpoint.New("orchestrator/compact/rootfs-merged") // merged disk layer and its config written, record not yet
 
 	fpTemplateImported = failpoint.New("orchestrator/template/memory-imported") // base memory layer written, manifest not yet
 )

@@ -120,6 +120,14 @@ type buildStatus struct {
 // spec and polls its status (paging through the logs) until it ends.
 func (c buildClient) build(name, spec string, files map[string][]byte) (string, string, buildStatus, string) {
 	c.t.Helper()
+	tid, bid := c.start(name, spec, files)
+	st, logs := c.wait(tid, bid, name)
+	return tid, bid, st, logs
+}
+
+// start creates a template named name, uploads files and starts its build.
+func (c buildClient) start(name, spec string, files map[string][]byte) (string, string) {
+	c.t.Helper()
 	var created struct {
 		TemplateID string   `json:"templateID"`
 		BuildID    string   `json:"buildID"`
@@ -133,33 +141,44 @@ func (c buildClient) build(name, spec string, files map[string][]byte) (string, 
 		c.t.Fatalf("create template: %+v", created)
 	}
 	for hash, data := range files {
-		var up struct {
-			Present bool   `json:"present"`
-			URL     string `json:"url"`
-		}
-		json.Unmarshal(c.call("GET", "/templates/"+created.TemplateID+"/files/"+hash, "", http.StatusCreated), &up)
-		if up.Present || !strings.HasSuffix(up.URL, "/templates/"+created.TemplateID+"/files/"+hash) {
-			c.t.Fatalf("files %s: %+v", hash, up)
-		}
-		req, _ := http.NewRequest("PUT", up.URL, bytes.NewReader(data))
-		req.Header.Set("X-API-Key", c.n.Key)
-		req.Header.Set("Content-Type", "application/octet-stream")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil || resp.StatusCode != http.StatusCreated {
-			c.t.Fatalf("upload %s: %v %v", hash, err, resp)
-		}
-		resp.Body.Close()
-		json.Unmarshal(c.call("GET", "/templates/"+created.TemplateID+"/files/"+hash, "", http.StatusCreated), &up)
-		if !up.Present {
-			c.t.Fatalf("files %s not present after upload", hash)
-		}
+		c.upload(created.TemplateID, hash, data)
 	}
 	c.call("POST", "/v2/templates/"+created.TemplateID+"/builds/"+created.BuildID, spec, http.StatusAccepted)
+	return created.TemplateID, created.BuildID
+}
+
+func (c buildClient) upload(tid, hash string, data []byte) {
+	c.t.Helper()
+	var up struct {
+		Present bool   `json:"present"`
+		URL     string `json:"url"`
+	}
+	json.Unmarshal(c.call("GET", "/templates/"+tid+"/files/"+hash, "", http.StatusCreated), &up)
+	if up.Present || !strings.HasSuffix(up.URL, "/templates/"+tid+"/files/"+hash) {
+		c.t.Fatalf("files %s: %+v", hash, up)
+	}
+	req, _ := http.NewRequest("PUT", up.URL, bytes.NewReader(data))
+	req.Header.Set("X-API-Key", c.n.Key)
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		c.t.Fatalf("upload %s: %v %v", hash, err, resp)
+	}
+	resp.Body.Close()
+	json.Unmarshal(c.call("GET", "/templates/"+tid+"/files/"+hash, "", http.StatusCreated), &up)
+	if !up.Present {
+		c.t.Fatalf("files %s not present after upload", hash)
+	}
+}
+
+// wait polls a build's status (paging through the logs) until it ends.
+func (c buildClient) wait(tid, bid, name string) (buildStatus, string) {
+	c.t.Helper()
 	var all []string
 	var st buildStatus
 	deadline := time.Now().Add(20 * time.Minute)
 	for offset := 0; ; {
-		path := fmt.Sprintf("/templates/%s/builds/%s/status?logsOffset=%d&limit=100", created.TemplateID, created.BuildID, offset)
+		path := fmt.Sprintf("/templates/%s/builds/%s/status?logsOffset=%d&limit=100", tid, bid, offset)
 		st = buildStatus{}
 		if err := json.Unmarshal(c.call("GET", path, "", http.StatusOK), &st); err != nil {
 			c.t.Fatal(err)
@@ -178,7 +197,7 @@ func (c buildClient) build(name, spec string, files map[string][]byte) (string, 
 			time.Sleep(time.Second)
 		}
 	}
-	return created.TemplateID, created.BuildID, st, strings.Join(all, "\n")
+	return st, strings.Join(all, "\n")
 }
 
 // TestBuildE2E drives template builds through the HTTP API of a real
@@ -317,6 +336,8 @@ func TestBuildE2E(t *testing.T) {
 	if !strings.Contains(logs, "\n[1 info] about to fail\n") || !strings.Contains(logs, "\n[1 info] on stderr\n") || strings.Contains(logs, "echo never") {
 		t.Errorf("failing build logs:\n%s", logs)
 	}
+	crashCommits(t, c)
+
 	// Failed templates are deleted like any; then the template is unused.
 	c.call("DELETE", "/templates/failing", "", http.StatusNoContent)
 	c.call("DELETE", "/templates/busy-box", "", http.StatusNoContent)

@@ -174,6 +174,9 @@ func (v *buildVM) commit(ctx context.Context, vm *sandbox.VM, disk Disk, built *
 	if err := atomicfile.SyncTree(built.Snapshot); err != nil {
 		return err
 	}
+	if err := fpCommitSnapshotted.Inject(); err != nil {
+		return err
+	}
 	if err := vm.Stop(ctx); err != nil {
 		return fmt.Errorf("stop build VM: %w", err)
 	}
@@ -182,7 +185,7 @@ func (v *buildVM) commit(ctx context.Context, vm *sandbox.VM, disk Disk, built *
 		return err
 	}
 	built.RootfsImage = cfg
-	return nil
+	return fpCommitSealed.Inject()
 }
 
 // clearBuildDir empties a build directory (a retry's leftovers) but its log.

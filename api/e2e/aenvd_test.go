@@ -41,6 +41,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// maxLayers is the shared node's sandbox.max_layers: low, so that the
+// pause cycles of these tests merge layers too (and the crash matrix
+// reaches the merge's fault points in a few rounds).
+const maxLayers = 4
+
 // sharedNode starts aenvd once per test binary (building the template once).
 func sharedNode(t *testing.T) *node {
 	t.Helper()
@@ -52,7 +57,8 @@ func sharedNode(t *testing.T) *node {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()
 		var n *aenvdtest.Node
-		if n, sharedErr = aenvdtest.Start(ctx, aenvdtest.Options{}); sharedErr == nil {
+		opts := aenvdtest.Options{Env: []string{fmt.Sprintf("AENVD_SANDBOX_MAX_LAYERS=%d", maxLayers)}}
+		if n, sharedErr = aenvdtest.Start(ctx, opts); sharedErr == nil {
 			shared = &node{Node: n, api: n.API, proxy: n.Proxy, key: n.Key}
 		}
 	})

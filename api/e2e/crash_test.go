@@ -167,7 +167,7 @@ func TestSnapshotThenCrashKeepsDisk(t *testing.T) {
 }
 
 // TestCrashMatrix kills aenvd with SIGKILL at each fault point of create,
-// pause, resume, snapshot and fork, restarts it, and checks that the
+// pause, resume, snapshot, fork, kill and compaction, restarts it, and checks that the
 // sandbox exists (but a create that never answered), resumes, holds every
 // byte written before the crash once the guest's cache is dropped, that
 // ext4 saw no error, and that nothing is left that no sandbox owns.
@@ -180,6 +180,7 @@ func TestCrashMatrix(t *testing.T) {
 		"orchestrator/snapshot/": n.crashSnapshot,
 		"orchestrator/fork/":     n.crashFork,
 		"orchestrator/kill/":     n.crashKill,
+		"orchestrator/compact/":  n.crashCompact,
 	}
 	covered := 0
 	for prefix, run := range cases {
@@ -250,6 +251,37 @@ func (n *node) crashFork(t *testing.T, point string) {
 	if got := n.snapshotDirs(t); len(got) != len(dirsBefore) {
 		t.Fatalf("fork interrupted at %s: snapshot directories %v before, %v after", point, dirsBefore, got)
 	}
+}
+
+// crashCompact pauses and resumes a sandbox until its layer chains are
+// deeper than the node's max_layers (sharedNode's maxLayers) and the merge
+// that follows a pause crashes at point: the old chain stays in use, and
+// every write of every round reads back.
+func (n *node) crashCompact(t *testing.T, point string) {
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	data := []guestData{n.writeData(t, id, "c0")}
+	if err := n.Arm(point, "crash"); err != nil {
+		t.Fatalf("arm %s: %v", point, err)
+	}
+	for round := 1; ; round++ {
+		if round > 3*maxLayers {
+			t.Fatalf("%d pauses and no merge reached %s", round-1, point)
+		}
+		n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+		// The merge runs in the background after the pause that made a
+		// chain too deep; a resume before it starts would skip it.
+		if st, err := n.WaitExit(8 * time.Second); err == nil {
+			if ws, ok := st.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+				t.Fatalf("aenvd ended with %v at %s, want SIGKILL from the fault point", st, point)
+			}
+			break
+		}
+		n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":300}`)
+		data = append(data, n.writeData(t, id, fmt.Sprintf("c%d", round)))
+	}
+	n.start(t)
+	n.resumeAndCheck(t, id, data...)
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
 }
 
 func (n *node) snapshotDirs(t *testing.T) []string {

@@ -1,0 +1,119 @@
+package template_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/guest/agent/agentclient"
+	"github.com/agentenv/agentenv/internal/failpoint"
+	_ "github.com/agentenv/agentenv/orchestrator" // declares orchestrator/template/... fault points
+	_ "github.com/agentenv/agentenv/template"
+)
+
+// crashCommits kills aenvd (SIGKILL from the fault point) at each step of a
+// template's commit, restarts it, and checks the outcome: a crash before
+// the record says "ready" fails the build with its reason and leaves no
+// VMM behind, and a build of the same template afterwards succeeds; a crash
+// after it (the memory import) leaves a template that serves sandboxes with
+// what the build wrote.
+func crashCommits(t *testing.T, c buildClient) {
+	points := append(failpoint.Names("template/commit/"), failpoint.Names("orchestrator/template/")...)
+	if len(points) < 3 {
+		t.Fatalf("commit fault points: %v", points)
+	}
+	for i, point := range points {
+		t.Run(point, func(t *testing.T) {
+			c := buildClient{t: t, n: c.n}
+			name := fmt.Sprintf("crash-%d", i)
+			spec := fmt.Sprintf(`{"fromTemplate":"busy-box","steps":[{"type":"USER","args":["root"]},{"type":"RUN","args":["echo %s > /var/tmp/commit.txt"]}]}`, name)
+			if err := c.n.Arm(point, "crash"); err != nil {
+				t.Fatal(err)
+			}
+			tid, bid := c.start(name, spec, nil)
+			if st, err := c.n.WaitExit(5 * time.Minute); err != nil || !st.Sys().(syscall.WaitStatus).Signaled() {
+				t.Fatalf("crash at %s: %v %v\n%s", point, st, err, c.n.Logs())
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			if err := c.n.Restart(ctx, 4*time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if left := vmmsUnder(tid); len(left) > 0 {
+				t.Fatalf("VMM processes of the build survive the restart: %v", left)
+			}
+			st, logs := c.wait(tid, bid, name)
+			if strings.HasPrefix(point, "template/") {
+				if st.Status != "error" || st.Reason == nil || st.Reason.Message != "interrupted by node restart" {
+					t.Fatalf("build crashed at %s: %s %+v\n%s", point, st.Status, st.Reason, logs)
+				}
+				_, bid = c.rebuild(name, spec)
+				if st, logs = c.wait(tid, bid, name); st.Status != "ready" {
+					t.Fatalf("rebuild after a crash at %s: %s %+v\n%s", point, st.Status, st.Reason, logs)
+				}
+			} else if st.Status != "ready" {
+				t.Fatalf("build crashed at %s (after its commit): %s %+v\n%s", point, st.Status, st.Reason, logs)
+			}
+			if got := c.runIn(name, "cat /var/tmp/commit.txt"); got != name {
+				t.Fatalf("a sandbox of %s reads %q, want %q", name, got, name)
+			}
+			c.call("DELETE", "/templates/"+name, "", http.StatusNoContent)
+		})
+	}
+}
+
+// rebuild starts another build of the template name names.
+func (c buildClient) rebuild(name, spec string) (string, string) {
+	c.t.Helper()
+	var created struct {
+		TemplateID string `json:"templateID"`
+		BuildID    string `json:"buildID"`
+	}
+	body := fmt.Sprintf(`{"name":%q,"cpuCount":1,"memoryMB":256}`, name)
+	if err := json.Unmarshal(c.call("POST", "/v3/templates", body, http.StatusAccepted), &created); err != nil {
+		c.t.Fatal(err)
+	}
+	c.call("POST", "/v2/templates/"+created.TemplateID+"/builds/"+created.BuildID, spec, http.StatusAccepted)
+	return created.TemplateID, created.BuildID
+}
+
+// runIn starts a sandbox from template, runs cmd in it as root and kills it.
+func (c buildClient) runIn(template, cmd string) string {
+	c.t.Helper()
+	id, err := c.n.Create(fmt.Sprintf(`{"templateID":%q,"timeout":120}`, template))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer c.call("DELETE", "/sandboxes/"+id, "", http.StatusNoContent)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	hc := &http.Client{Transport: sandboxTransport{id: id}}
+	out, errOut, code, err := agentclient.RunWith(ctx, c.n.Proxy, hc, []agentclient.Option{agentclient.WithUser("root")}, "/bin/sh", "-c", cmd)
+	if err != nil || code != 0 {
+		c.t.Fatalf("%s: exit %d, %v\n%s%s", cmd, code, err, out, errOut)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// vmmsUnder lists QEMU processes whose command line mentions a template's
+// directory.
+func vmmsUnder(templateID string) []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !strings.Contains(string(b), "qemu-system") {
+			continue
+		}
+		if strings.Contains(string(b), "/templates/"+templateID+"/") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
