@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -79,18 +77,14 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance) (err error)
 		return o.resumeAfterFailedPause(ctx, s, nil, err)
 	}
 	s.mu.Lock()
-	vm, gen, dir, id := s.machine(), s.rec.Gen, s.rec.Dir, s.rec.ID
+	vm, rec, id := s.machine(), s.rec, s.rec.ID
 	s.mu.Unlock()
 	if err := vm.Pause(ctx); err != nil {
 		return o.resumeAfterFailedPause(ctx, s, nil, err)
 	}
-	snapDir := filepath.Join(dir, fmt.Sprintf("snapshot-%d", gen))
-	diff := filepath.Join(dir, fmt.Sprintf("mem-%d.lsmt", gen))
-	if err := o.captureMemory(ctx, s, vm, snapDir, diff); err != nil {
-		return o.resumeAfterFailedPause(ctx, s, vm, fmt.Errorf("snapshot: %w", err), snapDir)
-	}
-	if err := atomicfile.SyncTree(snapDir); err != nil {
-		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
+	snapDir, err := capturePause(ctx, o.log, rec, vm)
+	if err != nil {
+		return o.resumeAfterFailedPause(ctx, s, vm, err)
 	}
 	if err := fpPauseCaptured.Inject(); err != nil {
 		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
@@ -125,7 +119,7 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance) (err error)
 	})
 	o.log.Info("sandbox paused", "sandbox", id)
 	s.mu.Lock()
-	rec := s.rec
+	rec = s.rec
 	s.mu.Unlock()
 	o.maybeCompact(rec)
 	return nil

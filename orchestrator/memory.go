@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/snapshot"
@@ -83,6 +84,29 @@ func (o *Orchestrator) captureMemory(ctx context.Context, s *instance, vm vmm.Ma
 	cur, id := s.rec.Memory, s.rec.ID
 	s.mu.Unlock()
 	return captureVM(ctx, o.log, id, vm, cur, vmDir, diff)
+}
+
+// capturePause (VM paused) writes a pause's snapshot of the sandbox r
+// describes, durably: the VMM state and memory of generation r.Gen into
+// its own directory (a leftover of an interrupted pause is replaced), all
+// fsynced. On failure nothing of it is left. Pause and recovery's pause of
+// an adopted VM share it.
+func capturePause(ctx context.Context, log *slog.Logger, r Record, vm vmm.Machine) (string, error) {
+	snapDir := filepath.Join(r.Dir, fmt.Sprintf("snapshot-%d", r.Gen))
+	if snapDir == r.Snapshot {
+		return "", fmt.Errorf("capture %s: snapshot directory of generation %d already in use", r.ID, r.Gen)
+	}
+	_ = os.RemoveAll(snapDir)
+	diff := filepath.Join(r.Dir, fmt.Sprintf("mem-%d.lsmt", r.Gen))
+	err := captureVM(ctx, log, r.ID, vm, r.Memory, snapDir, diff)
+	if err == nil {
+		err = atomicfile.SyncTree(snapDir)
+	}
+	if err != nil {
+		_ = os.RemoveAll(snapDir)
+		return "", fmt.Errorf("snapshot: %w", err)
+	}
+	return snapDir, nil
 }
 
 // captureVM (VM paused) writes the VM's snapshot into vmDir. With a layered

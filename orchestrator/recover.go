@@ -208,19 +208,9 @@ func pauseAdopted(ctx context.Context, st *store.Store, sd client.Devices, r Rec
 	if err := m.Pause(ctx); err != nil {
 		return fmt.Errorf("pause adopted machine: %w", err)
 	}
-	snapDir := filepath.Join(r.Dir, fmt.Sprintf("snapshot-%d", r.Gen))
-	if snapDir == r.Snapshot {
-		return errors.New("snapshot directory of this generation already in use")
-	}
-	_ = os.RemoveAll(snapDir) // a pause the crash interrupted
-	diff := filepath.Join(r.Dir, fmt.Sprintf("mem-%d.lsmt", r.Gen))
-	err := captureVM(ctx, log, r.ID, m, r.Memory, snapDir, diff)
-	if err == nil {
-		err = atomicfile.SyncTree(snapDir)
-	}
+	snapDir, err := capturePause(ctx, log, r, m)
 	if err != nil {
-		_ = os.RemoveAll(snapDir)
-		return fmt.Errorf("snapshot adopted machine: %w", err)
+		return fmt.Errorf("pause adopted machine: %w", err)
 	}
 	if sd != nil {
 		cfg, err := sealDevice(ctx, sd, r, fmt.Sprintf("rootfs-%d", r.Gen), "sandbox "+r.ID)
