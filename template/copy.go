@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	pb "github.com/agentenv/agentenv/guest/agent/gen/process"
-	"github.com/agentenv/agentenv/guest/agent/gen/process/processconnect"
 )
 
 // COPY/ADD steps: the client uploads a tar archive (plain or gzip) of the
@@ -298,7 +298,7 @@ func (v *buildVM) ids(ctx context.Context, step, user string) (int, int, error) 
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	var out strings.Builder
-	client := processconnect.NewProcessClient(v.hc, agentURL)
+	client := agentclient.NewProcessClient(v.hc, agentURL)
 	stdinOff := false
 	cwd := "/"
 	req := connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", `id -u "$1"; id -g "$1"`, "sh", user}, Cwd: &cwd}, Stdin: &stdinOff})

@@ -4,11 +4,13 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"path"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -211,6 +213,37 @@ func FuzzCopyArchive(f *testing.F) {
 			}
 			if l := h.Linkname; h.Typeflag == tar.TypeLink && !strings.HasPrefix(path.Clean("/"+l), strings.TrimSuffix(plan.dest, "/")+"/") && path.Clean("/"+l) != plan.dest {
 				t.Fatalf("hard link %q -> %q outside %q", h.Name, l, plan.dest)
+			}
+		}
+	})
+}
+
+// FuzzValidateSpec feeds build specs (as the API decodes them) to the
+// validation: never a panic, and an accepted spec has only known step
+// types with the arguments they need.
+func FuzzValidateSpec(f *testing.F) {
+	f.Add(`{"fromImage":"a:1","steps":[{"type":"RUN","args":["echo"]}]}`)
+	f.Add(`{"fromTemplate":"base","steps":[{"type":"ENV","args":["A","1","B"]}]}`)
+	f.Add(`{"steps":[{"type":"copy","args":["a","b"],"filesHash":"` + strings.Repeat("a", 64) + `"}]}`)
+	f.Add(`{"steps":[{"type":"HEALTHCHECK"}]}`)
+	f.Fuzz(func(t *testing.T, body string) {
+		var spec BuildSpec
+		if json.Unmarshal([]byte(body), &spec) != nil {
+			return
+		}
+		if err := validateSteps(spec.Steps); err != nil {
+			if !errors.Is(err, errdefs.ErrInvalid) {
+				t.Fatalf("refusal %v is not ErrInvalid", err)
+			}
+			return
+		}
+		for _, st := range spec.Steps {
+			typ := strings.ToUpper(st.Type)
+			if !slices.Contains(stepTypes, typ) || len(st.Args) == 0 {
+				t.Fatalf("accepted step %+v", st)
+			}
+			if (typ == "COPY" || typ == "ADD") && !validHash(st.FilesHash) {
+				t.Fatalf("accepted %s without a valid files hash: %+v", typ, st)
 			}
 		}
 	})

@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	pb "github.com/agentenv/agentenv/guest/agent/gen/process"
 	"github.com/agentenv/agentenv/guest/agent/gen/process/processconnect"
 )
@@ -59,7 +60,7 @@ func (r routing) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 func (s *Sandbox) proc() processconnect.ProcessClient {
-	return processconnect.NewProcessClient(s.hc, s.c.BaseURL)
+	return agentclient.NewProcessClient(s.hc, s.c.BaseURL)
 }
 
 func (s *Sandbox) agentError(op string, err error) error {

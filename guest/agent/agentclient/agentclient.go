@@ -29,12 +29,23 @@ func Run(ctx context.Context, baseURL string, hc *http.Client, cmd string, args 
 	return RunWith(ctx, baseURL, hc, nil, cmd, args...)
 }
 
+// MaxMessage bounds one message the host reads from a guest's agent: a
+// chunk of process output is a few KiB from a well-behaved agent; a guest
+// that claims a larger message gets an error, not a buffer of that size.
+const MaxMessage = 8 << 20
+
+// NewProcessClient is the host's client of a guest's process service, with
+// every message it reads bounded by MaxMessage.
+func NewProcessClient(hc connect.HTTPClient, baseURL string) processconnect.ProcessClient {
+	return processconnect.NewProcessClient(hc, baseURL, connect.WithReadMaxBytes(MaxMessage))
+}
+
 // RunWith is Run with request options (access token, user, env).
 func RunWith(ctx context.Context, baseURL string, hc *http.Client, opts []Option, cmd string, args ...string) (stdout, stderr []byte, exitCode int, err error) {
 	if hc == nil {
 		hc = http.DefaultClient
 	}
-	client := processconnect.NewProcessClient(hc, baseURL)
+	client := NewProcessClient(hc, baseURL)
 	stdinOff := false
 	req := connect.NewRequest(&pb.StartRequest{
 		Process: &pb.ProcessConfig{Cmd: cmd, Args: args},

@@ -3,11 +3,18 @@ package agentclient_test
 import (
 	"context"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
+	pb "github.com/agentenv/agentenv/guest/agent/gen/process"
+
+	"connectrpc.com/connect"
 	"github.com/agentenv/agentenv/guest/agent"
 	"github.com/agentenv/agentenv/guest/agent/agentclient"
+	"github.com/agentenv/agentenv/guest/agent/gen/process/processconnect"
 )
 
 // startAgent serves a real agent on a free loopback port.
@@ -59,5 +66,29 @@ func TestRunMissingCommand(t *testing.T) {
 	defer cancel()
 	if _, _, _, err := agentclient.Run(ctx, base, nil, "/nonexistent/binary"); err == nil {
 		t.Fatal("Run of a missing binary succeeded")
+	}
+}
+
+// hostileAgent answers Start with one process output message larger than
+// the host reads from a guest.
+type hostileAgent struct {
+	processconnect.UnimplementedProcessHandler
+	size int
+}
+
+func (h hostileAgent) Start(_ context.Context, _ *connect.Request[pb.StartRequest], st *connect.ServerStream[pb.StartResponse]) error {
+	big := make([]byte, h.size)
+	return st.Send(&pb.StartResponse{Event: &pb.ProcessEvent{Event: &pb.ProcessEvent_Data{
+		Data: &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: big}}}}})
+}
+
+func TestOversizedGuestMessageIsRefused(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.Handle(processconnect.NewProcessHandler(hostileAgent{size: agentclient.MaxMessage + 1024}))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	_, _, _, err := agentclient.RunWith(context.Background(), srv.URL, srv.Client(), nil, "/bin/true")
+	if err == nil || !strings.Contains(err.Error(), "larger than configured max") {
+		t.Fatalf("an oversized message from the guest: %v", err)
 	}
 }
