@@ -162,6 +162,11 @@ type Sandbox struct {
 	// MaxLayers is the depth of a paused sandbox's memory or rootfs layer
 	// chain above which its own layers are merged in the background.
 	MaxLayers int `toml:"max_layers" env:"AENVD_SANDBOX_MAX_LAYERS"`
+	// Cgroups confines every VMM in a control group of its own under
+	// aenv/<network prefix>, with the sandbox's CPUs, memory (plus the VMM's
+	// share) and a pids bound. Needs the cpu, memory and pids controllers
+	// (cgroup v2 or v1); turn it off where the node cannot manage them.
+	Cgroups bool `toml:"cgroups" env:"AENVD_SANDBOX_CGROUPS"`
 }
 
 // Duration is a time.Duration written as "15s", "1h" in TOML.
@@ -197,6 +202,7 @@ func Default() Config {
 			MaxTimeout:      Duration{24 * time.Hour},
 			PauseOnShutdown: true,
 			MaxLayers:       32,
+			Cgroups:         true,
 		},
 	}
 }

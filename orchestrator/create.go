@@ -200,8 +200,8 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 	s.mu.Unlock()
 	var mem snapshot.MemoryImage
 	spec := sandbox.Spec{
-		ID: fmt.Sprintf("%s-%d", rec.ID, rec.Gen), RunDir: filepath.Join(rec.Dir, fmt.Sprintf("run-%d", rec.Gen)),
-		Policy: rec.Policy, Disk: vmDisk{o, s}, Restore: snapshotDir,
+		ID: vmName(rec), RunDir: filepath.Join(rec.Dir, fmt.Sprintf("run-%d", rec.Gen)),
+		Policy: rec.Policy, Disk: vmDisk{o, s}, Restore: snapshotDir, VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB,
 		Memory: func(ctx context.Context) (string, error) {
 			var err error
 			mem, err = o.restoreMemory(ctx, snapshotDir)
@@ -273,3 +273,7 @@ func (o *Orchestrator) stopVM(ctx context.Context, s *instance) {
 		o.log.Warn("stop vm", "sandbox", id, "err", err)
 	}
 }
+
+// vmName names the VM of the sandbox's current generation (its VMM process
+// and control group carry it).
+func vmName(r Record) string { return fmt.Sprintf("%s-%d", r.ID, r.Gen) }

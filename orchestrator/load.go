@@ -41,7 +41,47 @@ func (o *Orchestrator) load(ctx context.Context) error {
 		}
 	}
 	o.removeUnowned()
+	o.removeUnownedGroups()
 	return nil
+}
+
+// groupLister is the optional capability of listing the node's control
+// groups (*cgroup.Hierarchy has it).
+type groupLister interface{ List() ([]string, error) }
+
+// removeUnownedGroups removes the control groups of VMs no running sandbox
+// owns (their VMMs were killed by Recover; whatever still runs in such a
+// group is killed with it).
+func (o *Orchestrator) removeUnownedGroups() {
+	gl, ok := o.cfg.Groups.(groupLister)
+	if !ok {
+		return
+	}
+	names, err := gl.List()
+	if err != nil {
+		o.log.Warn("list control groups", "err", err)
+		return
+	}
+	owned := map[string]bool{}
+	for _, s := range o.sandboxes {
+		if s.vm != nil {
+			owned[vmName(s.rec)] = true
+		}
+	}
+	for _, name := range names {
+		if owned[name] {
+			continue
+		}
+		g, err := o.cfg.Groups.Open(name)
+		if err == nil {
+			err = g.Remove()
+		}
+		if err != nil {
+			o.log.Warn("remove control group no sandbox owns", "group", name, "err", err)
+			continue
+		}
+		o.log.Info("removed control group no sandbox owns", "group", name)
+	}
 }
 
 // removeUnowned deletes sandbox and snapshot directories that no record
@@ -86,7 +126,7 @@ func (o *Orchestrator) adoptRunning(ctx context.Context, r Record, m vmm.Machine
 	s := &instance{rec: r}
 	slot, err := o.nets.Adopt(ctx, r.Slot)
 	if err == nil {
-		s.vm = sandbox.Adopt(o.vms, m, slot, vmDisk{o, s})
+		s.vm = sandbox.Adopt(o.vms, vmName(s.rec), m, slot, vmDisk{o, s})
 		err = func() error {
 			// A crash during a snapshot leaves the vCPUs stopped.
 			if err := m.Resume(ctx); err != nil {

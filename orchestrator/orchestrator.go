@@ -159,6 +159,9 @@ type Options struct {
 	// MaxLayers is the memory or rootfs chain depth above which a paused
 	// sandbox's own layers are merged (default DefaultMaxLayers).
 	MaxLayers int
+	// Groups, when set, confines every VMM in a control group of its own
+	// (named as the VM); groups no running sandbox owns are removed at start.
+	Groups sandbox.Groups
 	// Recovered holds the VMs Recover took over, re-adopted as running
 	// sandboxes (Network must keep their slots: Recovered.Slots).
 	Recovered  *Recovered
@@ -236,7 +239,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store, sd: opts.Storage,
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
 		sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
-	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network}
+	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups}
 	if opts.Storage != nil {
 		dd := &daemonDisks{sd: opts.Storage, poolLow: opts.StoragePoolLow, poolHigh: opts.StoragePoolHigh,
 			log: o.log, warmed: map[string]bool{}, o: o}

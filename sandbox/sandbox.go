@@ -9,6 +9,8 @@
 //	memory   the memory file a restore maps (Spec.Memory; restores only)
 //	vmm      the VMM restores the snapshot or cold-boots the kernel; Spec.Started
 //	         is told its machine before anything else happens (record its pid)
+//	confine  the VMM moves into a control group of its own, named by Spec.ID,
+//	         with Spec.Limits (when Deps.Groups is set)
 //	agent    wait for the agent's /health, then /init (Spec.Init)
 //
 // Every stage that acquires something registers its undo on a cleanup stack
@@ -17,8 +19,8 @@
 // Spec.Stage is called with its name (latency metrics, fault points); an
 // error from it aborts the start like a failing stage.
 //
-// Stop is the tear-down: the VMM, then the slot. The disk stays attached
-// until Detach, so a pause can seal it between the two.
+// Stop is the tear-down: the VMM, its control group, then the slot. The
+// disk stays attached until Detach, so a pause can seal it between the two.
 package sandbox
 
 import (
@@ -30,6 +32,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/cgroup"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -55,6 +58,15 @@ type Disk interface {
 type Deps struct {
 	Driver vmm.Driver
 	Slots  Slots
+	// Groups, when set, confines every VMM in a control group of its own
+	// (*cgroup.Hierarchy); nil leaves VMMs in the node's group.
+	Groups Groups
+}
+
+// Groups makes and finds control groups by name.
+type Groups interface {
+	Create(name string, l cgroup.Limits) (*cgroup.Group, error)
+	Open(name string) (*cgroup.Group, error)
 }
 
 // Spec describes one VM start.
@@ -79,6 +91,11 @@ type Spec struct {
 	Init     *InitRequest
 	InitHeld string
 
+	// VCPUs and MemoryMiB size the VMM's control group (Deps.Groups): the
+	// guest's, plus the VMM's own share (vmmLimits). A cold boot's default
+	// to Boot's.
+	VCPUs, MemoryMiB int
+
 	Stage   func(name string) error
 	Started func(m vmm.Machine) error
 	// Log receives the guest console's tail when the agent stays silent
@@ -92,8 +109,9 @@ type VM struct {
 	Slot    *network.Slot
 	Memory  string // the memory file it maps ("" for a cold boot or a whole snapshot)
 
-	deps Deps
-	disk Disk
+	deps  Deps
+	disk  Disk
+	group *cgroup.Group
 }
 
 // Start runs the stages; on failure nothing is left running or held.
@@ -145,6 +163,9 @@ func Start(ctx context.Context, deps Deps, spec Spec) (_ *VM, err error) {
 		}
 	}
 	if err := stage("vmm_restore"); err != nil {
+		return nil, err
+	}
+	if err := v.confine(spec, &undo); err != nil {
 		return nil, err
 	}
 	if err := v.agent(ctx, spec); err != nil {
@@ -211,6 +232,47 @@ func (v *VM) vmm(ctx context.Context, spec Spec, drive vmm.Drive, tap *os.File) 
 	return m, nil
 }
 
+// confine moves the VMM into its control group.
+func (v *VM) confine(spec Spec, undo *cleanup) error {
+	if v.deps.Groups == nil {
+		return nil
+	}
+	vcpus, mem := spec.VCPUs, spec.MemoryMiB
+	if spec.Boot != nil && vcpus == 0 && mem == 0 {
+		vcpus, mem = spec.Boot.VCPUs, spec.Boot.MemoryMiB
+	}
+	g, err := v.deps.Groups.Create(spec.ID, vmmLimits(vcpus, mem, v.Machine.Info().Accel))
+	if err != nil {
+		return fmt.Errorf("confine vmm: %w", err)
+	}
+	undo.add(func(context.Context) { _ = g.Remove() })
+	v.group = g
+	if err := g.Add(v.Machine.Info().PID); err != nil {
+		return fmt.Errorf("confine vmm: %w", err)
+	}
+	return nil
+}
+
+// vmmLimits bounds a VMM running a guest of vcpus and memMiB: the guest's
+// CPUs and RAM plus what the VMM needs of its own, half a CPU for its
+// emulator threads and, under TCG, room for its translation cache (up to
+// 1 GiB in QEMU), 256 MiB elsewhere. Pids bound threads (vCPUs, I/O
+// workers) and forks, which a VMM never needs many of.
+func vmmLimits(vcpus, memMiB int, accel string) cgroup.Limits {
+	overhead := int64(256)
+	if accel == "tcg" {
+		overhead = 1280
+	}
+	l := cgroup.Limits{Pids: 512}
+	if vcpus > 0 {
+		l.CPUs = float64(vcpus) + 0.5
+	}
+	if memMiB > 0 {
+		l.MemoryBytes = (int64(memMiB) + overhead) << 20
+	}
+	return l
+}
+
 // agent waits for the guest's agent and initialises it.
 func (v *VM) agent(ctx context.Context, spec Spec) error {
 	wait := spec.AgentWait
@@ -240,6 +302,12 @@ func (v *VM) Stop(ctx context.Context) error {
 			err = fmt.Errorf("stop vm: %w", serr)
 		}
 		v.Machine = nil
+	}
+	if v.group != nil {
+		if gerr := v.group.Remove(); gerr != nil {
+			err = errors.Join(err, gerr)
+		}
+		v.group = nil
 	}
 	if v.Slot != nil {
 		if rerr := v.deps.Slots.Release(ctx, v.Slot); rerr != nil {
@@ -288,7 +356,12 @@ func tail(b []byte, n int) []byte {
 }
 
 // Adopt wraps a VM a previous node process started (taken over after a
-// restart) with its slot and disk, so it stops like any other.
-func Adopt(deps Deps, m vmm.Machine, slot *network.Slot, disk Disk) *VM {
-	return &VM{deps: deps, Machine: m, Slot: slot, disk: disk}
+// restart) with its slot, disk and control group (named id), so it stops
+// like any other.
+func Adopt(deps Deps, id string, m vmm.Machine, slot *network.Slot, disk Disk) *VM {
+	v := &VM{deps: deps, Machine: m, Slot: slot, disk: disk}
+	if deps.Groups != nil {
+		v.group, _ = deps.Groups.Open(id) // a valid id: the group's name
+	}
+	return v
 }

@@ -2,7 +2,12 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -31,4 +36,109 @@ func TestAgentTokenAlways(t *testing.T) {
 	if code != "401" {
 		t.Fatalf("the agent answered %s to a request without its token, want 401", code)
 	}
+}
+
+// TestVMMConfined: a sandbox's QEMU runs under a seccomp filter, in a
+// control group of its own (named by the VM, under the node's prefix) with
+// the sandbox's memory plus the VMM's share and a pids bound, and the group
+// goes with the sandbox.
+func TestVMMConfined(t *testing.T) {
+	n := sharedNode(t)
+	id := n.create(t, `{"templateID":"base","timeout":120}`)
+	var info struct {
+		MemoryMB int64 `json:"memoryMB"`
+	}
+	if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/sandboxes/"+id, n.key, ""), &info); err != nil || info.MemoryMB == 0 {
+		t.Fatalf("sandbox info: %+v %v", info, err)
+	}
+	pid := qemuOf(t, id)
+	status, _ := os.ReadFile("/proc/" + pid + "/status")
+	if !strings.Contains(string(status), "\nSeccomp:\t2\n") {
+		t.Fatalf("QEMU %s runs without a seccomp filter:\n%s", pid, status)
+	}
+	groups := cgroupsOf(t, pid)
+	for _, c := range []string{"cpu", "memory", "pids"} {
+		if !strings.Contains(groups[c], "/aenv/adtest/"+id+"-") {
+			t.Fatalf("QEMU %s's %s group is %q, not its own", pid, c, groups[c])
+		}
+	}
+	mem := groupFile(t, "memory", groups["memory"], "memory.limit_in_bytes", "memory.max")
+	if want := []string{fmt.Sprint((info.MemoryMB + 1280) << 20), fmt.Sprint((info.MemoryMB + 256) << 20)}; !slices.Contains(want, mem) {
+		t.Errorf("memory limit %s, want one of %v (guest %d MiB + the VMM's share)", mem, want, info.MemoryMB)
+	}
+	if got := groupFile(t, "pids", groups["pids"], "pids.max", "pids.max"); got != "512" {
+		t.Errorf("pids limit %s, want 512", got)
+	}
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+	if dir := groupDir(t, "pids", groups["pids"]); fileExists(dir) {
+		t.Fatalf("the control group %s outlives its sandbox", dir)
+	}
+}
+
+// qemuOf returns the pid of the QEMU process of sandbox id.
+func qemuOf(t *testing.T, id string) string {
+	t.Helper()
+	for _, p := range processesMentioning(id) {
+		cmd, _ := os.ReadFile("/proc/" + p + "/cmdline")
+		if strings.Contains(string(cmd), "qemu-system") {
+			return p
+		}
+	}
+	t.Fatalf("no QEMU process of sandbox %s", id)
+	return ""
+}
+
+// cgroupsOf maps the cpu, memory and pids controllers to the process's
+// group path (v1 lines name the controller; v2's "0::" holds for all).
+func cgroupsOf(t *testing.T, pid string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + pid + "/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(l, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			out[c] = parts[2]
+		}
+	}
+	for _, c := range []string{"cpu", "memory", "pids"} {
+		if out[c] == "" || out[c] == "/" {
+			out[c] = out[""] // cgroup v2
+		}
+	}
+	return out
+}
+
+// groupDir finds the directory of group path in controller c's hierarchy:
+// its v1 hierarchy where one is mounted, else the unified one.
+func groupDir(t *testing.T, c, path string) string {
+	t.Helper()
+	root := "/sys/fs/cgroup/" + c
+	if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err != nil {
+		root = "/sys/fs/cgroup"
+	}
+	return filepath.Join(root, path)
+}
+
+// groupFile reads a limit of the group (v1 file name, else v2's).
+func groupFile(t *testing.T, c, path, v1, v2 string) string {
+	t.Helper()
+	dir := groupDir(t, c, path)
+	for _, f := range []string{v1, v2} {
+		if b, err := os.ReadFile(filepath.Join(dir, f)); err == nil {
+			return strings.TrimSpace(string(b))
+		}
+	}
+	t.Fatalf("no %s or %s in %s", v1, v2, dir)
+	return ""
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

@@ -23,7 +23,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/cgroup"
 	"github.com/agentenv/agentenv/internal/failpoint"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/api"
@@ -149,8 +151,13 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return fmt.Errorf("network: %w", err)
 	}
 	defer nets.Shutdown(context.WithoutCancel(ctx))
+	groups, err := vmmGroups(cfg, log)
+	if err != nil {
+		return err
+	}
 	orch, err := orchestrator.New(ctx, orchestrator.Options{
 		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, Storage: devices, MaxLayers: cfg.Sandbox.MaxLayers, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
+		Groups:         groups,
 		StoragePoolLow: cfg.Storage.PoolLow, StoragePoolHigh: cfg.Storage.PoolHigh,
 		MemoryMiB: cfg.Guest.MemoryMiB, DefaultUser: cfg.Guest.DefaultUser, Registerer: reg, Logger: log,
 	})
@@ -412,4 +419,28 @@ func storageDaemon(ctx context.Context, cfg config.Config) (*client.Client, erro
 		return nil, fmt.Errorf("storage daemon: %w", err)
 	}
 	return c, nil
+}
+
+// vmmGroups returns the control groups VMMs are confined in (nil when
+// sandbox.cgroups is off): aenv/<network prefix> in each hierarchy, so
+// nodes sharing a host keep to their own groups.
+func vmmGroups(cfg config.Config, log *slog.Logger) (sandbox.Groups, error) {
+	if !cfg.Sandbox.Cgroups {
+		log.Warn("VMMs run without control groups of their own (sandbox.cgroups = false)")
+		return nil, nil
+	}
+	h, err := cgroup.Detect(filepath.Join("aenv", cfg.Network.Prefix))
+	if err == nil {
+		// Probe once here, so a node that cannot manage groups fails at its
+		// start and not at every create.
+		var g *cgroup.Group
+		if g, err = h.Create(fmt.Sprintf("probe-%d", os.Getpid()), cgroup.Limits{Pids: 1}); err == nil {
+			err = g.Remove()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w (set sandbox.cgroups = false to run VMMs unconfined)", err)
+	}
+	log.Info("VMMs confined in control groups", "dirs", h.Dirs, "v2", h.V2)
+	return h, nil
 }

@@ -37,30 +37,36 @@ type Limits struct {
 // controllers the package manages.
 var controllers = []string{"cpu", "memory", "pids"}
 
-// Hierarchy names where each controller's groups are made.
+// Hierarchy names where each controller's groups are made: Dirs maps a
+// controller to the parent directory of the groups (under the root of its
+// hierarchy, Roots), V2 says which controllers are unified.
 type Hierarchy struct {
-	// Dirs maps a controller to the directory groups are made in (the
-	// parent under the hierarchy's root) and V2 says which are unified.
-	Dirs map[string]string
-	V2   map[string]bool
+	Roots map[string]string
+	Dirs  map[string]string
+	V2    map[string]bool
 }
 
 // Detect finds the hierarchies of the cpu, memory and pids controllers
-// from /proc/self/mountinfo and returns them with parent as the directory
-// of every group. A controller without a hierarchy is an error naming it.
+// from /proc/self/mountinfo and returns them with parent (a relative path,
+// e.g. "aenv/<node>") as the directory of every group. A controller without
+// a hierarchy is an error naming it.
 func Detect(parent string) (*Hierarchy, error) {
+	parent = filepath.Clean(parent)
+	if parent == "." || filepath.IsAbs(parent) || strings.HasPrefix(parent, "..") {
+		return nil, fmt.Errorf("cgroup: parent %q is not a relative path below the root", parent)
+	}
 	mounts, err := readMounts("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
-	h := &Hierarchy{Dirs: map[string]string{}, V2: map[string]bool{}}
+	h := &Hierarchy{Roots: map[string]string{}, Dirs: map[string]string{}, V2: map[string]bool{}}
 	var unified []string
 	if root, ok := mounts["cgroup2"]; ok {
 		b, _ := os.ReadFile(filepath.Join(root, "cgroup.controllers"))
 		unified = strings.Fields(string(b))
 		for _, c := range controllers {
 			if slices.Contains(unified, c) {
-				h.Dirs[c], h.V2[c] = filepath.Join(root, parent), true
+				h.Roots[c], h.Dirs[c], h.V2[c] = root, filepath.Join(root, parent), true
 			}
 		}
 	}
@@ -72,7 +78,7 @@ func Detect(parent string) (*Hierarchy, error) {
 		if !ok {
 			return nil, fmt.Errorf("cgroup: no hierarchy has the %s controller (unified has %v)", c, unified)
 		}
-		h.Dirs[c] = filepath.Join(root, parent)
+		h.Roots[c], h.Dirs[c] = root, filepath.Join(root, parent)
 	}
 	return h, nil
 }
@@ -149,7 +155,7 @@ func (h *Hierarchy) Create(name string, l Limits) (*Group, error) {
 }
 
 // prepareParent makes the parent directory; on v2 it also enables the
-// controller for its children (subtree_control of the root and parent).
+// controller for the children of every level from the root down.
 func (h *Hierarchy) prepareParent(c string) error {
 	dir := h.Dirs[c]
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -158,7 +164,13 @@ func (h *Hierarchy) prepareParent(c string) error {
 	if !h.V2[c] {
 		return nil
 	}
-	for _, d := range []string{filepath.Dir(dir), dir} {
+	rel, err := filepath.Rel(h.Roots[c], dir)
+	if err != nil {
+		return fmt.Errorf("cgroup: %s is not under %s", dir, h.Roots[c])
+	}
+	d := h.Roots[c]
+	for _, elem := range append([]string{""}, strings.Split(rel, string(filepath.Separator))...) {
+		d = filepath.Join(d, elem)
 		if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+"+c), 0); err != nil {
 			return fmt.Errorf("cgroup: enable %s in %s: %w", c, d, err)
 		}

@@ -16,13 +16,14 @@ func testHierarchy(t *testing.T) *Hierarchy {
 	if os.Geteuid() != 0 {
 		t.Skip("creating control groups needs root; CI runs as root")
 	}
-	h, err := Detect(fmt.Sprintf("aenv-test-%d", os.Getpid()))
+	h, err := Detect(fmt.Sprintf("aenv-test/%d", os.Getpid()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		for _, d := range h.Dirs {
 			_ = os.Remove(d)
+			_ = os.Remove(filepath.Dir(d))
 		}
 	})
 	return h
@@ -101,6 +102,14 @@ func TestLimitsAndMembership(t *testing.T) {
 	}
 	if err := g.Remove(); err != nil {
 		t.Fatalf("second Remove: %v", err)
+	}
+}
+
+func TestBadParents(t *testing.T) {
+	for _, p := range []string{"", "/abs", "../up", "."} {
+		if _, err := Detect(p); err == nil {
+			t.Errorf("parent %q accepted", p)
+		}
 	}
 }
 

@@ -127,6 +127,12 @@ func (s *suite) bootToReady(t *testing.T) {
 	if info.PID <= 0 || info.ControlSocket == "" {
 		t.Fatalf("info incomplete: %+v", info)
 	}
+	// The VMM runs under a seccomp filter (mode 2): a guest that escapes
+	// into it finds most system calls refused.
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", info.PID))
+	if err != nil || !strings.Contains(string(status), "\nSeccomp:\t2\n") {
+		t.Fatalf("VMM %d is not under a seccomp filter (mode 2): %v\n%s", info.PID, err, status)
+	}
 }
 
 func (s *suite) pauseResume(t *testing.T) {
