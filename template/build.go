@@ -393,12 +393,13 @@ func (b *Builder) Start(templateID, buildID string, spec BuildSpec) error {
 		return fmt.Errorf("record template %s: %w", nt.ID, err)
 	}
 	b.recs[nt.ID] = nt
+	ahead := len(b.queue) // before the send: the worker may take the job at once
 	select {
 	case b.queue <- buildJob{templateID, buildID}:
 	default:
 		return fmt.Errorf("build queue is full: %w", errdefs.ErrConflict)
 	}
-	b.logLocked(templateID, buildID, "info", StepBase, fmt.Sprintf("build queued (%d ahead)", len(b.queue)-1))
+	b.logLocked(templateID, buildID, "info", StepBase, fmt.Sprintf("build queued (%d ahead)", ahead))
 	return nil
 }
 

@@ -32,14 +32,12 @@ func crashCommits(t *testing.T, c buildClient) {
 		t.Run(point, func(t *testing.T) {
 			c := buildClient{t: t, n: c.n}
 			name := fmt.Sprintf("crash-%d", i)
-			spec := fmt.Sprintf(`{"fromTemplate":"busy-box","steps":[{"type":"USER","args":["root"]},{"type":"RUN","args":["echo %s > /var/tmp/commit.txt"]}]}`, name)
+			spec := fmt.Sprintf(`{"fromTemplate":"busy-box","steps":[{"type":"USER","args":["root"]},{"type":"RUN","args":["echo %s > /commit.txt"]}]}`, name)
 			if err := c.n.Arm(point, "crash"); err != nil {
 				t.Fatal(err)
 			}
 			tid, bid := c.start(name, spec, nil)
-			if st, err := c.n.WaitExit(5 * time.Minute); err != nil || !st.Sys().(syscall.WaitStatus).Signaled() {
-				t.Fatalf("crash at %s: %v %v\n%s", point, st, err, c.n.Logs())
-			}
+			c.waitCrash(point, tid, bid)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			if err := c.n.Restart(ctx, 4*time.Minute); err != nil {
@@ -60,12 +58,32 @@ func crashCommits(t *testing.T, c buildClient) {
 			} else if st.Status != "ready" {
 				t.Fatalf("build crashed at %s (after its commit): %s %+v\n%s", point, st.Status, st.Reason, logs)
 			}
-			if got := c.runIn(name, "cat /var/tmp/commit.txt"); got != name {
+			if got := c.runIn(name, "cat /commit.txt"); got != name {
 				t.Fatalf("a sandbox of %s reads %q, want %q", name, got, name)
 			}
 			c.call("DELETE", "/templates/"+name, "", http.StatusNoContent)
 		})
 	}
+}
+
+// waitCrash waits for aenvd to die of SIGKILL at point during the build,
+// failing at once when the build ends without reaching it.
+func (c buildClient) waitCrash(point, tid, bid string) {
+	c.t.Helper()
+	for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); {
+		if st, err := c.n.WaitExit(2 * time.Second); err == nil {
+			if ws, ok := st.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+				c.t.Fatalf("aenvd ended with %v, want SIGKILL at %s\n%s", st, point, c.n.Logs())
+			}
+			return
+		}
+		code, b, _, err := c.n.Call("GET", "/templates/"+tid+"/builds/"+bid+"/status?level=error", c.n.Key, "")
+		var st buildStatus
+		if err == nil && code == http.StatusOK && json.Unmarshal(b, &st) == nil && (st.Status == "ready" || st.Status == "error") {
+			c.t.Fatalf("the build ended %s without reaching %s: %s", st.Status, point, b)
+		}
+	}
+	c.t.Fatalf("aenvd did not crash at %s within 5 minutes\n%s", point, c.n.Logs())
 }
 
 // rebuild starts another build of the template name names.

@@ -20,8 +20,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	pb "github.com/agentenv/agentenv/guest/agent/gen/process"
-	"github.com/agentenv/agentenv/guest/agent/gen/process/processconnect"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/oci"
 	"github.com/agentenv/agentenv/vmm"
@@ -124,7 +124,7 @@ func (b *Builder) vmSpec(ctx context.Context, v *buildVM, t *Template, spec Buil
 	}
 	disk := b.host.BuildDisk("build-"+buildID, dir, imageCfg)
 	vs := sandbox.Spec{ID: "build-" + buildID, RunDir: filepath.Join(dir, "run"), Disk: disk,
-		AgentWait: 5 * time.Minute, Init: &sandbox.InitRequest{},
+		VCPUs: built.VCPUs, MemoryMiB: built.MemoryMiB, AgentWait: 5 * time.Minute, Init: &sandbox.InitRequest{},
 		Started: func(m vmm.Machine) error { b.setPID(t.ID, buildID, m.Info().PID); return nil }}
 	if src != nil {
 		v.logf("info", StepBase, "restoring template %s", src.ID)
@@ -359,7 +359,7 @@ func (v *buildVM) procEnv() map[string]string {
 // (started, when not nil, is called once it runs: the caller may cancel ctx
 // to leave it running in the background).
 func (v *buildVM) process(ctx context.Context, step, user, cmd string, args []string, cwd string, started func(), last *tailLines) (int, error) {
-	client := processconnect.NewProcessClient(v.hc, agentURL)
+	client := agentclient.NewProcessClient(v.hc, agentURL)
 	stdinOff := false
 	req := connect.NewRequest(&pb.StartRequest{
 		Process: &pb.ProcessConfig{Cmd: cmd, Args: args, Envs: v.procEnv(), Cwd: &cwd},

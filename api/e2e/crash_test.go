@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,8 +26,8 @@ import (
 // a multi-MiB file of random bytes and a few small files, synced, with
 // their checksums as the guest computed them.
 type guestData struct {
-	tag  string
-	sums string
+	Tag  string `json:"tag"`
+	Sums string `json:"sums"`
 }
 
 // writeData writes the data set tag into the sandbox and syncs it.
@@ -36,7 +37,7 @@ func (n *node) writeData(t *testing.T, id, tag string) guestData {
 head -c 6291456 /dev/urandom > $d/big
 for i in 1 2 3 4 5; do echo "%[1]s small $i" > $d/small-$i; done
 sync; cd $d && sha256sum big small-*`, tag)
-	return guestData{tag: tag, sums: n.sh(t, id, script)}
+	return guestData{Tag: tag, Sums: n.sh(t, id, script)}
 }
 
 // checkData drops the guest's page cache and checks the data set reads back
@@ -45,9 +46,9 @@ func (n *node) checkData(t *testing.T, id string, want ...guestData) {
 	t.Helper()
 	n.sh(t, id, `sync; echo 3 > /proc/sys/vm/drop_caches`)
 	for _, d := range want {
-		got := n.sh(t, id, fmt.Sprintf(`cd /home/user/%s && sha256sum big small-*`, d.tag))
-		if got != d.sums {
-			t.Fatalf("sandbox %s: data set %s after the crash:\n%s\nwant\n%s\n%s", id, d.tag, got, d.sums, n.diagnose(id))
+		got := n.sh(t, id, fmt.Sprintf(`cd /home/user/%s && sha256sum big small-*`, d.Tag))
+		if got != d.Sums {
+			t.Fatalf("sandbox %s: data set %s after the crash:\n%s\nwant\n%s\n%s", id, d.Tag, got, d.Sums, n.diagnose(id))
 		}
 	}
 	if errs := n.sh(t, id, `dmesg | grep -c 'EXT4-fs error' || true`); errs != "0" {
@@ -308,17 +309,36 @@ func (n *node) crashKill(t *testing.T, point string) {
 }
 
 // resumeAndCheck brings the sandbox up (whether recovery left it running
-// or paused) and checks its data.
+// or paused) and checks its data through E2B's SDK (crashcheck.mjs).
 func (n *node) resumeAndCheck(t *testing.T, id string, data ...guestData) {
 	t.Helper()
-	st, ok := n.listed(t)[id]
-	if !ok {
+	if _, ok := n.listed(t)[id]; !ok {
 		t.Fatalf("sandbox %s is gone after the crash\n%s", id, n.diagnose(id))
 	}
-	if st == "paused" {
-		n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":60}`)
+	n.sdkCheck(t, id, data...)
+}
+
+// sdkCheck runs crashcheck.mjs with the newest E2B SDK installed here.
+func (n *node) sdkCheck(t *testing.T, id string, data ...guestData) {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node is not installed; the crash checks use E2B's SDK on Node.js 20+ (make setup installs it)")
 	}
-	n.checkData(t, id, data...)
+	_, here, _, _ := runtime.Caller(0)
+	dir := filepath.Dir(here)
+	v := sdkVersions[len(sdkVersions)-1]
+	sdkDir := filepath.Join(dir, v.dir, "sdk-"+v.version)
+	sets, _ := json.Marshal(data)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, filepath.Join(dir, "crashcheck.mjs"))
+	cmd.Env = append(os.Environ(), "E2B_API_URL="+n.api, "E2B_SANDBOX_URL="+n.proxy, "E2B_API_KEY="+n.key,
+		"AENV_E2B_SDK_DIR="+sdkDir, "AENV_CHECK_ID="+id, "AENV_CHECK_SETS="+string(sets))
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "crash check passed") {
+		t.Fatalf("sandbox %s after the crash (E2B SDK %s): %v\n%s\n%s", id, v.version, err, out, n.diagnose(id))
+	}
 }
 
 func (n *node) dropSnapshotsOf(t *testing.T, id string) {
