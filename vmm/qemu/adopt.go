@@ -75,6 +75,7 @@ func (d *Driver) Adopt(ctx context.Context, dir string) (vmm.Machine, error) {
 	m := &machine{id: rec.ID, spec: rec.Spec, mem: memorySource{path: rec.MemoryPath, shared: rec.MemShared}, rd: rd,
 		proc: proc, exited: make(chan struct{}), log: d.log.With("vm", rec.ID, "pid", rec.PID, "adopted", true)}
 	go m.watchPidfd(pidfd)
+	m.startConsoleCap()
 	if err := m.connect(ctx); err != nil {
 		return nil, fmt.Errorf("adopt %s: %w", dir, err)
 	}
@@ -103,5 +104,6 @@ func (m *machine) Detach() error {
 		return err
 	}
 	m.stopOnce.Do(func() {}) // this handle must not stop the VM any more
+	m.stopConsoleCap()
 	return m.qmp.Close()
 }

@@ -72,7 +72,7 @@ func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog string
 		"-sandbox", seccompPolicy,
 		"-kernel", spec.Kernel,
 		"-append", spec.Cmdline,
-		"-chardev", "file,id=console,path=" + escapeOpt(consoleLog),
+		"-chardev", "file,id=console,append=on,path=" + escapeOpt(consoleLog),
 		"-serial", "chardev:console",
 		"-qmp", "unix:" + escapeOpt(qmpSocket) + ",server=on,wait=off",
 		"-device", "virtio-rng-device",

@@ -30,6 +30,11 @@ type machine struct {
 
 	exited  chan struct{}
 	exitErr error
+	// console is the console cap's goroutine (startConsoleCap); it ends
+	// when the VMM does or this handle is detached, and the one who ends it
+	// waits for it.
+	consoleStop chan struct{}
+	consoleDone chan struct{}
 
 	stopOnce sync.Once
 	stopErr  error
@@ -100,6 +105,7 @@ func (d *Driver) start(ctx context.Context, id string, spec *machineSpec, mem me
 		m.exitErr = cmd.Wait()
 		close(m.exited)
 	}()
+	m.startConsoleCap()
 	if err := m.saveRecord(); err != nil {
 		m.kill()
 		rd.cleanup()
@@ -169,6 +175,7 @@ func (m *machine) logTail() string {
 func (m *machine) kill() {
 	_ = m.proc.Kill()
 	<-m.exited
+	m.stopConsoleCap()
 	if m.qmp != nil {
 		m.qmp.Close()
 	}

@@ -1,0 +1,86 @@
+package qemu
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/agentenv/agentenv/internal/atomicfile"
+)
+
+// The guest's serial console is a file QEMU appends to (chardev file,
+// append=on): a guest can write to its serial port without end, so the
+// file is capped. When it grows past maxConsole, its last keepConsole
+// bytes become <console>.1 and the file is truncated; QEMU, appending,
+// carries on at the new end. At most maxConsole + keepConsole bytes stay.
+const (
+	maxConsole   = 4 << 20
+	keepConsole  = 256 << 10
+	consoleCheck = 2 * time.Second
+)
+
+// startConsoleCap starts capping the machine's console until the VMM ends
+// or stopConsoleCap.
+func (m *machine) startConsoleCap() {
+	m.consoleStop, m.consoleDone = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(m.consoleDone)
+		capConsole(m.rd.console, maxConsole, consoleCheck, m.exited, m.consoleStop)
+	}()
+}
+
+// stopConsoleCap ends the console cap and waits for it (idempotent).
+func (m *machine) stopConsoleCap() {
+	if m.consoleStop == nil {
+		return
+	}
+	select {
+	case <-m.consoleStop:
+	default:
+		close(m.consoleStop)
+	}
+	<-m.consoleDone
+}
+
+// capConsole rotates the console file every interval until exited or stop
+// is closed.
+func capConsole(path string, limit int64, every time.Duration, exited, stop <-chan struct{}) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-exited:
+			return
+		case <-stop:
+			return
+		case <-t.C:
+			_ = rotateConsole(path, limit)
+		}
+	}
+}
+
+// rotateConsole keeps the tail of an over-long console in path.1 and
+// empties path.
+func rotateConsole(path string, limit int64) error {
+	st, err := os.Stat(path)
+	if err != nil || st.Size() <= limit {
+		return err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	keep := min(int64(keepConsole), st.Size())
+	tail := make([]byte, keep)
+	if _, err := f.ReadAt(tail, st.Size()-keep); err != nil && err != io.EOF {
+		return fmt.Errorf("rotate console %s: %w", path, err)
+	}
+	if err := atomicfile.WriteFile(path+".1", tail, 0o600); err != nil {
+		return fmt.Errorf("rotate console %s: %w", path, err)
+	}
+	// What the guest wrote between the read and the truncation is lost:
+	// a console, not a record.
+	return os.Truncate(path, 0)
+}
