@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/internal/ctxio"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -236,7 +237,7 @@ func (p *Puller) fetchLayer(ctx context.Context, d v1.Hash, l v1.Layer) (string,
 	err = atomicfile.Write(dst, 0o644, func(w io.Writer) error {
 		h := sha256.New()
 		var err error
-		if n, err = io.Copy(io.MultiWriter(w, h), ctxReader{ctx, rc}); err != nil {
+		if n, err = io.Copy(io.MultiWriter(w, h), ctxio.Reader(ctx, rc)); err != nil {
 			return fmt.Errorf("fetch blob: %w", err)
 		}
 		if got := hex.EncodeToString(h.Sum(nil)); got != d.Hex {
@@ -248,16 +249,4 @@ func (p *Puller) fetchLayer(ctx context.Context, d v1.Hash, l v1.Layer) (string,
 		return "", 0, fmt.Errorf("cache blob: %w", err)
 	}
 	return dst, n, nil
-}
-
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(b []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(b)
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/internal/ctxio"
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
@@ -58,7 +59,7 @@ func (b *Builder) PutFiles(ctx context.Context, templateID, hash string, r io.Re
 	}
 	err := atomicfile.Write(dst, 0o600, func(w io.Writer) error {
 		h := sha256.New()
-		n, err := io.Copy(io.MultiWriter(w, h), ctxReader{ctx, io.LimitReader(r, MaxTemplateFiles+1)})
+		n, err := io.Copy(io.MultiWriter(w, h), ctxio.Reader(ctx, io.LimitReader(r, MaxTemplateFiles+1)))
 		if err != nil {
 			return err
 		}
@@ -74,16 +75,4 @@ func (b *Builder) PutFiles(ctx context.Context, templateID, hash string, r io.Re
 		return fmt.Errorf("store template files %s: %w", hash, err)
 	}
 	return nil
-}
-
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(b []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(b)
 }
