@@ -146,6 +146,11 @@ func contentRange(cr string) (first, last, total int64, err error) {
 	return first, last, total, nil
 }
 
+// ParseContentRange parses the Content-Range of a 206 answer as the HTTP
+// backend does (first <= last < total; total -1 for "*"), for other clients
+// of range requests (the S3 backend of the snapshot repository).
+func ParseContentRange(cr string) (first, last, total int64, err error) { return contentRange(cr) }
+
 // decimal parses a non-empty string of ASCII digits (no sign, no spaces)
 // that fits an int64.
 func decimal(s string) (int64, bool) {
