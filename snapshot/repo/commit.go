@@ -124,11 +124,12 @@ func (r *Repo) acquireLease(ctx context.Context, m *Manifest) (string, time.Time
 			return "", time.Time{}, fmt.Errorf("write lease: %w", err)
 		}
 		busy, err := r.gcRunning(ctx, key)
-		if err != nil || !busy {
-			if err != nil {
-				_ = r.b.Delete(context.WithoutCancel(ctx), key)
-			}
-			return key, start, err
+		if err != nil {
+			_ = r.b.Delete(context.WithoutCancel(ctx), key)
+			return "", time.Time{}, fmt.Errorf("look for a garbage collection in progress: %w", err)
+		}
+		if !busy {
+			return key, start, nil
 		}
 		select {
 		case <-ctx.Done():
