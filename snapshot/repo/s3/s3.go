@@ -45,6 +45,10 @@ type Config struct {
 	// PathStyle addresses the bucket in the path (most self-hosted stores)
 	// instead of the host name.
 	PathStyle bool
+	// MaxRetries bounds the client's own retries of one request; default 3
+	// (the uploader retries whole uploads with its own backoff, and a lazy
+	// read should fail over to another source soon).
+	MaxRetries int
 }
 
 // Backend stores objects in a bucket.
@@ -87,7 +91,11 @@ func NewBackend(ctx context.Context, cfg Config) (*Backend, error) {
 	if cfg.PathStyle {
 		lookup = minio.BucketLookupPath
 	}
-	c, err := minio.New(host, &minio.Options{Creds: creds, Secure: secure, Region: cfg.Region, BucketLookup: lookup})
+	if cfg.MaxRetries <= 0 {
+		cfg.MaxRetries = 3
+	}
+	c, err := minio.New(host, &minio.Options{Creds: creds, Secure: secure, Region: cfg.Region, BucketLookup: lookup,
+		MaxRetries: cfg.MaxRetries})
 	if err != nil {
 		return nil, fmt.Errorf("open s3 repository at %s: %w", cfg.Endpoint, err)
 	}

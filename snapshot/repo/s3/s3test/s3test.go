@@ -35,6 +35,9 @@ type Server struct {
 	Dir      string // the POSIX backend's root: one directory per bucket
 	client   *minio.Client
 	buckets  atomic.Int64
+	bin      string
+	addr     string
+	stop     func()
 }
 
 // Binary finds the versitygw executable: on PATH, or where go install puts it.
@@ -63,11 +66,15 @@ func Start(tb testing.TB) *Server {
 	}
 	var last error
 	for range 3 { // the free port may be taken between the probe and the server's bind
-		s, err := start(tb, bin)
-		if err == nil {
+		addr, err := freePort()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		s := &Server{Endpoint: "http://" + addr, Dir: tb.TempDir(), bin: bin, addr: addr}
+		if last = s.run(); last == nil {
+			tb.Cleanup(s.Stop)
 			return s
 		}
-		last = err
 	}
 	tb.Fatalf("start versitygw: %v", last)
 	return nil
@@ -82,49 +89,63 @@ func freePort() (string, error) {
 	return l.Addr().String(), nil
 }
 
-func start(tb testing.TB, bin string) (*Server, error) {
-	addr, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	dir := tb.TempDir()
+// run starts the process and waits until it answers.
+func (s *Server) run() error {
 	var logs bytes.Buffer
-	cmd := exec.Command(bin, "--access", AccessKey, "--secret", SecretKey, "--port", addr, "--quiet", "posix", dir)
+	cmd := exec.Command(s.bin, "--access", AccessKey, "--secret", SecretKey, "--port", s.addr, "--quiet", "posix", s.Dir)
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
-		return nil, err
+		return err
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	stop := func() {
+	s.stop = func() {
 		_ = cmd.Process.Kill()
 		<-exited
 	}
-	c, err := minio.New(addr, &minio.Options{Creds: credentials.NewStaticV4(AccessKey, SecretKey, ""), BucketLookup: minio.BucketLookupPath})
+	c, err := minio.New(s.addr, &minio.Options{Creds: credentials.NewStaticV4(AccessKey, SecretKey, ""), BucketLookup: minio.BucketLookupPath})
 	if err != nil {
-		stop()
-		return nil, err
+		s.Stop()
+		return err
 	}
+	s.client = c
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_, err = c.ListBuckets(ctx)
 		cancel()
 		if err == nil {
-			break
+			return nil
 		}
 		select {
 		case werr := <-exited:
-			return nil, fmt.Errorf("versitygw exited (%v): %s", werr, logs.String())
+			exited <- werr
+			s.Stop()
+			return fmt.Errorf("versitygw exited (%v): %s", werr, logs.String())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			stop()
-			return nil, fmt.Errorf("versitygw did not answer on %s: %v: %s", addr, err, logs.String())
+			s.Stop()
+			return fmt.Errorf("versitygw did not answer on %s: %v: %s", s.addr, err, logs.String())
 		}
 	}
-	tb.Cleanup(stop)
-	return &Server{Endpoint: "http://" + addr, Dir: dir, client: c}, nil
+}
+
+// Stop kills the server (the store is down until Restart).
+func (s *Server) Stop() {
+	if s.stop != nil {
+		s.stop()
+		s.stop = nil
+	}
+}
+
+// Restart starts the server again on the same address and directory.
+func (s *Server) Restart(tb testing.TB) {
+	tb.Helper()
+	s.Stop()
+	if err := s.run(); err != nil {
+		tb.Fatalf("restart versitygw: %v", err)
+	}
 }
 
 // Bucket creates a fresh bucket and returns the repository configuration
