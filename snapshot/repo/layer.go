@@ -170,8 +170,13 @@ type LayerOptions struct {
 // cached or served. ctx bounds every later read.
 func OpenLayer(ctx context.Context, r Repository, l Layer, opt LayerOptions) (*blob.Cache, error) {
 	tab, err := ReadChunkTable(ctx, r, l)
-	if err != nil && len(opt.Before) > 0 && !errors.Is(err, ErrDigestMismatch) {
-		tab, err = tableFrom(opt.Before, l) // the store is down: a peer may have the table
+	if err != nil && len(opt.Before) > 0 {
+		// The store is down or its copy is damaged: a peer may have the table.
+		if ptab, perr := tableFrom(opt.Before, l); perr == nil {
+			tab, err = ptab, nil
+		} else {
+			err = errors.Join(err, perr)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open layer %s: %w", l.Digest, err)

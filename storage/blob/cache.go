@@ -64,6 +64,10 @@ func (c *Cache) Stats() (hits, misses, fetches int64) {
 	return c.hits.Load(), c.misses.Load(), c.fetches.Load()
 }
 
+// Source returns the blob the cache reads from (a *Verified for a layer
+// opened with OpenVerified: its Fetched says from where bytes came).
+func (c *Cache) Source() Blob { return c.b }
+
 func (c *Cache) Size() int64  { return c.b.Size() }
 func (c *Cache) Name() string { return c.b.Name() }
 func (c *Cache) Close() error { return c.b.Close() }
