@@ -28,10 +28,13 @@ const (
 	chunkHeader      = 8 + 4 + 4 + 8 + 32
 	MinChunkSize     = 4 << 10
 	MaxChunkSize     = 16 << 20
-	DefaultChunkSize = 1 << 20
-	// MaxChunkTableSize bounds a table read from storage (a 2 TiB layer at
-	// the default chunk size).
-	MaxChunkTableSize = chunkHeader + 32*(2<<20)
+	// DefaultChunkSize is the cache's default block: small enough that a
+	// sparse working set (a restore's touched pages) fetches little more than
+	// it reads (bench/repository), large enough for few requests on a whole read.
+	DefaultChunkSize = 256 << 10
+	// MaxChunkTableSize bounds a table read from storage: 2^20 chunks (a
+	// 256 GiB layer at the default chunk size, 1 TiB at 1 MiB).
+	MaxChunkTableSize = chunkHeader + 32*(1<<20)
 )
 
 // ChunkTable lists the sha256 of every chunk of one layer.

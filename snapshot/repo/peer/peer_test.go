@@ -166,9 +166,9 @@ func TestHandler(t *testing.T) {
 		t.Fatalf("range request: %s %q", resp.Status, resp.Header.Get("Content-Range"))
 	}
 	for path, want := range map[string]int{
-		PathPrefix + "../../etc/passwd":        http.StatusNotFound,
+		PathPrefix + "../../etc/passwd":       http.StatusNotFound,
 		PathPrefix + repo.DigestOf(nil).Hex(): http.StatusNotFound,
-		"/other":                               http.StatusNotFound,
+		"/other":                              http.StatusNotFound,
 	} {
 		resp, err := http.Get(base + path)
 		if err != nil {
