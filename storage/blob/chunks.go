@@ -24,10 +24,10 @@ var ErrCorrupt = errors.New("layer bytes do not match the chunk table")
 // Encoding (big-endian): "AENVCHK1", chunk size (uint32), zero (uint32),
 // layer size (uint64), layer sha256 (32 bytes), then one sha256 per chunk.
 const (
-	chunkMagic       = "AENVCHK1"
-	chunkHeader      = 8 + 4 + 4 + 8 + 32
-	MinChunkSize     = 4 << 10
-	MaxChunkSize     = 16 << 20
+	chunkMagic   = "AENVCHK1"
+	chunkHeader  = 8 + 4 + 4 + 8 + 32
+	MinChunkSize = 4 << 10
+	MaxChunkSize = 16 << 20
 	// DefaultChunkSize is the cache's default block: small enough that a
 	// sparse working set (a restore's touched pages) fetches little more than
 	// it reads (bench/repository), large enough for few requests on a whole read.
