@@ -70,7 +70,7 @@ func (b *Backend) Put(ctx context.Context, key string, r io.Reader, size int64, 
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
+	if err := b.mkdirs(filepath.Dir(p)); err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
 	f, err := atomicfile.Create(p, 0o640)
@@ -92,6 +92,25 @@ func (b *Backend) Put(ctx context.Context, key string, r io.Reader, size int64, 
 		return fmt.Errorf("put %s: %w", key, err)
 	}
 	return nil
+}
+
+// mkdirs creates dir and any missing parents durably: each new directory's
+// entry is synced in its parent, so a blob renamed into it survives a power
+// loss with its path.
+func (b *Backend) mkdirs(dir string) error {
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	if dir == b.dir || dir == filepath.Dir(dir) {
+		return os.MkdirAll(dir, 0o750)
+	}
+	if err := b.mkdirs(filepath.Dir(dir)); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o750); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return atomicfile.SyncDir(filepath.Dir(dir))
 }
 
 // ctxReader stops a long copy when ctx is done.

@@ -151,6 +151,9 @@ func (u *Uploader) Enqueue(ctx context.Context, j Job) error {
 	if err := validJob(j); err != nil {
 		return fmt.Errorf("enqueue upload %s: %w", j.Name, err)
 	}
+	if j.Created.IsZero() {
+		j.Created = time.Now().UTC()
+	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if rec, ok := u.q.get(j.Name); ok && rec.Status.State != Failed {
