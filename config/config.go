@@ -26,6 +26,82 @@ type Config struct {
 	Sandbox Sandbox `toml:"sandbox"`
 	Storage Storage `toml:"storage"`
 	Image   Image   `toml:"image"`
+	// Repository is where snapshots and templates are committed so that
+	// other nodes can resume and create from them.
+	Repository Repository `toml:"repository"`
+}
+
+// Repository configures the snapshot repository (docs/repository.md): a
+// directory, or a bucket of any S3-compatible store shared by the nodes.
+type Repository struct {
+	// Backend is "posix" (a directory: one node, or nodes sharing a file
+	// system), "s3" (a bucket) or "none" (snapshots stay on this node).
+	Backend string `toml:"backend" env:"AENVD_REPOSITORY_BACKEND"`
+	// Dir is the posix repository's directory; default <data_dir>/repository.
+	Dir string `toml:"dir" env:"AENVD_REPOSITORY_DIR"`
+	// Endpoint is the S3 store's URL (http(s)://host[:port]).
+	Endpoint string `toml:"endpoint" env:"AENVD_REPOSITORY_ENDPOINT"`
+	// Bucket holds the repository; Prefix is prepended to its keys.
+	Bucket string `toml:"bucket" env:"AENVD_REPOSITORY_BUCKET"`
+	Prefix string `toml:"prefix" env:"AENVD_REPOSITORY_PREFIX"`
+	// Region is the bucket's region (empty: the store's default).
+	Region string `toml:"region" env:"AENVD_REPOSITORY_REGION"`
+	// AccessKey and SecretKey authenticate to the store; when both are
+	// empty, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY do.
+	AccessKey string `toml:"access_key" env:"AENVD_REPOSITORY_ACCESS_KEY"`
+	SecretKey string `toml:"secret_key" env:"AENVD_REPOSITORY_SECRET_KEY"`
+	// PathStyle puts the bucket in the URL path (most self-hosted stores)
+	// rather than in the host name.
+	PathStyle bool `toml:"path_style" env:"AENVD_REPOSITORY_PATH_STYLE"`
+	// UploadConcurrency is the number of snapshots uploaded at once in the
+	// background.
+	UploadConcurrency int `toml:"upload_concurrency" env:"AENVD_REPOSITORY_UPLOAD_CONCURRENCY"`
+	// ChunkSizeKiB is the chunk size of the layers' digest tables (a power
+	// of two, 4..16384): the unit of lazy fetches and of verification.
+	ChunkSizeKiB int `toml:"chunk_size_kib" env:"AENVD_REPOSITORY_CHUNK_SIZE_KIB"`
+	// CacheMiB bounds the block cache of each remote layer a node reads.
+	CacheMiB int `toml:"cache_mib" env:"AENVD_REPOSITORY_CACHE_MIB"`
+	// GCGrace keeps unreferenced blobs this long (uploads whose manifest
+	// is not committed yet).
+	GCGrace Duration `toml:"gc_grace" env:"AENVD_REPOSITORY_GC_GRACE"`
+	// LeaseTTL bounds a commit in progress: GC honours its lease this long.
+	LeaseTTL Duration `toml:"lease_ttl" env:"AENVD_REPOSITORY_LEASE_TTL"`
+	// PeerListen is the address this node serves its layers to peers on
+	// ("" disables serving).
+	PeerListen string `toml:"peer_listen" env:"AENVD_REPOSITORY_PEER_LISTEN"`
+	// Peers are the other nodes' peer endpoints (http://host:port), asked
+	// for a layer before the store. Environment: comma-separated.
+	Peers []string `toml:"peers" env:"AENVD_REPOSITORY_PEERS"`
+	// PeerToken, when set, is required from and sent to peers as a bearer
+	// token.
+	PeerToken string `toml:"peer_token" env:"AENVD_REPOSITORY_PEER_TOKEN"`
+}
+
+// RepositoryDir is Repository.Dir or its default.
+func (c *Config) RepositoryDir() string {
+	if c.Repository.Dir != "" {
+		return c.Repository.Dir
+	}
+	return c.DataDir + "/repository"
+}
+
+func (r *Repository) validate() error {
+	cs := r.ChunkSizeKiB
+	switch {
+	case r.Backend != "posix" && r.Backend != "s3" && r.Backend != "none":
+		return fmt.Errorf("config: repository.backend %q: want posix, s3 or none", r.Backend)
+	case r.Backend == "s3" && (r.Endpoint == "" || r.Bucket == ""):
+		return fmt.Errorf("config: repository: the s3 backend needs an endpoint and a bucket")
+	case (r.AccessKey == "") != (r.SecretKey == ""):
+		return fmt.Errorf("config: repository: access_key and secret_key go together")
+	case cs < 4 || cs > 16384 || cs&(cs-1) != 0:
+		return fmt.Errorf("config: repository.chunk_size_kib %d is not a power of two within 4..16384", cs)
+	case r.UploadConcurrency < 1 || r.CacheMiB < 1:
+		return fmt.Errorf("config: repository: upload_concurrency and cache_mib must be at least 1")
+	case r.GCGrace.Duration < 0 || r.LeaseTTL.Duration < time.Second:
+		return fmt.Errorf("config: repository: gc_grace must not be negative and lease_ttl at least 1s")
+	}
+	return nil
 }
 
 // Image configures OCI pulls and template builds (POST /v3/templates).
@@ -204,6 +280,8 @@ func Default() Config {
 			MaxLayers:       32,
 			Cgroups:         true,
 		},
+		Repository: Repository{Backend: "posix", UploadConcurrency: 2, ChunkSizeKiB: 256, CacheMiB: 256,
+			GCGrace: Duration{time.Hour}, LeaseTTL: Duration{10 * time.Minute}, Peers: []string{}},
 	}
 }
 
@@ -251,7 +329,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: sandbox timeouts: default %s must be positive and at most max %s",
 			c.Sandbox.DefaultTimeout, c.Sandbox.MaxTimeout)
 	}
-	return nil
+	return c.Repository.validate()
 }
 
 // KeyFilePath is API.KeyFile or its default.

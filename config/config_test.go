@@ -153,3 +153,38 @@ func countEnvTags(t reflect.Type) int {
 	}
 	return n
 }
+
+// TestRepositorySection: the [repository] section's defaults, overrides and
+// refusals.
+func TestRepositorySection(t *testing.T) {
+	t.Parallel()
+	c := Default()
+	c.DataDir = "/srv/aenv"
+	if c.Repository.Backend != "posix" || c.RepositoryDir() != "/srv/aenv/repository" || c.Validate() != nil {
+		t.Fatalf("defaults: %+v (%s): %v", c.Repository, c.RepositoryDir(), c.Validate())
+	}
+	path := filepath.Join(t.TempDir(), "aenvd.toml")
+	body := "[repository]\nbackend = \"s3\"\nendpoint = \"http://127.0.0.1:7070\"\nbucket = \"snaps\"\npeers = [\"http://10.0.0.2:3002\"]\n"
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Load(path)
+	if err != nil || got.Repository.Backend != "s3" || got.Repository.Bucket != "snaps" || len(got.Repository.Peers) != 1 {
+		t.Fatalf("load: %+v, %v", got.Repository, err)
+	}
+	bad := map[string]func(r *Repository){
+		"backend":     func(r *Repository) { r.Backend = "ftp" },
+		"no bucket":   func(r *Repository) { r.Backend, r.Endpoint = "s3", "http://x" },
+		"half a key":  func(r *Repository) { r.AccessKey = "a" },
+		"chunk size":  func(r *Repository) { r.ChunkSizeKiB = 300 },
+		"concurrency": func(r *Repository) { r.UploadConcurrency = 0 },
+		"lease":       func(r *Repository) { r.LeaseTTL = Duration{} },
+	}
+	for name, mutate := range bad {
+		c := Default()
+		mutate(&c.Repository)
+		if c.Validate() == nil {
+			t.Errorf("%s: accepted %+v", name, c.Repository)
+		}
+	}
+}

@@ -1,7 +1,10 @@
 // Package blob owns the byte sources that layer files are read from: a local
 // file (pread), an HTTP(S) URL read with range requests (a layer on a web
-// server or an OCI registry blob URL), and a block cache with read-ahead that
-// sits in front of a remote source.
+// server or an OCI registry blob URL), a block cache with read-ahead and a
+// size limit that sits in front of a remote source, and verified reads: a
+// layer's chunk digest table (chunks.go) against which every chunk fetched
+// from a remote source is checked before it is cached or served
+// (verified.go).
 package blob
 
 import (
@@ -145,6 +148,11 @@ func contentRange(cr string) (first, last, total int64, err error) {
 	}
 	return first, last, total, nil
 }
+
+// ParseContentRange parses the Content-Range of a 206 answer as the HTTP
+// backend does (first <= last < total; total -1 for "*"), for other clients
+// of range requests (the S3 backend of the snapshot repository).
+func ParseContentRange(cr string) (first, last, total int64, err error) { return contentRange(cr) }
 
 // decimal parses a non-empty string of ASCII digits (no sign, no spaces)
 // that fits an int64.

@@ -13,6 +13,9 @@ type CacheOptions struct {
 	BlockSize int64 // default 256 KiB
 	Capacity  int64 // bytes kept; default 256 MiB
 	ReadAhead int   // blocks fetched in one request on sequential misses; default 8
+	// Record keeps the order in which blocks were first read (Touched): the
+	// working set of a restore, to prefetch on the next one.
+	Record bool
 }
 
 // Cache is an LRU block cache in front of a slow blob. A miss fetches one
@@ -29,6 +32,9 @@ type Cache struct {
 	lru      *list.List
 	inflight map[int64]*fetch
 	lastMiss int64
+	record   bool
+	seen     []uint64 // bitset of blocks read (Record)
+	touched  []int64  // blocks in the order of their first read (Record)
 
 	hits, misses, fetches atomic.Int64
 }
@@ -55,14 +61,41 @@ func NewCache(b Blob, opt CacheOptions) *Cache {
 	if opt.ReadAhead <= 0 {
 		opt.ReadAhead = 8
 	}
-	return &Cache{b: b, bs: opt.BlockSize, maxBlk: int(max(opt.Capacity/opt.BlockSize, 1)), ra: opt.ReadAhead,
-		blocks: map[int64]*list.Element{}, lru: list.New(), inflight: map[int64]*fetch{}, lastMiss: -2}
+	c := &Cache{b: b, bs: opt.BlockSize, maxBlk: int(max(opt.Capacity/opt.BlockSize, 1)), ra: opt.ReadAhead,
+		blocks: map[int64]*list.Element{}, lru: list.New(), inflight: map[int64]*fetch{}, lastMiss: -2, record: opt.Record}
+	if opt.Record {
+		c.seen = make([]uint64, ((b.Size()+opt.BlockSize-1)/opt.BlockSize+63)/64)
+	}
+	return c
+}
+
+// BlockSize is the cache's block size.
+func (c *Cache) BlockSize() int64 { return c.bs }
+
+func (c *Cache) recordLocked(blk int64) {
+	if !c.record || c.seen[blk/64]&(1<<(blk%64)) != 0 {
+		return
+	}
+	c.seen[blk/64] |= 1 << (blk % 64)
+	c.touched = append(c.touched, blk)
+}
+
+// Touched returns the blocks read so far, in the order of their first read
+// (empty unless CacheOptions.Record).
+func (c *Cache) Touched() []int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]int64(nil), c.touched...)
 }
 
 // Stats returns hits, misses and remote fetches so far.
 func (c *Cache) Stats() (hits, misses, fetches int64) {
 	return c.hits.Load(), c.misses.Load(), c.fetches.Load()
 }
+
+// Source returns the blob the cache reads from (a *Verified for a layer
+// opened with OpenVerified: its Fetched says from where bytes came).
+func (c *Cache) Source() Blob { return c.b }
 
 func (c *Cache) Size() int64  { return c.b.Size() }
 func (c *Cache) Name() string { return c.b.Name() }
@@ -100,6 +133,7 @@ func (c *Cache) ReadAt(p []byte, off int64) (int, error) {
 
 func (c *Cache) block(blk int64) ([]byte, error) {
 	c.mu.Lock()
+	c.recordLocked(blk)
 	if el, ok := c.blocks[blk]; ok {
 		c.lru.MoveToFront(el)
 		c.mu.Unlock()
@@ -119,9 +153,22 @@ func (c *Cache) block(blk int64) ([]byte, error) {
 	if blk == c.lastMiss+1 {
 		n = int64(c.ra)
 	}
+	f, n := c.startLocked(blk, n)
+	c.lastMiss = blk + n - 1
+	c.mu.Unlock()
+	c.run(f, blk, n)
+	if f.err != nil {
+		return nil, f.err
+	}
+	return f.data[blk], nil
+}
+
+// startLocked registers one fetch of up to n blocks from blk (which is
+// neither cached nor in flight), stopping the window at a block that is
+// already present or being fetched, and returns it with its length.
+func (c *Cache) startLocked(blk, n int64) (*fetch, int64) {
 	nblocks := (c.b.Size() + c.bs - 1) / c.bs
-	n = min(n, nblocks-blk)
-	// Stop the window at a block that is already present or being fetched.
+	n = max(min(n, nblocks-blk), 1)
 	for k := int64(1); k < n; k++ {
 		_, cached := c.blocks[blk+k]
 		_, busy := c.inflight[blk+k]
@@ -134,9 +181,12 @@ func (c *Cache) block(blk int64) ([]byte, error) {
 	for k := int64(0); k < n; k++ {
 		c.inflight[blk+k] = f
 	}
-	c.lastMiss = blk + n - 1
-	c.mu.Unlock()
+	return f, n
+}
 
+// run performs a registered fetch: one read of the source, then the blocks
+// enter the cache (evicting the least recently used beyond the capacity).
+func (c *Cache) run(f *fetch, blk, n int64) {
 	c.fetches.Add(1)
 	start := blk * c.bs
 	buf := make([]byte, min(n*c.bs, c.b.Size()-start))
@@ -160,8 +210,4 @@ func (c *Cache) block(blk int64) ([]byte, error) {
 	}
 	c.mu.Unlock()
 	close(f.done)
-	if f.err != nil {
-		return nil, f.err
-	}
-	return f.data[blk], nil
 }

@@ -1,0 +1,14 @@
+// Package repositorybench benchmarks lazy, verified reads of layers from the
+// snapshot repository against references measured in the same run: a whole
+// layer read through the verified block cache from a real S3 server
+// (versitygw, its POSIX backend on a temporary directory) vs the same layer
+// read from a local file; the bytes fetched vs the layer's size when reading
+// a sparse working set; and the latency of a first read (open plus one 4 KiB
+// read) through a peer vs through the object store. Ratios are printed,
+// nothing is asserted on time. Run with:
+//
+//	go test -run '^$' -bench . -benchtime 1x ./bench/repository/
+//
+// AENV_BENCH_LAYER_MIB sets the layer size (default 64). Without the
+// versitygw binary (.ci/setup.d/60-versitygw.sh) the benchmarks skip.
+package repositorybench

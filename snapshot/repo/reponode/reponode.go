@@ -1,0 +1,142 @@
+// Package reponode assembles what one node uses of the snapshot repository
+// from aenvd's configuration ([repository]): the repository itself (POSIX or
+// S3), the background uploader with its queue under the data directory, the
+// peer endpoint serving the layers this node holds, and the client that
+// reads remote layers from peers before the store. It is the one entry point
+// the node server wires in.
+package reponode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/agentenv/agentenv/config"
+	"github.com/agentenv/agentenv/snapshot/repo"
+	"github.com/agentenv/agentenv/snapshot/repo/peer"
+	"github.com/agentenv/agentenv/snapshot/repo/posix"
+	"github.com/agentenv/agentenv/snapshot/repo/s3"
+	"github.com/agentenv/agentenv/snapshot/repo/upload"
+	"github.com/agentenv/agentenv/storage/blob"
+)
+
+// Node is the repository side of one node.
+type Node struct {
+	Repo    *repo.Repo
+	Uploads *upload.Uploader
+	Peers   *peer.Client
+	// Held is what this node serves to peers: add a layer (by digest) once
+	// this node holds all of it, remove it before deleting the file.
+	Held *peer.Index
+
+	cfg    config.Repository
+	lis    net.Listener
+	srv    *http.Server
+	wg     sync.WaitGroup
+	closed bool
+	mu     sync.Mutex
+}
+
+// Open opens the configured repository (nil, nil for backend "none"). A
+// store that rejects the credentials or lacks the bucket is an error here.
+func Open(ctx context.Context, c config.Config) (*Node, error) {
+	rc := c.Repository
+	opt := repo.Options{LeaseTTL: rc.LeaseTTL.Duration}
+	var r *repo.Repo
+	var err error
+	switch rc.Backend {
+	case "none":
+		return nil, nil
+	case "posix":
+		r, err = posix.Open(c.RepositoryDir(), opt)
+	case "s3":
+		r, err = s3.Open(ctx, s3.Config{Endpoint: rc.Endpoint, Bucket: rc.Bucket, Prefix: rc.Prefix, Region: rc.Region,
+			AccessKey: rc.AccessKey, SecretKey: rc.SecretKey, PathStyle: rc.PathStyle}, opt)
+	default:
+		err = fmt.Errorf("unknown backend %q", rc.Backend)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open snapshot repository: %w", err)
+	}
+	u, err := upload.New(r, upload.Options{Dir: filepath.Join(c.DataDir, "uploads"), Concurrency: rc.UploadConcurrency,
+		ChunkSize: int64(rc.ChunkSizeKiB) << 10})
+	if err != nil {
+		return nil, fmt.Errorf("open snapshot repository: %w", err)
+	}
+	return &Node{Repo: r, Uploads: u, Held: peer.NewIndex(), cfg: rc,
+		Peers: &peer.Client{Peers: rc.Peers, Token: rc.PeerToken}}, nil
+}
+
+// Start starts the uploader and, when configured, the peer endpoint.
+func (n *Node) Start(ctx context.Context) error {
+	if n.cfg.PeerListen != "" {
+		lis, err := net.Listen("tcp", n.cfg.PeerListen)
+		if err != nil {
+			return fmt.Errorf("snapshot repository: peer endpoint: %w", err)
+		}
+		n.lis = lis
+		n.srv = &http.Server{Handler: peer.Handler(n.Held, n.cfg.PeerToken), ReadHeaderTimeout: 10 * time.Second}
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				slog.Error("snapshot repository: peer endpoint stopped", "addr", lis.Addr(), "err", err)
+			}
+		}()
+	}
+	n.Uploads.Start(ctx)
+	slog.Info("snapshot repository open", "store", n.Repo.String(), "peers", len(n.cfg.Peers), "peer_listen", n.PeerAddr())
+	return nil
+}
+
+// PeerAddr is the address the peer endpoint listens on ("" when off).
+func (n *Node) PeerAddr() string {
+	if n.lis == nil {
+		return ""
+	}
+	return n.lis.Addr().String()
+}
+
+// Close stops the peer endpoint and the uploader and waits for both.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	n.mu.Unlock()
+	var err error
+	if n.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = n.srv.Shutdown(ctx)
+		cancel()
+	}
+	n.wg.Wait()
+	return errors.Join(err, n.Uploads.Close())
+}
+
+// Commit queues a local snapshot or template for upload (durable once it
+// returns); Status says how far it got.
+func (n *Node) Commit(ctx context.Context, j upload.Job) error { return n.Uploads.Enqueue(ctx, j) }
+
+// Status is the upload status of a manifest name.
+func (n *Node) Status(name string) (upload.Status, bool) { return n.Uploads.Status(name) }
+
+// OpenLayer opens a layer of a manifest for lazy, verified reads: from the
+// peers that hold it, then the store, through a block cache of the
+// configured size.
+func (n *Node) OpenLayer(ctx context.Context, l repo.Layer) (*blob.Cache, error) {
+	return n.Peers.OpenLayer(ctx, n.Repo, l, blob.CacheOptions{Capacity: int64(n.cfg.CacheMiB) << 20})
+}
+
+// GC collects unreferenced blobs older than the configured grace period.
+func (n *Node) GC(ctx context.Context) (repo.GCStats, error) {
+	return n.Repo.GC(ctx, repo.GCOptions{Grace: n.cfg.GCGrace.Duration})
+}

@@ -1,0 +1,93 @@
+package s3_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/agentenv/agentenv/snapshot/repo"
+	"github.com/agentenv/agentenv/snapshot/repo/repotest"
+	"github.com/agentenv/agentenv/snapshot/repo/s3"
+	"github.com/agentenv/agentenv/snapshot/repo/s3/s3test"
+	"github.com/agentenv/agentenv/storage/blob"
+)
+
+const chunk = 64 << 10
+
+// TestVerifiedLayerCorruption stores a layer in a real S3 server, then
+// damages the object behind the server's back: a flipped byte, a truncated
+// object and a replaced (stale) object each fail the read of the affected
+// chunk loudly, naming the layer digest and the chunk, and serve nothing;
+// chunks the damage does not touch still read.
+func TestVerifiedLayerCorruption(t *testing.T) {
+	srv := s3test.Start(t)
+	cfg := srv.Bucket(t)
+	cfg.Prefix = "p"
+	ctx := context.Background()
+	r, err := s3.Open(ctx, cfg, repo.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := repotest.Random(42, 5*chunk+1234)
+	path := filepath.Join(t.TempDir(), "rootfs.lsmt")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := repo.PutLayerFile(ctx, r, path, chunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Digest != repo.DigestOf(data) {
+		t.Fatalf("layer digest %s, want the file's", l.Digest)
+	}
+	open := func() *blob.Cache {
+		c, err := repo.OpenLayer(ctx, r, l, repo.LayerOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	got := make([]byte, len(data))
+	if _, err := open().ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read of the intact layer: %v", err)
+	}
+	obj := srv.ObjectPath(cfg.Bucket, "p/"+repo.BlobKey(l.Digest))
+	damage := func(name string, f func([]byte) []byte, badChunk int64) {
+		t.Helper()
+		if err := os.WriteFile(obj, f(bytes.Clone(data)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c := open()
+		buf := bytes.Repeat([]byte{0x55}, chunk)
+		n, err := c.ReadAt(buf, badChunk*chunk)
+		want := fmt.Sprintf("chunk %d", badChunk)
+		if n != 0 || !errors.Is(err, blob.ErrCorrupt) || !strings.Contains(err.Error(), string(l.Digest)) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("%s: read of chunk %d gave %d bytes, %v", name, badChunk, n, err)
+		}
+		if !bytes.Equal(buf, make([]byte, chunk)) && !bytes.Equal(buf, bytes.Repeat([]byte{0x55}, chunk)) {
+			t.Fatalf("%s: unverified bytes reached the caller", name)
+		}
+		if badChunk > 0 {
+			if _, err := c.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, data[:chunk]) {
+				t.Fatalf("%s: an undamaged chunk: %v", name, err)
+			}
+		}
+	}
+	damage("flipped byte", func(b []byte) []byte { b[3*chunk+100] ^= 1; return b }, 3)
+	damage("truncated", func(b []byte) []byte { return b[:4*chunk+10] }, 4)
+	damage("stale", func(b []byte) []byte { return repotest.Random(43, len(b)) }, 0)
+
+	// A damaged chunk table: the layer does not open.
+	tab := srv.ObjectPath(cfg.Bucket, "p/"+repo.BlobKey(l.Chunks.Digest))
+	tb, _ := os.ReadFile(tab)
+	tb[len(tb)-1] ^= 1
+	os.WriteFile(tab, tb, 0o600)
+	if _, err := repo.OpenLayer(ctx, r, l, repo.LayerOptions{}); !errors.Is(err, repo.ErrDigestMismatch) {
+		t.Fatalf("open with a damaged chunk table: %v", err)
+	}
+}
