@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/google/btree"
@@ -442,6 +443,21 @@ func (u *Upper) WriteAt(p []byte, off int64) (int, error) {
 		u.mu.Unlock()
 		return 0, fmt.Errorf("write upper %s: closed", u.dataPath)
 	}
+	if phys, ok := u.inPlaceLocked(sec, n); ok {
+		// An overwrite of data this upper holds whole: no new mapping, no
+		// growth (the live upper is this VM's alone; sealed layers never
+		// change).
+		u.mu.Unlock()
+		if _, err := u.data.WriteAt(p, int64(phys)*SectorSize); err != nil {
+			return 0, fmt.Errorf("write upper %s: %w", u.dataPath, err)
+		}
+		return len(p), nil
+	}
+	if limit := u.maxDataSectors(); u.dataEnd+n > limit {
+		u.mu.Unlock()
+		return 0, fmt.Errorf("write upper %s: its data would pass %d bytes (twice the disk): %w",
+			u.dataPath, limit*SectorSize, syscall.ENOSPC)
+	}
 	phys := u.dataEnd
 	u.dataEnd += n
 	u.mu.Unlock()
@@ -462,6 +478,28 @@ func (u *Upper) WriteAt(p []byte, off int64) (int, error) {
 		}
 	}
 	return len(p), nil
+}
+
+// inPlaceLocked returns where [sec, sec+n) lies in the data file when one
+// data mapping of the upper covers all of it (mu held).
+func (u *Upper) inPlaceLocked(sec, n uint64) (uint64, bool) {
+	var phys uint64
+	found := false
+	u.tree.DescendLessOrEqual(Segment{Offset: sec}, func(it Segment) bool {
+		if !it.Zeroed && it.End() >= sec+n {
+			phys, found = it.MOffset+(sec-it.Offset), true
+		}
+		return false // only the mapping that starts at or before sec
+	})
+	return phys, found
+}
+
+// maxDataSectors bounds the data file of a log-structured upper: twice the
+// virtual size (in-place overwrites keep ordinary use far below; a guest
+// that writes in patterns that defeat them gets ENOSPC, the host disk
+// does not fill).
+func (u *Upper) maxDataSectors() uint64 {
+	return HeaderSize/SectorSize + 2*u.hdr.VirtualSize/SectorSize
 }
 
 func (u *Upper) addLocked(s Segment) {

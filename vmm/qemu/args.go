@@ -81,7 +81,7 @@ func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog string
 		args = append(args, "-initrd", spec.Initrd)
 	}
 	for _, d := range spec.Drives {
-		args = append(args, "-blockdev", blockdev(d), "-device", "virtio-blk-device,drive="+d.ID)
+		args = append(args, "-blockdev", blockdev(d), "-device", "virtio-blk-device,werror=report,rerror=report,drive="+d.ID)
 	}
 	for i, n := range spec.NICs {
 		args = append(args,
