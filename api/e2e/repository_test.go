@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -53,7 +54,29 @@ func TestPauseCommitsToRepository(t *testing.T) {
 	}
 	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":120}`)
 	n.checkData(t, id, data)
+
+	// A snapshot is committed too, and says so.
+	var snap struct {
+		SnapshotID string `json:"snapshotID"`
+		Repository string `json:"repository"`
+	}
+	if err := json.Unmarshal(n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/snapshots", n.key, `{}`), &snap); err != nil {
+		t.Fatal(err)
+	}
+	for snap.Repository != "uploaded" {
+		if snap.Repository == "failed" || ctx.Err() != nil {
+			t.Fatalf("snapshot %s: repository %q", snap.SnapshotID, snap.Repository)
+		}
+		time.Sleep(time.Second)
+		if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/snapshots/"+snap.SnapshotID, n.key, ""), &snap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := r.Manifest(ctx, "snapshot-"+snap.SnapshotID); err != nil {
+		t.Fatalf("snapshot %s uploaded, but: %v", snap.SnapshotID, err)
+	}
 	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+	n.expect(t, http.StatusNoContent, "DELETE", "/snapshots/"+snap.SnapshotID, n.key, "")
 }
 
 // waitManifest waits for a manifest whose name starts with prefix.
