@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/snapshot"
 )
 
@@ -54,7 +55,7 @@ func (s *Server) CreateSnapshot(w http.ResponseWriter, r *http.Request, sandboxI
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, snapshotInfo(snap))
+	writeJSON(w, http.StatusCreated, s.snapshotInfo(snap))
 }
 
 // ListSnapshots implements ServerInterface: newest first, paged by
@@ -89,7 +90,7 @@ func (s *Server) ListSnapshots(w http.ResponseWriter, r *http.Request, params Li
 	end := min(start+limit, len(all))
 	out := make([]SnapshotInfo, 0, end-start)
 	for _, snap := range all[start:end] {
-		out = append(out, snapshotInfo(snap))
+		out = append(out, s.snapshotInfo(snap))
 	}
 	if end < len(all) {
 		w.Header().Set("X-Next-Token", all[end-1].ID)
@@ -104,7 +105,7 @@ func (s *Server) GetSnapshot(w http.ResponseWriter, r *http.Request, snapshotID 
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, snapshotInfo(snap))
+	writeJSON(w, http.StatusOK, s.snapshotInfo(snap))
 }
 
 // DeleteSnapshot implements ServerInterface: 409 while sandboxes use it.
@@ -116,13 +117,20 @@ func (s *Server) DeleteSnapshot(w http.ResponseWriter, r *http.Request, snapshot
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func snapshotInfo(r snapshot.Record) SnapshotInfo {
+func (s *Server) snapshotInfo(r snapshot.Record) SnapshotInfo {
 	mem, rootfs := r.LayerCounts()
 	names := r.Names
 	if names == nil {
 		names = []string{}
 	}
-	return SnapshotInfo{SnapshotID: r.ID, Names: names, SandboxID: r.SandboxID, TemplateID: r.TemplateID,
+	info := SnapshotInfo{SnapshotID: r.ID, Names: names, SandboxID: r.SandboxID, TemplateID: r.TemplateID,
 		CreatedAt: r.CreatedAt, CpuCount: ptr(int32(r.VCPUs)), MemoryMB: ptr(int32(r.MemoryMiB)),
 		MemoryLayers: int32(mem), RootfsLayers: int32(rootfs)}
+	if st, ok := s.o.RepositoryStatus(orchestrator.ManifestOfSnapshot(r.ID)); ok {
+		info.Repository = ptr(string(st.State))
+		if st.Error != "" {
+			info.RepositoryError = ptr(st.Error)
+		}
+	}
+	return info
 }

@@ -34,8 +34,10 @@ type Config struct {
 // Repository configures the snapshot repository (docs/repository.md): a
 // directory, or a bucket of any S3-compatible store shared by the nodes.
 type Repository struct {
-	// Backend is "posix" (a directory: one node, or nodes sharing a file
-	// system), "s3" (a bucket) or "none" (snapshots stay on this node).
+	// Backend is "none" (the default: pauses and snapshots stay on this
+	// node), "posix" (a directory, for nodes sharing a file system) or "s3"
+	// (a bucket). With a repository, every pause and snapshot is also
+	// committed to it in the background.
 	Backend string `toml:"backend" env:"AENVD_REPOSITORY_BACKEND"`
 	// Dir is the posix repository's directory; default <data_dir>/repository.
 	Dir string `toml:"dir" env:"AENVD_REPOSITORY_DIR"`
@@ -280,7 +282,7 @@ func Default() Config {
 			MaxLayers:       32,
 			Cgroups:         true,
 		},
-		Repository: Repository{Backend: "posix", UploadConcurrency: 2, ChunkSizeKiB: 256, CacheMiB: 256,
+		Repository: Repository{Backend: "none", UploadConcurrency: 2, ChunkSizeKiB: 256, CacheMiB: 256,
 			GCGrace: Duration{time.Hour}, LeaseTTL: Duration{10 * time.Minute}, Peers: []string{}},
 	}
 }

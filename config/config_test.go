@@ -160,7 +160,7 @@ func TestRepositorySection(t *testing.T) {
 	t.Parallel()
 	c := Default()
 	c.DataDir = "/srv/aenv"
-	if c.Repository.Backend != "posix" || c.RepositoryDir() != "/srv/aenv/repository" || c.Validate() != nil {
+	if c.Repository.Backend != "none" || c.RepositoryDir() != "/srv/aenv/repository" || c.Validate() != nil {
 		t.Fatalf("defaults: %+v (%s): %v", c.Repository, c.RepositoryDir(), c.Validate())
 	}
 	path := filepath.Join(t.TempDir(), "aenvd.toml")

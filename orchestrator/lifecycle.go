@@ -121,6 +121,7 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance) (err error)
 	s.mu.Lock()
 	rec = s.rec
 	s.mu.Unlock()
+	o.commitPause(ctx, rec)
 	o.maybeCompact(rec)
 	return nil
 }

@@ -159,6 +159,9 @@ type Options struct {
 	// MaxLayers is the memory or rootfs chain depth above which a paused
 	// sandbox's own layers are merged (default DefaultMaxLayers).
 	MaxLayers int
+	// Repository, when set, receives a commit of every pause and snapshot
+	// (repository.go); nil keeps them on this node only.
+	Repository Uploads
 	// Groups, when set, confines every VMM in a control group of its own
 	// (named as the VM); groups no running sandbox owns are removed at start.
 	Groups sandbox.Groups

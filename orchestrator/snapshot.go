@@ -85,6 +85,7 @@ func (o *Orchestrator) CreateSnapshot(ctx context.Context, sandboxID, name strin
 	}
 	_ = fpSnapshotStored.Inject()
 	o.log.Info("snapshot created", "sandbox", sandboxID, "snapshot", r.ID, "name", name)
+	o.commitSnapshot(ctx, r)
 	return r, nil
 }
 

@@ -57,7 +57,10 @@ func sharedNode(t *testing.T) *node {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()
 		var n *aenvdtest.Node
-		opts := aenvdtest.Options{Env: []string{fmt.Sprintf("AENVD_SANDBOX_MAX_LAYERS=%d", maxLayers)}}
+		opts := aenvdtest.Options{Env: []string{fmt.Sprintf("AENVD_SANDBOX_MAX_LAYERS=%d", maxLayers),
+			// Every pause and snapshot is committed to a repository too
+			// (<data_dir>/repository), while the tests run.
+			"AENVD_REPOSITORY_BACKEND=posix"}}
 		if n, sharedErr = aenvdtest.Start(ctx, opts); sharedErr == nil {
 			shared = &node{Node: n, api: n.API, proxy: n.Proxy, key: n.Key}
 		}

@@ -229,6 +229,9 @@ type Snapshot struct {
 	SnapshotID string   `json:"snapshotID"`
 	Names      []string `json:"names"`
 	SandboxID  string   `json:"sandboxID,omitempty"`
+	// Repository says where the snapshot lives beyond its node ("" none;
+	// pending, uploading, uploaded, failed).
+	Repository string `json:"repository,omitempty"`
 }
 
 // CreateSnapshot snapshots a sandbox under an optional name.

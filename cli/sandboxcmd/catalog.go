@@ -62,8 +62,8 @@ func snapshotCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printList(cmd.OutOrStdout(), &lo, snaps, []string{"SNAPSHOT ID", "SANDBOX ID", "NAMES"}, func(s client.Snapshot) []string {
-				return []string{s.SnapshotID, orDash(s.SandboxID), orDash(strings.Join(s.Names, ","))}
+			return printList(cmd.OutOrStdout(), &lo, snaps, []string{"SNAPSHOT ID", "SANDBOX ID", "NAMES", "LIVES"}, func(s client.Snapshot) []string {
+				return []string{s.SnapshotID, orDash(s.SandboxID), orDash(strings.Join(s.Names, ",")), lives(s)}
 			})
 		},
 	}
@@ -155,4 +155,17 @@ func nodesCmd() *cobra.Command {
 	}
 	o.register(cmd)
 	return cmd
+}
+
+// lives says where a snapshot lives: on its node, or also in the snapshot
+// repository (once its upload finished).
+func lives(s client.Snapshot) string {
+	switch s.Repository {
+	case "":
+		return "node"
+	case "uploaded":
+		return "node+repository"
+	default:
+		return "node (repository: " + s.Repository + ")"
+	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/agentenv/agentenv/internal/cgroup"
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/snapshot/repo/reponode"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/api"
@@ -155,9 +156,14 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	uploads, closeRepo, err := snapshotRepository(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer closeRepo()
 	orch, err := orchestrator.New(ctx, orchestrator.Options{
 		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, Storage: devices, MaxLayers: cfg.Sandbox.MaxLayers, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
-		Groups:         groups,
+		Groups: groups, Repository: uploads,
 		StoragePoolLow: cfg.Storage.PoolLow, StoragePoolHigh: cfg.Storage.PoolHigh,
 		MemoryMiB: cfg.Guest.MemoryMiB, DefaultUser: cfg.Guest.DefaultUser, Registerer: reg, Logger: log,
 	})
@@ -443,4 +449,19 @@ func vmmGroups(cfg config.Config, log *slog.Logger) (sandbox.Groups, error) {
 	}
 	log.Info("VMMs confined in control groups", "dirs", h.Dirs, "v2", h.V2)
 	return h, nil
+}
+
+// snapshotRepository opens the [repository] the node commits pauses and
+// snapshots to (nil when the backend is "none") and starts its uploader
+// and peer endpoint; the returned func stops them.
+func snapshotRepository(ctx context.Context, cfg config.Config) (orchestrator.Uploads, func(), error) {
+	rn, err := reponode.Open(ctx, cfg)
+	if err != nil || rn == nil {
+		return nil, func() {}, err
+	}
+	if err := rn.Start(ctx); err != nil {
+		_ = rn.Close()
+		return nil, func() {}, err
+	}
+	return rn, func() { _ = rn.Close() }, nil
 }

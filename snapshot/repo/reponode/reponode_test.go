@@ -109,14 +109,18 @@ func TestTwoNodesShareABucket(t *testing.T) {
 	}
 }
 
-// TestOpenFromConfig: the default posix repository, "none", and one clear
-// error for rejected credentials.
+// TestOpenFromConfig: a posix repository under the data directory, "none"
+// (the default), and one clear error for rejected credentials.
 func TestOpenFromConfig(t *testing.T) {
 	c := config.Default()
 	c.DataDir = t.TempDir()
+	if n, err := Open(context.Background(), c); n != nil || err != nil {
+		t.Fatalf("default (none): %v, %v", n, err)
+	}
+	c.Repository.Backend = "posix"
 	n, err := Open(context.Background(), c)
 	if err != nil || n == nil {
-		t.Fatalf("default (posix): %v", err)
+		t.Fatalf("posix: %v", err)
 	}
 	if err := n.Start(context.Background()); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,101 @@
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/snapshot/repo"
+	"github.com/agentenv/agentenv/snapshot/repo/posix"
+)
+
+// TestPauseCommitsToRepository: a pause stays synchronous and durable on
+// the node, and its state is then committed to the node's repository in
+// the background: a manifest of the sandbox's generation naming rootfs and
+// memory layers, a VM state and config, each blob stored under its digest;
+// the sandbox resumes with its data meanwhile.
+func TestPauseCommitsToRepository(t *testing.T) {
+	n := sharedNode(t)
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	data := n.writeData(t, id, "repo")
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+	r, err := posix.Open(filepath.Join(n.DataDir, "repository"), repo.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	name := waitManifest(ctx, t, r, "sandbox-"+id+"-")
+	m, err := r.Manifest(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Kind != repo.KindSnapshot || m.Parent != "base" || len(m.Rootfs) < 2 || len(m.Memory) < 2 {
+		t.Fatalf("manifest %s: kind %s, parent %q, %d rootfs and %d memory layers", name, m.Kind, m.Parent, len(m.Rootfs), len(m.Memory))
+	}
+	// The sandbox's own top layers (small) read back as their digests say.
+	for _, b := range []repo.Blob{m.Rootfs[len(m.Rootfs)-1].Blob, m.Memory[len(m.Memory)-1].Blob, m.State, m.Config} {
+		rc, err := r.ReadBlob(ctx, b.Digest, 0, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := sha256.New()
+		got, err := io.Copy(h, rc)
+		rc.Close()
+		if err != nil || got != b.Size || repo.FromHash(h.Sum(nil)) != b.Digest {
+			t.Fatalf("blob %s: %d bytes (want %d), %v", b.Digest, got, b.Size, err)
+		}
+	}
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":120}`)
+	n.checkData(t, id, data)
+
+	// A snapshot is committed too, and says so.
+	var snap struct {
+		SnapshotID string `json:"snapshotID"`
+		Repository string `json:"repository"`
+	}
+	if err := json.Unmarshal(n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/snapshots", n.key, `{}`), &snap); err != nil {
+		t.Fatal(err)
+	}
+	for snap.Repository != "uploaded" {
+		if snap.Repository == "failed" || ctx.Err() != nil {
+			t.Fatalf("snapshot %s: repository %q", snap.SnapshotID, snap.Repository)
+		}
+		time.Sleep(time.Second)
+		if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/snapshots/"+snap.SnapshotID, n.key, ""), &snap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := r.Manifest(ctx, "snapshot-"+snap.SnapshotID); err != nil {
+		t.Fatalf("snapshot %s uploaded, but: %v", snap.SnapshotID, err)
+	}
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+	n.expect(t, http.StatusNoContent, "DELETE", "/snapshots/"+snap.SnapshotID, n.key, "")
+}
+
+// waitManifest waits for a manifest whose name starts with prefix.
+func waitManifest(ctx context.Context, t *testing.T, r *repo.Repo, prefix string) string {
+	t.Helper()
+	for {
+		names, err := r.Manifests(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, nm := range names {
+			if strings.HasPrefix(nm, prefix) {
+				return nm
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no manifest %s* in the repository (has %v)", prefix, names)
+		case <-time.After(time.Second):
+		}
+	}
+}

@@ -1,0 +1,156 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/agentenv/agentenv/snapshot"
+	"github.com/agentenv/agentenv/snapshot/repo"
+	"github.com/agentenv/agentenv/snapshot/repo/upload"
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// The snapshot repository (package snapshot/repo), when the node has one:
+// a pause and a snapshot stay synchronous and durable on this node, and
+// then queue a commit of what they wrote (sealed layers, VM state and
+// config) to the repository, uploaded in the background. The queue is
+// durable, so a crash or a store that is down only delays an upload.
+
+// Uploads is the repository as the orchestrator uses it (reponode.Node).
+type Uploads interface {
+	Commit(ctx context.Context, j upload.Job) error
+	Status(name string) (upload.Status, bool)
+}
+
+// ManifestOfPause names the repository manifest of the pause that made the
+// sandbox's generation gen paused.
+func ManifestOfPause(id string, gen int) string { return fmt.Sprintf("sandbox-%s-%d", id, gen) }
+
+// ManifestOfSnapshot names the repository manifest of a snapshot.
+func ManifestOfSnapshot(id string) string { return "snapshot-" + id }
+
+// uploadJob describes the files of a VMM snapshot directory vmDir and the
+// disk image config rootfs as a repository commit.
+func uploadJob(name, parent, vmDir, rootfs string) (upload.Job, error) {
+	layers, err := snapshot.LayersOf(rootfs)
+	if err != nil {
+		return upload.Job{}, fmt.Errorf("rootfs of %s: %w", name, err)
+	}
+	mem, err := snapshot.ReadMemoryManifest(vmDir)
+	if errors.Is(err, os.ErrNotExist) {
+		// The VMM's snapshot carries the memory whole: it is a layer of
+		// its own, as far as the repository is concerned.
+		mem, err = snapshot.MemoryImage{Layers: []string{filepath.Join(vmDir, vmm.SnapshotMemoryFile)}}, nil
+	}
+	if err != nil {
+		return upload.Job{}, fmt.Errorf("memory of %s: %w", name, err)
+	}
+	return upload.Job{Name: name, Kind: repo.KindSnapshot, Parent: parent, Created: time.Now().UTC(),
+		Rootfs: layers, Memory: mem.Layers,
+		State: filepath.Join(vmDir, vmm.SnapshotStateFile), Config: filepath.Join(vmDir, vmm.SnapshotConfigFile)}, nil
+}
+
+// commitPause queues the upload of a paused sandbox's state (daemon-mode
+// disks only: a file-mode disk is no layer stack). The job reads hard
+// links of the files in <dir>/upload-<gen>, so a merge of the sandbox's
+// layers (compact.go) or its next pause cannot pull them away mid-upload;
+// the links of earlier pauses whose upload ended go now. A failure to
+// queue is logged: the pause itself is durable here.
+func (o *Orchestrator) commitPause(ctx context.Context, rec Record) {
+	if o.cfg.Repository == nil || rec.RootfsImage == "" {
+		return
+	}
+	name := ManifestOfPause(rec.ID, rec.Gen)
+	o.dropFinishedStaging(rec)
+	j, err := uploadJob(name, rec.TemplateID, rec.Snapshot, rec.RootfsImage)
+	if err == nil {
+		err = stage(&j, filepath.Join(rec.Dir, fmt.Sprintf("upload-%d", rec.Gen)))
+	}
+	o.queue(ctx, j, err)
+}
+
+// stage replaces the job's files by hard links in dir.
+func stage(j *upload.Job, dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("stage %s: %w", j.Name, err)
+	}
+	n := 0
+	link := func(p *string) error {
+		n++
+		dst := filepath.Join(dir, fmt.Sprintf("%03d-%s", n, filepath.Base(*p)))
+		if err := snapshot.LinkOrCopy(*p, dst); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("stage %s: %w", j.Name, err)
+		}
+		*p = dst
+		return nil
+	}
+	for _, list := range [][]string{j.Rootfs, j.Memory} {
+		for i := range list {
+			if err := link(&list[i]); err != nil {
+				return err
+			}
+		}
+	}
+	if err := link(&j.State); err != nil {
+		return err
+	}
+	return link(&j.Config)
+}
+
+// dropFinishedStaging removes the staged links of the sandbox's earlier
+// pauses whose upload is over (uploaded, failed, or unknown to the queue).
+func (o *Orchestrator) dropFinishedStaging(rec Record) {
+	dirs, _ := filepath.Glob(filepath.Join(rec.Dir, "upload-*"))
+	for _, d := range dirs {
+		var gen int
+		if _, err := fmt.Sscanf(filepath.Base(d), "upload-%d", &gen); err != nil || gen == rec.Gen {
+			continue
+		}
+		st, ok := o.cfg.Repository.Status(ManifestOfPause(rec.ID, gen))
+		if ok && (st.State == upload.Pending || st.State == upload.Uploading) {
+			continue
+		}
+		_ = os.RemoveAll(d)
+	}
+}
+
+// commitSnapshot queues the upload of a snapshot.
+func (o *Orchestrator) commitSnapshot(ctx context.Context, r snapshot.Record) {
+	if o.cfg.Repository == nil || r.RootfsImage == "" || r.Hidden {
+		return
+	}
+	o.queueCommit(ctx, ManifestOfSnapshot(r.ID), r.TemplateID, r.VM, r.RootfsImage)
+}
+
+func (o *Orchestrator) queueCommit(ctx context.Context, name, parent, vmDir, rootfs string) {
+	j, err := uploadJob(name, parent, vmDir, rootfs)
+	o.queue(ctx, j, err)
+}
+
+// queue hands a job to the repository, unless preparing it failed (err).
+func (o *Orchestrator) queue(ctx context.Context, j upload.Job, err error) {
+	if repo.ValidName(j.Parent) != nil {
+		j.Parent = ""
+	}
+	if err == nil {
+		err = o.cfg.Repository.Commit(context.WithoutCancel(ctx), j)
+	}
+	if err != nil {
+		o.log.Warn("queue repository commit (this node keeps it)", "manifest", j.Name, "err", err)
+		return
+	}
+	o.log.Info("repository commit queued", "manifest", j.Name, "layers", len(j.Rootfs)+len(j.Memory))
+}
+
+// RepositoryStatus reports where a manifest's upload is ("" state when the
+// node has no repository or never queued it).
+func (o *Orchestrator) RepositoryStatus(name string) (upload.Status, bool) {
+	if o.cfg.Repository == nil {
+		return upload.Status{}, false
+	}
+	return o.cfg.Repository.Status(name)
+}
