@@ -170,4 +170,3 @@ func pruneInitramfs(dir string) {
 
 // isNoKernel reports a missing kernel package.
 func isNoKernel(err error) bool { return errors.Is(err, ErrNoKernel) }
-
