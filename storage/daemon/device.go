@@ -122,7 +122,7 @@ func (dv *device) info(d *Daemon) rpc.Device {
 		return out
 	}
 	ep := dv.exp.Endpoint()
-	out.Socket, out.URI, out.TCP, out.BlockDevice = ep.Socket, ep.URI, ep.TCP, ep.BlockDevice
+	out.Socket, out.URI, out.TCP, out.BlockDevice, out.Block = ep.Socket, ep.URI, ep.TCP, ep.BlockDevice, ep.Block
 	return out
 }
 
@@ -141,7 +141,7 @@ func (d *Daemon) start(dv *device) error {
 	dv.be = &swapBackend{im: im, size: im.Size()}
 	dv.exp, err = d.exporter.Export(d.ctx, ExportSpec{
 		ID: r.ID, Name: r.Export, Description: r.Image, Backend: dv.be,
-		ReadOnly: r.ReadOnly, TCP: r.TCP, Kernel: r.Kernel,
+		ReadOnly: r.ReadOnly, TCP: r.TCP, Block: r.blockKind(),
 	})
 	if err != nil {
 		dv.be.Close()

@@ -9,7 +9,9 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/nbd"
+	"github.com/agentenv/agentenv/storage/ublk"
 )
 
 // Exporter makes a device's backend reachable by a VMM. NBDExporter is the
@@ -31,8 +33,8 @@ type ExportSpec struct {
 	Description string
 	Backend     nbd.Backend
 	ReadOnly    bool
-	TCP         bool // also on a loopback TCP port
-	Kernel      bool // also as a kernel block device
+	TCP         bool   // also on a loopback TCP port
+	Block       string // also as a kernel block device of this kind (rpc.BlockNBD, rpc.BlockUblk)
 }
 
 // Export is a running export.
@@ -47,7 +49,8 @@ type Endpoint struct {
 	Socket      string // Unix socket
 	URI         string // for QEMU and libnbd
 	TCP         string // loopback host:port, if requested
-	BlockDevice string // /dev/nbdN (or /dev/ublkbN), if requested
+	BlockDevice string // /dev/nbdN or /dev/ublkbN, if requested
+	Block       string // its kind: rpc.BlockNBD or rpc.BlockUblk
 }
 
 // NBDExporter exports each device from its own nbd.Server on
@@ -87,16 +90,39 @@ func (x *NBDExporter) Export(ctx context.Context, spec ExportSpec) (Export, erro
 		}()
 	}
 	e.ep.URI = "nbd+unix:///" + spec.Name + "?socket=" + e.ep.Socket
-	if spec.Kernel {
+	if err := e.attach(ctx, spec, x.Log); err != nil {
+		e.Stop()
+		return nil, fmt.Errorf("export device %d: %w", spec.ID, err)
+	}
+	return e, nil
+}
+
+// attach adds the kernel block device the spec asks for, next to the
+// socket export.
+func (e *nbdExport) attach(ctx context.Context, spec ExportSpec, log *slog.Logger) error {
+	switch spec.Block {
+	case rpc.BlockNone:
+		return nil
+	case rpc.BlockNBD:
 		// Two connections: the kernel spreads requests over them.
 		kd, err := nbd.AttachKernel(ctx, e.srv, spec.Name, 2)
 		if err != nil {
-			e.Stop()
-			return nil, fmt.Errorf("export device %d: %w", spec.ID, err)
+			return err
 		}
 		e.kdev, e.ep.BlockDevice = kd, kd.Path
+	case rpc.BlockUblk:
+		// Served from the same backend as the socket export. Not
+		// recoverable yet: a restarted daemon makes new devices.
+		ud, err := ublk.Create(ctx, spec.Backend, ublk.Options{ReadOnly: spec.ReadOnly, Queues: 1, Depth: 64, Log: log})
+		if err != nil {
+			return err
+		}
+		e.udev, e.ep.BlockDevice = ud, ud.Path
+	default:
+		return fmt.Errorf("unknown block device kind %q", spec.Block)
 	}
-	return e, nil
+	e.ep.Block = spec.Block
+	return nil
 }
 
 type nbdExport struct {
@@ -105,6 +131,7 @@ type nbdExport struct {
 	cancel context.CancelFunc
 	served sync.WaitGroup
 	kdev   *nbd.KernelDevice
+	udev   *ublk.Device
 	ep     Endpoint
 }
 
@@ -139,6 +166,13 @@ func (e *nbdExport) Stop() {
 		// Detach first, so the kernel flushes while the export still answers.
 		e.kdev.Detach()
 		e.kdev = nil
+	}
+	if e.udev != nil {
+		// Removing the device completes or fails its I/O first.
+		if err := e.udev.Close(); err != nil {
+			slog.Default().Warn("remove ublk device", "device", e.udev.Path, "err", err)
+		}
+		e.udev = nil
 	}
 	if e.cancel != nil {
 		e.cancel()
