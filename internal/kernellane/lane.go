@@ -109,6 +109,11 @@ func RunTests(t testing.TB, o Options, expect ...string) *Result {
 	if InGuest() {
 		t.Skip("kernel lane: already inside the lane")
 	}
+	if raceEnabled {
+		// The guest binary is rebuilt without the race detector anyway;
+		// the plain test pass boots the lane.
+		t.Skip("kernel lane: not under the race detector (the plain test pass runs it)")
+	}
 	if err := Unavailable(); err != nil {
 		t.Skip(err)
 	}

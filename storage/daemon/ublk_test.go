@@ -12,7 +12,7 @@ import (
 )
 
 // TestKernelLane runs the kernel block device tests inside the kernel lane
-// (qemu-system-x86_64 booting a kernel with ublk_drv and nbd), where they
+// (QEMU booting a kernel with ublk_drv and nbd), where they
 // must pass, not skip.
 func TestKernelLane(t *testing.T) {
 	kernellane.RunTests(t, kernellane.Options{Run: "^(TestKernelAttach|TestUblkExport)$", Modules: []string{"ublk_drv", "nbd"}},

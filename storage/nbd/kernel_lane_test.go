@@ -13,7 +13,7 @@ import (
 )
 
 // TestKernelLane runs the kernel attach tests inside the kernel lane
-// (qemu-system-x86_64 booting a kernel with the nbd module), where they
+// (QEMU booting a kernel with the nbd module), where they
 // must pass, not skip.
 func TestKernelLane(t *testing.T) {
 	kernellane.RunTests(t, kernellane.Options{Run: "^TestAttachKernel", Modules: []string{"nbd"}},
