@@ -141,12 +141,16 @@ func (d *Daemon) start(dv *device) error {
 	dv.be = &swapBackend{im: im, size: im.Size()}
 	dv.exp, err = d.exporter.Export(d.ctx, ExportSpec{
 		ID: r.ID, Name: r.Export, Description: r.Image, Backend: dv.be,
-		ReadOnly: r.ReadOnly, TCP: r.TCP, Block: r.blockKind(),
+		ReadOnly: r.ReadOnly, TCP: r.TCP, Block: r.blockKind(), UblkID: r.UblkID,
 	})
 	if err != nil {
 		dv.be.Close()
 		dv.be = nil
 		return err
+	}
+	if ep := dv.exp.Endpoint(); ep.Block == rpc.BlockUblk {
+		id := ep.UblkID
+		r.UblkID = &id // saved by the caller with the record
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/nbd"
@@ -35,6 +36,9 @@ type ExportSpec struct {
 	ReadOnly    bool
 	TCP         bool   // also on a loopback TCP port
 	Block       string // also as a kernel block device of this kind (rpc.BlockNBD, rpc.BlockUblk)
+	// UblkID, when set, is the ublk device a previous daemon served: it is
+	// recovered (its users' I/O resumes) instead of a new one made.
+	UblkID *uint32
 }
 
 // Export is a running export.
@@ -51,6 +55,7 @@ type Endpoint struct {
 	TCP         string // loopback host:port, if requested
 	BlockDevice string // /dev/nbdN or /dev/ublkbN, if requested
 	Block       string // its kind: rpc.BlockNBD or rpc.BlockUblk
+	UblkID      uint32 // the ublk device id, for Block rpc.BlockUblk
 }
 
 // NBDExporter exports each device from its own nbd.Server on
@@ -111,13 +116,11 @@ func (e *nbdExport) attach(ctx context.Context, spec ExportSpec, log *slog.Logge
 		}
 		e.kdev, e.ep.BlockDevice = kd, kd.Path
 	case rpc.BlockUblk:
-		// Served from the same backend as the socket export. Not
-		// recoverable yet: a restarted daemon makes new devices.
-		ud, err := ublk.Create(ctx, spec.Backend, ublk.Options{ReadOnly: spec.ReadOnly, Queues: 1, Depth: 64, Log: log})
+		ud, err := attachUblk(ctx, spec, log)
 		if err != nil {
 			return err
 		}
-		e.udev, e.ep.BlockDevice = ud, ud.Path
+		e.udev, e.ep.BlockDevice, e.ep.UblkID = ud, ud.Path, ud.ID
 	default:
 		return fmt.Errorf("unknown block device kind %q", spec.Block)
 	}
@@ -183,4 +186,24 @@ func (e *nbdExport) Stop() {
 	e.served.Wait()
 	e.srv.Close()
 	e.lns = nil
+}
+
+// attachUblk serves spec.Backend as a ublk device made recoverable, so a
+// crash of the daemon leaves /dev/ublkbN to its users, quiesced; the next
+// daemon re-attaches to the device its record names. A device that cannot
+// be recovered (the kernel removed it, or it was never quiesced) is
+// replaced by a new one.
+func attachUblk(ctx context.Context, spec ExportSpec, log *slog.Logger) (*ublk.Device, error) {
+	opts := ublk.Options{ReadOnly: spec.ReadOnly, Queues: 1, Depth: 64, Recovery: true, Log: log}
+	if spec.UblkID != nil {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ud, err := ublk.Recover(rctx, *spec.UblkID, spec.Backend, opts)
+		cancel()
+		if err == nil {
+			log.Info("ublk device recovered", "device", spec.ID, "ublk", ud.Path)
+			return ud, nil
+		}
+		log.Warn("ublk device not recoverable; making a new one", "device", spec.ID, "ublk", *spec.UblkID, "err", err)
+	}
+	return ublk.Create(ctx, spec.Backend, opts)
 }

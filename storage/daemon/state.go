@@ -29,9 +29,10 @@ type record struct {
 	Size     int64     `json:"size"`
 	ReqSize  int64     `json:"req_size,omitempty"` // size as requested (0: the image's); the warm-pool shape
 	TCP      bool      `json:"tcp,omitempty"`
-	Kernel   bool      `json:"kernel,omitempty"` // kernel NBD, from records older than Block
-	Block    string    `json:"block,omitempty"`  // kernel block device kind (rpc.BlockNBD, rpc.BlockUblk)
-	Export   string    `json:"export"`           // NBD export name: aenv-ID-NONCE
+	Kernel   bool      `json:"kernel,omitempty"`  // kernel NBD, from records older than Block
+	Block    string    `json:"block,omitempty"`   // kernel block device kind (rpc.BlockNBD, rpc.BlockUblk)
+	UblkID   *uint32   `json:"ublk_id,omitempty"` // the ublk device serving it, for recovery after a crash
+	Export   string    `json:"export"`            // NBD export name: aenv-ID-NONCE
 	Holders  []string  `json:"holders,omitempty"`
 	Layers   []string  `json:"layers"` // sealed layers under the upper, bottom first
 	Stamps   []stamp   `json:"stamps"` // files that must not change under the export
