@@ -5,14 +5,17 @@ package ublk_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/agentenv/agentenv/internal/kernellane"
 	"github.com/agentenv/agentenv/internal/kernellane/blockcheck"
 	"github.com/agentenv/agentenv/storage/ublk"
+	"golang.org/x/sys/unix"
 )
 
 // TestKernelLane runs this package's device tests inside the kernel lane
@@ -41,7 +44,7 @@ func ctx(t *testing.T) context.Context {
 // two queues and runs the block device checks.
 func TestDeviceStackedImage(t *testing.T) {
 	needUblk(t)
-	fx := blockcheck.NewFixture(t, t.TempDir(), 32<<20, 1)
+	fx := blockcheck.NewFixture(t, t.TempDir(), 16<<20, 1)
 	im := fx.Open(t, false)
 	defer im.Close()
 	d, err := ublk.Create(ctx(t), im, ublk.Options{Queues: 2, Depth: 32})
@@ -70,7 +73,7 @@ func TestDeviceConcurrent(t *testing.T) {
 	needUblk(t)
 	var devs [2]*blockcheck.Device
 	for i := range devs {
-		fx := blockcheck.NewFixture(t, t.TempDir(), 16<<20, uint64(10+i))
+		fx := blockcheck.NewFixture(t, t.TempDir(), 8<<20, uint64(10+i))
 		im := fx.Open(t, false)
 		defer im.Close()
 		d, err := ublk.Create(ctx(t), im, ublk.Options{Depth: 16})
@@ -103,7 +106,7 @@ func TestDeviceConcurrent(t *testing.T) {
 // and the device is gone from the driver.
 func TestDeviceRemoveWithIOInFlight(t *testing.T) {
 	needUblk(t)
-	fx := blockcheck.NewFixture(t, t.TempDir(), 16<<20, 3)
+	fx := blockcheck.NewFixture(t, t.TempDir(), 8<<20, 3)
 	im := fx.Open(t, false)
 	defer im.Close()
 	d, err := ublk.Create(ctx(t), im, ublk.Options{Depth: 8})
@@ -112,20 +115,22 @@ func TestDeviceRemoveWithIOInFlight(t *testing.T) {
 	}
 	started := make(chan struct{}, 4)
 	errs := make(chan error, 4)
+	var closing atomic.Bool
 	for w := range 4 {
-		go func() { errs <- hammer(d.Path, w%2 == 0, started) }()
+		go func() { errs <- hammer(d.Path, w%2 == 0, started, &closing) }()
 	}
 	for range 4 {
 		<-started
 	}
+	closing.Store(true)
 	if err := d.Close(); err != nil {
 		t.Fatalf("close with I/O in flight: %v", err)
 	}
 	for range 4 {
 		select {
 		case err := <-errs:
-			if err == nil {
-				t.Error("I/O on a removed device kept succeeding")
+			if err == nil || errors.Is(err, errEarly) {
+				t.Errorf("hammer: %v, want an I/O error from the removal", err)
 			}
 		case <-ctx(t).Done():
 			t.Fatal("I/O on the removed device hangs")
@@ -136,30 +141,34 @@ func TestDeviceRemoveWithIOInFlight(t *testing.T) {
 	}
 }
 
-// hammer does direct I/O on path until an operation fails, which it returns.
-func hammer(path string, write bool, started chan<- struct{}) error {
-	f, err := os.OpenFile(path, os.O_RDWR|0o40000 /* O_DIRECT */, 0)
+var errEarly = errors.New("I/O failed before the removal began")
+
+// hammer does direct I/O on path until an operation fails, which it
+// returns; a failure before closing is set wraps errEarly.
+func hammer(path string, write bool, started chan<- struct{}, closing *atomic.Bool) error {
+	once := sync.OnceFunc(func() { started <- struct{}{} })
+	defer once()
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_DIRECT, 0)
 	if err != nil {
-		started <- struct{}{}
-		return err
+		return fmt.Errorf("%w: %v", errEarly, err)
 	}
 	defer f.Close()
 	buf := alignedBuf(64 << 10)
 	for i := 0; ; i++ {
-		off := int64(i%200) * int64(len(buf))
+		off := int64(i%100) * int64(len(buf)) // inside the 8 MiB device
 		if write {
 			_, err = f.WriteAt(buf, off)
 		} else {
 			_, err = f.ReadAt(buf, off)
 		}
-		if i == 10 {
-			started <- struct{}{}
-		}
 		if err != nil {
-			if i < 10 {
-				started <- struct{}{}
+			if !closing.Load() {
+				return fmt.Errorf("%w: op %d: %v", errEarly, i, err)
 			}
 			return err
+		}
+		if i == 10 {
+			once()
 		}
 	}
 }

@@ -34,7 +34,7 @@ func alignedBuf(n int) []byte {
 // server held is reissued) and the device ends with the model's bytes.
 func TestDeviceRecovery(t *testing.T) {
 	needUblk(t)
-	fx := blockcheck.NewFixture(t, t.TempDir(), 16<<20, 4)
+	fx := blockcheck.NewFixture(t, t.TempDir(), 8<<20, 4)
 	a := startHelper(t, helperEnv+"=serve", "AENV_UBLK_CONFIG="+fx.Config)
 	id, err := strconv.Atoi(a.expect(t, "READY"))
 	if err != nil {
@@ -48,7 +48,7 @@ func TestDeviceRecovery(t *testing.T) {
 	defer f.Close()
 	rng := rand.New(rand.NewPCG(5, 5))
 	buf := alignedBuf(128 << 10)
-	const ops, killAt = 120, 40
+	const ops, killAt = 80, 30
 	done := make(chan error, 1)
 	progress := make(chan int, ops)
 	go func() {
@@ -120,7 +120,7 @@ func TestDeviceRecovery(t *testing.T) {
 // still reads as the image.
 func TestDevicePrivateMapping(t *testing.T) {
 	needUblk(t)
-	fx := blockcheck.NewFixture(t, t.TempDir(), 8<<20, 6)
+	fx := blockcheck.NewFixture(t, t.TempDir(), 4<<20, 6)
 	im := fx.Open(t, true)
 	defer im.Close()
 	d, err := ublk.Create(ctx(t), im, ublk.Options{ReadOnly: true, Depth: 8})

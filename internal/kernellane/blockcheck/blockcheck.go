@@ -50,7 +50,7 @@ func NewFixture(t testing.TB, dir string, size int64, seed uint64) *Fixture {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for range 24 {
+		for range 16 {
 			off, n := span(rng, size, 256<<10)
 			b := fill(rng, int(n))
 			if _, err := im.WriteAt(b, off); err != nil {
@@ -180,7 +180,7 @@ func CheckRandomIO(t testing.TB, d *Device, seed uint64) {
 	defer f.Close()
 	size := int64(len(d.Model))
 	buf := aligned(t, 256<<10)
-	for i := range 160 {
+	for i := range 100 {
 		off, n := span(rng, size, int64(len(buf)))
 		if i%2 == 0 {
 			copy(buf, fill(rng, int(n)))
