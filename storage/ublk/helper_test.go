@@ -112,9 +112,10 @@ func helperServe() int {
 }
 
 // helperMap maps the first AENV_UBLK_LEN bytes of the device
-// AENV_UBLK_DEV privately, checks they hash to AENV_UBLK_SUM, fills every
-// byte with AENV_UBLK_FILL, prints "WROTE", and on a line from stdin
-// checks it still sees only its own bytes and prints "OK".
+// AENV_UBLK_DEV privately, checks they hash to AENV_UBLK_SUM and prints
+// "READ"; on a line from stdin fills every byte with AENV_UBLK_FILL and
+// prints "WROTE"; on the next line checks it still sees only its own bytes
+// and prints "OK".
 func helperMap() int {
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "map helper:", err); return 1 }
 	n, _ := strconv.Atoi(os.Getenv("AENV_UBLK_LEN"))
@@ -131,11 +132,14 @@ func helperMap() int {
 	if got := fmt.Sprintf("%x", sha256Sum(m)); got != os.Getenv("AENV_UBLK_SUM") {
 		return fail(fmt.Errorf("mapping reads %s, want the device's %s", got, os.Getenv("AENV_UBLK_SUM")))
 	}
+	in := bufio.NewReader(os.Stdin)
+	fmt.Println("READ")
+	in.ReadString('\n')
 	for i := range m {
 		m[i] = fill
 	}
 	fmt.Println("WROTE")
-	bufio.NewReader(os.Stdin).ReadString('\n')
+	in.ReadString('\n')
 	for i, b := range m {
 		if b != fill {
 			return fail(fmt.Errorf("byte %d is %#x, want our own %#x", i, b, fill))

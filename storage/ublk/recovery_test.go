@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -116,8 +117,9 @@ func TestDeviceRecovery(t *testing.T) {
 }
 
 // TestDevicePrivateMapping maps a read-only device privately in two
-// processes: each writes its own bytes and sees only them, and the device
-// still reads as the image.
+// processes: the page cache holds the device's pages once for both, each
+// process writes its own bytes and sees only them, and the device still
+// reads as the image.
 func TestDevicePrivateMapping(t *testing.T) {
 	needUblk(t)
 	fx := blockcheck.NewFixture(t, t.TempDir(), 4<<20, 6)
@@ -128,14 +130,28 @@ func TestDevicePrivateMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	const n = 1 << 20
+	const n = 2 << 20
 	sum := fmt.Sprintf("%x", sha256.Sum256(fx.Model[:n]))
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	before := cachedBytes(t)
 	var hs []*helper
 	for _, fill := range []string{"A", "B"} {
 		hs = append(hs, startHelper(t, helperEnv+"=map", "AENV_UBLK_DEV="+d.Path, "AENV_UBLK_LEN="+strconv.Itoa(n),
 			"AENV_UBLK_SUM="+sum, "AENV_UBLK_FILL="+fill))
 	}
 	for _, h := range hs {
+		h.expect(t, "READ")
+	}
+	// Both processes have read every page of their mappings: the page
+	// cache holds the device's pages once (readahead may add a little),
+	// not once per process.
+	if grown := cachedBytes(t) - before; grown < n || grown >= n+n/2 {
+		t.Errorf("page cache grew by %d bytes for two mappings of %d bytes, want one copy", grown, n)
+	}
+	for _, h := range hs {
+		fmt.Fprintln(h.in, "write")
 		h.expect(t, "WROTE")
 	}
 	for _, h := range hs {
@@ -159,4 +175,24 @@ func readOnlyFlag(path string) (int, error) {
 	}
 	defer f.Close()
 	return unix.IoctlGetInt(int(f.Fd()), unix.BLKROGET)
+}
+
+// cachedBytes is the page cache's size (Cached in /proc/meminfo).
+func cachedBytes(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Cached:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatal("no Cached in /proc/meminfo")
+	return 0
 }
