@@ -30,6 +30,10 @@ const (
 // padded to four bytes, closed by a TRAILER!!! member. Every parent
 // directory is emitted before its children.
 func writeCpio(w io.Writer, entries []entry) error {
+	entries = append([]entry(nil), entries...)
+	for i := range entries {
+		entries[i].name = strings.TrimPrefix(path.Clean("/"+entries[i].name), "/")
+	}
 	entries = withParents(entries)
 	sort.SliceStable(entries, func(i, j int) bool { return entries[i].name < entries[j].name })
 	cw := &cpioWriter{w: bufio.NewWriterSize(w, 1<<20), ino: 1}
@@ -48,11 +52,11 @@ func writeCpio(w io.Writer, entries []entry) error {
 func withParents(entries []entry) []entry {
 	have := map[string]bool{}
 	for _, e := range entries {
-		have[path.Clean(e.name)] = true
+		have[e.name] = true
 	}
-	out := append([]entry(nil), entries...)
+	out := entries
 	for _, e := range entries {
-		for d := path.Dir(path.Clean(e.name)); d != "." && d != "/" && !have[d]; d = path.Dir(d) {
+		for d := path.Dir(e.name); d != "." && d != "/" && !have[d]; d = path.Dir(d) {
 			have[d] = true
 			out = append(out, entry{name: d, mode: typeDir | 0o755})
 		}
@@ -67,7 +71,6 @@ type cpioWriter struct {
 }
 
 func (c *cpioWriter) add(e entry) error {
-	e.name = strings.TrimPrefix(path.Clean(e.name), "/")
 	switch {
 	case e.mode&typeSymlink == typeSymlink:
 		return c.member(e, int64(len(e.symlink)), strings.NewReader(e.symlink))
