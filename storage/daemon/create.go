@@ -15,6 +15,7 @@ import (
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/lsmt"
 	"github.com/agentenv/agentenv/storage/nbd"
+	"github.com/agentenv/agentenv/storage/ublk"
 	"github.com/agentenv/agentenv/storage/zfile"
 )
 
@@ -92,12 +93,11 @@ func (d *Daemon) create(ctx context.Context, p rpc.CreateParams) (rpc.Device, er
 	if p.Size < 0 || p.Size%512 != 0 {
 		return rpc.Device{}, errf(rpc.CodeInvalid, "size %d must be a non-negative multiple of 512", p.Size)
 	}
-	if p.Kernel {
-		if err := nbd.KernelAvailable(); err != nil {
-			return rpc.Device{}, errf(rpc.CodeInvalid, "kernel attach: %v", err)
-		}
+	block, err := checkBlock(p.Block, p.Kernel)
+	if err != nil {
+		return rpc.Device{}, err
 	}
-	if !p.ReadOnly && !p.TCP && !p.Kernel {
+	if !p.ReadOnly && !p.TCP && block == rpc.BlockNone {
 		sh := shape{image: img, size: p.Size}
 		if dv, ok := d.takeWarm(sh, p.Owner); ok {
 			d.pool.refill(sh)
@@ -105,7 +105,7 @@ func (d *Daemon) create(ctx context.Context, p rpc.CreateParams) (rpc.Device, er
 		}
 		defer d.pool.touch(sh)
 	}
-	dv, err := d.newDevice(ctx, newSpec{kind: rpc.KindRuntime, image: img, size: p.Size, readOnly: p.ReadOnly, owner: p.Owner, tcp: p.TCP, kernel: p.Kernel})
+	dv, err := d.newDevice(ctx, newSpec{kind: rpc.KindRuntime, image: img, size: p.Size, readOnly: p.ReadOnly, owner: p.Owner, tcp: p.TCP, block: block})
 	if err != nil {
 		return rpc.Device{}, err
 	}
@@ -153,7 +153,7 @@ type newSpec struct {
 	readOnly bool
 	owner    string
 	tcp      bool
-	kernel   bool
+	block    string // kernel block device kind
 	holder   string
 }
 
@@ -178,7 +178,7 @@ func (d *Daemon) newDevice(ctx context.Context, s newSpec) (*device, error) {
 	dir := d.deviceDir(id)
 	dv := &device{rec: record{
 		ID: id, Kind: s.kind, Owner: s.owner, Image: s.image, Config: s.image, ReadOnly: s.readOnly || s.kind == rpc.KindShared,
-		Size: s.size, ReqSize: s.size, TCP: s.tcp, Kernel: s.kernel, Export: fmt.Sprintf("aenv-%d-%s", id, nonce()),
+		Size: s.size, ReqSize: s.size, TCP: s.tcp, Block: s.block, Export: fmt.Sprintf("aenv-%d-%s", id, nonce()),
 		Layers: lowers, Stamps: stamps, Created: time.Now().UTC(),
 	}}
 	if s.holder != "" {
@@ -232,4 +232,24 @@ func (d *Daemon) materialise(ctx context.Context, dv *device, dir string, s newS
 		return err
 	}
 	return fpCreateAfterRecord.Inject()
+}
+
+// checkBlock resolves the kernel block device a request asks for and
+// refuses, as invalid, a kind this host's kernel cannot provide.
+func checkBlock(block string, kernel bool) (string, error) {
+	kind, err := rpc.BlockKind(block, kernel)
+	if err != nil {
+		return "", errf(rpc.CodeInvalid, "%v", err)
+	}
+	switch kind {
+	case rpc.BlockNBD:
+		if err := nbd.KernelAvailable(); err != nil {
+			return "", errf(rpc.CodeInvalid, "kernel attach: %v", err)
+		}
+	case rpc.BlockUblk:
+		if err := ublk.Available(); err != nil {
+			return "", errf(rpc.CodeInvalid, "ublk export: %v", err)
+		}
+	}
+	return kind, nil
 }

@@ -62,6 +62,7 @@ import (
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/nbd"
+	"github.com/agentenv/agentenv/storage/ublk"
 )
 
 // Options configure a Daemon.
@@ -287,11 +288,15 @@ func (d *Daemon) stopAll() {
 }
 
 func (d *Daemon) features() rpc.Features {
-	return rpc.Features{
+	f := rpc.Features{
 		ProtocolVersion: rpc.ProtocolVersion, Exports: []string{d.exporter.Name()},
 		Restack: true, SharedDevices: true, WarmPool: true, TCP: true,
-		KernelNBD: nbd.KernelAvailable() == nil,
+		KernelNBD: nbd.KernelAvailable() == nil, Ublk: ublk.Available() == nil,
 	}
+	if f.Ublk {
+		f.Exports = append(f.Exports, rpc.BlockUblk)
+	}
+	return f
 }
 
 func (d *Daemon) list() rpc.ListResult {

@@ -122,7 +122,7 @@ func (dv *device) info(d *Daemon) rpc.Device {
 		return out
 	}
 	ep := dv.exp.Endpoint()
-	out.Socket, out.URI, out.TCP, out.BlockDevice = ep.Socket, ep.URI, ep.TCP, ep.BlockDevice
+	out.Socket, out.URI, out.TCP, out.BlockDevice, out.Block = ep.Socket, ep.URI, ep.TCP, ep.BlockDevice, ep.Block
 	return out
 }
 
@@ -141,12 +141,16 @@ func (d *Daemon) start(dv *device) error {
 	dv.be = &swapBackend{im: im, size: im.Size()}
 	dv.exp, err = d.exporter.Export(d.ctx, ExportSpec{
 		ID: r.ID, Name: r.Export, Description: r.Image, Backend: dv.be,
-		ReadOnly: r.ReadOnly, TCP: r.TCP, Kernel: r.Kernel,
+		ReadOnly: r.ReadOnly, TCP: r.TCP, Block: r.blockKind(), UblkID: r.UblkID,
 	})
 	if err != nil {
 		dv.be.Close()
 		dv.be = nil
 		return err
+	}
+	if ep := dv.exp.Endpoint(); ep.Block == rpc.BlockUblk {
+		id := ep.UblkID
+		r.UblkID = &id // saved by the caller with the record
 	}
 	return nil
 }

@@ -8,8 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/nbd"
+	"github.com/agentenv/agentenv/storage/ublk"
 )
 
 // Exporter makes a device's backend reachable by a VMM. NBDExporter is the
@@ -31,8 +34,11 @@ type ExportSpec struct {
 	Description string
 	Backend     nbd.Backend
 	ReadOnly    bool
-	TCP         bool // also on a loopback TCP port
-	Kernel      bool // also as a kernel block device
+	TCP         bool   // also on a loopback TCP port
+	Block       string // also as a kernel block device of this kind (rpc.BlockNBD, rpc.BlockUblk)
+	// UblkID, when set, is the ublk device a previous daemon served: it is
+	// recovered (its users' I/O resumes) instead of a new one made.
+	UblkID *uint32
 }
 
 // Export is a running export.
@@ -47,7 +53,9 @@ type Endpoint struct {
 	Socket      string // Unix socket
 	URI         string // for QEMU and libnbd
 	TCP         string // loopback host:port, if requested
-	BlockDevice string // /dev/nbdN (or /dev/ublkbN), if requested
+	BlockDevice string // /dev/nbdN or /dev/ublkbN, if requested
+	Block       string // its kind: rpc.BlockNBD or rpc.BlockUblk
+	UblkID      uint32 // the ublk device id, for Block rpc.BlockUblk
 }
 
 // NBDExporter exports each device from its own nbd.Server on
@@ -87,16 +95,37 @@ func (x *NBDExporter) Export(ctx context.Context, spec ExportSpec) (Export, erro
 		}()
 	}
 	e.ep.URI = "nbd+unix:///" + spec.Name + "?socket=" + e.ep.Socket
-	if spec.Kernel {
+	if err := e.attach(ctx, spec, x.Log); err != nil {
+		e.Stop()
+		return nil, fmt.Errorf("export device %d: %w", spec.ID, err)
+	}
+	return e, nil
+}
+
+// attach adds the kernel block device the spec asks for, next to the
+// socket export.
+func (e *nbdExport) attach(ctx context.Context, spec ExportSpec, log *slog.Logger) error {
+	switch spec.Block {
+	case rpc.BlockNone:
+		return nil
+	case rpc.BlockNBD:
 		// Two connections: the kernel spreads requests over them.
 		kd, err := nbd.AttachKernel(ctx, e.srv, spec.Name, 2)
 		if err != nil {
-			e.Stop()
-			return nil, fmt.Errorf("export device %d: %w", spec.ID, err)
+			return err
 		}
 		e.kdev, e.ep.BlockDevice = kd, kd.Path
+	case rpc.BlockUblk:
+		ud, err := attachUblk(ctx, spec, log)
+		if err != nil {
+			return err
+		}
+		e.udev, e.ep.BlockDevice, e.ep.UblkID = ud, ud.Path, ud.ID
+	default:
+		return fmt.Errorf("unknown block device kind %q", spec.Block)
 	}
-	return e, nil
+	e.ep.Block = spec.Block
+	return nil
 }
 
 type nbdExport struct {
@@ -105,6 +134,7 @@ type nbdExport struct {
 	cancel context.CancelFunc
 	served sync.WaitGroup
 	kdev   *nbd.KernelDevice
+	udev   *ublk.Device
 	ep     Endpoint
 }
 
@@ -140,6 +170,13 @@ func (e *nbdExport) Stop() {
 		e.kdev.Detach()
 		e.kdev = nil
 	}
+	if e.udev != nil {
+		// Removing the device completes or fails its I/O first.
+		if err := e.udev.Close(); err != nil {
+			slog.Default().Warn("remove ublk device", "device", e.udev.Path, "err", err)
+		}
+		e.udev = nil
+	}
 	if e.cancel != nil {
 		e.cancel()
 	}
@@ -149,4 +186,24 @@ func (e *nbdExport) Stop() {
 	e.served.Wait()
 	e.srv.Close()
 	e.lns = nil
+}
+
+// attachUblk serves spec.Backend as a ublk device made recoverable, so a
+// crash of the daemon leaves /dev/ublkbN to its users, quiesced; the next
+// daemon re-attaches to the device its record names. A device that cannot
+// be recovered (the kernel removed it, or it was never quiesced) is
+// replaced by a new one.
+func attachUblk(ctx context.Context, spec ExportSpec, log *slog.Logger) (*ublk.Device, error) {
+	opts := ublk.Options{ReadOnly: spec.ReadOnly, Queues: 1, Depth: 64, Recovery: true, Log: log}
+	if spec.UblkID != nil {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ud, err := ublk.Recover(rctx, *spec.UblkID, spec.Backend, opts)
+		cancel()
+		if err == nil {
+			log.Info("ublk device recovered", "device", spec.ID, "ublk", ud.Path)
+			return ud, nil
+		}
+		log.Warn("ublk device not recoverable; making a new one", "device", spec.ID, "ublk", *spec.UblkID, "err", err)
+	}
+	return ublk.Create(ctx, spec.Backend, opts)
 }

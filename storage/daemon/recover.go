@@ -62,6 +62,11 @@ func (d *Daemon) recoverDevice(r *record) *device {
 			dv.lost = why
 		} else if err := d.start(dv); err != nil {
 			dv.lost = err.Error()
+		} else if !sameUblk(r.UblkID, dv.rec.UblkID) {
+			// A new ublk device replaced one the kernel no longer had.
+			if err := d.save(&dv.rec); err != nil {
+				d.log.Error("save device after a new ublk device", "device", r.ID, "err", err)
+			}
 		}
 	}
 	if dv.lost != "" {
@@ -153,4 +158,8 @@ func (d *Daemon) sweepStateDir() {
 			d.log.Info("removed unowned file", "path", p)
 		}
 	}
+}
+
+func sameUblk(a, b *uint32) bool {
+	return (a == nil && b == nil) || (a != nil && b != nil && *a == *b)
 }

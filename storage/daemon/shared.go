@@ -7,7 +7,6 @@ import (
 	"slices"
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
-	"github.com/agentenv/agentenv/storage/nbd"
 )
 
 // acquire returns the shared read-only device of an image, creating it on
@@ -32,12 +31,11 @@ func (d *Daemon) acquire(ctx context.Context, p rpc.AcquireParams) (rpc.Device, 
 		// The existing export serves an older version of the image (or is
 		// lost): its holders keep it, new holders get a fresh export.
 	}
-	if p.Kernel {
-		if err := nbd.KernelAvailable(); err != nil {
-			return rpc.Device{}, errf(rpc.CodeInvalid, "kernel attach: %v", err)
-		}
+	block, err := checkBlock(p.Block, p.Kernel)
+	if err != nil {
+		return rpc.Device{}, err
 	}
-	dv, err := d.newDevice(ctx, newSpec{kind: rpc.KindShared, image: img, holder: p.Holder, kernel: p.Kernel})
+	dv, err := d.newDevice(ctx, newSpec{kind: rpc.KindShared, image: img, holder: p.Holder, block: block})
 	if err != nil {
 		return rpc.Device{}, err
 	}

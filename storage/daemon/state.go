@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/storage/blob"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/image"
 )
 
@@ -28,8 +29,10 @@ type record struct {
 	Size     int64     `json:"size"`
 	ReqSize  int64     `json:"req_size,omitempty"` // size as requested (0: the image's); the warm-pool shape
 	TCP      bool      `json:"tcp,omitempty"`
-	Kernel   bool      `json:"kernel,omitempty"`
-	Export   string    `json:"export"` // NBD export name: aenv-ID-NONCE
+	Kernel   bool      `json:"kernel,omitempty"`  // kernel NBD, from records older than Block
+	Block    string    `json:"block,omitempty"`   // kernel block device kind (rpc.BlockNBD, rpc.BlockUblk)
+	UblkID   *uint32   `json:"ublk_id,omitempty"` // the ublk device serving it, for recovery after a crash
+	Export   string    `json:"export"`            // NBD export name: aenv-ID-NONCE
 	Holders  []string  `json:"holders,omitempty"`
 	Layers   []string  `json:"layers"` // sealed layers under the upper, bottom first
 	Stamps   []stamp   `json:"stamps"` // files that must not change under the export
@@ -231,4 +234,13 @@ func (d *Daemon) scanState() (recs []*record, broken map[uint32]string, err erro
 		}
 	}
 	return recs, broken, nil
+}
+
+// blockKind is the record's kernel block device kind, reading the Kernel
+// flag of older records as kernel NBD.
+func (r *record) blockKind() string {
+	if r.Block == "" && r.Kernel {
+		return rpc.BlockNBD
+	}
+	return r.Block
 }

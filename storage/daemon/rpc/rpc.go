@@ -166,8 +166,10 @@ type Device struct {
 	URI string `json:"uri"`
 	// TCP is the loopback TCP address of the export, when requested.
 	TCP string `json:"tcp,omitempty"`
-	// BlockDevice is the kernel NBD device (/dev/nbdN), when requested.
+	// BlockDevice is the kernel block device (/dev/nbdN or /dev/ublkbN),
+	// when requested; Block says which kind.
 	BlockDevice string   `json:"block_device,omitempty"`
+	Block       string   `json:"block,omitempty"`
 	Holders     []string `json:"holders,omitempty"`
 	Layers      []string `json:"layers,omitempty"` // sealed layers, bottom first
 	LostReason  string   `json:"lost_reason,omitempty"`
@@ -187,8 +189,12 @@ type CreateParams struct {
 	// TCP also exports the device on a loopback TCP port.
 	TCP bool `json:"tcp,omitempty"`
 	// Kernel also attaches the export to the kernel NBD driver (/dev/nbdN);
-	// see Features.KernelNBD.
+	// see Features.KernelNBD. It is Block "nbd" under its older name.
 	Kernel bool `json:"kernel,omitempty"`
+	// Block also exports the device as a kernel block device of this kind:
+	// BlockNBD (/dev/nbdN) or BlockUblk (/dev/ublkbN); see Features and
+	// ChooseBlock.
+	Block string `json:"block,omitempty"`
 }
 
 // IDParams names a device.
@@ -222,6 +228,8 @@ type AcquireParams struct {
 	// created (a VMM maps memory from a block device path); later acquires
 	// get the same device whatever they ask.
 	Kernel bool `json:"kernel,omitempty"`
+	// Block is the kind of kernel block device, as in CreateParams.
+	Block string `json:"block,omitempty"`
 }
 
 // ReleaseParams drops a holder's reference; the export goes away with the last one.
@@ -262,7 +270,7 @@ type ListResult struct {
 // Features says what this daemon can do.
 type Features struct {
 	ProtocolVersion int      `json:"protocol_version"`
-	Exports         []string `json:"exports"` // "nbd"; "ublk" later
+	Exports         []string `json:"exports"` // "nbd", and "ublk" where the driver is loaded
 	Restack         bool     `json:"restack"`
 	SharedDevices   bool     `json:"shared_devices"`
 	WarmPool        bool     `json:"warm_pool"`
@@ -270,6 +278,8 @@ type Features struct {
 	TCP             bool     `json:"tcp"`
 	// KernelNBD says whether devices can be attached to /dev/nbdN here.
 	KernelNBD bool `json:"kernel_nbd"`
+	// Ublk says whether devices can be exported as /dev/ublkbN here.
+	Ublk bool `json:"ublk"`
 }
 
 // WriteFrame encodes v as one frame.
@@ -306,4 +316,44 @@ func ReadFrame(r io.Reader, v any) error {
 		return fmt.Errorf("decode rpc frame: %w", err)
 	}
 	return nil
+}
+
+// Kernel block device kinds (CreateParams.Block, Device.Block).
+const (
+	BlockNone = ""     // no kernel device: NBD over the Unix socket only
+	BlockNBD  = "nbd"  // the kernel NBD driver, /dev/nbdN
+	BlockUblk = "ublk" // the ublk driver, /dev/ublkbN
+)
+
+// BlockKind returns the kernel block device kind p asks for: Block, or
+// BlockNBD for the older Kernel flag. It rejects unknown kinds.
+func BlockKind(block string, kernel bool) (string, error) {
+	switch block {
+	case BlockNone:
+		if kernel {
+			return BlockNBD, nil
+		}
+		return BlockNone, nil
+	case BlockNBD, BlockUblk:
+		if kernel && block != BlockNBD {
+			return "", fmt.Errorf("block %q contradicts kernel (nbd)", block)
+		}
+		return block, nil
+	}
+	return "", fmt.Errorf("unknown block device kind %q (want %q or %q)", block, BlockNBD, BlockUblk)
+}
+
+// ChooseBlock is how a node picks the transport of a VM's disk from what
+// its storage daemon can do: ublk where the driver is loaded (no network
+// protocol between the kernel and the daemon), the kernel NBD
+// driver next, else BlockNone: NBD over the Unix socket, which QEMU
+// speaks itself.
+func ChooseBlock(f Features) string {
+	switch {
+	case f.Ublk:
+		return BlockUblk
+	case f.KernelNBD:
+		return BlockNBD
+	}
+	return BlockNone
 }

@@ -111,3 +111,40 @@ func FuzzReadFrame(f *testing.F) {
 		}
 	})
 }
+
+func TestChooseBlock(t *testing.T) {
+	for _, c := range []struct {
+		f    Features
+		want string
+	}{
+		{Features{Ublk: true, KernelNBD: true}, BlockUblk},
+		{Features{Ublk: true}, BlockUblk},
+		{Features{KernelNBD: true}, BlockNBD},
+		{Features{}, BlockNone},
+	} {
+		if got := ChooseBlock(c.f); got != c.want {
+			t.Errorf("ChooseBlock(ublk=%v, kernel nbd=%v) = %q, want %q", c.f.Ublk, c.f.KernelNBD, got, c.want)
+		}
+	}
+}
+
+func TestBlockKind(t *testing.T) {
+	for _, c := range []struct {
+		block  string
+		kernel bool
+		want   string
+		ok     bool
+	}{
+		{"", false, BlockNone, true},
+		{"", true, BlockNBD, true},
+		{"nbd", true, BlockNBD, true},
+		{"ublk", false, BlockUblk, true},
+		{"ublk", true, "", false},
+		{"loop", false, "", false},
+	} {
+		got, err := BlockKind(c.block, c.kernel)
+		if (err == nil) != c.ok || got != c.want {
+			t.Errorf("BlockKind(%q, %v) = %q, %v; want %q, ok %v", c.block, c.kernel, got, err, c.want, c.ok)
+		}
+	}
+}

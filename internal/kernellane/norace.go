@@ -1,0 +1,5 @@
+//go:build !race
+
+package kernellane
+
+const raceEnabled = false
