@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/cluster/internal/redistest"
+	"github.com/agentenv/agentenv/cluster/redistest"
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
@@ -42,7 +42,7 @@ func startReplica(t *testing.T, rs *redistest.Server, id string, clk *clock, mod
 	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	t.Cleanup(func() { _ = rdb.Close() })
 	opts := Options{Redis: rdb, ReplicaID: id, Prefix: "t:", HeartbeatInterval: time.Second, DownAfter: 5 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
+		Logger:   slog.New(slog.NewTextHandler(t.Output(), nil)),
 		LeaseTTL: 2 * time.Second}
 	if clk != nil {
 		opts.Now = clk.Now
