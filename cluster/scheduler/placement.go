@@ -62,7 +62,7 @@ func (s *Scheduler) eligible(nodes map[string]*nodeRecord, req *pb.Resources, ex
 
 func fits(r *nodeRecord, req *pb.Resources) bool {
 	st := r.status
-	if max := st.GetMaxSandboxes(); max > 0 && r.bound >= int64(max) {
+	if max := st.GetMaxSandboxes(); max > 0 && count(r) >= int64(max) {
 		return false
 	}
 	free := st.GetFree()
@@ -75,13 +75,19 @@ func fits(r *nodeRecord, req *pb.Resources) bool {
 	return true
 }
 
+// count is a node's sandboxes: bound or reported (a create in progress is
+// in the roster before it is bound), plus placements reserved since.
+func count(r *nodeRecord) int64 {
+	return max(r.bound, int64(len(r.status.GetRoster()))) + r.pendingN
+}
+
 // load is a node's sandboxes per CPU of capacity.
 func load(r *nodeRecord) float64 {
 	cpus := r.status.GetCapacity().GetCpuCount()
 	if cpus < 1 {
 		cpus = 1
 	}
-	return float64(r.bound) / float64(cpus)
+	return float64(count(r)) / float64(cpus)
 }
 
 func (s *Scheduler) choose(ctx context.Context, cands []candidate) (candidate, error) {

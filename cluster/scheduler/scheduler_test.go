@@ -356,3 +356,31 @@ func TestUnregisterAndInvalidInput(t *testing.T) {
 		t.Errorf("negative placement: %v", err)
 	}
 }
+
+func TestBurstSpreads(t *testing.T) {
+	rs := redistest.Start(t)
+	a := startReplica(t, rs, "a", nil, nil)
+	for _, n := range []string{"n1", "n2", "n3"} {
+		register(t, a.client, status0(n, 4, 4096))
+	}
+	// Six placements before any bind (a burst of creates in flight): the
+	// reservations spread them; a heartbeat whose roster holds them keeps
+	// counting them.
+	counts := map[string]int{}
+	for range 6 {
+		n, err := place(t, a.client, 256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[n]++
+	}
+	if counts["n1"] != 2 || counts["n2"] != 2 || counts["n3"] != 2 {
+		t.Fatalf("a burst of placements: %v, want 2 on each node", counts)
+	}
+	if _, err := a.client.Heartbeat(context.Background(), &pb.HeartbeatRequest{Status: status0("n1", 4, 4096, "x1", "x2")}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := place(t, a.client, 256); err != nil || n == "n1" {
+		t.Fatalf("after n1 reported its two: placed on %q (err %v), want n2 or n3", n, err)
+	}
+}

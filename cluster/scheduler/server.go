@@ -147,6 +147,9 @@ func (s *Scheduler) Place(ctx context.Context, req *pb.PlaceRequest) (*pb.PlaceR
 	if err != nil {
 		return nil, internal(err)
 	}
+	if err := s.reserve(ctx, c.name, req.GetResources()); err != nil {
+		return nil, internal(err)
+	}
 	return &pb.PlaceResponse{Node: s.toPB(c.r)}, nil
 }
 

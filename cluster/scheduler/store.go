@@ -17,7 +17,9 @@ import (
 //	nodes              set of node names
 //	node:<name>        hash: status (NodeStatus, protobuf), last (ms of the
 //	                   last heartbeat), state ("up"|"down"), draining ("1"),
-//	                   pcpu, pmem (resources bound since the last heartbeat)
+//	                   pcount, pcpu, pmem (placements not yet bound nor in
+//	                   a roster: reserved by Place, released by Bind, cleared
+//	                   by the next heartbeat, whose roster holds them)
 //	bind:<sandbox>     hash: node, cpu, mem, at (ms bound), lost (ms)
 //	nodebinds:<name>   set of the sandbox ids bound to the node
 //	lost               sorted set: sandbox id by the time its node went down
@@ -44,6 +46,7 @@ type nodeRecord struct {
 	last       int64 // ms
 	down       bool
 	draining   bool
+	pendingN   int64
 	pendingCPU int64
 	pendingMem int64
 	bound      int64 // bindings on the node
@@ -67,7 +70,7 @@ func decodeNode(name string, h map[string]string) (*nodeRecord, error) {
 	for _, f := range []struct {
 		key string
 		dst *int64
-	}{{"last", &r.last}, {"pcpu", &r.pendingCPU}, {"pmem", &r.pendingMem}} {
+	}{{"last", &r.last}, {"pcount", &r.pendingN}, {"pcpu", &r.pendingCPU}, {"pmem", &r.pendingMem}} {
 		v, ok := h[f.key]
 		if !ok || v == "" {
 			continue
@@ -143,8 +146,8 @@ func (s *Scheduler) toPB(r *nodeRecord) *pb.Node {
 		Sandboxes: int32(r.bound)}
 }
 
-// putStatus writes a node's reported status and marks it up. Pending
-// resources are cleared: the node's free figures now include them.
+// putStatus writes a node's reported status and marks it up. Reservations
+// are cleared: the node's roster and free figures now include them.
 func (s *Scheduler) putStatus(ctx context.Context, st *pb.NodeStatus) error {
 	b, err := proto.Marshal(st)
 	if err != nil {
@@ -152,7 +155,7 @@ func (s *Scheduler) putStatus(ctx context.Context, st *pb.NodeStatus) error {
 	}
 	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.SAdd(ctx, s.k.nodes(), st.GetName())
-		p.HSet(ctx, s.k.node(st.GetName()), "status", b, "last", s.now().UnixMilli(), "state", "up", "pcpu", 0, "pmem", 0)
+		p.HSet(ctx, s.k.node(st.GetName()), "status", b, "last", s.now().UnixMilli(), "state", "up", "pcount", 0, "pcpu", 0, "pmem", 0)
 		return nil
 	})
 	if err != nil {
@@ -162,9 +165,9 @@ func (s *Scheduler) putStatus(ctx context.Context, st *pb.NodeStatus) error {
 }
 
 // bindScript moves a binding to a node atomically: off the old node's set,
-// onto the new one's, no longer lost, and the node's pending resources
-// raised. KEYS: bind, nodebinds(new), node(new), lost. ARGV: id, node, cpu,
-// mem, at, prefix, pending (1 to count the resources as pending).
+// onto the new one's, no longer lost, and (for a create the gateway placed)
+// the node's reservation released. KEYS: bind, nodebinds(new), node(new),
+// lost. ARGV: id, node, cpu, mem, at, prefix, release (1 or 0).
 var bindScript = redis.NewScript(`
 local old = redis.call('HGET', KEYS[1], 'node')
 if old and old ~= ARGV[2] then redis.call('SREM', ARGV[6] .. 'nodebinds:' .. old, ARGV[1]) end
@@ -172,15 +175,18 @@ redis.call('HSET', KEYS[1], 'node', ARGV[2], 'cpu', ARGV[3], 'mem', ARGV[4], 'at
 redis.call('HDEL', KEYS[1], 'lost')
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('SADD', KEYS[2], ARGV[1])
-if ARGV[7] == '1' then
-  redis.call('HINCRBY', KEYS[3], 'pcpu', ARGV[3])
-  redis.call('HINCRBY', KEYS[3], 'pmem', ARGV[4])
+if ARGV[7] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
+  for f, by in pairs({pcount = 1, pcpu = tonumber(ARGV[3]), pmem = tonumber(ARGV[4])}) do
+    local v = tonumber(redis.call('HGET', KEYS[3], f) or '0') - by
+    if v < 0 then v = 0 end
+    redis.call('HSET', KEYS[3], f, v)
+  end
 end
 return 1`)
 
-func (s *Scheduler) bind(ctx context.Context, id, node string, res *pb.Resources, pending bool) error {
+func (s *Scheduler) bind(ctx context.Context, id, node string, res *pb.Resources, release bool) error {
 	p := "0"
-	if pending {
+	if release {
 		p = "1"
 	}
 	err := bindScript.Run(ctx, s.rdb, []string{s.k.bind(id), s.k.nodeBinds(node), s.k.node(node), s.k.lost()},
@@ -241,3 +247,18 @@ func (s *Scheduler) lookup(ctx context.Context, id string) (*binding, error) {
 func isNil(err error) bool { return errors.Is(err, redis.Nil) }
 
 func zmember(score int64, id string) redis.Z { return redis.Z{Score: float64(score), Member: id} }
+
+// reserve counts a placement against the node until it is bound or the
+// node's next heartbeat reports it, so a burst of creates spreads.
+func (s *Scheduler) reserve(ctx context.Context, node string, res *pb.Resources) error {
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HIncrBy(ctx, s.k.node(node), "pcount", 1)
+		p.HIncrBy(ctx, s.k.node(node), "pcpu", int64(res.GetCpuCount()))
+		p.HIncrBy(ctx, s.k.node(node), "pmem", res.GetMemoryMb())
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("reserve on node %s: %w", node, err)
+	}
+	return nil
+}

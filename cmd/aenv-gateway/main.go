@@ -25,6 +25,7 @@ import (
 
 type flags struct {
 	listen, schedulers, domain string
+	lookupTTL                  time.Duration
 }
 
 func parseFlags(args []string) (flags, error) {
@@ -33,6 +34,7 @@ func parseFlags(args []string) (flags, error) {
 	fs.StringVar(&f.listen, "listen", envOr("AENV_GATEWAY_LISTEN", "127.0.0.1:3000"), "HTTP listen address")
 	fs.StringVar(&f.schedulers, "schedulers", envOr("AENV_GATEWAY_SCHEDULERS", "127.0.0.1:7070"), "aenv-scheduler gRPC addresses, comma-separated")
 	fs.StringVar(&f.domain, "domain", envOr("AENV_GATEWAY_DOMAIN", ""), "sandbox host domain ({port}-{id}.{domain}); the nodes' api.domain")
+	fs.DurationVar(&f.lookupTTL, "lookup-ttl", 2*time.Second, "how long a sandbox's node is remembered between scheduler lookups")
 	printVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return f, err
@@ -85,7 +87,7 @@ func run(ctx context.Context, f flags, log *slog.Logger) error {
 		return err
 	}
 	defer conn.Close()
-	g := gateway.New(gateway.Options{Scheduler: conn.Client(), Domain: f.domain, Logger: log})
+	g := gateway.New(gateway.Options{Scheduler: conn.Client(), Domain: f.domain, LookupTTL: f.lookupTTL, Logger: log})
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", f.listen, err)

@@ -165,6 +165,9 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	px := proxy.New(orch, cfg.API.Domain, log)
 	px.APIKey = key // stripped from anything forwarded to a guest
 	hostname, _ := os.Hostname()
+	if cfg.Cluster.NodeName != "" {
+		hostname = cfg.Cluster.NodeName // one name in /nodes and in the cluster
+	}
 	handler := api.NewHandler(api.Options{
 		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log,
 		Node:           api.NodeInfo{ID: hostname, Version: version.Version(), VMMDriver: drv.Name(), VMMAccel: accel, VMMReasons: why},
