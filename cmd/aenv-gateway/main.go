@@ -19,12 +19,13 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/cluster/gateway"
-	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
 	"github.com/agentenv/agentenv/internal/version"
 )
 
 type flags struct {
 	listen, schedulers, domain string
+	k8sService, k8sPort        string
+	kubeconfig                 string
 	lookupTTL                  time.Duration
 }
 
@@ -34,6 +35,9 @@ func parseFlags(args []string) (flags, error) {
 	fs.StringVar(&f.listen, "listen", envOr("AENV_GATEWAY_LISTEN", "127.0.0.1:3000"), "HTTP listen address")
 	fs.StringVar(&f.schedulers, "schedulers", envOr("AENV_GATEWAY_SCHEDULERS", "127.0.0.1:7070"), "aenv-scheduler gRPC addresses, comma-separated")
 	fs.StringVar(&f.domain, "domain", envOr("AENV_GATEWAY_DOMAIN", ""), "sandbox host domain ({port}-{id}.{domain}); the nodes' api.domain")
+	fs.StringVar(&f.k8sService, "schedulers-service", envOr("AENV_GATEWAY_SCHEDULERS_SERVICE", ""), "find the schedulers as the ready endpoints of this Kubernetes Service (namespace/name) instead of --schedulers")
+	fs.StringVar(&f.k8sPort, "schedulers-port", envOr("AENV_GATEWAY_SCHEDULERS_PORT", ""), "the Service's port name for --schedulers-service (default: its first port)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig for --schedulers-service (default: the in-cluster service account)")
 	fs.DurationVar(&f.lookupTTL, "lookup-ttl", 2*time.Second, "how long a sandbox's node is remembered between scheduler lookups")
 	printVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -82,11 +86,12 @@ func splitList(s string) []string {
 }
 
 func run(ctx context.Context, f flags, log *slog.Logger) error {
-	conn, err := pb.Dial(splitList(f.schedulers))
+	conn, stopDiscovery, err := dialSchedulers(ctx, f, log)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
+	defer stopDiscovery()
 	g := gateway.New(gateway.Options{Scheduler: conn.Client(), Domain: f.domain, LookupTTL: f.lookupTTL, Logger: log})
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
