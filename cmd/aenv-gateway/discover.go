@@ -63,17 +63,18 @@ func dialSchedulers(ctx context.Context, f flags, log *slog.Logger) (*pb.Conn, f
 	select {
 	case addrs := <-first:
 		mu.Lock()
-		defer mu.Unlock()
-		if conn, err = pb.Dial(addrs); err != nil {
-			mu.Unlock()
-			stop()
-			mu.Lock()
-			return nil, nil, err
+		conn, err = pb.Dial(addrs)
+		if err == nil {
+			select { // a change reported while dialing
+			case addrs := <-first:
+				conn.SetAddrs(addrs)
+			default:
+			}
 		}
-		select { // a change reported while dialing
-		case addrs := <-first:
-			conn.SetAddrs(addrs)
-		default:
+		mu.Unlock()
+		if err != nil {
+			stop()
+			return nil, nil, err
 		}
 		return conn, stop, nil
 	case <-ctx.Done():
