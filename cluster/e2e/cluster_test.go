@@ -53,7 +53,7 @@ func moduleRoot() string {
 
 func buildBins(t *testing.T) string {
 	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/aenv-scheduler", "./cmd/aenv-gateway")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/aenv-scheduler", "./cmd/aenv-gateway", "./cmd/aenv")
 	cmd.Dir = moduleRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build cluster binaries: %v\n%s", err, out)
@@ -86,6 +86,7 @@ func tail(s string, n int) string {
 
 // cluster is the whole system under test.
 type cluster struct {
+	bins       string
 	redis      *redistest.Server
 	schedulers []*proc
 	gateway    string
@@ -171,6 +172,7 @@ func startCluster(t *testing.T) *cluster {
 	guestassets.Get(t) // the agent and the guest image (cached), with clear errors
 	c := &cluster{redis: redistest.Start(t)}
 	bins := buildBins(t)
+	c.bins = bins
 	var addrs []string
 	for _, id := range []string{"s1", "s2"} {
 		addr := freeAddr(t)
@@ -244,4 +246,16 @@ func (c *cluster) waitNodes(t *testing.T, want int) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// aenv runs the CLI against the gateway.
+func (c *cluster) aenv(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(c.bins, "aenv"), args...)
+	cmd.Env = append(os.Environ(), "AENV_URL="+c.gateway, "AENV_API_KEY="+aenvdtest.Key, "XDG_CONFIG_HOME="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("aenv %v: %v\n%s", args, err, out)
+	}
+	return string(out)
 }

@@ -122,8 +122,24 @@ func TestCluster(t *testing.T) {
 
 	// A drained node gets no new creates.
 	drained := c.names[1]
-	if code, b, _ := c.call(t, "POST", "/nodes/"+drained+"/drain", ""); code != 200 {
-		t.Fatalf("drain %s: %d %s", drained, code, b)
+	if out := c.aenv(t, "node", "drain", drained); !strings.Contains(out, "draining true") {
+		t.Fatalf("aenv node drain %s: %s", drained, out)
+	}
+	var nodes []struct {
+		NodeID  string `json:"nodeID"`
+		Status  string `json:"status"`
+		Cluster struct {
+			State    string `json:"state"`
+			Draining bool   `json:"draining"`
+		} `json:"cluster"`
+	}
+	if err := json.Unmarshal([]byte(c.aenv(t, "nodes", "-o", "json")), &nodes); err != nil || len(nodes) != 3 {
+		t.Fatalf("aenv nodes through the gateway: %v %v", nodes, err)
+	}
+	for _, n := range nodes {
+		if n.Cluster.State != "up" || n.Cluster.Draining != (n.NodeID == drained) || (n.Status == "draining") != (n.NodeID == drained) {
+			t.Fatalf("aenv nodes: %+v (drained %s)", nodes, drained)
+		}
 	}
 	var fresh []string
 	for range 3 {
