@@ -120,6 +120,32 @@ func TestCluster(t *testing.T) {
 		c.reachable(t, id)
 	}
 
+	// A node killed with SIGKILL goes down (no heartbeat) and new creates go
+	// to the others; restarted, it takes its VMs over and comes back.
+	lost := c.nodes[2]
+	if err := lost.Stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	c.waitNodes(t, 2)
+	var whileDown []string
+	for range 2 {
+		whileDown = append(whileDown, c.create(t))
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := lost.Restart(rctx, 3*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	c.waitNodes(t, 3)
+	where = c.where(t)
+	for _, id := range whileDown {
+		if where[id] == c.names[2] {
+			t.Fatalf("create %s landed on %s while it was down", id, c.names[2])
+		}
+	}
+	c.reachable(t, ids[0])
+	fresh := whileDown
+
 	// A drained node gets no new creates.
 	drained := c.names[1]
 	if out := c.aenv(t, "node", "drain", drained); !strings.Contains(out, "draining true") {
@@ -141,12 +167,12 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("aenv nodes: %+v (drained %s)", nodes, drained)
 		}
 	}
-	var fresh []string
+	var drainedPhase []string
 	for range 3 {
-		fresh = append(fresh, c.create(t))
+		drainedPhase = append(drainedPhase, c.create(t))
 	}
 	where = c.where(t)
-	for _, id := range fresh {
+	for _, id := range drainedPhase {
 		if where[id] == drained {
 			t.Fatalf("create %s landed on drained %s", id, drained)
 		}
@@ -154,7 +180,7 @@ func TestCluster(t *testing.T) {
 	}
 	// Killed through the gateway, a sandbox is gone from its node and from
 	// the scheduler.
-	for _, id := range append(append(ids, after), fresh...) {
+	for _, id := range append(append(append(ids, after), fresh...), drainedPhase...) {
 		if code, b, _ := c.call(t, "DELETE", "/sandboxes/"+id, ""); code != 204 {
 			t.Fatalf("kill %s through the gateway: %d %s", id, code, b)
 		}
