@@ -83,6 +83,7 @@ func New(opts Options) *Gateway {
 	g.rp = &httputil.ReverseProxy{
 		Transport:     opts.Transport,
 		FlushInterval: -1,
+		BufferPool:    bufferPool{},
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(pr.In.Context().Value(nodeKey{}).(*url.URL))
 			pr.Out.Host = pr.In.Host // the node's proxy routes by host too
@@ -146,3 +147,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func writeError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, apiError{Code: int32(status), Message: msg})
 }
+
+// bufferPool lends the reverse proxy 256 KiB copy buffers (its default
+// 32 KiB costs a write per 32 KiB on large file transfers).
+type bufferPool struct{}
+
+var buffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *buffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { buffers.Put(&b) }
