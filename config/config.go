@@ -29,6 +29,8 @@ type Config struct {
 	// Repository is where snapshots and templates are committed so that
 	// other nodes can resume and create from them.
 	Repository Repository `toml:"repository"`
+	// Cluster joins the node to a cluster (docs/cluster.md).
+	Cluster Cluster `toml:"cluster"`
 }
 
 // Repository configures the snapshot repository (docs/repository.md): a
@@ -104,6 +106,29 @@ func (r *Repository) validate() error {
 		return fmt.Errorf("config: repository: gc_grace must not be negative and lease_ttl at least 1s")
 	}
 	return nil
+}
+
+// Cluster joins this node to a cluster run by aenv-scheduler (see
+// docs/cluster.md). With no scheduler listed the node runs alone and the
+// other settings do nothing.
+type Cluster struct {
+	// Schedulers are aenv-scheduler gRPC addresses (host:port); the node
+	// registers with one and moves to the next when it fails.
+	// Environment: comma-separated.
+	Schedulers []string `toml:"schedulers" env:"AENVD_CLUSTER_SCHEDULERS"`
+	// NodeName identifies the node in the cluster; empty: the host name.
+	NodeName string `toml:"node_name" env:"AENVD_CLUSTER_NODE_NAME"`
+	// AdvertiseURL is the base URL the gateway reaches this node's API and
+	// proxy at; empty: http://<api.listen>.
+	AdvertiseURL string `toml:"advertise_url" env:"AENVD_CLUSTER_ADVERTISE_URL"`
+	// P2PEndpoint is where peer nodes fetch layers from this one ("": none).
+	P2PEndpoint string `toml:"p2p_endpoint" env:"AENVD_CLUSTER_P2P_ENDPOINT"`
+	// CPUOvercommit is how many sandbox vCPUs placement may put on each
+	// host CPU.
+	CPUOvercommit int `toml:"cpu_overcommit" env:"AENVD_CLUSTER_CPU_OVERCOMMIT"`
+	// MaxSandboxes bounds the sandboxes placement sends here (0: no bound
+	// beyond CPU and memory).
+	MaxSandboxes int `toml:"max_sandboxes" env:"AENVD_CLUSTER_MAX_SANDBOXES"`
 }
 
 // Image configures OCI pulls and template builds (POST /v3/templates).
@@ -275,6 +300,7 @@ func Default() Config {
 		Storage: Storage{Backend: "storaged", PoolLow: 2, PoolHigh: 4},
 		Image: Image{DefaultRegistry: "docker.io", AllowedRegistries: []string{}, InsecureRegistries: []string{},
 			RootfsSizeMiB: 2048, ReadyTimeout: Duration{5 * time.Minute}, StepTimeout: Duration{30 * time.Minute}},
+		Cluster: Cluster{Schedulers: []string{}, CPUOvercommit: 4},
 		Sandbox: Sandbox{
 			DefaultTimeout:  Duration{15 * time.Second},
 			MaxTimeout:      Duration{24 * time.Hour},
@@ -327,6 +353,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: storage pool watermarks: want 0 <= pool_low (%d) <= pool_high (%d)", c.Storage.PoolLow, c.Storage.PoolHigh)
 	case c.Network.SocketMark <= 0 || c.Network.SocketMark > 0xffffffff || c.Network.ConnsPerClient < 1:
 		return fmt.Errorf("config: network: socket_mark must be within 1..0xffffffff and conns_per_client at least 1")
+	case c.Cluster.CPUOvercommit < 1 || c.Cluster.MaxSandboxes < 0:
+		return fmt.Errorf("config: cluster: cpu_overcommit must be at least 1 and max_sandboxes not negative")
 	case c.Sandbox.DefaultTimeout.Duration <= 0 || c.Sandbox.MaxTimeout.Duration < c.Sandbox.DefaultTimeout.Duration:
 		return fmt.Errorf("config: sandbox timeouts: default %s must be positive and at most max %s",
 			c.Sandbox.DefaultTimeout, c.Sandbox.MaxTimeout)

@@ -188,3 +188,25 @@ func TestRepositorySection(t *testing.T) {
 		}
 	}
 }
+
+func TestClusterSection(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "aenvd.toml")
+	body := "[cluster]\nnode_name = \"n1\"\nadvertise_url = \"http://10.0.0.1:3000\"\nmax_sandboxes = 20\n"
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AENVD_CLUSTER_SCHEDULERS", "10.0.0.9:7070, 10.0.0.10:7070")
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Cluster{Schedulers: []string{"10.0.0.9:7070", "10.0.0.10:7070"}, NodeName: "n1",
+		AdvertiseURL: "http://10.0.0.1:3000", CPUOvercommit: 4, MaxSandboxes: 20}
+	if !reflect.DeepEqual(c.Cluster, want) {
+		t.Fatalf("cluster section: %+v, want %+v", c.Cluster, want)
+	}
+	t.Setenv("AENVD_CLUSTER_CPU_OVERCOMMIT", "0")
+	if _, err := Load(path); err == nil {
+		t.Fatal("cpu_overcommit 0 accepted")
+	}
+}

@@ -82,8 +82,8 @@ func TestForkAndSnapshots(t *testing.T) {
 	}) {
 		t.Fatalf("snapshot list -o json lacks %s: %+v", snapID, snaps)
 	}
-	rows = tableRows(t, c.ok("snapshot", "list", "--sandbox", id).stdout, "SNAPSHOT ID", "SANDBOX ID", "NAMES")
-	if len(rows) != 1 || strings.Join(rows[0], " ") != snapID+" "+id+" cli-snap" {
+	rows = tableRows(t, c.ok("snapshot", "list", "--sandbox", id).stdout, "SNAPSHOT ID", "SANDBOX ID", "NAMES", "LIVES")
+	if len(rows) != 1 || strings.Join(rows[0], " ") != snapID+" "+id+" cli-snap node" {
 		t.Fatalf("snapshot list --sandbox %s: %v", id, rows)
 	}
 	rows = tableRows(t, c.ok("snapshot", "list", "--sandbox", "no-such-sandbox").stdout, "SNAPSHOT ID")

@@ -3,6 +3,7 @@ package sandboxcmd
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -131,7 +132,7 @@ func nodesCmd() *cobra.Command {
 	var o output
 	cmd := &cobra.Command{
 		Use:   "nodes",
-		Short: "List the nodes and their load",
+		Short: "List the nodes and their load (through a gateway: every node of the cluster)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := o.validate(); err != nil {
@@ -141,15 +142,23 @@ func nodesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ns, err := c.Nodes(cmd.Context())
+			ns, err := c.ClusterNodes(cmd.Context())
 			if err != nil {
 				return err
 			}
 			header := []string{"NODE ID", "STATUS", "VERSION", "VMM", "RUNNING/PAUSED", "CPU", "MEM MB"}
-			return printList(cmd.OutOrStdout(), &o, ns, header, func(n api.Node) []string {
-				return []string{n.NodeID, string(n.Status), n.Version, n.Vmm.Driver + "/" + n.Vmm.Accel,
+			cluster := slices.ContainsFunc(ns, func(n client.ClusterNode) bool { return n.Cluster != nil })
+			if cluster {
+				header = append(header, "CLUSTER", "BOUND", "API URL")
+			}
+			return printList(cmd.OutOrStdout(), &o, ns, header, func(n client.ClusterNode) []string {
+				row := []string{n.NodeID, string(n.Status), n.Version, n.Vmm.Driver + "/" + n.Vmm.Accel,
 					fmt.Sprintf("%d/%d", n.Sandboxes.Running, n.Sandboxes.Paused),
 					fmt.Sprintf("%d/%d", n.AllocatedCPU, n.CpuCount), fmt.Sprintf("%d/%d", n.MemoryUsedMB, n.MemoryTotalMB)}
+				if cluster {
+					row = append(row, clusterColumns(n.Cluster)...)
+				}
+				return row
 			})
 		},
 	}
@@ -168,4 +177,40 @@ func lives(s client.Snapshot) string {
 	default:
 		return "node (repository: " + s.Repository + ")"
 	}
+}
+
+func clusterColumns(c *client.NodeCluster) []string {
+	if c == nil {
+		return []string{"-", "-", "-"}
+	}
+	state := c.State
+	if c.Draining {
+		state += ",draining"
+	}
+	return []string{state, strconv.Itoa(int(c.Bound)), c.APIURL}
+}
+
+func nodeCmd() *cobra.Command {
+	root := &cobra.Command{Use: "node", Short: "Manage cluster nodes (through aenv-gateway)"}
+	var undo bool
+	drain := &cobra.Command{
+		Use:   "drain NAME",
+		Short: "Stop placing new sandboxes on a node (its sandboxes keep running); --undo clears it",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := newClient()
+			if err != nil {
+				return err
+			}
+			n, err := c.Drain(cmd.Context(), args[0], !undo)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "node %s: %s, draining %t\n", n.Name, n.State, n.Draining)
+			return nil
+		},
+	}
+	drain.Flags().BoolVar(&undo, "undo", false, "clear the drain flag")
+	root.AddCommand(drain)
+	return root
 }

@@ -180,6 +180,9 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	px := proxy.New(orch, cfg.API.Domain, log)
 	px.APIKey = key // stripped from anything forwarded to a guest
 	hostname, _ := os.Hostname()
+	if cfg.Cluster.NodeName != "" {
+		hostname = cfg.Cluster.NodeName // one name in /nodes and in the cluster
+	}
 	handler := api.NewHandler(api.Options{
 		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log,
 		Node:           api.NodeInfo{ID: hostname, Version: version.Version(), VMMDriver: drv.Name(), VMMAccel: accel, VMMReasons: why},
@@ -200,12 +203,17 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		log.Info("listening", "addr", ln.Addr().String())
 		go func() { errc <- srv.Serve(ln) }()
 	}
+	leave, err := joinCluster(ctx, cfg, orch, drv.Name(), hostname, log)
+	if err != nil {
+		return err
+	}
 	log.Info("aenvd ready", "api", cfg.API.Listen, "proxy", cfg.API.ProxyListen, "dataDir", cfg.DataDir)
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
 		log.Error("http server", "err", err)
 	}
+	leave() // the scheduler stops placing here before the sandboxes pause
 	log.Info("shutting down", "pauseRunning", cfg.Sandbox.PauseOnShutdown)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()

@@ -1,0 +1,195 @@
+package clusterbench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/cluster/gateway"
+	"github.com/agentenv/agentenv/cluster/redistest"
+	"github.com/agentenv/agentenv/cluster/scheduler"
+	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+)
+
+const (
+	bigBody   = 1 << 20 // bytes per throughput request
+	requests  = 400     // per measurement
+	parallel  = 8
+	placeRuns = 3000
+)
+
+// stack is a scheduler on a real Redis, served over loopback gRPC.
+type stack struct {
+	sched pb.SchedulerClient
+	rdb   *redis.Client
+}
+
+func newStack(b *testing.B) *stack {
+	rs := redistest.Start(b)
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr, PoolSize: 32})
+	b.Cleanup(func() { _ = rdb.Close() })
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	s, err := scheduler.New(scheduler.Options{Redis: rdb, Logger: quiet, HeartbeatInterval: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	pb.RegisterSchedulerServer(srv, s)
+	go func() { _ = srv.Serve(ln) }()
+	b.Cleanup(srv.Stop)
+	conn, err := pb.Dial([]string{ln.Addr().String()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close() })
+	return &stack{sched: conn.Client(), rdb: rdb}
+}
+
+// run sends n GETs of url with the header set, parallel at a time, and
+// returns the elapsed time and each request's latency.
+func run(b *testing.B, url string, hdr map[string]string, n int) (time.Duration, []time.Duration) {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: parallel}}
+	lat := make([]time.Duration, n)
+	var next sync.Mutex
+	i := 0
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				next.Lock()
+				k := i
+				i++
+				next.Unlock()
+				if k >= n {
+					return
+				}
+				t0 := time.Now()
+				req, _ := http.NewRequest("GET", url, nil)
+				for k, v := range hdr {
+					req.Header.Set(k, v)
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				lat[k] = time.Since(t0)
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(start), lat
+}
+
+func p50(l []time.Duration) time.Duration {
+	s := slices.Clone(l)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// BenchmarkGatewayProxy: sandbox traffic through the gateway (lookup of
+// the sandbox's node, reverse proxy) vs straight to the origin the node
+// would forward to, in one run. The origin is a plain HTTP server (the
+// measured hop is the gateway's; aenvd's own proxy is bench/aenvd's).
+func BenchmarkGatewayProxy(b *testing.B) {
+	st := newStack(b)
+	big := make([]byte, bigBody)
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/big" {
+			_, _ = w.Write(big)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer origin.Close()
+	ctx := context.Background()
+	status := &pb.NodeStatus{Name: "n1", ApiUrl: origin.URL, Capacity: &pb.Resources{CpuCount: 8, MemoryMb: 8192},
+		Free: &pb.Resources{CpuCount: 8, MemoryMb: 8192}}
+	if _, err := st.sched.RegisterNode(ctx, &pb.RegisterNodeRequest{Status: status}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := st.sched.Bind(ctx, &pb.BindRequest{SandboxId: "sbx1", Node: "n1"}); err != nil {
+		b.Fatal(err)
+	}
+	for _, ttl := range []time.Duration{2 * time.Second, time.Nanosecond} {
+		gw := httptest.NewServer(gateway.New(gateway.Options{Scheduler: st.sched, LookupTTL: ttl,
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+		hdr := map[string]string{"E2b-Sandbox-Id": "sbx1", "E2b-Sandbox-Port": "49983"}
+		for range b.N {
+			run(b, origin.URL+"/big", nil, 20) // warm both paths
+			run(b, gw.URL+"/big", hdr, 20)
+			dDirect, _ := run(b, origin.URL+"/big", nil, requests)
+			dGW, _ := run(b, gw.URL+"/big", hdr, requests)
+			_, lDirect := run(b, origin.URL+"/small", nil, requests)
+			_, lGW := run(b, gw.URL+"/small", hdr, requests)
+			mb := float64(requests*bigBody) / (1 << 20)
+			tDirect, tGW := mb/dDirect.Seconds(), mb/dGW.Seconds()
+			fmt.Printf("gateway proxy (lookup cache %s): throughput %.0f MB/s vs direct %.0f MB/s = %.2fx; p50 latency %s vs direct %s = %.2fx\n",
+				ttl, tGW, tDirect, tGW/tDirect, p50(lGW), p50(lDirect), float64(p50(lGW))/float64(p50(lDirect)))
+			b.ReportMetric(tGW/tDirect, "throughput-ratio")
+		}
+		gw.Close()
+	}
+}
+
+// BenchmarkPlacement: placement decisions per second (Place over gRPC,
+// least-loaded over 10 nodes) vs Redis PINGs per second from the same
+// client count, in one run.
+func BenchmarkPlacement(b *testing.B) {
+	st := newStack(b)
+	ctx := context.Background()
+	for i := range 10 {
+		name := fmt.Sprintf("n%d", i)
+		status := &pb.NodeStatus{Name: name, ApiUrl: "http://" + name + ".invalid", Capacity: &pb.Resources{CpuCount: 1 << 20, MemoryMb: 1 << 40},
+			Free: &pb.Resources{CpuCount: 1 << 20, MemoryMb: 1 << 40}} // never full: reservations add up
+		if _, err := st.sched.RegisterNode(ctx, &pb.RegisterNodeRequest{Status: status}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	timed := func(f func() error) float64 {
+		var wg sync.WaitGroup
+		start := time.Now()
+		for range parallel {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range placeRuns / parallel {
+					if err := f(); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return float64(placeRuns) / time.Since(start).Seconds()
+	}
+	for range b.N {
+		ping := timed(func() error { return st.rdb.Ping(ctx).Err() })
+		place := timed(func() error {
+			_, err := st.sched.Place(ctx, &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 1, MemoryMb: 256}})
+			return err
+		})
+		fmt.Printf("placement: %.0f decisions/s vs %.0f Redis PINGs/s = %.3fx (%d clients, 10 nodes)\n", place, ping, place/ping, parallel)
+		b.ReportMetric(place, "placements/s")
+	}
+}

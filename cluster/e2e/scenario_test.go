@@ -1,0 +1,191 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/api/aenvdtest"
+)
+
+// runScenario runs scenario.mjs with E2B's SDK pointed at the gateway and
+// returns the ids of the sandboxes it made.
+func runScenario(t *testing.T, c *cluster, count int, tag string) []string {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node is not installed; the E2B SDK scenario needs Node.js 20+ (scripts/setup.sh installs it)")
+	}
+	sdk := filepath.Join(moduleRoot(), "guest", "agent", "e2e", "sdk-"+sdkVersion)
+	if _, err := os.Stat(filepath.Join(sdk, "node_modules", "e2b", "package.json")); err != nil {
+		t.Fatalf("E2B SDK %s is not installed in %s: run .ci/setup.d/30-e2b-sdk.sh", sdkVersion, sdk)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, filepath.Join(moduleRoot(), "cluster", "e2e", "scenario.mjs"))
+	cmd.Env = append(os.Environ(), "E2B_API_URL="+c.gateway, "E2B_SANDBOX_URL="+c.gateway, "E2B_API_KEY="+aenvdtest.Key,
+		"AENV_E2B_SDK_DIR="+sdk, "AENV_CREATE="+itoa(count), "AENV_TAG="+tag)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	t.Logf("scenario output:\n%s", out.String())
+	if err != nil || !strings.Contains(out.String(), "scenario passed") {
+		t.Fatalf("scenario through the gateway failed: %v", err)
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if rest, ok := strings.CutPrefix(line, "ids "); ok {
+			var ids []string
+			if err := json.Unmarshal([]byte(rest), &ids); err != nil {
+				t.Fatal(err)
+			}
+			return ids
+		}
+	}
+	t.Fatal("the scenario printed no ids")
+	return nil
+}
+
+func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+func TestCluster(t *testing.T) {
+	c := startCluster(t)
+	ids := runScenario(t, c, 6, "e2e-"+itoa(os.Getpid()))
+
+	where := c.where(t)
+	perNode := map[string]int{}
+	for _, id := range ids {
+		perNode[where[id]]++
+	}
+	for _, n := range c.names {
+		if perNode[n] == 0 {
+			t.Fatalf("creates through the gateway: %v per node, none on %s", perNode, n)
+		}
+	}
+	t.Logf("sandboxes per node: %v", perNode)
+
+	// The gateway's pages cover the three nodes with a stable token.
+	seen := map[string]bool{}
+	next, pages := "", 0
+	for {
+		q := "/v2/sandboxes?limit=4"
+		if next != "" {
+			q += "&nextToken=" + next
+		}
+		code, b, h := c.call(t, "GET", q, "")
+		var page []struct {
+			SandboxID string `json:"sandboxID"`
+		}
+		if code != 200 || json.Unmarshal(b, &page) != nil {
+			t.Fatalf("GET %s: %d %s", q, code, b)
+		}
+		for _, s := range page {
+			if seen[s.SandboxID] {
+				t.Fatalf("page %d repeats %s", pages, s.SandboxID)
+			}
+			seen[s.SandboxID] = true
+		}
+		pages++
+		if next = h.Get("X-Next-Token"); next == "" {
+			break
+		}
+	}
+	for _, id := range ids {
+		if !seen[id] {
+			t.Fatalf("%s missing from the paginated list (%d pages)", id, pages)
+		}
+	}
+
+	// kill -9 of one scheduler: the other keeps placing and routing.
+	s1 := c.schedulers[0]
+	if err := s1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = s1.cmd.Wait()
+	for _, id := range ids[:3] {
+		c.reachable(t, id)
+	}
+	after := c.create(t)
+	c.reachable(t, after)
+
+	// Redis restarts (append-only persistence): bindings survive.
+	c.redis.Restart()
+	for _, id := range append(ids[3:], after) {
+		c.reachable(t, id)
+	}
+
+	// A node killed with SIGKILL goes down (no heartbeat) and new creates go
+	// to the others; restarted, it takes its VMs over and comes back.
+	lost := c.nodes[2]
+	if err := lost.Stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	c.waitNodes(t, 2)
+	var whileDown []string
+	for range 2 {
+		whileDown = append(whileDown, c.create(t))
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := lost.Restart(rctx, 3*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	c.waitNodes(t, 3)
+	where = c.where(t)
+	for _, id := range whileDown {
+		if where[id] == c.names[2] {
+			t.Fatalf("create %s landed on %s while it was down", id, c.names[2])
+		}
+	}
+	c.reachable(t, ids[0])
+	fresh := whileDown
+
+	// A drained node gets no new creates.
+	drained := c.names[1]
+	if out := c.aenv(t, "node", "drain", drained); !strings.Contains(out, "draining true") {
+		t.Fatalf("aenv node drain %s: %s", drained, out)
+	}
+	var nodes []struct {
+		NodeID  string `json:"nodeID"`
+		Status  string `json:"status"`
+		Cluster struct {
+			State    string `json:"state"`
+			Draining bool   `json:"draining"`
+		} `json:"cluster"`
+	}
+	if err := json.Unmarshal([]byte(c.aenv(t, "nodes", "-o", "json")), &nodes); err != nil || len(nodes) != 3 {
+		t.Fatalf("aenv nodes through the gateway: %v %v", nodes, err)
+	}
+	for _, n := range nodes {
+		if n.Cluster.State != "up" || n.Cluster.Draining != (n.NodeID == drained) || (n.Status == "draining") != (n.NodeID == drained) {
+			t.Fatalf("aenv nodes: %+v (drained %s)", nodes, drained)
+		}
+	}
+	var drainedPhase []string
+	for range 3 {
+		drainedPhase = append(drainedPhase, c.create(t))
+	}
+	where = c.where(t)
+	for _, id := range drainedPhase {
+		if where[id] == drained {
+			t.Fatalf("create %s landed on drained %s", id, drained)
+		}
+		c.reachable(t, id)
+	}
+	// Killed through the gateway, a sandbox is gone from its node and from
+	// the scheduler.
+	for _, id := range append(append(append(ids, after), fresh...), drainedPhase...) {
+		if code, b, _ := c.call(t, "DELETE", "/sandboxes/"+id, ""); code != 204 {
+			t.Fatalf("kill %s through the gateway: %d %s", id, code, b)
+		}
+	}
+	if code, _, _ := c.call(t, "GET", "/sandboxes/"+ids[0], ""); code != 404 {
+		t.Fatalf("a killed sandbox through the gateway: %d, want 404", code)
+	}
+}

@@ -1,0 +1,233 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// maxBody bounds a create or fork body read to be replayed on another node.
+const maxBody = 1 << 20
+
+// createBody is the part of a create the gateway reads: the optional
+// resources (aenvd extensions; E2B sizes sandboxes by template).
+type createBody struct {
+	CPUCount *int32 `json:"cpuCount"`
+	MemoryMB *int64 `json:"memoryMB"`
+}
+
+// created is the part of a create's answer the gateway reads.
+type created struct {
+	SandboxID string `json:"sandboxID"`
+}
+
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body: %v (at most %d bytes)", err, maxBody))
+		return nil, false
+	}
+	return body, true
+}
+
+// create places a create on a node, retries on another when a node refuses
+// for capacity (503), and binds the sandbox where it was made.
+func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	var cb createBody
+	if err := json.Unmarshal(body, &cb); err != nil {
+		writeError(w, http.StatusBadRequest, "create body: "+err.Error())
+		return
+	}
+	res := &pb.Resources{}
+	if cb.CPUCount != nil {
+		res.CpuCount = *cb.CPUCount
+	}
+	if cb.MemoryMB != nil {
+		res.MemoryMb = *cb.MemoryMB
+	}
+	var exclude []string
+	var last *http.Response
+	for attempt := 0; attempt < g.opts.MaxCreateAttempts; attempt++ {
+		node, err := g.place(r.Context(), res, exclude)
+		if err != nil {
+			if last != nil { // every node refused: the last refusal says why
+				relay(w, last)
+				return
+			}
+			g.failPlace(w, err)
+			return
+		}
+		resp, err := g.send(r, node.GetStatus().GetApiUrl(), body)
+		if err != nil {
+			g.log.Warn("create: node unreachable; trying another", "node", node.GetStatus().GetName(), "err", err)
+			exclude = append(exclude, node.GetStatus().GetName())
+			continue
+		}
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			g.log.Info("create refused for capacity; trying another node", "node", node.GetStatus().GetName())
+			if last != nil {
+				last.Body.Close()
+			}
+			last = bufferResponse(resp)
+			exclude = append(exclude, node.GetStatus().GetName())
+			continue
+		}
+		if last != nil {
+			last.Body.Close()
+		}
+		g.finishCreate(w, r, resp, node)
+		return
+	}
+	if last != nil {
+		relay(w, last)
+		return
+	}
+	writeError(w, http.StatusServiceUnavailable, "no node accepted the create")
+}
+
+func (g *Gateway) place(ctx context.Context, res *pb.Resources, exclude []string) (*pb.Node, error) {
+	req := &pb.PlaceRequest{Resources: res, Exclude: exclude}
+	p, err := g.sched.Place(ctx, req)
+	if status.Code(err) == codes.Unavailable {
+		p, err = g.sched.Place(ctx, req)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return p.GetNode(), nil
+}
+
+func (g *Gateway) failPlace(w http.ResponseWriter, err error) {
+	if status.Code(err) == codes.ResourceExhausted {
+		w.Header().Set("Retry-After", "5")
+		writeError(w, http.StatusServiceUnavailable, "no node can hold the sandbox: "+status.Convert(err).Message())
+		return
+	}
+	g.log.Warn("placement failed", "err", err)
+	writeError(w, http.StatusServiceUnavailable, "scheduler unavailable: "+status.Convert(err).Message())
+}
+
+// send replays the request with body on the node at base.
+func (g *Gateway) send(r *http.Request, base string, body []byte) (*http.Response, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return nil, fmt.Errorf("node url %q: %w", base, err)
+	}
+	u = u.JoinPath(r.URL.Path)
+	u.RawQuery = r.URL.RawQuery
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	out.Header = r.Header.Clone()
+	out.Host = r.Host
+	return g.tr.RoundTrip(out)
+}
+
+// finishCreate binds a created sandbox (before the client hears of it, so
+// its next call routes) and relays the node's answer.
+func (g *Gateway) finishCreate(w http.ResponseWriter, r *http.Request, resp *http.Response, node *pb.Node) {
+	resp = bufferResponse(resp)
+	defer resp.Body.Close()
+	if resp.StatusCode/100 == 2 {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body = io.NopCloser(bytes.NewReader(b))
+		var c created
+		if err := json.Unmarshal(b, &c); err != nil || !validID(c.SandboxID) {
+			writeError(w, http.StatusBadGateway, "node answered a create without a sandbox id")
+			return
+		}
+		if err := g.bind(r.Context(), c.SandboxID, node); err != nil {
+			g.log.Error("bind a created sandbox", "sandbox", c.SandboxID, "node", node.GetStatus().GetName(), "err", err)
+			// The node's roster binds it within a heartbeat; the sandbox exists.
+		}
+	}
+	relay(w, resp)
+}
+
+func (g *Gateway) bind(ctx context.Context, id string, node *pb.Node) error {
+	req := &pb.BindRequest{SandboxId: id, Node: node.GetStatus().GetName()}
+	_, err := g.sched.Bind(context.WithoutCancel(ctx), req)
+	if status.Code(err) == codes.Unavailable {
+		_, err = g.sched.Bind(context.WithoutCancel(ctx), req)
+	}
+	if err == nil {
+		if u, perr := url.Parse(node.GetStatus().GetApiUrl()); perr == nil {
+			g.remember(id, u)
+		}
+	}
+	return err
+}
+
+// fork forwards a fork to the parent's node and binds the children there.
+func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, u *url.URL, id string) {
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	resp, err := g.send(r, u.String(), body)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "node unreachable: "+err.Error())
+		return
+	}
+	resp = bufferResponse(resp)
+	defer resp.Body.Close()
+	if resp.StatusCode/100 == 2 {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body = io.NopCloser(bytes.NewReader(b))
+		var results []struct {
+			Sandbox *created `json:"sandbox"`
+		}
+		_ = json.Unmarshal(b, &results) // an answer we cannot read binds nothing; rosters catch up
+		look, err := g.lookup(r.Context(), id)
+		for _, c := range results {
+			if err != nil || c.Sandbox == nil || !validID(c.Sandbox.SandboxID) {
+				continue
+			}
+			if berr := g.bind(r.Context(), c.Sandbox.SandboxID, look.GetNode()); berr != nil {
+				g.log.Warn("bind a fork child", "sandbox", c.Sandbox.SandboxID, "err", berr)
+			}
+		}
+	}
+	relay(w, resp)
+}
+
+// bufferResponse reads a small answer into memory (creates and forks
+// answer JSON of a few kB), so it can be inspected and relayed later.
+func bufferResponse(resp *http.Response) *http.Response {
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4*maxBody))
+	resp.Body.Close()
+	if err != nil {
+		b = nil
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	return resp
+}
+
+// relay writes a node's answer to the client.
+func relay(w http.ResponseWriter, resp *http.Response) {
+	defer resp.Body.Close()
+	for k, vs := range resp.Header {
+		if strings.EqualFold(k, "Content-Length") || strings.EqualFold(k, "Connection") {
+			continue
+		}
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+}

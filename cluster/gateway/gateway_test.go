@@ -1,0 +1,319 @@
+// The gateway's routing tests run a real scheduler over a real redis-server,
+// and fake nodes: httptest servers standing in for aenvd that answer the
+// few routes each test needs (the end-to-end test in cluster/e2e runs the
+// gateway in front of real aenvd processes).
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/cluster/redistest"
+	"github.com/agentenv/agentenv/cluster/scheduler"
+	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+)
+
+// fakeNode stands in for aenvd: creates (or refuses them for capacity),
+// lists with the node's positional tokens, and records what reached it.
+type fakeNode struct {
+	name   string
+	srv    *httptest.Server
+	full   bool
+	mu     sync.Mutex
+	boxes  map[string]time.Time
+	hits   []string
+	stream chan struct{}
+}
+
+func newFakeNode(t *testing.T, name string) *fakeNode {
+	f := &fakeNode{name: name, boxes: map[string]time.Time{}, stream: make(chan struct{})}
+	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakeNode) serve(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	f.hits = append(f.hits, r.Method+" "+r.Host+" "+r.URL.Path)
+	full := f.full
+	f.mu.Unlock()
+	switch {
+	case r.Method == "POST" && r.URL.Path == "/sandboxes":
+		if full {
+			w.Header().Set("Retry-After", "5")
+			writeError(w, http.StatusServiceUnavailable, "full")
+			return
+		}
+		id := fmt.Sprintf("%s%d", f.name, time.Now().UnixNano())
+		f.mu.Lock()
+		f.boxes[id] = time.Now()
+		f.mu.Unlock()
+		writeJSON(w, http.StatusCreated, map[string]string{"sandboxID": id, "templateID": "base"})
+	case r.URL.Path == "/v2/sandboxes":
+		f.list(w, r)
+	case r.Method == "GET" && r.URL.Path == "/sandboxes":
+		f.mu.Lock()
+		out := []map[string]string{}
+		for id := range f.boxes {
+			out = append(out, map[string]string{"sandboxID": id})
+		}
+		f.mu.Unlock()
+		writeJSON(w, http.StatusOK, out)
+	case r.URL.Path == "/stream":
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "first\n")
+		w.(http.Flusher).Flush()
+		<-f.stream
+		_, _ = io.WriteString(w, "second\n")
+	case r.Method == "DELETE":
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		writeJSON(w, http.StatusOK, map[string]string{"node": f.name})
+	}
+}
+
+// list pages as aenvd does: descending start time, a token naming the
+// position after the last item returned.
+func (f *fakeNode) list(w http.ResponseWriter, r *http.Request) {
+	limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
+	from := ""
+	if tok := r.URL.Query().Get("nextToken"); tok != "" {
+		b, _ := base64.RawURLEncoding.DecodeString(tok)
+		from = string(b)
+	}
+	type e struct{ key, id string }
+	var all []e
+	f.mu.Lock()
+	for id, at := range f.boxes {
+		all = append(all, e{fmt.Sprintf("%020d:%s", int64(1<<62)-at.UnixNano(), id), id})
+	}
+	started := map[string]time.Time{}
+	for id, at := range f.boxes {
+		started[id] = at
+	}
+	f.mu.Unlock()
+	sort.Slice(all, func(i, j int) bool { return all[i].key < all[j].key })
+	out := []map[string]any{}
+	for _, x := range all {
+		if from != "" && x.key <= from {
+			continue
+		}
+		if len(out) == limit {
+			w.Header().Set("X-Next-Token", base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf("%020d:%s", int64(1<<62)-started[out[len(out)-1]["sandboxID"].(string)].UnixNano(), out[len(out)-1]["sandboxID"]))))
+			break
+		}
+		out = append(out, map[string]any{"sandboxID": x.id, "startedAt": started[x.id]})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (f *fakeNode) lastHit() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.hits) == 0 {
+		return ""
+	}
+	return f.hits[len(f.hits)-1]
+}
+
+type fixture struct {
+	sched pb.SchedulerClient
+	gw    *httptest.Server
+	nodes []*fakeNode
+}
+
+func newFixture(t *testing.T, names ...string) *fixture {
+	rs := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	log := slog.New(slog.NewTextHandler(t.Output(), nil))
+	s, err := scheduler.New(scheduler.Options{Redis: rdb, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	pb.RegisterSchedulerServer(srv, s)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	conn, err := pb.Dial([]string{ln.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	fx := &fixture{sched: conn.Client()}
+	for _, n := range names {
+		f := newFakeNode(t, n)
+		fx.nodes = append(fx.nodes, f)
+		st := &pb.NodeStatus{Name: n, ApiUrl: f.srv.URL, Capacity: &pb.Resources{CpuCount: 4, MemoryMb: 4096},
+			Free: &pb.Resources{CpuCount: 4, MemoryMb: 4096}}
+		if _, err := fx.sched.RegisterNode(context.Background(), &pb.RegisterNodeRequest{Status: st}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fx.gw = httptest.NewServer(New(Options{Scheduler: fx.sched, Domain: "sbx.test", LookupTTL: time.Nanosecond, Logger: log}))
+	t.Cleanup(fx.gw.Close)
+	return fx
+}
+
+func (fx *fixture) do(t *testing.T, method, path, host, body string) (int, []byte, http.Header) {
+	t.Helper()
+	req, _ := http.NewRequest(method, fx.gw.URL+path, strings.NewReader(body))
+	if host != "" {
+		req.Host = host
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, resp.Header
+}
+
+func (fx *fixture) create(t *testing.T) (string, int) {
+	t.Helper()
+	code, b, _ := fx.do(t, "POST", "/sandboxes", "", `{"templateID":"base"}`)
+	var c created
+	_ = json.Unmarshal(b, &c)
+	return c.SandboxID, code
+}
+
+func TestCreateRetriesAndRoutes(t *testing.T) {
+	fx := newFixture(t, "a", "b")
+	fx.nodes[0].full = true // least-loaded picks a first (name order); a refuses
+	id, code := fx.create(t)
+	if code != http.StatusCreated || !strings.HasPrefix(id, "b") {
+		t.Fatalf("create with a full: %d %q, want 201 from b", code, id)
+	}
+	for _, c := range []struct{ path, host string }{
+		{"/sandboxes/" + id, ""},
+		{"/sandboxes/" + id + "/pause", ""},
+		{"/files", "49983-" + id + ".sbx.test"},
+	} {
+		if code, b, _ := fx.do(t, "POST", c.path, c.host, ""); code != 200 || !strings.Contains(string(b), `"node":"b"`) {
+			t.Fatalf("%s host %q: %d %s, want b's answer", c.path, c.host, code, b)
+		}
+	}
+	req, _ := http.NewRequest("GET", fx.gw.URL+"/process", nil)
+	req.Header.Set("E2b-Sandbox-Id", id)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := fx.nodes[1].lastHit(); !strings.HasSuffix(got, " /process") {
+		t.Fatalf("header-routed request reached b as %q", got)
+	}
+	fx.nodes[1].full = true
+	if _, code := fx.create(t); code != http.StatusServiceUnavailable {
+		t.Fatalf("create with every node full: %d, want 503", code)
+	}
+	if code, _, _ := fx.do(t, "DELETE", "/sandboxes/"+id, "", ""); code != http.StatusNoContent {
+		t.Fatalf("kill: %d", code)
+	}
+	if code, _, _ := fx.do(t, "GET", "/sandboxes/"+id, "", ""); code != http.StatusNotFound {
+		t.Fatalf("a killed sandbox: %d, want 404 (unbound)", code)
+	}
+	for _, p := range []string{"/sandboxes/nope", "/sandboxes/a.b"} {
+		if code, _, _ := fx.do(t, "GET", p, "", ""); code != http.StatusNotFound && code != http.StatusBadRequest {
+			t.Fatalf("%s: %d, want 404 or 400", p, code)
+		}
+	}
+}
+
+func TestPaginationAcrossNodes(t *testing.T) {
+	fx := newFixture(t, "a", "b", "c")
+	var all []string
+	for range 7 {
+		id, code := fx.create(t)
+		if code != http.StatusCreated {
+			t.Fatalf("create: %d", code)
+		}
+		all = append(all, id)
+	}
+	// Newest first across nodes, each exactly once, 3 per page.
+	var got []string
+	next := ""
+	for pages := 0; ; pages++ {
+		q := "/v2/sandboxes?limit=3"
+		if next != "" {
+			q += "&nextToken=" + next
+		}
+		code, b, h := fx.do(t, "GET", q, "", "")
+		var page []struct {
+			SandboxID string `json:"sandboxID"`
+		}
+		if code != 200 || json.Unmarshal(b, &page) != nil || len(page) > 3 {
+			t.Fatalf("GET %s: %d %s", q, code, b)
+		}
+		for _, s := range page {
+			got = append(got, s.SandboxID)
+		}
+		if next = h.Get("X-Next-Token"); next == "" {
+			break
+		}
+		if pages > 5 {
+			t.Fatal("pagination does not end")
+		}
+	}
+	want := make([]string, len(all))
+	for i, id := range all {
+		want[len(all)-1-i] = id
+	}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("paginated list:\n got %v\nwant %v", got, want)
+	}
+	code, b, _ := fx.do(t, "GET", "/sandboxes", "", "")
+	var flat []json.RawMessage
+	if code != 200 || json.Unmarshal(b, &flat) != nil || len(flat) != len(all) {
+		t.Fatalf("GET /sandboxes across nodes: %d %s, want %d sandboxes", code, b, len(all))
+	}
+	if code, _, _ := fx.do(t, "GET", "/v2/sandboxes?limit=500", "", ""); code != http.StatusBadRequest {
+		t.Fatalf("limit 500: %d, want 400", code)
+	}
+}
+
+func TestStreamsFlushThrough(t *testing.T) {
+	fx := newFixture(t, "a")
+	id, code := fx.create(t)
+	if code != http.StatusCreated {
+		t.Fatal(code)
+	}
+	req, _ := http.NewRequest("GET", fx.gw.URL+"/stream", nil)
+	req.Header.Set("E2b-Sandbox-Id", id)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	// The node holds its second line until the first reached the client.
+	line, err := rd.ReadString('\n')
+	if err != nil || line != "first\n" {
+		t.Fatalf("first chunk: %q %v", line, err)
+	}
+	close(fx.nodes[0].stream)
+	if line, err = rd.ReadString('\n'); err != nil || line != "second\n" {
+		t.Fatalf("second chunk: %q %v", line, err)
+	}
+}

@@ -1,0 +1,204 @@
+// Package nodeagent is a node's side of the cluster: it registers the node
+// with an aenv-scheduler, heartbeats its capacity, free resources and
+// sandbox roster, follows the scheduler's drain flag, and unregisters on a
+// graceful shutdown. It reads the node through Source and talks to the
+// scheduler only over cluster/schedulerpb.
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Source is what the agent reads from the node at every heartbeat.
+type Source interface {
+	Usage() Usage
+}
+
+// Usage is the node's capacity, free resources and sandboxes now.
+type Usage struct {
+	CPUs, FreeCPUs         int
+	MemoryMB, FreeMemoryMB int64
+	Roster                 []Sandbox
+}
+
+// Sandbox is one roster entry.
+type Sandbox struct {
+	ID, State string
+	CPUs      int
+	MemoryMB  int64
+}
+
+// Options configures the agent.
+type Options struct {
+	// Schedulers are gRPC addresses (host:port); the agent uses one and
+	// moves to the next when it fails.
+	Schedulers []string
+	// Name, APIURL, P2PEndpoint, VMM and Version describe the node.
+	Name, APIURL, P2PEndpoint, VMM, Version string
+	// MaxSandboxes bounds what placement sends here (0: no bound).
+	MaxSandboxes int
+	Source       Source
+	Logger       *slog.Logger
+	// RetryInterval paces registration attempts (default 1s).
+	RetryInterval time.Duration
+}
+
+// Agent is the node's membership. Run owns its goroutine.
+type Agent struct {
+	opts     Options
+	conns    []*grpc.ClientConn
+	clients  []pb.SchedulerClient
+	cur      int
+	interval time.Duration
+	draining atomic.Bool
+	log      *slog.Logger
+}
+
+// New dials (lazily) every scheduler address.
+func New(opts Options) (*Agent, error) {
+	if len(opts.Schedulers) == 0 || opts.Name == "" || opts.APIURL == "" || opts.Source == nil {
+		return nil, errors.New("nodeagent: schedulers, name, API URL and source are required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.RetryInterval <= 0 {
+		opts.RetryInterval = time.Second
+	}
+	a := &Agent{opts: opts, interval: 2 * time.Second, log: opts.Logger.With("node", opts.Name)}
+	for _, addr := range opts.Schedulers {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			a.Close()
+			return nil, fmt.Errorf("nodeagent: scheduler %s: %w", addr, err)
+		}
+		a.conns = append(a.conns, cc)
+		a.clients = append(a.clients, pb.NewSchedulerClient(cc))
+	}
+	return a, nil
+}
+
+// Close drops the connections (after Run returned).
+func (a *Agent) Close() {
+	for _, cc := range a.conns {
+		_ = cc.Close()
+	}
+}
+
+// Draining reports the scheduler's drain flag as last heard.
+func (a *Agent) Draining() bool { return a.draining.Load() }
+
+func (a *Agent) status() *pb.NodeStatus {
+	u := a.opts.Source.Usage()
+	st := &pb.NodeStatus{Name: a.opts.Name, ApiUrl: a.opts.APIURL, P2PEndpoint: a.opts.P2PEndpoint, Vmm: a.opts.VMM,
+		Version: a.opts.Version, MaxSandboxes: int32(a.opts.MaxSandboxes),
+		Capacity: &pb.Resources{CpuCount: int32(u.CPUs), MemoryMb: u.MemoryMB},
+		Free:     &pb.Resources{CpuCount: int32(u.FreeCPUs), MemoryMb: u.FreeMemoryMB}}
+	for _, s := range u.Roster {
+		st.Roster = append(st.Roster, &pb.RosterEntry{SandboxId: s.ID, State: s.State,
+			Resources: &pb.Resources{CpuCount: int32(s.CPUs), MemoryMb: s.MemoryMB}})
+	}
+	return st
+}
+
+// client is the scheduler in use; next moves on after a failure.
+func (a *Agent) client() pb.SchedulerClient { return a.clients[a.cur] }
+func (a *Agent) next()                      { a.cur = (a.cur + 1) % len(a.clients) }
+
+// Run registers, heartbeats until ctx ends, then unregisters (a graceful
+// shutdown: the scheduler stops placing here at once). Scheduler failures
+// are logged and retried; Run returns only when ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	registered := false
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			a.unregister(context.WithoutCancel(ctx), registered)
+			return nil
+		case <-t.C:
+		}
+		wait := a.opts.RetryInterval
+		var err error
+		if !registered {
+			err = a.register(ctx)
+		} else {
+			err = a.heartbeat(ctx)
+		}
+		switch {
+		case errors.Is(err, errUnknown):
+			registered = false
+			wait = 0
+		case err != nil && ctx.Err() == nil:
+			a.log.Warn("cluster scheduler unreachable; trying the next", "scheduler", a.opts.Schedulers[a.cur], "err", err)
+			a.next()
+		case err == nil:
+			registered, wait = true, a.interval
+		}
+		t.Reset(wait)
+	}
+}
+
+var errUnknown = errors.New("scheduler does not know this node")
+
+func (a *Agent) register(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	r, err := a.client().RegisterNode(cctx, &pb.RegisterNodeRequest{Status: a.status()})
+	if err != nil {
+		return fmt.Errorf("register node %s: %w", a.opts.Name, err)
+	}
+	if ms := r.GetHeartbeatIntervalMs(); ms > 0 {
+		a.interval = time.Duration(ms) * time.Millisecond
+	}
+	a.setDraining(r.GetDraining())
+	a.log.Info("registered with the cluster scheduler", "scheduler", a.opts.Schedulers[a.cur], "heartbeat", a.interval)
+	return nil
+}
+
+func (a *Agent) heartbeat(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	r, err := a.client().Heartbeat(cctx, &pb.HeartbeatRequest{Status: a.status()})
+	if err != nil {
+		return fmt.Errorf("heartbeat of node %s: %w", a.opts.Name, err)
+	}
+	if r.GetUnknown() {
+		return errUnknown
+	}
+	a.setDraining(r.GetDraining())
+	return nil
+}
+
+func (a *Agent) setDraining(d bool) {
+	if a.draining.Swap(d) != d {
+		a.log.Info("cluster drain flag changed", "draining", d)
+	}
+}
+
+func (a *Agent) unregister(ctx context.Context, registered bool) {
+	if !registered {
+		return
+	}
+	for range a.clients {
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		_, err := a.client().UnregisterNode(cctx, &pb.UnregisterNodeRequest{Name: a.opts.Name})
+		cancel()
+		if err == nil {
+			a.log.Info("unregistered from the cluster scheduler")
+			return
+		}
+		a.log.Warn("unregister from the cluster scheduler", "err", err)
+		a.next()
+	}
+}

@@ -1,0 +1,116 @@
+// Command aenv-gateway is the cluster's one HTTP endpoint: the E2B API and
+// the sandbox proxy in front of the aenvd nodes an aenv-scheduler knows.
+//
+//	aenv-gateway --listen :3000 --schedulers 10.0.0.5:7070,10.0.0.6:7070 --domain sbx.example.com
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/agentenv/agentenv/cluster/gateway"
+	"github.com/agentenv/agentenv/internal/version"
+)
+
+type flags struct {
+	listen, schedulers, domain string
+	k8sService, k8sPort        string
+	kubeconfig                 string
+	lookupTTL                  time.Duration
+}
+
+func parseFlags(args []string) (flags, error) {
+	var f flags
+	fs := flag.NewFlagSet("aenv-gateway", flag.ContinueOnError)
+	fs.StringVar(&f.listen, "listen", envOr("AENV_GATEWAY_LISTEN", "127.0.0.1:3000"), "HTTP listen address")
+	fs.StringVar(&f.schedulers, "schedulers", envOr("AENV_GATEWAY_SCHEDULERS", "127.0.0.1:7070"), "aenv-scheduler gRPC addresses, comma-separated")
+	fs.StringVar(&f.domain, "domain", envOr("AENV_GATEWAY_DOMAIN", ""), "sandbox host domain ({port}-{id}.{domain}); the nodes' api.domain")
+	fs.StringVar(&f.k8sService, "schedulers-service", envOr("AENV_GATEWAY_SCHEDULERS_SERVICE", ""), "find the schedulers as the ready endpoints of this Kubernetes Service (namespace/name) instead of --schedulers")
+	fs.StringVar(&f.k8sPort, "schedulers-port", envOr("AENV_GATEWAY_SCHEDULERS_PORT", ""), "the Service's port name for --schedulers-service (default: its first port)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig for --schedulers-service (default: the in-cluster service account)")
+	fs.DurationVar(&f.lookupTTL, "lookup-ttl", 2*time.Second, "how long a sandbox's node is remembered between scheduler lookups")
+	printVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return f, err
+	}
+	if *printVersion {
+		fmt.Println("aenv-gateway", version.Get())
+		os.Exit(0)
+	}
+	return f, nil
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func main() {
+	f, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	slog.SetDefault(log)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, f, log); err != nil {
+		log.Error("aenv-gateway failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func run(ctx context.Context, f flags, log *slog.Logger) error {
+	conn, stopDiscovery, err := dialSchedulers(ctx, f, log)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	defer stopDiscovery()
+	g := gateway.New(gateway.Options{Scheduler: conn.Client(), Domain: f.domain, LookupTTL: f.lookupTTL, Logger: log})
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", f.listen, err)
+	}
+	// No read or write timeout: command streams and file transfers last
+	// as long as they need (the nodes bound slow clients the same way).
+	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("aenv-gateway ready", "listen", ln.Addr().String(), "schedulers", f.schedulers, "domain", f.domain, "version", version.Version())
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		return fmt.Errorf("http server: %w", err)
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	log.Info("aenv-gateway stopped")
+	return nil
+}
