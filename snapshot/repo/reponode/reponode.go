@@ -136,6 +136,34 @@ func (n *Node) OpenLayer(ctx context.Context, l repo.Layer) (*blob.Cache, error)
 	return n.Peers.OpenLayer(ctx, n.Repo, l, blob.CacheOptions{Capacity: int64(n.cfg.CacheMiB) << 20})
 }
 
+// OpenRecorded opens a layer like OpenLayer, recording the order of the
+// blocks read (for RecordWorkingSet after a restore's first moments).
+func (n *Node) OpenRecorded(ctx context.Context, l repo.Layer) (*blob.Cache, error) {
+	return n.Peers.OpenLayer(ctx, n.Repo, l, blob.CacheOptions{Capacity: int64(n.cfg.CacheMiB) << 20, Record: true})
+}
+
+// RecordWorkingSet stores the blocks c has read so far as l's working-set
+// hint, for the next restore from l on any node.
+func (n *Node) RecordWorkingSet(ctx context.Context, l repo.Layer, c *blob.Cache) error {
+	return n.Repo.PutWorkingSet(ctx, l, c.BlockSize(), c.Touched())
+}
+
+// Prefetch fetches l's recorded working set into c (no hint: nothing to
+// do), with a few requests at once; run it beside the restore.
+func (n *Node) Prefetch(ctx context.Context, l repo.Layer, c *blob.Cache) error {
+	blocks, err := n.Repo.WorkingSet(ctx, l, c.BlockSize())
+	if errors.Is(err, repo.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return c.Prefetch(ctx, blocks, prefetchWorkers)
+}
+
+// prefetchWorkers is the number of requests a prefetch keeps in flight.
+const prefetchWorkers = 4
+
 // GC collects unreferenced blobs older than the configured grace period.
 func (n *Node) GC(ctx context.Context) (repo.GCStats, error) {
 	return n.Repo.GC(ctx, repo.GCOptions{Grace: n.cfg.GCGrace.Duration})

@@ -326,3 +326,55 @@ func testGCRace(t *testing.T, b repo.Backend) {
 	}
 	t.Logf("%d of %d commits landed while gc ran", committed, rounds)
 }
+
+// testWorkingSets: a layer's working-set hint reads back, a damaged one is
+// refused, and GC keeps the hints of kept layers and drops the others'.
+func testWorkingSets(t *testing.T, b repo.Backend) {
+	ctx := ctxT(t)
+	r := repo.New(b, repo.Options{})
+	keep := NewManifest(t, r, "keep", 20)
+	drop := NewManifest(t, r, "drop", 21)
+	for _, m := range []*repo.Manifest{keep, drop} {
+		if err := r.Commit(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kl, dl := keep.Memory[0], drop.Memory[0] // 4096 bytes: 4 blocks of 1 KiB
+	want := []int64{2, 0, 3}
+	for _, l := range []repo.Layer{kl, dl} {
+		if err := r.PutWorkingSet(ctx, l, 1024, want); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := r.WorkingSet(ctx, kl, 1024); err != nil || !slices.Equal(got, want) {
+		t.Fatalf("working set read back: %v, %v", got, err)
+	}
+	if _, err := r.WorkingSet(ctx, kl, 2048); !errors.Is(err, repo.ErrInvalid) {
+		t.Fatalf("working set read with another block size: %v", err)
+	}
+	if err := r.PutWorkingSet(ctx, kl, 1024, []int64{9}); !errors.Is(err, repo.ErrInvalid) {
+		t.Fatalf("a working set past the layer's end: %v", err)
+	}
+	if _, err := r.WorkingSet(ctx, keep.Rootfs[0], 1024); !errors.Is(err, repo.ErrNotFound) {
+		t.Fatalf("a layer without a hint: %v", err)
+	}
+	if err := r.DeleteManifest(ctx, "drop"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.GC(ctx, repo.GCOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.WorkingSet(ctx, kl, 1024); err != nil {
+		t.Fatalf("gc dropped the hint of a kept layer: %v", err)
+	}
+	if _, err := r.WorkingSet(ctx, dl, 1024); !errors.Is(err, repo.ErrNotFound) {
+		t.Fatalf("gc kept the hint of a collected layer: %v", err)
+	}
+	garbage := []byte("AENVWS01\x00\x00\x04\x00\xff\xff\xff\xff")
+	if err := b.Put(ctx, "hints/workingset/"+kl.Digest.Hex(), bytes.NewReader(garbage), int64(len(garbage)), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.WorkingSet(ctx, kl, 1024); !errors.Is(err, repo.ErrInvalid) {
+		t.Fatalf("a damaged hint: %v", err)
+	}
+}

@@ -43,6 +43,7 @@ func Run(t *testing.T, f Factory) {
 		{"GCHonoursLeases", testGCLeases},
 		{"CommitWaitsForGC", testCommitWaitsForGC},
 		{"GCNeverRacesCommits", testGCRace},
+		{"WorkingSetHints", testWorkingSets},
 	}
 	for _, c := range checks {
 		t.Run(c.name, func(t *testing.T) {
