@@ -209,3 +209,27 @@ func tableFrom(sources []blob.Blob, l Layer) (*blob.ChunkTable, error) {
 	}
 	return nil, fmt.Errorf("chunk table of layer %s: no source has it: %w", l.Digest, errors.Join(errs...))
 }
+
+// CheckLayer reads all of layer l from the repository and checks every
+// chunk against its table and the whole against its digest (a scrub: the
+// error names the layer and the first bad chunk).
+func CheckLayer(ctx context.Context, r Repository, l Layer) error {
+	tab, err := ReadChunkTable(ctx, r, l)
+	if err != nil {
+		return fmt.Errorf("check layer %s: %w", l.Digest, err)
+	}
+	v := blob.NewVerified(tab, string(l.Digest), NewSource(ctx, r, l.Blob))
+	h := sha256.New()
+	buf := make([]byte, tab.ChunkSize*8)
+	for off := int64(0); off < l.Size; off += int64(len(buf)) {
+		n, err := v.ReadAt(buf[:min(int64(len(buf)), l.Size-off)], off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("check layer %s: %w", l.Digest, err)
+		}
+		h.Write(buf[:n])
+	}
+	if got := FromHash(h.Sum(nil)); got != l.Digest {
+		return fmt.Errorf("check layer %s: its chunks verify but the whole is %s: %w", l.Digest, got, ErrDigestMismatch)
+	}
+	return nil
+}

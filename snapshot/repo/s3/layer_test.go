@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -78,7 +79,13 @@ func TestVerifiedLayerCorruption(t *testing.T) {
 			}
 		}
 	}
+	if err := repo.CheckLayer(ctx, r, l); err != nil {
+		t.Fatalf("check of the intact layer: %v", err)
+	}
 	damage("flipped byte", func(b []byte) []byte { b[3*chunk+100] ^= 1; return b }, 3)
+	if err := repo.CheckLayer(ctx, r, l); !errors.Is(err, blob.ErrCorrupt) || !strings.Contains(err.Error(), "chunk 3") {
+		t.Fatalf("check of a damaged layer: %v", err)
+	}
 	damage("truncated", func(b []byte) []byte { return b[:4*chunk+10] }, 4)
 	damage("stale", func(b []byte) []byte { return repotest.Random(43, len(b)) }, 0)
 
@@ -89,5 +96,36 @@ func TestVerifiedLayerCorruption(t *testing.T) {
 	os.WriteFile(tab, tb, 0o600)
 	if _, err := repo.OpenLayer(ctx, r, l, repo.LayerOptions{}); !errors.Is(err, repo.ErrDigestMismatch) {
 		t.Fatalf("open with a damaged chunk table: %v", err)
+	}
+}
+
+// TestLargeBlob: a blob above the multipart threshold goes through staging,
+// the digest check and the server-side copy, and reads back whole.
+func TestLargeBlob(t *testing.T) {
+	srv := s3test.Start(t)
+	ctx := context.Background()
+	r, err := s3.Open(ctx, srv.Bucket(t), repo.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := repotest.Random(77, 17<<20+5) // just past the 16 MiB part size
+	d := repo.DigestOf(data)
+	if err := r.PutBlob(ctx, repo.DigestOf(data[1:]), int64(len(data)), bytes.NewReader(data)); !errors.Is(err, repo.ErrDigestMismatch) {
+		t.Fatalf("a large blob under a wrong digest: %v", err)
+	}
+	if err := r.PutBlob(ctx, d, int64(len(data)), bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := r.ReadBlob(ctx, d, 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	got, err := io.ReadAll(rc)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("large blob read back: %d bytes, %v", len(got), err)
+	}
+	if objs, _ := r.Backend().List(ctx, "staging/"); len(objs) != 0 {
+		t.Fatalf("staging objects left: %v", objs)
 	}
 }
