@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -262,13 +263,23 @@ func testCommitWaitsForGC(t *testing.T, b repo.Backend) {
 	}
 }
 
-// testGCRace commits manifests that reuse an old unreferenced blob while GC
-// runs with no grace period: each commit either fails (the blob was
-// collected first) or its manifest's blobs are all present afterwards.
+// testGCRace commits manifests that each reuse an old blob while GC runs in
+// a loop. The old blobs are held by leases of the test until their round,
+// which drops the lease right before the commit: from then on GC may
+// collect the blob (its grace period protects only the blobs each round
+// uploads fresh). Each commit either fails (the blob was collected first) or
+// its manifest's blobs are all present afterwards.
 func testGCRace(t *testing.T, b repo.Backend) {
 	ctx := ctxT(t)
 	r := repo.New(b, repo.Options{PollInterval: 5 * time.Millisecond})
-	const rounds = 12
+	const rounds = 10
+	const grace = 2 * time.Second
+	var shared []repo.Blob
+	for i := range rounds {
+		shared = append(shared, PutRandom(t, r, 5000+uint64(i), 2000))
+		putLease(t, b, fmt.Sprintf("leases/test-%d", i), shared[i].Digest)
+	}
+	time.Sleep(grace + 100*time.Millisecond) // the shared blobs are past the grace period
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	var gcErr error
@@ -281,18 +292,22 @@ func testGCRace(t *testing.T, b repo.Backend) {
 				return
 			default:
 			}
-			if _, err := r.GC(ctx, repo.GCOptions{}); err != nil {
+			if _, err := r.GC(ctx, repo.GCOptions{Grace: grace}); err != nil {
 				gcErr = err
 				return
 			}
+			// A gap between runs lets some commits land between them, and
+			// others meet a run: both paths get exercised.
+			time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
 		}
 	}()
 	committed := 0
 	for i := range rounds {
 		m := NewManifest(t, r, fmt.Sprintf("race-%d", i), uint64(100+i))
-		// The shared layer: unreferenced until this commit lands.
-		shared := PutRandom(t, r, 5000+uint64(i), 2000)
-		m.Rootfs[0].Blob = shared
+		m.Rootfs[0].Blob = shared[i] // unreferenced until this commit lands
+		if err := b.Delete(ctx, fmt.Sprintf("leases/test-%d", i)); err != nil {
+			t.Fatal(err)
+		}
 		err := r.Commit(ctx, m)
 		if err != nil && !errors.Is(err, repo.ErrMissingBlob) {
 			t.Fatalf("commit %d: %v", i, err)
