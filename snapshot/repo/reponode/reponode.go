@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -134,6 +135,27 @@ func (n *Node) Status(name string) (upload.Status, bool) { return n.Uploads.Stat
 // configured size.
 func (n *Node) OpenLayer(ctx context.Context, l repo.Layer) (*blob.Cache, error) {
 	return n.Peers.OpenLayer(ctx, n.Repo, l, blob.CacheOptions{Capacity: int64(n.cfg.CacheMiB) << 20})
+}
+
+// Fetch keeps layer l local: it is copied whole (peers first, verified)
+// into dir/<hex> unless that file exists, and then served to peers. It
+// returns the file's path.
+func (n *Node) Fetch(ctx context.Context, l repo.Layer, dir string) (string, error) {
+	path := filepath.Join(dir, l.Digest.Hex())
+	if st, err := os.Stat(path); err == nil && st.Size() == l.Size {
+		n.Held.Add(l.Digest, path)
+		return path, nil
+	}
+	c, err := n.OpenLayer(ctx, l)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	if err := repo.FetchLayer(ctx, c, l, path); err != nil {
+		return "", err
+	}
+	n.Held.Add(l.Digest, path)
+	return path, nil
 }
 
 // OpenRecorded opens a layer like OpenLayer, recording the order of the

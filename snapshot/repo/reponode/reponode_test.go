@@ -134,6 +134,24 @@ func TestTwoNodesShareABucket(t *testing.T) {
 	if _, misses, _ := next.Stats(); misses != 0 {
 		t.Fatalf("%d misses after prefetching the recorded working set", misses)
 	}
+	// B keeps the layer local and serves it in turn: C reads it from B.
+	local, err := b.Fetch(ctx, mem, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(local); !bytes.Equal(got, want) {
+		t.Fatal("the fetched layer differs")
+	}
+	cNode, err := Open(ctx, nodeCfg("http://"+b.PeerAddr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cNode.Close()
+	a.Held.Remove(mem.Digest)
+	srcs := cNode.Peers.Sources(ctx, mem.Blob)
+	if len(srcs) != 1 {
+		t.Fatalf("C sees %d peers holding the layer, want B", len(srcs))
+	}
 	// GC on B keeps what A's manifest references.
 	if st, err := b.Repo.GC(ctx, repo.GCOptions{}); err != nil || len(st.Deleted) != 0 || st.Referenced != len(m.Blobs()) {
 		t.Fatalf("gc: %+v, %v", st, err)
