@@ -37,6 +37,7 @@ type Node struct {
 	Held *peer.Index
 
 	cfg    config.Repository
+	budget *blob.Budget // the block cache of every remote layer opened here
 	lis    net.Listener
 	srv    *http.Server
 	wg     sync.WaitGroup
@@ -70,7 +71,7 @@ func Open(ctx context.Context, c config.Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open snapshot repository: %w", err)
 	}
-	return &Node{Repo: r, Uploads: u, Held: peer.NewIndex(), cfg: rc,
+	return &Node{Repo: r, Uploads: u, Held: peer.NewIndex(), cfg: rc, budget: blob.NewBudget(int64(rc.CacheMiB) << 20),
 		Peers: &peer.Client{Peers: rc.Peers, Token: rc.PeerToken}}, nil
 }
 
@@ -131,11 +132,19 @@ func (n *Node) Commit(ctx context.Context, j upload.Job) error { return n.Upload
 func (n *Node) Status(name string) (upload.Status, bool) { return n.Uploads.Status(name) }
 
 // OpenLayer opens a layer of a manifest for lazy, verified reads: from the
-// peers that hold it, then the store, through a block cache of the
-// configured size.
+// peers that hold it, then the store, through a block cache whose size limit
+// (cache_mib) all the layers opened here share. Close it when done.
 func (n *Node) OpenLayer(ctx context.Context, l repo.Layer) (*blob.Cache, error) {
-	return n.Peers.OpenLayer(ctx, n.Repo, l, blob.CacheOptions{Capacity: int64(n.cfg.CacheMiB) << 20})
+	return n.Peers.OpenLayer(ctx, n.Repo, l, n.cacheOptions(false))
 }
+
+func (n *Node) cacheOptions(record bool) blob.CacheOptions {
+	// The block size is the layer's chunk size (from its table).
+	return blob.CacheOptions{Capacity: int64(n.cfg.CacheMiB) << 20, Budget: n.budget, Record: record}
+}
+
+// CacheUsed is the bytes the block cache of remote layers holds now.
+func (n *Node) CacheUsed() int64 { return n.budget.Used() }
 
 // Fetch keeps layer l local: it is copied whole (peers first, verified)
 // into dir/<hex> unless that file exists, and then served to peers. It
@@ -161,7 +170,7 @@ func (n *Node) Fetch(ctx context.Context, l repo.Layer, dir string) (string, err
 // OpenRecorded opens a layer like OpenLayer, recording the order of the
 // blocks read (for RecordWorkingSet after a restore's first moments).
 func (n *Node) OpenRecorded(ctx context.Context, l repo.Layer) (*blob.Cache, error) {
-	return n.Peers.OpenLayer(ctx, n.Repo, l, blob.CacheOptions{Capacity: int64(n.cfg.CacheMiB) << 20, Record: true})
+	return n.Peers.OpenLayer(ctx, n.Repo, l, n.cacheOptions(true))
 }
 
 // RecordWorkingSet stores the blocks c has read so far as l's working-set

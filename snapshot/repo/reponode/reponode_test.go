@@ -134,6 +134,14 @@ func TestTwoNodesShareABucket(t *testing.T) {
 	if _, misses, _ := next.Stats(); misses != 0 {
 		t.Fatalf("%d misses after prefetching the recorded working set", misses)
 	}
+	if used := b.CacheUsed(); used == 0 || used > 2*int64(len(want))+2*64<<10 {
+		t.Fatalf("the node's block cache holds %d bytes with two layers open", used)
+	}
+	rec.Close()
+	next.Close()
+	if used := b.CacheUsed(); used != 0 {
+		t.Fatalf("the node's block cache holds %d bytes with no layer open", used)
+	}
 	// B keeps the layer local and serves it in turn: C reads it from B.
 	local, err := b.Fetch(ctx, mem, t.TempDir())
 	if err != nil {
