@@ -6,6 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -127,5 +131,54 @@ func TestLargeBlob(t *testing.T) {
 	}
 	if objs, _ := r.Backend().List(ctx, "staging/"); len(objs) != 0 {
 		t.Fatalf("staging objects left: %v", objs)
+	}
+}
+
+// TestWrongContentRange: a proxy between the node and a real S3 server
+// rewrites the Content-Range of ranged answers (one chunk off): the read
+// fails naming the layer and the chunk, and serves nothing.
+func TestWrongContentRange(t *testing.T) {
+	srv := s3test.Start(t)
+	cfg := srv.Bucket(t)
+	ctx := context.Background()
+	r, err := s3.Open(ctx, cfg, repo.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := repotest.Random(44, 4*chunk)
+	path := filepath.Join(t.TempDir(), "layer")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := repo.PutLayerFile(ctx, r, path, chunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target, _ := url.Parse(srv.Endpoint)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.ModifyResponse = func(resp *http.Response) error {
+		var first, last, total int64
+		if _, err := fmt.Sscanf(resp.Header.Get("Content-Range"), "bytes %d-%d/%d", &first, &last, &total); err == nil &&
+			strings.Contains(resp.Request.URL.Path, "/blobs/") && total == int64(len(data)) {
+			resp.Header.Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", first+chunk, last+chunk, total))
+		}
+		return nil
+	}
+	front := httptest.NewServer(proxy)
+	defer front.Close()
+	cfg.Endpoint = front.URL
+	via, err := s3.Open(ctx, cfg, repo.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := repo.OpenLayer(ctx, via, l, repo.LayerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, chunk)
+	n, err := c.ReadAt(buf, chunk)
+	if n != 0 || err == nil || !strings.Contains(err.Error(), "Content-Range") || !strings.Contains(err.Error(), string(l.Digest)) ||
+		!strings.Contains(err.Error(), "chunks 1-") {
+		t.Fatalf("read through a proxy that rewrites Content-Range: %d bytes, %v", n, err)
 	}
 }
