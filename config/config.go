@@ -63,7 +63,8 @@ type Repository struct {
 	// ChunkSizeKiB is the chunk size of the layers' digest tables (a power
 	// of two, 4..16384): the unit of lazy fetches and of verification.
 	ChunkSizeKiB int `toml:"chunk_size_kib" env:"AENVD_REPOSITORY_CHUNK_SIZE_KIB"`
-	// CacheMiB bounds the block cache of each remote layer a node reads.
+	// CacheMiB bounds the block cache of the remote layers this node reads
+	// (shared by all of them; the least recently used block goes first).
 	CacheMiB int `toml:"cache_mib" env:"AENVD_REPOSITORY_CACHE_MIB"`
 	// GCGrace keeps unreferenced blobs this long (uploads whose manifest
 	// is not committed yet).

@@ -3,8 +3,9 @@
 // layer read through the verified block cache from a real S3 server
 // (versitygw, its POSIX backend on a temporary directory) vs the same layer
 // read from a local file; the bytes fetched vs the layer's size when reading
-// a sparse working set; and the latency of a first read (open plus one 4 KiB
-// read) through a peer vs through the object store. Ratios are printed,
+// a sparse working set; the latency of a first read (open plus one 4 KiB
+// read) through a peer vs through the object store; and a restore's working
+// set read after a prefetch of its recorded hint vs read on demand. Ratios are printed,
 // nothing is asserted on time. Run with:
 //
 //	go test -run '^$' -bench . -benchtime 1x ./bench/repository/

@@ -170,8 +170,10 @@ func (r *Repo) sweep(ctx context.Context, now, start time.Time, opt GCOptions, r
 	if err != nil {
 		return fmt.Errorf("list blobs: %w", err)
 	}
+	present := map[Digest]bool{} // blobs that stay: their hints stay too
 	for _, o := range blobs {
 		d := Digest("sha256:" + strings.TrimPrefix(o.Key, blobPrefix))
+		present[d] = true
 		switch {
 		case d.Validate() != nil || refs[d]:
 			continue
@@ -192,8 +194,9 @@ func (r *Repo) sweep(ctx context.Context, now, start time.Time, opt GCOptions, r
 				return fmt.Errorf("delete blob %s: %w", d, err)
 			}
 		}
+		delete(present, d)
 		st.Deleted = append(st.Deleted, d)
 		st.Freed += o.Size
 	}
-	return nil
+	return r.sweepHints(ctx, present, opt.DryRun)
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/storage/blob"
 )
 
@@ -208,4 +209,62 @@ func tableFrom(sources []blob.Blob, l Layer) (*blob.ChunkTable, error) {
 		errs = append(errs, err)
 	}
 	return nil, fmt.Errorf("chunk table of layer %s: no source has it: %w", l.Digest, errors.Join(errs...))
+}
+
+// CheckLayer reads all of layer l from the repository and checks every
+// chunk against its table and the whole against its digest (a scrub: the
+// error names the layer and the first bad chunk).
+func CheckLayer(ctx context.Context, r Repository, l Layer) error {
+	tab, err := ReadChunkTable(ctx, r, l)
+	if err != nil {
+		return fmt.Errorf("check layer %s: %w", l.Digest, err)
+	}
+	v := blob.NewVerified(tab, string(l.Digest), NewSource(ctx, r, l.Blob))
+	h := sha256.New()
+	buf := make([]byte, tab.ChunkSize*8)
+	for off := int64(0); off < l.Size; off += int64(len(buf)) {
+		n, err := v.ReadAt(buf[:min(int64(len(buf)), l.Size-off)], off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("check layer %s: %w", l.Digest, err)
+		}
+		h.Write(buf[:n])
+	}
+	if got := FromHash(h.Sum(nil)); got != l.Digest {
+		return fmt.Errorf("check layer %s: its chunks verify but the whole is %s: %w", l.Digest, got, ErrDigestMismatch)
+	}
+	return nil
+}
+
+// FetchLayer copies layer l whole into path (atomically: the file appears
+// complete or not at all), read through src (a layer opened with OpenLayer,
+// so every chunk is verified), and checks the whole against its digest. A
+// node keeps a hot layer local this way, and serves it to peers after.
+func FetchLayer(ctx context.Context, src io.ReaderAt, l Layer, path string) error {
+	f, err := atomicfile.Create(path, 0o640)
+	if err != nil {
+		return fmt.Errorf("fetch layer %s: %w", l.Digest, err)
+	}
+	defer f.Abort()
+	h := sha256.New()
+	buf := make([]byte, 4<<20)
+	for off := int64(0); off < l.Size; off += int64(len(buf)) {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("fetch layer %s: %w", l.Digest, err)
+		}
+		n, err := src.ReadAt(buf[:min(int64(len(buf)), l.Size-off)], off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("fetch layer %s: %w", l.Digest, err)
+		}
+		h.Write(buf[:n])
+		if _, err := f.Write(buf[:n]); err != nil {
+			return fmt.Errorf("fetch layer %s: %w", l.Digest, err)
+		}
+	}
+	if got := FromHash(h.Sum(nil)); got != l.Digest {
+		return fmt.Errorf("fetch layer %s: the copy is %s: %w", l.Digest, got, ErrDigestMismatch)
+	}
+	if err := f.Commit(); err != nil {
+		return fmt.Errorf("fetch layer %s: %w", l.Digest, err)
+	}
+	return nil
 }

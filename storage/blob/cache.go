@@ -16,6 +16,9 @@ type CacheOptions struct {
 	// Record keeps the order in which blocks were first read (Touched): the
 	// working set of a restore, to prefetch on the next one.
 	Record bool
+	// Budget, when set, is a limit shared with other caches, on top of
+	// Capacity.
+	Budget *Budget
 }
 
 // Cache is an LRU block cache in front of a slow blob. A miss fetches one
@@ -35,6 +38,7 @@ type Cache struct {
 	record   bool
 	seen     []uint64 // bitset of blocks read (Record)
 	touched  []int64  // blocks in the order of their first read (Record)
+	budget   *Budget
 
 	hits, misses, fetches atomic.Int64
 }
@@ -42,6 +46,7 @@ type Cache struct {
 type entry struct {
 	blk  int64
 	data []byte
+	item *list.Element // in the budget's LRU (guarded by Budget.mu)
 }
 
 type fetch struct {
@@ -62,7 +67,8 @@ func NewCache(b Blob, opt CacheOptions) *Cache {
 		opt.ReadAhead = 8
 	}
 	c := &Cache{b: b, bs: opt.BlockSize, maxBlk: int(max(opt.Capacity/opt.BlockSize, 1)), ra: opt.ReadAhead,
-		blocks: map[int64]*list.Element{}, lru: list.New(), inflight: map[int64]*fetch{}, lastMiss: -2, record: opt.Record}
+		blocks: map[int64]*list.Element{}, lru: list.New(), inflight: map[int64]*fetch{}, lastMiss: -2, record: opt.Record,
+		budget: opt.Budget}
 	if opt.Record {
 		c.seen = make([]uint64, ((b.Size()+opt.BlockSize-1)/opt.BlockSize+63)/64)
 	}
@@ -99,7 +105,20 @@ func (c *Cache) Source() Blob { return c.b }
 
 func (c *Cache) Size() int64  { return c.b.Size() }
 func (c *Cache) Name() string { return c.b.Name() }
-func (c *Cache) Close() error { return c.b.Close() }
+
+// Close drops the cached blocks (giving their room back to the budget) and
+// closes the source.
+func (c *Cache) Close() error {
+	c.mu.Lock()
+	var all []*entry
+	for _, el := range c.blocks {
+		all = append(all, el.Value.(*entry))
+	}
+	c.blocks, c.lru = map[int64]*list.Element{}, list.New()
+	c.mu.Unlock()
+	c.settle(nil, all)
+	return c.b.Close()
+}
 
 // ReadAt serves p from cached blocks, fetching the missing ones.
 func (c *Cache) ReadAt(p []byte, off int64) (int, error) {
@@ -136,9 +155,13 @@ func (c *Cache) block(blk int64) ([]byte, error) {
 	c.recordLocked(blk)
 	if el, ok := c.blocks[blk]; ok {
 		c.lru.MoveToFront(el)
+		e := el.Value.(*entry)
 		c.mu.Unlock()
 		c.hits.Add(1)
-		return el.Value.(*entry).data, nil
+		if c.budget != nil {
+			c.budget.touch(e)
+		}
+		return e.data, nil
 	}
 	if f, ok := c.inflight[blk]; ok {
 		c.mu.Unlock()
@@ -193,6 +216,7 @@ func (c *Cache) run(f *fetch, blk, n int64) {
 	if _, err := c.b.ReadAt(buf, start); err != nil && !(err == io.EOF && len(buf) > 0) {
 		f.err = fmt.Errorf("fetch blocks [%d,+%d) of %s: %w", blk, n, c.b.Name(), err)
 	}
+	var added, dropped []*entry
 	c.mu.Lock()
 	for k := int64(0); k < n; k++ {
 		delete(c.inflight, blk+k)
@@ -201,13 +225,17 @@ func (c *Cache) run(f *fetch, blk, n int64) {
 		}
 		d := buf[k*c.bs : min((k+1)*c.bs, int64(len(buf)))]
 		f.data[blk+k] = d
-		c.blocks[blk+k] = c.lru.PushFront(&entry{blk: blk + k, data: d})
+		e := &entry{blk: blk + k, data: d}
+		c.blocks[blk+k] = c.lru.PushFront(e)
+		added = append(added, e)
 	}
 	for c.lru.Len() > c.maxBlk {
 		el := c.lru.Back()
 		c.lru.Remove(el)
 		delete(c.blocks, el.Value.(*entry).blk)
+		dropped = append(dropped, el.Value.(*entry))
 	}
 	c.mu.Unlock()
 	close(f.done)
+	c.settle(added, dropped)
 }

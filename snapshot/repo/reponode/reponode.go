@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -36,6 +37,7 @@ type Node struct {
 	Held *peer.Index
 
 	cfg    config.Repository
+	budget *blob.Budget // the block cache of every remote layer opened here
 	lis    net.Listener
 	srv    *http.Server
 	wg     sync.WaitGroup
@@ -69,7 +71,7 @@ func Open(ctx context.Context, c config.Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open snapshot repository: %w", err)
 	}
-	return &Node{Repo: r, Uploads: u, Held: peer.NewIndex(), cfg: rc,
+	return &Node{Repo: r, Uploads: u, Held: peer.NewIndex(), cfg: rc, budget: blob.NewBudget(int64(rc.CacheMiB) << 20),
 		Peers: &peer.Client{Peers: rc.Peers, Token: rc.PeerToken}}, nil
 }
 
@@ -130,11 +132,68 @@ func (n *Node) Commit(ctx context.Context, j upload.Job) error { return n.Upload
 func (n *Node) Status(name string) (upload.Status, bool) { return n.Uploads.Status(name) }
 
 // OpenLayer opens a layer of a manifest for lazy, verified reads: from the
-// peers that hold it, then the store, through a block cache of the
-// configured size.
+// peers that hold it, then the store, through a block cache whose size limit
+// (cache_mib) all the layers opened here share. Close it when done.
 func (n *Node) OpenLayer(ctx context.Context, l repo.Layer) (*blob.Cache, error) {
-	return n.Peers.OpenLayer(ctx, n.Repo, l, blob.CacheOptions{Capacity: int64(n.cfg.CacheMiB) << 20})
+	return n.Peers.OpenLayer(ctx, n.Repo, l, n.cacheOptions(false))
 }
+
+func (n *Node) cacheOptions(record bool) blob.CacheOptions {
+	// The block size is the layer's chunk size (from its table).
+	return blob.CacheOptions{Capacity: int64(n.cfg.CacheMiB) << 20, Budget: n.budget, Record: record}
+}
+
+// CacheUsed is the bytes the block cache of remote layers holds now.
+func (n *Node) CacheUsed() int64 { return n.budget.Used() }
+
+// Fetch keeps layer l local: it is copied whole (peers first, verified)
+// into dir/<hex> unless that file exists, and then served to peers. It
+// returns the file's path.
+func (n *Node) Fetch(ctx context.Context, l repo.Layer, dir string) (string, error) {
+	path := filepath.Join(dir, l.Digest.Hex())
+	if st, err := os.Stat(path); err == nil && st.Size() == l.Size {
+		n.Held.Add(l.Digest, path)
+		return path, nil
+	}
+	c, err := n.OpenLayer(ctx, l)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	if err := repo.FetchLayer(ctx, c, l, path); err != nil {
+		return "", err
+	}
+	n.Held.Add(l.Digest, path)
+	return path, nil
+}
+
+// OpenRecorded opens a layer like OpenLayer, recording the order of the
+// blocks read (for RecordWorkingSet after a restore's first moments).
+func (n *Node) OpenRecorded(ctx context.Context, l repo.Layer) (*blob.Cache, error) {
+	return n.Peers.OpenLayer(ctx, n.Repo, l, n.cacheOptions(true))
+}
+
+// RecordWorkingSet stores the blocks c has read so far as l's working-set
+// hint, for the next restore from l on any node.
+func (n *Node) RecordWorkingSet(ctx context.Context, l repo.Layer, c *blob.Cache) error {
+	return n.Repo.PutWorkingSet(ctx, l, c.BlockSize(), c.Touched())
+}
+
+// Prefetch fetches l's recorded working set into c (no hint: nothing to
+// do), with a few requests at once; run it beside the restore.
+func (n *Node) Prefetch(ctx context.Context, l repo.Layer, c *blob.Cache) error {
+	blocks, err := n.Repo.WorkingSet(ctx, l, c.BlockSize())
+	if errors.Is(err, repo.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return c.Prefetch(ctx, blocks, prefetchWorkers)
+}
+
+// prefetchWorkers is the number of requests a prefetch keeps in flight.
+const prefetchWorkers = 4
 
 // GC collects unreferenced blobs older than the configured grace period.
 func (n *Node) GC(ctx context.Context) (repo.GCStats, error) {

@@ -103,6 +103,63 @@ func TestTwoNodesShareABucket(t *testing.T) {
 	if fetched := read(); len(fetched) != 2 || fetched[0] != int64(len(want)) || fetched[1] != 0 {
 		t.Fatalf("with A serving the layer, fetched %v: want all from A", fetched)
 	}
+	// A restore on B records what it read; the next one prefetches it and
+	// then reads without a miss.
+	rec, err := b.OpenRecorded(ctx, mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offsets := []int64{200000, 5, 70000, 140000}
+	for _, off := range offsets {
+		if _, err := rec.ReadAt(make([]byte, 10), off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.RecordWorkingSet(ctx, mem, rec); err != nil {
+		t.Fatal(err)
+	}
+	next, err := b.OpenLayer(ctx, mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Prefetch(ctx, mem, next); err != nil {
+		t.Fatal(err)
+	}
+	for _, off := range offsets {
+		got := make([]byte, 10)
+		if _, err := next.ReadAt(got, off); err != nil || !bytes.Equal(got, want[off:off+10]) {
+			t.Fatalf("read at %d after prefetch: %v", off, err)
+		}
+	}
+	if _, misses, _ := next.Stats(); misses != 0 {
+		t.Fatalf("%d misses after prefetching the recorded working set", misses)
+	}
+	if used := b.CacheUsed(); used == 0 || used > 2*int64(len(want))+2*64<<10 {
+		t.Fatalf("the node's block cache holds %d bytes with two layers open", used)
+	}
+	rec.Close()
+	next.Close()
+	if used := b.CacheUsed(); used != 0 {
+		t.Fatalf("the node's block cache holds %d bytes with no layer open", used)
+	}
+	// B keeps the layer local and serves it in turn: C reads it from B.
+	local, err := b.Fetch(ctx, mem, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(local); !bytes.Equal(got, want) {
+		t.Fatal("the fetched layer differs")
+	}
+	cNode, err := Open(ctx, nodeCfg("http://"+b.PeerAddr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cNode.Close()
+	a.Held.Remove(mem.Digest)
+	srcs := cNode.Peers.Sources(ctx, mem.Blob)
+	if len(srcs) != 1 {
+		t.Fatalf("C sees %d peers holding the layer, want B", len(srcs))
+	}
 	// GC on B keeps what A's manifest references.
 	if st, err := b.Repo.GC(ctx, repo.GCOptions{}); err != nil || len(st.Deleted) != 0 || st.Referenced != len(m.Blobs()) {
 		t.Fatalf("gc: %+v, %v", st, err)

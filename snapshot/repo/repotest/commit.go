@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -262,13 +263,23 @@ func testCommitWaitsForGC(t *testing.T, b repo.Backend) {
 	}
 }
 
-// testGCRace commits manifests that reuse an old unreferenced blob while GC
-// runs with no grace period: each commit either fails (the blob was
-// collected first) or its manifest's blobs are all present afterwards.
+// testGCRace commits manifests that each reuse an old blob while GC runs in
+// a loop. The old blobs are held by leases of the test until their round,
+// which drops the lease right before the commit: from then on GC may
+// collect the blob (its grace period protects only the blobs each round
+// uploads fresh). Each commit either fails (the blob was collected first) or
+// its manifest's blobs are all present afterwards.
 func testGCRace(t *testing.T, b repo.Backend) {
 	ctx := ctxT(t)
 	r := repo.New(b, repo.Options{PollInterval: 5 * time.Millisecond})
-	const rounds = 12
+	const rounds = 10
+	const grace = 2 * time.Second
+	var shared []repo.Blob
+	for i := range rounds {
+		shared = append(shared, PutRandom(t, r, 5000+uint64(i), 2000))
+		putLease(t, b, fmt.Sprintf("leases/test-%d", i), shared[i].Digest)
+	}
+	time.Sleep(grace + 100*time.Millisecond) // the shared blobs are past the grace period
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	var gcErr error
@@ -281,18 +292,22 @@ func testGCRace(t *testing.T, b repo.Backend) {
 				return
 			default:
 			}
-			if _, err := r.GC(ctx, repo.GCOptions{}); err != nil {
+			if _, err := r.GC(ctx, repo.GCOptions{Grace: grace}); err != nil {
 				gcErr = err
 				return
 			}
+			// A gap between runs lets some commits land between them, and
+			// others meet a run: both paths get exercised.
+			time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
 		}
 	}()
 	committed := 0
 	for i := range rounds {
 		m := NewManifest(t, r, fmt.Sprintf("race-%d", i), uint64(100+i))
-		// The shared layer: unreferenced until this commit lands.
-		shared := PutRandom(t, r, 5000+uint64(i), 2000)
-		m.Rootfs[0].Blob = shared
+		m.Rootfs[0].Blob = shared[i] // unreferenced until this commit lands
+		if err := b.Delete(ctx, fmt.Sprintf("leases/test-%d", i)); err != nil {
+			t.Fatal(err)
+		}
 		err := r.Commit(ctx, m)
 		if err != nil && !errors.Is(err, repo.ErrMissingBlob) {
 			t.Fatalf("commit %d: %v", i, err)
@@ -325,4 +340,56 @@ func testGCRace(t *testing.T, b repo.Backend) {
 		}
 	}
 	t.Logf("%d of %d commits landed while gc ran", committed, rounds)
+}
+
+// testWorkingSets: a layer's working-set hint reads back, a damaged one is
+// refused, and GC keeps the hints of kept layers and drops the others'.
+func testWorkingSets(t *testing.T, b repo.Backend) {
+	ctx := ctxT(t)
+	r := repo.New(b, repo.Options{})
+	keep := NewManifest(t, r, "keep", 20)
+	drop := NewManifest(t, r, "drop", 21)
+	for _, m := range []*repo.Manifest{keep, drop} {
+		if err := r.Commit(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kl, dl := keep.Memory[0], drop.Memory[0] // 4096 bytes: 4 blocks of 1 KiB
+	want := []int64{2, 0, 3}
+	for _, l := range []repo.Layer{kl, dl} {
+		if err := r.PutWorkingSet(ctx, l, 1024, want); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := r.WorkingSet(ctx, kl, 1024); err != nil || !slices.Equal(got, want) {
+		t.Fatalf("working set read back: %v, %v", got, err)
+	}
+	if _, err := r.WorkingSet(ctx, kl, 2048); !errors.Is(err, repo.ErrInvalid) {
+		t.Fatalf("working set read with another block size: %v", err)
+	}
+	if err := r.PutWorkingSet(ctx, kl, 1024, []int64{9}); !errors.Is(err, repo.ErrInvalid) {
+		t.Fatalf("a working set past the layer's end: %v", err)
+	}
+	if _, err := r.WorkingSet(ctx, keep.Rootfs[0], 1024); !errors.Is(err, repo.ErrNotFound) {
+		t.Fatalf("a layer without a hint: %v", err)
+	}
+	if err := r.DeleteManifest(ctx, "drop"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.GC(ctx, repo.GCOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.WorkingSet(ctx, kl, 1024); err != nil {
+		t.Fatalf("gc dropped the hint of a kept layer: %v", err)
+	}
+	if _, err := r.WorkingSet(ctx, dl, 1024); !errors.Is(err, repo.ErrNotFound) {
+		t.Fatalf("gc kept the hint of a collected layer: %v", err)
+	}
+	garbage := []byte("AENVWS01\x00\x00\x04\x00\xff\xff\xff\xff")
+	if err := b.Put(ctx, "hints/workingset/"+kl.Digest.Hex(), bytes.NewReader(garbage), int64(len(garbage)), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.WorkingSet(ctx, kl, 1024); !errors.Is(err, repo.ErrInvalid) {
+		t.Fatalf("a damaged hint: %v", err)
+	}
 }

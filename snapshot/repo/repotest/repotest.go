@@ -7,6 +7,7 @@ package repotest
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"math/rand/v2"
@@ -43,6 +44,7 @@ func Run(t *testing.T, f Factory) {
 		{"GCHonoursLeases", testGCLeases},
 		{"CommitWaitsForGC", testCommitWaitsForGC},
 		{"GCNeverRacesCommits", testGCRace},
+		{"WorkingSetHints", testWorkingSets},
 	}
 	for _, c := range checks {
 		t.Run(c.name, func(t *testing.T) {
@@ -60,11 +62,10 @@ func ctxT(t *testing.T) context.Context {
 
 // Random returns n deterministic pseudo-random bytes of stream seed.
 func Random(seed uint64, n int) []byte {
-	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], seed)
 	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
+	_, _ = rand.NewChaCha8(key).Read(b)
 	return b
 }
 

@@ -181,7 +181,9 @@ func (b *Backend) Put(ctx context.Context, key string, r io.Reader, size int64, 
 	staging := b.key(stagingPrefix + randomID())
 	// The staging object goes in every case (after the copy too); one a
 	// failed removal leaves is GC's (CleanStale).
-	defer b.c.RemoveObject(context.WithoutCancel(ctx), b.bucket, staging, minio.RemoveObjectOptions{}) //nolint:errcheck
+	defer func() {
+		_ = b.c.RemoveObject(context.WithoutCancel(ctx), b.bucket, staging, minio.RemoveObjectOptions{})
+	}()
 	info, err := b.c.PutObject(ctx, b.bucket, staging, r, size, opts)
 	if err != nil {
 		return fmt.Errorf("put %s (staging): %w", key, err)

@@ -14,6 +14,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -194,18 +195,8 @@ func (u *Uploader) List() []Status {
 	for _, rec := range u.q.recs {
 		out = append(out, rec.Status)
 	}
-	slices.SortFunc(out, func(a, b Status) int { return cmpString(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.Name, b.Name) })
 	return out
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Forget drops a job that is uploaded or failed (its record only).
