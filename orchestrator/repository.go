@@ -24,6 +24,7 @@ import (
 type Uploads interface {
 	Commit(ctx context.Context, j upload.Job) error
 	Status(name string) (upload.Status, bool)
+	Forget(name string) error
 }
 
 // ManifestOfPause names the repository manifest of the pause that made the
@@ -102,7 +103,8 @@ func stage(j *upload.Job, dir string) error {
 }
 
 // dropFinishedStaging removes the staged links of the sandbox's earlier
-// pauses whose upload is over (uploaded, failed, or unknown to the queue).
+// pauses whose upload is over (uploaded, failed, or unknown to the queue),
+// and their records in the queue (the repository keeps what was uploaded).
 func (o *Orchestrator) dropFinishedStaging(rec Record) {
 	dirs, _ := filepath.Glob(filepath.Join(rec.Dir, "upload-*"))
 	for _, d := range dirs {
@@ -110,9 +112,13 @@ func (o *Orchestrator) dropFinishedStaging(rec Record) {
 		if _, err := fmt.Sscanf(filepath.Base(d), "upload-%d", &gen); err != nil || gen == rec.Gen {
 			continue
 		}
-		st, ok := o.cfg.Repository.Status(ManifestOfPause(rec.ID, gen))
+		name := ManifestOfPause(rec.ID, gen)
+		st, ok := o.cfg.Repository.Status(name)
 		if ok && (st.State == upload.Pending || st.State == upload.Uploading) {
 			continue
+		}
+		if ok {
+			_ = o.cfg.Repository.Forget(name)
 		}
 		_ = os.RemoveAll(d)
 	}

@@ -215,6 +215,11 @@ func (o *Orchestrator) DeleteSnapshot(idOrName string) error {
 	if err := os.RemoveAll(r.Dir); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", r.ID, err)
 	}
+	if o.cfg.Repository != nil {
+		// Its record in the upload queue goes (one still uploading fails
+		// on its own: the files are gone); what the repository holds stays.
+		_ = o.cfg.Repository.Forget(ManifestOfSnapshot(r.ID))
+	}
 	o.log.Info("snapshot deleted", "snapshot", r.ID)
 	return nil
 }

@@ -128,6 +128,10 @@ func (n *Node) Close() error {
 // returns); Status says how far it got.
 func (n *Node) Commit(ctx context.Context, j upload.Job) error { return n.Uploads.Enqueue(ctx, j) }
 
+// Forget drops an upload's record from the queue (a job that ended, or one
+// whose files are gone).
+func (n *Node) Forget(name string) error { return n.Uploads.Forget(name) }
+
 // Status is the upload status of a manifest name.
 func (n *Node) Status(name string) (upload.Status, bool) { return n.Uploads.Status(name) }
 
