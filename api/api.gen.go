@@ -280,14 +280,17 @@ type NewSnapshot struct {
 
 // Node defines model for Node.
 type Node struct {
-	AllocatedCPU      int32    `json:"allocatedCPU"`
-	AllocatedMemoryMB int64    `json:"allocatedMemoryMB"`
-	CpuCount          int32    `json:"cpuCount"`
-	CreateFailures    int64    `json:"createFailures"`
-	CreateSuccesses   int64    `json:"createSuccesses"`
-	DiskTotalMB       int64    `json:"diskTotalMB"`
-	DiskUsedMB        int64    `json:"diskUsedMB"`
-	LoadAverage1m     *float64 `json:"loadAverage1m,omitempty"`
+	AllocatedCPU      int32 `json:"allocatedCPU"`
+	AllocatedMemoryMB int64 `json:"allocatedMemoryMB"`
+	CpuCount          int32 `json:"cpuCount"`
+	CreateFailures    int64 `json:"createFailures"`
+	CreateSuccesses   int64 `json:"createSuccesses"`
+	DiskTotalMB       int64 `json:"diskTotalMB"`
+	DiskUsedMB        int64 `json:"diskUsedMB"`
+
+	// Disks where the node's root disks live and how its VMs reach them
+	Disks         *NodeDisks `json:"disks,omitempty"`
+	LoadAverage1m *float64   `json:"loadAverage1m,omitempty"`
 
 	// Memory how restored VMs get their memory images, and how many distinct images running VMs map
 	Memory        *NodeMemory   `json:"memory,omitempty"`
@@ -302,6 +305,15 @@ type Node struct {
 
 // NodeStatus defines model for Node.Status.
 type NodeStatus string
+
+// NodeDisks where the node's root disks live and how its VMs reach them
+type NodeDisks struct {
+	// Backend storaged (layered images) or files
+	Backend string `json:"backend"`
+
+	// Transport ublk or nbd (kernel block devices), nbd-socket (NBD straight to the VMM), file
+	Transport string `json:"transport"`
+}
 
 // NodeMemory how restored VMs get their memory images, and how many distinct images running VMs map
 type NodeMemory struct {
@@ -2158,71 +2170,73 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fxtb9u4k/8qhO6AbQElTpO94s7FvUjT9hq06QZ1GuyhLba0NLa5kUiVpOL4gnz3Ax/0TMmSI7e7f+yr",
-	"OJZIzjNnOD/63gtYnDAKVApveu8lmOMYJHD9n8A0nLO781fqH0K9qZdgufJ8j+IYvGnpue9x+J4SDqE3",
-	"lTwF3xPBCmKsBspNol+WnNCl9/DwoF4WCaMC9CqvOWdcfQgYlUCl+oiTJCIBloTRyZ+CUU1NPuO/c1h4",
-	"U+/fJgXxE/NUTMxsepUQRMBJoibxph6mCOyzjDq9/MuUROF7tnxNJd9oGXCWAJfEUBfBLUTqA9A09qaf",
-	"vRDm6dLzPUIXzPO9NebU8z0z9Ve/zq3vxSAEXoJDEr4nJCTOB5LEICSO9dMF4zGW3tQLsYQD9chrrPNQ",
-	"1sDn0viCAN/yUhDJ5n9CINV6WggziWUqPgK2Aq8JwojI/kckxGKbLqqifcjXxZzjzY6yqTGazeBi6oxR",
-	"CoGcGSttcqSExFJZETGh8uRYCY1QEiuFH+UTEyphCcZ+GmvlRlxdImCh5q5qivA9xZFAcgXo7dXVJRJa",
-	"8J7fJKO+dJfIapLRS/udAnrD+M1HEGkkm5RDxlAPZ/OzSLDt/UwVThG+J0JC2KotHBHjsA1LCSICVJoo",
-	"1XyYpGcspW4tN8UbEnEzI/8HFy97DgAansq+Xqpevw2vgQtiXMwRLWLGN71Xj0HiEEsdFXEYEmVgOLqs",
-	"mnkjuNQlX4nzDkfEXMIgLpVBQ09jmOl3FVkQJxGW4CSjHt+Kd/3KNpTbQpnuTEslayhJuqL0jPaqplzO",
-	"8wHWHbYasfUfSk+cgvwDBwGIsi7mjEWAqZoGp5Jd4lRA+2PlonFfcZ7mA84YXZDM6K6x2dJ3N5JxTI2C",
-	"XDN+05OZD+btghMBQcpbRNVpP3452lejsYCA0dAZfrfsAi0W2WYtFCdixRyx1qRTLptvzmM3lKa9BVhC",
-	"eHb5qWfkyIdctESc5786xw2MpwEHLOENJlHKDa191tCDZql2m96jlBdfMYmj3ryoEZ8EhL0HRAyHp7fA",
-	"8RKexdVwyNJ5VIqFNI3nWYhW8t1m8EqvRhPFmGHMmDGD2KEsbPMWG1NB9CF8lr9sY38qyhkzBxxuVJjl",
-	"mFA1vytNvu3YFG/juA8Z1xcXDbe0LOZkFQuZaR1bQib2mkirBlYxnrK4/KozuhytaeANP/na4voXuTFV",
-	"Y9iKrREHIRmHEF1fCLQEqfJLwpFhApEYL0H4CNMQqbdjTDcoJEISGkj7FPGUKgXpGWKsiodqnDGvNZfP",
-	"5ykvhhYkAj1PAiGab8qz98x1bbDLDCnAwQoO1LSe780jFtwcwF3CuHRaFM8LGYdBOZioMZ+oz7jCUR+q",
-	"6/WJycItLX4mQUNCm5ZnZeeraiBRqULYM/hajnq+LZVp93q3xmO2jJ9Rl83Vxp9y1OYeFgSm0G5oK+Tk",
-	"FrjzUauOayTaKXy7ioswkzR11B/didqYxeTYNVDIYky0lGgaRVhtVPaUxlmfnOqwdMVuwO0922qY7nJi",
-	"W5rG8WJBghoNW+jeoTrYlt63pdPNQpkqwkKXVXTo9hVITKIhGtY1xbktKU47KoqfWg4PMrXBlfNjLTMi",
-	"Cwg2QdS3mHqfv/+zSvPH1kv/VPbDK3tL/hsr9/qJXpv3xPjORPlnR0elmP/MudduKUYR4GCFghWJQhSR",
-	"W3hsdWqo7mD2fdkzmhtfcQTRjDeMXhXcZKnaDYmiLCFwZGc18kpLlOfroPcCJCeBQz0Dy9MkVTn8ZVAd",
-	"sIgYlq5iLi8BBlaY/Wu4IbPHEA+YfHBPoTTkEyV3vZbp6ENUJ6t4bEkNBVclcZQEWdZBh31UI6H7gO43",
-	"Y7J5K6MtGuftCj3qMp1HJLgyaYrbI0Kgm4GTP2xl5VMS2tA7Giv9TijH5eYjLDiIVZOPMOVY2o27Pbae",
-	"PK8E12EJ9SzbvPKTiXrl4qoj7eBSkButjVR3ldagZ48Oz+mCPT7m6aOGQbu+2VHf441tDPdKfwZlSxTH",
-	"tcbiVhPmkDBBpPM8ZL0CDrrBJqzozDaK5rBhNERyRQSiLIQpwnMBVKL1CqgeoL5FK6weF4OLtV6gBGhI",
-	"6NJHaRIxXP4IIWIcLTCJIERP1kSuSgN1r+wpWjCOiBQoYHFMJJIMEek5Ty8qA93VL2NyIQapZUtCmNnZ",
-	"DqVbzZxLU2XareZzlUSvsMmasdWYdDnHlZ2opZgaalbzlEThEH/SA1okNi/66uW4o782gWeNiTSfsmPS",
-	"dijB/h19h/bnqP3MHcJAovdj99YlErymTpG15UjdhxOp3oMHSLSruMnsplftYrn0c5uu+kxBWFUlVQvs",
-	"8p5TNe9Hi8txnDt2SHnn8s5O2kWWhpC8IRF80hHWQRgHYUFDTcpSHm0nKZthKxnu3bfL/feBmYnYcvBG",
-	"mR2Sbl24AgFyNnN2DF0720jhJXkHR0ugItytqvsI31MQ8vqk48St1tKAhIPu2zS82vdSAcg0bWkaRdsi",
-	"c/dRQGeELIYe/2dbvHTbAB5qJRJw3KadbuHOJOby+rgp2gXjQcuhwYKz+Dxuw36pp+Vt3XXuH27O4rD9",
-	"WKv9IST9vTEjYiYh6VfmZCOsxWURtdXydkpPWsLNyLvnLjb0aC93bHRZ9qjp6XL1mYUM1sTMh7KhG5dv",
-	"salSm8bZbtXmm62cq6dNPjJ4C5GbmTI/Q/1pQt7B5jSVqxyEuwIc6maWheH+fnB6eX7wDjZFpMJ6lIHB",
-	"ErttVePb1QpQwKjkLEKnl+eILdA3rFKHb76qTRIsyTwCpIuY18cvfxHIaEa/LBiSKyztg9mrdwKtGb9B",
-	"KY1ZSBYEwsMv9PUt8I3B3CJMxRq4QN/uv2hg4hdvir6kR0cnQQkAqb8AH33JQIv6Le/w8PCL9/DtECkh",
-	"AJUWFzxFRg7oW87/t8MvVB80yUgJ4XQJVL7+cG1KOkX3k9fHLw8K7p6W4ABT7+jw2eGRPtBMgOKEeFPv",
-	"5PDo8ESfDsiV1sZkBTgyqliCjvbK0jQ956E39f4H5FvzRg3kfHz0a1MHuj4FfgscEYHSpGID3vTzV/X/",
-	"JNZHnaK0ZnWWS85ikCtIBbKvKmXmpeyTvOmBclqF0avyGRps0IoIyZYcx0LDA4Q0UIGEsUj4KMc2PD30",
-	"/Ca/F5a8BsNHNUy3hDs5SSLbHurEh7cyqOZAcKdLY8IoshumU26Ke9GqqfdEyA/6ja2Ed4PRe+0jGrbV",
-	"3D8arObnEubgbYEtNtc1d051gXnP2Z7cG+DLQ5elfsiwCY/gfjvTLibhETz6lUsKn50XE3LUT/9bCV+V",
-	"7Cqop1azmZXAPjVaqoymPDoAquJdiG7++xYlmHCB/mSEGkCMCnjHz/VdAm/qfU+Bbwoe8v5hJ9U/wnir",
-	"wOweVpwhaUQZF7aTpplw6ODMoKcsPUbJIORLFm7Gs90C3ftQ3b+VIT00xP5stJUryzr2C/MYrbFA9gRg",
-	"91iRK2hynx/NPZgdJgKTeldF/45EUVnw23a4GxJFuxLotwauVgqOxtaChWl062KkOOYaV7wyKc5Oa7Gq",
-	"rLtJYO681O9yDZu+1fGqF2r243m1RR6aF8b2oGeXhonUTmaD2QtkGzQI7iTQ0Fj1D3L8jBQDURvZ3yeL",
-	"DOgwusG8Yfxmv9ZSxmrsIVD32h9L16h6bI6MglZkJFEC3GA8fEQoYlxVM09wHuJ13WQKqKdj67xZVLRF",
-	"2SK/7851KLlDxVUKV0ajz2Uq6UwPOMEO6wANB67yQ9KoKnKlh6UIHCcRCGUStYwqr6cZBR9JfAMUUbZ+",
-	"gTAyjWz1AFFG4elfaXMqgdkeFWtSh8EaeEQVMrHfmFPFZfQKPi1nALDkIARKWESCDSJCRQNzyjSy1ycZ",
-	"fnn8UK+h0UNSQ4u4GJlDbuAlIPbDpUWv/JA9LUPKODMgh0DLecm4Is2wf2PIs9RXsTV5XcJqtf0KuAb1",
-	"dwr4h+R1e0roMuzFnpzA1t/Zdcb9FeDZCvtWUBld1VbqZUigJ6nA8wgQFqjoYCBGbTE+eqJWQpeNr8lZ",
-	"nuVl6La9RrRskV33SgHyEeItO0X72V7+lvucsZ7SlgBN7ad0vnuw/rPDuIjEpJpH5xLR0PNHINNbSYU7",
-	"aa5d/PTTyKq39siiM436iMIahEQLwoV8gX4/+AB38kCzpbv55hc5FKsowUsYwdQm9wUMrvNc7ZX+vhJS",
-	"tzmDmWr8s7VWGo5+SsDdX5OgglAc2CjIQn93MLnK3/oRjpEDJvr0mTLK1M41QtMpn29i2/aTe/2hs/9U",
-	"gZ7t097cGLcWw8tYQZgizYOJDfuzQ5yzv5sJTu6LRKRHkMnN5CcGmXYaxlf6Nj3vT7EVhMso2p1onIyY",
-	"3Fu8zMOkAOhtk3UJ39cvt4nYUvy2WKiky5lrHA2+krbfdGbIkvqH0MpL7vbrbo/OePoYcIE9bbFkbQy/",
-	"CI2iAY3giNgSgcFGogVnMSp0iRj9y1m875yswISN4zsa1TW5X2Gx6rUtvVHve3usO9swzg41r1cgV8Cr",
-	"F1TUP+Y3NtgCYXT22+X/IiEhQU8wkpgjzIMVuQU036DZ29OD4/94/tT8/oe9HcPstRU1Ufw3MQqlvWEW",
-	"0XperFhv6rpP8csCCfJASA44rqo7j1VzQjHfOC4E9G1R1YoY/csuu+dnt8dDsS3Xx/12iV4wlUYXJ2Bx",
-	"jA8EqAUkhNOsweHnvyDS0kCSO1XM/crXn1Nu1xTNuEQh4RBofNt8g3TXTDeffYQDzoTQ1al4gTDK+UJE",
-	"oFsckVDfL1OBwXQTbeM4xqGBcrYIVr/sZlHTp2+VmA0S6//0l65r3XV+Pr45QycnJ/+lGZgiRqNNAQtC",
-	"9iI/wlI3OxdSk9zVPoTwVL01zNo0rtX07YWS6hODWz29PM8v+qXBSsVSCfypj/oRrdYLZLRBc1gwDlsJ",
-	"f6lfG0h5UY4QfblQTdmgyOKAzFavgbmySLBdFJUe/92wZTnXLzL8b+UcR1/jjJU6OOhfIvEtXFpTUn51",
-	"Cwh1f4g1HVn/wayNsZX9LOjT3lT4D/hpf+Cn2+Ohx3ZWzf/KB3dloXQfNTj86i9ZAbb2utQuXCm59ubF",
-	"zttxvULycTP110LIko5HKPqkav1dG1VG//XJjxBQcTezv4hGpaJ5VW/70XCof8RBd5LM+YuP7HXYPAO3",
-	"iksg2FFr1Ust1atgn78+fH34/wAAAP//",
+	"7Fxtb9u4k/8qhO6ATQAlTpO94s7FvUjT9hq06QZ1GuyhLba0NLa5kUiVpOL4An/3Ax/0TMmSY7e7f+yr",
+	"OpVIzjNnhj/q0QtYnDAKVApv/OglmOMYJHD9l8A0nLKHy1fqD0K9sZdgufB8j+IYvHHpue9x+J4SDqE3",
+	"ljwF3xPBAmKsBspVol+WnNC5t16v1csiYVSAXuU154yrHwGjEqhUP3GSRCTAkjA6+lMwqqnJZ/x3DjNv",
+	"7P3bqCB+ZJ6KkZlNrxKCCDhJ1CTe2MMUgX2WUaeXf5mSKHzP5q+p5CstA84S4JIY6iK4h0j9AJrG3viz",
+	"F8I0nXu+R+iMeb63xJx6vmem/urXufW9GITAc3BIwveEhMT5QJIYhMSxfjpjPMbSG3shlnCkHnmNddZl",
+	"DXwujS8I8C0vBZFs+icEUq2nhTCRWKbiI2Ar8JogjIjsX0RCLDbpoiradb4u5hyvtpRNjdFsBhdTF4xS",
+	"COTEWGmTIyUklsqKiAmVZ6dKaISSWCn8JJ+YUAlzMPbTWCs34uoSAQs1d1VThO8pjgSSC0Bvb26ukdCC",
+	"9/wmGfWlu0RWk4xe2u8U0BvG7z6CSCPZpBwyhno4m59Fgk3vZ6pwivA9ERLCVm3hiBiHbVhKEBGg0kSp",
+	"5sMkvWApdWu5Kd6QiLsJ+T+4etlzANDwXPb1UvX6fXgLXBDjYo5oETO+6r16DBKHWOqoiMOQKAPD0XXV",
+	"zBvBpS75Spx3OCLmEgZxqQwaehrDRL+ryII4ibAEJxn1+Fa861e2odwWynRnWipZQ0nSFaVntFc15XKe",
+	"D7DssNWILf9QeuIU5B84CECUdTFlLAJM1TQ4lewapwLaHysXjfuK8zwfcMHojGRGd4vNlr69kezG1CjI",
+	"JeN3PZn5YN4uOBEQpLxFVJ3245ejfTUaCwgYDZ3hd8Mu0GKRbdZCcSIWzBFrTTrlsvnmPHZDadpbgCWE",
+	"F9efekaOfMhVS8R5/qtz3MB4GnDAEt5gEqXc0NpnDT1okmq36T1KefENkzjqzYsa8UlAOGjAxqxHqeiV",
+	"fnHtexHD4fk9cDyHZ3E1gLJ0GpWiJ03jaRbUlUb6LGN0V4wZxr4ZM0gAlIVt/mWjMPSSzyR/2e4WqSjn",
+	"2BxwuFKBmWNC1fyuxPq+Yxu9j+M+ZNxeXTUc2bKYk1UsZKZ1bCKZ2GsirZpkxdzK4vKr7utyzaZLNDzr",
+	"a0uweJWZbDXoLRfAQWegit9fBOKMSaTtG0XkHhCmIVqwJSJSoNsrgTjgYKEGKAlUo88UB3dAQ0dklUwZ",
+	"fogOIrwCDiEiMZ6DOESMoxmJNB/NQM0xFQnjjlCdTqM7NZZOQ3RwpzbXCE0jFtyhEO5JAOLQV8+OBAvu",
+	"QKKDDy9fISE5JvOFRJJpfm+vrg59vfrGKipjrExTm5yvcqetkqxkyEFJAkItyDlIRQfhyBiLlYmfSzzG",
+	"dKU0IQkNpH2KeEqVI+gZYpw0dGBeay6fz1NezMhezZNAiKar8uw9qxC7DWUOG+BgAUdWqFojR/BQk1eh",
+	"YZ6XmA7HdTBRYz5Rv3GFoz5U1ytHUx9ZWvxMgoaENi1PykGuqoFEJXFhz23RctTzbalCSK93azxmy/gZ",
+	"ddlcbfypgNjMLoLAtEAa2go5uQfufNSq4xqJdgrfruIizKSzHZVhdwq9yzJ/19VpyGJMtJRoGkVYJQS2",
+	"f+asHM91+L9hd+D2nk3VZXehtymB5ng2I0GNhg10b1G3bSq82gqdZguDKsJCl1V06PYVSEyiIRrW1d6l",
+	"LfbOO2q9n9qoGGRqg3saT7XMiMwgWAVR3zL3ff7+z2qaPLWS/afnMrznYsl/Y+Ve77W2eU+MH0yUf3Zy",
+	"Uor5z5x77YY2AdJ5cLAgUagT5af2DQzVHcy+L3tGc+MrmkPNeMPoTcFNlqrdkSjKEgJHdlYjr7REeb4O",
+	"eq9AchI41DOwcZCkqla6DqoDZhHD0lU056XWwNq/f608ZPYY4gGTDz7tKQ35RMlDr2U6Toiqk1U8tqSG",
+	"gquSOEqCLOugwz6qkdDdOv3NmGx+yNQWjfODJD3qOp1GJLgxaYrbI0Kgq4GTrzey8ikJbejdGSv9ese7",
+	"5eYjzDiIRZOPMOVY2o27PbaePa8E12EJ9STbvPIOUL1ycdWRdnApyO3sgK/uKq1BzzZ1L+mMPT3m6ZbO",
+	"oF3f7Kjv8coe2fdKfwZlSxTHtSPfjSbMIWGCSGc/pGg8CSs6s42iKawYDZFcEKF7UmOEpwKoRMsF0LxT",
+	"hRZYPS4GF2u9QAnQkNC5j9IkYrj8E0LdcsIkghAdLIlclAbqU8xDNGNcd7sCFsdEt4uI9Jzdi8pAd/XL",
+	"mJyJQWrZkBBmdrZF6VYz59JUmXar+Vwl0StssmZsNSZdznFjJ2oppoaa1TQlUTjEn/SAFolNC8RDOe7o",
+	"/zaBZ4mJNL+ydnQ7yGP/jr7FwfROT5q3CAOJ3o/dW5dI8JI6RdaWI3U3J1K9Bw+QaFdxk9lNr9rFcunn",
+	"Nl31mYKwqkqqFtjlPedq3o8WMeXoO3ZIeevyzk7aRZYG97whEXzSEdZBGAdh4VxNylIebSYpm2EjGe7d",
+	"t8v994Fmith88EaZNUk3LlwBZzkPzbYMXVvbSOEl+UmZlkBFuBtV9xG+pyDk7VlHx612pAEJB30+1vBq",
+	"30sFIHOcTtMo2hSZu1sBnRGyGHr6n23x0m0DeKiVSMBxm3a6hTuRmMvb06ZoZ4wHLU2DGWfxZdyGylNP",
+	"y9u6q+8fri7isL2t1f4Qkv7emBExkZD0K3OyEdbisojaanlbpSct4WbHu+c2NvRkL3dsdFn2qOnpcvWJ",
+	"BXPWxMyHsqEPLt9iU6U2jbPdqs3/bORcPW3ykQGPiFxNlPkZ6s8T8g5W56lc5PDoBeBQH2ZZgPTvR+fX",
+	"l0fvYFVEKqxHGYAysdtWNb7dLAAFjErOInR+fYnYDH3DKnX45qvaJMGSTCNAuoh5ffryF4GMZvTLgiG5",
+	"wNI+mLx6J9CS8TuU0piFZEYgPP5CX98DXxk0NMJULIEL9O3xi4aMfvHG6Et6cnIWlKCp+j/AR18yOKl+",
+	"yzs+Pv7irb8dIyUEoNIitsfIyAF9y/n/dvyF6kaTjJQQzudA5esPt6akU3QfvD59eVRwd1iCXYy9k+Nn",
+	"xye6oZkAxQnxxt7Z8cnxme4OyIXWxmgBODKqmIOO9srSND2XoTf2/gfkW/NGDX5+evJrUwe6PgV+DxwR",
+	"gdKkYgPe+PNX9fco1q1OUVqzOss1ZzHIBaQC2VeVMvNS9iA/9EA5rcLoVfkMDVZoQYRkc45joeEBQhqo",
+	"QMJYJHyUY0gOjz2/ye+VJa/B8EkNbS/hQY6SyB4PdSL3WxlUcyB40KUxYRTZDdMpN8W9aNXUeyLkB/3G",
+	"RsK7rwn02kc0oK65fzRYzfsSpvE2wxY17Zo7p7q4jZCzPXo0AKN1l6V+yLAJT+B+M9MuJuEJPPqV6yOf",
+	"nVdGcnRV//siX5XsKuiyVrOZlEBVNVpqQCIeHQFV8S5Ed/99jxJMuEB/MkINIEYFvNPn+paHN/a+p8BX",
+	"BQ/5+WEn1T/CeKuQ+R5WnCFpRBl/t5WmmXDo4MKg1Cw9Rskg5EsWrnZnuwXuel3dv5UhrRtif7azlSvL",
+	"OvYL8xgtsUC2A7B9rMgVNHrMW3Nrs8NEYFLvqujfkSgqC37TDndHomhbAv3WwNVKwcmutWBhGt262FEc",
+	"c40rXhkVvdNarCrrbhSY20j1W3bDpm91vOpVp/14Xm2RdfMq3x707NIwkdrJbDB7gewBDYIHCTQ0Vv2D",
+	"HD8jxUDUduzvo1kGdNi5wbxh/G6/1lLGauwhUPfaH0sX3HpsjoyCVmQkUQLcYDx8RChiXFUzBzgP8bpu",
+	"MgXU4a513iwq2qJskd935zqUPKDikosro9F9mUo60wNOsMU6Bkw9ZJUfkkZVkSs9LEXgOIlAKJOoZVR5",
+	"Pc0o+EjiO6CIsuULhJE5yFYPEGUUDv9Km1MJzPakWJM6DNbAI6qQif3GnCouo1fwaekBwJyDEChhEQlW",
+	"iAgVDUyXacden2T45d2Heg2NHpIaWsTFjjnkBl4CYj9cWvTKD9nTMqSMMwNyCLScl+xWpBn2bxfyLJ2r",
+	"2Jq8LmG12n4FXIP6OwX8Q/K6PSV0GfZiT05g6+/soun+CvBshX0rqIyuaiv1MiTQQSrwNAKEBSpOMBCj",
+	"thjfeaJWQpftXpOTPMvL0G17jWjZItvulQLkE8Rbdor23l7+lrvPWE9pS4Cm9i6d7x6s/9liXERiUs2j",
+	"c4lo6PkTkOmtpMKDNNcufno3suqtPbLoTKM+orAEIdGMcCFfoN+PPsCDPNJs6dN8860UxSpK8Bx2YGqj",
+	"xwIG19lXe6X/vxJSNzmDmWr3vbVWGk5+SsDd3yFBBaE48KAgC/3dweQmf+tHOEYOmOhzzpRRpnauHRw6",
+	"5fON7LH96FH/6Dx/qkDP9mlvboxbi+FlrCBMkebBxIb92SHO2d/OBEePRSLSI8jkZvITg0w7DbtX+iY9",
+	"70+xFYTLTrQ70jgZMXq0eJn1qADobZJ1Cd/XL7eJ2Fz8NpuppMuZa5wMvpK233RmyJL6E3XlJbf77t6T",
+	"M54+BlxgT1ssWRvDL0KjaMwnNSI2R2CwkWjGWYwKXSJG/3IW7zsnKzBhu/EdjeoaPS6wWPTalt7YT4fs",
+	"re5swzg71LxcgFwAr15QUX+Yb2ywGcLo4rfr/0VCQoIOMJKYI8yDBbkHNF2hydvzo9P/eH5ovv9hb8cw",
+	"e23FfG/l72EUSnvDLKK1X6xYb+q6T/HLAgnySEgOOK6qO49VU0IxXzkuBPQ9omp+4+YpfaL706HYltvT",
+	"frtEL5hK4xQnYHGMjwSoBSSE4+yAw8+/INJygCS3qpj7la8/p9yuKZpxiULCIdD4tukK6VMzffjsIxxw",
+	"JoSuTsULhFHOFyIC3eOIhPp+mQoM5jTRHhzHODRQzhbB6pfdLGr69K0Ss0Fi/Zf+T9e17jo/H99coLOz",
+	"s//SDIwRo9GqgAUhe5EfYakPO2dSk9x1fAjhuXprmLVpXKs5txdKqgcGt3p+fZlf9EuDhYqlEvihj/oR",
+	"rdYLZLRCU5gxDhsJf6lfG0h5UY4QfblQTdmgyOKAzFavgbmySLBdFJUe/92wZTnXLzL8b6WPo69xxkod",
+	"HPSXSHwLl9aUlF/dAELdH2JNR9Z/MGu72Mp+FvRpbyr8B/y0P/DT/enQtp1V879y464slO5Wg8Ov/pIV",
+	"YOtZl9qFKyXX3rzYeTuuV0g+bab+WghZ0vEERZ9Vrb9ro8rovz37EQIq7mb2F9FOqWhe1dvcGg71Rxz0",
+	"SZLpv/jIXofNM3CruASCLbVWvdRSvQr2+ev66/r/AwAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

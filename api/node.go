@@ -25,6 +25,7 @@ func (s *Server) node() Node {
 		CreateSuccesses: st.CreateSuccesses, CreateFailures: st.CreateFailed,
 		Memory: &NodeMemory{Mode: NodeMemoryMode(st.MemoryMode), Reason: st.MemoryReason,
 			Images: int32(st.MemoryImages), Vms: int32(st.MemoryVMs)},
+		Disks: &NodeDisks{Backend: s.o.DiskBackend(), Transport: s.o.DiskTransport()},
 	}
 }
 

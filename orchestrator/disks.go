@@ -28,6 +28,9 @@ import (
 //     per sandbox, fsynced on seal.
 type diskBackend interface {
 	name() string
+	// transport names how VMs reach their disks (nbd-socket, nbd, ublk,
+	// file).
+	transport() string
 	// prepare gives a new sandbox rec its own disk from template t.
 	prepare(ctx context.Context, t *template.Template, rec *Record) error
 	// attach makes rec's disk available to a VM; a device it creates is
@@ -113,12 +116,21 @@ type daemonDisks struct {
 	log               *slog.Logger
 	warmed            map[string]bool // image configs given a warm pool; guarded by the orchestrator's matMu
 	o                 *Orchestrator
-	// kernelNBD attaches devices to /dev/nbdN too: for a VMM that opens
-	// disks by path (Firecracker), where the daemon can.
-	kernelNBD bool
+	// block, when set, also exports each disk as a kernel block device of
+	// that kind (rpc.BlockUblk, rpc.BlockNBD), for a VMM that opens disks by
+	// path (Firecracker); chosen once in New.
+	block string
 }
 
 func (d *daemonDisks) name() string { return "storaged" }
+
+// transport names how VMs reach their disks.
+func (d *daemonDisks) transport() string {
+	if d.block == "" {
+		return "nbd-socket"
+	}
+	return d.block
+}
 
 func (d *daemonDisks) prepare(_ context.Context, t *template.Template, rec *Record) error {
 	rec.RootfsImage = t.RootfsImage
@@ -126,7 +138,7 @@ func (d *daemonDisks) prepare(_ context.Context, t *template.Template, rec *Reco
 }
 
 func (d *daemonDisks) attach(ctx context.Context, rec Record) (vmm.Drive, device, error) {
-	dev, err := d.sd.Create(ctx, rpc.CreateParams{Image: rec.RootfsImage, Owner: rec.ID, Kernel: d.kernelNBD})
+	dev, err := d.sd.Create(ctx, rpc.CreateParams{Image: rec.RootfsImage, Owner: rec.ID, Block: d.block})
 	if errors.Is(err, rpc.ErrCapacity) {
 		return vmm.Drive{}, device{}, fmt.Errorf("rootfs device: %w: %w", err, ErrCapacity)
 	}
@@ -218,6 +230,8 @@ type fileDisks struct {
 }
 
 func (fileDisks) name() string { return "files" }
+
+func (fileDisks) transport() string { return "file" }
 
 func (f fileDisks) prepare(ctx context.Context, t *template.Template, rec *Record) error {
 	rec.Rootfs = filepath.Join(rec.Dir, "rootfs.ext4")

@@ -61,6 +61,7 @@ import (
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/daemon/client"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/prometheus/client_golang/prometheus"
@@ -247,14 +248,17 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 		dd := &daemonDisks{sd: opts.Storage, poolLow: opts.StoragePoolLow, poolHigh: opts.StoragePoolHigh,
 			log: o.log, warmed: map[string]bool{}, o: o}
 		if opts.Driver.Name() == "firecracker" {
-			f, err := opts.Storage.Features(ctx)
-			dd.kernelNBD = err == nil && f.KernelNBD
+			// A VMM that opens disks by path needs a kernel block device:
+			// ublk where the daemon can, kernel NBD next (rpc.ChooseBlock).
+			if f, err := opts.Storage.Features(ctx); err == nil {
+				dd.block = rpc.ChooseBlock(f)
+			}
 		}
 		o.disks = dd
 	} else {
 		o.disks = fileDisks{o: o}
 	}
-	o.log.Info("root disk backend", "backend", o.disks.name())
+	o.log.Info("root disk backend", "backend", o.disks.name(), "transport", o.DiskTransport())
 	for _, d := range []string{"sandboxes", "snapshots"} {
 		if err := os.MkdirAll(filepath.Join(opts.DataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("orchestrator: %w", err)
@@ -266,6 +270,15 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	o.log.Info("guest memory images", "mode", MemoryMode, "why", MemoryReason)
 	return o, nil
 }
+
+// DiskBackend names where root disks live: storaged (layered images) or
+// files.
+func (o *Orchestrator) DiskBackend() string { return o.disks.name() }
+
+// DiskTransport names how the node's VMs reach their root disks: a kernel
+// block device (ublk, nbd), NBD over the storage daemon's socket, or a
+// file.
+func (o *Orchestrator) DiskTransport() string { return o.disks.transport() }
 
 // Close waits for the background work (memory flattening, compaction) the
 // orchestrator started.

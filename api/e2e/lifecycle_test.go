@@ -115,6 +115,10 @@ func TestNodeMetricsNetworkHostRouting(t *testing.T) {
 			Running int `json:"running"`
 		} `json:"sandboxes"`
 		AllocatedMemoryMB int64 `json:"allocatedMemoryMB"`
+		Disks             struct {
+			Backend   string `json:"backend"`
+			Transport string `json:"transport"`
+		} `json:"disks"`
 	}
 	if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/nodes", n.key, ""), &nodes); err != nil || len(nodes) != 1 {
 		t.Fatalf("/nodes: %+v %v", nodes, err)
@@ -123,6 +127,10 @@ func TestNodeMetricsNetworkHostRouting(t *testing.T) {
 	if nd.Vmm.Driver != "qemu" || nd.Vmm.Accel == "" || nd.MemoryTotalMB <= 0 || nd.DiskTotalMB <= 0 ||
 		nd.Sandboxes.Running < 1 || nd.AllocatedMemoryMB < 256 || nd.CreateSuccesses < 1 {
 		t.Fatalf("/nodes snapshot: %+v", nd)
+	}
+	// QEMU takes its disks over NBD straight from storaged's socket.
+	if nd.Disks.Backend != "storaged" || nd.Disks.Transport != "nbd-socket" {
+		t.Fatalf("/nodes disks: %+v", nd.Disks)
 	}
 	n.expect(t, http.StatusOK, "GET", "/nodes/"+nd.NodeID, n.key, "")
 	n.expect(t, http.StatusNotFound, "GET", "/nodes/no-such-node", n.key, "")
