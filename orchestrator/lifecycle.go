@@ -155,6 +155,13 @@ func (o *Orchestrator) resumeAfterFailedPause(ctx context.Context, s *instance, 
 // reports which.
 func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Duration) (rec Record, resumed bool, err error) {
 	s, err := o.lockOp(id)
+	if errors.Is(err, ErrNotFound) && o.cfg.Remote != nil {
+		// Paused on another node sharing the repository?
+		if ierr := o.importPaused(ctx, id); ierr != nil && !errors.Is(ierr, ErrNotFound) {
+			return rec, false, ierr
+		}
+		s, err = o.lockOp(id)
+	}
 	if err != nil {
 		return rec, false, err
 	}

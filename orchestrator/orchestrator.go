@@ -163,6 +163,9 @@ type Options struct {
 	// Repository, when set, receives a commit of every pause and snapshot
 	// (repository.go); nil keeps them on this node only.
 	Repository Uploads
+	// Remote, when set, is the repository's read side: a connect to a
+	// sandbox paused on another node brings it here (import.go).
+	Remote Remote
 	// Groups, when set, confines every VMM in a control group of its own
 	// (named as the VM); groups no running sandbox owns are removed at start.
 	Groups sandbox.Groups

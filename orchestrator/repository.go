@@ -2,12 +2,14 @@ package orchestrator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/snapshot/repo"
 	"github.com/agentenv/agentenv/snapshot/repo/upload"
@@ -67,11 +69,41 @@ func (o *Orchestrator) commitPause(ctx context.Context, rec Record) {
 	}
 	name := ManifestOfPause(rec.ID, rec.Gen)
 	o.dropFinishedStaging(rec)
+	dir := filepath.Join(rec.Dir, fmt.Sprintf("upload-%d", rec.Gen))
 	j, err := uploadJob(name, rec.TemplateID, rec.Snapshot, rec.RootfsImage)
 	if err == nil {
-		err = stage(&j, filepath.Join(rec.Dir, fmt.Sprintf("upload-%d", rec.Gen)))
+		err = stage(&j, dir)
+	}
+	if err == nil {
+		j.Config, err = writePortable(dir, rec, j.Config)
 	}
 	o.queue(ctx, j, err)
+}
+
+// portable is the config blob of a paused sandbox's manifest: its record
+// (what another node needs to resume it: resources, tokens, metadata,
+// timeouts) and the VMM's snapshot config.
+type portable struct {
+	Record Record          `json:"record"`
+	VMM    json.RawMessage `json:"vmm"`
+}
+
+// writePortable writes the portable config of rec next to the staged
+// files, from the VMM config at vmmConfig, and returns its path.
+func writePortable(dir string, rec Record, vmmConfig string) (string, error) {
+	raw, err := os.ReadFile(vmmConfig)
+	if err != nil {
+		return "", fmt.Errorf("portable config of %s: %w", rec.ID, err)
+	}
+	b, err := json.Marshal(portable{Record: rec, VMM: raw})
+	if err != nil {
+		return "", fmt.Errorf("portable config of %s: %w", rec.ID, err)
+	}
+	path := filepath.Join(dir, "sandbox.json")
+	if err := atomicfile.WriteFile(path, b, 0o600); err != nil {
+		return "", fmt.Errorf("portable config of %s: %w", rec.ID, err)
+	}
+	return path, nil
 }
 
 // stage replaces the job's files by hard links in dir.

@@ -38,6 +38,14 @@ type Adopter interface {
 	Adopt(ctx context.Context, runDir string) (Machine, error)
 }
 
+// Relocator is implemented by drivers whose snapshots name host files (the
+// kernel a machine booted from) and so can be moved to another host: a
+// snapshot taken elsewhere is pointed at the boot files a local snapshot of
+// the same machine image names.
+type Relocator interface {
+	RelocateSnapshot(dir, reference string) error
+}
+
 // Detacher is implemented by machines whose handle can be dropped while the
 // VMM keeps running (to be adopted by the next node process).
 type Detacher interface {

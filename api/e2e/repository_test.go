@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/api/aenvdtest"
 	"github.com/agentenv/agentenv/snapshot/repo"
 	"github.com/agentenv/agentenv/snapshot/repo/posix"
 )
@@ -98,4 +99,43 @@ func waitManifest(ctx context.Context, t *testing.T, r *repo.Repo, prefix string
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// TestResumeOnAnotherNode: a sandbox paused on node A resumes on node B,
+// which shares A's repository but has never seen the sandbox: B brings its
+// layers, state and record from the repository at the connect, and E2B's
+// SDK finds there every file written on A (after dropping B's guest cache),
+// a file in tmpfs and a process that was running at the pause.
+func TestResumeOnAnotherNode(t *testing.T) {
+	a := sharedNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	bn, err := aenvdtest.Start(ctx, aenvdtest.Options{Prefix: "adrepo", CIDRBase: 97, Env: []string{
+		"AENVD_REPOSITORY_BACKEND=posix", "AENVD_REPOSITORY_DIR=" + filepath.Join(a.DataDir, "repository")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bn.Close()
+	b := &node{Node: bn, api: bn.API, proxy: bn.Proxy, key: bn.Key}
+
+	id := a.create(t, `{"templateID":"base","timeout":300}`)
+	data := a.writeData(t, id, "moved")
+	a.sh(t, id, `echo in-tmpfs > /dev/shm/marker; nohup sleep 100000 >/dev/null 2>&1 & echo $! > /home/user/sleeper.pid; sync`)
+	a.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", a.key, "")
+	r, err := posix.Open(filepath.Join(a.DataDir, "repository"), repo.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitManifest(ctx, t, r, "sandbox-"+id+"-")
+
+	b.expect(t, http.StatusNotFound, "GET", "/sandboxes/"+id, b.key, "")
+	b.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", b.key, `{"timeout":120}`)
+	b.sdkCheck(t, id, data)
+	if got := b.sh(t, id, `cat /dev/shm/marker; kill -0 $(cat /home/user/sleeper.pid) && echo alive`); got != "in-tmpfs\nalive" {
+		t.Fatalf("on node B: tmpfs and process read %q", got)
+	}
+	b.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, b.key, "")
+	a.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, a.key, "")
+	// An id no node ever paused stays unknown.
+	b.expect(t, http.StatusNotFound, "POST", "/sandboxes/nosuchsandbox00000000/connect", b.key, `{"timeout":60}`)
 }

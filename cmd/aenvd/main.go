@@ -156,14 +156,14 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	uploads, closeRepo, err := snapshotRepository(ctx, cfg)
+	rn, closeRepo, err := snapshotRepository(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer closeRepo()
 	orch, err := orchestrator.New(ctx, orchestrator.Options{
 		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, Storage: devices, MaxLayers: cfg.Sandbox.MaxLayers, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
-		Groups: groups, Repository: uploads,
+		Groups: groups, Repository: rn.uploads(), Remote: rn.remote(),
 		StoragePoolLow: cfg.Storage.PoolLow, StoragePoolHigh: cfg.Storage.PoolHigh,
 		MemoryMiB: cfg.Guest.MemoryMiB, DefaultUser: cfg.Guest.DefaultUser, Registerer: reg, Logger: log,
 	})
@@ -460,9 +460,10 @@ func vmmGroups(cfg config.Config, log *slog.Logger) (sandbox.Groups, error) {
 }
 
 // snapshotRepository opens the [repository] the node commits pauses and
-// snapshots to (nil when the backend is "none") and starts its uploader
-// and peer endpoint; the returned func stops them.
-func snapshotRepository(ctx context.Context, cfg config.Config) (orchestrator.Uploads, func(), error) {
+// snapshots to and reads other nodes' from (nil when the backend is
+// "none") and starts its uploader and peer endpoint; the returned func
+// stops them.
+func snapshotRepository(ctx context.Context, cfg config.Config) (*repoNode, func(), error) {
 	rn, err := reponode.Open(ctx, cfg)
 	if err != nil || rn == nil {
 		return nil, func() {}, err
@@ -471,5 +472,23 @@ func snapshotRepository(ctx context.Context, cfg config.Config) (orchestrator.Up
 		_ = rn.Close()
 		return nil, func() {}, err
 	}
-	return rn, func() { _ = rn.Close() }, nil
+	return &repoNode{rn}, func() { _ = rn.Close() }, nil
+}
+
+// repoNode hands the repository to the orchestrator as its two small
+// interfaces, nil ones when the node has none (never a typed nil).
+type repoNode struct{ n *reponode.Node }
+
+func (r *repoNode) uploads() orchestrator.Uploads {
+	if r == nil {
+		return nil
+	}
+	return r.n
+}
+
+func (r *repoNode) remote() orchestrator.Remote {
+	if r == nil {
+		return nil
+	}
+	return r.n
 }

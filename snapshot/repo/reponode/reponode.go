@@ -128,6 +128,19 @@ func (n *Node) Close() error {
 // returns); Status says how far it got.
 func (n *Node) Commit(ctx context.Context, j upload.Job) error { return n.Uploads.Enqueue(ctx, j) }
 
+// Manifests lists the repository's manifests.
+func (n *Node) Manifests(ctx context.Context) ([]string, error) { return n.Repo.Manifests(ctx) }
+
+// Manifest reads and validates a manifest.
+func (n *Node) Manifest(ctx context.Context, name string) (*repo.Manifest, error) {
+	return n.Repo.Manifest(ctx, name)
+}
+
+// ReadSmall reads a whole blob of at most limit bytes, verified.
+func (n *Node) ReadSmall(ctx context.Context, b repo.Blob, limit int64) ([]byte, error) {
+	return repo.ReadSmallBlob(ctx, n.Repo, b, limit)
+}
+
 // Forget drops an upload's record from the queue (a job that ended, or one
 // whose files are gone).
 func (n *Node) Forget(name string) error { return n.Uploads.Forget(name) }

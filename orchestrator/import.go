@@ -1,0 +1,196 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/internal/failpoint"
+	"github.com/agentenv/agentenv/snapshot"
+	"github.com/agentenv/agentenv/snapshot/repo"
+	"github.com/agentenv/agentenv/store"
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// A sandbox paused on another node that shares this node's repository is
+// brought here when a client connects to it (Connect of an id this node does
+// not know): the newest manifest of its pauses names its layers, VMM state
+// and portable config; the layers are fetched (verified, peers first), the
+// snapshot directory is rebuilt here, pointed at this node's copy of its
+// template's boot files, and the sandbox is recorded paused, last. Then it
+// resumes like any paused sandbox. The node it came from keeps its own
+// record (a cluster's bindings say which node serves it).
+
+// Remote is the repository's read side as the orchestrator uses it
+// (reponode.Node).
+type Remote interface {
+	Manifests(ctx context.Context) ([]string, error)
+	Manifest(ctx context.Context, name string) (*repo.Manifest, error)
+	Fetch(ctx context.Context, l repo.Layer, dir string) (string, error)
+	ReadSmall(ctx context.Context, b repo.Blob, limit int64) ([]byte, error)
+}
+
+// maxPortable bounds a manifest's config blob and VMM state read here; they
+// come from the repository, untrusted.
+const (
+	maxPortable = 1 << 20
+	maxState    = 256 << 20
+)
+
+var fpImportFetched = failpoint.New("orchestrator/import/fetched") // layers and state here, record not yet
+
+// importPaused brings sandbox id here from the repository; ErrNotFound when
+// it has no pause of it.
+func (o *Orchestrator) importPaused(ctx context.Context, id string) error {
+	if o.cfg.Remote == nil || o.sd == nil || !validID(id) {
+		return fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
+	}
+	// refMu: no create or second import of this id registers meanwhile.
+	o.refMu.Lock()
+	defer o.refMu.Unlock()
+	if _, err := o.lookup(id); err == nil {
+		return nil // imported by a concurrent connect
+	}
+	m, err := o.newestPause(ctx, id)
+	if err != nil {
+		return err
+	}
+	rec, err := o.rebuild(ctx, id, m)
+	if err != nil {
+		return fmt.Errorf("bring sandbox %s from the repository (%s): %w", id, m.Name, err)
+	}
+	if err := fpImportFetched.Inject(); err != nil {
+		return err
+	}
+	if err := o.store.Put(store.Sandboxes, rec.ID, rec); err != nil {
+		return fmt.Errorf("record sandbox %s: %w", id, err)
+	}
+	o.mu.Lock()
+	o.sandboxes[rec.ID] = &instance{rec: rec}
+	o.mu.Unlock()
+	o.log.Info("sandbox brought from the repository", "sandbox", id, "manifest", m.Name)
+	return nil
+}
+
+// validID: an id that can name files and manifests ([a-z0-9], as ours).
+func validID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// newestPause finds the manifest of the sandbox's latest pause.
+func (o *Orchestrator) newestPause(ctx context.Context, id string) (*repo.Manifest, error) {
+	names, err := o.cfg.Remote.Manifests(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: list the repository: %w", id, err)
+	}
+	prefix, best, bestGen := "sandbox-"+id+"-", "", -1
+	for _, n := range names {
+		if g, err := strconv.Atoi(strings.TrimPrefix(n, prefix)); err == nil && strings.HasPrefix(n, prefix) && g > bestGen {
+			best, bestGen = n, g
+		}
+	}
+	if best == "" {
+		return nil, fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
+	}
+	return o.cfg.Remote.Manifest(ctx, best)
+}
+
+// rebuild fetches the manifest's files into the sandbox's directory here
+// and returns its record, paused, pointing at them.
+func (o *Orchestrator) rebuild(ctx context.Context, id string, m *repo.Manifest) (Record, error) {
+	b, err := o.cfg.Remote.ReadSmall(ctx, m.Config, maxPortable)
+	if err != nil {
+		return Record{}, err
+	}
+	var p portable
+	if err := json.Unmarshal(b, &p); err != nil || p.Record.ID != id || len(p.VMM) == 0 {
+		return Record{}, fmt.Errorf("config blob %s is not this sandbox's (%v)", m.Config.Digest, err)
+	}
+	t, err := o.Template(p.Record.TemplateID)
+	if err != nil {
+		return Record{}, fmt.Errorf("its template %s: %w", p.Record.TemplateID, err)
+	}
+	dir := filepath.Join(o.cfg.DataDir, "sandboxes", id)
+	layers := filepath.Join(dir, "layers")
+	if err := os.MkdirAll(layers, 0o700); err != nil {
+		return Record{}, err
+	}
+	rootfs, err := o.fetchAll(ctx, m.Rootfs, layers)
+	if err != nil {
+		return Record{}, err
+	}
+	mem, err := o.fetchAll(ctx, m.Memory, layers)
+	if err != nil {
+		return Record{}, err
+	}
+	r := p.Record
+	r.Dir, r.State, r.Gen = dir, Paused, r.Gen+1
+	r.Snapshot = filepath.Join(dir, fmt.Sprintf("snapshot-%d", r.Gen))
+	r.RootfsImage = filepath.Join(dir, fmt.Sprintf("rootfs-%d.json", r.Gen))
+	r.Rootfs, r.Memory = "", snapshot.MemoryImage{}
+	r.PID, r.PIDStart, r.Slot, r.Device, r.HasDevice = 0, 0, 0, 0, false
+	if err := snapshot.WriteImageConfig(r.RootfsImage, rootfs); err != nil {
+		return Record{}, err
+	}
+	if err := o.writeSnapshotDir(ctx, r.Snapshot, t.Snapshot, m.State, p.VMM, mem); err != nil {
+		return Record{}, err
+	}
+	return r, nil
+}
+
+// fetchAll keeps the layers local in dir, bottom first.
+func (o *Orchestrator) fetchAll(ctx context.Context, ls []repo.Layer, dir string) ([]string, error) {
+	out := make([]string, 0, len(ls))
+	for _, l := range ls {
+		p, err := o.cfg.Remote.Fetch(ctx, l, dir)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// writeSnapshotDir makes a VMM snapshot directory here: the state, the VMM
+// config relocated to this node's boot files (those of the local template
+// snapshot reference), and the memory manifest of the fetched layers.
+func (o *Orchestrator) writeSnapshotDir(ctx context.Context, dir, reference string, state repo.Blob, vmmConfig []byte, mem []string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	st, err := o.cfg.Remote.ReadSmall(ctx, state, maxState)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(filepath.Join(dir, vmm.SnapshotStateFile), st, 0o600); err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(filepath.Join(dir, vmm.SnapshotConfigFile), vmmConfig, 0o600); err != nil {
+		return err
+	}
+	rl, ok := o.drv.(vmm.Relocator)
+	if !ok {
+		return errors.New("this node's VMM cannot restore a snapshot taken on another host")
+	}
+	if err := rl.RelocateSnapshot(dir, reference); err != nil {
+		return err
+	}
+	if len(mem) == 0 {
+		return errors.New("the pause carries no memory layers")
+	}
+	return snapshot.WriteMemoryManifest(dir, snapshot.MemoryImage{Layers: mem, File: filepath.Join(dir, snapshot.FlatMemory)})
+}
