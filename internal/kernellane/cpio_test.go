@@ -2,10 +2,12 @@ package kernellane
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // TestCpio writes an archive and reads it back by the newc rules the kernel
@@ -90,5 +92,33 @@ func TestResolveModules(t *testing.T) {
 	}
 	if _, err := resolveModules(k.modDir, []string{"no_such_module"}); err == nil {
 		t.Error("an unknown module resolved")
+	}
+}
+
+// TestPruneInitramfs keeps the most recently used images and drops the
+// rest and any unused for a day.
+func TestPruneInitramfs(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	for i := range 10 {
+		p := filepath.Join(dir, fmt.Sprintf("%02d.cpio", i))
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		used := now.Add(-time.Duration(i) * time.Minute)
+		if i == 1 {
+			used = now.Add(-25 * time.Hour)
+		}
+		os.Chtimes(p, used, used)
+	}
+	pruneInitramfs(dir)
+	var left []string
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	want := []string{"00.cpio", "02.cpio", "03.cpio", "04.cpio", "05.cpio", "06.cpio", "07.cpio", "08.cpio"}
+	if fmt.Sprint(left) != fmt.Sprint(want) {
+		t.Fatalf("left %v, want %v", left, want)
 	}
 }

@@ -69,6 +69,8 @@ func buildInitramfs(ctx context.Context, o Options, k *kernel) (string, error) {
 	}
 	out := filepath.Join(o.CacheDir, "initramfs", key+".cpio")
 	if _, err := os.Stat(out); err == nil {
+		now := time.Now()
+		_ = os.Chtimes(out, now, now) // recently used: pruned last
 		return out, nil
 	}
 	entries := []entry{{name: "lane/config.json", mode: typeFile | 0o644, data: cfgJSON}}
@@ -157,13 +159,26 @@ func contentKey(files map[string]string, cfg []byte) (string, error) {
 	return hex.EncodeToString(h.Sum(nil))[:32], nil
 }
 
-// pruneInitramfs drops cached images unused for a day: test binaries change
-// with every edit, so old images are never asked for again.
+// pruneInitramfs keeps the cache small: test binaries change with every
+// edit, so old images are rarely asked for again. It drops images unused
+// for a day and all but the most recently used few.
 func pruneInitramfs(dir string) {
+	const keep = 8
 	ents, _ := os.ReadDir(dir)
+	type img struct {
+		name string
+		used time.Time
+	}
+	var imgs []img
 	for _, e := range ents {
-		if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > 24*time.Hour {
-			_ = os.Remove(filepath.Join(dir, e.Name()))
+		if info, err := e.Info(); err == nil && strings.HasSuffix(e.Name(), ".cpio") {
+			imgs = append(imgs, img{e.Name(), info.ModTime()})
+		}
+	}
+	sort.Slice(imgs, func(i, j int) bool { return imgs[i].used.After(imgs[j].used) })
+	for i, im := range imgs {
+		if i >= keep || time.Since(im.used) > 24*time.Hour {
+			_ = os.Remove(filepath.Join(dir, im.name))
 		}
 	}
 }

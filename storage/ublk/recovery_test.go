@@ -177,7 +177,8 @@ func readOnlyFlag(path string) (int, error) {
 	return unix.IoctlGetInt(int(f.Fd()), unix.BLKROGET)
 }
 
-// cachedBytes is the page cache's size (Cached in /proc/meminfo).
+// cachedBytes is the size of the block devices' page cache (Buffers in
+// /proc/meminfo: block device pages are counted there, not in Cached).
 func cachedBytes(t *testing.T) int64 {
 	t.Helper()
 	b, err := os.ReadFile("/proc/meminfo")
@@ -185,7 +186,7 @@ func cachedBytes(t *testing.T) int64 {
 		t.Fatal(err)
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "Cached:"); ok {
+		if v, ok := strings.CutPrefix(l, "Buffers:"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			if err != nil {
 				t.Fatal(err)
@@ -193,6 +194,6 @@ func cachedBytes(t *testing.T) int64 {
 			return kb << 10
 		}
 	}
-	t.Fatal("no Cached in /proc/meminfo")
+	t.Fatal("no Buffers in /proc/meminfo")
 	return 0
 }
