@@ -25,6 +25,7 @@ import (
 	"github.com/agentenv/agentenv/cluster/redistest"
 	"github.com/agentenv/agentenv/cluster/scheduler"
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
+	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 )
@@ -133,6 +134,7 @@ func (f *fakeNode) lastHit() string {
 }
 
 type fixture struct {
+	s     *scheduler.Scheduler
 	sched pb.SchedulerClient
 	gw    *httptest.Server
 	nodes []*fakeNode
@@ -160,7 +162,7 @@ func newFixture(t *testing.T, names ...string) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	fx := &fixture{sched: conn.Client()}
+	fx := &fixture{s: s, sched: conn.Client()}
 	for _, n := range names {
 		f := newFakeNode(t, n)
 		fx.nodes = append(fx.nodes, f)
@@ -315,5 +317,36 @@ func TestStreamsFlushThrough(t *testing.T) {
 	close(fx.nodes[0].stream)
 	if line, err = rd.ReadString('\n'); err != nil || line != "second\n" {
 		t.Fatalf("second chunk: %q %v", line, err)
+	}
+}
+
+// TestCreateUnboundIsFoundByRoster: a create whose binding never happened
+// (the gateway died between the node's answer and the bind) is bound by
+// the leader from the node's next roster.
+func TestCreateUnboundIsFoundByRoster(t *testing.T) {
+	fx := newFixture(t, "a")
+	if err := failpoint.Arm("gateway/create/created", "error"); err != nil {
+		t.Fatal(err)
+	}
+	id, code := fx.create(t)
+	if err := failpoint.Arm("gateway/create/created", ""); err != nil {
+		t.Fatal(err)
+	}
+	if code != http.StatusCreated {
+		t.Fatalf("create: %d", code)
+	}
+	if code, _, _ := fx.do(t, "GET", "/sandboxes/"+id, "", ""); code != http.StatusNotFound {
+		t.Fatalf("an unbound sandbox: %d, want 404", code)
+	}
+	st := &pb.NodeStatus{Name: "a", ApiUrl: fx.nodes[0].srv.URL, Capacity: &pb.Resources{CpuCount: 4, MemoryMb: 4096},
+		Free: &pb.Resources{CpuCount: 4, MemoryMb: 4096}, Roster: []*pb.RosterEntry{{SandboxId: id, State: "running"}}}
+	if _, err := fx.sched.Heartbeat(context.Background(), &pb.HeartbeatRequest{Status: st}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fx.s.ReconcileOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if code, b, _ := fx.do(t, "GET", "/sandboxes/"+id, "", ""); code != http.StatusOK {
+		t.Fatalf("after the roster: %d %s", code, b)
 	}
 }
