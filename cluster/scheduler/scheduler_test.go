@@ -419,3 +419,21 @@ func TestMarkDownInterrupted(t *testing.T) {
 		t.Fatalf("lost bindings after the next pass: %v (err %v)", lost, err)
 	}
 }
+
+func TestDiscoveredButUnregistered(t *testing.T) {
+	rs := redistest.Start(t)
+	a := startReplica(t, rs, "a", nil, nil)
+	register(t, a.client, status0("n1", 4, 4096)) // api http://n1.invalid:3000
+	a.s.SetDiscovered([]string{"n1.invalid:3000", "10.0.0.7:3000"})
+	nodes, err := a.client.ListNodes(context.Background(), &pb.ListNodesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes.Nodes) != 2 || nodes.Nodes[0].Status.Name != "n1" || nodes.Nodes[1].Status.Name != "10.0.0.7:3000" ||
+		nodes.Nodes[1].State != pb.NodeState_NODE_STATE_DOWN {
+		t.Fatalf("nodes with one discovered but unregistered: %v", nodes)
+	}
+	if n, err := place(t, a.client, 256); err != nil || n != "n1" {
+		t.Fatalf("placement: %q (err %v), want n1 (an unregistered node gets nothing)", n, err)
+	}
+}

@@ -219,6 +219,7 @@ func (s *Scheduler) ListNodes(ctx context.Context, _ *pb.ListNodesRequest) (*pb.
 		out.Nodes = append(out.Nodes, s.toPB(r))
 	}
 	slices.SortFunc(out.Nodes, func(a, b *pb.Node) int { return strings.Compare(a.GetStatus().GetName(), b.GetStatus().GetName()) })
+	out.Nodes = append(out.Nodes, s.unregistered(out.Nodes)...) // after the registered ones
 	return out, nil
 }
 
