@@ -40,6 +40,9 @@ type fakeNode struct {
 	boxes  map[string]time.Time
 	hits   []string
 	stream chan struct{}
+	// templates the node holds; uploaded counts the bytes PUT to them
+	templates map[string]bool
+	uploaded  int64
 }
 
 func newFakeNode(t *testing.T, name string) *fakeNode {
@@ -76,6 +79,17 @@ func (f *fakeNode) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		f.mu.Unlock()
 		writeJSON(w, http.StatusOK, out)
+	case strings.HasPrefix(r.URL.Path, "/templates/"):
+		id, _, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/templates/"), "/")
+		if !f.templates[id] {
+			writeError(w, http.StatusNotFound, "no template "+id)
+			return
+		}
+		n, _ := io.Copy(io.Discard, r.Body)
+		f.mu.Lock()
+		f.uploaded += n
+		f.mu.Unlock()
+		writeJSON(w, http.StatusOK, map[string]string{"node": f.name, "templateID": id})
 	case r.URL.Path == "/stream":
 		w.WriteHeader(http.StatusOK)
 		_, _ = io.WriteString(w, "first\n")
@@ -348,5 +362,23 @@ func TestCreateUnboundIsFoundByRoster(t *testing.T) {
 	}
 	if code, b, _ := fx.do(t, "GET", "/sandboxes/"+id, "", ""); code != http.StatusOK {
 		t.Fatalf("after the roster: %d %s", code, b)
+	}
+}
+
+// TestTemplateCallsReachTheirNode: a large upload to a template streams to
+// the node that holds the template; a GET tries the nodes in turn.
+func TestTemplateCallsReachTheirNode(t *testing.T) {
+	fx := newFixture(t, "a", "b")
+	fx.nodes[1].templates = map[string]bool{"t1": true}
+	body := strings.Repeat("x", 3<<20) // larger than any buffered body
+	code, b, _ := fx.do(t, "PUT", "/templates/t1/files/abc", "", body)
+	if code != http.StatusOK || !strings.Contains(string(b), `"node":"b"`) || fx.nodes[1].uploaded != int64(len(body)) {
+		t.Fatalf("upload to t1: %d %s, %d bytes reached b", code, b, fx.nodes[1].uploaded)
+	}
+	if code, b, _ := fx.do(t, "GET", "/templates/t1", "", ""); code != http.StatusOK || !strings.Contains(string(b), `"node":"b"`) {
+		t.Fatalf("GET t1: %d %s", code, b)
+	}
+	if code, _, _ := fx.do(t, "PUT", "/templates/nope/files/abc", "", "x"); code != http.StatusNotFound {
+		t.Fatalf("upload to an unknown template: %d, want 404", code)
 	}
 }
