@@ -229,11 +229,15 @@ func TestSilentNodeGoesDown(t *testing.T) {
 	if _, err := a.client.Heartbeat(ctx, &pb.HeartbeatRequest{Status: status0("n1", 4, 4096, "sbx1")}); err != nil {
 		t.Fatal(err)
 	}
+	// Routed to its node at once, before the leader's next pass.
+	if got := lookup(t, a.client, "sbx1"); got.Lost || got.Node.State != pb.NodeState_NODE_STATE_UP {
+		t.Fatalf("sbx1 as its node came back: %v", got)
+	}
 	if err := a.s.ReconcileOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := lookup(t, a.client, "sbx1"); got.Lost || got.Node.State != pb.NodeState_NODE_STATE_UP {
-		t.Fatalf("sbx1 after its node came back: %v", got)
+	if lost, err := a.client.ListLost(ctx, &pb.ListLostRequest{}); err != nil || len(lost.Lost) != 0 {
+		t.Fatalf("lost bindings after the roster of the returned node: %v (err %v)", lost, err)
 	}
 }
 
