@@ -113,14 +113,15 @@ func (r *Repository) validate() error {
 // docs/cluster.md). With no scheduler listed the node runs alone and the
 // other settings do nothing.
 type Cluster struct {
-	// Schedulers are aenv-scheduler gRPC addresses (host:port); the node
-	// registers with one and moves to the next when it fails.
-	// Environment: comma-separated.
-	Schedulers []string `toml:"schedulers" env:"AENVD_CLUSTER_SCHEDULERS"`
+	// Scheduler lists aenv-scheduler gRPC addresses (host:port, one or
+	// more); the node registers with one and moves to the next when it
+	// fails. Environment: comma-separated.
+	Scheduler []string `toml:"scheduler" env:"AENVD_CLUSTER_SCHEDULER"`
 	// NodeName identifies the node in the cluster; empty: the host name.
 	NodeName string `toml:"node_name" env:"AENVD_CLUSTER_NODE_NAME"`
 	// AdvertiseURL is the base URL the gateway reaches this node's API and
-	// proxy at; empty: http://<api.listen>.
+	// proxy at; empty: http://<api.listen>, with an unspecified listen host
+	// (0.0.0.0) replaced by the first IPv4 address of the host's interfaces.
 	AdvertiseURL string `toml:"advertise_url" env:"AENVD_CLUSTER_ADVERTISE_URL"`
 	// P2PEndpoint is where peer nodes fetch layers from this one ("": none).
 	P2PEndpoint string `toml:"p2p_endpoint" env:"AENVD_CLUSTER_P2P_ENDPOINT"`
@@ -301,7 +302,7 @@ func Default() Config {
 		Storage: Storage{Backend: "storaged", PoolLow: 2, PoolHigh: 4},
 		Image: Image{DefaultRegistry: "docker.io", AllowedRegistries: []string{}, InsecureRegistries: []string{},
 			RootfsSizeMiB: 2048, ReadyTimeout: Duration{5 * time.Minute}, StepTimeout: Duration{30 * time.Minute}},
-		Cluster: Cluster{Schedulers: []string{}, CPUOvercommit: 4},
+		Cluster: Cluster{Scheduler: []string{}, CPUOvercommit: 4},
 		Sandbox: Sandbox{
 			DefaultTimeout:  Duration{15 * time.Second},
 			MaxTimeout:      Duration{24 * time.Hour},

@@ -195,12 +195,12 @@ func TestClusterSection(t *testing.T) {
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("AENVD_CLUSTER_SCHEDULERS", "10.0.0.9:7070, 10.0.0.10:7070")
+	t.Setenv("AENVD_CLUSTER_SCHEDULER", "10.0.0.9:7070, 10.0.0.10:7070")
 	c, err := Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Cluster{Schedulers: []string{"10.0.0.9:7070", "10.0.0.10:7070"}, NodeName: "n1",
+	want := Cluster{Scheduler: []string{"10.0.0.9:7070", "10.0.0.10:7070"}, NodeName: "n1",
 		AdvertiseURL: "http://10.0.0.1:3000", CPUOvercommit: 4, MaxSandboxes: 20}
 	if !reflect.DeepEqual(c.Cluster, want) {
 		t.Fatalf("cluster section: %+v, want %+v", c.Cluster, want)

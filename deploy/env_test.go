@@ -11,9 +11,7 @@ import (
 
 // pendingEnv are settings the deployments already pass to aenvd that its
 // configuration does not have yet, with the work that adds them.
-var pendingEnv = map[string]string{
-	"AENVD_CLUSTER_SCHEDULER": "the [cluster] section (scheduler address) of the cluster work",
-}
+var pendingEnv = map[string]string{}
 
 // envTags collects aenvd's environment variables from config's `env` tags.
 func envTags(t reflect.Type, into map[string]bool) {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,8 +16,36 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
 )
+
+// RESTConfig is the API server configuration from a kubeconfig file, or
+// with path "" the in-cluster service account's.
+func RESTConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster kubernetes config: %w", err)
+	}
+	return cfg, nil
+}
+
+// ParseService splits "namespace/name".
+func ParseService(s string) (namespace, name string, err error) {
+	ns, n, ok := strings.Cut(s, "/")
+	if !ok || ns == "" || n == "" {
+		return "", "", fmt.Errorf("service %q: want namespace/name", s)
+	}
+	return ns, n, nil
+}
 
 // Kubernetes watches the EndpointSlices of one Service (a headless Service
 // in front of the scheduler replicas).

@@ -197,7 +197,7 @@ func startCluster(t *testing.T) *cluster {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			c.nodes[i], errs[i] = aenvdtest.Start(ctx, aenvdtest.Options{Prefix: fmt.Sprintf("aclu%d", i), CIDRBase: 150 + 2*i,
-				Env: []string{"AENVD_CLUSTER_SCHEDULERS=" + strings.Join(addrs, ","), "AENVD_CLUSTER_NODE_NAME=" + c.names[i],
+				Env: []string{"AENVD_CLUSTER_SCHEDULER=" + strings.Join(addrs, ","), "AENVD_CLUSTER_NODE_NAME=" + c.names[i],
 					"AENVD_API_DOMAIN=localhost"}})
 		}()
 	}

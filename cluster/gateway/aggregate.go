@@ -165,22 +165,73 @@ func (g *Gateway) concat(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, all)
 }
 
-// firstFound sends a call on a snapshot or template to the live nodes in
-// name order until one does not answer 404 (snapshots and templates live
-// on the node that made them).
+// firstFound sends a call on a snapshot or template to the node holding it
+// (snapshots and templates live on the node that made them). A call
+// without a body goes to the live nodes in name order until one does not
+// answer 404; one with a body (file uploads, build starts: possibly large)
+// is streamed to the node that answers the object's GET, or for a template
+// create to the first live node.
 func (g *Gateway) firstFound(w http.ResponseWriter, r *http.Request) {
-	body, ok := readBody(w, r)
-	if !ok {
-		return
-	}
 	nodes, err := g.liveNodes(r.Context())
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, "scheduler unavailable: "+status.Convert(err).Message())
 		return
 	}
+	if len(nodes) == 0 {
+		writeError(w, http.StatusServiceUnavailable, "no live node")
+		return
+	}
+	if r.Method == http.MethodGet || r.Method == http.MethodDelete || r.Method == http.MethodHead {
+		g.tryEach(w, r, nodes)
+		return
+	}
+	target := nodes[0]
+	if probe := objectPath(r.URL.Path); probe != "" {
+		if target = g.holder(r, nodes, probe); target == nil {
+			writeError(w, http.StatusNotFound, probe+" not found on any live node")
+			return
+		}
+	}
+	u, err := url.Parse(target.GetStatus().GetApiUrl())
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "node url: "+err.Error())
+		return
+	}
+	g.forward(w, r, u, "")
+}
+
+// objectPath is the GET path naming the template or snapshot a call is
+// about ("" for a template create).
+func objectPath(p string) string {
+	rest := strings.TrimPrefix(p, "/v2")
+	for _, kind := range []string{"/templates/", "/snapshots/"} {
+		if id, ok := strings.CutPrefix(rest, kind); ok {
+			id, _, _ = strings.Cut(id, "/")
+			if id != "" {
+				return kind + id
+			}
+		}
+	}
+	return ""
+}
+
+// holder is the first live node whose GET of probe answers 200.
+func (g *Gateway) holder(r *http.Request, nodes []*pb.Node, probe string) *pb.Node {
+	check := r.Clone(r.Context())
+	check.URL.Path, check.Body = probe, nil
+	for _, n := range nodes {
+		if a := g.get(check, n, nil); a.err == nil && a.status == http.StatusOK {
+			return n
+		}
+	}
+	return nil
+}
+
+// tryEach sends a bodiless call to the nodes until one does not answer 404.
+func (g *Gateway) tryEach(w http.ResponseWriter, r *http.Request, nodes []*pb.Node) {
 	var last *http.Response
 	for _, n := range nodes {
-		resp, err := g.send(r, n.GetStatus().GetApiUrl(), body)
+		resp, err := g.send(r, n.GetStatus().GetApiUrl(), nil)
 		if err != nil {
 			continue
 		}

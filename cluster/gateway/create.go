@@ -11,9 +11,14 @@ import (
 	"strings"
 
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
+	"github.com/agentenv/agentenv/internal/failpoint"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
+
+// fpCreated sits between a node's successful create and its binding: a
+// gateway that dies there leaves a sandbox its node's roster binds.
+var fpCreated = failpoint.New("gateway/create/created")
 
 // maxBody bounds a create or fork body read to be replayed on another node.
 const maxBody = 1 << 20
@@ -150,7 +155,9 @@ func (g *Gateway) finishCreate(w http.ResponseWriter, r *http.Request, resp *htt
 			writeError(w, http.StatusBadGateway, "node answered a create without a sandbox id")
 			return
 		}
-		if err := g.bind(r.Context(), c.SandboxID, node); err != nil {
+		if err := fpCreated.Inject(); err != nil {
+			g.log.Warn("create: not bound (fault injected); the node's roster binds it", "sandbox", c.SandboxID)
+		} else if err := g.bind(r.Context(), c.SandboxID, node); err != nil {
 			g.log.Error("bind a created sandbox", "sandbox", c.SandboxID, "node", node.GetStatus().GetName(), "err", err)
 			// The node's roster binds it within a heartbeat; the sandbox exists.
 		}

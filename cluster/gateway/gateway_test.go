@@ -25,6 +25,7 @@ import (
 	"github.com/agentenv/agentenv/cluster/redistest"
 	"github.com/agentenv/agentenv/cluster/scheduler"
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
+	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 )
@@ -39,6 +40,9 @@ type fakeNode struct {
 	boxes  map[string]time.Time
 	hits   []string
 	stream chan struct{}
+	// templates the node holds; uploaded counts the bytes PUT to them
+	templates map[string]bool
+	uploaded  int64
 }
 
 func newFakeNode(t *testing.T, name string) *fakeNode {
@@ -75,6 +79,17 @@ func (f *fakeNode) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		f.mu.Unlock()
 		writeJSON(w, http.StatusOK, out)
+	case strings.HasPrefix(r.URL.Path, "/templates/"):
+		id, _, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/templates/"), "/")
+		if !f.templates[id] {
+			writeError(w, http.StatusNotFound, "no template "+id)
+			return
+		}
+		n, _ := io.Copy(io.Discard, r.Body)
+		f.mu.Lock()
+		f.uploaded += n
+		f.mu.Unlock()
+		writeJSON(w, http.StatusOK, map[string]string{"node": f.name, "templateID": id})
 	case r.URL.Path == "/stream":
 		w.WriteHeader(http.StatusOK)
 		_, _ = io.WriteString(w, "first\n")
@@ -133,6 +148,7 @@ func (f *fakeNode) lastHit() string {
 }
 
 type fixture struct {
+	s     *scheduler.Scheduler
 	sched pb.SchedulerClient
 	gw    *httptest.Server
 	nodes []*fakeNode
@@ -160,7 +176,7 @@ func newFixture(t *testing.T, names ...string) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	fx := &fixture{sched: conn.Client()}
+	fx := &fixture{s: s, sched: conn.Client()}
 	for _, n := range names {
 		f := newFakeNode(t, n)
 		fx.nodes = append(fx.nodes, f)
@@ -315,5 +331,54 @@ func TestStreamsFlushThrough(t *testing.T) {
 	close(fx.nodes[0].stream)
 	if line, err = rd.ReadString('\n'); err != nil || line != "second\n" {
 		t.Fatalf("second chunk: %q %v", line, err)
+	}
+}
+
+// TestCreateUnboundIsFoundByRoster: a create whose binding never happened
+// (the gateway died between the node's answer and the bind) is bound by
+// the leader from the node's next roster.
+func TestCreateUnboundIsFoundByRoster(t *testing.T) {
+	fx := newFixture(t, "a")
+	if err := failpoint.Arm("gateway/create/created", "error"); err != nil {
+		t.Fatal(err)
+	}
+	id, code := fx.create(t)
+	if err := failpoint.Arm("gateway/create/created", ""); err != nil {
+		t.Fatal(err)
+	}
+	if code != http.StatusCreated {
+		t.Fatalf("create: %d", code)
+	}
+	if code, _, _ := fx.do(t, "GET", "/sandboxes/"+id, "", ""); code != http.StatusNotFound {
+		t.Fatalf("an unbound sandbox: %d, want 404", code)
+	}
+	st := &pb.NodeStatus{Name: "a", ApiUrl: fx.nodes[0].srv.URL, Capacity: &pb.Resources{CpuCount: 4, MemoryMb: 4096},
+		Free: &pb.Resources{CpuCount: 4, MemoryMb: 4096}, Roster: []*pb.RosterEntry{{SandboxId: id, State: "running"}}}
+	if _, err := fx.sched.Heartbeat(context.Background(), &pb.HeartbeatRequest{Status: st}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fx.s.ReconcileOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if code, b, _ := fx.do(t, "GET", "/sandboxes/"+id, "", ""); code != http.StatusOK {
+		t.Fatalf("after the roster: %d %s", code, b)
+	}
+}
+
+// TestTemplateCallsReachTheirNode: a large upload to a template streams to
+// the node that holds the template; a GET tries the nodes in turn.
+func TestTemplateCallsReachTheirNode(t *testing.T) {
+	fx := newFixture(t, "a", "b")
+	fx.nodes[1].templates = map[string]bool{"t1": true}
+	body := strings.Repeat("x", 3<<20) // larger than any buffered body
+	code, b, _ := fx.do(t, "PUT", "/templates/t1/files/abc", "", body)
+	if code != http.StatusOK || !strings.Contains(string(b), `"node":"b"`) || fx.nodes[1].uploaded != int64(len(body)) {
+		t.Fatalf("upload to t1: %d %s, %d bytes reached b", code, b, fx.nodes[1].uploaded)
+	}
+	if code, b, _ := fx.do(t, "GET", "/templates/t1", "", ""); code != http.StatusOK || !strings.Contains(string(b), `"node":"b"`) {
+		t.Fatalf("GET t1: %d %s", code, b)
+	}
+	if code, _, _ := fx.do(t, "PUT", "/templates/nope/files/abc", "", "x"); code != http.StatusNotFound {
+		t.Fatalf("upload to an unknown template: %d, want 404", code)
 	}
 }

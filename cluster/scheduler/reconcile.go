@@ -6,8 +6,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/redis/go-redis/v9"
 )
+
+// fpMarkDown sits before the leader marks a silent node down: a leader that
+// dies there leaves the node up until the next leader's pass.
+var fpMarkDown = failpoint.New("scheduler/reconcile/markdown")
 
 // errFenced is a leader write refused because the lease moved on.
 var errFenced = errors.New("reconciliation lease no longer held")
@@ -91,6 +96,9 @@ func (s *Scheduler) reconcile(ctx context.Context) error {
 }
 
 func (s *Scheduler) markDown(ctx context.Context, tok, name string, r *nodeRecord) error {
+	if err := fpMarkDown.Inject(); err != nil {
+		return fmt.Errorf("mark node %s down: %w", name, err)
+	}
 	now := s.now().UnixMilli()
 	v, err := markDownScript.Run(ctx, s.rdb, []string{s.k.leader(), s.k.node(name), s.k.nodeBinds(name), s.k.lost()},
 		tok, r.last, now, s.k.p).Result()

@@ -56,6 +56,7 @@ type Scheduler struct {
 	k     keys
 	log   *slog.Logger
 	lease lease
+	disc  discovered
 }
 
 // New checks the options and fills defaults.

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/agentenv/agentenv/cluster/redistest"
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
+	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -227,11 +229,15 @@ func TestSilentNodeGoesDown(t *testing.T) {
 	if _, err := a.client.Heartbeat(ctx, &pb.HeartbeatRequest{Status: status0("n1", 4, 4096, "sbx1")}); err != nil {
 		t.Fatal(err)
 	}
+	// Routed to its node at once, before the leader's next pass.
+	if got := lookup(t, a.client, "sbx1"); got.Lost || got.Node.State != pb.NodeState_NODE_STATE_UP {
+		t.Fatalf("sbx1 as its node came back: %v", got)
+	}
 	if err := a.s.ReconcileOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := lookup(t, a.client, "sbx1"); got.Lost || got.Node.State != pb.NodeState_NODE_STATE_UP {
-		t.Fatalf("sbx1 after its node came back: %v", got)
+	if lost, err := a.client.ListLost(ctx, &pb.ListLostRequest{}); err != nil || len(lost.Lost) != 0 {
+		t.Fatalf("lost bindings after the roster of the returned node: %v (err %v)", lost, err)
 	}
 }
 
@@ -382,5 +388,56 @@ func TestBurstSpreads(t *testing.T) {
 	}
 	if n, err := place(t, a.client, 256); err != nil || n == "n1" {
 		t.Fatalf("after n1 reported three: placed on %q (err %v), want n2 or n3", n, err)
+	}
+}
+
+// TestMarkDownInterrupted: a leader that fails before marking a silent node
+// down leaves the next pass to do it; lookups see the node down meanwhile.
+func TestMarkDownInterrupted(t *testing.T) {
+	rs := redistest.Start(t)
+	clk := &clock{t: time.Now()}
+	a := startReplica(t, rs, "a", clk, nil)
+	register(t, a.client, status0("n1", 4, 4096, "sbx1"))
+	bind(t, a.client, "sbx1", "n1")
+	clk.Add(6 * time.Second)
+	if err := failpoint.Arm("scheduler/reconcile/markdown", "error"); err != nil {
+		t.Fatal(err)
+	}
+	err := a.s.ReconcileOnce(context.Background())
+	if disarm := failpoint.Arm("scheduler/reconcile/markdown", ""); disarm != nil {
+		t.Fatal(disarm)
+	}
+	if !errors.Is(err, failpoint.ErrInjected) {
+		t.Fatalf("interrupted pass: %v, want the injected error", err)
+	}
+	if got := lookup(t, a.client, "sbx1"); !got.Lost {
+		t.Fatalf("lookup on a silent node not yet marked: %v, want lost", got)
+	}
+	if lost, _ := a.client.ListLost(context.Background(), &pb.ListLostRequest{}); len(lost.GetLost()) != 0 {
+		t.Fatalf("lost bindings before the mark: %v", lost)
+	}
+	if err := a.s.ReconcileOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if lost, err := a.client.ListLost(context.Background(), &pb.ListLostRequest{}); err != nil || len(lost.GetLost()) != 1 {
+		t.Fatalf("lost bindings after the next pass: %v (err %v)", lost, err)
+	}
+}
+
+func TestDiscoveredButUnregistered(t *testing.T) {
+	rs := redistest.Start(t)
+	a := startReplica(t, rs, "a", nil, nil)
+	register(t, a.client, status0("n1", 4, 4096)) // api http://n1.invalid:3000
+	a.s.SetDiscovered([]string{"n1.invalid:3000", "10.0.0.7:3000"})
+	nodes, err := a.client.ListNodes(context.Background(), &pb.ListNodesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes.Nodes) != 2 || nodes.Nodes[0].Status.Name != "n1" || nodes.Nodes[1].Status.Name != "10.0.0.7:3000" ||
+		nodes.Nodes[1].State != pb.NodeState_NODE_STATE_DOWN {
+		t.Fatalf("nodes with one discovered but unregistered: %v", nodes)
+	}
+	if n, err := place(t, a.client, 256); err != nil || n != "n1" {
+		t.Fatalf("placement: %q (err %v), want n1 (an unregistered node gets nothing)", n, err)
 	}
 }

@@ -204,8 +204,11 @@ func (s *Scheduler) LookupNode(ctx context.Context, req *pb.LookupNodeRequest) (
 	if err != nil {
 		return nil, internal(err)
 	}
+	// A binding marked lost on a node that is up again is answered with the
+	// node: it came back, and either holds the sandbox (its next roster
+	// clears the mark) or answers 404 (the roster then drops the binding).
 	n := s.toPB(r)
-	return &pb.LookupNodeResponse{Node: n, Lost: b.lost != 0 || n.State == pb.NodeState_NODE_STATE_DOWN}, nil
+	return &pb.LookupNodeResponse{Node: n, Lost: n.State == pb.NodeState_NODE_STATE_DOWN}, nil
 }
 
 // ListNodes implements pb.SchedulerServer.
@@ -219,6 +222,7 @@ func (s *Scheduler) ListNodes(ctx context.Context, _ *pb.ListNodesRequest) (*pb.
 		out.Nodes = append(out.Nodes, s.toPB(r))
 	}
 	slices.SortFunc(out.Nodes, func(a, b *pb.Node) int { return strings.Compare(a.GetStatus().GetName(), b.GetStatus().GetName()) })
+	out.Nodes = append(out.Nodes, s.unregistered(out.Nodes)...) // after the registered ones
 	return out, nil
 }
 

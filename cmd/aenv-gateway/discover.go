@@ -4,14 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 
 	"github.com/agentenv/agentenv/cluster/discovery"
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 // dialSchedulers connects to the static --schedulers, or to the endpoints
@@ -21,11 +18,11 @@ func dialSchedulers(ctx context.Context, f flags, log *slog.Logger) (*pb.Conn, f
 		conn, err := pb.Dial(splitList(f.schedulers))
 		return conn, func() {}, err
 	}
-	ns, name, ok := strings.Cut(f.k8sService, "/")
-	if !ok || ns == "" || name == "" {
-		return nil, nil, fmt.Errorf("--schedulers-service %q: want namespace/name", f.k8sService)
+	ns, name, err := discovery.ParseService(f.k8sService)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--schedulers-service: %w", err)
 	}
-	cfg, err := restConfig(f.kubeconfig)
+	cfg, err := discovery.RESTConfig(f.kubeconfig)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -81,19 +78,4 @@ func dialSchedulers(ctx context.Context, f flags, log *slog.Logger) (*pb.Conn, f
 		stop()
 		return nil, nil, fmt.Errorf("no ready endpoint of %s before shutdown: %w", f.k8sService, ctx.Err())
 	}
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
-		}
-		return cfg, nil
-	}
-	cfg, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("in-cluster kubernetes config: %w", err)
-	}
-	return cfg, nil
 }

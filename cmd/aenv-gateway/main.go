@@ -33,7 +33,7 @@ func parseFlags(args []string) (flags, error) {
 	var f flags
 	fs := flag.NewFlagSet("aenv-gateway", flag.ContinueOnError)
 	fs.StringVar(&f.listen, "listen", envOr("AENV_GATEWAY_LISTEN", "127.0.0.1:3000"), "HTTP listen address")
-	fs.StringVar(&f.schedulers, "schedulers", envOr("AENV_GATEWAY_SCHEDULERS", "127.0.0.1:7070"), "aenv-scheduler gRPC addresses, comma-separated")
+	fs.StringVar(&f.schedulers, "schedulers", envOr("AENV_GATEWAY_SCHEDULERS", envOr("AENV_GATEWAY_SCHEDULER", "127.0.0.1:7070")), "aenv-scheduler gRPC addresses, comma-separated")
 	fs.StringVar(&f.domain, "domain", envOr("AENV_GATEWAY_DOMAIN", ""), "sandbox host domain ({port}-{id}.{domain}); the nodes' api.domain")
 	fs.StringVar(&f.k8sService, "schedulers-service", envOr("AENV_GATEWAY_SCHEDULERS_SERVICE", ""), "find the schedulers as the ready endpoints of this Kubernetes Service (namespace/name) instead of --schedulers")
 	fs.StringVar(&f.k8sPort, "schedulers-port", envOr("AENV_GATEWAY_SCHEDULERS_PORT", ""), "the Service's port name for --schedulers-service (default: its first port)")

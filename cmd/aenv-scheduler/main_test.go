@@ -50,9 +50,9 @@ func TestReplicasSurviveKill(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	start := func(id string) (*exec.Cmd, string, *syncBuffer) {
+	start := func(id string, extra ...string) (*exec.Cmd, string, *syncBuffer) {
 		addr := freeAddr(t)
-		cmd := exec.Command(bin, "--listen", addr, "--redis", "redis://"+rs.Addr+"/0", "--replica-id", id, "--lease-ttl", "1s")
+		cmd := exec.Command(bin, append([]string{"--listen", addr, "--replica-id", id, "--lease-ttl", "1s"}, extra...)...)
 		out := &syncBuffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
@@ -79,9 +79,10 @@ func TestReplicasSurviveKill(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	a, aAddr, aOut := start("a")
+	a, aAddr, aOut := start("a", "--redis", "redis://"+rs.Addr+"/0")
 	waitFor("replica a to lead", func() bool { return strings.Contains(aOut.String(), "holding the reconciliation lease") })
-	b, bAddr, bOut := start("b")
+	// b: Redis as host:port, and one node expected by static discovery.
+	b, bAddr, bOut := start("b", "--redis", rs.Addr, "--discovery", "static", "--nodes", "10.0.0.9:3000")
 	ca, cb := client(aAddr), client(bAddr)
 	ctx := context.Background()
 	waitFor("replica a to answer", func() bool {
@@ -103,6 +104,10 @@ func TestReplicasSurviveKill(t *testing.T) {
 	})
 	if got != "n1" {
 		t.Fatalf("b's lookup after a's kill: %q, want n1", got)
+	}
+	nodes, err := cb.ListNodes(ctx, &pb.ListNodesRequest{})
+	if err != nil || len(nodes.Nodes) != 2 || nodes.Nodes[1].Status.Name != "10.0.0.9:3000" || nodes.Nodes[1].State != pb.NodeState_NODE_STATE_DOWN {
+		t.Fatalf("b's nodes with a discovered node that never registered: %v (err %v)", nodes, err)
 	}
 	waitFor("replica b to take the lease", func() bool { return strings.Contains(bOut.String(), "holding the reconciliation lease") })
 	if err := b.Process.Signal(syscall.SIGTERM); err != nil {

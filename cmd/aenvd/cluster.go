@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"log/slog"
+	"net"
+	"strings"
 	"sync"
 
 	"github.com/agentenv/agentenv/cluster/nodeagent"
@@ -33,7 +35,7 @@ func (s orchestratorSource) Usage() nodeagent.Usage {
 // nothing.
 func joinCluster(ctx context.Context, cfg config.Config, o *orchestrator.Orchestrator, vmm, hostname string, log *slog.Logger) (stop func(), err error) {
 	cc := cfg.Cluster
-	if len(cc.Schedulers) == 0 {
+	if len(cc.Scheduler) == 0 {
 		return func() {}, nil
 	}
 	name, url := cc.NodeName, cc.AdvertiseURL
@@ -41,9 +43,9 @@ func joinCluster(ctx context.Context, cfg config.Config, o *orchestrator.Orchest
 		name = hostname
 	}
 	if url == "" {
-		url = "http://" + cfg.API.Listen
+		url = "http://" + advertiseAddr(cfg.API.Listen, cfg.Network.Prefix)
 	}
-	a, err := nodeagent.New(nodeagent.Options{Schedulers: cc.Schedulers, Name: name, APIURL: url, P2PEndpoint: cc.P2PEndpoint,
+	a, err := nodeagent.New(nodeagent.Options{Schedulers: cc.Scheduler, Name: name, APIURL: url, P2PEndpoint: cc.P2PEndpoint,
 		VMM: vmm, Version: version.Version(), MaxSandboxes: cc.MaxSandboxes,
 		Source: orchestratorSource{o: o, overcommit: cc.CPUOvercommit}, Logger: log.With("component", "cluster")})
 	if err != nil {
@@ -54,4 +56,33 @@ func joinCluster(ctx context.Context, cfg config.Config, o *orchestrator.Orchest
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = a.Run(actx) }()
 	return func() { cancel(); wg.Wait(); a.Close() }, nil
+}
+
+// advertiseAddr is the listen address as others reach it: an unspecified
+// host (0.0.0.0, "") becomes the first IPv4 address of the host's
+// interfaces, by index, skipping loopback and the sandbox slots' veths.
+func advertiseAddr(listen, slotPrefix string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return listen
+	}
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		return listen
+	}
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return listen
+	}
+	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagLoopback != 0 || ifc.Flags&net.FlagUp == 0 || strings.HasPrefix(ifc.Name, slotPrefix) {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil {
+				return net.JoinHostPort(n.IP.String(), port)
+			}
+		}
+	}
+	return listen
 }
