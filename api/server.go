@@ -204,6 +204,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 	if req.Network != nil && req.Network.AllowPublicTraffic != nil {
 		opts.PrivateTraffic = !*req.Network.AllowPublicTraffic
 	}
+	if req.Network != nil && req.Network.MaskRequestHost != nil {
+		if !validHostMask(*req.Network.MaskRequestHost) {
+			writeError(w, http.StatusBadRequest, "network.maskRequestHost must be a host name (with an optional ${PORT})")
+			return
+		}
+		opts.MaskRequestHost = *req.Network.MaskRequestHost
+	}
 	if req.AutoResume != nil {
 		opts.AutoResume = deref(req.AutoResume.Enabled)
 	}
@@ -292,6 +299,9 @@ func (s *Server) GetSandbox(w http.ResponseWriter, r *http.Request, sandboxID Sa
 		State: l.State, EnvdVersion: l.EnvdVersion, AllowInternetAccess: ptr(!rec.Policy.DenyInternet),
 		Lifecycle: &SandboxLifecycle{AutoResume: rec.AutoResume, OnTimeout: onTimeout},
 		Network:   &SandboxNetworkConfig{AllowPublicTraffic: ptr(rec.TrafficToken == "")},
+	}
+	if rec.MaskRequestHost != "" {
+		d.Network.MaskRequestHost = ptr(rec.MaskRequestHost)
 	}
 	if len(rec.Policy.AllowOut) > 0 {
 		d.Network.AllowOut = ptr(rec.Policy.AllowOut)
@@ -458,4 +468,20 @@ func nonNil(m map[string]string) map[string]string {
 		return map[string]string{}
 	}
 	return m
+}
+
+// validHostMask reports whether a maskRequestHost can be a Host header:
+// at most 253 bytes of letters, digits, '.', '-', ':' and the ${PORT}
+// placeholder (anything else, such as CR/LF or spaces, would let a client
+// shape the guest's request line).
+func validHostMask(m string) bool {
+	if m == "" || len(m) > 253 {
+		return false
+	}
+	for _, r := range strings.ReplaceAll(m, "${PORT}", "0") {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == ':' || r == '_') {
+			return false
+		}
+	}
+	return true
 }

@@ -26,6 +26,9 @@ type CreateOptions struct {
 	Policy     network.Policy
 	// PrivateTraffic requires a traffic access token on the proxy.
 	PrivateTraffic bool
+	// MaskRequestHost is the Host header proxied requests carry ("" keeps
+	// the client's).
+	MaskRequestHost string
 }
 
 // Create restores the template's (or snapshot's) snapshot into a new sandbox.
@@ -118,6 +121,7 @@ func (o *Orchestrator) register(opts CreateOptions) (*instance, *Template, error
 	if s.rec.AccessToken, err = randomHex(32); err != nil {
 		return nil, nil, err
 	}
+	s.rec.MaskRequestHost = opts.MaskRequestHost
 	if opts.PrivateTraffic {
 		if s.rec.TrafficToken, err = randomHex(32); err != nil {
 			return nil, nil, err

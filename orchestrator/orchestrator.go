@@ -140,6 +140,10 @@ type Record struct {
 	PIDStart uint64         `json:"pidStart,omitempty"`
 	Slot     int            `json:"slot,omitempty"` // network slot index while the VM runs
 	Policy   network.Policy `json:"policy"`
+
+	// MaskRequestHost replaces the Host header of proxied requests
+	// (E2B's network.maskRequestHost; "${PORT}" becomes the port).
+	MaskRequestHost string `json:"maskRequestHost,omitempty"`
 }
 
 // Options configure an Orchestrator. Driver, Network and Store are owned by

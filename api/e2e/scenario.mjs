@@ -7,7 +7,7 @@ import { createRequire } from 'node:module'
 import path from 'node:path'
 
 const require = createRequire(path.join(process.env.AENV_E2B_SDK_DIR, 'package.json'))
-const { Sandbox } = require('e2b')
+const { Sandbox, TimeoutError } = require('e2b')
 const sdkVersion = require('e2b/package.json').version
 const concurrent = Number(process.env.AENV_CONCURRENT || '0')
 const tag = `run-${process.pid}-${Date.now()}`
@@ -174,6 +174,49 @@ async function listOrderAndFilters(ctag, items) {
   assert.deepEqual(new Set(ids((await listAll({ ...query, template: 'base' })).items)), new Set(ids(asc)), 'template by name')
   assert.equal((await listAll({ ...query, template: `no-such-template-${tag}` })).items.length, 0)
 }
+
+// viaProxy fetches a sandbox's port through E2B_SANDBOX_URL, named by the
+// routing headers the SDK itself sends there.
+function viaProxy(id, port, pathAndQuery) {
+  const u = new URL(pathAndQuery, process.env.E2B_SANDBOX_URL)
+  return fetch(u, { headers: { 'E2b-Sandbox-Id': id, 'E2b-Sandbox-Port': String(port) } })
+}
+
+await step('proxy answers as E2B: maskRequestHost, expired signed URL, killed sandbox', async () => {
+  const p = await Sandbox.create('base', { secure: true, network: { maskRequestHost: 'app.internal:${PORT}' }, timeoutMs: 120_000 })
+  assert.equal((await p.getInfo()).network?.maskRequestHost, 'app.internal:${PORT}')
+  const srv = 'from http.server import BaseHTTPRequestHandler, HTTPServer\n' +
+    'class H(BaseHTTPRequestHandler):\n' +
+    '    def do_GET(self):\n' +
+    '        b = self.headers["Host"].encode()\n' +
+    '        self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)\n' +
+    'HTTPServer(("0.0.0.0", 8001), H).serve_forever()\n'
+  await p.files.write('/tmp/host.py', srv)
+  await p.commands.run('python3 /tmp/host.py', { background: true })
+  let host
+  for (let i = 0; i < 50 && host === undefined; i++) {
+    const res = await viaProxy(p.sandboxId, 8001, '/')
+    if (res.status === 200) host = await res.text()
+    else await new Promise((r) => setTimeout(r, 200))
+  }
+  assert.equal(host, 'app.internal:8001', 'the guest sees the masked Host')
+
+  await p.files.write('signed.txt', 'signed')
+  const expired = new URL(await p.downloadUrl('signed.txt', { useSignatureExpiration: -10_000 }))
+  const res = await viaProxy(p.sandboxId, 49983, expired.pathname + expired.search)
+  assert.equal(res.status, 401)
+  assert.deepEqual(await res.json(), { code: 401, message: 'signature is already expired' })
+  const valid = new URL(await p.downloadUrl('signed.txt', { useSignatureExpiration: 60_000 }))
+  assert.equal(await (await viaProxy(p.sandboxId, 49983, valid.pathname + valid.search)).text(), 'signed')
+
+  await p.kill()
+  await assert.rejects(p.files.read('signed.txt'),
+    (e) => e instanceof TimeoutError && e.message.startsWith('The sandbox was not found:'), 'the SDK error of a killed sandbox')
+  const gone = await viaProxy(p.sandboxId, 49983, '/health')
+  assert.equal(gone.status, 502)
+  assert.deepEqual(await gone.json(), { sandboxId: p.sandboxId, message: 'The sandbox was not found', code: 502 })
+  assert.equal(await p.isRunning(), false)
+})
 
 await step('kill; gone from list; second kill reports false', async () => {
   assert.equal(await again.kill(), true)
