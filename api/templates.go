@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -55,9 +56,21 @@ func (s *Server) ListTemplatesV2(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// DeleteTemplate implements ServerInterface: 409 while a sandbox (running or
-// paused) or another template built from it still uses it.
+// DeleteTemplate implements ServerInterface for templates and snapshots:
+// 409 while a sandbox (running or paused) or another template built from
+// it still uses it.
 func (s *Server) DeleteTemplate(w http.ResponseWriter, r *http.Request, templateID string) {
+	// E2B's SDK deletes snapshots here too (Sandbox.deleteSnapshot): a
+	// snapshot's id or name is a templateID on create, so it is one here.
+	if _, err := s.o.Snapshot(templateID); err == nil {
+		s.DeleteSnapshot(w, r, templateID)
+		return
+	}
+	if _, err := s.o.ResolveTemplate(templateID); errors.Is(err, orchestrator.ErrNotFound) {
+		// 404 even on a node without builds: the SDK reads it as "not found".
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no template or snapshot %q", templateID))
+		return
+	}
 	if err := s.o.DeleteTemplate(r.Context(), templateID); err != nil {
 		s.fail(w, r, err)
 		return

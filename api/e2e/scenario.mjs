@@ -126,6 +126,20 @@ await step('connect resumes; files and background process survived', async () =>
   assert.equal(r.stdout, 'hello from env\n')
 })
 
+await step('snapshot: listed, deleted by Sandbox.deleteSnapshot, then not found', async () => {
+  const snap = await again.createSnapshot()
+  const listedIds = async () => {
+    const pager = Sandbox.listSnapshots({ sandboxId: sbx.sandboxId })
+    const out = []
+    while (pager.hasNext) out.push(...(await pager.nextItems()))
+    return out.map((s) => s.snapshotId)
+  }
+  assert.ok((await listedIds()).includes(snap.snapshotId), 'the new snapshot is listed')
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+  assert.ok(!(await listedIds()).includes(snap.snapshotId), 'a deleted snapshot is not listed')
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false, 'a second delete reports not found')
+})
+
 if (concurrent > 0) {
   await step(`${concurrent} concurrent creates, paginated list`, async () => {
     const ctag = `${tag}-c`
