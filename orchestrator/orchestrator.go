@@ -195,6 +195,8 @@ type Orchestrator struct {
 	// bring-up uses (sandbox.Start).
 	disks diskBackend
 	vms   sandbox.Deps
+
+	events eventHub // lifecycle event subscribers (events.go)
 }
 
 // instance is one sandbox's live state. op serialises lifecycle operations
@@ -295,9 +297,15 @@ func (o *Orchestrator) persist(s *instance) error {
 // persists it.
 func (o *Orchestrator) update(s *instance, f func(r *Record)) error {
 	s.mu.Lock()
+	from := s.rec.State
 	f(&s.rec)
+	rec := s.rec
 	s.mu.Unlock()
-	return o.persist(s)
+	if err := o.persist(s); err != nil {
+		return err
+	}
+	o.published(from, rec) // events.go
+	return nil
 }
 
 // templateByID returns a registered template (not a snapshot) by id.

@@ -3,10 +3,12 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/network/nettest"
@@ -96,5 +98,82 @@ func TestMaskRequestHost(t *testing.T) {
 		if resp.StatusCode != http.StatusOK || string(got[:n]) != want {
 			t.Errorf("%s: status %d, guest saw Host %q, want %q", host, resp.StatusCode, got[:n], want)
 		}
+	}
+}
+
+// TestKillEndsStreams: a killed sandbox's open streams end at once (a
+// stopped VM never closes them itself), and only that sandbox's.
+func TestKillEndsStreams(t *testing.T) {
+	nettest.RequireRoot(t)
+	w := nettest.NewWorld(t, nettest.Prefix())
+	cfg := w.Config()
+	cfg.GuestNetNS = true
+	m, err := network.New(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Shutdown(context.Background()) })
+	s, err := m.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	l := nettest.Listen(t, s.GuestNetNSPath(), netip.AddrPortFrom(network.GuestIP, 8080))
+	guest := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("started\n"))
+		w.(http.Flusher).Flush()
+		<-release // a VM that stopped: the stream neither ends nor fails
+	})}
+	go guest.Serve(l)
+	t.Cleanup(func() { close(release); guest.Close() })
+	reg := &sandboxes{
+		recs:  map[string]orchestrator.Record{"a": {ID: "a", State: orchestrator.Running}, "b": {ID: "b", State: orchestrator.Running}},
+		slots: map[string]*network.Slot{"a": s, "b": s},
+	}
+	p := New(reg, "sbx.test", nil)
+	srv := httptest.NewServer(p)
+	defer srv.Close()
+	open := func(id string) (*http.Response, chan error) {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/stream", nil)
+		req.Host = "8080-" + id + ".sbx.test"
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		line := make([]byte, len("started\n"))
+		if _, err := io.ReadFull(resp.Body, line); err != nil || string(line) != "started\n" {
+			t.Fatalf("stream of %s: %q %v", id, line, err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := io.Copy(io.Discard, resp.Body)
+			done <- err
+		}()
+		return resp, done
+	}
+	respA, doneA := open("a")
+	defer respA.Body.Close()
+	respB, doneB := open("b")
+	defer respB.Body.Close()
+
+	p.OnEvent(orchestrator.Event{Type: orchestrator.EventKilled, SandboxID: "a"})
+	select {
+	case err := <-doneA:
+		if err == nil {
+			t.Error("the killed sandbox's stream ended as if complete; want an error")
+		}
+	case <-time.After(30 * time.Second): // a guard against a hang, not a measurement
+		t.Fatal("the killed sandbox's stream is still open")
+	}
+	if n := p.conns.open("a"); n != 0 {
+		t.Errorf("%d upstream connections to the killed sandbox are still open", n)
+	}
+	select {
+	case err := <-doneB:
+		t.Fatalf("another sandbox's stream ended too: %v", err)
+	default:
+	}
+	if p.conns.open("b") != 1 {
+		t.Errorf("sandbox b: %d upstream connections, want its one stream", p.conns.open("b"))
 	}
 }

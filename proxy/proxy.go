@@ -60,6 +60,8 @@ type Proxy struct {
 	// APIKey is the node's API key: an Authorization header or a cookie
 	// carrying it is removed before forwarding (X-API-Key always is).
 	APIKey string
+
+	conns conns // upstream connections by sandbox (conns.go)
 }
 
 type targetKey struct{}
@@ -230,7 +232,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec, err := p.o.Get(t.id)
-	if err != nil {
+	if err != nil || rec.State == orchestrator.Killing {
 		writeNotFound(w, t.id)
 		return
 	}
@@ -288,7 +290,11 @@ func (p *Proxy) dial(ctx context.Context, _, addr string) (net.Conn, error) {
 	if strconv.Itoa(gen) != parts[1] {
 		return nil, errors.New("proxy: sandbox restarted since the request was routed")
 	}
-	return slot.DialGuest(ctx, "tcp", uint16(port))
+	c, err := slot.DialGuest(ctx, "tcp", uint16(port))
+	if err != nil {
+		return nil, err
+	}
+	return p.conns.track(parts[0], c), nil
 }
 
 // maskHost is the Host header a sandbox created with maskRequestHost sees:

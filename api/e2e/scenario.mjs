@@ -232,6 +232,23 @@ await step('proxy answers as E2B: maskRequestHost, expired signed URL, killed sa
   assert.equal(await p.isRunning(), false)
 })
 
+await step('kill while a command streams ends cmd.wait() at once with the SDK error', async () => {
+  const k = await Sandbox.create('base', { timeoutMs: 120_000 })
+  let out = ''
+  let started
+  const seen = new Promise((r) => { started = r })
+  // No command timeout: only the kill can end this wait.
+  const h = await k.commands.run('echo started; exec sleep 900', {
+    background: true, timeoutMs: 0, onStdout: (d) => { out += d; if (out.includes('started')) started() },
+  })
+  await seen
+  const waited = h.wait().then(() => 'resolved', (e) => e)
+  assert.equal(await Sandbox.kill(k.sandboxId), true)
+  const res = await waited
+  assert.ok(res instanceof TimeoutError, `cmd.wait() after a kill: ${res}`)
+  assert.match(res.message, /killed or reached its end of life/)
+})
+
 await step('kill; gone from list; second kill reports false', async () => {
   assert.equal(await again.kill(), true)
   const { items } = await listAll({ metadata: { tag } })

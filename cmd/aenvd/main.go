@@ -164,6 +164,8 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	defer orch.CloseBuilds()
 	px := proxy.New(orch, cfg.API.Domain, log)
 	px.APIKey = key // stripped from anything forwarded to a guest
+	// A sandbox's end (kill, pause) closes its streams through the proxy.
+	defer orch.Subscribe(px.OnEvent)()
 	hostname, _ := os.Hostname()
 	handler := api.NewHandler(api.Options{
 		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log,
