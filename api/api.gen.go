@@ -434,6 +434,11 @@ type SandboxTimeout struct {
 	Timeout int32 `json:"timeout"`
 }
 
+// SandboxesWithMetrics defines model for SandboxesWithMetrics.
+type SandboxesWithMetrics struct {
+	Sandboxes map[string]SandboxMetric `json:"sandboxes"`
+}
+
 // SnapshotInfo defines model for SnapshotInfo.
 type SnapshotInfo struct {
 	CpuCount     *int32    `json:"cpuCount,omitempty"`
@@ -539,6 +544,12 @@ type SandboxID = string
 type ListSandboxesParams struct {
 	// Metadata url-encoded k=v pairs joined by &
 	Metadata *string `form:"metadata,omitempty" json:"metadata,omitempty"`
+}
+
+// GetSandboxesMetricsParams defines parameters for GetSandboxesMetrics.
+type GetSandboxesMetricsParams struct {
+	// SandboxIds comma-separated sandbox ids (at most 100)
+	SandboxIds []string `form:"sandbox_ids" json:"sandbox_ids"`
 }
 
 // GetSandboxMetricsParams defines parameters for GetSandboxMetrics.
@@ -651,6 +662,9 @@ type ServerInterface interface {
 
 	// (POST /sandboxes)
 	CreateSandbox(w http.ResponseWriter, r *http.Request)
+
+	// (GET /sandboxes/metrics)
+	GetSandboxesMetrics(w http.ResponseWriter, r *http.Request, params GetSandboxesMetricsParams)
 
 	// (DELETE /sandboxes/{sandboxID})
 	KillSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
@@ -767,6 +781,11 @@ func (_ Unimplemented) ListSandboxes(w http.ResponseWriter, r *http.Request, par
 
 // (POST /sandboxes)
 func (_ Unimplemented) CreateSandbox(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /sandboxes/metrics)
+func (_ Unimplemented) GetSandboxesMetrics(w http.ResponseWriter, r *http.Request, params GetSandboxesMetricsParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -1022,6 +1041,39 @@ func (siw *ServerInterfaceWrapper) CreateSandbox(w http.ResponseWriter, r *http.
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.CreateSandbox(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetSandboxesMetrics operation middleware
+func (siw *ServerInterfaceWrapper) GetSandboxesMetrics(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetSandboxesMetricsParams
+
+	// ------------- Required query parameter "sandbox_ids" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", false, true, "sandbox_ids", r.URL.Query(), &params.SandboxIds, runtime.BindQueryParameterOptions{Type: "array", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "sandbox_ids"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandbox_ids", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSandboxesMetrics(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2068,6 +2120,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/v2/sandboxes", wrapper.CreateSandboxV2)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/sandboxes/metrics", wrapper.GetSandboxesMetrics)
+	})
+	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/sandboxes/{sandboxID}", wrapper.KillSandbox)
 	})
 	r.Group(func(r chi.Router) {
@@ -2157,71 +2212,74 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fxrb9s41v4rhN4BpgWUOE1mindd7Ic0bbdBmzao02AWbTGlpWObE4lUSSqON/B/X/CiOyVLjt3OLOZT",
-	"HIuXc+c5PI987wUsThgFKoU3vvcSzHEMErj+T2AaTtnd+Qv1D6He2EuwXHi+R3EM3rj03Pc4fEsJh9Ab",
-	"S56C74lgATFWE+Uq0YMlJ3TurddrNVgkjArQu7zknHH1IWBUApXqI06SiARYEkZHfwhGNTX5ij9xmHlj",
-	"7/9GBfEj81SMzGp6lxBEwEmiFvHGHqYI7LOMOr3985RE4Vs2f0klX2kZcJYAl8RQF8EtROoD0DT2xp+8",
-	"EKbp3PM9QmfM870l5tTzPbP0F7/Ore/FIASeg0MSvickJM4HksQgJI710xnjMZbe2AuxhAP1yGvssy5r",
-	"4FNpfkGAb3kpiGTTPyCQaj8thInEMhUfAFuB1wRhRGT/IxJisUkXVdGu830x53i1pWxqjGYruJg6Y5RC",
-	"ICfGSpscKSGxVFZETKg8OVZCI5TESuFH+cKESpiDsZ/GXrkRV7cIWKi5q5oifEtxJJBcAHp9dXWJhBa8",
-	"5zfJqG/dJbKaZPTWfqeAXjF+8wFEGskm5ZAx1MPZ/CwSbBqfqcIpwrdESAhbtYUjYhy2YSlBRIBKE6Wa",
-	"D5P0jKXUreWmeEMibibkP3DxvOcEoOGp7OulavhteA1cEONijmgRM77qvXsMEodY6qiIw5AoA8PRZdXM",
-	"G8GlLvlKnHc4IuYSBnGpDBp6GsNEj1VkQZxEWIKTjHp8K8b6lWMot4Uy3ZmWStZQknRF6RntVU25nOcd",
-	"LDtsNWLL35WeOAX5Ow4CEGVdTBmLAFO1DE4lu8SpgPbHykXjvuI8zSecMTojmdFdY3Okb28kuzE1CnLJ",
-	"+E1PZt6Z0QUnAoKUt4iq0378crSvRmMBAaOhM/xuOAVaLLLNWihOxII5Yq1Jp1w231zHHihNewuwhPDs",
-	"8mPPyJFPuWiJOE9/cc4bGE8DDljCK0yilBta++yhJ01S7Ta9ZykvvmISR715UTM+Cgh7T4gYDk9vgeM5",
-	"PImr4ZCl06gUC2kaT7MQreS7yeCVXo0mijnDmDFzBrFDWdjmLTamguhD+CQfbGN/KsoZMwccrlSY5ZhQ",
-	"tb4rTb7tOBRv47gPGdcXFw23tCzmZBUbmWUdR0Im9ppIqwZWMZ6yuPyqM7ocrWngDT/50uL6F7kxVWPY",
-	"gi0RByEZhxBdXwg0B6nyS8KRYQKRGM9B+AjTEKnRMaYrFBIhCQ2kfYp4SpWC9AoxVsVDNc6YYc3t83XK",
-	"m6EZiUCvk0CIpqvy6j1zXRvsMkMKcLCAA7Ws53vTiAU3B3CXMC6dFsXzQsZhUA4maswn6jOucNSH6np9",
-	"YrJwS4ufSdCQ0KblSdn5qhpIVKoQ9gy+lqOeo6Uy7V5jazxm2/gZddlabfwpR22eYUFgCu2GtkJOboE7",
-	"H7XquEaiXcK3u7gIM0lTR/3RnajtspjcdQ0UshgTLSWaRhFWB5W9pXHWJ6c6LF2xG3B7z6Yapruc2JSm",
-	"cTybkaBGwwa6t6gONqX3bel0s1CmirDQZRUdun0BEpNoiIZ1TXFuS4rTjorih5bDg0xtcOX8UMuMyAyC",
-	"VRD1Labe5uN/VGn+0Hrp78p+eGVvyX9l5V6/0WvznhjfmSj/5OioFPOfOM/aDcUoAhwsULAgUYgicgsP",
-	"rU4N1R3Mvi17RvPgK64gmvGG0auCmyxVuyFRlCUEjuysRl5pi/J6HfRegOQkcKhnYHmapCqHvwyqE2YR",
-	"w9JVzOUlwMAKs38NN2T1GOIBiw/uKZSmfKTkrtc2HX2I6mIVjy2poeCqJI6SIMs66LCPaiR0X9C9Nyab",
-	"tzLaonHertCzLtNpRIIrk6a4PSIEuhq8eIzFzQf4loKQr5lwhAb1LVoADoEjNkPcjDVthISzuxWaMb7E",
-	"PBRIMv2tDZ/P0E/3l+8/XK0REYhDEuHAFGR6JuPy0ESvt0DncuGNj3898fvcRVVF/TEJ7dGwM1H3u0Hd",
-	"Qtod3HyAGQexaPIRphxLm1i0x/6Tp5XgPyzhn2SHa35zUq+sXHWunVwKwjtrc9VduTUo26vNczpjD4/J",
-	"+ipkUFZiTvy3eGUb173Ss0HZHMVxrfG50YQ5Y3ImBhG1IV3LpLxFYVVTZmmpjLdqtlVJwwqN1ERdY9Jl",
-	"Gld2oZZSZ6hQpymJwiHWpCe0SGxadL3LXqe/Nm63xESaT9klZnujf/9mvkVzcqfdxi2cINGnpTtwiwQv",
-	"qVNkbRlM99VBqk+gARLtKj0yu+lVWVgu/dymqz5TEFZVSdUCu7znVK37waJmHLeCHVLeuviyi3aRpQEe",
-	"r0gEH5OI4dBBGAdhIT1NylIebSYpW2EjGe6zp8v994Foidh86DGRX2Fu3LgC0HG2WrYMXVvbSOEleX9F",
-	"S6Ai3I2qs2nv9UnHfVit4QAJB91VaXi176UCkGmp0jSKNkXm7kK9M0IWU4//vy1eum0AD7USCThu0063",
-	"cCcSc3l93BTtjPGgpaSfcRafx23ILPW0fKy7buXD1Vkctl86tT+EpL83ZkRMJCT9kvxshrW4LKK2Wt5W",
-	"6UlLuNnx6bmNDT3Yyx0HXZY9anq6XH1iAX01MfOhbOi24mtsarSmcbZbtflmI+fqaZOPDHxC5GqizM9Q",
-	"f5qQN7A6TeUih8iaCr0Ayf52cHp5fvAGVkWkwnqWAakSe2xV49vVAlDAqOQsQqeX56re/4pV6vDVR8oR",
-	"sCTTCNCSyAV6efz8Z4GMZvRgoap/LO2DyYs3AqkCHaU0ZiGZEQgPP9OXt8BXBhGLMBVL4AJ9vf+sYYOf",
-	"vTH6nB4dnQQleKL+Anz0OYMU6lHe4eHhZ2/99RApIQCVFrU7zm4qvub8fz38TPU1kIyUEE7nQOXLd9eI",
-	"shA03Y9eHj8/KLh7XGrWj72jwyeHR/q6MQGKE+KNvZPDo8MTXRvLhdbGaAE4MqqYg472ytI0PeehN/b+",
-	"BfK1GVGDIB8f/dLUgb5BAX4LHBGB0qRiA9740xf1/yjWF5GitGd1lUvOYpALSAWyQ5Uy1dqa70d5SwLl",
-	"tAqjV+UzNFihBRGSzTmOhW7eC2ka+QljkfBRjjx4fOj5TX4vLHkNho9qiGsJd3KURLZ504nebmVQrYHg",
-	"LmFCdzuQPTCdclPci1ZNvSVCvtMjNhLeDRXvdY5oUFXz/GiwKhdEaLWZa6cZtshZ19o51QUiPWd7dG9g",
-	"KesuS32XIQcewP1mpl1MwgN49CuvEHxyvjaQY3L6vzPwRcmugklqNZtJCYpTo6XKaMqjA6Aq3oXo5p+3",
-	"KMGEC/QHI9TcjqqAd/xUI/29sfctBb4qeMi7e51Ufw/jrcKme1hxhnMRZdTWVpq219RVHZwZbJOlxygZ",
-	"hHzOwtXubLfA3q6r57cypHVD7E92tnNlW8d5YR6jJRbI3gBsHytyBY3u86u5tTlhIjCpd1X0b0gUlQW/",
-	"6YS7IVG0LYF+a+BqpeBo11qwIIpuXewojrnmFUNGxd1pLVaVdTcKzBsp9Tethi3f6njV113243m1TdbN",
-	"17n2oGeXhonUTmaD2TNk2xMI7iTQ0Fj1d3L8jBQDINuxv49mGQxh5wbzivGb/VpLGUmxh0Dd63wsveTU",
-	"43BkFLQiI4kS4AaB4SNCEeOqmnmE8xCv6yZTQD3etc6bRUVblC3y++5ch5I7VLzo4Mpo9L1MJZ3p0ezf",
-	"Yh+g4cBdvksaVcWV9LAUgeMkAqFMopZR5fU0o+AjiW+AIsqWzxBGpo2rHiDKKDz+Mx1OJajZg2JN6jBY",
-	"Aw6oAgb2G3OqqIRewaflDgDmHIRACYtIsEJEqGhgbpl27PVJhi7efajXwOUhqaHFG+yYQ27AFSD2w6XF",
-	"bnyXMy3DiTgzIIdAy3nJbkWaIfN2Ic9SX8XW5HUJq932K+AaEN8p4O+S1+0pocuwF3tyAlt/Zy8b7q8A",
-	"z3bYt4LK2KK2Us+OQY9SgacRICxQ0cFAjNpifOeJWglbtXtNTvIsL8N27TWiZZtse1YKkA8Qb9kp2u/2",
-	"8lHue8Z6SlsCNLXf0vnuyfrPFvMiEpNqHp1LRAPDH4AbbyUV7qR5KeKH30ZWvbVHFp1p1EcUliAkmhEu",
-	"5DP028E7uJMHmi3dzTdAV8UqSvAcdmBqo/sCBtd5r/ZCf18JqZucwSy1+7u1VhqOfkjA3V+ToIJQHNgo",
-	"yEJ/dzC5ykd9D8fIARN9+kwZZerk2kHTKV9vZNv2o3v9obP/VIGe7dPe3Bi3FsPLWEGYIs2DiQ37s0Oc",
-	"s7+dCY7ui0SkR5DJzeQHBpl2Gnav9E163p9iKwiXnWh3pHEyYnRv8TLrUQHQ2yTrEr6vX24Tsbl4P5up",
-	"pMuZaxwNfmFsv+nMkC31z5SVt9zut9cenPH0MeACe9piydoYfhYaRQMawRGxOQKDjUQzzmJU6BIx+qez",
-	"eN+5WIEJ243vaFTX6H6BxaLXsfRKjff2WHe2YZwdal4uQC6AF6ieBTbZqvkFDDZDGJ29v/w3EhIS9Agj",
-	"iTnCPFiQW0DTFZq8Pj04/vXpY/PrHMsFcECSoVRvqBaK/yJGobQ3zCJa74sV601d9yl+WSBBHgjJAcdV",
-	"deexakoo5ivHCwF9W1S1Ikb/7sr2+dnt8VBsy/Vxv1OiF0yl0cUJWBzjAwFqAwnhOGtw+Pnve7Q0kORW",
-	"FXO/8vXHlNs1RTMuUUg4BBrfNl0h3TXTzWcf4YAzIXR1Kp4hjHK+EBHoFkckRDNmooTpJtrGcYxDA+Vs",
-	"Eawe7GZR06ffKjEHJNb/6S9dL13X+fnw6gydnJz8QzMwRoxGqwIWhOxr9ghL3eycSU1yV/sQwlM1api1",
-	"aVyr6dsLJdVHBrd6enmu4yhlSKTBQsVSCfyxj/oRrfYLZLRCU5gxDhsJf66HDaS8KEdIqGSklmxQZHFA",
-	"5qjXwFxZJNguikqP/2rYspzrZxn+t3KPs1wARbFSBwf9OyG+hUtrSspDN4BQ94dY05H1b8zaLo6yHwV9",
-	"2psK/wY/7Q/8dHs89NrOqvl/+eKuLJTuqwaHX/0pK8DWXpc6hSsl19682Pl2XK+QfNxM/bUQsqTjAYo+",
-	"qVp/10GV0X998j0EVLyb2V9EO6Wi+are5qvhEBEpTCfJ3L/4yL4Om2fgVnEJBFtqrfpSS/VVsE9f1l/W",
-	"/w0AAP//",
+	"7Fxrb9u4mv4rhPYAkwJKnCbnDHZd7Ic0026DaTtBk2bPoi2mtPTa5oQiVZKK4w3y3xe86E7JkmO3cxbz",
+	"qWlEke/9xkd5CCKepJwBUzKYPgQpFjgBBcL8T2IWz/j9xS/6P4QF0yDFahmEAcMJBNPK8zAQ8C0jAuJg",
+	"qkQGYSCjJSRYv6jWqVmsBGGL4PHxUS+WKWcSzCmvhOBC/xBxpoAp/SNOU0oirAhnkz8kZ4aaYse/CZgH",
+	"0+DfJiXxE/tUTuxu5pQYZCRIqjcJpgFmCNyznDpz/MuM0PgtX7xiSqyNDARPQShiqaNwB1T/ACxLgumn",
+	"IIZZtgjCgLA5D8JghQULwsBu/SVschsGCUiJF+CRRBhIBan3gSIJSIUT83TORYJVMA1irOBQPwpa5zxW",
+	"NfCp8n5JQOh4KYnksz8gUvo8I4QrhVUmPwB2Am8IworI/Y8oSOQmXdRF+1ici4XA6y1l02A038HH1Dln",
+	"DCJ1Za20zZEWEs9UTcSEqdMTLTTCSKIVflxsTJiCBVj7aZ1VGHH9iIjHhru6KcK3DFOJ1BLQm+vrSySN",
+	"4IOwTUbz6D6RNSRjjg57BfSai9sPIDOq2pRDztAAZwvzSLBpfa4KrwjfEqkg7tQWpsQ6bMtSIkqAKRul",
+	"2g/T7JxnzK/ltnhjIm+vyP/Cu5cDXwAWn6mhXqqX38U3ICSxLuaJFgkX68GnJ6BwjJWJijiOiTYwTC/r",
+	"Zt4KLk3J1+K8xxGxUDCKS23QMNAYrsxaTRYkKcUKvGQ041u5NqylocIWqnTnWqpYQ0XSNaXntNc15XOe",
+	"97DqsVXKV79rPQkG6nccRSCruphxTgEzvQ3OFL/EmYTux9pFk6HiPCteOOdsTnKju8E2pW9vJLsxNQZq",
+	"xcXtQGbe29UlJxKiTHSIqtd+wmq0r0djCRFnsTf8bsgCHRbZZS0Mp3LJPbHWllM+m2/v4xJK294irCA+",
+	"v/w4MHIUr7zriDg//9373sh4GgnACl5jQjNhaR1yhnnpKjNuM/gt7cXXXGE6mBf9xkcJ8eAXKMfx2R0I",
+	"vIDnST0c8mxGK7GQZcksD9FavpsMXuvVaqJ8Zxwz9p1R7DAed3mLi6kghxB+VSx2sT+T1YpZAI7XOswK",
+	"TJje31cm3/UkxbskGULGzbt3Lbd0LBZklQfZbT0pIRd7Q6R1A6sZT1VcYd0ZfY7WNvCWn3zpcP13hTHV",
+	"Y9iSr5AAqbiAGN28k2gBSteXRCDLBCIJXoAMEWYx0qsTzNYoJlIRFin3FImMaQWZHRKsm4d6nLHL2scX",
+	"+1QPQ3NCweyTQoxm6+ruA2tdF+xyQ4pwtIRDvW0QBjPKo9tDuE+5UF6LEkUj4zEoDxMN5lP9M65xNITq",
+	"Zn9iq3BHS5hL0JLQpeWrqvPVNZDqUiEeGHwdRwNXK23ag9Y2eMyPCXPq8r26+NOO2s5hUWQb7Za2YkHu",
+	"QHgfdeq4QaLbInSn+AizRVNP/9FfqO2ymdx1DxTzBBMjJZZRinWiclMab39yZsLSNb8Fv/ds6mH624lN",
+	"ZZrA8zmJGjRsoHuL7mBTed9VTrcbZaYJi31W0aPbX0BhQsdo2PQUF66lOOvpKH5oOzzK1EZ3zk+1TErm",
+	"EK0jOrSZelus/1Gt+VP7pb86+/GdvSP/tZN7c6LX5T0JvrdR/vnxcSXmP/fm2g3NKAIcLVG0JDRGlNzB",
+	"U7tTS3UPs2+rntFOfOUIoh1vOLsuuclLtVtCaV4QeKqzBnmVI6r79dD7DpQgkUc9I9vTNNM1/GVUf2FO",
+	"OVa+Zq5oAUZ2mMN7uDG7J5CM2Hz0nULllY+M3A86puceor5ZzWMraii5qoijIsiqDnrsox4J/QO636zJ",
+	"FlcZXdG4uK4wb11mM0qia1um+D0iBrYevXmC5e0H+JaBVG+49IQG/Vu0BByDQHyOhF1rrxFSwe/XaM7F",
+	"CotYIsXNb134fIH+9nD524frR0QkEpBSHNmGzLzJhTqy0estsIVaBtOTf5yGQ2ZRdVF/TGOXGnYm6mET",
+	"1C2k3cPNB5gLkMs2H3EmsHKFRXfsP/25FvzHFfxXeXItJifNzsrX57qXK0F4Z9dcTVfeEJRB/jdRSxua",
+	"Pb1rbabUVRINqCtc7G8LskFxeZ6XZjeOvWBz/vQ8YsY3oyopW6W8xWt32T6opBxVgTKcNC5rN7qd4FzN",
+	"5SiiNpSYuZS3aAab6iy3ynmrV4i10rHUSEPUDSZ9pnHtNupoz8YKdZYRGo+xJvNCh8Rm5U19NVKYX9tQ",
+	"scJE2Z/ywWs3OGH/Zr7FhepOb0i3cILUZHh/spEpXjGvyLqqrv5xR2ay5giJ9rVLud0M6oYcl2Fh03Wf",
+	"KQmrq6RugX3ec6b3/eCQPp5JZo+Ut24Y3aZ9ZBlQymtC4WNKOY49hAmQDobUpiwTdDNJ+Q4byfDnnj73",
+	"3wcKh/LF2DRRjF03HlwDFXmvh7YMXVvbSOklxZ2QkUBNuBtV50r1m9OeGV7jkgRSAeYmqOXVYZBJQPYa",
+	"mGWUborM/cOF3ghZvnry713x0m8DeKyVKMBJl3b6hXulsFA3J23RzrmIOsYQc8GTi6QLTaafVtO67yYh",
+	"Xp8ncfegrPshpMO9MSfiSkE6rDHJ33AWl0fUTsvbqjzpCDc7zp7b2NCTvdyT6PLq0dDT5+pXDoTYELMY",
+	"y4a5Cn2DbV/ZNs5uq7a/2ci5fvrF1w8ZwAxR6yttfpb6s5T8CuuzTC0LWK+dKpTA3n8enl1eHP4K6zJS",
+	"YfOWBdYSl7bq8e16CSjiTAlO0dnlBeJz9BXr0uFriLQjYEVmFNCKqCV6dfLyJ4msZsxiyZFaYuUeXP3y",
+	"q0QrLm5RxhIekzmB+Ogze3UHYm1RvAgzuQIh0deHzwbq+DmYos/Z8fFpVIFUml9AiD7nMEizKjg6Ovoc",
+	"PH49QloIwJRDGk/z6crXgv+vR5+ZGV0pqoVwtgCmXr2/QYzHYOg+eHXy8rDk7lkFYDANjo+eHx2bEWkK",
+	"DKckmAanR8dHp6afV0ujjckSMLWqWICJ9trSDD0XcTAN/gvUG7uiAZs+Of57Wwdm6gPiDgQiEmVpzQaC",
+	"6acv+v+TpOzQ3Zn1XS4FT0AtIZPILdXK1Hsbvg+KaxRU0CqtXrXPsGiNlkQqvhA4kQZwIJUFH6ScUxmi",
+	"ojF/dhSEbX7zAUKL4eMGSlzBvZqk1F049SLOOxnUeyC4T7k04wjkEqZXbpp72ampt0Sq92bFRsL74e2D",
+	"8ogBgrXzR4tVtSTSqM2OyubYoX19exdUlyj6gu3Jg4XSPPZZ6vsc7fAE7jcz7WMSnsBjWPvs4ZP3U4cC",
+	"RzT8O4cvWna1mVen2VxV4EMNWuqMZoIeAtPxLka3/3mHUkyERH9wwuxEVwe8k5/N1wnBNPiWgViXPBQ3",
+	"kr1Ufw/jrUO9B1hxjs2RVaTZVpp2o/W6Ds4tHsvRY5UMUr3k8Xp3tlvihR/r+Vsb0mNL7M93dnLtWE++",
+	"sI/RCkvkJgDbx4pCQRuTjPFZWIFUSOIk1clkbq89G8o2fVGMDjJ2y/iKhcjOwk1iYVyhNeQ7xIgzkAgL",
+	"QBTmCvFMPfMlmMLdykzT63URTxJ8KEEvUhAXhJFYogOsUMKlQs+Pj/VhcJ9SA1ubYyrB74ju/d9JLHsj",
+	"Snd9meD7C/vQXDY3y02p1qZe0ckseLJLD7Ct+uTfY2g1TUsdqkoh7sLaHopB8KM1NQq20asr/1dCadXN",
+	"N9VTt4TSbd0h7EyTnRTsXC8OZtTv+TvKmr73yiWTclLfyIxV3U0i+81W81vEcdt3hvn6B2H7ifONQx7b",
+	"HzzuQc8+DRNlQrqLpi+Qu8BDcK+Axdaqv1OayUmxEMsd+/tkngN1dm4wr7m43a+1VLFGeygLBlVjlc8A",
+	"B5RinIFRJFUoBWExSiEiDHGhe+cDXER206Xbdv3ZrnXeri66ouzAHJ8xco/KT4G8aVthoWrF8wA4zBbn",
+	"AItHnvJdivau2/ee1hOKhF+ZH/wk7XhArNGBNiYwU505rHKxhGYpxVKhJc/EMzNaIAwZ+R8dAYtDxGms",
+	"64k5EVK9QLhZM/4k89qSSJRXaPowgyi5w1Rv8GfKexWc55PCWObxBYvMqaN19hvO6pCgQXGtY5gFCwFS",
+	"opRTEq21MokZ0USw64CS5tD+3WcR89XAmKrTgX12zKGwyCaQ++HSAae+S7rMQVre4soj0GrJs1uR5rDY",
+	"XcizckHoWsGmhPVp+xVw4ysYr4C/S8m4p1oxBxHtyQncICn/0nd/k6T8hH0rqAqS60rxbg06yCSeUUBY",
+	"ovIqDnHmpko7rwErwMbda/KqKCBzYOVeI1p+yLa5UoJ6gnirTtE9pC5W+Qfm/iGXBVp0jptD/8vmny3e",
+	"oyQh9RK9kIgZlD3ho41OUuFe2S+SfvhYve6tmwv0Qu9hXi27evqfh+/hXh0atsz41aLMNasoxQvYgalN",
+	"Hko8Z+/I7hfz+1pI3eQMdqvdj+06aTj+IQF3f7ddNajtyBuvPPT3B5PrYtX3cIwC+TOka80p05lrB7en",
+	"xX4Thz+ZPJgfei9SaxjKfdqbH6zZYXg5KwgzZHiwsWF/dogL9rczwclDWYgMCDKFmfzAINNNw+6VvknP",
+	"+1NsDaq1E+1ODOBLTh4c8OtxUiJNN8m6AlQdVttQvpC/zee66PLWGsejv9bcbzkz5kjzNwKrR273hw/3",
+	"euvYBlF3WLIxhp+kgYOBuTGmfIHAgnzRXPAElbpEnP3pLD70blaCG3fjOwaeOHlYYrkclJZe6/XBHvvO",
+	"LrC+R82rJagliBKetsS2WrV/fobPEUbnv13+D5IKUnSAkcICYREtyR2g2RpdvTk7PPnHz8/sn8ZZLUEA",
+	"Uhxl5kC9UfIvYhRae+MsonNerFlv63pI88sjBepQKgE4qau7iFUzwrBYe75sGXr71WhizB892r4+uzsZ",
+	"C9K6ORmWJQbhrcINYJNpfrURFn9cp+NuSm3VMQ9rX39Mu91QNBcKxURAZICas7W9EDL32iHCkeBSmu5U",
+	"vkAYFXwhItEdpiRGc26jhL2odHfSCY4tJrlDsGaxn0VDn/k8yiZIbP5nfun7iwdNfj68Pkenp6f/YRiY",
+	"Is7ousS3Ifc3LhBW5h51rgzJfTeTEJ/pVeOszQC0LSRAaqkeWAD22eWFiaOMI5lFSx1LFYhnIRpGtD4v",
+	"UnSNZjDnAjYS/tIsG0l52Y6QWMtIb9miyAHabKo3CHNVFtg+iiqP/9VAkgXXL3Ige22Os1oCQ4lWhwDz",
+	"R3pCh/s3lFSXbkBT7w96aSLrX+DLXaSyH4Wq2psK/8JV7Q9XdXcydmzn1Pz/eXBXFUr/qMHjV3/KDrDz",
+	"rktn4VrLtTcv9n7mOSgkn7RLfyOEvOh4gqJP69bfl6hy+m9Ov4eAyo+Mh4top1S0vzndPBqOEVHS3iTZ",
+	"+UuI3HfdRQXuFJdCtKXW6l9n1b9p/PTl8cvj/wUAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -2,7 +2,6 @@ package api
 
 import (
 	"net/http"
-	"time"
 
 	"github.com/agentenv/agentenv/network"
 )
@@ -40,23 +39,6 @@ func (s *Server) GetNode(w http.ResponseWriter, r *http.Request, nodeID string) 
 		return
 	}
 	writeJSON(w, http.StatusOK, s.node())
-}
-
-// GetSandboxMetrics implements ServerInterface: one sample taken now from
-// the agent of a running sandbox, none for a paused one.
-func (s *Server) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxMetricsParams) {
-	m, err := s.o.Metrics(r.Context(), sandboxID)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	out := []SandboxMetric{}
-	if m != nil {
-		ts := time.Unix(m.TS, 0).UTC()
-		out = append(out, SandboxMetric{Timestamp: ts, TimestampUnix: m.TS, CpuCount: int32(m.CPUCount),
-			CpuUsedPct: float32(m.CPUUsedPct), MemUsed: m.MemUsed, MemTotal: m.MemTotal, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal})
-	}
-	writeJSON(w, http.StatusOK, out)
 }
 
 // UpdateSandboxNetwork implements ServerInterface.

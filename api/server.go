@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentenv/agentenv/api/metricsring"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/go-chi/chi/v5"
 )
@@ -39,7 +40,10 @@ type Options struct {
 	Node NodeInfo
 	// Metrics serves GET /metrics (Prometheus); nil answers 404.
 	Metrics http.Handler
-	Logger  *slog.Logger
+	// MetricsHistory answers the sandbox metrics routes by range; nil
+	// answers one sample taken now.
+	MetricsHistory *metricsring.History
+	Logger         *slog.Logger
 }
 
 // Server implements ServerInterface over the orchestrator.

@@ -126,6 +126,29 @@ await step('connect resumes; files and background process survived', async () =>
   assert.equal(r.stdout, 'hello from env\n')
 })
 
+await step('metrics: the history by range, several sandboxes at once', async () => {
+  // The node samples every few seconds: wait for three samples.
+  let ms = []
+  for (let i = 0; i < 40 && ms.length < 3; i++) {
+    ms = await again.getMetrics()
+    if (ms.length < 3) await new Promise((r) => setTimeout(r, 1000))
+  }
+  assert.ok(ms.length >= 3, `${ms.length} samples after waiting`)
+  const secs = (m) => Math.round(m.timestamp.getTime() / 1000)
+  for (let i = 1; i < ms.length; i++) assert.ok(secs(ms[i]) > secs(ms[i - 1]), 'samples are oldest first')
+  for (const m of ms) assert.ok(m.cpuCount >= 1 && m.memTotal > 0 && m.memUsed > 0 && m.diskTotal > 0, JSON.stringify(m))
+  const start = ms[1].timestamp
+  const end = ms[ms.length - 2].timestamp
+  const sub = await again.getMetrics({ start, end })
+  assert.deepEqual(sub.map(secs), ms.slice(1, ms.length - 1).map(secs), 'getMetrics({start, end}) answers the range')
+  const res = await fetch(`${process.env.E2B_API_URL}/sandboxes/metrics?sandbox_ids=${again.sandboxId},nosuch${tag}`,
+    { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
+  assert.equal(res.status, 200)
+  const many = await res.json()
+  assert.deepEqual(Object.keys(many.sandboxes), [again.sandboxId])
+  assert.ok(many.sandboxes[again.sandboxId].timestampUnix >= secs(ms[ms.length - 1]), 'the newest sample')
+})
+
 await step('snapshot: listed, deleted by Sandbox.deleteSnapshot, then not found', async () => {
   const snap = await again.createSnapshot()
   const listedIds = async () => {

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/api/metricsring"
 	"github.com/agentenv/agentenv/config"
 	"github.com/agentenv/agentenv/guest/image"
 	"github.com/agentenv/agentenv/internal/version"
@@ -166,12 +167,16 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	px.APIKey = key // stripped from anything forwarded to a guest
 	// A sandbox's end (kill, pause) closes its streams through the proxy.
 	defer orch.Subscribe(px.OnEvent)()
+	// The sandbox metrics history, answered by range.
+	history := metricsring.New(orch, 0, 0, log)
+	history.Start(ctx)
+	defer history.Close()
 	hostname, _ := os.Hostname()
 	handler := api.NewHandler(api.Options{
 		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log,
 		Node:           api.NodeInfo{ID: hostname, Version: version.Version(), VMMDriver: drv.Name(), VMMAccel: accel, VMMReasons: why},
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), MetricsHistory: history,
 	})
 	limits := defaultServerLimits(cfg)
 	servers := []*http.Server{newHTTPServer(cfg.API.Listen, handler, limits)}
