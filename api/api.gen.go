@@ -80,6 +80,24 @@ func (e NodeMemoryMode) Valid() bool {
 	}
 }
 
+// Defines values for NodeStatusChangeStatus.
+const (
+	NodeStatusChangeStatusDraining NodeStatusChangeStatus = "draining"
+	NodeStatusChangeStatusReady    NodeStatusChangeStatus = "ready"
+)
+
+// Valid indicates whether the value is a known member of the NodeStatusChangeStatus enum.
+func (e NodeStatusChangeStatus) Valid() bool {
+	switch e {
+	case NodeStatusChangeStatusDraining:
+		return true
+	case NodeStatusChangeStatusReady:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for SandboxLifecycleOnTimeout.
 const (
 	Kill  SandboxLifecycleOnTimeout = "kill"
@@ -280,14 +298,20 @@ type NewSnapshot struct {
 
 // Node defines model for Node.
 type Node struct {
-	AllocatedCPU      int32    `json:"allocatedCPU"`
-	AllocatedMemoryMB int64    `json:"allocatedMemoryMB"`
-	CpuCount          int32    `json:"cpuCount"`
-	CreateFailures    int64    `json:"createFailures"`
-	CreateSuccesses   int64    `json:"createSuccesses"`
-	DiskTotalMB       int64    `json:"diskTotalMB"`
-	DiskUsedMB        int64    `json:"diskUsedMB"`
-	LoadAverage1m     *float64 `json:"loadAverage1m,omitempty"`
+	AllocatedCPU      int32 `json:"allocatedCPU"`
+	AllocatedMemoryMB int64 `json:"allocatedMemoryMB"`
+
+	// Commit the source commit aenvd was built from
+	Commit          *string `json:"commit,omitempty"`
+	CpuCount        int32   `json:"cpuCount"`
+	CreateFailures  int64   `json:"createFailures"`
+	CreateSuccesses int64   `json:"createSuccesses"`
+
+	// Date the build date of aenvd
+	Date          *string  `json:"date,omitempty"`
+	DiskTotalMB   int64    `json:"diskTotalMB"`
+	DiskUsedMB    int64    `json:"diskUsedMB"`
+	LoadAverage1m *float64 `json:"loadAverage1m,omitempty"`
 
 	// Memory how restored VMs get their memory images, and how many distinct images running VMs map
 	Memory        *NodeMemory   `json:"memory,omitempty"`
@@ -323,6 +347,14 @@ type NodeSandboxes struct {
 	Running int32 `json:"running"`
 	Total   int32 `json:"total"`
 }
+
+// NodeStatusChange defines model for NodeStatusChange.
+type NodeStatusChange struct {
+	Status NodeStatusChangeStatus `json:"status"`
+}
+
+// NodeStatusChangeStatus defines model for NodeStatusChange.Status.
+type NodeStatusChangeStatus string
 
 // NodeVMM defines model for NodeVMM.
 type NodeVMM struct {
@@ -537,6 +569,17 @@ type TemplateStep struct {
 	Type      string    `json:"type"`
 }
 
+// TemplateUpdateRequest defines model for TemplateUpdateRequest.
+type TemplateUpdateRequest struct {
+	// Public whether the template is public (stored and reported; every API key of a node sees every template)
+	Public *bool `json:"public,omitempty"`
+}
+
+// TemplateUpdateResponse defines model for TemplateUpdateResponse.
+type TemplateUpdateResponse struct {
+	Names []string `json:"names"`
+}
+
 // SandboxID defines model for sandboxID.
 type SandboxID = string
 
@@ -604,6 +647,9 @@ type ListSandboxesV2Params struct {
 // ListSandboxesV2ParamsOrder defines parameters for ListSandboxesV2.
 type ListSandboxesV2ParamsOrder string
 
+// SetNodeStatusJSONRequestBody defines body for SetNodeStatus for application/json ContentType.
+type SetNodeStatusJSONRequestBody = NodeStatusChange
+
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = NewSandbox
 
@@ -629,6 +675,9 @@ type CreateSnapshotJSONRequestBody = NewSnapshot
 
 // SetSandboxTimeoutJSONRequestBody defines body for SetSandboxTimeout for application/json ContentType.
 type SetSandboxTimeoutJSONRequestBody = SandboxTimeout
+
+// UpdateTemplateJSONRequestBody defines body for UpdateTemplate for application/json ContentType.
+type UpdateTemplateJSONRequestBody = TemplateUpdateRequest
 
 // CreateSandboxV2JSONRequestBody defines body for CreateSandboxV2 for application/json ContentType.
 type CreateSandboxV2JSONRequestBody = NewSandbox
@@ -656,6 +705,9 @@ type ServerInterface interface {
 
 	// (GET /nodes/{nodeID})
 	GetNode(w http.ResponseWriter, r *http.Request, nodeID string)
+
+	// (POST /nodes/{nodeID})
+	SetNodeStatus(w http.ResponseWriter, r *http.Request, nodeID string)
 
 	// (GET /sandboxes)
 	ListSandboxes(w http.ResponseWriter, r *http.Request, params ListSandboxesParams)
@@ -722,6 +774,9 @@ type ServerInterface interface {
 	// (GET /templates/{templateID})
 	GetTemplate(w http.ResponseWriter, r *http.Request, templateID string)
 
+	// (PATCH /templates/{templateID})
+	UpdateTemplate(w http.ResponseWriter, r *http.Request, templateID string)
+
 	// (GET /templates/{templateID}/builds/{buildID}/status)
 	GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, templateID string, buildID string, params GetTemplateBuildStatusParams)
 
@@ -771,6 +826,11 @@ func (_ Unimplemented) ListNodes(w http.ResponseWriter, r *http.Request) {
 
 // (GET /nodes/{nodeID})
 func (_ Unimplemented) GetNode(w http.ResponseWriter, r *http.Request, nodeID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (POST /nodes/{nodeID})
+func (_ Unimplemented) SetNodeStatus(w http.ResponseWriter, r *http.Request, nodeID string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -878,6 +938,11 @@ func (_ Unimplemented) DeleteTemplate(w http.ResponseWriter, r *http.Request, te
 
 // (GET /templates/{templateID})
 func (_ Unimplemented) GetTemplate(w http.ResponseWriter, r *http.Request, templateID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (PATCH /templates/{templateID})
+func (_ Unimplemented) UpdateTemplate(w http.ResponseWriter, r *http.Request, templateID string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -994,6 +1059,32 @@ func (siw *ServerInterfaceWrapper) GetNode(w http.ResponseWriter, r *http.Reques
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetNode(w, r, nodeID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// SetNodeStatus operation middleware
+func (siw *ServerInterfaceWrapper) SetNodeStatus(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "nodeID" -------------
+	var nodeID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "nodeID", chi.URLParam(r, "nodeID"), &nodeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "nodeID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SetNodeStatus(w, r, nodeID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -1614,6 +1705,32 @@ func (siw *ServerInterfaceWrapper) GetTemplate(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// UpdateTemplate operation middleware
+func (siw *ServerInterfaceWrapper) UpdateTemplate(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", chi.URLParam(r, "templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateTemplate(w, r, templateID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetTemplateBuildStatus operation middleware
 func (siw *ServerInterfaceWrapper) GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request) {
 
@@ -2174,6 +2291,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/nodes/{nodeID}", wrapper.GetNode)
 	})
 	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/nodes/{nodeID}", wrapper.SetNodeStatus)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/templates", wrapper.ListTemplates)
 	})
 	r.Group(func(r chi.Router) {
@@ -2181,6 +2301,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/templates/{templateID}", wrapper.GetTemplate)
+	})
+	r.Group(func(r chi.Router) {
+		r.Patch(options.BaseURL+"/templates/{templateID}", wrapper.UpdateTemplate)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v2/templates", wrapper.ListTemplatesV2)
@@ -2212,74 +2335,78 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fxrb9u4mv4rhPYAkwJKnCbnDHZd7Ic0026DaTtBk2bPoi2mtPTa5oQiVZKK4w3y3xe86E7JkmO3cxbz",
-	"qWlEke/9xkd5CCKepJwBUzKYPgQpFjgBBcL8T2IWz/j9xS/6P4QF0yDFahmEAcMJBNPK8zAQ8C0jAuJg",
-	"qkQGYSCjJSRYv6jWqVmsBGGL4PHxUS+WKWcSzCmvhOBC/xBxpoAp/SNOU0oirAhnkz8kZ4aaYse/CZgH",
-	"0+DfJiXxE/tUTuxu5pQYZCRIqjcJpgFmCNyznDpz/MuM0PgtX7xiSqyNDARPQShiqaNwB1T/ACxLgumn",
-	"IIZZtgjCgLA5D8JghQULwsBu/SVschsGCUiJF+CRRBhIBan3gSIJSIUT83TORYJVMA1irOBQPwpa5zxW",
-	"NfCp8n5JQOh4KYnksz8gUvo8I4QrhVUmPwB2Am8IworI/Y8oSOQmXdRF+1ici4XA6y1l02A038HH1Dln",
-	"DCJ1Za20zZEWEs9UTcSEqdMTLTTCSKIVflxsTJiCBVj7aZ1VGHH9iIjHhru6KcK3DFOJ1BLQm+vrSySN",
-	"4IOwTUbz6D6RNSRjjg57BfSai9sPIDOq2pRDztAAZwvzSLBpfa4KrwjfEqkg7tQWpsQ6bMtSIkqAKRul",
-	"2g/T7JxnzK/ltnhjIm+vyP/Cu5cDXwAWn6mhXqqX38U3ICSxLuaJFgkX68GnJ6BwjJWJijiOiTYwTC/r",
-	"Zt4KLk3J1+K8xxGxUDCKS23QMNAYrsxaTRYkKcUKvGQ041u5NqylocIWqnTnWqpYQ0XSNaXntNc15XOe",
-	"97DqsVXKV79rPQkG6nccRSCruphxTgEzvQ3OFL/EmYTux9pFk6HiPCteOOdsTnKju8E2pW9vJLsxNQZq",
-	"xcXtQGbe29UlJxKiTHSIqtd+wmq0r0djCRFnsTf8bsgCHRbZZS0Mp3LJPbHWllM+m2/v4xJK294irCA+",
-	"v/w4MHIUr7zriDg//9373sh4GgnACl5jQjNhaR1yhnnpKjNuM/gt7cXXXGE6mBf9xkcJ8eAXKMfx2R0I",
-	"vIDnST0c8mxGK7GQZcksD9FavpsMXuvVaqJ8Zxwz9p1R7DAed3mLi6kghxB+VSx2sT+T1YpZAI7XOswK",
-	"TJje31cm3/UkxbskGULGzbt3Lbd0LBZklQfZbT0pIRd7Q6R1A6sZT1VcYd0ZfY7WNvCWn3zpcP13hTHV",
-	"Y9iSr5AAqbiAGN28k2gBSteXRCDLBCIJXoAMEWYx0qsTzNYoJlIRFin3FImMaQWZHRKsm4d6nLHL2scX",
-	"+1QPQ3NCweyTQoxm6+ruA2tdF+xyQ4pwtIRDvW0QBjPKo9tDuE+5UF6LEkUj4zEoDxMN5lP9M65xNITq",
-	"Zn9iq3BHS5hL0JLQpeWrqvPVNZDqUiEeGHwdRwNXK23ag9Y2eMyPCXPq8r26+NOO2s5hUWQb7Za2YkHu",
-	"QHgfdeq4QaLbInSn+AizRVNP/9FfqO2ymdx1DxTzBBMjJZZRinWiclMab39yZsLSNb8Fv/ds6mH624lN",
-	"ZZrA8zmJGjRsoHuL7mBTed9VTrcbZaYJi31W0aPbX0BhQsdo2PQUF66lOOvpKH5oOzzK1EZ3zk+1TErm",
-	"EK0jOrSZelus/1Gt+VP7pb86+/GdvSP/tZN7c6LX5T0JvrdR/vnxcSXmP/fm2g3NKAIcLVG0JDRGlNzB",
-	"U7tTS3UPs2+rntFOfOUIoh1vOLsuuclLtVtCaV4QeKqzBnmVI6r79dD7DpQgkUc9I9vTNNM1/GVUf2FO",
-	"OVa+Zq5oAUZ2mMN7uDG7J5CM2Hz0nULllY+M3A86puceor5ZzWMraii5qoijIsiqDnrsox4J/QO636zJ",
-	"FlcZXdG4uK4wb11mM0qia1um+D0iBrYevXmC5e0H+JaBVG+49IQG/Vu0BByDQHyOhF1rrxFSwe/XaM7F",
-	"CotYIsXNb134fIH+9nD524frR0QkEpBSHNmGzLzJhTqy0estsIVaBtOTf5yGQ2ZRdVF/TGOXGnYm6mET",
-	"1C2k3cPNB5gLkMs2H3EmsHKFRXfsP/25FvzHFfxXeXItJifNzsrX57qXK0F4Z9dcTVfeEJRB/jdRSxua",
-	"Pb1rbabUVRINqCtc7G8LskFxeZ6XZjeOvWBz/vQ8YsY3oyopW6W8xWt32T6opBxVgTKcNC5rN7qd4FzN",
-	"5SiiNpSYuZS3aAab6iy3ynmrV4i10rHUSEPUDSZ9pnHtNupoz8YKdZYRGo+xJvNCh8Rm5U19NVKYX9tQ",
-	"scJE2Z/ywWs3OGH/Zr7FhepOb0i3cILUZHh/spEpXjGvyLqqrv5xR2ay5giJ9rVLud0M6oYcl2Fh03Wf",
-	"KQmrq6RugX3ec6b3/eCQPp5JZo+Ut24Y3aZ9ZBlQymtC4WNKOY49hAmQDobUpiwTdDNJ+Q4byfDnnj73",
-	"3wcKh/LF2DRRjF03HlwDFXmvh7YMXVvbSOklxZ2QkUBNuBtV50r1m9OeGV7jkgRSAeYmqOXVYZBJQPYa",
-	"mGWUborM/cOF3ghZvnry713x0m8DeKyVKMBJl3b6hXulsFA3J23RzrmIOsYQc8GTi6QLTaafVtO67yYh",
-	"Xp8ncfegrPshpMO9MSfiSkE6rDHJ33AWl0fUTsvbqjzpCDc7zp7b2NCTvdyT6PLq0dDT5+pXDoTYELMY",
-	"y4a5Cn2DbV/ZNs5uq7a/2ci5fvrF1w8ZwAxR6yttfpb6s5T8CuuzTC0LWK+dKpTA3n8enl1eHP4K6zJS",
-	"YfOWBdYSl7bq8e16CSjiTAlO0dnlBeJz9BXr0uFriLQjYEVmFNCKqCV6dfLyJ4msZsxiyZFaYuUeXP3y",
-	"q0QrLm5RxhIekzmB+Ogze3UHYm1RvAgzuQIh0deHzwbq+DmYos/Z8fFpVIFUml9AiD7nMEizKjg6Ovoc",
-	"PH49QloIwJRDGk/z6crXgv+vR5+ZGV0pqoVwtgCmXr2/QYzHYOg+eHXy8rDk7lkFYDANjo+eHx2bEWkK",
-	"DKckmAanR8dHp6afV0ujjckSMLWqWICJ9trSDD0XcTAN/gvUG7uiAZs+Of57Wwdm6gPiDgQiEmVpzQaC",
-	"6acv+v+TpOzQ3Zn1XS4FT0AtIZPILdXK1Hsbvg+KaxRU0CqtXrXPsGiNlkQqvhA4kQZwIJUFH6ScUxmi",
-	"ojF/dhSEbX7zAUKL4eMGSlzBvZqk1F049SLOOxnUeyC4T7k04wjkEqZXbpp72ampt0Sq92bFRsL74e2D",
-	"8ogBgrXzR4tVtSTSqM2OyubYoX19exdUlyj6gu3Jg4XSPPZZ6vsc7fAE7jcz7WMSnsBjWPvs4ZP3U4cC",
-	"RzT8O4cvWna1mVen2VxV4EMNWuqMZoIeAtPxLka3/3mHUkyERH9wwuxEVwe8k5/N1wnBNPiWgViXPBQ3",
-	"kr1Ufw/jrUO9B1hxjs2RVaTZVpp2o/W6Ds4tHsvRY5UMUr3k8Xp3tlvihR/r+Vsb0mNL7M93dnLtWE++",
-	"sI/RCkvkJgDbx4pCQRuTjPFZWIFUSOIk1clkbq89G8o2fVGMDjJ2y/iKhcjOwk1iYVyhNeQ7xIgzkAgL",
-	"QBTmCvFMPfMlmMLdykzT63URTxJ8KEEvUhAXhJFYogOsUMKlQs+Pj/VhcJ9SA1ubYyrB74ju/d9JLHsj",
-	"Snd9meD7C/vQXDY3y02p1qZe0ckseLJLD7Ct+uTfY2g1TUsdqkoh7sLaHopB8KM1NQq20asr/1dCadXN",
-	"N9VTt4TSbd0h7EyTnRTsXC8OZtTv+TvKmr73yiWTclLfyIxV3U0i+81W81vEcdt3hvn6B2H7ifONQx7b",
-	"HzzuQc8+DRNlQrqLpi+Qu8BDcK+Axdaqv1OayUmxEMsd+/tkngN1dm4wr7m43a+1VLFGeygLBlVjlc8A",
-	"B5RinIFRJFUoBWExSiEiDHGhe+cDXER206Xbdv3ZrnXeri66ouzAHJ8xco/KT4G8aVthoWrF8wA4zBbn",
-	"AItHnvJdivau2/ee1hOKhF+ZH/wk7XhArNGBNiYwU505rHKxhGYpxVKhJc/EMzNaIAwZ+R8dAYtDxGms",
-	"64k5EVK9QLhZM/4k89qSSJRXaPowgyi5w1Rv8GfKexWc55PCWObxBYvMqaN19hvO6pCgQXGtY5gFCwFS",
-	"opRTEq21MokZ0USw64CS5tD+3WcR89XAmKrTgX12zKGwyCaQ++HSAae+S7rMQVre4soj0GrJs1uR5rDY",
-	"XcizckHoWsGmhPVp+xVw4ysYr4C/S8m4p1oxBxHtyQncICn/0nd/k6T8hH0rqAqS60rxbg06yCSeUUBY",
-	"ovIqDnHmpko7rwErwMbda/KqKCBzYOVeI1p+yLa5UoJ6gnirTtE9pC5W+Qfm/iGXBVp0jptD/8vmny3e",
-	"oyQh9RK9kIgZlD3ho41OUuFe2S+SfvhYve6tmwv0Qu9hXi27evqfh+/hXh0atsz41aLMNasoxQvYgalN",
-	"Hko8Z+/I7hfz+1pI3eQMdqvdj+06aTj+IQF3f7ddNajtyBuvPPT3B5PrYtX3cIwC+TOka80p05lrB7en",
-	"xX4Thz+ZPJgfei9SaxjKfdqbH6zZYXg5KwgzZHiwsWF/dogL9rczwclDWYgMCDKFmfzAINNNw+6VvknP",
-	"+1NsDaq1E+1ODOBLTh4c8OtxUiJNN8m6AlQdVttQvpC/zee66PLWGsejv9bcbzkz5kjzNwKrR273hw/3",
-	"euvYBlF3WLIxhp+kgYOBuTGmfIHAgnzRXPAElbpEnP3pLD70blaCG3fjOwaeOHlYYrkclJZe6/XBHvvO",
-	"LrC+R82rJagliBKetsS2WrV/fobPEUbnv13+D5IKUnSAkcICYREtyR2g2RpdvTk7PPnHz8/sn8ZZLUEA",
-	"Uhxl5kC9UfIvYhRae+MsonNerFlv63pI88sjBepQKgE4qau7iFUzwrBYe75sGXr71WhizB892r4+uzsZ",
-	"C9K6ORmWJQbhrcINYJNpfrURFn9cp+NuSm3VMQ9rX39Mu91QNBcKxURAZICas7W9EDL32iHCkeBSmu5U",
-	"vkAYFXwhItEdpiRGc26jhL2odHfSCY4tJrlDsGaxn0VDn/k8yiZIbP5nfun7iwdNfj68Pkenp6f/YRiY",
-	"Is7ousS3Ifc3LhBW5h51rgzJfTeTEJ/pVeOszQC0LSRAaqkeWAD22eWFiaOMI5lFSx1LFYhnIRpGtD4v",
-	"UnSNZjDnAjYS/tIsG0l52Y6QWMtIb9miyAHabKo3CHNVFtg+iiqP/9VAkgXXL3Ige22Os1oCQ4lWhwDz",
-	"R3pCh/s3lFSXbkBT7w96aSLrX+DLXaSyH4Wq2psK/8JV7Q9XdXcydmzn1Pz/eXBXFUr/qMHjV3/KDrDz",
-	"rktn4VrLtTcv9n7mOSgkn7RLfyOEvOh4gqJP69bfl6hy+m9Ov4eAyo+Mh4top1S0vzndPBqOEVHS3iTZ",
-	"+UuI3HfdRQXuFJdCtKXW6l9n1b9p/PTl8cvj/wUAAP//",
+	"7Fx7b9u4lv8qhPYCTQAlTpM7g10X+0eaabfBtJ2gTrN30RZTWjq2OJFIlaTieIN89wUfelOy5NjtzGL+",
+	"ampR5Hmfw8Mf9eAFLEkZBSqFN33wUsxxAhK4/p/ANJyz+8tf1H8I9aZeimXk+R7FCXjTynPf4/AtIxxC",
+	"byp5Br4ngggSrF6U61QPlpzQpff4+KgGi5RRAXqVV5wzrv4IGJVApfoTp2lMAiwJo5M/BKOammLGf3BY",
+	"eFPv3yYl8RPzVEzMbHqVEETASaom8aYepgjss5w6vfzLjMThW7Z8RSVfaxlwlgKXxFAXwx3E6g+gWeJN",
+	"P3khzLOl53uELpjneyvMqed7ZuovfpNb30tACLwEhyR8T0hInQ8kSUBInOinC8YTLL2pF2IJR+qR11rn",
+	"saqBT5X3SwJ8y0tJJJv/AYFU62khzCSWmfgA2Aq8IQgjIvs/IiERm3RRF+1jsS7mHK+3lE2D0XwGF1MX",
+	"jFII5MxYaZsjJSSWyZqICZVnp0pohJJEKfykmJhQCUsw9tNaqzDi+hIBCzV3dVOEbxmOBZIRoDfX11dI",
+	"aMF7fpuM5tJ9ImtIRi/t9wroNeO3H0BksWxTDjlDA5zNzyPBpvG5KpwifEuEhLBTWzgmxmFblhLEBKg0",
+	"Uar9MM0uWEbdWm6LNyTidkb+F969HPgC0PBcDvVSNfwuvAEuiHExR7RIGF8PXj0BiUMsdVTEYUiUgeH4",
+	"qm7mreDSlHwtzjscEXMJo7hUBg0DjWGmxyqyIEljLMFJRjO+lWP9WhoqbKFKd66lijVUJF1Tek57XVMu",
+	"53kPqx5bjdnqd6UnTkH+joMARFUXc8ZiwFRNgzPJrnAmoPuxctFkqDjPixcuGF2Q3OhusEnp2xvJbkyN",
+	"glwxfjuQmfdmdMmJgCDjHaLqtR+/Gu3r0VhAwGjoDL8bskCHRXZZC8WpiJgj1ppyymXz7XlsQmnbW4Al",
+	"hBdXHwdGjuKVdx0R5+d/Ot8LWJIQhxRVMhMs4wEgMwRh5UFohQWaZySWaMFZ4goWIyN0wAFLeI1JnHHD",
+	"/RCq9UuzTDvi4LdCG8XanCqOQqSeI7YwnLpYU4HlmkkcDxaveuOjgHDwCzHD4fkdcLyE50k9QrNsHlfC",
+	"M82SeZ41lMo3+aAyNWMc5TvjmDHvjGKHsrDLgW2YBzGE8Fkx2KajTFSLeA44XKvIzzGhan5X5X7Xk6fv",
+	"kmQIGTfv3rUihWWxIKtcyEzryFK52BsirRtYzXiq4vLr8cHl+20PaTnal45o9K4wprqbRGyFOAjJOITo",
+	"5p1AS5Cq5CUcGSYQSfAShI8wDZEanWC6RiERktBA2qeIZ1QpSM+QYLWfqYc+M6y9fDFPdTG0IDHoeVII",
+	"0XxdnX1g+W3jb25IAQ4iOFLTer43j1lwewT3KePSaVG82Fs5DMrBRIP5VP2NaxwNobq5ZTIbA0uLn0vQ",
+	"kNCl5VnV+eoaSFX1Eg6M3pajgaOlMu1BYxs85sv4OXX5XJ38aV+8iDBdOvLrVgGkQZKdo4sAFSnaeT0I",
+	"TPOhnVk4uQPufNRpZA2C7BS+XcVFmCkke/Zk/cXrLjfYu94XhizBREuJZnGMVaa0nSvnnu1cx8Vrdgtu",
+	"9920r+vfYm0qXTleLEjQoGED3VvsmDZtebq2GO3mAVWEhS6r6NHtLyAxicdoWO+zLu0267xnl/VDWwSj",
+	"TG10N+GplhmTBQTrIB66wXxbjP9R7Yqn7iH/7naM73ZY8l9buTe7nF3ek+B7E+Wfn5xUYv5zZ7LfsEFH",
+	"gIMIBZHaecXkDp66YzdU9zD7tuoZ7cRXtmXa8YbR65KbvGa4JXGcVySb64XKEtX5euh9B5KTwKGekRvs",
+	"NFObiKug/sIiZli6dpPFHmTkFnf4JnLM7AkkIyYffc5SeeUjJfeDluk5m6lPVvPYihpKririqAiyqoMe",
+	"+6hHQnfT8jdjssXxTlc0Lo5w9FtX2TwmwbUpU9weEQJdj548weL2A3zLQMg3TDhCg/oVRYBD4IgtEDdj",
+	"zdFKytn9Gi0YX2EeCiSZ/tWGzxfoHw9Xv324fkREIA5pjAOzI9RvMi6PTfR6C3QpI296+tOZP6Q/Vxf1",
+	"xzRvIe1M1MO6yltIu4ebD7DgIKI2H2HGsbSFRXfsP/u5FvzHFfyzPLkWO6/m1s610bYvV4Lwzo7+mq68",
+	"ISiD+G8iIxOaHZvnWlOrqyQaUFfY2N8WZHMXWqznpNm2qC/pgj09j+j+0ahKylQpb/HaAhAGlZSjKlCK",
+	"k8YB9ka344zJhRhF1IYSM5fyFpvBpjrLqXLe6hVirXQsNdIQdYNJl2lc24k6tmdjhaob6GOsSb/QIbF5",
+	"iV6oRgr9swkVK0yk+Stv3HQDNvZv5lscMu/01HgLJ0h1hncnG5HiFXWKrKvq6m93ZDprjpBo33Ypt5tB",
+	"uyHLpV/YdN1nSsLqKqlbYJ/3nKt5P1j0k6OV2iPlrTeMdtI+sjRQ5zWJ4WMaMxw6COMgLDSrTVnG480k",
+	"5TNsJMOde/rcfx/IpJgtx6aJou26ceEa0Mp5PrVl6NraRkovKQ6ltARqwt2oOluq35z19PAapzSQctBH",
+	"US2v9r1MADJH4zSL402Rub+50Bshy1dP/70rXrptAI+1Egk46dJOv3BnEnN5c9oW7YLxoKMNseAsuUy6",
+	"EHbqaTWtu04SwvVFEnY3yrofQjrcG3MiZhLSYRuT/A1rcXlE7bS8rcqTjnCz4+y5jQ092csdiS6vHjU9",
+	"fa4+s8DMhpj5WDb0WewbbPaVbePstmrzy0bO1dM+Pszm3FpQXy6uh6xVBDICrhsFuXQREciMRwf2xBvT",
+	"EHFIGZcQvkBwB3yNzq8u0S2sNWQEURYCEgDCPsznOiwjYe+hSZONrppitLk24Qr6/S+ujaVGYxG5nik/",
+	"Noucp+RXWJ9nMiow46Y9U6LG/3V0fnV59CusS0axfsugtonN/3WpX0eAAkYlZ7EWI1ugrxp289VHKqJg",
+	"SeYxoBWREXp1+vJZoQ81WDAkIyztg9kvvwq0YvwWZTRhIVkQCI8/01daCzq3IkzFCrhAXx8+axztZ2+K",
+	"PmcnJ2dBBa+rfwAffc4xtnqUd3x8/Nl7/HqMlBCASgtjn+Ztqq8F/1+PP1PdA5SxEsL5Eqh89f7GWIai",
+	"++DV6cujkrvDClRk6p0cPz8+0b3mFChOiTf1zo5Pjs90Y0RGWhuTCHBsVLEEbePKMjQ9l6E39f4L5Bsz",
+	"ooHJPz35ZwfEC/gdcGXvWVqzAW/66Yv6/yQpWx12zfosV5wlyoMygexQpUw1t+b7oDiPQgWtwuhVWTsN",
+	"1igiQrIlx4nQXiakgZGkjMXCR0WH4/DY89v85p2YFsMnjSsIEu7lJI3tyV3vdYZOBtUcCO5TJnRfB9nK",
+	"wyk3xb3o1NRbIuR7PWIj4f13JwYlZI0ybAeGFqsyIkKrzfQcF9hCyV1zF1SXVzQKticPBhT12Gep73Pc",
+	"yhO438y0i0l4Ao9+7U7NJ+c9mgIRNvwSzRffS50dcQ1IqbiT2b8aT1kwfitscEM/nZyhVURiQHCvsVLL",
+	"0nXQLUCag6MOEeMowbeAiES6JER4qdyi6V0zo6NZvoOw3fiXLFzvVEk1rM5jPV8puT0ODmZ6IhXMiPbN",
+	"4Al2XGvkdrrwrALKa9hFnbyMx0dAVe4J0e1/3qEUEy7QH4xQc0yhks/pz/oakjf1vmXA16U9FcfsGyxo",
+	"/4GkfqdjQETJEW+iit/cyuusd9R1cGFQjpaePZloeTFgkHE+39nKtWUd5m4ea0i2bWvtwN43Jnwdi2AF",
+	"QiKBkzTWkGl9lt9Qtt7sh+ggo7eUraiPzAGPDl2USbSGfIYQMapiGgcUw0IilslDV7Iv3K3M+r1eF7Ak",
+	"wUcC1CAJYUEYCQU6wBIlTEj0/ORELQb3aazBoAscC3A7on3/dxKK3ujeXZon+P7SPNQIiuYeSsi1rh1V",
+	"YeE92aUH2Fb9OMthaDVNCxWqSiHuwtoeitONR2NqMZjuRV35v5I4rrr5pnRwS+J4W3fwO0uWTgp2rheL",
+	"nev3/B1VMK73yiGT8vjp8Uun7iaBuZzZvHQ8bvrOMF+/+bmfON9Y5LF9s3kPenZpmEgd0m00fYHsqTSC",
+	"ewk0NFb9ndJMTorBDe/Y3yeLHH22c4N5zfjtfq2lCqDbQ1kwqBqr3PcdUIoxClqRsUQpcAO881WlzHgI",
+	"HB3gIrLrjolpnRzuWuft6qIryg7M8Rkl96i88+dM2xJzWSueB2C8tlgHaDhyle9StHdBSnraAFAk/Eov",
+	"55kwrRq+RgfKmEyfcwGrXCy+HhpjIVHEMn6o2zyEIi3/42OgoY9YHKp6YkG4kC8QbtaMz0ReWxKB8gpN",
+	"LaZhUnc4VhP8mfJeBbz8pDCWOXzBtILrELT9hrM6zu0pe3FYchACpSwmwXrHW/KaAtL8vsrus4i+CjOm",
+	"6rQIth1zyA1cD8R+uLRowO+SLnPkobO4cgi0WvLsVqQ51nsX8qycetutYFPCarX9Crhxtcsp4O9SMu6p",
+	"VsyRcXtyAttIyq/076+TlK+wbwVVkZ9dKd6OQQeZwPMYEBaoPF9GjNqu0s5rwApad/eanBUFZI4W3mtE",
+	"yxfZNlcKkE8Qb9UpupvUxSj34YW7yWXQQ53tZt/9sv5ni/dikpB6iV5IRDfKnnATqZNUuJfmmt0Pb6vX",
+	"vXVzgV7o3c+rZVtP/+voPdzLI82Wbr+aqxOKVZTiJezA1CYPJUi5t2X3i/69FlI3OYOZavdtu04aTn5I",
+	"wN3fyWMNPz7i9FFpOA/9/cHkuhj1PRyjgLMN2bXmlKnMtYOT7GK+iQVVTR70H72H2jVg8D7tzY1A7jC8",
+	"AteEKdI8mNiwPzvEBfvbmeDkoSxEBgSZwkx+YJDppmH3St+k5/0ptoY/HAdvwDKInPVPDXr3TKAccScl",
+	"J/NMOfSBAX+1zwRNo6Im+t1Xem6A4aCC72RvRAxz+GdP8vRul5xo6KmYPFgI6uOkxLxvcpAKZH5YQRqz",
+	"pfhtsVCVsrNAPBl9b3y/NeiYJfUXXKtLbvdZ2r0eFbevc3RYnTYG7cAm14QoZksE5rqB/l4cKnWJGP3T",
+	"hSnfOVkJs95JOptooPTkIcIiGlRLvFbjvT02C7quDTnUXEVLa0BahM0Ww3yJSyOhL367+h8kJKToACOJ",
+	"OcI8iMgdoPkazd6cH53+9POh+UrYKgIOSDKU6QXVRMlfxCiU9kanQHeTX7He1vWQPMYCCfJISA44qau7",
+	"iFVzQjFfO+7YDT2ybKRrnZu3Tyd3p2ORdTenw7LEIJCcvwEhNM3Po/ziO2MdB4pyqzbHsJ7Dj+mRNBTN",
+	"uEQh4RBopPN8bU7xNBjBRzjgTAjdUhAvEEYFX4gIdIdjosGpOjCY02ULJEhwaED9HYLVg90savr0RU2T",
+	"ILH+n/7R9e2VJj8fXl+gs7Oz/9AMTBGj8bqCj7Vf20FY6sPvhdQk9x0nQ3iuRo2zNvMJVX2oIZRUD8wN",
+	"hvOrSx1HKUMiCyIVSyXwQx8NI1qtF8h4jeawYBw2Ev5SDxtJeeVuTKhkpKZsUWRRiCbV6ysasizNXRRV",
+	"Hv/VkK0F1y/ymyC15tsqAooSpQ4OiUFXm2GakurQDdcR9oeX1ZH1b8TsLlLZj4LC7U2Ff4Ph9geGuzsd",
+	"22u1av7/3G2tCqW/1eDwqz/lDrDzgFJl4dqWa29e7LxwPigkn7ZLf/ONdFtDPEHRZ3Xr70tUOf03Z99D",
+	"QOXnDoaLaKdUtG+/b+7nh4hIYY7/TP/FR/YLE0UFbhWXQrCl1urXG+uXgj99efzy+H8BAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -10,10 +10,12 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentenv/agentenv/api/metricsring"
 	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/store"
 	"github.com/go-chi/chi/v5"
 )
 
@@ -43,7 +45,10 @@ type Options struct {
 	// MetricsHistory answers the sandbox metrics routes by range; nil
 	// answers one sample taken now.
 	MetricsHistory *metricsring.History
-	Logger         *slog.Logger
+	// Store keeps the API's own records (template attributes); nil keeps
+	// them in memory.
+	Store  *store.Store
+	Logger *slog.Logger
 }
 
 // Server implements ServerInterface over the orchestrator.
@@ -51,6 +56,9 @@ type Server struct {
 	o    *orchestrator.Orchestrator
 	opts Options
 	log  *slog.Logger
+
+	draining atomic.Bool // POST /nodes/{id} {status: draining}
+	attrs    attrStore   // templates' public flag (templateattrs.go)
 }
 
 // NewHandler returns the complete HTTP handler: sandbox proxy, health,
@@ -59,7 +67,7 @@ func NewHandler(opts Options) http.Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Server{o: opts.Orchestrator, opts: opts, log: opts.Logger.With("component", "api")}
+	s := &Server{o: opts.Orchestrator, opts: opts, log: opts.Logger.With("component", "api"), attrs: attrStore{st: opts.Store}}
 	router := chi.NewRouter()
 	router.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no route "+r.URL.Path)
@@ -188,6 +196,9 @@ func (s *Server) CreateSandbox(w http.ResponseWriter, r *http.Request) { s.creat
 func (s *Server) CreateSandboxV2(w http.ResponseWriter, r *http.Request) { s.create(w, r, true) }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
+	if s.refuseWhileDraining(w) {
+		return
+	}
 	var req NewSandbox
 	if !decode(w, r, &req, true) {
 		return
@@ -447,7 +458,7 @@ func (s *Server) GetTemplate(w http.ResponseWriter, r *http.Request, templateID 
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, builtTemplate(t))
+	writeJSON(w, http.StatusOK, s.builtTemplate(t))
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -12,6 +12,9 @@ import (
 
 // ForkSandbox implements ServerInterface: 201 with one result per child.
 func (s *Server) ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	if s.refuseWhileDraining(w) {
+		return
+	}
 	var req SandboxFork
 	if !decode(w, r, &req, true) {
 		return

@@ -15,7 +15,7 @@ import (
 
 // builtTemplate maps any template (built, building or the default) to E2B's
 // Template.
-func builtTemplate(t orchestrator.Template) Template {
+func (s *Server) builtTemplate(t orchestrator.Template) Template {
 	names := t.Names
 	if len(names) == 0 {
 		names = []string{t.ID}
@@ -41,7 +41,7 @@ func builtTemplate(t orchestrator.Template) Template {
 	}
 	return Template{
 		TemplateID: t.ID, BuildID: buildID, CpuCount: int32(t.VCPUs), MemoryMB: int32(t.MemoryMiB), DiskSizeMB: int32(t.DiskMiB),
-		Public: t.ID == orchestrator.DefaultTemplate, Aliases: names, Names: ptr(names), CreatedAt: t.CreatedAt, UpdatedAt: updated,
+		Public: s.public(t.ID), Aliases: names, Names: ptr(names), CreatedAt: t.CreatedAt, UpdatedAt: updated,
 		EnvdVersion: t.EnvdVersion, BuildStatus: status, BuildCount: &count,
 	}
 }
@@ -51,7 +51,7 @@ func builtTemplate(t orchestrator.Template) Template {
 func (s *Server) ListTemplatesV2(w http.ResponseWriter, r *http.Request) {
 	out := []Template{}
 	for _, t := range s.o.AllTemplates() {
-		out = append(out, builtTemplate(t))
+		out = append(out, s.builtTemplate(t))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -85,7 +85,7 @@ func (s *Server) GetTemplateAlias(w http.ResponseWriter, r *http.Request, alias 
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, TemplateAliasResponse{TemplateID: t.ID, Public: t.ID == orchestrator.DefaultTemplate})
+	writeJSON(w, http.StatusOK, TemplateAliasResponse{TemplateID: t.ID, Public: s.public(t.ID)})
 }
 
 // CreateTemplateV3 implements ServerInterface: 202 with the template and
@@ -115,7 +115,7 @@ func (s *Server) CreateTemplateV3(w http.ResponseWriter, r *http.Request) {
 		tags = []string{}
 	}
 	writeJSON(w, http.StatusAccepted, TemplateRequestResponseV3{
-		TemplateID: t.ID, BuildID: buildID, Names: names, Aliases: names, Public: false, Tags: tags,
+		TemplateID: t.ID, BuildID: buildID, Names: names, Aliases: names, Public: s.public(t.ID), Tags: tags,
 	})
 }
 

@@ -243,6 +243,9 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 	s.mu.Lock()
 	s.vm, s.rec.Memory, s.rec.Slot = vm, mem, vm.Slot.Index
 	s.rec.GuestToken = s.rec.AccessToken
+	if vm.EnvdVersion != "" { // what the agent says it speaks, not what the template was built with
+		s.rec.EnvdVersion = vm.EnvdVersion
+	}
 	s.mu.Unlock()
 	return nil
 }

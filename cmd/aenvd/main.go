@@ -173,8 +173,9 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	defer history.Close()
 	hostname, _ := os.Hostname()
 	handler := api.NewHandler(api.Options{
-		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log,
-		Node:           api.NodeInfo{ID: hostname, Version: version.Version(), VMMDriver: drv.Name(), VMMAccel: accel, VMMReasons: why},
+		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log, Store: st,
+		Node: api.NodeInfo{ID: hostname, Version: version.Version(), Commit: version.Get().Commit, Date: version.Get().Date,
+			VMMDriver: drv.Name(), VMMAccel: accel, VMMReasons: why},
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), MetricsHistory: history,
 	})
