@@ -580,6 +580,41 @@ type TemplateUpdateResponse struct {
 	Names []string `json:"names"`
 }
 
+// WebhookConfig defines model for WebhookConfig.
+type WebhookConfig struct {
+	CreatedAt time.Time `json:"createdAt"`
+	Enabled   bool      `json:"enabled"`
+	Events    []string  `json:"events"`
+	Id        string    `json:"id"`
+	Name      string    `json:"name"`
+	TeamID    string    `json:"teamID"`
+	Url       string    `json:"url"`
+}
+
+// WebhookCreate defines model for WebhookCreate.
+type WebhookCreate struct {
+	Enabled *bool `json:"enabled,omitempty"`
+
+	// Events sandbox.lifecycle.{created,killed,paused,resumed,forked} (updated and checkpointed are accepted, never sent)
+	Events []string `json:"events"`
+	Name   *string  `json:"name,omitempty"`
+
+	// SignatureSecret signs each delivery: e2b-signature is the unpadded base64 of SHA-256 over the secret followed by the body
+	SignatureSecret *string `json:"signatureSecret,omitempty"`
+
+	// Url http or https URL the events are POSTed to
+	Url string `json:"url"`
+}
+
+// WebhookUpdate defines model for WebhookUpdate.
+type WebhookUpdate struct {
+	Enabled         *bool     `json:"enabled,omitempty"`
+	Events          *[]string `json:"events,omitempty"`
+	Name            *string   `json:"name,omitempty"`
+	SignatureSecret *string   `json:"signatureSecret,omitempty"`
+	Url             *string   `json:"url,omitempty"`
+}
+
 // SandboxID defines model for sandboxID.
 type SandboxID = string
 
@@ -647,6 +682,12 @@ type ListSandboxesV2Params struct {
 // ListSandboxesV2ParamsOrder defines parameters for ListSandboxesV2.
 type ListSandboxesV2ParamsOrder string
 
+// CreateWebhookJSONRequestBody defines body for CreateWebhook for application/json ContentType.
+type CreateWebhookJSONRequestBody = WebhookCreate
+
+// UpdateWebhookJSONRequestBody defines body for UpdateWebhook for application/json ContentType.
+type UpdateWebhookJSONRequestBody = WebhookUpdate
+
 // SetNodeStatusJSONRequestBody defines body for SetNodeStatus for application/json ContentType.
 type SetNodeStatusJSONRequestBody = NodeStatusChange
 
@@ -693,6 +734,21 @@ type CreateTemplateV3JSONRequestBody = TemplateBuildRequestV3
 
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
+
+	// (GET /events/webhooks)
+	ListWebhooks(w http.ResponseWriter, r *http.Request)
+
+	// (POST /events/webhooks)
+	CreateWebhook(w http.ResponseWriter, r *http.Request)
+
+	// (DELETE /events/webhooks/{webhookID})
+	DeleteWebhook(w http.ResponseWriter, r *http.Request, webhookID string)
+
+	// (GET /events/webhooks/{webhookID})
+	GetWebhook(w http.ResponseWriter, r *http.Request, webhookID string)
+
+	// (PATCH /events/webhooks/{webhookID})
+	UpdateWebhook(w http.ResponseWriter, r *http.Request, webhookID string)
 
 	// (GET /health)
 	GetHealth(w http.ResponseWriter, r *http.Request)
@@ -808,6 +864,31 @@ type ServerInterface interface {
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
 
 type Unimplemented struct{}
+
+// (GET /events/webhooks)
+func (_ Unimplemented) ListWebhooks(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (POST /events/webhooks)
+func (_ Unimplemented) CreateWebhook(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (DELETE /events/webhooks/{webhookID})
+func (_ Unimplemented) DeleteWebhook(w http.ResponseWriter, r *http.Request, webhookID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /events/webhooks/{webhookID})
+func (_ Unimplemented) GetWebhook(w http.ResponseWriter, r *http.Request, webhookID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (PATCH /events/webhooks/{webhookID})
+func (_ Unimplemented) UpdateWebhook(w http.ResponseWriter, r *http.Request, webhookID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
 
 // (GET /health)
 func (_ Unimplemented) GetHealth(w http.ResponseWriter, r *http.Request) {
@@ -999,6 +1080,112 @@ type ServerInterfaceWrapper struct {
 }
 
 type MiddlewareFunc func(http.Handler) http.Handler
+
+// ListWebhooks operation middleware
+func (siw *ServerInterfaceWrapper) ListWebhooks(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListWebhooks(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateWebhook operation middleware
+func (siw *ServerInterfaceWrapper) CreateWebhook(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateWebhook(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteWebhook operation middleware
+func (siw *ServerInterfaceWrapper) DeleteWebhook(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "webhookID" -------------
+	var webhookID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "webhookID", chi.URLParam(r, "webhookID"), &webhookID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "webhookID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteWebhook(w, r, webhookID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetWebhook operation middleware
+func (siw *ServerInterfaceWrapper) GetWebhook(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "webhookID" -------------
+	var webhookID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "webhookID", chi.URLParam(r, "webhookID"), &webhookID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "webhookID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetWebhook(w, r, webhookID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UpdateWebhook operation middleware
+func (siw *ServerInterfaceWrapper) UpdateWebhook(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "webhookID" -------------
+	var webhookID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "webhookID", chi.URLParam(r, "webhookID"), &webhookID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "webhookID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateWebhook(w, r, webhookID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
 
 // GetHealth operation middleware
 func (siw *ServerInterfaceWrapper) GetHealth(w http.ResponseWriter, r *http.Request) {
@@ -2294,6 +2481,21 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/nodes/{nodeID}", wrapper.SetNodeStatus)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/events/webhooks", wrapper.ListWebhooks)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/events/webhooks", wrapper.CreateWebhook)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/events/webhooks/{webhookID}", wrapper.DeleteWebhook)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/events/webhooks/{webhookID}", wrapper.GetWebhook)
+	})
+	r.Group(func(r chi.Router) {
+		r.Patch(options.BaseURL+"/events/webhooks/{webhookID}", wrapper.UpdateWebhook)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/templates", wrapper.ListTemplates)
 	})
 	r.Group(func(r chi.Router) {
@@ -2335,78 +2537,85 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fx7b9u4lv8qhPYCTQAlTpM7g10X+0eaabfBtJ2gTrN30RZTWjq2OJFIlaTieIN89wUfelOy5NjtzGL+",
-	"ampR5Hmfw8Mf9eAFLEkZBSqFN33wUsxxAhK4/p/ANJyz+8tf1H8I9aZeimXk+R7FCXjTynPf4/AtIxxC",
-	"byp5Br4ngggSrF6U61QPlpzQpff4+KgGi5RRAXqVV5wzrv4IGJVApfoTp2lMAiwJo5M/BKOammLGf3BY",
-	"eFPv3yYl8RPzVEzMbHqVEETASaom8aYepgjss5w6vfzLjMThW7Z8RSVfaxlwlgKXxFAXwx3E6g+gWeJN",
-	"P3khzLOl53uELpjneyvMqed7ZuovfpNb30tACLwEhyR8T0hInQ8kSUBInOinC8YTLL2pF2IJR+qR11rn",
-	"saqBT5X3SwJ8y0tJJJv/AYFU62khzCSWmfgA2Aq8IQgjIvs/IiERm3RRF+1jsS7mHK+3lE2D0XwGF1MX",
-	"jFII5MxYaZsjJSSWyZqICZVnp0pohJJEKfykmJhQCUsw9tNaqzDi+hIBCzV3dVOEbxmOBZIRoDfX11dI",
-	"aMF7fpuM5tJ9ImtIRi/t9wroNeO3H0BksWxTDjlDA5zNzyPBpvG5KpwifEuEhLBTWzgmxmFblhLEBKg0",
-	"Uar9MM0uWEbdWm6LNyTidkb+F969HPgC0PBcDvVSNfwuvAEuiHExR7RIGF8PXj0BiUMsdVTEYUiUgeH4",
-	"qm7mreDSlHwtzjscEXMJo7hUBg0DjWGmxyqyIEljLMFJRjO+lWP9WhoqbKFKd66lijVUJF1Tek57XVMu",
-	"53kPqx5bjdnqd6UnTkH+joMARFUXc8ZiwFRNgzPJrnAmoPuxctFkqDjPixcuGF2Q3OhusEnp2xvJbkyN",
-	"glwxfjuQmfdmdMmJgCDjHaLqtR+/Gu3r0VhAwGjoDL8bskCHRXZZC8WpiJgj1ppyymXz7XlsQmnbW4Al",
-	"hBdXHwdGjuKVdx0R5+d/Ot8LWJIQhxRVMhMs4wEgMwRh5UFohQWaZySWaMFZ4goWIyN0wAFLeI1JnHHD",
-	"/RCq9UuzTDvi4LdCG8XanCqOQqSeI7YwnLpYU4HlmkkcDxaveuOjgHDwCzHD4fkdcLyE50k9QrNsHlfC",
-	"M82SeZ41lMo3+aAyNWMc5TvjmDHvjGKHsrDLgW2YBzGE8Fkx2KajTFSLeA44XKvIzzGhan5X5X7Xk6fv",
-	"kmQIGTfv3rUihWWxIKtcyEzryFK52BsirRtYzXiq4vLr8cHl+20PaTnal45o9K4wprqbRGyFOAjJOITo",
-	"5p1AS5Cq5CUcGSYQSfAShI8wDZEanWC6RiERktBA2qeIZ1QpSM+QYLWfqYc+M6y9fDFPdTG0IDHoeVII",
-	"0XxdnX1g+W3jb25IAQ4iOFLTer43j1lwewT3KePSaVG82Fs5DMrBRIP5VP2NaxwNobq5ZTIbA0uLn0vQ",
-	"kNCl5VnV+eoaSFX1Eg6M3pajgaOlMu1BYxs85sv4OXX5XJ38aV+8iDBdOvLrVgGkQZKdo4sAFSnaeT0I",
-	"TPOhnVk4uQPufNRpZA2C7BS+XcVFmCkke/Zk/cXrLjfYu94XhizBREuJZnGMVaa0nSvnnu1cx8Vrdgtu",
-	"9920r+vfYm0qXTleLEjQoGED3VvsmDZtebq2GO3mAVWEhS6r6NHtLyAxicdoWO+zLu0267xnl/VDWwSj",
-	"TG10N+GplhmTBQTrIB66wXxbjP9R7Yqn7iH/7naM73ZY8l9buTe7nF3ek+B7E+Wfn5xUYv5zZ7LfsEFH",
-	"gIMIBZHaecXkDp66YzdU9zD7tuoZ7cRXtmXa8YbR65KbvGa4JXGcVySb64XKEtX5euh9B5KTwKGekRvs",
-	"NFObiKug/sIiZli6dpPFHmTkFnf4JnLM7AkkIyYffc5SeeUjJfeDluk5m6lPVvPYihpKririqAiyqoMe",
-	"+6hHQnfT8jdjssXxTlc0Lo5w9FtX2TwmwbUpU9weEQJdj548weL2A3zLQMg3TDhCg/oVRYBD4IgtEDdj",
-	"zdFKytn9Gi0YX2EeCiSZ/tWGzxfoHw9Xv324fkREIA5pjAOzI9RvMi6PTfR6C3QpI296+tOZP6Q/Vxf1",
-	"xzRvIe1M1MO6yltIu4ebD7DgIKI2H2HGsbSFRXfsP/u5FvzHFfyzPLkWO6/m1s610bYvV4Lwzo7+mq68",
-	"ISiD+G8iIxOaHZvnWlOrqyQaUFfY2N8WZHMXWqznpNm2qC/pgj09j+j+0ahKylQpb/HaAhAGlZSjKlCK",
-	"k8YB9ka344zJhRhF1IYSM5fyFpvBpjrLqXLe6hVirXQsNdIQdYNJl2lc24k6tmdjhaob6GOsSb/QIbF5",
-	"iV6oRgr9swkVK0yk+Stv3HQDNvZv5lscMu/01HgLJ0h1hncnG5HiFXWKrKvq6m93ZDprjpBo33Ypt5tB",
-	"uyHLpV/YdN1nSsLqKqlbYJ/3nKt5P1j0k6OV2iPlrTeMdtI+sjRQ5zWJ4WMaMxw6COMgLDSrTVnG480k",
-	"5TNsJMOde/rcfx/IpJgtx6aJou26ceEa0Mp5PrVl6NraRkovKQ6ltARqwt2oOluq35z19PAapzSQctBH",
-	"US2v9r1MADJH4zSL402Rub+50Bshy1dP/70rXrptAI+1Egk46dJOv3BnEnN5c9oW7YLxoKMNseAsuUy6",
-	"EHbqaTWtu04SwvVFEnY3yrofQjrcG3MiZhLSYRuT/A1rcXlE7bS8rcqTjnCz4+y5jQ092csdiS6vHjU9",
-	"fa4+s8DMhpj5WDb0WewbbPaVbePstmrzy0bO1dM+Pszm3FpQXy6uh6xVBDICrhsFuXQREciMRwf2xBvT",
-	"EHFIGZcQvkBwB3yNzq8u0S2sNWQEURYCEgDCPsznOiwjYe+hSZONrppitLk24Qr6/S+ujaVGYxG5nik/",
-	"Noucp+RXWJ9nMiow46Y9U6LG/3V0fnV59CusS0axfsugtonN/3WpX0eAAkYlZ7EWI1ugrxp289VHKqJg",
-	"SeYxoBWREXp1+vJZoQ81WDAkIyztg9kvvwq0YvwWZTRhIVkQCI8/01daCzq3IkzFCrhAXx8+axztZ2+K",
-	"PmcnJ2dBBa+rfwAffc4xtnqUd3x8/Nl7/HqMlBCASgtjn+Ztqq8F/1+PP1PdA5SxEsL5Eqh89f7GWIai",
-	"++DV6cujkrvDClRk6p0cPz8+0b3mFChOiTf1zo5Pjs90Y0RGWhuTCHBsVLEEbePKMjQ9l6E39f4L5Bsz",
-	"ooHJPz35ZwfEC/gdcGXvWVqzAW/66Yv6/yQpWx12zfosV5wlyoMygexQpUw1t+b7oDiPQgWtwuhVWTsN",
-	"1igiQrIlx4nQXiakgZGkjMXCR0WH4/DY89v85p2YFsMnjSsIEu7lJI3tyV3vdYZOBtUcCO5TJnRfB9nK",
-	"wyk3xb3o1NRbIuR7PWIj4f13JwYlZI0ybAeGFqsyIkKrzfQcF9hCyV1zF1SXVzQKticPBhT12Gep73Pc",
-	"yhO438y0i0l4Ao9+7U7NJ+c9mgIRNvwSzRffS50dcQ1IqbiT2b8aT1kwfitscEM/nZyhVURiQHCvsVLL",
-	"0nXQLUCag6MOEeMowbeAiES6JER4qdyi6V0zo6NZvoOw3fiXLFzvVEk1rM5jPV8puT0ODmZ6IhXMiPbN",
-	"4Al2XGvkdrrwrALKa9hFnbyMx0dAVe4J0e1/3qEUEy7QH4xQc0yhks/pz/oakjf1vmXA16U9FcfsGyxo",
-	"/4GkfqdjQETJEW+iit/cyuusd9R1cGFQjpaePZloeTFgkHE+39nKtWUd5m4ea0i2bWvtwN43Jnwdi2AF",
-	"QiKBkzTWkGl9lt9Qtt7sh+ggo7eUraiPzAGPDl2USbSGfIYQMapiGgcUw0IilslDV7Iv3K3M+r1eF7Ak",
-	"wUcC1CAJYUEYCQU6wBIlTEj0/ORELQb3aazBoAscC3A7on3/dxKK3ujeXZon+P7SPNQIiuYeSsi1rh1V",
-	"YeE92aUH2Fb9OMthaDVNCxWqSiHuwtoeitONR2NqMZjuRV35v5I4rrr5pnRwS+J4W3fwO0uWTgp2rheL",
-	"nev3/B1VMK73yiGT8vjp8Uun7iaBuZzZvHQ8bvrOMF+/+bmfON9Y5LF9s3kPenZpmEgd0m00fYHsqTSC",
-	"ewk0NFb9ndJMTorBDe/Y3yeLHH22c4N5zfjtfq2lCqDbQ1kwqBqr3PcdUIoxClqRsUQpcAO881WlzHgI",
-	"HB3gIrLrjolpnRzuWuft6qIryg7M8Rkl96i88+dM2xJzWSueB2C8tlgHaDhyle9StHdBSnraAFAk/Eov",
-	"55kwrRq+RgfKmEyfcwGrXCy+HhpjIVHEMn6o2zyEIi3/42OgoY9YHKp6YkG4kC8QbtaMz0ReWxKB8gpN",
-	"LaZhUnc4VhP8mfJeBbz8pDCWOXzBtILrELT9hrM6zu0pe3FYchACpSwmwXrHW/KaAtL8vsrus4i+CjOm",
-	"6rQIth1zyA1cD8R+uLRowO+SLnPkobO4cgi0WvLsVqQ51nsX8qycetutYFPCarX9Crhxtcsp4O9SMu6p",
-	"VsyRcXtyAttIyq/076+TlK+wbwVVkZ9dKd6OQQeZwPMYEBaoPF9GjNqu0s5rwApad/eanBUFZI4W3mtE",
-	"yxfZNlcKkE8Qb9UpupvUxSj34YW7yWXQQ53tZt/9sv5ni/dikpB6iV5IRDfKnnATqZNUuJfmmt0Pb6vX",
-	"vXVzgV7o3c+rZVtP/+voPdzLI82Wbr+aqxOKVZTiJezA1CYPJUi5t2X3i/69FlI3OYOZavdtu04aTn5I",
-	"wN3fyWMNPz7i9FFpOA/9/cHkuhj1PRyjgLMN2bXmlKnMtYOT7GK+iQVVTR70H72H2jVg8D7tzY1A7jC8",
-	"AteEKdI8mNiwPzvEBfvbmeDkoSxEBgSZwkx+YJDppmH3St+k5/0ptoY/HAdvwDKInPVPDXr3TKAccScl",
-	"J/NMOfSBAX+1zwRNo6Im+t1Xem6A4aCC72RvRAxz+GdP8vRul5xo6KmYPFgI6uOkxLxvcpAKZH5YQRqz",
-	"pfhtsVCVsrNAPBl9b3y/NeiYJfUXXKtLbvdZ2r0eFbevc3RYnTYG7cAm14QoZksE5rqB/l4cKnWJGP3T",
-	"hSnfOVkJs95JOptooPTkIcIiGlRLvFbjvT02C7quDTnUXEVLa0BahM0Ww3yJSyOhL367+h8kJKToACOJ",
-	"OcI8iMgdoPkazd6cH53+9POh+UrYKgIOSDKU6QXVRMlfxCiU9kanQHeTX7He1vWQPMYCCfJISA44qau7",
-	"iFVzQjFfO+7YDT2ybKRrnZu3Tyd3p2ORdTenw7LEIJCcvwEhNM3Po/ziO2MdB4pyqzbHsJ7Dj+mRNBTN",
-	"uEQh4RBopPN8bU7xNBjBRzjgTAjdUhAvEEYFX4gIdIdjosGpOjCY02ULJEhwaED9HYLVg90savr0RU2T",
-	"ILH+n/7R9e2VJj8fXl+gs7Oz/9AMTBGj8bqCj7Vf20FY6sPvhdQk9x0nQ3iuRo2zNvMJVX2oIZRUD8wN",
-	"hvOrSx1HKUMiCyIVSyXwQx8NI1qtF8h4jeawYBw2Ev5SDxtJeeVuTKhkpKZsUWRRiCbV6ysasizNXRRV",
-	"Hv/VkK0F1y/ymyC15tsqAooSpQ4OiUFXm2GakurQDdcR9oeX1ZH1b8TsLlLZj4LC7U2Ff4Ph9geGuzsd",
-	"22u1av7/3G2tCqW/1eDwqz/lDrDzgFJl4dqWa29e7LxwPigkn7ZLf/ONdFtDPEHRZ3Xr70tUOf03Z99D",
-	"QOXnDoaLaKdUtG+/b+7nh4hIYY7/TP/FR/YLE0UFbhWXQrCl1urXG+uXgj99efzy+H8BAAD//w==",
+	"7D1rb9u4ln+F0F6gKaDEaTIz2HWxH9LXNpg+gjrN3EVbTGnp2OZYIjUkFccb+L8v+NCbkiXHTudezKdJ",
+	"LYo87xfP0dx7AYsTRoFK4Y3vvQRzHIMErv8lMA2n7O7ylfoHod7YS7BceL5HcQzeuPTc9zj8mRIOoTeW",
+	"PAXfE8ECYqxelOtEL5ac0Lm32WzUYpEwKkCf8ppzxtUfAaMSqFR/4iSJSIAlYXT0h2BUQ5Pv+A8OM2/s",
+	"/ceoAH5knoqR2U2fEoIIOEnUJt7YwxSBfZZBp49/kZIofMfmr6nka00DzhLgkhjoIriFSP0BNI298Rcv",
+	"hGk693yP0BnzfG+FOfV8z2z9za9j63sxCIHn4KCE7wkJifOBJDEIiWP9dMZ4jKU39kIs4Vg98hrnbMoc",
+	"+FJ6vwDAt7gUQLLpHxBIdZ4mwkRimYpPgC3Ba4QwJLL/IhJisY0XVdJu8nMx53i9I21qiGY7uJB6ySiF",
+	"QE6MlDYxUkRiqayQmFB5fqaIRiiJFcNP840JlTAHIz+Ns3Ihrh4RsFBjVxVF+DPFkUByAejt9fUVEprw",
+	"nt8Eo350F8lqlNFH+50EesP48hOINJJNyCFDqIey+Zkl2LY+Y4WThO+IkBC2cgtHxChsQ1KCiACVxko1",
+	"HybpS5ZSN5eb5A2JWE7I/8H7Fz1fABpeyL5aqpbfhjfABTEq5rAWMePr3qfHIHGIpbaKOAyJEjAcXVXF",
+	"vGFc6pSv2HmHImIuYRCWSqChpzBM9FoFFsRJhCU4wajbt2KtX3FDuSyU4c64VJKGEqUrTM9gr3LKpTwf",
+	"YNUhqxFb/a74xCnI33EQgCjzYspYBJiqbXAq2RVOBbQ/Vioa9yXnRf7CS0ZnJBO6G2xc+u5Csh9RoyBX",
+	"jC97IvPBrC4wERCkvIVUnfLjl6191RoLCBgNneZ3ixdokcg2aaE4EQvmsLUmnHLJfHMf61Ca8hZgCeHL",
+	"q889LUf+yvsWi/PLT873AhbHxEFF5cwES3kAyCxBWGkQWmGBpimJJJpxFruMxUALHXDAEt5gEqXcYN8H",
+	"av3SJNWK2Put0FqxJqYKoxCp54jNDKYu1JRhuWYSR73Jq974LCDs/ULEcHhxCxzP4VlctdAsnUYl80zT",
+	"eJp5DcXybTqoRM0IR/HOMGTMO4PQoSxsU2Br5kH0AXySL7buKBXlIJ4DDtfK8nNMqNrfFbnfdvjp2zju",
+	"A8bN+/cNS2FRzMEqDjLbOrxURvYaSasCVhGeMrn8qn1w6X5TQxqK9q3FGr3PhamqJgu2QhyEZBxCdPNe",
+	"oDlIFfISjgwSiMR4DsJHmIZIrY4xXaOQCEloIO1TxFOqGKR3iLHKZ6qmzyxrHp/vUz4MzUgEep8EQjRd",
+	"l3fvGX5b+5sJUoCDBRyrbT3fm0YsWB7DXcK4dEoUz3Mrh0A5kKghn6i/cQWjPlDXUyaTGFhY/IyCBoQ2",
+	"Lk/KylflQKKil7Cn9bYY9VwtlWj3WlvDMTvGz6DL9mrFT+viywWmc4d/3cmA1ECye7QBoCxF068HgSk+",
+	"ND0LJ7fAnY9ahawGkN3Ct6e4ADOBZEdO1h287jPB3ndeGLIYE00lmkYRVp7SVq6cOduFtovXbAlu9d2W",
+	"13WnWNtCV45nMxLUYNgC9w4Z07aUpy3FaBYPqAIsdElFB29fgcQkGsJhnWdd2jTroiPL+qElgkGiNria",
+	"8FDJjMgMgnUQ9U0w3+Xrf1S54qE55N/VjuHVDgv+G0v3epWzTXtifGes/LPT05LNf+Z09lsSdAQ4WKBg",
+	"oTKviNzCQzN2A3UHsu/KmtF0fEVZpmlvGL0usMlihiWJoiwi2R4vlI4o79cB73uQnAQO9gxMsJNUJRFX",
+	"QfWFWcSwdGWTeQ4yMMXtn0QO2T2GeMDmg+9ZSq98puSu1zEddzPVzSoaW2JDgVWJHCVClnnQIR9VS+gu",
+	"Wn40Iptf77RZ4/wKR791lU4jElybMMWtESHQ9eDNYyyWn+DPFIR8y4TDNKhf0QJwCByxGeJmrblaSTi7",
+	"W6MZ4yvMQ4Ek079a8/kc/eP+6uOn6w0iAnFIIhyYjFC/ybg8MdbrHdC5XHjjs5/P/T71uSqpPydZCWlv",
+	"pO5XVd6B2h3YfIIZB7Fo4hGmHEsbWLTb/vNfKsZ/WMA/yZxrnnnVUztXom1fLhnhvV391VV5i1EG8RuR",
+	"C2OaHclzpajVFhL1iCus7W8Ssp6F5uc5YbYl6ks6Yw/3I7p+NCiSMlHKO7y2DQi9QspBESjFce0Ce6va",
+	"ccbkTAwCakuImVF5h2Swzs5iqwy3aoRYCR0LjtRIXUPSJRrXdqOW9GwoUXUBfYg06RdaKDYtuhfKlkL/",
+	"bEzFChNp/soKN+0NG4cX8x0umfd6a7yDEiTaw7udjUjwijpJ1hZ1dZc7Uu01B1C0K13K5KZXNmSx9HOZ",
+	"rupMAViVJVUJ7NKeC7XvJ9v95CildlB554TRbtoFlm7UeUMi+JxEDIcOwDgI25rVhCzl0XaQsh22guH2",
+	"PV3qf4jOpIjNh7qJvOy69eBKo5XzfmpH07WzjBRakl9KaQpUiLuVdTZUvznvqOHVbmkg4aCvohpa7Xup",
+	"AGSuxmkaRdssc3dxodNCFq+e/WebvXTLAB4qJRJw3MadbuJOJOby5qxJ2hnjQUsZYsZZfBm3ddipp2W3",
+	"7rpJCNcv47C9UNb+EJL+2pgBMZGQ9EtMsjesxGUWtVXydgpPWszNnr3nLjL0YC13OLosetTwdKn6xDZm",
+	"1sjMh6Kh72LfYpNXNoWzXarNL1sxV0+78DDJuZWgLl9cNVmrBcgFcF0oyKiLiEBmPTqyN96YhohDwriE",
+	"8DmCW+BrdHF1iZaw1i0jiLIQkAAQ9mG219PCEnZemtTRaIspBotrvV1Bv+8i5G8wXTDWWk/aITDuuDfy",
+	"PbjNutT7yxgJW1W4JfdqMc89oxyi/ZjZxB5TDSEzDM1+OVJd5NVvd96xhTDDuom3cqvkJF2tsm4yxZP8",
+	"Dujk3gLrL0kUQeibGovPzUWwP2N8CeEGHdlQWIt5sIBgmTDlMEOEOSAcBJCoTRBVso1U4KfEuj/fWhkk",
+	"yJximXKYQMDBdVlA5tReFYQQEaVaYwRn0+P8TaWsSnlTmuAwhBBNsYBfflJaOXl7cXz28y+I3VoFF/oU",
+	"NGNRxFZFgXDKdCDWJiO1RhgpE8Q4Uv8V6POnd3oLwxJNrquPk2sIkWRbM5u+MtNWd9y7fg3hU3+Napaw",
+	"dN8nkeuJihgMLhcJ+RXWF6lc5NMpphBczKf88/ji6vL4VyjxCuu3zHwIsZlGlV3XC0ABo5KzSBtsNkPf",
+	"dYPfdx+p2AVLMo0ArYhcoNdnL57kll8tFgzJBZb2weTVrwKtGF+ilMYsJDMC4clX+lrbex3FI0zFCrhA",
+	"3++/6o79r94YfU1PT8+D0mSA/gF89DXr5tervJOTk6/e5vsJUkQAKu3AzDgriH/P8f9+8pXq2wYZKSJc",
+	"zIHK1x9ujA9ScB+9PntxXGD3tNSUNvZOT56dnOpbrQQoTog39s5PTk/OdQlWLjQ3RkZ6RisjgPq3ueG7",
+	"EkAN2GXojXWX/2/Zotok0Nnp6aA5oF7BZdVLNb1dY1BIaacizBOBMmx8xKIQhEQzwoU0BXZrct2H52iV",
+	"55ESe4VRJYix7xZKO0gFQr5QJmZfQ1FVV7KpmhXlNDYNTjzb++GWAU2Cc5gTIUEBsxNlN35D/Eb39q/L",
+	"Vxuj4hEYg1gl/iv9e5n4FSL81DQPKS3AfY6IFCgBqlL1zN0QMFY95CxJdkXJdyvP/4BshfX08RimNMTS",
+	"d2ddKA0afnEOF+YMHDRc+E3bpGDRpJ3xiY+iZ9b99tKzH8M2hAWyIdzuOrcAHBnv2yasb82KPnploi2u",
+	"Ai+iYKu4fW/85Zs+Mi7u0eau6O+Ks1ilZ6lAdqny35lFR0d5oItyWIVx5SqVosEaLYiQbM5xLHRsK6Tp",
+	"UU4Yi4SP8uuzpyee38Q3u+bbymUJd3KURLYtrHNWthVBtQeCu4QJfWmIbIrlpJvCvtsnf9ArHsMh6xGW",
+	"Xn6YCM223SVUoz26Nx33my5J/ZA1RR9IOQ3S7cHG4exoPm4wzIg62y10t3NJnUyyaDRFpYbCxrPo59Nz",
+	"tFqQCBDc6Ub8eaE6aAmQZJ33T1VmFOMlICKRrjciPFdqUdeuieHRJCtPH8J8NxrBe1nwNmOmN1LGjGjd",
+	"DB4gx5UugVYVnpQmPmpyUYtheHQMVKUbIVr+9y1KMOEC/cEINSmuyjfOftEz7t7Y+zMFvi7kKe/h3CJB",
+	"hzck1YHhHhYlG6cQ5eGgfUfyGTwHEtFi6vSRw/jKsQ5xN4/1vJ+tIe1B3rc6fG2LYKVyM4HjJNLzeLr6",
+	"U2O2vkkK0VFKl5StqI9MZUubLsokWkO2Q4gYtTF8BDOJWKqLVw2Xkatb4fU7tS5gcYyPBahFEsIcMBIK",
+	"dIQlipmQ6NnpqToM7pJITxrNcCTArYj2/d9JKDqte3s1J8Z3l+ahbs+tF3eEXOtygQosvAerdA/ZqvZK",
+	"OQStwmmhTFVBxH1I233eOtOZNf5Koqis5tvcgaml7jsTbIVg73yxgxndmr+nCMb1XrFkVPQ2bb618m4U",
+	"mC9/1L9oM2z7VjNf/azIYex87ZBN87M5B+Czi8NEapNurelzZFseEdxJoKGR6kdyMxko5i5iz/o+mmWj",
+	"DXsXmDeMLw8rLeXpjAOEBb2isdLHZHqEYoyCZmQkUQLcTHX4KlJmPASOjnBu2XWR3FTLn+6b583oos3K",
+	"9vTxKSV3qPighNNtS8xlJXjuMUCwwzlAw4GnPErQ3tav3FmOzxx+qZbzRJhSDV+jIyVM5hJ9BquMLL5e",
+	"GmEh0YKl/Kku8xCKNP1PToCG1ar+c4TrMeMTkcWWRKAsQlOH6R78WxypDf5Kfq80GfcgM5bKtvppdb7h",
+	"sOasOkTxkFwc5hyEQAmLSLDec0peYUCSDUPv34voOeshUacdj9gzhtzMgoA4DJZ21ORR3GU21uIMrhwE",
+	"LYc8+yVpNki4D3qWWiptKlinsDrtsASufTfASeBHCRkPFCtmYxcHUgJbSMq+F3W4SlJ2wqEZVB4ranPx",
+	"dg06SgWeRoCwQEXzImLUVpX2HgOWRsH2z8lJHkBmo2gHtWjZIbv6SgHyAeQtK0V7kTpf5b68cBe5TGt6",
+	"a7nZd79s++8GvxeRmFRD9JwiulD2gDH3VlDhTppvOPzwsnpVW7cH6Dnf/SxatvH0P48/wJ081mjp8qvp",
+	"u1OoogTPYQ+iNrovJuB6NHpUTOo2ZTBb7b9s1wrD6Q8xuIe7eawMJw64fVQczkx/tzG5zlc9hmLksxJ9",
+	"stYMMuW59nCTne83sh37o3v9R+eldmXq7JDy5h5vaxG8vGkeU6RxMLbhcHKIc/R3E8HRfRGI9DAyuZj8",
+	"QCPTDsP+mb6Nz4djbGW4ZbcesUb8U5nreCJQNs4hJSfTVCn0ken3bd4JmkJFhfT7j/Tc0yuP3GrWMnuy",
+	"RRCePEjT21VypOeaxOjezjdtRsVA5TYFKc1j9gtIIzYXH2czFSk7A8TTwR8lOmwMOuRI/b8HKB+52//z",
+	"4KBXxc1Z4Rap08KgFdj4mhBFbI7AzLLqjxGjgpeI0b+cmfKdmxUzfHtxZyM9hTe6X2Cx6BVLvFHrvQMW",
+	"C9pm0h1sLo/i6Ya0BTYphvnMqx6ze/nx6n+RkJCgI4wk5gjzYEFuAU3X2bjPU/MJ2tUCOCDJUKoPVBvF",
+	"/yJCobg32AW6i/wK9Sav+/gxFkiQx0JywHGV3bmtmhKKuWNyqveVZc1da9+8uzu5PRvaWXdz1s9L9GqS",
+	"87d0CI2z+yg//4hty4Wi3KnM0a/m8GNqJDVGMy5RSDgEutN5uja3eLoZwUc44EwIXVIQzxFGOV6ICHSL",
+	"I6KbU7VhMLfLtpEgxqGZ42ohrF7sRlHDp8c5jYPE+l/6R9eH/er4fHrzEp2fn/+XRmCMGI3Wpf5Y+ylH",
+	"hKW+/J5JDXLXdTKEF2rVMGkz3+fXlxpCUfXIDK1dXF1qO0oZEmmwULZUAn/qo35Aq/MCGa3RFGaMw1bA",
+	"X+hlAyEvDV6HikZqywZEtgvRuHo9lSeL0NwFUenxv1pna47182z4r1J8Wy2Aolixg0NsuqvNMg1JeemW",
+	"cYTD9ctqy/p3x+w+XNmPaoU7GAv/boY7XDPc7dnQWqtl879ztbVMlO5Sg0Ov/pIZYOsFpfLClZTrYFrs",
+	"/JpRL5N81gz9zf+Ax8YQD2D0eVX6uxxVBv/N+WMQqPiWVn8S7RWK5qeVttfzQz0Qra//TP3FR/bzZXkE",
+	"bhmXQLAj16rjjdXvQHz5tvm2+f8AAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

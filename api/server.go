@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/api/metricsring"
+	"github.com/agentenv/agentenv/api/webhooks"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/store"
 	"github.com/go-chi/chi/v5"
@@ -45,6 +46,8 @@ type Options struct {
 	// MetricsHistory answers the sandbox metrics routes by range; nil
 	// answers one sample taken now.
 	MetricsHistory *metricsring.History
+	// Webhooks holds the lifecycle webhooks; nil answers their routes 404.
+	Webhooks *webhooks.Dispatcher
 	// Store keeps the API's own records (template attributes); nil keeps
 	// them in memory.
 	Store  *store.Store

@@ -35,6 +35,9 @@ func (s *Server) ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID S
 		s.fail(w, r, err)
 		return
 	}
+	if src, err := s.o.Get(sandboxID); err == nil {
+		s.publishFork(src)
+	}
 	out := make([]ForkResult, len(results))
 	for i, res := range results {
 		if res.Err != nil {

@@ -23,6 +23,11 @@ type Event struct {
 	TemplateID string
 	Metadata   map[string]string
 	Time       time.Time
+	// StartedAt, VCPUs and MemoryMiB describe the sandbox's current run
+	// (E2B's execution data on killed and paused events).
+	StartedAt time.Time
+	VCPUs     int
+	MemoryMiB int
 }
 
 // eventHub fans events out to subscribers. The zero value is ready.
@@ -92,6 +97,7 @@ func transitionEvent(from, to State) string {
 // lifecycle transition (update calls it once the record is durable).
 func (o *Orchestrator) published(from State, rec Record) {
 	if typ := transitionEvent(from, rec.State); typ != "" {
-		o.Publish(Event{Type: typ, SandboxID: rec.ID, TemplateID: rec.TemplateID, Metadata: rec.Metadata})
+		o.Publish(Event{Type: typ, SandboxID: rec.ID, TemplateID: rec.TemplateID, Metadata: rec.Metadata,
+			StartedAt: rec.StartedAt, VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB})
 	}
 }

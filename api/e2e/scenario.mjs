@@ -5,6 +5,8 @@
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import path from 'node:path'
+import http from 'node:http'
+import { createHash } from 'node:crypto'
 
 const require = createRequire(path.join(process.env.AENV_E2B_SDK_DIR, 'package.json'))
 const { Sandbox, TimeoutError } = require('e2b')
@@ -270,6 +272,47 @@ await step('kill while a command streams ends cmd.wait() at once with the SDK er
   const res = await waited
   assert.ok(res instanceof TimeoutError, `cmd.wait() after a kill: ${res}`)
   assert.match(res.message, /killed or reached its end of life/)
+})
+
+await step('lifecycle webhooks: created, paused, resumed, killed, signed as E2B signs', async () => {
+  const got = []
+  const receiver = http.createServer((req, res) => {
+    let body = ''
+    req.on('data', (c) => { body += c })
+    req.on('end', () => { got.push({ headers: req.headers, body }); res.writeHead(204).end() })
+  })
+  await new Promise((r) => receiver.listen(0, '127.0.0.1', r))
+  const api = (method, p, body) => fetch(`${process.env.E2B_API_URL}${p}`, {
+    method, headers: { 'X-API-Key': process.env.E2B_API_KEY, 'Content-Type': 'application/json' },
+    body: body && JSON.stringify(body),
+  })
+  const secret = `secret-${tag}`
+  const events = ['sandbox.lifecycle.created', 'sandbox.lifecycle.paused', 'sandbox.lifecycle.resumed', 'sandbox.lifecycle.killed']
+  const reg = await api('POST', '/events/webhooks', { name: `hook-${tag}`, url: `http://127.0.0.1:${receiver.address().port}/hook`, enabled: true, events, signatureSecret: secret })
+  assert.equal(reg.status, 201)
+  const hook = await reg.json()
+  try {
+    const w = await Sandbox.create('base', { metadata: { tag: `${tag}-hook` }, timeoutMs: 120_000 })
+    await w.pause()
+    const back = await Sandbox.connect(w.sandboxId, { timeoutMs: 120_000 })
+    await back.kill()
+    const mine = () => got.map((g) => ({ ...g, json: JSON.parse(g.body) })).filter((g) => g.json.sandboxId === w.sandboxId)
+    for (let i = 0; i < 300 && mine().length < 4; i++) await new Promise((r) => setTimeout(r, 100))
+    const seen = mine()
+    assert.deepEqual(seen.map((g) => g.json.type), events, 'the events in order')
+    for (const g of seen) {
+      const sig = createHash('sha256').update(secret + g.body).digest('base64').replace(/=+$/, '')
+      assert.equal(g.headers['e2b-signature'], sig, 'e2b-signature verifies')
+      assert.equal(g.headers['e2b-webhook-id'], hook.id)
+      assert.equal(g.headers['e2b-signature-version'], 'v1')
+      assert.equal(g.json.eventData.sandbox_metadata.tag, `${tag}-hook`)
+    }
+    const killed = seen[3].json
+    assert.ok(killed.eventData.execution.vcpu_count >= 1 && killed.eventData.execution.memory_mb > 0, JSON.stringify(killed))
+  } finally {
+    assert.equal((await api('DELETE', `/events/webhooks/${hook.id}`)).status, 204)
+    receiver.close()
+  }
 })
 
 await step('kill; gone from list; second kill reports false', async () => {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/api/metricsring"
+	"github.com/agentenv/agentenv/api/webhooks"
 	"github.com/agentenv/agentenv/config"
 	"github.com/agentenv/agentenv/guest/image"
 	"github.com/agentenv/agentenv/internal/version"
@@ -171,13 +172,20 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	history := metricsring.New(orch, 0, 0, log)
 	history.Start(ctx)
 	defer history.Close()
+	hooks, err := webhooks.New(st, webhooks.Options{Logger: log}) // lifecycle webhooks, their pending deliveries resumed
+	if err != nil {
+		return err
+	}
+	hooks.Start(ctx)
+	defer hooks.Close()
+	defer orch.Subscribe(hooks.OnEvent)()
 	hostname, _ := os.Hostname()
 	handler := api.NewHandler(api.Options{
 		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log, Store: st,
 		Node: api.NodeInfo{ID: hostname, Version: version.Version(), Commit: version.Get().Commit, Date: version.Get().Date,
 			VMMDriver: drv.Name(), VMMAccel: accel, VMMReasons: why},
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), MetricsHistory: history,
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), MetricsHistory: history, Webhooks: hooks,
 	})
 	limits := defaultServerLimits(cfg)
 	servers := []*http.Server{newHTTPServer(cfg.API.Listen, handler, limits)}
