@@ -116,6 +116,30 @@ func (e SandboxLifecycleOnTimeout) Valid() bool {
 	}
 }
 
+// Defines values for SandboxLogEntryLevel.
+const (
+	SandboxLogEntryLevelDebug SandboxLogEntryLevel = "debug"
+	SandboxLogEntryLevelError SandboxLogEntryLevel = "error"
+	SandboxLogEntryLevelInfo  SandboxLogEntryLevel = "info"
+	SandboxLogEntryLevelWarn  SandboxLogEntryLevel = "warn"
+)
+
+// Valid indicates whether the value is a known member of the SandboxLogEntryLevel enum.
+func (e SandboxLogEntryLevel) Valid() bool {
+	switch e {
+	case SandboxLogEntryLevelDebug:
+		return true
+	case SandboxLogEntryLevelError:
+		return true
+	case SandboxLogEntryLevelInfo:
+		return true
+	case SandboxLogEntryLevelWarn:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for SandboxState.
 const (
 	Paused  SandboxState = "paused"
@@ -224,6 +248,20 @@ func (e ListSandboxesV2ParamsOrder) Valid() bool {
 	}
 }
 
+// AssignTemplateTagsRequest defines model for AssignTemplateTagsRequest.
+type AssignTemplateTagsRequest struct {
+	Tags []string `json:"tags"`
+
+	// Target the template as name or name:tag (the build that tag names; without one, the latest build)
+	Target string `json:"target"`
+}
+
+// AssignedTemplateTags defines model for AssignedTemplateTags.
+type AssignedTemplateTags struct {
+	BuildID string   `json:"buildID"`
+	Tags    []string `json:"tags"`
+}
+
 // BuildLogEntry defines model for BuildLogEntry.
 type BuildLogEntry struct {
 	Level     BuildLogEntryLevel `json:"level"`
@@ -245,6 +283,12 @@ type BuildStatusReason struct {
 // ConnectSandbox defines model for ConnectSandbox.
 type ConnectSandbox struct {
 	Timeout *int32 `json:"timeout,omitempty"`
+}
+
+// DeleteTemplateTagsRequest defines model for DeleteTemplateTagsRequest.
+type DeleteTemplateTagsRequest struct {
+	Name string   `json:"name"`
+	Tags []string `json:"tags"`
 }
 
 // Error defines model for Error.
@@ -424,6 +468,29 @@ type SandboxLifecycle struct {
 // SandboxLifecycleOnTimeout defines model for SandboxLifecycle.OnTimeout.
 type SandboxLifecycleOnTimeout string
 
+// SandboxLog defines model for SandboxLog.
+type SandboxLog struct {
+	Line      string    `json:"line"`
+	Timestamp time.Time `json:"timestamp"`
+}
+
+// SandboxLogEntry defines model for SandboxLogEntry.
+type SandboxLogEntry struct {
+	Fields    map[string]string    `json:"fields"`
+	Level     SandboxLogEntryLevel `json:"level"`
+	Message   string               `json:"message"`
+	Timestamp time.Time            `json:"timestamp"`
+}
+
+// SandboxLogEntryLevel defines model for SandboxLogEntry.Level.
+type SandboxLogEntryLevel string
+
+// SandboxLogs defines model for SandboxLogs.
+type SandboxLogs struct {
+	LogEntries []SandboxLogEntry `json:"logEntries"`
+	Logs       []SandboxLog      `json:"logs"`
+}
+
 // SandboxMetric defines model for SandboxMetric.
 type SandboxMetric struct {
 	CpuCount      int32     `json:"cpuCount"`
@@ -569,6 +636,13 @@ type TemplateStep struct {
 	Type      string    `json:"type"`
 }
 
+// TemplateTag defines model for TemplateTag.
+type TemplateTag struct {
+	BuildID   string    `json:"buildID"`
+	CreatedAt time.Time `json:"createdAt"`
+	Tag       string    `json:"tag"`
+}
+
 // TemplateUpdateRequest defines model for TemplateUpdateRequest.
 type TemplateUpdateRequest struct {
 	// Public whether the template is public (stored and reported; every API key of a node sees every template)
@@ -628,6 +702,13 @@ type ListSandboxesParams struct {
 type GetSandboxesMetricsParams struct {
 	// SandboxIds comma-separated sandbox ids (at most 100)
 	SandboxIds []string `form:"sandbox_ids" json:"sandbox_ids"`
+}
+
+// GetSandboxLogsParams defines parameters for GetSandboxLogs.
+type GetSandboxLogsParams struct {
+	// Start unix milliseconds
+	Start *int64 `form:"start,omitempty" json:"start,omitempty"`
+	Limit *int32 `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
 // GetSandboxMetricsParams defines parameters for GetSandboxMetrics.
@@ -717,6 +798,12 @@ type CreateSnapshotJSONRequestBody = NewSnapshot
 // SetSandboxTimeoutJSONRequestBody defines body for SetSandboxTimeout for application/json ContentType.
 type SetSandboxTimeoutJSONRequestBody = SandboxTimeout
 
+// DeleteTemplateTagsJSONRequestBody defines body for DeleteTemplateTags for application/json ContentType.
+type DeleteTemplateTagsJSONRequestBody = DeleteTemplateTagsRequest
+
+// AssignTemplateTagsJSONRequestBody defines body for AssignTemplateTags for application/json ContentType.
+type AssignTemplateTagsJSONRequestBody = AssignTemplateTagsRequest
+
 // UpdateTemplateJSONRequestBody defines body for UpdateTemplate for application/json ContentType.
 type UpdateTemplateJSONRequestBody = TemplateUpdateRequest
 
@@ -786,6 +873,9 @@ type ServerInterface interface {
 	// (POST /sandboxes/{sandboxID}/fork)
 	ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
 
+	// (GET /sandboxes/{sandboxID}/logs)
+	GetSandboxLogs(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxLogsParams)
+
 	// (GET /sandboxes/{sandboxID}/metrics)
 	GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxMetricsParams)
 
@@ -824,6 +914,12 @@ type ServerInterface interface {
 	// (GET /templates/aliases/{alias})
 	GetTemplateAlias(w http.ResponseWriter, r *http.Request, alias string)
 
+	// (DELETE /templates/tags)
+	DeleteTemplateTags(w http.ResponseWriter, r *http.Request)
+
+	// (POST /templates/tags)
+	AssignTemplateTags(w http.ResponseWriter, r *http.Request)
+
 	// (DELETE /templates/{templateID})
 	DeleteTemplate(w http.ResponseWriter, r *http.Request, templateID string)
 
@@ -841,6 +937,9 @@ type ServerInterface interface {
 
 	// (PUT /templates/{templateID}/files/{hash})
 	UploadTemplateFiles(w http.ResponseWriter, r *http.Request, templateID string, hash string)
+
+	// (GET /templates/{templateID}/tags)
+	GetTemplateTags(w http.ResponseWriter, r *http.Request, templateID string)
 
 	// (GET /v2/sandboxes)
 	ListSandboxesV2(w http.ResponseWriter, r *http.Request, params ListSandboxesV2Params)
@@ -950,6 +1049,11 @@ func (_ Unimplemented) ForkSandbox(w http.ResponseWriter, r *http.Request, sandb
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// (GET /sandboxes/{sandboxID}/logs)
+func (_ Unimplemented) GetSandboxLogs(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxLogsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // (GET /sandboxes/{sandboxID}/metrics)
 func (_ Unimplemented) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxMetricsParams) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -1012,6 +1116,16 @@ func (_ Unimplemented) GetTemplateAlias(w http.ResponseWriter, r *http.Request, 
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// (DELETE /templates/tags)
+func (_ Unimplemented) DeleteTemplateTags(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (POST /templates/tags)
+func (_ Unimplemented) AssignTemplateTags(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // (DELETE /templates/{templateID})
 func (_ Unimplemented) DeleteTemplate(w http.ResponseWriter, r *http.Request, templateID string) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -1039,6 +1153,11 @@ func (_ Unimplemented) GetTemplateFiles(w http.ResponseWriter, r *http.Request, 
 
 // (PUT /templates/{templateID}/files/{hash})
 func (_ Unimplemented) UploadTemplateFiles(w http.ResponseWriter, r *http.Request, templateID string, hash string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /templates/{templateID}/tags)
+func (_ Unimplemented) GetTemplateTags(w http.ResponseWriter, r *http.Request, templateID string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -1465,6 +1584,61 @@ func (siw *ServerInterfaceWrapper) ForkSandbox(w http.ResponseWriter, r *http.Re
 	handler.ServeHTTP(w, r)
 }
 
+// GetSandboxLogs operation middleware
+func (siw *ServerInterfaceWrapper) GetSandboxLogs(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", chi.URLParam(r, "sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetSandboxLogsParams
+
+	// ------------- Optional query parameter "start" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "start", r.URL.Query(), &params.Start, runtime.BindQueryParameterOptions{Type: "integer", Format: "int64"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "start"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "start", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", r.URL.Query(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: "int32"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "limit"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSandboxLogs(w, r, sandboxID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetSandboxMetrics operation middleware
 func (siw *ServerInterfaceWrapper) GetSandboxMetrics(w http.ResponseWriter, r *http.Request) {
 
@@ -1840,6 +2014,34 @@ func (siw *ServerInterfaceWrapper) GetTemplateAlias(w http.ResponseWriter, r *ht
 	handler.ServeHTTP(w, r)
 }
 
+// DeleteTemplateTags operation middleware
+func (siw *ServerInterfaceWrapper) DeleteTemplateTags(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteTemplateTags(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// AssignTemplateTags operation middleware
+func (siw *ServerInterfaceWrapper) AssignTemplateTags(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.AssignTemplateTags(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // DeleteTemplate operation middleware
 func (siw *ServerInterfaceWrapper) DeleteTemplate(w http.ResponseWriter, r *http.Request) {
 
@@ -2056,6 +2258,32 @@ func (siw *ServerInterfaceWrapper) UploadTemplateFiles(w http.ResponseWriter, r 
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.UploadTemplateFiles(w, r, templateID, hash)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetTemplateTags operation middleware
+func (siw *ServerInterfaceWrapper) GetTemplateTags(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", chi.URLParam(r, "templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetTemplateTags(w, r, templateID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2457,6 +2685,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/sandboxes/{sandboxID}/metrics", wrapper.GetSandboxMetrics)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/sandboxes/{sandboxID}/logs", wrapper.GetSandboxLogs)
+	})
+	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/sandboxes/{sandboxID}/fork", wrapper.ForkSandbox)
 	})
 	r.Group(func(r chi.Router) {
@@ -2499,6 +2730,15 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/templates", wrapper.ListTemplates)
 	})
 	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/templates/tags", wrapper.DeleteTemplateTags)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/templates/tags", wrapper.AssignTemplateTags)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/templates/{templateID}/tags", wrapper.GetTemplateTags)
+	})
+	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/templates/{templateID}", wrapper.DeleteTemplate)
 	})
 	r.Group(func(r chi.Router) {
@@ -2537,85 +2777,91 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7D1rb9u4ln+F0F6gKaDEaTIz2HWxH9LXNpg+gjrN3EVbTGnp2OZYIjUkFccb+L8v+NCbkiXHTudezKdJ",
-	"LYo87xfP0dx7AYsTRoFK4Y3vvQRzHIMErv8lMA2n7O7ylfoHod7YS7BceL5HcQzeuPTc9zj8mRIOoTeW",
-	"PAXfE8ECYqxelOtEL5ac0Lm32WzUYpEwKkCf8ppzxtUfAaMSqFR/4iSJSIAlYXT0h2BUQ5Pv+A8OM2/s",
-	"/ceoAH5knoqR2U2fEoIIOEnUJt7YwxSBfZZBp49/kZIofMfmr6nka00DzhLgkhjoIriFSP0BNI298Rcv",
-	"hGk693yP0BnzfG+FOfV8z2z9za9j63sxCIHn4KCE7wkJifOBJDEIiWP9dMZ4jKU39kIs4Vg98hrnbMoc",
-	"+FJ6vwDAt7gUQLLpHxBIdZ4mwkRimYpPgC3Ba4QwJLL/IhJisY0XVdJu8nMx53i9I21qiGY7uJB6ySiF",
-	"QE6MlDYxUkRiqayQmFB5fqaIRiiJFcNP840JlTAHIz+Ns3Ihrh4RsFBjVxVF+DPFkUByAejt9fUVEprw",
-	"nt8Eo350F8lqlNFH+50EesP48hOINJJNyCFDqIey+Zkl2LY+Y4WThO+IkBC2cgtHxChsQ1KCiACVxko1",
-	"HybpS5ZSN5eb5A2JWE7I/8H7Fz1fABpeyL5aqpbfhjfABTEq5rAWMePr3qfHIHGIpbaKOAyJEjAcXVXF",
-	"vGFc6pSv2HmHImIuYRCWSqChpzBM9FoFFsRJhCU4wajbt2KtX3FDuSyU4c64VJKGEqUrTM9gr3LKpTwf",
-	"YNUhqxFb/a74xCnI33EQgCjzYspYBJiqbXAq2RVOBbQ/Vioa9yXnRf7CS0ZnJBO6G2xc+u5Csh9RoyBX",
-	"jC97IvPBrC4wERCkvIVUnfLjl6191RoLCBgNneZ3ixdokcg2aaE4EQvmsLUmnHLJfHMf61Ca8hZgCeHL",
-	"q889LUf+yvsWi/PLT873AhbHxEFF5cwES3kAyCxBWGkQWmGBpimJJJpxFruMxUALHXDAEt5gEqXcYN8H",
-	"av3SJNWK2Put0FqxJqYKoxCp54jNDKYu1JRhuWYSR73Jq974LCDs/ULEcHhxCxzP4VlctdAsnUYl80zT",
-	"eJp5DcXybTqoRM0IR/HOMGTMO4PQoSxsU2Br5kH0AXySL7buKBXlIJ4DDtfK8nNMqNrfFbnfdvjp2zju",
-	"A8bN+/cNS2FRzMEqDjLbOrxURvYaSasCVhGeMrn8qn1w6X5TQxqK9q3FGr3PhamqJgu2QhyEZBxCdPNe",
-	"oDlIFfISjgwSiMR4DsJHmIZIrY4xXaOQCEloIO1TxFOqGKR3iLHKZ6qmzyxrHp/vUz4MzUgEep8EQjRd",
-	"l3fvGX5b+5sJUoCDBRyrbT3fm0YsWB7DXcK4dEoUz3Mrh0A5kKghn6i/cQWjPlDXUyaTGFhY/IyCBoQ2",
-	"Lk/KylflQKKil7Cn9bYY9VwtlWj3WlvDMTvGz6DL9mrFT+viywWmc4d/3cmA1ECye7QBoCxF068HgSk+",
-	"ND0LJ7fAnY9ahawGkN3Ct6e4ADOBZEdO1h287jPB3ndeGLIYE00lmkYRVp7SVq6cOduFtovXbAlu9d2W",
-	"13WnWNtCV45nMxLUYNgC9w4Z07aUpy3FaBYPqAIsdElFB29fgcQkGsJhnWdd2jTroiPL+qElgkGiNria",
-	"8FDJjMgMgnUQ9U0w3+Xrf1S54qE55N/VjuHVDgv+G0v3epWzTXtifGes/LPT05LNf+Z09lsSdAQ4WKBg",
-	"oTKviNzCQzN2A3UHsu/KmtF0fEVZpmlvGL0usMlihiWJoiwi2R4vlI4o79cB73uQnAQO9gxMsJNUJRFX",
-	"QfWFWcSwdGWTeQ4yMMXtn0QO2T2GeMDmg+9ZSq98puSu1zEddzPVzSoaW2JDgVWJHCVClnnQIR9VS+gu",
-	"Wn40Iptf77RZ4/wKR791lU4jElybMMWtESHQ9eDNYyyWn+DPFIR8y4TDNKhf0QJwCByxGeJmrblaSTi7",
-	"W6MZ4yvMQ4Ek079a8/kc/eP+6uOn6w0iAnFIIhyYjFC/ybg8MdbrHdC5XHjjs5/P/T71uSqpPydZCWlv",
-	"pO5XVd6B2h3YfIIZB7Fo4hGmHEsbWLTb/vNfKsZ/WMA/yZxrnnnVUztXom1fLhnhvV391VV5i1EG8RuR",
-	"C2OaHclzpajVFhL1iCus7W8Ssp6F5uc5YbYl6ks6Yw/3I7p+NCiSMlHKO7y2DQi9QspBESjFce0Ce6va",
-	"ccbkTAwCakuImVF5h2Swzs5iqwy3aoRYCR0LjtRIXUPSJRrXdqOW9GwoUXUBfYg06RdaKDYtuhfKlkL/",
-	"bEzFChNp/soKN+0NG4cX8x0umfd6a7yDEiTaw7udjUjwijpJ1hZ1dZc7Uu01B1C0K13K5KZXNmSx9HOZ",
-	"rupMAViVJVUJ7NKeC7XvJ9v95CildlB554TRbtoFlm7UeUMi+JxEDIcOwDgI25rVhCzl0XaQsh22guH2",
-	"PV3qf4jOpIjNh7qJvOy69eBKo5XzfmpH07WzjBRakl9KaQpUiLuVdTZUvznvqOHVbmkg4aCvohpa7Xup",
-	"AGSuxmkaRdssc3dxodNCFq+e/WebvXTLAB4qJRJw3MadbuJOJOby5qxJ2hnjQUsZYsZZfBm3ddipp2W3",
-	"7rpJCNcv47C9UNb+EJL+2pgBMZGQ9EtMsjesxGUWtVXydgpPWszNnr3nLjL0YC13OLosetTwdKn6xDZm",
-	"1sjMh6Kh72LfYpNXNoWzXarNL1sxV0+78DDJuZWgLl9cNVmrBcgFcF0oyKiLiEBmPTqyN96YhohDwriE",
-	"8DmCW+BrdHF1iZaw1i0jiLIQkAAQ9mG219PCEnZemtTRaIspBotrvV1Bv+8i5G8wXTDWWk/aITDuuDfy",
-	"PbjNutT7yxgJW1W4JfdqMc89oxyi/ZjZxB5TDSEzDM1+OVJd5NVvd96xhTDDuom3cqvkJF2tsm4yxZP8",
-	"Dujk3gLrL0kUQeibGovPzUWwP2N8CeEGHdlQWIt5sIBgmTDlMEOEOSAcBJCoTRBVso1U4KfEuj/fWhkk",
-	"yJximXKYQMDBdVlA5tReFYQQEaVaYwRn0+P8TaWsSnlTmuAwhBBNsYBfflJaOXl7cXz28y+I3VoFF/oU",
-	"NGNRxFZFgXDKdCDWJiO1RhgpE8Q4Uv8V6POnd3oLwxJNrquPk2sIkWRbM5u+MtNWd9y7fg3hU3+Napaw",
-	"dN8nkeuJihgMLhcJ+RXWF6lc5NMpphBczKf88/ji6vL4VyjxCuu3zHwIsZlGlV3XC0ABo5KzSBtsNkPf",
-	"dYPfdx+p2AVLMo0ArYhcoNdnL57kll8tFgzJBZb2weTVrwKtGF+ilMYsJDMC4clX+lrbex3FI0zFCrhA",
-	"3++/6o79r94YfU1PT8+D0mSA/gF89DXr5tervJOTk6/e5vsJUkQAKu3AzDgriH/P8f9+8pXq2wYZKSJc",
-	"zIHK1x9ujA9ScB+9PntxXGD3tNSUNvZOT56dnOpbrQQoTog39s5PTk/OdQlWLjQ3RkZ6RisjgPq3ueG7",
-	"EkAN2GXojXWX/2/Zotok0Nnp6aA5oF7BZdVLNb1dY1BIaacizBOBMmx8xKIQhEQzwoU0BXZrct2H52iV",
-	"55ESe4VRJYix7xZKO0gFQr5QJmZfQ1FVV7KpmhXlNDYNTjzb++GWAU2Cc5gTIUEBsxNlN35D/Eb39q/L",
-	"Vxuj4hEYg1gl/iv9e5n4FSL81DQPKS3AfY6IFCgBqlL1zN0QMFY95CxJdkXJdyvP/4BshfX08RimNMTS",
-	"d2ddKA0afnEOF+YMHDRc+E3bpGDRpJ3xiY+iZ9b99tKzH8M2hAWyIdzuOrcAHBnv2yasb82KPnploi2u",
-	"Ai+iYKu4fW/85Zs+Mi7u0eau6O+Ks1ilZ6lAdqny35lFR0d5oItyWIVx5SqVosEaLYiQbM5xLHRsK6Tp",
-	"UU4Yi4SP8uuzpyee38Q3u+bbymUJd3KURLYtrHNWthVBtQeCu4QJfWmIbIrlpJvCvtsnf9ArHsMh6xGW",
-	"Xn6YCM223SVUoz26Nx33my5J/ZA1RR9IOQ3S7cHG4exoPm4wzIg62y10t3NJnUyyaDRFpYbCxrPo59Nz",
-	"tFqQCBDc6Ub8eaE6aAmQZJ33T1VmFOMlICKRrjciPFdqUdeuieHRJCtPH8J8NxrBe1nwNmOmN1LGjGjd",
-	"DB4gx5UugVYVnpQmPmpyUYtheHQMVKUbIVr+9y1KMOEC/cEINSmuyjfOftEz7t7Y+zMFvi7kKe/h3CJB",
-	"hzck1YHhHhYlG6cQ5eGgfUfyGTwHEtFi6vSRw/jKsQ5xN4/1vJ+tIe1B3rc6fG2LYKVyM4HjJNLzeLr6",
-	"U2O2vkkK0VFKl5StqI9MZUubLsokWkO2Q4gYtTF8BDOJWKqLVw2Xkatb4fU7tS5gcYyPBahFEsIcMBIK",
-	"dIQlipmQ6NnpqToM7pJITxrNcCTArYj2/d9JKDqte3s1J8Z3l+ahbs+tF3eEXOtygQosvAerdA/ZqvZK",
-	"OQStwmmhTFVBxH1I233eOtOZNf5Koqis5tvcgaml7jsTbIVg73yxgxndmr+nCMb1XrFkVPQ2bb618m4U",
-	"mC9/1L9oM2z7VjNf/azIYex87ZBN87M5B+Czi8NEapNurelzZFseEdxJoKGR6kdyMxko5i5iz/o+mmWj",
-	"DXsXmDeMLw8rLeXpjAOEBb2isdLHZHqEYoyCZmQkUQLcTHX4KlJmPASOjnBu2XWR3FTLn+6b583oos3K",
-	"9vTxKSV3qPighNNtS8xlJXjuMUCwwzlAw4GnPErQ3tav3FmOzxx+qZbzRJhSDV+jIyVM5hJ9BquMLL5e",
-	"GmEh0YKl/Kku8xCKNP1PToCG1ar+c4TrMeMTkcWWRKAsQlOH6R78WxypDf5Kfq80GfcgM5bKtvppdb7h",
-	"sOasOkTxkFwc5hyEQAmLSLDec0peYUCSDUPv34voOeshUacdj9gzhtzMgoA4DJZ21ORR3GU21uIMrhwE",
-	"LYc8+yVpNki4D3qWWiptKlinsDrtsASufTfASeBHCRkPFCtmYxcHUgJbSMq+F3W4SlJ2wqEZVB4ranPx",
-	"dg06SgWeRoCwQEXzImLUVpX2HgOWRsH2z8lJHkBmo2gHtWjZIbv6SgHyAeQtK0V7kTpf5b68cBe5TGt6",
-	"a7nZd79s++8GvxeRmFRD9JwiulD2gDH3VlDhTppvOPzwsnpVW7cH6Dnf/SxatvH0P48/wJ081mjp8qvp",
-	"u1OoogTPYQ+iNrovJuB6NHpUTOo2ZTBb7b9s1wrD6Q8xuIe7eawMJw64fVQczkx/tzG5zlc9hmLksxJ9",
-	"stYMMuW59nCTne83sh37o3v9R+eldmXq7JDy5h5vaxG8vGkeU6RxMLbhcHKIc/R3E8HRfRGI9DAyuZj8",
-	"QCPTDsP+mb6Nz4djbGW4ZbcesUb8U5nreCJQNs4hJSfTVCn0ken3bd4JmkJFhfT7j/Tc0yuP3GrWMnuy",
-	"RRCePEjT21VypOeaxOjezjdtRsVA5TYFKc1j9gtIIzYXH2czFSk7A8TTwR8lOmwMOuRI/b8HKB+52//z",
-	"4KBXxc1Z4Rap08KgFdj4mhBFbI7AzLLqjxGjgpeI0b+cmfKdmxUzfHtxZyM9hTe6X2Cx6BVLvFHrvQMW",
-	"C9pm0h1sLo/i6Ya0BTYphvnMqx6ze/nx6n+RkJCgI4wk5gjzYEFuAU3X2bjPU/MJ2tUCOCDJUKoPVBvF",
-	"/yJCobg32AW6i/wK9Sav+/gxFkiQx0JywHGV3bmtmhKKuWNyqveVZc1da9+8uzu5PRvaWXdz1s9L9GqS",
-	"87d0CI2z+yg//4hty4Wi3KnM0a/m8GNqJDVGMy5RSDgEutN5uja3eLoZwUc44EwIXVIQzxFGOV6ICHSL",
-	"I6KbU7VhMLfLtpEgxqGZ42ohrF7sRlHDp8c5jYPE+l/6R9eH/er4fHrzEp2fn/+XRmCMGI3Wpf5Y+ylH",
-	"hKW+/J5JDXLXdTKEF2rVMGkz3+fXlxpCUfXIDK1dXF1qO0oZEmmwULZUAn/qo35Aq/MCGa3RFGaMw1bA",
-	"X+hlAyEvDV6HikZqywZEtgvRuHo9lSeL0NwFUenxv1pna47182z4r1J8Wy2Aolixg0NsuqvNMg1JeemW",
-	"cYTD9ctqy/p3x+w+XNmPaoU7GAv/boY7XDPc7dnQWqtl879ztbVMlO5Sg0Ov/pIZYOsFpfLClZTrYFrs",
-	"/JpRL5N81gz9zf+Ax8YQD2D0eVX6uxxVBv/N+WMQqPiWVn8S7RWK5qeVttfzQz0Qra//TP3FR/bzZXkE",
-	"bhmXQLAj16rjjdXvQHz5tvm2+f8AAAD//w==",
+	"7D1rb9u4ln+F0F6gKaDEaTIz2E2xH9JOuxNMH0Gddu5iWkxp6djmRCI1JBXHG+S/L/jSk5Ilx057L+ZT",
+	"HIsiD8/7HJ5D3wURSzNGgUoRnN0FGeY4BQlc/ycwjWfs9uJn9Q+hwVmQYbkMwoDiFIKzyvMw4PBXTjjE",
+	"wZnkOYSBiJaQYvWiXGd6sOSELoL7+3s1WGSMCtCrvOKccfUhYlQCleojzrKERFgSRid/CkY1NMWM/+Aw",
+	"D86C/5iUwE/MUzExs+lVYhARJ5maJDgLMEVgnzno9PLnQpAFvYI0S7CEK7wQH+CvHISGI+MsAy6JgVTi",
+	"hf5LJKTCs7UwSPHthXn47Pg4DFJC3b+hG4w5x2s1VmK+AL1KHVC5BCQtOAgLpJCNGNd/zyReoAM1YpaT",
+	"JEZyiSVS36mH4jlaEblkuUSMQojUMDWJkGb00yBsEaNKuN8dSKHZ6ZdiOJv9CZFUQBtsQVzFVxtRejnD",
+	"Ni0UbUZiHVEtEBciCIsVfDC+UM/esMUrKvm6DVwCN5CoD0DzVE0ZwyxfBGFA6JwFYbDCnAZhYJjlS+gh",
+	"MgiBF+CFXUjI/JsiKQiJU/10zniKZXAWxFjCoXq0mTTF+yUAod1LJxKmEstcfABsRaiBCIMi+19Bjz7p",
+	"qqP2vs3UW+CmsVE3g29TLxmlEMmp0TseASUpsFzWUEyoPD0JtCySVBH8uJiYUAkLMBqhtdbPkICEQXrB",
+	"qMPd87qet0cYC81ZBydiMbTVCvyV40RopfDL1dUlEpo3grCNqSZ2+qjagFgvHfbS8DXj1x9A5IkHkeA2",
+	"NEDDh878bBrvuMVL5TdESIg7GQonBPsJFyUEqOzQcVGWv2Q59TNiG70xEddT8n/w9sXAF4DG53KoIlHD",
+	"b+JPwAUxWsCj0FLG14NXT0HiGEttinEcE8VgOLmsS2IHo5eYrzkXHl2BuYRRu1QMDQOZYarHKrCsfHvB",
+	"aKrgcmxY830KXqjC7ahU4YYKpmtEd7DXKeUTnnew6uHVhK3+UHTiFOQfOIpAVGkxYywBTNU0OJfsEucC",
+	"uh8rEU2HovO8eOElo3PimO4TNn7k9kyyG1ajIFeMXw/czDszutyJgCjnHajq5Z+wapDq2lhAxGjsVb8b",
+	"DFUHR3ZxC8WZWLLhRsuHv3fWoLT5LcIS4peXHwdqjuKVtx0a56cfvO9FLE1Jh6ssWM4jQGYIwkqC0AoL",
+	"7fJKNOcs9SmLkRo64oAlvMYkybnZ/RCo9UvTXAvi4Ldiq8XaOzUuv3qO2Nzs1Lc1pViumMTJYPSqNz4K",
+	"iAe/kDAcn98Axwt4ltY1NMtnSUU90zydOauhSL5JBhWrGeYo3xm3GfPOqO1QFncJsFXzIIYAPi0GW3OU",
+	"i2qcwQHHa6X5OSZUze8LLm567PRNmg4B49Pbt21X0myxAKtcyEzrsVIO7Q2U1hmsxjxVdIV1/eCT/baE",
+	"tATtS4c2elswU11MlmyFOAjJOMTo01uBFiCVy0s4MptAJMULECHCNEZqdIrpGsVESEIjaZ8inlNFID1D",
+	"ilXIVVd9Zlh7+WKe6mJoThLQ82QQo9m6OvtA99vqX8dIEY6WcKimVZFwwqLrQ7jNGJdejuJF+OdhKM8m",
+	"GpvP1Gdc29EQqJtRnQkMLCyhw6ABoYvK06rw1SmQKe8lHqi97Y4GjpaKtQeNbezRLRM66NxcnfvTsvhy",
+	"ienCY1+3UiANkOwcXQAoTdG261Fk8iNty8LJDXDvo04mawBkpwjtKj7AjCPZE5P1O6+7zAHsOi6MWYqJ",
+	"xhLNkwQrS2nTpd6Y7VzrxSt2DX7x3RTX9YdYm1xXjudzEjVg2AD3FhHTppCnK8RoJw+oAiz2cUUPbX8G",
+	"iUkyhsI6zrqwYdZ5T5T1TVMEo1htdDbhoZyZkDlE6ygZGmC+KcZ/q3TFQ2PIv7Md47MdFvzXFu/NLGeX",
+	"9KT41mh5dwZj//Ma+w0BOgIcLVG0VJFXQm7goRG7gbpns2+qktE2fGVapq1vGL0qd+N8hmuSJM4j2ewv",
+	"VJaoztcHL/Oo4oRQ2PspiF6kH7KOE6A5gSR+YGZqr6dI+zwsCt32+1EndnJe1CSF58QoYYtt5tt4eKLn",
+	"DatA92z4LUhOIo+SGZkmynIVCl9G9RfmCcPSlxMpIumRiZrhqZAxs6eQjph8NI9WXvlIye2gZXr4uj5Z",
+	"ze5UyFDuqoKOCiKrNOjhj7o996fe3xvFO/SszzqSl/ksIdGVcbb9ej0Guh49eYrFtT2w/IUJj4FT36Il",
+	"4Bg4YnPEzVhzQJhxdrtGc8ZXmMcCSaa/tU7Ac/SPu8v3H67uERGIQ5bgyOQ19JuMyyNjg98AXchlcHby",
+	"42k4JMtcR/XHzCVCd4bqYWcjW2C7ZzcfYM5BLNv7iHOOpXWPuz2Y059qLsy4sHXqXMQif9BMUPjskn25",
+	"4krs7Iy9KcobXAsQvxG5NKrZY45qqdkuQz7AmFjd30ZkM5dSrOeF2R60XCjz/2A7orOgo+IB42u/wWtb",
+	"uzUoMBoVR+kSo3FixxmTczEKqA2BksPyFimNJjnLqdze6nFOLQAqKdJAdWOTPtZwNSQdSYaxSNXHQGO4",
+	"qa8aa1aWCVU1hf7aqIoVJtJ8cunHbp92/2y+RanETmsfthCCTFt4v7ERGV5RL8q6vK7+pF2ureYIjPYF",
+	"/Y5vBsX0dpdhwdN1mSkBq5OkzoF90nOu5v1gC0c9BwI9WN467WEn7QNLV8S9Jgl8zBKGYw9gHIStam1D",
+	"lvNkM0huho1g+G1Pn/jvowSwFdBtNhPF4cHGhWsVjd5T1i1V19Y8UkpJcbQ6LPSskc666p9OezLRjbNG",
+	"yDjoA9WWVIdBLgCZAg+aJ8kmzdyfIuvVkOWrJ//ZpS93UhqpKITTLur0I3cqMZefTjyJIMajjmTanLP0",
+	"Iu1K0KinVbPuOw+L1y/TuDvd2/0QsuHS6ICYSsiGBSbuDctxTqN2ct5W7kmHutmx9dyGhx4s5R5D57zH",
+	"zkLdGpXaaOZjt6ErCn7BJq5sM2c3V5tvNu5cPe3bxxVejLMzW3h60qyxqWFhUXdUinX6wDe5hc5y7pLl",
+	"6hp3tQS5BI5qDRpEIDMeHdiyE0xjxCFjXEL8HMEN8DU6v7xA17DWdVuIshiQABD2oZur0p/Re3LZ3EaX",
+	"SzRa2jzl535+/g1mS8Y602FbULvn8DYM4Mb1Jw0XERJ3aqCO0LHDugx00og2w2aS0FXuVz1gt0MzX7Gp",
+	"PvTqt3sPumOYY11JXzva9aKucbxlAt2j4iD26M4CG16TJIE4NCmikJtqjHDO+DXE9+jAevKazaMlRNcZ",
+	"U/Y+RpgDwlEEmZoEUcXbSPmtiq2H062TQIIsKJY5hylE3Nc3pQbY87oYEqJE6wzByeyweFMJqxLenGY4",
+	"jiFGMyzgpx+UVE5/OT88+fEnxG6sgAu9CpqzJGGrMr85Y9qP7OKRRjWalBliHKm/An388EZPYUii0XX5",
+	"fnoFMZJsY2A2lGe60qY7l68xdBouUe0MnC6+JnI9VQ6P2ct5Rn6F9Xkul0Vfosljl52J/zw8v7w4/BUq",
+	"tML6LdMZSGygVCfX1RJQxKjkLNEKm83RV11l+zVEyvXCkswS0D126NXJiyeF5leDBTPNeObB9OdfBVox",
+	"fo1ymrKYzAnER5/pK63vdRCCMBUr4AJ9vfus22Y+B2foc358fBpV2nP0FxCiz+4YT48Kjo6OPgf3X4+Q",
+	"QgJQaVslz1w+/2ux/69Hn6k+LJGJQsL5Aqh89e6TsUEK7oNXJy8Oy909rVSGngXHR8+OjvXRcgYUZyQ4",
+	"C06Pjo9OdQZZLjU1JoZ7JivDgPo729eoGFADdhEHZ7rV5jc3qNEDenJ8PKoDdJBvXLdSbWvXahFV0qkQ",
+	"80Qgt5sQsSQGIdGccCHN+YBVuf7Fi21VO1EzewJTR4jR7xZK20ILQr5QKmZX7bB1U3JfVyvKaNy3KPFs",
+	"54tbArQRzmFBhAQFzFaYvQ9b7De5s58ufr43Ip6AUYh15Jv2virya0j4oa0eclqC+xwRKVAGNCZ04cwN",
+	"AaPVY86ybNsthX7h+R+QnbAePx7BlIRY/G4tC5UW89+9beUFAUe1lX/ROilatnFnbOKjyJk1v4Pk7NuQ",
+	"DWGBrAu3vcwtASfG+nYx6y9mxBC5Mt4WV44XUbDVzH5w9vsXvWRaHgN6u+YvOUtVeJYLZIcq++00Ojoo",
+	"HF1UwCqMKVehFI3WaEmEZAuOU6F9WyFNo0DGWCJCVJz+PT0KwvZ+3SnlRipLuJWTLLG1mb23JHRuUM2B",
+	"4DZjQp95IhtiefGmdt9vk9/pEY9hkHUf2SA7TIQm2/Ycqrc9uTNtL/d9nPrOdSbsSTjNprudjf3p0aLn",
+	"Z5wS9VaL6JaDijiZYNFIigoNhfVn0Y/Hp2i1JAkguNXdMItSdNA1QObaX56qyCjF14CIRDpdivBCiUVT",
+	"uqaGRlOXXd+H+m51YwzS4F3KTE+klBnRshk9gI9rRQ6dIjyttF01+KLhw/DkEKgKN2J0/d83KMOEC/Qn",
+	"I9SEuCreOPlJVzEGZ8FfOfB1yU9FIfUGDtq/Iql37Q/QKK6nSVQ79HbtyTt49sSiZev3I7vxtWU97G4e",
+	"66Zbm0PaAb9vNPhaF8FKxWYCp1mim2J19qdBbH0QFqODnF5TtqIhMpktrbook2gNboYYMWp9+ATmErFc",
+	"J69aJqMQt9Lq90pdxNIUHwpQgyTEBWAkFugAS5QyIdGz42O1GNxmiW73m+NEgF8Q7ft/kFj0avfB9xQ1",
+	"kztCrnW6QDkWwYNFegBv1Uu9PIxWo7RQqqpE4i647a6o/OmNGn8lSVIV803mwORSdx0JdkKwc7rY7qh+",
+	"yd+RB+N7rxwyKUuz7r900m4SmRuCmneZjZu+U83Xrx/aj55vLHLfvjBtD3T2UZhIrdKtNn2ObMUmglsJ",
+	"NDZc/UhmxoFiziJ2LO+Tuesv2jnDvGb8er/cUm2R2oNbMMgbq9zoNMAVYxQ0IROJMuCmtSpUnjLjMXB0",
+	"gAvNrpPkJlv+dNc0d0VKG1TsG1PJ0+9TU3KLUpIkpLzUxWu1Jeay5jsPaH+4806VkJTUpypw8+xYGfTe",
+	"nrhNXXGPYfA1YjvMCocIqEQJUc6YTeIslOSgiFHBEkAH18ApJNqFwwug8mk9T/8cUcVmJg61te7fkZFq",
+	"u7Zd/DfQwdQsuBfuG70O0HjkKo8SMXbV+veeBTlvs5JIfCJMnpCv0YFiMVPBMYeVQ4u7dlNItGQ5f6pz",
+	"jIQijf+jI6Bxk1VxM2B5IlxgQwRy4YFaTPev3OBETfA98XOlN/pBNjSXXcn7em/Qfm1pvQHpIYkgWHAQ",
+	"AmUsIdF6x/mgGgEydx3G7l0YfdPGmJDnIeq2e4fc9FGB2M8ubZvWo/hqriXM69l7EFr1t3eLUtdKvgt8",
+	"VsqRbR6iiWG12n4R3Lg5xovgR4lX9hSouJalPQmBzWK6GwP3l8Z0K+ybQNWWvC4Tb8egg1zgWaIv3C4L",
+	"fxGjNqW58wCk0ka5e0pOCwfStXHuVaO5Rba1lQLkA9BbFYruE5JilP/kzJ9hNW0dnWcdHdGZLf4c/V5/",
+	"VBc+5KKTTlDhVppbfL75mU5dWjc76AXdQ+ctW3/6n4fv4FYe6m2Ze/GN9w63EmV4ATtgtcld2T06oMqo",
+	"plI3CYOZavc5404Yjr+Jwt3fsXetsXfE0beisFP9/crkqhj1GIJR9BkNiVodZMpy7aCMophvYrtdJnf6",
+	"Q29FRa1jc5/85m8N7WC88ic1KNJ7MLphf3yIi+1vx4IT197Ur1xqv8SxHzPf/VMI21p8Dim7eUBSzuv1",
+	"tH/JZU/46P7JmEc+mff+GksX/+OF0gYr83sy5hu+APnEXJUd70JJ3JWu8/1wzv2WZrEbht2rqU2aaX+q",
+	"qNbKuF1Jbctjr7XBPRHIdb9JycksVybowLRHtEsoTGqthvrdC6m/2e+RK3M7WvU2MMKTB9mmbpGcaEEX",
+	"kzvbMHk/KdvnNwlIpft+WAiVsIV4P58L6AhpjkdfpLjfqGnMkvYivXLJ7S4B3OtBW/tmiA6u08ygBdh4",
+	"RzFK2AKBublA/4ACKmmJGP3u1FTonaxsCt7aAavJju65ntwtsVgO8n5fq/HBHo1/1w0kHjJXO5d1/e4S",
+	"m6DYXE2vu5Jfvr/8XyQkZOgAK9cAYR4tyQ2g2dp1Rz411+avlsABSYZyvaCaKP0XYQpFvdEm0H8spbbe",
+	"pvUQO8YiCfJQSA44rZO70FUzQjH3NJoOdi8b5lrb5p2bExegbBKFwhV/rFD5Cg/u96vYXLWdULG7Zpbv",
+	"zhlThLg5GVsR/ulkmLkeVNwdbqhsPXNH2WHxCwgdtQhyqwzpsHTlt0mvNiSOcYliwiHSHTqztSkA0EV0",
+	"IcIRZ0LobKR4jjAq9oWIQDc4IbqpQmtoUxVlC+BSHJv+4w7E6sH+LWr49DUExlPB+j/9pe9W6OZ+Prx+",
+	"iU5PT/9Lb+AMMZqsK30d9h5whKUu2ppLDXJfJQrE52rUOG4zP+6kz0OFwuqBabY+v7zQBo0yJPJoqYya",
+	"BP40RMOAVutFMlmjGcwZh42Av9DDRkJeuTAkLn7MtQmRrZ43Ppf5adcyRvJBVHn8r9aRUez6uWtar+Xt",
+	"V0ugKFXk4JCariAzTENSHbqhjW5/fR5as/7d6bGtT1E1Zd+qhHtvJPy7iHt/Rdw3J2OPaSyZ/50PaqpI",
+	"6c/5eOTquwzFO2sblBWuxb57k2LvJYKDVPJJOwYzv95ofYgHEPq0zv19hsrB/+n0MRBUXmE5HEU7haJ9",
+	"o+Hmo8BYX+ShKwdMIixE9tbQwgO3hMsg2pJq9bb8+v1Fv3+5/3L//wEAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -3,6 +3,7 @@ package api
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"sync"
 
@@ -11,9 +12,10 @@ import (
 )
 
 // templateAttrs are what the API stores of a template beyond the
-// orchestrator's record: E2B's public flag.
+// orchestrator's record: E2B's public flag and tags (tags.go).
 type templateAttrs struct {
-	Public *bool `json:"public,omitempty"`
+	Public *bool             `json:"public,omitempty"`
+	Tags   map[string]tagRec `json:"tags,omitempty"`
 }
 
 // attrStore keeps templateAttrs in the node's store (Options.Store), or in
@@ -29,7 +31,9 @@ func (a *attrStore) get(id string) templateAttrs {
 	defer a.mu.Unlock()
 	var at templateAttrs
 	if a.st == nil {
-		return a.mem[id]
+		at = a.mem[id]
+		at.Tags = maps.Clone(at.Tags) // the caller reads it without the lock
+		return at
 	}
 	if err := a.st.Get(store.TemplateAttrs, id, &at); err != nil {
 		return templateAttrs{}

@@ -9,7 +9,7 @@ import http from 'node:http'
 import { createHash } from 'node:crypto'
 
 const require = createRequire(path.join(process.env.AENV_E2B_SDK_DIR, 'package.json'))
-const { Sandbox, TimeoutError } = require('e2b')
+const { Sandbox, Template, TimeoutError } = require('e2b')
 const sdkVersion = require('e2b/package.json').version
 const concurrent = Number(process.env.AENV_CONCURRENT || '0')
 const tag = `run-${process.pid}-${Date.now()}`
@@ -149,6 +149,32 @@ await step('metrics: the history by range, several sandboxes at once', async () 
   const many = await res.json()
   assert.deepEqual(Object.keys(many.sandboxes), [again.sandboxId])
   assert.ok(many.sandboxes[again.sandboxId].timestampUnix >= secs(ms[ms.length - 1]), 'the newest sample')
+})
+
+await step('logs: the agent\'s recent lines', async () => {
+  const t0 = Date.now() - 1000
+  await again.commands.run('true')
+  const res = await fetch(`${process.env.E2B_API_URL}/sandboxes/${again.sandboxId}/logs?start=${t0}`,
+    { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
+  assert.equal(res.status, 200)
+  const logs = await res.json()
+  const started = logs.logEntries.filter((e) => e.message === 'process started' && e.fields.cmd === 'bash')
+  assert.ok(started.length >= 1, `no "process started" entry since ${t0}: ${JSON.stringify(logs).slice(0, 2000)}`)
+  assert.ok(logs.logs.some((l) => l.line.includes('msg="process started"')))
+  for (const e of logs.logEntries) assert.ok(new Date(e.timestamp).getTime() >= t0, 'start filters by time')
+})
+
+await step('template tags: Template.assignTags, getTags, removeTags', async () => {
+  const tagName = `t${process.pid}${sdkVersion.replaceAll('.', '')}`
+  const assigned = await Template.assignTags('base', [tagName])
+  assert.deepEqual(assigned.tags, [tagName])
+  assert.ok(assigned.buildId)
+  const listed = await Template.getTags('base')
+  const mine = listed.find((t) => t.tag === tagName)
+  assert.ok(mine && mine.buildId === assigned.buildId && mine.createdAt instanceof Date, JSON.stringify(listed))
+  await Template.removeTags('base', [tagName])
+  assert.ok(!(await Template.getTags('base')).some((t) => t.tag === tagName), 'a removed tag is not listed')
+  await assert.rejects(Template.removeTags('base', [tagName]), 'removing a missing tag fails')
 })
 
 await step('snapshot: listed, deleted by Sandbox.deleteSnapshot, then not found', async () => {
