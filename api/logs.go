@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -43,77 +44,111 @@ func (s *Server) GetSandboxLogs(w http.ResponseWriter, r *http.Request, sandboxI
 	if params.Start != nil {
 		start = time.UnixMilli(*params.Start)
 	}
-	out := SandboxLogs{Logs: []SandboxLog{}, LogEntries: []SandboxLogEntry{}}
+	var console []byte
+	var modTime time.Time
 	if path != "" {
-		if out, err = readConsole(path, start, limit); err != nil {
+		if console, modTime, err = readTail(path); err != nil {
 			s.fail(w, r, fmt.Errorf("logs of sandbox %s: %w", sandboxID, err))
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	agentLines, err := s.o.AgentLogs(r.Context(), sandboxID)
+	if err != nil {
+		s.log.Debug("agent logs", "sandbox", sandboxID, "err", err) // the console's lines still answer
+	}
+	writeJSON(w, http.StatusOK, mergeLogs(parseLines(console, modTime), parseLines(agentLines, time.Now()), start, limit))
 }
 
-// readConsole reads the tail of a console log into E2B's shapes. A line
-// without a time of its own (the kernel's) takes the time of the last
-// one before it that had one, or the file's modification time.
-func readConsole(path string, start time.Time, limit int) (SandboxLogs, error) {
-	out := SandboxLogs{Logs: []SandboxLog{}, LogEntries: []SandboxLogEntry{}}
+// readTail reads the last logTailBytes of a file (its first, cut line
+// dropped) and its modification time; a missing file reads as empty.
+func readTail(path string) ([]byte, time.Time, error) {
 	f, err := os.Open(path)
 	if os.IsNotExist(err) {
-		return out, nil
+		return nil, time.Time{}, nil
 	}
 	if err != nil {
-		return out, err
+		return nil, time.Time{}, err
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return out, err
+		return nil, time.Time{}, err
 	}
 	off := max(0, fi.Size()-logTailBytes)
 	buf, err := io.ReadAll(io.NewSectionReader(f, off, fi.Size()-off))
 	if err != nil {
-		return out, err
+		return nil, time.Time{}, err
 	}
-	if off > 0 { // the first line is cut: drop it
+	if off > 0 {
 		if i := bytes.IndexByte(buf, '\n'); i >= 0 {
 			buf = buf[i+1:]
 		}
 	}
-	type parsed struct {
-		line  string
-		entry SandboxLogEntry
-		timed bool
-	}
-	var lines []parsed
+	return buf, fi.ModTime(), nil
+}
+
+// logLine is one parsed line and its time.
+type logLine struct {
+	at    time.Time
+	line  string
+	entry *SandboxLogEntry
+}
+
+// parseLines parses log text. An untimed line takes the time of the timed
+// line before it; those before the first timed line take its time (else
+// fallback).
+func parseLines(buf []byte, fallback time.Time) []logLine {
+	var lines []logLine
 	sc := bufio.NewScanner(bytes.NewReader(buf))
 	sc.Buffer(make([]byte, 0, 64<<10), len(buf)+1)
 	for sc.Scan() {
 		if line := cleanLine(sc.Text()); line != "" {
-			e, ok := parseSlog(line)
-			lines = append(lines, parsed{line, e, ok})
+			l := logLine{line: line}
+			if e, ok := parseSlog(line); ok {
+				l.entry, l.at = &e, e.Timestamp
+			}
+			lines = append(lines, l)
 		}
 	}
-	// An untimed line takes the time of the timed line before it; those
-	// before the first timed line take its time (the file's modification
-	// time when none has one).
-	last := fi.ModTime()
-	for _, p := range lines {
-		if p.timed {
-			last = p.entry.Timestamp
+	last := fallback
+	for _, l := range lines {
+		if l.entry != nil {
+			last = l.at
 			break
 		}
 	}
-	for _, p := range lines {
-		if p.timed {
-			last = p.entry.Timestamp
+	for i := range lines {
+		if lines[i].entry != nil {
+			last = lines[i].at
 		}
-		if last.Before(start) {
+		lines[i].at = last
+	}
+	return lines
+}
+
+// mergeLogs interleaves sources by time (a line the agent also wrote to
+// the console appears once), keeps those from start on, and the newest
+// limit of each shape.
+func mergeLogs(console, agent []logLine, start time.Time, limit int) SandboxLogs {
+	out := SandboxLogs{Logs: []SandboxLog{}, LogEntries: []SandboxLogEntry{}}
+	onConsole := map[string]bool{}
+	for _, l := range console {
+		onConsole[l.line] = true
+	}
+	all := append([]logLine(nil), console...)
+	for _, l := range agent {
+		if !onConsole[l.line] { // the agent's stderr is the console too
+			all = append(all, l)
+		}
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].at.Before(all[j].at) })
+	for _, l := range all {
+		if l.at.Before(start) {
 			continue
 		}
-		out.Logs = append(out.Logs, SandboxLog{Timestamp: last, Line: p.line})
-		if p.timed {
-			out.LogEntries = append(out.LogEntries, p.entry)
+		out.Logs = append(out.Logs, SandboxLog{Timestamp: l.at, Line: l.line})
+		if l.entry != nil {
+			out.LogEntries = append(out.LogEntries, *l.entry)
 		}
 	}
 	if n := len(out.Logs); n > limit {
@@ -122,7 +157,16 @@ func readConsole(path string, start time.Time, limit int) (SandboxLogs, error) {
 	if n := len(out.LogEntries); n > limit {
 		out.LogEntries = out.LogEntries[n-limit:]
 	}
-	return out, nil
+	return out
+}
+
+// readConsole reads a console log file into E2B's shapes.
+func readConsole(path string, start time.Time, limit int) (SandboxLogs, error) {
+	buf, mod, err := readTail(path)
+	if err != nil {
+		return SandboxLogs{Logs: []SandboxLog{}, LogEntries: []SandboxLogEntry{}}, err
+	}
+	return mergeLogs(parseLines(buf, mod), nil, start, limit), nil
 }
 
 // cleanLine trims a console line (CR, control characters, invalid UTF-8)

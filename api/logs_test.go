@@ -78,3 +78,21 @@ func FuzzParseSlog(f *testing.F) {
 		}
 	})
 }
+
+func TestMergeLogs(t *testing.T) {
+	at := func(s string) time.Time { tm, _ := time.Parse(time.RFC3339, s); return tm }
+	shared := `time=2026-01-02T03:04:06Z level=INFO msg="process started" pid=7 cmd=bash`
+	console := parseLines([]byte("[ 1.0] kernel\n"+shared+"\n"), at("2026-01-02T03:04:00Z"))
+	agent := parseLines([]byte(`time=2026-01-02T03:04:05Z level=INFO msg="aenv-agent listening"`+"\n"+shared+"\n"), time.Now())
+	out := mergeLogs(console, agent, time.Time{}, 100)
+	var lines []string
+	for _, l := range out.Logs {
+		lines = append(lines, l.Line)
+	}
+	if len(lines) != 3 || !strings.Contains(lines[0], "kernel") && !strings.Contains(lines[0], "listening") || !strings.Contains(lines[2], "process started") {
+		t.Errorf("merged %q: want three lines by time, the shared one once", lines)
+	}
+	if len(out.LogEntries) != 2 || out.LogEntries[0].Message != "aenv-agent listening" {
+		t.Errorf("entries %+v", out.LogEntries)
+	}
+}
