@@ -174,7 +174,7 @@ func TestNodeMetricsNetworkHostRouting(t *testing.T) {
 	// Host routing on the API port: {port}-{id}.{domain}. /envs exists only
 	// on the agent (the API would answer 401 without a key).
 	req, _ := http.NewRequest("GET", n.api+"/envs", nil)
-	req.Host = "49983-" + id + ".localhost"
+	req.Host = "49983-" + id + "." + testDomain
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,8 @@ import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import path from 'node:path'
 import http from 'node:http'
+import https from 'node:https'
+import fs from 'node:fs'
 import { createHash } from 'node:crypto'
 
 const require = createRequire(path.join(process.env.AENV_E2B_SDK_DIR, 'package.json'))
@@ -152,7 +154,7 @@ await step('metrics: the history by range, several sandboxes at once', async () 
 })
 
 await step('logs: the agent\'s recent lines', async () => {
-  const t0 = Date.now() - 1000
+  const t0 = Date.now() - 60_000 // the guest clock is set at /init, to about a second
   await again.commands.run('true')
   const res = await fetch(`${process.env.E2B_API_URL}/sandboxes/${again.sandboxId}/logs?start=${t0}`,
     { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
@@ -175,6 +177,28 @@ await step('template tags: Template.assignTags, getTags, removeTags', async () =
   await Template.removeTags('base', [tagName])
   assert.ok(!(await Template.getTags('base')).some((t) => t.tag === tagName), 'a removed tag is not listed')
   await assert.rejects(Template.removeTags('base', [tagName]), 'removing a missing tag fails')
+})
+
+await step('host routing over TLS: the SDK\'s sbx.getHost(port) URL, trusting the node\'s CA', async () => {
+  const host = again.getHost(49983)
+  assert.match(host, new RegExp(`^49983-${again.sandboxId}\\.`))
+  const [ip, port] = process.env.AENV_TLS_PROXY.split(':')
+  const ca = fs.readFileSync(process.env.AENV_TLS_CA)
+  // The name resolves to the node's loopback address, as DNS would for
+  // a wildcard record; TLS verifies it against the certificate.
+  const lookup = (name, opts, cb) => (opts.all ? cb(null, [{ address: ip, family: 4 }]) : cb(null, ip, 4))
+  const res = await new Promise((resolve, reject) => {
+    const req = https.request({ host, port: Number(port), path: '/health', ca, lookup }, (r) => {
+      r.resume()
+      r.on('end', () => resolve(r))
+    })
+    req.on('error', reject)
+    req.end()
+  })
+  assert.ok(res.statusCode === 200 || res.statusCode === 204, `GET https://${host}/health: ${res.statusCode}`)
+  await assert.rejects(new Promise((resolve, reject) => {
+    https.request({ host, port: Number(port), path: '/health', lookup }, resolve).on('error', reject).end()
+  }), /certificate/, 'without the CA the certificate is not trusted')
 })
 
 await step('snapshot: listed, deleted by Sandbox.deleteSnapshot, then not found', async () => {

@@ -192,14 +192,29 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if cfg.API.ProxyListen != "" {
 		servers = append(servers, newHTTPServer(cfg.API.ProxyListen, px, limits))
 	}
+	if cfg.API.ProxyTLSListen != "" {
+		tlsCfg, err := proxy.TLSConfig(cfg.API.Domain, cfg.API.TLSCert, cfg.API.TLSKey, filepath.Join(cfg.DataDir, "tls"))
+		if err != nil {
+			return err
+		}
+		srv := newHTTPServer(cfg.API.ProxyTLSListen, px, limits)
+		srv.TLSConfig = tlsCfg
+		servers = append(servers, srv)
+	}
 	errc := make(chan error, len(servers))
 	for _, srv := range servers {
 		ln, err := listenHTTP(srv.Addr, limits)
 		if err != nil {
 			return err
 		}
-		log.Info("listening", "addr", ln.Addr().String())
-		go func() { errc <- srv.Serve(ln) }()
+		log.Info("listening", "addr", ln.Addr().String(), "tls", srv.TLSConfig != nil)
+		go func() {
+			if srv.TLSConfig != nil {
+				errc <- srv.ServeTLS(ln, "", "")
+				return
+			}
+			errc <- srv.Serve(ln)
+		}()
 	}
 	log.Info("aenvd ready", "api", cfg.API.Listen, "proxy", cfg.API.ProxyListen, "dataDir", cfg.DataDir)
 	select {
