@@ -8,10 +8,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/store"
 )
@@ -216,4 +218,44 @@ func TestPendingSurviveRestart(t *testing.T) {
 		t.Errorf("after the restart the receiver got %s (%d), want the same event %s", got[1].body, got[1].status, first[0].body)
 	}
 	waitPending(t, d2)
+}
+
+// TestCrashAfterRecorded: a crash right after a delivery is recorded
+// (the fault point fails OnEvent there) loses nothing: the next start
+// finds it pending and sends it.
+func TestCrashAfterRecorded(t *testing.T) {
+	dir := t.TempDir()
+	rc := newReceiver(t, 0)
+	st := openStore(t, dir)
+	d, err := New(st, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Create(Webhook{URL: rc.srv.URL, Enabled: true, Events: []string{orchestrator.EventKilled}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := failpoint.Arm("webhooks/delivery/recorded", "error"); err != nil {
+		t.Fatal(err)
+	}
+	d.OnEvent(orchestrator.Event{Type: orchestrator.EventKilled, SandboxID: "sbx1"})
+	if err := failpoint.Arm("webhooks/delivery/recorded", ""); err != nil {
+		t.Fatal(err)
+	}
+	if d.Pending() != 0 {
+		t.Fatal("the crashed process went on with the delivery")
+	}
+	st.Close()
+
+	st = openStore(t, dir)
+	defer st.Close()
+	d2, err := New(st, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d2.Start(context.Background())
+	defer d2.Close()
+	got := rc.await(t, 1)
+	if !strings.Contains(string(got[0].body), `"sandboxId":"sbx1"`) {
+		t.Errorf("after the restart the receiver got %s", got[0].body)
+	}
 }
