@@ -80,6 +80,24 @@ func (e NodeMemoryMode) Valid() bool {
 	}
 }
 
+// Defines values for NodeStatusChangeStatus.
+const (
+	NodeStatusChangeStatusDraining NodeStatusChangeStatus = "draining"
+	NodeStatusChangeStatusReady    NodeStatusChangeStatus = "ready"
+)
+
+// Valid indicates whether the value is a known member of the NodeStatusChangeStatus enum.
+func (e NodeStatusChangeStatus) Valid() bool {
+	switch e {
+	case NodeStatusChangeStatusDraining:
+		return true
+	case NodeStatusChangeStatusReady:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for SandboxLifecycleOnTimeout.
 const (
 	Kill  SandboxLifecycleOnTimeout = "kill"
@@ -92,6 +110,30 @@ func (e SandboxLifecycleOnTimeout) Valid() bool {
 	case Kill:
 		return true
 	case Pause:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for SandboxLogEntryLevel.
+const (
+	SandboxLogEntryLevelDebug SandboxLogEntryLevel = "debug"
+	SandboxLogEntryLevelError SandboxLogEntryLevel = "error"
+	SandboxLogEntryLevelInfo  SandboxLogEntryLevel = "info"
+	SandboxLogEntryLevelWarn  SandboxLogEntryLevel = "warn"
+)
+
+// Valid indicates whether the value is a known member of the SandboxLogEntryLevel enum.
+func (e SandboxLogEntryLevel) Valid() bool {
+	switch e {
+	case SandboxLogEntryLevelDebug:
+		return true
+	case SandboxLogEntryLevelError:
+		return true
+	case SandboxLogEntryLevelInfo:
+		return true
+	case SandboxLogEntryLevelWarn:
 		return true
 	default:
 		return false
@@ -206,6 +248,20 @@ func (e ListSandboxesV2ParamsOrder) Valid() bool {
 	}
 }
 
+// AssignTemplateTagsRequest defines model for AssignTemplateTagsRequest.
+type AssignTemplateTagsRequest struct {
+	Tags []string `json:"tags"`
+
+	// Target the template as name or name:tag (the build that tag names; without one, the latest build)
+	Target string `json:"target"`
+}
+
+// AssignedTemplateTags defines model for AssignedTemplateTags.
+type AssignedTemplateTags struct {
+	BuildID string   `json:"buildID"`
+	Tags    []string `json:"tags"`
+}
+
 // BuildLogEntry defines model for BuildLogEntry.
 type BuildLogEntry struct {
 	Level     BuildLogEntryLevel `json:"level"`
@@ -227,6 +283,12 @@ type BuildStatusReason struct {
 // ConnectSandbox defines model for ConnectSandbox.
 type ConnectSandbox struct {
 	Timeout *int32 `json:"timeout,omitempty"`
+}
+
+// DeleteTemplateTagsRequest defines model for DeleteTemplateTagsRequest.
+type DeleteTemplateTagsRequest struct {
+	Name string   `json:"name"`
+	Tags []string `json:"tags"`
 }
 
 // Error defines model for Error.
@@ -282,11 +344,17 @@ type NewSnapshot struct {
 type Node struct {
 	AllocatedCPU      int32 `json:"allocatedCPU"`
 	AllocatedMemoryMB int64 `json:"allocatedMemoryMB"`
-	CpuCount          int32 `json:"cpuCount"`
-	CreateFailures    int64 `json:"createFailures"`
-	CreateSuccesses   int64 `json:"createSuccesses"`
-	DiskTotalMB       int64 `json:"diskTotalMB"`
-	DiskUsedMB        int64 `json:"diskUsedMB"`
+
+	// Commit the source commit aenvd was built from
+	Commit          *string `json:"commit,omitempty"`
+	CpuCount        int32   `json:"cpuCount"`
+	CreateFailures  int64   `json:"createFailures"`
+	CreateSuccesses int64   `json:"createSuccesses"`
+
+	// Date the build date of aenvd
+	Date        *string `json:"date,omitempty"`
+	DiskTotalMB int64   `json:"diskTotalMB"`
+	DiskUsedMB  int64   `json:"diskUsedMB"`
 
 	// Disks where the node's root disks live and how its VMs reach them
 	Disks         *NodeDisks `json:"disks,omitempty"`
@@ -335,6 +403,14 @@ type NodeSandboxes struct {
 	Running int32 `json:"running"`
 	Total   int32 `json:"total"`
 }
+
+// NodeStatusChange defines model for NodeStatusChange.
+type NodeStatusChange struct {
+	Status NodeStatusChangeStatus `json:"status"`
+}
+
+// NodeStatusChangeStatus defines model for NodeStatusChange.Status.
+type NodeStatusChangeStatus string
 
 // NodeVMM defines model for NodeVMM.
 type NodeVMM struct {
@@ -404,6 +480,29 @@ type SandboxLifecycle struct {
 // SandboxLifecycleOnTimeout defines model for SandboxLifecycle.OnTimeout.
 type SandboxLifecycleOnTimeout string
 
+// SandboxLog defines model for SandboxLog.
+type SandboxLog struct {
+	Line      string    `json:"line"`
+	Timestamp time.Time `json:"timestamp"`
+}
+
+// SandboxLogEntry defines model for SandboxLogEntry.
+type SandboxLogEntry struct {
+	Fields    map[string]string    `json:"fields"`
+	Level     SandboxLogEntryLevel `json:"level"`
+	Message   string               `json:"message"`
+	Timestamp time.Time            `json:"timestamp"`
+}
+
+// SandboxLogEntryLevel defines model for SandboxLogEntry.Level.
+type SandboxLogEntryLevel string
+
+// SandboxLogs defines model for SandboxLogs.
+type SandboxLogs struct {
+	LogEntries []SandboxLogEntry `json:"logEntries"`
+	Logs       []SandboxLog      `json:"logs"`
+}
+
 // SandboxMetric defines model for SandboxMetric.
 type SandboxMetric struct {
 	CpuCount      int32     `json:"cpuCount"`
@@ -421,6 +520,9 @@ type SandboxNetworkConfig struct {
 	AllowOut           *[]string `json:"allowOut,omitempty"`
 	AllowPublicTraffic *bool     `json:"allowPublicTraffic,omitempty"`
 	DenyOut            *[]string `json:"denyOut,omitempty"`
+
+	// MaskRequestHost Host header of requests the proxy forwards to the sandbox; ${PORT} is replaced by the port.
+	MaskRequestHost *string `json:"maskRequestHost,omitempty"`
 }
 
 // SandboxNetworkUpdate defines model for SandboxNetworkUpdate.
@@ -441,6 +543,11 @@ type SandboxState string
 // SandboxTimeout defines model for SandboxTimeout.
 type SandboxTimeout struct {
 	Timeout int32 `json:"timeout"`
+}
+
+// SandboxesWithMetrics defines model for SandboxesWithMetrics.
+type SandboxesWithMetrics struct {
+	Sandboxes map[string]SandboxMetric `json:"sandboxes"`
 }
 
 // SnapshotInfo defines model for SnapshotInfo.
@@ -545,6 +652,59 @@ type TemplateStep struct {
 	Type      string    `json:"type"`
 }
 
+// TemplateTag defines model for TemplateTag.
+type TemplateTag struct {
+	BuildID   string    `json:"buildID"`
+	CreatedAt time.Time `json:"createdAt"`
+	Tag       string    `json:"tag"`
+}
+
+// TemplateUpdateRequest defines model for TemplateUpdateRequest.
+type TemplateUpdateRequest struct {
+	// Public whether the template is public (stored and reported; every API key of a node sees every template)
+	Public *bool `json:"public,omitempty"`
+}
+
+// TemplateUpdateResponse defines model for TemplateUpdateResponse.
+type TemplateUpdateResponse struct {
+	Names []string `json:"names"`
+}
+
+// WebhookConfig defines model for WebhookConfig.
+type WebhookConfig struct {
+	CreatedAt time.Time `json:"createdAt"`
+	Enabled   bool      `json:"enabled"`
+	Events    []string  `json:"events"`
+	Id        string    `json:"id"`
+	Name      string    `json:"name"`
+	TeamID    string    `json:"teamID"`
+	Url       string    `json:"url"`
+}
+
+// WebhookCreate defines model for WebhookCreate.
+type WebhookCreate struct {
+	Enabled *bool `json:"enabled,omitempty"`
+
+	// Events sandbox.lifecycle.{created,killed,paused,resumed,forked} (updated and checkpointed are accepted, never sent)
+	Events []string `json:"events"`
+	Name   *string  `json:"name,omitempty"`
+
+	// SignatureSecret signs each delivery: e2b-signature is the unpadded base64 of SHA-256 over the secret followed by the body
+	SignatureSecret *string `json:"signatureSecret,omitempty"`
+
+	// Url http or https URL the events are POSTed to
+	Url string `json:"url"`
+}
+
+// WebhookUpdate defines model for WebhookUpdate.
+type WebhookUpdate struct {
+	Enabled         *bool     `json:"enabled,omitempty"`
+	Events          *[]string `json:"events,omitempty"`
+	Name            *string   `json:"name,omitempty"`
+	SignatureSecret *string   `json:"signatureSecret,omitempty"`
+	Url             *string   `json:"url,omitempty"`
+}
+
 // SandboxID defines model for sandboxID.
 type SandboxID = string
 
@@ -552,6 +712,19 @@ type SandboxID = string
 type ListSandboxesParams struct {
 	// Metadata url-encoded k=v pairs joined by &
 	Metadata *string `form:"metadata,omitempty" json:"metadata,omitempty"`
+}
+
+// GetSandboxesMetricsParams defines parameters for GetSandboxesMetrics.
+type GetSandboxesMetricsParams struct {
+	// SandboxIds comma-separated sandbox ids (at most 100)
+	SandboxIds []string `form:"sandbox_ids" json:"sandbox_ids"`
+}
+
+// GetSandboxLogsParams defines parameters for GetSandboxLogs.
+type GetSandboxLogsParams struct {
+	// Start unix milliseconds
+	Start *int64 `form:"start,omitempty" json:"start,omitempty"`
+	Limit *int32 `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
 // GetSandboxMetricsParams defines parameters for GetSandboxMetrics.
@@ -606,6 +779,15 @@ type ListSandboxesV2Params struct {
 // ListSandboxesV2ParamsOrder defines parameters for ListSandboxesV2.
 type ListSandboxesV2ParamsOrder string
 
+// CreateWebhookJSONRequestBody defines body for CreateWebhook for application/json ContentType.
+type CreateWebhookJSONRequestBody = WebhookCreate
+
+// UpdateWebhookJSONRequestBody defines body for UpdateWebhook for application/json ContentType.
+type UpdateWebhookJSONRequestBody = WebhookUpdate
+
+// SetNodeStatusJSONRequestBody defines body for SetNodeStatus for application/json ContentType.
+type SetNodeStatusJSONRequestBody = NodeStatusChange
+
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = NewSandbox
 
@@ -632,6 +814,15 @@ type CreateSnapshotJSONRequestBody = NewSnapshot
 // SetSandboxTimeoutJSONRequestBody defines body for SetSandboxTimeout for application/json ContentType.
 type SetSandboxTimeoutJSONRequestBody = SandboxTimeout
 
+// DeleteTemplateTagsJSONRequestBody defines body for DeleteTemplateTags for application/json ContentType.
+type DeleteTemplateTagsJSONRequestBody = DeleteTemplateTagsRequest
+
+// AssignTemplateTagsJSONRequestBody defines body for AssignTemplateTags for application/json ContentType.
+type AssignTemplateTagsJSONRequestBody = AssignTemplateTagsRequest
+
+// UpdateTemplateJSONRequestBody defines body for UpdateTemplate for application/json ContentType.
+type UpdateTemplateJSONRequestBody = TemplateUpdateRequest
+
 // CreateSandboxV2JSONRequestBody defines body for CreateSandboxV2 for application/json ContentType.
 type CreateSandboxV2JSONRequestBody = NewSandbox
 
@@ -647,6 +838,21 @@ type CreateTemplateV3JSONRequestBody = TemplateBuildRequestV3
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 
+	// (GET /events/webhooks)
+	ListWebhooks(w http.ResponseWriter, r *http.Request)
+
+	// (POST /events/webhooks)
+	CreateWebhook(w http.ResponseWriter, r *http.Request)
+
+	// (DELETE /events/webhooks/{webhookID})
+	DeleteWebhook(w http.ResponseWriter, r *http.Request, webhookID string)
+
+	// (GET /events/webhooks/{webhookID})
+	GetWebhook(w http.ResponseWriter, r *http.Request, webhookID string)
+
+	// (PATCH /events/webhooks/{webhookID})
+	UpdateWebhook(w http.ResponseWriter, r *http.Request, webhookID string)
+
 	// (GET /health)
 	GetHealth(w http.ResponseWriter, r *http.Request)
 
@@ -659,11 +865,17 @@ type ServerInterface interface {
 	// (GET /nodes/{nodeID})
 	GetNode(w http.ResponseWriter, r *http.Request, nodeID string)
 
+	// (POST /nodes/{nodeID})
+	SetNodeStatus(w http.ResponseWriter, r *http.Request, nodeID string)
+
 	// (GET /sandboxes)
 	ListSandboxes(w http.ResponseWriter, r *http.Request, params ListSandboxesParams)
 
 	// (POST /sandboxes)
 	CreateSandbox(w http.ResponseWriter, r *http.Request)
+
+	// (GET /sandboxes/metrics)
+	GetSandboxesMetrics(w http.ResponseWriter, r *http.Request, params GetSandboxesMetricsParams)
 
 	// (DELETE /sandboxes/{sandboxID})
 	KillSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
@@ -676,6 +888,9 @@ type ServerInterface interface {
 
 	// (POST /sandboxes/{sandboxID}/fork)
 	ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+
+	// (GET /sandboxes/{sandboxID}/logs)
+	GetSandboxLogs(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxLogsParams)
 
 	// (GET /sandboxes/{sandboxID}/metrics)
 	GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxMetricsParams)
@@ -715,11 +930,20 @@ type ServerInterface interface {
 	// (GET /templates/aliases/{alias})
 	GetTemplateAlias(w http.ResponseWriter, r *http.Request, alias string)
 
+	// (DELETE /templates/tags)
+	DeleteTemplateTags(w http.ResponseWriter, r *http.Request)
+
+	// (POST /templates/tags)
+	AssignTemplateTags(w http.ResponseWriter, r *http.Request)
+
 	// (DELETE /templates/{templateID})
 	DeleteTemplate(w http.ResponseWriter, r *http.Request, templateID string)
 
 	// (GET /templates/{templateID})
 	GetTemplate(w http.ResponseWriter, r *http.Request, templateID string)
+
+	// (PATCH /templates/{templateID})
+	UpdateTemplate(w http.ResponseWriter, r *http.Request, templateID string)
 
 	// (GET /templates/{templateID}/builds/{buildID}/status)
 	GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, templateID string, buildID string, params GetTemplateBuildStatusParams)
@@ -729,6 +953,9 @@ type ServerInterface interface {
 
 	// (PUT /templates/{templateID}/files/{hash})
 	UploadTemplateFiles(w http.ResponseWriter, r *http.Request, templateID string, hash string)
+
+	// (GET /templates/{templateID}/tags)
+	GetTemplateTags(w http.ResponseWriter, r *http.Request, templateID string)
 
 	// (GET /v2/sandboxes)
 	ListSandboxesV2(w http.ResponseWriter, r *http.Request, params ListSandboxesV2Params)
@@ -753,6 +980,31 @@ type ServerInterface interface {
 
 type Unimplemented struct{}
 
+// (GET /events/webhooks)
+func (_ Unimplemented) ListWebhooks(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (POST /events/webhooks)
+func (_ Unimplemented) CreateWebhook(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (DELETE /events/webhooks/{webhookID})
+func (_ Unimplemented) DeleteWebhook(w http.ResponseWriter, r *http.Request, webhookID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /events/webhooks/{webhookID})
+func (_ Unimplemented) GetWebhook(w http.ResponseWriter, r *http.Request, webhookID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (PATCH /events/webhooks/{webhookID})
+func (_ Unimplemented) UpdateWebhook(w http.ResponseWriter, r *http.Request, webhookID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // (GET /health)
 func (_ Unimplemented) GetHealth(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -773,6 +1025,11 @@ func (_ Unimplemented) GetNode(w http.ResponseWriter, r *http.Request, nodeID st
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// (POST /nodes/{nodeID})
+func (_ Unimplemented) SetNodeStatus(w http.ResponseWriter, r *http.Request, nodeID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // (GET /sandboxes)
 func (_ Unimplemented) ListSandboxes(w http.ResponseWriter, r *http.Request, params ListSandboxesParams) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -780,6 +1037,11 @@ func (_ Unimplemented) ListSandboxes(w http.ResponseWriter, r *http.Request, par
 
 // (POST /sandboxes)
 func (_ Unimplemented) CreateSandbox(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /sandboxes/metrics)
+func (_ Unimplemented) GetSandboxesMetrics(w http.ResponseWriter, r *http.Request, params GetSandboxesMetricsParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -800,6 +1062,11 @@ func (_ Unimplemented) ConnectSandbox(w http.ResponseWriter, r *http.Request, sa
 
 // (POST /sandboxes/{sandboxID}/fork)
 func (_ Unimplemented) ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /sandboxes/{sandboxID}/logs)
+func (_ Unimplemented) GetSandboxLogs(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxLogsParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -865,6 +1132,16 @@ func (_ Unimplemented) GetTemplateAlias(w http.ResponseWriter, r *http.Request, 
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// (DELETE /templates/tags)
+func (_ Unimplemented) DeleteTemplateTags(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (POST /templates/tags)
+func (_ Unimplemented) AssignTemplateTags(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // (DELETE /templates/{templateID})
 func (_ Unimplemented) DeleteTemplate(w http.ResponseWriter, r *http.Request, templateID string) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -872,6 +1149,11 @@ func (_ Unimplemented) DeleteTemplate(w http.ResponseWriter, r *http.Request, te
 
 // (GET /templates/{templateID})
 func (_ Unimplemented) GetTemplate(w http.ResponseWriter, r *http.Request, templateID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (PATCH /templates/{templateID})
+func (_ Unimplemented) UpdateTemplate(w http.ResponseWriter, r *http.Request, templateID string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -887,6 +1169,11 @@ func (_ Unimplemented) GetTemplateFiles(w http.ResponseWriter, r *http.Request, 
 
 // (PUT /templates/{templateID}/files/{hash})
 func (_ Unimplemented) UploadTemplateFiles(w http.ResponseWriter, r *http.Request, templateID string, hash string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /templates/{templateID}/tags)
+func (_ Unimplemented) GetTemplateTags(w http.ResponseWriter, r *http.Request, templateID string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -928,6 +1215,112 @@ type ServerInterfaceWrapper struct {
 }
 
 type MiddlewareFunc func(http.Handler) http.Handler
+
+// ListWebhooks operation middleware
+func (siw *ServerInterfaceWrapper) ListWebhooks(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListWebhooks(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateWebhook operation middleware
+func (siw *ServerInterfaceWrapper) CreateWebhook(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateWebhook(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteWebhook operation middleware
+func (siw *ServerInterfaceWrapper) DeleteWebhook(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "webhookID" -------------
+	var webhookID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "webhookID", chi.URLParam(r, "webhookID"), &webhookID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "webhookID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteWebhook(w, r, webhookID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetWebhook operation middleware
+func (siw *ServerInterfaceWrapper) GetWebhook(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "webhookID" -------------
+	var webhookID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "webhookID", chi.URLParam(r, "webhookID"), &webhookID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "webhookID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetWebhook(w, r, webhookID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UpdateWebhook operation middleware
+func (siw *ServerInterfaceWrapper) UpdateWebhook(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "webhookID" -------------
+	var webhookID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "webhookID", chi.URLParam(r, "webhookID"), &webhookID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "webhookID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateWebhook(w, r, webhookID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
 
 // GetHealth operation middleware
 func (siw *ServerInterfaceWrapper) GetHealth(w http.ResponseWriter, r *http.Request) {
@@ -997,6 +1390,32 @@ func (siw *ServerInterfaceWrapper) GetNode(w http.ResponseWriter, r *http.Reques
 	handler.ServeHTTP(w, r)
 }
 
+// SetNodeStatus operation middleware
+func (siw *ServerInterfaceWrapper) SetNodeStatus(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "nodeID" -------------
+	var nodeID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "nodeID", chi.URLParam(r, "nodeID"), &nodeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "nodeID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.SetNodeStatus(w, r, nodeID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListSandboxes operation middleware
 func (siw *ServerInterfaceWrapper) ListSandboxes(w http.ResponseWriter, r *http.Request) {
 
@@ -1035,6 +1454,39 @@ func (siw *ServerInterfaceWrapper) CreateSandbox(w http.ResponseWriter, r *http.
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.CreateSandbox(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetSandboxesMetrics operation middleware
+func (siw *ServerInterfaceWrapper) GetSandboxesMetrics(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetSandboxesMetricsParams
+
+	// ------------- Required query parameter "sandbox_ids" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", false, true, "sandbox_ids", r.URL.Query(), &params.SandboxIds, runtime.BindQueryParameterOptions{Type: "array", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "sandbox_ids"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandbox_ids", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSandboxesMetrics(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -1139,6 +1591,61 @@ func (siw *ServerInterfaceWrapper) ForkSandbox(w http.ResponseWriter, r *http.Re
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ForkSandbox(w, r, sandboxID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetSandboxLogs operation middleware
+func (siw *ServerInterfaceWrapper) GetSandboxLogs(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", chi.URLParam(r, "sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetSandboxLogsParams
+
+	// ------------- Optional query parameter "start" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "start", r.URL.Query(), &params.Start, runtime.BindQueryParameterOptions{Type: "integer", Format: "int64"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "start"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "start", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", r.URL.Query(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: "int32"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "limit"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSandboxLogs(w, r, sandboxID, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -1523,6 +2030,34 @@ func (siw *ServerInterfaceWrapper) GetTemplateAlias(w http.ResponseWriter, r *ht
 	handler.ServeHTTP(w, r)
 }
 
+// DeleteTemplateTags operation middleware
+func (siw *ServerInterfaceWrapper) DeleteTemplateTags(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteTemplateTags(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// AssignTemplateTags operation middleware
+func (siw *ServerInterfaceWrapper) AssignTemplateTags(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.AssignTemplateTags(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // DeleteTemplate operation middleware
 func (siw *ServerInterfaceWrapper) DeleteTemplate(w http.ResponseWriter, r *http.Request) {
 
@@ -1566,6 +2101,32 @@ func (siw *ServerInterfaceWrapper) GetTemplate(w http.ResponseWriter, r *http.Re
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetTemplate(w, r, templateID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UpdateTemplate operation middleware
+func (siw *ServerInterfaceWrapper) UpdateTemplate(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", chi.URLParam(r, "templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateTemplate(w, r, templateID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -1713,6 +2274,32 @@ func (siw *ServerInterfaceWrapper) UploadTemplateFiles(w http.ResponseWriter, r 
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.UploadTemplateFiles(w, r, templateID, hash)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetTemplateTags operation middleware
+func (siw *ServerInterfaceWrapper) GetTemplateTags(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "templateID" -------------
+	var templateID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "templateID", chi.URLParam(r, "templateID"), &templateID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "templateID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetTemplateTags(w, r, templateID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2081,6 +2668,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/v2/sandboxes", wrapper.CreateSandboxV2)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/sandboxes/metrics", wrapper.GetSandboxesMetrics)
+	})
+	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/sandboxes/{sandboxID}", wrapper.KillSandbox)
 	})
 	r.Group(func(r chi.Router) {
@@ -2111,6 +2701,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/sandboxes/{sandboxID}/metrics", wrapper.GetSandboxMetrics)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/sandboxes/{sandboxID}/logs", wrapper.GetSandboxLogs)
+	})
+	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/sandboxes/{sandboxID}/fork", wrapper.ForkSandbox)
 	})
 	r.Group(func(r chi.Router) {
@@ -2132,13 +2725,43 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Get(options.BaseURL+"/nodes/{nodeID}", wrapper.GetNode)
 	})
 	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/nodes/{nodeID}", wrapper.SetNodeStatus)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/events/webhooks", wrapper.ListWebhooks)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/events/webhooks", wrapper.CreateWebhook)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/events/webhooks/{webhookID}", wrapper.DeleteWebhook)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/events/webhooks/{webhookID}", wrapper.GetWebhook)
+	})
+	r.Group(func(r chi.Router) {
+		r.Patch(options.BaseURL+"/events/webhooks/{webhookID}", wrapper.UpdateWebhook)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/templates", wrapper.ListTemplates)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/templates/tags", wrapper.DeleteTemplateTags)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/templates/tags", wrapper.AssignTemplateTags)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/templates/{templateID}/tags", wrapper.GetTemplateTags)
 	})
 	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/templates/{templateID}", wrapper.DeleteTemplate)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/templates/{templateID}", wrapper.GetTemplate)
+	})
+	r.Group(func(r chi.Router) {
+		r.Patch(options.BaseURL+"/templates/{templateID}", wrapper.UpdateTemplate)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v2/templates", wrapper.ListTemplatesV2)
@@ -2170,73 +2793,95 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Fxtb9u4k/8qhO6ATQAlTpO94s7FvUjT9hq06QZ1GuyhLba0NLa5kUiVpOL4An/3Ax/0TMmSY7e7f+yr",
-	"OpVIzjNnhj/q0QtYnDAKVApv/OglmOMYJHD9l8A0nLKHy1fqD0K9sZdgufB8j+IYvHHpue9x+J4SDqE3",
-	"ljwF3xPBAmKsBspVol+WnNC5t16v1csiYVSAXuU154yrHwGjEqhUP3GSRCTAkjA6+lMwqqnJZ/x3DjNv",
-	"7P3bqCB+ZJ6KkZlNrxKCCDhJ1CTe2MMUgX2WUaeXf5mSKHzP5q+p5CstA84S4JIY6iK4h0j9AJrG3viz",
-	"F8I0nXu+R+iMeb63xJx6vmem/urXufW9GITAc3BIwveEhMT5QJIYhMSxfjpjPMbSG3shlnCkHnmNddZl",
-	"DXwujS8I8C0vBZFs+icEUq2nhTCRWKbiI2Ar8JogjIjsX0RCLDbpoiradb4u5hyvtpRNjdFsBhdTF4xS",
-	"COTEWGmTIyUklsqKiAmVZ6dKaISSWCn8JJ+YUAlzMPbTWCs34uoSAQs1d1VThO8pjgSSC0Bvb26ukdCC",
-	"9/wmGfWlu0RWk4xe2u8U0BvG7z6CSCPZpBwyhno4m59Fgk3vZ6pwivA9ERLCVm3hiBiHbVhKEBGg0kSp",
-	"5sMkvWApdWu5Kd6QiLsJ+T+4etlzANDwXPb1UvX6fXgLXBDjYo5oETO+6r16DBKHWOqoiMOQKAPD0XXV",
-	"zBvBpS75Spx3OCLmEgZxqQwaehrDRL+ryII4ibAEJxn1+Fa861e2odwWynRnWipZQ0nSFaVntFc15XKe",
-	"D7DssNWILf9QeuIU5B84CECUdTFlLAJM1TQ4lewapwLaHysXjfuK8zwfcMHojGRGd4vNlr69kezG1CjI",
-	"JeN3PZn5YN4uOBEQpLxFVJ3245ejfTUaCwgYDZ3hd8Mu0GKRbdZCcSIWzBFrTTrlsvnmPHZDadpbgCWE",
-	"F9efekaOfMhVS8R5/qtz3MB4GnDAEt5gEqXc0NpnDT1okmq36T1KefENkzjqzYsa8UlAOGjAxqxHqeiV",
-	"fnHtexHD4fk9cDyHZ3E1gLJ0GpWiJ03jaRbUlUb6LGN0V4wZxr4ZM0gAlIVt/mWjMPSSzyR/2e4WqSjn",
-	"2BxwuFKBmWNC1fyuxPq+Yxu9j+M+ZNxeXTUc2bKYk1UsZKZ1bCKZ2GsirZpkxdzK4vKr7utyzaZLNDzr",
-	"a0uweJWZbDXoLRfAQWegit9fBOKMSaTtG0XkHhCmIVqwJSJSoNsrgTjgYKEGKAlUo88UB3dAQ0dklUwZ",
-	"fogOIrwCDiEiMZ6DOESMoxmJNB/NQM0xFQnjjlCdTqM7NZZOQ3RwpzbXCE0jFtyhEO5JAOLQV8+OBAvu",
-	"QKKDDy9fISE5JvOFRJJpfm+vrg59vfrGKipjrExTm5yvcqetkqxkyEFJAkItyDlIRQfhyBiLlYmfSzzG",
-	"dKU0IQkNpH2KeEqVI+gZYpw0dGBeay6fz1NezMhezZNAiKar8uw9qxC7DWUOG+BgAUdWqFojR/BQk1eh",
-	"YZ6XmA7HdTBRYz5Rv3GFoz5U1ytHUx9ZWvxMgoaENi1PykGuqoFEJXFhz23RctTzbalCSK93azxmy/gZ",
-	"ddlcbfypgNjMLoLAtEAa2go5uQfufNSq4xqJdgrfruIizKSzHZVhdwq9yzJ/19VpyGJMtJRoGkVYJQS2",
-	"f+asHM91+L9hd+D2nk3VZXehtymB5ng2I0GNhg10b1G3bSq82gqdZguDKsJCl1V06PYVSEyiIRrW1d6l",
-	"LfbOO2q9n9qoGGRqg3saT7XMiMwgWAVR3zL3ff7+z2qaPLWS/afnMrznYsl/Y+Ve77W2eU+MH0yUf3Zy",
-	"Uor5z5x77YY2AdJ5cLAgUagT5af2DQzVHcy+L3tGc+MrmkPNeMPoTcFNlqrdkSjKEgJHdlYjr7REeb4O",
-	"eq9AchI41DOwcZCkqla6DqoDZhHD0lU056XWwNq/f608ZPYY4gGTDz7tKQ35RMlDr2U6Toiqk1U8tqSG",
-	"gquSOEqCLOugwz6qkdDdOv3NmGx+yNQWjfODJD3qOp1GJLgxaYrbI0Kgq4GTrzey8ikJbejdGSv9ese7",
-	"5eYjzDiIRZOPMOVY2o27PbaePa8E12EJ9STbvPIOUL1ycdWRdnApyO3sgK/uKq1BzzZ1L+mMPT3m6ZbO",
-	"oF3f7Kjv8coe2fdKfwZlSxTHtSPfjSbMIWGCSGc/pGg8CSs6s42iKawYDZFcEKF7UmOEpwKoRMsF0LxT",
-	"hRZYPS4GF2u9QAnQkNC5j9IkYrj8E0LdcsIkghAdLIlclAbqU8xDNGNcd7sCFsdEt4uI9Jzdi8pAd/XL",
-	"mJyJQWrZkBBmdrZF6VYz59JUmXar+Vwl0StssmZsNSZdznFjJ2oppoaa1TQlUTjEn/SAFolNC8RDOe7o",
-	"/zaBZ4mJNL+ydnQ7yGP/jr7FwfROT5q3CAOJ3o/dW5dI8JI6RdaWI3U3J1K9Bw+QaFdxk9lNr9rFcunn",
-	"Nl31mYKwqkqqFtjlPedq3o8WMeXoO3ZIeevyzk7aRZYG97whEXzSEdZBGAdh4VxNylIebSYpm2EjGe7d",
-	"t8v994Fmith88EaZNUk3LlwBZzkPzbYMXVvbSOEl+UmZlkBFuBtV9xG+pyDk7VlHx612pAEJB30+1vBq",
-	"30sFIHOcTtMo2hSZu1sBnRGyGHr6n23x0m0DeKiVSMBxm3a6hTuRmMvb06ZoZ4wHLU2DGWfxZdyGylNP",
-	"y9u6q+8fri7isL2t1f4Qkv7emBExkZD0K3OyEdbisojaanlbpSct4WbHu+c2NvRkL3dsdFn2qOnpcvWJ",
-	"BXPWxMyHsqEPLt9iU6U2jbPdqs3/bORcPW3ykQGPiFxNlPkZ6s8T8g5W56lc5PDoBeBQH2ZZgPTvR+fX",
-	"l0fvYFVEKqxHGYAysdtWNb7dLAAFjErOInR+fYnYDH3DKnX45qvaJMGSTCNAuoh5ffryF4GMZvTLgiG5",
-	"wNI+mLx6J9CS8TuU0piFZEYgPP5CX98DXxk0NMJULIEL9O3xi4aMfvHG6Et6cnIWlKCp+j/AR18yOKl+",
-	"yzs+Pv7irb8dIyUEoNIitsfIyAF9y/n/dvyF6kaTjJQQzudA5esPt6akU3QfvD59eVRwd1iCXYy9k+Nn",
-	"xye6oZkAxQnxxt7Z8cnxme4OyIXWxmgBODKqmIOO9srSND2XoTf2/gfkW/NGDX5+evJrUwe6PgV+DxwR",
-	"gdKkYgPe+PNX9fco1q1OUVqzOss1ZzHIBaQC2VeVMvNS9iA/9EA5rcLoVfkMDVZoQYRkc45joeEBQhqo",
-	"QMJYJHyUY0gOjz2/ye+VJa/B8EkNbS/hQY6SyB4PdSL3WxlUcyB40KUxYRTZDdMpN8W9aNXUeyLkB/3G",
-	"RsK7rwn02kc0oK65fzRYzfsSpvE2wxY17Zo7p7q4jZCzPXo0AKN1l6V+yLAJT+B+M9MuJuEJPPqV6yOf",
-	"nVdGcnRV//siX5XsKuiyVrOZlEBVNVpqQCIeHQFV8S5Ed/99jxJMuEB/MkINIEYFvNPn+paHN/a+p8BX",
-	"BQ/5+WEn1T/CeKuQ+R5WnCFpRBl/t5WmmXDo4MKg1Cw9Rskg5EsWrnZnuwXuel3dv5UhrRtif7azlSvL",
-	"OvYL8xgtsUC2A7B9rMgVNHrMW3Nrs8NEYFLvqujfkSgqC37TDndHomhbAv3WwNVKwcmutWBhGt262FEc",
-	"c40rXhkVvdNarCrrbhSY20j1W3bDpm91vOpVp/14Xm2RdfMq3x707NIwkdrJbDB7gewBDYIHCTQ0Vv2D",
-	"HD8jxUDUduzvo1kGdNi5wbxh/G6/1lLGauwhUPfaH0sX3HpsjoyCVmQkUQLcYDx8RChiXFUzBzgP8bpu",
-	"MgXU4a513iwq2qJskd935zqUPKDikosro9F9mUo60wNOsMU6Bkw9ZJUfkkZVkSs9LEXgOIlAKJOoZVR5",
-	"Pc0o+EjiO6CIsuULhJE5yFYPEGUUDv9Km1MJzPakWJM6DNbAI6qQif3GnCouo1fwaekBwJyDEChhEQlW",
-	"iAgVDUyXacden2T45d2Heg2NHpIaWsTFjjnkBl4CYj9cWvTKD9nTMqSMMwNyCLScl+xWpBn2bxfyLJ2r",
-	"2Jq8LmG12n4FXIP6OwX8Q/K6PSV0GfZiT05g6+/soun+CvBshX0rqIyuaiv1MiTQQSrwNAKEBSpOMBCj",
-	"thjfeaJWQpftXpOTPMvL0G17jWjZItvulQLkE8Rbdor23l7+lrvPWE9pS4Cm9i6d7x6s/9liXERiUs2j",
-	"c4lo6PkTkOmtpMKDNNcufno3suqtPbLoTKM+orAEIdGMcCFfoN+PPsCDPNJs6dN8860UxSpK8Bx2YGqj",
-	"xwIG19lXe6X/vxJSNzmDmWr3vbVWGk5+SsDd3yFBBaE48KAgC/3dweQmf+tHOEYOmOhzzpRRpnauHRw6",
-	"5fON7LH96FH/6Dx/qkDP9mlvboxbi+FlrCBMkebBxIb92SHO2d/OBEePRSLSI8jkZvITg0w7DbtX+iY9",
-	"70+xFYTLTrQ70jgZMXq0eJn1qADobZJ1Cd/XL7eJ2Fz8NpuppMuZa5wMvpK233RmyJL6E3XlJbf77t6T",
-	"M54+BlxgT1ssWRvDL0KjaMwnNSI2R2CwkWjGWYwKXSJG/3IW7zsnKzBhu/EdjeoaPS6wWPTalt7YT4fs",
-	"re5swzg71LxcgFwAr15QUX+Yb2ywGcLo4rfr/0VCQoIOMJKYI8yDBbkHNF2hydvzo9P/eH5ovv9hb8cw",
-	"e23FfG/l72EUSnvDLKK1X6xYb+q6T/HLAgnySEgOOK6qO49VU0IxXzkuBPQ9omp+4+YpfaL706HYltvT",
-	"frtEL5hK4xQnYHGMjwSoBSSE4+yAw8+/INJygCS3qpj7la8/p9yuKZpxiULCIdD4tukK6VMzffjsIxxw",
-	"JoSuTsULhFHOFyIC3eOIhPp+mQoM5jTRHhzHODRQzhbB6pfdLGr69K0Ss0Fi/Zf+T9e17jo/H99coLOz",
-	"s//SDIwRo9GqgAUhe5EfYakPO2dSk9x1fAjhuXprmLVpXKs5txdKqgcGt3p+fZlf9EuDhYqlEvihj/oR",
-	"rdYLZLRCU5gxDhsJf6lfG0h5UY4QfblQTdmgyOKAzFavgbmySLBdFJUe/92wZTnXLzL8b6WPo69xxkod",
-	"HPSXSHwLl9aUlF/dAELdH2JNR9Z/MGu72Mp+FvRpbyr8B/y0P/DT/enQtp1V879y464slO5Wg8Ov/pIV",
-	"YOtZl9qFKyXX3rzYeTuuV0g+bab+WghZ0vEERZ9Vrb9ro8rovz37EQIq7mb2F9FOqWhe1dvcGg71Rxz0",
-	"SZLpv/jIXofNM3CruASCLbVWvdRSvQr2+ev66/r/AwAA//8=",
+	"7D35b9y2mv8KoX1AbEA+YrfF7gT7g3NtgyapETvpWzRBw5G+mWFHIlWS8njW8P++4KWT0kjjGSfvoT/5",
+	"EEV+90V+1F0QsTRjFKgUweQuyDDHKUjg+i+BaTxlt29eqj8IDSZBhuUiCAOKUwgmledhwOGvnHCIg4nk",
+	"OYSBiBaQYvWiXGd6sOSEzoP7+3s1WGSMCtCrvOKccfVLxKgEKtWvOMsSEmFJGD35UzCqoSlm/AeHWTAJ",
+	"/uOkBP7EPBUnZja9Sgwi4iRTkwSTAFME9pmDTi9/IQSZ02tIswRLuMZz8QH+ykFoODLOMuCSGEglnuuf",
+	"REIqPKiFQYpv35iHT09PwyAl1P0ZusGYc7xWYyXmc9Cr1AGVC0DSgoOwQIrYiHH9cyLxHB2oEdOcJDGS",
+	"CyyR+p96KJ6hFZELlkvEKIRIDVOTCGlGHwZhixlVxv3uQAoNpl+K4Wz6J0RSAW2oBXGVXm1C6eWM2LRI",
+	"tJmIdUK1QJyLICxW8MH4XD17y+avqOTrNnAJ3ECifgGap2rKGKb5PAgDQmcsCIMV5jQIAyMsX0IPk0EI",
+	"PAcv7EJC5keKpCAkTvXTGeMplsEkiLGEI/VoM2uK90sAQotLJxGuJJa5+ADYqlCDEIZE9q+CH33aVSft",
+	"fVuot6BNA1E3gw+pF4xSiOSVsTseBSUpsFzWSEyoPD8LtC6SVDH8tJiYUAlzMBahtdZLSEDCILtgzOHu",
+	"ZV3P26OMheWsgxOxGNpmBf7KcSK0Ufj5+voSCS0bQdimVJM6fVxtQKyXDnt5+Jrx5QcQeeIhJDiEBlj4",
+	"0LmfTeOdtHi5/JYICXGnQOGEYD/jooQAlR02LsryFyynfkFskzcmYnlF/g/ePR/4AtD4Qg41JGr4TfwJ",
+	"uCDGCngMWsr4evDqKUgcY6ldMY5jogQMJ5d1TewQ9JLyteDCYyswlzAKSyXQMFAYrvRYBZbVby8YTRNc",
+	"jg1rsU8hC1W4HZcq0lChdI3pDvY6p3zK8x5WPbKasNUfik+cgvwDRxGIKi+mjCWAqZoG55Jd4lxA92Ol",
+	"oulQcl4UL7xgdEac0H3CJo7cXkh2I2oU5Irx5UBk3pvRJSYCopx3kKpXfsKqQ6pbYwERo7HX/G5wVB0S",
+	"2SUtFGdiwYY7LR/93luH0pa3CEuIX1x+HGg5ilfedVicn37wvhexNCUdobJgOY8AmSEIKw1CKyx0yCvR",
+	"jLPUZyxGWuiIA5bwGpMk5wb7IVDrl65yrYiD34qtFWtjakJ+9RyxmcHUh5oyLNdM4mQwedUbHwXEo17Y",
+	"GCsqqXmpB96HQcJwfHEDHM/haVq36SyfJhWDTvN06vyMEpIhyxhxKt8Zh755ZxQBKIu7VN46BhhEn6ti",
+	"sHVguahmJhxwvFa+gmNC1fy+dOSmx7PfpOkQMD69e9cOPg2KBVjlQmZaj19zZG+QtC6SNXGrkiusWxSf",
+	"tWjrVEs1v3TYr5dOZOt6tVoABx0UK3yfCMQZk0jLN0rIDSBMY7RgK0SkQJ/eCcQBRwv1gqJAI+vF0RJo",
+	"7DH2kinBj9FBgtfAIUYkxXMQhyqtn5FE49H2HRxTkTHusXv5NFnqksA0RgdL5e8TNE1YtEQx3JAIxGGo",
+	"nh0JFi1BooP3z18iITkm84VEkml8P717dxjq1Tfmng6xKkxddH5XKG0dZEVDDooSEGtCzkEqOAhHRlgs",
+	"TcKC4imma8UJSWgk7VPEc6oUQc+Q4qzFAzOsvXwxT3UxQ3s1TwYxmq6rsw9MjKxndAob4WgBR5aomiNH",
+	"cNugV8lhXiTmHsX1INFAPlO/4xpGQ6Bu5tsmZbOwhI6CBoQuLl9VjVydA5mKK+OBftViNHC0VCZk0NgG",
+	"jm6Z0EHn5urET9u8FwtM557IZytD3QDJztEFgLLI7Ygrikzlqu3zObkB7n3UKWQNgOwUoV3FB5gJ8Xuy",
+	"5f60YpfVmV1n7DFLMdFUonmSYBWR2EK2N5u+0P7nmi3Br76bMu7+5HdTUsHxbEaiBgwb4N4il92UjHYl",
+	"f+2yDlWAxT6p6OHtS5CYJGM4rDPgNzYBvujJf79p8WaUqI2u8zxUMhMyg2gdJUNT/7fF+G9VSHpodv93",
+	"HWp8HcqC/9rSvVl/7tKeFN8aK+92x+xfXme/oXSCdCAeLVROrCL1h9ZSDNQ9yL6takbb8ZUFs7a9YfS6",
+	"xMbFDEuSJC4i2RwvVJaoztcHL/OY4oRQ2Pv+lF6kH7KOvbkZgSR+YM1wr/t7+9zGCx36/aQTO9nJa7LC",
+	"s5eXsPk2823c1tLzhlWgexB+B5KTyGNkRhbwsvyjgPgyqr8wSxiWvtpTUbEYWUIbXnIaM3sK6YjJR8to",
+	"5ZWPlNwOWqZHruuT1fxOhQ0lVhVyVAhZ5UGPfNT9uX9T5FdjeIfuwtpA8jKfJiS6NsG2367HQNejJ0+x",
+	"WNqt5J+Z8Dg49V+0ABwDR2yGuBlrtm4zzm7XaMb4CvNYuFqODQKeoX/cXf764foeEYE4ZAmOTF1Dv8m4",
+	"PDY++C3QuVwEk7Mfz8Mh9f86qT9mrkS9M1IP27Xagto92HyAGQexaOMR5xxLGx53RzDnP9VCmHFp65UL",
+	"EYv6QbNA4fNL9uVKKLGz0w9NVd4QWoD4jciFMc0ed1QrgXc58gHOxNr+NiGbtZRiPS/MdgvsjXL/D/Yj",
+	"uto8Kh8wsfZbvLan6gYlRqPyKH34a5zacciYINJbqi1r4sKSzgTYaAprRmMkF0TocvkE4akAKtFqAbQo",
+	"oqMFVo/Ll8u1nqEMaEzoPER5ljBc/RViXQ3HJIEYHayIXFRe1Gc+DpXd04V4u9knGSIy8BZWay/662KM",
+	"yZkYxZYNqaKTsy2KOk2BLqdy3K1nerUUsJTJhrA1kPQphzvf1FFmGStWeotyjD71nRSclkfYqrZS/9sY",
+	"yxUm0vzmCrDdUf3+FX2LYzw7PZezhRnIdIzjd7ciwyvqJVlX3Nlftsx13DCCon1lDyc3g6oaFsuwkOm6",
+	"zpSA1VlSl8A+7blQ836wh5o9WyI9VN668GMn7QNLn9Z8TRL4qC2sBzAOwp64bkOW82QzSG6GjWD4vW+f",
+	"+u/jeGorpR3gKN32ycaFa6dtvfv5W5qurWWk1JJiE39Y8l1jnU1WPp331OIbu62QcdBb9y2tDoNcADKH",
+	"j2ieJJssc3+RsNdClq+e/WeXvdzJsV3FIZx2caefuFcSc/npzFMKYzzqKCfOOEvfpF0lKvW06tZ9O4Lx",
+	"+kUadxe8ux9CNlwbHRBXErJhqZl7w0qcs6idkrdVeNJhbnbsPbeRoQdrucfRueix8xB5jUttMvOxaOgz",
+	"FT9jk1m3hbNbqs1/NmKunvbhcY3n4/zMFpGeNGtsaqaZ1wOVYp0+8E11pbPVoBS5Vs4mF8BRrXmICGTG",
+	"owN78AbTWGdVXEL8DMEN8DW6uHyDlrDWZwpNAicAhH3o5qr0DvXu3TbR6AqJRmubpzXCL8+/wXTBWGdB",
+	"cAtu92xfhwHcuN654SpC4k4L1JE6dniXgUEa0W7YTBK6rpJqBOwwNPMVSPWRV7/du9UfwwzrLo/a5raX",
+	"dI0NPpPoHhdb0cd3FthwSZIE4tAUyUJuzqOEM8aXEN+jAxvJazGPFhAtM6b8fYwwB4SjCDI1CaJKtpGK",
+	"W5VYD+dbJ4MEmVMscw5XEHFfT58aYHcsY0iIUq0JgrPpUfGmUlalvDnNcBxDjKZYwE8/KK28+vni6OzH",
+	"nxC7sQou9CpoxpKErcoK75TpOLJLRhrn8aTMEONI/RTo44e3egrDEk2uy1+vriFGkm1MzIbKTFfheOf6",
+	"NYZPwzWqXYPUjQFErq9UwGNwucjIL7C+yOWi6Jk1lfyya/afRxeXb45+gQqvsH7LdK0SmyjV2XW9ABQx",
+	"KjlLtMFmM/RVnwD/GiIVemFJpgno/k/06uz5k8Lyq8GCmUZR8+Dq5S8CrRhfopymLCYzAvHxZ/pK23ud",
+	"hCBMxQq4QF/vPuuWrs/BBH3OT0/Po0rrmP4HhOiz28jUo4Lj4+PPwf3XY6SIAFTaNt6J29H4WuD/9fgz",
+	"1dtFMlFEuJgDla/efzI+SMF98Ors+VGJ3WHlDPIkOD1+enyqN9czoDgjwSQ4Pz49Ptc1dLnQ3Dgx0nOy",
+	"MgKo/2d7bpUAasDexMFEt4H95gY1+pPPTk9HdScPio3rXqrt7Vrty5Ujyg6bELEkBiHRjHAhzQ6JNbn+",
+	"xQu0ql3Smd2DqhPE2HcLpW3vBiGfKxOzq1btuiu5r5sV5TTuW5x4uvPFLQPaBOcwJ0KCAmYryt6HLfE7",
+	"ubO/vXl5b1Q8AWMQ68Q3radV4teI8IPnQDgtwX2mS+S20O7cDQFj1WPOsmxblEK/8vwPyE5YTx+PYUpD",
+	"LH231oXK9Qe/e688KBg46sqDL9omRYs27YxPfBQ9s+53kJ59G7YhLJAN4bbXuQXgxHjfLmH92YwYolcm",
+	"2uIq8CIKtprbDya/f9FLpuVGqPdGh0vOUpWe5QLZocp/F/tlB0WgiwpYhXHlKpWi0RotiJBsznEqdGwr",
+	"pGmVyBhLRIiK/c/D4yBs4+v2aTdyWcKtPMkSezq19waPTgTVHAhu9f4bYRTZFMtLN4V9v09+r0c8hkPW",
+	"PY6D/LDd/NxeQjXaJ3emweq+T1Lfu96MPSmnQbo72NifHS26y8YZUe95Gd10UVEnkywaTVGpobDxLPrx",
+	"9BytFiQBBLe6H2heqg5aAmSuAUg3ZqV4CYhIpMulCM+VWjS168rw6MpV1/dhvlv9KIMseJcx0xMpY0a0",
+	"bkYPkOPaMY9OFb6qNPg15KIRw/DkCKhKN2K0/O8blGHCBfqTEWpSXJVvnP2kz3EGk+CvHPi6lKfiKPkG",
+	"Cdq/IanfKDHAoriuLlHtBd11JO/g2ZOIltcSPHIYX1vWI+7msW4ItzWkHcj7RoevbRGsVG4mcJolumFb",
+	"V38azNYbYTE6yOmSshUNkalsadNFmURrcDPEiFEbwycwk4jlunjVchmFupVev1frIpam+EiAGiQhLgAj",
+	"sUAHWKKUCYmenp6qxeA2S3TD4wwnAvyKaN//g8Si17oPvkOrWdwRcq3LBSqwCB6s0gNkq37YzSNoNU4L",
+	"ZapKIu5C2u6Kkz+9WeMvJEmqar7JHZha6q4zwU4Ids4X2x/Wr/k7imB875VDTsqjWfdfOnl3Epnbq5r3",
+	"7I2bvtPM16/G2o+dbyxy377Mbw989nGYSG3SrTV9huyZVQS3EmhspPqR3IwDxexF7FjfT2auw2rnAvOa",
+	"8eV+paXaJLaHsGBQNFa5bWxAKMYoaEYmEmXATXNZqCJlxmPg6AAXll0XyU21/HDXPHeHlDaY2LfmJE9/",
+	"TE3JLUpJkpDywiGv15aYy1rsPKAB5M47VUJSUp+qoM3TU+XQe7sCN/UFPobD14TtcCscIqASJUQFY7aI",
+	"M1eagyJGBUuguI9DhXB4DlQe6l/tWP2fJwKxFUUJm4coBT63W3gkhXpJ/xmiSiJNymobA74jf9aOgrtE",
+	"dWAsqqV1L4I6eh1z3cmYVR4luexqjOjdNnKBaaXm+ESYkiJfowMlYuawxwxWjizu9lgh0YLl/FCXIwlF",
+	"mv7Hx0DjpqjiZm7zRLgciAjkMgm1mG72ucGJmuB7kudKI/mD3G0uu+r89Uaq/brderfWQ2pGMOcgBMpY",
+	"QqL1jktHNQZk7u6Q3Uc7+lqSMdnRQ8xtN4bcNJ2B2A+WtqftUcI61z/nTQI8BK2G5rslqeu73wU9KyeX",
+	"bcmiSWG12n4J3Lhmx0vgR0lt9pTTuO6mPSmBLXi6iy/3V/F0K+ybQdX+xS4X73rtDnKBp4m+N748I4wY",
+	"tdXPnecqlZ7T3XPyqgggXc/rXi2aW2RbXylAPoC8VaXo3kwpRvk32fzFWNMB0rkt0pHI2XOio9/rTwDD",
+	"h9wK0wkq3Epz5dE33/6pa+vmAL3ge+iiZRtP//PoPdzKI42W+byDid7hVqIMz2EHonZyVzaaDjiQVDOp",
+	"m5TBTLX78nInDKffxODub4e81gM8YpdccdiZ/n5jcl2MegzFKFqShmStDjLluXZw4qKY78Q2xpzc6V96",
+	"D1/Umjv3KW/+LtIOwSu/DEORxsHYhv3JIS7Q304ET1wnVL9xqX1QZj9uvvuLHtt6fA4pu3lAUc4b9bQ/",
+	"SLQnenR/+eiRN/G9HxXqkn88V9ZgZT6LZP7D5yCfmBvf410YibsydL4fLrnf0i12w7B7M7XJMu3PFNW6",
+	"Hrc7fduK2Gsdc08Eco1yUnIyzZULOjCdFO3TFqa0ViP97pXU3xf4yId4O7r6NgjCkwf5pm6VPNGKLk7u",
+	"bG/l/UnZab9JQSqN+sNSqITNxa+zmYCOlOZ09K2T+82axixpbx0sl9zuxsS97sm1L5HokDotDFqBTXQU",
+	"o4TNEZhLDvR3QFDJS8Tod2emQu9kZf/w1gFYTXd0e/bJ3QKLxaDo97X9PMHenH/XZSUeNlebnIubptQf",
+	"5h5/3cD84tfL/0VCQoYOsAoNEObRgtwAmq5dI+Wh+caAveaK2funzDcd/jWEQnFvtAv0b0sp1Nu8HuLH",
+	"WCRBHgnJAad1dhe2akoo5p6e1MHhZfs7GrDzCK9IUDapQhGKP1aqfI0HtwZWfK5CJ1TiroXluwvGFCNu",
+	"zsYeHv90NsxdDzoHHm44BDtxW9lh8bmIjrMIcqsK6bBy5bcprzY0jnGJYsIh0s0807U5AGDPquCIMyF0",
+	"NVI8QxgVeCEi0A1OiO6/0BbaHKCyZ+VSHJtW5Q7C6sF+FDV8+sYCE6lg/Zf+p+8K7SY+H16/QOfn5/+l",
+	"EZggRpN1pQXEXpqOsNTnu2ZSg9x3EgXiCzVqnLSZb5Tp/VChqHpg+rIvLt8UVyfm0UI5NQn8METDgFbr",
+	"RTJZoynMGIeNgD/Xw0ZCXrlbJC6+SdyEyB60NzGX+UJxmSP5IKo8/ldr3iiwfub622t1e30xZqrYwSE1",
+	"DURmmIakOnRDx93+WkK0Zf27KWTbmKLqyr7Vae+9sfDv8977O+99czZ2m8ay+d95o6ZKlP6aj0evvstU",
+	"vPNsg/LCtdx3b1rsvW9wkEk+a+dg5iOkNoZ4AKPP69Lf56gc/J/OH4NA5W2Xw0m0Uyjalx9u3gqM9Z0f",
+	"+uSAKYSFyF4wWkTglnEZRFtyrd7BX7/q6Pcv91/u/z8AAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -1,8 +1,8 @@
 package api
 
 import (
+	"fmt"
 	"net/http"
-	"time"
 
 	"github.com/agentenv/agentenv/network"
 )
@@ -10,13 +10,19 @@ import (
 // NodeInfo identifies this node in /nodes.
 type NodeInfo struct {
 	ID, Version                     string
+	Commit, Date                    string // the build's (internal/version)
 	VMMDriver, VMMAccel, VMMReasons string
 }
 
 func (s *Server) node() Node {
 	st := s.o.NodeStats()
+	status := NodeStatusReady
+	if s.draining.Load() {
+		status = NodeStatusDraining
+	}
 	return Node{
-		NodeID: s.opts.Node.ID, Status: NodeStatusReady, Version: s.opts.Node.Version,
+		NodeID: s.opts.Node.ID, Status: status, Version: s.opts.Node.Version,
+		Commit: nonEmpty(s.opts.Node.Commit), Date: nonEmpty(s.opts.Node.Date),
 		Vmm:      NodeVMM{Driver: s.opts.Node.VMMDriver, Accel: s.opts.Node.VMMAccel, Reason: ptr(s.opts.Node.VMMReasons)},
 		CpuCount: int32(st.CPUCount), LoadAverage1m: ptr(st.LoadAverage1m),
 		MemoryTotalMB: st.MemTotalMiB, MemoryUsedMB: st.MemUsedMiB, DiskTotalMB: st.DiskTotalMiB, DiskUsedMB: st.DiskUsedMiB,
@@ -34,6 +40,49 @@ func (s *Server) ListNodes(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, []Node{s.node()})
 }
 
+// SetNodeStatus implements ServerInterface: draining refuses new
+// sandboxes (creates and forks answer 503) and keeps the running ones;
+// ready takes them again. The status lasts until aenvd restarts.
+func (s *Server) SetNodeStatus(w http.ResponseWriter, r *http.Request, nodeID string) {
+	if nodeID != s.opts.Node.ID {
+		writeError(w, http.StatusNotFound, "node "+nodeID+" not found")
+		return
+	}
+	var req NodeStatusChange
+	if !decode(w, r, &req, true) {
+		return
+	}
+	switch req.Status {
+	case NodeStatusChangeStatusDraining:
+		s.draining.Store(true)
+	case NodeStatusChangeStatusReady:
+		s.draining.Store(false)
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("status %q is not ready or draining", req.Status))
+		return
+	}
+	s.log.Info("node status changed", "status", req.Status)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// refuseWhileDraining answers 503 to a request for a new sandbox on a
+// draining node; true when it did.
+func (s *Server) refuseWhileDraining(w http.ResponseWriter) bool {
+	if !s.draining.Load() {
+		return false
+	}
+	w.Header().Set("Retry-After", "30")
+	writeError(w, http.StatusServiceUnavailable, "node "+s.opts.Node.ID+" is draining: it takes no new sandboxes")
+	return true
+}
+
+func nonEmpty(v string) *string {
+	if v == "" {
+		return nil
+	}
+	return &v
+}
+
 // GetNode implements ServerInterface.
 func (s *Server) GetNode(w http.ResponseWriter, r *http.Request, nodeID string) {
 	if nodeID != s.opts.Node.ID {
@@ -41,23 +90,6 @@ func (s *Server) GetNode(w http.ResponseWriter, r *http.Request, nodeID string) 
 		return
 	}
 	writeJSON(w, http.StatusOK, s.node())
-}
-
-// GetSandboxMetrics implements ServerInterface: one sample taken now from
-// the agent of a running sandbox, none for a paused one.
-func (s *Server) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxMetricsParams) {
-	m, err := s.o.Metrics(r.Context(), sandboxID)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	out := []SandboxMetric{}
-	if m != nil {
-		ts := time.Unix(m.TS, 0).UTC()
-		out = append(out, SandboxMetric{Timestamp: ts, TimestampUnix: m.TS, CpuCount: int32(m.CPUCount),
-			CpuUsedPct: float32(m.CPUUsedPct), MemUsed: m.MemUsed, MemTotal: m.MemTotal, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal})
-	}
-	writeJSON(w, http.StatusOK, out)
 }
 
 // UpdateSandboxNetwork implements ServerInterface.

@@ -10,9 +10,13 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/agentenv/agentenv/api/metricsring"
+	"github.com/agentenv/agentenv/api/webhooks"
 	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/store"
 	"github.com/go-chi/chi/v5"
 )
 
@@ -39,7 +43,15 @@ type Options struct {
 	Node NodeInfo
 	// Metrics serves GET /metrics (Prometheus); nil answers 404.
 	Metrics http.Handler
-	Logger  *slog.Logger
+	// MetricsHistory answers the sandbox metrics routes by range; nil
+	// answers one sample taken now.
+	MetricsHistory *metricsring.History
+	// Webhooks holds the lifecycle webhooks; nil answers their routes 404.
+	Webhooks *webhooks.Dispatcher
+	// Store keeps the API's own records (template attributes); nil keeps
+	// them in memory.
+	Store  *store.Store
+	Logger *slog.Logger
 }
 
 // Server implements ServerInterface over the orchestrator.
@@ -47,6 +59,9 @@ type Server struct {
 	o    *orchestrator.Orchestrator
 	opts Options
 	log  *slog.Logger
+
+	draining atomic.Bool // POST /nodes/{id} {status: draining}
+	attrs    attrStore   // templates' public flag (templateattrs.go)
 }
 
 // NewHandler returns the complete HTTP handler: sandbox proxy, health,
@@ -55,7 +70,7 @@ func NewHandler(opts Options) http.Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Server{o: opts.Orchestrator, opts: opts, log: opts.Logger.With("component", "api")}
+	s := &Server{o: opts.Orchestrator, opts: opts, log: opts.Logger.With("component", "api"), attrs: attrStore{st: opts.Store}}
 	router := chi.NewRouter()
 	router.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no route "+r.URL.Path)
@@ -184,6 +199,9 @@ func (s *Server) CreateSandbox(w http.ResponseWriter, r *http.Request) { s.creat
 func (s *Server) CreateSandboxV2(w http.ResponseWriter, r *http.Request) { s.create(w, r, true) }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
+	if s.refuseWhileDraining(w) {
+		return
+	}
 	var req NewSandbox
 	if !decode(w, r, &req, true) {
 		return
@@ -203,6 +221,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 	}
 	if req.Network != nil && req.Network.AllowPublicTraffic != nil {
 		opts.PrivateTraffic = !*req.Network.AllowPublicTraffic
+	}
+	if req.Network != nil && req.Network.MaskRequestHost != nil {
+		if !validHostMask(*req.Network.MaskRequestHost) {
+			writeError(w, http.StatusBadRequest, "network.maskRequestHost must be a host name (with an optional ${PORT})")
+			return
+		}
+		opts.MaskRequestHost = *req.Network.MaskRequestHost
 	}
 	if req.AutoResume != nil {
 		opts.AutoResume = deref(req.AutoResume.Enabled)
@@ -292,6 +317,9 @@ func (s *Server) GetSandbox(w http.ResponseWriter, r *http.Request, sandboxID Sa
 		State: l.State, EnvdVersion: l.EnvdVersion, AllowInternetAccess: ptr(!rec.Policy.DenyInternet),
 		Lifecycle: &SandboxLifecycle{AutoResume: rec.AutoResume, OnTimeout: onTimeout},
 		Network:   &SandboxNetworkConfig{AllowPublicTraffic: ptr(rec.TrafficToken == "")},
+	}
+	if rec.MaskRequestHost != "" {
+		d.Network.MaskRequestHost = ptr(rec.MaskRequestHost)
 	}
 	if len(rec.Policy.AllowOut) > 0 {
 		d.Network.AllowOut = ptr(rec.Policy.AllowOut)
@@ -433,7 +461,7 @@ func (s *Server) GetTemplate(w http.ResponseWriter, r *http.Request, templateID 
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, builtTemplate(t))
+	writeJSON(w, http.StatusOK, s.builtTemplate(t))
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -458,4 +486,20 @@ func nonNil(m map[string]string) map[string]string {
 		return map[string]string{}
 	}
 	return m
+}
+
+// validHostMask reports whether a maskRequestHost can be a Host header:
+// at most 253 bytes of letters, digits, '.', '-', ':' and the ${PORT}
+// placeholder (anything else, such as CR/LF or spaces, would let a client
+// shape the guest's request line).
+func validHostMask(m string) bool {
+	if m == "" || len(m) > 253 {
+		return false
+	}
+	for _, r := range strings.ReplaceAll(m, "${PORT}", "0") {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == ':' || r == '_') {
+			return false
+		}
+	}
+	return true
 }

@@ -13,6 +13,9 @@ import (
 
 // ForkSandbox implements ServerInterface: 201 with one result per child.
 func (s *Server) ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	if s.refuseWhileDraining(w) {
+		return
+	}
 	var req SandboxFork
 	if !decode(w, r, &req, true) {
 		return
@@ -32,6 +35,9 @@ func (s *Server) ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID S
 	if err != nil {
 		s.fail(w, r, err)
 		return
+	}
+	if src, err := s.o.Get(sandboxID); err == nil {
+		s.publishFork(src)
 	}
 	out := make([]ForkResult, len(results))
 	for i, res := range results {

@@ -1,11 +1,13 @@
 package api
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
 
+	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/template"
 )
 
@@ -14,7 +16,7 @@ import (
 
 // builtTemplate maps any template (built, building or the default) to E2B's
 // Template.
-func builtTemplate(t template.Template) Template {
+func (s *Server) builtTemplate(t template.Template) Template {
 	names := t.Names
 	if len(names) == 0 {
 		names = []string{t.ID}
@@ -40,7 +42,7 @@ func builtTemplate(t template.Template) Template {
 	}
 	return Template{
 		TemplateID: t.ID, BuildID: buildID, CpuCount: int32(t.VCPUs), MemoryMB: int32(t.MemoryMiB), DiskSizeMB: int32(t.DiskMiB),
-		Public: t.ID == template.DefaultID, Aliases: names, Names: ptr(names), CreatedAt: t.CreatedAt, UpdatedAt: updated,
+		Public: s.public(t.ID), Aliases: names, Names: ptr(names), CreatedAt: t.CreatedAt, UpdatedAt: updated,
 		EnvdVersion: t.EnvdVersion, BuildStatus: status, BuildCount: &count,
 	}
 }
@@ -50,14 +52,26 @@ func builtTemplate(t template.Template) Template {
 func (s *Server) ListTemplatesV2(w http.ResponseWriter, r *http.Request) {
 	out := []Template{}
 	for _, t := range s.o.AllTemplates() {
-		out = append(out, builtTemplate(t))
+		out = append(out, s.builtTemplate(t))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
-// DeleteTemplate implements ServerInterface: 409 while a sandbox (running or
-// paused) or another template built from it still uses it.
+// DeleteTemplate implements ServerInterface for templates and snapshots:
+// 409 while a sandbox (running or paused) or another template built from
+// it still uses it.
 func (s *Server) DeleteTemplate(w http.ResponseWriter, r *http.Request, templateID string) {
+	// E2B's SDK deletes snapshots here too (Sandbox.deleteSnapshot): a
+	// snapshot's id or name is a templateID on create, so it is one here.
+	if _, err := s.o.Snapshot(templateID); err == nil {
+		s.DeleteSnapshot(w, r, templateID)
+		return
+	}
+	if _, err := s.o.ResolveTemplate(templateID); errors.Is(err, orchestrator.ErrNotFound) {
+		// 404 even on a node without builds: the SDK reads it as "not found".
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no template or snapshot %q", templateID))
+		return
+	}
 	if err := s.o.DeleteTemplate(r.Context(), templateID); err != nil {
 		s.fail(w, r, err)
 		return
@@ -72,7 +86,7 @@ func (s *Server) GetTemplateAlias(w http.ResponseWriter, r *http.Request, alias 
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, TemplateAliasResponse{TemplateID: t.ID, Public: t.ID == template.DefaultID})
+	writeJSON(w, http.StatusOK, TemplateAliasResponse{TemplateID: t.ID, Public: s.public(t.ID)})
 }
 
 // CreateTemplateV3 implements ServerInterface: 202 with the template and
@@ -102,7 +116,7 @@ func (s *Server) CreateTemplateV3(w http.ResponseWriter, r *http.Request) {
 		tags = []string{}
 	}
 	writeJSON(w, http.StatusAccepted, TemplateRequestResponseV3{
-		TemplateID: t.ID, BuildID: buildID, Names: names, Aliases: names, Public: false, Tags: tags,
+		TemplateID: t.ID, BuildID: buildID, Names: names, Aliases: names, Public: s.public(t.ID), Tags: tags,
 	})
 }
 

@@ -194,6 +194,13 @@ type API struct {
 	KeyFile string `toml:"key_file" env:"AENVD_API_KEY_FILE"`
 	// Domain is reported to SDKs and used for host routing {port}-{id}.{domain}.
 	Domain string `toml:"domain" env:"AENVD_API_DOMAIN"`
+	// ProxyTLSListen is the sandbox proxy's HTTPS address for host routing
+	// ("" disables it): https://{port}-{id}.{domain}, the SDKs' default.
+	ProxyTLSListen string `toml:"proxy_tls_listen" env:"AENVD_API_PROXY_TLS_LISTEN"`
+	// TLSCert and TLSKey are its certificate for *.{domain}; empty: a
+	// local CA in <data_dir>/tls signs one (clients trust tls/ca.pem).
+	TLSCert string `toml:"tls_cert" env:"AENVD_API_TLS_CERT"`
+	TLSKey  string `toml:"tls_key" env:"AENVD_API_TLS_KEY"`
 }
 
 // Network configures sandbox network slots (see package network).

@@ -30,6 +30,9 @@ type CreateOptions struct {
 	Policy     network.Policy
 	// PrivateTraffic requires a traffic access token on the proxy.
 	PrivateTraffic bool
+	// MaskRequestHost is the Host header proxied requests carry ("" keeps
+	// the client's).
+	MaskRequestHost string
 }
 
 // Create restores the template's (or snapshot's) snapshot into a new sandbox.
@@ -122,6 +125,7 @@ func (o *Orchestrator) register(opts CreateOptions) (*instance, *template.Templa
 	if s.rec.AccessToken, err = ids.Hex(32); err != nil {
 		return nil, nil, err
 	}
+	s.rec.MaskRequestHost = opts.MaskRequestHost
 	if opts.PrivateTraffic {
 		if s.rec.TrafficToken, err = ids.Hex(32); err != nil {
 			return nil, nil, err
@@ -243,6 +247,9 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 	s.mu.Lock()
 	s.vm, s.rec.Memory, s.rec.Slot = vm, mem, vm.Slot.Index
 	s.rec.GuestToken = s.rec.AccessToken
+	if vm.EnvdVersion != "" { // what the agent says it speaks, not what the template was built with
+		s.rec.EnvdVersion = vm.EnvdVersion
+	}
 	s.mu.Unlock()
 	return nil
 }

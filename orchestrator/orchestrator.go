@@ -139,6 +139,10 @@ type Record struct {
 	PIDStart uint64         `json:"pidStart,omitempty"`
 	Slot     int            `json:"slot,omitempty"` // network slot index while the VM runs
 	Policy   network.Policy `json:"policy"`
+
+	// MaskRequestHost replaces the Host header of proxied requests
+	// (E2B's network.maskRequestHost; "${PORT}" becomes the port).
+	MaskRequestHost string `json:"maskRequestHost,omitempty"`
 }
 
 // Options configure an Orchestrator. Driver, Network and Store are owned by
@@ -201,6 +205,8 @@ type Orchestrator struct {
 	vms   sandbox.Deps
 	// builds is the template builder once EnableBuilds ran (builds.go).
 	builds atomic.Pointer[template.Builder]
+
+	events eventHub // lifecycle event subscribers (events.go)
 }
 
 // instance is one sandbox's live state. op serialises lifecycle operations
@@ -313,9 +319,15 @@ func (o *Orchestrator) persist(s *instance) error {
 // persists it.
 func (o *Orchestrator) update(s *instance, f func(r *Record)) error {
 	s.mu.Lock()
+	from := s.rec.State
 	f(&s.rec)
+	rec := s.rec
 	s.mu.Unlock()
-	return o.persist(s)
+	if err := o.persist(s); err != nil {
+		return err
+	}
+	o.published(from, rec) // events.go
+	return nil
 }
 
 // templateByID returns a registered template (not a snapshot) by id.

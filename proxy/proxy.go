@@ -60,6 +60,8 @@ type Proxy struct {
 	// APIKey is the node's API key: an Authorization header or a cookie
 	// carrying it is removed before forwarding (X-API-Key always is).
 	APIKey string
+
+	conns conns // upstream connections by sandbox (conns.go)
 }
 
 type targetKey struct{}
@@ -93,8 +95,12 @@ func New(o Sandboxes, domain string, log *slog.Logger) *Proxy {
 			pr.Out.URL.Host = fmt.Sprintf("%s.%d.%d", t.id, gen, t.port)
 			pr.Out.Host = pr.In.Host
 			p.stripControlPlane(pr.Out.Header, t.port)
+			rec, err := o.Get(t.id)
+			if err == nil && rec.MaskRequestHost != "" {
+				pr.Out.Host = maskHost(rec.MaskRequestHost, t.port)
+			}
 			// A non-secure sandbox's agent token is the proxy's to present.
-			if rec, err := o.Get(t.id); err == nil && t.port == sandbox.AgentPort && !rec.Secure && rec.AccessToken != "" {
+			if err == nil && t.port == sandbox.AgentPort && !rec.Secure && rec.AccessToken != "" {
 				pr.Out.Header.Set("X-Access-Token", rec.AccessToken)
 			}
 			pr.SetXForwarded()
@@ -222,12 +228,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !validID(t.id) {
-		writeError(w, http.StatusBadGateway, "no such sandbox")
+		writeNotFound(w, "")
 		return
 	}
 	rec, err := p.o.Get(t.id)
-	if err != nil {
-		writeError(w, http.StatusBadGateway, "sandbox "+t.id+" is not running")
+	if err != nil || rec.State == orchestrator.Killing {
+		writeNotFound(w, t.id)
 		return
 	}
 	if rec.TrafficToken != "" && t.port != sandbox.AgentPort &&
@@ -237,7 +243,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if _, _, err := p.o.Slot(t.id); err != nil {
 		if !p.autoResume(r.Context(), t.id) {
-			writeError(w, http.StatusBadGateway, "sandbox "+t.id+" is not running")
+			writeNotFound(w, t.id)
 			return
 		}
 	}
@@ -284,7 +290,33 @@ func (p *Proxy) dial(ctx context.Context, _, addr string) (net.Conn, error) {
 	if strconv.Itoa(gen) != parts[1] {
 		return nil, errors.New("proxy: sandbox restarted since the request was routed")
 	}
-	return slot.DialGuest(ctx, "tcp", uint16(port))
+	c, err := slot.DialGuest(ctx, "tcp", uint16(port))
+	if err != nil {
+		return nil, err
+	}
+	return p.conns.track(parts[0], c), nil
+}
+
+// maskHost is the Host header a sandbox created with maskRequestHost sees:
+// the mask with ${PORT} replaced by the port the request was routed to.
+func maskHost(mask string, port int) string {
+	return strings.ReplaceAll(mask, "${PORT}", strconv.Itoa(port))
+}
+
+// notFoundMessage is E2B's message for a sandbox its proxy cannot reach;
+// the SDKs turn a 502 into their "sandbox was not found / timed out" error.
+const notFoundMessage = "The sandbox was not found"
+
+// writeNotFound answers a request for a sandbox that is unknown, killed or
+// not running, in the shape of E2B's proxy: {"sandboxId","message","code"}.
+func writeNotFound(w http.ResponseWriter, id string) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(http.StatusBadGateway)
+	_ = json.NewEncoder(w).Encode(struct {
+		SandboxID string `json:"sandboxId"`
+		Message   string `json:"message"`
+		Code      int    `json:"code"`
+	}{id, notFoundMessage, http.StatusBadGateway})
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

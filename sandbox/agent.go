@@ -61,6 +61,13 @@ type InitRequest struct {
 // InitAgent posts /init (env vars, access token, clock), retrying briefly
 // while the restored guest's network settles.
 func InitAgent(ctx context.Context, slot *network.Slot, held string, req InitRequest) error {
+	_, err := InitAgentVersion(ctx, slot, held, req)
+	return err
+}
+
+// InitAgentVersion is InitAgent that also returns the protocol version the
+// agent reports in its answer (X-Envd-Version; "" when it sends none).
+func InitAgentVersion(ctx context.Context, slot *network.Slot, held string, req InitRequest) (string, error) {
 	hc := AgentClient(slot, 5*time.Second)
 	var last error
 	for attempt := 0; attempt < 100; attempt++ {
@@ -82,16 +89,31 @@ func InitAgent(ctx context.Context, slot *network.Slot, held string, req InitReq
 			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 			resp.Body.Close()
 			if resp.StatusCode < 300 {
-				return nil
+				return reportedVersion(resp.Header), nil
 			}
-			return fmt.Errorf("agent /init: %s: %s", resp.Status, msg)
+			return "", fmt.Errorf("agent /init: %s: %s", resp.Status, msg)
 		}
 		last = err
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return "", ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("agent /init: %w", last)
+	return "", fmt.Errorf("agent /init: %w", last)
+}
+
+// reportedVersion reads the agent's X-Envd-Version: a short dotted version
+// or nothing (the header comes from the guest, which is not trusted).
+func reportedVersion(h http.Header) string {
+	v := h.Get("X-Envd-Version")
+	if v == "" || len(v) > 32 {
+		return ""
+	}
+	for _, r := range v {
+		if !(r >= '0' && r <= '9' || r == '.' || r >= 'a' && r <= 'z' || r == '-' || r == '+') {
+			return ""
+		}
+	}
+	return v
 }

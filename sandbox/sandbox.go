@@ -108,6 +108,9 @@ type VM struct {
 	Machine vmm.Machine
 	Slot    *network.Slot
 	Memory  string // the memory file it maps ("" for a cold boot or a whole snapshot)
+	// EnvdVersion is the protocol version the agent reported at /init
+	// ("" without an /init or when it reported none).
+	EnvdVersion string
 
 	deps  Deps
 	disk  Disk
@@ -289,7 +292,9 @@ func (v *VM) agent(ctx context.Context, spec Spec) error {
 	if spec.Init == nil {
 		return nil
 	}
-	return InitAgent(ctx, v.Slot, spec.InitHeld, *spec.Init)
+	ver, err := InitAgentVersion(ctx, v.Slot, spec.InitHeld, *spec.Init)
+	v.EnvdVersion = ver
+	return err
 }
 
 // Stop stops the VMM and then releases the slot (its tap is gone with the

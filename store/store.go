@@ -17,6 +17,12 @@ const (
 	Sandboxes = "sandboxes"
 	Templates = "templates"
 	Snapshots = "snapshots"
+	// TemplateAttrs are the API's attributes of templates (public, tags).
+	TemplateAttrs = "templateAttrs"
+	// Webhooks and WebhookDeliveries are the lifecycle webhooks and their
+	// pending deliveries.
+	Webhooks          = "webhooks"
+	WebhookDeliveries = "webhookDeliveries"
 )
 
 // ErrNotFound is returned by Get for a missing key.
@@ -32,7 +38,7 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range []string{Sandboxes, Templates, Snapshots} {
+		for _, b := range []string{Sandboxes, Templates, Snapshots, TemplateAttrs, Webhooks, WebhookDeliveries} {
 			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
 				return err
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"sync"
@@ -18,6 +19,23 @@ import (
 type node struct {
 	*aenvdtest.Node
 	api, proxy, key string
+	// tlsProxy is the proxy's HTTPS address (host routing under testDomain,
+	// with the local CA in <data dir>/tls).
+	tlsProxy string
+}
+
+// testDomain is the shared node's domain: two labels, since TLS clients
+// refuse a wildcard certificate for a single-label name (*.localhost).
+const testDomain = "sbx.localhost"
+
+// loopbackPort returns a free loopback address.
+func loopbackPort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }
 
 var (
@@ -57,12 +75,18 @@ func sharedNode(t *testing.T) *node {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()
 		var n *aenvdtest.Node
-		opts := aenvdtest.Options{Env: []string{fmt.Sprintf("AENVD_SANDBOX_MAX_LAYERS=%d", maxLayers),
+		tlsAddr, err := loopbackPort()
+		if err != nil {
+			sharedErr = err
+			return
+		}
+		env := []string{"AENVD_API_DOMAIN=" + testDomain, "AENVD_API_PROXY_TLS_LISTEN=" + tlsAddr,
+			fmt.Sprintf("AENVD_SANDBOX_MAX_LAYERS=%d", maxLayers),
 			// Every pause and snapshot is committed to a repository too
 			// (<data_dir>/repository), while the tests run.
-			"AENVD_REPOSITORY_BACKEND=posix"}}
-		if n, sharedErr = aenvdtest.Start(ctx, opts); sharedErr == nil {
-			shared = &node{Node: n, api: n.API, proxy: n.Proxy, key: n.Key}
+			"AENVD_REPOSITORY_BACKEND=posix"}
+		if n, sharedErr = aenvdtest.Start(ctx, aenvdtest.Options{Env: env}); sharedErr == nil {
+			shared = &node{Node: n, api: n.API, proxy: n.Proxy, key: n.Key, tlsProxy: tlsAddr}
 		}
 	})
 	if sharedErr != nil {

@@ -5,9 +5,13 @@
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import path from 'node:path'
+import http from 'node:http'
+import https from 'node:https'
+import fs from 'node:fs'
+import { createHash } from 'node:crypto'
 
 const require = createRequire(path.join(process.env.AENV_E2B_SDK_DIR, 'package.json'))
-const { Sandbox } = require('e2b')
+const { Sandbox, Template, TimeoutError } = require('e2b')
 const sdkVersion = require('e2b/package.json').version
 const concurrent = Number(process.env.AENV_CONCURRENT || '0')
 const tag = `run-${process.pid}-${Date.now()}`
@@ -126,6 +130,91 @@ await step('connect resumes; files and background process survived', async () =>
   assert.equal(r.stdout, 'hello from env\n')
 })
 
+await step('metrics: the history by range, several sandboxes at once', async () => {
+  // The node samples every few seconds: wait for three samples.
+  let ms = []
+  for (let i = 0; i < 40 && ms.length < 3; i++) {
+    ms = await again.getMetrics()
+    if (ms.length < 3) await new Promise((r) => setTimeout(r, 1000))
+  }
+  assert.ok(ms.length >= 3, `${ms.length} samples after waiting`)
+  const secs = (m) => Math.round(m.timestamp.getTime() / 1000)
+  for (let i = 1; i < ms.length; i++) assert.ok(secs(ms[i]) > secs(ms[i - 1]), 'samples are oldest first')
+  for (const m of ms) assert.ok(m.cpuCount >= 1 && m.memTotal > 0 && m.memUsed > 0 && m.diskTotal > 0, JSON.stringify(m))
+  const start = ms[1].timestamp
+  const end = ms[ms.length - 2].timestamp
+  const sub = await again.getMetrics({ start, end })
+  assert.deepEqual(sub.map(secs), ms.slice(1, ms.length - 1).map(secs), 'getMetrics({start, end}) answers the range')
+  const res = await fetch(`${process.env.E2B_API_URL}/sandboxes/metrics?sandbox_ids=${again.sandboxId},nosuch${tag}`,
+    { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
+  assert.equal(res.status, 200)
+  const many = await res.json()
+  assert.deepEqual(Object.keys(many.sandboxes), [again.sandboxId])
+  assert.ok(many.sandboxes[again.sandboxId].timestampUnix >= secs(ms[ms.length - 1]), 'the newest sample')
+})
+
+await step('logs: the agent\'s recent lines', async () => {
+  const t0 = Date.now() - 60_000 // the guest clock is set at /init, to about a second
+  await again.commands.run('true')
+  const res = await fetch(`${process.env.E2B_API_URL}/sandboxes/${again.sandboxId}/logs?start=${t0}`,
+    { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
+  assert.equal(res.status, 200)
+  const logs = await res.json()
+  const started = logs.logEntries.filter((e) => e.message === 'process started' && e.fields.cmd === 'bash')
+  assert.ok(started.length >= 1, `no "process started" entry since ${t0}: ${JSON.stringify(logs).slice(0, 2000)}`)
+  assert.ok(logs.logs.some((l) => l.line.includes('msg="process started"')))
+  for (const e of logs.logEntries) assert.ok(new Date(e.timestamp).getTime() >= t0, 'start filters by time')
+})
+
+await step('template tags: Template.assignTags, getTags, removeTags', async () => {
+  const tagName = `t${process.pid}${sdkVersion.replaceAll('.', '')}`
+  const assigned = await Template.assignTags('base', [tagName])
+  assert.deepEqual(assigned.tags, [tagName])
+  assert.ok(assigned.buildId)
+  const listed = await Template.getTags('base')
+  const mine = listed.find((t) => t.tag === tagName)
+  assert.ok(mine && mine.buildId === assigned.buildId && mine.createdAt instanceof Date, JSON.stringify(listed))
+  await Template.removeTags('base', [tagName])
+  assert.ok(!(await Template.getTags('base')).some((t) => t.tag === tagName), 'a removed tag is not listed')
+  await assert.rejects(Template.removeTags('base', [tagName]), 'removing a missing tag fails')
+})
+
+await step('host routing over TLS: the SDK\'s sbx.getHost(port) URL, trusting the node\'s CA', async () => {
+  const host = again.getHost(49983)
+  assert.match(host, new RegExp(`^49983-${again.sandboxId}\\.`))
+  const [ip, port] = process.env.AENV_TLS_PROXY.split(':')
+  const ca = fs.readFileSync(process.env.AENV_TLS_CA)
+  // The name resolves to the node's loopback address, as DNS would for
+  // a wildcard record; TLS verifies it against the certificate.
+  const lookup = (name, opts, cb) => (opts.all ? cb(null, [{ address: ip, family: 4 }]) : cb(null, ip, 4))
+  const res = await new Promise((resolve, reject) => {
+    const req = https.request({ host, port: Number(port), path: '/health', ca, lookup }, (r) => {
+      r.resume()
+      r.on('end', () => resolve(r))
+    })
+    req.on('error', reject)
+    req.end()
+  })
+  assert.ok(res.statusCode === 200 || res.statusCode === 204, `GET https://${host}/health: ${res.statusCode}`)
+  await assert.rejects(new Promise((resolve, reject) => {
+    https.request({ host, port: Number(port), path: '/health', lookup }, resolve).on('error', reject).end()
+  }), /certificate/, 'without the CA the certificate is not trusted')
+})
+
+await step('snapshot: listed, deleted by Sandbox.deleteSnapshot, then not found', async () => {
+  const snap = await again.createSnapshot()
+  const listedIds = async () => {
+    const pager = Sandbox.listSnapshots({ sandboxId: sbx.sandboxId })
+    const out = []
+    while (pager.hasNext) out.push(...(await pager.nextItems()))
+    return out.map((s) => s.snapshotId)
+  }
+  assert.ok((await listedIds()).includes(snap.snapshotId), 'the new snapshot is listed')
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+  assert.ok(!(await listedIds()).includes(snap.snapshotId), 'a deleted snapshot is not listed')
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false, 'a second delete reports not found')
+})
+
 if (concurrent > 0) {
   await step(`${concurrent} concurrent creates, paginated list`, async () => {
     const ctag = `${tag}-c`
@@ -174,6 +263,107 @@ async function listOrderAndFilters(ctag, items) {
   assert.deepEqual(new Set(ids((await listAll({ ...query, template: 'base' })).items)), new Set(ids(asc)), 'template by name')
   assert.equal((await listAll({ ...query, template: `no-such-template-${tag}` })).items.length, 0)
 }
+
+// viaProxy fetches a sandbox's port through E2B_SANDBOX_URL, named by the
+// routing headers the SDK itself sends there.
+function viaProxy(id, port, pathAndQuery) {
+  const u = new URL(pathAndQuery, process.env.E2B_SANDBOX_URL)
+  return fetch(u, { headers: { 'E2b-Sandbox-Id': id, 'E2b-Sandbox-Port': String(port) } })
+}
+
+await step('proxy answers as E2B: maskRequestHost, expired signed URL, killed sandbox', async () => {
+  const p = await Sandbox.create('base', { secure: true, network: { maskRequestHost: 'app.internal:${PORT}' }, timeoutMs: 120_000 })
+  assert.equal((await p.getInfo()).network?.maskRequestHost, 'app.internal:${PORT}')
+  const srv = 'from http.server import BaseHTTPRequestHandler, HTTPServer\n' +
+    'class H(BaseHTTPRequestHandler):\n' +
+    '    def do_GET(self):\n' +
+    '        b = self.headers["Host"].encode()\n' +
+    '        self.send_response(200); self.send_header("Content-Length", str(len(b))); self.end_headers(); self.wfile.write(b)\n' +
+    'HTTPServer(("0.0.0.0", 8001), H).serve_forever()\n'
+  await p.files.write('/tmp/host.py', srv)
+  await p.commands.run('python3 /tmp/host.py', { background: true })
+  let host
+  for (let i = 0; i < 50 && host === undefined; i++) {
+    const res = await viaProxy(p.sandboxId, 8001, '/')
+    if (res.status === 200) host = await res.text()
+    else await new Promise((r) => setTimeout(r, 200))
+  }
+  assert.equal(host, 'app.internal:8001', 'the guest sees the masked Host')
+
+  await p.files.write('signed.txt', 'signed')
+  const expired = new URL(await p.downloadUrl('signed.txt', { useSignatureExpiration: -10_000 }))
+  const res = await viaProxy(p.sandboxId, 49983, expired.pathname + expired.search)
+  assert.equal(res.status, 401)
+  assert.deepEqual(await res.json(), { code: 401, message: 'signature is already expired' })
+  const valid = new URL(await p.downloadUrl('signed.txt', { useSignatureExpiration: 60_000 }))
+  assert.equal(await (await viaProxy(p.sandboxId, 49983, valid.pathname + valid.search)).text(), 'signed')
+
+  await p.kill()
+  await assert.rejects(p.files.read('signed.txt'),
+    (e) => e instanceof TimeoutError && e.message.startsWith('The sandbox was not found:'), 'the SDK error of a killed sandbox')
+  const gone = await viaProxy(p.sandboxId, 49983, '/health')
+  assert.equal(gone.status, 502)
+  assert.deepEqual(await gone.json(), { sandboxId: p.sandboxId, message: 'The sandbox was not found', code: 502 })
+  assert.equal(await p.isRunning(), false)
+})
+
+await step('kill while a command streams ends cmd.wait() at once with the SDK error', async () => {
+  const k = await Sandbox.create('base', { timeoutMs: 120_000 })
+  let out = ''
+  let started
+  const seen = new Promise((r) => { started = r })
+  // No command timeout: only the kill can end this wait.
+  const h = await k.commands.run('echo started; exec sleep 900', {
+    background: true, timeoutMs: 0, onStdout: (d) => { out += d; if (out.includes('started')) started() },
+  })
+  await seen
+  const waited = h.wait().then(() => 'resolved', (e) => e)
+  assert.equal(await Sandbox.kill(k.sandboxId), true)
+  const res = await waited
+  assert.ok(res instanceof TimeoutError, `cmd.wait() after a kill: ${res}`)
+  assert.match(res.message, /killed or reached its end of life/)
+})
+
+await step('lifecycle webhooks: created, paused, resumed, killed, signed as E2B signs', async () => {
+  const got = []
+  const receiver = http.createServer((req, res) => {
+    let body = ''
+    req.on('data', (c) => { body += c })
+    req.on('end', () => { got.push({ headers: req.headers, body }); res.writeHead(204).end() })
+  })
+  await new Promise((r) => receiver.listen(0, '127.0.0.1', r))
+  const api = (method, p, body) => fetch(`${process.env.E2B_API_URL}${p}`, {
+    method, headers: { 'X-API-Key': process.env.E2B_API_KEY, 'Content-Type': 'application/json' },
+    body: body && JSON.stringify(body),
+  })
+  const secret = `secret-${tag}`
+  const events = ['sandbox.lifecycle.created', 'sandbox.lifecycle.paused', 'sandbox.lifecycle.resumed', 'sandbox.lifecycle.killed']
+  const reg = await api('POST', '/events/webhooks', { name: `hook-${tag}`, url: `http://127.0.0.1:${receiver.address().port}/hook`, enabled: true, events, signatureSecret: secret })
+  assert.equal(reg.status, 201)
+  const hook = await reg.json()
+  try {
+    const w = await Sandbox.create('base', { metadata: { tag: `${tag}-hook` }, timeoutMs: 120_000 })
+    await w.pause()
+    const back = await Sandbox.connect(w.sandboxId, { timeoutMs: 120_000 })
+    await back.kill()
+    const mine = () => got.map((g) => ({ ...g, json: JSON.parse(g.body) })).filter((g) => g.json.sandboxId === w.sandboxId)
+    for (let i = 0; i < 300 && mine().length < 4; i++) await new Promise((r) => setTimeout(r, 100))
+    const seen = mine()
+    assert.deepEqual(seen.map((g) => g.json.type), events, 'the events in order')
+    for (const g of seen) {
+      const sig = createHash('sha256').update(secret + g.body).digest('base64').replace(/=+$/, '')
+      assert.equal(g.headers['e2b-signature'], sig, 'e2b-signature verifies')
+      assert.equal(g.headers['e2b-webhook-id'], hook.id)
+      assert.equal(g.headers['e2b-signature-version'], 'v1')
+      assert.equal(g.json.eventData.sandbox_metadata.tag, `${tag}-hook`)
+    }
+    const killed = seen[3].json
+    assert.ok(killed.eventData.execution.vcpu_count >= 1 && killed.eventData.execution.memory_mb > 0, JSON.stringify(killed))
+  } finally {
+    assert.equal((await api('DELETE', `/events/webhooks/${hook.id}`)).status, 204)
+    receiver.close()
+  }
+})
 
 await step('kill; gone from list; second kill reports false', async () => {
   assert.equal(await again.kill(), true)

@@ -47,7 +47,8 @@ func TestE2BSDK(t *testing.T) {
 				defer cancel()
 				cmd := exec.CommandContext(ctx, node, filepath.Join(dir, "scenario.mjs"))
 				cmd.Env = append(os.Environ(), "E2B_API_URL="+n.api, "E2B_SANDBOX_URL="+n.proxy, "E2B_API_KEY="+n.key,
-					"AENV_E2B_SDK_DIR="+sdkDir, "AENV_CONCURRENT="+strconv.Itoa(v.concurrent))
+					"AENV_E2B_SDK_DIR="+sdkDir, "AENV_CONCURRENT="+strconv.Itoa(v.concurrent),
+					"AENV_TLS_PROXY="+n.tlsProxy, "AENV_TLS_CA="+filepath.Join(n.DataDir, "tls", "ca.pem"))
 				var out bytes.Buffer
 				cmd.Stdout, cmd.Stderr = &out, &out
 				return out, cmd.Run()

@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"flag"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -29,12 +30,13 @@ func main() {
 	if *debug {
 		level = slog.LevelDebug
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ring := agent.NewLogRing() // the recent lines, for the node's GET /sandboxes/{id}/logs
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, ring), &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(log)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	a := agent.New(agent.Config{DefaultUser: *user, SkipInitDuties: *skipInit, Logger: log})
+	a := agent.New(agent.Config{DefaultUser: *user, SkipInitDuties: *skipInit, Logger: log, Logs: ring})
 	log.Info("aenv-agent listening", "addr", *addr, "version", agent.Version)
 	if err := agent.Serve(ctx, *addr, a); err != nil {
 		log.Error("aenv-agent", "err", err)

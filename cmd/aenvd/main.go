@@ -30,6 +30,8 @@ import (
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/api/metricsring"
+	"github.com/agentenv/agentenv/api/webhooks"
 	"github.com/agentenv/agentenv/config"
 	"github.com/agentenv/agentenv/guest/image"
 	"github.com/agentenv/agentenv/internal/version"
@@ -179,20 +181,43 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	defer orch.CloseBuilds()
 	px := proxy.New(orch, cfg.API.Domain, log)
 	px.APIKey = key // stripped from anything forwarded to a guest
+	// A sandbox's end (kill, pause) closes its streams through the proxy.
+	defer orch.Subscribe(px.OnEvent)()
+	// The sandbox metrics history, answered by range.
+	history := metricsring.New(orch, 0, 0, log)
+	history.Start(ctx)
+	defer history.Close()
+	hooks, err := webhooks.New(st, webhooks.Options{Logger: log}) // lifecycle webhooks, their pending deliveries resumed
+	if err != nil {
+		return err
+	}
+	hooks.Start(ctx)
+	defer hooks.Close()
+	defer orch.Subscribe(hooks.OnEvent)()
 	hostname, _ := os.Hostname()
 	if cfg.Cluster.NodeName != "" {
 		hostname = cfg.Cluster.NodeName // one name in /nodes and in the cluster
 	}
 	handler := api.NewHandler(api.Options{
-		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log,
-		Node:           api.NodeInfo{ID: hostname, Version: version.Version(), VMMDriver: drv.Name(), VMMAccel: accel, VMMReasons: why},
+		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log, Store: st,
+		Node: api.NodeInfo{ID: hostname, Version: version.Version(), Commit: version.Get().Commit, Date: version.Get().Date,
+			VMMDriver: drv.Name(), VMMAccel: accel, VMMReasons: why},
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), MetricsHistory: history, Webhooks: hooks,
 	})
 	limits := defaultServerLimits(cfg)
 	servers := []*http.Server{newHTTPServer(cfg.API.Listen, handler, limits)}
 	if cfg.API.ProxyListen != "" {
 		servers = append(servers, newHTTPServer(cfg.API.ProxyListen, px, limits))
+	}
+	if cfg.API.ProxyTLSListen != "" {
+		tlsCfg, err := proxy.TLSConfig(cfg.API.Domain, cfg.API.TLSCert, cfg.API.TLSKey, filepath.Join(cfg.DataDir, "tls"))
+		if err != nil {
+			return err
+		}
+		srv := newHTTPServer(cfg.API.ProxyTLSListen, px, limits)
+		srv.TLSConfig = tlsCfg
+		servers = append(servers, srv)
 	}
 	errc := make(chan error, len(servers))
 	for _, srv := range servers {
@@ -200,8 +225,14 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		log.Info("listening", "addr", ln.Addr().String())
-		go func() { errc <- srv.Serve(ln) }()
+		log.Info("listening", "addr", ln.Addr().String(), "tls", srv.TLSConfig != nil)
+		go func() {
+			if srv.TLSConfig != nil {
+				errc <- srv.ServeTLS(ln, "", "")
+				return
+			}
+			errc <- srv.Serve(ln)
+		}()
 	}
 	leave, err := joinCluster(ctx, cfg, orch, drv.Name(), hostname, log)
 	if err != nil {

@@ -55,6 +55,9 @@ type Config struct {
 	// Users overrides the passwd/group database (tests).
 	Users  *users.DB
 	Logger *slog.Logger
+	// Logs, when set, holds the agent's recent log lines for GET /logs
+	// (the Logger should write into it).
+	Logs *LogRing
 }
 
 // Agent is the HTTP handler of the whole agent.
@@ -90,6 +93,7 @@ func (a *Agent) routes() {
 	a.mux.HandleFunc("POST /init", a.handleInit)
 	a.mux.HandleFunc("GET /envs", a.handleEnvs)
 	a.mux.HandleFunc("GET /metrics", a.handleMetrics)
+	a.mux.HandleFunc("GET /logs", a.handleLogs)
 }
 
 // rpcOptions are the handler options of both Connect services.

@@ -99,13 +99,14 @@ func (h *Handler) authorize(r *http.Request, operation string) error {
 		if err != nil {
 			return fmt.Errorf("bad signature_expiration %q", v)
 		}
-		if h.now().Unix() > n {
-			return errors.New("signature expired")
-		}
 		exp = &n
 	}
+	// The signature first: only its holder learns that it expired.
 	if !state.TokenEqual(sig, Sign(q.Get("path"), operation, q.Get("username"), tok, exp)) {
 		return errors.New("invalid signature")
+	}
+	if exp != nil && *exp < h.now().Unix() {
+		return errors.New("signature is already expired") // E2B's agent's words, which its SDK users match
 	}
 	return nil
 }

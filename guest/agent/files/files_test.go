@@ -298,6 +298,18 @@ func TestAccessTokenAndSignatures(t *testing.T) {
 			}
 		})
 	}
+	t.Run("expiry answers in E2B's words, only to the signature's holder", func(t *testing.T) {
+		for _, c := range []struct{ sig, msg string }{{sig("read", "", &past), "signature is already expired"}, {"v1_forged", "invalid signature"}} {
+			resp, b := get(t, fileURL(srv, p, "signature", c.sig, "signature_expiration", strconv.FormatInt(past, 10)))
+			var body struct {
+				Code    int    `json:"code"`
+				Message string `json:"message"`
+			}
+			if err := json.Unmarshal(b, &body); err != nil || resp.StatusCode != 401 || body.Code != 401 || body.Message != c.msg {
+				t.Errorf("status %d body %s (%v), want 401 {code:401, message:%q}", resp.StatusCode, b, err, c.msg)
+			}
+		}
+	})
 	t.Run("signed upload", func(t *testing.T) {
 		up := filepath.Join(filepath.Dir(p), "up.txt")
 		u := fileURL(srv, up, "signature", files.Sign(up, "write", "", token, nil))

@@ -59,6 +59,9 @@ func (s *Service) Start(ctx context.Context, req *connect.Request[pb.StartReques
 	if err != nil {
 		return err
 	}
+	// The command's name only: its arguments may hold secrets. The line
+	// reaches the guest console, which GET /sandboxes/{id}/logs reads.
+	s.log.Info("process started", "pid", p.pid, "cmd", filepath.Base(req.Msg.GetProcess().GetCmd()))
 	sub := p.subscribe()
 	defer p.unsubscribe(sub)
 	go p.run(func() { s.forget(p) })

@@ -1,0 +1,35 @@
+package client
+
+import (
+	"context"
+	"net/url"
+
+	"github.com/agentenv/agentenv/api"
+)
+
+// Webhooks lists the node's lifecycle webhooks.
+func (c *Client) Webhooks(ctx context.Context) ([]api.WebhookConfig, error) {
+	out := []api.WebhookConfig{}
+	_, _, err := c.do(ctx, "list webhooks", "GET", "/events/webhooks", nil, &out)
+	return out, err
+}
+
+// CreateWebhook registers a lifecycle webhook.
+func (c *Client) CreateWebhook(ctx context.Context, req api.WebhookCreate) (api.WebhookConfig, error) {
+	var out api.WebhookConfig
+	_, _, err := c.do(ctx, "create webhook", "POST", "/events/webhooks", req, &out)
+	return out, err
+}
+
+// DeleteWebhook unregisters a lifecycle webhook.
+func (c *Client) DeleteWebhook(ctx context.Context, id string) error {
+	_, _, err := c.do(ctx, "delete webhook "+id, "DELETE", "/events/webhooks/"+url.PathEscape(id), nil, nil)
+	return err
+}
+
+// SetNodeStatus drains a node ("draining") or makes it ready ("ready").
+func (c *Client) SetNodeStatus(ctx context.Context, node, status string) error {
+	_, _, err := c.do(ctx, "set status of node "+node, "POST", "/nodes/"+url.PathEscape(node),
+		api.NodeStatusChange{Status: api.NodeStatusChangeStatus(status)}, nil)
+	return err
+}

@@ -1,0 +1,179 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/network/nettest"
+	"github.com/agentenv/agentenv/orchestrator"
+)
+
+// TestNotFoundAnswer checks the 502 body of E2B's proxy for sandboxes that
+// are unknown, killed (no record) or not running, by host and by header.
+func TestNotFoundAnswer(t *testing.T) {
+	reg := &sandboxes{recs: map[string]orchestrator.Record{"paused1": {ID: "paused1", State: orchestrator.Paused}}}
+	srv := httptest.NewServer(New(reg, "sbx.test", nil))
+	defer srv.Close()
+	for _, c := range []struct {
+		name, host, id string
+		hdr            map[string]string
+	}{
+		{"unknown by host", "8080-gone.sbx.test", "gone", nil},
+		{"paused by host", "49983-paused1.sbx.test", "paused1", nil},
+		{"unknown by header", "127.0.0.1", "gone", map[string]string{HeaderSandboxID: "gone", HeaderSandboxPort: "49983"}},
+		{"an id that cannot be one", "127.0.0.1", "", map[string]string{HeaderSandboxID: "a.b.c", HeaderSandboxPort: "80"}},
+	} {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/health", nil)
+		req.Host = c.host
+		for k, v := range c.hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body map[string]any
+		err = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("%s: body: %v", c.name, err)
+		}
+		want := map[string]any{"sandboxId": c.id, "message": "The sandbox was not found", "code": float64(502)}
+		if resp.StatusCode != http.StatusBadGateway || len(body) != len(want) ||
+			body["sandboxId"] != want["sandboxId"] || body["message"] != want["message"] || body["code"] != want["code"] {
+			t.Errorf("%s: status %d body %v, want 502 %v", c.name, resp.StatusCode, body, want)
+		}
+	}
+}
+
+// TestMaskRequestHost checks that a sandbox created with maskRequestHost
+// sees the mask (with ${PORT} replaced) as the Host of proxied requests,
+// and that one without sees the client's.
+func TestMaskRequestHost(t *testing.T) {
+	nettest.RequireRoot(t)
+	w := nettest.NewWorld(t, nettest.Prefix())
+	cfg := w.Config()
+	cfg.GuestNetNS = true
+	m, err := network.New(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Shutdown(context.Background()) })
+	s, err := m.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := nettest.Listen(t, s.GuestNetNSPath(), netip.AddrPortFrom(network.GuestIP, 8080))
+	guest := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(r.Host))
+	})}
+	go guest.Serve(l)
+	t.Cleanup(func() { guest.Close() })
+	reg := &sandboxes{
+		recs: map[string]orchestrator.Record{
+			"masked": {ID: "masked", State: orchestrator.Running, MaskRequestHost: "localhost:${PORT}"},
+			"plain":  {ID: "plain", State: orchestrator.Running},
+		},
+		slots: map[string]*network.Slot{"masked": s, "plain": s},
+	}
+	srv := httptest.NewServer(New(reg, "sbx.test", nil))
+	defer srv.Close()
+	for host, want := range map[string]string{"8080-masked.sbx.test": "localhost:8080", "8080-plain.sbx.test": "8080-plain.sbx.test"} {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/", nil)
+		req.Host = host
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got [256]byte
+		n, _ := resp.Body.Read(got[:])
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(got[:n]) != want {
+			t.Errorf("%s: status %d, guest saw Host %q, want %q", host, resp.StatusCode, got[:n], want)
+		}
+	}
+}
+
+// TestKillEndsStreams: a killed sandbox's open streams end at once (a
+// stopped VM never closes them itself), and only that sandbox's.
+func TestKillEndsStreams(t *testing.T) {
+	nettest.RequireRoot(t)
+	w := nettest.NewWorld(t, nettest.Prefix())
+	cfg := w.Config()
+	cfg.GuestNetNS = true
+	m, err := network.New(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Shutdown(context.Background()) })
+	s, err := m.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	l := nettest.Listen(t, s.GuestNetNSPath(), netip.AddrPortFrom(network.GuestIP, 8080))
+	guest := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("started\n"))
+		w.(http.Flusher).Flush()
+		<-release // a VM that stopped: the stream neither ends nor fails
+	})}
+	go guest.Serve(l)
+	t.Cleanup(func() { close(release); guest.Close() })
+	reg := &sandboxes{
+		recs:  map[string]orchestrator.Record{"a": {ID: "a", State: orchestrator.Running}, "b": {ID: "b", State: orchestrator.Running}},
+		slots: map[string]*network.Slot{"a": s, "b": s},
+	}
+	p := New(reg, "sbx.test", nil)
+	srv := httptest.NewServer(p)
+	defer srv.Close()
+	open := func(id string) (*http.Response, chan error) {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/stream", nil)
+		req.Host = "8080-" + id + ".sbx.test"
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		line := make([]byte, len("started\n"))
+		if _, err := io.ReadFull(resp.Body, line); err != nil || string(line) != "started\n" {
+			t.Fatalf("stream of %s: %q %v", id, line, err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := io.Copy(io.Discard, resp.Body)
+			done <- err
+		}()
+		return resp, done
+	}
+	respA, doneA := open("a")
+	defer respA.Body.Close()
+	respB, doneB := open("b")
+	defer respB.Body.Close()
+
+	p.OnEvent(orchestrator.Event{Type: orchestrator.EventKilled, SandboxID: "a"})
+	select {
+	case err := <-doneA:
+		if err == nil {
+			t.Error("the killed sandbox's stream ended as if complete; want an error")
+		}
+	case <-time.After(30 * time.Second): // a guard against a hang, not a measurement
+		t.Fatal("the killed sandbox's stream is still open")
+	}
+	if n := p.conns.open("a"); n != 0 {
+		t.Errorf("%d upstream connections to the killed sandbox are still open", n)
+	}
+	select {
+	case err := <-doneB:
+		t.Fatalf("another sandbox's stream ended too: %v", err)
+	default:
+	}
+	if p.conns.open("b") != 1 {
+		t.Errorf("sandbox b: %d upstream connections, want its one stream", p.conns.open("b"))
+	}
+}
