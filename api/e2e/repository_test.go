@@ -105,7 +105,8 @@ func waitManifest(ctx context.Context, t *testing.T, r *repo.Repo, prefix string
 // which shares A's repository but has never seen the sandbox: B brings its
 // layers, state and record from the repository at the connect, and E2B's
 // SDK finds there every file written on A (after dropping B's guest cache),
-// a file in tmpfs and a process that was running at the pause.
+// a file in tmpfs and a process that was running at the pause. A crash of B
+// in the middle of bringing it (the import's fault point) leaves nothing.
 func TestResumeOnAnotherNode(t *testing.T) {
 	a := sharedNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -129,6 +130,14 @@ func TestResumeOnAnotherNode(t *testing.T) {
 	waitManifest(ctx, t, r, "sandbox-"+id+"-")
 
 	b.expect(t, http.StatusNotFound, "GET", "/sandboxes/"+id, b.key, "")
+	// A crash of B after the fetch, before the record: the next start
+	// removes what it fetched, and the sandbox is still to be brought.
+	b.crashAt(t, "orchestrator/import/fetched", func() {
+		_, _, _, _ = b.Call("POST", "/sandboxes/"+id+"/connect", b.key, `{"timeout":120}`)
+	})
+	if _, ok := b.listed(t)[id]; ok || fileExists(filepath.Join(b.DataDir, "sandboxes", id)) {
+		t.Fatalf("an import crashed before its record left sandbox %s on node B (listed %v)", id, ok)
+	}
 	b.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", b.key, `{"timeout":120}`)
 	b.sdkCheck(t, id, data)
 	if got := b.sh(t, id, `cat /dev/shm/marker; kill -0 $(cat /home/user/sleeper.pid) && echo alive`); got != "in-tmpfs\nalive" {
