@@ -89,7 +89,7 @@ func TestRestartKill9(t *testing.T) {
 	if after := readCounter(); after <= counterBefore {
 		t.Fatalf("counter %d before the restart, %d after", counterBefore, after)
 	}
-	if mem, _ := n.layerFiles(t, running); mem != 0 {
+	if mem, _, _, _ := n.layerFiles(t, running); mem != 0 {
 		t.Fatalf("the running sandbox got %d memory layers across the restart, want none (it was never paused)", mem)
 	}
 	if _, err := n.run(running, "", `true`); err == nil {
