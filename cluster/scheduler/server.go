@@ -115,6 +115,7 @@ func (s *Scheduler) UnregisterNode(ctx context.Context, req *pb.UnregisterNodeRe
 	pipe := s.rdb.TxPipeline()
 	pipe.SRem(ctx, s.k.nodes(), name)
 	pipe.HSet(ctx, s.k.node(name), "state", "down")
+	pipe.Del(ctx, s.k.resv(name))
 	for _, id := range ids {
 		pipe.HSet(ctx, s.k.bind(id), "lost", now)
 		pipe.ZAdd(ctx, s.k.lost(), zmember(now, id))
