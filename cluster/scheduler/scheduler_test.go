@@ -470,3 +470,36 @@ func TestReservationsExpire(t *testing.T) {
 		t.Fatalf("placement after expiry: %q (err %v), want n1", n, err)
 	}
 }
+
+// TestConcurrentBurstSpreads: placements made at once through two replicas
+// (the SDK's Promise.all of creates) spread evenly.
+func TestConcurrentBurstSpreads(t *testing.T) {
+	rs := redistest.Start(t)
+	a := startReplica(t, rs, "a", nil, nil)
+	b := startReplica(t, rs, "b", nil, nil)
+	for _, n := range []string{"n1", "n2", "n3"} {
+		register(t, a.client, status0(n, 4, 4096))
+	}
+	var mu sync.Mutex
+	counts := map[string]int{}
+	var wg sync.WaitGroup
+	for i := range 9 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := []pb.SchedulerClient{a.client, b.client}[i%2]
+			r, err := c.Place(context.Background(), &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 1, MemoryMb: 256}})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			counts[r.Node.Status.Name]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if counts["n1"] != 3 || counts["n2"] != 3 || counts["n3"] != 3 {
+		t.Fatalf("9 placements at once: %v, want 3 on each node", counts)
+	}
+}

@@ -135,6 +135,11 @@ func (s *Scheduler) Place(ctx context.Context, req *pb.PlaceRequest) (*pb.PlaceR
 	if len(req.GetExclude()) > maxRoster {
 		return nil, status.Error(codes.InvalidArgument, "exclude list too long")
 	}
+	unlock, err := s.lockPlacement(ctx)
+	if err != nil {
+		return nil, internal(err)
+	}
+	defer unlock()
 	nodes, err := s.loadNodes(ctx)
 	if err != nil {
 		return nil, internal(err)
