@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -39,7 +40,7 @@ func k8sBinaries(t *testing.T) (apiserver, etcd string) {
 	etcd = filepath.Join(cache, "etcd-"+etcdVersion)
 	for _, p := range []string{apiserver, etcd} {
 		if _, err := os.Stat(p); err != nil {
-			t.Skipf("%s is not built (cluster/discovery/internal/k8stools/build.sh builds kube-apiserver %s and etcd %s from the Go module proxy, about 15 minutes once)",
+			t.Skipf("%s is not built (cluster/discovery/internal/k8stools/build.sh builds kube-apiserver %s and etcd %s from the Go module proxy, about an hour once on a busy 2-core machine)",
 				p, apiserverVersion, etcdVersion)
 		}
 	}
@@ -81,23 +82,39 @@ func startProcess(t *testing.T, name, dir string, bin string, args ...string) {
 
 func waitOK(t *testing.T, c *http.Client, url string) {
 	deadline := time.Now().Add(90 * time.Second)
+	last := ""
 	for {
 		resp, err := c.Get(url)
 		if err == nil {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return
 			}
+			last = fmt.Sprintf("%d %s", resp.StatusCode, b)
+		} else {
+			last = err.Error()
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s not ready: %v", url, err)
+			t.Fatalf("%s not ready: %s", url, last)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 }
 
+const testToken = "aenv-discovery-test-token"
+
+// bearer adds the test token to readiness probes.
+type bearer struct{ rt http.RoundTripper }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+testToken)
+	return b.rt.RoundTrip(r)
+}
+
 // startAPIServer runs etcd and kube-apiserver on loopback ports in a
-// temporary directory (anonymous access, every request allowed).
+// temporary directory (one static token, every request allowed).
 func startAPIServer(t *testing.T) *rest.Config {
 	apiserver, etcd := k8sBinaries(t)
 	dir := t.TempDir()
@@ -118,16 +135,22 @@ func startAPIServer(t *testing.T) *rest.Config {
 	if err := os.WriteFile(saKey, pemBytes, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A static token for the test's client: anonymous requests are refused.
+	tokens := filepath.Join(dir, "tokens.csv")
+	if err := os.WriteFile(tokens, []byte(testToken+",admin,admin-uid,system:masters\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	port := freePort(t)
 	startProcess(t, "kube-apiserver", dir, apiserver, "--etcd-servers", etcdURL,
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", fmt.Sprint(port),
 		"--cert-dir", filepath.Join(dir, "certs"), "--service-cluster-ip-range", "10.96.0.0/16",
 		"--service-account-issuer", "https://kubernetes.default.svc", "--service-account-key-file", saKey,
-		"--service-account-signing-key-file", saKey, "--authorization-mode", "AlwaysAllow", "--anonymous-auth=true")
+		"--service-account-signing-key-file", saKey, "--authorization-mode", "AlwaysAllow", "--token-auth-file", tokens,
+		"--endpoint-reconciler-type", "none") // no kubernetes Service endpoints for a loopback address
 	host := fmt.Sprintf("https://127.0.0.1:%d", port)
-	insecure := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	insecure := &http.Client{Timeout: 5 * time.Second, Transport: bearer{&http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}}
 	waitOK(t, insecure, host+"/readyz")
-	return &rest.Config{Host: host, TLSClientConfig: rest.TLSClientConfig{Insecure: true}}
+	return &rest.Config{Host: host, BearerToken: testToken, TLSClientConfig: rest.TLSClientConfig{Insecure: true}}
 }
 
 // TestKubernetesAPIServer runs the EndpointSlice check against a real

@@ -75,8 +75,9 @@ func fits(r *nodeRecord, req *pb.Resources) bool {
 	return true
 }
 
-// count is a node's sandboxes: bound or reported (a create in progress is
-// in the roster before it is bound), plus placements reserved since.
+// count is a node's sandboxes: bound or reported, plus placements not yet
+// bound (a create in progress that the roster already shows counts twice
+// until its Bind: a burst errs towards spreading).
 func count(r *nodeRecord) int64 {
 	return max(r.bound, int64(len(r.status.GetRoster()))) + r.pendingN
 }

@@ -39,6 +39,9 @@ type Options struct {
 	LeaseTTL time.Duration
 	// ReconcileInterval is the leader's pass period (default 1s).
 	ReconcileInterval time.Duration
+	// ReserveTTL is how long a placement counts against its node unless
+	// Bind takes it first (default 1m: longer than a create).
+	ReserveTTL time.Duration
 	// RosterGrace protects fresh bindings from a roster that predates them
 	// (default 2 heartbeats).
 	RosterGrace time.Duration
@@ -86,6 +89,7 @@ func New(opts Options) (*Scheduler, error) {
 	def(&opts.LeaseTTL, 5*time.Second)
 	def(&opts.ReconcileInterval, time.Second)
 	def(&opts.RosterGrace, 2*opts.HeartbeatInterval)
+	def(&opts.ReserveTTL, time.Minute)
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}

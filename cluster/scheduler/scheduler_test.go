@@ -441,3 +441,65 @@ func TestDiscoveredButUnregistered(t *testing.T) {
 		t.Fatalf("placement: %q (err %v), want n1 (an unregistered node gets nothing)", n, err)
 	}
 }
+
+// TestReservationsExpire: a placement never bound (its create failed) stops
+// counting against its node after ReserveTTL; heartbeats do not clear it.
+func TestReservationsExpire(t *testing.T) {
+	rs := redistest.Start(t)
+	clk := &clock{t: time.Now()}
+	a := startReplica(t, rs, "a", clk, func(o *Options) { o.ReserveTTL = 10 * time.Second; o.DownAfter = time.Hour })
+	register(t, a.client, status0("n1", 4, 4096))
+	register(t, a.client, status0("n2", 4, 4096))
+	for _, want := range []string{"n1", "n2"} {
+		if n, err := place(t, a.client, 256); err != nil || n != want {
+			t.Fatalf("placement: %q (err %v), want %q", n, err, want)
+		}
+	}
+	if _, err := a.client.Heartbeat(context.Background(), &pb.HeartbeatRequest{Status: status0("n1", 4, 4096)}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(5 * time.Second)
+	if n, err := place(t, a.client, 256); err != nil || n != "n1" { // 1 each still: name order
+		t.Fatalf("placement with live reservations: %q (err %v), want n1", n, err)
+	}
+	if n, err := place(t, a.client, 256); err != nil || n != "n2" { // n1 holds 2 now
+		t.Fatalf("placement with n1 holding two reservations: %q (err %v), want n2", n, err)
+	}
+	clk.Add(6 * time.Second) // the first two expired, the last two live
+	if n, err := place(t, a.client, 256); err != nil || n != "n1" {
+		t.Fatalf("placement after expiry: %q (err %v), want n1", n, err)
+	}
+}
+
+// TestConcurrentBurstSpreads: placements made at once through two replicas
+// (the SDK's Promise.all of creates) spread evenly.
+func TestConcurrentBurstSpreads(t *testing.T) {
+	rs := redistest.Start(t)
+	a := startReplica(t, rs, "a", nil, nil)
+	b := startReplica(t, rs, "b", nil, nil)
+	for _, n := range []string{"n1", "n2", "n3"} {
+		register(t, a.client, status0(n, 4, 4096))
+	}
+	var mu sync.Mutex
+	counts := map[string]int{}
+	var wg sync.WaitGroup
+	for i := range 9 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := []pb.SchedulerClient{a.client, b.client}[i%2]
+			r, err := c.Place(context.Background(), &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 1, MemoryMb: 256}})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			counts[r.Node.Status.Name]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if counts["n1"] != 3 || counts["n2"] != 3 || counts["n3"] != 3 {
+		t.Fatalf("9 placements at once: %v, want 3 on each node", counts)
+	}
+}

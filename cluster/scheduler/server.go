@@ -115,6 +115,7 @@ func (s *Scheduler) UnregisterNode(ctx context.Context, req *pb.UnregisterNodeRe
 	pipe := s.rdb.TxPipeline()
 	pipe.SRem(ctx, s.k.nodes(), name)
 	pipe.HSet(ctx, s.k.node(name), "state", "down")
+	pipe.Del(ctx, s.k.resv(name))
 	for _, id := range ids {
 		pipe.HSet(ctx, s.k.bind(id), "lost", now)
 		pipe.ZAdd(ctx, s.k.lost(), zmember(now, id))
@@ -134,6 +135,11 @@ func (s *Scheduler) Place(ctx context.Context, req *pb.PlaceRequest) (*pb.PlaceR
 	if len(req.GetExclude()) > maxRoster {
 		return nil, status.Error(codes.InvalidArgument, "exclude list too long")
 	}
+	unlock, err := s.lockPlacement(ctx)
+	if err != nil {
+		return nil, internal(err)
+	}
+	defer unlock()
 	nodes, err := s.loadNodes(ctx)
 	if err != nil {
 		return nil, internal(err)

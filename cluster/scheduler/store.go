@@ -2,9 +2,12 @@ package scheduler
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
@@ -39,6 +42,7 @@ func (k keys) lost() string                 { return k.p + "lost" }
 func (k keys) leader() string               { return k.p + "leader" }
 func (k keys) epoch() string                { return k.p + "epoch" }
 func (k keys) rr() string                   { return k.p + "rr" }
+func (k keys) resv(name string) string      { return k.p + "resv:" + name }
 
 // nodeRecord is a node as stored, decoded.
 type nodeRecord struct {
@@ -70,7 +74,7 @@ func decodeNode(name string, h map[string]string) (*nodeRecord, error) {
 	for _, f := range []struct {
 		key string
 		dst *int64
-	}{{"last", &r.last}, {"pcount", &r.pendingN}, {"pcpu", &r.pendingCPU}, {"pmem", &r.pendingMem}} {
+	}{{"last", &r.last}} {
 		v, ok := h[f.key]
 		if !ok || v == "" {
 			continue
@@ -91,9 +95,12 @@ func (s *Scheduler) loadNodes(ctx context.Context) (map[string]*nodeRecord, erro
 	pipe := s.rdb.Pipeline()
 	hs := make([]*redis.MapStringStringCmd, len(names))
 	cs := make([]*redis.IntCmd, len(names))
+	rs := make([]*redis.StringSliceCmd, len(names))
+	now := strconv.FormatInt(s.now().UnixMilli(), 10)
 	for i, n := range names {
 		hs[i] = pipe.HGetAll(ctx, s.k.node(n))
 		cs[i] = pipe.SCard(ctx, s.k.nodeBinds(n))
+		rs[i] = pipe.ZRangeByScore(ctx, s.k.resv(n), &redis.ZRangeBy{Min: "(" + now, Max: "+inf"})
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("read nodes: %w", err)
@@ -109,6 +116,7 @@ func (s *Scheduler) loadNodes(ctx context.Context) (map[string]*nodeRecord, erro
 			continue
 		}
 		r.bound = cs[i].Val()
+		r.addReservations(rs[i].Val())
 		out[n] = r
 	}
 	return out, nil
@@ -155,7 +163,7 @@ func (s *Scheduler) putStatus(ctx context.Context, st *pb.NodeStatus) error {
 	}
 	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.SAdd(ctx, s.k.nodes(), st.GetName())
-		p.HSet(ctx, s.k.node(st.GetName()), "status", b, "last", s.now().UnixMilli(), "state", "up", "pcount", 0, "pcpu", 0, "pmem", 0)
+		p.HSet(ctx, s.k.node(st.GetName()), "status", b, "last", s.now().UnixMilli(), "state", "up")
 		return nil
 	})
 	if err != nil {
@@ -175,12 +183,9 @@ redis.call('HSET', KEYS[1], 'node', ARGV[2], 'cpu', ARGV[3], 'mem', ARGV[4], 'at
 redis.call('HDEL', KEYS[1], 'lost')
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('SADD', KEYS[2], ARGV[1])
-if ARGV[7] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
-  for f, by in pairs({pcount = 1, pcpu = tonumber(ARGV[3]), pmem = tonumber(ARGV[4])}) do
-    local v = tonumber(redis.call('HGET', KEYS[3], f) or '0') - by
-    if v < 0 then v = 0 end
-    redis.call('HSET', KEYS[3], f, v)
-  end
+if ARGV[7] == '1' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[5])
+  redis.call('ZPOPMIN', KEYS[3])
 end
 return 1`)
 
@@ -189,7 +194,7 @@ func (s *Scheduler) bind(ctx context.Context, id, node string, res *pb.Resources
 	if release {
 		p = "1"
 	}
-	err := bindScript.Run(ctx, s.rdb, []string{s.k.bind(id), s.k.nodeBinds(node), s.k.node(node), s.k.lost()},
+	err := bindScript.Run(ctx, s.rdb, []string{s.k.bind(id), s.k.nodeBinds(node), s.k.resv(node), s.k.lost()},
 		id, node, res.GetCpuCount(), res.GetMemoryMb(), s.now().UnixMilli(), s.k.p, p).Err()
 	if err != nil {
 		return fmt.Errorf("bind sandbox %s to node %s: %w", id, node, err)
@@ -248,17 +253,38 @@ func isNil(err error) bool { return errors.Is(err, redis.Nil) }
 
 func zmember(score int64, id string) redis.Z { return redis.Z{Score: float64(score), Member: id} }
 
-// reserve counts a placement against the node until it is bound or the
-// node's next heartbeat reports it, so a burst of creates spreads.
+// reserve counts a placement against the node until Bind takes it or it
+// expires, so a burst of creates spreads.
 func (s *Scheduler) reserve(ctx context.Context, node string, res *pb.Resources) error {
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	now := s.now().UnixMilli()
+	member := fmt.Sprintf("%s:%d:%d", hex.EncodeToString(nonce[:]), res.GetCpuCount(), res.GetMemoryMb())
 	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HIncrBy(ctx, s.k.node(node), "pcount", 1)
-		p.HIncrBy(ctx, s.k.node(node), "pcpu", int64(res.GetCpuCount()))
-		p.HIncrBy(ctx, s.k.node(node), "pmem", res.GetMemoryMb())
+		p.ZRemRangeByScore(ctx, s.k.resv(node), "-inf", strconv.FormatInt(now, 10))
+		p.ZAdd(ctx, s.k.resv(node), redis.Z{Score: float64(now + s.opts.ReserveTTL.Milliseconds()), Member: member})
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("reserve on node %s: %w", node, err)
 	}
 	return nil
+}
+
+// addReservations sums reservation members ("nonce:cpu:mem"); a damaged
+// one counts as a sandbox without resources.
+func (r *nodeRecord) addReservations(members []string) {
+	for _, m := range members {
+		r.pendingN++
+		parts := strings.Split(m, ":")
+		if len(parts) != 3 {
+			continue
+		}
+		cpu, err1 := strconv.ParseInt(parts[1], 10, 32)
+		mem, err2 := strconv.ParseInt(parts[2], 10, 64)
+		if err1 == nil && err2 == nil && cpu >= 0 && mem >= 0 {
+			r.pendingCPU += cpu
+			r.pendingMem += mem
+		}
+	}
 }
