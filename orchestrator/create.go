@@ -49,6 +49,9 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	}
 	done := o.m.observe("create")
 	defer func() { done(err) }()
+	if err := o.bringSource(ctx, opts.TemplateID); err != nil {
+		return rec, err
+	}
 	s, t, err := o.register(opts)
 	if err == nil {
 		if err = o.checkMemory(t.MemoryMiB); err != nil {
@@ -94,6 +97,22 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	s.mu.Unlock()
 	o.log.Info("sandbox created", "sandbox", id, "template", t.ID)
 	return rec, nil
+}
+
+// bringSource brings a snapshot committed by another node here when this
+// node knows no template or snapshot of that id (import.go); outside refMu,
+// which the fetch would hold for long.
+func (o *Orchestrator) bringSource(ctx context.Context, id string) error {
+	if o.cfg.Remote == nil {
+		return nil
+	}
+	if _, err := o.source(id); !errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err := o.importSnapshot(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	return nil
 }
 
 // register resolves the create's source and enters the new sandbox, in

@@ -25,7 +25,8 @@ import (
 // snapshot directory is rebuilt here, pointed at this node's copy of its
 // template's boot files, and the sandbox is recorded paused, last. Then it
 // resumes like any paused sandbox. The node it came from keeps its own
-// record (a cluster's bindings say which node serves it).
+// record (a cluster's bindings say which node serves it). A snapshot
+// committed elsewhere is brought the same way by a create that names it.
 
 // Remote is the repository's read side as the orchestrator uses it
 // (reponode.Node).
@@ -51,11 +52,10 @@ func (o *Orchestrator) importPaused(ctx context.Context, id string) error {
 	if o.cfg.Remote == nil || o.sd == nil || !validID(id) {
 		return fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
 	}
-	// refMu: no create or second import of this id registers meanwhile.
-	o.refMu.Lock()
-	defer o.refMu.Unlock()
+	o.importMu.Lock()
+	defer o.importMu.Unlock()
 	if _, err := o.lookup(id); err == nil {
-		return nil // imported by a concurrent connect
+		return nil // brought by a concurrent connect
 	}
 	m, err := o.newestPause(ctx, id)
 	if err != nil {
@@ -68,6 +68,9 @@ func (o *Orchestrator) importPaused(ctx context.Context, id string) error {
 	if err := fpImportFetched.Inject(); err != nil {
 		return err
 	}
+	// refMu: registered like a create's sandbox (deletions see it).
+	o.refMu.Lock()
+	defer o.refMu.Unlock()
 	if err := o.store.Put(store.Sandboxes, rec.ID, rec); err != nil {
 		return fmt.Errorf("record sandbox %s: %w", id, err)
 	}
@@ -193,4 +196,68 @@ func (o *Orchestrator) writeSnapshotDir(ctx context.Context, dir, reference stri
 		return errors.New("the pause carries no memory layers")
 	}
 	return snapshot.WriteMemoryManifest(dir, snapshot.MemoryImage{Layers: mem, File: filepath.Join(dir, snapshot.FlatMemory)})
+}
+
+// importSnapshot brings snapshot id, committed to the repository by another
+// node, here: its layers fetched into data_dir/snapshots/<id>, its VMM
+// snapshot directory rebuilt (relocated to this node's boot files) and its
+// record stored last. Then sandboxes are created and forked from it as
+// from any local snapshot. ErrNotFound when the repository has none.
+func (o *Orchestrator) importSnapshot(ctx context.Context, id string) error {
+	if o.cfg.Remote == nil || o.sd == nil || !validID(id) {
+		return fmt.Errorf("snapshot %q: %w", id, ErrNotFound)
+	}
+	o.importMu.Lock()
+	defer o.importMu.Unlock()
+	if _, err := o.Snapshot(id); err == nil {
+		return nil // brought by a concurrent create
+	}
+	m, err := o.cfg.Remote.Manifest(ctx, ManifestOfSnapshot(id))
+	if errors.Is(err, repo.ErrNotFound) {
+		return fmt.Errorf("template or snapshot %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("snapshot %s: read the repository: %w", id, err)
+	}
+	b, err := o.cfg.Remote.ReadSmall(ctx, m.Config, maxPortable)
+	if err != nil {
+		return fmt.Errorf("bring snapshot %s: %w", id, err)
+	}
+	var p portableSnapshot
+	if err := json.Unmarshal(b, &p); err != nil || p.Snapshot.ID != id || len(p.VMM) == 0 {
+		return fmt.Errorf("bring snapshot %s: config blob %s is not this snapshot's (%v)", id, m.Config.Digest, err)
+	}
+	t, err := o.Template(p.Snapshot.TemplateID)
+	if err != nil {
+		return fmt.Errorf("bring snapshot %s: its template %s: %w", id, p.Snapshot.TemplateID, err)
+	}
+	r := p.Snapshot
+	r.Dir = filepath.Join(o.cfg.DataDir, "snapshots", id)
+	r.VM, r.RootfsImage, r.Rootfs = filepath.Join(r.Dir, "vm"), filepath.Join(r.Dir, "rootfs.json"), ""
+	if err := os.MkdirAll(r.Dir, 0o755); err != nil {
+		return err
+	}
+	rootfs, err := o.fetchAll(ctx, m.Rootfs, r.Dir)
+	if err == nil {
+		err = snapshot.WriteImageConfig(r.RootfsImage, rootfs)
+	}
+	var mem []string
+	if err == nil {
+		mem, err = o.fetchAll(ctx, m.Memory, r.Dir)
+	}
+	if err == nil {
+		err = o.writeSnapshotDir(ctx, r.VM, t.Snapshot, m.State, p.VMM, mem)
+	}
+	if err == nil {
+		err = fpImportFetched.Inject()
+	}
+	if err == nil {
+		err = o.store.Put(store.Snapshots, r.ID, r)
+	}
+	if err != nil {
+		_ = os.RemoveAll(r.Dir)
+		return fmt.Errorf("bring snapshot %s from the repository: %w", id, err)
+	}
+	o.log.Info("snapshot brought from the repository", "snapshot", id)
+	return nil
 }

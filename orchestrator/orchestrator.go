@@ -198,7 +198,10 @@ type Orchestrator struct {
 	// so a deletion sees every sandbox that will use what it deletes.
 	refMu sync.Mutex
 	matMu sync.Mutex // serialises memory imports and materializations
-	bg    sync.WaitGroup
+	// importMu serialises bringing sandboxes and snapshots from the
+	// repository (import.go): one fetch per id, never two into one dir.
+	importMu sync.Mutex
+	bg       sync.WaitGroup
 	// disks is the root-disk backend, chosen once in New; vms what a VM
 	// bring-up uses (sandbox.Start).
 	disks diskBackend

@@ -156,17 +156,40 @@ func (o *Orchestrator) dropFinishedStaging(rec Record) {
 	}
 }
 
-// commitSnapshot queues the upload of a snapshot.
+// commitSnapshot queues the upload of a snapshot (its files are immutable
+// in its own directory; its portable config, the snapshot's record and
+// the VMM config, is written next to them).
 func (o *Orchestrator) commitSnapshot(ctx context.Context, r snapshot.Record) {
 	if o.cfg.Repository == nil || r.RootfsImage == "" || r.Hidden {
 		return
 	}
-	o.queueCommit(ctx, ManifestOfSnapshot(r.ID), r.TemplateID, r.VM, r.RootfsImage)
+	j, err := uploadJob(ManifestOfSnapshot(r.ID), r.TemplateID, r.VM, r.RootfsImage)
+	if err == nil {
+		j.Config, err = writePortableSnapshot(r, j.Config)
+	}
+	o.queue(ctx, j, err)
 }
 
-func (o *Orchestrator) queueCommit(ctx context.Context, name, parent, vmDir, rootfs string) {
-	j, err := uploadJob(name, parent, vmDir, rootfs)
-	o.queue(ctx, j, err)
+// portableSnapshot is the config blob of a snapshot's manifest.
+type portableSnapshot struct {
+	Snapshot snapshot.Record `json:"snapshot"`
+	VMM      json.RawMessage `json:"vmm"`
+}
+
+func writePortableSnapshot(r snapshot.Record, vmmConfig string) (string, error) {
+	raw, err := os.ReadFile(vmmConfig)
+	if err != nil {
+		return "", fmt.Errorf("portable config of snapshot %s: %w", r.ID, err)
+	}
+	b, err := json.Marshal(portableSnapshot{Snapshot: r, VMM: raw})
+	if err != nil {
+		return "", fmt.Errorf("portable config of snapshot %s: %w", r.ID, err)
+	}
+	path := filepath.Join(r.Dir, "snapshot.json")
+	if err := atomicfile.WriteFile(path, b, 0o600); err != nil {
+		return "", fmt.Errorf("portable config of snapshot %s: %w", r.ID, err)
+	}
+	return path, nil
 }
 
 // queue hands a job to the repository, unless preparing it failed (err).

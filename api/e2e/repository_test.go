@@ -107,6 +107,7 @@ func waitManifest(ctx context.Context, t *testing.T, r *repo.Repo, prefix string
 // SDK finds there every file written on A (after dropping B's guest cache),
 // a file in tmpfs and a process that was running at the pause. A crash of B
 // in the middle of bringing it (the import's fault point) leaves nothing.
+// And a snapshot taken on A serves creates on B by its id.
 func TestResumeOnAnotherNode(t *testing.T) {
 	a := sharedNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -145,6 +146,29 @@ func TestResumeOnAnotherNode(t *testing.T) {
 	}
 	b.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, b.key, "")
 	a.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, a.key, "")
+
+	// A snapshot taken on A: B creates a sandbox from it by its id.
+	src := a.create(t, `{"templateID":"base","timeout":300}`)
+	snapData := a.writeData(t, src, "snapped")
+	var snap struct {
+		SnapshotID string `json:"snapshotID"`
+		Repository string `json:"repository"`
+	}
+	if err := json.Unmarshal(a.expect(t, http.StatusCreated, "POST", "/sandboxes/"+src+"/snapshots", a.key, `{}`), &snap); err != nil {
+		t.Fatal(err)
+	}
+	for snap.Repository != "uploaded" {
+		if snap.Repository == "failed" || ctx.Err() != nil {
+			t.Fatalf("snapshot %s: repository %q", snap.SnapshotID, snap.Repository)
+		}
+		time.Sleep(time.Second)
+		_ = json.Unmarshal(a.expect(t, http.StatusOK, "GET", "/snapshots/"+snap.SnapshotID, a.key, ""), &snap)
+	}
+	child := b.create(t, `{"templateID":"`+snap.SnapshotID+`","timeout":120}`)
+	b.sdkCheck(t, child, snapData)
+	b.expect(t, http.StatusOK, "GET", "/snapshots/"+snap.SnapshotID, b.key, "")
+	b.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+child, b.key, "")
+	a.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+src, a.key, "")
 	// An id no node ever paused stays unknown.
 	b.expect(t, http.StatusNotFound, "POST", "/sandboxes/nosuchsandbox00000000/connect", b.key, `{"timeout":60}`)
 }
