@@ -187,8 +187,12 @@ func (o *Options) defaults() error {
 // boot runs QEMU until the guest resets, the context ends or QEMU dies.
 func boot(ctx context.Context, o Options, k *kernel, initrd string) (*Result, error) {
 	// q35, not microvm: this kernel stalls early on microvm under TCG.
+	// Single-threaded TCG: with one host thread per vCPU, a vCPU could run
+	// code another was patching with int3 breakpoints (the kernel's text
+	// poking at boot), and the guest died of an unexpected int3 in
+	// sched_clock_cpu (seen once in CI); one thread runs the vCPUs in turn.
 	args := []string{
-		"-M", "q35", "-accel", "tcg", "-cpu", "max",
+		"-M", "q35", "-accel", "tcg,thread=single", "-cpu", "max",
 		"-m", strconv.Itoa(o.MemoryMiB), "-smp", strconv.Itoa(o.CPUs),
 		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-no-reboot",
 		"-kernel", k.vmlinuz, "-initrd", initrd,
