@@ -117,7 +117,7 @@ func TestResumeOnAnotherNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer bn.Close()
+	t.Cleanup(func() { bn.Close() }) // after the cleanups of B's sandboxes (LIFO)
 	b := &node{Node: bn, api: bn.API, proxy: bn.Proxy, key: bn.Key}
 
 	id := a.create(t, `{"templateID":"base","timeout":300}`)
