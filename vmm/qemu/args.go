@@ -30,7 +30,15 @@ type savedNIC struct {
 	MAC string `json:"mac"`
 }
 
-const specVersion = 1
+// specVersion 2 machines run with QEMU's migration configuration section
+// and trailing self-description off, so their state streams carry neither:
+// a device-only state (SnapshotDevices, which never has them) and a full
+// stream load the same way. Version 1 snapshots (streams with both) still
+// restore, on a machine that expects them.
+const specVersion = 2
+
+// minSpecVersion is the oldest snapshot config a restore accepts.
+const minSpecVersion = 1
 
 // seccompPolicy is QEMU's own seccomp filter: on, with the optional groups
 // of system calls a VMM of ours never needs denied (obsolete ones, setuid
@@ -60,9 +68,13 @@ func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog string
 	if mem.shared {
 		share = "on"
 	}
+	machine := "microvm,pit=on,pic=off,isa-serial=on,rtc=on,memory-backend=" + guestRAMBlock
+	if spec.Version >= 2 {
+		machine += ",suppress-vmdesc=on"
+	}
 	args := []string{
 		"-name", "aenv",
-		"-M", "microvm,pit=on,pic=off,isa-serial=on,rtc=on,memory-backend=" + guestRAMBlock,
+		"-M", machine,
 		"-accel", spec.Accel,
 		"-cpu", cpu,
 		"-smp", fmt.Sprint(spec.VCPUs),
@@ -87,6 +99,9 @@ func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog string
 		args = append(args,
 			"-netdev", fmt.Sprintf("tap,id=%s,fd=%d,vhost=off", n.ID, 3+i),
 			"-device", fmt.Sprintf("virtio-net-device,netdev=%s,mac=%s", n.ID, n.MAC))
+	}
+	if spec.Version >= 2 {
+		args = append(args, "-global", "migration.send-configuration=off")
 	}
 	if incoming {
 		args = append(args, "-incoming", "defer", "-S")

@@ -72,15 +72,33 @@ func rotateConsole(path string, limit int64) error {
 		return err
 	}
 	defer f.Close()
-	keep := min(int64(keepConsole), st.Size())
-	tail := make([]byte, keep)
-	if _, err := f.ReadAt(tail, st.Size()-keep); err != nil && err != io.EOF {
+	tail, err := readTail(f, st.Size())
+	if err != nil {
 		return fmt.Errorf("rotate console %s: %w", path, err)
 	}
 	if err := atomicfile.WriteFile(path+".1", tail, 0o600); err != nil {
 		return fmt.Errorf("rotate console %s: %w", path, err)
 	}
-	// What the guest wrote between the read and the truncation is lost:
-	// a console, not a record.
+	// What the guest wrote while the tail was saved (a synced write takes
+	// a while) is saved too; what it writes between that and the
+	// truncation, a few microseconds, is lost: a console, not a record.
+	if st2, err := f.Stat(); err == nil && st2.Size() > st.Size() {
+		if tail, err = readTail(f, st2.Size()); err == nil {
+			err = atomicfile.WriteFile(path+".1", tail, 0o600)
+		}
+		if err != nil {
+			return fmt.Errorf("rotate console %s: %w", path, err)
+		}
+	}
 	return os.Truncate(path, 0)
+}
+
+// readTail reads the last keepConsole bytes of f's first size bytes.
+func readTail(f *os.File, size int64) ([]byte, error) {
+	keep := min(int64(keepConsole), size)
+	tail := make([]byte, keep)
+	if _, err := f.ReadAt(tail, size-keep); err != nil && err != io.EOF {
+		return nil, err
+	}
+	return tail, nil
 }

@@ -3,28 +3,28 @@ package qemu
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/agentenv/agentenv/vmm"
-	"github.com/agentenv/agentenv/vmm/qemu/migstream"
-	"golang.org/x/sys/unix"
 )
 
 var _ vmm.DeviceSnapshotter = (*machine)(nil)
 
 // SnapshotDevices implements vmm.DeviceSnapshotter.
 //
-// x-ignore-shared leaves only share=on RAM out of a migration, and a
-// restored machine maps its memory image privately, so QEMU streams its
-// whole RAM. Here QEMU migrates into a pipe and migstream drops the page
-// records of the guest RAM block on their way to the state file. Loading
-// that state with the same capability finds no pages for the block and
-// leaves the (privately mapped) memory file's contents in place.
+// A restored machine maps its memory image privately, so a migration
+// (even with x-ignore-shared) would walk and stream its whole RAM. QEMU's
+// xen-save-devices-state writes the device sections alone, touching no
+// RAM, and leaves the machine paused: the cost no longer grows with the
+// guest's memory. The state loads like any other (an incoming migration
+// with no RAM section) over the memory image the caller captured, mapped
+// privately. What it leaves out besides guest RAM is the firmware's RAM
+// blocks (the boot firmware, the tables it placed below 1 MiB, fw_cfg
+// blobs): a Linux guest reads them only while it boots, and a reboot ends
+// the VMM (-no-reboot), so a restored guest never sees them empty.
 func (m *machine) SnapshotDevices(ctx context.Context, dir string) (*vmm.Snapshot, error) {
 	start := time.Now()
 	if err := m.requirePausedOnce(ctx); err != nil {
@@ -34,10 +34,9 @@ func (m *machine) SnapshotDevices(ctx context.Context, dir string) (*vmm.Snapsho
 		return nil, fmt.Errorf("snapshot devices %s: %w", m.id, err)
 	}
 	snap := &vmm.Snapshot{Dir: dir, StateFile: filepath.Join(dir, vmm.SnapshotStateFile)}
-	// Written aside and renamed, so a failure (after which the caller may
-	// fall back to a full snapshot) never leaves a partial state behind.
+	// Written aside and renamed, so a failure never leaves a partial state.
 	tmp := snap.StateFile + ".tmp"
-	stats, err := m.saveFilteredState(ctx, tmp)
+	size, err := m.saveDeviceState(ctx, tmp)
 	if err == nil {
 		err = os.Rename(tmp, snap.StateFile)
 	}
@@ -49,19 +48,69 @@ func (m *machine) SnapshotDevices(ctx context.Context, dir string) (*vmm.Snapsho
 	// from) stays: it may be in use. config.json's noMemory keeps Restore
 	// from taking it for this snapshot's memory.
 	spec := *m.spec
-	spec.NoMemory = true
+	spec.Version, spec.NoMemory = specVersion, true
 	b, _ := json.MarshalIndent(&spec, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, vmm.SnapshotConfigFile), b, 0o600); err != nil {
 		return nil, fmt.Errorf("snapshot devices %s: %w", m.id, err)
 	}
-	snap.StateBytes = stats.BytesOut
+	snap.StateBytes = size
 	snap.MemBytes = int64(m.spec.MemoryMiB) << 20
 	snap.Took = time.Since(start)
-	m.log.Info("device snapshot written", "dir", dir, "state_bytes", snap.StateBytes,
-		"stream_bytes", stats.BytesIn, "dropped_pages", stats.DroppedPages+stats.DroppedZeroPages,
-		"took", snap.Took.Round(time.Millisecond))
+	m.log.Info("device snapshot written", "dir", dir, "state_bytes", snap.StateBytes, "took", snap.Took.Round(time.Millisecond))
 	return snap, nil
 }
+
+// saveDeviceState writes the device state into path, synced, through a
+// descriptor handed to QEMU in a descriptor set (QEMU opens nothing).
+func (m *machine) saveDeviceState(ctx context.Context, path string) (int64, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("state file: %w", err)
+	}
+	defer f.Close()
+	fdset, err := m.addFdset(ctx, f)
+	if err != nil {
+		return 0, fmt.Errorf("pass state file: %w", err)
+	}
+	defer m.removeFdset(ctx, fdset)
+	// live=false: live would also give up the disks, as for a migration.
+	args := map[string]any{"filename": fdsetPath(fdset), "live": false}
+	if err := m.qmp.Execute(ctx, "xen-save-devices-state", args, nil); err != nil {
+		return 0, fmt.Errorf("save device state: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("state file: %w", err)
+	}
+	if fi.Size() == 0 || fi.Size() > maxDeviceState {
+		return 0, fmt.Errorf("device state of %d bytes (want 1 to %d): not a device state", fi.Size(), maxDeviceState)
+	}
+	if err := f.Sync(); err != nil {
+		return 0, fmt.Errorf("state file: %w", err)
+	}
+	return fi.Size(), nil
+}
+
+// addFdset hands f to QEMU as a new descriptor set, which commands taking
+// a file name open as /dev/fdset/<id> (with f's access mode).
+func (m *machine) addFdset(ctx context.Context, f *os.File) (int, error) {
+	var out struct {
+		ID int `json:"fdset-id"`
+	}
+	if err := m.qmp.ExecuteWithFile(ctx, "add-fd", map[string]any{}, f, &out); err != nil {
+		return 0, err
+	}
+	return out.ID, nil
+}
+
+// removeFdset closes QEMU's copy of a descriptor set's file.
+func (m *machine) removeFdset(ctx context.Context, id int) {
+	if err := m.qmp.Execute(context.WithoutCancel(ctx), "remove-fd", map[string]any{"fdset-id": id}, nil); err != nil {
+		m.log.Warn("remove descriptor set", "fdset", id, "err", err)
+	}
+}
+
+func fdsetPath(id int) string { return fmt.Sprintf("/dev/fdset/%d", id) }
 
 // requirePausedOnce fails unless the VM is paused and took no snapshot
 // during this pause. Unlike a full snapshot it must not run the guest to
@@ -125,166 +174,6 @@ func (m *machine) leavePostmigrate(ctx context.Context) error {
 	return nil
 }
 
-// saveFilteredState migrates into a pipe and writes the stream, without
-// the guest RAM block's pages, to path.
-func (m *machine) saveFilteredState(ctx context.Context, path string) (*migstream.Stats, error) {
-	out, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("state file: %w", err)
-	}
-	defer out.Close()
-	pr, pw, err := blockingPipe()
-	if err != nil {
-		return nil, fmt.Errorf("state pipe: %w", err)
-	}
-	defer pr.Close()
-	// A large pipe lets QEMU's migration thread and the filter run with few
-	// wakeups (the default 64 KiB is two of QEMU's buffer flushes); the
-	// kernel caps it at fs.pipe-max-size, and a smaller pipe only costs time.
-	_, _ = unix.FcntlInt(pw.Fd(), unix.F_SETPIPE_SZ, statePipeSize)
-	err = m.qmp.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "aenv-devstate"}, pw, nil)
-	pw.Close() // QEMU holds its own copy; EOF comes when it closes that
-	if err != nil {
-		return nil, fmt.Errorf("pass state pipe: %w", err)
-	}
-
-	done := make(chan filterResult, 1)
-	filterFailed := make(chan struct{})
-	go func() {
-		stats, err := migstream.Filter(out, pr, migstream.Options{DropBlocks: []string{guestRAMBlock}, MaxOutput: maxDeviceState})
-		if err != nil {
-			close(filterFailed)
-			// Keep reading so QEMU never blocks on a full pipe while the
-			// migration is cancelled; it ends when QEMU closes its end.
-			_, _ = io.Copy(io.Discard, pr)
-		}
-		done <- filterResult{stats, err}
-	}()
-
-	migErr := m.qmp.Execute(ctx, "migrate", map[string]any{"uri": "fd:aenv-devstate"}, nil)
-	if migErr != nil {
-		// QEMU may still hold the descriptor; drop it so the reader ends.
-		_ = m.qmp.Execute(context.WithoutCancel(ctx), "closefd", map[string]any{"fdname": "aenv-devstate"}, nil)
-		migErr = fmt.Errorf("save state: %w", migErr)
-	} else {
-		migErr = m.waitMigrationOr(ctx, filterFailed)
-	}
-	res, err := m.awaitFilter(ctx, done, pr)
-	if err != nil {
-		return nil, err
-	}
-	// The cause first: content the filter refused, else a failed migration
-	// (which also cuts the stream short), else a stream the filter found broken.
-	switch {
-	case errors.Is(res.err, migstream.ErrUnsupported):
-		return nil, fmt.Errorf("filter migration stream (%w): %w", vmm.ErrUnsupported, res.err)
-	case res.err != nil && errors.Is(migErr, errFilterAborted):
-		return nil, fmt.Errorf("filter migration stream: %w", res.err)
-	case migErr != nil:
-		return nil, migErr
-	case res.err != nil:
-		return nil, fmt.Errorf("filter migration stream: %w", res.err)
-	}
-	if err := out.Sync(); err != nil {
-		return nil, fmt.Errorf("state file: %w", err)
-	}
-	return res.stats, nil
-}
-
-// awaitFilter waits for the filter goroutine. QEMU closes its end of the
-// pipe when the migration is cleaned up, a moment after it reports
-// completion; should it not, closing our end unblocks the reader.
-func (m *machine) awaitFilter(ctx context.Context, done <-chan filterResult, pr *os.File) (filterResult, error) {
-	select {
-	case res := <-done:
-		return res, nil
-	case <-ctx.Done():
-	case <-time.After(30 * time.Second):
-	}
-	pr.Close()
-	res := <-done
-	if ctx.Err() != nil {
-		return res, ctx.Err()
-	}
-	return res, errors.New("qemu did not close the migration stream")
-}
-
-// waitMigrationOr is waitMigration that also cancels the migration when
-// abort is closed, reporting a migration that did not complete.
-func (m *machine) waitMigrationOr(ctx context.Context, abort <-chan struct{}) error {
-	actx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-abort:
-			cancel()
-		case <-actx.Done():
-		}
-	}()
-	err := m.waitMigration(actx)
-	if err != nil && actx.Err() != nil {
-		// waitMigration asked QEMU to cancel; the next migration may start
-		// only once this one has left the cancelling state.
-		m.settleMigration(context.WithoutCancel(ctx))
-		if ctx.Err() == nil {
-			return errFilterAborted
-		}
-	}
-	return err
-}
-
-// settleMigration waits (a bounded time) until no migration is under way.
-func (m *machine) settleMigration(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	for {
-		var info struct {
-			Status string `json:"status"`
-		}
-		if err := m.qmp.Execute(ctx, "query-migrate", nil, &info); err != nil {
-			return
-		}
-		switch info.Status {
-		case "", "none", "completed", "failed", "cancelled":
-			return
-		}
-		select {
-		case <-ctx.Done():
-			m.log.Warn("migration still under way after cancel", "status", info.Status)
-			return
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-}
-
-const statePipeSize = 1 << 20
-
-// maxDeviceState bounds a state written without RAM. Our machines' device
-// state is about 64 KiB (plus firmware and ACPI blobs); far more means
-// something other than device state is in the stream.
-const maxDeviceState = 64 << 20
-
-// blockingPipe is os.Pipe with a blocking write end. os.Pipe makes both
-// ends non-blocking (for Go's poller), and QEMU would inherit that on its
-// end: its migration thread then meets EAGAIN on every full pipe and waits
-// in a poll loop, which made the stream several times slower than into a
-// file. The read end stays non-blocking, so closing it unblocks our reader.
-func blockingPipe() (r, w *os.File, err error) {
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		return nil, nil, err
-	}
-	if err := unix.SetNonblock(p[0], true); err != nil {
-		unix.Close(p[0])
-		unix.Close(p[1])
-		return nil, nil, err
-	}
-	return os.NewFile(uintptr(p[0]), "state-pipe-r"), os.NewFile(uintptr(p[1]), "state-pipe-w"), nil
-}
-
-var errFilterAborted = errors.New("migration cancelled: the stream filter failed")
-
-type filterResult struct {
-	stats *migstream.Stats
-	err   error
-}
+// maxDeviceState bounds a device-only state. Our machines' device state is
+// tens of KiB; far more means something other than device state was saved.
+const maxDeviceState = 16 << 20

@@ -4,9 +4,8 @@
 // capability leaves shared RAM out of it) and restores map the memory image
 // privately: any number of clones share one image copy-on-write. A restored
 // machine's RAM is private, so x-ignore-shared no longer applies to it;
-// SnapshotDevices (vmm.DeviceSnapshotter) then filters the guest RAM pages
-// out of the migration stream (vmm/qemu/migstream) and the caller keeps the
-// memory itself.
+// SnapshotDevices (vmm.DeviceSnapshotter) then saves the device state alone
+// without walking RAM, and the caller keeps the memory itself.
 //
 // It runs under KVM when a test guest boots with it and under TCG
 // (software emulation) otherwise; Accel reports which and why.
@@ -216,8 +215,8 @@ func readSpec(dir string) (*machineSpec, error) {
 	if err := json.Unmarshal(b, &spec); err != nil {
 		return nil, fmt.Errorf("read snapshot %s: config: %w", dir, err)
 	}
-	if spec.Version != specVersion {
-		return nil, fmt.Errorf("read snapshot %s: config version %d, want %d", dir, spec.Version, specVersion)
+	if spec.Version < minSpecVersion || spec.Version > specVersion {
+		return nil, fmt.Errorf("read snapshot %s: config version %d, want %d to %d", dir, spec.Version, minSpecVersion, specVersion)
 	}
 	if spec.MemoryMiB < 16 || spec.VCPUs < 1 || spec.Kernel == "" {
 		return nil, fmt.Errorf("read snapshot %s: config is incomplete", dir)

@@ -62,8 +62,18 @@ func TestBuildArgs(t *testing.T) {
 			t.Errorf("args lack %q:\n%s", want, args)
 		}
 	}
-	if a := strings.Join(buildArgs(spec, memorySource{path: "/m", shared: true}, "/q", "/c", false), " "); strings.Contains(a, "-incoming") || !strings.Contains(a, "share=on") {
+	if a := strings.Join(buildArgs(spec, memorySource{path: "/m", shared: true}, "/q", "/c", false), " "); strings.Contains(a, "-incoming") || strings.Contains(a, "-S") || !strings.Contains(a, "share=on") {
 		t.Errorf("cold boot args wrong: %s", a)
+	}
+	// Version 1 snapshots' streams carry QEMU's configuration section and
+	// self-description; newer ones neither.
+	spec.Version = 1
+	if a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, "/q", "/c", true), " "); strings.Contains(a, "send-configuration") || strings.Contains(a, "vmdesc") {
+		t.Errorf("version 1 spec turns the configuration section off: %s", a)
+	}
+	spec.Version = specVersion
+	if a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, "/q", "/c", true), " "); !strings.Contains(a, "-global migration.send-configuration=off") || !strings.Contains(a, "suppress-vmdesc=on") {
+		t.Errorf("version %d spec keeps the configuration section: %s", spec.Version, a)
 	}
 }
 
