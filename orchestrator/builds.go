@@ -106,7 +106,7 @@ func (h buildHost) BuildDisk(id, dir, imageConfig string) template.Disk {
 }
 
 func (h buildHost) RestoreMemory(ctx context.Context, snapshotDir string) (string, error) {
-	m, err := h.o.restoreMemory(ctx, snapshotDir)
+	m, _, err := h.o.restoreMemory(ctx, snapshotDir, false)
 	return m.File, err
 }
 

@@ -64,6 +64,9 @@ func (o *Orchestrator) compact(ctx context.Context, id string) error {
 		if err != nil {
 			return fmt.Errorf("memory: %w", err)
 		}
+		if merged[0] != mem.Layers[0] {
+			mem.Base = "" // the base file equals the old bottom layer, which is merged away
+		}
 		mem.Layers = merged
 		if err := fpCompactMerged.Inject(); err != nil {
 			return err

@@ -225,10 +225,11 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 	spec := sandbox.Spec{
 		ID: vmName(rec), RunDir: filepath.Join(rec.Dir, fmt.Sprintf("run-%d", rec.Gen)),
 		Policy: rec.Policy, Disk: vmDisk{o, s}, Restore: snapshotDir, VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB,
-		Memory: func(ctx context.Context) (string, error) {
+		Memory: func(ctx context.Context) (string, []string, error) {
+			var layers []string
 			var err error
-			mem, err = o.restoreMemory(ctx, snapshotDir)
-			return mem.File, err
+			mem, layers, err = o.restoreMemory(ctx, snapshotDir, true)
+			return mem.File, layers, err
 		},
 		Init:     &sandbox.InitRequest{EnvVars: rec.EnvVars, DefaultUser: o.defaultUser(rec.TemplateID)},
 		InitHeld: rec.GuestToken,

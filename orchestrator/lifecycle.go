@@ -110,10 +110,12 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance) (err error)
 	if old != "" && old != snapDir {
 		_ = os.RemoveAll(old)
 	}
-	// Flatten the new image in the background, while nothing waits on it,
-	// so a resume maps it at once (a resume that comes first waits for it).
+	// An image without a base file (whose resume would flatten it) is
+	// flattened in the background, while nothing waits on it, so a resume
+	// maps it at once (a resume that comes first waits for it). One with a
+	// base needs nothing: its resume writes the layers above the base.
 	o.goBackground(func() {
-		if _, err := o.restoreMemory(context.WithoutCancel(ctx), snapDir); err != nil {
+		if _, _, err := o.restoreMemory(context.WithoutCancel(ctx), snapDir, true); err != nil {
 			o.log.Warn("flatten memory after pause (the resume retries)", "sandbox", id, "err", err)
 		}
 	})

@@ -22,8 +22,10 @@ import (
 // file privately, so the pages it writes are its own anonymous pages, and a
 // pause or snapshot captures exactly those as one more sealed layer
 // (memsnap.CaptureDiff) next to a VM state without RAM (deviceSnapshotter).
-// The next restore maps the stack flattened once into the snapshot's
-// memory file (memsnap.Materialize), shared by every VM restored from it.
+// The next restore maps the template's memory file (the image's base) and
+// gets the layers above it written in (memsnap.WriteLayers); an image
+// without a base is flattened once into the snapshot's memory file
+// (memsnap.Materialize), shared by every VM restored from it.
 //
 // When the VMM cannot write state without RAM, or the VM was not restored
 // from a layered image, the VMM's own snapshot carries the memory whole.
@@ -51,30 +53,39 @@ func (o *Orchestrator) ensureMemoryBase(t *template.Template) error {
 	if err := fpTemplateImported.Inject(); err != nil {
 		return err
 	}
-	return snapshot.WriteMemoryManifest(t.Snapshot, snapshot.MemoryImage{Layers: []string{base}, File: mem})
+	return snapshot.WriteMemoryManifest(t.Snapshot, snapshot.MemoryImage{Layers: []string{base}, File: mem, Base: mem})
 }
 
-// restoreMemory returns the memory file to restore vmDir with ("" for the
-// snapshot's own), flattening a layered image first if nobody did yet.
-func (o *Orchestrator) restoreMemory(ctx context.Context, vmDir string) (snapshot.MemoryImage, error) {
+// restoreMemory returns the memory image a VM restored from vmDir runs on
+// ("" File: the snapshot's own) and the layers the restore writes over its
+// File. That File is the stack's flattened file when it exists; else, with
+// overlay and a base file, the base with the layers above it to write in
+// (their pages are all it costs); else the stack flattened now, once, for
+// every VM restored from vmDir.
+func (o *Orchestrator) restoreMemory(ctx context.Context, vmDir string, overlay bool) (snapshot.MemoryImage, []string, error) {
 	m, err := snapshot.ReadMemoryManifest(vmDir)
 	if errors.Is(err, os.ErrNotExist) {
-		return snapshot.MemoryImage{}, nil
+		return snapshot.MemoryImage{}, nil, nil
 	}
 	if err != nil || !m.Layered() {
-		return snapshot.MemoryImage{}, fmt.Errorf("memory of %s: %w", vmDir, errors.Join(err, errors.New("empty manifest")))
+		return snapshot.MemoryImage{}, nil, fmt.Errorf("memory of %s: %w", vmDir, errors.Join(err, errors.New("empty manifest")))
 	}
 	o.matMu.Lock()
 	defer o.matMu.Unlock()
 	if _, err := os.Stat(m.File); err == nil {
-		return m, nil
+		return m, nil, nil
+	}
+	if _, err := os.Stat(m.Base); overlay && m.Base != "" && err == nil && len(m.Layers) > 1 {
+		running := m
+		running.File = m.Base
+		return running, m.Layers[1:], nil
 	}
 	start := time.Now()
 	if err := memsnap.Materialize(ctx, m.Layers, m.File); err != nil {
-		return snapshot.MemoryImage{}, fmt.Errorf("materialize memory of %s: %w", vmDir, err)
+		return snapshot.MemoryImage{}, nil, fmt.Errorf("materialize memory of %s: %w", vmDir, err)
 	}
 	o.log.Info("memory image materialized", "file", m.File, "layers", len(m.Layers), "took", time.Since(start).Round(time.Millisecond))
-	return m, nil
+	return m, nil, nil
 }
 
 // captureMemory (VM paused) writes the VM's snapshot into vmDir (see
@@ -145,5 +156,5 @@ func captureVM(ctx context.Context, log *slog.Logger, id string, vm vmm.Machine,
 	log.Info("memory diff captured", "sandbox", id, "pages", st.Pages, "zero_pages", st.ZeroPages,
 		"bytes", st.Bytes, "took", st.Took.Round(time.Millisecond))
 	layers := append(append([]string{}, cur.Layers...), diff)
-	return snapshot.WriteMemoryManifest(vmDir, snapshot.MemoryImage{Layers: layers, File: filepath.Join(vmDir, snapshot.FlatMemory)})
+	return snapshot.WriteMemoryManifest(vmDir, snapshot.MemoryImage{Layers: layers, File: filepath.Join(vmDir, snapshot.FlatMemory), Base: cur.Base})
 }

@@ -78,8 +78,10 @@ type Spec struct {
 
 	// Restore is the VMM snapshot directory to restore; empty cold-boots Boot.
 	Restore string
-	// Memory returns the memory file to restore with ("": the snapshot's own).
-	Memory func(ctx context.Context) (string, error)
+	// Memory returns the memory file to restore with ("": the snapshot's
+	// own) and the sealed memory layers written over it before the guest
+	// runs (vmm.RestoreConfig.MemoryLayers).
+	Memory func(ctx context.Context) (file string, layers []string, err error)
 	// Boot configures a cold boot: kernel, initrd, sizes and the kernel
 	// command line before the network arguments (drives and NICs are added).
 	Boot *vmm.Config
@@ -112,9 +114,10 @@ type VM struct {
 	// ("" without an /init or when it reported none).
 	EnvdVersion string
 
-	deps  Deps
-	disk  Disk
-	group *cgroup.Group
+	deps      Deps
+	disk      Disk
+	group     *cgroup.Group
+	memLayers []string // written over Memory by the restore
 }
 
 // Start runs the stages; on failure nothing is left running or held.
@@ -149,7 +152,7 @@ func Start(ctx context.Context, deps Deps, spec Spec) (_ *VM, err error) {
 		return nil, err
 	}
 	if spec.Memory != nil {
-		if v.Memory, err = spec.Memory(ctx); err != nil {
+		if v.Memory, v.memLayers, err = spec.Memory(ctx); err != nil {
 			return nil, err
 		}
 		if err := stage("memory"); err != nil {
@@ -212,7 +215,7 @@ func (v *VM) vmm(ctx context.Context, spec Spec, drive vmm.Drive, tap *os.File) 
 	netns := v.Slot.NetNSPath()
 	if spec.Restore != "" {
 		m, err := v.deps.Driver.Restore(ctx, vmm.RestoreConfig{
-			ID: spec.ID, SnapshotDir: spec.Restore, MemoryFile: v.Memory, RunDir: spec.RunDir,
+			ID: spec.ID, SnapshotDir: spec.Restore, MemoryFile: v.Memory, MemoryLayers: v.memLayers, RunDir: spec.RunDir,
 			Drives: []vmm.Drive{drive}, NICs: []vmm.NIC{nic}, NetNS: netns,
 		})
 		if err != nil {

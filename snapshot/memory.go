@@ -14,7 +14,8 @@ import (
 // sealed base layer; a VM restored from a memory image maps its flattened
 // file privately, so the pages it writes are its own anonymous pages, and a
 // pause or snapshot captures exactly those as one more sealed layer next to
-// a VM state without RAM. The next restore maps the stack flattened once
+// a VM state without RAM. The next restore maps the base file with the
+// layers above it written in, or (without a base) the stack flattened once
 // into the snapshot's memory file, shared by every VM restored from it.
 // When the VMM cannot write state without RAM, or the VM was not restored
 // from a layered image, the VMM's own snapshot carries the memory whole and
@@ -22,9 +23,16 @@ import (
 
 // MemoryImage names a layered guest memory image: its sealed LSMT layers,
 // bottom first, and the file they flatten to, which VMs map privately.
+//
+// Base, when set, is a file equal to the bottom layer alone (the template's
+// memory file, immutable while the template lives). A restore may map it
+// and have the layers above written into the VM's private copy instead of
+// flattening the stack into File: the cost is the size of those layers, not
+// of guest RAM. For a running VM's image, File is the file it maps.
 type MemoryImage struct {
 	Layers []string `json:"layers,omitempty"`
 	File   string   `json:"file,omitempty"`
+	Base   string   `json:"base,omitempty"`
 }
 
 // Layered reports whether m names a layered image (else the VMM snapshot's

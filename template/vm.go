@@ -129,7 +129,10 @@ func (b *Builder) vmSpec(ctx context.Context, v *buildVM, t *Template, spec Buil
 	if src != nil {
 		v.logf("info", StepBase, "restoring template %s", src.ID)
 		vs.Restore = src.Snapshot
-		vs.Memory = func(ctx context.Context) (string, error) { return b.host.RestoreMemory(ctx, src.Snapshot) }
+		vs.Memory = func(ctx context.Context) (string, []string, error) {
+			file, err := b.host.RestoreMemory(ctx, src.Snapshot)
+			return file, nil, err
+		}
 		return vs, disk, nil
 	}
 	kernel, initrd := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.cpio")

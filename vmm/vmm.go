@@ -164,6 +164,11 @@ type RestoreConfig struct {
 	// directory holds no memory image: then its content must equal guest
 	// RAM at the time of that snapshot.
 	MemoryFile string
+	// MemoryLayers are sealed memory layers (vmm/memsnap) over MemoryFile,
+	// bottom first: they are written into the VM's private copy of
+	// MemoryFile before its state loads, so guest RAM is the flattened
+	// stack without a flattened file. Requires MemoryFile.
+	MemoryLayers []string
 	// Drives and NICs replace the snapshot's devices of the same ID (a new
 	// writable upper for the rootfs, a tap in a fresh network slot). The set
 	// of IDs must match the snapshot's.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -231,8 +232,11 @@ func BenchmarkPauseVsDirtied(b *testing.B) {
 	for range b.N {
 		fmt.Println()
 		var refPause, refResume time.Duration
+		var creates, resumes []time.Duration
 		for _, pct := range []int{0, 10, 50, 100} {
+			c0 := time.Now()
 			id := n.create(b, "base")
+			creates = append(creates, time.Since(c0))
 			written := 0
 			if pct > 0 {
 				written = n.fill(b, id, guestMiB*pct/100)
@@ -250,6 +254,7 @@ func BenchmarkPauseVsDirtied(b *testing.B) {
 			}
 			before := n.stageSums(b, "resume")
 			_, resume := n.expect(b, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", `{"timeout":600}`)
+			resumes = append(resumes, resume)
 			stages := stageMeans(before, n.stageSums(b, "resume"))
 			if written > 0 {
 				n.checkFill(b, id, written)
@@ -269,14 +274,27 @@ func BenchmarkPauseVsDirtied(b *testing.B) {
 			say("  pause %s (diff capture %s, flatten for resume %s) = %.2fx the ~0%% pause; host cp of %.1f MiB %s, cp+fsync %s: pause/cp+fsync %.1fx, capture/cp+fsync %.1fx",
 				ms(pause), ms(diff.dur("took")), ms(flatten), ratio(pause, refPause), mib(layer), ms(cp), ms(cpSync),
 				ratio(pause, cpSync), ratio(diff.dur("took"), cpSync))
+			floor := diff.dur("took") + cpSync
+			say("  pause %.2fx the memory diff capture + cp+fsync of the diff (%s; goal <= 1.5x)", ratio(pause, floor), ms(floor))
 			say("  pause steps: %s", steps)
 			say("  resume to ready %s = %.2fx the ~0%% resume (%s)", ms(resume), ratio(resume, refResume), stages)
 			tag := fmt.Sprintf("-%d%%", pct)
 			b.ReportMetric(pause.Seconds()*1000, "pause-ms"+tag)
 			b.ReportMetric(resume.Seconds()*1000, "resume-ms"+tag)
 			b.ReportMetric(ratio(pause, cpSync), "pause/cp"+tag)
+			b.ReportMetric(ratio(pause, floor), "pause/floor"+tag)
 		}
+		rp, cp := medianDur(resumes), medianDur(creates)
+		say("resume p50 %s vs create p50 %s (the same sandboxes' creates from the template): %.2fx (goal <= 1.2x)", ms(rp), ms(cp), ratio(rp, cp))
+		b.ReportMetric(ratio(rp, cp), "resume-p50/create-p50")
 	}
+}
+
+// medianDur is the median of d (the upper one of an even count).
+func medianDur(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 func ratio(a, b time.Duration) float64 {
@@ -384,8 +402,9 @@ func BenchmarkFork(b *testing.B) {
 			}
 			per := took / time.Duration(count)
 			steps := n.timeline(off, t0, src)
-			say("fork %2d: %s wall, %s per child = %.2fx one create (wall %.2fx); source memory diff %s, image flatten %s; children's create stages: %s",
-				count, ms(took), ms(per), ratio(per, create), ratio(took, create), ms(capture), ms(flatten), stages)
+			goal := map[int]string{1: "goal <= 1.5x", 10: "goal <= 0.5x per child"}[count]
+			say("fork %2d: %s wall, %s per child = %.2fx one create (%s; wall %.2fx); source memory diff %s, image flatten %s; children's create stages: %s",
+				count, ms(took), ms(per), ratio(per, create), goal, ratio(took, create), ms(capture), ms(flatten), stages)
 			say("  source steps: %s", steps)
 			b.ReportMetric(took.Seconds()*1000, fmt.Sprintf("fork%d-ms", count))
 			b.ReportMetric(ratio(per, create), fmt.Sprintf("fork%d-per-child/create", count))

@@ -8,8 +8,9 @@
 // process_vm_readv) into a sealed layer on top of the image's top layer;
 // ImportFull turns the shared RAM file of a freshly booted VM into a base
 // layer; Materialize flattens a stack of such layers back into a sparse file
-// for the next VM to map; Merge compacts a long chain. Layers are the
-// overlaybd LSMT format (storage/lsmt).
+// for the next VM to map, or WriteLayers writes the layers above a stack's
+// bottom file into a VMM that maps that file (no flattened copy); Merge
+// compacts a long chain. Layers are the overlaybd LSMT format (storage/lsmt).
 //
 // The cycle of a sandbox:
 //
@@ -18,6 +19,11 @@
 //	pause: CaptureDiff(pid, F0, L1, uuid(L0))   -> L1
 //	Materialize([L0, L1], F1); next VM maps F1 privately
 //	pause: CaptureDiff(pid, F1, L2, uuid(L1))   -> L2, and so on
+//
+// or, without flattened files (the base F0 mapped by every VM):
+//
+//	VM maps F0 privately; WriteLayers(pid, F0, [L1]) before it runs
+//	pause: CaptureDiff(pid, F0, L2, uuid(L1))   -> L2 (holds L1's pages too)
 //
 // Output files hold guest memory and are created 0600.
 package memsnap

@@ -20,8 +20,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"time"
 
 	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/vmm/memsnap"
 )
 
 // Options configure the driver.
@@ -136,6 +138,9 @@ func (d *Driver) Restore(ctx context.Context, rc vmm.RestoreConfig) (vmm.Machine
 		return nil, fmt.Errorf("restore %s: %w", rc.SnapshotDir, err)
 	}
 	mem := memorySource{path: rc.MemoryFile}
+	if mem.path == "" && len(rc.MemoryLayers) > 0 {
+		return nil, fmt.Errorf("restore %s: memory layers need the MemoryFile they lie on", rc.SnapshotDir)
+	}
 	if mem.path == "" {
 		if spec.NoMemory {
 			return nil, fmt.Errorf("restore %s: the snapshot holds no guest memory (SnapshotDevices): RestoreConfig.MemoryFile is required", rc.SnapshotDir)
@@ -160,11 +165,32 @@ func (d *Driver) Restore(ctx context.Context, rc vmm.RestoreConfig) (vmm.Machine
 	if err != nil {
 		return nil, fmt.Errorf("restore %s: %w", rc.ID, err)
 	}
+	// Before the state loads: devices read guest RAM as they load (virtio
+	// checks its rings), and it must be the guest's by then.
+	if err := m.writeMemoryLayers(ctx, rc.MemoryLayers); err != nil {
+		_ = m.Stop(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("restore %s from %s: %w", rc.ID, rc.SnapshotDir, err)
+	}
 	if err := m.loadState(ctx, stateFile, !rc.Paused); err != nil {
 		_ = m.Stop(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("restore %s from %s: %w", rc.ID, rc.SnapshotDir, err)
 	}
 	return m, nil
+}
+
+// writeMemoryLayers writes layers into the guest RAM of a machine that
+// waits for its incoming state (nothing else writes it then).
+func (m *machine) writeMemoryLayers(ctx context.Context, layers []string) error {
+	if len(layers) == 0 {
+		return nil
+	}
+	st, err := memsnap.WriteLayers(ctx, m.proc.Pid, m.mem.path, layers)
+	if err != nil {
+		return err
+	}
+	m.log.Info("memory layers written into guest RAM", "layers", len(layers), "pages", st.Pages,
+		"zero_pages", st.ZeroPages, "took", st.Took.Round(time.Millisecond))
+	return nil
 }
 
 // mergeDevices applies the restore's device overrides to the saved spec and

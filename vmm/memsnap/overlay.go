@@ -1,0 +1,196 @@
+package memsnap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentenv/agentenv/storage/lsmt"
+)
+
+// WriteLayers writes the memory that sealed layers (bottom to top) hold on
+// top of memFile into process pid's private mapping of memFile, so that
+// the mapping reads as the flattened stack of memFile and the layers. It
+// is the restore-side counterpart of CaptureDiff: instead of flattening a
+// stack into a new file for a VM to map (Materialize, a copy of all guest
+// RAM), a VMM maps the stack's bottom file and gets only the layers' pages
+// written into its copy-on-write mapping, before the guest runs.
+//
+// Data pages are written; zeroed extents (and zero pages) are written as
+// zeros only where memFile holds data, since a hole already reads as zero.
+// Every page that differs from memFile is then one of the process's own
+// (anonymous) pages, so a later CaptureDiff against memFile captures them
+// all again, with whatever the guest wrote since: stacked on these layers
+// it gives the guest's memory. The caller has stopped the process's
+// threads that use the mapping (a VMM that has not started its guest).
+func WriteLayers(ctx context.Context, pid int, memFile string, layers []string) (Stats, error) {
+	start := time.Now()
+	st, err := writeLayers(ctx, pid, memFile, layers)
+	st.Took = time.Since(start)
+	if err != nil {
+		return st, fmt.Errorf("write %d memory layers into pid %d's mapping of %s: %w", len(layers), pid, memFile, err)
+	}
+	slog.Debug("memsnap: wrote memory layers into a mapping", "pid", pid, "layers", len(layers),
+		"pages", st.Pages, "zero_pages", st.ZeroPages, "took", st.Took)
+	return st, nil
+}
+
+func writeLayers(ctx context.Context, pid int, memFile string, paths []string) (Stats, error) {
+	var st Stats
+	regions, err := FindRegions(pid, memFile)
+	if err != nil {
+		return st, err
+	}
+	stack, err := openStack(paths)
+	if err != nil {
+		return st, err
+	}
+	defer stack.Close()
+	base, err := os.Open(memFile)
+	if err != nil {
+		return st, err
+	}
+	defer base.Close()
+	rw := &remoteWriter{pid: pid, regions: regions}
+	w := &window{lowers: stack.Lowers(), buf: make([]byte, readBatch)}
+	size := stack.Size()
+	var segs []lsmt.Segment
+	for w0 := int64(0); w0 < size; w0 += int64(len(w.buf)) {
+		if err := ctx.Err(); err != nil {
+			return st, err
+		}
+		w1 := min(w0+int64(len(w.buf)), size)
+		s0 := uint64(w0) / lsmt.SectorSize
+		segs = stack.MergedIndex().Lookup(segs[:0], s0, (uint64(w1)+lsmt.SectorSize-1)/lsmt.SectorSize-s0)
+		if len(segs) == 0 {
+			continue
+		}
+		if err := w.fill(segs, w0, w1); err != nil {
+			return st, err
+		}
+		for _, s := range segs {
+			a, b := pieceSpan(s, w1)
+			if a >= b {
+				continue
+			}
+			if err := rw.piece(base, s.Zeroed, w.buf[a-w0:b-w0], a, &st); err != nil {
+				return st, err
+			}
+		}
+		// The window's buffer is reused by the next window.
+		if err := rw.flush(); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+// remoteWriter batches writes into another process's mapping of a file.
+type remoteWriter struct {
+	pid     int
+	regions []Region
+	local   []unix.Iovec
+	remote  []unix.RemoteIovec
+}
+
+// zeros is the source of zero writes (read only).
+var zeros = make([]byte, readBatch)
+
+// piece queues one piece of the stack at file offset off: b when data,
+// zeros of len(b) when zeroed and the base file holds data there.
+func (rw *remoteWriter) piece(base *os.File, zeroed bool, b []byte, off int64, st *Stats) error {
+	n := int64(len(b))
+	if zeroed {
+		if !hasData(base, off, n) {
+			return nil
+		}
+		st.ZeroPages += (n + psz() - 1) / psz()
+		for done := int64(0); done < n; done += int64(len(zeros)) {
+			if err := rw.add(zeros[:min(int64(len(zeros)), n-done)], off+done); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	st.Pages += (n + psz() - 1) / psz()
+	st.Bytes += n
+	return rw.add(b, off)
+}
+
+// hasData reports whether f may hold data in [off, off+n) (errors say yes:
+// writing zeros is always correct, only not always needed).
+func hasData(f *os.File, off, n int64) bool {
+	d, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+	if errors.Is(err, unix.ENXIO) {
+		return false
+	}
+	return err != nil || d < off+n
+}
+
+// add queues b for file offset off, split where the mapping's regions are.
+func (rw *remoteWriter) add(b []byte, off int64) error {
+	for len(b) > 0 {
+		r, ok := rw.regionAt(uint64(off))
+		if !ok {
+			return fmt.Errorf("offset %#x is outside the process's mapping", off)
+		}
+		n := min(uint64(len(b)), r.FileOffset+r.Size()-uint64(off))
+		rw.local = append(rw.local, unix.Iovec{Base: &b[0]})
+		rw.local[len(rw.local)-1].SetLen(int(n))
+		rw.remote = append(rw.remote, unix.RemoteIovec{Base: uintptr(r.Start + uint64(off) - r.FileOffset), Len: int(n)})
+		if len(rw.local) == maxIovecs {
+			if err := rw.flush(); err != nil {
+				return err
+			}
+		}
+		b, off = b[n:], off+int64(n)
+	}
+	return nil
+}
+
+func (rw *remoteWriter) regionAt(off uint64) (Region, bool) {
+	for _, r := range rw.regions {
+		if off >= r.FileOffset && off < r.FileOffset+r.Size() {
+			return r, true
+		}
+	}
+	return Region{}, false
+}
+
+// flush writes the queued pieces, continuing after partial transfers
+// (local and remote pieces pair up one to one, of equal lengths).
+func (rw *remoteWriter) flush() error {
+	local, remote := rw.local, rw.remote
+	rw.local, rw.remote = rw.local[:0], rw.remote[:0]
+	for len(remote) > 0 {
+		n, err := unix.ProcessVMWritev(rw.pid, local, remote, 0)
+		if errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("process_vm_writev: %w", ErrProcessGone)
+		}
+		if err != nil {
+			return fmt.Errorf("process_vm_writev at %#x: %w", remote[0].Base, err)
+		}
+		if n <= 0 {
+			return fmt.Errorf("process_vm_writev at %#x: no progress", remote[0].Base)
+		}
+		for n > 0 {
+			if n >= remote[0].Len {
+				n -= remote[0].Len
+				local, remote = local[1:], remote[1:]
+				continue
+			}
+			local[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(local[0].Base), n))
+			local[0].SetLen(int(local[0].Len) - n)
+			remote[0].Base += uintptr(n)
+			remote[0].Len -= n
+			n = 0
+		}
+	}
+	return nil
+}
