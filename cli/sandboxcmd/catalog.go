@@ -190,27 +190,36 @@ func clusterColumns(c *client.NodeCluster) []string {
 	return []string{state, strconv.Itoa(int(c.Bound)), c.APIURL}
 }
 
+// nodeCmd is `aenv node drain|undrain NODE_ID`: POST /nodes/{id}, which a
+// single aenvd answers for itself and a gateway for any node it places on.
 func nodeCmd() *cobra.Command {
-	root := &cobra.Command{Use: "node", Short: "Manage cluster nodes (through aenv-gateway)"}
-	var undo bool
-	drain := &cobra.Command{
-		Use:   "drain NAME",
-		Short: "Stop placing new sandboxes on a node (its sandboxes keep running); --undo clears it",
+	root := &cobra.Command{Use: "node", Short: "Drain and undrain a node (through aenv-gateway: any node of the cluster)"}
+	root.AddCommand(
+		nodeStatusCmd("drain", "draining", "Stop placing new sandboxes on a node (its sandboxes keep running)"),
+		nodeStatusCmd("undrain", "ready", "Let a drained node take new sandboxes again"))
+	return root
+}
+
+func nodeStatusCmd(use, status, short string) *cobra.Command {
+	return &cobra.Command{
+		Use:   use + " NODE_ID",
+		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := newClient()
 			if err != nil {
 				return err
 			}
-			n, err := c.Drain(cmd.Context(), args[0], !undo)
+			if err := c.SetNodeStatus(cmd.Context(), args[0], status); err != nil {
+				return err
+			}
+			n, err := c.Node(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "node %s: %s, draining %t\n", n.Name, n.State, n.Draining)
+			draining := n.Status == api.NodeStatusDraining || (n.Cluster != nil && n.Cluster.Draining)
+			fmt.Fprintf(cmd.OutOrStdout(), "node %s: %s, draining %t\n", n.NodeID, n.Status, draining)
 			return nil
 		},
 	}
-	drain.Flags().BoolVar(&undo, "undo", false, "clear the drain flag")
-	root.AddCommand(drain)
-	return root
 }

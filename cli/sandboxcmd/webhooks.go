@@ -103,27 +103,3 @@ func webhookTable(cmd *cobra.Command, hs []api.WebhookConfig) error {
 	}
 	return table(cmd.OutOrStdout(), []string{"WEBHOOK ID", "NAME", "URL", "ENABLED", "EVENTS"}, rows)
 }
-
-// drainCmd is `aenv drain NODE_ID [--undo]`: a draining node takes no new
-// sandboxes; --undo makes it ready again.
-func drainCmd() *cobra.Command {
-	var undo bool
-	cmd := &cobra.Command{
-		Use:   "drain NODE_ID",
-		Short: "Stop a node from taking new sandboxes (running ones keep running); --undo makes it ready",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
-			status := "draining"
-			if undo {
-				status = "ready"
-			}
-			return c.SetNodeStatus(cmd.Context(), args[0], status)
-		},
-	}
-	cmd.Flags().BoolVar(&undo, "undo", false, "make the node ready again")
-	return cmd
-}
