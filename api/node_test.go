@@ -8,28 +8,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/agentenv/agentenv/orchestrator"
-	"github.com/agentenv/agentenv/store"
 )
 
 // TestNodeStatusAndBuild: /nodes reports the build's commit and date and
 // the node's status as set by POST /nodes/{id}; a draining node refuses
 // creates and forks with 503 and takes them again once ready.
 func TestNodeStatusAndBuild(t *testing.T) {
-	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := NewHandler(Options{Orchestrator: o, APIKey: testKey, DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour,
-		Node: NodeInfo{ID: "node1", Version: "1.2.3", Commit: "abc123", Date: "2026-01-02T03:04:05Z"}})
+	opts := testOptions(t)
+	opts.Node = NodeInfo{ID: "node1", Version: "1.2.3", Commit: "abc123", Date: "2026-01-02T03:04:05Z"}
+	h := NewHandler(opts)
 	node := func() Node {
 		t.Helper()
 		w := do(h, "GET", "/nodes", testKey, "")
@@ -79,20 +66,9 @@ func TestNodeStatusAndBuild(t *testing.T) {
 // kept in the state directory, so a new handler (aenvd restarted) on the
 // same directory and store starts draining; ready is kept the same way.
 func TestNodeStatusSurvivesRestart(t *testing.T) {
-	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := func() http.Handler {
-		return NewHandler(Options{Orchestrator: o, Store: st, StateDir: dir, APIKey: testKey,
-			DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour, Node: NodeInfo{ID: "node1"}})
-	}
+	opts := testOptions(t)
+	opts.StateDir = t.TempDir()
+	start := func() http.Handler { return NewHandler(opts) }
 	status := func(h http.Handler) NodeStatus {
 		t.Helper()
 		w := do(h, "GET", "/nodes/node1", testKey, "")
