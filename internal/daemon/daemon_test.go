@@ -11,7 +11,9 @@ import (
 
 func TestParse(t *testing.T) {
 	var listen string
-	define := func(fs *flag.FlagSet) { fs.StringVar(&listen, "listen", EnvOr("AENV_DAEMON_TEST_LISTEN", "127.0.0.1:1"), "") }
+	define := func(fs *flag.FlagSet) {
+		fs.StringVar(&listen, "listen", EnvOr("AENV_DAEMON_TEST_LISTEN", "127.0.0.1:1"), "")
+	}
 
 	t.Setenv("AENV_DAEMON_TEST_LISTEN", "127.0.0.1:2")
 	var out bytes.Buffer
