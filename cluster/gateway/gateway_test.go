@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -23,11 +22,11 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/cluster/redistest"
+	"github.com/agentenv/agentenv/cluster/schedtest"
 	"github.com/agentenv/agentenv/cluster/scheduler"
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
 )
 
 // fakeNode stands in for aenvd: creates (or refuses them for capacity),
@@ -165,15 +164,7 @@ func newFixture(t *testing.T, names ...string) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	pb.RegisterSchedulerServer(srv, s)
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
-	conn, err := pb.Dial([]string{ln.Addr().String()})
+	conn, err := pb.Dial([]string{schedtest.Serve(t, s).Addr})
 	if err != nil {
 		t.Fatal(err)
 	}
