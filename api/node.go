@@ -42,7 +42,8 @@ func (s *Server) ListNodes(w http.ResponseWriter, r *http.Request) {
 
 // SetNodeStatus implements ServerInterface: draining refuses new
 // sandboxes (creates and forks answer 503) and keeps the running ones;
-// ready takes them again. The status lasts until aenvd restarts.
+// ready takes them again. The status is kept in Options.StateDir, so it
+// outlasts a restart of aenvd.
 func (s *Server) SetNodeStatus(w http.ResponseWriter, r *http.Request, nodeID string) {
 	if nodeID != s.opts.Node.ID {
 		writeError(w, http.StatusNotFound, "node "+nodeID+" not found")
@@ -52,15 +53,18 @@ func (s *Server) SetNodeStatus(w http.ResponseWriter, r *http.Request, nodeID st
 	if !decode(w, r, &req, true) {
 		return
 	}
-	switch req.Status {
-	case NodeStatusChangeStatusDraining:
-		s.draining.Store(true)
-	case NodeStatusChangeStatusReady:
-		s.draining.Store(false)
-	default:
+	if req.Status != NodeStatusChangeStatusDraining && req.Status != NodeStatusChangeStatusReady {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("status %q is not ready or draining", req.Status))
 		return
 	}
+	s.statusMu.Lock()
+	defer s.statusMu.Unlock()
+	if err := saveDraining(s.opts.StateDir, req.Status); err != nil {
+		s.log.Error("node status not changed", "status", req.Status, "err", err)
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	s.draining.Store(req.Status == NodeStatusChangeStatusDraining)
 	s.log.Info("node status changed", "status", req.Status)
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -2,31 +2,21 @@ package api
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
-	"time"
-
-	"github.com/agentenv/agentenv/orchestrator"
-	"github.com/agentenv/agentenv/store"
 )
 
 // TestNodeStatusAndBuild: /nodes reports the build's commit and date and
 // the node's status as set by POST /nodes/{id}; a draining node refuses
 // creates and forks with 503 and takes them again once ready.
 func TestNodeStatusAndBuild(t *testing.T) {
-	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := NewHandler(Options{Orchestrator: o, APIKey: testKey, DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour,
-		Node: NodeInfo{ID: "node1", Version: "1.2.3", Commit: "abc123", Date: "2026-01-02T03:04:05Z"}})
+	opts := testOptions(t)
+	opts.Node = NodeInfo{ID: "node1", Version: "1.2.3", Commit: "abc123", Date: "2026-01-02T03:04:05Z"}
+	h := NewHandler(opts)
 	node := func() Node {
 		t.Helper()
 		w := do(h, "GET", "/nodes", testKey, "")
@@ -69,5 +59,63 @@ func TestNodeStatusAndBuild(t *testing.T) {
 	set("sleeping", http.StatusBadRequest)
 	if w := do(h, "POST", "/nodes/other", testKey, `{"status":"draining"}`); w.Code != http.StatusNotFound {
 		t.Errorf("another node: %d, want 404", w.Code)
+	}
+}
+
+// TestNodeStatusSurvivesRestart: a drain set through POST /nodes/{id} is
+// kept in the state directory, so a new handler (aenvd restarted) on the
+// same directory and store starts draining; ready is kept the same way.
+func TestNodeStatusSurvivesRestart(t *testing.T) {
+	opts := testOptions(t)
+	opts.StateDir = t.TempDir()
+	start := func() http.Handler { return NewHandler(opts) }
+	status := func(h http.Handler) NodeStatus {
+		t.Helper()
+		w := do(h, "GET", "/nodes/node1", testKey, "")
+		var n Node
+		if err := json.Unmarshal(w.Body.Bytes(), &n); err != nil || w.Code != http.StatusOK {
+			t.Fatalf("GET /nodes/node1: %d %s", w.Code, w.Body)
+		}
+		return n.Status
+	}
+	h := start()
+	if s := status(h); s != NodeStatusReady {
+		t.Fatalf("a new node: %s, want ready", s)
+	}
+	if w := do(h, "POST", "/nodes/node1", testKey, `{"status":"draining"}`); w.Code != http.StatusNoContent {
+		t.Fatalf("drain: %d %s", w.Code, w.Body)
+	}
+	h = start()
+	if s := status(h); s != NodeStatusDraining {
+		t.Fatalf("after a restart of a drained node: %s, want draining", s)
+	}
+	if w := do(h, "POST", "/sandboxes", testKey, `{"templateID":"base"}`); w.Code != http.StatusServiceUnavailable {
+		t.Errorf("create after the restart: %d, want 503 (draining)", w.Code)
+	}
+	if w := do(h, "POST", "/nodes/node1", testKey, `{"status":"ready"}`); w.Code != http.StatusNoContent {
+		t.Fatalf("ready: %d %s", w.Code, w.Body)
+	}
+	if s := status(start()); s != NodeStatusReady {
+		t.Fatalf("after a restart of a node made ready: %s, want ready", s)
+	}
+}
+
+// TestNodeStatusFileDamaged: a status file that cannot be parsed (or is
+// not a status) starts the node draining rather than crashing or
+// silently putting it back into service.
+func TestNodeStatusFileDamaged(t *testing.T) {
+	for _, body := range []string{`{"status":`, `{"status":"sleeping"}`, strings.Repeat(" ", maxNodeStatusFile+1)} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, nodeStatusFile), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := loadDraining(dir); err == nil {
+			t.Errorf("loadDraining of %.20q: no error", body)
+		}
+		s := &Server{opts: Options{StateDir: dir}, log: slog.New(slog.NewTextHandler(t.Output(), nil))}
+		s.initDraining()
+		if !s.draining.Load() {
+			t.Errorf("a node started on the status file %.20q is not draining", body)
+		}
 	}
 }

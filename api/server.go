@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -50,8 +51,11 @@ type Options struct {
 	Webhooks *webhooks.Dispatcher
 	// Store keeps the API's own records (template attributes); nil keeps
 	// them in memory.
-	Store  *store.Store
-	Logger *slog.Logger
+	Store *store.Store
+	// StateDir is the node's state directory, where its status (draining
+	// or ready) is kept across restarts; empty keeps it in memory.
+	StateDir string
+	Logger   *slog.Logger
 }
 
 // Server implements ServerInterface over the orchestrator.
@@ -61,6 +65,7 @@ type Server struct {
 	log  *slog.Logger
 
 	draining atomic.Bool // POST /nodes/{id} {status: draining}
+	statusMu sync.Mutex  // orders status changes: the file and draining agree
 	attrs    attrStore   // templates' public flag (templateattrs.go)
 }
 
@@ -71,6 +76,7 @@ func NewHandler(opts Options) http.Handler {
 		opts.Logger = slog.Default()
 	}
 	s := &Server{o: opts.Orchestrator, opts: opts, log: opts.Logger.With("component", "api"), attrs: attrStore{st: opts.Store}}
+	s.initDraining()
 	router := chi.NewRouter()
 	router.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no route "+r.URL.Path)

@@ -26,6 +26,13 @@ const testKey = "e2b_0123456789abcdef0123456789abcdef01234567"
 // no VMM: every request is answered without starting a VM.
 func newTestHandler(t testing.TB) http.Handler {
 	t.Helper()
+	return NewHandler(testOptions(t))
+}
+
+// testOptions are a handler's options over a real store and an orchestrator
+// with no templates and no VMM, for node node1; tests add what they need.
+func testOptions(t testing.TB) Options {
+	t.Helper()
 	dir := t.TempDir()
 	st, err := store.Open(filepath.Join(dir, "state.db"))
 	if err != nil {
@@ -36,8 +43,8 @@ func newTestHandler(t testing.TB) http.Handler {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return NewHandler(Options{Orchestrator: o, APIKey: testKey, DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour,
-		Node: NodeInfo{ID: "node1"}})
+	return Options{Orchestrator: o, Store: st, APIKey: testKey, DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour,
+		Node: NodeInfo{ID: "node1"}}
 }
 
 func do(h http.Handler, method, path, key, body string) *httptest.ResponseRecorder {

@@ -3,33 +3,21 @@ package api
 import (
 	"encoding/json"
 	"net/http"
-	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/agentenv/agentenv/api/webhooks"
-	"github.com/agentenv/agentenv/orchestrator"
-	"github.com/agentenv/agentenv/store"
 )
 
 // TestWebhookRoutes: E2B's /events/webhooks CRUD over a real dispatcher
 // and store, with E2B's shapes and error bodies.
 func TestWebhookRoutes(t *testing.T) {
-	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
+	opts := testOptions(t)
+	d, err := webhooks.New(opts.Store, webhooks.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { st.Close() })
-	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := webhooks.New(st, webhooks.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := NewHandler(Options{Orchestrator: o, Store: st, Webhooks: d, APIKey: testKey, DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour})
+	opts.Webhooks = d
+	h := NewHandler(opts)
 	expect := func(method, path, body string, want int) []byte {
 		t.Helper()
 		w := do(h, method, path, testKey, body)
@@ -71,7 +59,8 @@ func TestWebhookRoutes(t *testing.T) {
 		t.Error("the dispatcher still holds the deleted webhook")
 	}
 	// Without a dispatcher the routes answer 404, not a panic.
-	bare := NewHandler(Options{Orchestrator: o, APIKey: testKey, DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour})
+	opts.Webhooks = nil
+	bare := NewHandler(opts)
 	if w := do(bare, "GET", "/events/webhooks", testKey, ""); w.Code != http.StatusNotFound {
 		t.Errorf("no dispatcher: %d", w.Code)
 	}

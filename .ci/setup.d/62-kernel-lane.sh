@@ -32,6 +32,7 @@ deb=$(ls "$tmp"/*.deb)
 sum=$(sha256sum "$deb" | cut -d' ' -f1)
 if [ ! -d "$cache/kernel/$sum" ]; then
   dpkg-deb -x "$deb" "$tmp/root"
+  basename "$deb" >"$tmp/root/package" # the exact build, as internal/kernelpkg records it
   mv "$tmp/root" "$cache/kernel/$sum"
 fi
 echo "$sum" >"$ref.tmp" && mv "$ref.tmp" "$ref"

@@ -154,10 +154,16 @@ func (c *Client) List(ctx context.Context, o ListOptions) ([]api.ListedSandbox, 
 	if o.PageSize > 0 {
 		q.Set("limit", fmt.Sprint(o.PageSize))
 	}
-	out := []api.ListedSandbox{}
+	return listAll[api.ListedSandbox](ctx, c, "list sandboxes", "/v2/sandboxes", q)
+}
+
+// listAll reads every page of a paginated list: each answer's X-Next-Token
+// asks for the next page, until there is none or a page is empty.
+func listAll[T any](ctx context.Context, c *Client, op, path string, q url.Values) ([]T, error) {
+	out := []T{}
 	for {
-		var page []api.ListedSandbox
-		h, _, err := c.do(ctx, "list sandboxes", "GET", withQuery("/v2/sandboxes", q), nil, &page)
+		var page []T
+		h, _, err := c.do(ctx, op, "GET", withQuery(path, q), nil, &page)
 		if err != nil {
 			return nil, err
 		}
@@ -251,20 +257,7 @@ func (c *Client) ListSnapshots(ctx context.Context, sandboxID string) ([]Snapsho
 	if sandboxID != "" {
 		q.Set("sandboxID", sandboxID)
 	}
-	out := []Snapshot{}
-	for {
-		var page []Snapshot
-		h, _, err := c.do(ctx, "list snapshots", "GET", withQuery("/snapshots", q), nil, &page)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, page...)
-		next := h.Get("X-Next-Token")
-		if next == "" || len(page) == 0 {
-			return out, nil
-		}
-		q.Set("nextToken", next)
-	}
+	return listAll[Snapshot](ctx, c, "list snapshots", "/snapshots", q)
 }
 
 // Templates lists the templates: GET /v2/templates (every template with its

@@ -34,14 +34,18 @@ func (c *Client) ClusterNodes(ctx context.Context) ([]ClusterNode, error) {
 	return out, err
 }
 
-// Drain sets (or with drain false clears) a cluster node's drain flag
-// through the gateway: placement sends it no new sandbox.
-func (c *Client) Drain(ctx context.Context, name string, drain bool) (NodeCluster, error) {
-	method := "POST"
-	if !drain {
-		method = "DELETE"
-	}
-	var out NodeCluster
-	_, _, err := c.do(ctx, "drain node "+name, method, "/nodes/"+url.PathEscape(name)+"/drain", nil, &out)
+// Node reads one node with its cluster view (nil on a single node).
+func (c *Client) Node(ctx context.Context, id string) (ClusterNode, error) {
+	var out ClusterNode
+	_, _, err := c.do(ctx, "get node "+id, "GET", "/nodes/"+url.PathEscape(id), nil, &out)
 	return out, err
+}
+
+// SetNodeStatus drains a node ("draining") or makes it ready ("ready"). A
+// single aenvd refuses creates while draining; a gateway stops placing
+// sandboxes on the node. Either way its sandboxes keep running.
+func (c *Client) SetNodeStatus(ctx context.Context, id, status string) error {
+	_, _, err := c.do(ctx, "set status of node "+id, "POST", "/nodes/"+url.PathEscape(id),
+		api.NodeStatusChange{Status: api.NodeStatusChangeStatus(status)}, nil)
+	return err
 }

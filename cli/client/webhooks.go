@@ -26,10 +26,3 @@ func (c *Client) DeleteWebhook(ctx context.Context, id string) error {
 	_, _, err := c.do(ctx, "delete webhook "+id, "DELETE", "/events/webhooks/"+url.PathEscape(id), nil, nil)
 	return err
 }
-
-// SetNodeStatus drains a node ("draining") or makes it ready ("ready").
-func (c *Client) SetNodeStatus(ctx context.Context, node, status string) error {
-	_, _, err := c.do(ctx, "set status of node "+node, "POST", "/nodes/"+url.PathEscape(node),
-		api.NodeStatusChange{Status: api.NodeStatusChangeStatus(status)}, nil)
-	return err
-}

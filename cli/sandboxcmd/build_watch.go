@@ -14,16 +14,9 @@ func templateWatchCmd() *cobra.Command {
 		Use:   "watch TEMPLATE_ID BUILD_ID",
 		Short: "Follow a template build's log until it is ready or fails",
 		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.validate(); err != nil {
-				return err
-			}
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(&o, func(cmd *cobra.Command, args []string, c *client.Client) error {
 			return finishBuild(cmd, c, client.BuildRef{TemplateID: args[0], BuildID: args[1]}, "", poll, &o)
-		},
+		}),
 	}
 	cmd.Flags().DurationVar(&poll, "poll", time.Second, "status poll interval")
 	o.register(cmd)

@@ -20,14 +20,7 @@ func snapshotCmd() *cobra.Command {
 		Use:   "create SANDBOX_ID",
 		Short: "Snapshot a sandbox (it keeps running)",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := co.validate(); err != nil {
-				return err
-			}
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(&co, func(cmd *cobra.Command, args []string, c *client.Client) error {
 			s, err := c.CreateSnapshot(cmd.Context(), args[0], name)
 			if errors.Is(err, client.ErrUnsupported) {
 				return fmt.Errorf("%w: this aenvd has no snapshots yet", err)
@@ -39,7 +32,7 @@ func snapshotCmd() *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), s)
 			}
 			return table(cmd.OutOrStdout(), []string{"SNAPSHOT ID", "NAMES"}, [][]string{{s.SnapshotID, orDash(strings.Join(s.Names, ","))}})
-		},
+		}),
 	}
 	create.Flags().StringVar(&name, "name", "", "name of the snapshot")
 	co.register(create)
@@ -48,14 +41,7 @@ func snapshotCmd() *cobra.Command {
 		Use:   "list",
 		Short: "List snapshots",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := lo.validate(); err != nil {
-				return err
-			}
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(&lo, func(cmd *cobra.Command, _ []string, c *client.Client) error {
 			snaps, err := c.ListSnapshots(cmd.Context(), sbx)
 			if errors.Is(err, client.ErrUnsupported) {
 				return fmt.Errorf("%w: this aenvd has no snapshots yet", err)
@@ -66,7 +52,7 @@ func snapshotCmd() *cobra.Command {
 			return printList(cmd.OutOrStdout(), &lo, snaps, []string{"SNAPSHOT ID", "SANDBOX ID", "NAMES", "LIVES"}, func(s client.Snapshot) []string {
 				return []string{s.SnapshotID, orDash(s.SandboxID), orDash(strings.Join(s.Names, ",")), lives(s)}
 			})
-		},
+		}),
 	}
 	list.Flags().StringVar(&sbx, "sandbox", "", "only snapshots of this sandbox")
 	lo.register(list)
@@ -82,14 +68,7 @@ func templateCmd() *cobra.Command {
 		Aliases: []string{"ls"},
 		Short:   "List templates",
 		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := o.validate(); err != nil {
-				return err
-			}
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(&o, func(cmd *cobra.Command, _ []string, c *client.Client) error {
 			ts, err := c.Templates(cmd.Context())
 			if err != nil {
 				return err
@@ -99,18 +78,14 @@ func templateCmd() *cobra.Command {
 				return []string{t.TemplateID, orDash(strings.Join(t.Aliases, ",")), string(t.BuildStatus),
 					strconv.Itoa(int(t.CpuCount)), strconv.Itoa(int(t.MemoryMB)), t.EnvdVersion, when(t.CreatedAt)}
 			})
-		},
+		}),
 	}
 	o.register(list)
 	rm := &cobra.Command{
 		Use:   "rm TEMPLATE_ID...",
 		Short: "Remove templates",
 		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(nil, func(cmd *cobra.Command, args []string, c *client.Client) error {
 			for _, id := range args {
 				err := c.DeleteTemplate(cmd.Context(), id)
 				if errors.Is(err, client.ErrUnsupported) {
@@ -122,7 +97,7 @@ func templateCmd() *cobra.Command {
 				fmt.Fprintln(cmd.OutOrStdout(), "Removed template", id)
 			}
 			return nil
-		},
+		}),
 	}
 	root.AddCommand(list, rm, templateBuildCmd(), templateWatchCmd())
 	return root
@@ -134,14 +109,7 @@ func nodesCmd() *cobra.Command {
 		Use:   "nodes",
 		Short: "List the nodes and their load (through a gateway: every node of the cluster)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := o.validate(); err != nil {
-				return err
-			}
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(&o, func(cmd *cobra.Command, _ []string, c *client.Client) error {
 			ns, err := c.ClusterNodes(cmd.Context())
 			if err != nil {
 				return err
@@ -160,7 +128,7 @@ func nodesCmd() *cobra.Command {
 				}
 				return row
 			})
-		},
+		}),
 	}
 	o.register(cmd)
 	return cmd
@@ -190,27 +158,32 @@ func clusterColumns(c *client.NodeCluster) []string {
 	return []string{state, strconv.Itoa(int(c.Bound)), c.APIURL}
 }
 
+// nodeCmd is `aenv node drain|undrain NODE_ID`: POST /nodes/{id}, which a
+// single aenvd answers for itself and a gateway for any node it places on.
 func nodeCmd() *cobra.Command {
-	root := &cobra.Command{Use: "node", Short: "Manage cluster nodes (through aenv-gateway)"}
-	var undo bool
-	drain := &cobra.Command{
-		Use:   "drain NAME",
-		Short: "Stop placing new sandboxes on a node (its sandboxes keep running); --undo clears it",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
-			n, err := c.Drain(cmd.Context(), args[0], !undo)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "node %s: %s, draining %t\n", n.Name, n.State, n.Draining)
-			return nil
-		},
-	}
-	drain.Flags().BoolVar(&undo, "undo", false, "clear the drain flag")
-	root.AddCommand(drain)
+	root := &cobra.Command{Use: "node", Short: "Drain and undrain a node (through aenv-gateway: any node of the cluster)"}
+	root.AddCommand(
+		nodeStatusCmd("drain", "draining", "Stop placing new sandboxes on a node (its sandboxes keep running)"),
+		nodeStatusCmd("undrain", "ready", "Let a drained node take new sandboxes again"))
 	return root
+}
+
+func nodeStatusCmd(use, status, short string) *cobra.Command {
+	return &cobra.Command{
+		Use:   use + " NODE_ID",
+		Short: short,
+		Args:  cobra.ExactArgs(1),
+		RunE: withClient(nil, func(cmd *cobra.Command, args []string, c *client.Client) error {
+			if err := c.SetNodeStatus(cmd.Context(), args[0], status); err != nil {
+				return err
+			}
+			n, err := c.Node(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			draining := n.Status == api.NodeStatusDraining || (n.Cluster != nil && n.Cluster.Draining)
+			fmt.Fprintf(cmd.OutOrStdout(), "node %s: %s, draining %t\n", n.NodeID, n.Status, draining)
+			return nil
+		}),
+	}
 }

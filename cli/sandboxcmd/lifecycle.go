@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/agentenv/agentenv/cli/client"
 	"github.com/spf13/cobra"
 )
 
@@ -16,11 +17,7 @@ func pauseCmd() *cobra.Command {
 		Use:   "pause SANDBOX_ID...",
 		Short: "Pause sandboxes (snapshot memory and disk, free the VM)",
 		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(nil, func(cmd *cobra.Command, args []string, c *client.Client) error {
 			for _, id := range args {
 				if err := c.Pause(cmd.Context(), id); err != nil {
 					return err
@@ -28,7 +25,7 @@ func pauseCmd() *cobra.Command {
 				fmt.Fprintln(cmd.OutOrStdout(), "Paused", id)
 			}
 			return nil
-		},
+		}),
 	}
 }
 
@@ -72,11 +69,7 @@ func rmCmd() *cobra.Command {
 		Aliases: []string{"kill"},
 		Short:   "Remove sandboxes",
 		Args:    cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(nil, func(cmd *cobra.Command, args []string, c *client.Client) error {
 			var errs []error
 			for _, id := range args {
 				if err := c.Kill(cmd.Context(), id); err != nil {
@@ -86,7 +79,7 @@ func rmCmd() *cobra.Command {
 				fmt.Fprintln(cmd.OutOrStdout(), "Removed", id)
 			}
 			return errors.Join(errs...)
-		},
+		}),
 	}
 }
 

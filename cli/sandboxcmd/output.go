@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/agentenv/agentenv/cli/client"
 	"github.com/spf13/cobra"
 )
 
@@ -81,4 +82,22 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// withClient is the prologue of every command that talks to aenvd: its
+// --output flag checked (o is nil for a command without one) and a client
+// made from the saved configuration, then run.
+func withClient(o *output, run func(cmd *cobra.Command, args []string, c *client.Client) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		if o != nil {
+			if err := o.validate(); err != nil {
+				return err
+			}
+		}
+		c, err := newClient()
+		if err != nil {
+			return err
+		}
+		return run(cmd, args, c)
+	}
 }

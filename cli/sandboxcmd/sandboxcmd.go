@@ -31,7 +31,7 @@ func Commands() []*cobra.Command {
 	return []*cobra.Command{
 		authCmd(), startCmd(), execCmd(), connectCmd(), uploadCmd(), downloadCmd(),
 		pauseCmd(), resumeCmd(), forkCmd(), listCmd(), rmCmd(), timeoutCmd(),
-		snapshotCmd(), templateCmd(), nodesCmd(), nodeCmd(), webhookCmd(), drainCmd(),
+		snapshotCmd(), templateCmd(), nodesCmd(), nodeCmd(), webhookCmd(),
 	}
 }
 

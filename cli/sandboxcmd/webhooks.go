@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/cli/client"
 	"github.com/spf13/cobra"
 )
 
@@ -18,14 +19,7 @@ func webhookCmd() *cobra.Command {
 		Use:   "create URL",
 		Short: "Register a webhook for sandbox lifecycle events",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := co.validate(); err != nil {
-				return err
-			}
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(&co, func(cmd *cobra.Command, args []string, c *client.Client) error {
 			req := api.WebhookCreate{Url: args[0], Events: events}
 			if name != "" {
 				req.Name = &name
@@ -40,8 +34,8 @@ func webhookCmd() *cobra.Command {
 			if co.json() {
 				return printJSON(cmd.OutOrStdout(), h)
 			}
-			return webhookTable(cmd, []api.WebhookConfig{h})
-		},
+			return table(cmd.OutOrStdout(), webhookHeader, [][]string{webhookRow(h)})
+		}),
 	}
 	create.Flags().StringVar(&name, "name", "", "name of the webhook")
 	create.Flags().StringVar(&secret, "secret", "", "signature secret (deliveries carry e2b-signature)")
@@ -52,78 +46,38 @@ func webhookCmd() *cobra.Command {
 		Use:   "list",
 		Short: "List the webhooks",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := lo.validate(); err != nil {
-				return err
-			}
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(&lo, func(cmd *cobra.Command, _ []string, c *client.Client) error {
 			hs, err := c.Webhooks(cmd.Context())
 			if err != nil {
 				return err
 			}
-			if lo.json() {
-				return printJSON(cmd.OutOrStdout(), hs)
-			}
-			return webhookTable(cmd, hs)
-		},
+			return printList(cmd.OutOrStdout(), &lo, hs, webhookHeader, webhookRow)
+		}),
 	}
 	lo.register(list)
 	rm := &cobra.Command{
 		Use:   "rm WEBHOOK_ID...",
 		Short: "Remove webhooks (their pending deliveries are dropped)",
 		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
+		RunE: withClient(nil, func(cmd *cobra.Command, args []string, c *client.Client) error {
 			for _, id := range args {
 				if err := c.DeleteWebhook(cmd.Context(), id); err != nil {
 					return err
 				}
 			}
 			return nil
-		},
+		}),
 	}
 	root.AddCommand(create, list, rm)
 	return root
 }
 
-func webhookTable(cmd *cobra.Command, hs []api.WebhookConfig) error {
-	rows := make([][]string, 0, len(hs))
-	for _, h := range hs {
-		enabled := "yes"
-		if !h.Enabled {
-			enabled = "no"
-		}
-		rows = append(rows, []string{h.Id, orDash(h.Name), h.Url, enabled, strings.Join(h.Events, ",")})
-	}
-	return table(cmd.OutOrStdout(), []string{"WEBHOOK ID", "NAME", "URL", "ENABLED", "EVENTS"}, rows)
-}
+var webhookHeader = []string{"WEBHOOK ID", "NAME", "URL", "ENABLED", "EVENTS"}
 
-// drainCmd is `aenv drain NODE_ID [--undo]`: a draining node takes no new
-// sandboxes; --undo makes it ready again.
-func drainCmd() *cobra.Command {
-	var undo bool
-	cmd := &cobra.Command{
-		Use:   "drain NODE_ID",
-		Short: "Stop a node from taking new sandboxes (running ones keep running); --undo makes it ready",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newClient()
-			if err != nil {
-				return err
-			}
-			status := "draining"
-			if undo {
-				status = "ready"
-			}
-			return c.SetNodeStatus(cmd.Context(), args[0], status)
-		},
+func webhookRow(h api.WebhookConfig) []string {
+	enabled := "yes"
+	if !h.Enabled {
+		enabled = "no"
 	}
-	cmd.Flags().BoolVar(&undo, "undo", false, "make the node ready again")
-	return cmd
+	return []string{h.Id, orDash(h.Name), h.Url, enabled, strings.Join(h.Events, ",")}
 }

@@ -68,7 +68,7 @@ func TestWebhookCommands(t *testing.T) {
 	}
 }
 
-func TestDrainCommand(t *testing.T) {
+func TestNodeDrainCommands(t *testing.T) {
 	realNode(t)
 	status := func() string {
 		out, err := run("nodes", "-o", "json")
@@ -78,13 +78,16 @@ func TestDrainCommand(t *testing.T) {
 		}
 		return string(ns[0].Status)
 	}
-	if _, err := run("drain", "node1"); err != nil || status() != "draining" {
-		t.Fatalf("drain: %v, status %s", err, status())
+	if out, err := run("node", "drain", "node1"); err != nil || status() != "draining" || !strings.Contains(out, "draining true") {
+		t.Fatalf("node drain: %v, status %s\n%s", err, status(), out)
 	}
-	if _, err := run("drain", "node1", "--undo"); err != nil || status() != "ready" {
-		t.Fatalf("drain --undo: %v, status %s", err, status())
+	if out, err := run("node", "undrain", "node1"); err != nil || status() != "ready" || !strings.Contains(out, "draining false") {
+		t.Fatalf("node undrain: %v, status %s\n%s", err, status(), out)
 	}
-	if _, err := run("drain", "other"); err == nil {
+	if _, err := run("node", "drain", "other"); err == nil {
 		t.Error("draining an unknown node succeeded")
+	}
+	if _, err := run("drain", "node1"); err == nil {
+		t.Error("`aenv drain` still exists beside `aenv node drain`")
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -23,11 +22,11 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/cluster/redistest"
+	"github.com/agentenv/agentenv/cluster/schedtest"
 	"github.com/agentenv/agentenv/cluster/scheduler"
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
 )
 
 // fakeNode stands in for aenvd: creates (or refuses them for capacity),
@@ -71,6 +70,8 @@ func (f *fakeNode) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusCreated, map[string]string{"sandboxID": id, "templateID": "base"})
 	case r.URL.Path == "/v2/sandboxes":
 		f.list(w, r)
+	case r.Method == "GET" && r.URL.Path == "/nodes":
+		writeJSON(w, http.StatusOK, []map[string]string{{"nodeID": f.name, "status": "ready"}})
 	case r.Method == "GET" && r.URL.Path == "/sandboxes":
 		f.mu.Lock()
 		out := []map[string]string{}
@@ -163,15 +164,7 @@ func newFixture(t *testing.T, names ...string) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	pb.RegisterSchedulerServer(srv, s)
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
-	conn, err := pb.Dial([]string{ln.Addr().String()})
+	conn, err := pb.Dial([]string{schedtest.Serve(t, s).Addr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,5 +373,46 @@ func TestTemplateCallsReachTheirNode(t *testing.T) {
 	}
 	if code, _, _ := fx.do(t, "PUT", "/templates/nope/files/abc", "", "x"); code != http.StatusNotFound {
 		t.Fatalf("upload to an unknown template: %d, want 404", code)
+	}
+}
+
+// TestNodeStatusSetsDrain: POST /nodes/{name} {status} (the request aenvd
+// answers for itself) sets and clears the scheduler's drain flag.
+func TestNodeStatusSetsDrain(t *testing.T) {
+	fx := newFixture(t, "n1", "n2")
+	draining := func() bool {
+		t.Helper()
+		code, b, _ := fx.do(t, "GET", "/nodes/n1", "", "")
+		var n struct {
+			Status  string      `json:"status"`
+			Cluster ClusterInfo `json:"cluster"`
+		}
+		if code != http.StatusOK || json.Unmarshal(b, &n) != nil {
+			t.Fatalf("GET /nodes/n1: %d %s", code, b)
+		}
+		if (n.Status == "draining") != n.Cluster.Draining {
+			t.Fatalf("GET /nodes/n1: status %s, cluster draining %t", n.Status, n.Cluster.Draining)
+		}
+		return n.Cluster.Draining
+	}
+	if code, b, _ := fx.do(t, "POST", "/nodes/n1", "", `{"status":"draining"}`); code != http.StatusNoContent || !draining() {
+		t.Fatalf("drain n1: %d %s", code, b)
+	}
+	if code, b, _ := fx.do(t, "POST", "/nodes/n1", "", `{"status":"ready"}`); code != http.StatusNoContent || draining() {
+		t.Fatalf("ready n1: %d %s", code, b)
+	}
+	for _, c := range []struct{ path, body string }{
+		{"/nodes/n1", `{"status":"gone"}`},
+		{"/nodes/n1", `{"status":`},
+	} {
+		if code, b, _ := fx.do(t, "POST", c.path, "", c.body); code != http.StatusBadRequest {
+			t.Errorf("POST %s %s: %d %s, want 400", c.path, c.body, code, b)
+		}
+	}
+	if code, b, _ := fx.do(t, "POST", "/nodes/nope", "", `{"status":"draining"}`); code != http.StatusNotFound {
+		t.Errorf("drain of an unknown node: %d %s, want 404", code, b)
+	}
+	if code, _, _ := fx.do(t, "POST", "/nodes/n1/drain", "", ""); code != http.StatusNotFound {
+		t.Errorf("POST /nodes/n1/drain: %d, want 404 (the status change is POST /nodes/{name})", code)
 	}
 }

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -71,48 +72,77 @@ func (g *Gateway) nodes(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// node is GET /nodes/{name} and POST or DELETE /nodes/{name}/drain (set or
-// clear the drain flag). Drain is authorized by the nodes: the caller's
-// credentials must be accepted by a live node's GET /nodes.
+// node is GET /nodes/{name} and POST /nodes/{name} {"status": "draining"
+// or "ready"}: the request aenvd answers for itself, here setting or
+// clearing the scheduler's drain flag so that placement sends the node no
+// new sandbox. Drain is authorized by the nodes: the caller's credentials
+// must be accepted by a live node's GET /nodes.
 func (g *Gateway) node(w http.ResponseWriter, r *http.Request) {
-	rest := strings.TrimPrefix(r.URL.Path, "/nodes/")
-	name, action, _ := strings.Cut(rest, "/")
+	name := strings.TrimPrefix(r.URL.Path, "/nodes/")
 	switch {
-	case action == "" && r.Method == http.MethodGet:
-		r.URL.Path = "/nodes"
-		rw := &captureWriter{header: http.Header{}}
-		g.nodes(rw, r)
-		if rw.status != http.StatusOK {
-			w.WriteHeader(rw.status)
-			_, _ = w.Write(rw.body)
-			return
-		}
-		var list []map[string]any
-		_ = json.Unmarshal(rw.body, &list)
-		for _, m := range list {
-			if m["nodeID"] == name {
-				writeJSON(w, http.StatusOK, m)
-				return
-			}
-		}
-		writeError(w, http.StatusNotFound, "node "+name+" not found")
-	case action == "drain" && (r.Method == http.MethodPost || r.Method == http.MethodDelete):
-		if !g.authorized(w, r) {
-			return
-		}
-		resp, err := g.sched.Drain(r.Context(), &pb.DrainRequest{Name: name, Draining: r.Method == http.MethodPost})
-		if status.Code(err) == codes.NotFound {
-			writeError(w, http.StatusNotFound, "node "+name+" not found")
-			return
-		}
-		if err != nil {
-			writeError(w, http.StatusServiceUnavailable, "scheduler: "+status.Convert(err).Message())
-			return
-		}
-		writeJSON(w, http.StatusOK, clusterInfo(resp.GetNode()))
+	case strings.Contains(name, "/"):
+		writeError(w, http.StatusNotFound, "no route for "+r.Method+" "+r.URL.Path)
+	case r.Method == http.MethodGet:
+		g.getNode(w, r, name)
+	case r.Method == http.MethodPost:
+		g.setNodeStatus(w, r, name)
 	default:
 		writeError(w, http.StatusNotFound, "no route for "+r.Method+" "+r.URL.Path)
 	}
+}
+
+func (g *Gateway) getNode(w http.ResponseWriter, r *http.Request, name string) {
+	r.URL.Path = "/nodes"
+	rw := &captureWriter{header: http.Header{}}
+	g.nodes(rw, r)
+	if rw.status != http.StatusOK {
+		w.WriteHeader(rw.status)
+		_, _ = w.Write(rw.body)
+		return
+	}
+	var list []map[string]any
+	_ = json.Unmarshal(rw.body, &list)
+	for _, m := range list {
+		if m["nodeID"] == name {
+			writeJSON(w, http.StatusOK, m)
+			return
+		}
+	}
+	writeError(w, http.StatusNotFound, "node "+name+" not found")
+}
+
+// nodeStatusChange is the body of POST /nodes/{name}, as aenvd reads it.
+type nodeStatusChange struct {
+	Status string `json:"status"`
+}
+
+func (g *Gateway) setNodeStatus(w http.ResponseWriter, r *http.Request, name string) {
+	if !g.authorized(w, r) {
+		return
+	}
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	var req nodeStatusChange
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, http.StatusBadRequest, "node status change: "+err.Error())
+		return
+	}
+	if req.Status != "draining" && req.Status != "ready" {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("status %q is not ready or draining", req.Status))
+		return
+	}
+	_, err := g.sched.Drain(r.Context(), &pb.DrainRequest{Name: name, Draining: req.Status == "draining"})
+	if status.Code(err) == codes.NotFound {
+		writeError(w, http.StatusNotFound, "node "+name+" not found")
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "scheduler: "+status.Convert(err).Message())
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // authorized checks the caller's credentials against a live node.

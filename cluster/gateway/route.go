@@ -142,16 +142,24 @@ func (g *Gateway) failLookup(w http.ResponseWriter, id string, err error) {
 
 // toSandboxNode forwards a request to the node holding id.
 func (g *Gateway) toSandboxNode(w http.ResponseWriter, r *http.Request, id string) {
+	if u, ok := g.locate(w, r, id); ok {
+		g.forward(w, r, u, id)
+	}
+}
+
+// locate finds the node of sandbox id, answering the request itself (bad
+// id, unknown sandbox, scheduler down) when it cannot.
+func (g *Gateway) locate(w http.ResponseWriter, r *http.Request, id string) (*url.URL, bool) {
 	if !validID(id) {
 		writeError(w, http.StatusBadRequest, "invalid sandbox id")
-		return
+		return nil, false
 	}
 	u, err := g.nodeOf(r.Context(), id)
 	if err != nil {
 		g.failLookup(w, id, err)
-		return
+		return nil, false
 	}
-	g.forward(w, r, u, id)
+	return u, true
 }
 
 // forward proxies r to the node at u; a 502 (the node lost the sandbox)
@@ -168,13 +176,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, u *url.URL, id
 // after a successful kill and binding fork children.
 func (g *Gateway) sandboxCall(w http.ResponseWriter, r *http.Request) {
 	id := sandboxOfPath(r.URL.Path)
-	if !validID(id) {
-		writeError(w, http.StatusBadRequest, "invalid sandbox id")
-		return
-	}
-	u, err := g.nodeOf(r.Context(), id)
-	if err != nil {
-		g.failLookup(w, id, err)
+	u, ok := g.locate(w, r, id)
+	if !ok {
 		return
 	}
 	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/fork") {

@@ -9,11 +9,10 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/cluster/redistest"
+	"github.com/agentenv/agentenv/cluster/schedtest"
 	"github.com/agentenv/agentenv/cluster/scheduler"
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // fixedSource reports a set usage (the node side of the interface; aenvd's
@@ -34,14 +33,7 @@ func TestAgentRegistersHeartbeatsUnregisters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	pb.RegisterSchedulerServer(srv, s)
-	go func() { _ = srv.Serve(ln) }()
-	defer srv.Stop()
+	served := schedtest.Serve(t, s)
 	dead, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +42,7 @@ func TestAgentRegistersHeartbeatsUnregisters(t *testing.T) {
 	dead.Close() // nothing listens: the agent must move on
 
 	src := &fixedSource{u: Usage{CPUs: 8, FreeCPUs: 8, MemoryMB: 4096, FreeMemoryMB: 3000}}
-	a, err := New(Options{Schedulers: []string{deadAddr, ln.Addr().String()}, Name: "n1", APIURL: "http://127.0.0.1:1",
+	a, err := New(Options{Schedulers: []string{deadAddr, served.Addr}, Name: "n1", APIURL: "http://127.0.0.1:1",
 		VMM: "qemu", Source: src, Logger: log, RetryInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -60,12 +52,7 @@ func TestAgentRegistersHeartbeatsUnregisters(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 
-	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	c := pb.NewSchedulerClient(cc)
+	c := served.Client
 	until := func(what string, ok func(*pb.ListNodesResponse) bool) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)

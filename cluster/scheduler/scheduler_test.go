@@ -4,18 +4,17 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/agentenv/agentenv/cluster/redistest"
+	"github.com/agentenv/agentenv/cluster/schedtest"
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -56,20 +55,8 @@ func startReplica(t *testing.T, rs *redistest.Server, id string, clk *clock, mod
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	pb.RegisterSchedulerServer(srv, s)
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
-	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cc.Close() })
-	return &replica{s: s, srv: srv, client: pb.NewSchedulerClient(cc)}
+	served := schedtest.Serve(t, s)
+	return &replica{s: s, srv: served.GRPC, client: served.Client}
 }
 
 func status0(name string, cpus int32, freeMem int64, roster ...string) *pb.NodeStatus {

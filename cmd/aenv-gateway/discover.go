@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentenv/agentenv/cluster/discovery"
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
+	"github.com/agentenv/agentenv/internal/daemon"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -15,7 +16,7 @@ import (
 // of --schedulers-service as they change; stop ends the watch.
 func dialSchedulers(ctx context.Context, f flags, log *slog.Logger) (*pb.Conn, func(), error) {
 	if f.k8sService == "" {
-		conn, err := pb.Dial(splitList(f.schedulers))
+		conn, err := pb.Dial(daemon.SplitList(f.schedulers))
 		return conn, func() {}, err
 	}
 	ns, name, err := discovery.ParseService(f.k8sService)

@@ -6,19 +6,16 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/agentenv/agentenv/cluster/gateway"
+	"github.com/agentenv/agentenv/internal/daemon"
 	"github.com/agentenv/agentenv/internal/version"
 )
 
@@ -29,60 +26,19 @@ type flags struct {
 	lookupTTL                  time.Duration
 }
 
-func parseFlags(args []string) (flags, error) {
-	var f flags
-	fs := flag.NewFlagSet("aenv-gateway", flag.ContinueOnError)
-	fs.StringVar(&f.listen, "listen", envOr("AENV_GATEWAY_LISTEN", "127.0.0.1:3000"), "HTTP listen address")
-	fs.StringVar(&f.schedulers, "schedulers", envOr("AENV_GATEWAY_SCHEDULERS", envOr("AENV_GATEWAY_SCHEDULER", "127.0.0.1:7070")), "aenv-scheduler gRPC addresses, comma-separated")
-	fs.StringVar(&f.domain, "domain", envOr("AENV_GATEWAY_DOMAIN", ""), "sandbox host domain ({port}-{id}.{domain}); the nodes' api.domain")
-	fs.StringVar(&f.k8sService, "schedulers-service", envOr("AENV_GATEWAY_SCHEDULERS_SERVICE", ""), "find the schedulers as the ready endpoints of this Kubernetes Service (namespace/name) instead of --schedulers")
-	fs.StringVar(&f.k8sPort, "schedulers-port", envOr("AENV_GATEWAY_SCHEDULERS_PORT", ""), "the Service's port name for --schedulers-service (default: its first port)")
+func (f *flags) define(fs *flag.FlagSet) {
+	fs.StringVar(&f.listen, "listen", daemon.EnvOr("AENV_GATEWAY_LISTEN", "127.0.0.1:3000"), "HTTP listen address")
+	fs.StringVar(&f.schedulers, "schedulers", daemon.EnvOr("AENV_GATEWAY_SCHEDULERS", daemon.EnvOr("AENV_GATEWAY_SCHEDULER", "127.0.0.1:7070")), "aenv-scheduler gRPC addresses, comma-separated")
+	fs.StringVar(&f.domain, "domain", daemon.EnvOr("AENV_GATEWAY_DOMAIN", ""), "sandbox host domain ({port}-{id}.{domain}); the nodes' api.domain")
+	fs.StringVar(&f.k8sService, "schedulers-service", daemon.EnvOr("AENV_GATEWAY_SCHEDULERS_SERVICE", ""), "find the schedulers as the ready endpoints of this Kubernetes Service (namespace/name) instead of --schedulers")
+	fs.StringVar(&f.k8sPort, "schedulers-port", daemon.EnvOr("AENV_GATEWAY_SCHEDULERS_PORT", ""), "the Service's port name for --schedulers-service (default: its first port)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig for --schedulers-service (default: the in-cluster service account)")
 	fs.DurationVar(&f.lookupTTL, "lookup-ttl", 2*time.Second, "how long a sandbox's node is remembered between scheduler lookups")
-	printVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
-		return f, err
-	}
-	if *printVersion {
-		fmt.Println("aenv-gateway", version.Get())
-		os.Exit(0)
-	}
-	return f, nil
-}
-
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
 }
 
 func main() {
-	f, err := parseFlags(os.Args[1:])
-	if errors.Is(err, flag.ErrHelp) {
-		return
-	}
-	if err != nil {
-		os.Exit(2)
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	slog.SetDefault(log)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, f, log); err != nil {
-		log.Error("aenv-gateway failed", "err", err)
-		os.Exit(1)
-	}
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
+	var f flags
+	daemon.Main("aenv-gateway", f.define, func(ctx context.Context, log *slog.Logger) error { return run(ctx, f, log) })
 }
 
 func run(ctx context.Context, f flags, log *slog.Logger) error {

@@ -7,20 +7,18 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/agentenv/agentenv/cluster/discovery"
 	"github.com/agentenv/agentenv/cluster/scheduler"
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
+	"github.com/agentenv/agentenv/internal/daemon"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
@@ -34,56 +32,25 @@ type flags struct {
 	heartbeat, downAfter, lease               time.Duration
 }
 
-func parseFlags(args []string) (flags, error) {
-	var f flags
-	fs := flag.NewFlagSet("aenv-scheduler", flag.ContinueOnError)
-	fs.StringVar(&f.listen, "listen", envOr("AENV_SCHEDULER_LISTEN", "127.0.0.1:7070"), "gRPC listen address")
-	fs.StringVar(&f.redisURL, "redis", envOr("AENV_SCHEDULER_REDIS", "redis://127.0.0.1:6379/0"), "Redis URL (redis://[user:pass@]host:port/db)")
-	fs.StringVar(&f.prefix, "prefix", envOr("AENV_SCHEDULER_PREFIX", "aenv:"), "prefix of every Redis key")
-	fs.StringVar(&f.policy, "policy", envOr("AENV_SCHEDULER_POLICY", "least-loaded"), "placement: least-loaded, round-robin or random")
-	fs.StringVar(&f.replica, "replica-id", envOr("AENV_SCHEDULER_REPLICA_ID", os.Getenv("POD_NAME")), "this replica's name in the lease (default $POD_NAME, else host-pid)")
-	fs.StringVar(&f.discovery, "discovery", envOr("AENV_SCHEDULER_DISCOVERY", ""), "how nodes are expected: \"\" (they register), static (--nodes) or kubernetes (--node-service); an expected node that has not registered is listed as down")
-	fs.StringVar(&f.nodes, "nodes", envOr("AENV_SCHEDULER_NODES", ""), "static discovery: the nodes' API addresses (host:port), comma-separated")
-	fs.StringVar(&f.nodeService, "node-service", envOr("AENV_SCHEDULER_NODE_SERVICE", ""), "kubernetes discovery: the nodes' headless Service (namespace/name)")
-	fs.StringVar(&f.nodePort, "node-port", envOr("AENV_SCHEDULER_NODE_PORT", "api"), "kubernetes discovery: the Service's port name of the node API")
+func (f *flags) define(fs *flag.FlagSet) {
+	fs.StringVar(&f.listen, "listen", daemon.EnvOr("AENV_SCHEDULER_LISTEN", "127.0.0.1:7070"), "gRPC listen address")
+	fs.StringVar(&f.redisURL, "redis", daemon.EnvOr("AENV_SCHEDULER_REDIS", "redis://127.0.0.1:6379/0"), "Redis URL (redis://[user:pass@]host:port/db)")
+	fs.StringVar(&f.prefix, "prefix", daemon.EnvOr("AENV_SCHEDULER_PREFIX", "aenv:"), "prefix of every Redis key")
+	fs.StringVar(&f.policy, "policy", daemon.EnvOr("AENV_SCHEDULER_POLICY", "least-loaded"), "placement: least-loaded, round-robin or random")
+	fs.StringVar(&f.replica, "replica-id", daemon.EnvOr("AENV_SCHEDULER_REPLICA_ID", os.Getenv("POD_NAME")), "this replica's name in the lease (default $POD_NAME, else host-pid)")
+	fs.StringVar(&f.discovery, "discovery", daemon.EnvOr("AENV_SCHEDULER_DISCOVERY", ""), "how nodes are expected: \"\" (they register), static (--nodes) or kubernetes (--node-service); an expected node that has not registered is listed as down")
+	fs.StringVar(&f.nodes, "nodes", daemon.EnvOr("AENV_SCHEDULER_NODES", ""), "static discovery: the nodes' API addresses (host:port), comma-separated")
+	fs.StringVar(&f.nodeService, "node-service", daemon.EnvOr("AENV_SCHEDULER_NODE_SERVICE", ""), "kubernetes discovery: the nodes' headless Service (namespace/name)")
+	fs.StringVar(&f.nodePort, "node-port", daemon.EnvOr("AENV_SCHEDULER_NODE_PORT", "api"), "kubernetes discovery: the Service's port name of the node API")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubernetes discovery: a kubeconfig (default: the in-cluster service account)")
 	fs.DurationVar(&f.heartbeat, "heartbeat-interval", 2*time.Second, "how often nodes heartbeat")
 	fs.DurationVar(&f.downAfter, "down-after", 10*time.Second, "a node silent this long is marked down")
 	fs.DurationVar(&f.lease, "lease-ttl", 5*time.Second, "lifetime of the reconciliation lease")
-	printVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
-		return f, err
-	}
-	if *printVersion {
-		fmt.Println("aenv-scheduler", version.Get())
-		os.Exit(0)
-	}
-	return f, nil
-}
-
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
 }
 
 func main() {
-	f, err := parseFlags(os.Args[1:])
-	if errors.Is(err, flag.ErrHelp) {
-		return
-	}
-	if err != nil {
-		os.Exit(2)
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	slog.SetDefault(log)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, f, log); err != nil {
-		log.Error("aenv-scheduler failed", "err", err)
-		os.Exit(1)
-	}
+	var f flags
+	daemon.Main("aenv-scheduler", f.define, func(ctx context.Context, log *slog.Logger) error { return run(ctx, f, log) })
 }
 
 func run(ctx context.Context, f flags, log *slog.Logger) error {
@@ -153,13 +120,7 @@ func nodeSource(f flags, log *slog.Logger) (discovery.Source, error) {
 	case "":
 		return nil, nil
 	case "static":
-		var list discovery.Static
-		for _, a := range strings.Split(f.nodes, ",") {
-			if a = strings.TrimSpace(a); a != "" {
-				list = append(list, a)
-			}
-		}
-		return list, nil
+		return discovery.Static(daemon.SplitList(f.nodes)), nil
 	case "kubernetes":
 		ns, name, err := discovery.ParseService(f.nodeService)
 		if err != nil {

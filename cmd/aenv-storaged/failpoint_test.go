@@ -26,20 +26,7 @@ func TestFailpointCrashInRestack(t *testing.T) {
 	defer cancel()
 	cfg := baseImage(ctx, t, dir)
 	p, c := spawn(t, dir, failpoint.EnvVar+"=storaged/restack/after-seal=crash")
-	dev, err := c.Create(ctx, rpc.CreateParams{Image: cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nbd.Dial(ctx, "unix", dev.Socket, dev.Export)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := nc.WriteAt([]byte("sealed?"), 8192); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	dev, nc := flushedWrite(ctx, t, c, cfg, "sealed?", 8192)
 	nc.Close()
 	if _, err := c.Restack(ctx, rpc.RestackParams{ID: dev.ID}); err == nil {
 		t.Fatal("restack answered although the daemon was to crash in it")

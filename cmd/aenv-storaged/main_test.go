@@ -69,20 +69,7 @@ func TestCrashAndRestart(t *testing.T) {
 	defer cancel()
 	cfg := baseImage(ctx, t, dir)
 	p, c := spawn(t, dir)
-	dev, err := c.Create(ctx, rpc.CreateParams{Image: cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nbd.Dial(ctx, "unix", dev.Socket, dev.Export)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := nc.WriteAt([]byte("durable"), 777); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	dev, nc := flushedWrite(ctx, t, c, cfg, "durable", 777)
 	p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.done
 	if _, err := nc.ReadAt(make([]byte, 1), 0); err == nil {
@@ -111,6 +98,27 @@ func TestCrashAndRestart(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("aenv-storaged did not exit after shutdown")
 	}
+}
+
+// flushedWrite creates a device of the image cfg and writes data at off
+// through its NBD export, flushed: what a crash must not lose.
+func flushedWrite(ctx context.Context, t *testing.T, c *client.Client, cfg, data string, off int64) (rpc.Device, *nbd.Client) {
+	t.Helper()
+	dev, err := c.Create(ctx, rpc.CreateParams{Image: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nbd.Dial(ctx, "unix", dev.Socket, dev.Export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.WriteAt([]byte(data), off); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return dev, nc
 }
 
 // baseImage writes a 4 MiB zero base layer and an image config on it into

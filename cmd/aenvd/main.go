@@ -199,7 +199,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		hostname = cfg.Cluster.NodeName // one name in /nodes and in the cluster
 	}
 	handler := api.NewHandler(api.Options{
-		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log, Store: st,
+		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log, Store: st, StateDir: cfg.DataDir,
 		Node: api.NodeInfo{ID: hostname, Version: version.Version(), Commit: version.Get().Commit, Date: version.Get().Date,
 			VMMDriver: drv.Name(), VMMAccel: accel, VMMReasons: why},
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,

@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentenv/agentenv/internal/kernelpkg"
 )
 
 // builderVersion changes whenever the layout of what Build produces changes.
@@ -137,7 +139,7 @@ func Build(ctx context.Context, opts Options) (*Assets, error) {
 		return nil, err
 	}
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n%s\n%d\n", builderVersion, kern.key, strings.Join(opts.Modules, ","), base.key, agentSum, opts.RootfsMiB)
+	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n%s\n%d\n", builderVersion, kern.Package, strings.Join(opts.Modules, ","), base.key, agentSum, opts.RootfsMiB)
 	hash := hex.EncodeToString(h.Sum(nil))[:16]
 	dir := filepath.Join(opts.CacheDir, "assets", hash)
 	if a, err := readManifest(dir); err == nil {
@@ -155,7 +157,7 @@ func Build(ctx context.Context, opts Options) (*Assets, error) {
 	return a, nil
 }
 
-func assemble(ctx context.Context, opts Options, kern *kernel, base *baseTree, dir, hash string) (*Assets, error) {
+func assemble(ctx context.Context, opts Options, kern *kernelpkg.Kernel, base *baseTree, dir, hash string) (*Assets, error) {
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return nil, fmt.Errorf("guest image: %w", err)
 	}
@@ -164,8 +166,8 @@ func assemble(ctx context.Context, opts Options, kern *kernel, base *baseTree, d
 		return nil, fmt.Errorf("guest image: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	if err := os.Link(kern.vmlinuz, filepath.Join(tmp, "vmlinuz")); err != nil {
-		if err := copyFile(kern.vmlinuz, filepath.Join(tmp, "vmlinuz")); err != nil {
+	if err := os.Link(kern.Vmlinuz, filepath.Join(tmp, "vmlinuz")); err != nil {
+		if err := copyFile(kern.Vmlinuz, filepath.Join(tmp, "vmlinuz")); err != nil {
 			return nil, err
 		}
 	}
@@ -178,7 +180,7 @@ func assemble(ctx context.Context, opts Options, kern *kernel, base *baseTree, d
 		return nil, err
 	}
 	a := &Assets{Dir: dir, Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd.cpio"),
-		Rootfs: filepath.Join(dir, "rootfs.ext4"), KernelVersion: kern.version, Hash: hash}
+		Rootfs: filepath.Join(dir, "rootfs.ext4"), KernelVersion: kern.Version, Hash: hash}
 	b, _ := json.MarshalIndent(a, "", "  ")
 	if err := os.WriteFile(filepath.Join(tmp, "manifest.json"), b, 0o644); err != nil {
 		return nil, fmt.Errorf("guest image: manifest: %w", err)

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/internal/kernelpkg"
 )
 
 // TestCpio writes an archive and reads it back by the newc rules the kernel
@@ -73,24 +75,24 @@ func align4(n int) int { return (n + 3) &^ 3 }
 // TestResolveModules resolves the lane's modules in the cached kernel, when
 // the kernel is there (.ci/setup.d/62-kernel-lane.sh fetches it).
 func TestResolveModules(t *testing.T) {
-	k, err := loadRef(filepath.Join(DefaultCacheDir(), "kernel", KernelPackage+".ref"))
+	k, err := kernelpkg.Cached(DefaultCacheDir(), KernelPackage)
 	if err != nil {
 		t.Skipf("kernel package not cached: %v", err)
 	}
-	mods, err := resolveModules(k.modDir, []string{"ublk_drv", "nbd", "loop"})
+	mods, err := kernelpkg.ResolveModules(k.ModDir, []string{"ublk_drv", "nbd", "loop"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	names := map[string]bool{}
 	for _, m := range mods {
-		names[moduleName(m)] = true
+		names[kernelpkg.ModuleName(m)] = true
 	}
 	for _, want := range []string{"ublk_drv", "nbd", "loop"} {
 		if !names[want] {
 			t.Errorf("resolved %v: %s missing", mods, want)
 		}
 	}
-	if _, err := resolveModules(k.modDir, []string{"no_such_module"}); err == nil {
+	if _, err := kernelpkg.ResolveModules(k.ModDir, []string{"no_such_module"}); err == nil {
 		t.Error("an unknown module resolved")
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/internal/kernelpkg"
 )
 
 // guestConfig is /lane/config.json, read by laneinit.
@@ -27,7 +28,7 @@ type guestConfig struct {
 
 // buildInitramfs returns the path of the initramfs for o, building it when
 // no cached one has the same contents.
-func buildInitramfs(ctx context.Context, o Options, k *kernel) (string, error) {
+func buildInitramfs(ctx context.Context, o Options, k *kernelpkg.Kernel) (string, error) {
 	tmp, err := os.MkdirTemp(o.CacheDir, ".build-")
 	if err != nil {
 		return "", fmt.Errorf("kernel lane: %w", err)
@@ -43,7 +44,7 @@ func buildInitramfs(ctx context.Context, o Options, k *kernel) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	mods, err := resolveModules(k.modDir, o.Modules)
+	mods, err := kernelpkg.ResolveModules(k.ModDir, o.Modules)
 	if err != nil {
 		return "", err
 	}
@@ -51,7 +52,7 @@ func buildInitramfs(ctx context.Context, o Options, k *kernel) (string, error) {
 	cfg := guestConfig{Argv: append([]string{"/lane/test", "-test.v", "-test.run", o.Run}, o.Args...),
 		Env: append([]string{envGuest + "=1"}, o.Env...), Dir: "/tmp"}
 	for _, m := range mods {
-		files["lane/modules/"+filepath.Base(m)] = filepath.Join(k.modDir, m)
+		files["lane/modules/"+filepath.Base(m)] = filepath.Join(k.ModDir, m)
 		cfg.Modules = append(cfg.Modules, "/lane/modules/"+filepath.Base(m))
 	}
 	if o.Fio {

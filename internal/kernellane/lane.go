@@ -34,6 +34,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/internal/kernelpkg"
 )
 
 // envGuest is set in the guest's environment for the test binary.
@@ -148,7 +150,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	k, err := fetchKernel(ctx, o.CacheDir, KernelPackage)
+	k, err := kernelpkg.Fetch(ctx, o.CacheDir, KernelPackage, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +187,7 @@ func (o *Options) defaults() error {
 }
 
 // boot runs QEMU until the guest resets, the context ends or QEMU dies.
-func boot(ctx context.Context, o Options, k *kernel, initrd string) (*Result, error) {
+func boot(ctx context.Context, o Options, k *kernelpkg.Kernel, initrd string) (*Result, error) {
 	// q35, not microvm: this kernel stalls early on microvm under TCG.
 	// Single-threaded TCG: with one host thread per vCPU, a vCPU could run
 	// code another was patching with int3 breakpoints (the kernel's text
@@ -195,7 +197,7 @@ func boot(ctx context.Context, o Options, k *kernel, initrd string) (*Result, er
 		"-M", "q35", "-accel", "tcg,thread=single", "-cpu", "max",
 		"-m", strconv.Itoa(o.MemoryMiB), "-smp", strconv.Itoa(o.CPUs),
 		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-no-reboot",
-		"-kernel", k.vmlinuz, "-initrd", initrd,
+		"-kernel", k.Vmlinuz, "-initrd", initrd,
 		"-append", "console=ttyS0 panic=-1 loglevel=4 rdinit=/init mitigations=off tsc=reliable",
 	}
 	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
