@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -85,7 +86,7 @@ func benchNode(b *testing.B, src string) (total, c1, c10, ratio float64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	n, err := aenvdtest.Start(ctx, aenvdtest.Options{Prefix: "adbench", CIDRBase: 83, Source: src,
-		Env: []string{"AENVD_NETWORK_POOL_LOW=10", "AENVD_NETWORK_POOL_HIGH=12"}})
+		Env: []string{"AENVD_NETWORK_POOL_LOW=10", "AENVD_NETWORK_POOL_HIGH=22"}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -119,6 +120,8 @@ func benchNode(b *testing.B, src string) (total, c1, c10, ratio float64) {
 			fmt.Printf("  %-16s %8.1f ms  (%.0f%% of the create)\n", name, med, 100*med/(median(per["_total"])*1000))
 		}
 		total = median(per["_total"]) * 1000
+		restore := median(per["vmm_restore"]) * 1000
+		fmt.Printf("create p50 %.1f ms = %.2fx the VMM's own restore (%.1f ms; goal <= 1.5x)\n", total, total/restore, restore)
 
 		// Throughput: one at a time (the creates' own time) vs 10 at once,
 		// in rounds; the ratio's median and spread.
@@ -133,7 +136,58 @@ func benchNode(b *testing.B, src string) (total, c1, c10, ratio float64) {
 		fmt.Printf("create throughput: %.2f/s one at a time, %.2f/s with %d at once (last round); ratio median %.2fx [%.2f..%.2f] over %d rounds\n",
 			c1, c10, concurrent, ratio, ratios[0], ratios[len(ratios)-1], rounds)
 	}
+	if src == "" {
+		concurrencyCurve(b, n)
+	}
 	return total, c1, c10, ratio
+}
+
+// curve is the concurrency of each point of concurrencyCurve.
+var curve = []int{1, 2, 5, 10, 20}
+
+// concurrencyCurve prints, for c creates at once, the median latency of a
+// create as its client sees it and the throughput, against c = 1: with
+// nothing node-wide serialising creates, throughput grows until the CPUs
+// are busy and latency grows only past that.
+func concurrencyCurve(b *testing.B, n *aenvdtest.Node) {
+	fmt.Printf("concurrent creates (%d CPUs): c, median latency, throughput, throughput vs c=1\n", runtime.NumCPU())
+	var base float64
+	for _, c := range curve {
+		lat, wall := createBurst(b, n, c)
+		tp := float64(c) / wall.Seconds()
+		if c == 1 {
+			base = tp
+		}
+		fmt.Printf("  c=%-3d %8.1f ms %7.2f/s  %.2fx\n", c, median(lat)*1000, tp, tp/base)
+	}
+}
+
+// createBurst creates c sandboxes at once; it returns each create's
+// latency in seconds and the wall time until all are up, then kills them.
+func createBurst(b *testing.B, n *aenvdtest.Node, c int) ([]float64, time.Duration) {
+	ids, lat, errs := make([]string, c), make([]float64, c), make([]error, c)
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for i := range c {
+		wg.Go(func() {
+			start := time.Now()
+			ids[i], errs[i] = n.Create(`{"templateID":"base","timeout":300}`)
+			lat[i] = time.Since(start).Seconds()
+		})
+	}
+	wg.Wait()
+	wall := time.Since(t0)
+	for i, id := range ids {
+		if errs[i] == nil {
+			mustKill(b, n, id)
+		}
+	}
+	for _, err := range errs {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	return lat, wall
 }
 
 // rounds of the 1 vs 10 throughput comparison.
