@@ -229,6 +229,9 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 			var layers []string
 			var err error
 			mem, layers, err = o.restoreMemory(ctx, snapshotDir, true)
+			if err == nil {
+				o.prefetchMemory(mem.File)
+			}
 			return mem.File, layers, err
 		},
 		Init:     &sandbox.InitRequest{EnvVars: rec.EnvVars, DefaultUser: o.defaultUser(rec.TemplateID)},
@@ -271,6 +274,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 		s.rec.EnvdVersion = vm.EnvdVersion
 	}
 	s.mu.Unlock()
+	o.recordWorkingSet(rec.ID, vm.Machine, mem.File)
 	return nil
 }
 

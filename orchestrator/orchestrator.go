@@ -164,6 +164,9 @@ type Options struct {
 	// MaxLayers is the memory or rootfs chain depth above which a paused
 	// sandbox's own layers are merged (default DefaultMaxLayers).
 	MaxLayers int
+	// Prefetch records each memory image's working set and reads it ahead
+	// while a VM restores from the image (workingset.go).
+	Prefetch bool
 	// Repository, when set, receives a commit of every pause and snapshot
 	// (repository.go); nil keeps them on this node only.
 	Repository Uploads
@@ -202,6 +205,13 @@ type Orchestrator struct {
 	// repository (import.go): one fetch per id, never two into one dir.
 	importMu sync.Mutex
 	bg       sync.WaitGroup
+	// closing is closed when Close starts: background work that waits
+	// (a working set's recording) gives up.
+	closing   chan struct{}
+	closeOnce sync.Once
+	// recording holds the memory files whose working set is being
+	// recorded (workingset.go), so two creates do not both record one.
+	recording sync.Map
 	// disks is the root-disk backend, chosen once in New; vms what a VM
 	// bring-up uses (sandbox.Start).
 	disks diskBackend
@@ -254,7 +264,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	}
 	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store, sd: opts.Storage,
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
-		sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
+		sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}, closing: make(chan struct{})}
 	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups}
 	if opts.Storage != nil {
 		dd := &daemonDisks{sd: opts.Storage, poolLow: opts.StoragePoolLow, poolHigh: opts.StoragePoolHigh,
@@ -295,6 +305,7 @@ func (o *Orchestrator) DiskTransport() string { return o.disks.transport() }
 // Close waits for the background work (memory flattening, compaction) the
 // orchestrator started.
 func (o *Orchestrator) Close() {
+	o.closeOnce.Do(func() { close(o.closing) })
 	o.bg.Wait()
 }
 

@@ -138,9 +138,57 @@ func benchNode(b *testing.B, src string) (total, c1, c10, ratio float64) {
 	}
 	if src == "" {
 		concurrencyCurve(b, n)
+		prefetchComparison(b, n)
 	}
 	return total, c1, c10, ratio
 }
+
+// prefetchComparison prints creates on a cold page cache (dropped before
+// each) with the template memory's working set read ahead and without it
+// (its file moved aside), alternating, medians of coldRounds each.
+func prefetchComparison(b *testing.B, n *aenvdtest.Node) {
+	ws := filepath.Join(n.DataDir, "templates", "base", "snapshot", "memory.workingset")
+	if _, err := os.Stat(ws); err != nil {
+		// Recorded from a VM that ran a few seconds.
+		id := mustCreate(b, n)
+		time.Sleep(5 * time.Second)
+		mustKill(b, n, id)
+		if _, err := os.Stat(ws); err != nil {
+			b.Fatalf("no working set recorded for the template's memory: %v", err)
+		}
+	}
+	var with, without []float64
+	for range coldRounds {
+		for _, on := range []bool{true, false} {
+			if !on {
+				if err := os.Rename(ws, ws+".off"); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0); err != nil {
+				b.Fatalf("drop the page cache: %v", err)
+			}
+			before := stageSums(b, n)["_total"]
+			id := mustCreate(b, n)
+			d := stageSums(b, n)["_total"].sub(before).sum
+			mustKill(b, n, id) // before the next working set could be recorded
+			if on {
+				with = append(with, d)
+			} else {
+				without = append(without, d)
+				if err := os.Rename(ws+".off", ws); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	w, wo := median(with)*1000, median(without)*1000
+	fmt.Printf("create on a cold page cache: %.1f ms with the working set prefetched, %.1f ms without (%.2fx), medians of %d\n",
+		w, wo, w/wo, coldRounds)
+}
+
+// coldRounds of the cold-cache prefetch comparison.
+const coldRounds = 3
 
 // curve is the concurrency of each point of concurrencyCurve.
 var curve = []int{1, 2, 5, 10, 20}

@@ -1,0 +1,137 @@
+package memsnap
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentenv/agentenv/internal/atomicfile"
+)
+
+// A working set is the part of a memory file that a VM restored from it
+// touched in its first moments: reading it ahead into the page cache while
+// the next VM restores saves that VM its page faults' disk reads. It is a
+// hint: a missing or damaged one costs only the prefetch.
+
+// Extent is a byte range of a memory file.
+type Extent struct {
+	Off int64 `json:"off"`
+	Len int64 `json:"len"`
+}
+
+// WorkingSet returns the parts of memFile that process pid's private
+// mappings of it hold (pages the process read or wrote), in file order,
+// adjacent pages merged.
+func WorkingSet(pid int, memFile string) ([]Extent, error) {
+	regions, err := FindRegions(pid, memFile)
+	if err != nil {
+		return nil, err
+	}
+	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		return nil, fmt.Errorf("working set of pid %d: %w", pid, err)
+	}
+	defer pm.Close()
+	var out []Extent
+	ents := make([]byte, 8*pagemapBatch)
+	for _, r := range regions {
+		pages := r.Size() / uint64(pageSize)
+		for first := uint64(0); first < pages; first += pagemapBatch {
+			n := min(pages-first, pagemapBatch)
+			addr := r.Start + first*uint64(pageSize)
+			if got, err := pm.ReadAt(ents[:8*n], int64(addr/uint64(pageSize)*8)); got != int(8*n) {
+				return nil, fmt.Errorf("working set of pid %d: read pagemap at %#x: %v: %w", pid, addr, err, ErrProcessGone)
+			}
+			for i := uint64(0); i < n; i++ {
+				if binary.LittleEndian.Uint64(ents[8*i:])&(pmPresent|pmSwapped) == 0 {
+					continue
+				}
+				off := int64(r.FileOffset + (first+i)*uint64(pageSize))
+				if k := len(out) - 1; k >= 0 && out[k].Off+out[k].Len == off {
+					out[k].Len += int64(pageSize)
+				} else {
+					out = append(out, Extent{Off: off, Len: int64(pageSize)})
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// maxWorkingSetExtents bounds a working set file (a few MiB of JSON).
+const maxWorkingSetExtents = 1 << 16
+
+// workingSetFile is what WriteWorkingSet stores.
+type workingSetFile struct {
+	Size    int64    `json:"size"` // of the memory file it describes
+	Extents []Extent `json:"extents"`
+}
+
+// WriteWorkingSet stores extents of memFile as its working set (next to
+// it, atomically), keeping the first maxWorkingSetExtents.
+func WriteWorkingSet(memFile string, extents []Extent) error {
+	fi, err := os.Stat(memFile)
+	if err != nil {
+		return fmt.Errorf("write working set of %s: %w", memFile, err)
+	}
+	b, err := json.Marshal(workingSetFile{Size: fi.Size(), Extents: extents[:min(len(extents), maxWorkingSetExtents)]})
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(WorkingSetPath(memFile), b, 0o600); err != nil {
+		return fmt.Errorf("write working set of %s: %w", memFile, err)
+	}
+	return nil
+}
+
+// WorkingSetPath is where memFile's working set is stored.
+func WorkingSetPath(memFile string) string { return memFile + ".workingset" }
+
+// ErrNoWorkingSet: the memory file has no working set stored.
+var ErrNoWorkingSet = errors.New("no working set")
+
+// Prefetch reads memFile's stored working set ahead into the page cache:
+// it queues the reads (POSIX_FADV_WILLNEED) and returns, so they run while
+// the VMM starts. It returns the bytes asked for; ErrNoWorkingSet when none
+// is stored; an error for a stored one that does not fit the file.
+func Prefetch(memFile string) (int64, error) {
+	b, err := os.ReadFile(WorkingSetPath(memFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, ErrNoWorkingSet
+	}
+	if err != nil {
+		return 0, fmt.Errorf("prefetch %s: %w", memFile, err)
+	}
+	var ws workingSetFile
+	if err := json.Unmarshal(b, &ws); err != nil {
+		return 0, fmt.Errorf("prefetch %s: working set: %w", memFile, err)
+	}
+	f, err := os.Open(memFile)
+	if err != nil {
+		return 0, fmt.Errorf("prefetch %s: %w", memFile, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("prefetch %s: %w", memFile, err)
+	}
+	if ws.Size != fi.Size() || len(ws.Extents) > maxWorkingSetExtents {
+		return 0, fmt.Errorf("prefetch %s: working set of a %d-byte file with %d extents does not describe this %d-byte file",
+			memFile, ws.Size, len(ws.Extents), fi.Size())
+	}
+	var total int64
+	for _, e := range ws.Extents {
+		if e.Off < 0 || e.Len <= 0 || e.Off > fi.Size()-e.Len {
+			return total, fmt.Errorf("prefetch %s: extent %d+%d outside the file", memFile, e.Off, e.Len)
+		}
+		if err := unix.Fadvise(int(f.Fd()), e.Off, e.Len, unix.FADV_WILLNEED); err != nil {
+			return total, fmt.Errorf("prefetch %s: %w", memFile, err)
+		}
+		total += e.Len
+	}
+	return total, nil
+}
