@@ -25,6 +25,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentenv/agentenv/internal/digest"
 	"github.com/agentenv/agentenv/internal/kernelpkg"
 )
 
@@ -134,7 +135,7 @@ func Build(ctx context.Context, opts Options) (*Assets, error) {
 	if err != nil {
 		return nil, err
 	}
-	agentSum, err := fileSHA256(opts.Agent)
+	agentSum, err := digest.File(opts.Agent)
 	if err != nil {
 		return nil, err
 	}
@@ -243,19 +244,6 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-}
-
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", fmt.Errorf("hash %s: %w", path, err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("hash %s: %w", path, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 func copyFile(src, dst string) error {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/internal/digest"
 	"github.com/agentenv/agentenv/internal/kernelpkg"
 )
 
@@ -151,7 +152,7 @@ func contentKey(files map[string]string, cfg []byte) (string, error) {
 	h := sha256.New()
 	h.Write(cfg)
 	for _, g := range names {
-		sum, err := fileHash(files[g])
+		sum, err := digest.File(files[g])
 		if err != nil {
 			return "", err
 		}

@@ -15,11 +15,8 @@ package kernelpkg
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -30,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/internal/digest"
 )
 
 // ErrUnavailable means the kernel package is neither cached nor
@@ -109,7 +107,7 @@ func download(ctx context.Context, dir, pkg string) (string, error) {
 // extract unpacks deb into cacheDir/kernel/<sha256 of deb> unless it is
 // there already, and returns that directory.
 func extract(ctx context.Context, cacheDir, tmp, deb string) (string, error) {
-	sum, err := fileHash(deb)
+	sum, err := digest.File(deb)
 	if err != nil {
 		return "", err
 	}
@@ -186,19 +184,6 @@ func aptDownload(ctx context.Context, dir, pkg string) (string, error) {
 func debHasKernel(ctx context.Context, deb string) bool {
 	out, err := exec.CommandContext(ctx, "dpkg-deb", "-c", deb).Output()
 	return err == nil && bytes.Contains(out, []byte(" ./boot/vmlinuz"))
-}
-
-func fileHash(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", fmt.Errorf("hash %s: %w", path, err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("hash %s: %w", path, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // lock takes an exclusive flock on path, waiting until ctx ends.

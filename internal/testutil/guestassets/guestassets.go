@@ -6,9 +6,6 @@ package guestassets
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/guest/image"
+	"github.com/agentenv/agentenv/internal/digest"
 )
 
 var (
@@ -69,7 +67,7 @@ func BuildAgent(ctx context.Context) (string, error) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", &buildError{string(b), err}
 	}
-	sum, err := fileHash(out.Name())
+	sum, err := digest.File(out.Name())
 	if err != nil {
 		return "", err
 	}
@@ -79,19 +77,6 @@ func BuildAgent(ctx context.Context) (string, error) {
 	}
 	removeStale(dir, final)
 	return final, nil
-}
-
-func fileHash(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
 // removeStale deletes agent binaries of other builds older than an hour
