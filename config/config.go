@@ -280,9 +280,9 @@ type Sandbox struct {
 	// (cgroup v2 or v1); turn it off where the node cannot manage them.
 	Cgroups bool `toml:"cgroups" env:"AENVD_SANDBOX_CGROUPS"`
 	// Prefetch reads a memory image's working set (the pages the first VM
-	// restored from it touched in its first seconds, recorded then) into
-	// the page cache while a VM restores from it: a cold cache costs the
-	// guest fewer page faults that wait on the disk.
+	// created from it touched until its agent answered, recorded then)
+	// into the page cache while a VM restores from it: on a cold cache the
+	// guest's page faults wait less on the disk.
 	Prefetch bool `toml:"prefetch" env:"AENVD_SANDBOX_PREFETCH"`
 }
 

@@ -222,6 +222,8 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 	rec := s.rec
 	s.mu.Unlock()
 	var mem snapshot.MemoryImage
+	prefetched := func() {}
+	defer func() { prefetched() }()
 	spec := sandbox.Spec{
 		ID: vmName(rec), RunDir: filepath.Join(rec.Dir, fmt.Sprintf("run-%d", rec.Gen)),
 		Policy: rec.Policy, Disk: vmDisk{o, s}, Restore: snapshotDir, VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB,
@@ -230,7 +232,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 			var err error
 			mem, layers, err = o.restoreMemory(ctx, snapshotDir, true)
 			if err == nil {
-				o.prefetchMemory(mem.File)
+				prefetched = o.prefetchMemory(mem.File)
 			}
 			return mem.File, layers, err
 		},

@@ -205,10 +205,6 @@ type Orchestrator struct {
 	// repository (import.go): one fetch per id, never two into one dir.
 	importMu sync.Mutex
 	bg       sync.WaitGroup
-	// closing is closed when Close starts: background work that waits
-	// (a working set's recording) gives up.
-	closing   chan struct{}
-	closeOnce sync.Once
 	// recording holds the memory files whose working set is being
 	// recorded (workingset.go), so two creates do not both record one.
 	recording sync.Map
@@ -264,7 +260,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	}
 	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store, sd: opts.Storage,
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
-		sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}, closing: make(chan struct{})}
+		sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
 	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups}
 	if opts.Storage != nil {
 		dd := &daemonDisks{sd: opts.Storage, poolLow: opts.StoragePoolLow, poolHigh: opts.StoragePoolHigh,
@@ -305,7 +301,6 @@ func (o *Orchestrator) DiskTransport() string { return o.disks.transport() }
 // Close waits for the background work (memory flattening, compaction) the
 // orchestrator started.
 func (o *Orchestrator) Close() {
-	o.closeOnce.Do(func() { close(o.closing) })
 	o.bg.Wait()
 }
 

@@ -3,36 +3,38 @@ package orchestrator
 import (
 	"errors"
 	"os"
-	"time"
 
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/vmm/memsnap"
 )
 
-// A memory image's working set is recorded once, from the first VM that
-// restores from the image after it has run workingSetAfter, and stored next
-// to the image's file; every later restore from that file reads it ahead
-// into the page cache before the VMM starts (Options.Prefetch). It is a
-// hint: recording or prefetching failures are logged and cost nothing else.
+// A memory image's working set is recorded once, from the first VM created
+// from the image, as soon as its agent answered (the pages a create needs),
+// and stored next to the image's file; every later restore from that file
+// reads it ahead into the page cache while the VMM starts
+// (Options.Prefetch). It is a hint: recording or prefetching failures are
+// logged and cost nothing else.
 
-// workingSetAfter is how long a VM runs before its touched pages are taken
-// as the image's working set: the guest's wake-up, the agent's first
-// answers.
-const workingSetAfter = 3 * time.Second
-
-// prefetchMemory reads file's working set ahead, when one is stored.
-func (o *Orchestrator) prefetchMemory(file string) {
+// prefetchMemory starts reading file's working set ahead, when one is
+// stored, alongside the VMM's start (the reads queue behind one another,
+// so issuing them takes a while on a cold cache); wait waits for it.
+func (o *Orchestrator) prefetchMemory(file string) (wait func()) {
 	if !o.cfg.Prefetch || file == "" {
-		return
+		return func() {}
 	}
-	n, err := memsnap.Prefetch(file)
-	switch {
-	case errors.Is(err, memsnap.ErrNoWorkingSet):
-	case err != nil:
-		o.log.Warn("prefetch memory working set (ignored)", "file", file, "err", err)
-	default:
-		o.log.Debug("memory working set prefetched", "file", file, "bytes", n)
-	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n, err := memsnap.Prefetch(file)
+		switch {
+		case errors.Is(err, memsnap.ErrNoWorkingSet):
+		case err != nil:
+			o.log.Warn("prefetch memory working set (ignored)", "file", file, "err", err)
+		default:
+			o.log.Debug("memory working set prefetched", "file", file, "bytes", n)
+		}
+	}()
+	return func() { <-done }
 }
 
 // recordWorkingSet records file's working set from vm in the background,
@@ -49,11 +51,6 @@ func (o *Orchestrator) recordWorkingSet(id string, vm vmm.Machine, file string) 
 	}
 	o.goBackground(func() {
 		defer o.recording.Delete(file)
-		select {
-		case <-o.closing:
-			return
-		case <-time.After(workingSetAfter):
-		}
 		ws, err := memsnap.WorkingSet(vm.Info().PID, file)
 		if err == nil {
 			err = memsnap.WriteWorkingSet(file, ws)

@@ -149,7 +149,7 @@ func benchNode(b *testing.B, src string) (total, c1, c10, ratio float64) {
 func prefetchComparison(b *testing.B, n *aenvdtest.Node) {
 	ws := filepath.Join(n.DataDir, "templates", "base", "snapshot", "memory.workingset")
 	if _, err := os.Stat(ws); err != nil {
-		// Recorded from a VM that ran a few seconds.
+		// Recorded from the first create; give its background write a moment.
 		id := mustCreate(b, n)
 		time.Sleep(5 * time.Second)
 		mustKill(b, n, id)
