@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/agentenv/agentenv/api/webhooks" // declares the webhooks/... fault points
 	"github.com/agentenv/agentenv/internal/failpoint"
 	_ "github.com/agentenv/agentenv/storage/daemon" // declares the storaged/... fault points
 	"github.com/agentenv/agentenv/storage/daemon/client"
@@ -182,6 +185,7 @@ func TestCrashMatrix(t *testing.T) {
 		"orchestrator/fork/":     n.crashFork,
 		"orchestrator/kill/":     n.crashKill,
 		"orchestrator/compact/":  n.crashCompact,
+		"webhooks/delivery/":     n.crashWebhook,
 	}
 	covered := 0
 	for prefix, run := range cases {
@@ -193,6 +197,41 @@ func TestCrashMatrix(t *testing.T) {
 	}
 	if covered < 12 {
 		t.Fatalf("the matrix covered %d fault points; the orchestrator declares %v", covered, failpoint.Names("orchestrator/"))
+	}
+}
+
+// crashWebhook: a kill's webhook delivery recorded before the crash is
+// sent after the restart (at least once), naming the sandbox.
+func (n *node) crashWebhook(t *testing.T, point string) {
+	got := make(chan string, 16)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		select {
+		case got <- string(b):
+		default:
+		}
+	}))
+	defer srv.Close()
+	var hook struct {
+		ID string `json:"id"`
+	}
+	body := fmt.Sprintf(`{"name":"crash","url":%q,"events":["sandbox.lifecycle.killed"]}`, srv.URL+"/hook")
+	if err := json.Unmarshal(n.expect(t, http.StatusCreated, "POST", "/events/webhooks", n.key, body), &hook); err != nil || hook.ID == "" {
+		t.Fatalf("register webhook: %v", err)
+	}
+	defer n.expect(t, http.StatusNoContent, "DELETE", "/events/webhooks/"+hook.ID, n.key, "")
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	n.crashAt(t, point, func() { _, _, _, _ = n.Call("DELETE", "/sandboxes/"+id, n.key, "") })
+	deadline := time.After(2 * time.Minute)
+	for {
+		select {
+		case b := <-got:
+			if strings.Contains(b, `"sandboxId":"`+id+`"`) && strings.Contains(b, "sandbox.lifecycle.killed") {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("the killed event of %s recorded before the crash was not delivered after the restart\n%s", id, n.Logs())
+		}
 	}
 }
 
