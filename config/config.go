@@ -282,7 +282,9 @@ type Sandbox struct {
 	// Prefetch reads a memory image's working set (the pages the first VM
 	// created from it touched until its agent answered, recorded then)
 	// into the page cache while a VM restores from it: on a cold cache the
-	// guest's page faults wait less on the disk.
+	// guest's page faults wait less on the disk. Off by default: on a node
+	// whose memory files sit on a fast local disk (bench/aenvd measures
+	// cold-cache creates both ways) it did not pay.
 	Prefetch bool `toml:"prefetch" env:"AENVD_SANDBOX_PREFETCH"`
 }
 
@@ -321,7 +323,6 @@ func Default() Config {
 			PauseOnShutdown: true,
 			MaxLayers:       32,
 			Cgroups:         true,
-			Prefetch:        true,
 		},
 		Repository: Repository{Backend: "none", UploadConcurrency: 2, ChunkSizeKiB: 256, CacheMiB: 256,
 			GCGrace: Duration{time.Hour}, LeaseTTL: Duration{10 * time.Minute}, Peers: []string{}},

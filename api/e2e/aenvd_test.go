@@ -82,6 +82,8 @@ func sharedNode(t *testing.T) *node {
 		}
 		env := []string{"AENVD_API_DOMAIN=" + testDomain, "AENVD_API_PROXY_TLS_LISTEN=" + tlsAddr,
 			fmt.Sprintf("AENVD_SANDBOX_MAX_LAYERS=%d", maxLayers),
+			// Working sets are recorded and prefetched in every create.
+			"AENVD_SANDBOX_PREFETCH=true",
 			// Every pause and snapshot is committed to a repository too
 			// (<data_dir>/repository), while the tests run.
 			"AENVD_REPOSITORY_BACKEND=posix"}

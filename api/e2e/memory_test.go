@@ -132,6 +132,7 @@ func TestSharedMemoryImage(t *testing.T) {
 	if len(inodes) != 1 {
 		t.Fatalf("%d sandboxes from one snapshot map %d different memory files: %v", count, len(inodes), inodes)
 	}
+	checkWorkingSet(t, n)
 	var nodes []struct {
 		Memory struct {
 			Mode   string `json:"mode"`
@@ -189,5 +190,27 @@ func checkClock(t *testing.T, n *node, id string) {
 	if guest.Before(before.Add(-3*time.Second)) || guest.After(after.Add(time.Second)) {
 		t.Fatalf("guest clock %s is outside the host's [%s, %s] after resume", guest.Format(time.StampMilli),
 			before.Format(time.StampMilli), after.Format(time.StampMilli))
+	}
+}
+
+// checkWorkingSet: the template's memory file has a working set recorded
+// (by its first create), which later creates prefetched without complaint.
+func checkWorkingSet(t *testing.T, n *node) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(n.DataDir, "templates", "base", "snapshot", "memory.workingset"))
+	if err != nil {
+		t.Fatalf("no working set recorded for the template's memory: %v", err)
+	}
+	var ws struct {
+		Size    int64 `json:"size"`
+		Extents []struct {
+			Off, Len int64
+		} `json:"extents"`
+	}
+	if err := json.Unmarshal(b, &ws); err != nil || ws.Size == 0 || len(ws.Extents) == 0 {
+		t.Fatalf("working set %q: %v", b[:min(len(b), 200)], err)
+	}
+	if strings.Contains(n.Logs(), "prefetch memory working set (ignored)") {
+		t.Fatalf("a prefetch failed:\n%s", n.Logs())
 	}
 }

@@ -86,7 +86,7 @@ func benchNode(b *testing.B, src string) (total, c1, c10, ratio float64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	n, err := aenvdtest.Start(ctx, aenvdtest.Options{Prefix: "adbench", CIDRBase: 83, Source: src,
-		Env: []string{"AENVD_NETWORK_POOL_LOW=10", "AENVD_NETWORK_POOL_HIGH=22"}})
+		Env: []string{"AENVD_NETWORK_POOL_LOW=10", "AENVD_NETWORK_POOL_HIGH=22", "AENVD_SANDBOX_PREFETCH=true"}})
 	if err != nil {
 		b.Fatal(err)
 	}
