@@ -58,13 +58,25 @@ func materialize(ctx context.Context, paths []string, out string) (int64, error)
 // are packed in logical order) and writing each contiguous run once keeps
 // the system calls per window to a few.
 func copyStack(ctx context.Context, st *lsmt.Stack, f *atomicfile.File, onto bool) (int64, error) {
-	size := st.Size()
-	w := &window{lowers: st.Lowers(), buf: make([]byte, readBatch)}
 	var written int64
+	err := eachWindow(ctx, st, make([]byte, readBatch), func(w *window, segs []lsmt.Segment, w0, w1 int64) error {
+		n, err := w.emit(f, segs, w0, w1, onto)
+		written += n
+		return err
+	})
+	return written, err
+}
+
+// eachWindow walks the stack's logical range in windows of len(buf) bytes:
+// for each window with any segment, it reads the data pieces into buf
+// (window.fill) and hands the window's merged segments to fn.
+func eachWindow(ctx context.Context, st *lsmt.Stack, buf []byte, fn func(w *window, segs []lsmt.Segment, w0, w1 int64) error) error {
+	size := st.Size()
+	w := &window{lowers: st.Lowers(), buf: buf}
 	var segs []lsmt.Segment
 	for w0 := int64(0); w0 < size; w0 += int64(len(w.buf)) {
 		if err := ctx.Err(); err != nil {
-			return written, err
+			return err
 		}
 		w1 := min(w0+int64(len(w.buf)), size)
 		s0 := uint64(w0) / lsmt.SectorSize
@@ -73,15 +85,13 @@ func copyStack(ctx context.Context, st *lsmt.Stack, f *atomicfile.File, onto boo
 			continue
 		}
 		if err := w.fill(segs, w0, w1); err != nil {
-			return written, err
+			return err
 		}
-		n, err := w.emit(f, segs, w0, w1, onto)
-		written += n
-		if err != nil {
-			return written, err
+		if err := fn(w, segs, w0, w1); err != nil {
+			return err
 		}
 	}
-	return written, nil
+	return nil
 }
 
 // window is the logical range [w0, w0+len(buf)) of a stack being copied.

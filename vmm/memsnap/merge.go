@@ -90,22 +90,7 @@ type merger struct {
 }
 
 func (m *merger) run(ctx context.Context, stack *lsmt.Stack) error {
-	size := stack.Size()
-	w := &window{lowers: stack.Lowers(), buf: m.buf}
-	var segs []lsmt.Segment
-	for w0 := int64(0); w0 < size; w0 += int64(len(w.buf)) {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		w1 := min(w0+int64(len(w.buf)), size)
-		s0 := uint64(w0) / lsmt.SectorSize
-		segs = stack.MergedIndex().Lookup(segs[:0], s0, (uint64(w1)+lsmt.SectorSize-1)/lsmt.SectorSize-s0)
-		if len(segs) == 0 {
-			continue
-		}
-		if err := w.fill(segs, w0, w1); err != nil {
-			return err
-		}
+	return eachWindow(ctx, stack, m.buf, func(w *window, segs []lsmt.Segment, w0, w1 int64) error {
 		for _, s := range segs {
 			a, b := pieceSpan(s, w1)
 			if a >= b {
@@ -121,8 +106,8 @@ func (m *merger) run(ctx context.Context, stack *lsmt.Stack) error {
 				return err
 			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // zero records n zero bytes at off as a zeroed extent.

@@ -58,37 +58,20 @@ func writeLayers(ctx context.Context, pid int, memFile string, paths []string) (
 	}
 	defer base.Close()
 	rw := &remoteWriter{pid: pid, regions: regions}
-	w := &window{lowers: stack.Lowers(), buf: make([]byte, readBatch)}
-	size := stack.Size()
-	var segs []lsmt.Segment
-	for w0 := int64(0); w0 < size; w0 += int64(len(w.buf)) {
-		if err := ctx.Err(); err != nil {
-			return st, err
-		}
-		w1 := min(w0+int64(len(w.buf)), size)
-		s0 := uint64(w0) / lsmt.SectorSize
-		segs = stack.MergedIndex().Lookup(segs[:0], s0, (uint64(w1)+lsmt.SectorSize-1)/lsmt.SectorSize-s0)
-		if len(segs) == 0 {
-			continue
-		}
-		if err := w.fill(segs, w0, w1); err != nil {
-			return st, err
-		}
+	err = eachWindow(ctx, stack, make([]byte, readBatch), func(w *window, segs []lsmt.Segment, w0, w1 int64) error {
 		for _, s := range segs {
 			a, b := pieceSpan(s, w1)
 			if a >= b {
 				continue
 			}
 			if err := rw.piece(base, s.Zeroed, w.buf[a-w0:b-w0], a, &st); err != nil {
-				return st, err
+				return err
 			}
 		}
 		// The window's buffer is reused by the next window.
-		if err := rw.flush(); err != nil {
-			return st, err
-		}
-	}
-	return st, nil
+		return rw.flush()
+	})
+	return st, err
 }
 
 // remoteWriter batches writes into another process's mapping of a file.
