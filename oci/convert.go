@@ -253,6 +253,11 @@ func (p *Puller) Convert(ctx context.Context, img *Image, opt ConvertOptions) (*
 	if res.SizeMiB, err = MakeExt4(ctx, tree, raw, opt.SizeMiB); err != nil {
 		return nil, fmt.Errorf("oci: convert %s: %w", img.Ref, err)
 	}
+	// The tree is garbage once mke2fs has copied it: removing its thousands
+	// of inodes overlaps the import instead of following it.
+	removed := make(chan struct{})
+	go func() { defer close(removed); os.RemoveAll(tree) }()
+	defer func() { <-removed }()
 	out := filepath.Join(build, "out")
 	if err := os.Mkdir(out, 0o755); err != nil {
 		return nil, fmt.Errorf("oci: convert %s: %w", img.Ref, err)
