@@ -96,11 +96,36 @@ func OpenRoot(dir string) (*Root, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("unpack: create root %s: %w", dir, err)
 	}
+	markTopDir(dir)
 	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("unpack: open root %s: %w", dir, err)
 	}
 	return &Root{fd: fd, path: dir}, nil
+}
+
+// fsTopDirFlag is FS_TOPDIR_FL (linux/fs.h), not defined by x/sys/unix.
+const fsTopDirFlag = 0x00020000
+
+// markTopDir flags dir as the top of a directory hierarchy (chattr +T), a
+// hint ext4's allocator takes to spread the directories made right below it
+// over block groups with free inodes instead of placing them next to dir. A
+// layer makes thousands of inodes, and ext4 without a journal passes over
+// every recently freed inode of a group on each allocation: next to a cache
+// directory where files come and go, a create was measured at about a
+// millisecond against tens of microseconds in a quiet group. Best effort:
+// other filesystems refuse the flag, which changes nothing else.
+func markTopDir(dir string) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	flags, err := unix.IoctlGetInt(fd, unix.FS_IOC_GETFLAGS)
+	if err != nil || flags&fsTopDirFlag != 0 {
+		return
+	}
+	_ = unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, flags|fsTopDirFlag)
 }
 
 // Path is the directory the root was opened at.

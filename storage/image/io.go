@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/storage/lsmt"
 )
 
@@ -25,21 +27,86 @@ func (z zeroPadded) ReadAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
-// dataExtents lists the sectors of f that hold data (SEEK_DATA/SEEK_HOLE),
-// as segments mapping each sector to itself. A seek error other than "no
-// more data" is an error: the data past it would be silently dropped.
-func dataExtents(f *os.File, size int64) ([]lsmt.Segment, error) {
+// dataExtents lists the sectors of f in [base, base+size) that hold data
+// (SEEK_DATA/SEEK_HOLE), as segments mapping the disk sector s to the file
+// sector base/512+s. A seek error other than "no more data" is an error: the
+// data past it would be silently dropped.
+func dataExtents(f *os.File, base, size int64) ([]lsmt.Segment, error) {
 	var segs []lsmt.Segment
-	err := lsmt.DataRanges(f, 0, size, func(a, b int64) {
-		s0 := uint64(a) / lsmt.SectorSize
-		s1 := (uint64(b) + lsmt.SectorSize - 1) / lsmt.SectorSize
+	shift := uint64(base) / lsmt.SectorSize
+	err := lsmt.DataRanges(f, base, base+size, func(a, b int64) {
+		s0 := uint64(a)/lsmt.SectorSize - shift
+		s1 := (uint64(b)+lsmt.SectorSize-1)/lsmt.SectorSize - shift
 		for s := s0; s < s1; {
 			n := min(s1-s, lsmt.MaxSegmentLen)
-			segs = append(segs, lsmt.Segment{Offset: s, MOffset: s, Length: uint32(n)})
+			segs = append(segs, lsmt.Segment{Offset: s, MOffset: s + shift, Length: uint32(n)})
 			s += n
 		}
 	})
 	return segs, err
+}
+
+// BuildRaw makes a sealed layer at out (no parent) of a raw disk of size
+// bytes that write puts into the file at path, starting at byte offset off
+// (a tool that formats a disk image at an offset, such as mke2fs -E
+// offset=). Uncompressed, the disk is written inside the layer file itself,
+// past the header, and sealed in place around it: its data is never copied
+// and the layer is synced once, then renamed (internal/atomicfile), so out
+// is never a partial layer. Compressed, the disk goes to a temporary file
+// next to out that ImportRaw compresses.
+func BuildRaw(ctx context.Context, out string, size int64, opt CommitOptions, write func(ctx context.Context, path string, off int64) error) (LayerInfo, error) {
+	if size <= 0 {
+		return LayerInfo{}, fmt.Errorf("build raw %s: size %d", out, size)
+	}
+	if opt.Compress != nil {
+		return buildRawCopy(ctx, out, size, opt, write)
+	}
+	f, err := atomicfile.Create(out, 0o644)
+	if err != nil {
+		return LayerInfo{}, fmt.Errorf("build raw %s: %w", out, err)
+	}
+	defer f.Abort()
+	vs := (size + lsmt.SectorSize - 1) / lsmt.SectorSize * lsmt.SectorSize
+	if err := write(ctx, f.Name(), lsmt.HeaderSize); err != nil {
+		return LayerInfo{}, fmt.Errorf("build raw %s: %w", out, err)
+	}
+	end := lsmt.HeaderSize + vs
+	if st, err := f.Stat(); err != nil || st.Size() > end {
+		return LayerInfo{}, fmt.Errorf("build raw %s: the disk written is larger than %d bytes (%v)", out, size, err)
+	}
+	segs, err := dataExtents(f.File, lsmt.HeaderSize, vs)
+	if err != nil {
+		return LayerInfo{}, fmt.Errorf("build raw %s: %w", out, err)
+	}
+	res, err := lsmt.SealInPlace(f, end, segs, lsmt.SealOptions{VirtualSize: uint64(vs), Message: opt.Message})
+	if err != nil {
+		return LayerInfo{}, fmt.Errorf("build raw %s: %w", out, err)
+	}
+	if err := f.Commit(); err != nil {
+		return LayerInfo{}, fmt.Errorf("build raw %s: %w", out, err)
+	}
+	return LayerInfo{Path: out, UUID: res.Trailer.UUID, ParentUUID: res.Trailer.ParentUUID,
+		Size: res.FileSize, Segments: res.Segments, DataSize: res.DataSize}, nil
+}
+
+// buildRawCopy is BuildRaw through a temporary raw disk and ImportRaw.
+func buildRawCopy(ctx context.Context, out string, size int64, opt CommitOptions, write func(ctx context.Context, path string, off int64) error) (LayerInfo, error) {
+	raw, err := os.CreateTemp(filepath.Dir(out), ".raw-*")
+	if err != nil {
+		return LayerInfo{}, fmt.Errorf("build raw %s: %w", out, err)
+	}
+	defer os.Remove(raw.Name())
+	raw.Close()
+	if err := write(ctx, raw.Name(), 0); err != nil {
+		return LayerInfo{}, fmt.Errorf("build raw %s: %w", out, err)
+	}
+	if st, err := os.Stat(raw.Name()); err != nil || st.Size() > size {
+		return LayerInfo{}, fmt.Errorf("build raw %s: the disk written is larger than %d bytes (%v)", out, size, err)
+	}
+	if err := os.Truncate(raw.Name(), size); err != nil {
+		return LayerInfo{}, fmt.Errorf("build raw %s: %w", out, err)
+	}
+	return ImportRaw(ctx, raw.Name(), out, opt)
 }
 
 // ImportRaw writes a raw disk file as one sealed layer at out (no parent).
@@ -59,7 +126,7 @@ func ImportRaw(ctx context.Context, raw, out string, opt CommitOptions) (LayerIn
 		return LayerInfo{}, fmt.Errorf("import raw %s: empty file", raw)
 	}
 	vs := (st.Size() + lsmt.SectorSize - 1) / lsmt.SectorSize * lsmt.SectorSize
-	segs, err := dataExtents(f, st.Size())
+	segs, err := dataExtents(f, 0, st.Size())
 	if err != nil {
 		return LayerInfo{}, fmt.Errorf("import raw %s: %w", raw, err)
 	}

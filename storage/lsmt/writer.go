@@ -92,6 +92,20 @@ func WriteSealed(ctx context.Context, w io.Writer, segs []Segment, src func(tag 
 	out = Compact(out)
 	res.DataSize = cw.n - HeaderSize
 	// Data ends 512-aligned by construction; the index follows.
+	tr, err := writeIndexTrailer(cw, out, hdr)
+	if err != nil {
+		return res, err
+	}
+	if err := cw.w.Flush(); err != nil {
+		return res, fmt.Errorf("write layer: %w", err)
+	}
+	res.Trailer, res.Segments, res.FileSize = tr, len(out), cw.n
+	return res, nil
+}
+
+// writeIndexTrailer writes the index of out (padded) at cw's offset, which
+// must be 512-aligned, then the trailer, and returns the trailer.
+func writeIndexTrailer(cw *countingWriter, out []Segment, hdr HeaderTrailer) (HeaderTrailer, error) {
 	indexOffset := uint64(cw.n)
 	n := len(out)
 	padded := (n + IndexAlignCount - 1) / IndexAlignCount * IndexAlignCount
@@ -103,12 +117,12 @@ func WriteSealed(ctx context.Context, w io.Writer, segs []Segment, src func(tag 
 		}
 		EncodeMapping(ent, s)
 		if _, err := cw.Write(ent); err != nil {
-			return res, fmt.Errorf("write index: %w", err)
+			return hdr, fmt.Errorf("write index: %w", err)
 		}
 	}
 	if pad := (HeaderSize - cw.n%HeaderSize) % HeaderSize; pad > 0 {
 		if _, err := cw.Write(make([]byte, pad)); err != nil {
-			return res, fmt.Errorf("write padding: %w", err)
+			return hdr, fmt.Errorf("write padding: %w", err)
 		}
 	}
 	tr := hdr
@@ -116,12 +130,60 @@ func WriteSealed(ctx context.Context, w io.Writer, segs []Segment, src func(tag 
 	tr.IndexOffset = indexOffset
 	tr.IndexSize = uint64(padded)
 	if _, err := cw.Write(tr.Marshal()); err != nil {
-		return res, fmt.Errorf("write trailer: %w", err)
+		return hdr, fmt.Errorf("write trailer: %w", err)
+	}
+	return tr, nil
+}
+
+// SealInPlace makes f a sealed layer around data already in it: segs map
+// virtual sectors to f's own sectors (MOffset counts from the start of the
+// file, so data starts at HeaderSize) and lie below dataEnd, a multiple of
+// SectorSize. It writes the header at offset 0 and the index and trailer
+// right after the last mapped sector (what lies past it is a hole the layer
+// does not keep), and truncates f after the trailer. The data is never
+// copied: a tool that writes a disk image at offset HeaderSize of f (mke2fs
+// -E offset=) makes the layer's data itself. segs must be sorted and
+// non-overlapping. The caller syncs f.
+func SealInPlace(f interface {
+	io.WriterAt
+	Truncate(size int64) error
+}, dataEnd int64, segs []Segment, opt SealOptions) (SealResult, error) {
+	var res SealResult
+	if dataEnd < HeaderSize || dataEnd%SectorSize != 0 {
+		return res, fmt.Errorf("seal in place: data end %d below the header or not 512-aligned", dataEnd)
+	}
+	indexAt := int64(HeaderSize)
+	for _, s := range segs {
+		end := int64(s.MOffset+uint64(s.Length)) * SectorSize
+		if s.Zeroed || s.MOffset < HeaderSize/SectorSize || end > dataEnd {
+			return res, fmt.Errorf("seal in place: mapping %+v outside the data [%d,%d)", s, HeaderSize, dataEnd)
+		}
+		indexAt = max(indexAt, end)
+	}
+	if opt.UUID.IsNil() {
+		opt.UUID = NewUUID()
+	}
+	hdr := HeaderTrailer{Flags: FlagHeader | FlagData | FlagSealed, VirtualSize: opt.VirtualSize,
+		UUID: opt.UUID, ParentUUID: opt.Parent, Tag: opt.Message}
+	if _, err := f.WriteAt(hdr.Marshal(), 0); err != nil {
+		return res, fmt.Errorf("seal in place: write header: %w", err)
+	}
+	out := Compact(segs)
+	cw := &countingWriter{w: bufio.NewWriterSize(io.NewOffsetWriter(f, indexAt), 256<<10), n: indexAt}
+	tr, err := writeIndexTrailer(cw, out, hdr)
+	if err != nil {
+		return res, fmt.Errorf("seal in place: %w", err)
 	}
 	if err := cw.w.Flush(); err != nil {
-		return res, fmt.Errorf("write layer: %w", err)
+		return res, fmt.Errorf("seal in place: %w", err)
 	}
-	res.Trailer, res.Segments, res.FileSize = tr, n, cw.n
+	if err := f.Truncate(cw.n); err != nil {
+		return res, fmt.Errorf("seal in place: %w", err)
+	}
+	res.Trailer, res.Segments, res.FileSize = tr, len(out), cw.n
+	for _, s := range out {
+		res.DataSize += int64(s.Length) * SectorSize
+	}
 	return res, nil
 }
 
