@@ -27,23 +27,30 @@ func AgentClient(slot *network.Slot, timeout time.Duration) *http.Client {
 
 // WaitAgent polls the agent's /health until it answers 2xx.
 func WaitAgent(ctx context.Context, slot *network.Slot, limit time.Duration) error {
+	_, err := waitAgent(ctx, slot, limit)
+	return err
+}
+
+// waitAgent is WaitAgent that also says how many requests it took.
+func waitAgent(ctx context.Context, slot *network.Slot, limit time.Duration) (attempts int, err error) {
 	hc := AgentClient(slot, 2*time.Second)
 	deadline := time.Now().Add(limit)
 	for {
+		attempts++
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/health", nil)
 		resp, err := hc.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode < 300 {
-				return nil
+				return attempts, nil
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("agent did not answer /health within %s (last error: %v)", limit, err)
+			return attempts, fmt.Errorf("agent did not answer /health within %s (last error: %v)", limit, err)
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return attempts, ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

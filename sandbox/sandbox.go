@@ -285,18 +285,25 @@ func (v *VM) agent(ctx context.Context, spec Spec) error {
 	if wait == 0 {
 		wait = time.Minute
 	}
-	if err := WaitAgent(ctx, v.Slot, wait); err != nil {
+	start := time.Now()
+	attempts, err := waitAgent(ctx, v.Slot, wait)
+	if err != nil {
 		console, _ := os.ReadFile(v.Machine.Info().ConsoleLog)
 		if spec.Log != nil {
 			spec.Log.Error("the guest's agent is silent", "vm", spec.ID, "console_tail", string(tail(console, 4000)))
 		}
 		return fmt.Errorf("%w (guest console: %s)", err, strings.TrimSpace(string(tail(console, 600))))
 	}
-	if spec.Init == nil {
-		return nil
+	health := time.Since(start)
+	if spec.Init != nil {
+		v.EnvdVersion, err = InitAgentVersion(ctx, v.Slot, spec.InitHeld, *spec.Init)
 	}
-	ver, err := InitAgentVersion(ctx, v.Slot, spec.InitHeld, *spec.Init)
-	v.EnvdVersion = ver
+	if spec.Log != nil {
+		// Where the agent stage's time goes: the guest answering at all,
+		// then its /init.
+		spec.Log.Info("agent ready", "vm", spec.ID, "health_after", health.Round(time.Millisecond),
+			"health_requests", attempts, "init_took", (time.Since(start) - health).Round(time.Millisecond))
+	}
 	return err
 }
 
