@@ -325,11 +325,14 @@ type NewSandbox struct {
 	AllowInternetAccess *bool                    `json:"allow_internet_access,omitempty"`
 	AutoPause           *bool                    `json:"autoPause,omitempty"`
 	AutoResume          *SandboxAutoResumeConfig `json:"autoResume,omitempty"`
-	EnvVars             *map[string]string       `json:"envVars,omitempty"`
-	Metadata            *map[string]string       `json:"metadata,omitempty"`
-	Network             *SandboxNetworkConfig    `json:"network,omitempty"`
-	Secure              *bool                    `json:"secure,omitempty"`
-	TemplateID          string                   `json:"templateID"`
+
+	// Drives aenvd extension (E2B's API has no such field): extra block drives, in order /dev/vdb, /dev/vdc... of the guest (after the drives a snapshot given as templateID already carries); at most 4, and only templates with free drive slots take them
+	Drives     *[]SandboxDrive       `json:"drives,omitempty"`
+	EnvVars    *map[string]string    `json:"envVars,omitempty"`
+	Metadata   *map[string]string    `json:"metadata,omitempty"`
+	Network    *SandboxNetworkConfig `json:"network,omitempty"`
+	Secure     *bool                 `json:"secure,omitempty"`
+	TemplateID string                `json:"templateID"`
 
 	// Timeout seconds
 	Timeout *int32 `json:"timeout,omitempty"`
@@ -461,6 +464,18 @@ type SandboxDetail struct {
 	StartedAt           time.Time             `json:"startedAt"`
 	State               SandboxState          `json:"state"`
 	TemplateID          string                `json:"templateID"`
+}
+
+// SandboxDrive aenvd extension: one extra drive, exactly one of image and sizeMiB
+type SandboxDrive struct {
+	// Image a template or snapshot id or name: the drive is a copy-on-write view of its root disk (the sandbox's own), or the disk itself with readOnly
+	Image *string `json:"image,omitempty"`
+
+	// ReadOnly the guest sees a read-only disk (image drives only)
+	ReadOnly *bool `json:"readOnly,omitempty"`
+
+	// SizeMiB a blank writable volume of this size (1..65536 MiB, sparse), for the sandbox alone
+	SizeMiB *int32 `json:"sizeMiB,omitempty"`
 }
 
 // SandboxFork defines model for SandboxFork.
@@ -2793,95 +2808,100 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7D35b9y2mv8KoX1AbEA+YrfF7gT7g3NtgyapETvpWzRBw5G+mWFHIlWS8njW8P++4KWT0kjjGSfvoT/5",
-	"EEV+90V+1F0QsTRjFKgUweQuyDDHKUjg+i+BaTxlt29eqj8IDSZBhuUiCAOKUwgmledhwOGvnHCIg4nk",
-	"OYSBiBaQYvWiXGd6sOSEzoP7+3s1WGSMCtCrvOKccfVLxKgEKtWvOMsSEmFJGD35UzCqoSlm/AeHWTAJ",
-	"/uOkBP7EPBUnZja9Sgwi4iRTkwSTAFME9pmDTi9/IQSZ02tIswRLuMZz8QH+ykFoODLOMuCSGEglnuuf",
-	"REIqPKiFQYpv35iHT09PwyAl1P0ZusGYc7xWYyXmc9Cr1AGVC0DSgoOwQIrYiHH9cyLxHB2oEdOcJDGS",
-	"CyyR+p96KJ6hFZELlkvEKIRIDVOTCGlGHwZhixlVxv3uQAoNpl+K4Wz6J0RSAW2oBXGVXm1C6eWM2LRI",
-	"tJmIdUK1QJyLICxW8MH4XD17y+avqOTrNnAJ3ECifgGap2rKGKb5PAgDQmcsCIMV5jQIAyMsX0IPk0EI",
-	"PAcv7EJC5keKpCAkTvXTGeMplsEkiLGEI/VoM2uK90sAQotLJxGuJJa5+ADYqlCDEIZE9q+CH33aVSft",
-	"fVuot6BNA1E3gw+pF4xSiOSVsTseBSUpsFzWSEyoPD8LtC6SVDH8tJiYUAlzMBahtdZLSEDCILtgzOHu",
-	"ZV3P26OMheWsgxOxGNpmBf7KcSK0Ufj5+voSCS0bQdimVJM6fVxtQKyXDnt5+Jrx5QcQeeIhJDiEBlj4",
-	"0LmfTeOdtHi5/JYICXGnQOGEYD/jooQAlR02LsryFyynfkFskzcmYnlF/g/ePR/4AtD4Qg41JGr4TfwJ",
-	"uCDGCngMWsr4evDqKUgcY6ldMY5jogQMJ5d1TewQ9JLyteDCYyswlzAKSyXQMFAYrvRYBZbVby8YTRNc",
-	"jg1rsU8hC1W4HZcq0lChdI3pDvY6p3zK8x5WPbKasNUfik+cgvwDRxGIKi+mjCWAqZoG55Jd4lxA92Ol",
-	"oulQcl4UL7xgdEac0H3CJo7cXkh2I2oU5Irx5UBk3pvRJSYCopx3kKpXfsKqQ6pbYwERo7HX/G5wVB0S",
-	"2SUtFGdiwYY7LR/93luH0pa3CEuIX1x+HGg5ilfedVicn37wvhexNCUdobJgOY8AmSEIKw1CKyx0yCvR",
-	"jLPUZyxGWuiIA5bwGpMk5wb7IVDrl65yrYiD34qtFWtjakJ+9RyxmcHUh5oyLNdM4mQwedUbHwXEo17Y",
-	"GCsqqXmpB96HQcJwfHEDHM/haVq36SyfJhWDTvN06vyMEpIhyxhxKt8Zh755ZxQBKIu7VN46BhhEn6ti",
-	"sHVguahmJhxwvFa+gmNC1fy+dOSmx7PfpOkQMD69e9cOPg2KBVjlQmZaj19zZG+QtC6SNXGrkiusWxSf",
-	"tWjrVEs1v3TYr5dOZOt6tVoABx0UK3yfCMQZk0jLN0rIDSBMY7RgK0SkQJ/eCcQBRwv1gqJAI+vF0RJo",
-	"7DH2kinBj9FBgtfAIUYkxXMQhyqtn5FE49H2HRxTkTHusXv5NFnqksA0RgdL5e8TNE1YtEQx3JAIxGGo",
-	"nh0JFi1BooP3z18iITkm84VEkml8P717dxjq1Tfmng6xKkxddH5XKG0dZEVDDooSEGtCzkEqOAhHRlgs",
-	"TcKC4imma8UJSWgk7VPEc6oUQc+Q4qzFAzOsvXwxT3UxQ3s1TwYxmq6rsw9MjKxndAob4WgBR5aomiNH",
-	"cNugV8lhXiTmHsX1INFAPlO/4xpGQ6Bu5tsmZbOwhI6CBoQuLl9VjVydA5mKK+OBftViNHC0VCZk0NgG",
-	"jm6Z0EHn5urET9u8FwtM557IZytD3QDJztEFgLLI7Ygrikzlqu3zObkB7n3UKWQNgOwUoV3FB5gJ8Xuy",
-	"5f60YpfVmV1n7DFLMdFUonmSYBWR2EK2N5u+0P7nmi3Br76bMu7+5HdTUsHxbEaiBgwb4N4il92UjHYl",
-	"f+2yDlWAxT6p6OHtS5CYJGM4rDPgNzYBvujJf79p8WaUqI2u8zxUMhMyg2gdJUNT/7fF+G9VSHpodv93",
-	"HWp8HcqC/9rSvVl/7tKeFN8aK+92x+xfXme/oXSCdCAeLVROrCL1h9ZSDNQ9yL6takbb8ZUFs7a9YfS6",
-	"xMbFDEuSJC4i2RwvVJaoztcHL/OY4oRQ2Pv+lF6kH7KOvbkZgSR+YM1wr/t7+9zGCx36/aQTO9nJa7LC",
-	"s5eXsPk2823c1tLzhlWgexB+B5KTyGNkRhbwsvyjgPgyqr8wSxiWvtpTUbEYWUIbXnIaM3sK6YjJR8to",
-	"5ZWPlNwOWqZHruuT1fxOhQ0lVhVyVAhZ5UGPfNT9uX9T5FdjeIfuwtpA8jKfJiS6NsG2367HQNejJ0+x",
-	"WNqt5J+Z8Dg49V+0ABwDR2yGuBlrtm4zzm7XaMb4CvNYuFqODQKeoX/cXf764foeEYE4ZAmOTF1Dv8m4",
-	"PDY++C3QuVwEk7Mfz8Mh9f86qT9mrkS9M1IP27Xagto92HyAGQexaOMR5xxLGx53RzDnP9VCmHFp65UL",
-	"EYv6QbNA4fNL9uVKKLGz0w9NVd4QWoD4jciFMc0ed1QrgXc58gHOxNr+NiGbtZRiPS/MdgvsjXL/D/Yj",
-	"uto8Kh8wsfZbvLan6gYlRqPyKH34a5zacciYINJbqi1r4sKSzgTYaAprRmMkF0TocvkE4akAKtFqAbQo",
-	"oqMFVo/Ll8u1nqEMaEzoPER5ljBc/RViXQ3HJIEYHayIXFRe1Gc+DpXd04V4u9knGSIy8BZWay/662KM",
-	"yZkYxZYNqaKTsy2KOk2BLqdy3K1nerUUsJTJhrA1kPQphzvf1FFmGStWeotyjD71nRSclkfYqrZS/9sY",
-	"yxUm0vzmCrDdUf3+FX2LYzw7PZezhRnIdIzjd7ciwyvqJVlX3Nlftsx13DCCon1lDyc3g6oaFsuwkOm6",
-	"zpSA1VlSl8A+7blQ836wh5o9WyI9VN668GMn7QNLn9Z8TRL4qC2sBzAOwp64bkOW82QzSG6GjWD4vW+f",
-	"+u/jeGorpR3gKN32ycaFa6dtvfv5W5qurWWk1JJiE39Y8l1jnU1WPp331OIbu62QcdBb9y2tDoNcADKH",
-	"j2ieJJssc3+RsNdClq+e/WeXvdzJsV3FIZx2caefuFcSc/npzFMKYzzqKCfOOEvfpF0lKvW06tZ9O4Lx",
-	"+kUadxe8ux9CNlwbHRBXErJhqZl7w0qcs6idkrdVeNJhbnbsPbeRoQdrucfRueix8xB5jUttMvOxaOgz",
-	"FT9jk1m3hbNbqs1/NmKunvbhcY3n4/zMFpGeNGtsaqaZ1wOVYp0+8E11pbPVoBS5Vs4mF8BRrXmICGTG",
-	"owN78AbTWGdVXEL8DMEN8DW6uHyDlrDWZwpNAicAhH3o5qr0DvXu3TbR6AqJRmubpzXCL8+/wXTBWGdB",
-	"cAtu92xfhwHcuN654SpC4k4L1JE6dniXgUEa0W7YTBK6rpJqBOwwNPMVSPWRV7/du9UfwwzrLo/a5raX",
-	"dI0NPpPoHhdb0cd3FthwSZIE4tAUyUJuzqOEM8aXEN+jAxvJazGPFhAtM6b8fYwwB4SjCDI1CaJKtpGK",
-	"W5VYD+dbJ4MEmVMscw5XEHFfT58aYHcsY0iIUq0JgrPpUfGmUlalvDnNcBxDjKZYwE8/KK28+vni6OzH",
-	"nxC7sQou9CpoxpKErcoK75TpOLJLRhrn8aTMEONI/RTo44e3egrDEk2uy1+vriFGkm1MzIbKTFfheOf6",
-	"NYZPwzWqXYPUjQFErq9UwGNwucjIL7C+yOWi6Jk1lfyya/afRxeXb45+gQqvsH7LdK0SmyjV2XW9ABQx",
-	"KjlLtMFmM/RVnwD/GiIVemFJpgno/k/06uz5k8Lyq8GCmUZR8+Dq5S8CrRhfopymLCYzAvHxZ/pK23ud",
-	"hCBMxQq4QF/vPuuWrs/BBH3OT0/Po0rrmP4HhOiz28jUo4Lj4+PPwf3XY6SIAFTaNt6J29H4WuD/9fgz",
-	"1dtFMlFEuJgDla/efzI+SMF98Ors+VGJ3WHlDPIkOD1+enyqN9czoDgjwSQ4Pz49Ptc1dLnQ3Dgx0nOy",
-	"MgKo/2d7bpUAasDexMFEt4H95gY1+pPPTk9HdScPio3rXqrt7Vrty5Ujyg6bELEkBiHRjHAhzQ6JNbn+",
-	"xQu0ql3Smd2DqhPE2HcLpW3vBiGfKxOzq1btuiu5r5sV5TTuW5x4uvPFLQPaBOcwJ0KCAmYryt6HLfE7",
-	"ubO/vXl5b1Q8AWMQ68Q3radV4teI8IPnQDgtwX2mS+S20O7cDQFj1WPOsmxblEK/8vwPyE5YTx+PYUpD",
-	"LH231oXK9Qe/e688KBg46sqDL9omRYs27YxPfBQ9s+53kJ59G7YhLJAN4bbXuQXgxHjfLmH92YwYolcm",
-	"2uIq8CIKtprbDya/f9FLpuVGqPdGh0vOUpWe5QLZocp/F/tlB0WgiwpYhXHlKpWi0RotiJBsznEqdGwr",
-	"pGmVyBhLRIiK/c/D4yBs4+v2aTdyWcKtPMkSezq19waPTgTVHAhu9f4bYRTZFMtLN4V9v09+r0c8hkPW",
-	"PY6D/LDd/NxeQjXaJ3emweq+T1Lfu96MPSmnQbo72NifHS26y8YZUe95Gd10UVEnkywaTVGpobDxLPrx",
-	"9BytFiQBBLe6H2heqg5aAmSuAUg3ZqV4CYhIpMulCM+VWjS168rw6MpV1/dhvlv9KIMseJcx0xMpY0a0",
-	"bkYPkOPaMY9OFb6qNPg15KIRw/DkCKhKN2K0/O8blGHCBfqTEWpSXJVvnP2kz3EGk+CvHPi6lKfiKPkG",
-	"Cdq/IanfKDHAoriuLlHtBd11JO/g2ZOIltcSPHIYX1vWI+7msW4ItzWkHcj7RoevbRGsVG4mcJolumFb",
-	"V38azNYbYTE6yOmSshUNkalsadNFmURrcDPEiFEbwycwk4jlunjVchmFupVev1frIpam+EiAGiQhLgAj",
-	"sUAHWKKUCYmenp6qxeA2S3TD4wwnAvyKaN//g8Si17oPvkOrWdwRcq3LBSqwCB6s0gNkq37YzSNoNU4L",
-	"ZapKIu5C2u6Kkz+9WeMvJEmqar7JHZha6q4zwU4Ids4X2x/Wr/k7imB875VDTsqjWfdfOnl3Epnbq5r3",
-	"7I2bvtPM16/G2o+dbyxy377Mbw989nGYSG3SrTV9huyZVQS3EmhspPqR3IwDxexF7FjfT2auw2rnAvOa",
-	"8eV+paXaJLaHsGBQNFa5bWxAKMYoaEYmEmXATXNZqCJlxmPg6AAXll0XyU21/HDXPHeHlDaY2LfmJE9/",
-	"TE3JLUpJkpDywiGv15aYy1rsPKAB5M47VUJSUp+qoM3TU+XQe7sCN/UFPobD14TtcCscIqASJUQFY7aI",
-	"M1eagyJGBUuguI9DhXB4DlQe6l/tWP2fJwKxFUUJm4coBT63W3gkhXpJ/xmiSiJNymobA74jf9aOgrtE",
-	"dWAsqqV1L4I6eh1z3cmYVR4luexqjOjdNnKBaaXm+ESYkiJfowMlYuawxwxWjizu9lgh0YLl/FCXIwlF",
-	"mv7Hx0DjpqjiZm7zRLgciAjkMgm1mG72ucGJmuB7kudKI/mD3G0uu+r89Uaq/brderfWQ2pGMOcgBMpY",
-	"QqL1jktHNQZk7u6Q3Uc7+lqSMdnRQ8xtN4bcNJ2B2A+WtqftUcI61z/nTQI8BK2G5rslqeu73wU9KyeX",
-	"bcmiSWG12n4J3Lhmx0vgR0lt9pTTuO6mPSmBLXi6iy/3V/F0K+ybQdX+xS4X73rtDnKBp4m+N748I4wY",
-	"tdXPnecqlZ7T3XPyqgggXc/rXi2aW2RbXylAPoC8VaXo3kwpRvk32fzFWNMB0rkt0pHI2XOio9/rTwDD",
-	"h9wK0wkq3Epz5dE33/6pa+vmAL3ge+iiZRtP//PoPdzKI42W+byDid7hVqIMz2EHonZyVzaaDjiQVDOp",
-	"m5TBTLX78nInDKffxODub4e81gM8YpdccdiZ/n5jcl2MegzFKFqShmStDjLluXZw4qKY78Q2xpzc6V96",
-	"D1/Umjv3KW/+LtIOwSu/DEORxsHYhv3JIS7Q304ET1wnVL9xqX1QZj9uvvuLHtt6fA4pu3lAUc4b9bQ/",
-	"SLQnenR/+eiRN/G9HxXqkn88V9ZgZT6LZP7D5yCfmBvf410YibsydL4fLrnf0i12w7B7M7XJMu3PFNW6",
-	"Hrc7fduK2Gsdc08Eco1yUnIyzZULOjCdFO3TFqa0ViP97pXU3xf4yId4O7r6NgjCkwf5pm6VPNGKLk7u",
-	"bG/l/UnZab9JQSqN+sNSqITNxa+zmYCOlOZ09K2T+82axixpbx0sl9zuxsS97sm1L5HokDotDFqBTXQU",
-	"o4TNEZhLDvR3QFDJS8Tod2emQu9kZf/w1gFYTXd0e/bJ3QKLxaDo97X9PMHenH/XZSUeNlebnIubptQf",
-	"5h5/3cD84tfL/0VCQoYOsAoNEObRgtwAmq5dI+Wh+caAveaK2funzDcd/jWEQnFvtAv0b0sp1Nu8HuLH",
-	"WCRBHgnJAad1dhe2akoo5p6e1MHhZfs7GrDzCK9IUDapQhGKP1aqfI0HtwZWfK5CJ1TiroXluwvGFCNu",
-	"zsYeHv90NsxdDzoHHm44BDtxW9lh8bmIjrMIcqsK6bBy5bcprzY0jnGJYsIh0s0807U5AGDPquCIMyF0",
-	"NVI8QxgVeCEi0A1OiO6/0BbaHKCyZ+VSHJtW5Q7C6sF+FDV8+sYCE6lg/Zf+p+8K7SY+H16/QOfn5/+l",
-	"EZggRpN1pQXEXpqOsNTnu2ZSg9x3EgXiCzVqnLSZb5Tp/VChqHpg+rIvLt8UVyfm0UI5NQn8METDgFbr",
-	"RTJZoynMGIeNgD/Xw0ZCXrlbJC6+SdyEyB60NzGX+UJxmSP5IKo8/ldr3iiwfub622t1e30xZqrYwSE1",
-	"DURmmIakOnRDx93+WkK0Zf27KWTbmKLqyr7Vae+9sfDv8977O+99czZ2m8ay+d95o6ZKlP6aj0evvstU",
-	"vPNsg/LCtdx3b1rsvW9wkEk+a+dg5iOkNoZ4AKPP69Lf56gc/J/OH4NA5W2Xw0m0Uyjalx9u3gqM9Z0f",
-	"+uSAKYSFyF4wWkTglnEZRFtyrd7BX7/q6Pcv91/u/z8AAP//",
+	"7H17b9u4lvhXIfS7QBNAidNkpviti/0jfe0U00fQpL13MS2mtHRsc0yRGpKy4w3y3Rd86GVRsuTY6dzF",
+	"/NXUosjD8z6H51B3QcSTlDNgSgbjuyDFAiegQJj/ScziCb99+0r/h7BgHKRYzYMwYDiBYFx5HgYC/syI",
+	"gDgYK5FBGMhoDgnWL6p1agYrQdgsuL+/14NlypkEs8prIbjQf0ScKWBK/4nTlJIIK8LZ6A/JmYGmmPEf",
+	"AqbBOPh/oxL4kX0qR3Y2s0oMMhIk1ZME4wAzBO5ZDp1Z/lJKMmM3kKQUK7jBM/kJ/sxAGjhSwVMQilhI",
+	"FZ6Zf4mCRHq2FgYJvn1rHz49OwuDhLD8v2E+GAuB13qswmIGZpU6oGoOSDlwEJZIIxtxYf4dKzxDR3rE",
+	"JCM0RmqOFdK/6YfyOVoRNeeZQpxBiPQwPYlUdvRxEDaIUSXcbzlIod3pt2I4n/wBkdJAW2xBXMVXE1Fm",
+	"Ocs2DRRtR2IdUQ0QZzIIixV8ML7Qz97x2WumxLoJHIUlUP0HsCzRU8YwyWZBGBA25UEYrLBgQRhYZvkW",
+	"eogMUuIZeGGXClL/pkgCUuHEPJ1ykWAVjIMYKzjRj7aTpni/BCB0e2lFwrXCKpOfADsR2kCERZH7X0GP",
+	"Lumqo/a+ydQ74GZjo/kMvk295IxBpK6t3vEIKEmAZ6qGYsLUxXlgZJEkmuBnxcSEKZiB1QiNtV4BBQW9",
+	"9IJVh/vndTNvhzAWmrMOTsRjaKoV+DPDVBql8MvNzRWShjeCsImpTex0UXUDYrN02EnDN1wsPoHMqAeR",
+	"kG+oh4YPc/OzbXzOLV4qvyNSQdzKUJgS7CdcRAkw1aLjojR7yTPmZ8QmemMiF9fkf+D9i54vAIsvVV9F",
+	"oocv4y8gJLFawKPQEi7WvVdPQOEYK2OKcRwTzWCYXtUlsYXRS8zXnAuPrsBCwaBdaoaGnsxwbcZqsJx8",
+	"e8HYVMHl2LDm+xS8UIU7p1KFGyqYrhE9h71OKZ/wfIBVB69Svvpd00kwUL/jKAJZpcWEcwqY6WlwpvgV",
+	"ziS0P9YimvRF52XxwkvOpsSQIxZkaQHb8MP0HhHcKmB6m+jo9fmLJxJdXr1Fc+3tcCSzaI6mBGh8PNYD",
+	"BUYTyqMFslOGiDDERQwCjWJYjpbxJMz/ik5PTxGfGi0308oaHeGpAmF+sK8jjCTDqZxzhWZkCUz7WCVp",
+	"EaYCcLxGERbaNB4/R1ihhEuFfgoRZjHijK6LF6RxudBUgJsfScqVRAovQC+aaL+ij2V1mHyl5/AZVmDL",
+	"L9i65bvL3H4kl4FacbHouaMPdnTJGBKiTLRwXqc4hlX7XmcqCRFnsdeabbH7LQLeJnyOc3r7AD78fXD2",
+	"uSm+EVYQv7z63FMRF6+8b1Hgz37yvhfxJCEtkYfkmYgA2SHICusKSxNBKDQVPPHp3oEGLxKAFbzBhGbC",
+	"7r4P1Oal68zotd5vxc4oNHdqIyj9XGsMs1Pf1rSevuEK097o1W98lhAPemGrgtBc88oMvA8DynF8uQSB",
+	"Z/A0qZtInk1oxT6yLJnkZlszSZ9lLDuV7wzbvn1nEAIYj9tE3tlZ6IWf62Kw8wcyWQ30jGLXpldgwvT8",
+	"vuhu2eEoLZOkDxhf3r9v+vJ2iwVY5UJ2Wo+bkKN9A6V1lqyxWxVdYV2j+LRFU6YaovmtRX+9ylm2Ller",
+	"OQhj95De7xOJBOcKGf5GVFtHbUDnfIWIkujLe4kE4GieG8qNJAKOFsBij7JXXDN+jI4oXoOAGJEEz0Ae",
+	"Iy7QlFCzj6btEJjJlAuP3ssmdGEyLJMYHS20+0RzjwOWJAJ5HOpnJ5JHC1Do6MOLV0gqgclsrpDiZr9f",
+	"3r8/Ds3qW0P5fGNVmNrw/L4Q2jrIGocCNCYgNoicgdJwEIEsszichAXGE8zWmhKKsEi5p0hkTAuCmSHB",
+	"aYMGdlhz+WKe6mIW93qeFGI0WVdn7xlnOsuYC2yEozmcOKQaipzA7Qa+SgqLIs/hEVzPJjY2n+q/cW1H",
+	"faDeTF/YCNjBEuYYtCC0Ufm6quTqFEi1mx73tKtuRz1HK61Ceo3d2GO+TJhDl8/Vuj+j817OMZt5PJ+d",
+	"FPUGSG6ONgC0Rm56XFFkE4FNm6+9cOF91MpkGwC5KUK3ig8wGzF1JB+6o7R9Jrv2nQCJeYKJwRLLKMXa",
+	"I3HnAt7kxKWxPzd8AX7x3ZbA6M4lbAsqBJ5OSbQBwxa4d0gNbIvt22LpZpaMacBiH1d00PYVKEzoEAqb",
+	"hMJbl0+47Egn/NBc2CBWG5w2eyhnUjKFaB3RvpmUd8X4H5WXe2h0/3dab3har5b82ZYxGyPOwOXFjJUJ",
+	"EdziSNG1ecCnzhvTjp/UkJAXfr/Os1J58MhFmSYjcXH+WCbSEJEIo4in6xPOTlaCKEBLAisDgKp4/va8",
+	"0iH2iUR8xY5DPaGZSg8gSgKd2kyaNv0fGV0HfgfPPvPG8zbfJ8Gk+PTQE5OpsyBYlLgMoP69chha0WQ5",
+	"vjyYmVDMFkjvU+sYtOQ0S8DmGok0iEZHT09Pn/3888Uz9J68CJFMsZCgowK3WYcDhClnfX3LNl5542R0",
+	"8+inTdMm+NZ6BPnBtPuf1zHckmZDJmiL5oTGJqp7aN7NQt0hGO+qWrTpJJW56iZFObspd5P7lwtCae69",
+	"bvctK0tU5+uCl3vMNiUMDn40bBbphqzlWNwk3B+YXz7o0fohT9DDfPvdqJN7OUTfJIUn20/5bJf5tp4o",
+	"m3nDKtAdG34PSpDIo2QGJnvT7LOE+CqqvzClHCtfnrLIbg1Mt/ZPTw6ZPYFkwOSDebTyymdGbnst08HX",
+	"9clqPkqFDOWuKuioILJKgw7+qPt+/vPIj1bx9i2AcEHHVTahJLqxgZlfr8fA1oMnT7BcuCqOX7j0GDj9",
+	"K5oDjkFo0y7sWFs1kQp+u9a2fIVFLPO8n7Ppz9E/7q4+frq5126RgJTiyObAzJtcqFNrg98Bm6l5MD7/",
+	"+SLsc1ZUR/XnND/O2Buq+x0Y74Dtjt18gqkAOW/uI84EVi6UavdgLp7VXJhhKY7rPJwock2bySyfXXIv",
+	"V1yJvRUebYryFtcC5D+JmlvV7DFHteOSNkPew5g43d9E5GberVjPC7OLIN5q8/9gO2JOJgbFjjYue4fX",
+	"rqC1VxA9KOY2dZfDxE5AyiVR3rR+eX5SBF/GwUYTWHMW21iD8RjGCE8kMIVWc2DFgUtRQZG/XK71HKXA",
+	"YsJmIcpSynH1TzDx3RQTCjE6cmFY/qIptzo2MYwO69zBsOKIKH+MVnvRn0PlXE3lILJsSSvkfLZDAnCT",
+	"ocupcurWswK1dEHJkxvMtrFJn3DkpYUtKbmhbGWOs4fIU1eR7qSsHq3qSvOzVZYrTJT9K0/Wt3v1hxf0",
+	"HSro9loSt4MaSI2P4ze3MsUr5kVZm9/ZneLOjN8wAKNdKbKcb3plwNwuw4Kn6zJTAlYnSZ0Du6TnUs/7",
+	"yfUTeI7POrC8c5LQTdoFlimUfkMofDYa1gOYAOmaHZqQZYJuBymfYSsYfuvbJf6HqAxvhLQ9DGV+1LZ1",
+	"4Vqhu7f2Y0fVtTOPlFJSFHz0C75rpHPBypeLjnObjZN5SAWYMo+GVIdBJgHZQjWWUbpNM3cnCTs1ZPnq",
+	"+f9v05d7qZjXFMJJG3W6kXutsFBfzj2pMC6ilnTiVPDkbdKWotJPq2bdm8Fev0zi9sOR9oeQ9pfGHIhr",
+	"BWm/0Cx/w3FcrlFbOW8n96RF3ezZeu7CQw+Wco+hy73H1v6NGpWaaBZDt2Hqb37BNrJuMmc7V9tftu5c",
+	"P+3axw2eDbMzO3h6yq6xrY9tVndUinW6wLfZldYun5LlGjGbmrsS8+L4jEhkx6MjV6SFWWyiKqEgfo5g",
+	"CWJtit4XsDb1pzaAM8dX9mE+l++k6r7HNtpcosHS5ulK8vPzP2Ey57w1IbgDtTtKHcIAlnnban8RIXGr",
+	"BmoJHVusS08njRgzbCcJ84auqgec79DOV2yqC73m7c6ykBim2DRY1QohvKjbOOCzge5pUbZweueADReE",
+	"UohDmyQLha1dCqdcLCC+R0fOkzdsHs0hWqRc2/sYYQEIRxGkehLENG8j7bceVzsjttKtlUCSzBhWmYBr",
+	"iISvnVYPcCeWMVCiRWuM4HxyUryphVULb8ZSHMcQowmW8OwnLZXXv1yenP/8DPGlE3BpVkFTTilflRne",
+	"CY+9J9aORzZqN5VKERdI/yvR50/vzBSWJAZdVx+vbyBGim8NzPryTFvieO/yNYRO/SWqmYM0TSREra+1",
+	"w2P3cpmSX2F9mal50a5uM/llw/q/Ti6v3p78ChVaYfOWbRgnLlCqk+tmDijiTAlOjcLmU/TdlGR8D5F2",
+	"vbAiEwq2esH2MjnNrwdLbnu07YPrV79KtOJigTKW8JhMCcSnX9lro+9NEIIwkysQEn2/+2q6Kb8GY/Q1",
+	"Ozu7iCpdm+YHCNHX/CDTjApOT0+/BvffT5FGAjDlOujH+YnG92L/30+/MnNcpKhGwuUMmHr94Yu1QRru",
+	"o9fnL07K3R1X6tXHwdnp09Mzc7ieAsMpCcbBxenZ6YXJoau5ocbIcs9oZRnQ/Oba3TUDGsDexsHYdGD+",
+	"Mx+0cTXA+dnZoIsBevnGdSvVtHaNmwMq5ez5bkLEaQxSoSkRUtkTEqdy/YsX26peUJC6M6g6Qqx+d1C6",
+	"mxVAqhdaxezrloS6KbmvqxVtNO4blHi698UdAZoIFzAjUoEGZifM3ocN9hvdub/evrq3Ik7BKsQ68m3X",
+	"dxX5NST85GkeYCW4z02K3CXac3NDwGr1WPA03XVLoV94/gtUK6xnj0cwLSEOvzvLQuXmkd+8t40UBBx0",
+	"28g3o5OieRN31iY+ipw589tLzn4M2RCWyLlwu8vcHDC11reNWX+xI/rIlfW2hHa8iIatZvaD8W/fzJJJ",
+	"eRDqvUzlSvBEh2eZRG5o3h5sTN1R4eiiAlbX0qtDKRat0ZxIxWcCJ9JWVCrbVpNyTmWIivPP49MgbO43",
+	"P6fdSmUFt2qUUlfJ3Hl5TusG9RwIbs35G+EMuRDLize9+26b/MGMeAyDbPphe9lhd/i5O4eabY/ubDPe",
+	"fRenfsj7eA4knHbT7c7G4fRo0Yk4TIl662VMg05FnGywaCVFh4bS+bPo57MLtJoTCghuTe/YrBQdtABI",
+	"82Yx08SX4AUgopDtxMczLRab0nVtaXSdZ9cPob4bvUu9NHibMjMTaWVGjGxGD+DjWplHqwhfV5pBN/hi",
+	"w4cR9ASYDjditPjPJUoxERL9wQmzIa6ON86fmTrOYBz8mYFYl/xUtB1s4aDDK5L6ZS49NEreASirfcP7",
+	"9uRzeA7EouWNII/sxteW9bC7K3ZfYYlcDmkP/L7V4BtdBCvTCoCTlJoSfZP92SC2OQiL0VHGFoyvWIhs",
+	"ZsuoLsYVWkM+Q4w4cz48halCPDPJq4bJKMSttPqdUhfxJMEnEvQgBXEBGIklOsovHXl6dqYXg9uUmubY",
+	"KaYS/ILo3v+dxLJTu/e+vm4zuSPV2qQLtGMRPFike/BWvdjNw2g1Skutqkok7oPb7orKn86o8VdCaVXM",
+	"t5kDm0vddyTYCsHe6eJ6Cbslf08ejO+9csioLM26/9ZKu1FkL47bvOJy2PStar5+K91h9PzGIvfNezQP",
+	"QGcfhYkyKt1p0+fI1aza/rTYcvUjmZkcFHsWsWd5H03zDqu9M8wbLhaH5ZZqk9gB3IJe3ljlor8erhhn",
+	"YAhJFUpB2Oayyk1fR7jQ7CZJbrPlx/umeV6ktEXFvrOVPN0+NSO3KCGUkvJyKq/VVliomu/cowHkzjsV",
+	"JQmpT1Xg5umZNuidXYHb+gIfw+AbxLaYFQERMIUo0c5Y7Y63iDPJKRR3t2gXDs+AqWN7YZsda36x/aeI",
+	"8lmIEhAzd4RHEqin9J8jpjnShqyuMeAvZM+aXnAbq/b0RQ23HoRRB69jr8YZssqjBJdtjRGdx0a5Y1rJ",
+	"OT6RNqUo1ujINHKbw78prHK05Bc3S4XmPBPHJh1JGDL4Pz0FFm+yKt6MbZ7IPAYisri+UC9mmn2WmOoJ",
+	"/kr8XLl04EHmNlNtef56I9VhzW69W+shOSOYCZASpZySaL3n1FGNAGl+z8z+vR1zhc2Q6Ogh6rZ9h8I2",
+	"nYE8zC5dT9ujuHV5/5w3CPAgtOqa7xeled/9PvBZqVx2KYtNDOvVDovgjSuZvAh+lNDmQDFN3t10ICFw",
+	"Cc/8ktTDZTzzFQ5NoGr/YpuJz3vtjjJpbgapXyfMmct+7j1WqfSc7p+S14UDmfe8HlSj5YvsaislqAeg",
+	"tyoU7YcpxSj/IZs/GWs7QFqPRVoCOVcnOvi97gAwfMitMK2gwq2y12P98OOfurRud9ALuoe5t+z86X+d",
+	"fIBbdWK2Zb+sYr13uFUoxTPYA6uN7spG0x4FSTWVuk0Y7FT7Ty+3wnD2QxTu4U7Iaz3AA07JNYWLi+E7",
+	"lclNMeoxBKNoSeoTtRYX23OG9lBxUcw3co0xozvzR2fxRa2585D85u8ibWG88qNMDJk9WN1wOD7ExfZ3",
+	"Y8FR3gnVrVxq33I6jJlv/5jOrhZfQMKXD0jKeb2e5rfADoSP9o+OPfIhvvd7Xm38j2daG6zsF8nsL2IG",
+	"6on9OkC8DyVxV7rO9/0590eaxXYY9q+mtmmmw6miWtfjbtW3DY+91jH3RKK8UU4pQSaZNkFHtpOiWW1h",
+	"U2s11O9fSP19gY9cxNvS1beFEZ48yDa1i+TICLoc3bneyvtR2Wm/TUAqjfr9QijKZ/LjdCqhJaQ5G3zr",
+	"5GGjpiFLulsHyyV3uzHxoGdyzUskWrjOMIMRYOsdxYjyGQJ7yYH5ZgwqaYk4+8upqdA7Wdk/vLMDVpMd",
+	"0549uptjOe/l/b5xn7I4mPFvu6zEQ+Zqk3Nx05T+j/3mg2lgfvnx6r+RVJCiI6xdA4RFNCdLQJN13kh5",
+	"bL9H4a654u7+Kfv9j38PptDUG2wC/cdSeutNWvexYzxSoE6kEoCTOrkLXTUhDAtPT2pv97L5zRXYu4dX",
+	"BCjbRKFwxR8rVL7BvVsDKzZXbyfU7G6Y5S/njGlCLM+HFo9/Oe9nrnvVgYdbimDH+VF2WHxapKUWQe2U",
+	"Ie2Xrvwx6dUNieNCoZgIiEwzz2RtCwBcrQqOBJfSZCPlc4RRsS9EJFpiSuLi1nFbQOVq5RIc21blFsSa",
+	"wf4tGvjMjQXWU8Hmf+ZH3xXam/v59OYluri4+A+zgbH9imLZAuIu2EdYmfou881Gg+vWShSIL/WoYdzW",
+	"++OTVIE4DlE/oPV65v79CUy5gK2AvzDDBkJeuVukch3/BkSu0N76XPbj4GWM5IOo8vjfrXmj2PXzvL+9",
+	"lrc3F2MmmhwCEttAZIcZSKpDt3TcHa4lxGjWv5tCdvUpqqbsR1V7H4yEf9d7H67ee3k+9JjGkfn/8kFN",
+	"FSndOR+PXP0lQ/HW2gZthWux78Gk2HvfYC+VfN6MwewHa50P8QBCX9S5v8tQ5fB/uXgMBJW3XfZH0V6h",
+	"aF5+uP0oMDZ3fpjKAZsIC5G7YLTwwB3hUoh2pFq9g79+1dFv3+6/3f9vAAAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

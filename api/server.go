@@ -217,7 +217,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 	opts := orchestrator.CreateOptions{
 		TemplateID: req.TemplateID, Timeout: timeout, Secure: v2 || deref(req.Secure),
 		AutoPause: deref(req.AutoPause), Metadata: derefMap(req.Metadata), EnvVars: derefMap(req.EnvVars),
-		Policy: createPolicy(req),
+		Policy: createPolicy(req), Drives: createDrives(req.Drives),
 	}
 	if req.Network != nil && req.Network.AllowPublicTraffic != nil {
 		opts.PrivateTraffic = !*req.Network.AllowPublicTraffic
