@@ -118,7 +118,7 @@ type VM struct {
 	// ("" without an /init or when it reported none).
 	EnvdVersion string
 
-	deps  Deps
+	deps   Deps
 	disk   Disk
 	drives []Disk
 	group  *cgroup.Group
