@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -14,7 +15,7 @@ import (
 // they show what the disk holds.
 const (
 	driveRead  = `dd if=/dev/vdc bs=4096 skip=10 count=1 iflag=direct 2>/dev/null | tr -d '\0'`
-	driveWrite = `printf '%s' | dd of=/dev/vdc bs=4096 seek=10 conv=notrunc,fsync 2>/dev/null && blockdev --flushbufs /dev/vdc`
+	driveWrite = `printf '%s' | dd of=/dev/vdc bs=4096 seek=10 conv=sync,notrunc,fsync 2>/dev/null && blockdev --flushbufs /dev/vdc`
 	// imageCheck mounts the read-only image drive (the base template's root
 	// disk) and reads a file of it; a write to the disk must fail.
 	imageCheck = `mkdir -p /mnt/img && (mountpoint -q /mnt/img || mount -o ro /dev/vdb /mnt/img) && grep -c ^ID= /mnt/img/etc/os-release && ! dd if=/dev/zero of=/dev/vdb bs=4096 count=1 oflag=direct 2>/dev/null`
@@ -22,8 +23,9 @@ const (
 
 // TestExtraDrives: a create brings a read-only image drive (/dev/vdb) and a
 // blank writable volume (/dev/vdc); what is written on the volume survives a
-// pause and resume; fork children see the parent's data and diverge; bad
-// drive lists are refused with 400; a kill leaves no device behind.
+// pause and resume; fork children see the parent's data and diverge; a
+// kill -9 of aenvd keeps the drives of running sandboxes; bad drive lists
+// are refused with 400; a kill leaves no device behind.
 func TestExtraDrives(t *testing.T) {
 	n := sharedNode(t)
 	for _, body := range []string{
@@ -98,6 +100,24 @@ func TestExtraDrives(t *testing.T) {
 		if got := n.sh(t, kid, driveRead); got != fmt.Sprintf("writer-%d", i) {
 			t.Fatalf("sandbox %s: the volume reads %q after the others wrote, want writer-%d", kid, got, i)
 		}
+	}
+
+	// aenvd killed: the running sandboxes are taken over with their drives'
+	// devices (not reclaimed as orphans), and a pause seals the drives.
+	n.restart(t, syscall.SIGKILL)
+	for i, kid := range ids {
+		if got := n.sh(t, kid, driveRead); got != fmt.Sprintf("writer-%d", i) {
+			t.Fatalf("sandbox %s after the restart: the volume reads %q, want writer-%d", kid, got, i)
+		}
+	}
+	n.sh(t, id, fmt.Sprintf(driveWrite, "after-restart"))
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":600}`)
+	if got := n.sh(t, id, driveRead); got != "after-restart" {
+		t.Fatalf("after restart, pause and resume the volume reads %q", got)
+	}
+	if got := n.sh(t, id, imageCheck); got != "1" {
+		t.Fatalf("image drive after restart and resume: %q", got)
 	}
 
 	// A kill releases every device of the sandbox: root disk and drives.
