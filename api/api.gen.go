@@ -447,23 +447,26 @@ type SandboxAutoResumeConfig struct {
 
 // SandboxDetail defines model for SandboxDetail.
 type SandboxDetail struct {
-	Alias               *string               `json:"alias,omitempty"`
-	AllowInternetAccess *bool                 `json:"allowInternetAccess,omitempty"`
-	ClientID            string                `json:"clientID"`
-	CpuCount            int32                 `json:"cpuCount"`
-	DiskSizeMB          int32                 `json:"diskSizeMB"`
-	Domain              *string               `json:"domain,omitempty"`
-	EndAt               time.Time             `json:"endAt"`
-	EnvdAccessToken     *string               `json:"envdAccessToken,omitempty"`
-	EnvdVersion         string                `json:"envdVersion"`
-	Lifecycle           *SandboxLifecycle     `json:"lifecycle,omitempty"`
-	MemoryMB            int32                 `json:"memoryMB"`
-	Metadata            *map[string]string    `json:"metadata,omitempty"`
-	Network             *SandboxNetworkConfig `json:"network,omitempty"`
-	SandboxID           string                `json:"sandboxID"`
-	StartedAt           time.Time             `json:"startedAt"`
-	State               SandboxState          `json:"state"`
-	TemplateID          string                `json:"templateID"`
+	Alias               *string `json:"alias,omitempty"`
+	AllowInternetAccess *bool   `json:"allowInternetAccess,omitempty"`
+	ClientID            string  `json:"clientID"`
+	CpuCount            int32   `json:"cpuCount"`
+	DiskSizeMB          int32   `json:"diskSizeMB"`
+	Domain              *string `json:"domain,omitempty"`
+
+	// Drives aenvd extension: the sandbox's extra drives
+	Drives          *[]SandboxDriveInfo   `json:"drives,omitempty"`
+	EndAt           time.Time             `json:"endAt"`
+	EnvdAccessToken *string               `json:"envdAccessToken,omitempty"`
+	EnvdVersion     string                `json:"envdVersion"`
+	Lifecycle       *SandboxLifecycle     `json:"lifecycle,omitempty"`
+	MemoryMB        int32                 `json:"memoryMB"`
+	Metadata        *map[string]string    `json:"metadata,omitempty"`
+	Network         *SandboxNetworkConfig `json:"network,omitempty"`
+	SandboxID       string                `json:"sandboxID"`
+	StartedAt       time.Time             `json:"startedAt"`
+	State           SandboxState          `json:"state"`
+	TemplateID      string                `json:"templateID"`
 }
 
 // SandboxDrive aenvd extension: one extra drive, exactly one of image and sizeMiB
@@ -475,6 +478,19 @@ type SandboxDrive struct {
 	ReadOnly *bool `json:"readOnly,omitempty"`
 
 	// SizeMiB a blank writable volume of this size (1..65536 MiB, sparse), for the sandbox alone
+	SizeMiB *int32 `json:"sizeMiB,omitempty"`
+}
+
+// SandboxDriveInfo defines model for SandboxDriveInfo.
+type SandboxDriveInfo struct {
+	// Device the guest's disk (vdb for /dev/vdb)
+	Device string `json:"device"`
+
+	// Image the template or snapshot the drive started from (absent for a blank volume)
+	Image    *string `json:"image,omitempty"`
+	ReadOnly bool    `json:"readOnly"`
+
+	// SizeMiB a blank volume's size
 	SizeMiB *int32 `json:"sizeMiB,omitempty"`
 }
 
@@ -2808,100 +2824,102 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H17b9u4lvhXIfS7QBNAidNkpviti/0jfe0U00fQpL13MS2mtHRsc0yRGpKy4w3y3Rd86GVRsuTY6dzF",
-	"/NXUosjD8z6H51B3QcSTlDNgSgbjuyDFAiegQJj/ScziCb99+0r/h7BgHKRYzYMwYDiBYFx5HgYC/syI",
-	"gDgYK5FBGMhoDgnWL6p1agYrQdgsuL+/14NlypkEs8prIbjQf0ScKWBK/4nTlJIIK8LZ6A/JmYGmmPEf",
-	"AqbBOPh/oxL4kX0qR3Y2s0oMMhIk1ZME4wAzBO5ZDp1Z/lJKMmM3kKQUK7jBM/kJ/sxAGjhSwVMQilhI",
-	"FZ6Zf4mCRHq2FgYJvn1rHz49OwuDhLD8v2E+GAuB13qswmIGZpU6oGoOSDlwEJZIIxtxYf4dKzxDR3rE",
-	"JCM0RmqOFdK/6YfyOVoRNeeZQpxBiPQwPYlUdvRxEDaIUSXcbzlIod3pt2I4n/wBkdJAW2xBXMVXE1Fm",
-	"Ocs2DRRtR2IdUQ0QZzIIixV8ML7Qz97x2WumxLoJHIUlUP0HsCzRU8YwyWZBGBA25UEYrLBgQRhYZvkW",
-	"eogMUuIZeGGXClL/pkgCUuHEPJ1ykWAVjIMYKzjRj7aTpni/BCB0e2lFwrXCKpOfADsR2kCERZH7X0GP",
-	"Lumqo/a+ydQ74GZjo/kMvk295IxBpK6t3vEIKEmAZ6qGYsLUxXlgZJEkmuBnxcSEKZiB1QiNtV4BBQW9",
-	"9IJVh/vndTNvhzAWmrMOTsRjaKoV+DPDVBql8MvNzRWShjeCsImpTex0UXUDYrN02EnDN1wsPoHMqAeR",
-	"kG+oh4YPc/OzbXzOLV4qvyNSQdzKUJgS7CdcRAkw1aLjojR7yTPmZ8QmemMiF9fkf+D9i54vAIsvVV9F",
-	"oocv4y8gJLFawKPQEi7WvVdPQOEYK2OKcRwTzWCYXtUlsYXRS8zXnAuPrsBCwaBdaoaGnsxwbcZqsJx8",
-	"e8HYVMHl2LDm+xS8UIU7p1KFGyqYrhE9h71OKZ/wfIBVB69Svvpd00kwUL/jKAJZpcWEcwqY6WlwpvgV",
-	"ziS0P9YimvRF52XxwkvOpsSQIxZkaQHb8MP0HhHcKmB6m+jo9fmLJxJdXr1Fc+3tcCSzaI6mBGh8PNYD",
-	"BUYTyqMFslOGiDDERQwCjWJYjpbxJMz/ik5PTxGfGi0308oaHeGpAmF+sK8jjCTDqZxzhWZkCUz7WCVp",
-	"EaYCcLxGERbaNB4/R1ihhEuFfgoRZjHijK6LF6RxudBUgJsfScqVRAovQC+aaL+ij2V1mHyl5/AZVmDL",
-	"L9i65bvL3H4kl4FacbHouaMPdnTJGBKiTLRwXqc4hlX7XmcqCRFnsdeabbH7LQLeJnyOc3r7AD78fXD2",
-	"uSm+EVYQv7z63FMRF6+8b1Hgz37yvhfxJCEtkYfkmYgA2SHICusKSxNBKDQVPPHp3oEGLxKAFbzBhGbC",
-	"7r4P1Oal68zotd5vxc4oNHdqIyj9XGsMs1Pf1rSevuEK097o1W98lhAPemGrgtBc88oMvA8DynF8uQSB",
-	"Z/A0qZtInk1oxT6yLJnkZlszSZ9lLDuV7wzbvn1nEAIYj9tE3tlZ6IWf62Kw8wcyWQ30jGLXpldgwvT8",
-	"vuhu2eEoLZOkDxhf3r9v+vJ2iwVY5UJ2Wo+bkKN9A6V1lqyxWxVdYV2j+LRFU6YaovmtRX+9ylm2Ller",
-	"OQhj95De7xOJBOcKGf5GVFtHbUDnfIWIkujLe4kE4GieG8qNJAKOFsBij7JXXDN+jI4oXoOAGJEEz0Ae",
-	"Iy7QlFCzj6btEJjJlAuP3ssmdGEyLJMYHS20+0RzjwOWJAJ5HOpnJ5JHC1Do6MOLV0gqgclsrpDiZr9f",
-	"3r8/Ds3qW0P5fGNVmNrw/L4Q2jrIGocCNCYgNoicgdJwEIEsszichAXGE8zWmhKKsEi5p0hkTAuCmSHB",
-	"aYMGdlhz+WKe6mIW93qeFGI0WVdn7xlnOsuYC2yEozmcOKQaipzA7Qa+SgqLIs/hEVzPJjY2n+q/cW1H",
-	"faDeTF/YCNjBEuYYtCC0Ufm6quTqFEi1mx73tKtuRz1HK61Ceo3d2GO+TJhDl8/Vuj+j817OMZt5PJ+d",
-	"FPUGSG6ONgC0Rm56XFFkE4FNm6+9cOF91MpkGwC5KUK3ig8wGzF1JB+6o7R9Jrv2nQCJeYKJwRLLKMXa",
-	"I3HnAt7kxKWxPzd8AX7x3ZbA6M4lbAsqBJ5OSbQBwxa4d0gNbIvt22LpZpaMacBiH1d00PYVKEzoEAqb",
-	"hMJbl0+47Egn/NBc2CBWG5w2eyhnUjKFaB3RvpmUd8X4H5WXe2h0/3dab3har5b82ZYxGyPOwOXFjJUJ",
-	"EdziSNG1ecCnzhvTjp/UkJAXfr/Os1J58MhFmSYjcXH+WCbSEJEIo4in6xPOTlaCKEBLAisDgKp4/va8",
-	"0iH2iUR8xY5DPaGZSg8gSgKd2kyaNv0fGV0HfgfPPvPG8zbfJ8Gk+PTQE5OpsyBYlLgMoP69chha0WQ5",
-	"vjyYmVDMFkjvU+sYtOQ0S8DmGok0iEZHT09Pn/3888Uz9J68CJFMsZCgowK3WYcDhClnfX3LNl5542R0",
-	"8+inTdMm+NZ6BPnBtPuf1zHckmZDJmiL5oTGJqp7aN7NQt0hGO+qWrTpJJW56iZFObspd5P7lwtCae69",
-	"bvctK0tU5+uCl3vMNiUMDn40bBbphqzlWNwk3B+YXz7o0fohT9DDfPvdqJN7OUTfJIUn20/5bJf5tp4o",
-	"m3nDKtAdG34PSpDIo2QGJnvT7LOE+CqqvzClHCtfnrLIbg1Mt/ZPTw6ZPYFkwOSDebTyymdGbnst08HX",
-	"9clqPkqFDOWuKuioILJKgw7+qPt+/vPIj1bx9i2AcEHHVTahJLqxgZlfr8fA1oMnT7BcuCqOX7j0GDj9",
-	"K5oDjkFo0y7sWFs1kQp+u9a2fIVFLPO8n7Ppz9E/7q4+frq5126RgJTiyObAzJtcqFNrg98Bm6l5MD7/",
-	"+SLsc1ZUR/XnND/O2Buq+x0Y74Dtjt18gqkAOW/uI84EVi6UavdgLp7VXJhhKY7rPJwock2bySyfXXIv",
-	"V1yJvRUebYryFtcC5D+JmlvV7DFHteOSNkPew5g43d9E5GberVjPC7OLIN5q8/9gO2JOJgbFjjYue4fX",
-	"rqC1VxA9KOY2dZfDxE5AyiVR3rR+eX5SBF/GwUYTWHMW21iD8RjGCE8kMIVWc2DFgUtRQZG/XK71HKXA",
-	"YsJmIcpSynH1TzDx3RQTCjE6cmFY/qIptzo2MYwO69zBsOKIKH+MVnvRn0PlXE3lILJsSSvkfLZDAnCT",
-	"ocupcurWswK1dEHJkxvMtrFJn3DkpYUtKbmhbGWOs4fIU1eR7qSsHq3qSvOzVZYrTJT9K0/Wt3v1hxf0",
-	"HSro9loSt4MaSI2P4ze3MsUr5kVZm9/ZneLOjN8wAKNdKbKcb3plwNwuw4Kn6zJTAlYnSZ0Du6TnUs/7",
-	"yfUTeI7POrC8c5LQTdoFlimUfkMofDYa1gOYAOmaHZqQZYJuBymfYSsYfuvbJf6HqAxvhLQ9DGV+1LZ1",
-	"4Vqhu7f2Y0fVtTOPlFJSFHz0C75rpHPBypeLjnObjZN5SAWYMo+GVIdBJgHZQjWWUbpNM3cnCTs1ZPnq",
-	"+f9v05d7qZjXFMJJG3W6kXutsFBfzj2pMC6ilnTiVPDkbdKWotJPq2bdm8Fev0zi9sOR9oeQ9pfGHIhr",
-	"BWm/0Cx/w3FcrlFbOW8n96RF3ezZeu7CQw+Wco+hy73H1v6NGpWaaBZDt2Hqb37BNrJuMmc7V9tftu5c",
-	"P+3axw2eDbMzO3h6yq6xrY9tVndUinW6wLfZldYun5LlGjGbmrsS8+L4jEhkx6MjV6SFWWyiKqEgfo5g",
-	"CWJtit4XsDb1pzaAM8dX9mE+l++k6r7HNtpcosHS5ulK8vPzP2Ey57w1IbgDtTtKHcIAlnnban8RIXGr",
-	"BmoJHVusS08njRgzbCcJ84auqgec79DOV2yqC73m7c6ykBim2DRY1QohvKjbOOCzge5pUbZweueADReE",
-	"UohDmyQLha1dCqdcLCC+R0fOkzdsHs0hWqRc2/sYYQEIRxGkehLENG8j7bceVzsjttKtlUCSzBhWmYBr",
-	"iISvnVYPcCeWMVCiRWuM4HxyUryphVULb8ZSHMcQowmW8OwnLZXXv1yenP/8DPGlE3BpVkFTTilflRne",
-	"CY+9J9aORzZqN5VKERdI/yvR50/vzBSWJAZdVx+vbyBGim8NzPryTFvieO/yNYRO/SWqmYM0TSREra+1",
-	"w2P3cpmSX2F9mal50a5uM/llw/q/Ti6v3p78ChVaYfOWbRgnLlCqk+tmDijiTAlOjcLmU/TdlGR8D5F2",
-	"vbAiEwq2esH2MjnNrwdLbnu07YPrV79KtOJigTKW8JhMCcSnX9lro+9NEIIwkysQEn2/+2q6Kb8GY/Q1",
-	"Ozu7iCpdm+YHCNHX/CDTjApOT0+/BvffT5FGAjDlOujH+YnG92L/30+/MnNcpKhGwuUMmHr94Yu1QRru",
-	"o9fnL07K3R1X6tXHwdnp09Mzc7ieAsMpCcbBxenZ6YXJoau5ocbIcs9oZRnQ/Oba3TUDGsDexsHYdGD+",
-	"Mx+0cTXA+dnZoIsBevnGdSvVtHaNmwMq5ez5bkLEaQxSoSkRUtkTEqdy/YsX26peUJC6M6g6Qqx+d1C6",
-	"mxVAqhdaxezrloS6KbmvqxVtNO4blHi698UdAZoIFzAjUoEGZifM3ocN9hvdub/evrq3Ik7BKsQ68m3X",
-	"dxX5NST85GkeYCW4z02K3CXac3NDwGr1WPA03XVLoV94/gtUK6xnj0cwLSEOvzvLQuXmkd+8t40UBBx0",
-	"28g3o5OieRN31iY+ipw589tLzn4M2RCWyLlwu8vcHDC11reNWX+xI/rIlfW2hHa8iIatZvaD8W/fzJJJ",
-	"eRDqvUzlSvBEh2eZRG5o3h5sTN1R4eiiAlbX0qtDKRat0ZxIxWcCJ9JWVCrbVpNyTmWIivPP49MgbO43",
-	"P6fdSmUFt2qUUlfJ3Hl5TusG9RwIbs35G+EMuRDLize9+26b/MGMeAyDbPphe9lhd/i5O4eabY/ubDPe",
-	"fRenfsj7eA4knHbT7c7G4fRo0Yk4TIl662VMg05FnGywaCVFh4bS+bPo57MLtJoTCghuTe/YrBQdtABI",
-	"82Yx08SX4AUgopDtxMczLRab0nVtaXSdZ9cPob4bvUu9NHibMjMTaWVGjGxGD+DjWplHqwhfV5pBN/hi",
-	"w4cR9ASYDjditPjPJUoxERL9wQmzIa6ON86fmTrOYBz8mYFYl/xUtB1s4aDDK5L6ZS49NEreASirfcP7",
-	"9uRzeA7EouWNII/sxteW9bC7K3ZfYYlcDmkP/L7V4BtdBCvTCoCTlJoSfZP92SC2OQiL0VHGFoyvWIhs",
-	"ZsuoLsYVWkM+Q4w4cz48halCPDPJq4bJKMSttPqdUhfxJMEnEvQgBXEBGIklOsovHXl6dqYXg9uUmubY",
-	"KaYS/ILo3v+dxLJTu/e+vm4zuSPV2qQLtGMRPFike/BWvdjNw2g1Skutqkok7oPb7orKn86o8VdCaVXM",
-	"t5kDm0vddyTYCsHe6eJ6Cbslf08ejO+9csioLM26/9ZKu1FkL47bvOJy2PStar5+K91h9PzGIvfNezQP",
-	"QGcfhYkyKt1p0+fI1aza/rTYcvUjmZkcFHsWsWd5H03zDqu9M8wbLhaH5ZZqk9gB3IJe3ljlor8erhhn",
-	"YAhJFUpB2Oayyk1fR7jQ7CZJbrPlx/umeV6ktEXFvrOVPN0+NSO3KCGUkvJyKq/VVliomu/cowHkzjsV",
-	"JQmpT1Xg5umZNuidXYHb+gIfw+AbxLaYFQERMIUo0c5Y7Y63iDPJKRR3t2gXDs+AqWN7YZsda36x/aeI",
-	"8lmIEhAzd4RHEqin9J8jpjnShqyuMeAvZM+aXnAbq/b0RQ23HoRRB69jr8YZssqjBJdtjRGdx0a5Y1rJ",
-	"OT6RNqUo1ujINHKbw78prHK05Bc3S4XmPBPHJh1JGDL4Pz0FFm+yKt6MbZ7IPAYisri+UC9mmn2WmOoJ",
-	"/kr8XLl04EHmNlNtef56I9VhzW69W+shOSOYCZASpZySaL3n1FGNAGl+z8z+vR1zhc2Q6Ogh6rZ9h8I2",
-	"nYE8zC5dT9ujuHV5/5w3CPAgtOqa7xeled/9PvBZqVx2KYtNDOvVDovgjSuZvAh+lNDmQDFN3t10ICFw",
-	"Cc/8ktTDZTzzFQ5NoGr/YpuJz3vtjjJpbgapXyfMmct+7j1WqfSc7p+S14UDmfe8HlSj5YvsaislqAeg",
-	"tyoU7YcpxSj/IZs/GWs7QFqPRVoCOVcnOvi97gAwfMitMK2gwq2y12P98OOfurRud9ALuoe5t+z86X+d",
-	"fIBbdWK2Zb+sYr13uFUoxTPYA6uN7spG0x4FSTWVuk0Y7FT7Ty+3wnD2QxTu4U7Iaz3AA07JNYWLi+E7",
-	"lclNMeoxBKNoSeoTtRYX23OG9lBxUcw3co0xozvzR2fxRa2585D85u8ibWG88qNMDJk9WN1wOD7ExfZ3",
-	"Y8FR3gnVrVxq33I6jJlv/5jOrhZfQMKXD0jKeb2e5rfADoSP9o+OPfIhvvd7Xm38j2daG6zsF8nsL2IG",
-	"6on9OkC8DyVxV7rO9/0590eaxXYY9q+mtmmmw6miWtfjbtW3DY+91jH3RKK8UU4pQSaZNkFHtpOiWW1h",
-	"U2s11O9fSP19gY9cxNvS1beFEZ48yDa1i+TICLoc3bneyvtR2Wm/TUAqjfr9QijKZ/LjdCqhJaQ5G3zr",
-	"5GGjpiFLulsHyyV3uzHxoGdyzUskWrjOMIMRYOsdxYjyGQJ7yYH5ZgwqaYk4+8upqdA7Wdk/vLMDVpMd",
-	"0549uptjOe/l/b5xn7I4mPFvu6zEQ+Zqk3Nx05T+j/3mg2lgfvnx6r+RVJCiI6xdA4RFNCdLQJN13kh5",
-	"bL9H4a654u7+Kfv9j38PptDUG2wC/cdSeutNWvexYzxSoE6kEoCTOrkLXTUhDAtPT2pv97L5zRXYu4dX",
-	"BCjbRKFwxR8rVL7BvVsDKzZXbyfU7G6Y5S/njGlCLM+HFo9/Oe9nrnvVgYdbimDH+VF2WHxapKUWQe2U",
-	"Ie2Xrvwx6dUNieNCoZgIiEwzz2RtCwBcrQqOBJfSZCPlc4RRsS9EJFpiSuLi1nFbQOVq5RIc21blFsSa",
-	"wf4tGvjMjQXWU8Hmf+ZH3xXam/v59OYluri4+A+zgbH9imLZAuIu2EdYmfou881Gg+vWShSIL/WoYdzW",
-	"++OTVIE4DlE/oPV65v79CUy5gK2AvzDDBkJeuVukch3/BkSu0N76XPbj4GWM5IOo8vjfrXmj2PXzvL+9",
-	"lrc3F2MmmhwCEttAZIcZSKpDt3TcHa4lxGjWv5tCdvUpqqbsR1V7H4yEf9d7H67ee3k+9JjGkfn/8kFN",
-	"FSndOR+PXP0lQ/HW2gZthWux78Gk2HvfYC+VfN6MwewHa50P8QBCX9S5v8tQ5fB/uXgMBJW3XfZH0V6h",
-	"aF5+uP0oMDZ3fpjKAZsIC5G7YLTwwB3hUoh2pFq9g79+1dFv3+6/3f9vAAAA//8=",
+	"7H17b9u4lvhXIfS7QBNAidNkpviti/0jfe0U00fQpL13MS2mtHRscyyRGpKy4w3y3Rd86WFRsuTY6dzF",
+	"/NXUosjD8z6H51B3QcTSjFGgUgTjuyDDHKcggev/CUzjCbt9+0r9h9BgHGRYzoMwoDiFYFx5HgYc/swJ",
+	"hzgYS55DGIhoDilWL8p1pgdLTugsuL+/V4NFxqgAvcprzhlXf0SMSqBS/YmzLCERloTR0R+CUQ1NMeM/",
+	"OEyDcfD/RiXwI/NUjMxsepUYRMRJpiYJxgGmCOwzB51e/lIIMqM3kGYJlnCDZ+IT/JmD0HBknGXAJTGQ",
+	"SjzT/xIJqfBsLQxSfPvWPHx6dhYGKaHuv6EbjDnHazVWYj4DvUodUDkHJC04CAukkI0Y1/+OJZ6hIzVi",
+	"kpMkRnKOJVK/qYfiOVoROWe5RIxCiNQwNYmQZvRxEDaIUSXcbw6k0Oz0WzGcTf6ASCqgDbYgruKriSi9",
+	"nGGbBoq2I7GOqAaIMxGExQo+GF+oZ+/Y7DWVfN0ELoElJOoPoHmqpoxhks+CMCB0yoIwWGFOgzAwzPIt",
+	"9BAZhMAz8MIuJGT+TZEUhMSpfjplPMUyGAcxlnCiHm0nTfF+CUBo99KKhGuJZS4+AbYitIEIgyL7v4Ie",
+	"XdJVR+19k6l3wM3GRt0Mvk29ZJRCJK+N3vEIKEmB5bKGYkLlxXmgZZGkiuBnxcSESpiB0QiNtV5BAhJ6",
+	"6QWjDvfP63reDmEsNGcdnIjF0FQr8GeOE6GVwi83N1dIaN4IwiamNrHTRdUNiPXSYScN3zC++AQiTzyI",
+	"BLehHho+dOZn23jHLV4qvyNCQtzKUDgh2E+4KCFAZYuOi7L8JcupnxGb6I2JWFyT/4H3L3q+ADS+lH0V",
+	"iRq+jL8AF8RoAY9CSxlf9149BYljLLUpxnFMFIPh5KouiS2MXmK+5lx4dAXmEgbtUjE09GSGaz1WgWXl",
+	"2wvGpgoux4Y136fghSrcjkoVbqhgukZ0B3udUj7h+QCrDl5N2Op3RSdOQf6OowhElRYTxhLAVE2Dc8mu",
+	"cC6g/bES0bQvOi+LF14yOiWaHDEnSwPYhh+m9ojgVgJV20RHr89fPBHo8uotmitvhyGRR3M0JZDEx2M1",
+	"kGM0SVi0QGbKEBGKGI+Bo1EMy9EynoTur+j09BSxqdZyM6Ws0RGeSuD6B/M6wkhQnIk5k2hGlkCVj1WS",
+	"FuGEA47XKMJcmcbj5whLlDIh0U8hwjRGjCbr4gWhXS405WDnRyJhUiCJF6AWTZVf0ceyWky+UnP4DCvQ",
+	"5Rds3PLdZW4/kktBrhhf9NzRBzO6ZAwBUc5bOK9THMOqfa8zlYCI0dhrzbbY/RYBbxM+yzm9fQAf/j5Y",
+	"+9wU3whLiF9efe6piItX3rco8Gc/ed+LWJqSlshDsJxHgMwQZIR1hYWOICSacpb6dO9AgxdxwBLeYJLk",
+	"3Oy+D9T6petc67Xeb8XWKDR3aiIo9VxpDL1T39aUnr5hEie90ave+CwgHvTCVgWhuOaVHngfBgnD8eUS",
+	"OJ7B07RuIlk+SSr2kebpxJltxSR9ljHsVL4zbPvmnUEIoCxuE3lrZ6EXfq6LwdYfyEU10NOKXZlejglV",
+	"8/uiu2WHo7RM0z5gfHn/vunLmy0WYJULmWk9boJD+wZK6yxZY7cqusK6RvFpi6ZMNUTzW4v+euVYti5X",
+	"qzlwbfeQ2u8TgThjEmn+RomyjsqAztkKESnQl/cCccDR3BnKjSQCjhZAY4+yl0wxfoyOErwGDjEiKZ6B",
+	"OEaMoylJ9D6atoNjKjLGPXovnyQLnWGZxOhoodynxHkcsCQRiONQPTsRLFqAREcfXrxCQnJMZnOJJNP7",
+	"/fL+/XGoV98ayruNVWFqw/P7QmjrICscclCYgFgjcgZSwUE4MsxicRIWGE8xXStKSEIjaZ8inlMlCHqG",
+	"FGcNGphhzeWLeaqLGdyreTKI0WRdnb1nnGktoxPYCEdzOLFI1RQ5gdsNfJUU5kWewyO4nk1sbD5Tf+Pa",
+	"jvpAvZm+MBGwhSV0GDQgtFH5uqrk6hTIlJse97Srdkc9R0ulQnqN3dijWyZ00Lm5Wvendd7LOaYzj+ez",
+	"k6LeAMnO0QaA0shNjyuKTCKwafOVF869j1qZbAMgO0VoV/EBZiKmjuRDd5S2z2TXvhMgMUsx0ViieZJg",
+	"5ZHYcwFvcuJS258btgC/+G5LYHTnErYFFRxPpyTagGEL3DukBrbF9m2xdDNLRhVgsY8rOmj7CiQmyRAK",
+	"64TCW5tPuOxIJ/zQXNgAVuuZkhhrg26p+ETYFIR9eYdw/i2dMn9IPziL91BBScgUonWU9E3svCvG/6g0",
+	"4UOTDX9nGYdnGWu5qO3SwihUZSREcIsjmaz1Aza1zqHyQ4WChLzwu5melcpzUMbLrB2Ji+PQMq+HiEAY",
+	"RSxbnzB6suJEAloSWGkAZCUQMcenpXSzFT0O1YR6KjWASAHJ1CT2lCfykSbrwO9vmmfe9IJJPwrQGUc1",
+	"9EQnDg0IBiU2Ial+r5zNVhSrw5cHM5ME0wVS+1QqDy1ZkqdgUp9EaESjo6enp89+/vniGXpPXoRIZJgL",
+	"UEGK3azFAcIJo31d3U5e0YquYWBMDNWBpCfCYmUZTzRwLq177MN6C6/UTs2r3FJyiJUancRCR3gigEq9",
+	"nsOmQeLxNlrvQCcz8xNDmB2iCovDChwdcvvG6svNU8E2I5ziW+MsupoF+z9vzLAlA4t0PB/NSRLrgP+h",
+	"KVkDdcdm31UtWtN/Lo8xmlRj9KbcjQs9FiRJXGCzPeyoLFGdrwte5vHoEkLh4FUDepFuyFoqJvRZzAOP",
+	"Hg5adXHI4orQbb8bdWIv9RWbpPB4jQmb7TLf1mIDPW9YBbpjw+9BchJ5lMzAc4As/ywgvorqL0wThqUv",
+	"hV0kPgdm4vtnrofMnkI6YPLBPFp55TMlt72W6eDr+mQ1f7FChnJXFXRUEFmlQQd/1P1w/1H1R6N4+9bG",
+	"2Hj0Kp8kJLoxMbtfr8dA14MnT7FY2AKfX5jwGDj1K5oDjoErN4ubsaagJuPsdq1ciRXmsXApYetfPUf/",
+	"uLv6+OnmXrmoHLIERyY9qt9kXJ4aG/wO6EzOg/H5zxdhn2PEOqo/Z+6ka2+o7ldLsAO2O3bzCaYcxNzj",
+	"ReYcSxvWtnswF89qLsyw7Ne1C+2KNORmntNnl+zLFVdibzVpm6K8xbUA8U8i50Y1e8xR7SStzZD3MCZW",
+	"9zcRuZmSLdbzwmz9c3/MsNN58qA43sTI7/Da1jr3SmgMyn/oktxhYschY4JI74lPebRWhDbawUYTWDMa",
+	"m7iPshjGyIY2qznQ4iyuKK5xL5drPUcZ0JjQWYjyLGG4+ifoWHuKSQIxOrIhsXtRV+Id6xBKhdi2ZkAy",
+	"RKQ/hqq96E+vMyanYhBZtqR4HJ/tkBveZOhyKkfdeoamlropeXKD2TY26RMOV3Xakq0dyla60mGIPHXV",
+	"b0/KwuKqrtQ/G2W5wkSav9w5TrtXf3hB36G4cq/VkjuogUz7OC2phgyvqBdlbX5n9+lHrv2GARjtSlc6",
+	"vumVjbS7DAuerstMCVidJHUO7JKeSzXvJ9tq4jlZ7cDyzglbO2kXWLqG/g1J4LPWsB7AOAjbB9OELOfJ",
+	"dpDcDFvB8FvfLvE/RNNAI6TtYSjdKezWhWs9EN6yoB1V1848UkpJUQvUL/iukc4GK18uOo70Noo2IOOg",
+	"K4AaUh0GuQBkahhpniTbNHN3krBTQ5avnv//Nn25l2YKRSGctlGnG7nXEnP55dyTCmM8akknTjlL36Zt",
+	"KSr1tGrWvRnm9cs0bj+oan8IWX9pdEBcS8j6hWbuDctxTqO2ct5O7kmLutmz9dyFhx4s5R5D57zH1tae",
+	"GpWaaOZDt6FLs37BJrJuMmc7V5tftu5cPe3axw2eDbMzO3h60qyxrcVxVndUinW6wDfZldYGsJLlGjGb",
+	"nNvug+JwighkxqMjW7+HaayjKi4hfo5gCXyt+yEWsNalySaA00eJ5qGby3dqeN9jG20u0WBp8zSs+fn5",
+	"nzCZM9aaENyB2h1VMGEAS9fR3F9ESNyqgVpCxxbr0tNJI9oMm0lC1+tX9YDdDs18xaa60Kvf7qwYimGK",
+	"de9drUbGi7qNAz4T6J4WJSSndxbYcEGSBOLQJMlCbsrawinjC4jv0ZH15DWbR3OIFhlT9j5GmAPCUQSZ",
+	"mgRRxdtI+a3H1SqbrXRrJZAgM4plzuEaIu7rtFYD7IllDAlRojVGcD45Kd5UwqqEN6cZjmOI0QQLePaT",
+	"ksrrXy5Pzn9+htjSCrjQq6ApSxK2KjO8ExZ7qwcsj2yU9UqZIcaR+legz5/e6SkMSTS6rj5e30CMJNsa",
+	"mPXlmbbE8d7lawid+ktUMwep+4uIXF8rh8fs5TIjv8L6Mpfz4iYDk8kv7zL418nl1duTX6FCK6zfMncJ",
+	"EBso1cl1MwcUMSo5S7TCZlP0XZfHfA+Rcr2wJJMETCWJaXOzml8NFsy075sH169+FWjF+ALlNGUxmRKI",
+	"T7/S11rf6yAEYSpWwAX6fvdVN9p+Dcboa352dhFVGnr1DxCir+4gU48KTk9Pvwb330+RQgJQaS9XGLsT",
+	"je/F/r+ffqX6uEgmCgmXM6Dy9YcvxgYpuI9en784KXd3XGllGAdnp09Pz/ThegYUZyQYBxenZ6cXOocu",
+	"55oaI8M9o5VhQP2bvQlBMaAG7G0cjHVz7j/doI1bI87PzgbdGdHLN65bqaa1a1wqUel0cLsJEUtiEBJN",
+	"CRfSnJBYletfvNhW9e6KzJ5B1RFi9LuF0l66AUK+UCpmXxdo1E3JfV2tKKNx36DE070vbgnQRDiHGRES",
+	"FDA7YfY+bLDf6M7+9fbVvRHxBIxCrCPfXAhQRX4NCT95+kpoCe5znSK3iXZnbggYrR5zlmW7bin0C89/",
+	"gWyF9ezxCKYkxOJ3Z1moXErzm/cimoKAgy6i+aZ1UjRv4s7YxEeRM2t+e8nZjyEbwgJZF253mZsDToz1",
+	"bWPWX8yIPnJlvC2uHC+iYKuZ/WD82ze9ZFoehHrv2bniLFXhWS6QHeo6x7WpOyocXVTAaru9VShFozWa",
+	"EyHZjONUmOpWaTquMsYSEaLi/PP4NAib+3XntFupLOFWjrLEFrl33qvUukE1B4Jbff5GGEU2xPLiTe2+",
+	"2yZ/0CMewyDrVuledtgefu7OoXrbozvTp3nfxakfXIvXgYTTbLrd2TicHi2aVIcpUW+9jO7dqoiTCRaN",
+	"pKjQUFh/Fv18doFWc5IAglvdVjgrRQctADLXR6j7O1O8AEQkMpc04JkSi03pujY0unbZ9UOo70ZbWy8N",
+	"3qbM9ERKmREtm9ED+LhW5tEqwteVPuENvtjwYXhyAlSFGzFa/OcSZZhwgf5ghJoQV8Ub5890HWcwDv7M",
+	"ga9LfipaQLZw0OEVSf2enx4axTWHimpL+b49eQfPgVi0vCzmkd342rIedreNBysskM0h7YHftxp8rYtg",
+	"pdsycJolul1CZ382iK0PwmJ0lNMFZSsaIpPZ0qqLMonW4GaIEaPWh09gKhHLdfKqYTIKcSutfqfURSxN",
+	"8YkANUhCXABGYoGO3H00T8/O1GJwmyW6b3qKEwF+QbTv/05i0ande99suJncEXKt0wXKsQgeLNI9eKte",
+	"7OZhtBqlhVJVJRL3wW13ReVPZ9T4K0mSqphvMwcml7rvSLAVgr3TxbaZdkv+njwY33vlkFFZmnX/rZV2",
+	"o8jcKbh5++mw6VvVfP3CwsPo+Y1F7ptXrB6Azj4KE6lVutWmz5GtWTW9grHh6kcyMw4UcxaxZ3kfTV2H",
+	"1d4Z5g3ji8NyS7VJ7ABuQS9vrHIHZA9XjFHQhEwkyoCb5rLKJXBHuNDsOklusuXH+6a5K1LaomLfmUqe",
+	"bp+akluUkiQh5b1lXqstMZc137lHA8idd6qEpKQ+VYGbp2fKoHd2BW7rC3wMg68R22JWOERAJUqIcsZq",
+	"1/9FjAqWQHGtj3Lh8AyoPDZ3+Zmx+hfTC4wSNgtRCnxmj/BICvWU/nNEFUeakNU2BvyF7FnTC25j1Z6+",
+	"qObWgzDq4HXMrUlDVnmU4LKtMaLz2Mg5ppWc4xNhUop8jY50U70+/JvCyqHF3ektJJqznB/rdCShprP5",
+	"9BRovMmqeDO2eSJcDEREcbOlWkw3+yxxoib4K/Fz5QKIB5nbXLbl+euNVIc1u/VurYfkjGDGQQiUsYRE",
+	"6z2njmoEyNwVRPv3dvTtRkOio4eo2/YdctN0BuIwu7Q9bY/i1rn+OW8Q4EFo1TXfL0pd3/0+8FmpXLYp",
+	"i00Mq9UOi+CN27q8CH6U0OZAMY3rbjqQENiEp7s/93AZT7fCoQlU7V9sM/Gu1+4oF/qWlvpN04za7Ofe",
+	"Y5VKz+n+KXldOJCu5/WgGs0tsqutFCAfgN6qULQfphSj/Ids/mSs6QBpPRZpCeRsnejg97oDwPAht8K0",
+	"ggq30lxV9sOPf+rSut1BL+geOm/Z+tP/OvkAt/JEb8t8dMd473ArUYZnsAdWG92VjaY9CpJqKnWbMJip",
+	"9p9eboXh7Ico3MOdkNd6gAeckisKF98M6FQmN8WoxxCMoiWpT9RafPOAUbSHiotivpFtjBnd6T86iy9q",
+	"zZ2H5Dd/F2kL45Xf66JI78HohsPxIS62vxsLjlwnVLdyqX3m6zBmvv07S7tafA4pWz4gKef1epqfiTsQ",
+	"Ptq/R/fIh/jeT7218T+eKW2wMh+rM7/wGcgn5sMR8T6UxF3pOt/359wfaRbbYdi/mtqmmQ6nimpdj7tV",
+	"3zY89lrH3BOBXKOclJxMcmWCjkwnRbPawqTWaqjfv5D6+wIfuYi3patvCyM8eZBtahfJkRZ0MbqzvZX3",
+	"o7LTfpuAVBr1+4VQCZuJj9OpgJaQ5mzwrZOHjZqGLGlvHSyX3O3GxIOeyTUvkWjhOs0MWoCNdxSjhM0Q",
+	"mEsOzE2sJS0Ro385NRV6Jyv7h3d2wGqyo9uzR3dzLOa9vN839isnBzP+bZeVeMhcbXIubppS/zGfA9EN",
+	"zC8/Xv03EhIydISVa4Awj+ZkCWiydo2Ux+ZTJfaaK2bvnzKfhvn3YApFvcEm0H8spbbepHUfO8YiCfJE",
+	"SA44rZO70FUTQjH39KT2di+bn+OBvXt4RYCyTRQKV/yxQuUb3Ls1sGJz1XZCxe6aWf5yzpgixPJ8aPH4",
+	"l/N+5rpXHXi4pQh27I6yw+KrMy21CHKnDGm/dOWPSa9uSBzjEsWEQ6SbeSZrUwBga1VwxJkQOhspniOM",
+	"in0hItASJyQuboA3BVS2Vi7FsWlVbkGsHuzfooZP31hgPBWs/6d/9F2hvbmfT29eoouLi//QGxibD2yW",
+	"LSDu2nYsdX2X/pynxnVrJQrEl2rUMG7r/V3SRAI/DlE/oNV6+lsIE5gyDlsBf6GHDYS8crdI5dMIGxDZ",
+	"Qnvjc5nvxpcxkg+iyuN/t+aNYtfPXX97LW+vL8ZMFTk4pKaByAzTkFSHbum4O1xLiNasfzeF7OpTVE3Z",
+	"j6r2PhgJ/673Ply99/J86DGNJfP/5YOaKlK6cz4eufpLhuKttQ3KCtdi34NJsfe+wV4q+bwZg5lvGVsf",
+	"4gGEvqhzf5ehcvB/uXgMBJW3XfZH0V6haF5+uP0oMNZ3fujKAZMIC5G9YLTwwC3hMoh2pFq9g79+1dFv",
+	"3+6/3f9vAAAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -321,6 +321,7 @@ func (s *Server) GetSandbox(w http.ResponseWriter, r *http.Request, sandboxID Sa
 	if rec.MaskRequestHost != "" {
 		d.Network.MaskRequestHost = ptr(rec.MaskRequestHost)
 	}
+	d.Drives = driveInfo(rec.Drives)
 	if len(rec.Policy.AllowOut) > 0 {
 		d.Network.AllowOut = ptr(rec.Policy.AllowOut)
 	}

@@ -53,6 +53,20 @@ func TestExtraDrives(t *testing.T) {
 	if got := n.sh(t, id, imageCheck); got != "1" {
 		t.Fatalf("image drive: %q", got)
 	}
+	var detail struct {
+		Drives []struct {
+			Device   string `json:"device"`
+			Image    string `json:"image"`
+			SizeMiB  int    `json:"sizeMiB"`
+			ReadOnly bool   `json:"readOnly"`
+		} `json:"drives"`
+	}
+	b := n.expect(t, http.StatusOK, "GET", "/sandboxes/"+id, n.key, "")
+	if err := json.Unmarshal(b, &detail); err != nil || len(detail.Drives) != 2 ||
+		detail.Drives[0].Device != "vdb" || detail.Drives[0].Image != "base" || !detail.Drives[0].ReadOnly ||
+		detail.Drives[1].Device != "vdc" || detail.Drives[1].SizeMiB != 64 || detail.Drives[1].ReadOnly {
+		t.Fatalf("GET /sandboxes/%s drives: %s (%v)", id, b, err)
+	}
 	if got := n.sh(t, id, driveRead); got != "" {
 		t.Fatalf("a blank volume reads %q", got)
 	}
@@ -72,7 +86,7 @@ func TestExtraDrives(t *testing.T) {
 	var kids []struct {
 		Sandbox *sandboxJSON `json:"sandbox"`
 	}
-	b := n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/fork", n.key, `{"count":2,"timeout":300}`)
+	b = n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/fork", n.key, `{"count":2,"timeout":300}`)
 	if err := json.Unmarshal(b, &kids); err != nil || len(kids) != 2 {
 		t.Fatalf("fork: %s (%v)", b, err)
 	}
