@@ -43,7 +43,13 @@ func TestExtraDrives(t *testing.T) {
 	}
 	n.expect(t, http.StatusNotFound, "POST", "/sandboxes", n.key, `{"templateID":"base","drives":[{"image":"nosuchtemplate"}]}`)
 
+	start := time.Now()
+	plain := n.create(t, `{"templateID":"base","timeout":60}`)
+	tookPlain := time.Since(start)
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+plain, n.key, "")
+	start = time.Now()
 	id := n.create(t, `{"templateID":"base","timeout":600,"drives":[{"image":"base","readOnly":true},{"sizeMiB":64}]}`)
+	t.Logf("create without drives %s, with two drives %s", tookPlain.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	// Sizes and read-only flags as the guest sees them; vdd and vde are the
 	// empty slots.
 	got := n.sh(t, id, `for d in vdb vdc vdd vde; do echo $d $(cat /sys/block/$d/size) $(cat /sys/block/$d/ro); done | tr '\n' ' '`)
