@@ -325,11 +325,14 @@ type NewSandbox struct {
 	AllowInternetAccess *bool                    `json:"allow_internet_access,omitempty"`
 	AutoPause           *bool                    `json:"autoPause,omitempty"`
 	AutoResume          *SandboxAutoResumeConfig `json:"autoResume,omitempty"`
-	EnvVars             *map[string]string       `json:"envVars,omitempty"`
-	Metadata            *map[string]string       `json:"metadata,omitempty"`
-	Network             *SandboxNetworkConfig    `json:"network,omitempty"`
-	Secure              *bool                    `json:"secure,omitempty"`
-	TemplateID          string                   `json:"templateID"`
+
+	// Drives aenvd extension (E2B's API has no such field): extra block drives, in order /dev/vdb, /dev/vdc... of the guest (after the drives a snapshot given as templateID already carries); at most 4, and only templates with free drive slots take them
+	Drives     *[]SandboxDrive       `json:"drives,omitempty"`
+	EnvVars    *map[string]string    `json:"envVars,omitempty"`
+	Metadata   *map[string]string    `json:"metadata,omitempty"`
+	Network    *SandboxNetworkConfig `json:"network,omitempty"`
+	Secure     *bool                 `json:"secure,omitempty"`
+	TemplateID string                `json:"templateID"`
 
 	// Timeout seconds
 	Timeout *int32 `json:"timeout,omitempty"`
@@ -444,23 +447,51 @@ type SandboxAutoResumeConfig struct {
 
 // SandboxDetail defines model for SandboxDetail.
 type SandboxDetail struct {
-	Alias               *string               `json:"alias,omitempty"`
-	AllowInternetAccess *bool                 `json:"allowInternetAccess,omitempty"`
-	ClientID            string                `json:"clientID"`
-	CpuCount            int32                 `json:"cpuCount"`
-	DiskSizeMB          int32                 `json:"diskSizeMB"`
-	Domain              *string               `json:"domain,omitempty"`
-	EndAt               time.Time             `json:"endAt"`
-	EnvdAccessToken     *string               `json:"envdAccessToken,omitempty"`
-	EnvdVersion         string                `json:"envdVersion"`
-	Lifecycle           *SandboxLifecycle     `json:"lifecycle,omitempty"`
-	MemoryMB            int32                 `json:"memoryMB"`
-	Metadata            *map[string]string    `json:"metadata,omitempty"`
-	Network             *SandboxNetworkConfig `json:"network,omitempty"`
-	SandboxID           string                `json:"sandboxID"`
-	StartedAt           time.Time             `json:"startedAt"`
-	State               SandboxState          `json:"state"`
-	TemplateID          string                `json:"templateID"`
+	Alias               *string `json:"alias,omitempty"`
+	AllowInternetAccess *bool   `json:"allowInternetAccess,omitempty"`
+	ClientID            string  `json:"clientID"`
+	CpuCount            int32   `json:"cpuCount"`
+	DiskSizeMB          int32   `json:"diskSizeMB"`
+	Domain              *string `json:"domain,omitempty"`
+
+	// Drives aenvd extension: the sandbox's extra drives
+	Drives          *[]SandboxDriveInfo   `json:"drives,omitempty"`
+	EndAt           time.Time             `json:"endAt"`
+	EnvdAccessToken *string               `json:"envdAccessToken,omitempty"`
+	EnvdVersion     string                `json:"envdVersion"`
+	Lifecycle       *SandboxLifecycle     `json:"lifecycle,omitempty"`
+	MemoryMB        int32                 `json:"memoryMB"`
+	Metadata        *map[string]string    `json:"metadata,omitempty"`
+	Network         *SandboxNetworkConfig `json:"network,omitempty"`
+	SandboxID       string                `json:"sandboxID"`
+	StartedAt       time.Time             `json:"startedAt"`
+	State           SandboxState          `json:"state"`
+	TemplateID      string                `json:"templateID"`
+}
+
+// SandboxDrive aenvd extension: one extra drive, exactly one of image and sizeMiB
+type SandboxDrive struct {
+	// Image a template or snapshot id or name: the drive is a copy-on-write view of its root disk (the sandbox's own), or the disk itself with readOnly
+	Image *string `json:"image,omitempty"`
+
+	// ReadOnly the guest sees a read-only disk (image drives only)
+	ReadOnly *bool `json:"readOnly,omitempty"`
+
+	// SizeMiB a blank writable volume of this size (1..65536 MiB, sparse), for the sandbox alone
+	SizeMiB *int32 `json:"sizeMiB,omitempty"`
+}
+
+// SandboxDriveInfo defines model for SandboxDriveInfo.
+type SandboxDriveInfo struct {
+	// Device the guest's disk (vdb for /dev/vdb)
+	Device string `json:"device"`
+
+	// Image the template or snapshot the drive started from (absent for a blank volume)
+	Image    *string `json:"image,omitempty"`
+	ReadOnly bool    `json:"readOnly"`
+
+	// SizeMiB a blank volume's size
+	SizeMiB *int32 `json:"sizeMiB,omitempty"`
 }
 
 // SandboxFork defines model for SandboxFork.
@@ -2793,95 +2824,102 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7D35b9y2mv8KoX1AbEA+YrfF7gT7g3NtgyapETvpWzRBw5G+mWFHIlWS8njW8P++4KWT0kjjGSfvoT/5",
-	"EEV+90V+1F0QsTRjFKgUweQuyDDHKUjg+i+BaTxlt29eqj8IDSZBhuUiCAOKUwgmledhwOGvnHCIg4nk",
-	"OYSBiBaQYvWiXGd6sOSEzoP7+3s1WGSMCtCrvOKccfVLxKgEKtWvOMsSEmFJGD35UzCqoSlm/AeHWTAJ",
-	"/uOkBP7EPBUnZja9Sgwi4iRTkwSTAFME9pmDTi9/IQSZ02tIswRLuMZz8QH+ykFoODLOMuCSGEglnuuf",
-	"REIqPKiFQYpv35iHT09PwyAl1P0ZusGYc7xWYyXmc9Cr1AGVC0DSgoOwQIrYiHH9cyLxHB2oEdOcJDGS",
-	"CyyR+p96KJ6hFZELlkvEKIRIDVOTCGlGHwZhixlVxv3uQAoNpl+K4Wz6J0RSAW2oBXGVXm1C6eWM2LRI",
-	"tJmIdUK1QJyLICxW8MH4XD17y+avqOTrNnAJ3ECifgGap2rKGKb5PAgDQmcsCIMV5jQIAyMsX0IPk0EI",
-	"PAcv7EJC5keKpCAkTvXTGeMplsEkiLGEI/VoM2uK90sAQotLJxGuJJa5+ADYqlCDEIZE9q+CH33aVSft",
-	"fVuot6BNA1E3gw+pF4xSiOSVsTseBSUpsFzWSEyoPD8LtC6SVDH8tJiYUAlzMBahtdZLSEDCILtgzOHu",
-	"ZV3P26OMheWsgxOxGNpmBf7KcSK0Ufj5+voSCS0bQdimVJM6fVxtQKyXDnt5+Jrx5QcQeeIhJDiEBlj4",
-	"0LmfTeOdtHi5/JYICXGnQOGEYD/jooQAlR02LsryFyynfkFskzcmYnlF/g/ePR/4AtD4Qg41JGr4TfwJ",
-	"uCDGCngMWsr4evDqKUgcY6ldMY5jogQMJ5d1TewQ9JLyteDCYyswlzAKSyXQMFAYrvRYBZbVby8YTRNc",
-	"jg1rsU8hC1W4HZcq0lChdI3pDvY6p3zK8x5WPbKasNUfik+cgvwDRxGIKi+mjCWAqZoG55Jd4lxA92Ol",
-	"oulQcl4UL7xgdEac0H3CJo7cXkh2I2oU5Irx5UBk3pvRJSYCopx3kKpXfsKqQ6pbYwERo7HX/G5wVB0S",
-	"2SUtFGdiwYY7LR/93luH0pa3CEuIX1x+HGg5ilfedVicn37wvhexNCUdobJgOY8AmSEIKw1CKyx0yCvR",
-	"jLPUZyxGWuiIA5bwGpMk5wb7IVDrl65yrYiD34qtFWtjakJ+9RyxmcHUh5oyLNdM4mQwedUbHwXEo17Y",
-	"GCsqqXmpB96HQcJwfHEDHM/haVq36SyfJhWDTvN06vyMEpIhyxhxKt8Zh755ZxQBKIu7VN46BhhEn6ti",
-	"sHVguahmJhxwvFa+gmNC1fy+dOSmx7PfpOkQMD69e9cOPg2KBVjlQmZaj19zZG+QtC6SNXGrkiusWxSf",
-	"tWjrVEs1v3TYr5dOZOt6tVoABx0UK3yfCMQZk0jLN0rIDSBMY7RgK0SkQJ/eCcQBRwv1gqJAI+vF0RJo",
-	"7DH2kinBj9FBgtfAIUYkxXMQhyqtn5FE49H2HRxTkTHusXv5NFnqksA0RgdL5e8TNE1YtEQx3JAIxGGo",
-	"nh0JFi1BooP3z18iITkm84VEkml8P717dxjq1Tfmng6xKkxddH5XKG0dZEVDDooSEGtCzkEqOAhHRlgs",
-	"TcKC4imma8UJSWgk7VPEc6oUQc+Q4qzFAzOsvXwxT3UxQ3s1TwYxmq6rsw9MjKxndAob4WgBR5aomiNH",
-	"cNugV8lhXiTmHsX1INFAPlO/4xpGQ6Bu5tsmZbOwhI6CBoQuLl9VjVydA5mKK+OBftViNHC0VCZk0NgG",
-	"jm6Z0EHn5urET9u8FwtM557IZytD3QDJztEFgLLI7Ygrikzlqu3zObkB7n3UKWQNgOwUoV3FB5gJ8Xuy",
-	"5f60YpfVmV1n7DFLMdFUonmSYBWR2EK2N5u+0P7nmi3Br76bMu7+5HdTUsHxbEaiBgwb4N4il92UjHYl",
-	"f+2yDlWAxT6p6OHtS5CYJGM4rDPgNzYBvujJf79p8WaUqI2u8zxUMhMyg2gdJUNT/7fF+G9VSHpodv93",
-	"HWp8HcqC/9rSvVl/7tKeFN8aK+92x+xfXme/oXSCdCAeLVROrCL1h9ZSDNQ9yL6takbb8ZUFs7a9YfS6",
-	"xMbFDEuSJC4i2RwvVJaoztcHL/OY4oRQ2Pv+lF6kH7KOvbkZgSR+YM1wr/t7+9zGCx36/aQTO9nJa7LC",
-	"s5eXsPk2823c1tLzhlWgexB+B5KTyGNkRhbwsvyjgPgyqr8wSxiWvtpTUbEYWUIbXnIaM3sK6YjJR8to",
-	"5ZWPlNwOWqZHruuT1fxOhQ0lVhVyVAhZ5UGPfNT9uX9T5FdjeIfuwtpA8jKfJiS6NsG2367HQNejJ0+x",
-	"WNqt5J+Z8Dg49V+0ABwDR2yGuBlrtm4zzm7XaMb4CvNYuFqODQKeoX/cXf764foeEYE4ZAmOTF1Dv8m4",
-	"PDY++C3QuVwEk7Mfz8Mh9f86qT9mrkS9M1IP27Xagto92HyAGQexaOMR5xxLGx53RzDnP9VCmHFp65UL",
-	"EYv6QbNA4fNL9uVKKLGz0w9NVd4QWoD4jciFMc0ed1QrgXc58gHOxNr+NiGbtZRiPS/MdgvsjXL/D/Yj",
-	"uto8Kh8wsfZbvLan6gYlRqPyKH34a5zacciYINJbqi1r4sKSzgTYaAprRmMkF0TocvkE4akAKtFqAbQo",
-	"oqMFVo/Ll8u1nqEMaEzoPER5ljBc/RViXQ3HJIEYHayIXFRe1Gc+DpXd04V4u9knGSIy8BZWay/662KM",
-	"yZkYxZYNqaKTsy2KOk2BLqdy3K1nerUUsJTJhrA1kPQphzvf1FFmGStWeotyjD71nRSclkfYqrZS/9sY",
-	"yxUm0vzmCrDdUf3+FX2LYzw7PZezhRnIdIzjd7ciwyvqJVlX3Nlftsx13DCCon1lDyc3g6oaFsuwkOm6",
-	"zpSA1VlSl8A+7blQ836wh5o9WyI9VN668GMn7QNLn9Z8TRL4qC2sBzAOwp64bkOW82QzSG6GjWD4vW+f",
-	"+u/jeGorpR3gKN32ycaFa6dtvfv5W5qurWWk1JJiE39Y8l1jnU1WPp331OIbu62QcdBb9y2tDoNcADKH",
-	"j2ieJJssc3+RsNdClq+e/WeXvdzJsV3FIZx2caefuFcSc/npzFMKYzzqKCfOOEvfpF0lKvW06tZ9O4Lx",
-	"+kUadxe8ux9CNlwbHRBXErJhqZl7w0qcs6idkrdVeNJhbnbsPbeRoQdrucfRueix8xB5jUttMvOxaOgz",
-	"FT9jk1m3hbNbqs1/NmKunvbhcY3n4/zMFpGeNGtsaqaZ1wOVYp0+8E11pbPVoBS5Vs4mF8BRrXmICGTG",
-	"owN78AbTWGdVXEL8DMEN8DW6uHyDlrDWZwpNAicAhH3o5qr0DvXu3TbR6AqJRmubpzXCL8+/wXTBWGdB",
-	"cAtu92xfhwHcuN654SpC4k4L1JE6dniXgUEa0W7YTBK6rpJqBOwwNPMVSPWRV7/du9UfwwzrLo/a5raX",
-	"dI0NPpPoHhdb0cd3FthwSZIE4tAUyUJuzqOEM8aXEN+jAxvJazGPFhAtM6b8fYwwB4SjCDI1CaJKtpGK",
-	"W5VYD+dbJ4MEmVMscw5XEHFfT58aYHcsY0iIUq0JgrPpUfGmUlalvDnNcBxDjKZYwE8/KK28+vni6OzH",
-	"nxC7sQou9CpoxpKErcoK75TpOLJLRhrn8aTMEONI/RTo44e3egrDEk2uy1+vriFGkm1MzIbKTFfheOf6",
-	"NYZPwzWqXYPUjQFErq9UwGNwucjIL7C+yOWi6Jk1lfyya/afRxeXb45+gQqvsH7LdK0SmyjV2XW9ABQx",
-	"KjlLtMFmM/RVnwD/GiIVemFJpgno/k/06uz5k8Lyq8GCmUZR8+Dq5S8CrRhfopymLCYzAvHxZ/pK23ud",
-	"hCBMxQq4QF/vPuuWrs/BBH3OT0/Po0rrmP4HhOiz28jUo4Lj4+PPwf3XY6SIAFTaNt6J29H4WuD/9fgz",
-	"1dtFMlFEuJgDla/efzI+SMF98Ors+VGJ3WHlDPIkOD1+enyqN9czoDgjwSQ4Pz49Ptc1dLnQ3Dgx0nOy",
-	"MgKo/2d7bpUAasDexMFEt4H95gY1+pPPTk9HdScPio3rXqrt7Vrty5Ujyg6bELEkBiHRjHAhzQ6JNbn+",
-	"xQu0ql3Smd2DqhPE2HcLpW3vBiGfKxOzq1btuiu5r5sV5TTuW5x4uvPFLQPaBOcwJ0KCAmYryt6HLfE7",
-	"ubO/vXl5b1Q8AWMQ68Q3radV4teI8IPnQDgtwX2mS+S20O7cDQFj1WPOsmxblEK/8vwPyE5YTx+PYUpD",
-	"LH231oXK9Qe/e688KBg46sqDL9omRYs27YxPfBQ9s+53kJ59G7YhLJAN4bbXuQXgxHjfLmH92YwYolcm",
-	"2uIq8CIKtprbDya/f9FLpuVGqPdGh0vOUpWe5QLZocp/F/tlB0WgiwpYhXHlKpWi0RotiJBsznEqdGwr",
-	"pGmVyBhLRIiK/c/D4yBs4+v2aTdyWcKtPMkSezq19waPTgTVHAhu9f4bYRTZFMtLN4V9v09+r0c8hkPW",
-	"PY6D/LDd/NxeQjXaJ3emweq+T1Lfu96MPSmnQbo72NifHS26y8YZUe95Gd10UVEnkywaTVGpobDxLPrx",
-	"9BytFiQBBLe6H2heqg5aAmSuAUg3ZqV4CYhIpMulCM+VWjS168rw6MpV1/dhvlv9KIMseJcx0xMpY0a0",
-	"bkYPkOPaMY9OFb6qNPg15KIRw/DkCKhKN2K0/O8blGHCBfqTEWpSXJVvnP2kz3EGk+CvHPi6lKfiKPkG",
-	"Cdq/IanfKDHAoriuLlHtBd11JO/g2ZOIltcSPHIYX1vWI+7msW4ItzWkHcj7RoevbRGsVG4mcJolumFb",
-	"V38azNYbYTE6yOmSshUNkalsadNFmURrcDPEiFEbwycwk4jlunjVchmFupVev1frIpam+EiAGiQhLgAj",
-	"sUAHWKKUCYmenp6qxeA2S3TD4wwnAvyKaN//g8Si17oPvkOrWdwRcq3LBSqwCB6s0gNkq37YzSNoNU4L",
-	"ZapKIu5C2u6Kkz+9WeMvJEmqar7JHZha6q4zwU4Ids4X2x/Wr/k7imB875VDTsqjWfdfOnl3Epnbq5r3",
-	"7I2bvtPM16/G2o+dbyxy377Mbw989nGYSG3SrTV9huyZVQS3EmhspPqR3IwDxexF7FjfT2auw2rnAvOa",
-	"8eV+paXaJLaHsGBQNFa5bWxAKMYoaEYmEmXATXNZqCJlxmPg6AAXll0XyU21/HDXPHeHlDaY2LfmJE9/",
-	"TE3JLUpJkpDywiGv15aYy1rsPKAB5M47VUJSUp+qoM3TU+XQe7sCN/UFPobD14TtcCscIqASJUQFY7aI",
-	"M1eagyJGBUuguI9DhXB4DlQe6l/tWP2fJwKxFUUJm4coBT63W3gkhXpJ/xmiSiJNymobA74jf9aOgrtE",
-	"dWAsqqV1L4I6eh1z3cmYVR4luexqjOjdNnKBaaXm+ESYkiJfowMlYuawxwxWjizu9lgh0YLl/FCXIwlF",
-	"mv7Hx0DjpqjiZm7zRLgciAjkMgm1mG72ucGJmuB7kudKI/mD3G0uu+r89Uaq/brderfWQ2pGMOcgBMpY",
-	"QqL1jktHNQZk7u6Q3Uc7+lqSMdnRQ8xtN4bcNJ2B2A+WtqftUcI61z/nTQI8BK2G5rslqeu73wU9KyeX",
-	"bcmiSWG12n4J3Lhmx0vgR0lt9pTTuO6mPSmBLXi6iy/3V/F0K+ybQdX+xS4X73rtDnKBp4m+N748I4wY",
-	"tdXPnecqlZ7T3XPyqgggXc/rXi2aW2RbXylAPoC8VaXo3kwpRvk32fzFWNMB0rkt0pHI2XOio9/rTwDD",
-	"h9wK0wkq3Epz5dE33/6pa+vmAL3ge+iiZRtP//PoPdzKI42W+byDid7hVqIMz2EHonZyVzaaDjiQVDOp",
-	"m5TBTLX78nInDKffxODub4e81gM8YpdccdiZ/n5jcl2MegzFKFqShmStDjLluXZw4qKY78Q2xpzc6V96",
-	"D1/Umjv3KW/+LtIOwSu/DEORxsHYhv3JIS7Q304ET1wnVL9xqX1QZj9uvvuLHtt6fA4pu3lAUc4b9bQ/",
-	"SLQnenR/+eiRN/G9HxXqkn88V9ZgZT6LZP7D5yCfmBvf410YibsydL4fLrnf0i12w7B7M7XJMu3PFNW6",
-	"Hrc7fduK2Gsdc08Eco1yUnIyzZULOjCdFO3TFqa0ViP97pXU3xf4yId4O7r6NgjCkwf5pm6VPNGKLk7u",
-	"bG/l/UnZab9JQSqN+sNSqITNxa+zmYCOlOZ09K2T+82axixpbx0sl9zuxsS97sm1L5HokDotDFqBTXQU",
-	"o4TNEZhLDvR3QFDJS8Tod2emQu9kZf/w1gFYTXd0e/bJ3QKLxaDo97X9PMHenH/XZSUeNlebnIubptQf",
-	"5h5/3cD84tfL/0VCQoYOsAoNEObRgtwAmq5dI+Wh+caAveaK2funzDcd/jWEQnFvtAv0b0sp1Nu8HuLH",
-	"WCRBHgnJAad1dhe2akoo5p6e1MHhZfs7GrDzCK9IUDapQhGKP1aqfI0HtwZWfK5CJ1TiroXluwvGFCNu",
-	"zsYeHv90NsxdDzoHHm44BDtxW9lh8bmIjrMIcqsK6bBy5bcprzY0jnGJYsIh0s0807U5AGDPquCIMyF0",
-	"NVI8QxgVeCEi0A1OiO6/0BbaHKCyZ+VSHJtW5Q7C6sF+FDV8+sYCE6lg/Zf+p+8K7SY+H16/QOfn5/+l",
-	"EZggRpN1pQXEXpqOsNTnu2ZSg9x3EgXiCzVqnLSZb5Tp/VChqHpg+rIvLt8UVyfm0UI5NQn8METDgFbr",
-	"RTJZoynMGIeNgD/Xw0ZCXrlbJC6+SdyEyB60NzGX+UJxmSP5IKo8/ldr3iiwfub622t1e30xZqrYwSE1",
-	"DURmmIakOnRDx93+WkK0Zf27KWTbmKLqyr7Vae+9sfDv8977O+99czZ2m8ay+d95o6ZKlP6aj0evvstU",
-	"vPNsg/LCtdx3b1rsvW9wkEk+a+dg5iOkNoZ4AKPP69Lf56gc/J/OH4NA5W2Xw0m0Uyjalx9u3gqM9Z0f",
-	"+uSAKYSFyF4wWkTglnEZRFtyrd7BX7/q6Pcv91/u/z8AAP//",
+	"7H17b9u4lvhXIfS7QBNAidNkpviti/0jfe0U00fQpL13MS2mtHRscyyRGpKy4w3y3Rd86WFRsuTY6dzF",
+	"/NXUosjD8z6H51B3QcTSjFGgUgTjuyDDHKcggev/CUzjCbt9+0r9h9BgHGRYzoMwoDiFYFx5HgYc/swJ",
+	"hzgYS55DGIhoDilWL8p1pgdLTugsuL+/V4NFxqgAvcprzhlXf0SMSqBS/YmzLCERloTR0R+CUQ1NMeM/",
+	"OEyDcfD/RiXwI/NUjMxsepUYRMRJpiYJxgGmCOwzB51e/lIIMqM3kGYJlnCDZ+IT/JmD0HBknGXAJTGQ",
+	"SjzT/xIJqfBsLQxSfPvWPHx6dhYGKaHuv6EbjDnHazVWYj4DvUodUDkHJC04CAukkI0Y1/+OJZ6hIzVi",
+	"kpMkRnKOJVK/qYfiOVoROWe5RIxCiNQwNYmQZvRxEDaIUSXcbw6k0Oz0WzGcTf6ASCqgDbYgruKriSi9",
+	"nGGbBoq2I7GOqAaIMxGExQo+GF+oZ+/Y7DWVfN0ELoElJOoPoHmqpoxhks+CMCB0yoIwWGFOgzAwzPIt",
+	"9BAZhMAz8MIuJGT+TZEUhMSpfjplPMUyGAcxlnCiHm0nTfF+CUBo99KKhGuJZS4+AbYitIEIgyL7v4Ie",
+	"XdJVR+19k6l3wM3GRt0Mvk29ZJRCJK+N3vEIKEmB5bKGYkLlxXmgZZGkiuBnxcSESpiB0QiNtV5BAhJ6",
+	"6QWjDvfP63reDmEsNGcdnIjF0FQr8GeOE6GVwi83N1dIaN4IwiamNrHTRdUNiPXSYScN3zC++AQiTzyI",
+	"BLehHho+dOZn23jHLV4qvyNCQtzKUDgh2E+4KCFAZYuOi7L8JcupnxGb6I2JWFyT/4H3L3q+ADS+lH0V",
+	"iRq+jL8AF8RoAY9CSxlf9149BYljLLUpxnFMFIPh5KouiS2MXmK+5lx4dAXmEgbtUjE09GSGaz1WgWXl",
+	"2wvGpgoux4Y136fghSrcjkoVbqhgukZ0B3udUj7h+QCrDl5N2Op3RSdOQf6OowhElRYTxhLAVE2Dc8mu",
+	"cC6g/bES0bQvOi+LF14yOiWaHDEnSwPYhh+m9ojgVgJV20RHr89fPBHo8uotmitvhyGRR3M0JZDEx2M1",
+	"kGM0SVi0QGbKEBGKGI+Bo1EMy9EynoTur+j09BSxqdZyM6Ws0RGeSuD6B/M6wkhQnIk5k2hGlkCVj1WS",
+	"FuGEA47XKMJcmcbj5whLlDIh0U8hwjRGjCbr4gWhXS405WDnRyJhUiCJF6AWTZVf0ceyWky+UnP4DCvQ",
+	"5Rds3PLdZW4/kktBrhhf9NzRBzO6ZAwBUc5bOK9THMOqfa8zlYCI0dhrzbbY/RYBbxM+yzm9fQAf/j5Y",
+	"+9wU3whLiF9efe6piItX3rco8Gc/ed+LWJqSlshDsJxHgMwQZIR1hYWOICSacpb6dO9AgxdxwBLeYJLk",
+	"3Oy+D9T6petc67Xeb8XWKDR3aiIo9VxpDL1T39aUnr5hEie90ave+CwgHvTCVgWhuOaVHngfBgnD8eUS",
+	"OJ7B07RuIlk+SSr2kebpxJltxSR9ljHsVL4zbPvmnUEIoCxuE3lrZ6EXfq6LwdYfyEU10NOKXZlejglV",
+	"8/uiu2WHo7RM0z5gfHn/vunLmy0WYJULmWk9boJD+wZK6yxZY7cqusK6RvFpi6ZMNUTzW4v+euVYti5X",
+	"qzlwbfeQ2u8TgThjEmn+RomyjsqAztkKESnQl/cCccDR3BnKjSQCjhZAY4+yl0wxfoyOErwGDjEiKZ6B",
+	"OEaMoylJ9D6atoNjKjLGPXovnyQLnWGZxOhoodynxHkcsCQRiONQPTsRLFqAREcfXrxCQnJMZnOJJNP7",
+	"/fL+/XGoV98ayruNVWFqw/P7QmjrICscclCYgFgjcgZSwUE4MsxicRIWGE8xXStKSEIjaZ8inlMlCHqG",
+	"FGcNGphhzeWLeaqLGdyreTKI0WRdnb1nnGktoxPYCEdzOLFI1RQ5gdsNfJUU5kWewyO4nk1sbD5Tf+Pa",
+	"jvpAvZm+MBGwhSV0GDQgtFH5uqrk6hTIlJse97Srdkc9R0ulQnqN3dijWyZ00Lm5Wvendd7LOaYzj+ez",
+	"k6LeAMnO0QaA0shNjyuKTCKwafOVF869j1qZbAMgO0VoV/EBZiKmjuRDd5S2z2TXvhMgMUsx0ViieZJg",
+	"5ZHYcwFvcuJS258btgC/+G5LYHTnErYFFRxPpyTagGEL3DukBrbF9m2xdDNLRhVgsY8rOmj7CiQmyRAK",
+	"64TCW5tPuOxIJ/zQXNgAVuuZkhhrg26p+ETYFIR9eYdw/i2dMn9IPziL91BBScgUonWU9E3svCvG/6g0",
+	"4UOTDX9nGYdnGWu5qO3SwihUZSREcIsjmaz1Aza1zqHyQ4WChLzwu5melcpzUMbLrB2Ji+PQMq+HiEAY",
+	"RSxbnzB6suJEAloSWGkAZCUQMcenpXSzFT0O1YR6KjWASAHJ1CT2lCfykSbrwO9vmmfe9IJJPwrQGUc1",
+	"9EQnDg0IBiU2Ial+r5zNVhSrw5cHM5ME0wVS+1QqDy1ZkqdgUp9EaESjo6enp89+/vniGXpPXoRIZJgL",
+	"UEGK3azFAcIJo31d3U5e0YquYWBMDNWBpCfCYmUZTzRwLq177MN6C6/UTs2r3FJyiJUancRCR3gigEq9",
+	"nsOmQeLxNlrvQCcz8xNDmB2iCovDChwdcvvG6svNU8E2I5ziW+MsupoF+z9vzLAlA4t0PB/NSRLrgP+h",
+	"KVkDdcdm31UtWtN/Lo8xmlRj9KbcjQs9FiRJXGCzPeyoLFGdrwte5vHoEkLh4FUDepFuyFoqJvRZzAOP",
+	"Hg5adXHI4orQbb8bdWIv9RWbpPB4jQmb7TLf1mIDPW9YBbpjw+9BchJ5lMzAc4As/ywgvorqL0wThqUv",
+	"hV0kPgdm4vtnrofMnkI6YPLBPFp55TMlt72W6eDr+mQ1f7FChnJXFXRUEFmlQQd/1P1w/1H1R6N4+9bG",
+	"2Hj0Kp8kJLoxMbtfr8dA14MnT7FY2AKfX5jwGDj1K5oDjoErN4ubsaagJuPsdq1ciRXmsXApYetfPUf/",
+	"uLv6+OnmXrmoHLIERyY9qt9kXJ4aG/wO6EzOg/H5zxdhn2PEOqo/Z+6ka2+o7ldLsAO2O3bzCaYcxNzj",
+	"ReYcSxvWtnswF89qLsyw7Ne1C+2KNORmntNnl+zLFVdibzVpm6K8xbUA8U8i50Y1e8xR7SStzZD3MCZW",
+	"9zcRuZmSLdbzwmz9c3/MsNN58qA43sTI7/Da1jr3SmgMyn/oktxhYschY4JI74lPebRWhDbawUYTWDMa",
+	"m7iPshjGyIY2qznQ4iyuKK5xL5drPUcZ0JjQWYjyLGG4+ifoWHuKSQIxOrIhsXtRV+Id6xBKhdi2ZkAy",
+	"RKQ/hqq96E+vMyanYhBZtqR4HJ/tkBveZOhyKkfdeoamlropeXKD2TY26RMOV3Xakq0dyla60mGIPHXV",
+	"b0/KwuKqrtQ/G2W5wkSav9w5TrtXf3hB36G4cq/VkjuogUz7OC2phgyvqBdlbX5n9+lHrv2GARjtSlc6",
+	"vumVjbS7DAuerstMCVidJHUO7JKeSzXvJ9tq4jlZ7cDyzglbO2kXWLqG/g1J4LPWsB7AOAjbB9OELOfJ",
+	"dpDcDFvB8FvfLvE/RNNAI6TtYSjdKezWhWs9EN6yoB1V1848UkpJUQvUL/iukc4GK18uOo70Noo2IOOg",
+	"K4AaUh0GuQBkahhpniTbNHN3krBTQ5avnv//Nn25l2YKRSGctlGnG7nXEnP55dyTCmM8akknTjlL36Zt",
+	"KSr1tGrWvRnm9cs0bj+oan8IWX9pdEBcS8j6hWbuDctxTqO2ct5O7kmLutmz9dyFhx4s5R5D57zH1tae",
+	"GpWaaOZDt6FLs37BJrJuMmc7V5tftu5cPe3axw2eDbMzO3h60qyxrcVxVndUinW6wDfZldYGsJLlGjGb",
+	"nNvug+JwighkxqMjW7+HaayjKi4hfo5gCXyt+yEWsNalySaA00eJ5qGby3dqeN9jG20u0WBp8zSs+fn5",
+	"nzCZM9aaENyB2h1VMGEAS9fR3F9ESNyqgVpCxxbr0tNJI9oMm0lC1+tX9YDdDs18xaa60Kvf7qwYimGK",
+	"de9drUbGi7qNAz4T6J4WJSSndxbYcEGSBOLQJMlCbsrawinjC4jv0ZH15DWbR3OIFhlT9j5GmAPCUQSZ",
+	"mgRRxdtI+a3H1SqbrXRrJZAgM4plzuEaIu7rtFYD7IllDAlRojVGcD45Kd5UwqqEN6cZjmOI0QQLePaT",
+	"ksrrXy5Pzn9+htjSCrjQq6ApSxK2KjO8ExZ7qwcsj2yU9UqZIcaR+legz5/e6SkMSTS6rj5e30CMJNsa",
+	"mPXlmbbE8d7lawid+ktUMwep+4uIXF8rh8fs5TIjv8L6Mpfz4iYDk8kv7zL418nl1duTX6FCK6zfMncJ",
+	"EBso1cl1MwcUMSo5S7TCZlP0XZfHfA+Rcr2wJJMETCWJaXOzml8NFsy075sH169+FWjF+ALlNGUxmRKI",
+	"T7/S11rf6yAEYSpWwAX6fvdVN9p+Dcboa352dhFVGnr1DxCir+4gU48KTk9Pvwb330+RQgJQaS9XGLsT",
+	"je/F/r+ffqX6uEgmCgmXM6Dy9YcvxgYpuI9en784KXd3XGllGAdnp09Pz/ThegYUZyQYBxenZ6cXOocu",
+	"55oaI8M9o5VhQP2bvQlBMaAG7G0cjHVz7j/doI1bI87PzgbdGdHLN65bqaa1a1wqUel0cLsJEUtiEBJN",
+	"CRfSnJBYletfvNhW9e6KzJ5B1RFi9LuF0l66AUK+UCpmXxdo1E3JfV2tKKNx36DE070vbgnQRDiHGRES",
+	"FDA7YfY+bLDf6M7+9fbVvRHxBIxCrCPfXAhQRX4NCT95+kpoCe5znSK3iXZnbggYrR5zlmW7bin0C89/",
+	"gWyF9ezxCKYkxOJ3Z1moXErzm/cimoKAgy6i+aZ1UjRv4s7YxEeRM2t+e8nZjyEbwgJZF253mZsDToz1",
+	"bWPWX8yIPnJlvC2uHC+iYKuZ/WD82ze9ZFoehHrv2bniLFXhWS6QHeo6x7WpOyocXVTAaru9VShFozWa",
+	"EyHZjONUmOpWaTquMsYSEaLi/PP4NAib+3XntFupLOFWjrLEFrl33qvUukE1B4Jbff5GGEU2xPLiTe2+",
+	"2yZ/0CMewyDrVuledtgefu7OoXrbozvTp3nfxakfXIvXgYTTbLrd2TicHi2aVIcpUW+9jO7dqoiTCRaN",
+	"pKjQUFh/Fv18doFWc5IAglvdVjgrRQctADLXR6j7O1O8AEQkMpc04JkSi03pujY0unbZ9UOo70ZbWy8N",
+	"3qbM9ERKmREtm9ED+LhW5tEqwteVPuENvtjwYXhyAlSFGzFa/OcSZZhwgf5ghJoQV8Ub5890HWcwDv7M",
+	"ga9LfipaQLZw0OEVSf2enx4axTWHimpL+b49eQfPgVi0vCzmkd342rIedreNBysskM0h7YHftxp8rYtg",
+	"pdsycJolul1CZ382iK0PwmJ0lNMFZSsaIpPZ0qqLMonW4GaIEaPWh09gKhHLdfKqYTIKcSutfqfURSxN",
+	"8YkANUhCXABGYoGO3H00T8/O1GJwmyW6b3qKEwF+QbTv/05i0ande99suJncEXKt0wXKsQgeLNI9eKte",
+	"7OZhtBqlhVJVJRL3wW13ReVPZ9T4K0mSqphvMwcml7rvSLAVgr3TxbaZdkv+njwY33vlkFFZmnX/rZV2",
+	"o8jcKbh5++mw6VvVfP3CwsPo+Y1F7ptXrB6Azj4KE6lVutWmz5GtWTW9grHh6kcyMw4UcxaxZ3kfTV2H",
+	"1d4Z5g3ji8NyS7VJ7ABuQS9vrHIHZA9XjFHQhEwkyoCb5rLKJXBHuNDsOklusuXH+6a5K1LaomLfmUqe",
+	"bp+akluUkiQh5b1lXqstMZc137lHA8idd6qEpKQ+VYGbp2fKoHd2BW7rC3wMg68R22JWOERAJUqIcsZq",
+	"1/9FjAqWQHGtj3Lh8AyoPDZ3+Zmx+hfTC4wSNgtRCnxmj/BICvWU/nNEFUeakNU2BvyF7FnTC25j1Z6+",
+	"qObWgzDq4HXMrUlDVnmU4LKtMaLz2Mg5ppWc4xNhUop8jY50U70+/JvCyqHF3ektJJqznB/rdCShprP5",
+	"9BRovMmqeDO2eSJcDEREcbOlWkw3+yxxoib4K/Fz5QKIB5nbXLbl+euNVIc1u/VurYfkjGDGQQiUsYRE",
+	"6z2njmoEyNwVRPv3dvTtRkOio4eo2/YdctN0BuIwu7Q9bY/i1rn+OW8Q4EFo1TXfL0pd3/0+8FmpXLYp",
+	"i00Mq9UOi+CN27q8CH6U0OZAMY3rbjqQENiEp7s/93AZT7fCoQlU7V9sM/Gu1+4oF/qWlvpN04za7Ofe",
+	"Y5VKz+n+KXldOJCu5/WgGs0tsqutFCAfgN6qULQfphSj/Ids/mSs6QBpPRZpCeRsnejg97oDwPAht8K0",
+	"ggq30lxV9sOPf+rSut1BL+geOm/Z+tP/OvkAt/JEb8t8dMd473ArUYZnsAdWG92VjaY9CpJqKnWbMJip",
+	"9p9eboXh7Ico3MOdkNd6gAeckisKF98M6FQmN8WoxxCMoiWpT9RafPOAUbSHiotivpFtjBnd6T86iy9q",
+	"zZ2H5Dd/F2kL45Xf66JI78HohsPxIS62vxsLjlwnVLdyqX3m6zBmvv07S7tafA4pWz4gKef1epqfiTsQ",
+	"Ptq/R/fIh/jeT7218T+eKW2wMh+rM7/wGcgn5sMR8T6UxF3pOt/359wfaRbbYdi/mtqmmQ6nimpdj7tV",
+	"3zY89lrH3BOBXKOclJxMcmWCjkwnRbPawqTWaqjfv5D6+wIfuYi3patvCyM8eZBtahfJkRZ0MbqzvZX3",
+	"o7LTfpuAVBr1+4VQCZuJj9OpgJaQ5mzwrZOHjZqGLGlvHSyX3O3GxIOeyTUvkWjhOs0MWoCNdxSjhM0Q",
+	"mEsOzE2sJS0Ro385NRV6Jyv7h3d2wGqyo9uzR3dzLOa9vN839isnBzP+bZeVeMhcbXIubppS/zGfA9EN",
+	"zC8/Xv03EhIydISVa4Awj+ZkCWiydo2Ux+ZTJfaaK2bvnzKfhvn3YApFvcEm0H8spbbepHUfO8YiCfJE",
+	"SA44rZO70FUTQjH39KT2di+bn+OBvXt4RYCyTRQKV/yxQuUb3Ls1sGJz1XZCxe6aWf5yzpgixPJ8aPH4",
+	"l/N+5rpXHXi4pQh27I6yw+KrMy21CHKnDGm/dOWPSa9uSBzjEsWEQ6SbeSZrUwBga1VwxJkQOhspniOM",
+	"in0hItASJyQuboA3BVS2Vi7FsWlVbkGsHuzfooZP31hgPBWs/6d/9F2hvbmfT29eoouLi//QGxibD2yW",
+	"LSDu2nYsdX2X/pynxnVrJQrEl2rUMG7r/V3SRAI/DlE/oNV6+lsIE5gyDlsBf6GHDYS8crdI5dMIGxDZ",
+	"Qnvjc5nvxpcxkg+iyuN/t+aNYtfPXX97LW+vL8ZMFTk4pKaByAzTkFSHbum4O1xLiNasfzeF7OpTVE3Z",
+	"j6r2PhgJ/673Ply99/J86DGNJfP/5YOaKlK6cz4eufpLhuKttQ3KCtdi34NJsfe+wV4q+bwZg5lvGVsf",
+	"4gGEvqhzf5ehcvB/uXgMBJW3XfZH0V6haF5+uP0oMNZ3fujKAZMIC5G9YLTwwC3hMoh2pFq9g79+1dFv",
+	"3+6/3f9vAAAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

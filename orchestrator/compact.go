@@ -10,7 +10,8 @@ import (
 	"github.com/agentenv/agentenv/snapshot"
 )
 
-// Every pause adds a memory layer and a rootfs layer to a sandbox. Reads
+// Every pause adds a memory layer and a rootfs layer to a sandbox (and one
+// to each writable extra drive). Reads
 // cost more the deeper a stack gets (and an LSMT stack holds at most 255
 // layers), so once a paused sandbox's memory or rootfs chain is deeper than
 // Options.MaxLayers, a background job merges the layers the sandbox owns
@@ -31,7 +32,7 @@ func (o *Orchestrator) maxLayers() int {
 // chains are too deep.
 func (o *Orchestrator) maybeCompact(rec Record) {
 	mem, _ := snapshot.ReadMemoryManifest(rec.Snapshot)
-	if len(mem.Layers) <= o.maxLayers() && len(snapshot.Refs(rec.RootfsImage)) <= o.maxLayers() {
+	if len(mem.Layers) <= o.maxLayers() && len(snapshot.Refs(rec.RootfsImage)) <= o.maxLayers() && len(o.deepDrives(rec)) == 0 {
 		return
 	}
 	o.goBackground(func() {
@@ -93,6 +94,11 @@ func (o *Orchestrator) compact(ctx context.Context, id string) error {
 		}
 		obsolete = append(obsolete, old...)
 	}
+	old, err := o.compactDrives(ctx, s, rec)
+	if err != nil {
+		return err
+	}
+	obsolete = append(obsolete, old...)
 	// Only now that the new manifests are in place are the merged-away
 	// layers unused (snapshots hold their own hard links).
 	for _, p := range obsolete {

@@ -33,6 +33,9 @@ type CreateOptions struct {
 	// MaskRequestHost is the Host header proxied requests carry ("" keeps
 	// the client's).
 	MaskRequestHost string
+	// Drives are extra block drives in the template's free drive slots
+	// (drives.go).
+	Drives []DriveRequest
 }
 
 // Create restores the template's (or snapshot's) snapshot into a new sandbox.
@@ -46,6 +49,9 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	}
 	if err := network.ValidatePolicy(opts.Policy); err != nil {
 		return rec, fmt.Errorf("create: network policy: %w: %w", err, ErrInvalid)
+	}
+	if err := CheckDrives(opts.Drives); err != nil {
+		return rec, fmt.Errorf("create: %w", err)
 	}
 	done := o.m.observe("create")
 	defer func() { done(err) }()
@@ -79,6 +85,9 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 		return rec, err
 	}
 	if err := o.disks.prepare(ctx, t, &s.rec); err != nil {
+		return rec, err
+	}
+	if err := prepareDrives(ctx, &s.rec); err != nil {
 		return rec, err
 	}
 	if err := o.startVM(ctx, s, t.Snapshot, o.m.stage("create")); err != nil {
@@ -130,12 +139,16 @@ func (o *Orchestrator) register(opts CreateOptions) (*instance, *template.Templa
 	if err != nil {
 		return nil, nil, err
 	}
+	drives, err := o.planDrives(t, opts.Drives)
+	if err != nil {
+		return nil, nil, err
+	}
 	dir := filepath.Join(o.cfg.DataDir, "sandboxes", id)
 	s := &instance{rec: Record{
 		ID: id, TemplateID: t.ID, State: Starting, Metadata: opts.Metadata, EnvVars: opts.EnvVars,
 		AutoPause: opts.AutoPause, AutoResume: opts.AutoResume, Secure: opts.Secure,
 		VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, DiskMiB: t.DiskMiB, EnvdVersion: t.EnvdVersion,
-		Dir: dir, Policy: opts.Policy, GuestToken: t.GuestToken,
+		Dir: dir, Policy: opts.Policy, GuestToken: t.GuestToken, DriveSlots: t.DriveSlots, Drives: drives,
 	}}
 	// Every sandbox's agent gets an access token, so a packet that reached
 	// the agent around the proxy would still be refused. A secure sandbox's
@@ -226,7 +239,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 	defer func() { prefetched() }()
 	spec := sandbox.Spec{
 		ID: vmName(rec), RunDir: filepath.Join(rec.Dir, fmt.Sprintf("run-%d", rec.Gen)),
-		Policy: rec.Policy, Disk: vmDisk{o, s}, Restore: snapshotDir, VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB,
+		Policy: rec.Policy, Disk: vmDisk{o, s}, Drives: o.vmDrives(s, rec), Restore: snapshotDir, VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB,
 		Memory: func(ctx context.Context) (string, []string, error) {
 			var layers []string
 			var err error
@@ -236,7 +249,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 			}
 			return mem.File, layers, err
 		},
-		Init:     &sandbox.InitRequest{EnvVars: rec.EnvVars, DefaultUser: o.defaultUser(rec.TemplateID)},
+		Init:     &sandbox.InitRequest{EnvVars: rec.EnvVars, DefaultUser: o.defaultUser(rec.TemplateID), Drives: freshDisks(rec)},
 		InitHeld: rec.GuestToken,
 		Log:      o.log,
 		Stage: func(name string) error {
@@ -272,6 +285,9 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 	s.mu.Lock()
 	s.vm, s.rec.Memory, s.rec.Slot = vm, mem, vm.Slot.Index
 	s.rec.GuestToken = s.rec.AccessToken
+	for i := range s.rec.Drives {
+		s.rec.Drives[i].Fresh = false // probed at this /init
+	}
 	if vm.EnvdVersion != "" { // what the agent says it speaks, not what the template was built with
 		s.rec.EnvdVersion = vm.EnvdVersion
 	}

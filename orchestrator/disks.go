@@ -36,7 +36,9 @@ type diskBackend interface {
 	// attach makes rec's disk available to a VM; a device it creates is
 	// returned for the record.
 	attach(ctx context.Context, rec Record) (vmm.Drive, device, error)
-	// detach releases a device attach created.
+	// drive makes an extra drive of owner available to a VM (drives.go).
+	drive(ctx context.Context, owner string, d snapshot.Drive) (vmm.Drive, device, error)
+	// detach releases a device attach or drive created.
 	detach(ctx context.Context, owner string, d device)
 	// seal (vCPUs stopped, drives flushed) makes the disk's content as of
 	// now durable. It returns the image config rec's disk continues on
@@ -82,14 +84,15 @@ func (d vmDisk) Attach(ctx context.Context) (vmm.Drive, error) {
 
 func (d vmDisk) Detach(ctx context.Context) { d.o.releaseDevice(ctx, d.s) }
 
-// releaseDevice releases the sandbox's device, if it has one.
+// releaseDevice releases the sandbox's devices: its root disk's and its
+// drives'.
 func (o *Orchestrator) releaseDevice(ctx context.Context, s *instance) {
 	s.mu.Lock()
-	dev, id := device{ID: s.rec.Device, Has: s.rec.HasDevice}, s.rec.ID
-	s.rec.Device, s.rec.HasDevice = 0, false
+	ids, id := s.rec.devices(), s.rec.ID
+	s.rec.clearDevices()
 	s.mu.Unlock()
-	if dev.Has {
-		o.disks.detach(ctx, id, dev)
+	for _, dev := range ids {
+		o.disks.detach(ctx, id, device{ID: dev, Has: true})
 	}
 }
 

@@ -123,6 +123,9 @@ func (o *Orchestrator) rebuild(ctx context.Context, id string, m *repo.Manifest)
 	if err := json.Unmarshal(b, &p); err != nil || p.Record.ID != id || len(p.VMM) == 0 {
 		return Record{}, fmt.Errorf("config blob %s is not this sandbox's (%v)", m.Config.Digest, err)
 	}
+	if len(p.Record.Drives) > 0 {
+		return Record{}, fmt.Errorf("it has extra drives, which the repository does not carry: %w", ErrInvalid)
+	}
 	t, err := o.Template(p.Record.TemplateID)
 	if err != nil {
 		return Record{}, fmt.Errorf("its template %s: %w", p.Record.TemplateID, err)
@@ -226,6 +229,9 @@ func (o *Orchestrator) importSnapshot(ctx context.Context, id string) error {
 	var p portableSnapshot
 	if err := json.Unmarshal(b, &p); err != nil || p.Snapshot.ID != id || len(p.VMM) == 0 {
 		return fmt.Errorf("bring snapshot %s: config blob %s is not this snapshot's (%v)", id, m.Config.Digest, err)
+	}
+	if len(p.Snapshot.Drives) > 0 {
+		return fmt.Errorf("bring snapshot %s: it has extra drives, which the repository does not carry: %w", id, ErrInvalid)
 	}
 	t, err := o.Template(p.Snapshot.TemplateID)
 	if err != nil {

@@ -92,6 +92,9 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance) (err error)
 	if err := o.sealRootfs(ctx, s); err != nil {
 		return o.resumeAfterFailedPause(ctx, s, vm, fmt.Errorf("seal disk: %w", err), snapDir)
 	}
+	if err := o.sealSandboxDrives(ctx, s, fmt.Sprint(rec.Gen), "sandbox "+id); err != nil {
+		return o.resumeAfterFailedPause(ctx, s, vm, fmt.Errorf("seal drives: %w", err), snapDir)
+	}
 	if err := fpPauseSealed.Inject(); err != nil {
 		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
 	}

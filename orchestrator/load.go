@@ -126,7 +126,7 @@ func (o *Orchestrator) adoptRunning(ctx context.Context, r Record, m vmm.Machine
 	s := &instance{rec: r}
 	slot, err := o.nets.Adopt(ctx, r.Slot)
 	if err == nil {
-		s.vm = sandbox.Adopt(o.vms, vmName(s.rec), m, slot, vmDisk{o, s})
+		s.vm = sandbox.Adopt(o.vms, vmName(s.rec), m, slot, vmDisk{o, s}, o.vmDrives(s, s.rec))
 		err = func() error {
 			// A crash during a snapshot leaves the vCPUs stopped.
 			if err := m.Resume(ctx); err != nil {

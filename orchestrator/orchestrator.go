@@ -128,7 +128,11 @@ type Record struct {
 	RootfsImage string `json:"rootfsImage,omitempty"`
 	Device      uint32 `json:"device,omitempty"`
 	HasDevice   bool   `json:"hasDevice,omitempty"`
-	Snapshot    string `json:"snapshot,omitempty"` // set while paused
+	// DriveSlots is how many drive slots the sandbox's VM has; Drives are
+	// its extra drives in them (drives.go).
+	DriveSlots int             `json:"driveSlots,omitempty"`
+	Drives     []AttachedDrive `json:"drives,omitempty"`
+	Snapshot   string          `json:"snapshot,omitempty"` // set while paused
 	// Memory is the layered memory image the running VM maps (empty when
 	// its snapshot carried the memory whole).
 	Memory snapshot.MemoryImage `json:"memory,omitempty"`

@@ -2,7 +2,6 @@ package orchestrator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -131,16 +130,17 @@ func (rc *recovery) recoverOne(ctx context.Context, r Record, out *Recovered) er
 // tidyPaused removes what a pause interrupted after its "paused" record
 // left: the VMM process and the storage device.
 func (rc *recovery) tidyPaused(ctx context.Context, r Record) error {
-	if r.PID == 0 && !r.HasDevice && r.Slot == 0 {
+	if r.PID == 0 && len(r.devices()) == 0 && r.Slot == 0 {
 		return nil
 	}
 	killStale(r.PID, r.PIDStart)
-	if rc.sd != nil && r.HasDevice {
-		if err := rc.sd.Delete(ctx, r.Device); err != nil && !errors.Is(err, rpc.ErrNotFound) {
-			rc.log.Warn("delete the device of a paused sandbox", "sandbox", r.ID, "device", r.Device, "err", err)
+	if rc.sd != nil {
+		if err := deleteDevices(ctx, rc.sd, r); err != nil {
+			rc.log.Warn("delete the devices of a paused sandbox", "sandbox", r.ID, "err", err)
 		}
 	}
-	r.PID, r.PIDStart, r.Slot, r.Device, r.HasDevice = 0, 0, 0, 0, false
+	r.PID, r.PIDStart, r.Slot = 0, 0, 0
+	r.clearDevices()
 	rc.log.Info("finished a pause interrupted by a restart", "sandbox", r.ID)
 	return rc.st.Put(store.Sandboxes, r.ID, r)
 }
@@ -148,8 +148,8 @@ func (rc *recovery) tidyPaused(ctx context.Context, r Record) error {
 // dropRecord stops whatever is left of a sandbox and forgets it.
 func dropRecord(ctx context.Context, st *store.Store, sd client.Devices, r Record) error {
 	killStale(r.PID, r.PIDStart)
-	if sd != nil && r.HasDevice {
-		_ = sd.Delete(ctx, r.Device)
+	if sd != nil {
+		_ = deleteDevices(ctx, sd, r)
 	}
 	_ = os.RemoveAll(r.Dir)
 	return st.Delete(store.Sandboxes, r.ID)
@@ -164,8 +164,8 @@ func reclaimDevices(ctx context.Context, st *store.Store, sd client.Devices, log
 	}
 	held := map[uint32]string{}
 	for _, r := range recs {
-		if r.HasDevice {
-			held[r.Device] = r.ID
+		for _, id := range r.devices() {
+			held[id] = r.ID
 		}
 	}
 	devs, err := sd.List(ctx)
@@ -219,6 +219,12 @@ func pauseAdopted(ctx context.Context, st *store.Store, sd client.Devices, r Rec
 			return err
 		}
 		r.RootfsImage = cfg
+		drives, err := sealDrives(ctx, sd, r, fmt.Sprint(r.Gen), "sandbox "+r.ID)
+		if err != nil {
+			_ = os.RemoveAll(snapDir)
+			return err
+		}
+		r.Drives = drives
 	} else if err := atomicfile.SyncFile(r.Rootfs); err != nil {
 		return err
 	}
@@ -231,14 +237,15 @@ func pauseAdopted(ctx context.Context, st *store.Store, sd client.Devices, r Rec
 		log.Warn("stop adopted machine", "sandbox", r.ID, "err", err)
 	}
 	if sd != nil {
-		if err := sd.Delete(ctx, r.Device); err != nil {
-			log.Warn("delete the device of a paused sandbox (reclaimed at the next start)", "sandbox", r.ID, "err", err)
+		if err := deleteDevices(ctx, sd, r); err != nil {
+			log.Warn("delete the devices of a paused sandbox (reclaimed at the next start)", "sandbox", r.ID, "err", err)
 		}
 	}
 	if old != "" {
 		_ = os.RemoveAll(old)
 	}
-	r.PID, r.PIDStart, r.Slot, r.Device, r.HasDevice = 0, 0, 0, 0, false
+	r.PID, r.PIDStart, r.Slot = 0, 0, 0
+	r.clearDevices()
 	if err := st.Put(store.Sandboxes, r.ID, r); err != nil {
 		return err
 	}

@@ -67,6 +67,10 @@ func (o *Orchestrator) commitPause(ctx context.Context, rec Record) {
 	if o.cfg.Repository == nil || rec.RootfsImage == "" {
 		return
 	}
+	if len(rec.Drives) > 0 {
+		o.log.Info("not uploading a paused sandbox with extra drives (the repository carries root disks only)", "sandbox", rec.ID)
+		return
+	}
 	name := ManifestOfPause(rec.ID, rec.Gen)
 	o.dropFinishedStaging(rec)
 	dir := filepath.Join(rec.Dir, fmt.Sprintf("upload-%d", rec.Gen))
@@ -161,6 +165,10 @@ func (o *Orchestrator) dropFinishedStaging(rec Record) {
 // the VMM config, is written next to them).
 func (o *Orchestrator) commitSnapshot(ctx context.Context, r snapshot.Record) {
 	if o.cfg.Repository == nil || r.RootfsImage == "" || r.Hidden {
+		return
+	}
+	if len(r.Drives) > 0 {
+		o.log.Info("not uploading a snapshot with extra drives (the repository carries root disks only)", "snapshot", r.ID)
 		return
 	}
 	j, err := uploadJob(ManifestOfSnapshot(r.ID), r.TemplateID, r.VM, r.RootfsImage)

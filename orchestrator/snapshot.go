@@ -28,7 +28,7 @@ import (
 func asTemplate(r snapshot.Record) *template.Template {
 	return &template.Template{ID: r.ID, Dir: r.Dir, Snapshot: r.VM, Rootfs: r.Rootfs, RootfsImage: r.RootfsImage,
 		VCPUs: r.VCPUs, MemoryMiB: r.MemoryMiB, DiskMiB: r.DiskMiB, EnvdVersion: r.EnvdVersion, CreatedAt: r.CreatedAt,
-		GuestToken: r.GuestToken}
+		GuestToken: r.GuestToken, DriveSlots: r.DriveSlots, Drives: r.Drives}
 }
 
 // source resolves a template id, or a snapshot id or name, to what a
@@ -104,7 +104,8 @@ func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden b
 	s.mu.Unlock()
 	r = snapshot.Record{ID: id, Names: []string{}, SandboxID: rec.ID, TemplateID: rec.TemplateID, CreatedAt: time.Now().UTC(),
 		Dir: filepath.Join(o.cfg.DataDir, "snapshots", id), VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB,
-		DiskMiB: rec.DiskMiB, EnvdVersion: rec.EnvdVersion, GuestToken: rec.GuestToken, Hidden: hidden}
+		DiskMiB: rec.DiskMiB, EnvdVersion: rec.EnvdVersion, GuestToken: rec.GuestToken, Hidden: hidden,
+		DriveSlots: rec.DriveSlots}
 	r.VM = filepath.Join(r.Dir, "vm")
 	if err := os.MkdirAll(r.Dir, 0o755); err != nil {
 		return r, fmt.Errorf("snapshot sandbox %s: %w", rec.ID, err)
@@ -170,19 +171,46 @@ func (o *Orchestrator) captureDisk(ctx context.Context, s *instance, r *snapshot
 	if err != nil {
 		return fmt.Errorf("seal rootfs: %w", err)
 	}
+	var drives []AttachedDrive
+	if len(rec.Drives) > 0 {
+		if drives, err = sealDrives(ctx, o.sd, rec, fmt.Sprintf("%d-%s", rec.Gen, r.ID), "snapshot "+r.ID); err != nil {
+			return fmt.Errorf("seal drives: %w", err)
+		}
+	}
 	if err := fpSnapshotSealed.Inject(); err != nil {
 		return err
 	}
-	if own != "" {
-		if err := o.update(s, func(rec *Record) { rec.RootfsImage = own }); err != nil {
+	if own != "" || len(drives) > 0 {
+		err := o.update(s, func(rec *Record) {
+			if own != "" {
+				rec.RootfsImage = own
+			}
+			for i := range drives {
+				rec.Drives[i].Config = drives[i].Config
+			}
+		})
+		if err != nil {
 			return err
 		}
-		rec.RootfsImage = own
+		s.mu.Lock()
+		rec = s.rec
+		s.mu.Unlock()
 	}
 	if err := fpSnapshotRecorded.Inject(); err != nil {
 		return err
 	}
-	return o.disks.copyInto(ctx, rec, r.Dir, r)
+	return o.copyDisksInto(ctx, rec, r)
+}
+
+// copyDisksInto puts rec's root disk and drives, as they are now, into
+// snapshot r.
+func (o *Orchestrator) copyDisksInto(ctx context.Context, rec Record, r *snapshot.Record) error {
+	if err := o.disks.copyInto(ctx, rec, r.Dir, r); err != nil {
+		return err
+	}
+	drives, err := copyDrivesInto(rec, r.Dir)
+	r.Drives = drives
+	return err
 }
 
 // capturePaused copies a paused sandbox's saved state into r.
@@ -193,7 +221,7 @@ func (o *Orchestrator) capturePaused(ctx context.Context, rec Record, r *snapsho
 	if err := snapshot.AdoptMemory(r.VM, rec.Dir, r.Dir); err != nil {
 		return err
 	}
-	return o.disks.copyInto(ctx, rec, r.Dir, r)
+	return o.copyDisksInto(ctx, rec, r)
 }
 
 // DeleteSnapshot removes a snapshot by id or name. It refuses while a
@@ -237,13 +265,13 @@ func (o *Orchestrator) snapshotUser(r snapshot.Record) string {
 	}
 	for _, rec := range o.List() {
 		if rec.TemplateID == r.ID || uses(append(snapshot.Refs(rec.RootfsImage), rec.Snapshot, rec.Memory.File)...) ||
-			uses(rec.Memory.Layers...) {
+			uses(rec.Memory.Layers...) || usesImage(plainDrives(rec.Drives), r.ID) || uses(snapshot.DriveRefs(plainDrives(rec.Drives))...) {
 			return "sandbox " + rec.ID
 		}
 	}
 	all, _ := store.ListAll[snapshot.Record](o.store, store.Snapshots)
 	for _, other := range all {
-		if other.ID != r.ID && uses(snapshot.Refs(other.RootfsImage)...) {
+		if other.ID != r.ID && (uses(snapshot.Refs(other.RootfsImage)...) || uses(snapshot.DriveRefs(other.Drives)...)) {
 			return "snapshot " + other.ID
 		}
 		if other.ID != r.ID {

@@ -96,8 +96,10 @@ func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.As
 			err = fmt.Errorf("build template %s: %w", id, ferr)
 		}
 	}()
+	// Empty drive slots, so sandboxes of the template can bring drives.
+	t.DriveSlots = sandbox.DriveSlots(o.vms.Driver)
 	vm, err := sandbox.Start(ctx, o.vms, sandbox.Spec{
-		ID: "template-" + id, RunDir: filepath.Join(dir, "run"), Disk: preparedDisk{drive},
+		ID: "template-" + id, RunDir: filepath.Join(dir, "run"), Disk: preparedDisk{drive}, Drives: make([]sandbox.Disk, t.DriveSlots),
 		Boot:      &vmm.Config{Kernel: kernel, Initrd: initrd, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, Cmdline: "root=/dev/vda rw quiet"},
 		AgentWait: 5 * time.Minute,
 	})
@@ -192,7 +194,7 @@ func (o *Orchestrator) DeleteTemplate(ctx context.Context, idOrName string) erro
 // snapshot was created from template id.
 func (o *Orchestrator) templateUser(id string) error {
 	for _, r := range o.List() {
-		if r.TemplateID == id {
+		if r.TemplateID == id || usesImage(plainDrives(r.Drives), id) {
 			return fmt.Errorf("template %s: sandbox %s (%s) uses it: %w", id, r.ID, r.State, ErrConflict)
 		}
 	}
@@ -201,7 +203,7 @@ func (o *Orchestrator) templateUser(id string) error {
 		return fmt.Errorf("template %s: list snapshots: %w", id, err)
 	}
 	for _, sn := range snaps {
-		if sn.TemplateID == id {
+		if sn.TemplateID == id || usesImage(sn.Drives, id) {
 			return fmt.Errorf("template %s: snapshot %s was taken from one of its sandboxes: %w", id, sn.ID, ErrConflict)
 		}
 	}

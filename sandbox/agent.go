@@ -63,6 +63,9 @@ type InitRequest struct {
 	Timestamp      time.Time         `json:"timestamp"`
 	DefaultUser    string            `json:"defaultUser,omitempty"`
 	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
+	// Drives are guest disks ("vdb") whose slot got a disk since the
+	// guest last saw it: the agent has them probed again.
+	Drives []string `json:"drives,omitempty"`
 }
 
 // InitAgent posts /init (env vars, access token, clock), retrying briefly

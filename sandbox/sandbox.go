@@ -5,7 +5,8 @@
 // Start runs named stages in order, in the style of a handler list:
 //
 //	network  a slot (netns, veth, tap, NAT) and the sandbox's egress policy
-//	disk     the root drive from the node's disk backend (Disk.Attach)
+//	disk     the root drive from the node's disk backend (Disk.Attach), then
+//	         the extra drives (Spec.Drives) in their slots
 //	memory   the memory file a restore maps (Spec.Memory; restores only)
 //	vmm      the VMM restores the snapshot or cold-boots the kernel; Spec.Started
 //	         is told its machine before anything else happens (record its pid)
@@ -75,6 +76,11 @@ type Spec struct {
 	RunDir string
 	Policy network.Policy // zero: no egress policy beyond the defaults
 	Disk   Disk
+	// Drives are the machine's drive slots after the root disk (SlotID):
+	// a nil entry is an empty slot (vmm.Drive.Empty). A cold boot makes
+	// the slots; a restore finds them in the snapshot, which must have as
+	// many (see DriveSlots).
+	Drives []Disk
 
 	// Restore is the VMM snapshot directory to restore; empty cold-boots Boot.
 	Restore string
@@ -116,13 +122,14 @@ type VM struct {
 
 	deps      Deps
 	disk      Disk
+	drives    []Disk
 	group     *cgroup.Group
 	memLayers []string // written over Memory by the restore
 }
 
 // Start runs the stages; on failure nothing is left running or held.
 func Start(ctx context.Context, deps Deps, spec Spec) (_ *VM, err error) {
-	v := &VM{deps: deps, disk: spec.Disk}
+	v := &VM{deps: deps, disk: spec.Disk, drives: spec.Drives}
 	var undo cleanup
 	defer func() {
 		if err != nil {
@@ -148,6 +155,10 @@ func Start(ctx context.Context, deps Deps, spec Spec) (_ *VM, err error) {
 		return nil, err
 	}
 	undo.add(spec.Disk.Detach)
+	drives, err := attachDrives(ctx, spec.Drives, &undo)
+	if err != nil {
+		return nil, err
+	}
 	if err := stage("storage"); err != nil {
 		return nil, err
 	}
@@ -159,7 +170,7 @@ func Start(ctx context.Context, deps Deps, spec Spec) (_ *VM, err error) {
 			return nil, err
 		}
 	}
-	if v.Machine, err = v.vmm(ctx, spec, drive, tap); err != nil {
+	if v.Machine, err = v.vmm(ctx, spec, append([]vmm.Drive{drive}, drives...), tap); err != nil {
 		return nil, err
 	}
 	undo.add(func(ctx context.Context) { _ = v.Machine.Stop(ctx) })
@@ -208,7 +219,7 @@ func isZeroPolicy(p network.Policy) bool {
 }
 
 // vmm restores the snapshot or cold-boots the kernel.
-func (v *VM) vmm(ctx context.Context, spec Spec, drive vmm.Drive, tap *os.File) (vmm.Machine, error) {
+func (v *VM) vmm(ctx context.Context, spec Spec, drives []vmm.Drive, tap *os.File) (vmm.Machine, error) {
 	// Both forms of the tap: the open descriptor (QEMU inherits it) and its
 	// name in the slot's namespace (Firecracker opens it there).
 	nic := vmm.NIC{ID: NICID, MAC: v.Slot.Guest().MAC.String(), Tap: tap, TapName: network.TapName}
@@ -216,7 +227,7 @@ func (v *VM) vmm(ctx context.Context, spec Spec, drive vmm.Drive, tap *os.File) 
 	if spec.Restore != "" {
 		m, err := v.deps.Driver.Restore(ctx, vmm.RestoreConfig{
 			ID: spec.ID, SnapshotDir: spec.Restore, MemoryFile: v.Memory, MemoryLayers: v.memLayers, RunDir: spec.RunDir,
-			Drives: []vmm.Drive{drive}, NICs: []vmm.NIC{nic}, NetNS: netns,
+			Drives: drives, NICs: []vmm.NIC{nic}, NetNS: netns,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("restore: %w", err)
@@ -230,7 +241,7 @@ func (v *VM) vmm(ctx context.Context, spec Spec, drive vmm.Drive, tap *os.File) 
 	g := v.Slot.Guest()
 	cfg.ID, cfg.RunDir, cfg.NetNS = spec.ID, spec.RunDir, netns
 	cfg.Cmdline = strings.TrimSpace(fmt.Sprintf("%s %s aenv.dns=%s", cfg.Cmdline, g.KernelIPArg(), g.Nameserver))
-	cfg.Drives, cfg.NICs = []vmm.Drive{drive}, []vmm.NIC{nic}
+	cfg.Drives, cfg.NICs = drives, []vmm.NIC{nic}
 	m, err := v.deps.Driver.Boot(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("boot: %w", err)
@@ -333,10 +344,16 @@ func (v *VM) Stop(ctx context.Context) error {
 	return err
 }
 
-// Detach releases the disk.
+// Detach releases the disk and the extra drives.
 func (v *VM) Detach(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
 	if v.disk != nil {
-		v.disk.Detach(context.WithoutCancel(ctx))
+		v.disk.Detach(ctx)
+	}
+	for _, d := range v.drives {
+		if d != nil {
+			d.Detach(ctx)
+		}
 	}
 }
 
@@ -373,8 +390,8 @@ func tail(b []byte, n int) []byte {
 // Adopt wraps a VM a previous node process started (taken over after a
 // restart) with its slot, disk and control group (named id), so it stops
 // like any other.
-func Adopt(deps Deps, id string, m vmm.Machine, slot *network.Slot, disk Disk) *VM {
-	v := &VM{deps: deps, Machine: m, Slot: slot, disk: disk}
+func Adopt(deps Deps, id string, m vmm.Machine, slot *network.Slot, disk Disk, drives []Disk) *VM {
+	v := &VM{deps: deps, Machine: m, Slot: slot, disk: disk, drives: drives}
 	if deps.Groups != nil {
 		v.group, _ = deps.Groups.Open(id) // a valid id: the group's name
 	}

@@ -44,6 +44,10 @@ type Record struct {
 	GuestToken string `json:"guestToken,omitempty"`
 	// Hidden snapshots (taken for a fork) are not listed.
 	Hidden bool `json:"hidden,omitempty"`
+	// DriveSlots is how many drive slots the VM snapshot has; Drives are
+	// the drives in them (drives.go).
+	DriveSlots int     `json:"driveSlots,omitempty"`
+	Drives     []Drive `json:"drives,omitempty"`
 }
 
 // LayerCounts reports how many memory and rootfs layers the snapshot has

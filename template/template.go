@@ -11,6 +11,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/agentenv/agentenv/snapshot"
 )
 
 // DefaultID is the id of the template the node builds from the guest
@@ -35,6 +37,12 @@ type Template struct {
 	DiskMiB     int       `json:"diskMiB"`
 	EnvdVersion string    `json:"envdVersion"`
 	CreatedAt   time.Time `json:"createdAt"`
+	// DriveSlots is how many empty drive slots the snapshot's VM has after
+	// its root disk (sandbox.DriveSlots): a sandbox created from it may
+	// bring that many extra drives. Drives are the drives a snapshot seen
+	// as a template carries in its slots.
+	DriveSlots int              `json:"driveSlots,omitempty"`
+	Drives     []snapshot.Drive `json:"-"`
 	// GuestToken is the access token the snapshot's agent holds (a snapshot
 	// of a secure sandbox seen as a template; templates have none).
 	GuestToken string `json:"-"`

@@ -105,7 +105,11 @@ func (b *Builder) vmSpec(ctx context.Context, v *buildVM, t *Template, spec Buil
 		if src, err = b.source(spec.FromTemplate); err != nil {
 			return sandbox.Spec{}, nil, err
 		}
+		if len(src.Drives) > 0 {
+			return sandbox.Spec{}, nil, fmt.Errorf("fromTemplate %s: it carries extra drives, which a template cannot keep", src.ID)
+		}
 		built.Parent, built.DiskMiB, built.VCPUs, built.MemoryMiB = src.ID, src.DiskMiB, src.VCPUs, src.MemoryMiB
+		built.DriveSlots = src.DriveSlots
 		if src.VCPUs != t.VCPUs || src.MemoryMiB != t.MemoryMiB {
 			v.logf("warn", StepBase, "a build from template %s keeps its %d vCPUs and %d MiB (a snapshot's resources are fixed)", src.ID, src.VCPUs, src.MemoryMiB)
 		}
@@ -126,6 +130,7 @@ func (b *Builder) vmSpec(ctx context.Context, v *buildVM, t *Template, spec Buil
 	vs := sandbox.Spec{ID: "build-" + buildID, RunDir: filepath.Join(dir, "run"), Disk: disk,
 		VCPUs: built.VCPUs, MemoryMiB: built.MemoryMiB, AgentWait: 5 * time.Minute, Init: &sandbox.InitRequest{},
 		Started: func(m vmm.Machine) error { b.setPID(t.ID, buildID, m.Info().PID); return nil }}
+	vs.Drives = make([]sandbox.Disk, built.DriveSlots) // empty slots, the source's (a restore) or new ones
 	if src != nil {
 		v.logf("info", StepBase, "restoring template %s", src.ID)
 		vs.Restore = src.Snapshot
@@ -141,6 +146,8 @@ func (b *Builder) vmSpec(ctx context.Context, v *buildVM, t *Template, spec Buil
 			return sandbox.Spec{}, nil, err
 		}
 	}
+	built.DriveSlots = sandbox.DriveSlots(b.cfg.VMs.Driver)
+	vs.Drives = make([]sandbox.Disk, built.DriveSlots)
 	v.logf("info", StepBase, "booting the build VM (%d vCPU, %d MiB)", built.VCPUs, built.MemoryMiB)
 	vs.Boot = &vmm.Config{Kernel: kernel, Initrd: initrd, VCPUs: built.VCPUs, MemoryMiB: built.MemoryMiB,
 		Cmdline: "root=/dev/vda rw quiet"}

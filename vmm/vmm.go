@@ -127,11 +127,23 @@ type Config struct {
 // of one disk (an export attached to the kernel's NBD driver as Path), of
 // which each driver takes the one it can use (QEMU the export, Firecracker
 // the path).
+//
+// An Empty drive is a slot: a writable disk of size zero the guest probes
+// at boot (it appears as a block device of no sectors) and a restore puts a
+// real disk in its place (drivers implementing EmptyDriver). Devices cannot
+// be added to a restored machine, so a disk a restore brings needs a slot
+// the snapshot already has.
 type Drive struct {
 	ID       string // stable device id ("rootfs", "data0")
 	Path     string // a regular file or block device on the host
 	NBD      *NBDSource
 	ReadOnly bool
+	Empty    bool `json:",omitempty"`
+}
+
+// EmptyDriver is implemented by drivers whose machines take Empty drives.
+type EmptyDriver interface {
+	EmptyDrives() bool
 }
 
 // NBDSource is an NBD export reached over a Unix socket.
@@ -260,6 +272,10 @@ func CheckDevices(drives []Drive, nics []NIC) error {
 		}
 		seen[d.ID] = true
 		switch {
+		case d.Empty:
+			if d.NBD != nil || d.Path != "" || d.ReadOnly {
+				return fmt.Errorf("vmm: drive %s: an empty slot has no path, export or read-only flag", d.ID)
+			}
 		case d.NBD != nil:
 			if err := mustExist("drive "+d.ID+" nbd socket", d.NBD.Socket); err != nil {
 				return err

@@ -152,6 +152,9 @@ type initRequest struct {
 	Timestamp      *time.Time        `json:"timestamp"`
 	DefaultUser    *string           `json:"defaultUser"`
 	DefaultWorkdir *string           `json:"defaultWorkdir"`
+	// Drives are disks whose slot got a real disk since the guest probed
+	// it (drives.go).
+	Drives []string `json:"drives"`
 }
 
 // maxInitBody bounds /init so a hostile caller cannot exhaust memory.
@@ -170,8 +173,20 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusUnauthorized, "init: access token already set; send it in X-Access-Token")
 		return
 	}
+	if err := checkDrives(req.Drives); err != nil {
+		WriteError(w, http.StatusBadRequest, "init: "+err.Error())
+		return
+	}
 	if req.Timestamp != nil && !a.cfg.SkipInitDuties {
 		a.syncClock(*req.Timestamp)
+	}
+	if len(req.Drives) > 0 && !a.cfg.SkipInitDuties {
+		if err := reprobeDisks("/sys", req.Drives); err != nil {
+			a.log.Error("init: probe drives", "err", err)
+			WriteError(w, http.StatusInternalServerError, "init: "+err.Error())
+			return
+		}
+		a.log.Info("init: drives probed", "drives", req.Drives)
 	}
 	a.st.Apply(state.Settings{AccessToken: req.AccessToken, EnvVars: req.EnvVars, DefaultUser: req.DefaultUser, DefaultWorkdir: req.DefaultWorkdir})
 	w.Header().Set("X-Envd-Version", Version)

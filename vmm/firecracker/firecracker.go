@@ -118,6 +118,9 @@ func (d *Driver) boot(ctx context.Context, cfg vmm.Config) (*Machine, error) {
 // drives by path and taps by name.
 func checkFirecrackerDevices(drives []vmm.Drive, nics []vmm.NIC) error {
 	for _, dr := range drives {
+		if dr.Empty {
+			return fmt.Errorf("drive %s: empty drive slots are a QEMU feature: %w", dr.ID, vmm.ErrUnsupported)
+		}
 		if dr.NBD != nil && dr.Path == "" {
 			return fmt.Errorf("drive %s: NBD socket %s: Firecracker takes file or block-device paths only; attach the export to /dev/nbdN first: %w", dr.ID, dr.NBD.Socket, vmm.ErrUnsupported)
 		}

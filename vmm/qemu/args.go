@@ -118,6 +118,12 @@ func blockdev(d vmm.Drive) string {
 	if d.ReadOnly {
 		ro = "on"
 	}
+	if d.Empty {
+		// A slot: QEMU's null driver at size zero, writable so a restore can
+		// put a writable disk in its place (the guest negotiated the
+		// drive's features, read-only among them, when it probed the slot).
+		return fmt.Sprintf("driver=null-co,node-name=%s,size=0,read-only=off", d.ID)
+	}
 	if d.NBD != nil {
 		// reconnect-delay keeps the disk through a restart of the storage
 		// daemon: requests wait for the export to come back instead of failing.

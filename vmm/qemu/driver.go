@@ -79,6 +79,9 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 // Name implements vmm.Driver.
 func (d *Driver) Name() string { return "qemu" }
 
+// EmptyDrives implements vmm.EmptyDriver: a slot is a null block device.
+func (d *Driver) EmptyDrives() bool { return true }
+
 // Accel reports the accelerator in use and why it was chosen.
 func (d *Driver) Accel() (accel, reason string) { return d.accel, d.accelReason }
 

@@ -213,3 +213,30 @@ func TestRestoreDeviceSnapshotNeedsMemoryFile(t *testing.T) {
 		t.Fatal("a refused restore created its run directory")
 	}
 }
+
+// TestDriveSlots: an empty drive is a writable null device of size zero on
+// QEMU's command line, and a restore puts a disk in its place.
+func TestDriveSlots(t *testing.T) {
+	t.Parallel()
+	img := filepath.Join(t.TempDir(), "img")
+	if err := os.WriteFile(img, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := blockdev(vmm.Drive{ID: "drive1", Empty: true}), "driver=null-co,node-name=drive1,size=0,read-only=off"; got != want {
+		t.Fatalf("empty slot: %q, want %q", got, want)
+	}
+	tap, _ := os.Open(os.DevNull)
+	defer tap.Close()
+	s := &machineSpec{Drives: []vmm.Drive{{ID: "rootfs", Path: img}, {ID: "drive1", Empty: true}, {ID: "drive2", Empty: true}},
+		NICs: []savedNIC{{ID: "eth0", MAC: "02:00:00:00:00:01"}}}
+	rc := vmm.RestoreConfig{NICs: []vmm.NIC{{ID: "eth0", Tap: tap}}, Drives: []vmm.Drive{{ID: "drive2", Path: img, ReadOnly: true}}}
+	if _, err := mergeDevices(s, rc); err != nil {
+		t.Fatalf("fill a slot: %v", err)
+	}
+	if !s.Drives[1].Empty || s.Drives[2].Empty || s.Drives[2].Path != img || !s.Drives[2].ReadOnly {
+		t.Fatalf("drives after the restore's overrides: %+v", s.Drives)
+	}
+	if err := vmm.CheckDevices([]vmm.Drive{{ID: "drive1", Empty: true, Path: img}}, nil); err == nil {
+		t.Fatal("an empty slot with a path was accepted")
+	}
+}

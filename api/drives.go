@@ -1,0 +1,38 @@
+package api
+
+import (
+	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/sandbox"
+)
+
+// createDrives is a create's extra drives (an aenvd extension); the
+// orchestrator validates them.
+func createDrives(in *[]SandboxDrive) []orchestrator.DriveRequest {
+	if in == nil {
+		return nil
+	}
+	out := make([]orchestrator.DriveRequest, 0, len(*in))
+	for _, d := range *in {
+		out = append(out, orchestrator.DriveRequest{Image: deref(d.Image), SizeMiB: int(deref(d.SizeMiB)), ReadOnly: deref(d.ReadOnly)})
+	}
+	return out
+}
+
+// driveInfo describes a sandbox's drives for GET /sandboxes/{id}.
+func driveInfo(drives []orchestrator.AttachedDrive) *[]SandboxDriveInfo {
+	if len(drives) == 0 {
+		return nil
+	}
+	out := make([]SandboxDriveInfo, 0, len(drives))
+	for _, d := range drives {
+		i := SandboxDriveInfo{Device: sandbox.GuestDisk(d.Slot), ReadOnly: d.ReadOnly}
+		if d.Image != "" {
+			i.Image = ptr(d.Image)
+		}
+		if d.SizeMiB > 0 {
+			i.SizeMiB = ptr(int32(d.SizeMiB))
+		}
+		out = append(out, i)
+	}
+	return &out
+}
