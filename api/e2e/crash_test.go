@@ -255,19 +255,41 @@ func (n *node) crashCreate(t *testing.T, point string) {
 	}
 }
 
+// crashPause and crashResume: the sandbox also has a blank drive
+// (/dev/vdb), sealed and restored with the root disk: what was written on
+// it survives too.
 func (n *node) crashPause(t *testing.T, point string) {
-	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	id := n.create(t, `{"templateID":"base","timeout":300,"drives":[{"sizeMiB":16}]}`)
 	data := n.writeData(t, id, "p")
+	drive := n.writeDrive(t, id)
 	n.crashAt(t, point, func() { _, _, _, _ = n.Call("POST", "/sandboxes/"+id+"/pause", n.key, "") })
 	n.resumeAndCheck(t, id, data)
+	n.checkDrive(t, id, point, drive)
 }
 
 func (n *node) crashResume(t *testing.T, point string) {
-	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	id := n.create(t, `{"templateID":"base","timeout":300,"drives":[{"sizeMiB":16}]}`)
 	data := n.writeData(t, id, "r")
+	drive := n.writeDrive(t, id)
 	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
 	n.crashAt(t, point, func() { _, _, _, _ = n.Call("POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":60}`) })
 	n.resumeAndCheck(t, id, data)
+	n.checkDrive(t, id, point, drive)
+}
+
+// writeDrive writes 1 MiB of random bytes at the start of the sandbox's
+// blank drive (/dev/vdb), synced, and returns their checksum.
+func (n *node) writeDrive(t *testing.T, id string) string {
+	t.Helper()
+	return n.sh(t, id, `head -c 1048576 /dev/urandom > /tmp/d && dd if=/tmp/d of=/dev/vdb bs=1M oflag=direct conv=fsync 2>/dev/null && sha256sum < /tmp/d`)
+}
+
+// checkDrive reads the drive's first MiB past the guest's cache.
+func (n *node) checkDrive(t *testing.T, id, point, want string) {
+	t.Helper()
+	if got := n.sh(t, id, `dd if=/dev/vdb bs=1M count=1 iflag=direct 2>/dev/null | sha256sum`); got != want {
+		t.Fatalf("sandbox %s: the drive after the crash at %s reads %s, want %s\n%s", id, point, got, want, n.diagnose(id))
+	}
 }
 
 func (n *node) crashSnapshot(t *testing.T, point string) {
