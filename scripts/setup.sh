@@ -8,7 +8,7 @@ if [ "$(id -u)" != 0 ]; then echo "setup.sh: run as root" >&2; exit 1; fi
 apt-get update -q
 apt-get install -y -q --no-install-recommends \
   qemu-system-x86 qemu-utils e2fsprogs debootstrap debian-archive-keyring zstd xz-utils cpio busybox-static \
-  fio libnbd-bin iproute2 nftables tmux redis-server ca-certificates curl unzip make git >/dev/null
+  fio libnbd-bin iproute2 nftables tmux redis-server ca-certificates curl unzip make git binutils >/dev/null
 here=$(dirname "$0")
 # Go 1.26+ at /usr/local/go (from the Go module proxy when missing).
 "$here/install-go.sh"
