@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/vmm"
 )
 
@@ -34,14 +35,8 @@ func (m *machine) SnapshotDevices(ctx context.Context, dir string) (*vmm.Snapsho
 		return nil, fmt.Errorf("snapshot devices %s: %w", m.id, err)
 	}
 	snap := &vmm.Snapshot{Dir: dir, StateFile: filepath.Join(dir, vmm.SnapshotStateFile)}
-	// Written aside and renamed, so a failure never leaves a partial state.
-	tmp := snap.StateFile + ".tmp"
-	size, err := m.saveDeviceState(ctx, tmp)
-	if err == nil {
-		err = os.Rename(tmp, snap.StateFile)
-	}
+	size, err := m.saveDeviceState(ctx, snap.StateFile)
 	if err != nil {
-		_ = os.Remove(tmp)
 		return nil, fmt.Errorf("snapshot devices %s: %w", m.id, err)
 	}
 	// A memory file already in dir (say, the image this VM was restored
@@ -50,7 +45,7 @@ func (m *machine) SnapshotDevices(ctx context.Context, dir string) (*vmm.Snapsho
 	spec := *m.spec
 	spec.Version, spec.NoMemory = specVersion, true
 	b, _ := json.MarshalIndent(&spec, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, vmm.SnapshotConfigFile), b, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, vmm.SnapshotConfigFile), b, 0o600); err != nil {
 		return nil, fmt.Errorf("snapshot devices %s: %w", m.id, err)
 	}
 	snap.StateBytes = size
@@ -60,15 +55,23 @@ func (m *machine) SnapshotDevices(ctx context.Context, dir string) (*vmm.Snapsho
 	return snap, nil
 }
 
-// saveDeviceState writes the device state into path, synced, through a
-// descriptor handed to QEMU in a descriptor set (QEMU opens nothing).
+// saveDeviceState writes the device state into path atomically (so a
+// failure never leaves a partial state) through a descriptor handed to QEMU
+// in a descriptor set (QEMU opens nothing).
 func (m *machine) saveDeviceState(ctx context.Context, path string) (int64, error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	af, err := atomicfile.Create(path, 0o600)
 	if err != nil {
 		return 0, fmt.Errorf("state file: %w", err)
 	}
-	defer f.Close()
-	fdset, err := m.addFdset(ctx, f)
+	defer af.Abort()
+	// QEMU takes a descriptor of a set only with the access mode it opens
+	// with, write-only here; the temporary file is open read-write.
+	w, err := os.OpenFile(af.Name(), os.O_WRONLY, 0)
+	if err != nil {
+		return 0, fmt.Errorf("state file: %w", err)
+	}
+	defer w.Close()
+	fdset, err := m.addFdset(ctx, w)
 	if err != nil {
 		return 0, fmt.Errorf("pass state file: %w", err)
 	}
@@ -78,14 +81,14 @@ func (m *machine) saveDeviceState(ctx context.Context, path string) (int64, erro
 	if err := m.qmp.Execute(ctx, "xen-save-devices-state", args, nil); err != nil {
 		return 0, fmt.Errorf("save device state: %w", err)
 	}
-	fi, err := f.Stat()
+	fi, err := af.Stat()
 	if err != nil {
 		return 0, fmt.Errorf("state file: %w", err)
 	}
 	if fi.Size() == 0 || fi.Size() > maxDeviceState {
 		return 0, fmt.Errorf("device state of %d bytes (want 1 to %d): not a device state", fi.Size(), maxDeviceState)
 	}
-	if err := f.Sync(); err != nil {
+	if err := af.Commit(); err != nil {
 		return 0, fmt.Errorf("state file: %w", err)
 	}
 	return fi.Size(), nil
