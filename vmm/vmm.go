@@ -77,6 +77,20 @@ type DeviceSnapshotter interface {
 	SnapshotDevices(ctx context.Context, dir string) (*Snapshot, error)
 }
 
+// Confiner is implemented by drivers that run a machine's VMM as the
+// unprivileged identity of Config.RunAs / RestoreConfig.RunAs, with only the
+// files it needs in view. A driver without it is given no RunAs.
+type Confiner interface {
+	Confines() bool
+}
+
+// Identity is the uid and gid a confined VMM runs as. Each running machine
+// gets one of its own: processes of one uid can signal each other, so two
+// guests never share one.
+type Identity struct {
+	UID, GID uint32
+}
+
 // Machine is one running VMM process.
 type Machine interface {
 	// Pause stops the vCPUs. Pausing a paused machine is not an error.
@@ -121,6 +135,11 @@ type Config struct {
 	// NICs' TapName devices live there. Empty means the caller's namespace.
 	// Drivers handed open Tap files need not use it.
 	NetNS string
+	// RunAs, when set, confines the VMM (see Confiner): it drops to this
+	// identity before the guest runs. NBD sockets of its drives must then
+	// let that identity connect (a VMM reconnects after a storage restart)
+	// and share one directory.
+	RunAs *Identity
 }
 
 // Drive is one virtio block device: a path, an NBD export, or both forms
@@ -188,7 +207,8 @@ type RestoreConfig struct {
 	NICs       []NIC
 	RunDir     string
 	ConsoleLog string
-	NetNS      string // as in Config
+	NetNS      string    // as in Config
+	RunAs      *Identity // as in Config
 	// Paused leaves the vCPUs stopped after the state is loaded.
 	Paused bool
 }

@@ -71,8 +71,15 @@ func New(opts Options) (*Driver, error) {
 // Name implements vmm.Driver.
 func (d *Driver) Name() string { return Name }
 
+// errRunAs refuses a per-machine identity: this driver confines through
+// the jailer's one configured UID:GID (Options.Jailer), not vmm.Confiner.
+var errRunAs = errors.New("firecracker: per-machine RunAs is not supported (configure the jailer's UID:GID)")
+
 // Boot implements vmm.Driver.
 func (d *Driver) Boot(ctx context.Context, cfg vmm.Config) (vmm.Machine, error) {
+	if cfg.RunAs != nil {
+		return nil, errRunAs
+	}
 	m, err := d.boot(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("firecracker: boot %s: %w", cfg.ID, err)

@@ -181,6 +181,9 @@ func readConfig(dir string) (snapshotConfig, error) {
 
 // Restore implements vmm.Driver.
 func (d *Driver) Restore(ctx context.Context, cfg vmm.RestoreConfig) (vmm.Machine, error) {
+	if cfg.RunAs != nil {
+		return nil, errRunAs
+	}
 	m, err := d.restore(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("firecracker: restore %s from %s: %w", cfg.ID, cfg.SnapshotDir, err)

@@ -3,6 +3,7 @@ package qemu
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/agentenv/agentenv/vmm"
@@ -23,6 +24,8 @@ type machineSpec struct {
 	// NoMemory marks a snapshot written by SnapshotDevices: its directory
 	// holds no memory image, so a restore must name one.
 	NoMemory bool `json:"noMemory,omitempty"`
+	// RunAs confines the process (vmm.Config.RunAs); a restore sets its own.
+	RunAs *vmm.Identity `json:"runAs,omitempty"`
 }
 
 type savedNIC struct {
@@ -46,6 +49,12 @@ const minSpecVersion = 1
 // escapes into the VMM finds them refused.
 const seccompPolicy = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 
+// confinedSeccompPolicy is the policy of a VMM that drops to an unprivileged
+// identity itself (-runas): QEMU's drop is a set*id call the filter is
+// installed before, so those calls stay allowed. They gain nothing after it:
+// the process then holds no capability and runs with no_new_privs.
+const confinedSeccompPolicy = "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
+
 // guestRAMBlock is the id of the memory backend holding guest RAM, which is
 // also its RAM block's idstr in the migration stream.
 const guestRAMBlock = "mem"
@@ -58,8 +67,10 @@ type memorySource struct {
 
 // buildArgs renders the QEMU command line. Taps are passed as inherited
 // descriptors starting at fd 3 (ExtraFiles), in NIC order: virtio-mmio has no
-// hotplug, so devices must exist when QEMU starts.
-func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog string, incoming bool) []string {
+// hotplug, so devices must exist when QEMU starts. A confined machine
+// (spec.RunAs) chroots into jail, so the NBD sockets it may reconnect to
+// after the drop are named relative to it (QEMU starts in jail).
+func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog, jail string, incoming bool) []string {
 	cpu := "max"
 	if spec.Accel == "kvm" {
 		cpu = "host"
@@ -67,6 +78,10 @@ func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog string
 	share := "off"
 	if mem.shared {
 		share = "on"
+	}
+	policy := seccompPolicy
+	if spec.RunAs != nil {
+		policy = confinedSeccompPolicy
 	}
 	machine := "microvm,pit=on,pic=off,isa-serial=on,rtc=on,memory-backend=" + guestRAMBlock
 	if spec.Version >= 2 {
@@ -81,7 +96,7 @@ func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog string
 		"-m", fmt.Sprintf("%dM", spec.MemoryMiB),
 		"-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,share=%s,prealloc=off", guestRAMBlock, spec.MemoryMiB, escapeOpt(mem.path), share),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
-		"-sandbox", seccompPolicy,
+		"-sandbox", policy,
 		"-kernel", spec.Kernel,
 		"-append", spec.Cmdline,
 		"-chardev", "file,id=console,append=on,path=" + escapeOpt(consoleLog),
@@ -92,8 +107,13 @@ func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog string
 	if spec.Initrd != "" {
 		args = append(args, "-initrd", spec.Initrd)
 	}
+	if spec.RunAs != nil {
+		// Both take effect just before the guest first runs: every file
+		// above is open by then.
+		args = append(args, "-runas", fmt.Sprintf("%d:%d", spec.RunAs.UID, spec.RunAs.GID), "-chroot", jail)
+	}
 	for _, d := range spec.Drives {
-		args = append(args, "-blockdev", blockdev(d), "-device", "virtio-blk-device,werror=report,rerror=report,drive="+d.ID)
+		args = append(args, "-blockdev", blockdev(d, jail), "-device", "virtio-blk-device,werror=report,rerror=report,drive="+d.ID)
 	}
 	for i, n := range spec.NICs {
 		args = append(args,
@@ -113,7 +133,7 @@ func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog string
 // lost export to come back.
 const nbdReconnectDelaySeconds = 30
 
-func blockdev(d vmm.Drive) string {
+func blockdev(d vmm.Drive, jail string) string {
 	ro := "off"
 	if d.ReadOnly {
 		ro = "on"
@@ -127,8 +147,12 @@ func blockdev(d vmm.Drive) string {
 	if d.NBD != nil {
 		// reconnect-delay keeps the disk through a restart of the storage
 		// daemon: requests wait for the export to come back instead of failing.
+		sock := d.NBD.Socket
+		if jail != "" {
+			sock = filepath.Base(sock) // jailSockets checked it lies in jail
+		}
 		s := fmt.Sprintf("driver=nbd,node-name=%s,server.type=unix,server.path=%s,read-only=%s,reconnect-delay=%d",
-			d.ID, escapeOpt(d.NBD.Socket), ro, nbdReconnectDelaySeconds)
+			d.ID, escapeOpt(sock), ro, nbdReconnectDelaySeconds)
 		if d.NBD.Export != "" {
 			s += ",export=" + escapeOpt(d.NBD.Export)
 		}

@@ -93,7 +93,7 @@ func (d *Driver) Boot(ctx context.Context, cfg vmm.Config) (vmm.Machine, error) 
 	spec := &machineSpec{
 		Version: specVersion, Kernel: abs(cfg.Kernel), Initrd: abs(cfg.Initrd),
 		Cmdline: kernelCmdline(cfg.Cmdline, d.accel, d.tscKHz),
-		VCPUs:   cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, Accel: d.accel, Drives: cfg.Drives,
+		VCPUs:   cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, Accel: d.accel, Drives: cfg.Drives, RunAs: cfg.RunAs,
 	}
 	for _, n := range cfg.NICs {
 		spec.NICs = append(spec.NICs, savedNIC{ID: n.ID, MAC: n.MAC})
@@ -151,6 +151,7 @@ func (d *Driver) Restore(ctx context.Context, rc vmm.RestoreConfig) (vmm.Machine
 		mem.path = filepath.Join(rc.SnapshotDir, vmm.SnapshotMemoryFile)
 	}
 	spec.NoMemory = false // the restored machine's own spec
+	spec.RunAs = rc.RunAs // its own identity, never the snapshot's
 	if err := checkMemoryImage(mem.path, spec.MemoryMiB); err != nil {
 		return nil, fmt.Errorf("restore %s: %w", rc.SnapshotDir, err)
 	}

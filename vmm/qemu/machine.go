@@ -88,8 +88,16 @@ func (d *Driver) start(ctx context.Context, id string, spec *machineSpec, mem me
 	}
 	defer logFile.Close()
 	_ = os.Remove(rd.path("qmp.sock"))
-	args := buildArgs(spec, mem, rd.path("qmp.sock"), rd.console, incoming)
+	jail := ""
+	if spec.RunAs != nil {
+		if jail, err = jailOf(spec, rd.dir, mem.path, rd.console); err != nil {
+			rd.cleanup()
+			return nil, err
+		}
+	}
+	args := buildArgs(spec, mem, rd.path("qmp.sock"), rd.console, jail, incoming)
 	cmd := exec.Command(d.binary, args...)
+	cmd.Dir = jail // "": ours; a jail: the relative socket paths resolve the same before and after the chroot
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.ExtraFiles = taps
 	// Its own session: a VM outlives a restart of the node server and is

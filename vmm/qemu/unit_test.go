@@ -47,7 +47,7 @@ func TestBuildArgs(t *testing.T) {
 			{ID: "data", NBD: &vmm.NBDSource{Socket: "/run/nbd.sock", Export: "e1"}},
 		},
 		NICs: []savedNIC{{ID: "eth0", MAC: "02:00:00:00:00:01"}}}
-	args := strings.Join(buildArgs(spec, memorySource{path: "/m", shared: false}, "/q.sock", "/c.log", true), " ")
+	args := strings.Join(buildArgs(spec, memorySource{path: "/m", shared: false}, "/q.sock", "/c.log", "", true), " ")
 	for _, want := range []string{
 		"microvm,pit=on",
 		"-accel tcg -cpu max",
@@ -62,17 +62,17 @@ func TestBuildArgs(t *testing.T) {
 			t.Errorf("args lack %q:\n%s", want, args)
 		}
 	}
-	if a := strings.Join(buildArgs(spec, memorySource{path: "/m", shared: true}, "/q", "/c", false), " "); strings.Contains(a, "-incoming") || strings.Contains(a, "-S") || !strings.Contains(a, "share=on") {
+	if a := strings.Join(buildArgs(spec, memorySource{path: "/m", shared: true}, "/q", "/c", "", false), " "); strings.Contains(a, "-incoming") || strings.Contains(a, "-S") || !strings.Contains(a, "share=on") {
 		t.Errorf("cold boot args wrong: %s", a)
 	}
 	// Version 1 snapshots' streams carry QEMU's configuration section and
 	// self-description; newer ones neither.
 	spec.Version = 1
-	if a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, "/q", "/c", true), " "); strings.Contains(a, "send-configuration") || strings.Contains(a, "vmdesc") {
+	if a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, "/q", "/c", "", true), " "); strings.Contains(a, "send-configuration") || strings.Contains(a, "vmdesc") {
 		t.Errorf("version 1 spec turns the configuration section off: %s", a)
 	}
 	spec.Version = specVersion
-	if a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, "/q", "/c", true), " "); !strings.Contains(a, "-global migration.send-configuration=off") || !strings.Contains(a, "suppress-vmdesc=on") {
+	if a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, "/q", "/c", "", true), " "); !strings.Contains(a, "-global migration.send-configuration=off") || !strings.Contains(a, "suppress-vmdesc=on") {
 		t.Errorf("version %d spec keeps the configuration section: %s", spec.Version, a)
 	}
 }
@@ -222,7 +222,7 @@ func TestDriveSlots(t *testing.T) {
 	if err := os.WriteFile(img, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := blockdev(vmm.Drive{ID: "drive1", Empty: true}), "driver=null-co,node-name=drive1,size=0,read-only=off"; got != want {
+	if got, want := blockdev(vmm.Drive{ID: "drive1", Empty: true}, ""), "driver=null-co,node-name=drive1,size=0,read-only=off"; got != want {
 		t.Fatalf("empty slot: %q, want %q", got, want)
 	}
 	tap, _ := os.Open(os.DevNull)
@@ -238,5 +238,44 @@ func TestDriveSlots(t *testing.T) {
 	}
 	if err := vmm.CheckDevices([]vmm.Drive{{ID: "drive1", Empty: true, Path: img}}, nil); err == nil {
 		t.Fatal("an empty slot with a path was accepted")
+	}
+}
+
+// TestConfinedArgs: a machine with RunAs drops to it in a chroot of its
+// sockets' directory, names its NBD sockets relative to it, and only then
+// allows the set*id calls its own drop makes.
+func TestConfinedArgs(t *testing.T) {
+	t.Parallel()
+	spec := &machineSpec{Kernel: "/k", Cmdline: "c", VCPUs: 1, MemoryMiB: 256, Accel: "tcg",
+		Drives: []vmm.Drive{
+			{ID: "rootfs", NBD: &vmm.NBDSource{Socket: "/run/sd/nbd-3.sock"}},
+			{ID: "drive1", NBD: &vmm.NBDSource{Socket: "/run/sd/nbd-4.sock"}},
+		},
+		RunAs: &vmm.Identity{UID: 2000000007, GID: 2000000007}}
+	jail, err := jailOf(spec, "/run/vm", "/m", "/c")
+	if err != nil || jail != "/run/sd" {
+		t.Fatalf("jail %q, %v; want /run/sd", jail, err)
+	}
+	args := strings.Join(buildArgs(spec, memorySource{path: "/m"}, "/q", "/c", jail, true), " ")
+	for _, want := range []string{"-runas 2000000007:2000000007 -chroot /run/sd", "server.path=nbd-3.sock,", "server.path=nbd-4.sock,", "elevateprivileges=allow"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("confined args lack %q:\n%s", want, args)
+		}
+	}
+	spec.RunAs = nil
+	if a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, "/q", "/c", "", true), " "); strings.Contains(a, "-runas") || !strings.Contains(a, "elevateprivileges=deny") || !strings.Contains(a, "server.path=/run/sd/nbd-3.sock") {
+		t.Errorf("unconfined args: %s", a)
+	}
+	spec.Drives[1].NBD.Socket = "/elsewhere/nbd-4.sock"
+	if _, err := jailOf(spec, "/run/vm"); err == nil {
+		t.Error("drives whose sockets lie in two directories were given one jail")
+	}
+	spec.Drives = []vmm.Drive{{ID: "rootfs", Path: "rel/img"}}
+	if _, err := jailOf(spec, "/run/vm"); err == nil {
+		t.Error("a relative drive path was accepted for a machine that starts in its jail")
+	}
+	spec.Drives = []vmm.Drive{{ID: "rootfs", Path: "/img"}}
+	if jail, err := jailOf(spec, "/run/vm"); err != nil || jail != "/run/vm" {
+		t.Errorf("without NBD drives the jail is %q, %v; want the run dir", jail, err)
 	}
 }
