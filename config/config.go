@@ -238,6 +238,10 @@ type Network struct {
 	ConnsPerClient int `toml:"conns_per_client" env:"AENVD_NETWORK_CONNS_PER_CLIENT"`
 }
 
+// DefaultVMMUIDBase starts the uids confined VMMs run as: far above the
+// ranges distributions hand to accounts and to subordinate ids.
+const DefaultVMMUIDBase = 2_000_000_000
+
 // VMM chooses the virtual machine monitor.
 type VMM struct {
 	// Driver is "auto" (Firecracker when its binary runs and /dev/kvm opens,
@@ -246,6 +250,11 @@ type VMM struct {
 	Driver string `toml:"driver" env:"AENVD_VMM_DRIVER"`
 	// Accel forces QEMU's accelerator ("kvm", "tcg"); empty detects.
 	Accel string `toml:"accel" env:"AENVD_VMM_ACCEL"`
+	// UIDBase confines QEMU: the VMM of the VM in network slot N drops to
+	// uid and gid UIDBase+N (no account needed) in a chroot holding only
+	// its disks' sockets. Pick a range no account of the host uses; nodes
+	// sharing a host need ranges apart. 0 runs VMMs as root.
+	UIDBase uint32 `toml:"uid_base" env:"AENVD_VMM_UID_BASE"`
 }
 
 // Guest sets the resources and assets of the default template.
@@ -311,7 +320,7 @@ func Default() Config {
 		API:     API{Listen: "127.0.0.1:3000", ProxyListen: "127.0.0.1:3001", Domain: "localhost"},
 		Network: Network{Prefix: "aenv", HostCIDR: "10.11.0.0/16", VethCIDR: "10.12.0.0/16", PoolLow: 2, PoolHigh: 8,
 			AlwaysDenied: []string{}, SocketMark: 0x61650000, ConnsPerClient: 512}, // network.DefaultSocketMark
-		VMM:     VMM{Driver: "auto"},
+		VMM:     VMM{Driver: "auto", UIDBase: DefaultVMMUIDBase},
 		Guest:   Guest{VCPUs: 1, MemoryMiB: 512, DefaultUser: "user"},
 		Storage: Storage{Backend: "storaged", PoolLow: 2, PoolHigh: 4},
 		Image: Image{DefaultRegistry: "docker.io", AllowedRegistries: []string{}, InsecureRegistries: []string{},

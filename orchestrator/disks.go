@@ -33,11 +33,11 @@ type diskBackend interface {
 	transport() string
 	// prepare gives a new sandbox rec its own disk from template t.
 	prepare(ctx context.Context, t *template.Template, rec *Record) error
-	// attach makes rec's disk available to a VM; a device it creates is
-	// returned for the record.
-	attach(ctx context.Context, rec Record) (vmm.Drive, device, error)
+	// attach makes rec's disk available to a VM (confined as as, when set:
+	// see sandbox.Disk); a device it creates is returned for the record.
+	attach(ctx context.Context, rec Record, as *vmm.Identity) (vmm.Drive, device, error)
 	// drive makes an extra drive of owner available to a VM (drives.go).
-	drive(ctx context.Context, owner string, d snapshot.Drive) (vmm.Drive, device, error)
+	drive(ctx context.Context, owner string, d snapshot.Drive, as *vmm.Identity) (vmm.Drive, device, error)
 	// detach releases a device attach or drive created.
 	detach(ctx context.Context, owner string, d device)
 	// seal (vCPUs stopped, drives flushed) makes the disk's content as of
@@ -68,11 +68,11 @@ type vmDisk struct {
 	s *instance
 }
 
-func (d vmDisk) Attach(ctx context.Context) (vmm.Drive, error) {
+func (d vmDisk) Attach(ctx context.Context, as *vmm.Identity) (vmm.Drive, error) {
 	d.s.mu.Lock()
 	rec := d.s.rec
 	d.s.mu.Unlock()
-	drive, dev, err := d.o.disks.attach(ctx, rec)
+	drive, dev, err := d.o.disks.attach(ctx, rec, as)
 	if err != nil {
 		return drive, err
 	}
@@ -140,8 +140,8 @@ func (d *daemonDisks) prepare(_ context.Context, t *template.Template, rec *Reco
 	return nil
 }
 
-func (d *daemonDisks) attach(ctx context.Context, rec Record) (vmm.Drive, device, error) {
-	dev, err := d.sd.Create(ctx, rpc.CreateParams{Image: rec.RootfsImage, Owner: rec.ID, Block: d.block})
+func (d *daemonDisks) attach(ctx context.Context, rec Record, as *vmm.Identity) (vmm.Drive, device, error) {
+	dev, err := d.sd.Create(ctx, rpc.CreateParams{Image: rec.RootfsImage, Owner: rec.ID, Block: d.block, ConnectAs: connectAs(as)})
 	if errors.Is(err, rpc.ErrCapacity) {
 		return vmm.Drive{}, device{}, fmt.Errorf("rootfs device: %w: %w", err, ErrCapacity)
 	}
@@ -152,6 +152,14 @@ func (d *daemonDisks) attach(ctx context.Context, rec Record) (vmm.Drive, device
 	// when attached, the kernel's block device (Firecracker opens a path).
 	drive := vmm.Drive{ID: rootfsDrive, Path: dev.BlockDevice, NBD: &vmm.NBDSource{Socket: dev.Socket, Export: dev.Export}}
 	return drive, device{ID: dev.ID, Has: true}, nil
+}
+
+// connectAs is the storage daemon's form of a confined VMM's identity.
+func connectAs(as *vmm.Identity) *rpc.Identity {
+	if as == nil {
+		return nil
+	}
+	return &rpc.Identity{UID: as.UID, GID: as.GID}
 }
 
 func (d *daemonDisks) detach(ctx context.Context, owner string, dev device) {
@@ -187,7 +195,10 @@ func (d *daemonDisks) templateDisk(ctx context.Context, t *template.Template, ra
 		return vmm.Drive{}, nil, err
 	}
 	rec := Record{ID: "template-" + t.ID, Dir: t.Dir, Gen: 1, RootfsImage: bootCfg}
-	drive, dev, err := d.attach(ctx, rec)
+	// Made before the VM's identity is known: its socket stays root's, so
+	// a template VM does not reconnect after a storage restart (it is
+	// short-lived; a build that lost its disk fails and is retried).
+	drive, dev, err := d.attach(ctx, rec, nil)
 	if err != nil {
 		return vmm.Drive{}, nil, err
 	}
@@ -241,7 +252,9 @@ func (f fileDisks) prepare(ctx context.Context, t *template.Template, rec *Recor
 	return snapshot.SparseCopy(ctx, t.Rootfs, rec.Rootfs)
 }
 
-func (f fileDisks) attach(_ context.Context, rec Record) (vmm.Drive, device, error) {
+// attach ignores as: a file disk is opened by the VMM before it drops
+// privileges.
+func (f fileDisks) attach(_ context.Context, rec Record, _ *vmm.Identity) (vmm.Drive, device, error) {
 	if _, err := os.Stat(rec.Rootfs); err != nil {
 		return vmm.Drive{}, device{}, fmt.Errorf("rootfs of %s: %w", rec.ID, err)
 	}
@@ -277,8 +290,8 @@ type recordDisk struct {
 	rec *Record
 }
 
-func (d *recordDisk) Attach(ctx context.Context) (vmm.Drive, error) {
-	drive, dev, err := d.o.disks.attach(ctx, *d.rec)
+func (d *recordDisk) Attach(ctx context.Context, as *vmm.Identity) (vmm.Drive, error) {
+	drive, dev, err := d.o.disks.attach(ctx, *d.rec, as)
 	if err == nil {
 		d.rec.Device, d.rec.HasDevice = dev.ID, dev.Has
 	}
@@ -296,5 +309,5 @@ func (d *recordDisk) Detach(ctx context.Context) {
 // template's boot disk: diskBackend.templateDisk's finish).
 type preparedDisk struct{ drive vmm.Drive }
 
-func (d preparedDisk) Attach(context.Context) (vmm.Drive, error) { return d.drive, nil }
+func (d preparedDisk) Attach(context.Context, *vmm.Identity) (vmm.Drive, error) { return d.drive, nil }
 func (preparedDisk) Detach(context.Context)                      {}

@@ -185,11 +185,11 @@ type driveDisk struct {
 	i int
 }
 
-func (d driveDisk) Attach(ctx context.Context) (vmm.Drive, error) {
+func (d driveDisk) Attach(ctx context.Context, as *vmm.Identity) (vmm.Drive, error) {
 	d.s.mu.Lock()
 	owner, drive := d.s.rec.ID, d.s.rec.Drives[d.i].Drive
 	d.s.mu.Unlock()
-	vd, dev, err := d.o.disks.drive(ctx, owner, drive)
+	vd, dev, err := d.o.disks.drive(ctx, owner, drive, as)
 	if err != nil {
 		return vd, err
 	}
@@ -212,8 +212,8 @@ func (d driveDisk) Detach(ctx context.Context) {
 
 // drive creates the device of an extra drive: a read-only one exports the
 // image's layers alone, a writable one stacks a fresh upper on them.
-func (d *daemonDisks) drive(ctx context.Context, owner string, dr snapshot.Drive) (vmm.Drive, device, error) {
-	dev, err := d.sd.Create(ctx, rpc.CreateParams{Image: dr.Config, ReadOnly: dr.ReadOnly, Owner: owner, Block: d.block})
+func (d *daemonDisks) drive(ctx context.Context, owner string, dr snapshot.Drive, as *vmm.Identity) (vmm.Drive, device, error) {
+	dev, err := d.sd.Create(ctx, rpc.CreateParams{Image: dr.Config, ReadOnly: dr.ReadOnly, Owner: owner, Block: d.block, ConnectAs: connectAs(as)})
 	if errors.Is(err, rpc.ErrCapacity) {
 		return vmm.Drive{}, device{}, fmt.Errorf("drive device: %w: %w", err, ErrCapacity)
 	}
@@ -225,7 +225,7 @@ func (d *daemonDisks) drive(ctx context.Context, owner string, dr snapshot.Drive
 	return vd, device{ID: dev.ID, Has: true}, nil
 }
 
-func (fileDisks) drive(context.Context, string, snapshot.Drive) (vmm.Drive, device, error) {
+func (fileDisks) drive(context.Context, string, snapshot.Drive, *vmm.Identity) (vmm.Drive, device, error) {
 	return vmm.Drive{}, device{}, fmt.Errorf("extra drives need the storage daemon: %w", ErrInvalid)
 }
 

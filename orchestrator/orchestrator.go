@@ -180,6 +180,10 @@ type Options struct {
 	// Groups, when set, confines every VMM in a control group of its own
 	// (named as the VM); groups no running sandbox owns are removed at start.
 	Groups sandbox.Groups
+	// VMMUIDBase, when not zero, confines every VMM of a driver that can
+	// (vmm.Confiner): the VM in network slot N runs as uid and gid
+	// VMMUIDBase+N, which no other VM of the node holds meanwhile.
+	VMMUIDBase uint32
 	// Recovered holds the VMs Recover took over, re-adopted as running
 	// sandboxes (Network must keep their slots: Recovered.Slots).
 	Recovered  *Recovered
@@ -265,7 +269,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store, sd: opts.Storage,
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
 		sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
-	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups}
+	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups, Identities: vmmIdentities(opts, o.log)}
 	if opts.Storage != nil {
 		dd := &daemonDisks{sd: opts.Storage, poolLow: opts.StoragePoolLow, poolHigh: opts.StoragePoolHigh,
 			log: o.log, warmed: map[string]bool{}, o: o}
@@ -464,5 +468,23 @@ func (o *Orchestrator) Counts() map[State]int {
 func killStale(pid int, start uint64) {
 	if sameProcess(pid, start) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// vmmIdentities gives each VM's VMM the identity of its network slot, when
+// the node confines VMMs and its driver can.
+func vmmIdentities(opts Options, log *slog.Logger) func(*network.Slot) vmm.Identity {
+	if opts.VMMUIDBase == 0 {
+		log.Warn("VMMs run as root: vmm.uid_base is 0")
+		return nil
+	}
+	if c, ok := opts.Driver.(vmm.Confiner); !ok || !c.Confines() {
+		log.Info("VMMs are not given identities of their own: the driver confines them itself or not at all", "driver", opts.Driver.Name())
+		return nil
+	}
+	log.Info("VMMs run confined, each as its own uid", "uid_base", opts.VMMUIDBase)
+	return func(s *network.Slot) vmm.Identity {
+		id := opts.VMMUIDBase + uint32(s.Index)
+		return vmm.Identity{UID: id, GID: id}
 	}
 }

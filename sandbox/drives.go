@@ -29,7 +29,7 @@ func GuestDisk(i int) string { return "vd" + string(rune('a'+i)) }
 
 // attachDrives attaches every filled slot (registering its detach) and
 // returns the slots' drives in order, empty ones as vmm.Drive.Empty.
-func attachDrives(ctx context.Context, slots []Disk, undo *cleanup) ([]vmm.Drive, error) {
+func attachDrives(ctx context.Context, slots []Disk, as *vmm.Identity, undo *cleanup) ([]vmm.Drive, error) {
 	out := make([]vmm.Drive, len(slots))
 	for i, d := range slots {
 		id := SlotID(i + 1)
@@ -37,7 +37,7 @@ func attachDrives(ctx context.Context, slots []Disk, undo *cleanup) ([]vmm.Drive
 			out[i] = vmm.Drive{ID: id, Empty: true}
 			continue
 		}
-		drive, err := d.Attach(ctx)
+		drive, err := d.Attach(ctx, as)
 		if err != nil {
 			return nil, fmt.Errorf("drive %s: %w", id, err)
 		}

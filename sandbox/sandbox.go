@@ -49,8 +49,10 @@ type Slots interface {
 
 // Disk is a VM's root disk on the node's disk backend.
 type Disk interface {
-	// Attach makes the disk available and returns the VM's drive.
-	Attach(ctx context.Context) (vmm.Drive, error)
+	// Attach makes the disk available and returns the VM's drive. as, when
+	// set, is the identity the VM's VMM runs as (Deps.Identities): the
+	// disk must let it reconnect.
+	Attach(ctx context.Context, as *vmm.Identity) (vmm.Drive, error)
 	// Detach releases what Attach took (idempotent).
 	Detach(ctx context.Context)
 }
@@ -62,6 +64,10 @@ type Deps struct {
 	// Groups, when set, confines every VMM in a control group of its own
 	// (*cgroup.Hierarchy); nil leaves VMMs in the node's group.
 	Groups Groups
+	// Identities, when set, confines every VMM (the driver must be a
+	// vmm.Confiner): it runs as the identity of its network slot, which no
+	// other VM holds while it runs. Nil leaves VMMs running as the node.
+	Identities func(slot *network.Slot) vmm.Identity
 }
 
 // Groups makes and finds control groups by name.
@@ -124,7 +130,8 @@ type VM struct {
 	disk      Disk
 	drives    []Disk
 	group     *cgroup.Group
-	memLayers []string // written over Memory by the restore
+	memLayers []string      // written over Memory by the restore
+	runAs     *vmm.Identity // the VMM's identity (Deps.Identities); nil: the node's
 }
 
 // Start runs the stages; on failure nothing is left running or held.
@@ -150,12 +157,16 @@ func Start(ctx context.Context, deps Deps, spec Spec) (_ *VM, err error) {
 	if err := stage("network"); err != nil {
 		return nil, err
 	}
-	drive, err := spec.Disk.Attach(ctx)
+	if v.deps.Identities != nil {
+		id := v.deps.Identities(v.Slot)
+		v.runAs = &id
+	}
+	drive, err := spec.Disk.Attach(ctx, v.runAs)
 	if err != nil {
 		return nil, err
 	}
 	undo.add(spec.Disk.Detach)
-	drives, err := attachDrives(ctx, spec.Drives, &undo)
+	drives, err := attachDrives(ctx, spec.Drives, v.runAs, &undo)
 	if err != nil {
 		return nil, err
 	}
@@ -227,7 +238,7 @@ func (v *VM) vmm(ctx context.Context, spec Spec, drives []vmm.Drive, tap *os.Fil
 	if spec.Restore != "" {
 		m, err := v.deps.Driver.Restore(ctx, vmm.RestoreConfig{
 			ID: spec.ID, SnapshotDir: spec.Restore, MemoryFile: v.Memory, MemoryLayers: v.memLayers, RunDir: spec.RunDir,
-			Drives: drives, NICs: []vmm.NIC{nic}, NetNS: netns,
+			Drives: drives, NICs: []vmm.NIC{nic}, NetNS: netns, RunAs: v.runAs,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("restore: %w", err)
@@ -241,7 +252,7 @@ func (v *VM) vmm(ctx context.Context, spec Spec, drives []vmm.Drive, tap *os.Fil
 	g := v.Slot.Guest()
 	cfg.ID, cfg.RunDir, cfg.NetNS = spec.ID, spec.RunDir, netns
 	cfg.Cmdline = strings.TrimSpace(fmt.Sprintf("%s %s aenv.dns=%s", cfg.Cmdline, g.KernelIPArg(), g.Nameserver))
-	cfg.Drives, cfg.NICs = drives, []vmm.NIC{nic}
+	cfg.Drives, cfg.NICs, cfg.RunAs = drives, []vmm.NIC{nic}, v.runAs
 	m, err := v.deps.Driver.Boot(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("boot: %w", err)

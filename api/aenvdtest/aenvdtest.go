@@ -116,7 +116,9 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		"AENVD_NETWORK_PREFIX="+opts.Prefix,
 		fmt.Sprintf("AENVD_NETWORK_HOST_CIDR=10.%d.0.0/16", opts.CIDRBase),
 		fmt.Sprintf("AENVD_NETWORK_VETH_CIDR=10.%d.0.0/16", opts.CIDRBase+1),
-		"AENVD_NETWORK_POOL_LOW=1", "AENVD_NETWORK_POOL_HIGH=4", "AENVD_SANDBOX_DEFAULT_TIMEOUT=60s")
+		"AENVD_NETWORK_POOL_LOW=1", "AENVD_NETWORK_POOL_HIGH=4", "AENVD_SANDBOX_DEFAULT_TIMEOUT=60s",
+		// Nodes on one host confine their VMMs in uid ranges apart.
+		fmt.Sprintf("AENVD_VMM_UID_BASE=%d", 2_000_000_000+opts.CIDRBase<<16))
 	n.env = append(n.env, failpoint.ControlEnvVar+"="+n.FailpointSocket())
 	n.env = append(n.env, opts.Env...)
 	if err := n.Restart(ctx, 10*time.Minute); err != nil {

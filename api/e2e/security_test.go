@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -56,6 +57,14 @@ func TestVMMConfined(t *testing.T) {
 	if !strings.Contains(string(status), "\nSeccomp:\t2\n") {
 		t.Fatalf("QEMU %s runs without a seccomp filter:\n%s", pid, status)
 	}
+	checkUnprivileged(t, pid, string(status))
+	// A second sandbox's VMM runs as an identity of its own.
+	other := n.create(t, `{"templateID":"base","timeout":120}`)
+	otherStatus, _ := os.ReadFile("/proc/" + qemuOf(t, other) + "/status")
+	if uid, otherUID := statusField(string(status), "Uid"), statusField(string(otherStatus), "Uid"); uid == otherUID {
+		t.Errorf("the VMMs of two sandboxes share uid %s", uid)
+	}
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+other, n.key, "")
 	groups := cgroupsOf(t, pid)
 	for _, c := range []string{"cpu", "memory", "pids"} {
 		if !strings.Contains(groups[c], "/aenv/adtest/"+id+"-") {
@@ -73,6 +82,49 @@ func TestVMMConfined(t *testing.T) {
 	if dir := groupDir(t, "pids", groups["pids"]); fileExists(dir) {
 		t.Fatalf("the control group %s outlives its sandbox", dir)
 	}
+}
+
+// checkUnprivileged: QEMU pid runs as a uid and gid other than root's, with
+// no capability and no_new_privs, chrooted into the storage daemon's socket
+// directory (its disks' sockets are all it can reach).
+func checkUnprivileged(t *testing.T, pid, status string) {
+	t.Helper()
+	for _, f := range []string{"Uid", "Gid"} {
+		ids := strings.Fields(statusField(status, f))
+		if len(ids) != 4 || slices.Contains(ids, "0") || len(slices.Compact(slices.Clone(ids))) != 1 {
+			t.Errorf("QEMU %s: %s %v, want one unprivileged id", pid, f, ids)
+		}
+	}
+	if statusField(status, "CapEff") != "0000000000000000" || statusField(status, "NoNewPrivs") != "1" {
+		t.Errorf("QEMU %s keeps capabilities %s (no_new_privs %s)", pid, statusField(status, "CapEff"), statusField(status, "NoNewPrivs"))
+	}
+	root, err := os.Readlink("/proc/" + pid + "/root")
+	if err != nil || root == "/" {
+		t.Errorf("QEMU %s is not chrooted: root %q (%v)", pid, root, err)
+	}
+	// Its disk's socket lies there, made its own (it reconnects as itself
+	// after a restart of the storage daemon).
+	uid := strings.Fields(statusField(status, "Uid"))
+	socks, _ := filepath.Glob(filepath.Join(root, "nbd-*.sock"))
+	owned := 0
+	for _, sock := range socks {
+		if fi, err := os.Stat(sock); err == nil && len(uid) > 0 && fmt.Sprint(fi.Sys().(*syscall.Stat_t).Uid) == uid[0] && fi.Mode().Perm() == 0o600 {
+			owned++
+		}
+	}
+	if owned == 0 {
+		t.Errorf("QEMU %s's root %s holds no 0600 disk socket of its uid %v (sockets %v)", pid, root, uid, socks)
+	}
+}
+
+// statusField is the value of a /proc/PID/status line.
+func statusField(status, name string) string {
+	for _, l := range strings.Split(status, "\n") {
+		if v, ok := strings.CutPrefix(l, name+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
 
 // qemuOf returns the pid of the QEMU process of sandbox id.

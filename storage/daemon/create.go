@@ -97,15 +97,18 @@ func (d *Daemon) create(ctx context.Context, p rpc.CreateParams) (rpc.Device, er
 	if err != nil {
 		return rpc.Device{}, err
 	}
+	if as := p.ConnectAs; as != nil && (as.UID == ^uint32(0) || as.GID == ^uint32(0)) {
+		return rpc.Device{}, errf(rpc.CodeInvalid, "connect_as %d:%d: -1 is no identity", as.UID, as.GID)
+	}
 	if !p.ReadOnly && !p.TCP && block == rpc.BlockNone {
 		sh := shape{image: img, size: p.Size}
-		if dv, ok := d.takeWarm(sh, p.Owner); ok {
+		if dv, ok := d.takeWarm(sh, p.Owner, p.ConnectAs); ok {
 			d.pool.refill(sh)
 			return dv, nil
 		}
 		defer d.pool.touch(sh)
 	}
-	dv, err := d.newDevice(ctx, newSpec{kind: rpc.KindRuntime, image: img, size: p.Size, readOnly: p.ReadOnly, owner: p.Owner, tcp: p.TCP, block: block})
+	dv, err := d.newDevice(ctx, newSpec{kind: rpc.KindRuntime, image: img, size: p.Size, readOnly: p.ReadOnly, owner: p.Owner, tcp: p.TCP, block: block, connectAs: p.ConnectAs})
 	if err != nil {
 		return rpc.Device{}, err
 	}
@@ -114,7 +117,7 @@ func (d *Daemon) create(ctx context.Context, p rpc.CreateParams) (rpc.Device, er
 
 // takeWarm turns a ready pool device of the shape into the caller's runtime
 // device: one record save.
-func (d *Daemon) takeWarm(sh shape, owner string) (rpc.Device, bool) {
+func (d *Daemon) takeWarm(sh shape, owner string, as *rpc.Identity) (rpc.Device, bool) {
 	for {
 		id, ok := d.pool.take(sh)
 		if !ok {
@@ -131,8 +134,14 @@ func (d *Daemon) takeWarm(sh shape, owner string) (rpc.Device, bool) {
 			d.delete(context.Background(), id, false)
 			continue
 		}
+		if err := dv.ownSocket(as); err != nil {
+			dv.op.Unlock()
+			d.log.Error("warm pool: hand the socket to its VMM", "device", id, "err", err)
+			d.delete(context.Background(), id, false)
+			continue
+		}
 		next := dv.rec
-		next.Kind, next.Owner = rpc.KindRuntime, owner
+		next.Kind, next.Owner, next.ConnectAs = rpc.KindRuntime, owner, as
 		if err := d.save(&next); err != nil {
 			dv.op.Unlock()
 			d.log.Error("warm pool: claim device", "device", id, "err", err)
@@ -155,6 +164,8 @@ type newSpec struct {
 	tcp      bool
 	block    string // kernel block device kind
 	holder   string
+	// connectAs owns the export socket (rpc.CreateParams.ConnectAs).
+	connectAs *rpc.Identity
 }
 
 // newDevice materialises a device in the state directory and exports it.
@@ -179,7 +190,7 @@ func (d *Daemon) newDevice(ctx context.Context, s newSpec) (*device, error) {
 	dv := &device{rec: record{
 		ID: id, Kind: s.kind, Owner: s.owner, Image: s.image, Config: s.image, ReadOnly: s.readOnly || s.kind == rpc.KindShared,
 		Size: s.size, ReqSize: s.size, TCP: s.tcp, Block: s.block, Export: fmt.Sprintf("aenv-%d-%s", id, nonce()),
-		Layers: lowers, Stamps: stamps, Created: time.Now().UTC(),
+		ConnectAs: s.connectAs, Layers: lowers, Stamps: stamps, Created: time.Now().UTC(),
 	}}
 	if s.holder != "" {
 		dv.rec.Holders = []string{s.holder}

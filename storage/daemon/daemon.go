@@ -207,9 +207,12 @@ func (d *Daemon) open(ctx context.Context) error {
 		}
 	}
 	// The state holds every sandbox's disk: only root reads it, whatever
-	// mode an earlier version or an operator left.
-	for _, dir := range []string{d.opts.StateDir, d.opts.RunDir} {
-		if err := os.Chmod(dir, 0o700); err != nil {
+	// mode an earlier version or an operator left. The run directory is
+	// searchable, not listable: a confined VMM, chrooted into it, reaches
+	// its own socket (each is 0600, its VMM's or root's) and nothing else.
+	modes := map[string]os.FileMode{d.opts.StateDir: 0o700, d.opts.RunDir: 0o711}
+	for dir, mode := range modes {
+		if err := os.Chmod(dir, mode); err != nil {
 			return fmt.Errorf("storaged: %w", err)
 		}
 	}

@@ -141,7 +141,7 @@ func (d *Daemon) start(dv *device) error {
 	dv.be = &swapBackend{im: im, size: im.Size()}
 	dv.exp, err = d.exporter.Export(d.ctx, ExportSpec{
 		ID: r.ID, Name: r.Export, Description: r.Image, Backend: dv.be,
-		ReadOnly: r.ReadOnly, TCP: r.TCP, Block: r.blockKind(), UblkID: r.UblkID,
+		ReadOnly: r.ReadOnly, TCP: r.TCP, Block: r.blockKind(), UblkID: r.UblkID, ConnectAs: r.ConnectAs,
 	})
 	if err != nil {
 		dv.be.Close()

@@ -39,6 +39,8 @@ type ExportSpec struct {
 	// UblkID, when set, is the ublk device a previous daemon served: it is
 	// recovered (its users' I/O resumes) instead of a new one made.
 	UblkID *uint32
+	// ConnectAs, when set, owns the Unix socket (see rpc.CreateParams).
+	ConnectAs *rpc.Identity
 }
 
 // Export is a running export.
@@ -78,7 +80,7 @@ func (x *NBDExporter) Export(ctx context.Context, spec ExportSpec) (Export, erro
 	e := &nbdExport{srv: nbd.NewServer(x.Opts)}
 	err := e.srv.Add(nbd.Export{Name: spec.Name, Description: spec.Description, Backend: spec.Backend, ReadOnly: spec.ReadOnly})
 	if err == nil {
-		err = e.listen(x.socketPath(spec.ID), spec.TCP)
+		err = e.listen(x.socketPath(spec.ID), spec.TCP, spec.ConnectAs)
 	}
 	if err != nil {
 		e.Stop()
@@ -140,15 +142,14 @@ type nbdExport struct {
 
 // listen opens the Unix socket (replacing one left by a dead daemon) and
 // optionally a loopback TCP port.
-func (e *nbdExport) listen(sock string, tcp bool) error {
+func (e *nbdExport) listen(sock string, tcp bool, as *rpc.Identity) error {
 	os.Remove(sock)
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		return err
 	}
 	e.lns, e.ep.Socket = append(e.lns, ln), sock
-	// The export is a sandbox's disk: only root (the VMM launcher) connects.
-	if err := os.Chmod(sock, 0o600); err != nil {
+	if err := ownSocket(sock, as); err != nil {
 		return err
 	}
 	if !tcp {
@@ -163,6 +164,26 @@ func (e *nbdExport) listen(sock string, tcp bool) error {
 }
 
 func (e *nbdExport) Endpoint() Endpoint { return e.ep }
+
+// ownSocket hands the device's export socket, if it has one, to as.
+func (dv *device) ownSocket(as *rpc.Identity) error {
+	if dv.exp == nil || dv.exp.Endpoint().Socket == "" {
+		return nil
+	}
+	return ownSocket(dv.exp.Endpoint().Socket, as)
+}
+
+// ownSocket makes an export socket reachable by root and as only: it is a
+// sandbox's disk, and a confined VMM reconnects to it as its own identity.
+func ownSocket(sock string, as *rpc.Identity) error {
+	if err := os.Chmod(sock, 0o600); err != nil {
+		return err
+	}
+	if as == nil {
+		return nil
+	}
+	return os.Lchown(sock, int(as.UID), int(as.GID))
+}
 
 func (e *nbdExport) Stop() {
 	if e.kdev != nil {

@@ -20,24 +20,26 @@ import (
 // (STATE/devices/ID/device.json). Everything needed to re-export the device
 // after a restart is here or in files it names.
 type record struct {
-	ID       uint32    `json:"id"`
-	Kind     string    `json:"kind"`
-	Owner    string    `json:"owner,omitempty"`
-	Image    string    `json:"image"`  // source image config (absolute)
-	Config   string    `json:"config"` // config the export serves (absolute)
-	ReadOnly bool      `json:"read_only"`
-	Size     int64     `json:"size"`
-	ReqSize  int64     `json:"req_size,omitempty"` // size as requested (0: the image's); the warm-pool shape
-	TCP      bool      `json:"tcp,omitempty"`
-	Kernel   bool      `json:"kernel,omitempty"`  // kernel NBD, from records older than Block
-	Block    string    `json:"block,omitempty"`   // kernel block device kind (rpc.BlockNBD, rpc.BlockUblk)
-	UblkID   *uint32   `json:"ublk_id,omitempty"` // the ublk device serving it, for recovery after a crash
-	Export   string    `json:"export"`            // NBD export name: aenv-ID-NONCE
-	Holders  []string  `json:"holders,omitempty"`
-	Layers   []string  `json:"layers"` // sealed layers under the upper, bottom first
-	Stamps   []stamp   `json:"stamps"` // files that must not change under the export
-	Gen      int       `json:"gen"`    // bumps on every restack
-	Created  time.Time `json:"created"`
+	ID       uint32  `json:"id"`
+	Kind     string  `json:"kind"`
+	Owner    string  `json:"owner,omitempty"`
+	Image    string  `json:"image"`  // source image config (absolute)
+	Config   string  `json:"config"` // config the export serves (absolute)
+	ReadOnly bool    `json:"read_only"`
+	Size     int64   `json:"size"`
+	ReqSize  int64   `json:"req_size,omitempty"` // size as requested (0: the image's); the warm-pool shape
+	TCP      bool    `json:"tcp,omitempty"`
+	Kernel   bool    `json:"kernel,omitempty"`  // kernel NBD, from records older than Block
+	Block    string  `json:"block,omitempty"`   // kernel block device kind (rpc.BlockNBD, rpc.BlockUblk)
+	UblkID   *uint32 `json:"ublk_id,omitempty"` // the ublk device serving it, for recovery after a crash
+	Export   string  `json:"export"`            // NBD export name: aenv-ID-NONCE
+	// ConnectAs owns the export socket (rpc.CreateParams.ConnectAs).
+	ConnectAs *rpc.Identity `json:"connect_as,omitempty"`
+	Holders   []string      `json:"holders,omitempty"`
+	Layers    []string      `json:"layers"` // sealed layers under the upper, bottom first
+	Stamps    []stamp       `json:"stamps"` // files that must not change under the export
+	Gen       int           `json:"gen"`    // bumps on every restack
+	Created   time.Time     `json:"created"`
 }
 
 // stamp fingerprints a file the export depends on. A restarted daemon

@@ -195,6 +195,17 @@ type CreateParams struct {
 	// BlockNBD (/dev/nbdN) or BlockUblk (/dev/ublkbN); see Features and
 	// ChooseBlock.
 	Block string `json:"block,omitempty"`
+	// ConnectAs is the identity of the one unprivileged process (a confined
+	// VMM) that may connect to the device's socket besides root: the
+	// socket is made its own, mode 0600, again after every restart of the
+	// daemon. Nil: root only.
+	ConnectAs *Identity `json:"connect_as,omitempty"`
+}
+
+// Identity is a uid and gid.
+type Identity struct {
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
 }
 
 // IDParams names a device.
