@@ -242,6 +242,9 @@ type Network struct {
 // ranges distributions hand to accounts and to subordinate ids.
 const DefaultVMMUIDBase = 2_000_000_000
 
+// maxVMMUIDBase leaves 2^16 slots' uids below the "no id" uid 2^32-1.
+const maxVMMUIDBase = 1<<32 - 1 - 1<<16
+
 // VMM chooses the virtual machine monitor.
 type VMM struct {
 	// Driver is "auto" (Firecracker when its binary runs and /dev/kvm opens,
@@ -254,7 +257,7 @@ type VMM struct {
 	// uid and gid UIDBase+N (no account needed) in a chroot holding only
 	// its disks' sockets. Pick a range no account of the host uses; nodes
 	// sharing a host need ranges apart. 0 runs VMMs as root.
-	UIDBase uint32 `toml:"uid_base" env:"AENVD_VMM_UID_BASE"`
+	UIDBase int `toml:"uid_base" env:"AENVD_VMM_UID_BASE"`
 }
 
 // Guest sets the resources and assets of the default template.
@@ -366,6 +369,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: api.listen is empty")
 	case c.Storage.Backend != "storaged" && c.Storage.Backend != "files":
 		return fmt.Errorf("config: storage.backend %q: want storaged or files", c.Storage.Backend)
+	case c.VMM.UIDBase < 0 || c.VMM.UIDBase > maxVMMUIDBase:
+		return fmt.Errorf("config: vmm.uid_base %d: want 0 (VMMs run as root) up to %d (room for every slot's uid)", c.VMM.UIDBase, maxVMMUIDBase)
 	case c.VMM.Driver != "auto" && c.VMM.Driver != "qemu" && c.VMM.Driver != "firecracker":
 		return fmt.Errorf("config: vmm.driver %q: want auto, firecracker or qemu", c.VMM.Driver)
 	case c.Sandbox.MaxLayers < 2 || c.Sandbox.MaxLayers > 200:

@@ -43,6 +43,7 @@ func TestFileAndEnvOverrides(t *testing.T) {
 	t.Setenv("AENVD_GUEST_VCPUS", "2")
 	t.Setenv("AENVD_SANDBOX_PAUSE_ON_SHUTDOWN", "false")
 	t.Setenv("AENVD_IMAGE_INSECURE_REGISTRIES", "127.0.0.1:5000, localhost:5001")
+	t.Setenv("AENVD_VMM_UID_BASE", "3000000000")
 	c, err := Load(path)
 	if err != nil {
 		t.Fatal(err)
@@ -57,6 +58,9 @@ func TestFileAndEnvOverrides(t *testing.T) {
 		c.Image.DefaultRegistry != "docker.io" || c.ImageCacheDir() != "/srv/aenv/oci" {
 		t.Fatalf("image section: %+v (cache %s)", c.Image, c.ImageCacheDir())
 	}
+	if c.VMM.UIDBase != 3_000_000_000 {
+		t.Fatalf("vmm.uid_base from the environment: %d", c.VMM.UIDBase)
+	}
 	if c.KeyFilePath() != "/srv/aenv/api-key" {
 		t.Fatalf("key file default: %s", c.KeyFilePath())
 	}
@@ -68,6 +72,8 @@ func TestRejects(t *testing.T) {
 		"unknown key":  "bogus = 1\n",
 		"bad duration": "[sandbox]\ndefault_timeout = \"soon\"\n",
 		"bad driver":   "[vmm]\ndriver = \"xen\"\n",
+		"negative uid": "[vmm]\nuid_base = -1\n",
+		"uid overflow": "[vmm]\nuid_base = 4294967000\n",
 		"tiny memory":  "[guest]\nmemory_mib = 8\n",
 		"not toml":     "this is = = not toml",
 	}
