@@ -310,4 +310,4 @@ func (d *recordDisk) Detach(ctx context.Context) {
 type preparedDisk struct{ drive vmm.Drive }
 
 func (d preparedDisk) Attach(context.Context, *vmm.Identity) (vmm.Drive, error) { return d.drive, nil }
-func (preparedDisk) Detach(context.Context)                      {}
+func (preparedDisk) Detach(context.Context)                                     {}
