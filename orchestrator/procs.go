@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/agentenv/agentenv/internal/vmmproc"
 )
 
 // A VMM process is identified by its pid and its start time (field 22 of
@@ -43,25 +45,26 @@ func sameProcess(pid int, start uint64) bool {
 }
 
 // vmmProcesses lists the VMM processes (QEMU or Firecracker) whose command
-// line names a path under dir, by pid.
+// line names a path under dir, or that hold a file under dir open (QEMU is
+// handed its run directory's files as descriptors), by pid.
 func vmmProcesses(dir string) map[int]string {
 	out := map[int]string{}
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return out
 	}
-	needle := []byte(filepath.Clean(dir) + "/")
+	needle := filepath.Clean(dir) + "/"
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-		if base := filepath.Base(exe); err != nil || !(strings.HasPrefix(base, "qemu-system") || strings.HasPrefix(base, "firecracker")) {
+		proc := fmt.Sprintf("/proc/%d", pid)
+		if !vmmproc.IsVMM(proc) || !vmmproc.Mentions(proc, needle) {
 			continue
 		}
-		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil || !bytes.Contains(cmdline, needle) {
+		cmdline, err := os.ReadFile(proc + "/cmdline")
+		if err != nil {
 			continue
 		}
 		out[pid] = string(bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))

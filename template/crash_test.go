@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/internal/vmmproc"
 
 	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	"github.com/agentenv/agentenv/internal/failpoint"
@@ -119,19 +121,12 @@ func (c buildClient) runIn(template, cmd string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// vmmsUnder lists QEMU processes whose command line mentions a template's
-// directory.
+// vmmsUnder lists QEMU processes whose command line or open files mention
+// a template's directory.
 func vmmsUnder(templateID string) []string {
 	var out []string
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || !strings.Contains(string(b), "qemu-system") {
-			continue
-		}
-		if strings.Contains(string(b), "/templates/"+templateID+"/") {
-			out = append(out, e.Name())
-		}
+	for _, pid := range vmmproc.Mentioning("/templates/" + templateID + "/") {
+		out = append(out, strconv.Itoa(pid))
 	}
 	return out
 }

@@ -119,7 +119,7 @@ func (n *node) checkNoOrphans(t *testing.T) {
 		}
 		owner := ""
 		for id, st := range sbx {
-			if st == "running" && strings.Contains(string(cmd), id) {
+			if st == "running" && mentions("/proc/"+pid, id) {
 				owner = id
 			}
 		}

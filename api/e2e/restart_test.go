@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/vmmproc"
+
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
@@ -146,17 +148,27 @@ func (n *node) sandboxHeaders(req *http.Request, id string) {
 	req.Header.Set("E2b-Sandbox-Port", "49983")
 }
 
-// processesMentioning lists pids whose command line contains s.
+// processesMentioning lists pids whose command line contains s, and VMM
+// processes whose open files' paths do (vmmproc).
 func processesMentioning(s string) []string {
 	var out []string
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, "cmdline"))
-		if err == nil && strings.Contains(string(b), s) {
+		if mentions(d, s) {
 			out = append(out, filepath.Base(d))
 		}
 	}
 	return out
+}
+
+// mentions reports whether the process at /proc/PID dir names s in its
+// command line or, for a VMM, in the path of a file it holds open.
+func mentions(dir, s string) bool {
+	if vmmproc.IsVMM(dir) {
+		return vmmproc.Mentions(dir, s)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+	return err == nil && strings.Contains(string(b), s)
 }
 
 // restart stops aenvd with sig and starts it again on the same data directory.

@@ -58,6 +58,10 @@ func TestVMMConfined(t *testing.T) {
 		t.Fatalf("QEMU %s runs without a seccomp filter:\n%s", pid, status)
 	}
 	checkUnprivileged(t, pid, string(status))
+	// Its command line, which every local user reads in ps, names no sandbox.
+	if cmd, _ := os.ReadFile("/proc/" + pid + "/cmdline"); len(cmd) == 0 || strings.Contains(string(cmd), id) {
+		t.Errorf("QEMU %s's command line names its sandbox %s: %s", pid, id, strings.ReplaceAll(string(cmd), "\x00", " "))
+	}
 	// A second sandbox's VMM runs as an identity of its own.
 	other := n.create(t, `{"templateID":"base","timeout":120}`)
 	otherStatus, _ := os.ReadFile("/proc/" + qemuOf(t, other) + "/status")

@@ -12,28 +12,17 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/agentenv/agentenv/internal/vmmproc"
+
 	"golang.org/x/sys/unix"
 )
 
-// vmmPID finds the QEMU process of a sandbox: its command line names the
-// sandbox's run directory, so it contains the sandbox id.
+// vmmPID finds the QEMU process of a sandbox: the one whose command line
+// or open files name its run directory (vmmproc).
 func vmmPID(id string) (int, error) {
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	var found []int
-	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, "cmdline"))
-		if err != nil || !bytes.Contains(b, []byte(id)) {
-			continue
-		}
-		argv0, _, _ := bytes.Cut(b, []byte{0})
-		if !strings.HasPrefix(filepath.Base(string(argv0)), "qemu-system") {
-			continue
-		}
-		pid, _ := strconv.Atoi(filepath.Base(d))
-		found = append(found, pid)
-	}
+	found := vmmproc.Mentioning(id)
 	if len(found) != 1 {
-		return 0, fmt.Errorf("sandbox %s: %d QEMU processes (%v), want 1", id, len(found), found)
+		return 0, fmt.Errorf("sandbox %s: %d VMM processes (%v), want 1", id, len(found), found)
 	}
 	return found[0], nil
 }

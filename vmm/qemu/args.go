@@ -70,7 +70,9 @@ type memorySource struct {
 // hotplug, so devices must exist when QEMU starts. A confined machine
 // (spec.RunAs) chroots into jail, so the NBD sockets it may reconnect to
 // after the drop are named relative to it (QEMU starts in jail).
-func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog, jail string, incoming bool) []string {
+// The QMP socket, console log and memory file come as descriptors (fds,
+// see handedFiles).
+func buildArgs(spec *machineSpec, mem memorySource, fds argFDs, jail string, incoming bool) []string {
 	cpu := "max"
 	if spec.Accel == "kvm" {
 		cpu = "host"
@@ -94,14 +96,15 @@ func buildArgs(spec *machineSpec, mem memorySource, qmpSocket, consoleLog, jail 
 		"-cpu", cpu,
 		"-smp", fmt.Sprint(spec.VCPUs),
 		"-m", fmt.Sprintf("%dM", spec.MemoryMiB),
-		"-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,share=%s,prealloc=off", guestRAMBlock, spec.MemoryMiB, escapeOpt(mem.path), share),
+		"-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,share=%s,prealloc=off", guestRAMBlock, spec.MemoryMiB, procFD(fds.Memory), share),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-sandbox", policy,
 		"-kernel", spec.Kernel,
 		"-append", spec.Cmdline,
-		"-chardev", "file,id=console,append=on,path=" + escapeOpt(consoleLog),
+		"-chardev", "file,id=console,append=on,path=" + procFD(fds.Console),
 		"-serial", "chardev:console",
-		"-qmp", "unix:" + escapeOpt(qmpSocket) + ",server=on,wait=off",
+		"-chardev", fmt.Sprintf("socket,id=qmp,fd=%d,server=on,wait=off", fds.QMP),
+		"-mon", "chardev=qmp,mode=control",
 		"-device", "virtio-rng-device",
 	}
 	if spec.Initrd != "" {

@@ -87,7 +87,6 @@ func (d *Driver) start(ctx context.Context, id string, spec *machineSpec, mem me
 		return nil, fmt.Errorf("qemu log: %w", err)
 	}
 	defer logFile.Close()
-	_ = os.Remove(rd.path("qmp.sock"))
 	jail := ""
 	if spec.RunAs != nil {
 		if jail, err = jailOf(spec, rd.dir, mem.path, rd.console); err != nil {
@@ -95,11 +94,18 @@ func (d *Driver) start(ctx context.Context, id string, spec *machineSpec, mem me
 			return nil, err
 		}
 	}
-	args := buildArgs(spec, mem, rd.path("qmp.sock"), rd.console, jail, incoming)
+	handed, err := openHanded(rd.path("qmp.sock"), rd.console, mem)
+	if err != nil {
+		rd.cleanup()
+		return nil, err
+	}
+	defer handed.Close()
+	files, fds := handed.extraFiles(taps)
+	args := buildArgs(spec, mem, fds, jail, incoming)
 	cmd := exec.Command(d.binary, args...)
 	cmd.Dir = jail // "": ours; a jail: the relative socket paths resolve the same before and after the chroot
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.ExtraFiles = taps
+	cmd.ExtraFiles = files
 	// Its own session: a VM outlives a restart of the node server and is
 	// not hit by the terminal's signals.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

@@ -39,6 +39,9 @@ func TestKernelCmdline(t *testing.T) {
 	}
 }
 
+// testFDs are where a machine with one tap finds its handed files.
+var testFDs = argFDs{QMP: 4, Console: 5, Memory: 6}
+
 func TestBuildArgs(t *testing.T) {
 	t.Parallel()
 	spec := &machineSpec{Kernel: "/k", Cmdline: "c", VCPUs: 2, MemoryMiB: 512, Accel: "tcg",
@@ -47,11 +50,13 @@ func TestBuildArgs(t *testing.T) {
 			{ID: "data", NBD: &vmm.NBDSource{Socket: "/run/nbd.sock", Export: "e1"}},
 		},
 		NICs: []savedNIC{{ID: "eth0", MAC: "02:00:00:00:00:01"}}}
-	args := strings.Join(buildArgs(spec, memorySource{path: "/m", shared: false}, "/q.sock", "/c.log", "", true), " ")
+	args := strings.Join(buildArgs(spec, memorySource{path: "/m", shared: false}, testFDs, "", true), " ")
 	for _, want := range []string{
 		"microvm,pit=on",
 		"-accel tcg -cpu max",
-		"mem-path=/m,share=off",
+		"mem-path=/proc/self/fd/6,share=off",
+		"-chardev file,id=console,append=on,path=/proc/self/fd/5",
+		"-chardev socket,id=qmp,fd=4,server=on,wait=off -mon chardev=qmp,mode=control",
 		"filename=/img,,with,,commas,read-only=on",
 		"driver=nbd,node-name=data,server.type=unix,server.path=/run/nbd.sock,read-only=off,reconnect-delay=30,export=e1",
 		"tap,id=eth0,fd=3",
@@ -62,17 +67,17 @@ func TestBuildArgs(t *testing.T) {
 			t.Errorf("args lack %q:\n%s", want, args)
 		}
 	}
-	if a := strings.Join(buildArgs(spec, memorySource{path: "/m", shared: true}, "/q", "/c", "", false), " "); strings.Contains(a, "-incoming") || strings.Contains(a, "-S") || !strings.Contains(a, "share=on") {
+	if a := strings.Join(buildArgs(spec, memorySource{path: "/m", shared: true}, testFDs, "", false), " "); strings.Contains(a, "-incoming") || strings.Contains(a, "-S") || !strings.Contains(a, "share=on") {
 		t.Errorf("cold boot args wrong: %s", a)
 	}
 	// Version 1 snapshots' streams carry QEMU's configuration section and
 	// self-description; newer ones neither.
 	spec.Version = 1
-	if a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, "/q", "/c", "", true), " "); strings.Contains(a, "send-configuration") || strings.Contains(a, "vmdesc") {
+	if a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, testFDs, "", true), " "); strings.Contains(a, "send-configuration") || strings.Contains(a, "vmdesc") {
 		t.Errorf("version 1 spec turns the configuration section off: %s", a)
 	}
 	spec.Version = specVersion
-	if a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, "/q", "/c", "", true), " "); !strings.Contains(a, "-global migration.send-configuration=off") || !strings.Contains(a, "suppress-vmdesc=on") {
+	if a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, testFDs, "", true), " "); !strings.Contains(a, "-global migration.send-configuration=off") || !strings.Contains(a, "suppress-vmdesc=on") {
 		t.Errorf("version %d spec keeps the configuration section: %s", spec.Version, a)
 	}
 }
@@ -256,14 +261,14 @@ func TestConfinedArgs(t *testing.T) {
 	if err != nil || jail != "/run/sd" {
 		t.Fatalf("jail %q, %v; want /run/sd", jail, err)
 	}
-	args := strings.Join(buildArgs(spec, memorySource{path: "/m"}, "/q", "/c", jail, true), " ")
+	args := strings.Join(buildArgs(spec, memorySource{path: "/m"}, testFDs, jail, true), " ")
 	for _, want := range []string{"-runas 2000000007:2000000007 -chroot /run/sd", "server.path=nbd-3.sock,", "server.path=nbd-4.sock,", "elevateprivileges=allow"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("confined args lack %q:\n%s", want, args)
 		}
 	}
 	spec.RunAs = nil
-	if a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, "/q", "/c", "", true), " "); strings.Contains(a, "-runas") || !strings.Contains(a, "elevateprivileges=deny") || !strings.Contains(a, "server.path=/run/sd/nbd-3.sock") {
+	if a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, testFDs, "", true), " "); strings.Contains(a, "-runas") || !strings.Contains(a, "elevateprivileges=deny") || !strings.Contains(a, "server.path=/run/sd/nbd-3.sock") {
 		t.Errorf("unconfined args: %s", a)
 	}
 	spec.Drives[1].NBD.Socket = "/elsewhere/nbd-4.sock"
