@@ -29,5 +29,3 @@ func TestMentions(t *testing.T) {
 		t.Error("the test binary counts as a VMM")
 	}
 }
-
-
