@@ -39,9 +39,9 @@ func TestConfinedMachine(t *testing.T) {
 	if err := os.WriteFile(data, make([]byte, 4<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	root := startNBD(t, filepath.Join(jail, "root.sock"), a.Rootfs, true, id)
+	root := startNBD(t, filepath.Join(jail, "root.sock"), a.Rootfs, true, &id)
 	defer stopNBD(root)
-	dataNBD := startNBD(t, filepath.Join(jail, "data.sock"), data, false, id)
+	dataNBD := startNBD(t, filepath.Join(jail, "data.sock"), data, false, &id)
 	defer func() { stopNBD(dataNBD) }()
 
 	ctx := context.Background()
@@ -97,7 +97,7 @@ func TestConfinedMachine(t *testing.T) {
 	}
 	write("before-restart")
 	stopNBD(dataNBD)
-	dataNBD = startNBD(t, filepath.Join(jail, "data.sock"), data, false, id)
+	dataNBD = startNBD(t, filepath.Join(jail, "data.sock"), data, false, &id)
 	write("after-restart") // waits for QEMU's reconnect (reconnect-delay)
 	_ = vm.Stop(ctx)
 	b, err := os.ReadFile(data)
@@ -109,9 +109,10 @@ func TestConfinedMachine(t *testing.T) {
 	}
 }
 
-// startNBD serves file on sock (a fresh socket, as a restarted server
-// makes) owned by id, the one identity besides root that may connect.
-func startNBD(t *testing.T, sock, file string, readOnly bool, id vmm.Identity) *exec.Cmd {
+// startNBD serves file with qemu-nbd on sock (a fresh socket, as a
+// restarted server makes), owned by id when set: the one identity besides
+// root that may connect.
+func startNBD(t *testing.T, sock, file string, readOnly bool, id *vmm.Identity) *exec.Cmd {
 	t.Helper()
 	_ = os.Remove(sock)
 	args := []string{"--socket", sock, "--format", "raw", "--persistent", "--shared", "4"}
@@ -124,11 +125,8 @@ func startNBD(t *testing.T, sock, file string, readOnly bool, id vmm.Identity) *
 	}
 	for i := 0; i < 200; i++ {
 		if _, err := os.Stat(sock); err == nil {
-			if err := os.Chown(sock, int(id.UID), int(id.GID)); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Chmod(sock, 0o600); err != nil {
-				t.Fatal(err)
+			if id != nil {
+				chownSocket(t, sock, *id)
 			}
 			return cmd
 		}
@@ -137,6 +135,16 @@ func startNBD(t *testing.T, sock, file string, readOnly bool, id vmm.Identity) *
 	stopNBD(cmd)
 	t.Fatalf("qemu-nbd did not create %s", sock)
 	return nil
+}
+
+func chownSocket(t *testing.T, sock string, id vmm.Identity) {
+	t.Helper()
+	if err := os.Chown(sock, int(id.UID), int(id.GID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(sock, 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func stopNBD(cmd *exec.Cmd) {

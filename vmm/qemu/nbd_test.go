@@ -78,21 +78,7 @@ func TestBootFromNBD(t *testing.T) {
 func serveNBD(t *testing.T, dir, name, file string, readOnly bool) string {
 	t.Helper()
 	sock := filepath.Join(dir, name+".sock")
-	args := []string{"--socket", sock, "--format", "raw", "--persistent", "--shared", "4"}
-	if readOnly {
-		args = append(args, "--read-only")
-	}
-	cmd := exec.Command("qemu-nbd", append(args, file)...)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	for i := 0; i < 200; i++ {
-		if _, err := os.Stat(sock); err == nil {
-			return sock
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	t.Fatalf("qemu-nbd did not create %s", sock)
-	return ""
+	cmd := startNBD(t, sock, file, readOnly, nil)
+	t.Cleanup(func() { stopNBD(cmd) })
+	return sock
 }
