@@ -13,17 +13,21 @@ import (
 	"github.com/agentenv/agentenv/snapshot/repo/posix"
 )
 
-// repoPeer starts a second node (its own data dir, network prefix and
-// ports) sharing the shared node's posix repository.
-func repoPeer(ctx context.Context, t *testing.T, a *node, prefix string, cidr int) *node {
+// repoPeer starts another node (its own data dir, network prefix and
+// ports) with the repository settings env.
+func repoPeer(ctx context.Context, t *testing.T, prefix string, cidr int, env ...string) *node {
 	t.Helper()
-	bn, err := aenvdtest.Start(ctx, aenvdtest.Options{Prefix: prefix, CIDRBase: cidr, Env: []string{
-		"AENVD_REPOSITORY_BACKEND=posix", "AENVD_REPOSITORY_DIR=" + filepath.Join(a.DataDir, "repository")}})
+	bn, err := aenvdtest.Start(ctx, aenvdtest.Options{Prefix: prefix, CIDRBase: cidr, Env: env})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { bn.Close() }) // after the cleanups of its sandboxes (LIFO)
 	return &node{Node: bn, api: bn.API, proxy: bn.Proxy, key: bn.Key}
+}
+
+// sharesRepo is the environment of a node sharing n's posix repository.
+func sharesRepo(n *node) []string {
+	return []string{"AENVD_REPOSITORY_BACKEND=posix", "AENVD_REPOSITORY_DIR=" + filepath.Join(n.DataDir, "repository")}
 }
 
 // buildFromBase creates template name on n and starts a build of it from
@@ -92,7 +96,7 @@ func TestTemplateOnAnotherNode(t *testing.T) {
 		t.Fatalf("manifest %s: kind %s, parent %q, %d rootfs and %d memory layers", m.Name, m.Kind, m.Parent, len(m.Rootfs), len(m.Memory))
 	}
 
-	b := repoPeer(ctx, t, a, "adtpl", 93)
+	b := repoPeer(ctx, t, "adtpl", 93, sharesRepo(a)...)
 	b.crashAt(t, "orchestrator/import/template-fetched", func() {
 		_, _, _, _ = b.Call("POST", "/sandboxes", b.key, `{"templateID":"`+tid+`","timeout":120}`)
 	})
