@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -98,12 +99,39 @@ func (o *Orchestrator) importTemplate(ctx context.Context, idOrName string) erro
 	}
 	o.importMu.Lock()
 	defer o.importMu.Unlock()
+	return o.importTemplateLocked(ctx, b, idOrName)
+}
+
+// templateOf returns the template id a brought sandbox or snapshot was
+// created from, bringing it too when this node lacks it (importMu held).
+func (o *Orchestrator) templateOf(ctx context.Context, id string) (*template.Template, error) {
+	t, err := o.Template(id)
+	if !errors.Is(err, ErrNotFound) {
+		return t, err
+	}
+	if b, berr := o.builder(); berr == nil && id != template.DefaultID {
+		if ierr := o.importTemplateLocked(ctx, b, id); ierr != nil && !errors.Is(ierr, ErrNotFound) {
+			return nil, ierr
+		}
+	}
+	return o.Template(id)
+}
+
+// importTemplateLocked is importTemplate with importMu held.
+func (o *Orchestrator) importTemplateLocked(ctx context.Context, b *template.Builder, idOrName string) error {
 	if _, err := o.Template(idOrName); err == nil {
 		return nil // brought by a concurrent create
 	}
 	m, p, err := o.findTemplate(ctx, idOrName)
 	if err != nil {
 		return err
+	}
+	// A record here of that id or a name of it, in any state, keeps its
+	// files: nothing is fetched (Adopt checks again, under its lock).
+	for _, n := range append([]string{p.Template.ID}, p.Template.Names...) {
+		if local, ok := b.Resolve(n); ok {
+			return fmt.Errorf("bring template %s (%s): %q is template %s's here: %w", idOrName, m.Name, n, local.ID, ErrConflict)
+		}
 	}
 	t, err := o.rebuildTemplate(ctx, b, m, p)
 	if err == nil {
