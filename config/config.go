@@ -69,6 +69,9 @@ type Repository struct {
 	// GCGrace keeps unreferenced blobs this long (uploads whose manifest
 	// is not committed yet).
 	GCGrace Duration `toml:"gc_grace" env:"AENVD_REPOSITORY_GC_GRACE"`
+	// GCInterval is how often this node collects the repository's garbage
+	// (0: never; the first run is one interval after the start).
+	GCInterval Duration `toml:"gc_interval" env:"AENVD_REPOSITORY_GC_INTERVAL"`
 	// LeaseTTL bounds a commit in progress: GC honours its lease this long.
 	LeaseTTL Duration `toml:"lease_ttl" env:"AENVD_REPOSITORY_LEASE_TTL"`
 	// PeerListen is the address this node serves its layers to peers on
@@ -105,6 +108,8 @@ func (r *Repository) validate() error {
 		return fmt.Errorf("config: repository: upload_concurrency and cache_mib must be at least 1")
 	case r.GCGrace.Duration < 0 || r.LeaseTTL.Duration < time.Second:
 		return fmt.Errorf("config: repository: gc_grace must not be negative and lease_ttl at least 1s")
+	case r.GCInterval.Duration < 0:
+		return fmt.Errorf("config: repository: gc_interval must not be negative")
 	}
 	return nil
 }
@@ -337,7 +342,7 @@ func Default() Config {
 			Cgroups:         true,
 		},
 		Repository: Repository{Backend: "none", UploadConcurrency: 2, ChunkSizeKiB: 256, CacheMiB: 256,
-			GCGrace: Duration{time.Hour}, LeaseTTL: Duration{10 * time.Minute}, Peers: []string{}},
+			GCGrace: Duration{time.Hour}, GCInterval: Duration{6 * time.Hour}, LeaseTTL: Duration{10 * time.Minute}, Peers: []string{}},
 	}
 }
 

@@ -185,6 +185,7 @@ func TestRepositorySection(t *testing.T) {
 		"chunk size":  func(r *Repository) { r.ChunkSizeKiB = 300 },
 		"concurrency": func(r *Repository) { r.UploadConcurrency = 0 },
 		"lease":       func(r *Repository) { r.LeaseTTL = Duration{} },
+		"gc interval": func(r *Repository) { r.GCInterval = Duration{-time.Second} },
 	}
 	for name, mutate := range bad {
 		c := Default()

@@ -99,7 +99,12 @@ func (h buildHost) Committed(idOrName string) (*template.Template, error) {
 	return h.o.Template(idOrName)
 }
 
-func (h buildHost) Publish(t *template.Template) { h.o.setTemplate(t) }
+// Publish serves a ready template here and queues its commit to the
+// repository (templaterepo.go).
+func (h buildHost) Publish(t *template.Template) {
+	h.o.setTemplate(t)
+	h.o.commitTemplate(context.Background(), t)
+}
 
 func (h buildHost) BuildDisk(id, dir, imageConfig string) template.Disk {
 	return &buildDisk{recordDisk{o: h.o, rec: &Record{ID: id, Dir: dir, Gen: 1, RootfsImage: imageConfig}}}

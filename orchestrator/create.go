@@ -108,8 +108,9 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	return rec, nil
 }
 
-// bringSource brings a snapshot committed by another node here when this
-// node knows no template or snapshot of that id (import.go); outside refMu,
+// bringSource brings a snapshot or template committed by another node here
+// when this node knows no template or snapshot of that id or name
+// (import.go, templaterepo.go); outside refMu,
 // which the fetch would hold for long.
 func (o *Orchestrator) bringSource(ctx context.Context, id string) error {
 	if o.cfg.Remote == nil {
@@ -118,7 +119,11 @@ func (o *Orchestrator) bringSource(ctx context.Context, id string) error {
 	if _, err := o.source(id); !errors.Is(err, ErrNotFound) {
 		return nil
 	}
-	if err := o.importSnapshot(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
+	err := o.importSnapshot(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		err = o.importTemplate(ctx, id) // templaterepo.go
+	}
+	if err != nil && !errors.Is(err, ErrNotFound) {
 		return err
 	}
 	return nil

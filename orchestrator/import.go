@@ -126,7 +126,7 @@ func (o *Orchestrator) rebuild(ctx context.Context, id string, m *repo.Manifest)
 	if len(p.Record.Drives) > 0 {
 		return Record{}, fmt.Errorf("it has extra drives, which the repository does not carry: %w", ErrInvalid)
 	}
-	t, err := o.Template(p.Record.TemplateID)
+	t, err := o.templateOf(ctx, p.Record.TemplateID) // templaterepo.go
 	if err != nil {
 		return Record{}, fmt.Errorf("its template %s: %w", p.Record.TemplateID, err)
 	}
@@ -233,7 +233,7 @@ func (o *Orchestrator) importSnapshot(ctx context.Context, id string) error {
 	if len(p.Snapshot.Drives) > 0 {
 		return fmt.Errorf("bring snapshot %s: it has extra drives, which the repository does not carry: %w", id, ErrInvalid)
 	}
-	t, err := o.Template(p.Snapshot.TemplateID)
+	t, err := o.templateOf(ctx, p.Snapshot.TemplateID)
 	if err != nil {
 		return fmt.Errorf("bring snapshot %s: its template %s: %w", id, p.Snapshot.TemplateID, err)
 	}

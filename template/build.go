@@ -241,6 +241,7 @@ func (b *Builder) load() error {
 			b.host.Publish(t.Clone())
 		}
 	}
+	b.sweepUnrecorded() // adopt.go
 	return nil
 }
 

@@ -104,6 +104,7 @@ func (b *Builder) finish(templateID, buildID string, built *Template, berr error
 		br.Status = BuildReady
 		t.Snapshot, t.RootfsImage, t.DiskMiB, t.DriveSlots = built.Snapshot, built.RootfsImage, built.DiskMiB, built.DriveSlots
 		t.Dir, t.BuildID, t.Parent = built.Dir, buildID, built.Parent
+		t.Origin = "" // this node's own build now: committed from here (adopt.go)
 		t.DefaultUser, t.DefaultWorkdir, t.Env = built.DefaultUser, built.DefaultWorkdir, built.Env
 		t.VCPUs, t.MemoryMiB = built.VCPUs, built.MemoryMiB
 		t.Status = BuildReady

@@ -65,6 +65,9 @@ type Template struct {
 	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
 	Env            map[string]string `json:"env,omitempty"`
 	UpdatedAt      time.Time         `json:"updatedAt,omitzero"`
+	// Origin is the repository manifest a template built on another node
+	// was brought from (adopt.go); such a template is not committed again.
+	Origin string `json:"origin,omitempty"`
 }
 
 // Ready reports whether t's build committed a snapshot (built templates)

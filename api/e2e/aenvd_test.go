@@ -67,10 +67,7 @@ const maxLayers = 4
 // sharedNode starts aenvd once per test binary (building the template once).
 func sharedNode(t *testing.T) *node {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("aenvd needs root (network namespaces, taps); CI runs as root")
-	}
-	guestassets.Get(t) // builds the agent and the guest image (cached), with clear errors
+	nodePrereqs(t)
 	sharedOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()
@@ -95,6 +92,16 @@ func sharedNode(t *testing.T) *node {
 		t.Fatalf("start aenvd: %v", sharedErr)
 	}
 	return shared
+}
+
+// nodePrereqs skips a node test without root and builds what every node
+// boots (the agent and the guest image, cached).
+func nodePrereqs(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("aenvd needs root (network namespaces, taps); CI runs as root")
+	}
+	guestassets.Get(t) // with clear errors
 }
 
 func (n *node) logs() string { return n.Logs() }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/api/aenvdtest"
 	"github.com/agentenv/agentenv/snapshot/repo"
 	"github.com/agentenv/agentenv/snapshot/repo/posix"
 )
@@ -112,13 +111,7 @@ func TestResumeOnAnotherNode(t *testing.T) {
 	a := sharedNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	bn, err := aenvdtest.Start(ctx, aenvdtest.Options{Prefix: "adrepo", CIDRBase: 97, Env: []string{
-		"AENVD_REPOSITORY_BACKEND=posix", "AENVD_REPOSITORY_DIR=" + filepath.Join(a.DataDir, "repository")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { bn.Close() }) // after the cleanups of B's sandboxes (LIFO)
-	b := &node{Node: bn, api: bn.API, proxy: bn.Proxy, key: bn.Key}
+	b := repoPeer(ctx, t, "adrepo", 97, sharesRepo(a)...)
 
 	id := a.create(t, `{"templateID":"base","timeout":300}`)
 	data := a.writeData(t, id, "moved")

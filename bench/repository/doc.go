@@ -5,8 +5,12 @@
 // read from a local file; the bytes fetched vs the layer's size when reading
 // a sparse working set; the latency of a first read (open plus one 4 KiB
 // read) through a peer vs through the object store; and a restore's working
-// set read after a prefetch of its recorded hint vs read on demand. Ratios are printed,
-// nothing is asserted on time. Run with:
+// set read after a prefetch of its recorded hint vs read on demand; and,
+// with two aenvd nodes sharing one bucket (BenchmarkResumeOnAnotherNode,
+// root, boots VMs), a sandbox's resume on another node from the repository
+// vs its resume on its own node from local layers, with the bytes fetched
+// against the layers' bytes. Ratios are printed, nothing is asserted on
+// time. Run with:
 //
 //	go test -run '^$' -bench . -benchtime 1x ./bench/repository/
 //

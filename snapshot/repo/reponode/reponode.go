@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentenv/agentenv/config"
@@ -43,6 +44,8 @@ type Node struct {
 	wg     sync.WaitGroup
 	closed bool
 	mu     sync.Mutex
+	stop   context.CancelFunc // ends the periodic collection (gc.go)
+	gcRuns atomic.Int64
 }
 
 // Open opens the configured repository (nil, nil for backend "none"). A
@@ -93,7 +96,14 @@ func (n *Node) Start(ctx context.Context) error {
 		}()
 	}
 	n.Uploads.Start(ctx)
-	slog.Info("snapshot repository open", "store", n.Repo.String(), "peers", len(n.cfg.Peers), "peer_listen", n.PeerAddr())
+	gcCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	n.stop = stop
+	if every := n.cfg.GCInterval.Duration; every > 0 {
+		n.wg.Add(1)
+		go n.collect(gcCtx, every)
+	}
+	slog.Info("snapshot repository open", "store", n.Repo.String(), "peers", len(n.cfg.Peers), "peer_listen", n.PeerAddr(),
+		"gc_interval", n.cfg.GCInterval.Duration, "gc_grace", n.cfg.GCGrace.Duration)
 	return nil
 }
 
@@ -119,6 +129,9 @@ func (n *Node) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err = n.srv.Shutdown(ctx)
 		cancel()
+	}
+	if n.stop != nil {
+		n.stop()
 	}
 	n.wg.Wait()
 	return errors.Join(err, n.Uploads.Close())

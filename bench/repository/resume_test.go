@@ -1,0 +1,165 @@
+package repositorybench
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/api/aenvdtest"
+	"github.com/agentenv/agentenv/guest/agent/agentclient"
+	"github.com/agentenv/agentenv/internal/testutil/guestassets"
+	"github.com/agentenv/agentenv/snapshot/repo"
+	"github.com/agentenv/agentenv/snapshot/repo/s3"
+	"github.com/agentenv/agentenv/snapshot/repo/s3/s3test"
+)
+
+// BenchmarkResumeOnAnotherNode: two aenvd nodes share one versitygw bucket.
+// A sandbox that wrote 32 MiB is paused on node A and resumed there (from
+// its local layers), paused again, and then resumed on node B, which
+// brings it from the repository first. Printed: both resumes' medians and
+// their ratio, and the bytes B fetched against the manifest's layer bytes.
+// It boots VMs: run it alone (the VM lock), with -benchtime 1x or a few.
+func BenchmarkResumeOnAnotherNode(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("aenvd needs root (network namespaces, taps)")
+	}
+	if _, ok := s3test.Binary(); !ok {
+		b.Skip("versitygw is not installed (run .ci/setup.d/60-versitygw.sh)")
+	}
+	guestassets.Get(b)
+	srv := s3test.Start(b)
+	bucket := srv.Bucket(b)
+	env := []string{"AENVD_REPOSITORY_BACKEND=s3", "AENVD_REPOSITORY_ENDPOINT=" + bucket.Endpoint,
+		"AENVD_REPOSITORY_BUCKET=" + bucket.Bucket, "AENVD_REPOSITORY_ACCESS_KEY=" + bucket.AccessKey,
+		"AENVD_REPOSITORY_SECRET_KEY=" + bucket.SecretKey, "AENVD_REPOSITORY_PATH_STYLE=true"}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	r, err := s3.Open(ctx, bucket, repo.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := func(prefix string, cidr int) *aenvdtest.Node {
+		n, err := aenvdtest.Start(ctx, aenvdtest.Options{Prefix: prefix, CIDRBase: cidr, Env: env})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { n.Close() })
+		return n
+	}
+	na, nb := start("rbenca", 99), start("rbencb", 101)
+	var local, remote []float64
+	var fetched, total int64
+	b.ResetTimer()
+	for range b.N {
+		id, err := na.Create(`{"templateID":"base","timeout":600}`)
+		if err != nil {
+			b.Fatal(err)
+		}
+		run(ctx, b, na, id, "head -c 32M /dev/urandom > /home/user/blob && sync")
+		call(b, na, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", "")
+		local = append(local, call(b, na, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", `{"timeout":600}`).Seconds())
+		call(b, na, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", "")
+		m := newestPause(ctx, b, r, id)
+		remote = append(remote, call(b, nb, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", `{"timeout":600}`).Seconds())
+		run(ctx, b, nb, id, "test $(stat -c %s /home/user/blob) = 33554432")
+		for _, l := range append(m.Rootfs, m.Memory...) {
+			total += l.Size
+		}
+		fetched += dirBytes(filepath.Join(nb.DataDir, "sandboxes", id, "layers"))
+		call(b, nb, http.StatusNoContent, "DELETE", "/sandboxes/"+id, "")
+		call(b, na, http.StatusNoContent, "DELETE", "/sandboxes/"+id, "")
+	}
+	b.StopTimer()
+	l, rm := median(local), median(remote)
+	b.ReportMetric(rm/l, "remote/local")
+	fmt.Printf("resume on node A from local layers: median %.2fs; on node B from the repository: median %.2fs (%.2fx)\n", l, rm, rm/l)
+	fmt.Printf("node B fetched %d MiB of the manifests' %d MiB of layers (%.2f; whole layers before the resume)\n",
+		fetched>>20, total>>20, float64(fetched)/float64(max(total, 1)))
+}
+
+// call sends a control API request, fails unless the status is want and
+// returns its wall time.
+func call(b *testing.B, n *aenvdtest.Node, want int, method, path, body string) time.Duration {
+	b.Helper()
+	start := time.Now()
+	code, out, _, err := n.Call(method, path, n.Key, body)
+	if err != nil || code != want {
+		b.Fatalf("%s %s: %d %s %v (want %d)", method, path, code, out, err, want)
+	}
+	return time.Since(start)
+}
+
+// run runs a shell script in the sandbox as root, failing on a non-zero exit.
+func run(ctx context.Context, b *testing.B, n *aenvdtest.Node, id, script string) {
+	b.Helper()
+	hc := &http.Client{Transport: sandboxPort{id, "49983"}}
+	_, stderr, code, err := agentclient.RunWith(ctx, n.Proxy, hc, []agentclient.Option{agentclient.WithUser("root")}, "/bin/bash", "-c", script)
+	if err != nil || code != 0 {
+		b.Fatalf("sandbox %s: %q: exit %d, %v, %s", id, script, code, err, stderr)
+	}
+}
+
+// sandboxPort routes requests through aenvd's proxy to a sandbox port.
+type sandboxPort struct{ id, port string }
+
+func (h sandboxPort) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("E2b-Sandbox-Id", h.id)
+	r.Header.Set("E2b-Sandbox-Port", h.port)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// newestPause waits until the repository holds the sandbox's newest pause
+// (the highest generation its node committed) and returns its manifest.
+func newestPause(ctx context.Context, b *testing.B, r *repo.Repo, id string) *repo.Manifest {
+	b.Helper()
+	for {
+		names, err := r.Manifests(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		best, bestGen, gens := "", -1, 0
+		prefix := "sandbox-" + id + "-"
+		for _, n := range names {
+			g, err := strconv.Atoi(strings.TrimPrefix(n, prefix))
+			if err != nil || !strings.HasPrefix(n, prefix) {
+				continue
+			}
+			if gens++; g > bestGen {
+				best, bestGen = n, g
+			}
+		}
+		if gens >= 2 { // both pauses of this round
+			m, err := r.Manifest(ctx, best)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return m
+		}
+		if ctx.Err() != nil {
+			b.Fatalf("the pauses of %s are not in the repository (%d of 2)", id, gens)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// dirBytes sums the sizes of the regular files under dir.
+func dirBytes(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if st, err := d.Info(); err == nil {
+				n += st.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
