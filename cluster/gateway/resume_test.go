@@ -1,0 +1,52 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
+)
+
+// TestResumeOfALostNodesSandbox: a sandbox whose node is gone resumes on a
+// live node at its connect (the live node brings it from the shared
+// repository), and is bound there; one the repository never got answers a
+// clear 404; other calls on a lost sandbox stay 502.
+func TestResumeOfALostNodesSandbox(t *testing.T) {
+	fx := newFixture(t, "a", "b", "c")
+	fx.nodes[1].full, fx.nodes[2].full = true, true
+	uploaded, code := fx.create(t)
+	never, code2 := fx.create(t)
+	if code != http.StatusCreated || code2 != http.StatusCreated || !strings.HasPrefix(uploaded, "a") || !strings.HasPrefix(never, "a") {
+		t.Fatalf("creates with b and c full: %d %q, %d %q; want both on a", code, uploaded, code2, never)
+	}
+	fx.nodes[1].full, fx.nodes[2].full = false, false
+	// c is down too, so the resume has one place to go.
+	for _, n := range []*fakeNode{fx.nodes[0], fx.nodes[2]} {
+		n.srv.Close()
+		if _, err := fx.sched.UnregisterNode(context.Background(), &pb.UnregisterNodeRequest{Name: n.name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fx.nodes[1].repo = map[string]bool{uploaded: true}
+
+	if code, b, _ := fx.do(t, "GET", "/sandboxes/"+uploaded, "", ""); code != http.StatusBadGateway {
+		t.Fatalf("GET a sandbox of a lost node: %d %s, want 502", code, b)
+	}
+	code, b, _ := fx.do(t, "POST", "/sandboxes/"+uploaded+"/connect", "", `{"timeout":60}`)
+	if code != http.StatusCreated || !strings.Contains(string(b), `"node":"b"`) {
+		t.Fatalf("connect of a lost node's paused sandbox: %d %s, want 201 from b", code, b)
+	}
+	look, err := fx.sched.LookupNode(context.Background(), &pb.LookupNodeRequest{SandboxId: uploaded})
+	if err != nil || look.GetLost() || look.GetNode().GetStatus().GetName() != "b" {
+		t.Fatalf("binding after the resume: %v %v, want b", look, err)
+	}
+	if code, b, _ := fx.do(t, "GET", "/sandboxes/"+uploaded, "", ""); code != http.StatusOK || !strings.Contains(string(b), `"node":"b"`) {
+		t.Fatalf("GET after the resume: %d %s, want b's answer", code, b)
+	}
+	code, b, _ = fx.do(t, "POST", "/sandboxes/"+never+"/connect", "", `{"timeout":60}`)
+	if code != http.StatusNotFound || !strings.Contains(string(b), "repository") || !strings.Contains(string(b), `node a`) {
+		t.Fatalf("connect of a never uploaded sandbox of a lost node: %d %s, want a 404 naming the node and the repository", code, b)
+	}
+}
