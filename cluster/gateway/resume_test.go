@@ -50,3 +50,50 @@ func TestResumeOfALostNodesSandbox(t *testing.T) {
 		t.Fatalf("connect of a never uploaded sandbox of a lost node: %d %s, want a 404 naming the node and the repository", code, b)
 	}
 }
+
+// TestConcurrentResumesLandOnce: two connects at once of a down node's
+// sandbox resume it on one node (placement would spread two resumes over
+// two nodes, making two of the sandbox).
+func TestConcurrentResumesLandOnce(t *testing.T) {
+	fx := newFixture(t, "a", "b", "c")
+	fx.nodes[1].full, fx.nodes[2].full = true, true
+	id, code := fx.create(t)
+	if code != http.StatusCreated || !strings.HasPrefix(id, "a") {
+		t.Fatalf("create with b and c full: %d %q, want it on a", code, id)
+	}
+	fx.nodes[1].full, fx.nodes[2].full = false, false
+	fx.nodes[0].srv.Close()
+	if _, err := fx.sched.UnregisterNode(context.Background(), &pb.UnregisterNodeRequest{Name: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	fx.nodes[1].repo = map[string]bool{id: true}
+	fx.nodes[2].repo = map[string]bool{id: true}
+	codes := make(chan int, 2)
+	for range 2 {
+		go func() {
+			resp, err := http.Post(fx.gw.URL+"/sandboxes/"+id+"/connect", "application/json", strings.NewReader(`{"timeout":60}`))
+			if err != nil {
+				codes <- 0 // t.Fatal belongs to the test's goroutine
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	for range 2 {
+		if code := <-codes; code != http.StatusCreated {
+			t.Fatalf("concurrent connect: %d, want 201", code)
+		}
+	}
+	holders := 0
+	for _, n := range fx.nodes[1:] {
+		n.mu.Lock()
+		if _, ok := n.boxes[id]; ok {
+			holders++
+		}
+		n.mu.Unlock()
+	}
+	if holders != 1 {
+		t.Fatalf("two connects at once resumed %s on %d nodes, want 1", id, holders)
+	}
+}
