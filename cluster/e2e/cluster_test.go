@@ -123,7 +123,7 @@ func (c *cluster) call(t *testing.T, method, path, body string, hdr ...string) (
 // create makes one sandbox through the gateway.
 func (c *cluster) create(t *testing.T) string {
 	t.Helper()
-	code, b, _ := c.call(t, "POST", "/sandboxes", `{"templateID":"base","timeout":240,"metadata":{"suite":"cluster-e2e-go"}}`)
+	code, b, _ := c.call(t, "POST", "/sandboxes", `{"templateID":"base","timeout":600,"metadata":{"suite":"cluster-e2e-go"}}`)
 	var s struct {
 		SandboxID string `json:"sandboxID"`
 	}

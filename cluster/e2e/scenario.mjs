@@ -43,7 +43,7 @@ console.log(`e2b SDK ${sdkVersion}`)
 if (process.env.AENV_RESUME) {
   await step('paused sandboxes of a dead node resume through the gateway', async () => {
     for (const id of JSON.parse(process.env.AENV_RESUME)) {
-      const b = await Sandbox.connect(id, { timeoutMs: 240_000, requestTimeoutMs: 240_000 })
+      const b = await Sandbox.connect(id, { timeoutMs: 600_000, requestTimeoutMs: 240_000 })
       assert.equal(await b.files.read('cluster.txt'), `file of ${id}\n`)
       const r = await b.commands.run('echo resumed')
       assert.equal(r.stdout, 'resumed\n')
@@ -56,7 +56,7 @@ if (process.env.AENV_RESUME) {
 let boxes = []
 await step(`create ${count} sandboxes through the gateway`, async () => {
   boxes = await Promise.all(Array.from({ length: count }, (_, i) =>
-    Sandbox.create('base', { metadata: { suite: 'cluster-e2e', tag, n: String(i) }, timeoutMs: 240_000 })))
+    Sandbox.create('base', { metadata: { suite: 'cluster-e2e', tag, n: String(i) }, timeoutMs: 600_000 })))
   assert.equal(new Set(boxes.map((b) => b.sandboxId)).size, count)
 })
 
@@ -86,7 +86,7 @@ await step('pause and resume through the gateway', async () => {
   await b.pause()
   const { items } = await listAll({ metadata: { tag }, state: ['paused'] })
   assert.deepEqual(items.map((s) => s.sandboxId), [b.sandboxId])
-  const again = await Sandbox.connect(b.sandboxId, { timeoutMs: 240_000 })
+  const again = await Sandbox.connect(b.sandboxId, { timeoutMs: 600_000 })
   assert.equal(await again.files.read('cluster.txt'), `file of ${b.sandboxId}\n`)
 })
 

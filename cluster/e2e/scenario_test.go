@@ -28,7 +28,7 @@ func runScenario(t *testing.T, c *cluster, count int, tag string, env ...string)
 	if _, err := os.Stat(filepath.Join(sdk, "node_modules", "e2b", "package.json")); err != nil {
 		t.Fatalf("E2B SDK %s is not installed in %s: run .ci/setup.d/30-e2b-sdk.sh", sdkVersion, sdk)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, filepath.Join(moduleRoot(), "cluster", "e2e", "scenario.mjs"))
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+c.gateway, "E2B_SANDBOX_URL="+c.gateway, "E2B_API_KEY="+aenvdtest.Key,
