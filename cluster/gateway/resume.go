@@ -10,13 +10,14 @@ import (
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
 )
 
-// isResume is a call that resumes a paused sandbox: E2B's connect, or the
-// older resume.
+// isResume is a call that resumes a paused sandbox: E2B's connect (the
+// SDK's is /v2/sandboxes/{id}/connect), or the older resume.
 func isResume(r *http.Request, id string) bool {
 	if r.Method != http.MethodPost {
 		return false
 	}
-	return r.URL.Path == "/sandboxes/"+id+"/connect" || r.URL.Path == "/sandboxes/"+id+"/resume"
+	p := strings.TrimPrefix(r.URL.Path, "/v2")
+	return p == "/sandboxes/"+id+"/connect" || p == "/sandboxes/"+id+"/resume"
 }
 
 // keyLocks serializes the resumes of one sandbox in this gateway, so two

@@ -34,7 +34,7 @@ func TestResumeOfALostNodesSandbox(t *testing.T) {
 	if code, b, _ := fx.do(t, "GET", "/sandboxes/"+uploaded, "", ""); code != http.StatusBadGateway {
 		t.Fatalf("GET a sandbox of a lost node: %d %s, want 502", code, b)
 	}
-	code, b, _ := fx.do(t, "POST", "/sandboxes/"+uploaded+"/connect", "", `{"timeout":60}`)
+	code, b, _ := fx.do(t, "POST", "/v2/sandboxes/"+uploaded+"/connect", "", `{"timeout":60}`) // the SDK's path
 	if code != http.StatusCreated || !strings.Contains(string(b), `"node":"b"`) {
 		t.Fatalf("connect of a lost node's paused sandbox: %d %s, want 201 from b", code, b)
 	}
