@@ -183,6 +183,9 @@ func (n *Node) WaitExit(limit time.Duration) (*os.ProcessState, error) {
 // Stop signals the process and waits for it (SIGTERM: graceful shutdown,
 // whose exit status is returned; SIGKILL: a crash).
 func (n *Node) Stop(sig syscall.Signal) error {
+	if n.cmd.ProcessState != nil {
+		return nil // stopped already (its exit was received): a Close after a kill must not wait for a second one
+	}
 	_ = n.cmd.Process.Signal(sig)
 	select {
 	case err := <-n.done:

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -92,6 +93,7 @@ type cluster struct {
 	gateway    string
 	nodes      []*aenvdtest.Node
 	names      []string
+	repoDir    string // the snapshot repository the nodes share
 }
 
 func (c *cluster) call(t *testing.T, method, path, body string, hdr ...string) (int, []byte, http.Header) {
@@ -121,7 +123,7 @@ func (c *cluster) call(t *testing.T, method, path, body string, hdr ...string) (
 // create makes one sandbox through the gateway.
 func (c *cluster) create(t *testing.T) string {
 	t.Helper()
-	code, b, _ := c.call(t, "POST", "/sandboxes", `{"templateID":"base","timeout":240,"metadata":{"suite":"cluster-e2e-go"}}`)
+	code, b, _ := c.call(t, "POST", "/sandboxes", `{"templateID":"base","timeout":600,"metadata":{"suite":"cluster-e2e-go"}}`)
 	var s struct {
 		SandboxID string `json:"sandboxID"`
 	}
@@ -131,11 +133,15 @@ func (c *cluster) create(t *testing.T) string {
 	return s.SandboxID
 }
 
-// where answers which node holds each id, asking every node itself.
-func (c *cluster) where(t *testing.T) map[string]string {
+// where answers which node holds each id, asking every node itself but
+// the ones named in skip (down).
+func (c *cluster) where(t *testing.T, skip ...string) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	for i, n := range c.nodes {
+		if slices.Contains(skip, c.names[i]) {
+			continue
+		}
 		code, b, _, err := n.Call("GET", "/sandboxes", n.Key, "")
 		if err != nil || code != http.StatusOK {
 			t.Fatalf("list on %s: %d %v", c.names[i], code, err)
@@ -187,6 +193,7 @@ func startCluster(t *testing.T) *cluster {
 		"--domain", "localhost", "--lookup-ttl", "1ms")
 	c.gateway = "http://" + gw
 	c.names = []string{"node-a", "node-b", "node-c"}
+	c.repoDir = t.TempDir()
 	c.nodes = make([]*aenvdtest.Node, 3)
 	errs := make([]error, 3)
 	var wg sync.WaitGroup
@@ -198,7 +205,7 @@ func startCluster(t *testing.T) *cluster {
 			defer cancel()
 			c.nodes[i], errs[i] = aenvdtest.Start(ctx, aenvdtest.Options{Prefix: fmt.Sprintf("aclu%d", i), CIDRBase: 150 + 2*i,
 				Env: []string{"AENVD_CLUSTER_SCHEDULER=" + strings.Join(addrs, ","), "AENVD_CLUSTER_NODE_NAME=" + c.names[i],
-					"AENVD_API_DOMAIN=localhost"}})
+					"AENVD_API_DOMAIN=localhost", "AENVD_REPOSITORY_BACKEND=posix", "AENVD_REPOSITORY_DIR=" + c.repoDir}})
 		}()
 	}
 	wg.Wait()

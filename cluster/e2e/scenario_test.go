@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +18,7 @@ import (
 
 // runScenario runs scenario.mjs with E2B's SDK pointed at the gateway and
 // returns the ids of the sandboxes it made.
-func runScenario(t *testing.T, c *cluster, count int, tag string) []string {
+func runScenario(t *testing.T, c *cluster, count int, tag string, env ...string) []string {
 	t.Helper()
 	node, err := exec.LookPath("node")
 	if err != nil {
@@ -27,11 +28,12 @@ func runScenario(t *testing.T, c *cluster, count int, tag string) []string {
 	if _, err := os.Stat(filepath.Join(sdk, "node_modules", "e2b", "package.json")); err != nil {
 		t.Fatalf("E2B SDK %s is not installed in %s: run .ci/setup.d/30-e2b-sdk.sh", sdkVersion, sdk)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, filepath.Join(moduleRoot(), "cluster", "e2e", "scenario.mjs"))
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+c.gateway, "E2B_SANDBOX_URL="+c.gateway, "E2B_API_KEY="+aenvdtest.Key,
 		"AENV_E2B_SDK_DIR="+sdk, "AENV_CREATE="+itoa(count), "AENV_TAG="+tag)
+	cmd.Env = append(cmd.Env, env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err = cmd.Run()
@@ -48,7 +50,9 @@ func runScenario(t *testing.T, c *cluster, count int, tag string) []string {
 			return ids
 		}
 	}
-	t.Fatal("the scenario printed no ids")
+	if len(env) == 0 {
+		t.Fatal("the scenario printed no ids")
+	}
 	return nil
 }
 
@@ -56,7 +60,9 @@ func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 
 func TestCluster(t *testing.T) {
 	c := startCluster(t)
-	ids := runScenario(t, c, 6, "e2e-"+itoa(os.Getpid()))
+	t0 := time.Now()
+	ids := runScenario(t, c, 9, "e2e-"+itoa(os.Getpid()))
+	t.Logf("the SDK scenario (9 sandboxes) took %v", time.Since(t0).Round(time.Millisecond))
 
 	where := c.where(t)
 	perNode := map[string]int{}
@@ -121,12 +127,33 @@ func TestCluster(t *testing.T) {
 	}
 
 	// A node killed with SIGKILL goes down (no heartbeat) and new creates go
-	// to the others; restarted, it takes its VMs over and comes back.
-	lost := c.nodes[2]
+	// to the others; its sandbox paused (and uploaded to the repository the
+	// nodes share) resumes on another node at the SDK's connect, one never
+	// paused answers a clear 404; restarted, the node takes its VMs over
+	// and comes back, and does not take the resumed sandbox back.
+	t0 = time.Now()
+	li, paused, neverPaused := c.twoOnOneNode(t, ids[1:]) // ids[0] the scenario paused and resumed
+	lostName := c.names[li]
+	if code, b, _ := c.call(t, "POST", "/sandboxes/"+paused+"/pause", ""); code != http.StatusNoContent {
+		t.Fatalf("pause %s through the gateway: %d %s", paused, code, b)
+	}
+	c.waitUploaded(t, paused)
+	t.Logf("pause and upload of %s took %v", paused, time.Since(t0).Round(time.Millisecond))
+	lost := c.nodes[li]
 	if err := lost.Stop(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	c.waitNodes(t, 2)
+	t0 = time.Now()
+	runScenario(t, c, 0, "", "AENV_RESUME=[\""+paused+"\"]")
+	t.Logf("resume of %s on another node took %v", paused, time.Since(t0).Round(time.Millisecond))
+	if got := c.where(t, lostName)[paused]; got == "" || got == lostName {
+		t.Fatalf("%s resumed on %q, want a live node", paused, got)
+	}
+	code, b, _ := c.call(t, "POST", "/sandboxes/"+neverPaused+"/connect", `{"timeout":60}`)
+	if code != http.StatusNotFound || !strings.Contains(string(b), "repository") {
+		t.Fatalf("connect of %s, never paused, on the dead node: %d %s; want a 404 naming the repository", neverPaused, code, b)
+	}
 	var whileDown []string
 	for range 2 {
 		whileDown = append(whileDown, c.create(t))
@@ -139,11 +166,16 @@ func TestCluster(t *testing.T) {
 	c.waitNodes(t, 3)
 	where = c.where(t)
 	for _, id := range whileDown {
-		if where[id] == c.names[2] {
-			t.Fatalf("create %s landed on %s while it was down", id, c.names[2])
+		if where[id] == lostName {
+			t.Fatalf("create %s landed on %s while it was down", id, lostName)
 		}
 	}
 	c.reachable(t, ids[0])
+	c.waitFound(t, neverPaused) // the revived node's roster was reconciled
+	c.reachable(t, paused)
+	if st := c.state(t, paused); st != "running" {
+		t.Fatalf("%s after its old node came back: %q through the gateway, want running (bound where it resumed)", paused, st)
+	}
 	fresh := whileDown
 
 	// A drained node gets no new creates.

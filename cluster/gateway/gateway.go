@@ -49,6 +49,8 @@ type Gateway struct {
 
 	mu    sync.Mutex
 	cache map[string]cached
+
+	resuming keyLocks
 }
 
 type cached struct {

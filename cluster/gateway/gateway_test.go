@@ -42,6 +42,9 @@ type fakeNode struct {
 	// templates the node holds; uploaded counts the bytes PUT to them
 	templates map[string]bool
 	uploaded  int64
+	// repo, when set, is the shared repository's paused sandboxes: a
+	// connect of one the node does not hold brings it from there
+	repo map[string]bool
 }
 
 func newFakeNode(t *testing.T, name string) *fakeNode {
@@ -70,6 +73,8 @@ func (f *fakeNode) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusCreated, map[string]string{"sandboxID": id, "templateID": "base"})
 	case r.URL.Path == "/v2/sandboxes":
 		f.list(w, r)
+	case f.repo != nil && r.Method == "POST" && strings.HasSuffix(r.URL.Path, "/connect"):
+		f.connect(w, r)
 	case r.Method == "GET" && r.URL.Path == "/nodes":
 		writeJSON(w, http.StatusOK, []map[string]string{{"nodeID": f.name, "status": "ready"}})
 	case r.Method == "GET" && r.URL.Path == "/sandboxes":
@@ -102,6 +107,19 @@ func (f *fakeNode) serve(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeJSON(w, http.StatusOK, map[string]string{"node": f.name})
 	}
+}
+
+// connect resumes a sandbox the node holds or the repository has.
+func (f *fakeNode) connect(w http.ResponseWriter, r *http.Request) {
+	id := sandboxOfPath(r.URL.Path)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.boxes[id]; !ok && !f.repo[id] {
+		writeError(w, http.StatusNotFound, "sandbox "+id+" not found")
+		return
+	}
+	f.boxes[id] = time.Now()
+	writeJSON(w, http.StatusCreated, map[string]string{"sandboxID": id, "node": f.name})
 }
 
 // list pages as aenvd does: descending start time, a token naming the

@@ -173,9 +173,14 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, u *url.URL, id
 }
 
 // sandboxCall routes /sandboxes/{id}/... to the sandbox's node, unbinding
-// after a successful kill and binding fork children.
+// after a successful kill, binding fork children, and placing the resume of
+// a down node's sandbox on a live node.
 func (g *Gateway) sandboxCall(w http.ResponseWriter, r *http.Request) {
 	id := sandboxOfPath(r.URL.Path)
+	if validID(id) && isResume(r, id) {
+		g.resume(w, r, id)
+		return
+	}
 	u, ok := g.locate(w, r, id)
 	if !ok {
 		return

@@ -88,7 +88,7 @@ func (s *Scheduler) reconcile(ctx context.Context) error {
 			}
 			continue
 		}
-		if err := s.reconcileRoster(ctx, tok, name, r, lost); err != nil {
+		if err := s.reconcileRoster(ctx, tok, name, r, lost, nodes); err != nil {
 			return err
 		}
 	}
@@ -128,7 +128,7 @@ func (s *Scheduler) markDown(ctx context.Context, tok, name string, r *nodeRecor
 // no longer reports (bindings made within RosterGrace of the heartbeat are
 // left alone: the roster may predate them). A lost binding the node reports
 // is found again.
-func (s *Scheduler) reconcileRoster(ctx context.Context, tok, name string, r *nodeRecord, lost map[string]bool) error {
+func (s *Scheduler) reconcileRoster(ctx context.Context, tok, name string, r *nodeRecord, lost map[string]bool, nodes map[string]*nodeRecord) error {
 	members, err := s.rdb.SMembers(ctx, s.k.nodeBinds(name)).Result()
 	if err != nil {
 		return fmt.Errorf("read bindings of node %s: %w", name, err)
@@ -142,6 +142,15 @@ func (s *Scheduler) reconcileRoster(ctx context.Context, tok, name string, r *no
 		reported[e.GetSandboxId()] = true
 		if bound[e.GetSandboxId()] && !lost[e.GetSandboxId()] {
 			continue
+		}
+		if !lost[e.GetSandboxId()] {
+			held, err := s.heldElsewhere(ctx, e.GetSandboxId(), name, nodes)
+			if err != nil {
+				return err
+			}
+			if held {
+				continue
+			}
 		}
 		if err := s.fenced(ctx, fencedBindScript, []string{s.k.leader(), s.k.bind(e.GetSandboxId()), s.k.nodeBinds(name), s.k.lost()},
 			tok, e.GetSandboxId(), name, e.GetResources().GetCpuCount(), e.GetResources().GetMemoryMb(), s.now().UnixMilli(), s.k.p); err != nil {
@@ -160,6 +169,30 @@ func (s *Scheduler) reconcileRoster(ctx context.Context, tok, name string, r *no
 		}
 	}
 	return nil
+}
+
+// heldElsewhere is a sandbox bound to another live node that reports it
+// too: a node back from the dead still holding a sandbox that was resumed
+// elsewhere meanwhile (from the repository) must not take its binding back.
+func (s *Scheduler) heldElsewhere(ctx context.Context, id, name string, nodes map[string]*nodeRecord) (bool, error) {
+	b, err := s.lookup(ctx, id)
+	if err != nil {
+		return false, fmt.Errorf("roster of %s: %w", name, err)
+	}
+	if b == nil || b.node == name || b.lost != 0 {
+		return false, nil
+	}
+	other := nodes[b.node]
+	if other == nil || other.down || s.isDown(other) {
+		return false, nil
+	}
+	for _, e := range other.status.GetRoster() {
+		if e.GetSandboxId() == id {
+			s.log.Warn("roster reports a sandbox another live node holds; binding left", "sandbox", id, "node", name, "holder", b.node)
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 func (s *Scheduler) fenced(ctx context.Context, sc *redis.Script, keys []string, args ...any) error {

@@ -490,3 +490,30 @@ func TestConcurrentBurstSpreads(t *testing.T) {
 		t.Fatalf("9 placements at once: %v, want 3 on each node", counts)
 	}
 }
+
+// TestRosterOfARevivedNode: a node back from the dead whose roster still
+// reports a sandbox resumed meanwhile on another live node (which reports
+// it too) leaves the binding where it is.
+func TestRosterOfARevivedNode(t *testing.T) {
+	rs := redistest.Start(t)
+	clk := &clock{t: time.Now()}
+	a := startReplica(t, rs, "a", clk, nil)
+	ctx := context.Background()
+	register(t, a.client, status0("n1", 4, 4096))
+	register(t, a.client, status0("n2", 4, 4096))
+	bind(t, a.client, "resumed", "n2")
+	clk.Add(3 * time.Second)
+	for _, st := range []*pb.NodeStatus{status0("n1", 4, 4096, "resumed"), status0("n2", 4, 4096, "resumed")} {
+		if _, err := a.client.Heartbeat(ctx, &pb.HeartbeatRequest{Status: st}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 { // both orders of the nodes' passes
+		if err := a.s.ReconcileOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := lookup(t, a.client, "resumed").GetNode().GetStatus().GetName(); got != "n2" {
+			t.Fatalf("a sandbox n2 holds and reports, also in the roster of revived n1: bound to %q, want n2", got)
+		}
+	}
+}

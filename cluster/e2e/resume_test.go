@@ -1,0 +1,97 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/snapshot/repo"
+	"github.com/agentenv/agentenv/snapshot/repo/posix"
+	"github.com/redis/go-redis/v9"
+)
+
+// twoOnOneNode picks a node holding at least two of ids and two of its
+// sandboxes (nine creates over three nodes leave one such node at least).
+func (c *cluster) twoOnOneNode(t *testing.T, ids []string) (int, string, string) {
+	t.Helper()
+	where := c.where(t)
+	for i, name := range c.names {
+		var on []string
+		for _, id := range ids {
+			if where[id] == name {
+				on = append(on, id)
+			}
+		}
+		if len(on) >= 2 {
+			return i, on[0], on[1]
+		}
+	}
+	t.Fatalf("no node holds two of %v (%v)", ids, where)
+	return 0, "", ""
+}
+
+// waitUploaded waits for the paused sandbox's manifest in the repository
+// the nodes share: only then can another node resume it.
+func (c *cluster) waitUploaded(t *testing.T, id string) {
+	t.Helper()
+	r, err := posix.Open(c.repoDir, repo.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for {
+		names, err := r.Manifests(ctx)
+		if err != nil {
+			t.Fatalf("manifests of the shared repository: %v", err)
+		}
+		for _, n := range names {
+			if strings.HasPrefix(n, "sandbox-"+id+"-") {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the pause of %s was never committed to the shared repository (manifests %v)", id, names)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// waitFound waits until the scheduler found a lost binding again (a
+// roster of its node, back, reported it): the leader has reconciled that
+// node's roster.
+func (c *cluster) waitFound(t *testing.T, id string) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: c.redis.Addr})
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		lost, err := rdb.HExists(ctx, "aenv:bind:"+id, "lost").Result()
+		if err == nil && !lost {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("binding of %s still lost after its node came back (%v)", id, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// state is a sandbox's state through the gateway.
+func (c *cluster) state(t *testing.T, id string) string {
+	t.Helper()
+	code, b, _ := c.call(t, "GET", "/sandboxes/"+id, "")
+	var s struct {
+		State string `json:"state"`
+	}
+	if code != http.StatusOK || json.Unmarshal(b, &s) != nil {
+		t.Fatalf("GET /sandboxes/%s through the gateway: %d %s", id, code, b)
+	}
+	return s.State
+}

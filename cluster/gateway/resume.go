@@ -1,0 +1,127 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+
+	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
+)
+
+// isResume is a call that resumes a paused sandbox: E2B's connect (the
+// SDK's is /v2/sandboxes/{id}/connect), or the older resume.
+func isResume(r *http.Request, id string) bool {
+	if r.Method != http.MethodPost {
+		return false
+	}
+	p := strings.TrimPrefix(r.URL.Path, "/v2")
+	return p == "/sandboxes/"+id+"/connect" || p == "/sandboxes/"+id+"/resume"
+}
+
+// keyLocks serializes the resumes of one sandbox in this gateway, so two
+// connects at once bring it to one node, not two.
+type keyLocks struct {
+	mu    sync.Mutex
+	locks map[string]*keyLock
+}
+
+type keyLock struct {
+	mu    sync.Mutex
+	users int
+}
+
+func (k *keyLocks) lock(id string) func() {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*keyLock{}
+	}
+	l := k.locks[id]
+	if l == nil {
+		l = &keyLock{}
+		k.locks[id] = l
+	}
+	l.users++
+	k.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		k.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(k.locks, id)
+		}
+		k.mu.Unlock()
+	}
+}
+
+// resume answers a connect (or resume) of sandbox id. A sandbox whose node
+// the scheduler holds down is placed on a live node, which brings its
+// paused state from the repository the nodes share, and is bound there.
+// Only a node the scheduler marked down (missed heartbeats) or that left
+// is given up on: a node merely slow to answer may still hold the sandbox
+// running, and resuming it elsewhere would make two of it.
+func (g *Gateway) resume(w http.ResponseWriter, r *http.Request, id string) {
+	unlock := g.resuming.lock(id)
+	defer unlock()
+	g.forget(id) // a cached node may be the dead one
+	u, err := g.nodeOf(r.Context(), id)
+	var down errNodeDown
+	switch {
+	case err == nil:
+		g.forward(w, r, u, id)
+	case errors.As(err, &down):
+		g.resumeElsewhere(w, r, id, down.node)
+	default:
+		g.failLookup(w, id, err)
+	}
+}
+
+// resumeElsewhere tries live nodes (up to MaxCreateAttempts), skipping one
+// unreachable or refusing for capacity. A node's 404 means the repository
+// holds no paused state of the sandbox (the nodes share it): asking
+// another would answer the same.
+func (g *Gateway) resumeElsewhere(w http.ResponseWriter, r *http.Request, id, lost string) {
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	exclude := []string{lost}
+	for attempt := 0; attempt < g.opts.MaxCreateAttempts; attempt++ {
+		node, err := g.place(r.Context(), &pb.Resources{}, exclude)
+		if err != nil {
+			g.failPlace(w, fmt.Errorf("resume sandbox %s of down node %s: %w", id, lost, err))
+			return
+		}
+		name := node.GetStatus().GetName()
+		resp, err := g.send(r, node.GetStatus().GetApiUrl(), body)
+		if err != nil {
+			g.log.Warn("resume elsewhere: node unreachable; trying another", "sandbox", id, "node", name, "err", err)
+			exclude = append(exclude, name)
+			continue
+		}
+		resp = bufferResponse(resp)
+		switch {
+		case resp.StatusCode == http.StatusServiceUnavailable:
+			g.log.Info("resume elsewhere refused for capacity; trying another node", "sandbox", id, "node", name)
+			resp.Body.Close()
+			exclude = append(exclude, name)
+			continue
+		case resp.StatusCode == http.StatusNotFound:
+			resp.Body.Close()
+			writeError(w, http.StatusNotFound, fmt.Sprintf("sandbox %s: its node %s is down, and the repository the nodes "+
+				"share holds no paused state of it (a sandbox resumes on another node only once its pause was uploaded)", id, lost))
+			return
+		case resp.StatusCode/100 == 2:
+			if err := g.bind(r.Context(), id, node); err != nil {
+				// The node's roster binds it within a heartbeat.
+				g.log.Error("bind a sandbox resumed elsewhere", "sandbox", id, "node", name, "err", err)
+			}
+			g.log.Info("resumed a down node's sandbox elsewhere", "sandbox", id, "from", lost, "to", name)
+		}
+		relay(w, resp)
+		return
+	}
+	writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("sandbox %s: its node %s is down and no live node took its resume (tried %s)",
+		id, lost, strings.Join(exclude[1:], ", ")))
+}

@@ -1,0 +1,99 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
+)
+
+// TestResumeOfALostNodesSandbox: a sandbox whose node is gone resumes on a
+// live node at its connect (the live node brings it from the shared
+// repository), and is bound there; one the repository never got answers a
+// clear 404; other calls on a lost sandbox stay 502.
+func TestResumeOfALostNodesSandbox(t *testing.T) {
+	fx := newFixture(t, "a", "b", "c")
+	fx.nodes[1].full, fx.nodes[2].full = true, true
+	uploaded, code := fx.create(t)
+	never, code2 := fx.create(t)
+	if code != http.StatusCreated || code2 != http.StatusCreated || !strings.HasPrefix(uploaded, "a") || !strings.HasPrefix(never, "a") {
+		t.Fatalf("creates with b and c full: %d %q, %d %q; want both on a", code, uploaded, code2, never)
+	}
+	fx.nodes[1].full, fx.nodes[2].full = false, false
+	// c is down too, so the resume has one place to go.
+	for _, n := range []*fakeNode{fx.nodes[0], fx.nodes[2]} {
+		n.srv.Close()
+		if _, err := fx.sched.UnregisterNode(context.Background(), &pb.UnregisterNodeRequest{Name: n.name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fx.nodes[1].repo = map[string]bool{uploaded: true}
+
+	if code, b, _ := fx.do(t, "GET", "/sandboxes/"+uploaded, "", ""); code != http.StatusBadGateway {
+		t.Fatalf("GET a sandbox of a lost node: %d %s, want 502", code, b)
+	}
+	code, b, _ := fx.do(t, "POST", "/v2/sandboxes/"+uploaded+"/connect", "", `{"timeout":60}`) // the SDK's path
+	if code != http.StatusCreated || !strings.Contains(string(b), `"node":"b"`) {
+		t.Fatalf("connect of a lost node's paused sandbox: %d %s, want 201 from b", code, b)
+	}
+	look, err := fx.sched.LookupNode(context.Background(), &pb.LookupNodeRequest{SandboxId: uploaded})
+	if err != nil || look.GetLost() || look.GetNode().GetStatus().GetName() != "b" {
+		t.Fatalf("binding after the resume: %v %v, want b", look, err)
+	}
+	if code, b, _ := fx.do(t, "GET", "/sandboxes/"+uploaded, "", ""); code != http.StatusOK || !strings.Contains(string(b), `"node":"b"`) {
+		t.Fatalf("GET after the resume: %d %s, want b's answer", code, b)
+	}
+	code, b, _ = fx.do(t, "POST", "/sandboxes/"+never+"/connect", "", `{"timeout":60}`)
+	if code != http.StatusNotFound || !strings.Contains(string(b), "repository") || !strings.Contains(string(b), `node a`) {
+		t.Fatalf("connect of a never uploaded sandbox of a lost node: %d %s, want a 404 naming the node and the repository", code, b)
+	}
+}
+
+// TestConcurrentResumesLandOnce: two connects at once of a down node's
+// sandbox resume it on one node (placement would spread two resumes over
+// two nodes, making two of the sandbox).
+func TestConcurrentResumesLandOnce(t *testing.T) {
+	fx := newFixture(t, "a", "b", "c")
+	fx.nodes[1].full, fx.nodes[2].full = true, true
+	id, code := fx.create(t)
+	if code != http.StatusCreated || !strings.HasPrefix(id, "a") {
+		t.Fatalf("create with b and c full: %d %q, want it on a", code, id)
+	}
+	fx.nodes[1].full, fx.nodes[2].full = false, false
+	fx.nodes[0].srv.Close()
+	if _, err := fx.sched.UnregisterNode(context.Background(), &pb.UnregisterNodeRequest{Name: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	fx.nodes[1].repo = map[string]bool{id: true}
+	fx.nodes[2].repo = map[string]bool{id: true}
+	codes := make(chan int, 2)
+	for range 2 {
+		go func() {
+			resp, err := http.Post(fx.gw.URL+"/sandboxes/"+id+"/connect", "application/json", strings.NewReader(`{"timeout":60}`))
+			if err != nil {
+				codes <- 0 // t.Fatal belongs to the test's goroutine
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	for range 2 {
+		if code := <-codes; code != http.StatusCreated {
+			t.Fatalf("concurrent connect: %d, want 201", code)
+		}
+	}
+	holders := 0
+	for _, n := range fx.nodes[1:] {
+		n.mu.Lock()
+		if _, ok := n.boxes[id]; ok {
+			holders++
+		}
+		n.mu.Unlock()
+	}
+	if holders != 1 {
+		t.Fatalf("two connects at once resumed %s on %d nodes, want 1", id, holders)
+	}
+}
