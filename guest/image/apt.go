@@ -2,14 +2,12 @@ package image
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-
-	"golang.org/x/sys/unix"
+	"syscall"
 )
 
 // aptInstall installs packages (Depends only, no Recommends) into the
@@ -17,7 +15,7 @@ import (
 // cannot: it ignores virtual packages, and npm's dependency tree is full of
 // them. The host's resolver configuration and proxy settings are lent to
 // the chroot for the download; customise writes the guest's own later.
-func aptInstall(ctx context.Context, tree string, packages []string) (err error) {
+func aptInstall(ctx context.Context, tree string, packages []string) error {
 	if len(packages) == 0 {
 		return nil
 	}
@@ -26,17 +24,6 @@ func aptInstall(ctx context.Context, tree string, packages []string) (err error)
 			return fmt.Errorf("root filesystem: lend resolv.conf: %w", err)
 		}
 	}
-	proc := filepath.Join(tree, "proc")
-	if err := unix.Mount("proc", proc, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		return fmt.Errorf("root filesystem: mount %s: %w", proc, err)
-	}
-	defer func() {
-		// The tree is copied into the image whole: a /proc left mounted
-		// would be copied too, so a failed unmount fails the build.
-		if uerr := unix.Unmount(proc, unix.MNT_DETACH); uerr != nil {
-			err = errors.Join(err, fmt.Errorf("root filesystem: unmount %s: %w", proc, uerr))
-		}
-	}()
 	env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C", "DEBIAN_FRONTEND=noninteractive"}
 	for _, k := range []string{"http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"} {
 		if v, ok := os.LookupEnv(k); ok {
@@ -44,9 +31,14 @@ func aptInstall(ctx context.Context, tree string, packages []string) (err error)
 		}
 	}
 	apt := func(args ...string) error {
-		cmd := exec.CommandContext(ctx, "chroot", append([]string{tree, "apt-get", "-q", "-y",
-			// No fsync per file: a failed build is thrown away whole.
-			"-o", "Dpkg::Options::=--force-unsafe-io"}, args...)...)
+		// /proc for the packages' scripts, mounted in a mount namespace of
+		// the command's own: it ends with the command, so no mount is left
+		// in the tree (which is copied into the image whole) or the cache.
+		// --force-unsafe-io: no fsync per file (a failed build is thrown
+		// away whole).
+		script := `mount -t proc proc "$0/proc" && exec chroot "$0" apt-get -q -y -o Dpkg::Options::=--force-unsafe-io "$@"`
+		cmd := exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", script, tree}, args...)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
 		cmd.Env = env
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("root filesystem: apt-get %s: %w: %s", strings.Join(args, " "), err, tail(out, 3000))
