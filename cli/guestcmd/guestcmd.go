@@ -46,7 +46,7 @@ func newBuild() *cobra.Command {
 	f.StringVar(&opts.KernelPackage, "kernel-package", image.DefaultKernelPackage, "Debian kernel package")
 	f.StringVar(&opts.Suite, "suite", image.DefaultSuite, "Debian suite for the root filesystem")
 	f.StringVar(&opts.Mirror, "mirror", "", "Debian mirror (default "+image.DefaultMirror+" or $AENV_DEBIAN_MIRROR)")
-	f.IntVar(&opts.RootfsMiB, "rootfs-size", 2048, "root filesystem size in MiB (sparse)")
+	f.IntVar(&opts.RootfsMiB, "rootfs-size", image.DefaultRootfsMiB, "root filesystem size in MiB (sparse)")
 	f.BoolVar(&asJSON, "json", false, "print the asset paths as JSON")
 	return cmd
 }

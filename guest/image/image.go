@@ -1,9 +1,11 @@
 // Package image assembles the guest assets every sandbox VM boots from, using
 // Debian's packages only: the kernel (Debian's cloud kernel, whose virtio
 // drivers are modules), an initramfs holding our agent as /init plus the
-// modules it must load, and an ext4 root filesystem (debootstrap minbase with
-// bash, coreutils, python3, iproute2, ca-certificates, sudo and the E2B-style
-// user "user") with the agent at /usr/bin/aenv-agent.
+// modules it must load, and an ext4 root filesystem with the agent at
+// /usr/bin/aenv-agent: debootstrap minbase, then with apt what users of E2B's
+// base image rely on (DefaultPackages: git, curl, python3 with pip and venv,
+// Node.js with npm, sudo, procps, build-essential) and the E2B-style user
+// "user" (uid 1000, home /home/user, passwordless sudo).
 //
 // Everything is cached under a cache directory: the downloaded kernel and the
 // debootstrap tree by their inputs, and the finished assets by a content hash
@@ -37,8 +39,16 @@ var (
 	DefaultKernelPackage = "linux-image-6.12-cloud-amd64"
 	DefaultSuite         = "bookworm"
 	DefaultMirror        = "http://deb.debian.org/debian"
-	// DefaultPackages is what the root filesystem holds beyond debootstrap's minbase.
-	DefaultPackages = []string{"python3", "iproute2", "ca-certificates", "sudo", "procps", "curl"}
+	// DefaultRootfsMiB sizes the ext4 image (a sparse file: only the
+	// tree's ~750 MiB are allocated). The base template's disk is this
+	// image, so it is what a sandbox of it has: about 3 GiB and 220k inodes
+	// free for the user (node_modules trees are many small files).
+	DefaultRootfsMiB = 4096
+	// DefaultPackages is what the root filesystem holds beyond debootstrap's
+	// minbase (with their dependencies, not their recommendations): what
+	// users of E2B's base image rely on.
+	DefaultPackages = []string{"python3", "python3-pip", "python3-venv", "iproute2", "ca-certificates", "sudo", "procps", "curl",
+		"git", "nodejs", "npm", "build-essential"}
 	// DefaultModules are loaded by the initramfs, dependencies first. virtio
 	// and ext4 are built into the cloud kernel; these are modules there.
 	DefaultModules = []string{"virtio_mmio", "virtio_blk", "virtio_net", "virtio_rng", "virtio_balloon", "vmw_vsock_virtio_transport", "overlay"}
@@ -53,7 +63,7 @@ type Options struct {
 	Suite         string
 	Mirror        string
 	Packages      []string
-	RootfsMiB     int // ext4 image size (sparse), default 2048
+	RootfsMiB     int // ext4 image size (sparse), default DefaultRootfsMiB
 	Log           *slog.Logger
 }
 
@@ -104,7 +114,7 @@ func (o *Options) defaults() error {
 		o.Packages = DefaultPackages
 	}
 	if o.RootfsMiB == 0 {
-		o.RootfsMiB = 2048
+		o.RootfsMiB = DefaultRootfsMiB
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()

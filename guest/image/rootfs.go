@@ -19,14 +19,21 @@ type baseTree struct {
 }
 
 // baseTreeVersion changes whenever customise changes what the tree holds.
-const baseTreeVersion = "guest-image-v1"
+const baseTreeVersion = "guest-image-v2"
 
 // guestUser is the E2B-style default user: uid 1000, passwordless sudo.
 const guestUser = "user"
 
-func buildBaseTree(ctx context.Context, opts Options) (*baseTree, error) {
+// baseTreeKey names the cached tree of opts: a change of suite, mirror,
+// package list or customisation builds a new tree beside the old one (which
+// nodes and tests built from the old inputs keep using).
+func baseTreeKey(opts Options) string {
 	h := sha256.Sum256([]byte(fmt.Sprintf("%s|%s|%s|%s", baseTreeVersion, opts.Suite, opts.Mirror, strings.Join(opts.Packages, ","))))
-	key := hex.EncodeToString(h[:])[:16]
+	return hex.EncodeToString(h[:])[:16]
+}
+
+func buildBaseTree(ctx context.Context, opts Options) (*baseTree, error) {
+	key := baseTreeKey(opts)
 	dir := filepath.Join(opts.CacheDir, "rootfs", key)
 	tree := filepath.Join(dir, "tree")
 	if _, err := os.Stat(filepath.Join(dir, "done")); err == nil {
@@ -41,9 +48,13 @@ func buildBaseTree(ctx context.Context, opts Options) (*baseTree, error) {
 	}
 	start := time.Now()
 	opts.Log.Info("guest image: debootstrap (a few minutes, once)", "suite", opts.Suite, "packages", opts.Packages)
-	args := []string{"--variant=minbase", "--include=" + strings.Join(opts.Packages, ","), opts.Suite, tree, opts.Mirror}
+	args := []string{"--variant=minbase", opts.Suite, tree, opts.Mirror}
 	if out, err := exec.CommandContext(ctx, "debootstrap", args...).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("root filesystem: debootstrap %s: %w: %s", opts.Suite, err, tail(out, 2000))
+	}
+	opts.Log.Info("guest image: installing packages", "took_so_far", time.Since(start).Round(time.Second))
+	if err := aptInstall(ctx, tree, opts.Packages); err != nil {
+		return nil, err
 	}
 	if err := customise(ctx, tree); err != nil {
 		return nil, err
@@ -86,7 +97,10 @@ func customise(ctx context.Context, tree string) error {
 	if err := os.Chmod(filepath.Join(tree, "etc/sudoers.d/90-aenv-user"), 0o440); err != nil {
 		return fmt.Errorf("root filesystem: %w", err)
 	}
-	for _, glob := range []string{"var/cache/apt/*.bin", "var/cache/apt/archives/*.deb", "var/lib/apt/lists/*_*", "usr/share/doc/*", "usr/share/man/*", "usr/share/locale/*", "var/log/*.log"} {
+	// Debian marks its Python externally managed (PEP 668), which makes a
+	// plain `pip install` fail; E2B's base image lets its user install
+	// packages with pip (into ~/.local, site-packages being root's).
+	for _, glob := range []string{"usr/lib/python3*/EXTERNALLY-MANAGED", "var/cache/apt/*.bin", "var/cache/apt/archives/*.deb", "var/lib/apt/lists/*_*", "usr/share/doc/*", "usr/share/man/*", "usr/share/locale/*", "var/log/*.log"} {
 		matches, _ := filepath.Glob(filepath.Join(tree, glob))
 		for _, m := range matches {
 			_ = os.RemoveAll(m)
