@@ -41,7 +41,7 @@ func TestLoadKeepsPausedDropsTheRest(t *testing.T) {
 	if len(left) != 1 || left[0].ID != "paused1" {
 		t.Fatalf("store after load: %+v", left)
 	}
-	if err := o.Pause(t.Context(), "paused1"); !errors.Is(err, ErrConflict) {
+	if err := o.Pause(t.Context(), "paused1", true); !errors.Is(err, ErrConflict) {
 		t.Fatalf("pause of a paused sandbox: %v, want ErrConflict", err)
 	}
 	if err := o.Kill(t.Context(), "running1"); !errors.Is(err, ErrNotFound) {

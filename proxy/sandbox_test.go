@@ -40,7 +40,7 @@ func (s *sandboxes) Slot(id string) (*network.Slot, int, error) {
 	return sl, 1, nil
 }
 
-func (s *sandboxes) Connect(context.Context, string, time.Duration) (orchestrator.Record, bool, error) {
+func (s *sandboxes) Connect(context.Context, string, time.Duration, bool) (orchestrator.Record, bool, error) {
 	return orchestrator.Record{}, false, orchestrator.ErrNotFound
 }
 
