@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -51,7 +52,7 @@ func (n *node) startSleeper(t *testing.T, id string) {
 // memory image on disk) and its resume cold-boots (new boot id, processes
 // and tmpfs gone, files written before the pause kept even unsynced: the
 // pause flushes the guest); traffic does not auto-resume it and it cannot
-// be snapshotted. A resume with memory false of a memory pause cold-boots
+// be snapshotted, and a restart keeps it so. A resume with memory false of a memory pause cold-boots
 // too, leaving the memory image as it was; a memory pause and resume of
 // the booted sandbox then restores it in place. autoPauseMemory false is a
 // filesystem-only auto-pause and is refused with autoResume.
@@ -76,6 +77,12 @@ func TestColdPause(t *testing.T) {
 	}
 	n.waitState(t, id, "paused", time.Second)
 	n.expect(t, http.StatusConflict, "POST", "/sandboxes/"+id+"/snapshots", n.key, `{}`)
+	// A restart keeps it paused, still without memory.
+	n.restart(t, syscall.SIGKILL)
+	n.waitState(t, id, "paused", time.Second)
+	if files := n.memoryFiles(t, id); len(files) != 0 {
+		t.Fatalf("after a restart, memory on disk: %v", files)
+	}
 
 	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":300}`)
 	boot1, sleeper, marker := n.bootState(t, id)
