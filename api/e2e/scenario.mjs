@@ -170,10 +170,11 @@ await step('pause({ keepMemory: false }): connect cold-boots with the files kept
 })
 
 await step("lifecycle onTimeout { action: 'pause', keepMemory: false }: the auto-pause is filesystem-only", async () => {
-  const c = await Sandbox.create('base', { metadata: { suite: 'aenvd-e2e', tag: `${tag}-autocold` }, timeoutMs: 4_000,
+  const c = await Sandbox.create('base', { metadata: { suite: 'aenvd-e2e', tag: `${tag}-autocold` }, timeoutMs: 120_000,
     lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } })
   try {
     const boot0 = await bootID(c)
+    await c.setTimeout(1_000) // the timeout runs out now, after the boot id was read
     let info
     for (let i = 0; i < 120; i++) {
       info = await Sandbox.getInfo(c.sandboxId)
