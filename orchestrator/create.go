@@ -24,14 +24,10 @@ type CreateOptions struct {
 	Timeout    time.Duration
 	AutoPause  bool
 	AutoResume bool
-	// AutoPauseFilesystemOnly makes the timeout's auto-pause keep only the
-	// disks (coldboot.go); it cannot go with AutoResume, since traffic
-	// cannot resume a sandbox without memory in place.
-	AutoPauseFilesystemOnly bool
-	Secure                  bool
-	Metadata                map[string]string
-	EnvVars                 map[string]string
-	Policy                  network.Policy
+	Secure     bool
+	Metadata   map[string]string
+	EnvVars    map[string]string
+	Policy     network.Policy
 	// PrivateTraffic requires a traffic access token on the proxy.
 	PrivateTraffic bool
 	// MaskRequestHost is the Host header proxied requests carry ("" keeps
@@ -40,6 +36,10 @@ type CreateOptions struct {
 	// Drives are extra block drives in the template's free drive slots
 	// (drives.go).
 	Drives []DriveRequest
+	// AutoPauseFilesystemOnly makes the timeout's auto-pause keep only the
+	// disks (coldboot.go); it cannot go with AutoResume, since traffic
+	// cannot resume a sandbox without memory in place.
+	AutoPauseFilesystemOnly bool
 }
 
 // Create restores the template's (or snapshot's) snapshot into a new sandbox.
@@ -154,8 +154,7 @@ func (o *Orchestrator) register(opts CreateOptions) (*instance, *template.Templa
 	s := &instance{rec: Record{
 		ID: id, TemplateID: t.ID, State: Starting, Metadata: opts.Metadata, EnvVars: opts.EnvVars,
 		AutoPause: opts.AutoPause, AutoResume: opts.AutoResume, Secure: opts.Secure,
-		AutoPauseFilesystemOnly: opts.AutoPause && opts.AutoPauseFilesystemOnly,
-		VCPUs:                   t.VCPUs, MemoryMiB: t.MemoryMiB, DiskMiB: t.DiskMiB, EnvdVersion: t.EnvdVersion,
+		VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, DiskMiB: t.DiskMiB, EnvdVersion: t.EnvdVersion,
 		Dir: dir, Policy: opts.Policy, GuestToken: t.GuestToken, DriveSlots: t.DriveSlots, Drives: drives,
 	}}
 	// Every sandbox's agent gets an access token, so a packet that reached
@@ -166,6 +165,7 @@ func (o *Orchestrator) register(opts CreateOptions) (*instance, *template.Templa
 		return nil, nil, err
 	}
 	s.rec.MaskRequestHost = opts.MaskRequestHost
+	s.rec.AutoPauseFilesystemOnly = opts.AutoPause && opts.AutoPauseFilesystemOnly
 	if opts.PrivateTraffic {
 		if s.rec.TrafficToken, err = ids.Hex(32); err != nil {
 			return nil, nil, err

@@ -327,9 +327,8 @@ func (o *Orchestrator) Fork(ctx context.Context, id string, count int, timeout t
 		timeout = time.Until(src.EndAt)
 	}
 	opts := CreateOptions{TemplateID: snap.ID, Timeout: timeout, AutoPause: src.AutoPause, AutoResume: src.AutoResume,
-		AutoPauseFilesystemOnly: src.AutoPauseFilesystemOnly,
-		Secure:                  src.Secure, Metadata: src.Metadata, EnvVars: src.EnvVars, Policy: src.Policy,
-		PrivateTraffic: src.TrafficToken != ""}
+		Secure: src.Secure, Metadata: src.Metadata, EnvVars: src.EnvVars, Policy: src.Policy,
+		PrivateTraffic: src.TrafficToken != "", AutoPauseFilesystemOnly: src.AutoPauseFilesystemOnly}
 	out := make([]ForkResult, count)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, o.forkParallelism())
