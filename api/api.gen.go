@@ -282,6 +282,8 @@ type BuildStatusReason struct {
 
 // ConnectSandbox defines model for ConnectSandbox.
 type ConnectSandbox struct {
+	// Memory default true. false resumes a paused sandbox from its disk only: it cold-boots, and its memory image is neither used nor changed (it goes with the sandbox's next pause or kill). No effect on a running sandbox or one paused without memory
+	Memory  *bool  `json:"memory,omitempty"`
 	Timeout *int32 `json:"timeout,omitempty"`
 }
 
@@ -322,9 +324,12 @@ type ListedSandbox struct {
 
 // NewSandbox defines model for NewSandbox.
 type NewSandbox struct {
-	AllowInternetAccess *bool                    `json:"allow_internet_access,omitempty"`
-	AutoPause           *bool                    `json:"autoPause,omitempty"`
-	AutoResume          *SandboxAutoResumeConfig `json:"autoResume,omitempty"`
+	AllowInternetAccess *bool `json:"allow_internet_access,omitempty"`
+	AutoPause           *bool `json:"autoPause,omitempty"`
+
+	// AutoPauseMemory false makes the timeout's auto-pause filesystem-only (see SandboxPauseRequest.memory); not with autoResume enabled (400). Default true; ignored without autoPause
+	AutoPauseMemory *bool                    `json:"autoPauseMemory,omitempty"`
+	AutoResume      *SandboxAutoResumeConfig `json:"autoResume,omitempty"`
 
 	// Drives aenvd extension (E2B's API has no such field): extra block drives, in order /dev/vdb, /dev/vdc... of the guest (after the drives a snapshot given as templateID already carries); at most 4, and only templates with free drive slots take them
 	Drives     *[]SandboxDrive       `json:"drives,omitempty"`
@@ -424,8 +429,11 @@ type NodeVMM struct {
 
 // ResumedSandbox defines model for ResumedSandbox.
 type ResumedSandbox struct {
-	AutoPause *bool  `json:"autoPause,omitempty"`
-	Timeout   *int32 `json:"timeout,omitempty"`
+	AutoPause *bool `json:"autoPause,omitempty"`
+
+	// Memory default true; see ConnectSandbox.memory
+	Memory  *bool  `json:"memory,omitempty"`
+	Timeout *int32 `json:"timeout,omitempty"`
 }
 
 // Sandbox defines model for Sandbox.
@@ -561,6 +569,12 @@ type SandboxNetworkUpdate struct {
 	AllowOut            *[]string `json:"allowOut,omitempty"`
 	AllowInternetAccess *bool     `json:"allow_internet_access,omitempty"`
 	DenyOut             *[]string `json:"denyOut,omitempty"`
+}
+
+// SandboxPauseRequest defines model for SandboxPauseRequest.
+type SandboxPauseRequest struct {
+	// Memory default true. false keeps only the filesystem (the guest is asked to flush first; writes it had not flushed may be lost, as after a crash): no memory image is kept, the resume cold-boots the sandbox from its disk (a new boot, no processes of before), and traffic does not auto-resume it
+	Memory *bool `json:"memory,omitempty"`
 }
 
 // SandboxRefresh defines model for SandboxRefresh.
@@ -830,6 +844,9 @@ type ForkSandboxJSONRequestBody = SandboxFork
 
 // UpdateSandboxNetworkJSONRequestBody defines body for UpdateSandboxNetwork for application/json ContentType.
 type UpdateSandboxNetworkJSONRequestBody = SandboxNetworkUpdate
+
+// PauseSandboxJSONRequestBody defines body for PauseSandbox for application/json ContentType.
+type PauseSandboxJSONRequestBody = SandboxPauseRequest
 
 // RefreshSandboxJSONRequestBody defines body for RefreshSandbox for application/json ContentType.
 type RefreshSandboxJSONRequestBody = SandboxRefresh
@@ -2824,102 +2841,107 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H17b9u4lvhXIfS7QBNAidNkpviti/0jfe0U00fQpL13MS2mtHRscyyRGpKy4w3y3Rd86WFRsuTY6dzF",
-	"/NXUosjD8z6H51B3QcTSjFGgUgTjuyDDHKcggev/CUzjCbt9+0r9h9BgHGRYzoMwoDiFYFx5HgYc/swJ",
-	"hzgYS55DGIhoDilWL8p1pgdLTugsuL+/V4NFxqgAvcprzhlXf0SMSqBS/YmzLCERloTR0R+CUQ1NMeM/",
-	"OEyDcfD/RiXwI/NUjMxsepUYRMRJpiYJxgGmCOwzB51e/lIIMqM3kGYJlnCDZ+IT/JmD0HBknGXAJTGQ",
-	"SjzT/xIJqfBsLQxSfPvWPHx6dhYGKaHuv6EbjDnHazVWYj4DvUodUDkHJC04CAukkI0Y1/+OJZ6hIzVi",
-	"kpMkRnKOJVK/qYfiOVoROWe5RIxCiNQwNYmQZvRxEDaIUSXcbw6k0Oz0WzGcTf6ASCqgDbYgruKriSi9",
-	"nGGbBoq2I7GOqAaIMxGExQo+GF+oZ+/Y7DWVfN0ELoElJOoPoHmqpoxhks+CMCB0yoIwWGFOgzAwzPIt",
-	"9BAZhMAz8MIuJGT+TZEUhMSpfjplPMUyGAcxlnCiHm0nTfF+CUBo99KKhGuJZS4+AbYitIEIgyL7v4Ie",
-	"XdJVR+19k6l3wM3GRt0Mvk29ZJRCJK+N3vEIKEmB5bKGYkLlxXmgZZGkiuBnxcSESpiB0QiNtV5BAhJ6",
-	"6QWjDvfP63reDmEsNGcdnIjF0FQr8GeOE6GVwi83N1dIaN4IwiamNrHTRdUNiPXSYScN3zC++AQiTzyI",
-	"BLehHho+dOZn23jHLV4qvyNCQtzKUDgh2E+4KCFAZYuOi7L8JcupnxGb6I2JWFyT/4H3L3q+ADS+lH0V",
-	"iRq+jL8AF8RoAY9CSxlf9149BYljLLUpxnFMFIPh5KouiS2MXmK+5lx4dAXmEgbtUjE09GSGaz1WgWXl",
-	"2wvGpgoux4Y136fghSrcjkoVbqhgukZ0B3udUj7h+QCrDl5N2Op3RSdOQf6OowhElRYTxhLAVE2Dc8mu",
-	"cC6g/bES0bQvOi+LF14yOiWaHDEnSwPYhh+m9ojgVgJV20RHr89fPBHo8uotmitvhyGRR3M0JZDEx2M1",
-	"kGM0SVi0QGbKEBGKGI+Bo1EMy9EynoTur+j09BSxqdZyM6Ws0RGeSuD6B/M6wkhQnIk5k2hGlkCVj1WS",
-	"FuGEA47XKMJcmcbj5whLlDIh0U8hwjRGjCbr4gWhXS405WDnRyJhUiCJF6AWTZVf0ceyWky+UnP4DCvQ",
-	"5Rds3PLdZW4/kktBrhhf9NzRBzO6ZAwBUc5bOK9THMOqfa8zlYCI0dhrzbbY/RYBbxM+yzm9fQAf/j5Y",
-	"+9wU3whLiF9efe6piItX3rco8Gc/ed+LWJqSlshDsJxHgMwQZIR1hYWOICSacpb6dO9AgxdxwBLeYJLk",
-	"3Oy+D9T6petc67Xeb8XWKDR3aiIo9VxpDL1T39aUnr5hEie90ave+CwgHvTCVgWhuOaVHngfBgnD8eUS",
-	"OJ7B07RuIlk+SSr2kebpxJltxSR9ljHsVL4zbPvmnUEIoCxuE3lrZ6EXfq6LwdYfyEU10NOKXZlejglV",
-	"8/uiu2WHo7RM0z5gfHn/vunLmy0WYJULmWk9boJD+wZK6yxZY7cqusK6RvFpi6ZMNUTzW4v+euVYti5X",
-	"qzlwbfeQ2u8TgThjEmn+RomyjsqAztkKESnQl/cCccDR3BnKjSQCjhZAY4+yl0wxfoyOErwGDjEiKZ6B",
-	"OEaMoylJ9D6atoNjKjLGPXovnyQLnWGZxOhoodynxHkcsCQRiONQPTsRLFqAREcfXrxCQnJMZnOJJNP7",
-	"/fL+/XGoV98ayruNVWFqw/P7QmjrICscclCYgFgjcgZSwUE4MsxicRIWGE8xXStKSEIjaZ8inlMlCHqG",
-	"FGcNGphhzeWLeaqLGdyreTKI0WRdnb1nnGktoxPYCEdzOLFI1RQ5gdsNfJUU5kWewyO4nk1sbD5Tf+Pa",
-	"jvpAvZm+MBGwhSV0GDQgtFH5uqrk6hTIlJse97Srdkc9R0ulQnqN3dijWyZ00Lm5Wvendd7LOaYzj+ez",
-	"k6LeAMnO0QaA0shNjyuKTCKwafOVF869j1qZbAMgO0VoV/EBZiKmjuRDd5S2z2TXvhMgMUsx0ViieZJg",
-	"5ZHYcwFvcuJS258btgC/+G5LYHTnErYFFRxPpyTagGEL3DukBrbF9m2xdDNLRhVgsY8rOmj7CiQmyRAK",
-	"64TCW5tPuOxIJ/zQXNgAVuuZkhhrg26p+ETYFIR9eYdw/i2dMn9IPziL91BBScgUonWU9E3svCvG/6g0",
-	"4UOTDX9nGYdnGWu5qO3SwihUZSREcIsjmaz1Aza1zqHyQ4WChLzwu5melcpzUMbLrB2Ji+PQMq+HiEAY",
-	"RSxbnzB6suJEAloSWGkAZCUQMcenpXSzFT0O1YR6KjWASAHJ1CT2lCfykSbrwO9vmmfe9IJJPwrQGUc1",
-	"9EQnDg0IBiU2Ial+r5zNVhSrw5cHM5ME0wVS+1QqDy1ZkqdgUp9EaESjo6enp89+/vniGXpPXoRIZJgL",
-	"UEGK3azFAcIJo31d3U5e0YquYWBMDNWBpCfCYmUZTzRwLq177MN6C6/UTs2r3FJyiJUancRCR3gigEq9",
-	"nsOmQeLxNlrvQCcz8xNDmB2iCovDChwdcvvG6svNU8E2I5ziW+MsupoF+z9vzLAlA4t0PB/NSRLrgP+h",
-	"KVkDdcdm31UtWtN/Lo8xmlRj9KbcjQs9FiRJXGCzPeyoLFGdrwte5vHoEkLh4FUDepFuyFoqJvRZzAOP",
-	"Hg5adXHI4orQbb8bdWIv9RWbpPB4jQmb7TLf1mIDPW9YBbpjw+9BchJ5lMzAc4As/ywgvorqL0wThqUv",
-	"hV0kPgdm4vtnrofMnkI6YPLBPFp55TMlt72W6eDr+mQ1f7FChnJXFXRUEFmlQQd/1P1w/1H1R6N4+9bG",
-	"2Hj0Kp8kJLoxMbtfr8dA14MnT7FY2AKfX5jwGDj1K5oDjoErN4ubsaagJuPsdq1ciRXmsXApYetfPUf/",
-	"uLv6+OnmXrmoHLIERyY9qt9kXJ4aG/wO6EzOg/H5zxdhn2PEOqo/Z+6ka2+o7ldLsAO2O3bzCaYcxNzj",
-	"ReYcSxvWtnswF89qLsyw7Ne1C+2KNORmntNnl+zLFVdibzVpm6K8xbUA8U8i50Y1e8xR7SStzZD3MCZW",
-	"9zcRuZmSLdbzwmz9c3/MsNN58qA43sTI7/Da1jr3SmgMyn/oktxhYschY4JI74lPebRWhDbawUYTWDMa",
-	"m7iPshjGyIY2qznQ4iyuKK5xL5drPUcZ0JjQWYjyLGG4+ifoWHuKSQIxOrIhsXtRV+Id6xBKhdi2ZkAy",
-	"RKQ/hqq96E+vMyanYhBZtqR4HJ/tkBveZOhyKkfdeoamlropeXKD2TY26RMOV3Xakq0dyla60mGIPHXV",
-	"b0/KwuKqrtQ/G2W5wkSav9w5TrtXf3hB36G4cq/VkjuogUz7OC2phgyvqBdlbX5n9+lHrv2GARjtSlc6",
-	"vumVjbS7DAuerstMCVidJHUO7JKeSzXvJ9tq4jlZ7cDyzglbO2kXWLqG/g1J4LPWsB7AOAjbB9OELOfJ",
-	"dpDcDFvB8FvfLvE/RNNAI6TtYSjdKezWhWs9EN6yoB1V1848UkpJUQvUL/iukc4GK18uOo70Noo2IOOg",
-	"K4AaUh0GuQBkahhpniTbNHN3krBTQ5avnv//Nn25l2YKRSGctlGnG7nXEnP55dyTCmM8akknTjlL36Zt",
-	"KSr1tGrWvRnm9cs0bj+oan8IWX9pdEBcS8j6hWbuDctxTqO2ct5O7kmLutmz9dyFhx4s5R5D57zH1tae",
-	"GpWaaOZDt6FLs37BJrJuMmc7V5tftu5cPe3axw2eDbMzO3h60qyxrcVxVndUinW6wDfZldYGsJLlGjGb",
-	"nNvug+JwighkxqMjW7+HaayjKi4hfo5gCXyt+yEWsNalySaA00eJ5qGby3dqeN9jG20u0WBp8zSs+fn5",
-	"nzCZM9aaENyB2h1VMGEAS9fR3F9ESNyqgVpCxxbr0tNJI9oMm0lC1+tX9YDdDs18xaa60Kvf7qwYimGK",
-	"de9drUbGi7qNAz4T6J4WJSSndxbYcEGSBOLQJMlCbsrawinjC4jv0ZH15DWbR3OIFhlT9j5GmAPCUQSZ",
-	"mgRRxdtI+a3H1SqbrXRrJZAgM4plzuEaIu7rtFYD7IllDAlRojVGcD45Kd5UwqqEN6cZjmOI0QQLePaT",
-	"ksrrXy5Pzn9+htjSCrjQq6ApSxK2KjO8ExZ7qwcsj2yU9UqZIcaR+legz5/e6SkMSTS6rj5e30CMJNsa",
-	"mPXlmbbE8d7lawid+ktUMwep+4uIXF8rh8fs5TIjv8L6Mpfz4iYDk8kv7zL418nl1duTX6FCK6zfMncJ",
-	"EBso1cl1MwcUMSo5S7TCZlP0XZfHfA+Rcr2wJJMETCWJaXOzml8NFsy075sH169+FWjF+ALlNGUxmRKI",
-	"T7/S11rf6yAEYSpWwAX6fvdVN9p+Dcboa352dhFVGnr1DxCir+4gU48KTk9Pvwb330+RQgJQaS9XGLsT",
-	"je/F/r+ffqX6uEgmCgmXM6Dy9YcvxgYpuI9en784KXd3XGllGAdnp09Pz/ThegYUZyQYBxenZ6cXOocu",
-	"55oaI8M9o5VhQP2bvQlBMaAG7G0cjHVz7j/doI1bI87PzgbdGdHLN65bqaa1a1wqUel0cLsJEUtiEBJN",
-	"CRfSnJBYletfvNhW9e6KzJ5B1RFi9LuF0l66AUK+UCpmXxdo1E3JfV2tKKNx36DE070vbgnQRDiHGRES",
-	"FDA7YfY+bLDf6M7+9fbVvRHxBIxCrCPfXAhQRX4NCT95+kpoCe5znSK3iXZnbggYrR5zlmW7bin0C89/",
-	"gWyF9ezxCKYkxOJ3Z1moXErzm/cimoKAgy6i+aZ1UjRv4s7YxEeRM2t+e8nZjyEbwgJZF253mZsDToz1",
-	"bWPWX8yIPnJlvC2uHC+iYKuZ/WD82ze9ZFoehHrv2bniLFXhWS6QHeo6x7WpOyocXVTAaru9VShFozWa",
-	"EyHZjONUmOpWaTquMsYSEaLi/PP4NAib+3XntFupLOFWjrLEFrl33qvUukE1B4Jbff5GGEU2xPLiTe2+",
-	"2yZ/0CMewyDrVuledtgefu7OoXrbozvTp3nfxakfXIvXgYTTbLrd2TicHi2aVIcpUW+9jO7dqoiTCRaN",
-	"pKjQUFh/Fv18doFWc5IAglvdVjgrRQctADLXR6j7O1O8AEQkMpc04JkSi03pujY0unbZ9UOo70ZbWy8N",
-	"3qbM9ERKmREtm9ED+LhW5tEqwteVPuENvtjwYXhyAlSFGzFa/OcSZZhwgf5ghJoQV8Ub5890HWcwDv7M",
-	"ga9LfipaQLZw0OEVSf2enx4axTWHimpL+b49eQfPgVi0vCzmkd342rIedreNBysskM0h7YHftxp8rYtg",
-	"pdsycJolul1CZ382iK0PwmJ0lNMFZSsaIpPZ0qqLMonW4GaIEaPWh09gKhHLdfKqYTIKcSutfqfURSxN",
-	"8YkANUhCXABGYoGO3H00T8/O1GJwmyW6b3qKEwF+QbTv/05i0ande99suJncEXKt0wXKsQgeLNI9eKte",
-	"7OZhtBqlhVJVJRL3wW13ReVPZ9T4K0mSqphvMwcml7rvSLAVgr3TxbaZdkv+njwY33vlkFFZmnX/rZV2",
-	"o8jcKbh5++mw6VvVfP3CwsPo+Y1F7ptXrB6Azj4KE6lVutWmz5GtWTW9grHh6kcyMw4UcxaxZ3kfTV2H",
-	"1d4Z5g3ji8NyS7VJ7ABuQS9vrHIHZA9XjFHQhEwkyoCb5rLKJXBHuNDsOklusuXH+6a5K1LaomLfmUqe",
-	"bp+akluUkiQh5b1lXqstMZc137lHA8idd6qEpKQ+VYGbp2fKoHd2BW7rC3wMg68R22JWOERAJUqIcsZq",
-	"1/9FjAqWQHGtj3Lh8AyoPDZ3+Zmx+hfTC4wSNgtRCnxmj/BICvWU/nNEFUeakNU2BvyF7FnTC25j1Z6+",
-	"qObWgzDq4HXMrUlDVnmU4LKtMaLz2Mg5ppWc4xNhUop8jY50U70+/JvCyqHF3ektJJqznB/rdCShprP5",
-	"9BRovMmqeDO2eSJcDEREcbOlWkw3+yxxoib4K/Fz5QKIB5nbXLbl+euNVIc1u/VurYfkjGDGQQiUsYRE",
-	"6z2njmoEyNwVRPv3dvTtRkOio4eo2/YdctN0BuIwu7Q9bY/i1rn+OW8Q4EFo1TXfL0pd3/0+8FmpXLYp",
-	"i00Mq9UOi+CN27q8CH6U0OZAMY3rbjqQENiEp7s/93AZT7fCoQlU7V9sM/Gu1+4oF/qWlvpN04za7Ofe",
-	"Y5VKz+n+KXldOJCu5/WgGs0tsqutFCAfgN6qULQfphSj/Ids/mSs6QBpPRZpCeRsnejg97oDwPAht8K0",
-	"ggq30lxV9sOPf+rSut1BL+geOm/Z+tP/OvkAt/JEb8t8dMd473ArUYZnsAdWG92VjaY9CpJqKnWbMJip",
-	"9p9eboXh7Ico3MOdkNd6gAeckisKF98M6FQmN8WoxxCMoiWpT9RafPOAUbSHiotivpFtjBnd6T86iy9q",
-	"zZ2H5Dd/F2kL45Xf66JI78HohsPxIS62vxsLjlwnVLdyqX3m6zBmvv07S7tafA4pWz4gKef1epqfiTsQ",
-	"Ptq/R/fIh/jeT7218T+eKW2wMh+rM7/wGcgn5sMR8T6UxF3pOt/359wfaRbbYdi/mtqmmQ6nimpdj7tV",
-	"3zY89lrH3BOBXKOclJxMcmWCjkwnRbPawqTWaqjfv5D6+wIfuYi3patvCyM8eZBtahfJkRZ0MbqzvZX3",
-	"o7LTfpuAVBr1+4VQCZuJj9OpgJaQ5mzwrZOHjZqGLGlvHSyX3O3GxIOeyTUvkWjhOs0MWoCNdxSjhM0Q",
-	"mEsOzE2sJS0Ro385NRV6Jyv7h3d2wGqyo9uzR3dzLOa9vN839isnBzP+bZeVeMhcbXIubppS/zGfA9EN",
-	"zC8/Xv03EhIydISVa4Awj+ZkCWiydo2Ux+ZTJfaaK2bvnzKfhvn3YApFvcEm0H8spbbepHUfO8YiCfJE",
-	"SA44rZO70FUTQjH39KT2di+bn+OBvXt4RYCyTRQKV/yxQuUb3Ls1sGJz1XZCxe6aWf5yzpgixPJ8aPH4",
-	"l/N+5rpXHXi4pQh27I6yw+KrMy21CHKnDGm/dOWPSa9uSBzjEsWEQ6SbeSZrUwBga1VwxJkQOhspniOM",
-	"in0hItASJyQuboA3BVS2Vi7FsWlVbkGsHuzfooZP31hgPBWs/6d/9F2hvbmfT29eoouLi//QGxibD2yW",
-	"LSDu2nYsdX2X/pynxnVrJQrEl2rUMG7r/V3SRAI/DlE/oNV6+lsIE5gyDlsBf6GHDYS8crdI5dMIGxDZ",
-	"Qnvjc5nvxpcxkg+iyuN/t+aNYtfPXX97LW+vL8ZMFTk4pKaByAzTkFSHbum4O1xLiNasfzeF7OpTVE3Z",
-	"j6r2PhgJ/673Ply99/J86DGNJfP/5YOaKlK6cz4eufpLhuKttQ3KCtdi34NJsfe+wV4q+bwZg5lvGVsf",
-	"4gGEvqhzf5ehcvB/uXgMBJW3XfZH0V6haF5+uP0oMNZ3fujKAZMIC5G9YLTwwC3hMoh2pFq9g79+1dFv",
-	"3+6/3f9vAAAA//8=",
+	"7H17b9u4lvhXIfS7QG1AcdJkpvitg/0jbac7xfQRNGnvXUyLW1o6tnktkRqSsuMN8t0XfOlhUbLs2Onc",
+	"xfzV1KLIw8Pz5jlH90HE0oxRoFIE4/sgwxynIIHr/wlM4wm7e/ta/YfQYBxkWM6DMKA4hWBceR4GHP7I",
+	"CYc4GEueQxiIaA4pVi/KdaYHS07oLHh4eFCDRcaoAL3KL5wzrv6IGJVApfoTZ1lCIiwJo6f/EoxqaIoZ",
+	"/8ZhGoyD/3daAn9qnopTM5teJQYRcZKpSYJxgCkC+8xBp5e/EoLM6C2kWYIl3OKZ+AR/5CA0HBlnGXBJ",
+	"DKQSz/S/REIqPFsLgxTfvTUPn5+dhUFKqPtv6AZjzvFajZWYz0CvUgdUzgFJCw7CAilkI8b1v2OJZ2ig",
+	"RkxyksRIzrFE6jf1UFyiFZFzlkvEKIRIDVOTCGlGD4OwcRjVg/vdgRSanX4rhrPJvyCSCmiDLYir+Goi",
+	"Si9nyKaBou1IrCOqAeJMBGGxgg/Gl+rZOzb7hUq+bgKXwBIS9QfQPFVTxjDJZ0EYEDplQRisMKdBGBhi",
+	"+RZ6DhmEwDPwwi4kZP5NkRSExKl+OmU8xTIYBzGWcKIebT+a4v0SgNDupRUJNxLLXHwCbFloAxEGRfZ/",
+	"xXl0cVcdtQ9Not4DNxsbdTP4NvWKUQqRvDFyp7mjFFJmjrzOUjFMcZ5IpETTCE1xIgBxEHkKAmGU4VxA",
+	"jKw0Q1POUkSkQDERC8Rosh4jIlHEkvhkwpgUIcI01iPMeoikeAaICESByDlwpOejjKNojukMYjQgEs0Y",
+	"CM2gmjHtas/US3fSwKC4fEGSZDhCHxiC6RQixcoII55TSuisgJFxxeIOcsf1dvsF4iaMJYCpIz+Wyxrx",
+	"ESovzgMtpUiqWOGseJNQCTMwsrJxCq8hAQm9JKZRFIeXAnreDjFV6JQ6OBGLoUkd8EeOE6FP5dfb22sk",
+	"NNcEYRNTm9jpovcNiPXSYSd1v2F88QlEnngQCW5DPXRf6BTztvGOj7yn/I4ICXErq+GEYP/BRQkBKluk",
+	"f5Tlr1hO/YTYRK9iwRvyP/D+Zc8XgMZXsq+IVcOX8Rfgghj56BH1iqN6r56CxDGW2kjBcUwUgeHkum5E",
+	"tBB6ifma2eWRophL2GmXiqChJzHc6LEKLMvfXjA2lVM5NqxZhQUtVOF2p1Shhgqma4fuYK+flI95PsCq",
+	"g1YTtvqnOidOQf4TRxGI6llU5CTOJbtWUnXL4/ctmsbolhQvwAgUK3efCaRePTFifkoSEGshIT1R6gUN",
+	"BACy0OvZrTwdGaQMLxFl0qgONcsnrbkQUDxJlG756exsOEKvKzruEpEZZbyiGsp9hS3bMrP2pJKr4oVX",
+	"jE6JprKYk6XB94bhrY4OwZ0Eqk4PDX45f/lMoKvrt2iuzFuGRB7N0ZRAEg/HaiDHaJKwaIHMlCEiFDEe",
+	"A0enMSxPl/EkdH9Fo9EIsanG9UzhDA3wVALXP5jXEUaC4kzMmUQzsgSqjOqSYhFOOOB4jSLMlS00vERY",
+	"opQJiX4yml6fkXvBqvApBzs/EgmTAkm8ALVoqgzJPqaUxeRrNYfPkgK6/IKNH7a/KDmMQKIgV4wveu7o",
+	"gxldEoaAKOctDNUpZWpmS52oBESMxl4lvcWcaZFbbTLFUk5v08aHvw/W7GhKpQhLiF9df+6pX4pX3rfo",
+	"pRc/ed+LWJqSFldTsJxHgMwQZJh1hYV2GaU2hn0qZUc9HnHAEt5gkuTc7L4P1Pqlm1yL695vxVbXNXdq",
+	"XGb1XEkMvVPf1pT6uWUSJ73Rq974LCDe6YWtAkJRzWs98CEMEobjqyVwPIPnaV3zs3ySVMQ6zdOJs0ac",
+	"jtq2jNVmxTu7bd+8sxMCKIvbWN6aD9ALPzfFYGvm5KLq2WvBriwKjonyn7zu/LLD/lumaR8wvrx/33RR",
+	"zBYLsMqFzLQe68ehfQOldZKskVsVXWFdovikRZOnGqz5rUV+vXYkW+er1Ry41ntI7feZQJwxqT1ngRKl",
+	"HZUCnbOVdpe/vBeIA47mTlFuRI1wtAAae4S9ZIrwYzRI8BqUWaM9bjFUfrA2pnx8LDmmImPcI/fySbLQ",
+	"IbVJjAYLZRUmzuKAJYlADEP17ESwaAESDT68fI2E5JjM5hJJpvf75f37YahX3xq7cRurwtSG5zbDUuGQ",
+	"g8IExBqRM5AKDsJrUQgbnFCjU0zX6iQkoZG0T4tAgpohxVnjDMwwTwTFzVMLeWjcq3kyiNFkXZ29p/ts",
+	"NaNj2AhHczixSNUncgJ3G/gqT5gXgS0P43o2sbH5TP2NazvqA/VmvMo49haW0GHQgNB2yjdVIVc/ARPT",
+	"6alX7Y56jpZKhPQau7FHt0zooHNzte5Py7xXOvrV3OJegnoDJDtHGwBKIjctrigykd+mzldWOPc+aiWy",
+	"DYDsFKFdxQeY8Zg6Yirdzmef6OYlUr5kPU46eqK44KFjRTFLMdGYp3mSKGfXXS554zhXWqfdsgX4RcK2",
+	"WE932GWbo8LxdEqiDRi2wL1HFGVbGKTNP28GFE30wEdpHWf7GiQmyS4nrGMvb23o5aoj8vJDw4Y7kFrP",
+	"MMd4I8pvwhr25T1CBG/plPnDBDsHPB/LKAmZQrSOkr7BonfF+B8VUX1sAOOvgOzuAdlafGs7tzAKVR4J",
+	"EdzhSCZr/YBNrcGpbFuhICEv/aarZ6XyMp3xMhJI4uJOvYwVIiIQRhHL1ieMnqw4kYCWBFYaAFlxbswd",
+	"fMndbEWHoZpQT6UGECkgmZpgobJuPtJkHfhtWPPMG7IwIU0BOoqphpqAsQHBoMQGOdXvQ6+Kd/jyYGaS",
+	"YLpAap9K5KElS/IUTDiVCI1oNHg+Gr34+eeLF+g9eRkikWEuQDk+drPuRhInjPY1nztpRQu6hoIxflkH",
+	"kp7Z+9rBMp5o4FyoeOjDegut1FIvqtRSUojlGnNLPMATAVTq9Rw2DRKH2856j3MyMz8zB7OHp2JxWIGj",
+	"g2/fWHm5eYHapoRTfGeMRZf4Yv/n9UO2RHWRjhFEc5LEOojw2DCvgbpjs++qGq1pk5dXI81TY/S23I1z",
+	"ZxYkSZyztN2VqSxRna8LXuax6BJC4eipJ3qRbsha0m70/c4jrzOOmrpzzAyd0G2/G3XiIEk6m0fhsRoT",
+	"Nttnvq15GXresAp0x4bfg+Qk8giZHe8WsvyzgPg6qr8wTRiWvrB4EUzdMbrfPxq+y+wppDtMvjONVl75",
+	"TMldr2U66Lo+Wc1erBxDuasKOiqIrJ5BB33U7XD/rf5HI3j7phFZf/Q6nyQkujU+u1+ux0DXO0+eYrGw",
+	"d/e/MuFRcOpXNAccA1dmFjdjTapAxtndWpkSK8xj4cLM1r66RH+7v/746fZBmagcsgRHJuSq32RcjowO",
+	"fgd0JufB+Pzni7DP1WQd1Z8zd3t2MFT3S7vYA9sdu6nmUDwuSXABkAmbADCvJm4YB8CY58ppEAuI1ZFN",
+	"k1zM0ZRwIS+1YQ0CEYnmONY5HPoxxCjFazQBlDAhQ4QFMjkLGEUci/lwjChr5BYuIJMmp9dkLlYSEmuG",
+	"eD19cYARhRVSw0I1a8aZuflR5DeBKePKmFdulY1goZiB0LDqhBW7FpEe16LjBD7BlIOYe+z4nGNpAwvt",
+	"NuTFi5oRuVv88cY510VweTN67bMM7MsVY24j93v/QOmmMN1i3IH4O5Fzoxw9BkHtfrTNlOqhzq32bSJy",
+	"M9BerOeF2XpIfq9tryyBnSIphkve4bUtWegVUtopAqUz63cTfBwyJoj0SpnywrRwLrWLgyawZooNledN",
+	"WQxjZJ3L1RxoccNapEy5l8u1LlEGNCZ0FqI8Sxiu/gk62jHFRCeM2aCEe1GnjQ61E6vkhs0EkazG9VUv",
+	"tvai/9KEMTkVOx3LliCbo7M9ovObBF1O5U63HiOrBc9Kmtwgto1N+pjDpUi3xMt3JSudv7ILP3WVYUzK",
+	"+oCqrNQ/G2G5wkSav9ztXLtfdXxG3yMT+KCpvXuIgUxbmS3BngyvqBdlbZZ/9/1Tri23HTDaFTB2dNMr",
+	"Hmx3GRY0XeeZErD6kdQpsIt7rtS8n2zFmOe+vAPLe4fM7aRdYOlSmDckgc9awnoA4yBsOVsTspwn20Fy",
+	"M2wFw699u9j/GLU/jaBCD0Xp7ta3LlwrZfIme+0puvamkZJLigyvfuGP2tFZN+XLRcel6qafknHQeV0N",
+	"rg6DXAAymak0T5Jtkrk7TNspIctXz/9/m7w8SOWPOiGctp1ON3JvJObyy7knGMl41BLQVf7T27QtSKie",
+	"VtW6N8a/fpXG7VeF7Q8h68+NDogbCVk/59i9YSnOSdRWytvLPGkRNwfWnvvQ0KO53KPonPXYWodWO6Um",
+	"mvmu29ABiF+x8aybxNlO1eaXrTtXT7v2cYtnu+mZPSw9adbYVqk8qxsqxTpd4Jv4VmtkqCS5hs+myzpr",
+	"14NEIDMeDWxWJqax9qq4hPgSwRL4Wle5LGCtE86NA6cvc81DN9ewZ3BlcxttJtHO3OaprvTT899hMmes",
+	"NSS7x2l35CGFASxdY4L+LELiVgnU4jq2aJeeRhrRathMErrC1KoF7HZo5is21YVe/XZnzpYNVm5kKXlR",
+	"t3HFanMCiySe0b0FNlyQJIE4NEGy0ET+4nDK+ALiBzSwlrwm82gO0SJjSt/HCHNAOIogU5MgqmgbKbt1",
+	"WM1z2npurQckyIximXO4gYj7GiaoAfbOOIaEKNYaIzifnBRvKmZVzJvTDMcxxGiCBbz4SXHlza9XJ+c/",
+	"v0BsaRlc6FXQlCUJW5Ux9gmLvfkblkY2krWlzBDjSP0r0OdP7/QU5kg0uq4/3tzqgPFWx6wvzbSF7g/O",
+	"X7ucU3+OasYgddUYkesbZfCYvVxl5DdYX+VyXjQkMXcpZUuSf5xcXb89+Q0qZ4X1W6YlCLGOUv24bueA",
+	"IkYlZ4kW2GyKvusEpe8hUqYXlmSSgMnlMcWLVvKrwYKZLhzmwc3r3wRaMb5AOU1ZTKYE4tFX+ouW99oJ",
+	"QZiKFXCBvt9/1VXhX4Mx+pqfnV1Elepz/QOE6Ku7StajgtFo9DV4+D5CCglApe2RMnZ3St+L/X8ffaX6",
+	"wk4mCglXM6Dylw9fjA5ScA9+OX95Uu5uWClQGQdno+ejM53ekAHFGQnGwcXobHShY+hyrk/j1FDP6coQ",
+	"oP7NNjRRBKgBexsHY11J/nc3aKP5y/nZ2U6tX3rZxnUt1dR2jd4wlfoVt5sQsSQGIc1djrmjsiLXv3ix",
+	"rWoLmszeAtYRYuS7hdL2zgEhXyoRc6g+OHVV8lAXK0ppPDRO4vnBF7cH0EQ4hxkREhQwe2H2IWyQ3+m9",
+	"/evt6wfD4gkYgVhHvuleUUV+DQk/eaqFaAnupQ6R20C7UzcEjFSPOcuyfbcU+pnnv0C2wnr2dAemOMTi",
+	"d29eqPSW+t3bT6o4wJ36SX3TMimaN3FndOKT8JlVv7347MccG8ICWRNuf56bA06M9m0j1l/NiD58Zawt",
+	"rgwvomCrqf1g/Ps3vWRaXoR622Vdc5Yq9ywXyA51/QC0qhsUhi4qYLU1/MqVotEazYmQbMZxKkx+sTR1",
+	"dBljiQhRcf85HAVhc7/unnbrKUu4k6dZYssMOtujtW5QzYHgTt+/EUaRdbG8eFO779bJH/SIp1DIugC+",
+	"lx62l5/7U6je9um9qb596KLUD65w70jMaTbdbmwcT44Wpce7CVFvxpKuyKuwk3EWDaco11BYexb9fHaB",
+	"VnOSAII7XSw6K1lH59G46lBdtZviBSAikWm9gWeKLTa568ac0Y2Lrh9DfDeKFXtJ8DZhpidSwoxo3owe",
+	"Qce1NI9WFr6pVH9v0MWGDcOTE6DK3YjR4j+XKMOEC/QvRqhxcZW/cf5CZ9IG4+CPHHS9oKWnoghnCwUd",
+	"X5DUm1L1kCgbjdNMo4BDW/IOniORaNnZ6InN+NqyHnK3GWcrLJCNIR2A3rcqfC2LYKULY3CaJbpgRUd/",
+	"NrvkKfKN0SCnC8pWNHTt8pTookyiNbgZYsSoteETmErEch28aqiMgt1Krd/JdRFLU3wiQA2SlRaDJBZo",
+	"4LoMPT87U4vBXZboanideehnRPv+P0ksOqV77walm8EdIdc6XKAMi+DRLN2DturJbh5Cq520UKKqROIh",
+	"qO2+yPzp9Bp/I0lSZfNt6sDEUg/tCbZCcPBzsYW+3Zx/IAvG91455LRMzXr41np2p5Eped9sYrzb9K1i",
+	"vt539DhyfmORh2an5COcs++EidQi3UrTS9fDzlRrxoaqn0jNOFDMXcSB+f106mrcDk4wbxhfHJdaqmV6",
+	"RzALelljlYalPUwxRk3qeiJRBtyU91Va+w1wtbut69Y9PPSZuySlLSL2ncnk6bapKblDKUkSUnaj82pt",
+	"ibms2c49SnDuvVMlJCX1qQrcPD9TCr2zLnNbZeZTKHyN2Ba1wiECKlFCKIh6U8eIUcESKJo1KRMOz4DK",
+	"oenQaMbqX0w1NkrYLEQp8Jm9wiMp1EP6l4gqijQuqy0M+BPps6YV3EaqPW1RTa1HIdSd1zG9sHZZ5Umc",
+	"y7bCiM5rI2eYVmKOz4QJKfI1Gui2BvrybworhxbXml9INGc5H+pwJKGmtnw0AhpvkmqjA7juG75y1UfW",
+	"k1CL6XKrJU7UBH8meq604HiUus1lW5y/Xsp2XLVbr5d7TMwIZhyEQBlLSLQ+cOiodgCZayx1eGtH19s9",
+	"iblTq+zzWsgeND9GuLfjk5sSNxDHwamtoHsSrLpqvb4IrToCh0Wp67NwCHxW8qRtgGQTw2q14yJ4o+Ob",
+	"F8FP4kgdyYNytVRHYgIbXnU9mI8XX3UrHPuAqtWSbQaFq+wb5EJ35al3K2fUxloP7hlVKlwPf5I3hbnq",
+	"KmyPKtHcIvtqZgHyEeitMkX71U0xyn+l5w/9mnqT1kuYFrfRZqXu/F63uxk+pgtQK6hwJ01ruh9+2VTn",
+	"1u3uQHHuobPNrfX+j5MPcCdP9LbMl7qMr2A+/DODA5Da6X1Z1toj/akmUrcxg5nq8MHsVhjOfojAPd59",
+	"fK3ieIc7eXXCxXcnOoXJbTHqKRijKIDq4yMX381gFB0gv6OY79SW4Zze6z86Uz1qpaTHpDd/zWoL4ZUf",
+	"+aNI78HIhuPRIS62vx8Jnrq6q27hUvs24HHUfPsnyPbV+BxStnxECNBr9TS/LXkkfLR/xPKJUwa834ds",
+	"o388U9JgZb5waX7hM5DPzMdH4kMIifvSdH7oT7k/Ui22w3B4MbVNMh1PFNVqLPfL9W1Y7LX6vGcCubI8",
+	"KTmZ5EoFDUzdRjO3wwTyaqg/PJP6qxCfOGW4pYZwCyE8e5RuamfJU83o4vTeVnI+nJZ1/dsYpNIWoJ8L",
+	"lbCZ+DidCmhxac527jJ6XK9plyVtl8lyyf06ZB71BrDZsqKF6jQxaAY21lGMEjZDYFoqmAZn5VkiRv90",
+	"Yir0TlZWK+9tgNV4RxeDn97PsZj3sn7f2C/lHE35t7VG8RxztaS66GtVtNgz5dKvPl7/NxISMjTAyjRA",
+	"mEdzsgQ0WbuyTdu7zjbVYrbblfm80L8HUajT21kF+i/B1NabZ91Hj7FIgjwRkgNO68ddyKoJoZh7KmB7",
+	"m5fNTzrBwS28wkHZxgqFKf5UrvIt7l2IWNG5ajuhIndNLH86Y0wdxPJ811T1L+f91HWvrPNwS8rt2F2c",
+	"h8WXi1oyH+ReEdJ+4cofE17d4DjGJYoJh0iXDk3WJt3AZsbgiDMhdDRSXCKMin0hItASJyQuOv6bdC2b",
+	"mZfi2BRGtyBWD/ZvUcOn+yMYSwXr/+kffS3TN/fz6c0rdHFx8R96A2PTo7UsOHFt+rHU2WS6varGdWve",
+	"C8RXatRu1Nb727aJBD4MUT+g1Xr62xemQetWwF/qYTtCXulkUvkUxgZENq3f2Fy6zF2WPpIPosrjf7dS",
+	"kWLXl66avha31204U3UcHFJTrmSGaUiqQ7fU9x2vAEVL1r9KUPa1Kaqq7Efllh/tCP/KLj9edvnyfNdr",
+	"GnvM/5cvaqpI6Y75ePjqT+mKt+Y2KC1c832PxsXe7oa9RPJ50wcz38O2NsQjDvqiTv1disrB/+XiKRBU",
+	"9tbsj6KDQtFstbj9KjDWHUZ05oAJhIXItjMtLHB7cBlEe55avV9AvbHS798evj38bwAAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

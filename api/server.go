@@ -238,6 +238,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 	if req.AutoResume != nil {
 		opts.AutoResume = deref(req.AutoResume.Enabled)
 	}
+	if opts.AutoPause && req.AutoPauseMemory != nil && !*req.AutoPauseMemory {
+		if opts.AutoResume {
+			writeError(w, http.StatusBadRequest, "autoResume cannot be combined with autoPauseMemory false: a sandbox paused without memory must be resumed explicitly (connect)")
+			return
+		}
+		opts.AutoPauseFilesystemOnly = true
+	}
 	rec, err := s.o.Create(r.Context(), opts)
 	if err != nil {
 		s.fail(w, r, err)
@@ -354,11 +361,11 @@ func (s *Server) KillSandbox(w http.ResponseWriter, r *http.Request, sandboxID S
 
 // PauseSandbox implements ServerInterface.
 func (s *Server) PauseSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
-	var body map[string]any
-	if !decode(w, r, &body, false) {
+	var req SandboxPauseRequest
+	if !decode(w, r, &req, false) {
 		return
 	}
-	if err := s.o.Pause(r.Context(), sandboxID); err != nil {
+	if err := s.o.Pause(r.Context(), sandboxID, req.Memory == nil || *req.Memory); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -379,7 +386,7 @@ func (s *Server) ResumeSandbox(w http.ResponseWriter, r *http.Request, sandboxID
 		writeError(w, http.StatusConflict, "sandbox "+sandboxID+" is already running")
 		return
 	}
-	rec, _, err := s.o.Connect(r.Context(), sandboxID, timeout)
+	rec, _, err := s.o.Connect(r.Context(), sandboxID, timeout, req.Memory == nil || *req.Memory)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -406,7 +413,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, id string) {
 	if !ok {
 		return
 	}
-	rec, resumed, err := s.o.Connect(r.Context(), id, timeout)
+	rec, resumed, err := s.o.Connect(r.Context(), id, timeout, req.Memory == nil || *req.Memory)
 	if err != nil {
 		s.fail(w, r, err)
 		return

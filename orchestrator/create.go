@@ -36,6 +36,10 @@ type CreateOptions struct {
 	// Drives are extra block drives in the template's free drive slots
 	// (drives.go).
 	Drives []DriveRequest
+	// AutoPauseFilesystemOnly makes the timeout's auto-pause keep only the
+	// disks (coldboot.go); it cannot go with AutoResume, since traffic
+	// cannot resume a sandbox without memory in place.
+	AutoPauseFilesystemOnly bool
 }
 
 // Create restores the template's (or snapshot's) snapshot into a new sandbox.
@@ -52,6 +56,9 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	}
 	if err := CheckDrives(opts.Drives); err != nil {
 		return rec, fmt.Errorf("create: %w", err)
+	}
+	if opts.AutoPauseFilesystemOnly && opts.AutoResume {
+		return rec, fmt.Errorf("create: autoResume cannot be combined with a filesystem-only auto-pause (autoPauseMemory false): such a sandbox must be resumed explicitly: %w", ErrInvalid)
 	}
 	done := o.m.observe("create")
 	defer func() { done(err) }()
@@ -163,6 +170,7 @@ func (o *Orchestrator) register(opts CreateOptions) (*instance, *template.Templa
 		return nil, nil, err
 	}
 	s.rec.MaskRequestHost = opts.MaskRequestHost
+	s.rec.AutoPauseFilesystemOnly = opts.AutoPause && opts.AutoPauseFilesystemOnly
 	if opts.PrivateTraffic {
 		if s.rec.TrafficToken, err = ids.Hex(32); err != nil {
 			return nil, nil, err
@@ -226,7 +234,8 @@ func (o *Orchestrator) unlist(s *instance) {
 	o.mu.Unlock()
 }
 
-// startVM brings the sandbox's VM up from snapshotDir (op held): one
+// startVM brings the sandbox's VM up from snapshotDir, or cold-boots its
+// disk when the record says ColdBoot (op held): one
 // sandbox.Start with the sandbox's disk, memory image and agent /init, the
 // generation recorded before the VMM starts and its pid + start time right
 // after. On failure nothing is left running. lap records the stages'
@@ -279,6 +288,11 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 		token := rec.AccessToken
 		spec.Init.AccessToken = &token // "" clears a token the snapshot's sandbox had
 	}
+	if rec.ColdBoot {
+		if err := o.coldBoot(&spec, rec); err != nil {
+			return err
+		}
+	}
 	vm, err := sandbox.Start(ctx, o.vms, spec)
 	if errors.Is(err, network.ErrExhausted) {
 		return fmt.Errorf("%w: %w", err, ErrCapacity)
@@ -302,10 +316,13 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 }
 
 // pointAfterRestore is the fault point right after the VMM started: a
-// create's or a resume's.
+// create's, a resume's or a cold resume's.
 func (o *Orchestrator) pointAfterRestore(s *instance) interface{ Inject() error } {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.rec.State == Resuming && s.rec.ColdBoot {
+		return fpResumeBooted
+	}
 	if s.rec.State == Resuming {
 		return fpResumeRestored
 	}

@@ -20,6 +20,7 @@ var (
 
 	fpResumeRecorded = failpoint.New("orchestrator/resume/recorded") // "resuming" is durable
 	fpResumeRestored = failpoint.New("orchestrator/resume/restored") // the VMM runs, not yet recorded
+	fpResumeBooted   = failpoint.New("orchestrator/resume/booted")   // a cold resume's VMM boots the disk, not yet recorded
 
 	fpSnapshotSealed   = failpoint.New("orchestrator/snapshot/sealed")   // the disk is restacked, vCPUs stopped
 	fpSnapshotRecorded = failpoint.New("orchestrator/snapshot/recorded") // the sandbox's new layer list is durable

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/vmm"
 )
 
@@ -44,8 +45,9 @@ func (o *Orchestrator) killLocked(ctx context.Context, s *instance) (err error) 
 	return nil
 }
 
-// Pause snapshots a running sandbox and releases its VM and slot.
-func (o *Orchestrator) Pause(ctx context.Context, id string) error {
+// Pause snapshots a running sandbox and releases its VM and slot. Without
+// keepMemory only its disks are kept (coldboot.go): its resume cold-boots.
+func (o *Orchestrator) Pause(ctx context.Context, id string, keepMemory bool) error {
 	s, err := o.lockOp(id)
 	if err != nil {
 		return err
@@ -54,7 +56,7 @@ func (o *Orchestrator) Pause(ctx context.Context, id string) error {
 	if st := o.state(s); st != Running {
 		return fmt.Errorf("pause sandbox %s: it is %s: %w", id, st, ErrConflict)
 	}
-	if err := o.pauseLocked(ctx, s); err != nil {
+	if err := o.pauseLocked(ctx, s, !keepMemory); err != nil {
 		return fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	return nil
@@ -66,11 +68,16 @@ func (o *Orchestrator) Pause(ctx context.Context, id string) error {
 // both; only then stop the VMM and release the slot and the device. Up to
 // the "paused" record any failure resumes the VM and the sandbox runs on
 // as before (nothing is lost); after it, what is left is cleanup that
-// recovery redoes.
-func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance) (err error) {
+// recovery redoes. A filesystem-only pause (fsOnly) has the guest flush
+// its writes first and writes no memory: its "paused" record points at no
+// snapshot, and the one a previous resume came from goes.
+func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool) (err error) {
 	done := o.m.observe("pause")
 	defer func() { done(err) }()
-	if err := o.update(s, func(r *Record) { r.State = Pausing }); err != nil {
+	if fsOnly {
+		o.syncGuest(ctx, s)
+	}
+	if err := o.update(s, func(r *Record) { r.State, r.FilesystemOnly = Pausing, fsOnly }); err != nil {
 		return err
 	}
 	if err := fpPauseRecorded.Inject(); err != nil {
@@ -82,12 +89,14 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance) (err error)
 	if err := vm.Pause(ctx); err != nil {
 		return o.resumeAfterFailedPause(ctx, s, nil, err)
 	}
-	snapDir, err := capturePause(ctx, o.log, rec, vm)
-	if err != nil {
-		return o.resumeAfterFailedPause(ctx, s, vm, err)
-	}
-	if err := fpPauseCaptured.Inject(); err != nil {
-		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
+	var snapDir string
+	if !fsOnly {
+		if snapDir, err = capturePause(ctx, o.log, rec, vm); err != nil {
+			return o.resumeAfterFailedPause(ctx, s, vm, err)
+		}
+		if err := fpPauseCaptured.Inject(); err != nil {
+			return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
+		}
 	}
 	if err := o.sealRootfs(ctx, s); err != nil {
 		return o.resumeAfterFailedPause(ctx, s, vm, fmt.Errorf("seal disk: %w", err), snapDir)
@@ -99,7 +108,13 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance) (err error)
 		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
 	}
 	var old string
-	if err := o.update(s, func(r *Record) { old, r.Snapshot, r.State = r.Snapshot, snapDir, Paused }); err != nil {
+	err = o.update(s, func(r *Record) {
+		old, r.Snapshot, r.State = r.Snapshot, snapDir, Paused
+		if fsOnly {
+			r.Memory = snapshot.MemoryImage{} // nothing maps or keeps one
+		}
+	})
+	if err != nil {
 		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
 	}
 	_ = fpPausePaused.Inject()
@@ -113,6 +128,15 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance) (err error)
 	if old != "" && old != snapDir {
 		_ = os.RemoveAll(old)
 	}
+	s.mu.Lock()
+	rec = s.rec
+	s.mu.Unlock()
+	if fsOnly {
+		dropMemoryLayers(rec.Dir)
+		o.log.Info("sandbox paused without memory", "sandbox", id)
+		o.maybeCompact(rec)
+		return nil
+	}
 	// An image without a base file (whose resume would flatten it) is
 	// flattened in the background, while nothing waits on it, so a resume
 	// maps it at once (a resume that comes first waits for it). One with a
@@ -123,9 +147,6 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance) (err error)
 		}
 	})
 	o.log.Info("sandbox paused", "sandbox", id)
-	s.mu.Lock()
-	rec = s.rec
-	s.mu.Unlock()
 	o.commitPause(ctx, rec)
 	o.maybeCompact(rec)
 	return nil
@@ -145,7 +166,7 @@ func (o *Orchestrator) resumeAfterFailedPause(ctx context.Context, s *instance, 
 	for _, p := range partial {
 		_ = os.RemoveAll(p)
 	}
-	if err := o.update(s, func(r *Record) { r.State = Running }); err != nil {
+	if err := o.update(s, func(r *Record) { r.State, r.FilesystemOnly = Running, false }); err != nil {
 		rerr = errors.Join(rerr, err)
 	}
 	s.mu.Lock()
@@ -156,9 +177,11 @@ func (o *Orchestrator) resumeAfterFailedPause(ctx context.Context, s *instance, 
 }
 
 // Connect makes sure the sandbox runs: a running one gets its end time
-// extended to at least now+timeout; a paused one is resumed. resumed
-// reports which.
-func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Duration) (rec Record, resumed bool, err error) {
+// extended to at least now+timeout; a paused one is resumed, from its
+// memory image unless memory is false or it has none (a filesystem-only
+// pause): then it cold-boots from its disk, and a memory image it has is
+// neither used nor changed. resumed reports which.
+func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Duration, memory bool) (rec Record, resumed bool, err error) {
 	s, err := o.lockOp(id)
 	if errors.Is(err, ErrNotFound) && o.cfg.Remote != nil {
 		// Paused on another node sharing the repository?
@@ -185,7 +208,7 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 	default:
 		return rec, false, fmt.Errorf("connect sandbox %s: it is %s: %w", id, st, ErrConflict)
 	}
-	if err := o.resumeLocked(ctx, s, timeout); err != nil {
+	if err := o.resumeLocked(ctx, s, timeout, memory); err != nil {
 		return rec, false, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}
 	s.mu.Lock()
@@ -195,22 +218,30 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 	return rec, true, nil
 }
 
-// resumeLocked (op held, sandbox paused) records "resuming", brings the VM
-// up from the paused snapshot and records "running". A failure leaves the
-// sandbox paused on the same snapshot.
-func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout time.Duration) (err error) {
+// resumeLocked (op held, sandbox paused) records "resuming" (and whether
+// it cold-boots), brings the VM up from the paused snapshot or boots its
+// disk, and records "running". A failure leaves the sandbox paused as it
+// was, on the same snapshot if it has one.
+func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout time.Duration, memory bool) (err error) {
 	done := o.m.observe("resume")
 	defer func() { done(err) }()
-	if err := o.update(s, func(r *Record) { r.State = Resuming }); err != nil {
+	if err := o.update(s, func(r *Record) { r.State, r.ColdBoot = Resuming, !memory || r.FilesystemOnly }); err != nil {
 		return err
 	}
 	if err := fpResumeRecorded.Inject(); err != nil {
 		return errors.Join(err, o.update(s, func(r *Record) { r.State = Paused }))
 	}
-	if err := o.startVM(ctx, s, s.rec.Snapshot, o.m.stage("resume")); err != nil {
+	s.mu.Lock()
+	from := s.rec.Snapshot
+	if s.rec.ColdBoot {
+		from = ""
+	}
+	s.mu.Unlock()
+	if err := o.startVM(ctx, s, from, o.m.stage("resume")); err != nil {
 		return errors.Join(err, o.update(s, func(r *Record) { r.State, r.PID, r.PIDStart = Paused, 0, 0 }))
 	}
-	if err := o.update(s, func(r *Record) { r.State, r.EndAt = Running, time.Now().UTC().Add(timeout) }); err != nil {
+	err = o.update(s, func(r *Record) { r.State, r.EndAt, r.FilesystemOnly = Running, time.Now().UTC().Add(timeout), false })
+	if err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -302,7 +333,7 @@ func (o *Orchestrator) expire(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if rec.AutoPause {
-		err = o.pauseLocked(ctx, s)
+		err = o.pauseLocked(ctx, s, rec.AutoPauseFilesystemOnly)
 	} else {
 		err = o.killLocked(ctx, s)
 	}
@@ -353,7 +384,7 @@ func (o *Orchestrator) Shutdown(ctx context.Context, pause bool) error {
 			o.handOver(r.ID)
 			continue
 		}
-		err := o.Pause(ctx, r.ID)
+		err := o.Pause(ctx, r.ID, true)
 		switch {
 		case err == nil, errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
 			// paused, gone meanwhile, or no longer running (an auto-pause)

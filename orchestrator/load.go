@@ -28,12 +28,10 @@ func (o *Orchestrator) load(ctx context.Context) error {
 			o.adoptRunning(ctx, r, m)
 			continue
 		}
-		if r.State == Paused && r.Snapshot != "" {
-			if _, err := os.Stat(r.Snapshot); err == nil {
-				o.sandboxes[r.ID] = &instance{rec: r}
-				o.log.Info("kept paused sandbox", "sandbox", r.ID)
-				continue
-			}
+		if r.State == Paused && pausedIntact(r) {
+			o.sandboxes[r.ID] = &instance{rec: r}
+			o.log.Info("kept paused sandbox", "sandbox", r.ID, "filesystemOnly", r.FilesystemOnly)
+			continue
 		}
 		o.log.Error("dropping sandbox that cannot be re-adopted", "sandbox", r.ID, "state", r.State)
 		if err := dropRecord(ctx, o.store, o.sd, r); err != nil {
@@ -43,6 +41,22 @@ func (o *Orchestrator) load(ctx context.Context) error {
 	o.removeUnowned()
 	o.removeUnownedGroups()
 	return nil
+}
+
+// pausedIntact reports whether a paused sandbox still has what its resume
+// needs: its snapshot, or for a filesystem-only pause its root disk (the
+// storage daemon's image config, or the disk file).
+func pausedIntact(r Record) bool {
+	need := []string{r.Snapshot}
+	if r.FilesystemOnly {
+		need = []string{r.RootfsImage, r.Rootfs}
+	}
+	for _, p := range need {
+		if _, err := os.Stat(p); p != "" && err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // groupLister is the optional capability of listing the node's control

@@ -109,7 +109,11 @@ func capturePause(ctx context.Context, log *slog.Logger, r Record, vm vmm.Machin
 	}
 	_ = os.RemoveAll(snapDir)
 	diff := filepath.Join(r.Dir, fmt.Sprintf("mem-%d.lsmt", r.Gen))
-	err := captureVM(ctx, log, r.ID, vm, r.Memory, snapDir, diff)
+	cur := r.Memory
+	if r.ColdBoot {
+		cur = snapshot.MemoryImage{} // a booted VM maps no image, whatever a resume's record still says
+	}
+	err := captureVM(ctx, log, r.ID, vm, cur, snapDir, diff)
 	if err == nil {
 		err = atomicfile.SyncTree(snapDir)
 	}

@@ -133,6 +133,17 @@ type Record struct {
 	DriveSlots int             `json:"driveSlots,omitempty"`
 	Drives     []AttachedDrive `json:"drives,omitempty"`
 	Snapshot   string          `json:"snapshot,omitempty"` // set while paused
+	// FilesystemOnly marks a pause (pausing, paused, or resuming from it)
+	// that keeps the disks and no memory image: its resume cold-boots the
+	// sandbox from its disk, and traffic cannot auto-resume it.
+	FilesystemOnly bool `json:"filesystemOnly,omitempty"`
+	// ColdBoot says the VM of this generation boots (or booted) from the
+	// disk instead of restoring a memory image: it maps none, whatever
+	// Memory still says during its resume.
+	ColdBoot bool `json:"coldBoot,omitempty"`
+	// AutoPauseFilesystemOnly makes the timeout's auto-pause a
+	// filesystem-only one (E2B's autoPauseMemory false).
+	AutoPauseFilesystemOnly bool `json:"autoPauseFilesystemOnly,omitempty"`
 	// Memory is the layered memory image the running VM maps (empty when
 	// its snapshot carried the memory whole).
 	Memory snapshot.MemoryImage `json:"memory,omitempty"`

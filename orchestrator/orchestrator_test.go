@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -10,7 +11,8 @@ import (
 )
 
 // TestLoadKeepsPausedDropsTheRest: without a VMM, New keeps paused records
-// whose snapshot exists and drops every other.
+// whose snapshot exists, or filesystem-only ones whose disk exists, and
+// drops every other.
 func TestLoadKeepsPausedDropsTheRest(t *testing.T) {
 	dir := t.TempDir()
 	st, err := store.Open(filepath.Join(dir, "state.db"))
@@ -19,8 +21,14 @@ func TestLoadKeepsPausedDropsTheRest(t *testing.T) {
 	}
 	defer st.Close()
 	snap := t.TempDir()
+	disk := filepath.Join(t.TempDir(), "rootfs.img")
+	if err := os.WriteFile(disk, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	recs := []Record{
 		{ID: "paused1", State: Paused, Snapshot: snap, Dir: t.TempDir(), StartedAt: time.Now()},
+		{ID: "fsonly1", State: Paused, FilesystemOnly: true, Rootfs: disk, Dir: t.TempDir()},
+		{ID: "fsonly2", State: Paused, FilesystemOnly: true, Rootfs: filepath.Join(dir, "gone"), Snapshot: snap, Dir: t.TempDir()},
 		{ID: "paused2", State: Paused, Snapshot: filepath.Join(dir, "gone"), Dir: t.TempDir()},
 		{ID: "running1", State: Running, Dir: t.TempDir()},
 	}
@@ -33,6 +41,12 @@ func TestLoadKeepsPausedDropsTheRest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := o.Get("fsonly1"); err != nil {
+		t.Fatalf("filesystem-only paused sandbox with its disk: %v", err)
+	}
+	if err := o.Kill(t.Context(), "fsonly1"); err != nil {
+		t.Fatalf("kill of a filesystem-only paused sandbox: %v", err)
+	}
 	list := o.List()
 	if len(list) != 1 || list[0].ID != "paused1" || list[0].State != Paused {
 		t.Fatalf("loaded %+v, want only paused1", list)
@@ -41,7 +55,7 @@ func TestLoadKeepsPausedDropsTheRest(t *testing.T) {
 	if len(left) != 1 || left[0].ID != "paused1" {
 		t.Fatalf("store after load: %+v", left)
 	}
-	if err := o.Pause(t.Context(), "paused1"); !errors.Is(err, ErrConflict) {
+	if err := o.Pause(t.Context(), "paused1", true); !errors.Is(err, ErrConflict) {
 		t.Fatalf("pause of a paused sandbox: %v, want ErrConflict", err)
 	}
 	if err := o.Kill(t.Context(), "running1"); !errors.Is(err, ErrNotFound) {

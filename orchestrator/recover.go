@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/store"
@@ -112,7 +113,7 @@ func (rc *recovery) recoverOne(ctx context.Context, r Record, out *Recovered) er
 			return nil
 		}
 	}
-	if r.State == Resuming && r.Snapshot != "" {
+	if r.State == Resuming && (r.Snapshot != "" || r.FilesystemOnly) {
 		rc.log.Warn("a resume interrupted by a restart goes back to paused", "sandbox", r.ID, "err", err)
 		if m != nil {
 			_ = m.Stop(ctx)
@@ -200,7 +201,9 @@ func adoptVM(ctx context.Context, drv vmm.Driver, r Record) (vmm.Machine, error)
 // vCPUs stopped, memory and VM state written and synced, disk sealed (a
 // seal the crash interrupted is finished, not repeated), "paused" recorded,
 // then the VMM stopped and the device deleted. The VM is stopped whatever
-// happens.
+// happens. A filesystem-only pause the crash interrupted is finished as
+// one (no memory; the guest flushed before "pausing" was recorded); any
+// other live VM is paused with its memory, so nothing is lost.
 func pauseAdopted(ctx context.Context, st *store.Store, sd client.Devices, r Record, m vmm.Machine, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -208,9 +211,13 @@ func pauseAdopted(ctx context.Context, st *store.Store, sd client.Devices, r Rec
 	if err := m.Pause(ctx); err != nil {
 		return fmt.Errorf("pause adopted machine: %w", err)
 	}
-	snapDir, err := capturePause(ctx, log, r, m)
-	if err != nil {
-		return fmt.Errorf("pause adopted machine: %w", err)
+	fsOnly := r.State == Pausing && r.FilesystemOnly
+	var snapDir string
+	if !fsOnly {
+		var err error
+		if snapDir, err = capturePause(ctx, log, r, m); err != nil {
+			return fmt.Errorf("pause adopted machine: %w", err)
+		}
 	}
 	if sd != nil {
 		cfg, err := sealDevice(ctx, sd, r, fmt.Sprintf("rootfs-%d", r.Gen), "sandbox "+r.ID)
@@ -229,7 +236,10 @@ func pauseAdopted(ctx context.Context, st *store.Store, sd client.Devices, r Rec
 		return err
 	}
 	old := r.Snapshot
-	r.State, r.Snapshot = Paused, snapDir
+	r.State, r.Snapshot, r.FilesystemOnly = Paused, snapDir, fsOnly
+	if fsOnly {
+		r.Memory = snapshot.MemoryImage{}
+	}
 	if err := st.Put(store.Sandboxes, r.ID, r); err != nil {
 		return err
 	}
@@ -241,8 +251,11 @@ func pauseAdopted(ctx context.Context, st *store.Store, sd client.Devices, r Rec
 			log.Warn("delete the devices of a paused sandbox (reclaimed at the next start)", "sandbox", r.ID, "err", err)
 		}
 	}
-	if old != "" {
+	if old != "" && old != snapDir {
 		_ = os.RemoveAll(old)
+	}
+	if fsOnly {
+		dropMemoryLayers(r.Dir)
 	}
 	r.PID, r.PIDStart, r.Slot = 0, 0, 0
 	r.clearDevices()

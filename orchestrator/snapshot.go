@@ -119,6 +119,10 @@ func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden b
 	case Running:
 		err = o.captureRunning(ctx, s, &r)
 	case Paused:
+		if rec.FilesystemOnly {
+			err = fmt.Errorf("it is paused without memory (a filesystem-only pause has no VM state to snapshot); resume it first: %w", ErrConflict)
+			break
+		}
 		err = o.capturePaused(ctx, rec, &r)
 	default:
 		err = fmt.Errorf("it is %s: %w", rec.State, ErrConflict)
@@ -324,7 +328,7 @@ func (o *Orchestrator) Fork(ctx context.Context, id string, count int, timeout t
 	}
 	opts := CreateOptions{TemplateID: snap.ID, Timeout: timeout, AutoPause: src.AutoPause, AutoResume: src.AutoResume,
 		Secure: src.Secure, Metadata: src.Metadata, EnvVars: src.EnvVars, Policy: src.Policy,
-		PrivateTraffic: src.TrafficToken != ""}
+		PrivateTraffic: src.TrafficToken != "", AutoPauseFilesystemOnly: src.AutoPauseFilesystemOnly}
 	out := make([]ForkResult, count)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, o.forkParallelism())

@@ -78,7 +78,7 @@ func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.As
 		VCPUs: o.cfg.VCPUs, MemoryMiB: o.cfg.MemoryMiB, EnvdVersion: template.AgentVersion, CreatedAt: time.Now().UTC()}
 	// Kernel and initrd are copied so the template outlives the asset cache
 	// (the snapshot's config names them).
-	kernel, initrd := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.cpio")
+	kernel, initrd := filepath.Join(dir, kernelFile), filepath.Join(dir, initrdFile)
 	for src, dst := range map[string]string{a.Kernel: kernel, a.Initrd: initrd} {
 		if err := snapshot.SparseCopy(ctx, src, dst); err != nil {
 			return t, fmt.Errorf("build template %s: %w", id, err)
@@ -100,7 +100,7 @@ func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.As
 	t.DriveSlots = sandbox.DriveSlots(o.vms.Driver)
 	vm, err := sandbox.Start(ctx, o.vms, sandbox.Spec{
 		ID: "template-" + id, RunDir: filepath.Join(dir, "run"), Disk: preparedDisk{drive}, Drives: make([]sandbox.Disk, t.DriveSlots),
-		Boot:      &vmm.Config{Kernel: kernel, Initrd: initrd, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, Cmdline: "root=/dev/vda rw quiet"},
+		Boot:      &vmm.Config{Kernel: kernel, Initrd: initrd, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, Cmdline: bootCmdline},
 		AgentWait: 5 * time.Minute,
 	})
 	if err != nil {

@@ -53,6 +53,30 @@ func TestNotFoundAnswer(t *testing.T) {
 	}
 }
 
+// TestNoAutoResumeWithoutMemory: traffic to a paused autoResume sandbox
+// resumes it, but not when it was paused without memory (a filesystem-only
+// pause is resumed by an explicit call only).
+func TestNoAutoResumeWithoutMemory(t *testing.T) {
+	reg := &sandboxes{connects: map[string]int{}, recs: map[string]orchestrator.Record{
+		"mem": {ID: "mem", State: orchestrator.Paused, AutoResume: true},
+		"fs":  {ID: "fs", State: orchestrator.Paused, AutoResume: true, FilesystemOnly: true},
+	}}
+	srv := httptest.NewServer(New(reg, "sbx.test", nil))
+	defer srv.Close()
+	for _, id := range []string{"mem", "fs"} {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/health", nil)
+		req.Host = "49983-" + id + ".sbx.test"
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if reg.connects["mem"] != 1 || reg.connects["fs"] != 0 {
+		t.Fatalf("auto-resumes: %v, want one of the memory pause and none of the filesystem-only one", reg.connects)
+	}
+}
+
 // TestMaskRequestHost checks that a sandbox created with maskRequestHost
 // sees the mask (with ${PORT} replaced) as the Host of proxied requests,
 // and that one without sees the client's.

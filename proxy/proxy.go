@@ -46,7 +46,7 @@ type Sandboxes interface {
 	Get(id string) (orchestrator.Record, error)
 	// Slot returns a running sandbox's network slot and VM generation.
 	Slot(id string) (*network.Slot, int, error)
-	Connect(ctx context.Context, id string, timeout time.Duration) (orchestrator.Record, bool, error)
+	Connect(ctx context.Context, id string, timeout time.Duration, memory bool) (orchestrator.Record, bool, error)
 }
 
 // Proxy is an http.Handler.
@@ -259,10 +259,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // autoResume resumes a paused sandbox that asked for it; true when it runs.
 func (p *Proxy) autoResume(ctx context.Context, id string) bool {
 	rec, err := p.o.Get(id)
-	if err != nil || !rec.AutoResume || rec.State != orchestrator.Paused {
+	// A filesystem-only pause is resumed by an explicit call only: traffic
+	// would reach a freshly booted guest, not the processes it was meant for.
+	if err != nil || !rec.AutoResume || rec.State != orchestrator.Paused || rec.FilesystemOnly {
 		return false
 	}
-	if _, _, err := p.o.Connect(ctx, id, p.ResumeTimeout); err != nil {
+	if _, _, err := p.o.Connect(ctx, id, p.ResumeTimeout, true); err != nil {
 		p.log.Warn("auto-resume failed", "sandbox", id, "err", err)
 		return false
 	}

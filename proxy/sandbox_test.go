@@ -22,6 +22,8 @@ import (
 type sandboxes struct {
 	recs  map[string]orchestrator.Record
 	slots map[string]*network.Slot
+	// connects counts Connect calls (auto-resumes), by sandbox.
+	connects map[string]int
 }
 
 func (s *sandboxes) Get(id string) (orchestrator.Record, error) {
@@ -40,7 +42,10 @@ func (s *sandboxes) Slot(id string) (*network.Slot, int, error) {
 	return sl, 1, nil
 }
 
-func (s *sandboxes) Connect(context.Context, string, time.Duration) (orchestrator.Record, bool, error) {
+func (s *sandboxes) Connect(_ context.Context, id string, _ time.Duration, _ bool) (orchestrator.Record, bool, error) {
+	if s.connects != nil {
+		s.connects[id]++
+	}
 	return orchestrator.Record{}, false, orchestrator.ErrNotFound
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	"github.com/agentenv/agentenv/network"
 )
 
@@ -126,4 +127,22 @@ func reportedVersion(h http.Header) string {
 		}
 	}
 	return v
+}
+
+// SyncGuest has the guest flush its file systems' dirty data to its disks
+// (sync(1) as root through the agent's process service; token is the one
+// the agent holds), so that disks sealed next hold every write made before.
+func SyncGuest(ctx context.Context, slot *network.Slot, token string) error {
+	opts := []agentclient.Option{agentclient.WithUser("root")}
+	if token != "" {
+		opts = append(opts, agentclient.WithToken(token))
+	}
+	_, stderr, code, err := agentclient.RunWith(ctx, "http://agent", AgentClient(slot, 0), opts, "/bin/sync")
+	if err != nil {
+		return fmt.Errorf("sync the guest's file systems: %w", err)
+	}
+	if code != 0 {
+		return fmt.Errorf("sync the guest's file systems: exit %d: %s", code, tail(stderr, 200))
+	}
+	return nil
 }

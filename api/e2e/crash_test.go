@@ -195,6 +195,17 @@ func TestCrashMatrix(t *testing.T) {
 			n.checkNoOrphans(t)
 		}
 	}
+	// A filesystem-only pause (memory false) and its cold resume pass
+	// these points (and no capture).
+	cold := map[string]func(t *testing.T, point string){
+		"orchestrator/pause/recorded": n.crashColdPause, "orchestrator/pause/sealed": n.crashColdPause,
+		"orchestrator/pause/paused": n.crashColdPause, "orchestrator/pause/stopped": n.crashColdPause,
+		"orchestrator/resume/recorded": n.crashColdResume, "orchestrator/resume/booted": n.crashColdResume,
+	}
+	for point, run := range cold {
+		t.Run("cold/"+strings.TrimPrefix(point, "orchestrator/"), func(t *testing.T) { run(t, point) })
+		n.checkNoOrphans(t)
+	}
 	if covered < 12 {
 		t.Fatalf("the matrix covered %d fault points; the orchestrator declares %v", covered, failpoint.Names("orchestrator/"))
 	}
@@ -267,11 +278,44 @@ func (n *node) crashPause(t *testing.T, point string) {
 	n.checkDrive(t, id, point, drive)
 }
 
+// crashResume resumes a memory pause; only a cold resume (memory false)
+// passes resume/booted.
 func (n *node) crashResume(t *testing.T, point string) {
 	id := n.create(t, `{"templateID":"base","timeout":300,"drives":[{"sizeMiB":16}]}`)
 	data := n.writeData(t, id, "r")
 	drive := n.writeDrive(t, id)
 	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+	body := `{"timeout":60}`
+	if strings.HasSuffix(point, "/booted") {
+		body = `{"timeout":60,"memory":false}`
+	}
+	n.crashAt(t, point, func() { _, _, _, _ = n.Call("POST", "/sandboxes/"+id+"/connect", n.key, body) })
+	n.resumeAndCheck(t, id, data)
+	n.checkDrive(t, id, point, drive)
+}
+
+// crashColdPause and crashColdResume: the same with a filesystem-only
+// pause, which a crash never turns into one with memory (none is left on
+// disk while it is paused).
+func (n *node) crashColdPause(t *testing.T, point string) {
+	id := n.create(t, `{"templateID":"base","timeout":300,"drives":[{"sizeMiB":16}]}`)
+	data := n.writeData(t, id, "cp")
+	drive := n.writeDrive(t, id)
+	n.crashAt(t, point, func() { _, _, _, _ = n.Call("POST", "/sandboxes/"+id+"/pause", n.key, `{"memory":false}`) })
+	if n.listed(t)[id] == "paused" {
+		if files := n.memoryFiles(t, id); len(files) != 0 {
+			t.Fatalf("filesystem-only pause crashed at %s: memory on disk %v", point, files)
+		}
+	}
+	n.resumeAndCheck(t, id, data)
+	n.checkDrive(t, id, point, drive)
+}
+
+func (n *node) crashColdResume(t *testing.T, point string) {
+	id := n.create(t, `{"templateID":"base","timeout":300,"drives":[{"sizeMiB":16}]}`)
+	data := n.writeData(t, id, "cr")
+	drive := n.writeDrive(t, id)
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, `{"memory":false}`)
 	n.crashAt(t, point, func() { _, _, _, _ = n.Call("POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":60}`) })
 	n.resumeAndCheck(t, id, data)
 	n.checkDrive(t, id, point, drive)

@@ -130,6 +130,65 @@ await step('connect resumes; files and background process survived', async () =>
   assert.equal(r.stdout, 'hello from env\n')
 })
 
+// sdkAtLeast compares the SDK's version with a dotted one.
+function sdkAtLeast(v) {
+  const a = sdkVersion.split('.').map(Number)
+  const b = v.split('.').map(Number)
+  for (let i = 0; i < 3; i++) if (a[i] !== b[i]) return a[i] > b[i]
+  return true
+}
+
+const bootID = async (s) => (await s.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim()
+const hasSleeper = async (s) => (await s.commands.list()).some((p) => JSON.stringify(p).includes('sleep 901'))
+
+await step('pause({ keepMemory: false }): connect cold-boots with the files kept, processes gone', async () => {
+  const c = await Sandbox.create('base', { metadata: { suite: 'aenvd-e2e', tag: `${tag}-cold` }, timeoutMs: 120_000 })
+  try {
+    const boot0 = await bootID(c)
+    await c.files.write('cold.txt', 'kept across a cold boot\n')
+    const h = await c.commands.run('sleep 901', { background: true })
+    await h.disconnect()
+    assert.equal(await c.pause({ keepMemory: false }), true)
+    const back = await Sandbox.connect(c.sandboxId, { timeoutMs: 120_000 })
+    const boot1 = await bootID(back)
+    assert.notEqual(boot1, boot0, 'a filesystem-only pause resumes with a new boot')
+    assert.equal(await back.files.read('cold.txt'), 'kept across a cold boot\n')
+    assert.equal(await hasSleeper(back), false, 'no process survives a filesystem-only pause')
+    if (sdkAtLeast('2.50.0')) {
+      // onResume 'reboot' (memory false) cold-boots a memory pause too.
+      const h2 = await back.commands.run('sleep 901', { background: true })
+      await h2.disconnect()
+      assert.equal(await back.pause(), true)
+      const rebooted = await Sandbox.connect(c.sandboxId, { timeoutMs: 120_000, onResume: 'reboot' })
+      assert.notEqual(await bootID(rebooted), boot1, "onResume 'reboot' boots anew")
+      assert.equal(await hasSleeper(rebooted), false)
+      assert.equal(await rebooted.files.read('cold.txt'), 'kept across a cold boot\n')
+    }
+  } finally {
+    await Sandbox.kill(c.sandboxId)
+  }
+})
+
+await step("lifecycle onTimeout { action: 'pause', keepMemory: false }: the auto-pause is filesystem-only", async () => {
+  const c = await Sandbox.create('base', { metadata: { suite: 'aenvd-e2e', tag: `${tag}-autocold` }, timeoutMs: 120_000,
+    lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } })
+  try {
+    const boot0 = await bootID(c)
+    await c.setTimeout(1_000) // the timeout runs out now, after the boot id was read
+    let info
+    for (let i = 0; i < 120; i++) {
+      info = await Sandbox.getInfo(c.sandboxId)
+      if (info.state === 'paused') break
+      await new Promise((r) => setTimeout(r, 1000))
+    }
+    assert.equal(info.state, 'paused', 'auto-paused at its timeout')
+    const back = await Sandbox.connect(c.sandboxId, { timeoutMs: 120_000 })
+    assert.notEqual(await bootID(back), boot0, 'the filesystem-only auto-pause resumes with a new boot')
+  } finally {
+    await Sandbox.kill(c.sandboxId)
+  }
+})
+
 await step('metrics: the history by range, several sandboxes at once', async () => {
   // The node samples every few seconds: wait for three samples.
   let ms = []

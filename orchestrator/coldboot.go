@@ -1,0 +1,150 @@
+package orchestrator
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/snapshot"
+	"github.com/agentenv/agentenv/store"
+	"github.com/agentenv/agentenv/template"
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// A filesystem-only pause (E2B's memory: false) keeps a sandbox's disks and
+// no memory image. Its resume, like a resume asked not to restore memory,
+// cold-boots the sandbox from its disk the way a template's first boot
+// does (the same kernel, initrd and command line, through package
+// sandbox's one bring-up): a new boot, none of the processes of before,
+// the files the guest had flushed to its disk. The guest is asked to flush
+// (sync) right before such a pause; what it writes between that and the
+// stop of its vCPUs may be lost, as after a crash (E2B's semantics too).
+
+// Files a template booted from, kept in its directory (buildTemplate).
+const (
+	kernelFile = "vmlinuz"
+	initrdFile = "initrd.cpio"
+)
+
+// bootCmdline is the kernel command line of every cold boot of a node's
+// guest (a template's, a cold resume's) before the network arguments.
+const bootCmdline = "root=/dev/vda rw quiet"
+
+// coldBootAgentWait bounds a cold boot's wait for the agent: a whole boot
+// of the guest, slower than a restore (minutes under TCG).
+const coldBootAgentWait = 5 * time.Minute
+
+// guestSyncWait bounds the guest's flush before a filesystem-only pause; a
+// guest that does not answer in time is paused with crash semantics.
+const guestSyncWait = 30 * time.Second
+
+// syncGuest has the running sandbox's guest flush its writes to its disks
+// (op held). A failure is logged, not returned: the pause goes on, and
+// what the guest had not flushed is lost as in a crash.
+func (o *Orchestrator) syncGuest(ctx context.Context, s *instance) {
+	s.mu.Lock()
+	slot, token, id := s.slot(), s.rec.GuestToken, s.rec.ID
+	s.mu.Unlock()
+	if slot == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, guestSyncWait)
+	defer cancel()
+	if err := sandbox.SyncGuest(ctx, slot, token); err != nil {
+		o.log.Warn("guest did not flush before a filesystem-only pause; its unflushed writes are lost as in a crash",
+			"sandbox", id, "err", err)
+	}
+}
+
+// coldBoot turns spec, a restore of rec's VM, into a cold boot of its disk
+// with the kernel and initrd its template booted from. The fresh agent
+// holds no token and none of the template's defaults a snapshot kept, so
+// its /init carries them: the template's env (under the sandbox's own) and
+// working directory.
+func (o *Orchestrator) coldBoot(spec *sandbox.Spec, rec Record) error {
+	lineage := o.lineage(rec.TemplateID)
+	kernel, initrd, err := o.bootFiles(lineage)
+	if err != nil {
+		return fmt.Errorf("cold boot sandbox %s: %w", rec.ID, err)
+	}
+	spec.Restore, spec.Memory, spec.InitHeld = "", nil, ""
+	spec.Boot = &vmm.Config{Kernel: kernel, Initrd: initrd, VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB, Cmdline: bootCmdline}
+	spec.AgentWait = coldBootAgentWait
+	env := map[string]string{}
+	if len(lineage) > 0 {
+		maps.Copy(env, lineage[0].Env)
+		spec.Init.DefaultWorkdir = lineage[0].DefaultWorkdir
+	}
+	maps.Copy(env, rec.EnvVars)
+	spec.Init.EnvVars = env
+	spec.Init.Drives = nil // a boot probes every drive slot as it is
+	return nil
+}
+
+// bootFiles finds the kernel and initrd of the nearest template in lineage
+// that keeps them (a fromTemplate build keeps none: its parent's apply),
+// else the node's default template's.
+func (o *Orchestrator) bootFiles(lineage []*template.Template) (kernel, initrd string, err error) {
+	dirs := make([]string, 0, len(lineage)+1)
+	for _, t := range lineage {
+		dirs = append(dirs, t.Dir)
+	}
+	if t, ok := o.templateByID(template.DefaultID); ok {
+		dirs = append(dirs, t.Dir)
+	}
+	for _, d := range dirs {
+		k, i := filepath.Join(d, kernelFile), filepath.Join(d, initrdFile)
+		if _, err := os.Stat(k); err != nil {
+			continue
+		}
+		if _, err := os.Stat(i); err != nil {
+			i = ""
+		}
+		return k, i, nil
+	}
+	return "", "", fmt.Errorf("no kernel in the directories of the templates it descends from: %w", ErrConflict)
+}
+
+// lineage lists the templates a template or snapshot id descends from,
+// nearest first: a snapshot leads to the template (or snapshot) its
+// sandbox was created from, a fromTemplate build to its parent. A cycle in
+// the records ends the walk after 64 steps.
+func (o *Orchestrator) lineage(id string) []*template.Template {
+	var out []*template.Template
+	for range 64 {
+		if t, ok := o.templateByID(id); ok {
+			out = append(out, t)
+			if t.Parent == "" || t.Parent == id {
+				break
+			}
+			id = t.Parent
+			continue
+		}
+		var snap snapshot.Record
+		if err := o.store.Get(store.Snapshots, id, &snap); err != nil || snap.TemplateID == id {
+			break
+		}
+		id = snap.TemplateID
+	}
+	return out
+}
+
+// dropMemoryLayers removes the memory layers a sandbox's directory holds
+// (its pauses' diffs and their merges): after a filesystem-only pause it
+// keeps no memory image. Snapshots taken from it hold their own links.
+func dropMemoryLayers(dir string) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if n := e.Name(); strings.HasPrefix(n, "mem-") && strings.HasSuffix(n, ".lsmt") {
+			_ = os.Remove(filepath.Join(dir, n))
+		}
+	}
+}
