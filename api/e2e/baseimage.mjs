@@ -12,6 +12,7 @@
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import path from 'node:path'
+import { step } from './steps.mjs'
 
 const require = createRequire(path.join(process.env.AENV_E2B_SDK_DIR, 'package.json'))
 const { Sandbox } = require('e2b')
@@ -19,17 +20,6 @@ const sdkVersion = require('e2b/package.json').version
 // The least free space on / a fresh sandbox must leave its user.
 const minFreeMiB = 2048
 const tools = process.env.AENV_BASEIMAGE_TOOLS === '1'
-
-async function step(name, fn) {
-  const t0 = Date.now()
-  try {
-    await fn()
-    console.log(`ok ${name} (${Date.now() - t0} ms)`)
-  } catch (err) {
-    console.error(`FAIL ${name}:`, err)
-    process.exit(1)
-  }
-}
 
 // run runs cmd as the default user and returns its stdout; a non-zero exit
 // fails the step with the command's output.

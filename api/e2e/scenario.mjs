@@ -5,6 +5,7 @@
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import path from 'node:path'
+import { step } from './steps.mjs'
 import http from 'node:http'
 import https from 'node:https'
 import fs from 'node:fs'
@@ -15,17 +16,6 @@ const { Sandbox, Template, TimeoutError } = require('e2b')
 const sdkVersion = require('e2b/package.json').version
 const concurrent = Number(process.env.AENV_CONCURRENT || '0')
 const tag = `run-${process.pid}-${Date.now()}`
-
-async function step(name, fn) {
-  const t0 = Date.now()
-  try {
-    await fn()
-    console.log(`ok ${name} (${Date.now() - t0} ms)`)
-  } catch (err) {
-    console.error(`FAIL ${name}:`, err)
-    process.exit(1)
-  }
-}
 
 async function listAll(query, limit, order) {
   const pager = Sandbox.list({ query, limit, order })
