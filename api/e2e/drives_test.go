@@ -50,10 +50,12 @@ func TestExtraDrives(t *testing.T) {
 	start = time.Now()
 	id := n.create(t, `{"templateID":"base","timeout":600,"drives":[{"image":"base","readOnly":true},{"sizeMiB":64}]}`)
 	t.Logf("create without drives %s, with two drives %s", tookPlain.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
-	// Sizes and read-only flags as the guest sees them; vdd and vde are the
-	// empty slots.
+	// Sizes and read-only flags as the guest sees them: the image drive is
+	// the template's root disk (as large as the guest's own vda), read-only;
+	// vdd and vde are the empty slots.
+	rootSectors := n.sh(t, id, `cat /sys/block/vda/size`)
 	got := n.sh(t, id, `for d in vdb vdc vdd vde; do echo $d $(cat /sys/block/$d/size) $(cat /sys/block/$d/ro); done | tr '\n' ' '`)
-	if want := "vdb 4194304 1 vdc 131072 0 vdd 0 0 vde 0 0"; got != want {
+	if want := "vdb " + rootSectors + " 1 vdc 131072 0 vdd 0 0 vde 0 0"; rootSectors == "0" || got != want {
 		t.Fatalf("guest disks: %q, want %q", got, want)
 	}
 	if got := n.sh(t, id, imageCheck); got != "1" {
