@@ -7,10 +7,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -92,32 +90,12 @@ func (s *Slot) OpenTap() (*os.File, error) {
 	if err := attachTap(fd, TapName); err != nil {
 		unix.Close(fd)
 		if errors.Is(err, unix.EBUSY) {
-			// Someone still has the tap open: name them, this is a bug.
-			err = fmt.Errorf("%w (processes with a %s open: %s)", err, TapName, tapHolders(TapName))
+			// Someone still has the tap attached: name them, this is a bug.
+			err = fmt.Errorf("%w (holders of the slot's %s: %s)", err, TapName, s.tapHolders())
 		}
 		return nil, fmt.Errorf("open tap of slot %s: %w", s.Name, err)
 	}
 	return os.NewFile(uintptr(fd), "/dev/net/tun:"+TapName), nil
-}
-
-// tapHolders lists the processes holding a tun file attached to a device
-// named name (in any namespace), as "pid (command)".
-func tapHolders(name string) string {
-	var out []string
-	fdinfos, _ := filepath.Glob("/proc/[0-9]*/fdinfo/*")
-	for _, f := range fdinfos {
-		b, err := os.ReadFile(f)
-		if err != nil || !strings.Contains(string(b), "iff:\t"+name+"\n") {
-			continue
-		}
-		pid := strings.Split(f, "/")[2]
-		comm, _ := os.ReadFile("/proc/" + pid + "/comm")
-		out = append(out, fmt.Sprintf("%s (%s)", pid, strings.TrimSpace(string(comm))))
-	}
-	if len(out) == 0 {
-		return "none found"
-	}
-	return strings.Join(out, ", ")
 }
 
 func attachTap(fd int, name string) error {

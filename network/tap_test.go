@@ -3,8 +3,12 @@ package network_test
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -182,4 +186,42 @@ func dnsAnswerIn(ip []byte) (netip.Addr, bool) {
 		}
 		return netip.AddrFrom4(r.A), true
 	}
+}
+
+// TestOpenTapBusyNamesTheHolder: a slot's tap attached twice fails with
+// EBUSY, and the error names the one descriptor attached to this slot's
+// tap (this process's), not another slot's tap of the same name.
+func TestOpenTapBusyNamesTheHolder(t *testing.T) {
+	t.Parallel()
+	m, _ := newManager(t, nil)
+	a, b := acquire(t, m), acquire(t, m)
+	tapA, err := a.OpenTap()
+	if err != nil {
+		t.Fatalf("OpenTap %s: %v", a.Name, err)
+	}
+	defer tapA.Close()
+	tapB, err := b.OpenTap()
+	if err != nil {
+		t.Fatalf("OpenTap %s: %v", b.Name, err)
+	}
+	defer tapB.Close()
+	_, err = a.OpenTap()
+	if !errors.Is(err, unix.EBUSY) {
+		t.Fatalf("second OpenTap of %s: %v, want EBUSY", a.Name, err)
+	}
+	want := fmt.Sprintf("%d (%s, fd %d,", os.Getpid(), selfComm(t), tapA.Fd())
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q does not name the holder %q", err, want)
+	}
+	if other := fmt.Sprintf("fd %d,", tapB.Fd()); strings.Contains(err.Error(), other) {
+		t.Fatalf("error %q names the other slot's tap (%s)", err, other)
+	}
+}
+
+func selfComm(t *testing.T) string {
+	b, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
 }

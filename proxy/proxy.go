@@ -82,6 +82,10 @@ func New(o Sandboxes, domain string, log *slog.Logger) *Proxy {
 		DialContext:         p.dial,
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     30 * time.Second,
+		// The client's Accept-Encoding goes to the guest as sent: otherwise
+		// a request without one would be sent asking for gzip, inflated
+		// here, and answered without its length.
+		DisableCompression: true,
 	}
 	p.rp = &httputil.ReverseProxy{
 		Transport:     tr,
@@ -106,7 +110,11 @@ func New(o Sandboxes, domain string, log *slog.Logger) *Proxy {
 			pr.SetXForwarded()
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			p.log.Debug("proxy error", "path", r.URL.Path, "err", err)
+			level := slog.LevelWarn
+			if errors.Is(err, context.Canceled) {
+				level = slog.LevelDebug // the client went away
+			}
+			p.log.Log(r.Context(), level, "proxy error", "path", r.URL.Path, "err", err)
 			writeError(w, http.StatusBadGateway, "sandbox unreachable: "+err.Error())
 		},
 	}
