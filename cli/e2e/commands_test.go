@@ -223,7 +223,7 @@ func TestSandboxCommands(t *testing.T) {
 	if resumed.SandboxID != id {
 		t.Fatalf("resume -o json: %+v", resumed)
 	}
-	r = c.run("exec", id, "--", "cat", "/dev/shm/mark") // retried once on the known cut stream (runIn)
+	r = c.run("exec", id, "--", "cat", "/dev/shm/mark")
 	if r.code != 0 || r.stdout != "kept\n" {
 		t.Fatalf("memory after resume: %s", r)
 	}
