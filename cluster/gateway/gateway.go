@@ -74,6 +74,10 @@ func New(opts Options) *Gateway {
 			MaxIdleConns:        1024,
 			MaxIdleConnsPerHost: 256,
 			IdleConnTimeout:     90 * time.Second,
+			// The client's Accept-Encoding goes through as it is: left
+			// on, a request without one would be asked gzipped of the node
+			// and inflated here (CPU on both, and the answer's length lost).
+			DisableCompression: true,
 		}
 	}
 	if opts.LookupTTL <= 0 {

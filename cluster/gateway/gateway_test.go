@@ -104,6 +104,8 @@ func (f *fakeNode) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"node": f.name, "templateID": id})
 	case r.URL.Path == "/stream":
 		f.streamLines(w, r)
+	case r.URL.Path == "/headers":
+		writeJSON(w, http.StatusOK, map[string]string{"acceptEncoding": r.Header.Get("Accept-Encoding")})
 	case r.URL.Path == "/ws":
 		f.echo(w, r)
 	case r.Method == "DELETE":

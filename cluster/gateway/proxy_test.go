@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -277,5 +278,36 @@ func TestStaleLookupCorrected(t *testing.T) {
 	}
 	if code, body, _ := fx.do(t, "POST", "/files", host, "data"); code != 200 || !strings.Contains(string(body), `"node":"b"`) {
 		t.Fatalf("the next POST: %d %s, want b's answer", code, body)
+	}
+}
+
+// TestEncodingPassesAsAsked: the node sees the client's Accept-Encoding,
+// none added (the gateway does not ask the node for gzip to inflate it).
+func TestEncodingPassesAsAsked(t *testing.T) {
+	fx := newFixture(t, "a")
+	id, code := fx.create(t)
+	if code != http.StatusCreated {
+		t.Fatal(code)
+	}
+	client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	defer client.CloseIdleConnections()
+	for _, enc := range []string{"", "br"} {
+		req, _ := http.NewRequest("GET", fx.gw.URL+"/headers", nil)
+		req.Header.Set("E2b-Sandbox-Id", id)
+		if enc != "" {
+			req.Header.Set("Accept-Encoding", enc)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct {
+			AcceptEncoding string `json:"acceptEncoding"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if err != nil || got.AcceptEncoding != enc {
+			t.Fatalf("client's Accept-Encoding %q reached the node as %q (%v)", enc, got.AcceptEncoding, err)
+		}
 	}
 }
