@@ -25,7 +25,7 @@ import (
 
 const (
 	bigBody   = 1 << 20 // bytes per throughput request
-	requests  = 400     // per measurement
+	requests  = 800     // per ratio, over its rounds
 	rounds    = 5       // measurements per ratio
 	parallel  = 8
 	placeRuns = 3000
@@ -66,6 +66,7 @@ func newStack(b *testing.B) *stack {
 // returns the elapsed time and each request's latency.
 func run(b *testing.B, url string, hdr map[string]string, n int) (time.Duration, []time.Duration) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: parallel}}
+	defer client.CloseIdleConnections()
 	lat := make([]time.Duration, n)
 	var next sync.Mutex
 	i := 0
@@ -115,8 +116,12 @@ func p50(l []time.Duration) time.Duration {
 // measured hop is the gateway's; aenvd's own proxy is bench/aenvd's),
 // answering /big chunked (a stream) and /sized with its Content-Length (a
 // file download). The ratios are medians over rounds, each round timing
-// both paths back to back: the machine is shared, and its speed drifts
-// between minutes more than the gateway costs.
+// every path back to back, in an order turning from round to round: the
+// machine is shared, and its speed drifts between minutes more than the
+// gateway costs. Beside the direct connection, the reference, a TCP relay
+// in the gateway's place (relay_test.go) shows what a second connection
+// costs by itself; the CPU per MiB of each path (client and origin
+// included, all in this process) shows where the time goes.
 func BenchmarkGatewayProxy(b *testing.B) {
 	st := newStack(b)
 	big := make([]byte, bigBody)
@@ -141,32 +146,75 @@ func BenchmarkGatewayProxy(b *testing.B) {
 	if _, err := st.sched.Bind(ctx, &pb.BindRequest{SandboxId: "sbx1", Node: "n1"}); err != nil {
 		b.Fatal(err)
 	}
+	relayURL := startRelay(b, origin.Listener.Addr().String())
 	hdr := map[string]string{"E2b-Sandbox-Id": "sbx1", "E2b-Sandbox-Port": "49983"}
 	for _, ttl := range []time.Duration{2 * time.Second, time.Nanosecond} {
 		gw := httptest.NewServer(gateway.New(gateway.Options{Scheduler: st.sched, LookupTTL: ttl,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+		paths := []hop{{name: "direct", url: origin.URL}, {name: "relay", url: relayURL}, {name: "gateway", url: gw.URL, hdr: hdr}}
 		for range b.N {
-			run(b, origin.URL+"/big", nil, 20) // warm both paths
-			run(b, gw.URL+"/big", hdr, 20)
-			var ratio float64
-			for _, path := range []string{"/big", "/sized"} {
-				var tput, lat []float64
-				for range rounds {
-					dDirect, _ := run(b, origin.URL+path, nil, requests/rounds)
-					dGW, _ := run(b, gw.URL+path, hdr, requests/rounds)
-					_, lDirect := run(b, origin.URL+"/small", nil, requests/rounds)
-					_, lGW := run(b, gw.URL+"/small", hdr, requests/rounds)
-					tput = append(tput, dDirect.Seconds()/dGW.Seconds())
-					lat = append(lat, float64(p50(lGW))/float64(p50(lDirect)))
-				}
-				fmt.Printf("gateway proxy (lookup cache %s, %s): throughput %.2fx direct, p50 latency of small answers %.2fx direct (medians of %d rounds)\n",
-					ttl, path, median(tput), median(lat), rounds)
-				ratio = median(tput)
+			for _, h := range paths { // warm every path
+				run(b, h.url+"/big", h.hdr, 20)
 			}
-			b.ReportMetric(ratio, "throughput-ratio")
+			for _, path := range []string{"/big", "/sized"} {
+				m := measure(b, paths, path)
+				fmt.Printf("gateway proxy (lookup cache %s, %s): throughput %.2fx direct (a TCP relay in its place: %.2fx); "+
+					"p50 latency of small answers %.2fx direct; MB/s and ms of CPU per MiB: direct %.0f %.2f, relay %.0f %.2f, gateway %.0f %.2f (medians of %d rounds)\n",
+					ttl, path, m.ratio["gateway"], m.ratio["relay"], m.latency, m.mbps["direct"], m.cpu["direct"],
+					m.mbps["relay"], m.cpu["relay"], m.mbps["gateway"], m.cpu["gateway"], rounds)
+				if path == "/sized" {
+					b.ReportMetric(m.ratio["gateway"], "throughput-ratio-cache-"+ttl.String())
+				}
+			}
 		}
 		gw.Close()
 	}
+}
+
+// hop is one way to the origin.
+type hop struct {
+	name, url string
+	hdr       map[string]string
+}
+
+// figures are one path's medians over rounds, by hop name.
+type figures struct {
+	ratio, mbps, cpu map[string]float64 // throughput / direct's; MB/s; ms of CPU per MiB
+	latency          float64            // the gateway's p50 of small answers / direct's
+}
+
+// measure times requests/rounds GETs of path on every hop per round, and
+// as many small GETs through the gateway and directly.
+func measure(b *testing.B, hops []hop, path string) figures {
+	n := requests / rounds
+	per := map[string][]float64{}
+	var lat []float64
+	for r := range rounds {
+		took := map[string]time.Duration{}
+		for i := range hops {
+			h := hops[(r+i)%len(hops)]
+			cpu0 := cpuTime()
+			d, _ := run(b, h.url+path, h.hdr, n)
+			cpu := cpuTime() - cpu0
+			took[h.name] = d
+			mib := float64(n*bigBody) / (1 << 20)
+			per["mbps "+h.name] = append(per["mbps "+h.name], float64(n*bigBody)/d.Seconds()/1e6)
+			per["cpu "+h.name] = append(per["cpu "+h.name], float64(cpu.Milliseconds())/mib)
+		}
+		for _, h := range hops {
+			per["ratio "+h.name] = append(per["ratio "+h.name], took["direct"].Seconds()/took[h.name].Seconds())
+		}
+		_, lDirect := run(b, hops[0].url+"/small", nil, n)
+		_, lGW := run(b, hops[len(hops)-1].url+"/small", hops[len(hops)-1].hdr, n)
+		lat = append(lat, float64(p50(lGW))/float64(p50(lDirect)))
+	}
+	f := figures{ratio: map[string]float64{}, mbps: map[string]float64{}, cpu: map[string]float64{}, latency: median(lat)}
+	for _, h := range hops {
+		f.ratio[h.name] = median(per["ratio "+h.name])
+		f.mbps[h.name] = median(per["mbps "+h.name])
+		f.cpu[h.name] = median(per["cpu "+h.name])
+	}
+	return f
 }
 
 func median(v []float64) float64 {

@@ -197,7 +197,7 @@ func (g *Gateway) firstFound(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadGateway, "node url: "+err.Error())
 		return
 	}
-	g.forward(w, r, u, "")
+	g.forward(w, r, u, "", false)
 }
 
 // objectPath is the GET path naming the template or snapshot a call is

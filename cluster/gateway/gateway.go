@@ -32,7 +32,10 @@ type Options struct {
 	// Transport reaches the nodes (default: a pooled http.Transport).
 	Transport http.RoundTripper
 	// LookupTTL is how long a sandbox's node is remembered without asking
-	// the scheduler again (default 2s; a node's 502 forgets it at once).
+	// the scheduler again (default 2s). A node answering that it does not
+	// hold the sandbox (a 502, or a 404 to an API call on it) forgets it at
+	// once, and a request without a body is sent again to the node the
+	// scheduler names now (route.go, moved).
 	LookupTTL time.Duration
 	// MaxCreateAttempts bounds the nodes one create tries (default 3).
 	MaxCreateAttempts int
@@ -58,7 +61,9 @@ type cached struct {
 	at  time.Time
 }
 
-type nodeKey struct{}
+// routeKey carries a proxied request's *route from forward to Rewrite,
+// ModifyResponse and ErrorHandler.
+type routeKey struct{}
 
 // New builds a gateway.
 func New(opts Options) *Gateway {
@@ -69,6 +74,10 @@ func New(opts Options) *Gateway {
 			MaxIdleConns:        1024,
 			MaxIdleConnsPerHost: 256,
 			IdleConnTimeout:     90 * time.Second,
+			// The client's Accept-Encoding goes through as it is: left
+			// on, a request without one would be asked gzipped of the node
+			// and inflated here (CPU on both, and the answer's length lost).
+			DisableCompression: true,
 		}
 	}
 	if opts.LookupTTL <= 0 {
@@ -87,14 +96,12 @@ func New(opts Options) *Gateway {
 		FlushInterval: -1,
 		BufferPool:    bufferPool{},
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(pr.In.Context().Value(nodeKey{}).(*url.URL))
+			pr.SetURL(pr.In.Context().Value(routeKey{}).(*route).node)
 			pr.Out.Host = pr.In.Host // the node's proxy routes by host too
 			pr.SetXForwarded()
 		},
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			g.log.Warn("node unreachable", "path", r.URL.Path, "err", err)
-			writeError(w, http.StatusBadGateway, "node unreachable: "+err.Error())
-		},
+		ModifyResponse: g.moved,
+		ErrorHandler:   g.proxyError,
 	}
 	return g
 }

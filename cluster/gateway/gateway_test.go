@@ -59,7 +59,13 @@ func (f *fakeNode) serve(w http.ResponseWriter, r *http.Request) {
 	f.hits = append(f.hits, r.Method+" "+r.Host+" "+r.URL.Path)
 	full := f.full
 	f.mu.Unlock()
+	if id := proxiedID(r); id != "" && !f.holds(id) {
+		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "message": "The sandbox was not found", "code": 502})
+		return
+	}
 	switch {
+	case r.Method == "GET" && strings.HasPrefix(r.URL.Path, "/sandboxes/") && !f.holds(sandboxOfPath(r.URL.Path)):
+		writeError(w, http.StatusNotFound, "sandbox not found")
 	case r.Method == "POST" && r.URL.Path == "/sandboxes":
 		if full {
 			w.Header().Set("Retry-After", "5")
@@ -97,11 +103,11 @@ func (f *fakeNode) serve(w http.ResponseWriter, r *http.Request) {
 		f.mu.Unlock()
 		writeJSON(w, http.StatusOK, map[string]string{"node": f.name, "templateID": id})
 	case r.URL.Path == "/stream":
-		w.WriteHeader(http.StatusOK)
-		_, _ = io.WriteString(w, "first\n")
-		w.(http.Flusher).Flush()
-		<-f.stream
-		_, _ = io.WriteString(w, "second\n")
+		f.streamLines(w, r)
+	case r.URL.Path == "/headers":
+		writeJSON(w, http.StatusOK, map[string]string{"acceptEncoding": r.Header.Get("Accept-Encoding")})
+	case r.URL.Path == "/ws":
+		f.echo(w, r)
 	case r.Method == "DELETE":
 		w.WriteHeader(http.StatusNoContent)
 	default:

@@ -69,7 +69,7 @@ func (g *Gateway) resume(w http.ResponseWriter, r *http.Request, id string) {
 	var down errNodeDown
 	switch {
 	case err == nil:
-		g.forward(w, r, u, id)
+		g.forward(w, r, u, id, true)
 	case errors.As(err, &down):
 		g.resumeElsewhere(w, r, id, down.node)
 	default:

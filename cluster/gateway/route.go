@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -143,7 +144,7 @@ func (g *Gateway) failLookup(w http.ResponseWriter, id string, err error) {
 // toSandboxNode forwards a request to the node holding id.
 func (g *Gateway) toSandboxNode(w http.ResponseWriter, r *http.Request, id string) {
 	if u, ok := g.locate(w, r, id); ok {
-		g.forward(w, r, u, id)
+		g.forward(w, r, u, id, false)
 	}
 }
 
@@ -162,14 +163,82 @@ func (g *Gateway) locate(w http.ResponseWriter, r *http.Request, id string) (*ur
 	return u, true
 }
 
-// forward proxies r to the node at u; a 502 (the node lost the sandbox)
-// forgets the cached binding.
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, u *url.URL, id string) {
-	rw := &statusWriter{ResponseWriter: w}
-	g.rp.ServeHTTP(rw, r.WithContext(context.WithValue(r.Context(), nodeKey{}, u)))
-	if rw.status == http.StatusBadGateway && id != "" {
-		g.forget(id)
+// route is where forward sends one request: the node, and the sandbox the
+// request is about ("" for calls that name none).
+type route struct {
+	node *url.URL
+	id   string
+	// api: a call of the node's API on the sandbox, whose 404 means the
+	// node does not hold it (a guest's own 404 on proxied traffic does not)
+	api bool
+	// replay: the request can be sent again (no body, a safe method)
+	replay bool
+	// movedTo is the sandbox's node after the first answered that it does
+	// not hold it; forward sends the request there
+	movedTo *url.URL
+}
+
+// forward proxies r to the node at u. When that node answers it does not
+// hold sandbox id (the cached binding was stale: the sandbox was resumed
+// elsewhere or killed through another gateway) the binding is forgotten,
+// and a request that can be replayed goes once to the node the scheduler
+// names now.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, u *url.URL, id string, api bool) {
+	rt := &route{node: u, id: id, api: api, replay: replayable(r)}
+	g.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, rt)))
+	if rt.movedTo != nil {
+		again := &route{node: rt.movedTo, id: id, api: api}
+		g.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, again)))
 	}
+}
+
+// replayable is a request forward may send twice: a safe method without a
+// body (a WebSocket upgrade is one; nothing reached the guest on a 502).
+func replayable(r *http.Request) bool {
+	safe := r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions
+	return safe && (r.Body == nil || r.Body == http.NoBody)
+}
+
+// errMoved tells proxyError the node's answer was dropped for a replay.
+var errMoved = errors.New("sandbox moved to another node")
+
+// moved is the reverse proxy's ModifyResponse: it recognises a node's
+// answer that it does not hold the sandbox (its proxy's 502, its API's
+// 404), forgets the binding, and asks for a replay when the scheduler now
+// names another node. Otherwise the node's answer goes to the client.
+func (g *Gateway) moved(resp *http.Response) error {
+	rt, _ := resp.Request.Context().Value(routeKey{}).(*route)
+	if rt == nil || rt.id == "" {
+		return nil
+	}
+	notHere := resp.StatusCode == http.StatusBadGateway || rt.api && resp.StatusCode == http.StatusNotFound
+	if !notHere {
+		return nil
+	}
+	g.forget(rt.id)
+	if !rt.replay {
+		return nil
+	}
+	u, err := g.nodeOf(resp.Request.Context(), rt.id)
+	if err != nil || u.String() == rt.node.String() {
+		return nil // the scheduler agrees, or cannot say: the node's answer stands
+	}
+	g.log.Info("sandbox moved; replaying on its node", "sandbox", rt.id, "from", rt.node.Host, "to", u.Host)
+	rt.movedTo = u
+	return errMoved
+}
+
+// proxyError answers a node that could not be reached (and forgets the
+// binding that led there), or stays silent for a replay forward makes.
+func (g *Gateway) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, errMoved) {
+		return
+	}
+	if rt, _ := r.Context().Value(routeKey{}).(*route); rt != nil && rt.id != "" {
+		g.forget(rt.id)
+	}
+	g.log.Warn("node unreachable", "path", r.URL.Path, "err", err)
+	writeError(w, http.StatusBadGateway, "node unreachable: "+err.Error())
 }
 
 // sandboxCall routes /sandboxes/{id}/... to the sandbox's node, unbinding
@@ -190,7 +259,7 @@ func (g *Gateway) sandboxCall(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rw := &statusWriter{ResponseWriter: w}
-	g.forward(rw, r, u, id)
+	g.forward(rw, r, u, id, true)
 	if r.Method == http.MethodDelete && r.URL.Path == "/sandboxes/"+id && rw.status/100 == 2 {
 		g.forget(id)
 		if _, err := g.sched.Unbind(context.WithoutCancel(r.Context()), &pb.UnbindRequest{SandboxId: id}); err != nil {

@@ -33,7 +33,7 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.StringVar(&f.k8sService, "schedulers-service", daemon.EnvOr("AENV_GATEWAY_SCHEDULERS_SERVICE", ""), "find the schedulers as the ready endpoints of this Kubernetes Service (namespace/name) instead of --schedulers")
 	fs.StringVar(&f.k8sPort, "schedulers-port", daemon.EnvOr("AENV_GATEWAY_SCHEDULERS_PORT", ""), "the Service's port name for --schedulers-service (default: its first port)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig for --schedulers-service (default: the in-cluster service account)")
-	fs.DurationVar(&f.lookupTTL, "lookup-ttl", 2*time.Second, "how long a sandbox's node is remembered between scheduler lookups")
+	fs.DurationVar(&f.lookupTTL, "lookup-ttl", 2*time.Second, "how long a sandbox's node is remembered between scheduler lookups (a node answering that it does not hold the sandbox drops it at once)")
 }
 
 func main() {
