@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
@@ -50,7 +51,7 @@ type diskBackend interface {
 	// templateDisk prepares the writable disk a template boots from (raw
 	// is its ext4 image); finish, once the VM stopped, commits it to t
 	// (commit) or cleans up.
-	templateDisk(ctx context.Context, t *template.Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error)
+	templateDisk(ctx context.Context, t *template.Template, raw string) (sandbox.Disk, func(ctx context.Context, commit bool) error, error)
 	// warm keeps root disks of t ready (daemon only).
 	warm(ctx context.Context, t *template.Template)
 }
@@ -185,37 +186,32 @@ func (d *daemonDisks) copyInto(_ context.Context, rec Record, dir string, r *sna
 	return snapshot.WriteImageConfig(r.RootfsImage, snapLayers)
 }
 
-func (d *daemonDisks) templateDisk(ctx context.Context, t *template.Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error) {
+func (d *daemonDisks) templateDisk(ctx context.Context, t *template.Template, raw string) (sandbox.Disk, func(ctx context.Context, commit bool) error, error) {
 	base := filepath.Join(t.Dir, "rootfs-0.lsmt")
 	if _, err := storimage.ImportRaw(ctx, raw, base, storimage.CommitOptions{Message: "guest rootfs " + raw}); err != nil {
-		return vmm.Drive{}, nil, err
+		return nil, nil, err
 	}
 	bootCfg := filepath.Join(t.Dir, "rootfs-boot.json")
 	if err := snapshot.WriteImageConfig(bootCfg, []string{base}); err != nil {
-		return vmm.Drive{}, nil, err
+		return nil, nil, err
 	}
-	rec := Record{ID: "template-" + t.ID, Dir: t.Dir, Gen: 1, RootfsImage: bootCfg}
-	// Made before the VM's identity is known: its socket stays root's, so
-	// a template VM does not reconnect after a storage restart (it is
-	// short-lived; a build that lost its disk fails and is retried).
-	drive, dev, err := d.attach(ctx, rec, nil)
-	if err != nil {
-		return vmm.Drive{}, nil, err
-	}
-	rec.Device, rec.HasDevice = dev.ID, true
+	// The device is made when the VM attaches it, as the VM's identity (a
+	// confined VMM reconnects to it after a storage restart); finish, not
+	// the VM's tear-down, releases or seals it.
+	disk := &templateBootDisk{recordDisk{o: d.o, rec: &Record{ID: "template-" + t.ID, Dir: t.Dir, Gen: 1, RootfsImage: bootCfg}}}
 	finish := func(ctx context.Context, commit bool) error {
-		if !commit {
-			d.detach(ctx, rec.ID, dev)
+		if !commit || !disk.rec.HasDevice {
+			disk.recordDisk.Detach(ctx)
 			return nil
 		}
-		if err := sealAndDelete(ctx, d.sd, &rec); err != nil {
-			d.detach(ctx, rec.ID, dev)
+		if err := sealAndDelete(ctx, d.sd, disk.rec); err != nil {
+			disk.recordDisk.Detach(ctx)
 			return err
 		}
-		t.RootfsImage = rec.RootfsImage
+		t.RootfsImage = disk.rec.RootfsImage
 		return nil
 	}
-	return drive, finish, nil
+	return disk, finish, nil
 }
 
 func (d *daemonDisks) warm(ctx context.Context, t *template.Template) {
@@ -272,12 +268,12 @@ func (fileDisks) copyInto(ctx context.Context, rec Record, dir string, r *snapsh
 	return snapshot.SparseCopy(ctx, rec.Rootfs, r.Rootfs)
 }
 
-func (fileDisks) templateDisk(ctx context.Context, t *template.Template, raw string) (vmm.Drive, func(ctx context.Context, commit bool) error, error) {
+func (fileDisks) templateDisk(ctx context.Context, t *template.Template, raw string) (sandbox.Disk, func(ctx context.Context, commit bool) error, error) {
 	t.Rootfs = filepath.Join(t.Dir, "rootfs.ext4")
 	if err := snapshot.SparseCopy(ctx, raw, t.Rootfs); err != nil {
-		return vmm.Drive{}, nil, err
+		return nil, nil, err
 	}
-	return vmm.Drive{ID: rootfsDrive, Path: t.Rootfs}, func(context.Context, bool) error { return nil }, nil
+	return preparedDisk{vmm.Drive{ID: rootfsDrive, Path: t.Rootfs}}, func(context.Context, bool) error { return nil }, nil
 }
 
 func (fileDisks) warm(context.Context, *template.Template) {}
@@ -305,8 +301,15 @@ func (d *recordDisk) Detach(ctx context.Context) {
 	}
 }
 
+// templateBootDisk is the disk a template boots from on the storage
+// daemon: attached as any record's, released or sealed by templateDisk's
+// finish only (the VM's Detach leaves it).
+type templateBootDisk struct{ recordDisk }
+
+func (*templateBootDisk) Detach(context.Context) {}
+
 // preparedDisk is a drive its owner prepared and releases itself (a
-// template's boot disk: diskBackend.templateDisk's finish).
+// template's boot file disk: fileDisks.templateDisk).
 type preparedDisk struct{ drive vmm.Drive }
 
 func (d preparedDisk) Attach(context.Context, *vmm.Identity) (vmm.Drive, error) { return d.drive, nil }

@@ -87,7 +87,7 @@ func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.As
 	if st, err := os.Stat(a.Rootfs); err == nil {
 		t.DiskMiB = int(st.Size() >> 20)
 	}
-	drive, finish, err := o.disks.templateDisk(ctx, &t, a.Rootfs)
+	disk, finish, err := o.disks.templateDisk(ctx, &t, a.Rootfs)
 	if err != nil {
 		return t, fmt.Errorf("build template %s: %w", id, err)
 	}
@@ -99,7 +99,7 @@ func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.As
 	// Empty drive slots, so sandboxes of the template can bring drives.
 	t.DriveSlots = sandbox.DriveSlots(o.vms.Driver)
 	vm, err := sandbox.Start(ctx, o.vms, sandbox.Spec{
-		ID: "template-" + id, RunDir: filepath.Join(dir, "run"), Disk: preparedDisk{drive}, Drives: make([]sandbox.Disk, t.DriveSlots),
+		ID: "template-" + id, RunDir: filepath.Join(dir, "run"), Disk: disk, Drives: make([]sandbox.Disk, t.DriveSlots),
 		Boot:      &vmm.Config{Kernel: kernel, Initrd: initrd, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, Cmdline: bootCmdline},
 		AgentWait: 5 * time.Minute,
 	})
