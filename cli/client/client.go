@@ -189,17 +189,19 @@ func (c *Client) Kill(ctx context.Context, id string) error {
 	return err
 }
 
-// Pause snapshots a running sandbox.
-func (c *Client) Pause(ctx context.Context, id string) error {
-	_, _, err := c.do(ctx, "pause sandbox "+id, "POST", "/sandboxes/"+url.PathEscape(id)+"/pause", struct{}{}, nil)
+// Pause snapshots a running sandbox; memory false keeps only its
+// filesystem (its resume cold-boots).
+func (c *Client) Pause(ctx context.Context, id string, memory bool) error {
+	_, _, err := c.do(ctx, "pause sandbox "+id, "POST", "/sandboxes/"+url.PathEscape(id)+"/pause", api.SandboxPauseRequest{Memory: &memory}, nil)
 	return err
 }
 
 // Connect resumes a paused sandbox (or extends a running one's timeout)
 // and returns it; resumed reports whether it was paused. timeout 0 keeps
-// the server's default.
-func (c *Client) Connect(ctx context.Context, id string, timeoutSecs int32) (s api.Sandbox, resumed bool, err error) {
-	var req api.ConnectSandbox
+// the server's default; memory false resumes from the disk alone (a cold
+// boot).
+func (c *Client) Connect(ctx context.Context, id string, timeoutSecs int32, memory bool) (s api.Sandbox, resumed bool, err error) {
+	req := api.ConnectSandbox{Memory: &memory}
 	if timeoutSecs > 0 {
 		req.Timeout = &timeoutSecs
 	}

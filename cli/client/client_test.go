@@ -116,7 +116,7 @@ func TestErrors(t *testing.T) {
 	}
 	// An unreachable server names the URL and what to check.
 	c = New("http://127.0.0.1:1", "k")
-	if err := c.Pause(ctx, "x"); err == nil || !strings.Contains(err.Error(), "cannot reach aenvd at http://127.0.0.1:1") {
+	if err := c.Pause(ctx, "x", true); err == nil || !strings.Contains(err.Error(), "cannot reach aenvd at http://127.0.0.1:1") {
 		t.Fatalf("unreachable: %v", err)
 	}
 }

@@ -232,6 +232,23 @@ func TestSandboxCommands(t *testing.T) {
 		t.Fatalf("resume of a running sandbox: %v", rows)
 	}
 
+	// pause --no-memory keeps the disk only: the resume is a new boot.
+	bootID := strings.TrimSpace(c.ok("exec", id, "--", "cat", "/proc/sys/kernel/random/boot_id").stdout)
+	c.ok("exec", id, "--", "sh", "-c", "echo disk > /home/user/on-disk && sync")
+	if r = c.ok("pause", "--no-memory", id); r.stdout != "Paused "+id+"\n" {
+		t.Fatalf("pause --no-memory: %s", r)
+	}
+	c.ok("resume", id)
+	if r = c.ok("exec", id, "--", "cat", "/proc/sys/kernel/random/boot_id"); strings.TrimSpace(r.stdout) == bootID {
+		t.Fatalf("resume after pause --no-memory kept the boot %s: memory was restored", bootID)
+	}
+	if r = c.run("exec", id, "--", "cat", "/dev/shm/mark"); r.code == 0 {
+		t.Fatalf("memory-only state survived pause --no-memory: %s", r)
+	}
+	if r = c.ok("exec", id, "--", "cat", "/home/user/on-disk"); r.stdout != "disk\n" {
+		t.Fatalf("the disk after pause --no-memory: %s", r)
+	}
+
 	// fork and snapshots: exercised if the server has them, else a clear error.
 	if r = c.run("fork", id, "--count", "1", "-o", "json"); r.code == 0 {
 		var kids []struct {

@@ -13,13 +13,14 @@ import (
 // resume, rm and timeout.
 
 func pauseCmd() *cobra.Command {
-	return &cobra.Command{
+	var noMemory bool
+	cmd := &cobra.Command{
 		Use:   "pause SANDBOX_ID...",
 		Short: "Pause sandboxes (snapshot memory and disk, free the VM)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: withClient(nil, func(cmd *cobra.Command, args []string, c *client.Client) error {
 			for _, id := range args {
-				if err := c.Pause(cmd.Context(), id); err != nil {
+				if err := c.Pause(cmd.Context(), id, !noMemory); err != nil {
 					return err
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), "Paused", id)
@@ -27,10 +28,14 @@ func pauseCmd() *cobra.Command {
 			return nil
 		}),
 	}
+	cmd.Flags().BoolVar(&noMemory, "no-memory", false,
+		"keep only the filesystem: the resume cold-boots (no processes of before), and traffic does not auto-resume it")
+	return cmd
 }
 
 func resumeCmd() *cobra.Command {
 	var timeout string
+	var noMemory bool
 	var o output
 	cmd := &cobra.Command{
 		Use:   "resume SANDBOX_ID",
@@ -48,7 +53,7 @@ func resumeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, resumed, err := c.Connect(cmd.Context(), args[0], secs)
+			s, resumed, err := c.Connect(cmd.Context(), args[0], secs, !noMemory)
 			if err != nil {
 				return err
 			}
@@ -59,6 +64,7 @@ func resumeCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&timeout, "timeout", "5m", "lifetime after resuming (seconds or duration)")
+	cmd.Flags().BoolVar(&noMemory, "no-memory", false, "resume from the disk alone: cold-boot, leaving the memory image unused")
 	o.register(cmd)
 	return cmd
 }

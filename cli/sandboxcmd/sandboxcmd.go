@@ -333,7 +333,7 @@ func resumeIfPaused(cmd *cobra.Command, c *client.Client, id string, secs int32,
 			return c.Sandbox(id, token, user), nil
 		}
 	}
-	s, resumed, err := c.Connect(cmd.Context(), id, secs)
+	s, resumed, err := c.Connect(cmd.Context(), id, secs, true)
 	if err != nil {
 		return nil, err
 	}
