@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -84,19 +83,7 @@ func TestNoAutoResumeWithoutMemory(t *testing.T) {
 // sees the mask (with ${PORT} replaced) as the Host of proxied requests,
 // and that one without sees the client's.
 func TestMaskRequestHost(t *testing.T) {
-	nettest.RequireRoot(t)
-	w := nettest.NewWorld(t, nettest.Prefix())
-	cfg := w.Config()
-	cfg.GuestNetNS = true
-	m, err := network.New(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Shutdown(context.Background()) })
-	s, err := m.Acquire(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := guestSlots(t, 1)[0]
 	l := nettest.Listen(t, s.GuestNetNSPath(), netip.AddrPortFrom(network.GuestIP, 8080))
 	guest := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(r.Host))
@@ -131,19 +118,7 @@ func TestMaskRequestHost(t *testing.T) {
 // TestKillEndsStreams: a killed sandbox's open streams end at once (a
 // stopped VM never closes them itself), and only that sandbox's.
 func TestKillEndsStreams(t *testing.T) {
-	nettest.RequireRoot(t)
-	w := nettest.NewWorld(t, nettest.Prefix())
-	cfg := w.Config()
-	cfg.GuestNetNS = true
-	m, err := network.New(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Shutdown(context.Background()) })
-	s, err := m.Acquire(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := guestSlots(t, 1)[0]
 	release := make(chan struct{})
 	l := nettest.Listen(t, s.GuestNetNSPath(), netip.AddrPortFrom(network.GuestIP, 8080))
 	guest := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -212,19 +187,7 @@ func TestKillEndsStreams(t *testing.T) {
 // the transport that forwards it, and the transport would close the
 // upstream connection mid-answer ("use of closed network connection").
 func TestStreamWhileRequestBodyOpen(t *testing.T) {
-	nettest.RequireRoot(t)
-	w := nettest.NewWorld(t, nettest.Prefix())
-	cfg := w.Config()
-	cfg.GuestNetNS = true
-	m, err := network.New(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Shutdown(context.Background()) })
-	s, err := m.Acquire(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := guestSlots(t, 1)[0]
 	answered := make(chan chan struct{}, 1) // the next exchange's "guest answered" signal
 	l := nettest.Listen(t, s.GuestNetNSPath(), netip.AddrPortFrom(network.GuestIP, 8080))
 	guest := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -290,19 +253,7 @@ func exchange(url string, done <-chan struct{}) error {
 // the client sent it, and none when the client sent none (the proxy's
 // transport must not ask for gzip behind the client's back).
 func TestAcceptEncodingAsSent(t *testing.T) {
-	nettest.RequireRoot(t)
-	w := nettest.NewWorld(t, nettest.Prefix())
-	cfg := w.Config()
-	cfg.GuestNetNS = true
-	m, err := network.New(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Shutdown(context.Background()) })
-	s, err := m.Acquire(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := guestSlots(t, 1)[0]
 	var hits atomic.Int32
 	guestServer(t, s, &hits)
 	reg := &sandboxes{

@@ -49,6 +49,28 @@ func (s *sandboxes) Connect(_ context.Context, id string, _ time.Duration, _ boo
 	return orchestrator.Record{}, false, orchestrator.ErrNotFound
 }
 
+// guestSlots acquires n network slots whose guests are namespaces (root
+// only: the test skips otherwise).
+func guestSlots(t *testing.T, n int) []*network.Slot {
+	t.Helper()
+	nettest.RequireRoot(t)
+	w := nettest.NewWorld(t, nettest.Prefix())
+	cfg := w.Config()
+	cfg.GuestNetNS = true
+	m, err := network.New(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Shutdown(context.Background()) })
+	slots := make([]*network.Slot, n)
+	for i := range slots {
+		if slots[i], err = m.Acquire(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return slots
+}
+
 // guestServer serves HTTP in a slot's guest: it answers with the request
 // headers it got, and counts requests.
 func guestServer(t *testing.T, s *network.Slot, hits *atomic.Int32) {
@@ -63,23 +85,9 @@ func guestServer(t *testing.T, s *network.Slot, hits *atomic.Int32) {
 }
 
 func TestProxyIsolation(t *testing.T) {
-	nettest.RequireRoot(t)
-	w := nettest.NewWorld(t, nettest.Prefix())
-	cfg := w.Config()
-	cfg.GuestNetNS = true
-	m, err := network.New(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Shutdown(context.Background()) })
-	var slots []*network.Slot
+	slots := guestSlots(t, 2)
 	hits := make([]atomic.Int32, 2)
-	for i := range 2 {
-		s, err := m.Acquire(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		slots = append(slots, s)
+	for i, s := range slots {
 		guestServer(t, s, &hits[i])
 	}
 	reg := &sandboxes{
