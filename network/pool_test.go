@@ -1,9 +1,12 @@
 package network_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -212,4 +215,79 @@ func TestReleaseDuringShutdown(t *testing.T) {
 		}
 		wg.Wait()
 	}
+}
+
+// TestConcurrentTapLives plays many VM lives at once: acquire a slot, open
+// its tap, hand it to a child process (as a VMM inherits it), close the
+// node's copy, wait for the child, release. Other children are forked
+// meanwhile. No slot is held twice at a time, and no tap is ever busy.
+func TestConcurrentTapLives(t *testing.T) {
+	m, _ := newManager(t, func(c *network.Config) { c.PoolLow, c.PoolHigh = 2, 4 })
+	const workers, lives = 6, 15
+	var mu sync.Mutex
+	held := map[string]bool{}
+	errc := make(chan error, workers)
+	stop := make(chan struct{})
+	var forks sync.WaitGroup
+	forks.Add(1)
+	go func() { // unrelated fork/execs, as the node runs all the time
+		defer forks.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				_ = exec.Command("true").Run()
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range lives {
+				if err := tapLife(t.Context(), m, &mu, held); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	forks.Wait()
+	close(errc)
+	for err := range errc {
+		t.Error(err)
+	}
+}
+
+func tapLife(ctx context.Context, m *network.Manager, mu *sync.Mutex, held map[string]bool) error {
+	s, err := m.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	mu.Lock()
+	twice := held[s.Name]
+	held[s.Name] = true
+	mu.Unlock()
+	if twice {
+		return fmt.Errorf("slot %s handed out while in use", s.Name)
+	}
+	tap, err := s.OpenTap()
+	if err != nil {
+		return err
+	}
+	child := exec.Command("sleep", "0.02")
+	child.ExtraFiles = []*os.File{tap}
+	err = child.Start()
+	tap.Close()
+	if err == nil {
+		err = child.Wait()
+	}
+	mu.Lock()
+	delete(held, s.Name)
+	mu.Unlock()
+	return errors.Join(err, m.Release(ctx, s))
 }
