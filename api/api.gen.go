@@ -341,11 +341,23 @@ type NewSandbox struct {
 
 	// Timeout seconds
 	Timeout *int32 `json:"timeout,omitempty"`
+
+	// VolumeMounts volumes mounted in the guest; each takes a drive slot after the drives
+	VolumeMounts *[]SandboxVolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // NewSnapshot defines model for NewSnapshot.
 type NewSnapshot struct {
 	Name *string `json:"name,omitempty"`
+}
+
+// NewVolume defines model for NewVolume.
+type NewVolume struct {
+	// Name 1 to 63 letters, digits, '-' or '_', starting with a letter or digit; unique on the node
+	Name string `json:"name"`
+
+	// SizeMiB aenvd extension: the volume's size limit (16..65536 MiB); default the node's volumes.default_size_mib
+	SizeMiB *int32 `json:"sizeMiB,omitempty"`
 }
 
 // Node defines model for Node.
@@ -475,6 +487,7 @@ type SandboxDetail struct {
 	StartedAt       time.Time             `json:"startedAt"`
 	State           SandboxState          `json:"state"`
 	TemplateID      string                `json:"templateID"`
+	VolumeMounts    *[]SandboxVolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // SandboxDrive aenvd extension: one extra drive, exactly one of image and sizeMiB
@@ -588,6 +601,18 @@ type SandboxState string
 // SandboxTimeout defines model for SandboxTimeout.
 type SandboxTimeout struct {
 	Timeout int32 `json:"timeout"`
+}
+
+// SandboxVolumeMount defines model for SandboxVolumeMount.
+type SandboxVolumeMount struct {
+	// Name the volume's name (or id)
+	Name string `json:"name"`
+
+	// Path absolute path in the guest the volume is mounted at
+	Path string `json:"path"`
+
+	// ReadOnly aenvd extension: mount read-only (any number of sandboxes may; a read-write mount is one sandbox's alone)
+	ReadOnly *bool `json:"readOnly,omitempty"`
 }
 
 // SandboxesWithMetrics defines model for SandboxesWithMetrics.
@@ -713,6 +738,38 @@ type TemplateUpdateRequest struct {
 // TemplateUpdateResponse defines model for TemplateUpdateResponse.
 type TemplateUpdateResponse struct {
 	Names []string `json:"names"`
+}
+
+// Volume defines model for Volume.
+type Volume struct {
+	// CreatedAt aenvd extension
+	CreatedAt *time.Time `json:"createdAt,omitempty"`
+
+	// MountedBy aenvd extension: the sandboxes that mount the volume
+	MountedBy *[]string `json:"mountedBy,omitempty"`
+	Name      string    `json:"name"`
+
+	// SizeMiB aenvd extension: the size limit
+	SizeMiB  *int32 `json:"sizeMiB,omitempty"`
+	VolumeID string `json:"volumeID"`
+}
+
+// VolumeAndToken defines model for VolumeAndToken.
+type VolumeAndToken struct {
+	// CreatedAt aenvd extension
+	CreatedAt *time.Time `json:"createdAt,omitempty"`
+	Domain    *string    `json:"domain,omitempty"`
+
+	// MountedBy aenvd extension: the sandboxes that mount the volume
+	MountedBy *[]string `json:"mountedBy,omitempty"`
+	Name      string    `json:"name"`
+
+	// SizeMiB aenvd extension: the size limit
+	SizeMiB *int32 `json:"sizeMiB,omitempty"`
+
+	// Token E2B's token of the volume content API, which aenvd does not serve: always empty
+	Token    string `json:"token"`
+	VolumeID string `json:"volumeID"`
 }
 
 // WebhookConfig defines model for WebhookConfig.
@@ -883,6 +940,9 @@ type StartTemplateBuildV2JSONRequestBody = TemplateBuildStartV2
 // CreateTemplateV3JSONRequestBody defines body for CreateTemplateV3 for application/json ContentType.
 type CreateTemplateV3JSONRequestBody = TemplateBuildRequestV3
 
+// CreateVolumeJSONRequestBody defines body for CreateVolume for application/json ContentType.
+type CreateVolumeJSONRequestBody = NewVolume
+
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 
@@ -1022,6 +1082,18 @@ type ServerInterface interface {
 
 	// (POST /v3/templates)
 	CreateTemplateV3(w http.ResponseWriter, r *http.Request)
+
+	// (GET /volumes)
+	ListVolumes(w http.ResponseWriter, r *http.Request)
+
+	// (POST /volumes)
+	CreateVolume(w http.ResponseWriter, r *http.Request)
+
+	// (DELETE /volumes/{volumeID})
+	DeleteVolume(w http.ResponseWriter, r *http.Request, volumeID string)
+
+	// (GET /volumes/{volumeID})
+	GetVolume(w http.ResponseWriter, r *http.Request, volumeID string)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -1252,6 +1324,26 @@ func (_ Unimplemented) StartTemplateBuildV2(w http.ResponseWriter, r *http.Reque
 
 // (POST /v3/templates)
 func (_ Unimplemented) CreateTemplateV3(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /volumes)
+func (_ Unimplemented) ListVolumes(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (POST /volumes)
+func (_ Unimplemented) CreateVolume(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (DELETE /volumes/{volumeID})
+func (_ Unimplemented) DeleteVolume(w http.ResponseWriter, r *http.Request, volumeID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /volumes/{volumeID})
+func (_ Unimplemented) GetVolume(w http.ResponseWriter, r *http.Request, volumeID string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2584,6 +2676,86 @@ func (siw *ServerInterfaceWrapper) CreateTemplateV3(w http.ResponseWriter, r *ht
 	handler.ServeHTTP(w, r)
 }
 
+// ListVolumes operation middleware
+func (siw *ServerInterfaceWrapper) ListVolumes(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListVolumes(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateVolume operation middleware
+func (siw *ServerInterfaceWrapper) CreateVolume(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateVolume(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteVolume operation middleware
+func (siw *ServerInterfaceWrapper) DeleteVolume(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", chi.URLParam(r, "volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteVolume(w, r, volumeID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetVolume operation middleware
+func (siw *ServerInterfaceWrapper) GetVolume(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", chi.URLParam(r, "volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetVolume(w, r, volumeID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 type UnescapedCookieParamError struct {
 	ParamName string
 	Err       error
@@ -2791,6 +2963,18 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Patch(options.BaseURL+"/events/webhooks/{webhookID}", wrapper.UpdateWebhook)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/volumes", wrapper.ListVolumes)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/volumes", wrapper.CreateVolume)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/volumes/{volumeID}", wrapper.DeleteVolume)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/volumes/{volumeID}", wrapper.GetVolume)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/templates", wrapper.ListTemplates)
 	})
 	r.Group(func(r chi.Router) {
@@ -2841,107 +3025,116 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H17b9u4lvhXIfS7QG1AcdJkpvitg/0jbac7xfQRNGnvXUyLW1o6tnktkRqSsuMN8t0XfOlhUbLs2Onc",
-	"xfzV1KLIw8Pz5jlH90HE0oxRoFIE4/sgwxynIIHr/wlM4wm7e/ta/YfQYBxkWM6DMKA4hWBceR4GHP7I",
-	"CYc4GEueQxiIaA4pVi/KdaYHS07oLHh4eFCDRcaoAL3KL5wzrv6IGJVApfoTZ1lCIiwJo6f/EoxqaIoZ",
-	"/8ZhGoyD/3daAn9qnopTM5teJQYRcZKpSYJxgCkC+8xBp5e/EoLM6C2kWYIl3OKZ+AR/5CA0HBlnGXBJ",
-	"DKQSz/S/REIqPFsLgxTfvTUPn5+dhUFKqPtv6AZjzvFajZWYz0CvUgdUzgFJCw7CAilkI8b1v2OJZ2ig",
-	"RkxyksRIzrFE6jf1UFyiFZFzlkvEKIRIDVOTCGlGD4OwcRjVg/vdgRSanX4rhrPJvyCSCmiDLYir+Goi",
-	"Si9nyKaBou1IrCOqAeJMBGGxgg/Gl+rZOzb7hUq+bgKXwBIS9QfQPFVTxjDJZ0EYEDplQRisMKdBGBhi",
-	"+RZ6DhmEwDPwwi4kZP5NkRSExKl+OmU8xTIYBzGWcKIebT+a4v0SgNDupRUJNxLLXHwCbFloAxEGRfZ/",
-	"xXl0cVcdtQ9Not4DNxsbdTP4NvWKUQqRvDFyp7mjFFJmjrzOUjFMcZ5IpETTCE1xIgBxEHkKAmGU4VxA",
-	"jKw0Q1POUkSkQDERC8Rosh4jIlHEkvhkwpgUIcI01iPMeoikeAaICESByDlwpOejjKNojukMYjQgEs0Y",
-	"CM2gmjHtas/US3fSwKC4fEGSZDhCHxiC6RQixcoII55TSuisgJFxxeIOcsf1dvsF4iaMJYCpIz+Wyxrx",
-	"ESovzgMtpUiqWOGseJNQCTMwsrJxCq8hAQm9JKZRFIeXAnreDjFV6JQ6OBGLoUkd8EeOE6FP5dfb22sk",
-	"NNcEYRNTm9jpovcNiPXSYSd1v2F88QlEnngQCW5DPXRf6BTztvGOj7yn/I4ICXErq+GEYP/BRQkBKluk",
-	"f5Tlr1hO/YTYRK9iwRvyP/D+Zc8XgMZXsq+IVcOX8Rfgghj56BH1iqN6r56CxDGW2kjBcUwUgeHkum5E",
-	"tBB6ifma2eWRophL2GmXiqChJzHc6LEKLMvfXjA2lVM5NqxZhQUtVOF2p1Shhgqma4fuYK+flI95PsCq",
-	"g1YTtvqnOidOQf4TRxGI6llU5CTOJbtWUnXL4/ctmsbolhQvwAgUK3efCaRePTFifkoSEGshIT1R6gUN",
-	"BACy0OvZrTwdGaQMLxFl0qgONcsnrbkQUDxJlG756exsOEKvKzruEpEZZbyiGsp9hS3bMrP2pJKr4oVX",
-	"jE6JprKYk6XB94bhrY4OwZ0Eqk4PDX45f/lMoKvrt2iuzFuGRB7N0ZRAEg/HaiDHaJKwaIHMlCEiFDEe",
-	"A0enMSxPl/EkdH9Fo9EIsanG9UzhDA3wVALXP5jXEUaC4kzMmUQzsgSqjOqSYhFOOOB4jSLMlS00vERY",
-	"opQJiX4yml6fkXvBqvApBzs/EgmTAkm8ALVoqgzJPqaUxeRrNYfPkgK6/IKNH7a/KDmMQKIgV4wveu7o",
-	"gxldEoaAKOctDNUpZWpmS52oBESMxl4lvcWcaZFbbTLFUk5v08aHvw/W7GhKpQhLiF9df+6pX4pX3rfo",
-	"pRc/ed+LWJqSFldTsJxHgMwQZJh1hYV2GaU2hn0qZUc9HnHAEt5gkuTc7L4P1Pqlm1yL695vxVbXNXdq",
-	"XGb1XEkMvVPf1pT6uWUSJ73Rq974LCDe6YWtAkJRzWs98CEMEobjqyVwPIPnaV3zs3ySVMQ6zdOJs0ac",
-	"jtq2jNVmxTu7bd+8sxMCKIvbWN6aD9ALPzfFYGvm5KLq2WvBriwKjonyn7zu/LLD/lumaR8wvrx/33RR",
-	"zBYLsMqFzLQe68ehfQOldZKskVsVXWFdovikRZOnGqz5rUV+vXYkW+er1Ry41ntI7feZQJwxqT1ngRKl",
-	"HZUCnbOVdpe/vBeIA47mTlFuRI1wtAAae4S9ZIrwYzRI8BqUWaM9bjFUfrA2pnx8LDmmImPcI/fySbLQ",
-	"IbVJjAYLZRUmzuKAJYlADEP17ESwaAESDT68fI2E5JjM5hJJpvf75f37YahX3xq7cRurwtSG5zbDUuGQ",
-	"g8IExBqRM5AKDsJrUQgbnFCjU0zX6iQkoZG0T4tAgpohxVnjDMwwTwTFzVMLeWjcq3kyiNFkXZ29p/ts",
-	"NaNj2AhHczixSNUncgJ3G/gqT5gXgS0P43o2sbH5TP2NazvqA/VmvMo49haW0GHQgNB2yjdVIVc/ARPT",
-	"6alX7Y56jpZKhPQau7FHt0zooHNzte5Py7xXOvrV3OJegnoDJDtHGwBKIjctrigykd+mzldWOPc+aiWy",
-	"DYDsFKFdxQeY8Zg6Yirdzmef6OYlUr5kPU46eqK44KFjRTFLMdGYp3mSKGfXXS554zhXWqfdsgX4RcK2",
-	"WE932GWbo8LxdEqiDRi2wL1HFGVbGKTNP28GFE30wEdpHWf7GiQmyS4nrGMvb23o5aoj8vJDw4Y7kFrP",
-	"MMd4I8pvwhr25T1CBG/plPnDBDsHPB/LKAmZQrSOkr7BonfF+B8VUX1sAOOvgOzuAdlafGs7tzAKVR4J",
-	"EdzhSCZr/YBNrcGpbFuhICEv/aarZ6XyMp3xMhJI4uJOvYwVIiIQRhHL1ieMnqw4kYCWBFYaAFlxbswd",
-	"fMndbEWHoZpQT6UGECkgmZpgobJuPtJkHfhtWPPMG7IwIU0BOoqphpqAsQHBoMQGOdXvQ6+Kd/jyYGaS",
-	"YLpAap9K5KElS/IUTDiVCI1oNHg+Gr34+eeLF+g9eRkikWEuQDk+drPuRhInjPY1nztpRQu6hoIxflkH",
-	"kp7Z+9rBMp5o4FyoeOjDegut1FIvqtRSUojlGnNLPMATAVTq9Rw2DRKH2856j3MyMz8zB7OHp2JxWIGj",
-	"g2/fWHm5eYHapoRTfGeMRZf4Yv/n9UO2RHWRjhFEc5LEOojw2DCvgbpjs++qGq1pk5dXI81TY/S23I1z",
-	"ZxYkSZyztN2VqSxRna8LXuax6BJC4eipJ3qRbsha0m70/c4jrzOOmrpzzAyd0G2/G3XiIEk6m0fhsRoT",
-	"Nttnvq15GXresAp0x4bfg+Qk8giZHe8WsvyzgPg6qr8wTRiWvrB4EUzdMbrfPxq+y+wppDtMvjONVl75",
-	"TMldr2U66Lo+Wc1erBxDuasKOiqIrJ5BB33U7XD/rf5HI3j7phFZf/Q6nyQkujU+u1+ux0DXO0+eYrGw",
-	"d/e/MuFRcOpXNAccA1dmFjdjTapAxtndWpkSK8xj4cLM1r66RH+7v/746fZBmagcsgRHJuSq32RcjowO",
-	"fgd0JufB+Pzni7DP1WQd1Z8zd3t2MFT3S7vYA9sdu6nmUDwuSXABkAmbADCvJm4YB8CY58ppEAuI1ZFN",
-	"k1zM0ZRwIS+1YQ0CEYnmONY5HPoxxCjFazQBlDAhQ4QFMjkLGEUci/lwjChr5BYuIJMmp9dkLlYSEmuG",
-	"eD19cYARhRVSw0I1a8aZuflR5DeBKePKmFdulY1goZiB0LDqhBW7FpEe16LjBD7BlIOYe+z4nGNpAwvt",
-	"NuTFi5oRuVv88cY510VweTN67bMM7MsVY24j93v/QOmmMN1i3IH4O5Fzoxw9BkHtfrTNlOqhzq32bSJy",
-	"M9BerOeF2XpIfq9tryyBnSIphkve4bUtWegVUtopAqUz63cTfBwyJoj0SpnywrRwLrWLgyawZooNledN",
-	"WQxjZJ3L1RxoccNapEy5l8u1LlEGNCZ0FqI8Sxiu/gk62jHFRCeM2aCEe1GnjQ61E6vkhs0EkazG9VUv",
-	"tvai/9KEMTkVOx3LliCbo7M9ovObBF1O5U63HiOrBc9Kmtwgto1N+pjDpUi3xMt3JSudv7ILP3WVYUzK",
-	"+oCqrNQ/G2G5wkSav9ztXLtfdXxG3yMT+KCpvXuIgUxbmS3BngyvqBdlbZZ/9/1Tri23HTDaFTB2dNMr",
-	"Hmx3GRY0XeeZErD6kdQpsIt7rtS8n2zFmOe+vAPLe4fM7aRdYOlSmDckgc9awnoA4yBsOVsTspwn20Fy",
-	"M2wFw699u9j/GLU/jaBCD0Xp7ta3LlwrZfIme+0puvamkZJLigyvfuGP2tFZN+XLRcel6qafknHQeV0N",
-	"rg6DXAAymak0T5Jtkrk7TNspIctXz/9/m7w8SOWPOiGctp1ON3JvJObyy7knGMl41BLQVf7T27QtSKie",
-	"VtW6N8a/fpXG7VeF7Q8h68+NDogbCVk/59i9YSnOSdRWytvLPGkRNwfWnvvQ0KO53KPonPXYWodWO6Um",
-	"mvmu29ABiF+x8aybxNlO1eaXrTtXT7v2cYtnu+mZPSw9adbYVqk8qxsqxTpd4Jv4VmtkqCS5hs+myzpr",
-	"14NEIDMeDWxWJqax9qq4hPgSwRL4Wle5LGCtE86NA6cvc81DN9ewZ3BlcxttJtHO3OaprvTT899hMmes",
-	"NSS7x2l35CGFASxdY4L+LELiVgnU4jq2aJeeRhrRathMErrC1KoF7HZo5is21YVe/XZnzpYNVm5kKXlR",
-	"t3HFanMCiySe0b0FNlyQJIE4NEGy0ET+4nDK+ALiBzSwlrwm82gO0SJjSt/HCHNAOIogU5MgqmgbKbt1",
-	"WM1z2npurQckyIximXO4gYj7GiaoAfbOOIaEKNYaIzifnBRvKmZVzJvTDMcxxGiCBbz4SXHlza9XJ+c/",
-	"v0BsaRlc6FXQlCUJW5Ux9gmLvfkblkY2krWlzBDjSP0r0OdP7/QU5kg0uq4/3tzqgPFWx6wvzbSF7g/O",
-	"X7ucU3+OasYgddUYkesbZfCYvVxl5DdYX+VyXjQkMXcpZUuSf5xcXb89+Q0qZ4X1W6YlCLGOUv24bueA",
-	"IkYlZ4kW2GyKvusEpe8hUqYXlmSSgMnlMcWLVvKrwYKZLhzmwc3r3wRaMb5AOU1ZTKYE4tFX+ouW99oJ",
-	"QZiKFXCBvt9/1VXhX4Mx+pqfnV1Elepz/QOE6Ku7StajgtFo9DV4+D5CCglApe2RMnZ3St+L/X8ffaX6",
-	"wk4mCglXM6Dylw9fjA5ScA9+OX95Uu5uWClQGQdno+ejM53ekAHFGQnGwcXobHShY+hyrk/j1FDP6coQ",
-	"oP7NNjRRBKgBexsHY11J/nc3aKP5y/nZ2U6tX3rZxnUt1dR2jd4wlfoVt5sQsSQGIc1djrmjsiLXv3ix",
-	"rWoLmszeAtYRYuS7hdL2zgEhXyoRc6g+OHVV8lAXK0ppPDRO4vnBF7cH0EQ4hxkREhQwe2H2IWyQ3+m9",
-	"/evt6wfD4gkYgVhHvuleUUV+DQk/eaqFaAnupQ6R20C7UzcEjFSPOcuyfbcU+pnnv0C2wnr2dAemOMTi",
-	"d29eqPSW+t3bT6o4wJ36SX3TMimaN3FndOKT8JlVv7347MccG8ICWRNuf56bA06M9m0j1l/NiD58Zawt",
-	"rgwvomCrqf1g/Ps3vWRaXoR622Vdc5Yq9ywXyA51/QC0qhsUhi4qYLU1/MqVotEazYmQbMZxKkx+sTR1",
-	"dBljiQhRcf85HAVhc7/unnbrKUu4k6dZYssMOtujtW5QzYHgTt+/EUaRdbG8eFO779bJH/SIp1DIugC+",
-	"lx62l5/7U6je9um9qb596KLUD65w70jMaTbdbmwcT44Wpce7CVFvxpKuyKuwk3EWDaco11BYexb9fHaB",
-	"VnOSAII7XSw6K1lH59G46lBdtZviBSAikWm9gWeKLTa568ac0Y2Lrh9DfDeKFXtJ8DZhpidSwoxo3owe",
-	"Qce1NI9WFr6pVH9v0MWGDcOTE6DK3YjR4j+XKMOEC/QvRqhxcZW/cf5CZ9IG4+CPHHS9oKWnoghnCwUd",
-	"X5DUm1L1kCgbjdNMo4BDW/IOniORaNnZ6InN+NqyHnK3GWcrLJCNIR2A3rcqfC2LYKULY3CaJbpgRUd/",
-	"NrvkKfKN0SCnC8pWNHTt8pTookyiNbgZYsSoteETmErEch28aqiMgt1Krd/JdRFLU3wiQA2SlRaDJBZo",
-	"4LoMPT87U4vBXZboanideehnRPv+P0ksOqV77walm8EdIdc6XKAMi+DRLN2DturJbh5Cq520UKKqROIh",
-	"qO2+yPzp9Bp/I0lSZfNt6sDEUg/tCbZCcPBzsYW+3Zx/IAvG91455LRMzXr41np2p5Eped9sYrzb9K1i",
-	"vt539DhyfmORh2an5COcs++EidQi3UrTS9fDzlRrxoaqn0jNOFDMXcSB+f106mrcDk4wbxhfHJdaqmV6",
-	"RzALelljlYalPUwxRk3qeiJRBtyU91Va+w1wtbut69Y9PPSZuySlLSL2ncnk6bapKblDKUkSUnaj82pt",
-	"ibms2c49SnDuvVMlJCX1qQrcPD9TCr2zLnNbZeZTKHyN2Ba1wiECKlFCKIh6U8eIUcESKJo1KRMOz4DK",
-	"oenQaMbqX0w1NkrYLEQp8Jm9wiMp1EP6l4gqijQuqy0M+BPps6YV3EaqPW1RTa1HIdSd1zG9sHZZ5Umc",
-	"y7bCiM5rI2eYVmKOz4QJKfI1Gui2BvrybworhxbXml9INGc5H+pwJKGmtnw0AhpvkmqjA7juG75y1UfW",
-	"k1CL6XKrJU7UBH8meq604HiUus1lW5y/Xsp2XLVbr5d7TMwIZhyEQBlLSLQ+cOiodgCZayx1eGtH19s9",
-	"iblTq+zzWsgeND9GuLfjk5sSNxDHwamtoHsSrLpqvb4IrToCh0Wp67NwCHxW8qRtgGQTw2q14yJ4o+Ob",
-	"F8FP4kgdyYNytVRHYgIbXnU9mI8XX3UrHPuAqtWSbQaFq+wb5EJ35al3K2fUxloP7hlVKlwPf5I3hbnq",
-	"KmyPKtHcIvtqZgHyEeitMkX71U0xyn+l5w/9mnqT1kuYFrfRZqXu/F63uxk+pgtQK6hwJ01ruh9+2VTn",
-	"1u3uQHHuobPNrfX+j5MPcCdP9LbMl7qMr2A+/DODA5Da6X1Z1toj/akmUrcxg5nq8MHsVhjOfojAPd59",
-	"fK3ieIc7eXXCxXcnOoXJbTHqKRijKIDq4yMX381gFB0gv6OY79SW4Zze6z86Uz1qpaTHpDd/zWoL4ZUf",
-	"+aNI78HIhuPRIS62vx8Jnrq6q27hUvs24HHUfPsnyPbV+BxStnxECNBr9TS/LXkkfLR/xPKJUwa834ds",
-	"o388U9JgZb5waX7hM5DPzMdH4kMIifvSdH7oT7k/Ui22w3B4MbVNMh1PFNVqLPfL9W1Y7LX6vGcCubI8",
-	"KTmZ5EoFDUzdRjO3wwTyaqg/PJP6qxCfOGW4pYZwCyE8e5RuamfJU83o4vTeVnI+nJZ1/dsYpNIWoJ8L",
-	"lbCZ+DidCmhxac527jJ6XK9plyVtl8lyyf06ZB71BrDZsqKF6jQxaAY21lGMEjZDYFoqmAZn5VkiRv90",
-	"Yir0TlZWK+9tgNV4RxeDn97PsZj3sn7f2C/lHE35t7VG8RxztaS66GtVtNgz5dKvPl7/NxISMjTAyjRA",
-	"mEdzsgQ0WbuyTdu7zjbVYrbblfm80L8HUajT21kF+i/B1NabZ91Hj7FIgjwRkgNO68ddyKoJoZh7KmB7",
-	"m5fNTzrBwS28wkHZxgqFKf5UrvIt7l2IWNG5ajuhIndNLH86Y0wdxPJ811T1L+f91HWvrPNwS8rt2F2c",
-	"h8WXi1oyH+ReEdJ+4cofE17d4DjGJYoJh0iXDk3WJt3AZsbgiDMhdDRSXCKMin0hItASJyQuOv6bdC2b",
-	"mZfi2BRGtyBWD/ZvUcOn+yMYSwXr/+kffS3TN/fz6c0rdHFx8R96A2PTo7UsOHFt+rHU2WS6varGdWve",
-	"C8RXatRu1Nb727aJBD4MUT+g1Xr62xemQetWwF/qYTtCXulkUvkUxgZENq3f2Fy6zF2WPpIPosrjf7dS",
-	"kWLXl66avha31204U3UcHFJTrmSGaUiqQ7fU9x2vAEVL1r9KUPa1Kaqq7Efllh/tCP/KLj9edvnyfNdr",
-	"GnvM/5cvaqpI6Y75ePjqT+mKt+Y2KC1c832PxsXe7oa9RPJ50wcz38O2NsQjDvqiTv1disrB/+XiKRBU",
-	"9tbsj6KDQtFstbj9KjDWHUZ05oAJhIXItjMtLHB7cBlEe55avV9AvbHS798evj38bwAAAP//",
+	"7H1rb9u4tuhfIXQ3EBtQnDSZKe51cD+k7fRMMW2naNLsfTAtZmhp2ea2RGpIyo5PkP9+wJceFiXLjp3O",
+	"Pmd/ampRfKz3Wlxr6SGIWJoxClSKYPwQZJjjFCRw/T+BaTxh9+/eqP8QGoyDDMt5EAYUpxCMK8/DgMOf",
+	"OeEQB2PJcwgDEc0hxepFuc70YMkJnQWPj49qsMgYFaBX+YlzxtUfEaMSqFR/4ixLSIQlYfTsn4JRvZti",
+	"xr9xmAbj4P+clZs/M0/FmZlNrxKDiDjJ1CTBOMAUgX3mdqeXvxaCzOgtpFmCJdzimfgMf+Yg9D4yzjLg",
+	"kpidSjzT/xIJqfAcLQxSfP/OPHxxfh4GKaHuv6EbjDnHazVWYj4DvUp9o3IOSNrtICyQAjZiXP87lniG",
+	"BmrEJCdJjOQcS6R+Uw/FFVoROWe5RIxCiNQwNYmQZvQwCBvIqCLuN7el0Jz0WzGcTf4JkVSbNtCCuAqv",
+	"JqD0coZsGiDaDsQ6oBpbnIkgLFbw7fGVevaezX6ikq+bm0tgCYn6A2ieqiljmOSzIAwInbIgDFaY0yAM",
+	"DLF8Cz1IBiHwDLx7FxIy/6FICkLiVD+dMp5iGYyDGEs4VY+2o6Z4v9xAaM/SCoQbiWUuPgO2LLQBCAMi",
+	"+78CH13cVQftY5Oo94DNxkHdDL5DvWaUQiRvjNxpniiFlBmU11kqhinOE4mUaBqhKU4EIA4iT0EgjDKc",
+	"C4iRlWZoylmKiBQoJmKBGE3WY0QkilgSn04YkyJEmMZ6hFkPkRTPABGBKBA5B470fJRxFM0xnUGMBkSi",
+	"GQOhGVQzpl3tRL10L80eFJcvSJIMR+gjQzCdQqRYGWHEc0oJnRV7ZFyxuNu543p7/AJwE8YSwNSRH8tl",
+	"jfgIlZcXgZZSJFWscF68SaiEGRhZ2cDCG0hAQi+JaRTF4aWAnrdDTBU6pb6diMXQpA74M8eJ0Fj5+fb2",
+	"ExKaa4KwCalN6HTR+8aO9dJhJ3W/ZXzxGUSeeAAJ7kA9dF/oFPO28Y6PvFh+T4SEuJXVcEKwH3FRQoDK",
+	"FukfZflrllM/ITbBq1jwhvwXfHjV8wWg8bXsK2LV8GV8B1wQIx89ol5xVO/VU5A4xlIbKTiOiSIwnHyq",
+	"GxEthF5CvmZ2eaQo5hJ2OqUiaOhJDDd6rNqW5W/vNjaVUzk2rFmFBS1U9+2wVKGGCqRrSHd7r2PKxzwf",
+	"YdVBqwlb/a7wxCnI33EUgajioiIncS7ZJyVVtzz+0KJpjG5J8QKMQLFy90Qg9eqpEfNTkoBYCwnpqVIv",
+	"aCAAkN29nt3K05EByvAKUSaN6lCzfNaaCwHFk0Tplh/Oz4cj9Kai464QmVHGK6qhPFfYciwza08quS5e",
+	"eM3olGgqizlZGnhvGN4KdQjuJVCFPTT46eLViUDXn96huTJvGRJ5NEdTAkk8HKuBHKNJwqIFMlOGiFDE",
+	"eAwcncWwPFvGk9D9FY1GI8SmGtYzBTM0wFMJXP9gXkcYCYozMWcSzcgSqDKqS4pFOOGA4zWKMFe20PAK",
+	"YYlSJiT6wWh6jSP3glXhUw52fiQSJgWSeAFq0VQZkn1MKQvJN2oOnyUFdHmHjR+2vyg5jECiIFeML3qe",
+	"6KMZXRKGgCjnLQzVKWVqZkudqAREjMZeJd1lzoTBkiV5Ch+U1PHQqnkqUKqeQ6wIr6CsKwQ4mmtEK5oq",
+	"kY82KW5HErgrt7Td/Snh1SYFLa33NsYe/fOYXbXPUgfcCyQZenmJEpASuAhRTGZEmconpyfKWj35/SRE",
+	"WgUoM9aIMjtYPdajr1BOyZ85KJNXAZMak6mpzpRuIK+2SpqxnsWg9EQg9RpKSEokGrx4ORq9/PHHy5fo",
+	"A3k1vEKFg2CXPRH2PTGyj35Xr/+ekkkfu9BnrXrRZe3RprqKsIT49acvPQ2P4pUPLQbLyx+870UsTUlL",
+	"DEKwnEeAzBBkYLvCQscSpPaSfMjZ0cCLOGAJbzFJcm5O32fX+qWbXOvx3m/F1ghqntTEUtRzpUr0SX1H",
+	"U3bJLZM46Q1e9cYXAfFOL2wVG4pq3uiBj2GQMBxfL4HjGbxI6yYhyydJhYFonk6cmeqMl23LWDOneGe3",
+	"45t3dgKAYr42w9dIS+gFn5tisLV/c1EN+WiNr0xNjolyrL1xnmWHY7BM0z7buPvwoSkNzBGLbZULmWk9",
+	"ZrED+wZI6yRZI7cquMK6RPFJiyZPNVizTX69cSRb56vVHDhU5SlnTOqQikCJ0pzKspqzlY6j3H0QiBvt",
+	"aiyojXAijhZAY48VIJki/BgNErwGZe/qUIwYKp2irWwfH0uOqcgY98i9fJIsdKx1EqPBQrkLiTNFYUki",
+	"EMNQPTsVLFqARIOPr94gITkms7lUGlCd9+7Dh2GoV98a1HMHq+6pDc5tHoeCIQcFCYg1IGeg9RjhtfCU",
+	"jVqp0Smma4UJSWgk7dMiwqRmSHHWwIEZ5gmtuXlqsTANezVPBjGarKuz94yrWM3oGDbC0RxOLVA1Rk7h",
+	"fgNeJYZ5EfH0MK7nEBuHz9TfuHaiPbR+aswXu5fQQdBsoQ3LN1UhV8eACfb11Kv2RD1HSyVCeo3dOKNb",
+	"JnS7c3O1nk/LvNc6LNo84l6CemNLdo62DSiJ3LS4oshcCTR1vjLoufdRK5FtbMhOEdpVfBszrnRHsK07",
+	"KtEn7H2FBACqB9BHzxQwPnQQMWYpJhryNE8SrKwce+voDfBda512yxbgFwnbgoDd8bhtHizH0ymJNvaw",
+	"Zd97hNe2xcfaAjfNSLMJK/korQO3b0BikuyCYR2Ue2djctcdIbnvGk/egdR6xr/GG9c/Jt61V+BAx47e",
+	"0Snzx492joQ/lVESMoVoHSV9o4jvi/HfK9T+1MjWXz9S34x4PUNo6ntdAtRiqtsZkVGosl+I4B5HMlnr",
+	"B2xqbVllNruQk9cq9qxUJnAwXkafSVzkcZTRQkQEwihi2fqU0dMVJxLQksBKb0BW/CaT91EKDraiw1BN",
+	"qKdSA4gUkExNdE0ZTr/SZB34zWPzzBsNMWF0ATrKqYaaSwqzBQMSG1hXvw+91kN7iA5NEkwXSJ1TSVMb",
+	"ZjMhfGKDdIMXlehciESGuQDlU9nDultwnDDa1zLvpBUtQxu6y7h8HUA6sTkCg2U80Ztz1xNDH9RbaKWW",
+	"7lOllpJCLNeYzIQBngigUq/noGmAONyG6z3wVIue7uEEWRhW9tHBt2+tKN68tG/T7ym+N3aoS7ay//O6",
+	"OFtuEkxwP5qTJNbxiZ2vFhr3/WrXHYd9X1WWTXO/vI5rYo3R2/I0zlNakCRxfth2L6myRHW+rv0yj7GY",
+	"EApHT3fSi3TvrCXVS98pPvEK7ajpYsfMCgvd8btBJw6SGLaJCo9BmrDZPvNttTv0vGF10x0H/gCSk8gj",
+	"ZHa8tsjyLwLiT1H9hWnCsPRF3Is47Y4XB/0D7bvMnkK6w+Q702jllS+U3PdapoOu65PV7MUKGspTVcBR",
+	"AWQVBx30UTfx/ZkkvxrB2zd1zbq6n/JJQqJbEw7wy/UY6HrnyVMsFjZf5GcmPApO/YrmgGPgysziZqxJ",
+	"T8k4u18rU2KFeSxcBNvaV1fobw+ffv18+6hMVA5ZgiMTzdVvMi5HRge/BzqT82B88eNl2OdyuQ7qL5m7",
+	"mDsYqPul+uwB7Y7TVPN2npaYugDIhE06mVeThYwDYMxz5TSIBcQKZdMkF3M0JVzIK21Yg0BEojmOdd6Q",
+	"fgwxSvEaTQAlTMgQYWGzFjCKOBbz4RhR1shnXUAmTR65yZatJMHWDPF6yuwAIworpIaFataMM3OppMhv",
+	"AlPGlTGv3CobHEMxA6H3qpOk7FpEelyLDgx8hikHMffY8TnH0sYs2m3Iy5c1I3K30OaN89uLuPVmYNxn",
+	"GdiXK8bcRr3B/jHYTWG6xbir+vk9Mz5quRW6RmHAOCKx1wvRdSNNJ2MiWJJLQOpxLdemkrmh6NCl41SV",
+	"ax93tuHx64kqTu0A0zUyaloRZ3Fnqpjlyrm/xic3rxKhgwOlF6590KGfUj0ZyxoQHYgA8Xci58ZK8Vhm",
+	"tTvwNpu2h11lzaAmRW9ephTrefdsXVW/+7xXJshO0TIjrt7jta1X6hU23CnKqMtqdtNAHDImiPSK+/JS",
+	"vPDyta+JJrBmSh7OidD35WNkvfzVHMpkqCJf0r1crnWFMqAxobMQ5VnCcPVP0GGnKSY6W9RGh9yLOmd8",
+	"qKMJSoDbbB/JauK3ymu1F/0XY4zJqdgJLVsCqY7O9riB2STociqH3XqwshbFLGlyg9g2DuljDlcf0XIn",
+	"sitZ6RylXfipqwZrUhYHVZWW/tlorRUm0vzlbmDbHdzjM/oeZQAHzevfQwxk2txvibpleEW9IGtzwboj",
+	"/Lk2oXeAaFfk3tFNr8C8PWVY0HSdZ8qN1VFSp8Au7rlW83625aKenIgOKO9dwGAn7dqWroN7SxL4oiWs",
+	"Z2MchK1lbe4s58n2LbkZtm7Dr3272P8YhX+N6E4PRenyJ7YuXKtj9Cb07Sm69qaRkkuKLL5+caga6qy/",
+	"eHfZcXG+6TBmHHTuXoOrwyAXgIyxTvMk2SaZu+PlnRKyfPXi/7bJy4OU/SkM4bQNO93AvZGYy7sLT1SY",
+	"8aglsq4c2XdpW7RWPa2qda8nsn6dxu3Xwe0PIevPjW4TNxKyflEK94alOCdRWylvL/OkRdwcWHvuQ0NP",
+	"5nKPonPWY2sRag1LTTDzXY+hI0E/YxPiaBJnO1WbX7aeXD3tOsctnu2mZ/aw9KRZY1ubglndUCnW6dq+",
+	"CTS2huhKkmv4bLqmu3ZPSwQy49HAZt5iGmuvikuIrxAsga91idsC1rqowDhw+lbdPHRzDXtGuTaP0WYS",
+	"7cxtnkCFn57bKoJqaO4MwFTvVLs9exPwebXeLZ1KF13q6r2cVmNI1byqrWzWqrx2qzsqy436ZTybnfYR",
+	"UcXIsL2yyODqmsZFNtfRcbZDqtz/QvRKh4f63KYWVj90Zaw27Gm74SghEqLVnERzW4NVBMsF8CWMEU5W",
+	"eC0QpJn0ZvvsT1hu1z4C+ztM5oy1XpTtIfo7Ek/DAJawmb62FdMkbjVHWuJILaZmT4+NaJvcTFJAsOoO",
+	"uxOa+YpDdYFXv92ZpGuvkDZ4zQu6jcQXmwReZG2OHuxmwwVJEohDc3URmvuYOJwyvoD4EQ2sW691XjSH",
+	"aJExYuLzHBCOIsjUJIgqRYeUEzs8FIfOKJY5hxuIuK91khpgM3liSIjSs2MEF5PT4k2luRWT5TTDcQwx",
+	"mmABL39QvHfz8/XpxY8vEVtabS/0KmjKkoStypvPCYu9fGZpZKM6R8oMMY7UvwJ9+fxeT2FQosH16deb",
+	"W32NtzVK05dm2i5UD85fu+CpP0c1LyR0/TiR6xvl/ZizXGfkF1hf5+ZWSbcmMzfcZXOyf5xef3p3+gtU",
+	"cIX1W6Y5GLFRkzq6budG8HKWaOuNTdEfWur+ESLlh2FJJgmYDEsjuq0ZqAYLZtSTeXDz5heBVowvUE5T",
+	"FpMpgXj0lf6kjT8dkUCYihVwgf54+Kr7w3wNxuhrfn5+GVX60OgfIERfXYKPHhWMRqOvweMfI6SAAFTa",
+	"bmljd9P/R3H+P0ZfqU6jkEojB9czoPKnj3fGIFX7Hvx08eq0PN2wUpE4Ds5HL0bnOuksA4ozEoyDy9H5",
+	"6NLeZWlsnBnqOVsZAtS/2dZmigD1xt7FwVj3lPm7G7TRBu7i/HynJnC9HOW6lmqavo0ucZWCRXeaELEk",
+	"BiHNDbvJHLAi1794caxqM7rM5mbUAWLku92l7aIHQr5SIuZQHfHqquSxLlaU0nhsYOLFwRe3CGgCnMOM",
+	"CAlqM3tB9jFskN/Zg/3r3ZtHw+IJGIFYB77pY1UFfg0IP3jKQ2m53St9X2Zv3Zy6IWCkesxZlu17pNDP",
+	"PP8BsnWv58+HMMUhFr5780Kly+Rv3s6SBQJ36iz5TcukaN6EndGJz8JnVv324rPvgzaEBbIm3P48Nwec",
+	"GO3bRqw/mxF9+MpYW1wZXkTtrab2g/Fv3/SSaZkV4W2c+YmzFOQccoHsUOdSaVU3KAxdVOzVdvNJsAQa",
+	"rdGcCMlmHKfCVH1IUzidMZaIsPRCh6MgbJ7XJW1sxbKEe3mWJdZZ7myU2npANQeCe30ZTxhF1sXywk2d",
+	"vlsnf9QjnkMh644nvfSwzYTYn0L1sc8eTLuFxy5K/egqtY/EnObQ7cbG8eRo0WtiNyHqzSPVJdgVdjLO",
+	"ouEU5RoKa8+iH88v0WpOEkBwr7sDzCoBnAVA5toB6DYNKV4AIiYpa43wTLHFJnfdGBzduKu2Y4jvRnV6",
+	"LwneJsz0REqYEc2b0RPouJbz1crCN5V2Hxt0sWHD8OQUqHI3YrT4/0uUYcIF+icj1Li4yt+4eKnrG4Jx",
+	"8GcOukDc0lNRdbmFgo4vSOrtKXtIlI0WqqYzzKEtebefI5Fo2ePwmc342rIecrd5wCsskI0hHYDetyp8",
+	"LYtgpcsVcZoluoxQR382++Uq8o3RIKcLylY0dI1zleiiTKI1uBlixKi14ROYSsRyHbxqqIyC3Uqt38l1",
+	"EUtTfCpADZKVZsMkFmjg+g2+OD9Xi8F9luj2Jzof3M+I9v3fSSw6pXvvVuWbwR0h1zpcoAyL4Mks3YO2",
+	"6pmvHkKrYVooUVUC8RDU9lCkAXZ6jb+QJKmy+TZ1YGKph/YEW3dwcLzYzg7dnH8gC8b3XjnkrMzTfPzW",
+	"iruzyPQ42fycwW7Tt4r5egfy48j5jUUem99MOAKefRgmUot0K02vXDdbcxcWG6p+JjXjtmLuIg7M72dT",
+	"V3l8cIJ5y/jiuNRSLZ4+glnQyxqrtC7vYYoxagqKEoky4KboutLkd4Crfe7ddzuGh8a5y1jcImLfm7S+",
+	"bpuaknuUkiQhZV9ar9aWmMua7dyjMPLBO5W7ei6nKmDz4lwp9M5q+W318s+h8DVgW9QKhwioRAmhIOrt",
+	"nSNGBUug6M6nTDg8AyqHplezGat/MT0yUMJmIUqBz+wVHkmhHtK/QlRRpHFZbbnWX0ifNa3gNlLtaYtq",
+	"aj0Koe68jml+uMsqz+JctlVJdV4bOcO0EnM8ESakyNdooJvN6Mu/KawcWNxHeoREc5bzoQ5HEmo6foxG",
+	"QONNUm18C0R/QWTlakKtJ6EW00WwS5yoCf5K9FzpufQkdZvLtjh/vcD4uGq3XsX8lJgRzDgIgTKWkGh9",
+	"4NBRDQGZ6yR4eGtHV0E/i7lTq7f2WsgeMD9FuLfDk5vCYxDHgamta34WqLoa6r4ArToChwWp635zCHhW",
+	"iiZsgGQTwmq14wJ4o8WnF8DP4kgdyYNyhZVHYgIbXnXfNjhefNWtcGwEVUun2wwKV+Y7yIXulVb/bgmj",
+	"NtZ6cM+o0nfg8Ji8KcxV1/fgqBLNLbKvZhYgnwDeKlO0X90Uo/xXev7Qryk+a72EaXEbbVbqzu91u5vh",
+	"U3qztW4V7qXJXv/ul011bt3uDhR4D51tbq33f5x+hHt5qo9lvtlpfAXzCcAZHIDUzh7KGvce6U81kbqN",
+	"GcxUhw9mt+7h/LsI3OPdx9faD+xwJ68wXHyBqlOY3BajnoMximrIPj5y8QUt/X2fJ+d3FPOd2Zq8swf9",
+	"R2eqR62u/Jj05i9gbyG88nO/FOkzGNlwPDrExfH3I8EzV4TZLVxqXwk+jppv/xjpvhqfQ8qWTwgBeq2e",
+	"5lemjwSP9s9ZP3PKgPdL0W30j2dKGqxMHynzC5+BPDFfm4oPISQeStP5sT/lfk+12L6Hw4upbZLpeKKo",
+	"VnC9X65vw2KvFeueCORqdKXkZJIrFTQwdRvN3A4TyKuB/vBM6i9JfuaU4ZaC4i2EcPIk3dTOkmea0cXZ",
+	"gy3rfjwrm3xsY5BKj5B+LlTCZuLX6VRAi0tzvnPv5+N6TbssaXv/lkvu17f4qDeAzf41LVSniUEzsLGO",
+	"YpSwGQLTX8W0nSxxiRj9y4mp0DtZ2bpgbwOsxju6M8TZwxyLeS/r9639NNrRlH9bnyQPmqv9FYomd0Xj",
+	"U9M74fWvn/4TCQkZGmBlGiDMozlZApqsXdmm7ShqO+wx2/rOfE/uX4MoFPZ2VoH+SzB19Cau++gxFkmQ",
+	"p0JywGkd3YWsmhCKuacCtrd52fyGHxzcwisclG2sUJjiz+Uq3+LehYgVnauOEypy18TylzPGFCKWF7um",
+	"qt9d9FPXvbLOwy0pt2N3cR4Wn6pryXyQe0VI+4Urv094dYPjGJcoJhwiXTo0WZt0A5sZgyPOhNDRSHGF",
+	"MCrOhYhAS5yQuPgOi0nXspl5KY5NYXQLYPVg/xH1/nR/BGOpYP0//aPvQxab5/n89jW6vLz8f/oAY9M5",
+	"uyw4cR9PwVJnk+mm1xrWrXkvEF+rUbtRW++v3CcS+DBE/Tat1tNfJDJts7du/JUetuPOK22NKh8o2tiR",
+	"Tes3Npcuc5elj+TbUeXxv1qpSHHqK1dNX4vb6568qUIHh9SUK5lheifVoVvq+45XgKIl679LUPa1Kaqq",
+	"7Hvllh8Nhf/OLj9edvnyYtdrGovm/8kXNVWgdMd8PHz1l3TFW3MblBau+b5H42Jvq9NeIvmi6YNpIDij",
+	"4wmIvqxTf5eicvu/u3wOAJWNdvuD6KC7aPZd3X4VGOsOIzpzwATCQmR7GxcWuEVcBtETsKa7vnWLqzs7",
+	"5jlElW0zuVuzHnuI4/fquXMdB49kXbnTP69xtdEusgXWBshh8dlJuJc/VL5P9GQSPHtwHQh73NBVENHz",
+	"fs70+tCfKcISH/q2rm0/598FSQcKEXV88ofEaMB4qFMW6r5vqGGs9OvQ+YZ1nVvpM7lLjKne26TeBO63",
+	"b4/fHv87AAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -22,7 +22,8 @@ import (
 // does (the same kernel, initrd and command line, through package
 // sandbox's one bring-up): a new boot, none of the processes of before,
 // the files the guest had flushed to its disk. The guest is asked to flush
-// (sync) right before such a pause; what it writes between that and the
+// (sync) right before such a pause (and before a kill of a sandbox with
+// read-write volumes, volumes.go); what it writes between that and the
 // stop of its vCPUs may be lost, as after a crash (E2B's semantics too).
 
 // Files a template booted from, kept in its directory (buildTemplate).
@@ -56,7 +57,7 @@ func (o *Orchestrator) syncGuest(ctx context.Context, s *instance) {
 	ctx, cancel := context.WithTimeout(ctx, guestSyncWait)
 	defer cancel()
 	if err := sandbox.SyncGuest(ctx, slot, token); err != nil {
-		o.log.Warn("guest did not flush before a filesystem-only pause; its unflushed writes are lost as in a crash",
+		o.log.Warn("guest did not flush its writes to its disks; what it had not flushed is lost as in a crash",
 			"sandbox", id, "err", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	storimage "github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/template"
 	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/volume"
 )
 
 // Extra drives. A VM's device set is fixed when its VMM starts and a
@@ -40,6 +41,10 @@ type DriveRequest struct {
 	Image    string
 	SizeMiB  int
 	ReadOnly bool
+	// volume, when set, is the volume the drive mounts at mountPath
+	// (volumes.go): the drive stacks on its layers.
+	volume    *volume.Volume
+	mountPath string
 }
 
 // AttachedDrive is a drive of a sandbox's record with its live device.
@@ -50,6 +55,11 @@ type AttachedDrive struct {
 	// Fresh: the guest has not seen the drive yet (its slot was empty in
 	// the snapshot the sandbox starts from); the next /init has it probed.
 	Fresh bool `json:"fresh,omitempty"`
+	// Volume is the id of the volume the drive is (volumes.go), mounted
+	// in the guest at MountPath; VolumeName its name.
+	Volume     string `json:"volume,omitempty"`
+	VolumeName string `json:"volumeName,omitempty"`
+	MountPath  string `json:"mountPath,omitempty"`
 }
 
 // CheckDrives validates a create's drives without looking anything up.
@@ -101,6 +111,11 @@ func (o *Orchestrator) planDrives(t *template.Template, reqs []DriveRequest) ([]
 		}
 		used[slot] = true
 		d := snapshot.Drive{Slot: slot, Image: r.Image, SizeMiB: r.SizeMiB, ReadOnly: r.ReadOnly}
+		if v := r.volume; v != nil {
+			d.SizeMiB, d.Config = v.SizeMiB, v.Config
+			out = append(out, AttachedDrive{Drive: d, Fresh: true, Volume: v.ID, VolumeName: v.Name, MountPath: r.mountPath})
+			continue
+		}
 		if r.Image != "" {
 			src, err := o.source(r.Image)
 			if err != nil {

@@ -1,0 +1,177 @@
+package volume
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/snapshot"
+)
+
+func open(t *testing.T, dir string) *Store {
+	t.Helper()
+	s, err := Open(dir, Options{DefaultSizeMiB: 32})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	return s
+}
+
+// TestCreateListGetDelete: a volume is a formatted sealed layer of its size
+// (the default when none is asked), found by id and by name, kept across a
+// reopen, and gone after a delete; bad names and sizes are 400, a taken
+// name 409, an unknown volume 404.
+func TestCreateListGetDelete(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	ctx := t.Context()
+	v, err := s.Create(ctx, "data", 0)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if v.SizeMiB != 32 || v.Config == "" || v.ID == "" {
+		t.Fatalf("created %+v", v)
+	}
+	layers, err := snapshot.LayersOf(v.Config)
+	if err != nil || len(layers) != 1 {
+		t.Fatalf("layers of a new volume: %v (%v)", layers, err)
+	}
+	if st, err := os.Stat(layers[0]); err != nil || st.Size() == 0 {
+		t.Fatalf("base layer: %v", err)
+	}
+	big, err := s.Create(ctx, "big", 64)
+	if err != nil || big.SizeMiB != 64 {
+		t.Fatalf("create of 64 MiB: %+v (%v)", big, err)
+	}
+	for name, size := range map[string]int{"": 0, "-x": 0, "a/b": 0, strings.Repeat("a", 64): 0, "small": 8, "huge": MaxSizeMiB + 1, "neg": -1} {
+		if _, err := s.Create(ctx, name, size); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("create %q of %d MiB: %v, want invalid", name, size, err)
+		}
+	}
+	if _, err := s.Create(ctx, "data", 0); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("second create of data: %v, want conflict", err)
+	}
+	if got, err := s.Get("data"); err != nil || got.ID != v.ID {
+		t.Errorf("get by name: %+v (%v)", got, err)
+	}
+	s = open(t, dir)
+	if got, err := s.Get(v.ID); err != nil || got.Name != "data" || got.Config != v.Config {
+		t.Errorf("get by id after reopen: %+v (%v)", got, err)
+	}
+	if l := s.List(); len(l) != 2 || l[0].ID != v.ID || l[1].ID != big.ID {
+		t.Errorf("list: %+v", l)
+	}
+	if err := s.Delete(v.ID); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if _, err := s.Get(v.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("get after delete: %v, want not found", err)
+	}
+	if err := s.Delete("data"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("second delete: %v, want not found", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, v.ID)); !os.IsNotExist(err) {
+		t.Errorf("directory of a deleted volume: %v", err)
+	}
+}
+
+// TestMounts: one writer or many readers; a mounted volume cannot be
+// deleted; a commit adopts the writer's layers (they outlive its
+// directory) and releases it; ReleaseAbsent frees mounts of sandboxes
+// that are gone; the holders survive a reopen.
+func TestMounts(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	ctx := t.Context()
+	v, err := s.Create(ctx, "vol", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire("nosuch", "sb1", false); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("acquire of an unknown volume: %v", err)
+	}
+	if _, err := s.Acquire("vol", "sb1", false); err != nil {
+		t.Fatalf("acquire rw: %v", err)
+	}
+	for _, ro := range []bool{false, true} {
+		if _, err := s.Acquire("vol", "sb2", ro); !errors.Is(err, errdefs.ErrConflict) {
+			t.Errorf("acquire (readOnly %v) while written: %v, want conflict", ro, err)
+		}
+	}
+	if err := s.Delete("vol"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("delete while mounted: %v, want conflict", err)
+	}
+	if err := s.Commit(v.ID, "sb2", v.Config, dir); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("commit by a sandbox that is no writer: %v", err)
+	}
+
+	// The writer's sealed upper: a layer in its own directory on top.
+	owner := t.TempDir()
+	if err := FormatExt4(ctx, filepath.Join(owner, "upper"), 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(owner, "drive.json")
+	if err := snapshot.WriteImageConfig(cfg, append(snapshot.Refs(v.Config), filepath.Join(owner, "upper.lsmt"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(v.ID, "sb1", cfg, owner); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	if err := os.RemoveAll(owner); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Get(v.ID)
+	if err != nil || got.InUse() || got.Gen != 1 {
+		t.Fatalf("after commit: %+v (%v)", got, err)
+	}
+	layers, err := snapshot.LayersOf(got.Config)
+	if err != nil || len(layers) != 2 || !strings.HasPrefix(layers[1], filepath.Join(dir, v.ID)+"/") {
+		t.Fatalf("layers after commit: %v (%v)", layers, err)
+	}
+	for _, l := range layers {
+		if _, err := os.Stat(l); err != nil {
+			t.Errorf("layer %s: %v", l, err)
+		}
+	}
+
+	for _, sb := range []string{"r1", "r2"} {
+		if _, err := s.Acquire(v.ID, sb, true); err != nil {
+			t.Fatalf("acquire ro by %s: %v", sb, err)
+		}
+	}
+	if _, err := s.Acquire(v.ID, "w", false); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("acquire rw while read: %v, want conflict", err)
+	}
+	s = open(t, dir)
+	if got, _ := s.Get(v.ID); !slices.Equal(got.Holders(), []string{"r1", "r2"}) {
+		t.Fatalf("holders after reopen: %v", got.Holders())
+	}
+	if err := s.Release(v.ID, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	s.ReleaseAbsent(func(id string) bool { return id != "r2" })
+	if got, _ := s.Get(v.ID); got.InUse() {
+		t.Fatalf("still held: %v", got.Holders())
+	}
+	if err := s.Delete(v.ID); err != nil {
+		t.Fatalf("delete after release: %v", err)
+	}
+}
+
+// TestOpenRemovesUnrecorded: a volume directory without a record (a create
+// a crash interrupted) is removed.
+func TestOpenRemovesUnrecorded(t *testing.T) {
+	dir := t.TempDir()
+	stray := filepath.Join(dir, "abc")
+	if err := os.MkdirAll(stray, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, dir)
+	if _, err := os.Stat(stray); !os.IsNotExist(err) || len(s.List()) != 0 {
+		t.Fatalf("stray directory: %v, volumes %v", err, s.List())
+	}
+}
