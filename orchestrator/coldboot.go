@@ -22,8 +22,7 @@ import (
 // does (the same kernel, initrd and command line, through package
 // sandbox's one bring-up): a new boot, none of the processes of before,
 // the files the guest had flushed to its disk. The guest is asked to flush
-// (sync) right before such a pause (and before a kill of a sandbox with
-// read-write volumes, volumes.go); what it writes between that and the
+// (sync) right before such a pause; what it writes between that and the
 // stop of its vCPUs may be lost, as after a crash (E2B's semantics too).
 
 // Files a template booted from, kept in its directory (buildTemplate).

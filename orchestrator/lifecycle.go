@@ -30,7 +30,7 @@ func (o *Orchestrator) killLocked(ctx context.Context, s *instance) (err error) 
 	defer func() { done(err) }()
 	id := s.rec.ID
 	if o.state(s) == Running && hasVolumes(s.rec, true) {
-		o.syncGuest(ctx, s) // what it flushes is what its volumes keep
+		o.freezeVolumes(ctx, s) // what it flushes is what its volumes keep
 	}
 	if err := o.update(s, func(r *Record) { r.State = Killing }); err != nil {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)

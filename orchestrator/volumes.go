@@ -16,9 +16,9 @@ import (
 // seal with the other drives; a read-only one exports the layers alone.
 // After the VM is up (create, resume) the guest mounts the drive's
 // filesystem at the mount's path through the agent. A kill has the guest
-// flush its writes, seals the upper and commits the sandbox's layers of
+// flush and freeze its writes, seals the upper and commits the sandbox's layers of
 // the drive to the volume (volume.Store.Commit), which the next mount
-// sees. A snapshot or fork of a sandbox with volumes is refused: the
+// sees (the flush is a freeze: freezeVolumes). A snapshot or fork of a sandbox with volumes is refused: the
 // volume would be carried along as a copy that never goes back to it.
 
 // maxMountPath bounds a mount path (Linux's PATH_MAX is 4096).
@@ -124,6 +124,35 @@ func (o *Orchestrator) mountVolumes(ctx context.Context, s *instance) error {
 		}
 	}
 	return nil
+}
+
+// freezeScript flushes the guest's writes and freezes the filesystems at
+// its arguments: a freeze checkpoints ext4's journal and marks it clean,
+// so a read-only mount (which cannot replay a journal) sees every write.
+const freezeScript = `sync; for p; do fsfreeze -f -- "$p" || exit 1; done`
+
+// freezeVolumes (op held, VM running, about to be killed) has the guest
+// flush and freeze its read-write volumes; a failure is logged: the kill
+// goes on and the volume keeps what reached the disk, as after a crash.
+func (o *Orchestrator) freezeVolumes(ctx context.Context, s *instance) {
+	s.mu.Lock()
+	rec, slot := s.rec, s.slot()
+	s.mu.Unlock()
+	if slot == nil {
+		return
+	}
+	argv := []string{"/bin/sh", "-c", freezeScript, "freeze-volumes"}
+	for _, d := range rec.Drives {
+		if d.Volume != "" && !d.ReadOnly {
+			argv = append(argv, d.MountPath)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, guestSyncWait)
+	defer cancel()
+	if err := sandbox.RunAsRoot(ctx, slot, rec.GuestToken, argv...); err != nil {
+		o.log.Warn("the guest did not flush its volumes before the kill; what it had not written is lost as in a crash",
+			"sandbox", rec.ID, "err", err)
+	}
 }
 
 // returnVolumes (op held, VM stopped, devices still there) hands s's

@@ -3,7 +3,7 @@
 // mount; a second read-write mount and a destroy while mounted are refused;
 // the file survives a pause and resume and outlives the sandbox (a new
 // sandbox with the volume reads it back); the volume is the size it was
-// made; Volume.destroy removes it.
+// made; two sandboxes mount it read-only at once; Volume.destroy removes it.
 // Run by api/e2e's Go test (volumes_test.go):
 //   E2B_API_URL=... E2B_SANDBOX_URL=... E2B_API_KEY=... AENV_E2B_SDK_DIR=<sdk-x.y.z dir> [AENV_VOLUME_COLD=1] node volumes.mjs
 // AENV_VOLUME_COLD=1 also pauses without memory (a cold boot on resume,
@@ -82,6 +82,35 @@ await step('kill; a new sandbox with the volume reads the file back', async () =
   sbx = await Sandbox.create('base', { volumeMounts: { '/home/user/vol': name }, timeoutMs: 600_000 })
   assert.equal(await sbx.files.read('/home/user/vol/hello.txt'), 'written by the first sandbox after its resume')
   await sbx.kill()
+})
+
+// readOnly is an aenvd extension E2B's SDK does not send: the create goes
+// through the API directly, the SDK connects to the sandbox.
+async function createReadOnly(mountPath) {
+  const res = await fetch(`${process.env.E2B_API_URL}/sandboxes`, {
+    method: 'POST',
+    headers: { 'X-API-Key': process.env.E2B_API_KEY, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ templateID: 'base', timeout: 600, volumeMounts: [{ name, path: mountPath, readOnly: true }] }),
+  })
+  const body = await res.text()
+  assert.equal(res.status, 201, body)
+  return JSON.parse(body).sandboxID
+}
+
+await step('two sandboxes mount the volume read-only at once; a read-write mount meanwhile is refused', async () => {
+  const ids = [await createReadOnly('/mnt/ro'), await createReadOnly('/mnt/ro')]
+  try {
+    await assert.rejects(Sandbox.create('base', { volumeMounts: { '/mnt/rw': name }, timeoutMs: 60_000 }), /read-only/)
+    for (const id of ids) {
+      const s = await Sandbox.connect(id, { timeoutMs: 600_000 })
+      assert.deepEqual((await s.getInfo()).volumeMounts, [{ name, path: '/mnt/ro', readOnly: true }])
+      assert.equal(await s.files.read('/mnt/ro/hello.txt'), 'written by the first sandbox after its resume')
+      const r = await s.commands.run('touch /mnt/ro/x 2>&1; echo rc=$?')
+      assert.match(r.stdout, /Read-only file system/)
+    }
+  } finally {
+    for (const id of ids) await Sandbox.kill(id)
+  }
 })
 
 await step('Volume.destroy removes the volume', async () => {
