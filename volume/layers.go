@@ -19,14 +19,15 @@ const guestUserOwner = "1000:1000"
 // FormatExt4 is the Formatter of a node: mke2fs formats the blank
 // filesystem inside the layer file, which is sealed around it in place
 // (storage/image.BuildRaw), with a journal so a sandbox killed mid-write
-// leaves a filesystem the next mount recovers.
+// leaves a filesystem the next mount recovers, and no blocks reserved for
+// root (the volume is its users' data).
 func FormatExt4(ctx context.Context, base string, size int64) error {
 	write := func(ctx context.Context, path string, off int64) error {
 		ext := "root_owner=" + guestUserOwner
 		if off > 0 {
 			ext += ",offset=" + strconv.FormatInt(off, 10)
 		}
-		args := []string{"-q", "-F", "-t", "ext4", "-L", "aenv-volume", "-b", "4096", "-E", ext, path, strconv.FormatInt(size>>10, 10) + "k"}
+		args := []string{"-q", "-F", "-t", "ext4", "-L", "aenv-volume", "-b", "4096", "-m", "0", "-E", ext, path, strconv.FormatInt(size>>10, 10) + "k"}
 		if out, err := exec.CommandContext(ctx, "mke2fs", args...).CombinedOutput(); err != nil {
 			return fmt.Errorf("mke2fs %s: %w: %s", path, err, strings.TrimSpace(string(out)))
 		}
