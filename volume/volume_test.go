@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/snapshot"
 )
 
@@ -173,5 +174,60 @@ func TestOpenRemovesUnrecorded(t *testing.T) {
 	s := open(t, dir)
 	if _, err := os.Stat(stray); !os.IsNotExist(err) || len(s.List()) != 0 {
 		t.Fatalf("stray directory: %v, volumes %v", err, s.List())
+	}
+}
+
+// TestFaultPoints: an error at each durable step of a create or a commit
+// leaves the store as before the call, on disk too (a reopen agrees).
+func TestFaultPoints(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	ctx := t.Context()
+	arm := func(name string) {
+		t.Helper()
+		if err := failpoint.Arm(name, "error"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { failpoint.Arm(name, "") })
+	}
+	arm("volume/create/layer")
+	if _, err := s.Create(ctx, "v", 0); !errors.Is(err, failpoint.ErrInjected) {
+		t.Fatalf("create at the armed point: %v", err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 || len(s.List()) != 0 {
+		t.Fatalf("a failed create left %v, volumes %v", entries, s.List())
+	}
+	failpoint.Arm("volume/create/layer", "")
+	v, err := s.Create(ctx, "v", 0)
+	if err != nil {
+		t.Fatalf("create after disarming (the name is free again): %v", err)
+	}
+	if _, err := s.Acquire("v", "sb", false); err != nil {
+		t.Fatal(err)
+	}
+	owner := t.TempDir()
+	if err := FormatExt4(ctx, filepath.Join(owner, "upper"), 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(owner, "drive.json")
+	if err := snapshot.WriteImageConfig(cfg, append(snapshot.Refs(v.Config), filepath.Join(owner, "upper.lsmt"))); err != nil {
+		t.Fatal(err)
+	}
+	arm("volume/commit/adopted")
+	if err := s.Commit(v.ID, "sb", cfg, owner); !errors.Is(err, failpoint.ErrInjected) {
+		t.Fatalf("commit at the armed point: %v", err)
+	}
+	for _, st := range []*Store{s, open(t, dir)} {
+		got, err := st.Get(v.ID)
+		if err != nil || got.Writer != "sb" || got.Config != v.Config || got.Gen != 0 {
+			t.Fatalf("after a failed commit: %+v (%v)", got, err)
+		}
+	}
+	failpoint.Arm("volume/commit/adopted", "")
+	if err := s.Commit(v.ID, "sb", cfg, owner); err != nil {
+		t.Fatalf("commit retried: %v", err)
+	}
+	if got, _ := s.Get(v.ID); got.Gen != 1 || got.InUse() || len(snapshot.Refs(got.Config)) != 2 {
+		t.Fatalf("after the retried commit: %+v", got)
 	}
 }
