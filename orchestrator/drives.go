@@ -59,7 +59,6 @@ type AttachedDrive struct {
 	// in the guest at MountPath; VolumeName its name.
 	Volume     string `json:"volume,omitempty"`
 	VolumeName string `json:"volumeName,omitempty"`
-	MountPath  string `json:"mountPath,omitempty"`
 }
 
 // CheckDrives validates a create's drives without looking anything up.
@@ -112,8 +111,8 @@ func (o *Orchestrator) planDrives(t *template.Template, reqs []DriveRequest) ([]
 		used[slot] = true
 		d := snapshot.Drive{Slot: slot, Image: r.Image, SizeMiB: r.SizeMiB, ReadOnly: r.ReadOnly}
 		if v := r.volume; v != nil {
-			d.SizeMiB, d.Config = v.SizeMiB, v.Config
-			out = append(out, AttachedDrive{Drive: d, Fresh: true, Volume: v.ID, VolumeName: v.Name, MountPath: r.mountPath})
+			d.SizeMiB, d.Config, d.MountPath = v.SizeMiB, v.Config, r.mountPath
+			out = append(out, AttachedDrive{Drive: d, Fresh: true, Volume: v.ID, VolumeName: v.Name})
 			continue
 		}
 		if r.Image != "" {
@@ -329,7 +328,13 @@ func copyDrivesInto(rec Record, dir string) ([]snapshot.Drive, error) {
 	var out []snapshot.Drive
 	for _, d := range rec.Drives {
 		sd := d.Drive
-		if !d.ReadOnly {
+		if d.Volume != "" {
+			cfg, err := copyVolumeDrive(d, dir)
+			if err != nil {
+				return nil, fmt.Errorf("drive %s: %w", sandbox.GuestDisk(d.Slot), err)
+			}
+			sd.Config = cfg
+		} else if !d.ReadOnly {
 			layers, err := snapshot.LayersOf(d.Config)
 			if err != nil {
 				return nil, fmt.Errorf("drive %s: %w", sandbox.GuestDisk(d.Slot), err)

@@ -95,12 +95,6 @@ func (o *Orchestrator) CreateSnapshot(ctx context.Context, sandboxID, name strin
 func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden bool) (r snapshot.Record, err error) {
 	done := o.m.observe("snapshot")
 	defer func() { done(err) }()
-	s.mu.Lock()
-	err = refuseVolumeCopy(s.rec)
-	s.mu.Unlock()
-	if err != nil {
-		return r, err
-	}
 	id, err := ids.New()
 	if err != nil {
 		return r, err

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"path"
+	"path/filepath"
 	"strings"
 
 	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/volume"
 )
 
@@ -16,10 +18,12 @@ import (
 // seal with the other drives; a read-only one exports the layers alone.
 // After the VM is up (create, resume) the guest mounts the drive's
 // filesystem at the mount's path through the agent. A kill has the guest
-// flush and freeze its writes, seals the upper and commits the sandbox's layers of
-// the drive to the volume (volume.Store.Commit), which the next mount
-// sees (the flush is a freeze: freezeVolumes). A snapshot or fork of a sandbox with volumes is refused: the
-// volume would be carried along as a copy that never goes back to it.
+// flush and freeze its writes (freezeVolumes), seals the upper and commits
+// the sandbox's layers of the drive to the volume (volume.Store.Commit),
+// which the next mount sees. A snapshot (a fork's among them) carries a
+// copy of each volume as of then (copyVolumeDrive): a sandbox created from
+// it, a fork child, mounts its own copy-on-write view of that copy at the
+// same path, which dies with it and never goes back to the volume.
 
 // maxMountPath bounds a mount path (Linux's PATH_MAX is 4096).
 const maxMountPath = 1024
@@ -82,6 +86,17 @@ func (o *Orchestrator) releaseVolume(volID, sandboxID string) {
 	}
 }
 
+// hasMounts reports whether the guest of rec mounts a drive (a volume or
+// a snapshot's copy of one).
+func hasMounts(rec Record) bool {
+	for _, d := range rec.Drives {
+		if d.MountPath != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // hasVolumes reports whether rec mounts a volume; writable: read-write.
 func hasVolumes(rec Record, writable bool) bool {
 	for _, d := range rec.Drives {
@@ -103,13 +118,13 @@ func (o *Orchestrator) mountVolumes(ctx context.Context, s *instance) error {
 	s.mu.Lock()
 	rec, slot := s.rec, s.slot()
 	s.mu.Unlock()
-	if !hasVolumes(rec, false) || slot == nil {
+	if !hasMounts(rec) || slot == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, guestMountWait)
 	defer cancel()
 	for _, d := range rec.Drives {
-		if d.Volume == "" {
+		if d.MountPath == "" {
 			continue
 		}
 		// A read-only disk cannot replay a journal: noload reads the
@@ -120,7 +135,7 @@ func (o *Orchestrator) mountVolumes(ctx context.Context, s *instance) error {
 		}
 		err := sandbox.RunAsRoot(ctx, slot, rec.GuestToken, "/bin/sh", "-c", mountScript, "mount-volume", d.MountPath, "/dev/"+sandbox.GuestDisk(d.Slot), opts)
 		if err != nil {
-			return fmt.Errorf("mount volume %s at %s in sandbox %s: %w", d.VolumeName, d.MountPath, rec.ID, err)
+			return fmt.Errorf("mount volume %s (%s) at %s in sandbox %s: %w", d.VolumeName, sandbox.GuestDisk(d.Slot), d.MountPath, rec.ID, err)
 		}
 	}
 	return nil
@@ -187,10 +202,23 @@ func (o *Orchestrator) returnVolumes(ctx context.Context, s *instance) {
 	}
 }
 
-// refuseVolumeCopy refuses a snapshot (or fork) of a sandbox with volumes.
-func refuseVolumeCopy(rec Record) error {
-	if hasVolumes(rec, false) {
-		return fmt.Errorf("sandbox %s mounts volumes: snapshots and forks of a sandbox with volumes are not supported: %w", rec.ID, ErrConflict)
+// copyVolumeDrive (a snapshot of the sandbox, its drives sealed) links
+// every layer of volume drive d, the volume's own and the sandbox's, into
+// snapshot directory dir and returns the config listing them: the
+// snapshot's copy of the volume as of now, which outlives the volume and
+// never goes back to it (a fork child's copy-on-write view of it).
+func copyVolumeDrive(d AttachedDrive, dir string) (string, error) {
+	layers, err := snapshot.LayersOf(d.Config)
+	if err != nil {
+		return "", err
 	}
-	return nil
+	own := make([]string, len(layers))
+	for i, l := range layers {
+		own[i] = filepath.Join(dir, fmt.Sprintf("drive%d-volume-%d.lsmt", d.Slot, i))
+		if err := snapshot.LinkOrCopy(l, own[i]); err != nil {
+			return "", err
+		}
+	}
+	cfg := filepath.Join(dir, fmt.Sprintf("drive%d.json", d.Slot))
+	return cfg, snapshot.WriteImageConfig(cfg, own)
 }

@@ -1,6 +1,9 @@
 package e2e
 
 import (
+	"encoding/json"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -27,5 +30,79 @@ func TestVolumes(t *testing.T) {
 				t.Fatalf("volumes scenario did not run to the end with SDK %s", v.version)
 			}
 		})
+	}
+}
+
+// TestVolumeFork: fork children of a sandbox with a read-write volume each
+// mount a copy-on-write view of the volume as of the fork at the same path
+// and diverge from the parent; what they write never reaches the volume,
+// what the parent writes does (a new sandbox reads it after the parent's
+// kill); a snapshot keeps its copy of the volume after the volume is
+// deleted.
+func TestVolumeFork(t *testing.T) {
+	n := sharedNode(t)
+	var vol struct {
+		VolumeID string `json:"volumeID"`
+	}
+	b := n.expect(t, http.StatusCreated, "POST", "/volumes", n.key, `{"name":"fork-vol","sizeMiB":64}`)
+	if err := json.Unmarshal(b, &vol); err != nil || vol.VolumeID == "" {
+		t.Fatalf("create volume: %s (%v)", b, err)
+	}
+	t.Cleanup(func() { n.call(t, "DELETE", "/volumes/"+vol.VolumeID, n.key, "") })
+	mounts := `"volumeMounts":[{"name":"fork-vol","path":"/mnt/v"}]`
+	parent := n.create(t, `{"templateID":"base","timeout":600,`+mounts+`}`)
+	read := `cat /mnt/v/f`
+	n.sh(t, parent, `echo parent-v1 > /mnt/v/f`)
+
+	var kids []struct {
+		Sandbox *sandboxJSON `json:"sandbox"`
+	}
+	b = n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+parent+"/fork", n.key, `{"count":2,"timeout":300}`)
+	if err := json.Unmarshal(b, &kids); err != nil || len(kids) != 2 {
+		t.Fatalf("fork: %s (%v)", b, err)
+	}
+	ids := []string{parent}
+	for i, k := range kids {
+		if k.Sandbox == nil {
+			t.Fatalf("fork child %d failed: %s", i, b)
+		}
+		kid := k.Sandbox.SandboxID
+		ids = append(ids, kid)
+		t.Cleanup(func() { n.call(t, "DELETE", "/sandboxes/"+kid, n.key, "") })
+		if got := n.sh(t, kid, read); got != "parent-v1" {
+			t.Fatalf("fork child %s reads %q, want the parent's parent-v1", kid, got)
+		}
+	}
+	for i, id := range ids {
+		n.sh(t, id, fmt.Sprintf(`echo writer-%d > /mnt/v/f`, i))
+	}
+	for i, id := range ids {
+		if got := n.sh(t, id, read); got != fmt.Sprintf("writer-%d", i) {
+			t.Fatalf("sandbox %s reads %q after the others wrote, want writer-%d", id, got, i)
+		}
+	}
+	// The parent holds the volume: another read-write mount is refused.
+	n.expect(t, http.StatusConflict, "POST", "/sandboxes", n.key, `{"templateID":"base",`+mounts+`}`)
+	var snap struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	b = n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+parent+"/snapshots", n.key, "")
+	if err := json.Unmarshal(b, &snap); err != nil || snap.SnapshotID == "" {
+		t.Fatalf("snapshot: %s (%v)", b, err)
+	}
+	t.Cleanup(func() { n.call(t, "DELETE", "/snapshots/"+snap.SnapshotID, n.key, "") })
+	for _, id := range ids {
+		n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+	}
+
+	next := n.create(t, `{"templateID":"base","timeout":300,`+mounts+`}`)
+	if got := n.sh(t, next, read); got != "writer-0" {
+		t.Fatalf("after the kills the volume reads %q, want the parent's writer-0 (a child's write reached it?)", got)
+	}
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+next, n.key, "")
+	n.expect(t, http.StatusNoContent, "DELETE", "/volumes/"+vol.VolumeID, n.key, "")
+	fromSnap := n.create(t, `{"templateID":"`+snap.SnapshotID+`","timeout":300}`)
+	if got := n.sh(t, fromSnap, read); got != "writer-0" {
+		t.Fatalf("a sandbox of the snapshot reads %q after the volume was deleted, want writer-0", got)
 	}
 }
