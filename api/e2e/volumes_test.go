@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -37,8 +38,8 @@ func TestVolumes(t *testing.T) {
 // mount a copy-on-write view of the volume as of the fork at the same path
 // and diverge from the parent; what they write never reaches the volume,
 // what the parent writes does (a new sandbox reads it after the parent's
-// kill); a snapshot keeps its copy of the volume after the volume is
-// deleted.
+// kill, also after a kill -9 of aenvd in between); a snapshot keeps its
+// copy of the volume after the volume is deleted.
 func TestVolumeFork(t *testing.T) {
 	n := sharedNode(t)
 	var vol struct {
@@ -80,6 +81,12 @@ func TestVolumeFork(t *testing.T) {
 		if got := n.sh(t, id, read); got != fmt.Sprintf("writer-%d", i) {
 			t.Fatalf("sandbox %s reads %q after the others wrote, want writer-%d", id, got, i)
 		}
+	}
+	// aenvd killed: the parent is taken over with its mount, and the
+	// volume store, reloaded, still knows it holds the volume.
+	n.restart(t, syscall.SIGKILL)
+	if got := n.sh(t, parent, read); got != "writer-0" {
+		t.Fatalf("after the restart the parent reads %q, want writer-0", got)
 	}
 	// The parent holds the volume: another read-write mount is refused.
 	n.expect(t, http.StatusConflict, "POST", "/sandboxes", n.key, `{"templateID":"base",`+mounts+`}`)
