@@ -198,7 +198,14 @@ func (o *Orchestrator) returnVolumes(ctx context.Context, s *instance) {
 		if err != nil {
 			o.log.Error("commit a killed sandbox's writes to its volume; they are lost", "volume", d.VolumeName, "sandbox", rec.ID, "err", err)
 			o.releaseVolume(d.Volume, rec.ID)
+			continue
 		}
+		volID := d.Volume
+		o.goBackground(func() {
+			if err := o.volumes.Compact(context.WithoutCancel(ctx), volID); err != nil {
+				o.log.Warn("merge a volume's layers (the next commit retries)", "volume", volID, "err", err)
+			}
+		})
 	}
 }
 

@@ -90,7 +90,9 @@ func (s *Store) Commit(id, sandbox, config, owner string) error {
 	if err := s.persist(next); err != nil {
 		return fmt.Errorf("commit volume %s: %w", v.Name, err)
 	}
+	old := v.Config
 	*v = next
+	_ = os.Remove(old) // the writer held the volume alone: nothing else reads that config
 	return nil
 }
 

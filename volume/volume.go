@@ -15,7 +15,9 @@
 // its record; every file the record names (layers, image configs) is
 // complete on disk before the record is written (internal/atomicfile), and
 // the record itself is replaced atomically. A volume directory without a
-// record is a create a crash interrupted and is removed on Open.
+// record is a create a crash interrupted and is removed on Open, as are the
+// files of a volume's directory its record does not name (an interrupted
+// commit's or merge's).
 package volume
 
 import (
@@ -35,6 +37,7 @@ import (
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/internal/ids"
+	"github.com/agentenv/agentenv/snapshot"
 )
 
 // Limits of a volume.
@@ -54,8 +57,9 @@ var ValidName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`)
 
 // Fault points between the durable steps of a volume's changes.
 var (
-	fpCreateLayer = failpoint.New("volume/create/layer")   // base layer and config written, no record yet
-	fpCommitLinks = failpoint.New("volume/commit/adopted") // a holder's layers linked in, record not yet
+	fpCreateLayer   = failpoint.New("volume/create/layer")   // base layer and config written, no record yet
+	fpCommitLinks   = failpoint.New("volume/commit/adopted") // a holder's layers linked in, record not yet
+	fpCompactMerged = failpoint.New("volume/compact/merged") // merged layer and its config written, record not yet
 )
 
 // Volume is a volume's record.
@@ -153,8 +157,34 @@ func Open(dir string, opts Options) (*Store, error) {
 			return nil, fmt.Errorf("open volume %s: bad record: %v", vdir, err)
 		}
 		s.vols[v.ID] = &v
+		s.removeUnnamed(v)
 	}
 	return s, nil
+}
+
+// removeUnnamed removes the files of v's directory its record does not
+// name, directly or through its config: what a commit or a merge a crash
+// interrupted left.
+func (s *Store) removeUnnamed(v Volume) {
+	vdir := filepath.Join(s.dir, v.ID)
+	layers, err := snapshot.LayersOf(v.Config)
+	if err != nil {
+		s.log.Warn("volume config unreadable; its directory is left as it is", "volume", v.ID, "err", err)
+		return
+	}
+	keep := map[string]bool{recordFile: true, filepath.Base(v.Config): true}
+	for _, l := range layers {
+		if filepath.Dir(l) == vdir {
+			keep[filepath.Base(l)] = true
+		}
+	}
+	entries, _ := os.ReadDir(vdir)
+	for _, e := range entries {
+		if !keep[e.Name()] {
+			s.log.Info("remove a volume file no record names", "volume", v.ID, "file", e.Name())
+			_ = os.RemoveAll(filepath.Join(vdir, e.Name()))
+		}
+	}
 }
 
 // Create makes a blank volume named name of sizeMiB (0: the store's

@@ -2,6 +2,7 @@ package volume
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/snapshot"
+	"github.com/agentenv/agentenv/storage/image"
 )
 
 func open(t *testing.T, dir string) *Store {
@@ -229,5 +231,105 @@ func TestFaultPoints(t *testing.T) {
 	}
 	if got, _ := s.Get(v.ID); got.Gen != 1 || got.InUse() || len(snapshot.Refs(got.Config)) != 2 {
 		t.Fatalf("after the retried commit: %+v", got)
+	}
+}
+
+// commitLayer has sandbox sb mount v read-write, write marker at off on a
+// fresh upper over the volume's chain, seal it and commit it.
+func commitLayer(t *testing.T, s *Store, id, sb string, off int64, marker string) {
+	t.Helper()
+	v, err := s.Acquire(id, sb, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	owner := t.TempDir()
+	lowers := snapshot.Refs(v.Config)
+	if _, err := image.Create(ctx, filepath.Join(owner, "upper.json"), image.CreateSpec{Lowers: lowers}); err != nil {
+		t.Fatal(err)
+	}
+	im, err := image.Open(ctx, filepath.Join(owner, "upper.json"), image.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := im.WriteAt([]byte(marker), off); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := im.Commit(ctx, filepath.Join(owner, "upper.lsmt"), image.CommitOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := im.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(owner, "drive.json")
+	if err := snapshot.WriteImageConfig(cfg, append(lowers, filepath.Join(owner, "upper.lsmt"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(id, sb, cfg, owner); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCompact: a chain deeper than MaxLayers is merged into one layer once
+// no sandbox mounts the volume (not while one does); the merged-away files
+// go, and files no record names are removed on Open.
+func TestCompact(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir)
+	v, err := s.Create(t.Context(), "deep", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := func(i int) string { return fmt.Sprintf("commit-%d", i) }
+	for i := 0; i < MaxLayers; i++ {
+		commitLayer(t, s, v.ID, "sb", int64(i)<<20, marker(i))
+	}
+	vdir := filepath.Join(dir, v.ID)
+	if _, err := s.Acquire(v.ID, "reader", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Compact(t.Context(), v.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Get(v.ID); len(snapshot.Refs(got.Config)) != MaxLayers+1 {
+		t.Fatalf("a mounted volume was merged: %d layers", len(snapshot.Refs(got.Config)))
+	}
+	if err := s.Release(v.ID, "reader"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Compact(t.Context(), v.ID); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := s.Get(v.ID)
+	layers := snapshot.Refs(got.Config)
+	if len(layers) != 1 || filepath.Dir(layers[0]) != vdir {
+		t.Fatalf("after the merge: %v", layers)
+	}
+	entries, _ := os.ReadDir(vdir)
+	if len(entries) != 3 { // volume.json, the config, the merged layer
+		t.Fatalf("volume directory after the merge: %v", entries)
+	}
+	stray := filepath.Join(vdir, "layer-99-0.lsmt")
+	if err := os.WriteFile(stray, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, dir)
+	if _, err := os.Stat(stray); !os.IsNotExist(err) {
+		t.Fatalf("a file no record names survived Open: %v", err)
+	}
+	if got2, err := s.Get(v.ID); err != nil || got2.Config != got.Config {
+		t.Fatalf("after reopen: %+v (%v)", got2, err)
+	}
+	// The merged layer holds what every commit wrote.
+	im, err := image.OpenLayers(t.Context(), snapshot.Refs(got.Config), image.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	for i := 0; i < MaxLayers; i++ {
+		buf := make([]byte, len(marker(i)))
+		if _, err := im.ReadAt(buf, int64(i)<<20); err != nil || string(buf) != marker(i) {
+			t.Fatalf("merged volume at %d MiB: %q (%v), want %q", i, buf, err, marker(i))
+		}
 	}
 }
