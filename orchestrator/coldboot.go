@@ -56,7 +56,7 @@ func (o *Orchestrator) syncGuest(ctx context.Context, s *instance) {
 	ctx, cancel := context.WithTimeout(ctx, guestSyncWait)
 	defer cancel()
 	if err := sandbox.SyncGuest(ctx, slot, token); err != nil {
-		o.log.Warn("guest did not flush its writes to its disks; what it had not flushed is lost as in a crash",
+		o.log.Warn("guest did not flush before a filesystem-only pause; its unflushed writes are lost as in a crash",
 			"sandbox", id, "err", err)
 	}
 }

@@ -29,7 +29,7 @@ func (o *Orchestrator) killLocked(ctx context.Context, s *instance) (err error) 
 	done := o.m.observe("kill")
 	defer func() { done(err) }()
 	id := s.rec.ID
-	if o.state(s) == Running && hasVolumes(s.rec, true) {
+	if o.state(s) == Running && writesVolumes(s.rec) {
 		o.freezeVolumes(ctx, s) // what it flushes is what its volumes keep
 	}
 	if err := o.update(s, func(r *Record) { r.State = Killing }); err != nil {

@@ -97,10 +97,10 @@ func hasMounts(rec Record) bool {
 	return false
 }
 
-// hasVolumes reports whether rec mounts a volume; writable: read-write.
-func hasVolumes(rec Record, writable bool) bool {
+// writesVolumes reports whether rec mounts a volume read-write.
+func writesVolumes(rec Record) bool {
 	for _, d := range rec.Drives {
-		if d.Volume != "" && (!writable || !d.ReadOnly) {
+		if d.Volume != "" && !d.ReadOnly {
 			return true
 		}
 	}
