@@ -83,7 +83,7 @@ func TestCreateVolumeMountsRefused(t *testing.T) {
 }
 
 // TestVolumeOfPausedSandbox: a paused sandbox that mounts a volume lists it
-// as volumeMounts (not as a drive); the volume cannot be deleted meanwhile
+// as volumeMounts (not as a drive), in its detail and in the list; the volume cannot be deleted meanwhile
 // (409); its kill commits the layer the
 // sandbox sealed on its pause into the volume's own directory and frees
 // the volume.
@@ -136,6 +136,12 @@ func TestVolumeOfPausedSandbox(t *testing.T) {
 	if err := json.Unmarshal(w.Body.Bytes(), &d); w.Code != 200 || err != nil || d.Drives != nil || d.VolumeMounts == nil ||
 		len(*d.VolumeMounts) != 1 || (*d.VolumeMounts)[0].Name != "work" || (*d.VolumeMounts)[0].Path != "/mnt/work" {
 		t.Fatalf("GET /sandboxes/sbxvol: %d %s (%v)", w.Code, w.Body, err)
+	}
+	w = do(h, "GET", "/v2/sandboxes?state=paused", testKey, "")
+	var listed []ListedSandbox
+	if err := json.Unmarshal(w.Body.Bytes(), &listed); w.Code != 200 || err != nil || len(listed) != 1 || listed[0].VolumeMounts == nil ||
+		len(*listed[0].VolumeMounts) != 1 || (*listed[0].VolumeMounts)[0].Name != "work" {
+		t.Fatalf("GET /v2/sandboxes: %d %s (%v)", w.Code, w.Body, err)
 	}
 	if w := do(h, "DELETE", "/volumes/work", testKey, ""); w.Code != 409 || !strings.Contains(w.Body.String(), "mounted by sandbox") {
 		t.Errorf("DELETE of a mounted volume: %d, want 409 (%s)", w.Code, w.Body)

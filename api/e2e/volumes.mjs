@@ -37,10 +37,12 @@ await step('Volume.create, list, getInfo', async () => {
   await assert.rejects(Volume.getInfo('nosuchvolume'), VolumeNotFoundError)
 })
 
-await step('Sandbox.create with volumeMounts; getInfo lists the mount; write a file into it', async () => {
-  sbx = await Sandbox.create('base', { volumeMounts: { [mount]: vol }, timeoutMs: 600_000 })
+await step('Sandbox.create with volumeMounts; getInfo and list show the mount; write a file into it', async () => {
+  sbx = await Sandbox.create('base', { volumeMounts: { [mount]: vol }, metadata: { volume: name }, timeoutMs: 600_000 })
   const info = await sbx.getInfo()
   assert.deepEqual(info.volumeMounts, [{ name, path: mount }])
+  const listed = await Sandbox.list({ query: { metadata: { volume: name } } }).nextItems()
+  assert.deepEqual(listed.map((s) => [s.sandboxId, s.volumeMounts]), [[sbx.sandboxId, [{ name, path: mount }]]])
   await sbx.files.write(file, 'written by the first sandbox')
   assert.equal(await sbx.files.read(file), 'written by the first sandbox')
   const r = await sbx.commands.run(`stat -c %U ${mount} && findmnt -n -o FSTYPE ${mount}`)
