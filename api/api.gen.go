@@ -308,18 +308,19 @@ type ForkResult struct {
 
 // ListedSandbox defines model for ListedSandbox.
 type ListedSandbox struct {
-	Alias       *string            `json:"alias,omitempty"`
-	ClientID    string             `json:"clientID"`
-	CpuCount    int32              `json:"cpuCount"`
-	DiskSizeMB  int32              `json:"diskSizeMB"`
-	EndAt       time.Time          `json:"endAt"`
-	EnvdVersion string             `json:"envdVersion"`
-	MemoryMB    int32              `json:"memoryMB"`
-	Metadata    *map[string]string `json:"metadata,omitempty"`
-	SandboxID   string             `json:"sandboxID"`
-	StartedAt   time.Time          `json:"startedAt"`
-	State       SandboxState       `json:"state"`
-	TemplateID  string             `json:"templateID"`
+	Alias        *string               `json:"alias,omitempty"`
+	ClientID     string                `json:"clientID"`
+	CpuCount     int32                 `json:"cpuCount"`
+	DiskSizeMB   int32                 `json:"diskSizeMB"`
+	EndAt        time.Time             `json:"endAt"`
+	EnvdVersion  string                `json:"envdVersion"`
+	MemoryMB     int32                 `json:"memoryMB"`
+	Metadata     *map[string]string    `json:"metadata,omitempty"`
+	SandboxID    string                `json:"sandboxID"`
+	StartedAt    time.Time             `json:"startedAt"`
+	State        SandboxState          `json:"state"`
+	TemplateID   string                `json:"templateID"`
+	VolumeMounts *[]SandboxVolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // NewSandbox defines model for NewSandbox.
@@ -341,11 +342,23 @@ type NewSandbox struct {
 
 	// Timeout seconds
 	Timeout *int32 `json:"timeout,omitempty"`
+
+	// VolumeMounts volumes mounted in the guest; each takes a drive slot after the drives
+	VolumeMounts *[]SandboxVolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // NewSnapshot defines model for NewSnapshot.
 type NewSnapshot struct {
 	Name *string `json:"name,omitempty"`
+}
+
+// NewVolume defines model for NewVolume.
+type NewVolume struct {
+	// Name 1 to 63 letters, digits, '-' or '_', starting with a letter or digit; unique on the node
+	Name string `json:"name"`
+
+	// SizeMiB aenvd extension: the volume's size limit (16..65536 MiB); default the node's storage.volume_size_mib
+	SizeMiB *int32 `json:"sizeMiB,omitempty"`
 }
 
 // Node defines model for Node.
@@ -475,6 +488,7 @@ type SandboxDetail struct {
 	StartedAt       time.Time             `json:"startedAt"`
 	State           SandboxState          `json:"state"`
 	TemplateID      string                `json:"templateID"`
+	VolumeMounts    *[]SandboxVolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // SandboxDrive aenvd extension: one extra drive, exactly one of image and sizeMiB
@@ -588,6 +602,18 @@ type SandboxState string
 // SandboxTimeout defines model for SandboxTimeout.
 type SandboxTimeout struct {
 	Timeout int32 `json:"timeout"`
+}
+
+// SandboxVolumeMount defines model for SandboxVolumeMount.
+type SandboxVolumeMount struct {
+	// Name the volume's name (or id)
+	Name string `json:"name"`
+
+	// Path absolute path in the guest the volume is mounted at
+	Path string `json:"path"`
+
+	// ReadOnly aenvd extension: mount read-only (any number of sandboxes may; a read-write mount is one sandbox's alone)
+	ReadOnly *bool `json:"readOnly,omitempty"`
 }
 
 // SandboxesWithMetrics defines model for SandboxesWithMetrics.
@@ -713,6 +739,38 @@ type TemplateUpdateRequest struct {
 // TemplateUpdateResponse defines model for TemplateUpdateResponse.
 type TemplateUpdateResponse struct {
 	Names []string `json:"names"`
+}
+
+// Volume defines model for Volume.
+type Volume struct {
+	// CreatedAt aenvd extension
+	CreatedAt *time.Time `json:"createdAt,omitempty"`
+
+	// MountedBy aenvd extension: the sandboxes that mount the volume
+	MountedBy *[]string `json:"mountedBy,omitempty"`
+	Name      string    `json:"name"`
+
+	// SizeMiB aenvd extension: the size limit
+	SizeMiB  *int32 `json:"sizeMiB,omitempty"`
+	VolumeID string `json:"volumeID"`
+}
+
+// VolumeAndToken defines model for VolumeAndToken.
+type VolumeAndToken struct {
+	// CreatedAt aenvd extension
+	CreatedAt *time.Time `json:"createdAt,omitempty"`
+	Domain    *string    `json:"domain,omitempty"`
+
+	// MountedBy aenvd extension: the sandboxes that mount the volume
+	MountedBy *[]string `json:"mountedBy,omitempty"`
+	Name      string    `json:"name"`
+
+	// SizeMiB aenvd extension: the size limit
+	SizeMiB *int32 `json:"sizeMiB,omitempty"`
+
+	// Token E2B's token of the volume content API, which aenvd does not serve: always empty
+	Token    string `json:"token"`
+	VolumeID string `json:"volumeID"`
 }
 
 // WebhookConfig defines model for WebhookConfig.
@@ -883,6 +941,9 @@ type StartTemplateBuildV2JSONRequestBody = TemplateBuildStartV2
 // CreateTemplateV3JSONRequestBody defines body for CreateTemplateV3 for application/json ContentType.
 type CreateTemplateV3JSONRequestBody = TemplateBuildRequestV3
 
+// CreateVolumeJSONRequestBody defines body for CreateVolume for application/json ContentType.
+type CreateVolumeJSONRequestBody = NewVolume
+
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 
@@ -1022,6 +1083,18 @@ type ServerInterface interface {
 
 	// (POST /v3/templates)
 	CreateTemplateV3(w http.ResponseWriter, r *http.Request)
+
+	// (GET /volumes)
+	ListVolumes(w http.ResponseWriter, r *http.Request)
+
+	// (POST /volumes)
+	CreateVolume(w http.ResponseWriter, r *http.Request)
+
+	// (DELETE /volumes/{volumeID})
+	DeleteVolume(w http.ResponseWriter, r *http.Request, volumeID string)
+
+	// (GET /volumes/{volumeID})
+	GetVolume(w http.ResponseWriter, r *http.Request, volumeID string)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -1252,6 +1325,26 @@ func (_ Unimplemented) StartTemplateBuildV2(w http.ResponseWriter, r *http.Reque
 
 // (POST /v3/templates)
 func (_ Unimplemented) CreateTemplateV3(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /volumes)
+func (_ Unimplemented) ListVolumes(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (POST /volumes)
+func (_ Unimplemented) CreateVolume(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (DELETE /volumes/{volumeID})
+func (_ Unimplemented) DeleteVolume(w http.ResponseWriter, r *http.Request, volumeID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /volumes/{volumeID})
+func (_ Unimplemented) GetVolume(w http.ResponseWriter, r *http.Request, volumeID string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -2584,6 +2677,86 @@ func (siw *ServerInterfaceWrapper) CreateTemplateV3(w http.ResponseWriter, r *ht
 	handler.ServeHTTP(w, r)
 }
 
+// ListVolumes operation middleware
+func (siw *ServerInterfaceWrapper) ListVolumes(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListVolumes(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateVolume operation middleware
+func (siw *ServerInterfaceWrapper) CreateVolume(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateVolume(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteVolume operation middleware
+func (siw *ServerInterfaceWrapper) DeleteVolume(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", chi.URLParam(r, "volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteVolume(w, r, volumeID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetVolume operation middleware
+func (siw *ServerInterfaceWrapper) GetVolume(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "volumeID" -------------
+	var volumeID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "volumeID", chi.URLParam(r, "volumeID"), &volumeID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "volumeID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetVolume(w, r, volumeID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 type UnescapedCookieParamError struct {
 	ParamName string
 	Err       error
@@ -2791,6 +2964,18 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Patch(options.BaseURL+"/events/webhooks/{webhookID}", wrapper.UpdateWebhook)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/volumes", wrapper.ListVolumes)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/volumes", wrapper.CreateVolume)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/volumes/{volumeID}", wrapper.DeleteVolume)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/volumes/{volumeID}", wrapper.GetVolume)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/templates", wrapper.ListTemplates)
 	})
 	r.Group(func(r chi.Router) {
@@ -2841,107 +3026,116 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H17b9u4lvhXIfS7QG1AcdJkpvitg/0jbac7xfQRNGnvXUyLW1o6tnktkRqSsuMN8t0XfOlhUbLs2Onc",
-	"xfzV1KLIw8Pz5jlH90HE0oxRoFIE4/sgwxynIIHr/wlM4wm7e/ta/YfQYBxkWM6DMKA4hWBceR4GHP7I",
-	"CYc4GEueQxiIaA4pVi/KdaYHS07oLHh4eFCDRcaoAL3KL5wzrv6IGJVApfoTZ1lCIiwJo6f/EoxqaIoZ",
-	"/8ZhGoyD/3daAn9qnopTM5teJQYRcZKpSYJxgCkC+8xBp5e/EoLM6C2kWYIl3OKZ+AR/5CA0HBlnGXBJ",
-	"DKQSz/S/REIqPFsLgxTfvTUPn5+dhUFKqPtv6AZjzvFajZWYz0CvUgdUzgFJCw7CAilkI8b1v2OJZ2ig",
-	"RkxyksRIzrFE6jf1UFyiFZFzlkvEKIRIDVOTCGlGD4OwcRjVg/vdgRSanX4rhrPJvyCSCmiDLYir+Goi",
-	"Si9nyKaBou1IrCOqAeJMBGGxgg/Gl+rZOzb7hUq+bgKXwBIS9QfQPFVTxjDJZ0EYEDplQRisMKdBGBhi",
-	"+RZ6DhmEwDPwwi4kZP5NkRSExKl+OmU8xTIYBzGWcKIebT+a4v0SgNDupRUJNxLLXHwCbFloAxEGRfZ/",
-	"xXl0cVcdtQ9Not4DNxsbdTP4NvWKUQqRvDFyp7mjFFJmjrzOUjFMcZ5IpETTCE1xIgBxEHkKAmGU4VxA",
-	"jKw0Q1POUkSkQDERC8Rosh4jIlHEkvhkwpgUIcI01iPMeoikeAaICESByDlwpOejjKNojukMYjQgEs0Y",
-	"CM2gmjHtas/US3fSwKC4fEGSZDhCHxiC6RQixcoII55TSuisgJFxxeIOcsf1dvsF4iaMJYCpIz+Wyxrx",
-	"ESovzgMtpUiqWOGseJNQCTMwsrJxCq8hAQm9JKZRFIeXAnreDjFV6JQ6OBGLoUkd8EeOE6FP5dfb22sk",
-	"NNcEYRNTm9jpovcNiPXSYSd1v2F88QlEnngQCW5DPXRf6BTztvGOj7yn/I4ICXErq+GEYP/BRQkBKluk",
-	"f5Tlr1hO/YTYRK9iwRvyP/D+Zc8XgMZXsq+IVcOX8Rfgghj56BH1iqN6r56CxDGW2kjBcUwUgeHkum5E",
-	"tBB6ifma2eWRophL2GmXiqChJzHc6LEKLMvfXjA2lVM5NqxZhQUtVOF2p1Shhgqma4fuYK+flI95PsCq",
-	"g1YTtvqnOidOQf4TRxGI6llU5CTOJbtWUnXL4/ctmsbolhQvwAgUK3efCaRePTFifkoSEGshIT1R6gUN",
-	"BACy0OvZrTwdGaQMLxFl0qgONcsnrbkQUDxJlG756exsOEKvKzruEpEZZbyiGsp9hS3bMrP2pJKr4oVX",
-	"jE6JprKYk6XB94bhrY4OwZ0Eqk4PDX45f/lMoKvrt2iuzFuGRB7N0ZRAEg/HaiDHaJKwaIHMlCEiFDEe",
-	"A0enMSxPl/EkdH9Fo9EIsanG9UzhDA3wVALXP5jXEUaC4kzMmUQzsgSqjOqSYhFOOOB4jSLMlS00vERY",
-	"opQJiX4yml6fkXvBqvApBzs/EgmTAkm8ALVoqgzJPqaUxeRrNYfPkgK6/IKNH7a/KDmMQKIgV4wveu7o",
-	"gxldEoaAKOctDNUpZWpmS52oBESMxl4lvcWcaZFbbTLFUk5v08aHvw/W7GhKpQhLiF9df+6pX4pX3rfo",
-	"pRc/ed+LWJqSFldTsJxHgMwQZJh1hYV2GaU2hn0qZUc9HnHAEt5gkuTc7L4P1Pqlm1yL695vxVbXNXdq",
-	"XGb1XEkMvVPf1pT6uWUSJ73Rq974LCDe6YWtAkJRzWs98CEMEobjqyVwPIPnaV3zs3ySVMQ6zdOJs0ac",
-	"jtq2jNVmxTu7bd+8sxMCKIvbWN6aD9ALPzfFYGvm5KLq2WvBriwKjonyn7zu/LLD/lumaR8wvrx/33RR",
-	"zBYLsMqFzLQe68ehfQOldZKskVsVXWFdovikRZOnGqz5rUV+vXYkW+er1Ry41ntI7feZQJwxqT1ngRKl",
-	"HZUCnbOVdpe/vBeIA47mTlFuRI1wtAAae4S9ZIrwYzRI8BqUWaM9bjFUfrA2pnx8LDmmImPcI/fySbLQ",
-	"IbVJjAYLZRUmzuKAJYlADEP17ESwaAESDT68fI2E5JjM5hJJpvf75f37YahX3xq7cRurwtSG5zbDUuGQ",
-	"g8IExBqRM5AKDsJrUQgbnFCjU0zX6iQkoZG0T4tAgpohxVnjDMwwTwTFzVMLeWjcq3kyiNFkXZ29p/ts",
-	"NaNj2AhHczixSNUncgJ3G/gqT5gXgS0P43o2sbH5TP2NazvqA/VmvMo49haW0GHQgNB2yjdVIVc/ARPT",
-	"6alX7Y56jpZKhPQau7FHt0zooHNzte5Py7xXOvrV3OJegnoDJDtHGwBKIjctrigykd+mzldWOPc+aiWy",
-	"DYDsFKFdxQeY8Zg6Yirdzmef6OYlUr5kPU46eqK44KFjRTFLMdGYp3mSKGfXXS554zhXWqfdsgX4RcK2",
-	"WE932GWbo8LxdEqiDRi2wL1HFGVbGKTNP28GFE30wEdpHWf7GiQmyS4nrGMvb23o5aoj8vJDw4Y7kFrP",
-	"MMd4I8pvwhr25T1CBG/plPnDBDsHPB/LKAmZQrSOkr7BonfF+B8VUX1sAOOvgOzuAdlafGs7tzAKVR4J",
-	"EdzhSCZr/YBNrcGpbFuhICEv/aarZ6XyMp3xMhJI4uJOvYwVIiIQRhHL1ieMnqw4kYCWBFYaAFlxbswd",
-	"fMndbEWHoZpQT6UGECkgmZpgobJuPtJkHfhtWPPMG7IwIU0BOoqphpqAsQHBoMQGOdXvQ6+Kd/jyYGaS",
-	"YLpAap9K5KElS/IUTDiVCI1oNHg+Gr34+eeLF+g9eRkikWEuQDk+drPuRhInjPY1nztpRQu6hoIxflkH",
-	"kp7Z+9rBMp5o4FyoeOjDegut1FIvqtRSUojlGnNLPMATAVTq9Rw2DRKH2856j3MyMz8zB7OHp2JxWIGj",
-	"g2/fWHm5eYHapoRTfGeMRZf4Yv/n9UO2RHWRjhFEc5LEOojw2DCvgbpjs++qGq1pk5dXI81TY/S23I1z",
-	"ZxYkSZyztN2VqSxRna8LXuax6BJC4eipJ3qRbsha0m70/c4jrzOOmrpzzAyd0G2/G3XiIEk6m0fhsRoT",
-	"Nttnvq15GXresAp0x4bfg+Qk8giZHe8WsvyzgPg6qr8wTRiWvrB4EUzdMbrfPxq+y+wppDtMvjONVl75",
-	"TMldr2U66Lo+Wc1erBxDuasKOiqIrJ5BB33U7XD/rf5HI3j7phFZf/Q6nyQkujU+u1+ux0DXO0+eYrGw",
-	"d/e/MuFRcOpXNAccA1dmFjdjTapAxtndWpkSK8xj4cLM1r66RH+7v/746fZBmagcsgRHJuSq32RcjowO",
-	"fgd0JufB+Pzni7DP1WQd1Z8zd3t2MFT3S7vYA9sdu6nmUDwuSXABkAmbADCvJm4YB8CY58ppEAuI1ZFN",
-	"k1zM0ZRwIS+1YQ0CEYnmONY5HPoxxCjFazQBlDAhQ4QFMjkLGEUci/lwjChr5BYuIJMmp9dkLlYSEmuG",
-	"eD19cYARhRVSw0I1a8aZuflR5DeBKePKmFdulY1goZiB0LDqhBW7FpEe16LjBD7BlIOYe+z4nGNpAwvt",
-	"NuTFi5oRuVv88cY510VweTN67bMM7MsVY24j93v/QOmmMN1i3IH4O5Fzoxw9BkHtfrTNlOqhzq32bSJy",
-	"M9BerOeF2XpIfq9tryyBnSIphkve4bUtWegVUtopAqUz63cTfBwyJoj0SpnywrRwLrWLgyawZooNledN",
-	"WQxjZJ3L1RxoccNapEy5l8u1LlEGNCZ0FqI8Sxiu/gk62jHFRCeM2aCEe1GnjQ61E6vkhs0EkazG9VUv",
-	"tvai/9KEMTkVOx3LliCbo7M9ovObBF1O5U63HiOrBc9Kmtwgto1N+pjDpUi3xMt3JSudv7ILP3WVYUzK",
-	"+oCqrNQ/G2G5wkSav9ztXLtfdXxG3yMT+KCpvXuIgUxbmS3BngyvqBdlbZZ/9/1Tri23HTDaFTB2dNMr",
-	"Hmx3GRY0XeeZErD6kdQpsIt7rtS8n2zFmOe+vAPLe4fM7aRdYOlSmDckgc9awnoA4yBsOVsTspwn20Fy",
-	"M2wFw699u9j/GLU/jaBCD0Xp7ta3LlwrZfIme+0puvamkZJLigyvfuGP2tFZN+XLRcel6qafknHQeV0N",
-	"rg6DXAAymak0T5Jtkrk7TNspIctXz/9/m7w8SOWPOiGctp1ON3JvJObyy7knGMl41BLQVf7T27QtSKie",
-	"VtW6N8a/fpXG7VeF7Q8h68+NDogbCVk/59i9YSnOSdRWytvLPGkRNwfWnvvQ0KO53KPonPXYWodWO6Um",
-	"mvmu29ABiF+x8aybxNlO1eaXrTtXT7v2cYtnu+mZPSw9adbYVqk8qxsqxTpd4Jv4VmtkqCS5hs+myzpr",
-	"14NEIDMeDWxWJqax9qq4hPgSwRL4Wle5LGCtE86NA6cvc81DN9ewZ3BlcxttJtHO3OaprvTT899hMmes",
-	"NSS7x2l35CGFASxdY4L+LELiVgnU4jq2aJeeRhrRathMErrC1KoF7HZo5is21YVe/XZnzpYNVm5kKXlR",
-	"t3HFanMCiySe0b0FNlyQJIE4NEGy0ET+4nDK+ALiBzSwlrwm82gO0SJjSt/HCHNAOIogU5MgqmgbKbt1",
-	"WM1z2npurQckyIximXO4gYj7GiaoAfbOOIaEKNYaIzifnBRvKmZVzJvTDMcxxGiCBbz4SXHlza9XJ+c/",
-	"v0BsaRlc6FXQlCUJW5Ux9gmLvfkblkY2krWlzBDjSP0r0OdP7/QU5kg0uq4/3tzqgPFWx6wvzbSF7g/O",
-	"X7ucU3+OasYgddUYkesbZfCYvVxl5DdYX+VyXjQkMXcpZUuSf5xcXb89+Q0qZ4X1W6YlCLGOUv24bueA",
-	"IkYlZ4kW2GyKvusEpe8hUqYXlmSSgMnlMcWLVvKrwYKZLhzmwc3r3wRaMb5AOU1ZTKYE4tFX+ouW99oJ",
-	"QZiKFXCBvt9/1VXhX4Mx+pqfnV1Elepz/QOE6Ku7StajgtFo9DV4+D5CCglApe2RMnZ3St+L/X8ffaX6",
-	"wk4mCglXM6Dylw9fjA5ScA9+OX95Uu5uWClQGQdno+ejM53ekAHFGQnGwcXobHShY+hyrk/j1FDP6coQ",
-	"oP7NNjRRBKgBexsHY11J/nc3aKP5y/nZ2U6tX3rZxnUt1dR2jd4wlfoVt5sQsSQGIc1djrmjsiLXv3ix",
-	"rWoLmszeAtYRYuS7hdL2zgEhXyoRc6g+OHVV8lAXK0ppPDRO4vnBF7cH0EQ4hxkREhQwe2H2IWyQ3+m9",
-	"/evt6wfD4gkYgVhHvuleUUV+DQk/eaqFaAnupQ6R20C7UzcEjFSPOcuyfbcU+pnnv0C2wnr2dAemOMTi",
-	"d29eqPSW+t3bT6o4wJ36SX3TMimaN3FndOKT8JlVv7347MccG8ICWRNuf56bA06M9m0j1l/NiD58Zawt",
-	"rgwvomCrqf1g/Ps3vWRaXoR622Vdc5Yq9ywXyA51/QC0qhsUhi4qYLU1/MqVotEazYmQbMZxKkx+sTR1",
-	"dBljiQhRcf85HAVhc7/unnbrKUu4k6dZYssMOtujtW5QzYHgTt+/EUaRdbG8eFO779bJH/SIp1DIugC+",
-	"lx62l5/7U6je9um9qb596KLUD65w70jMaTbdbmwcT44Wpce7CVFvxpKuyKuwk3EWDaco11BYexb9fHaB",
-	"VnOSAII7XSw6K1lH59G46lBdtZviBSAikWm9gWeKLTa568ac0Y2Lrh9DfDeKFXtJ8DZhpidSwoxo3owe",
-	"Qce1NI9WFr6pVH9v0MWGDcOTE6DK3YjR4j+XKMOEC/QvRqhxcZW/cf5CZ9IG4+CPHHS9oKWnoghnCwUd",
-	"X5DUm1L1kCgbjdNMo4BDW/IOniORaNnZ6InN+NqyHnK3GWcrLJCNIR2A3rcqfC2LYKULY3CaJbpgRUd/",
-	"NrvkKfKN0SCnC8pWNHTt8pTookyiNbgZYsSoteETmErEch28aqiMgt1Krd/JdRFLU3wiQA2SlRaDJBZo",
-	"4LoMPT87U4vBXZboanideehnRPv+P0ksOqV77walm8EdIdc6XKAMi+DRLN2DturJbh5Cq520UKKqROIh",
-	"qO2+yPzp9Bp/I0lSZfNt6sDEUg/tCbZCcPBzsYW+3Zx/IAvG91455LRMzXr41np2p5Eped9sYrzb9K1i",
-	"vt539DhyfmORh2an5COcs++EidQi3UrTS9fDzlRrxoaqn0jNOFDMXcSB+f106mrcDk4wbxhfHJdaqmV6",
-	"RzALelljlYalPUwxRk3qeiJRBtyU91Va+w1wtbut69Y9PPSZuySlLSL2ncnk6bapKblDKUkSUnaj82pt",
-	"ibms2c49SnDuvVMlJCX1qQrcPD9TCr2zLnNbZeZTKHyN2Ba1wiECKlFCKIh6U8eIUcESKJo1KRMOz4DK",
-	"oenQaMbqX0w1NkrYLEQp8Jm9wiMp1EP6l4gqijQuqy0M+BPps6YV3EaqPW1RTa1HIdSd1zG9sHZZ5Umc",
-	"y7bCiM5rI2eYVmKOz4QJKfI1Gui2BvrybworhxbXml9INGc5H+pwJKGmtnw0AhpvkmqjA7juG75y1UfW",
-	"k1CL6XKrJU7UBH8meq604HiUus1lW5y/Xsp2XLVbr5d7TMwIZhyEQBlLSLQ+cOiodgCZayx1eGtH19s9",
-	"iblTq+zzWsgeND9GuLfjk5sSNxDHwamtoHsSrLpqvb4IrToCh0Wp67NwCHxW8qRtgGQTw2q14yJ4o+Ob",
-	"F8FP4kgdyYNytVRHYgIbXnU9mI8XX3UrHPuAqtWSbQaFq+wb5EJ35al3K2fUxloP7hlVKlwPf5I3hbnq",
-	"KmyPKtHcIvtqZgHyEeitMkX71U0xyn+l5w/9mnqT1kuYFrfRZqXu/F63uxk+pgtQK6hwJ01ruh9+2VTn",
-	"1u3uQHHuobPNrfX+j5MPcCdP9LbMl7qMr2A+/DODA5Da6X1Z1toj/akmUrcxg5nq8MHsVhjOfojAPd59",
-	"fK3ieIc7eXXCxXcnOoXJbTHqKRijKIDq4yMX381gFB0gv6OY79SW4Zze6z86Uz1qpaTHpDd/zWoL4ZUf",
-	"+aNI78HIhuPRIS62vx8Jnrq6q27hUvs24HHUfPsnyPbV+BxStnxECNBr9TS/LXkkfLR/xPKJUwa834ds",
-	"o388U9JgZb5waX7hM5DPzMdH4kMIifvSdH7oT7k/Ui22w3B4MbVNMh1PFNVqLPfL9W1Y7LX6vGcCubI8",
-	"KTmZ5EoFDUzdRjO3wwTyaqg/PJP6qxCfOGW4pYZwCyE8e5RuamfJU83o4vTeVnI+nJZ1/dsYpNIWoJ8L",
-	"lbCZ+DidCmhxac527jJ6XK9plyVtl8lyyf06ZB71BrDZsqKF6jQxaAY21lGMEjZDYFoqmAZn5VkiRv90",
-	"Yir0TlZWK+9tgNV4RxeDn97PsZj3sn7f2C/lHE35t7VG8RxztaS66GtVtNgz5dKvPl7/NxISMjTAyjRA",
-	"mEdzsgQ0WbuyTdu7zjbVYrbblfm80L8HUajT21kF+i/B1NabZ91Hj7FIgjwRkgNO68ddyKoJoZh7KmB7",
-	"m5fNTzrBwS28wkHZxgqFKf5UrvIt7l2IWNG5ajuhIndNLH86Y0wdxPJ811T1L+f91HWvrPNwS8rt2F2c",
-	"h8WXi1oyH+ReEdJ+4cofE17d4DjGJYoJh0iXDk3WJt3AZsbgiDMhdDRSXCKMin0hItASJyQuOv6bdC2b",
-	"mZfi2BRGtyBWD/ZvUcOn+yMYSwXr/+kffS3TN/fz6c0rdHFx8R96A2PTo7UsOHFt+rHU2WS6varGdWve",
-	"C8RXatRu1Nb727aJBD4MUT+g1Xr62xemQetWwF/qYTtCXulkUvkUxgZENq3f2Fy6zF2WPpIPosrjf7dS",
-	"kWLXl66avha31204U3UcHFJTrmSGaUiqQ7fU9x2vAEVL1r9KUPa1Kaqq7Efllh/tCP/KLj9edvnyfNdr",
-	"GnvM/5cvaqpI6Y75ePjqT+mKt+Y2KC1c832PxsXe7oa9RPJ50wcz38O2NsQjDvqiTv1disrB/+XiKRBU",
-	"9tbsj6KDQtFstbj9KjDWHUZ05oAJhIXItjMtLHB7cBlEe55avV9AvbHS798evj38bwAAAP//",
+	"7D1rb9u4ln+F8F6gNqA4aTJT7DrYD2k73Smm7RRNmnsX02KGlo5tXkukhqTseIP89wVfeliULDl22rs7",
+	"n5paFB/nfQ7PObofhCxJGQUqxWByP0gxxwlI4Pp/AtNoyu7evlb/IXQwGaRYLgbBgOIEBpPS82DA4c+M",
+	"cIgGE8kzCAYiXECC1Ytyk+rBkhM6Hzw8PKjBImVUgF7lJ84ZV3+EjEqgUv2J0zQmIZaE0dN/Ckb1bvIZ",
+	"/8ZhNpgM/u202PypeSpOzWx6lQhEyEmqJhlMBpgisM/c7vTyV0KQOb2BJI2xhBs8F5/gzwyE3kfKWQpc",
+	"ErNTief6XyIhEZ6jBYME3701D5+fnQWDhFD338ANxpzjjRorMZ+DXqW6UbkAJO12EBZIARsxrv+dSDxH",
+	"QzVimpE4QnKBJVK/qYfiEq2JXLBMIkYhQGqYmkRIM3o0CGrIKCPuN7elwJz0az6cTf8JoVSbNtCCqAyv",
+	"OqD0coZsaiDaDcQqoGpbnItBkK/g2+NL9ewdm/9EJd/UNxfDCmL1B9AsUVNGMM3mg2BA6IwNgsEaczoI",
+	"BoZYvgYeJIMQeA7evQsJqf9QJAEhcaKfzhhPsBxMBhGWcKIe7UZN/n6xgcCepREI1xLLTHwCbFloCxAG",
+	"RPZ/OT7auKsK2oc6Ue8Bm62Duhl8h3rFKIVQXhu5Uz9RAgkzKK+yVAQznMUSKdE0RjMcC0AcRJaAQBil",
+	"OBMQISvN0IyzBBEpUETEEjEabyaISBSyODqZMiZFgDCN9AizHiIJngMiAlEgcgEc6fko4yhcYDqHCA2J",
+	"RHMGQjOoZky72jP10p00e1BcviRxPBqjDwzBbAahYmWEEc8oJXSe75FxxeJu547r7fFzwE0ZiwFTR34s",
+	"kxXiI1RenA+0lCKJYoWz/E1CJczByMoaFl5DDBI6SUyjKA4vBfS8LWIq1ynV7YQsgjp1wJ8ZjoXGys83",
+	"Nx+R0FwzCOqQ2oZOG71v7VgvHbRS9xvGl59AZLEHkOAO1EH3BU4x7xrv+MiL5XdESIgaWQ3HBPsRF8YE",
+	"qGyQ/mGavWIZ9RNiHbyKBa/J/8D7lx1fABpdya4iVg1fRbfABTHy0SPqFUd1Xj0BiSMstZGCo4goAsPx",
+	"x6oR0UDoBeQrZpdHimIuodcpFUFDR2K41mPVtix/N2xjxeIsgfcKl93Vh13jtnh3t74vthFUDM6czMog",
+	"cQRQIrQSEiv05MBSJQIfX36AdQsbxGz9uyIBTkH+jsMQRBnNJRGMM8k+KoG94/H7BiVm1FaCl2BklRXp",
+	"zwRSr54YDTIjMYiNkJCcKM2FhgIA2d3r2a2oHhugjC4RZdJoJTXLJ60UEVA8jZXa+uHsbDRGr0vq8xKR",
+	"OWW8pHWKcwUNxzKzdiSOq/yFV4zOiCa2iJOVgfeWTa9Qh+BOAlXYQ8Ofzl8+E+jq41u0UJYzQyILF2hG",
+	"II5GEzWQYzSNWbhEZsoAEYoYj4Cj0whWp6toGri/wvF4jNhMw3quYIaGeCaB6x/M6wgjQXEqFkyiOVkB",
+	"VfZ6QbEIxxxwtEEh5srMGl0iLFHChEQ/GCNC48i9YK2DGQc7PxIxkwJJvAS1aKJs1B5s9lrN4TPSgK5u",
+	"sXHx9pdSh5F1FOSa8WXHE30wowvCEBBmvIGhdgiwkkVUJSoBIaORV/+3WUp1kVid1jwVKFHPIVKEl1PW",
+	"JQIcLjSiFU0VyEfbFNeTBPaUtE1S0NJ6ZzvvwT+P2VXzLFXAPUeSoRcXKAYpgYsARWROlBX+7OSZMoSf",
+	"/f4sQFoFKAvZiDI7WD3Woy9RRsmfGShrWgGTGmusrimVbiAvd0qaiZ7FoPSZQOo1FJOESDR8/mI8fvHj",
+	"jxcv0HvycnSJct/DLquGS8bxHMbm/d/V278nZNrF4vTZwV5sWUu3rq1CLCF69fFzR5Mmf+V9gyn04gfv",
+	"eyFLEtIQ3RAs4yEgMwQZ0K6x0FEKqf0vH256mo4hByzhDSZxxs3pu+xav3SdaTXe+a3Imlf1k5oojXqu",
+	"NIk+qe9oyiy5YRLHncGr3vgsIOr1wk6poajmtR74EAxihqOrFShKfZ5UjU2WTeMS/9AsmToD2Nkuu5ax",
+	"Vk7+Tr/jm3d6AUDxXpNJbYQldILPdT7YWtaZKAeTtMJXlibHRLns3gjSqsXlWCVJl23cvn9flwbmiPm2",
+	"ioXMtB6r2IF9C6RVkqyQWxlcQVWi+KRFnadqrNkkv147kq3y1XoBHMrilDMmdbBGoFgpTmVYLdhaR2hu",
+	"3wvEjXI1BtRWoBKHS6CRxwgwIjpCwxhvQJm7OsgjRkqlaCPbx8eSYypSxj1yL5vGSx3FnUZouFTeQuws",
+	"UViREMQoUM9OBAuXINHww8vXSEiOyXwhlQJU5719/34U6NV3hgvdwcp7aoJzk8OhYMhBQQIiDcg5aDVG",
+	"eCXwZeNhanSC6UZhQhIaSvs0j12pGRKc1nBghnmCdm6eSpRNw17Nk0KEppvy7B0jNlYzOoYNcbiAEwtU",
+	"jZETuNuCV4FhnsdSPYzrOcTW4VP1N66caA+tnxjrxe4lcBA0W2jC8nVZyFUxYMKIHfWqPVHH0VKJkE5j",
+	"t87olgnc7txcjefTMu+VDrjWj7iXoN7akp2jaQNKItctrjA0lw11na/see591EhkWxuyUwR2Fd/GjCfd",
+	"EsZrD0p0CahfIgGAqqH58ROFog8dnoxYgomGPM3iGCsrx95nekOHV1qn3bAl+EXCrvBie6RvlwPL8WxG",
+	"wq097Nj3HtG1XeGxprhNPYZtoko+SmvB7WuQmMR9MKxjcm9tSO6qJSL3TSPVPUitY/hrsnWxZMJde8UN",
+	"dOjoLZ0xf/iod4z9sYwSkxmEmzDuGkR8l4//VkH8xwa2/roD+K7uACoh1d2MyCiU2S9AcIdDGW/0Azaz",
+	"tqwym13EyWsVe1YqUkMYL4LPJMozRIpgISICYRSydHPC6MmaEwloRWCtNyBLfpPJKCkEB1vTUaAm1FOp",
+	"AUQKiGcmuKYMp19pvBn4zWPzzBsNMVF0ATrIqYaaOwqzBQMSG1dXv4+81kNzhA5NY0yXSJ1TSVMbnTMR",
+	"fGJjdMPnpeBcgESKuQDlU9nDuvt1HDPa1TJvpRUtQ2u6y7h8LUB6ZrMPhqtoqjfnbidGPqg30EolkahM",
+	"LQWFWK4xOQ9DPBVApV7PQdMAcbQL13vgqRI83cMJsjAs7aOFb99YUbydDtCk3xN8Z+xQl8Zl/+d1cXZc",
+	"JJjYfrggcaTjE71vFmqZBGrXLYd9V1aWdXO/uI2rY43Rm+I0zlNakjh2fthuL6m0RHm+tv0yj7EYEwpH",
+	"T6TSi7TvrCGJTF8pPvIG7aiJaMfMNwvc8dtBJw6ScraNCo9BGrP5PvPttDv0vEF50y0Hfg+Sk9AjZHpe",
+	"W6TZZwHRx7D6wixmWPoi7nmctufFQfdAe5/ZE0h6TN6bRkuvfKbkrtMyLXRdnaxiL5bQUJyqBI4SIMs4",
+	"aKGPqonvTyT51Qjerklx1tX9mE1jEt6YcIBfrkdAN70nT7BY2nSRn5nwKDj1K1oAjoArM4ubsSY7JeXs",
+	"bqNMiTXmkXARbGtfXaK/3X/89dPNgzJROaQxDk00V7/JuBwbHfwO6FwuBpPzHy+CLnfLVVB/Tt3F3MFA",
+	"3S3TZw9ot5ymnLbzuJTXJUAqbM7JopwrZBwAY54rp0EsIVIom8WZWKAZ4UJeasMaBCISLXCk04b0Y4hQ",
+	"gjdoCihmQgYIC5u0gFHIsViMJoiyWqbsElJpMtRNHm4pvbZiiFeTcYcYUVgjNSxQs6acmUslRX5TmDGu",
+	"jHnlVtngGIoYCL1XnSNl1yLS41q0YOATzDiIhceOzziWNmbRbENevKgYkf1Cm9fOb8/j1tuBcZ9lYF8u",
+	"GXNblQz7x2C3hekO467s53dM+KikVujqhyHjiEReL0RXpNSdjKlgcSYBqceVVJtS4oaiQ5eNU1auXdzZ",
+	"msevJyo5tUNMN8ioaUWc+Z2pYpZL5/4an9y8SoQODhReuPZBR35K9eRCa0C0IALE34lcGCvFY5lV7sCb",
+	"bNoOdpU1g+oUvX2Zkq/n3bN1Vf3u816ZIL2iZUZcvcMbWwnVKWzYK8qoC3b6aSAOKRNEesV9cSmee/na",
+	"10RT2DAlDxdE6PvyCbJe/noBRS5Uni7pXi7WukQp0IjQeYCyNGa4/CfosNMME50saqND7kWdjT7S0QQl",
+	"wG22j2QV8VvmtcqL/osxxuRM9ELLjkCqo7M9bmC2CbqYymG3GqysRDELmtwitq1D+pjDVV403In0JSud",
+	"o9SHn9qqu6ZF2VFZaemfjdZaYyLNX+4GttnBPT6j71FgcNCKgT3EQKrN/YaoW4rX1AuyJhesPcKfaRO6",
+	"B0TbIveObjoF5u0pg5ymqzxTbKyKkioFtnHPlZr3ky1E9eREtEC5j1ioQMBO2rYtXWH3hsTwWUtYz8Y4",
+	"CFslW99ZxuPdW3Iz7NyGX/u2sf8xSgpr0Z0OitLlT+xcuFIh6U3o21N07U0jBZfkWXzd4lAV1Fl/8fai",
+	"5eJ822FMOejcvRpXB4NMADLGOs3ieJdkbo+Xt0rI4tXzf2+SlwcpKFQYwkkTdtqBey0xl7fnnqgw42FD",
+	"ZF05sm+TpmitelpW615PZPMqiZqvg5sfQtqdG90mriWk3aIU7g1LcU6iNlLeXuZJg7g5sPbch4YezeUe",
+	"Reesx8by1gqW6mDmfY+hI0E/YxPiqBNnM1WbX3aeXD1tO8cNnvfTM3tYetKssasBwrxqqOTrtG3fBBob",
+	"Q3QFydV8Nl0tXrmnJQKZ8WhoM28xjbRXxSVElwhWwDe6wm0JG11UYBw4fatuHrq5Rh2jXNvHaDKJenOb",
+	"J1Dhp+emgqAKmlsDMOU71XbP3gR8Xm76pVPpmktdvJfRcgypnFe1k80alVe/sqOi2qhbxrPZaRcRlY8M",
+	"miuLDK6uaJRncx0dZz1S5f4folc6PFTnNqWw+qGrYrVhT9tnRwmRAK0XJFzYGqw8WC6Ar2CCcLzGG4Eg",
+	"SaU322d/wnK79hHY32G6YKzxomwP0d+SeBoMYAXb6Ws7MU2iRnOkIY7UYGp29NiItsnNJDkEy+6wO6GZ",
+	"Lz9UG3j1261JuvYKaYvXvKDbSnyxSeB51ub43m42WJI4higwVxeBuY+JghnjS4ge0NC69VrnhQsIlykj",
+	"Jj7PAeEwhFRNgqhSdEg5saNDceicYplxuIaQ+5oyqQE2kyeCmCg9O0FwPj3J31SaWzFZRlMcRRChKRbw",
+	"4gfFe9c/X52c//gCsZXV9kKvgmYsjtm6uPmcssjLZ5ZGtqpzpEwR40j9K9DnT+/0FAYlGlwff72+0dd4",
+	"O6M0XWmm6UL14PzVB0/dOap+IaHLx4ncXCvvx5zlKiW/wOYqM7dKuumZueEu2p794+Tq49uTX6CEK6zf",
+	"Mm3HiI2aVNF1szCCl7NYW29shv7QUvePACk/DEsyjcFkWBrRbc1ANVgwo57Mg+vXvwi0ZnyJMpqwiMwI",
+	"ROMv9Cdt/OmIBMJUrIEL9Mf9F9155stggr5kZ2cXYanDjf4BAvTFJfjoUYPxePxl8PDHGCkgAJW2D9vE",
+	"3fT/kZ//j/EXqtMopNLIg6s5UPnTh1tjkKp9D386f3lSnG5UqkicDM7Gz8dnOuksBYpTMpgMLsZn4wt7",
+	"l6WxcWqo53RtCFD/ZpumKQLUG3sbDSa6W83f3aCtBnPnZ2e92st1cpSrWqpu+tb6z5UKFt1pAsTiCIQ0",
+	"N+wmc8CKXP/i+bHKbe5Sm5tRBYiR73aXtj8fCPlSiZhD9dqrqpKHqlhRSuOhhonnB1/cIqAOcA5zIiSo",
+	"zewF2YegRn6n9/avt68fDIvHYARiFfimQ1YZ+BUg/OApD6XFdi/1fZm9dXPqhoCR6hFnabrvkQI/8/wX",
+	"yMa9nj0dwhSHWPjuzQul/pW/eXtW5gjs1bPyq5ZJ4aIOO6MTn4TPrPrtxGffBm0IC2RNuP15bgE4Ntq3",
+	"iVh/NiO68JWxtrgyvIjaW0XtDya/fdVLJkVWhLcl50fOEpALyASyQ51LpVXdMDd0Ub5X28wnxhJouEEL",
+	"IiSbc5wIU/UhTeF0ylgsgsILHY0HQf28LmljJ5Yl3MnTNLbOcmsL1sYDqjkQ3OnLeMIosi6WF27q9O06",
+	"+YMe8RQKWXc86aSHbSbE/hSqj316b9otPLRR6gdXqX0k5jSHbjY2jidH814T/YSoN49Ul2CX2Mk4i4ZT",
+	"lGsorD2Lfjy7QOsFiQHBne4OMC8FcJYAqWsHoNs0JHgJiJikrA3Cc8UW29x1bXB07a7ajiG+a9XpnSR4",
+	"kzDTEylhRjRvho+g40rOVyMLX5fafWzRxZYNw+MToMrdiNDyP1coxYQL9E9GqHFxlb9x/kLXNwwmgz8z",
+	"0AXilp7yqssdFHR8QVJtfNlBomw1ZzWdYQ5tybv9HIlEixaHT2zGV5b1kLvNA15jgWwM6QD0vlPha1kE",
+	"a12uiJM01mWEOvqz3YlXkW+EhhldUramgWvJq0QXZRJtwM0QIUatDR/DTCKW6eBVTWXk7FZo/VauC1mS",
+	"4BMBapAstTEmkUBD127w+dmZWgzu0li3P9H54H5GtO//TiLRKt07N0HfDu4IudHhAmVYDB7N0h1oq5r5",
+	"6iG0CqaFElUFEA9Bbfd5GmCr1/gLieMym+9SByaWemhPsHEHB8eL7ezQzvkHsmB87xVDTos8zYevjbg7",
+	"DU2Pk+0PJfSbvlHMV3ubH0fOby3yUP8awxHw7MMwkVqkW2l66ZrZmruwyFD1E6kZtxVzF3Fgfj+ducrj",
+	"gxPMG8aXx6WWcvH0EcyCTtZYqSl6B1OMUVNQFEuUAjdF16Uev0Nc7qDvvggyOjTOXcbiDhH7zqT1tdvU",
+	"lNyhhMQxKdrSerW2xFxWbOcOhZH33qnc1XMxVQ6b52dKobdWy++ql38Kha8B26BWOIRAJYoJBVHt7hwy",
+	"KlgMeXc+ZcLhOVA5Mq2azVj9i+mRgWI2D1ACfG6v8EgC1ZD+JaKKIo3Lasu1viN9VreCm0i1oy2qqfUo",
+	"hNp7HdP8sM8qT+JcNlVJtV4bOcO0FHN8JkxIkW/QUDeb0Zd/M1g7sLjP/wiJFizjIx2OJNR0/BiPgUbb",
+	"pFr7yoj+Nsna1YRaT0ItpotgVzhWE3xP9FzqufQodZvJpjh/tcD4uGq3WsX8mJgRzDkIgVIWk3Bz4NBR",
+	"BQGp6yR4eGtHV0E/iblTqbf2WsgeMD9GuDfDk5vCYxDHgamta34SqLoa6q4ALTsChwWp635zCHiWiiZs",
+	"gGQbwmq14wJ4q8WnF8BP4kgdyYNyhZVHYgIbXnWfNjhefNWtcGwElUunmwwKV+Y7zITulVb9bAmjNtZ6",
+	"cM+o1Hfg8Ji8zs1V1/fgqBLNLbKvZhYgHwHeMlM0X93ko/xXev7Qryk+a7yEaXAbbVZq7/fa3c3gMb3Z",
+	"GrcKd9Jkr3/zy6Yqt+52B3K8B842t9b7P04+wJ080ccyXwM1voL5uOAcDkBqp/dFjXuH9KeKSN3FDGaq",
+	"wwezG/dw9k0E7vHu4yvtB3rcySsM5x+gahUmN/mop2CMvBqyi4+cf0BLf97n0fkd+Xyntibv9F7/0Zrq",
+	"UakrPya9+QvYGwiv+JAwRfoMRjYcjw5xfvz9SPDUFWG2C5fK94ePo+abP3O6r8bnkLDVI0KAXqun/v3q",
+	"I8Gj+UPZT5wy4P0GdRP947mSBmvTR8r8wucgn5mvTUWHEBL3hen80J1yv6VabN7D4cXULsl0PFFUKbje",
+	"L9e3ZrFXinXtp9x0+zDJyTRTKmho6jbquR0mkFcB/eGZ1F+S/MQpww0FxTsI4dmjdFMzS55qRhen97as",
+	"++G0aPKxi0FKPUK6uVAxm4tfZzMBDS7NWe/ez8f1mvosaXv/Fkvu17f4qDeA9f41DVSniUEzsLGOIhSz",
+	"OQLTX8W0nSxwiRj97sRU4J2saF2wtwFW4R3dGeL0foHFopP1+8Z+Gu1oyr+pT5IHzeX+CnmTu7zxqemd",
+	"8OrXj/+NhIQUDbEyDRDm4YKsAE03rmzTdhS1HfaYbX1nvif3r0EUCnu9VaD/EkwdvY7rLnqMhRLkiZAc",
+	"cFJFdy6rpoRi7qmA7Wxe1r/hBwe38HIHZRcr5Kb4U7nKN7hzIWJJ56rjBIrcNbF8d8aYQsTqvG+q+u15",
+	"N3XdKes82JFyO3EX50H+qbqGzAe5V4S0W7jy24RXtziOcYkiwiHUpUPTjUk3sJkxOORMCB2NFJcIo/xc",
+	"iAi0wjGJ8u+wmHQtm5mX4MgURjcAVg/2H1HvT/dHMJYK1v/TP/o+ZLF9nk9vXqGLi4v/0AeYmM7ZRcGJ",
+	"+3gKljqbTDe91rBuzHuB6EqN6kdtnT9yH0vgowB127RaT3+RyLTN3rnxl3pYz52X2hqVPlC0tSOb1m9s",
+	"Ll3mLgsfybej0uN/tVKR/NSXrpq+ErfXPXkThQ4OiSlXMsP0TspDd9T3Ha8ARUvWv0pQ9rUpyqrsW+WW",
+	"Hw2Ff2WXHy+7fHXe95rGovn/8kVNGSjtMR8PX32XrnhjboPSwhXf92hc7G112kkkn9d9MA0EZ3Q8AtEX",
+	"VepvU1Ru/7cXTwGgotFudxAddBf1vqu7rwIj3WFEZw6YQFiAbG/j3AK3iEshfATWdNe3dnF1a8c8haiy",
+	"bSb7Neuxhzh+r55b13HwSNaVO/3TGldb7SIbYG2AHOSfnYQ7+UPp+0SPJsHTe9eBsMMNXQkRHe/nTK8P",
+	"/ZkiLPGhb+ua9nP2TZB0oBBRyyd/SISGjAc6ZaHq+wYaxkq/jpxvWNW5pT6TfWJM1d4m1SZwv319+Prw",
+	"vwEAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -18,13 +18,14 @@ func createDrives(in *[]SandboxDrive) []orchestrator.DriveRequest {
 	return out
 }
 
-// driveInfo describes a sandbox's drives for GET /sandboxes/{id}.
+// driveInfo describes a sandbox's drives for GET /sandboxes/{id} (its
+// volumes are its volumeMounts).
 func driveInfo(drives []orchestrator.AttachedDrive) *[]SandboxDriveInfo {
-	if len(drives) == 0 {
-		return nil
-	}
-	out := make([]SandboxDriveInfo, 0, len(drives))
+	var out []SandboxDriveInfo
 	for _, d := range drives {
+		if d.Volume != "" {
+			continue
+		}
 		i := SandboxDriveInfo{Device: sandbox.GuestDisk(d.Slot), ReadOnly: d.ReadOnly}
 		if d.Image != "" {
 			i.Image = ptr(d.Image)
@@ -33,6 +34,9 @@ func driveInfo(drives []orchestrator.AttachedDrive) *[]SandboxDriveInfo {
 			i.SizeMiB = ptr(int32(d.SizeMiB))
 		}
 		out = append(out, i)
+	}
+	if out == nil {
+		return nil
 	}
 	return &out
 }

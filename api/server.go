@@ -223,7 +223,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 	opts := orchestrator.CreateOptions{
 		TemplateID: req.TemplateID, Timeout: timeout, Secure: v2 || deref(req.Secure),
 		AutoPause: deref(req.AutoPause), Metadata: derefMap(req.Metadata), EnvVars: derefMap(req.EnvVars),
-		Policy: createPolicy(req), Drives: createDrives(req.Drives),
+		Policy: createPolicy(req), Drives: createDrives(req.Drives), Volumes: createVolumes(req.VolumeMounts),
 	}
 	if req.Network != nil && req.Network.AllowPublicTraffic != nil {
 		opts.PrivateTraffic = !*req.Network.AllowPublicTraffic
@@ -308,7 +308,7 @@ func listed(rec orchestrator.Record) ListedSandbox {
 		SandboxID: rec.ID, TemplateID: rec.TemplateID, Alias: ptr(rec.TemplateID), ClientID: clientID,
 		StartedAt: rec.StartedAt, EndAt: rec.EndAt, CpuCount: int32(rec.VCPUs), MemoryMB: int32(rec.MemoryMiB),
 		DiskSizeMB: int32(rec.DiskMiB), Metadata: ptr(nonNil(rec.Metadata)), State: listedState(rec.State),
-		EnvdVersion: rec.EnvdVersion,
+		EnvdVersion: rec.EnvdVersion, VolumeMounts: volumeMounts(rec.Drives),
 	}
 }
 
@@ -334,7 +334,7 @@ func (s *Server) GetSandbox(w http.ResponseWriter, r *http.Request, sandboxID Sa
 	if rec.MaskRequestHost != "" {
 		d.Network.MaskRequestHost = ptr(rec.MaskRequestHost)
 	}
-	d.Drives = driveInfo(rec.Drives)
+	d.Drives, d.VolumeMounts = driveInfo(rec.Drives), l.VolumeMounts
 	if len(rec.Policy.AllowOut) > 0 {
 		d.Network.AllowOut = ptr(rec.Policy.AllowOut)
 	}

@@ -184,6 +184,9 @@ type Storage struct {
 	// zero turns the pool off.
 	PoolLow  int `toml:"pool_low" env:"AENVD_STORAGE_POOL_LOW"`
 	PoolHigh int `toml:"pool_high" env:"AENVD_STORAGE_POOL_HIGH"`
+	// VolumeSizeMiB is the size limit of a volume whose create names none
+	// (E2B's SDK never does), 16..65536; volumes need the storaged backend.
+	VolumeSizeMiB int `toml:"volume_size_mib" env:"AENVD_STORAGE_VOLUME_SIZE_MIB"`
 }
 
 // API configures the HTTP listeners.
@@ -330,7 +333,7 @@ func Default() Config {
 			AlwaysDenied: []string{}, SocketMark: 0x61650000, ConnsPerClient: 512}, // network.DefaultSocketMark
 		VMM:     VMM{Driver: "auto", UIDBase: DefaultVMMUIDBase},
 		Guest:   Guest{VCPUs: 1, MemoryMiB: 512, DefaultUser: "user"},
-		Storage: Storage{Backend: "storaged", PoolLow: 2, PoolHigh: 4},
+		Storage: Storage{Backend: "storaged", PoolLow: 2, PoolHigh: 4, VolumeSizeMiB: 1024},
 		Image: Image{DefaultRegistry: "docker.io", AllowedRegistries: []string{}, InsecureRegistries: []string{},
 			RootfsSizeMiB: 2048, ReadyTimeout: Duration{5 * time.Minute}, StepTimeout: Duration{30 * time.Minute}},
 		Cluster: Cluster{Scheduler: []string{}, CPUOvercommit: 4},
@@ -384,6 +387,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: guest needs at least 1 vcpu and 64 MiB (got %d, %d)", c.Guest.VCPUs, c.Guest.MemoryMiB)
 	case c.Image.RootfsSizeMiB < 0 || c.Image.ReadyTimeout.Duration <= 0 || c.Image.StepTimeout.Duration <= 0:
 		return fmt.Errorf("config: image: rootfs_size_mib must not be negative, ready_timeout and step_timeout must be positive")
+	case c.Storage.VolumeSizeMiB < 16 || c.Storage.VolumeSizeMiB > 64<<10:
+		return fmt.Errorf("config: storage.volume_size_mib %d: want 16..65536", c.Storage.VolumeSizeMiB)
 	case c.Storage.PoolLow < 0 || c.Storage.PoolHigh < c.Storage.PoolLow:
 		return fmt.Errorf("config: storage pool watermarks: want 0 <= pool_low (%d) <= pool_high (%d)", c.Storage.PoolLow, c.Storage.PoolHigh)
 	case c.Network.SocketMark <= 0 || c.Network.SocketMark > 0xffffffff || c.Network.ConnsPerClient < 1:

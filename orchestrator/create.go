@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/agentenv/agentenv/template"
@@ -36,6 +37,9 @@ type CreateOptions struct {
 	// Drives are extra block drives in the template's free drive slots
 	// (drives.go).
 	Drives []DriveRequest
+	// Volumes are the volumes mounted in the guest, each in a free drive
+	// slot after Drives (volumes.go).
+	Volumes []VolumeMount
 	// AutoPauseFilesystemOnly makes the timeout's auto-pause keep only the
 	// disks (coldboot.go); it cannot go with AutoResume, since traffic
 	// cannot resume a sandbox without memory in place.
@@ -55,6 +59,9 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 		return rec, fmt.Errorf("create: network policy: %w: %w", err, ErrInvalid)
 	}
 	if err := CheckDrives(opts.Drives); err != nil {
+		return rec, fmt.Errorf("create: %w", err)
+	}
+	if err := CheckVolumeMounts(opts.Volumes); err != nil {
 		return rec, fmt.Errorf("create: %w", err)
 	}
 	if opts.AutoPauseFilesystemOnly && opts.AutoResume {
@@ -98,6 +105,9 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 		return rec, err
 	}
 	if err := o.startVM(ctx, s, t.Snapshot, o.m.stage("create")); err != nil {
+		return rec, err
+	}
+	if err := o.mountVolumes(ctx, s); err != nil {
 		return rec, err
 	}
 	now := time.Now().UTC()
@@ -151,8 +161,15 @@ func (o *Orchestrator) register(opts CreateOptions) (*instance, *template.Templa
 	if err != nil {
 		return nil, nil, err
 	}
-	drives, err := o.planDrives(t, opts.Drives)
+	vols, err := o.acquireVolumes(id, opts.Volumes)
 	if err != nil {
+		return nil, nil, err
+	}
+	drives, err := o.planDrives(t, append(slices.Clone(opts.Drives), vols...))
+	if err != nil {
+		for _, v := range vols {
+			o.releaseVolume(v.volume.ID, id)
+		}
 		return nil, nil, err
 	}
 	dir := filepath.Join(o.cfg.DataDir, "sandboxes", id)
@@ -213,6 +230,7 @@ func (o *Orchestrator) abortCreate(ctx context.Context, s *instance) {
 // and deletes its registry entry, directory and, last, its record.
 func (o *Orchestrator) remove(ctx context.Context, s *instance) error {
 	o.stopVM(ctx, s)
+	o.returnVolumes(ctx, s)
 	o.releaseDevice(ctx, s)
 	o.unlist(s)
 	if err := os.RemoveAll(s.rec.Dir); err != nil {

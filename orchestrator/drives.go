@@ -14,6 +14,7 @@ import (
 	storimage "github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/template"
 	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/volume"
 )
 
 // Extra drives. A VM's device set is fixed when its VMM starts and a
@@ -40,6 +41,10 @@ type DriveRequest struct {
 	Image    string
 	SizeMiB  int
 	ReadOnly bool
+	// volume, when set, is the volume the drive mounts at mountPath
+	// (volumes.go): the drive stacks on its layers.
+	volume    *volume.Volume
+	mountPath string
 }
 
 // AttachedDrive is a drive of a sandbox's record with its live device.
@@ -50,6 +55,10 @@ type AttachedDrive struct {
 	// Fresh: the guest has not seen the drive yet (its slot was empty in
 	// the snapshot the sandbox starts from); the next /init has it probed.
 	Fresh bool `json:"fresh,omitempty"`
+	// Volume is the id of the volume the drive is (volumes.go), mounted
+	// in the guest at MountPath; VolumeName its name.
+	Volume     string `json:"volume,omitempty"`
+	VolumeName string `json:"volumeName,omitempty"`
 }
 
 // CheckDrives validates a create's drives without looking anything up.
@@ -101,6 +110,11 @@ func (o *Orchestrator) planDrives(t *template.Template, reqs []DriveRequest) ([]
 		}
 		used[slot] = true
 		d := snapshot.Drive{Slot: slot, Image: r.Image, SizeMiB: r.SizeMiB, ReadOnly: r.ReadOnly}
+		if v := r.volume; v != nil {
+			d.SizeMiB, d.Config, d.MountPath = v.SizeMiB, v.Config, r.mountPath
+			out = append(out, AttachedDrive{Drive: d, Fresh: true, Volume: v.ID, VolumeName: v.Name})
+			continue
+		}
 		if r.Image != "" {
 			src, err := o.source(r.Image)
 			if err != nil {
@@ -314,7 +328,13 @@ func copyDrivesInto(rec Record, dir string) ([]snapshot.Drive, error) {
 	var out []snapshot.Drive
 	for _, d := range rec.Drives {
 		sd := d.Drive
-		if !d.ReadOnly {
+		if d.Volume != "" {
+			cfg, err := copyVolumeDrive(d, dir)
+			if err != nil {
+				return nil, fmt.Errorf("drive %s: %w", sandbox.GuestDisk(d.Slot), err)
+			}
+			sd.Config = cfg
+		} else if !d.ReadOnly {
 			layers, err := snapshot.LayersOf(d.Config)
 			if err != nil {
 				return nil, fmt.Errorf("drive %s: %w", sandbox.GuestDisk(d.Slot), err)

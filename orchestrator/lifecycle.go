@@ -29,6 +29,9 @@ func (o *Orchestrator) killLocked(ctx context.Context, s *instance) (err error) 
 	done := o.m.observe("kill")
 	defer func() { done(err) }()
 	id := s.rec.ID
+	if o.state(s) == Running && writesVolumes(s.rec) {
+		o.freezeVolumes(ctx, s) // what it flushes is what its volumes keep
+	}
 	if err := o.update(s, func(r *Record) { r.State = Killing }); err != nil {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
@@ -239,6 +242,9 @@ func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout ti
 	s.mu.Unlock()
 	if err := o.startVM(ctx, s, from, o.m.stage("resume")); err != nil {
 		return errors.Join(err, o.update(s, func(r *Record) { r.State, r.PID, r.PIDStart = Paused, 0, 0 }))
+	}
+	if err := o.mountVolumes(ctx, s); err != nil {
+		o.log.Warn("resume: the guest did not mount its volumes", "sandbox", s.rec.ID, "err", err)
 	}
 	err = o.update(s, func(r *Record) { r.State, r.EndAt, r.FilesystemOnly = Running, time.Now().UTC().Add(timeout), false })
 	if err != nil {

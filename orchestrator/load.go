@@ -40,6 +40,7 @@ func (o *Orchestrator) load(ctx context.Context) error {
 	}
 	o.removeUnowned()
 	o.removeUnownedGroups()
+	o.volumes.ReleaseAbsent(func(id string) bool { _, ok := o.sandboxes[id]; return ok })
 	return nil
 }
 

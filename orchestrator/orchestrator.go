@@ -64,6 +64,7 @@ import (
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/volume"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -195,6 +196,9 @@ type Options struct {
 	// (vmm.Confiner): the VM in network slot N runs as uid and gid
 	// VMMUIDBase+N, which no other VM of the node holds meanwhile.
 	VMMUIDBase uint32
+	// VolumeSizeMiB is the size of a volume whose create names none (zero:
+	// volume.DefaultSizeMiB).
+	VolumeSizeMiB int
 	// Recovered holds the VMs Recover took over, re-adopted as running
 	// sandboxes (Network must keep their slots: Recovered.Slots).
 	Recovered  *Recovered
@@ -235,6 +239,8 @@ type Orchestrator struct {
 	builds atomic.Pointer[template.Builder]
 
 	events eventHub // lifecycle event subscribers (events.go)
+	// volumes are the node's volumes (volumes.go).
+	volumes *volume.Store
 }
 
 // instance is one sandbox's live state. op serialises lifecycle operations
@@ -301,6 +307,11 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 			return nil, fmt.Errorf("orchestrator: %w", err)
 		}
 	}
+	vols, err := volume.Open(filepath.Join(opts.DataDir, "volumes"), volume.Options{DefaultSizeMiB: opts.VolumeSizeMiB, Logger: o.log})
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: %w", err)
+	}
+	o.volumes = vols
 	if err := o.load(ctx); err != nil {
 		return nil, err
 	}

@@ -133,16 +133,26 @@ func reportedVersion(h http.Header) string {
 // (sync(1) as root through the agent's process service; token is the one
 // the agent holds), so that disks sealed next hold every write made before.
 func SyncGuest(ctx context.Context, slot *network.Slot, token string) error {
+	if err := RunAsRoot(ctx, slot, token, "/bin/sync"); err != nil {
+		return fmt.Errorf("sync the guest's file systems: %w", err)
+	}
+	return nil
+}
+
+// RunAsRoot runs argv in the guest as root through the agent's process
+// service (token is the one the agent holds); a non-zero exit is an error
+// carrying the tail of its stderr.
+func RunAsRoot(ctx context.Context, slot *network.Slot, token string, argv ...string) error {
 	opts := []agentclient.Option{agentclient.WithUser("root")}
 	if token != "" {
 		opts = append(opts, agentclient.WithToken(token))
 	}
-	_, stderr, code, err := agentclient.RunWith(ctx, "http://agent", AgentClient(slot, 0), opts, "/bin/sync")
+	_, stderr, code, err := agentclient.RunWith(ctx, "http://agent", AgentClient(slot, 0), opts, argv[0], argv[1:]...)
 	if err != nil {
-		return fmt.Errorf("sync the guest's file systems: %w", err)
+		return err
 	}
 	if code != 0 {
-		return fmt.Errorf("sync the guest's file systems: exit %d: %s", code, tail(stderr, 200))
+		return fmt.Errorf("%s: exit %d: %s", argv[0], code, tail(stderr, 200))
 	}
 	return nil
 }

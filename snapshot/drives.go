@@ -17,6 +17,9 @@ type Drive struct {
 	ReadOnly bool `json:"readOnly,omitempty"`
 	// Config is the image config the drive's device is created from.
 	Config string `json:"config"`
+	// MountPath is where the guest mounts the drive's filesystem: a
+	// volume's, or a snapshot's copy of one (orchestrator/volumes.go).
+	MountPath string `json:"mountPath,omitempty"`
 }
 
 // DriveRefs lists the layer files of drives' image configs.

@@ -31,7 +31,7 @@ func Commands() []*cobra.Command {
 	return []*cobra.Command{
 		authCmd(), startCmd(), execCmd(), connectCmd(), uploadCmd(), downloadCmd(),
 		pauseCmd(), resumeCmd(), forkCmd(), listCmd(), rmCmd(), timeoutCmd(),
-		snapshotCmd(), templateCmd(), nodesCmd(), nodeCmd(), webhookCmd(),
+		snapshotCmd(), templateCmd(), nodesCmd(), nodeCmd(), webhookCmd(), volumeCmd(),
 	}
 }
 
@@ -171,7 +171,7 @@ func printSandbox(cmd *cobra.Command, o *output, s api.Sandbox) error {
 func startCmd() *cobra.Command {
 	var detach, rm, secure bool
 	var timeout, user string
-	var envs, md []string
+	var envs, md, vols []string
 	var o output
 	cmd := &cobra.Command{
 		Use:   "start TEMPLATE",
@@ -196,6 +196,10 @@ func startCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			mounts, err := volumeMounts(vols)
+			if err != nil {
+				return err
+			}
 			c, err := newClient()
 			if err != nil {
 				return err
@@ -212,6 +216,9 @@ func startCmd() *cobra.Command {
 			}
 			if meta != nil {
 				req.Metadata = &meta
+			}
+			if mounts != nil {
+				req.VolumeMounts = &mounts
 			}
 			s, err := c.Create(cmd.Context(), req)
 			if err != nil {
@@ -250,6 +257,7 @@ func startCmd() *cobra.Command {
 	cmd.Flags().StringVar(&timeout, "timeout", "5m", "lifetime in seconds or as a duration (an attached terminal keeps it alive)")
 	cmd.Flags().StringArrayVarP(&envs, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	cmd.Flags().StringArrayVar(&md, "metadata", nil, "metadata KEY=VALUE (repeatable)")
+	cmd.Flags().StringArrayVar(&vols, "volume", nil, "mount a volume: NAME:PATH, or NAME:PATH:ro read-only (repeatable)")
 	cmd.Flags().StringVarP(&user, "user", "u", "", "user of the shell (default: the template's)")
 	o.register(cmd)
 	return cmd

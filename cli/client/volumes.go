@@ -1,0 +1,28 @@
+package client
+
+import (
+	"context"
+	"net/url"
+
+	"github.com/agentenv/agentenv/api"
+)
+
+// Volumes lists the node's volumes.
+func (c *Client) Volumes(ctx context.Context) ([]api.Volume, error) {
+	out := []api.Volume{}
+	_, _, err := c.do(ctx, "list volumes", "GET", "/volumes", nil, &out)
+	return out, err
+}
+
+// CreateVolume creates a blank volume.
+func (c *Client) CreateVolume(ctx context.Context, req api.NewVolume) (api.VolumeAndToken, error) {
+	var out api.VolumeAndToken
+	_, _, err := c.do(ctx, "create volume "+req.Name, "POST", "/volumes", req, &out)
+	return out, err
+}
+
+// DeleteVolume deletes a volume (by id or name) with its data.
+func (c *Client) DeleteVolume(ctx context.Context, ref string) error {
+	_, _, err := c.do(ctx, "delete volume "+ref, "DELETE", "/volumes/"+url.PathEscape(ref), nil, nil)
+	return err
+}
