@@ -91,22 +91,7 @@ func TestExtraDrives(t *testing.T) {
 	}
 	n.sh(t, id, fmt.Sprintf(driveWrite, "parent-v2"))
 
-	var kids []struct {
-		Sandbox *sandboxJSON `json:"sandbox"`
-	}
-	b = n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/fork", n.key, `{"count":2,"timeout":300}`)
-	if err := json.Unmarshal(b, &kids); err != nil || len(kids) != 2 {
-		t.Fatalf("fork: %s (%v)", b, err)
-	}
-	ids := []string{id}
-	for i, k := range kids {
-		if k.Sandbox == nil {
-			t.Fatalf("fork child %d failed: %s", i, b)
-		}
-		kid := k.Sandbox.SandboxID
-		ids = append(ids, kid)
-		t.Cleanup(func() { n.call(t, "DELETE", "/sandboxes/"+kid, n.key, "") })
-	}
+	ids := append([]string{id}, n.forkChildren(t, id, 2)...)
 	for _, kid := range ids[1:] {
 		if got := n.sh(t, kid, driveRead); got != "parent-v2" {
 			t.Fatalf("fork child %s: the volume reads %q, want the parent's parent-v2", kid, got)
@@ -167,4 +152,27 @@ func TestExtraDrives(t *testing.T) {
 	if strings.Contains(n.Logs(), "seal drive") {
 		t.Fatalf("a seal of a drive failed:\n%s", n.diagnose(id))
 	}
+}
+
+// forkChildren forks count children of parent (removed when the test ends)
+// and returns their ids.
+func (n *node) forkChildren(t *testing.T, parent string, count int) []string {
+	t.Helper()
+	var kids []struct {
+		Sandbox *sandboxJSON `json:"sandbox"`
+	}
+	b := n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+parent+"/fork", n.key, fmt.Sprintf(`{"count":%d,"timeout":300}`, count))
+	if err := json.Unmarshal(b, &kids); err != nil || len(kids) != count {
+		t.Fatalf("fork: %s (%v)", b, err)
+	}
+	var ids []string
+	for i, k := range kids {
+		if k.Sandbox == nil {
+			t.Fatalf("fork child %d failed: %s", i, b)
+		}
+		kid := k.Sandbox.SandboxID
+		ids = append(ids, kid)
+		t.Cleanup(func() { n.call(t, "DELETE", "/sandboxes/"+kid, n.key, "") })
+	}
+	return ids
 }

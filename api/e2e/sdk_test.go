@@ -48,6 +48,39 @@ func TestE2BSDK(t *testing.T) {
 	}
 }
 
+// sdkScenario is a script run with every SDK version (eachSDK).
+type sdkScenario struct {
+	script, name string // name: its last line is "<name> scenario passed"
+	limit        time.Duration
+	// lastEnv is added for the newest version only (slow checks that need
+	// one run); lastStep is a step that must run with it and only with it.
+	lastEnv  []string
+	lastStep string
+}
+
+// eachSDK runs sc with every SDK version, each as a subtest, and checks it
+// ran to its end.
+func eachSDK(t *testing.T, n *node, sc sdkScenario) {
+	for i, v := range sdkVersions {
+		t.Run("sdk-"+v.version, func(t *testing.T) {
+			last := i == len(sdkVersions)-1
+			var env []string
+			if last {
+				env = sc.lastEnv
+			}
+			out, err := runSDKScript(t, n, v, sc.script, sc.limit, env...)
+			t.Logf("%s scenario output (SDK %s):\n%s", sc.name, v.version, out)
+			if err != nil {
+				t.Fatalf("%s scenario with SDK %s failed: %v\naenvd log tail:\n%s", sc.name, v.version, err, tailString(n.logs(), 4000))
+			}
+			if !strings.Contains(out, "e2b SDK "+v.version) || !strings.Contains(out, sc.name+" scenario passed") ||
+				sc.lastStep != "" && last != strings.Contains(out, "ok "+sc.lastStep) {
+				t.Fatalf("%s scenario did not run to the end with SDK %s", sc.name, v.version)
+			}
+		})
+	}
+}
+
 // runSDKScript runs script (a Node.js file next to this one) with E2B's SDK
 // of version v pointed at node n, within limit, and returns its output.
 func runSDKScript(t *testing.T, n *node, v sdkVersion, script string, limit time.Duration, env ...string) (string, error) {

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -18,24 +17,8 @@ import (
 // create, through each SDK version; the cold resume (a boot under TCG)
 // with the newest only.
 func TestVolumes(t *testing.T) {
-	n := sharedNode(t)
-	for i, v := range sdkVersions {
-		cold := i == len(sdkVersions)-1
-		t.Run("sdk-"+v.version, func(t *testing.T) {
-			var env []string
-			if cold {
-				env = append(env, "AENV_VOLUME_COLD=1")
-			}
-			out, err := runSDKScript(t, n, v, "volumes.mjs", 12*time.Minute, env...)
-			t.Logf("volumes scenario output (SDK %s):\n%s", v.version, out)
-			if err != nil {
-				t.Fatalf("volumes scenario with SDK %s failed: %v\naenvd log tail:\n%s", v.version, err, tailString(n.logs(), 4000))
-			}
-			if !strings.Contains(out, "e2b SDK "+v.version) || !strings.Contains(out, "volumes scenario passed") {
-				t.Fatalf("volumes scenario did not run to the end with SDK %s", v.version)
-			}
-		})
-	}
+	eachSDK(t, sharedNode(t), sdkScenario{script: "volumes.mjs", name: "volumes", limit: 12 * time.Minute,
+		lastEnv: []string{"AENV_VOLUME_COLD=1"}})
 }
 
 // TestVolumeFork: fork children of a sandbox with a read-write volume each
@@ -59,21 +42,8 @@ func TestVolumeFork(t *testing.T) {
 	read := `cat /mnt/v/f`
 	n.sh(t, parent, `echo parent-v1 > /mnt/v/f`)
 
-	var kids []struct {
-		Sandbox *sandboxJSON `json:"sandbox"`
-	}
-	b = n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+parent+"/fork", n.key, `{"count":2,"timeout":300}`)
-	if err := json.Unmarshal(b, &kids); err != nil || len(kids) != 2 {
-		t.Fatalf("fork: %s (%v)", b, err)
-	}
-	ids := []string{parent}
-	for i, k := range kids {
-		if k.Sandbox == nil {
-			t.Fatalf("fork child %d failed: %s", i, b)
-		}
-		kid := k.Sandbox.SandboxID
-		ids = append(ids, kid)
-		t.Cleanup(func() { n.call(t, "DELETE", "/sandboxes/"+kid, n.key, "") })
+	ids := append([]string{parent}, n.forkChildren(t, parent, 2)...)
+	for _, kid := range ids[1:] {
 		if got := n.sh(t, kid, read); got != "parent-v1" {
 			t.Fatalf("fork child %s reads %q, want the parent's parent-v1", kid, got)
 		}
