@@ -58,6 +58,7 @@ func TestVMMConfined(t *testing.T) {
 		t.Fatalf("QEMU %s runs without a seccomp filter:\n%s", pid, status)
 	}
 	checkUnprivileged(t, pid, string(status))
+	checkDescriptors(t, pid, n.DataDir)
 	// Its command line, which every local user reads in ps, names no sandbox.
 	if cmd, _ := os.ReadFile("/proc/" + pid + "/cmdline"); len(cmd) == 0 || strings.Contains(string(cmd), id) {
 		t.Errorf("QEMU %s's command line names its sandbox %s: %s", pid, id, strings.ReplaceAll(string(cmd), "\x00", " "))
@@ -197,4 +198,27 @@ func groupFile(t *testing.T, c, path, v1, v2 string) string {
 func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
+}
+
+// checkDescriptors: QEMU pid holds only what it was handed or opened for
+// its VM: its tap, files of the node's data dir, sockets, event and signal
+// descriptors, /dev/null. A pipe or another file is one leaked to it (a
+// descriptor aenvd inherited from its own parent).
+func checkDescriptors(t *testing.T, pid, dataDir string) {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/" + pid + "/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range fds {
+		target, err := os.Readlink("/proc/" + pid + "/fd/" + fd.Name())
+		if err != nil {
+			continue // closed meanwhile
+		}
+		ok := target == os.DevNull || target == "/dev/net/tun" || strings.HasPrefix(target, dataDir+"/") ||
+			strings.HasPrefix(target, "socket:") || strings.HasPrefix(target, "anon_inode:")
+		if !ok {
+			t.Errorf("QEMU %s holds descriptor %s -> %s, which nobody handed it", pid, fd.Name(), target)
+		}
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/agentenv/agentenv/internal/failpoint"
+	"github.com/agentenv/agentenv/internal/inherited"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/agentenv/agentenv/storage/daemon"
 )
@@ -25,6 +26,9 @@ func main() {
 }
 
 func run() error {
+	if err := inherited.CloseOnExec(); err != nil {
+		return err
+	}
 	socket := flag.String("socket", "/run/aenv-storaged/storaged.sock", "RPC socket path")
 	state := flag.String("state-dir", "/var/lib/aenv-storaged", "state directory (device records, uppers, sealed layers)")
 	runDir := flag.String("run-dir", "/run/aenv-storaged", "directory for NBD export sockets")

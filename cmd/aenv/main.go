@@ -14,11 +14,16 @@ import (
 	"github.com/agentenv/agentenv/cli/pullcmd"
 	"github.com/agentenv/agentenv/cli/sandboxcmd"
 	"github.com/agentenv/agentenv/cli/vmcmd"
+	"github.com/agentenv/agentenv/internal/inherited"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/spf13/cobra"
 )
 
 func main() {
+	if err := inherited.CloseOnExec(); err != nil { // `aenv vm run` starts a VMM
+		fmt.Fprintln(os.Stderr, "aenv:", err)
+		os.Exit(1)
+	}
 	root := &cobra.Command{
 		Use:           "aenv",
 		Short:         "AgentENV: microVM sandboxes for AI agents",

@@ -25,6 +25,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/cgroup"
 	"github.com/agentenv/agentenv/internal/failpoint"
+	"github.com/agentenv/agentenv/internal/inherited"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot/repo/reponode"
 	"github.com/agentenv/agentenv/template"
@@ -58,6 +59,10 @@ func main() {
 		return
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if err := inherited.CloseOnExec(); err != nil { // VMMs get only what they are handed
+		log.Error("aenvd failed", "err", err)
+		os.Exit(1)
+	}
 	slog.SetDefault(log)
 	if *printDefault {
 		text, err := config.Default().EncodeDocumented()
