@@ -1,7 +1,8 @@
 // Package nodeagent is a node's side of the cluster: it registers the node
 // with an aenv-scheduler, heartbeats its capacity, free resources and
-// sandbox roster, follows the scheduler's drain flag, and unregisters on a
-// graceful shutdown. It reads the node through Source and talks to the
+// sandbox roster, follows the scheduler's drain flag, removes the stale
+// copies the scheduler names (stale.go), and unregisters on a graceful
+// shutdown. It reads the node through Source and talks to the
 // scheduler only over cluster/schedulerpb.
 package nodeagent
 
