@@ -35,6 +35,7 @@ const (
 type stack struct {
 	sched pb.SchedulerClient
 	rdb   *redis.Client
+	addr  string // the scheduler's gRPC address
 }
 
 func newStack(b *testing.B) *stack {
@@ -59,7 +60,7 @@ func newStack(b *testing.B) *stack {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = conn.Close() })
-	return &stack{sched: conn.Client(), rdb: rdb}
+	return &stack{sched: conn.Client(), rdb: rdb, addr: ln.Addr().String()}
 }
 
 // run sends n GETs of url with the header set, parallel at a time, and

@@ -3,11 +3,15 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/api/aenvdtest"
 	"github.com/agentenv/agentenv/snapshot/repo"
 	"github.com/agentenv/agentenv/snapshot/repo/posix"
 	"github.com/redis/go-redis/v9"
@@ -94,4 +98,48 @@ func (c *cluster) state(t *testing.T, id string) string {
 		t.Fatalf("GET /sandboxes/%s through the gateway: %d %s", id, code, b)
 	}
 	return s.State
+}
+
+// waitDropped waits until node i, back from the dead, no longer holds its
+// stale copy of id (resumed on another node meanwhile): neither of its own
+// lists (GET /sandboxes, running ones; GET /v2/sandboxes, paused too) shows
+// it and its directory for it is gone. The scheduler names the copy in its
+// reply to the node's heartbeat once the binding settled (two heartbeats),
+// so this waits seconds.
+func (c *cluster) waitDropped(t *testing.T, i int, id string) {
+	t.Helper()
+	n := c.nodes[i]
+	dir := filepath.Join(n.DataDir, "sandboxes", id)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		v1, b1 := nodeLists(n, "/sandboxes", id)
+		v2, b2 := nodeLists(n, "/v2/sandboxes", id)
+		_, serr := os.Stat(dir)
+		if !v1 && !v2 && os.IsNotExist(serr) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still holds its stale copy of %s (resumed elsewhere): GET /sandboxes %s; GET /v2/sandboxes %s; %s: %v",
+				c.names[i], id, b1, b2, dir, serr)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// nodeLists is a node's own list at path showing id (or failing: then it
+// may); the answer comes back for the failure message.
+func nodeLists(n *aenvdtest.Node, path, id string) (bool, string) {
+	code, b, _, err := n.Call("GET", path, n.Key, "")
+	var list []struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	if err != nil || code != http.StatusOK || json.Unmarshal(b, &list) != nil {
+		return true, fmt.Sprintf("%d %s (err %v)", code, b, err)
+	}
+	for _, s := range list {
+		if s.SandboxID == id {
+			return true, string(b)
+		}
+	}
+	return false, string(b)
 }

@@ -176,6 +176,7 @@ func TestCluster(t *testing.T) {
 	if st := c.state(t, paused); st != "running" {
 		t.Fatalf("%s after its old node came back: %q through the gateway, want running (bound where it resumed)", paused, st)
 	}
+	c.waitDropped(t, li, paused) // the revived node removed its stale copy
 	fresh := whileDown
 
 	// A drained node gets no new creates.

@@ -1,7 +1,8 @@
 // Package nodeagent is a node's side of the cluster: it registers the node
 // with an aenv-scheduler, heartbeats its capacity, free resources and
-// sandbox roster, follows the scheduler's drain flag, and unregisters on a
-// graceful shutdown. It reads the node through Source and talks to the
+// sandbox roster, follows the scheduler's drain flag, removes the stale
+// copies the scheduler names (stale.go), and unregisters on a graceful
+// shutdown. It reads the node through Source and talks to the
 // scheduler only over cluster/schedulerpb.
 package nodeagent
 
@@ -18,9 +19,14 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// Source is what the agent reads from the node at every heartbeat.
+// Source is the node as the agent sees it: what it reads at every
+// heartbeat, and the removal of a stale copy (stale.go).
 type Source interface {
 	Usage() Usage
+	// DropCopy removes the node's own copy of a sandbox that lives on
+	// another node (its record, VM and local files; nothing shared) and
+	// returns the state the copy was in.
+	DropCopy(ctx context.Context, id string) (state string, err error)
 }
 
 // Usage is the node's capacity, free resources and sandboxes now.
@@ -61,6 +67,7 @@ type Agent struct {
 	interval time.Duration
 	draining atomic.Bool
 	log      *slog.Logger
+	drops    drops
 }
 
 // New dials (lazily) every scheduler address.
@@ -104,6 +111,9 @@ func (a *Agent) status() *pb.NodeStatus {
 		Capacity: &pb.Resources{CpuCount: int32(u.CPUs), MemoryMb: u.MemoryMB},
 		Free:     &pb.Resources{CpuCount: int32(u.FreeCPUs), MemoryMb: u.FreeMemoryMB}}
 	for _, s := range u.Roster {
+		if a.drops.isBusy(s.ID) {
+			continue // being removed: no longer this node's
+		}
 		st.Roster = append(st.Roster, &pb.RosterEntry{SandboxId: s.ID, State: s.State,
 			Resources: &pb.Resources{CpuCount: int32(s.CPUs), MemoryMb: s.MemoryMB}})
 	}
@@ -124,6 +134,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			a.drops.wait()
 			a.unregister(context.WithoutCancel(ctx), registered)
 			return nil
 		case <-t.C:
@@ -154,10 +165,12 @@ var errUnknown = errors.New("scheduler does not know this node")
 func (a *Agent) register(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	r, err := a.client().RegisterNode(cctx, &pb.RegisterNodeRequest{Status: a.status()})
+	st := a.status()
+	r, err := a.client().RegisterNode(cctx, &pb.RegisterNodeRequest{Status: st})
 	if err != nil {
 		return fmt.Errorf("register node %s: %w", a.opts.Name, err)
 	}
+	a.dropStale(ctx, st, r.GetStale())
 	if ms := r.GetHeartbeatIntervalMs(); ms > 0 {
 		a.interval = time.Duration(ms) * time.Millisecond
 	}
@@ -169,13 +182,15 @@ func (a *Agent) register(ctx context.Context) error {
 func (a *Agent) heartbeat(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	r, err := a.client().Heartbeat(cctx, &pb.HeartbeatRequest{Status: a.status()})
+	st := a.status()
+	r, err := a.client().Heartbeat(cctx, &pb.HeartbeatRequest{Status: st})
 	if err != nil {
 		return fmt.Errorf("heartbeat of node %s: %w", a.opts.Name, err)
 	}
 	if r.GetUnknown() {
 		return errUnknown
 	}
+	a.dropStale(ctx, st, r.GetStale())
 	a.setDraining(r.GetDraining())
 	return nil
 }

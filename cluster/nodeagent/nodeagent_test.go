@@ -2,8 +2,10 @@ package nodeagent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -16,13 +18,34 @@ import (
 )
 
 // fixedSource reports a set usage (the node side of the interface; aenvd's
-// implementation reads its orchestrator).
+// implementation reads its orchestrator); DropCopy takes the sandbox out of
+// its roster and records it.
 type fixedSource struct {
-	mu sync.Mutex
-	u  Usage
+	mu      sync.Mutex
+	u       Usage
+	dropped []string
 }
 
 func (f *fixedSource) Usage() Usage { f.mu.Lock(); defer f.mu.Unlock(); return f.u }
+
+func (f *fixedSource) DropCopy(_ context.Context, id string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := slices.IndexFunc(f.u.Roster, func(s Sandbox) bool { return s.ID == id })
+	if i < 0 {
+		return "", fmt.Errorf("drop copy of sandbox %s: not here", id)
+	}
+	state := f.u.Roster[i].State
+	f.u.Roster = slices.Delete(f.u.Roster, i, i+1)
+	f.dropped = append(f.dropped, id)
+	return state, nil
+}
+
+func (f *fixedSource) droppedIDs() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.dropped)
+}
 
 func TestAgentRegistersHeartbeatsUnregisters(t *testing.T) {
 	rs := redistest.Start(t)

@@ -73,7 +73,8 @@ func (s *Scheduler) RegisterNode(ctx context.Context, req *pb.RegisterNodeReques
 	}
 	s.log.Info("node registered", "node", req.GetStatus().GetName(), "api", req.GetStatus().GetApiUrl(),
 		"sandboxes", len(req.GetStatus().GetRoster()), "draining", r.draining)
-	return &pb.RegisterNodeResponse{HeartbeatIntervalMs: s.opts.HeartbeatInterval.Milliseconds(), Draining: r.draining}, nil
+	return &pb.RegisterNodeResponse{HeartbeatIntervalMs: s.opts.HeartbeatInterval.Milliseconds(), Draining: r.draining,
+		Stale: s.staleOrNone(ctx, req.GetStatus())}, nil
 }
 
 // Heartbeat implements pb.SchedulerServer. A node the registry does not
@@ -97,7 +98,7 @@ func (s *Scheduler) Heartbeat(ctx context.Context, req *pb.HeartbeatRequest) (*p
 	if err != nil && !isNil(err) {
 		return nil, internal(fmt.Errorf("heartbeat of node %s: %w", name, err))
 	}
-	return &pb.HeartbeatResponse{Draining: d == "1"}, nil
+	return &pb.HeartbeatResponse{Draining: d == "1", Stale: s.staleOrNone(ctx, req.GetStatus())}, nil
 }
 
 // UnregisterNode implements pb.SchedulerServer: the node leaves; its

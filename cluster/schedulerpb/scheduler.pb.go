@@ -427,8 +427,12 @@ type RegisterNodeResponse struct {
 	// heartbeat_interval_ms is how often the node should heartbeat.
 	HeartbeatIntervalMs int64 `protobuf:"varint,1,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
 	Draining            bool  `protobuf:"varint,2,opt,name=draining,proto3" json:"draining,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// stale lists roster sandboxes bound to another live node that reports
+	// them too (resumed there while this node was down): this node's copies
+	// are stale and it removes them.
+	Stale         []string `protobuf:"bytes,3,rep,name=stale,proto3" json:"stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterNodeResponse) Reset() {
@@ -473,6 +477,13 @@ func (x *RegisterNodeResponse) GetDraining() bool {
 		return x.Draining
 	}
 	return false
+}
+
+func (x *RegisterNodeResponse) GetStale() []string {
+	if x != nil {
+		return x.Stale
+	}
+	return nil
 }
 
 type HeartbeatRequest struct {
@@ -523,7 +534,9 @@ type HeartbeatResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Draining bool                   `protobuf:"varint,1,opt,name=draining,proto3" json:"draining,omitempty"`
 	// unknown asks the node to register again (the scheduler forgot it).
-	Unknown       bool `protobuf:"varint,2,opt,name=unknown,proto3" json:"unknown,omitempty"`
+	Unknown bool `protobuf:"varint,2,opt,name=unknown,proto3" json:"unknown,omitempty"`
+	// stale is RegisterNodeResponse.stale.
+	Stale         []string `protobuf:"bytes,3,rep,name=stale,proto3" json:"stale,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -570,6 +583,13 @@ func (x *HeartbeatResponse) GetUnknown() bool {
 		return x.Unknown
 	}
 	return false
+}
+
+func (x *HeartbeatResponse) GetStale() []string {
+	if x != nil {
+		return x.Stale
+	}
+	return nil
 }
 
 type UnregisterNodeRequest struct {
@@ -1509,15 +1529,17 @@ const file_scheduler_proto_rawDesc = "" +
 	"\x16last_heartbeat_unix_ms\x18\x04 \x01(\x03R\x13lastHeartbeatUnixMs\x12\x1c\n" +
 	"\tsandboxes\x18\x05 \x01(\x05R\tsandboxes\"P\n" +
 	"\x13RegisterNodeRequest\x129\n" +
-	"\x06status\x18\x01 \x01(\v2!.agentenv.scheduler.v1.NodeStatusR\x06status\"f\n" +
+	"\x06status\x18\x01 \x01(\v2!.agentenv.scheduler.v1.NodeStatusR\x06status\"|\n" +
 	"\x14RegisterNodeResponse\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x01 \x01(\x03R\x13heartbeatIntervalMs\x12\x1a\n" +
-	"\bdraining\x18\x02 \x01(\bR\bdraining\"M\n" +
+	"\bdraining\x18\x02 \x01(\bR\bdraining\x12\x14\n" +
+	"\x05stale\x18\x03 \x03(\tR\x05stale\"M\n" +
 	"\x10HeartbeatRequest\x129\n" +
-	"\x06status\x18\x01 \x01(\v2!.agentenv.scheduler.v1.NodeStatusR\x06status\"I\n" +
+	"\x06status\x18\x01 \x01(\v2!.agentenv.scheduler.v1.NodeStatusR\x06status\"_\n" +
 	"\x11HeartbeatResponse\x12\x1a\n" +
 	"\bdraining\x18\x01 \x01(\bR\bdraining\x12\x18\n" +
-	"\aunknown\x18\x02 \x01(\bR\aunknown\"+\n" +
+	"\aunknown\x18\x02 \x01(\bR\aunknown\x12\x14\n" +
+	"\x05stale\x18\x03 \x03(\tR\x05stale\"+\n" +
 	"\x15UnregisterNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x18\n" +
 	"\x16UnregisterNodeResponse\"h\n" +

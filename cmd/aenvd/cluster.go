@@ -30,6 +30,13 @@ func (s orchestratorSource) Usage() nodeagent.Usage {
 	return u
 }
 
+// DropCopy removes the node's stale copy of a sandbox the cluster resumed
+// on another node (orchestrator.DropCopy: local state only).
+func (s orchestratorSource) DropCopy(ctx context.Context, id string) (string, error) {
+	st, err := s.o.DropCopy(ctx, id)
+	return string(st), err
+}
+
 // joinCluster starts the node's cluster membership when [cluster] lists a
 // scheduler; the returned stop unregisters and waits. Without one it does
 // nothing.
