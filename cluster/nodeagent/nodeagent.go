@@ -56,6 +56,10 @@ type Options struct {
 	Logger       *slog.Logger
 	// RetryInterval paces registration attempts (default 1s).
 	RetryInterval time.Duration
+	// OnPeers, when set, gets the other nodes' P2P endpoints (of the nodes
+	// that are up) after every registration and heartbeat: where this node
+	// reads layers before the object store.
+	OnPeers func(endpoints []string)
 }
 
 // Agent is the node's membership. Run owns its goroutine.
@@ -155,6 +159,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.next()
 		case err == nil:
 			registered, wait = true, a.interval
+			a.refreshPeers(ctx)
 		}
 		t.Reset(wait)
 	}

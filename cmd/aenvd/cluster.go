@@ -40,7 +40,7 @@ func (s orchestratorSource) DropCopy(ctx context.Context, id string) (string, er
 // joinCluster starts the node's cluster membership when [cluster] lists a
 // scheduler; the returned stop unregisters and waits. Without one it does
 // nothing.
-func joinCluster(ctx context.Context, cfg config.Config, o *orchestrator.Orchestrator, vmm, hostname string, log *slog.Logger) (stop func(), err error) {
+func joinCluster(ctx context.Context, cfg config.Config, o *orchestrator.Orchestrator, rn *repoNode, vmm, hostname string, log *slog.Logger) (stop func(), err error) {
 	cc := cfg.Cluster
 	if len(cc.Scheduler) == 0 {
 		return func() {}, nil
@@ -52,9 +52,14 @@ func joinCluster(ctx context.Context, cfg config.Config, o *orchestrator.Orchest
 	if url == "" {
 		url = "http://" + advertiseAddr(cfg.API.Listen, cfg.Network.Prefix)
 	}
+	var onPeers func([]string) // layers are read from peers only with a repository
+	if rn != nil {
+		onPeers = rn.setPeers
+	}
 	a, err := nodeagent.New(nodeagent.Options{Schedulers: cc.Scheduler, Name: name, APIURL: url, P2PEndpoint: cc.P2PEndpoint,
 		VMM: vmm, Version: version.Version(), MaxSandboxes: cc.MaxSandboxes,
-		Source: orchestratorSource{o: o, overcommit: cc.CPUOvercommit}, Logger: log.With("component", "cluster")})
+		Source: orchestratorSource{o: o, overcommit: cc.CPUOvercommit}, Logger: log.With("component", "cluster"),
+		OnPeers: onPeers})
 	if err != nil {
 		return nil, err
 	}

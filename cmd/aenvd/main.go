@@ -239,7 +239,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			errc <- srv.Serve(ln)
 		}()
 	}
-	leave, err := joinCluster(ctx, cfg, orch, drv.Name(), hostname, log)
+	leave, err := joinCluster(ctx, cfg, orch, rn, drv.Name(), hostname, log)
 	if err != nil {
 		return err
 	}
@@ -521,6 +521,9 @@ func (r *repoNode) uploads() orchestrator.Uploads {
 	}
 	return r.n
 }
+
+// setPeers takes the peers the cluster scheduler names.
+func (r *repoNode) setPeers(endpoints []string) { r.n.Peers.SetDiscovered(endpoints) }
 
 func (r *repoNode) remote() orchestrator.Remote {
 	if r == nil {

@@ -15,6 +15,7 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -124,6 +125,31 @@ type Client struct {
 	// ProbeTimeout bounds asking every peer whether it holds a blob; peers
 	// that do not answer in time are not used for it. Default 1 s.
 	ProbeTimeout time.Duration
+
+	mu         sync.Mutex
+	discovered []string // SetDiscovered's, asked after Peers
+}
+
+// SetDiscovered replaces the peers found at run time (the cluster
+// scheduler's list of nodes that are up); Peers, from the configuration,
+// are asked first. Safe while reads run.
+func (c *Client) SetDiscovered(peers []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.discovered = slices.Clone(peers)
+}
+
+// list is every peer to ask, in order, each once.
+func (c *Client) list() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := slices.Clone(c.Peers)
+	for _, p := range c.discovered {
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func (c *Client) httpClient() *http.Client {
@@ -138,13 +164,14 @@ func (c *Client) url(peer string, d repo.Digest) string {
 }
 
 // Sources asks every peer (at once) whether it holds b and opens those that
-// do, in the order of Peers; ctx bounds every later read from them.
+// do, configured peers first; ctx bounds every later read from them.
 func (c *Client) Sources(ctx context.Context, b repo.Blob) []blob.Blob {
 	pctx, cancel := context.WithTimeout(ctx, c.probeTimeout())
 	defer cancel()
-	found := make([]bool, len(c.Peers))
+	peers := c.list()
+	found := make([]bool, len(peers))
 	var wg sync.WaitGroup
-	for i, p := range c.Peers {
+	for i, p := range peers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -157,7 +184,7 @@ func (c *Client) Sources(ctx context.Context, b repo.Blob) []blob.Blob {
 	if c.Token != "" {
 		hdr.Set("Authorization", "Bearer "+c.Token)
 	}
-	for i, p := range c.Peers {
+	for i, p := range peers {
 		if !found[i] {
 			continue
 		}

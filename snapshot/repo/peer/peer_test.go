@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/agentenv/agentenv/snapshot/repo"
@@ -190,5 +191,24 @@ func TestHandler(t *testing.T) {
 	idx.Remove(f.layer.Digest)
 	if resp, _ := http.Head(url); resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("HEAD after Remove: %s", resp.Status)
+	}
+}
+
+// TestDiscoveredPeers: peers set at run time are asked after the configured
+// ones, each once, and a newer list replaces the older.
+func TestDiscoveredPeers(t *testing.T) {
+	f := newFixture(t)
+	holder := NewIndex()
+	holder.Add(f.layer.Digest, f.path)
+	configured, found := node(t, holder, ""), node(t, holder, "")
+	c := &Client{Peers: []string{configured}}
+	ctx := context.Background()
+	c.SetDiscovered([]string{found, configured})
+	if got := names(c.Sources(ctx, f.layer.Blob)); len(got) != 2 || !strings.HasPrefix(got[0], configured) || !strings.HasPrefix(got[1], found) {
+		t.Fatalf("sources %v, want the configured peer, then the discovered one, each once", got)
+	}
+	c.SetDiscovered(nil)
+	if got := names(c.Sources(ctx, f.layer.Blob)); len(got) != 1 || !strings.HasPrefix(got[0], configured) {
+		t.Fatalf("sources %v after the discovered peers went, want the configured one alone", got)
 	}
 }
