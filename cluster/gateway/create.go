@@ -28,6 +28,8 @@ const maxBody = 1 << 20
 type createBody struct {
 	CPUCount *int32 `json:"cpuCount"`
 	MemoryMB *int64 `json:"memoryMB"`
+	// VolumeMounts name volumes: the create goes to their node.
+	VolumeMounts []volumeEntry `json:"volumeMounts"`
 }
 
 // created is the part of a create's answer the gateway reads.
@@ -63,7 +65,10 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	if cb.MemoryMB != nil {
 		res.MemoryMb = *cb.MemoryMB
 	}
-	var exclude []string
+	exclude, ok := g.volumeNodeExclusion(w, r, cb.VolumeMounts)
+	if !ok {
+		return
+	}
 	var last *http.Response
 	for attempt := 0; attempt < g.opts.MaxCreateAttempts; attempt++ {
 		node, err := g.place(r.Context(), res, exclude)

@@ -136,6 +136,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.firstFound(w, r)
 	case p == "/v3/templates":
 		g.firstFound(w, r)
+	case p == "/volumes" && r.Method == http.MethodPost:
+		g.volumeCreate(w, r)
+	case p == "/volumes":
+		g.listAll(w, r)
+	case strings.HasPrefix(p, "/volumes/"):
+		g.firstFound(w, r)
 	default:
 		writeError(w, http.StatusNotFound, "no route for "+p)
 	}

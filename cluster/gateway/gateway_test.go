@@ -45,6 +45,8 @@ type fakeNode struct {
 	// repo, when set, is the shared repository's paused sandboxes: a
 	// connect of one the node does not hold brings it from there
 	repo map[string]bool
+	// volumes the node holds, by name: their ids
+	volumes map[string]string
 }
 
 func newFakeNode(t *testing.T, name string) *fakeNode {
@@ -79,6 +81,8 @@ func (f *fakeNode) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusCreated, map[string]string{"sandboxID": id, "templateID": "base"})
 	case r.URL.Path == "/v2/sandboxes":
 		f.list(w, r)
+	case strings.HasPrefix(r.URL.Path, "/volumes"):
+		f.volume(w, r)
 	case f.repo != nil && r.Method == "POST" && strings.HasSuffix(r.URL.Path, "/connect"):
 		f.connect(w, r)
 	case r.Method == "GET" && r.URL.Path == "/nodes":
