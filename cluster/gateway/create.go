@@ -71,7 +71,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	}
 	var last *http.Response
 	for attempt := 0; attempt < g.opts.MaxCreateAttempts; attempt++ {
-		node, err := g.place(r.Context(), res, exclude)
+		pl, err := g.place(r.Context(), res, exclude)
 		if err != nil {
 			if last != nil { // every node refused: the last refusal says why
 				relay(w, last)
@@ -80,25 +80,27 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 			g.failPlace(w, err)
 			return
 		}
-		resp, err := g.send(r, node.GetStatus().GetApiUrl(), body)
+		resp, err := g.send(r, pl.url(), body)
 		if err != nil {
-			g.log.Warn("create: node unreachable; trying another", "node", node.GetStatus().GetName(), "err", err)
-			exclude = append(exclude, node.GetStatus().GetName())
+			g.log.Warn("create: node unreachable; trying another", "node", pl.name(), "err", err)
+			g.unreserve(r.Context(), pl)
+			exclude = append(exclude, pl.name())
 			continue
 		}
 		if resp.StatusCode == http.StatusServiceUnavailable {
-			g.log.Info("create refused for capacity; trying another node", "node", node.GetStatus().GetName())
+			g.log.Info("create refused for capacity; trying another node", "node", pl.name())
+			g.unreserve(r.Context(), pl)
 			if last != nil {
 				last.Body.Close()
 			}
 			last = bufferResponse(resp)
-			exclude = append(exclude, node.GetStatus().GetName())
+			exclude = append(exclude, pl.name())
 			continue
 		}
 		if last != nil {
 			last.Body.Close()
 		}
-		g.finishCreate(w, r, resp, node)
+		g.finishCreate(w, r, resp, pl)
 		return
 	}
 	if last != nil {
@@ -108,16 +110,38 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	writeError(w, http.StatusServiceUnavailable, "no node accepted the create")
 }
 
-func (g *Gateway) place(ctx context.Context, res *pb.Resources, exclude []string) (*pb.Node, error) {
+// placement is where Place put a create: the node, and the reservation it
+// holds there until a bind or unreserve gives it back.
+type placement struct {
+	node        *pb.Node
+	reservation string
+}
+
+func (p placement) name() string { return p.node.GetStatus().GetName() }
+func (p placement) url() string  { return p.node.GetStatus().GetApiUrl() }
+
+func (g *Gateway) place(ctx context.Context, res *pb.Resources, exclude []string) (placement, error) {
 	req := &pb.PlaceRequest{Resources: res, Exclude: exclude}
 	p, err := g.sched.Place(ctx, req)
 	if status.Code(err) == codes.Unavailable {
 		p, err = g.sched.Place(ctx, req)
 	}
 	if err != nil {
-		return nil, err
+		return placement{}, err
 	}
-	return p.GetNode(), nil
+	return placement{node: p.GetNode(), reservation: p.GetReservation()}, nil
+}
+
+// unreserve gives back a placement no sandbox took (the node refused or
+// could not be reached); a failure only leaves it to expire.
+func (g *Gateway) unreserve(ctx context.Context, p placement) {
+	if p.reservation == "" {
+		return
+	}
+	_, err := g.sched.Unreserve(context.WithoutCancel(ctx), &pb.UnreserveRequest{Node: p.name(), Reservation: p.reservation})
+	if err != nil {
+		g.log.Debug("unreserve (it expires by itself)", "node", p.name(), "err", err)
+	}
 }
 
 func (g *Gateway) failPlace(w http.ResponseWriter, err error) {
@@ -149,29 +173,34 @@ func (g *Gateway) send(r *http.Request, base string, body []byte) (*http.Respons
 
 // finishCreate binds a created sandbox (before the client hears of it, so
 // its next call routes) and relays the node's answer.
-func (g *Gateway) finishCreate(w http.ResponseWriter, r *http.Request, resp *http.Response, node *pb.Node) {
+func (g *Gateway) finishCreate(w http.ResponseWriter, r *http.Request, resp *http.Response, pl placement) {
 	resp = bufferResponse(resp)
 	defer resp.Body.Close()
-	if resp.StatusCode/100 == 2 {
+	if resp.StatusCode/100 != 2 {
+		g.unreserve(r.Context(), pl)
+	} else {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body = io.NopCloser(bytes.NewReader(b))
 		var c created
 		if err := json.Unmarshal(b, &c); err != nil || !validID(c.SandboxID) {
+			g.unreserve(r.Context(), pl)
 			writeError(w, http.StatusBadGateway, "node answered a create without a sandbox id")
 			return
 		}
 		if err := fpCreated.Inject(); err != nil {
 			g.log.Warn("create: not bound (fault injected); the node's roster binds it", "sandbox", c.SandboxID)
-		} else if err := g.bind(r.Context(), c.SandboxID, node); err != nil {
-			g.log.Error("bind a created sandbox", "sandbox", c.SandboxID, "node", node.GetStatus().GetName(), "err", err)
+		} else if err := g.bind(r.Context(), c.SandboxID, pl.node, pl.reservation); err != nil {
+			g.log.Error("bind a created sandbox", "sandbox", c.SandboxID, "node", pl.name(), "err", err)
 			// The node's roster binds it within a heartbeat; the sandbox exists.
 		}
 	}
 	relay(w, resp)
 }
 
-func (g *Gateway) bind(ctx context.Context, id string, node *pb.Node) error {
-	req := &pb.BindRequest{SandboxId: id, Node: node.GetStatus().GetName()}
+// bind binds id to node, giving back the placement's reservation ("" for
+// none).
+func (g *Gateway) bind(ctx context.Context, id string, node *pb.Node, reservation string) error {
+	req := &pb.BindRequest{SandboxId: id, Node: node.GetStatus().GetName(), Reservation: reservation}
 	_, err := g.sched.Bind(context.WithoutCancel(ctx), req)
 	if status.Code(err) == codes.Unavailable {
 		_, err = g.sched.Bind(context.WithoutCancel(ctx), req)
@@ -209,7 +238,7 @@ func (g *Gateway) fork(w http.ResponseWriter, r *http.Request, u *url.URL, id st
 			if err != nil || c.Sandbox == nil || !validID(c.Sandbox.SandboxID) {
 				continue
 			}
-			if berr := g.bind(r.Context(), c.Sandbox.SandboxID, look.GetNode()); berr != nil {
+			if berr := g.bind(r.Context(), c.Sandbox.SandboxID, look.GetNode(), ""); berr != nil {
 				g.log.Warn("bind a fork child", "sandbox", c.Sandbox.SandboxID, "err", berr)
 			}
 		}

@@ -88,15 +88,16 @@ func (g *Gateway) resumeElsewhere(w http.ResponseWriter, r *http.Request, id, lo
 	}
 	exclude := []string{lost}
 	for attempt := 0; attempt < g.opts.MaxCreateAttempts; attempt++ {
-		node, err := g.place(r.Context(), &pb.Resources{}, exclude)
+		pl, err := g.place(r.Context(), &pb.Resources{}, exclude)
 		if err != nil {
 			g.failPlace(w, fmt.Errorf("resume sandbox %s of down node %s: %w", id, lost, err))
 			return
 		}
-		name := node.GetStatus().GetName()
-		resp, err := g.send(r, node.GetStatus().GetApiUrl(), body)
+		name := pl.name()
+		resp, err := g.send(r, pl.url(), body)
 		if err != nil {
 			g.log.Warn("resume elsewhere: node unreachable; trying another", "sandbox", id, "node", name, "err", err)
+			g.unreserve(r.Context(), pl)
 			exclude = append(exclude, name)
 			continue
 		}
@@ -104,20 +105,24 @@ func (g *Gateway) resumeElsewhere(w http.ResponseWriter, r *http.Request, id, lo
 		switch {
 		case resp.StatusCode == http.StatusServiceUnavailable:
 			g.log.Info("resume elsewhere refused for capacity; trying another node", "sandbox", id, "node", name)
+			g.unreserve(r.Context(), pl)
 			resp.Body.Close()
 			exclude = append(exclude, name)
 			continue
 		case resp.StatusCode == http.StatusNotFound:
+			g.unreserve(r.Context(), pl)
 			resp.Body.Close()
 			writeError(w, http.StatusNotFound, fmt.Sprintf("sandbox %s: its node %s is down, and the repository the nodes "+
 				"share holds no paused state of it (a sandbox resumes on another node only once its pause was uploaded)", id, lost))
 			return
 		case resp.StatusCode/100 == 2:
-			if err := g.bind(r.Context(), id, node); err != nil {
+			if err := g.bind(r.Context(), id, pl.node, pl.reservation); err != nil {
 				// The node's roster binds it within a heartbeat.
 				g.log.Error("bind a sandbox resumed elsewhere", "sandbox", id, "node", name, "err", err)
 			}
 			g.log.Info("resumed a down node's sandbox elsewhere", "sandbox", id, "from", lost, "to", name)
+		default:
+			g.unreserve(r.Context(), pl)
 		}
 		relay(w, resp)
 		return

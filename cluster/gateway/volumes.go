@@ -41,12 +41,13 @@ func (g *Gateway) volumeCreate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "a volume named "+nv.Name+" exists")
 		return
 	}
-	node, err := g.place(r.Context(), &pb.Resources{}, nil)
+	pl, err := g.place(r.Context(), &pb.Resources{}, nil)
 	if err != nil {
 		g.failPlace(w, err)
 		return
 	}
-	resp, err := g.send(r, node.GetStatus().GetApiUrl(), body)
+	g.unreserve(r.Context(), pl) // a volume is no sandbox: it takes none of the node's room
+	resp, err := g.send(r, pl.url(), body)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "node unreachable: "+err.Error())
 		return

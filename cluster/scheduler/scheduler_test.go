@@ -268,12 +268,17 @@ func TestDrainAndPlacement(t *testing.T) {
 	// cannot hold 256 MB.
 	counts := map[string]int{}
 	for i := range 6 {
-		n, err := place(t, a.client, 256)
+		p, err := a.client.Place(ctx, &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 1, MemoryMb: 256}})
 		if err != nil {
 			t.Fatal(err)
 		}
+		n := p.GetNode().GetStatus().GetName()
 		counts[n]++
-		bind(t, a.client, "s"+string(rune('a'+i)), n)
+		_, err = a.client.Bind(ctx, &pb.BindRequest{SandboxId: "s" + string(rune('a'+i)), Node: n,
+			Resources: &pb.Resources{CpuCount: 1, MemoryMb: 256}, Reservation: p.GetReservation()})
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	if counts["n1"] != 3 || counts["n2"] != 3 {
 		t.Fatalf("least-loaded placement: %v, want 3 on n1 and n2, none on small", counts)
@@ -515,5 +520,58 @@ func TestRosterOfARevivedNode(t *testing.T) {
 		if got := lookup(t, a.client, "resumed").GetNode().GetStatus().GetName(); got != "n2" {
 			t.Fatalf("a sandbox n2 holds and reports, also in the roster of revived n1: bound to %q, want n2", got)
 		}
+	}
+}
+
+// TestBindReleasesItsReservation: a bind gives back the reservation of the
+// placement it names (not the node's oldest), a bind naming none gives back
+// none, and Unreserve gives one back without a sandbox.
+func TestBindReleasesItsReservation(t *testing.T) {
+	rs := redistest.Start(t)
+	a := startReplica(t, rs, "a", nil, nil)
+	ctx := context.Background()
+	register(t, a.client, status0("n1", 8, 400))
+	placeMB := func(mb int64) *pb.PlaceResponse {
+		t.Helper()
+		p, err := a.client.Place(ctx, &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 1, MemoryMb: mb}})
+		if err != nil {
+			t.Fatalf("place %d MB: %v", mb, err)
+		}
+		return p
+	}
+	fits := func(mb int64) bool {
+		p, err := a.client.Place(ctx, &pb.PlaceRequest{Resources: &pb.Resources{CpuCount: 1, MemoryMb: mb}})
+		if err == nil {
+			_, _ = a.client.Unreserve(ctx, &pb.UnreserveRequest{Node: "n1", Reservation: p.GetReservation()})
+		}
+		return err == nil
+	}
+	small, big := placeMB(100), placeMB(200) // 100 MB of 400 left
+	if small.GetReservation() == "" || small.GetReservation() == big.GetReservation() {
+		t.Fatalf("reservations %q and %q, want two distinct", small.GetReservation(), big.GetReservation())
+	}
+	// A fork child's bind names no reservation: both stay.
+	if _, err := a.client.Bind(ctx, &pb.BindRequest{SandboxId: "child", Node: "n1"}); err != nil {
+		t.Fatal(err)
+	}
+	if fits(150) {
+		t.Fatal("a bind naming no reservation gave one back")
+	}
+	// The big create's bind gives back its 200 MB: 300 MB are free, so 250
+	// fit (had the oldest, 100 MB, gone instead, 200 would be free).
+	if _, err := a.client.Bind(ctx, &pb.BindRequest{SandboxId: "big", Node: "n1", Reservation: big.GetReservation()}); err != nil {
+		t.Fatal(err)
+	}
+	if !fits(250) || fits(350) {
+		t.Fatal("after the big create's bind, want 300 MB free (its own reservation given back)")
+	}
+	if _, err := a.client.Unreserve(ctx, &pb.UnreserveRequest{Node: "n1", Reservation: small.GetReservation()}); err != nil {
+		t.Fatal(err)
+	}
+	if !fits(400) {
+		t.Fatal("after Unreserve of the small create, want all 400 MB free")
+	}
+	if _, err := a.client.Unreserve(ctx, &pb.UnreserveRequest{Node: "n1"}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("unreserve without a reservation: %v, want InvalidArgument", err)
 	}
 }

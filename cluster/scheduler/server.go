@@ -154,10 +154,11 @@ func (s *Scheduler) Place(ctx context.Context, req *pb.PlaceRequest) (*pb.PlaceR
 	if err != nil {
 		return nil, internal(err)
 	}
-	if err := s.reserve(ctx, c.name, req.GetResources()); err != nil {
+	resv, err := s.reserve(ctx, c.name, req.GetResources())
+	if err != nil {
 		return nil, internal(err)
 	}
-	return &pb.PlaceResponse{Node: s.toPB(c.r)}, nil
+	return &pb.PlaceResponse{Node: s.toPB(c.r), Reservation: resv}, nil
 }
 
 // Bind implements pb.SchedulerServer.
@@ -175,10 +176,27 @@ func (s *Scheduler) Bind(ctx context.Context, req *pb.BindRequest) (*pb.BindResp
 	if !known {
 		return nil, status.Errorf(codes.FailedPrecondition, "bind %s: node %s is not registered", req.GetSandboxId(), req.GetNode())
 	}
-	if err := s.bind(ctx, req.GetSandboxId(), req.GetNode(), req.GetResources(), true); err != nil {
+	if len(req.GetReservation()) > maxName {
+		return nil, status.Errorf(codes.InvalidArgument, "bind %s: reservation too long", req.GetSandboxId())
+	}
+	if err := s.bind(ctx, req.GetSandboxId(), req.GetNode(), req.GetResources(), req.GetReservation()); err != nil {
 		return nil, internal(err)
 	}
 	return &pb.BindResponse{}, nil
+}
+
+// Unreserve implements pb.SchedulerServer.
+func (s *Scheduler) Unreserve(ctx context.Context, req *pb.UnreserveRequest) (*pb.UnreserveResponse, error) {
+	if err := checkName("node name", req.GetNode()); err != nil {
+		return nil, err
+	}
+	if r := req.GetReservation(); r == "" || len(r) > maxName {
+		return nil, status.Error(codes.InvalidArgument, fmt.Sprintf("unreserve: a reservation of 1 to %d bytes is required", maxName))
+	}
+	if err := s.unreserve(ctx, req.GetNode(), req.GetReservation()); err != nil {
+		return nil, internal(err)
+	}
+	return &pb.UnreserveResponse{}, nil
 }
 
 // Unbind implements pb.SchedulerServer.

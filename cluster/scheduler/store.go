@@ -174,8 +174,10 @@ func (s *Scheduler) putStatus(ctx context.Context, st *pb.NodeStatus) error {
 
 // bindScript moves a binding to a node atomically: off the old node's set,
 // onto the new one's, no longer lost, and (for a create the gateway placed)
-// the node's reservation released. KEYS: bind, nodebinds(new), node(new),
-// lost. ARGV: id, node, cpu, mem, at, prefix, release (1 or 0).
+// the placement's reservation on the node released (none for a sandbox no
+// Place put there: a fork child, a resume elsewhere's own placement aside).
+// KEYS: bind, nodebinds(new), resv(new), lost. ARGV: id, node, cpu, mem,
+// at, prefix, reservation ("" for none).
 var bindScript = redis.NewScript(`
 local old = redis.call('HGET', KEYS[1], 'node')
 if old and old ~= ARGV[2] then redis.call('SREM', ARGV[6] .. 'nodebinds:' .. old, ARGV[1]) end
@@ -183,19 +185,14 @@ redis.call('HSET', KEYS[1], 'node', ARGV[2], 'cpu', ARGV[3], 'mem', ARGV[4], 'at
 redis.call('HDEL', KEYS[1], 'lost')
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('SADD', KEYS[2], ARGV[1])
-if ARGV[7] == '1' then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[5])
-  redis.call('ZPOPMIN', KEYS[3])
-end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[5])
+if ARGV[7] ~= '' then redis.call('ZREM', KEYS[3], ARGV[7]) end
 return 1`)
 
-func (s *Scheduler) bind(ctx context.Context, id, node string, res *pb.Resources, release bool) error {
-	p := "0"
-	if release {
-		p = "1"
-	}
+// bind binds id to node and gives back the reservation named ("": none).
+func (s *Scheduler) bind(ctx context.Context, id, node string, res *pb.Resources, reservation string) error {
 	err := bindScript.Run(ctx, s.rdb, []string{s.k.bind(id), s.k.nodeBinds(node), s.k.resv(node), s.k.lost()},
-		id, node, res.GetCpuCount(), res.GetMemoryMb(), s.now().UnixMilli(), s.k.p, p).Err()
+		id, node, res.GetCpuCount(), res.GetMemoryMb(), s.now().UnixMilli(), s.k.p, reservation).Err()
 	if err != nil {
 		return fmt.Errorf("bind sandbox %s to node %s: %w", id, node, err)
 	}
@@ -254,8 +251,9 @@ func isNil(err error) bool { return errors.Is(err, redis.Nil) }
 func zmember(score int64, id string) redis.Z { return redis.Z{Score: float64(score), Member: id} }
 
 // reserve counts a placement against the node until Bind takes it or it
-// expires, so a burst of creates spreads.
-func (s *Scheduler) reserve(ctx context.Context, node string, res *pb.Resources) error {
+// expires, so a burst of creates spreads; it returns the reservation's
+// name.
+func (s *Scheduler) reserve(ctx context.Context, node string, res *pb.Resources) (string, error) {
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	now := s.now().UnixMilli()
@@ -266,7 +264,15 @@ func (s *Scheduler) reserve(ctx context.Context, node string, res *pb.Resources)
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("reserve on node %s: %w", node, err)
+		return "", fmt.Errorf("reserve on node %s: %w", node, err)
+	}
+	return member, nil
+}
+
+// unreserve gives a reservation back (gone already: nothing to do).
+func (s *Scheduler) unreserve(ctx context.Context, node, reservation string) error {
+	if err := s.rdb.ZRem(ctx, s.k.resv(node), reservation).Err(); err != nil {
+		return fmt.Errorf("unreserve on node %s: %w", node, err)
 	}
 	return nil
 }

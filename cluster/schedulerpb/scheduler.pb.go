@@ -726,8 +726,11 @@ func (x *PlaceRequest) GetExclude() []string {
 }
 
 type PlaceResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// reservation names what the placement holds on the node: Bind (or
+	// Unreserve) gives back this one, not another create's.
+	Reservation   string `protobuf:"bytes,2,opt,name=reservation,proto3" json:"reservation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -769,11 +772,21 @@ func (x *PlaceResponse) GetNode() *Node {
 	return nil
 }
 
+func (x *PlaceResponse) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
+}
+
 type BindRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Node          string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
-	Resources     *Resources             `protobuf:"bytes,3,opt,name=resources,proto3" json:"resources,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Node      string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	Resources *Resources             `protobuf:"bytes,3,opt,name=resources,proto3" json:"resources,omitempty"`
+	// reservation is the Place's this sandbox takes, given back now (empty
+	// for a sandbox no Place put there: a fork child).
+	Reservation   string `protobuf:"bytes,4,opt,name=reservation,proto3" json:"reservation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -829,6 +842,13 @@ func (x *BindRequest) GetResources() *Resources {
 	return nil
 }
 
+func (x *BindRequest) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
+}
+
 type BindResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -865,6 +885,94 @@ func (*BindResponse) Descriptor() ([]byte, []int) {
 	return file_scheduler_proto_rawDescGZIP(), []int{13}
 }
 
+type UnreserveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Reservation   string                 `protobuf:"bytes,2,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnreserveRequest) Reset() {
+	*x = UnreserveRequest{}
+	mi := &file_scheduler_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnreserveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnreserveRequest) ProtoMessage() {}
+
+func (x *UnreserveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_scheduler_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnreserveRequest.ProtoReflect.Descriptor instead.
+func (*UnreserveRequest) Descriptor() ([]byte, []int) {
+	return file_scheduler_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *UnreserveRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *UnreserveRequest) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
+}
+
+type UnreserveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnreserveResponse) Reset() {
+	*x = UnreserveResponse{}
+	mi := &file_scheduler_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnreserveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnreserveResponse) ProtoMessage() {}
+
+func (x *UnreserveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_scheduler_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnreserveResponse.ProtoReflect.Descriptor instead.
+func (*UnreserveResponse) Descriptor() ([]byte, []int) {
+	return file_scheduler_proto_rawDescGZIP(), []int{15}
+}
+
 type UnbindRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -874,7 +982,7 @@ type UnbindRequest struct {
 
 func (x *UnbindRequest) Reset() {
 	*x = UnbindRequest{}
-	mi := &file_scheduler_proto_msgTypes[14]
+	mi := &file_scheduler_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +994,7 @@ func (x *UnbindRequest) String() string {
 func (*UnbindRequest) ProtoMessage() {}
 
 func (x *UnbindRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_scheduler_proto_msgTypes[14]
+	mi := &file_scheduler_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +1007,7 @@ func (x *UnbindRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnbindRequest.ProtoReflect.Descriptor instead.
 func (*UnbindRequest) Descriptor() ([]byte, []int) {
-	return file_scheduler_proto_rawDescGZIP(), []int{14}
+	return file_scheduler_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *UnbindRequest) GetSandboxId() string {
@@ -917,7 +1025,7 @@ type UnbindResponse struct {
 
 func (x *UnbindResponse) Reset() {
 	*x = UnbindResponse{}
-	mi := &file_scheduler_proto_msgTypes[15]
+	mi := &file_scheduler_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -929,7 +1037,7 @@ func (x *UnbindResponse) String() string {
 func (*UnbindResponse) ProtoMessage() {}
 
 func (x *UnbindResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_scheduler_proto_msgTypes[15]
+	mi := &file_scheduler_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -942,7 +1050,7 @@ func (x *UnbindResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnbindResponse.ProtoReflect.Descriptor instead.
 func (*UnbindResponse) Descriptor() ([]byte, []int) {
-	return file_scheduler_proto_rawDescGZIP(), []int{15}
+	return file_scheduler_proto_rawDescGZIP(), []int{17}
 }
 
 type LookupNodeRequest struct {
@@ -954,7 +1062,7 @@ type LookupNodeRequest struct {
 
 func (x *LookupNodeRequest) Reset() {
 	*x = LookupNodeRequest{}
-	mi := &file_scheduler_proto_msgTypes[16]
+	mi := &file_scheduler_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +1074,7 @@ func (x *LookupNodeRequest) String() string {
 func (*LookupNodeRequest) ProtoMessage() {}
 
 func (x *LookupNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_scheduler_proto_msgTypes[16]
+	mi := &file_scheduler_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +1087,7 @@ func (x *LookupNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupNodeRequest.ProtoReflect.Descriptor instead.
 func (*LookupNodeRequest) Descriptor() ([]byte, []int) {
-	return file_scheduler_proto_rawDescGZIP(), []int{16}
+	return file_scheduler_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LookupNodeRequest) GetSandboxId() string {
@@ -1000,7 +1108,7 @@ type LookupNodeResponse struct {
 
 func (x *LookupNodeResponse) Reset() {
 	*x = LookupNodeResponse{}
-	mi := &file_scheduler_proto_msgTypes[17]
+	mi := &file_scheduler_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1012,7 +1120,7 @@ func (x *LookupNodeResponse) String() string {
 func (*LookupNodeResponse) ProtoMessage() {}
 
 func (x *LookupNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_scheduler_proto_msgTypes[17]
+	mi := &file_scheduler_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1025,7 +1133,7 @@ func (x *LookupNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupNodeResponse.ProtoReflect.Descriptor instead.
 func (*LookupNodeResponse) Descriptor() ([]byte, []int) {
-	return file_scheduler_proto_rawDescGZIP(), []int{17}
+	return file_scheduler_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LookupNodeResponse) GetNode() *Node {
@@ -1050,7 +1158,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_scheduler_proto_msgTypes[18]
+	mi := &file_scheduler_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1062,7 +1170,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_scheduler_proto_msgTypes[18]
+	mi := &file_scheduler_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1075,7 +1183,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_scheduler_proto_rawDescGZIP(), []int{18}
+	return file_scheduler_proto_rawDescGZIP(), []int{20}
 }
 
 type ListNodesResponse struct {
@@ -1087,7 +1195,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_scheduler_proto_msgTypes[19]
+	mi := &file_scheduler_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1207,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_scheduler_proto_msgTypes[19]
+	mi := &file_scheduler_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1220,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_scheduler_proto_rawDescGZIP(), []int{19}
+	return file_scheduler_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -1131,7 +1239,7 @@ type ListPeersRequest struct {
 
 func (x *ListPeersRequest) Reset() {
 	*x = ListPeersRequest{}
-	mi := &file_scheduler_proto_msgTypes[20]
+	mi := &file_scheduler_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1143,7 +1251,7 @@ func (x *ListPeersRequest) String() string {
 func (*ListPeersRequest) ProtoMessage() {}
 
 func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_scheduler_proto_msgTypes[20]
+	mi := &file_scheduler_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1156,7 +1264,7 @@ func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListPeersRequest) Descriptor() ([]byte, []int) {
-	return file_scheduler_proto_rawDescGZIP(), []int{20}
+	return file_scheduler_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListPeersRequest) GetNode() string {
@@ -1176,7 +1284,7 @@ type Peer struct {
 
 func (x *Peer) Reset() {
 	*x = Peer{}
-	mi := &file_scheduler_proto_msgTypes[21]
+	mi := &file_scheduler_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1296,7 @@ func (x *Peer) String() string {
 func (*Peer) ProtoMessage() {}
 
 func (x *Peer) ProtoReflect() protoreflect.Message {
-	mi := &file_scheduler_proto_msgTypes[21]
+	mi := &file_scheduler_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1309,7 @@ func (x *Peer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Peer.ProtoReflect.Descriptor instead.
 func (*Peer) Descriptor() ([]byte, []int) {
-	return file_scheduler_proto_rawDescGZIP(), []int{21}
+	return file_scheduler_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Peer) GetName() string {
@@ -1227,7 +1335,7 @@ type ListPeersResponse struct {
 
 func (x *ListPeersResponse) Reset() {
 	*x = ListPeersResponse{}
-	mi := &file_scheduler_proto_msgTypes[22]
+	mi := &file_scheduler_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1347,7 @@ func (x *ListPeersResponse) String() string {
 func (*ListPeersResponse) ProtoMessage() {}
 
 func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_scheduler_proto_msgTypes[22]
+	mi := &file_scheduler_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1360,7 @@ func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListPeersResponse) Descriptor() ([]byte, []int) {
-	return file_scheduler_proto_rawDescGZIP(), []int{22}
+	return file_scheduler_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListPeersResponse) GetPeers() []*Peer {
@@ -1272,7 +1380,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_scheduler_proto_msgTypes[23]
+	mi := &file_scheduler_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1392,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_scheduler_proto_msgTypes[23]
+	mi := &file_scheduler_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1405,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_scheduler_proto_rawDescGZIP(), []int{23}
+	return file_scheduler_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DrainRequest) GetName() string {
@@ -1323,7 +1431,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_scheduler_proto_msgTypes[24]
+	mi := &file_scheduler_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1335,7 +1443,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_scheduler_proto_msgTypes[24]
+	mi := &file_scheduler_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1348,7 +1456,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_scheduler_proto_rawDescGZIP(), []int{24}
+	return file_scheduler_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DrainResponse) GetNode() *Node {
@@ -1366,7 +1474,7 @@ type ListLostRequest struct {
 
 func (x *ListLostRequest) Reset() {
 	*x = ListLostRequest{}
-	mi := &file_scheduler_proto_msgTypes[25]
+	mi := &file_scheduler_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1378,7 +1486,7 @@ func (x *ListLostRequest) String() string {
 func (*ListLostRequest) ProtoMessage() {}
 
 func (x *ListLostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_scheduler_proto_msgTypes[25]
+	mi := &file_scheduler_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1391,7 +1499,7 @@ func (x *ListLostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLostRequest.ProtoReflect.Descriptor instead.
 func (*ListLostRequest) Descriptor() ([]byte, []int) {
-	return file_scheduler_proto_rawDescGZIP(), []int{25}
+	return file_scheduler_proto_rawDescGZIP(), []int{27}
 }
 
 type LostBinding struct {
@@ -1405,7 +1513,7 @@ type LostBinding struct {
 
 func (x *LostBinding) Reset() {
 	*x = LostBinding{}
-	mi := &file_scheduler_proto_msgTypes[26]
+	mi := &file_scheduler_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1525,7 @@ func (x *LostBinding) String() string {
 func (*LostBinding) ProtoMessage() {}
 
 func (x *LostBinding) ProtoReflect() protoreflect.Message {
-	mi := &file_scheduler_proto_msgTypes[26]
+	mi := &file_scheduler_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1538,7 @@ func (x *LostBinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LostBinding.ProtoReflect.Descriptor instead.
 func (*LostBinding) Descriptor() ([]byte, []int) {
-	return file_scheduler_proto_rawDescGZIP(), []int{26}
+	return file_scheduler_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *LostBinding) GetSandboxId() string {
@@ -1463,7 +1571,7 @@ type ListLostResponse struct {
 
 func (x *ListLostResponse) Reset() {
 	*x = ListLostResponse{}
-	mi := &file_scheduler_proto_msgTypes[27]
+	mi := &file_scheduler_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1475,7 +1583,7 @@ func (x *ListLostResponse) String() string {
 func (*ListLostResponse) ProtoMessage() {}
 
 func (x *ListLostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_scheduler_proto_msgTypes[27]
+	mi := &file_scheduler_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1488,7 +1596,7 @@ func (x *ListLostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLostResponse.ProtoReflect.Descriptor instead.
 func (*ListLostResponse) Descriptor() ([]byte, []int) {
-	return file_scheduler_proto_rawDescGZIP(), []int{27}
+	return file_scheduler_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListLostResponse) GetLost() []*LostBinding {
@@ -1545,15 +1653,21 @@ const file_scheduler_proto_rawDesc = "" +
 	"\x16UnregisterNodeResponse\"h\n" +
 	"\fPlaceRequest\x12>\n" +
 	"\tresources\x18\x01 \x01(\v2 .agentenv.scheduler.v1.ResourcesR\tresources\x12\x18\n" +
-	"\aexclude\x18\x02 \x03(\tR\aexclude\"@\n" +
+	"\aexclude\x18\x02 \x03(\tR\aexclude\"b\n" +
 	"\rPlaceResponse\x12/\n" +
-	"\x04node\x18\x01 \x01(\v2\x1b.agentenv.scheduler.v1.NodeR\x04node\"\x80\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\x1b.agentenv.scheduler.v1.NodeR\x04node\x12 \n" +
+	"\vreservation\x18\x02 \x01(\tR\vreservation\"\xa2\x01\n" +
 	"\vBindRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12>\n" +
-	"\tresources\x18\x03 \x01(\v2 .agentenv.scheduler.v1.ResourcesR\tresources\"\x0e\n" +
-	"\fBindResponse\".\n" +
+	"\tresources\x18\x03 \x01(\v2 .agentenv.scheduler.v1.ResourcesR\tresources\x12 \n" +
+	"\vreservation\x18\x04 \x01(\tR\vreservation\"\x0e\n" +
+	"\fBindResponse\"H\n" +
+	"\x10UnreserveRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12 \n" +
+	"\vreservation\x18\x02 \x01(\tR\vreservation\"\x13\n" +
+	"\x11UnreserveResponse\".\n" +
 	"\rUnbindRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x10\n" +
@@ -1590,13 +1704,14 @@ const file_scheduler_proto_rawDesc = "" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rNODE_STATE_UP\x10\x01\x12\x13\n" +
-	"\x0fNODE_STATE_DOWN\x10\x022\x93\b\n" +
+	"\x0fNODE_STATE_DOWN\x10\x022\xf3\b\n" +
 	"\tScheduler\x12g\n" +
 	"\fRegisterNode\x12*.agentenv.scheduler.v1.RegisterNodeRequest\x1a+.agentenv.scheduler.v1.RegisterNodeResponse\x12^\n" +
 	"\tHeartbeat\x12'.agentenv.scheduler.v1.HeartbeatRequest\x1a(.agentenv.scheduler.v1.HeartbeatResponse\x12m\n" +
 	"\x0eUnregisterNode\x12,.agentenv.scheduler.v1.UnregisterNodeRequest\x1a-.agentenv.scheduler.v1.UnregisterNodeResponse\x12R\n" +
 	"\x05Place\x12#.agentenv.scheduler.v1.PlaceRequest\x1a$.agentenv.scheduler.v1.PlaceResponse\x12O\n" +
-	"\x04Bind\x12\".agentenv.scheduler.v1.BindRequest\x1a#.agentenv.scheduler.v1.BindResponse\x12U\n" +
+	"\x04Bind\x12\".agentenv.scheduler.v1.BindRequest\x1a#.agentenv.scheduler.v1.BindResponse\x12^\n" +
+	"\tUnreserve\x12'.agentenv.scheduler.v1.UnreserveRequest\x1a(.agentenv.scheduler.v1.UnreserveResponse\x12U\n" +
 	"\x06Unbind\x12$.agentenv.scheduler.v1.UnbindRequest\x1a%.agentenv.scheduler.v1.UnbindResponse\x12a\n" +
 	"\n" +
 	"LookupNode\x12(.agentenv.scheduler.v1.LookupNodeRequest\x1a).agentenv.scheduler.v1.LookupNodeResponse\x12^\n" +
@@ -1618,7 +1733,7 @@ func file_scheduler_proto_rawDescGZIP() []byte {
 }
 
 var file_scheduler_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_scheduler_proto_goTypes = []any{
 	(NodeState)(0),                 // 0: agentenv.scheduler.v1.NodeState
 	(*Resources)(nil),              // 1: agentenv.scheduler.v1.Resources
@@ -1635,20 +1750,22 @@ var file_scheduler_proto_goTypes = []any{
 	(*PlaceResponse)(nil),          // 12: agentenv.scheduler.v1.PlaceResponse
 	(*BindRequest)(nil),            // 13: agentenv.scheduler.v1.BindRequest
 	(*BindResponse)(nil),           // 14: agentenv.scheduler.v1.BindResponse
-	(*UnbindRequest)(nil),          // 15: agentenv.scheduler.v1.UnbindRequest
-	(*UnbindResponse)(nil),         // 16: agentenv.scheduler.v1.UnbindResponse
-	(*LookupNodeRequest)(nil),      // 17: agentenv.scheduler.v1.LookupNodeRequest
-	(*LookupNodeResponse)(nil),     // 18: agentenv.scheduler.v1.LookupNodeResponse
-	(*ListNodesRequest)(nil),       // 19: agentenv.scheduler.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),      // 20: agentenv.scheduler.v1.ListNodesResponse
-	(*ListPeersRequest)(nil),       // 21: agentenv.scheduler.v1.ListPeersRequest
-	(*Peer)(nil),                   // 22: agentenv.scheduler.v1.Peer
-	(*ListPeersResponse)(nil),      // 23: agentenv.scheduler.v1.ListPeersResponse
-	(*DrainRequest)(nil),           // 24: agentenv.scheduler.v1.DrainRequest
-	(*DrainResponse)(nil),          // 25: agentenv.scheduler.v1.DrainResponse
-	(*ListLostRequest)(nil),        // 26: agentenv.scheduler.v1.ListLostRequest
-	(*LostBinding)(nil),            // 27: agentenv.scheduler.v1.LostBinding
-	(*ListLostResponse)(nil),       // 28: agentenv.scheduler.v1.ListLostResponse
+	(*UnreserveRequest)(nil),       // 15: agentenv.scheduler.v1.UnreserveRequest
+	(*UnreserveResponse)(nil),      // 16: agentenv.scheduler.v1.UnreserveResponse
+	(*UnbindRequest)(nil),          // 17: agentenv.scheduler.v1.UnbindRequest
+	(*UnbindResponse)(nil),         // 18: agentenv.scheduler.v1.UnbindResponse
+	(*LookupNodeRequest)(nil),      // 19: agentenv.scheduler.v1.LookupNodeRequest
+	(*LookupNodeResponse)(nil),     // 20: agentenv.scheduler.v1.LookupNodeResponse
+	(*ListNodesRequest)(nil),       // 21: agentenv.scheduler.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),      // 22: agentenv.scheduler.v1.ListNodesResponse
+	(*ListPeersRequest)(nil),       // 23: agentenv.scheduler.v1.ListPeersRequest
+	(*Peer)(nil),                   // 24: agentenv.scheduler.v1.Peer
+	(*ListPeersResponse)(nil),      // 25: agentenv.scheduler.v1.ListPeersResponse
+	(*DrainRequest)(nil),           // 26: agentenv.scheduler.v1.DrainRequest
+	(*DrainResponse)(nil),          // 27: agentenv.scheduler.v1.DrainResponse
+	(*ListLostRequest)(nil),        // 28: agentenv.scheduler.v1.ListLostRequest
+	(*LostBinding)(nil),            // 29: agentenv.scheduler.v1.LostBinding
+	(*ListLostResponse)(nil),       // 30: agentenv.scheduler.v1.ListLostResponse
 }
 var file_scheduler_proto_depIdxs = []int32{
 	1,  // 0: agentenv.scheduler.v1.RosterEntry.resources:type_name -> agentenv.scheduler.v1.Resources
@@ -1664,33 +1781,35 @@ var file_scheduler_proto_depIdxs = []int32{
 	1,  // 10: agentenv.scheduler.v1.BindRequest.resources:type_name -> agentenv.scheduler.v1.Resources
 	4,  // 11: agentenv.scheduler.v1.LookupNodeResponse.node:type_name -> agentenv.scheduler.v1.Node
 	4,  // 12: agentenv.scheduler.v1.ListNodesResponse.nodes:type_name -> agentenv.scheduler.v1.Node
-	22, // 13: agentenv.scheduler.v1.ListPeersResponse.peers:type_name -> agentenv.scheduler.v1.Peer
+	24, // 13: agentenv.scheduler.v1.ListPeersResponse.peers:type_name -> agentenv.scheduler.v1.Peer
 	4,  // 14: agentenv.scheduler.v1.DrainResponse.node:type_name -> agentenv.scheduler.v1.Node
-	27, // 15: agentenv.scheduler.v1.ListLostResponse.lost:type_name -> agentenv.scheduler.v1.LostBinding
+	29, // 15: agentenv.scheduler.v1.ListLostResponse.lost:type_name -> agentenv.scheduler.v1.LostBinding
 	5,  // 16: agentenv.scheduler.v1.Scheduler.RegisterNode:input_type -> agentenv.scheduler.v1.RegisterNodeRequest
 	7,  // 17: agentenv.scheduler.v1.Scheduler.Heartbeat:input_type -> agentenv.scheduler.v1.HeartbeatRequest
 	9,  // 18: agentenv.scheduler.v1.Scheduler.UnregisterNode:input_type -> agentenv.scheduler.v1.UnregisterNodeRequest
 	11, // 19: agentenv.scheduler.v1.Scheduler.Place:input_type -> agentenv.scheduler.v1.PlaceRequest
 	13, // 20: agentenv.scheduler.v1.Scheduler.Bind:input_type -> agentenv.scheduler.v1.BindRequest
-	15, // 21: agentenv.scheduler.v1.Scheduler.Unbind:input_type -> agentenv.scheduler.v1.UnbindRequest
-	17, // 22: agentenv.scheduler.v1.Scheduler.LookupNode:input_type -> agentenv.scheduler.v1.LookupNodeRequest
-	19, // 23: agentenv.scheduler.v1.Scheduler.ListNodes:input_type -> agentenv.scheduler.v1.ListNodesRequest
-	21, // 24: agentenv.scheduler.v1.Scheduler.ListPeers:input_type -> agentenv.scheduler.v1.ListPeersRequest
-	24, // 25: agentenv.scheduler.v1.Scheduler.Drain:input_type -> agentenv.scheduler.v1.DrainRequest
-	26, // 26: agentenv.scheduler.v1.Scheduler.ListLost:input_type -> agentenv.scheduler.v1.ListLostRequest
-	6,  // 27: agentenv.scheduler.v1.Scheduler.RegisterNode:output_type -> agentenv.scheduler.v1.RegisterNodeResponse
-	8,  // 28: agentenv.scheduler.v1.Scheduler.Heartbeat:output_type -> agentenv.scheduler.v1.HeartbeatResponse
-	10, // 29: agentenv.scheduler.v1.Scheduler.UnregisterNode:output_type -> agentenv.scheduler.v1.UnregisterNodeResponse
-	12, // 30: agentenv.scheduler.v1.Scheduler.Place:output_type -> agentenv.scheduler.v1.PlaceResponse
-	14, // 31: agentenv.scheduler.v1.Scheduler.Bind:output_type -> agentenv.scheduler.v1.BindResponse
-	16, // 32: agentenv.scheduler.v1.Scheduler.Unbind:output_type -> agentenv.scheduler.v1.UnbindResponse
-	18, // 33: agentenv.scheduler.v1.Scheduler.LookupNode:output_type -> agentenv.scheduler.v1.LookupNodeResponse
-	20, // 34: agentenv.scheduler.v1.Scheduler.ListNodes:output_type -> agentenv.scheduler.v1.ListNodesResponse
-	23, // 35: agentenv.scheduler.v1.Scheduler.ListPeers:output_type -> agentenv.scheduler.v1.ListPeersResponse
-	25, // 36: agentenv.scheduler.v1.Scheduler.Drain:output_type -> agentenv.scheduler.v1.DrainResponse
-	28, // 37: agentenv.scheduler.v1.Scheduler.ListLost:output_type -> agentenv.scheduler.v1.ListLostResponse
-	27, // [27:38] is the sub-list for method output_type
-	16, // [16:27] is the sub-list for method input_type
+	15, // 21: agentenv.scheduler.v1.Scheduler.Unreserve:input_type -> agentenv.scheduler.v1.UnreserveRequest
+	17, // 22: agentenv.scheduler.v1.Scheduler.Unbind:input_type -> agentenv.scheduler.v1.UnbindRequest
+	19, // 23: agentenv.scheduler.v1.Scheduler.LookupNode:input_type -> agentenv.scheduler.v1.LookupNodeRequest
+	21, // 24: agentenv.scheduler.v1.Scheduler.ListNodes:input_type -> agentenv.scheduler.v1.ListNodesRequest
+	23, // 25: agentenv.scheduler.v1.Scheduler.ListPeers:input_type -> agentenv.scheduler.v1.ListPeersRequest
+	26, // 26: agentenv.scheduler.v1.Scheduler.Drain:input_type -> agentenv.scheduler.v1.DrainRequest
+	28, // 27: agentenv.scheduler.v1.Scheduler.ListLost:input_type -> agentenv.scheduler.v1.ListLostRequest
+	6,  // 28: agentenv.scheduler.v1.Scheduler.RegisterNode:output_type -> agentenv.scheduler.v1.RegisterNodeResponse
+	8,  // 29: agentenv.scheduler.v1.Scheduler.Heartbeat:output_type -> agentenv.scheduler.v1.HeartbeatResponse
+	10, // 30: agentenv.scheduler.v1.Scheduler.UnregisterNode:output_type -> agentenv.scheduler.v1.UnregisterNodeResponse
+	12, // 31: agentenv.scheduler.v1.Scheduler.Place:output_type -> agentenv.scheduler.v1.PlaceResponse
+	14, // 32: agentenv.scheduler.v1.Scheduler.Bind:output_type -> agentenv.scheduler.v1.BindResponse
+	16, // 33: agentenv.scheduler.v1.Scheduler.Unreserve:output_type -> agentenv.scheduler.v1.UnreserveResponse
+	18, // 34: agentenv.scheduler.v1.Scheduler.Unbind:output_type -> agentenv.scheduler.v1.UnbindResponse
+	20, // 35: agentenv.scheduler.v1.Scheduler.LookupNode:output_type -> agentenv.scheduler.v1.LookupNodeResponse
+	22, // 36: agentenv.scheduler.v1.Scheduler.ListNodes:output_type -> agentenv.scheduler.v1.ListNodesResponse
+	25, // 37: agentenv.scheduler.v1.Scheduler.ListPeers:output_type -> agentenv.scheduler.v1.ListPeersResponse
+	27, // 38: agentenv.scheduler.v1.Scheduler.Drain:output_type -> agentenv.scheduler.v1.DrainResponse
+	30, // 39: agentenv.scheduler.v1.Scheduler.ListLost:output_type -> agentenv.scheduler.v1.ListLostResponse
+	28, // [28:40] is the sub-list for method output_type
+	16, // [16:28] is the sub-list for method input_type
 	16, // [16:16] is the sub-list for extension type_name
 	16, // [16:16] is the sub-list for extension extendee
 	0,  // [0:16] is the sub-list for field type_name
@@ -1707,7 +1826,7 @@ func file_scheduler_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_scheduler_proto_rawDesc), len(file_scheduler_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   28,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

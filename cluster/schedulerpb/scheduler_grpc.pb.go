@@ -27,6 +27,7 @@ const (
 	Scheduler_UnregisterNode_FullMethodName = "/agentenv.scheduler.v1.Scheduler/UnregisterNode"
 	Scheduler_Place_FullMethodName          = "/agentenv.scheduler.v1.Scheduler/Place"
 	Scheduler_Bind_FullMethodName           = "/agentenv.scheduler.v1.Scheduler/Bind"
+	Scheduler_Unreserve_FullMethodName      = "/agentenv.scheduler.v1.Scheduler/Unreserve"
 	Scheduler_Unbind_FullMethodName         = "/agentenv.scheduler.v1.Scheduler/Unbind"
 	Scheduler_LookupNode_FullMethodName     = "/agentenv.scheduler.v1.Scheduler/LookupNode"
 	Scheduler_ListNodes_FullMethodName      = "/agentenv.scheduler.v1.Scheduler/ListNodes"
@@ -49,6 +50,9 @@ type SchedulerClient interface {
 	Place(ctx context.Context, in *PlaceRequest, opts ...grpc.CallOption) (*PlaceResponse, error)
 	// Bind records that a sandbox lives on a node.
 	Bind(ctx context.Context, in *BindRequest, opts ...grpc.CallOption) (*BindResponse, error)
+	// Unreserve gives back a placement's reservation that no sandbox will
+	// take (the node refused the create or could not be reached).
+	Unreserve(ctx context.Context, in *UnreserveRequest, opts ...grpc.CallOption) (*UnreserveResponse, error)
 	// Unbind forgets a killed sandbox.
 	Unbind(ctx context.Context, in *UnbindRequest, opts ...grpc.CallOption) (*UnbindResponse, error)
 	// LookupNode answers which node holds a sandbox.
@@ -115,6 +119,16 @@ func (c *schedulerClient) Bind(ctx context.Context, in *BindRequest, opts ...grp
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(BindResponse)
 	err := c.cc.Invoke(ctx, Scheduler_Bind_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *schedulerClient) Unreserve(ctx context.Context, in *UnreserveRequest, opts ...grpc.CallOption) (*UnreserveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UnreserveResponse)
+	err := c.cc.Invoke(ctx, Scheduler_Unreserve_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -195,6 +209,9 @@ type SchedulerServer interface {
 	Place(context.Context, *PlaceRequest) (*PlaceResponse, error)
 	// Bind records that a sandbox lives on a node.
 	Bind(context.Context, *BindRequest) (*BindResponse, error)
+	// Unreserve gives back a placement's reservation that no sandbox will
+	// take (the node refused the create or could not be reached).
+	Unreserve(context.Context, *UnreserveRequest) (*UnreserveResponse, error)
 	// Unbind forgets a killed sandbox.
 	Unbind(context.Context, *UnbindRequest) (*UnbindResponse, error)
 	// LookupNode answers which node holds a sandbox.
@@ -231,6 +248,9 @@ func (UnimplementedSchedulerServer) Place(context.Context, *PlaceRequest) (*Plac
 }
 func (UnimplementedSchedulerServer) Bind(context.Context, *BindRequest) (*BindResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Bind not implemented")
+}
+func (UnimplementedSchedulerServer) Unreserve(context.Context, *UnreserveRequest) (*UnreserveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Unreserve not implemented")
 }
 func (UnimplementedSchedulerServer) Unbind(context.Context, *UnbindRequest) (*UnbindResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Unbind not implemented")
@@ -357,6 +377,24 @@ func _Scheduler_Bind_Handler(srv interface{}, ctx context.Context, dec func(inte
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(SchedulerServer).Bind(ctx, req.(*BindRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scheduler_Unreserve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UnreserveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulerServer).Unreserve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduler_Unreserve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulerServer).Unreserve(ctx, req.(*UnreserveRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -495,6 +533,10 @@ var Scheduler_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Bind",
 			Handler:    _Scheduler_Bind_Handler,
+		},
+		{
+			MethodName: "Unreserve",
+			Handler:    _Scheduler_Unreserve_Handler,
 		},
 		{
 			MethodName: "Unbind",
