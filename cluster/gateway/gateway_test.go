@@ -47,6 +47,9 @@ type fakeNode struct {
 	repo map[string]bool
 	// volumes the node holds, by name: their ids
 	volumes map[string]string
+	// resumeDelay is how long a connect that brings a sandbox from repo
+	// takes (a real one fetches its state)
+	resumeDelay time.Duration
 }
 
 func newFakeNode(t *testing.T, name string) *fakeNode {
@@ -122,6 +125,13 @@ func (f *fakeNode) serve(w http.ResponseWriter, r *http.Request) {
 // connect resumes a sandbox the node holds or the repository has.
 func (f *fakeNode) connect(w http.ResponseWriter, r *http.Request) {
 	id := sandboxOfPath(r.URL.Path)
+	f.mu.Lock()
+	_, held := f.boxes[id]
+	delay := f.resumeDelay
+	f.mu.Unlock()
+	if !held {
+		time.Sleep(delay)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.boxes[id]; !ok && !f.repo[id] {

@@ -1,11 +1,15 @@
 package gateway
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
 )
@@ -21,7 +25,8 @@ func isResume(r *http.Request, id string) bool {
 }
 
 // keyLocks serializes the resumes of one sandbox in this gateway, so two
-// connects at once bring it to one node, not two.
+// connects at once bring it to one node, not two (and ask the scheduler's
+// claim, which serializes them across gateways, once).
 type keyLocks struct {
 	mu    sync.Mutex
 	locks map[string]*keyLock
@@ -71,9 +76,65 @@ func (g *Gateway) resume(w http.ResponseWriter, r *http.Request, id string) {
 	case err == nil:
 		g.forward(w, r, u, id, true)
 	case errors.As(err, &down):
+		g.resumeDown(w, r, id)
+	default:
+		g.failLookup(w, id, err)
+	}
+}
+
+// resumeClaimTTL bounds how long a gateway that died mid-resume holds up
+// the others: its claim on the sandbox expires then.
+const resumeClaimTTL = 2 * time.Minute
+
+// resumeDown resumes a down node's sandbox under the scheduler's claim on
+// it, so gateway replicas resume it once between them: one that waited for
+// another's claim finds the sandbox bound to its new node and forwards.
+func (g *Gateway) resumeDown(w http.ResponseWriter, r *http.Request, id string) {
+	release, err := g.claimResume(r.Context(), id)
+	if err != nil {
+		w.Header().Set("Retry-After", "5")
+		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("resume sandbox %s: %v", id, err))
+		return
+	}
+	defer release()
+	g.forget(id)
+	u, err := g.nodeOf(r.Context(), id)
+	var down errNodeDown
+	switch {
+	case err == nil: // resumed meanwhile through another gateway
+		g.forward(w, r, u, id, true)
+	case errors.As(err, &down):
 		g.resumeElsewhere(w, r, id, down.node)
 	default:
 		g.failLookup(w, id, err)
+	}
+}
+
+// claimResume waits until the scheduler grants this request the resume of
+// id (another gateway's ends with its release or its TTL), or ctx ends.
+func (g *Gateway) claimResume(ctx context.Context, id string) (release func(), err error) {
+	var tok [12]byte
+	_, _ = rand.Read(tok[:])
+	holder := hex.EncodeToString(tok[:])
+	req := &pb.ClaimResumeRequest{SandboxId: id, Holder: holder, TtlMs: resumeClaimTTL.Milliseconds()}
+	for {
+		c, err := g.sched.ClaimResume(ctx, req)
+		if err != nil {
+			return nil, fmt.Errorf("claim it at the scheduler: %w", err)
+		}
+		if c.GetGranted() {
+			return func() {
+				_, err := g.sched.ReleaseResume(context.WithoutCancel(ctx), &pb.ReleaseResumeRequest{SandboxId: id, Holder: holder})
+				if err != nil {
+					g.log.Warn("release a resume claim (it expires by itself)", "sandbox", id, "err", err)
+				}
+			}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("another gateway is resuming it: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
 

@@ -2,9 +2,12 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
 )
@@ -53,9 +56,22 @@ func TestResumeOfALostNodesSandbox(t *testing.T) {
 
 // TestConcurrentResumesLandOnce: two connects at once of a down node's
 // sandbox resume it on one node (placement would spread two resumes over
-// two nodes, making two of the sandbox).
+// two nodes, making two of the sandbox), through one gateway and through
+// two replicas of it.
 func TestConcurrentResumesLandOnce(t *testing.T) {
+	for _, replicas := range []int{1, 2} {
+		t.Run(fmt.Sprintf("gateways-%d", replicas), func(t *testing.T) { concurrentResumes(t, replicas) })
+	}
+}
+
+func concurrentResumes(t *testing.T, replicas int) {
 	fx := newFixture(t, "a", "b", "c")
+	gws := []string{fx.gw.URL, fx.gw.URL}
+	if replicas == 2 {
+		second := httptest.NewServer(New(Options{Scheduler: fx.sched, Domain: "sbx.test", LookupTTL: time.Nanosecond}))
+		t.Cleanup(second.Close)
+		gws[1] = second.URL
+	}
 	fx.nodes[1].full, fx.nodes[2].full = true, true
 	id, code := fx.create(t)
 	if code != http.StatusCreated || !strings.HasPrefix(id, "a") {
@@ -66,12 +82,14 @@ func TestConcurrentResumesLandOnce(t *testing.T) {
 	if _, err := fx.sched.UnregisterNode(context.Background(), &pb.UnregisterNodeRequest{Name: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	fx.nodes[1].repo = map[string]bool{id: true}
-	fx.nodes[2].repo = map[string]bool{id: true}
+	for _, n := range fx.nodes[1:] {
+		n.repo = map[string]bool{id: true}
+		n.resumeDelay = 300 * time.Millisecond // both connects are in flight at once
+	}
 	codes := make(chan int, 2)
-	for range 2 {
+	for _, gw := range gws {
 		go func() {
-			resp, err := http.Post(fx.gw.URL+"/sandboxes/"+id+"/connect", "application/json", strings.NewReader(`{"timeout":60}`))
+			resp, err := http.Post(gw+"/sandboxes/"+id+"/connect", "application/json", strings.NewReader(`{"timeout":60}`))
 			if err != nil {
 				codes <- 0 // t.Fatal belongs to the test's goroutine
 				return

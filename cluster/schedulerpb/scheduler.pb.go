@@ -1606,6 +1606,199 @@ func (x *ListLostResponse) GetLost() []*LostBinding {
 	return nil
 }
 
+type ClaimResumeRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// holder is the claimant's own token (random per resume).
+	Holder        string `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	TtlMs         int64  `protobuf:"varint,3,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimResumeRequest) Reset() {
+	*x = ClaimResumeRequest{}
+	mi := &file_scheduler_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimResumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimResumeRequest) ProtoMessage() {}
+
+func (x *ClaimResumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_scheduler_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimResumeRequest.ProtoReflect.Descriptor instead.
+func (*ClaimResumeRequest) Descriptor() ([]byte, []int) {
+	return file_scheduler_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ClaimResumeRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ClaimResumeRequest) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *ClaimResumeRequest) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+type ClaimResumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Granted       bool                   `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimResumeResponse) Reset() {
+	*x = ClaimResumeResponse{}
+	mi := &file_scheduler_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimResumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimResumeResponse) ProtoMessage() {}
+
+func (x *ClaimResumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_scheduler_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimResumeResponse.ProtoReflect.Descriptor instead.
+func (*ClaimResumeResponse) Descriptor() ([]byte, []int) {
+	return file_scheduler_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ClaimResumeResponse) GetGranted() bool {
+	if x != nil {
+		return x.Granted
+	}
+	return false
+}
+
+type ReleaseResumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Holder        string                 `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResumeRequest) Reset() {
+	*x = ReleaseResumeRequest{}
+	mi := &file_scheduler_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResumeRequest) ProtoMessage() {}
+
+func (x *ReleaseResumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_scheduler_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResumeRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseResumeRequest) Descriptor() ([]byte, []int) {
+	return file_scheduler_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ReleaseResumeRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ReleaseResumeRequest) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+type ReleaseResumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResumeResponse) Reset() {
+	*x = ReleaseResumeResponse{}
+	mi := &file_scheduler_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResumeResponse) ProtoMessage() {}
+
+func (x *ReleaseResumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_scheduler_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResumeResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResumeResponse) Descriptor() ([]byte, []int) {
+	return file_scheduler_proto_rawDescGZIP(), []int{33}
+}
+
 var File_scheduler_proto protoreflect.FileDescriptor
 
 const file_scheduler_proto_rawDesc = "" +
@@ -1700,18 +1893,33 @@ const file_scheduler_proto_rawDesc = "" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12%\n" +
 	"\x0flost_at_unix_ms\x18\x03 \x01(\x03R\flostAtUnixMs\"J\n" +
 	"\x10ListLostResponse\x126\n" +
-	"\x04lost\x18\x01 \x03(\v2\".agentenv.scheduler.v1.LostBindingR\x04lost*O\n" +
+	"\x04lost\x18\x01 \x03(\v2\".agentenv.scheduler.v1.LostBindingR\x04lost\"b\n" +
+	"\x12ClaimResumeRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
+	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x15\n" +
+	"\x06ttl_ms\x18\x03 \x01(\x03R\x05ttlMs\"/\n" +
+	"\x13ClaimResumeResponse\x12\x18\n" +
+	"\agranted\x18\x01 \x01(\bR\agranted\"M\n" +
+	"\x14ReleaseResumeRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
+	"\x06holder\x18\x02 \x01(\tR\x06holder\"\x17\n" +
+	"\x15ReleaseResumeResponse*O\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rNODE_STATE_UP\x10\x01\x12\x13\n" +
-	"\x0fNODE_STATE_DOWN\x10\x022\xf3\b\n" +
+	"\x0fNODE_STATE_DOWN\x10\x022\xc5\n" +
+	"\n" +
 	"\tScheduler\x12g\n" +
 	"\fRegisterNode\x12*.agentenv.scheduler.v1.RegisterNodeRequest\x1a+.agentenv.scheduler.v1.RegisterNodeResponse\x12^\n" +
 	"\tHeartbeat\x12'.agentenv.scheduler.v1.HeartbeatRequest\x1a(.agentenv.scheduler.v1.HeartbeatResponse\x12m\n" +
 	"\x0eUnregisterNode\x12,.agentenv.scheduler.v1.UnregisterNodeRequest\x1a-.agentenv.scheduler.v1.UnregisterNodeResponse\x12R\n" +
 	"\x05Place\x12#.agentenv.scheduler.v1.PlaceRequest\x1a$.agentenv.scheduler.v1.PlaceResponse\x12O\n" +
 	"\x04Bind\x12\".agentenv.scheduler.v1.BindRequest\x1a#.agentenv.scheduler.v1.BindResponse\x12^\n" +
-	"\tUnreserve\x12'.agentenv.scheduler.v1.UnreserveRequest\x1a(.agentenv.scheduler.v1.UnreserveResponse\x12U\n" +
+	"\tUnreserve\x12'.agentenv.scheduler.v1.UnreserveRequest\x1a(.agentenv.scheduler.v1.UnreserveResponse\x12d\n" +
+	"\vClaimResume\x12).agentenv.scheduler.v1.ClaimResumeRequest\x1a*.agentenv.scheduler.v1.ClaimResumeResponse\x12j\n" +
+	"\rReleaseResume\x12+.agentenv.scheduler.v1.ReleaseResumeRequest\x1a,.agentenv.scheduler.v1.ReleaseResumeResponse\x12U\n" +
 	"\x06Unbind\x12$.agentenv.scheduler.v1.UnbindRequest\x1a%.agentenv.scheduler.v1.UnbindResponse\x12a\n" +
 	"\n" +
 	"LookupNode\x12(.agentenv.scheduler.v1.LookupNodeRequest\x1a).agentenv.scheduler.v1.LookupNodeResponse\x12^\n" +
@@ -1733,7 +1941,7 @@ func file_scheduler_proto_rawDescGZIP() []byte {
 }
 
 var file_scheduler_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_scheduler_proto_goTypes = []any{
 	(NodeState)(0),                 // 0: agentenv.scheduler.v1.NodeState
 	(*Resources)(nil),              // 1: agentenv.scheduler.v1.Resources
@@ -1766,6 +1974,10 @@ var file_scheduler_proto_goTypes = []any{
 	(*ListLostRequest)(nil),        // 28: agentenv.scheduler.v1.ListLostRequest
 	(*LostBinding)(nil),            // 29: agentenv.scheduler.v1.LostBinding
 	(*ListLostResponse)(nil),       // 30: agentenv.scheduler.v1.ListLostResponse
+	(*ClaimResumeRequest)(nil),     // 31: agentenv.scheduler.v1.ClaimResumeRequest
+	(*ClaimResumeResponse)(nil),    // 32: agentenv.scheduler.v1.ClaimResumeResponse
+	(*ReleaseResumeRequest)(nil),   // 33: agentenv.scheduler.v1.ReleaseResumeRequest
+	(*ReleaseResumeResponse)(nil),  // 34: agentenv.scheduler.v1.ReleaseResumeResponse
 }
 var file_scheduler_proto_depIdxs = []int32{
 	1,  // 0: agentenv.scheduler.v1.RosterEntry.resources:type_name -> agentenv.scheduler.v1.Resources
@@ -1790,26 +2002,30 @@ var file_scheduler_proto_depIdxs = []int32{
 	11, // 19: agentenv.scheduler.v1.Scheduler.Place:input_type -> agentenv.scheduler.v1.PlaceRequest
 	13, // 20: agentenv.scheduler.v1.Scheduler.Bind:input_type -> agentenv.scheduler.v1.BindRequest
 	15, // 21: agentenv.scheduler.v1.Scheduler.Unreserve:input_type -> agentenv.scheduler.v1.UnreserveRequest
-	17, // 22: agentenv.scheduler.v1.Scheduler.Unbind:input_type -> agentenv.scheduler.v1.UnbindRequest
-	19, // 23: agentenv.scheduler.v1.Scheduler.LookupNode:input_type -> agentenv.scheduler.v1.LookupNodeRequest
-	21, // 24: agentenv.scheduler.v1.Scheduler.ListNodes:input_type -> agentenv.scheduler.v1.ListNodesRequest
-	23, // 25: agentenv.scheduler.v1.Scheduler.ListPeers:input_type -> agentenv.scheduler.v1.ListPeersRequest
-	26, // 26: agentenv.scheduler.v1.Scheduler.Drain:input_type -> agentenv.scheduler.v1.DrainRequest
-	28, // 27: agentenv.scheduler.v1.Scheduler.ListLost:input_type -> agentenv.scheduler.v1.ListLostRequest
-	6,  // 28: agentenv.scheduler.v1.Scheduler.RegisterNode:output_type -> agentenv.scheduler.v1.RegisterNodeResponse
-	8,  // 29: agentenv.scheduler.v1.Scheduler.Heartbeat:output_type -> agentenv.scheduler.v1.HeartbeatResponse
-	10, // 30: agentenv.scheduler.v1.Scheduler.UnregisterNode:output_type -> agentenv.scheduler.v1.UnregisterNodeResponse
-	12, // 31: agentenv.scheduler.v1.Scheduler.Place:output_type -> agentenv.scheduler.v1.PlaceResponse
-	14, // 32: agentenv.scheduler.v1.Scheduler.Bind:output_type -> agentenv.scheduler.v1.BindResponse
-	16, // 33: agentenv.scheduler.v1.Scheduler.Unreserve:output_type -> agentenv.scheduler.v1.UnreserveResponse
-	18, // 34: agentenv.scheduler.v1.Scheduler.Unbind:output_type -> agentenv.scheduler.v1.UnbindResponse
-	20, // 35: agentenv.scheduler.v1.Scheduler.LookupNode:output_type -> agentenv.scheduler.v1.LookupNodeResponse
-	22, // 36: agentenv.scheduler.v1.Scheduler.ListNodes:output_type -> agentenv.scheduler.v1.ListNodesResponse
-	25, // 37: agentenv.scheduler.v1.Scheduler.ListPeers:output_type -> agentenv.scheduler.v1.ListPeersResponse
-	27, // 38: agentenv.scheduler.v1.Scheduler.Drain:output_type -> agentenv.scheduler.v1.DrainResponse
-	30, // 39: agentenv.scheduler.v1.Scheduler.ListLost:output_type -> agentenv.scheduler.v1.ListLostResponse
-	28, // [28:40] is the sub-list for method output_type
-	16, // [16:28] is the sub-list for method input_type
+	31, // 22: agentenv.scheduler.v1.Scheduler.ClaimResume:input_type -> agentenv.scheduler.v1.ClaimResumeRequest
+	33, // 23: agentenv.scheduler.v1.Scheduler.ReleaseResume:input_type -> agentenv.scheduler.v1.ReleaseResumeRequest
+	17, // 24: agentenv.scheduler.v1.Scheduler.Unbind:input_type -> agentenv.scheduler.v1.UnbindRequest
+	19, // 25: agentenv.scheduler.v1.Scheduler.LookupNode:input_type -> agentenv.scheduler.v1.LookupNodeRequest
+	21, // 26: agentenv.scheduler.v1.Scheduler.ListNodes:input_type -> agentenv.scheduler.v1.ListNodesRequest
+	23, // 27: agentenv.scheduler.v1.Scheduler.ListPeers:input_type -> agentenv.scheduler.v1.ListPeersRequest
+	26, // 28: agentenv.scheduler.v1.Scheduler.Drain:input_type -> agentenv.scheduler.v1.DrainRequest
+	28, // 29: agentenv.scheduler.v1.Scheduler.ListLost:input_type -> agentenv.scheduler.v1.ListLostRequest
+	6,  // 30: agentenv.scheduler.v1.Scheduler.RegisterNode:output_type -> agentenv.scheduler.v1.RegisterNodeResponse
+	8,  // 31: agentenv.scheduler.v1.Scheduler.Heartbeat:output_type -> agentenv.scheduler.v1.HeartbeatResponse
+	10, // 32: agentenv.scheduler.v1.Scheduler.UnregisterNode:output_type -> agentenv.scheduler.v1.UnregisterNodeResponse
+	12, // 33: agentenv.scheduler.v1.Scheduler.Place:output_type -> agentenv.scheduler.v1.PlaceResponse
+	14, // 34: agentenv.scheduler.v1.Scheduler.Bind:output_type -> agentenv.scheduler.v1.BindResponse
+	16, // 35: agentenv.scheduler.v1.Scheduler.Unreserve:output_type -> agentenv.scheduler.v1.UnreserveResponse
+	32, // 36: agentenv.scheduler.v1.Scheduler.ClaimResume:output_type -> agentenv.scheduler.v1.ClaimResumeResponse
+	34, // 37: agentenv.scheduler.v1.Scheduler.ReleaseResume:output_type -> agentenv.scheduler.v1.ReleaseResumeResponse
+	18, // 38: agentenv.scheduler.v1.Scheduler.Unbind:output_type -> agentenv.scheduler.v1.UnbindResponse
+	20, // 39: agentenv.scheduler.v1.Scheduler.LookupNode:output_type -> agentenv.scheduler.v1.LookupNodeResponse
+	22, // 40: agentenv.scheduler.v1.Scheduler.ListNodes:output_type -> agentenv.scheduler.v1.ListNodesResponse
+	25, // 41: agentenv.scheduler.v1.Scheduler.ListPeers:output_type -> agentenv.scheduler.v1.ListPeersResponse
+	27, // 42: agentenv.scheduler.v1.Scheduler.Drain:output_type -> agentenv.scheduler.v1.DrainResponse
+	30, // 43: agentenv.scheduler.v1.Scheduler.ListLost:output_type -> agentenv.scheduler.v1.ListLostResponse
+	30, // [30:44] is the sub-list for method output_type
+	16, // [16:30] is the sub-list for method input_type
 	16, // [16:16] is the sub-list for extension type_name
 	16, // [16:16] is the sub-list for extension extendee
 	0,  // [0:16] is the sub-list for field type_name
@@ -1826,7 +2042,7 @@ func file_scheduler_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_scheduler_proto_rawDesc), len(file_scheduler_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   30,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,8 @@ const (
 	Scheduler_Place_FullMethodName          = "/agentenv.scheduler.v1.Scheduler/Place"
 	Scheduler_Bind_FullMethodName           = "/agentenv.scheduler.v1.Scheduler/Bind"
 	Scheduler_Unreserve_FullMethodName      = "/agentenv.scheduler.v1.Scheduler/Unreserve"
+	Scheduler_ClaimResume_FullMethodName    = "/agentenv.scheduler.v1.Scheduler/ClaimResume"
+	Scheduler_ReleaseResume_FullMethodName  = "/agentenv.scheduler.v1.Scheduler/ReleaseResume"
 	Scheduler_Unbind_FullMethodName         = "/agentenv.scheduler.v1.Scheduler/Unbind"
 	Scheduler_LookupNode_FullMethodName     = "/agentenv.scheduler.v1.Scheduler/LookupNode"
 	Scheduler_ListNodes_FullMethodName      = "/agentenv.scheduler.v1.Scheduler/ListNodes"
@@ -53,6 +55,11 @@ type SchedulerClient interface {
 	// Unreserve gives back a placement's reservation that no sandbox will
 	// take (the node refused the create or could not be reached).
 	Unreserve(ctx context.Context, in *UnreserveRequest, opts ...grpc.CallOption) (*UnreserveResponse, error)
+	// ClaimResume grants one holder at a time the resume of a sandbox whose
+	// node is down (gateway replicas would otherwise resume it on two
+	// nodes); the claim lasts ttl_ms unless ReleaseResume ends it first.
+	ClaimResume(ctx context.Context, in *ClaimResumeRequest, opts ...grpc.CallOption) (*ClaimResumeResponse, error)
+	ReleaseResume(ctx context.Context, in *ReleaseResumeRequest, opts ...grpc.CallOption) (*ReleaseResumeResponse, error)
 	// Unbind forgets a killed sandbox.
 	Unbind(ctx context.Context, in *UnbindRequest, opts ...grpc.CallOption) (*UnbindResponse, error)
 	// LookupNode answers which node holds a sandbox.
@@ -129,6 +136,26 @@ func (c *schedulerClient) Unreserve(ctx context.Context, in *UnreserveRequest, o
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(UnreserveResponse)
 	err := c.cc.Invoke(ctx, Scheduler_Unreserve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *schedulerClient) ClaimResume(ctx context.Context, in *ClaimResumeRequest, opts ...grpc.CallOption) (*ClaimResumeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClaimResumeResponse)
+	err := c.cc.Invoke(ctx, Scheduler_ClaimResume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *schedulerClient) ReleaseResume(ctx context.Context, in *ReleaseResumeRequest, opts ...grpc.CallOption) (*ReleaseResumeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResumeResponse)
+	err := c.cc.Invoke(ctx, Scheduler_ReleaseResume_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -212,6 +239,11 @@ type SchedulerServer interface {
 	// Unreserve gives back a placement's reservation that no sandbox will
 	// take (the node refused the create or could not be reached).
 	Unreserve(context.Context, *UnreserveRequest) (*UnreserveResponse, error)
+	// ClaimResume grants one holder at a time the resume of a sandbox whose
+	// node is down (gateway replicas would otherwise resume it on two
+	// nodes); the claim lasts ttl_ms unless ReleaseResume ends it first.
+	ClaimResume(context.Context, *ClaimResumeRequest) (*ClaimResumeResponse, error)
+	ReleaseResume(context.Context, *ReleaseResumeRequest) (*ReleaseResumeResponse, error)
 	// Unbind forgets a killed sandbox.
 	Unbind(context.Context, *UnbindRequest) (*UnbindResponse, error)
 	// LookupNode answers which node holds a sandbox.
@@ -251,6 +283,12 @@ func (UnimplementedSchedulerServer) Bind(context.Context, *BindRequest) (*BindRe
 }
 func (UnimplementedSchedulerServer) Unreserve(context.Context, *UnreserveRequest) (*UnreserveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Unreserve not implemented")
+}
+func (UnimplementedSchedulerServer) ClaimResume(context.Context, *ClaimResumeRequest) (*ClaimResumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClaimResume not implemented")
+}
+func (UnimplementedSchedulerServer) ReleaseResume(context.Context, *ReleaseResumeRequest) (*ReleaseResumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseResume not implemented")
 }
 func (UnimplementedSchedulerServer) Unbind(context.Context, *UnbindRequest) (*UnbindResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Unbind not implemented")
@@ -399,6 +437,42 @@ func _Scheduler_Unreserve_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scheduler_ClaimResume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClaimResumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulerServer).ClaimResume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduler_ClaimResume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulerServer).ClaimResume(ctx, req.(*ClaimResumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scheduler_ReleaseResume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseResumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulerServer).ReleaseResume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduler_ReleaseResume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulerServer).ReleaseResume(ctx, req.(*ReleaseResumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Scheduler_Unbind_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(UnbindRequest)
 	if err := dec(in); err != nil {
@@ -537,6 +611,14 @@ var Scheduler_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Unreserve",
 			Handler:    _Scheduler_Unreserve_Handler,
+		},
+		{
+			MethodName: "ClaimResume",
+			Handler:    _Scheduler_ClaimResume_Handler,
+		},
+		{
+			MethodName: "ReleaseResume",
+			Handler:    _Scheduler_ReleaseResume_Handler,
 		},
 		{
 			MethodName: "Unbind",
