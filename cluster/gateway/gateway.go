@@ -130,6 +130,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.nodes(w, r)
 	case strings.HasPrefix(p, "/nodes/"):
 		g.node(w, r)
+	case p == "/snapshots" && r.Method == http.MethodGet:
+		g.listSnapshots(w, r)
 	case p == "/snapshots" || p == "/templates" || p == "/v2/templates":
 		g.concat(w, r)
 	case strings.HasPrefix(p, "/snapshots/") || strings.HasPrefix(p, "/templates/") || strings.HasPrefix(p, "/v2/templates/"):

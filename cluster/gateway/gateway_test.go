@@ -47,6 +47,8 @@ type fakeNode struct {
 	repo map[string]bool
 	// volumes the node holds, by name: their ids
 	volumes map[string]string
+	// snaps are the node's snapshots, newest first
+	snaps []map[string]any
 	// resumeDelay is how long a connect that brings a sandbox from repo
 	// takes (a real one fetches its state)
 	resumeDelay time.Duration
@@ -86,6 +88,8 @@ func (f *fakeNode) serve(w http.ResponseWriter, r *http.Request) {
 		f.list(w, r)
 	case strings.HasPrefix(r.URL.Path, "/volumes"):
 		f.volume(w, r)
+	case r.URL.Path == "/snapshots" && f.snaps != nil:
+		f.listSnaps(w, r)
 	case f.repo != nil && r.Method == "POST" && strings.HasSuffix(r.URL.Path, "/connect"):
 		f.connect(w, r)
 	case r.Method == "GET" && r.URL.Path == "/nodes":
