@@ -48,15 +48,8 @@ func (f *fixedSource) droppedIDs() []string {
 }
 
 func TestAgentRegistersHeartbeatsUnregisters(t *testing.T) {
-	rs := redistest.Start(t)
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
-	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
-	defer rdb.Close()
-	s, err := scheduler.New(scheduler.Options{Redis: rdb, HeartbeatInterval: 100 * time.Millisecond, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := schedtest.Serve(t, s)
+	served := startScheduler(t, log, nil)
 	dead, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -115,4 +108,22 @@ func TestAgentRegistersHeartbeatsUnregisters(t *testing.T) {
 		t.Fatal(err)
 	}
 	until("unregistration", func(r *pb.ListNodesResponse) bool { return len(r.Nodes) == 0 })
+}
+
+// startScheduler serves a scheduler on a real Redis for the agent under
+// test; mutate adjusts its options (heartbeat interval, clock).
+func startScheduler(t *testing.T, log *slog.Logger, mutate func(*scheduler.Options)) *schedtest.Server {
+	t.Helper()
+	rs := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	opts := scheduler.Options{Redis: rdb, HeartbeatInterval: 100 * time.Millisecond, Logger: log}
+	if mutate != nil {
+		mutate(&opts)
+	}
+	s, err := scheduler.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return schedtest.Serve(t, s)
 }

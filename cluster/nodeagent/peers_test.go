@@ -7,26 +7,14 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/agentenv/agentenv/cluster/redistest"
-	"github.com/agentenv/agentenv/cluster/schedtest"
-	"github.com/agentenv/agentenv/cluster/scheduler"
-	"github.com/redis/go-redis/v9"
 )
 
 // TestAgentsLearnPeers: two nodes registered with one scheduler each get
 // the other's P2P endpoint, never their own; a node that leaves drops out
 // of the other's list.
 func TestAgentsLearnPeers(t *testing.T) {
-	rs := redistest.Start(t)
 	log := slog.New(slog.NewTextHandler(t.Output(), nil))
-	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
-	defer rdb.Close()
-	s, err := scheduler.New(scheduler.Options{Redis: rdb, HeartbeatInterval: 100 * time.Millisecond, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := schedtest.Serve(t, s)
+	served := startScheduler(t, log, nil)
 	var mu sync.Mutex
 	seen := map[string][]string{}
 	start := func(name string) context.CancelFunc {

@@ -11,11 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/cluster/redistest"
-	"github.com/agentenv/agentenv/cluster/schedtest"
 	"github.com/agentenv/agentenv/cluster/scheduler"
 	pb "github.com/agentenv/agentenv/cluster/schedulerpb"
-	"github.com/redis/go-redis/v9"
 )
 
 // syncBuffer is a log sink the test reads while the agent writes.
@@ -45,17 +42,10 @@ func (c *testClock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.U
 // when the scheduler names them, a paused one and a running one (a split
 // brain, logged as a warning), and keeps its own.
 func TestAgentDropsStaleCopies(t *testing.T) {
-	rs := redistest.Start(t)
 	logs := &syncBuffer{}
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), logs), nil))
-	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
-	defer rdb.Close()
 	clk := &testClock{t: time.Now()}
-	s, err := scheduler.New(scheduler.Options{Redis: rdb, HeartbeatInterval: 50 * time.Millisecond, Logger: log, Now: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := schedtest.Serve(t, s)
+	served := startScheduler(t, log, func(o *scheduler.Options) { o.HeartbeatInterval, o.Now = 50*time.Millisecond, clk.Now })
 	c := served.Client
 	ctx := context.Background()
 
