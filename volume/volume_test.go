@@ -297,6 +297,23 @@ func TestCompact(t *testing.T) {
 	if err := s.Release(v.ID, "reader"); err != nil {
 		t.Fatal(err)
 	}
+	// A merge that fails after its layer and config are written leaves the
+	// record on the old chain; a reopen agrees and removes what it wrote.
+	if err := failpoint.Arm("volume/compact/merged", "error"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Compact(t.Context(), v.ID); !errors.Is(err, failpoint.ErrInjected) {
+		t.Fatalf("compact at the armed point: %v", err)
+	}
+	failpoint.Arm("volume/compact/merged", "")
+	before, _ := s.Get(v.ID)
+	s = open(t, dir)
+	if again, err := s.Get(v.ID); err != nil || again.Config != before.Config || len(snapshot.Refs(again.Config)) != MaxLayers+1 {
+		t.Fatalf("after a failed merge and a reopen: %+v (%v)", again, err)
+	}
+	if _, err := os.Stat(filepath.Join(vdir, fmt.Sprintf("image-%d.json", before.Gen+1))); !os.IsNotExist(err) {
+		t.Fatalf("the failed merge's config survived Open: %v", err)
+	}
 	if err := s.Compact(t.Context(), v.ID); err != nil {
 		t.Fatal(err)
 	}
