@@ -282,7 +282,7 @@ func (p *Puller) Convert(ctx context.Context, img *Image, opt ConvertOptions) (*
 		return nil, fmt.Errorf("oci: convert %s: make layer: %w", img.Ref, err)
 	}
 	mb, _ := json.Marshal(res)
-	if err := atomicfile.WriteFile(filepath.Join(out, "meta.json"), mb, 0o644); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(out, "meta.json"), mb, 0o600); err != nil {
 		return nil, fmt.Errorf("oci: convert %s: %w", img.Ref, err)
 	}
 	if err := atomicfile.Rename(out, final); err != nil {

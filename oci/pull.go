@@ -234,7 +234,7 @@ func (p *Puller) fetchLayer(ctx context.Context, d v1.Hash, l v1.Layer) (string,
 	}
 	defer rc.Close()
 	var n int64
-	err = atomicfile.Write(dst, 0o644, func(w io.Writer) error {
+	err = atomicfile.Write(dst, 0o600, func(w io.Writer) error {
 		h := sha256.New()
 		var err error
 		if n, err = io.Copy(io.MultiWriter(w, h), ctxio.Reader(ctx, rc)); err != nil {

@@ -240,7 +240,7 @@ func (o *Orchestrator) importSnapshot(ctx context.Context, id string) error {
 	r := p.Snapshot
 	r.Dir = filepath.Join(o.cfg.DataDir, "snapshots", id)
 	r.VM, r.RootfsImage, r.Rootfs = filepath.Join(r.Dir, "vm"), filepath.Join(r.Dir, "rootfs.json"), ""
-	if err := os.MkdirAll(r.Dir, 0o755); err != nil {
+	if err := os.MkdirAll(r.Dir, 0o700); err != nil {
 		return err
 	}
 	rootfs, err := o.fetchAll(ctx, m.Rootfs, r.Dir)

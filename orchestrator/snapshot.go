@@ -107,7 +107,7 @@ func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden b
 		DiskMiB: rec.DiskMiB, EnvdVersion: rec.EnvdVersion, GuestToken: rec.GuestToken, Hidden: hidden,
 		DriveSlots: rec.DriveSlots}
 	r.VM = filepath.Join(r.Dir, "vm")
-	if err := os.MkdirAll(r.Dir, 0o755); err != nil {
+	if err := os.MkdirAll(r.Dir, 0o700); err != nil {
 		return r, fmt.Errorf("snapshot sandbox %s: %w", rec.ID, err)
 	}
 	defer func() {

@@ -71,7 +71,7 @@ func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.As
 			_ = os.RemoveAll(dir)
 		}
 	}()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return t, fmt.Errorf("build template %s: %w", id, err)
 	}
 	t = template.Template{ID: id, Dir: dir, Snapshot: filepath.Join(dir, "snapshot"),

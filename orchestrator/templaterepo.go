@@ -230,7 +230,7 @@ func (o *Orchestrator) rebuildTemplate(ctx context.Context, b *template.Builder,
 	if br := t.Builds[t.BuildID]; br != nil {
 		br.PID = 0
 	}
-	if err := os.MkdirAll(t.Dir, 0o755); err != nil {
+	if err := os.MkdirAll(t.Dir, 0o700); err != nil {
 		return nil, err
 	}
 	rootfs, err := o.fetchAll(ctx, m.Rootfs, t.Dir)

@@ -54,7 +54,7 @@ func (b *Builder) PutFiles(ctx context.Context, templateID, hash string, r io.Re
 		return err
 	}
 	dst := b.filesPath(hash)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return fmt.Errorf("store template files %s: %w", hash, err)
 	}
 	err := atomicfile.Write(dst, 0o600, func(w io.Writer) error {

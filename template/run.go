@@ -49,10 +49,10 @@ func (b *Builder) logLocked(templateID, buildID, level, step, msg string) {
 
 func (b *Builder) appendLogFile(templateID, buildID string, l BuildLog) {
 	dir := b.buildDir(templateID, buildID)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return
 	}
-	f, err := os.OpenFile(filepath.Join(dir, "build.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	f, err := os.OpenFile(filepath.Join(dir, "build.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return
 	}

@@ -200,7 +200,7 @@ func (v *buildVM) commit(ctx context.Context, vm *sandbox.VM, disk Disk, built *
 
 // clearBuildDir empties a build directory (a retry's leftovers) but its log.
 func clearBuildDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("build dir: %w", err)
 	}
 	ents, err := os.ReadDir(dir)

@@ -107,6 +107,9 @@ func checkUnprivileged(t *testing.T, pid, status string) {
 	if err != nil || root == "/" {
 		t.Errorf("QEMU %s is not chrooted: root %q (%v)", pid, root, err)
 	}
+	if ns, own := readLink("/proc/"+pid+"/ns/mnt"), readLink("/proc/self/ns/mnt"); ns == "" || ns == own {
+		t.Errorf("QEMU %s runs in the mount namespace %q of the node, not its own", pid, ns)
+	}
 	// Its disk's socket lies there, made its own (it reconnects as itself
 	// after a restart of the storage daemon).
 	uid := strings.Fields(statusField(status, "Uid"))
@@ -221,4 +224,61 @@ func checkDescriptors(t *testing.T, pid, dataDir string) {
 			t.Errorf("QEMU %s holds descriptor %s -> %s, which nobody handed it", pid, fd.Name(), target)
 		}
 	}
+}
+
+// TestStateFilesPrivate: after a sandbox's whole lifecycle (create, write,
+// pause, resume, snapshot, kill) no file below the node's data dir is
+// readable or writable by anyone but its owner: layers, memory images,
+// records, device configs, logs and sockets are 0600 (the data dir's own
+// 0700 is the first fence, this is the second). The only exception is the
+// proxy's CA certificate, which is public by design.
+func TestStateFilesPrivate(t *testing.T) {
+	n := sharedNode(t)
+	id := n.create(t, `{"templateID":"base","timeout":120}`)
+	data := n.writeData(t, id, "private")
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":120}`)
+	n.checkData(t, id, data)
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/snapshots", n.key, `{}`)
+	checkPrivateFiles(t, n.DataDir)
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+}
+
+// checkPrivateFiles fails the test for every file below dir (regular files
+// and sockets) with a group or other permission bit.
+func checkPrivateFiles(t *testing.T, dir string) {
+	t.Helper()
+	var open []string
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			if os.IsNotExist(err) { // removed while walking
+				return nil
+			}
+			return err
+		}
+		if d.IsDir() || d.Type()&os.ModeSymlink != 0 || filepath.Base(p) == "ca.pem" {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return nil // removed while walking
+		}
+		if m := fi.Mode().Perm(); m&0o077 != 0 {
+			rel, _ := filepath.Rel(dir, p)
+			open = append(open, fmt.Sprintf("%s %v", rel, fi.Mode()))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("walk %s: %v", dir, err)
+	}
+	if len(open) > 0 {
+		t.Errorf("%d files of the data dir are open to other users:\n%s", len(open), strings.Join(open, "\n"))
+	}
+}
+
+// readLink is the target of a symbolic link, "" when it cannot be read.
+func readLink(p string) string {
+	s, _ := os.Readlink(p)
+	return s
 }

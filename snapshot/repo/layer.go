@@ -240,7 +240,7 @@ func CheckLayer(ctx context.Context, r Repository, l Layer) error {
 // so every chunk is verified), and checks the whole against its digest. A
 // node keeps a hot layer local this way, and serves it to peers after.
 func FetchLayer(ctx context.Context, src io.ReaderAt, l Layer, path string) error {
-	f, err := atomicfile.Create(path, 0o640)
+	f, err := atomicfile.Create(path, 0o600)
 	if err != nil {
 		return fmt.Errorf("fetch layer %s: %w", l.Digest, err)
 	}

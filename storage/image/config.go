@@ -110,7 +110,7 @@ func (c *Config) Save(path string) error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+	if err := atomicfile.WriteFile(path, append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("save image config %s: %w", path, err)
 	}
 	return nil

@@ -271,7 +271,7 @@ func Merge(ctx context.Context, layers []string, path string, opt CommitOptions)
 // partial layer, even after a power loss.
 func writeAtomic(path string, comp *zfile.Options, write func(io.Writer) (lsmt.SealResult, error)) (LayerInfo, error) {
 	var res lsmt.SealResult
-	err := atomicfile.Write(path, 0o644, func(f io.Writer) error {
+	err := atomicfile.Write(path, 0o600, func(f io.Writer) error {
 		var err error
 		if comp == nil {
 			res, err = write(f)

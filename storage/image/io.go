@@ -61,7 +61,7 @@ func BuildRaw(ctx context.Context, out string, size int64, opt CommitOptions, wr
 	if opt.Compress != nil {
 		return buildRawCopy(ctx, out, size, opt, write)
 	}
-	f, err := atomicfile.Create(out, 0o644)
+	f, err := atomicfile.Create(out, 0o600)
 	if err != nil {
 		return LayerInfo{}, fmt.Errorf("build raw %s: %w", out, err)
 	}

@@ -85,6 +85,9 @@ func TestConfinedMachine(t *testing.T) {
 	if got, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err != nil || got != jail {
 		t.Errorf("QEMU %d's root is %q (%v), want its jail %s", pid, got, err, jail)
 	}
+	if ns, own := mountNS(t, fmt.Sprint(pid)), mountNS(t, "self"); ns == own {
+		t.Errorf("QEMU %d shares the mount namespace %s of its starter", pid, ns)
+	}
 
 	write := func(word string) {
 		t.Helper()
@@ -150,4 +153,14 @@ func chownSocket(t *testing.T, sock string, id vmm.Identity) {
 func stopNBD(cmd *exec.Cmd) {
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
+}
+
+// mountNS names the mount namespace of process pid ("self": this one).
+func mountNS(t *testing.T, pid string) string {
+	t.Helper()
+	ns, err := os.Readlink("/proc/" + pid + "/ns/mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
 }

@@ -109,6 +109,12 @@ func (d *Driver) start(ctx context.Context, id string, spec *machineSpec, mem me
 	// Its own session: a VM outlives a restart of the node server and is
 	// not hit by the terminal's signals.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if jail != "" {
+		// A mount namespace of its own (a private copy): what is mounted
+		// or unmounted on the host later never reaches the VMM, and its
+		// chroot cannot be undone by a mount it would see.
+		cmd.SysProcAttr.Unshareflags = syscall.CLONE_NEWNS
+	}
 	if err := cmd.Start(); err != nil {
 		rd.cleanup()
 		return nil, fmt.Errorf("start %s: %w", d.binary, err)

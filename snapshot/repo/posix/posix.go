@@ -41,7 +41,7 @@ func NewBackend(dir string) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open repository %s: %w", dir, err)
 	}
-	if err := os.MkdirAll(abs, 0o750); err != nil {
+	if err := os.MkdirAll(abs, 0o700); err != nil {
 		return nil, fmt.Errorf("open repository %s: %w", dir, err)
 	}
 	return &Backend{dir: abs}, nil
@@ -73,7 +73,7 @@ func (b *Backend) Put(ctx context.Context, key string, r io.Reader, size int64, 
 	if err := b.mkdirs(filepath.Dir(p)); err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
-	f, err := atomicfile.Create(p, 0o640)
+	f, err := atomicfile.Create(p, 0o600)
 	if err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
@@ -102,12 +102,12 @@ func (b *Backend) mkdirs(dir string) error {
 		return nil
 	}
 	if dir == b.dir || dir == filepath.Dir(dir) {
-		return os.MkdirAll(dir, 0o750)
+		return os.MkdirAll(dir, 0o700)
 	}
 	if err := b.mkdirs(filepath.Dir(dir)); err != nil {
 		return err
 	}
-	if err := os.Mkdir(dir, 0o750); err != nil && !errors.Is(err, fs.ErrExist) {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
 	return atomicfile.SyncDir(filepath.Dir(dir))

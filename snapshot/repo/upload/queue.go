@@ -26,7 +26,7 @@ func loadQueue(dir string) (*queue, error) {
 	if dir == "" {
 		return nil, fmt.Errorf("upload queue: no directory")
 	}
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("upload queue %s: %w", dir, err)
 	}
 	q := &queue{path: filepath.Join(dir, queueFile), recs: map[string]*record{}}
@@ -114,5 +114,5 @@ func (q *queue) save() error {
 	if err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(q.path, data, 0o640)
+	return atomicfile.WriteFile(q.path, data, 0o600)
 }
