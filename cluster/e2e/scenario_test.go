@@ -163,6 +163,7 @@ func TestCluster(t *testing.T) {
 	if err := lost.Restart(rctx, 3*time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	c.checkDropped(t, li, paused) // the revived node's first answers know its copy is stale
 	c.waitNodes(t, 3)
 	where = c.where(t)
 	for _, id := range whileDown {
@@ -176,7 +177,6 @@ func TestCluster(t *testing.T) {
 	if st := c.state(t, paused); st != "running" {
 		t.Fatalf("%s after its old node came back: %q through the gateway, want running (bound where it resumed)", paused, st)
 	}
-	c.waitDropped(t, li, paused) // the revived node removed its stale copy
 	fresh := whileDown
 
 	// A drained node gets no new creates.

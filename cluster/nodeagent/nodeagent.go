@@ -1,8 +1,8 @@
 // Package nodeagent is a node's side of the cluster: it registers the node
 // with an aenv-scheduler, heartbeats its capacity, free resources and
 // sandbox roster, follows the scheduler's drain flag, removes the stale
-// copies the scheduler names (stale.go), and unregisters on a graceful
-// shutdown. It reads the node through Source and talks to the
+// copies the scheduler names (stale.go), tells when the scheduler first
+// answered (Ready), and unregisters on a graceful shutdown. It reads the node through Source and talks to the
 // scheduler only over cluster/schedulerpb.
 package nodeagent
 
@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -72,6 +73,9 @@ type Agent struct {
 	draining atomic.Bool
 	log      *slog.Logger
 	drops    drops
+
+	ready     chan struct{} // closed once, by markReady
+	readyOnce sync.Once
 }
 
 // New dials (lazily) every scheduler address.
@@ -85,7 +89,7 @@ func New(opts Options) (*Agent, error) {
 	if opts.RetryInterval <= 0 {
 		opts.RetryInterval = time.Second
 	}
-	a := &Agent{opts: opts, interval: 2 * time.Second, log: opts.Logger.With("node", opts.Name)}
+	a := &Agent{opts: opts, interval: 2 * time.Second, log: opts.Logger.With("node", opts.Name), ready: make(chan struct{})}
 	for _, addr := range opts.Schedulers {
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
@@ -103,6 +107,20 @@ func (a *Agent) Close() {
 	for _, cc := range a.conns {
 		_ = cc.Close()
 	}
+}
+
+// Ready is closed once the scheduler first answered this node and the stale
+// copies it named then are removed: from that moment the node serves only
+// sandboxes that are its own. A node back from the dead may hold copies that
+// were resumed elsewhere meanwhile; until Ready it cannot tell them apart.
+func (a *Agent) Ready() <-chan struct{} { return a.ready }
+
+// markReady closes Ready after the first answer (and its removals).
+func (a *Agent) markReady() {
+	a.readyOnce.Do(func() {
+		a.drops.wait()
+		close(a.ready)
+	})
 }
 
 // Draining reports the scheduler's drain flag as last heard.
@@ -159,6 +177,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.next()
 		case err == nil:
 			registered, wait = true, a.interval
+			a.markReady()
 			a.refreshPeers(ctx)
 		}
 		t.Reset(wait)

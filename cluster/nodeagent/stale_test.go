@@ -79,17 +79,15 @@ func TestAgentDropsStaleCopies(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- a.Run(actx) }()
 
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		got := src.droppedIDs()
-		slices.Sort(got)
-		if slices.Equal(got, []string{"moved", "split"}) {
-			break
-		}
-		if len(got) > 2 || slices.Contains(got, "mine") || time.Now().After(deadline) {
-			t.Fatalf("dropped %v, want moved and split (and never mine)", got)
-		}
-		time.Sleep(20 * time.Millisecond)
+	// Ready comes after the first answer and the removals it asked for:
+	// from then on the node serves no stale copy.
+	select {
+	case <-a.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the agent is not ready 10s after its start (dropped %v)", src.droppedIDs())
+	}
+	if got := src.droppedIDs(); !slices.Equal(slices.Sorted(slices.Values(got)), []string{"moved", "split"}) {
+		t.Fatalf("dropped %v when ready, want moved and split (and never mine)", got)
 	}
 	cancel()
 	if err := <-done; err != nil {

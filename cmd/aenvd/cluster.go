@@ -4,8 +4,11 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"net/http"
+	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/agentenv/agentenv/cluster/nodeagent"
 	"github.com/agentenv/agentenv/config"
@@ -37,13 +40,25 @@ func (s orchestratorSource) DropCopy(ctx context.Context, id string) (string, er
 	return string(st), err
 }
 
-// joinCluster starts the node's cluster membership when [cluster] lists a
-// scheduler; the returned stop unregisters and waits. Without one it does
-// nothing.
-func joinCluster(ctx context.Context, cfg config.Config, o *orchestrator.Orchestrator, rn *repoNode, vmm, hostname string, log *slog.Logger) (stop func(), err error) {
+// clusterMember is the node's cluster membership when [cluster] lists a
+// scheduler (a nil member without one: every method then does nothing).
+type clusterMember struct {
+	agent *nodeagent.Agent
+	open  chan struct{} // closed when the agent is ready or registerWait passed
+	log   *slog.Logger
+	stop  func()
+}
+
+// registerWait bounds how long a starting node holds requests for the
+// scheduler's first answer: a node whose scheduler is unreachable serves
+// what it holds after that, without the cluster's word.
+const registerWait = 15 * time.Second
+
+// newClusterMember prepares the membership; start begins it.
+func newClusterMember(cfg config.Config, o *orchestrator.Orchestrator, rn *repoNode, vmm, hostname string, log *slog.Logger) (*clusterMember, error) {
 	cc := cfg.Cluster
 	if len(cc.Scheduler) == 0 {
-		return func() {}, nil
+		return nil, nil
 	}
 	name, url := cc.NodeName, cc.AdvertiseURL
 	if name == "" {
@@ -56,18 +71,72 @@ func joinCluster(ctx context.Context, cfg config.Config, o *orchestrator.Orchest
 	if rn != nil {
 		onPeers = rn.setPeers
 	}
+	log = log.With("component", "cluster")
 	a, err := nodeagent.New(nodeagent.Options{Schedulers: cc.Scheduler, Name: name, APIURL: url, P2PEndpoint: cc.P2PEndpoint,
 		VMM: vmm, Version: version.Version(), MaxSandboxes: cc.MaxSandboxes,
-		Source: orchestratorSource{o: o, overcommit: cc.CPUOvercommit}, Logger: log.With("component", "cluster"),
-		OnPeers: onPeers})
+		Source: orchestratorSource{o: o, overcommit: cc.CPUOvercommit}, Logger: log, OnPeers: onPeers})
 	if err != nil {
 		return nil, err
 	}
+	return &clusterMember{agent: a, open: make(chan struct{}), log: log}, nil
+}
+
+// start registers and heartbeats in the background until leave.
+func (m *clusterMember) start(ctx context.Context) {
+	if m == nil {
+		return
+	}
 	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = a.Run(actx) }()
-	return func() { cancel(); wg.Wait(); a.Close() }, nil
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = m.agent.Run(actx) }()
+	go func() { defer wg.Done(); m.openWhenReady(actx, registerWait) }()
+	m.stop = func() { cancel(); wg.Wait(); m.agent.Close() }
+}
+
+// openWhenReady opens the gate once the agent is ready, or after wait.
+func (m *clusterMember) openWhenReady(ctx context.Context, wait time.Duration) {
+	defer close(m.open)
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-m.agent.Ready():
+	case <-t.C:
+		m.log.Warn("no answer from the cluster scheduler yet; serving this node's sandboxes without its word", "waited", wait)
+	case <-ctx.Done():
+	}
+}
+
+// leave unregisters and waits for the membership's goroutines.
+func (m *clusterMember) leave() {
+	if m != nil && m.stop != nil {
+		m.stop()
+	}
+}
+
+// gate holds requests (but those for the paths in pass) until the gate is
+// open: a node back from the dead answers for a sandbox only once the
+// scheduler said which of its copies were resumed elsewhere meanwhile.
+func (m *clusterMember) gate(h http.Handler, pass ...string) http.Handler {
+	if m == nil {
+		return h
+	}
+	return holdUntil(m.open, h, pass...)
+}
+
+// holdUntil serves a request once open is closed (at once for the paths in
+// pass); a client that gives up first gets nothing.
+func holdUntil(open <-chan struct{}, h http.Handler, pass ...string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !slices.Contains(pass, r.URL.Path) {
+			select {
+			case <-open:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // advertiseAddr is the listen address as others reach it: an unspecified

@@ -210,17 +210,24 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), MetricsHistory: history, Webhooks: hooks,
 	})
+	member, err := newClusterMember(cfg, orch, rn, drv.Name(), hostname, log)
+	if err != nil {
+		return err
+	}
+	// Until the scheduler first answered, requests wait (but health and
+	// metrics): it names the copies this node must not serve.
+	handler, gatedProxy := member.gate(handler, "/health", "/metrics"), member.gate(px)
 	limits := defaultServerLimits(cfg)
 	servers := []*http.Server{newHTTPServer(cfg.API.Listen, handler, limits)}
 	if cfg.API.ProxyListen != "" {
-		servers = append(servers, newHTTPServer(cfg.API.ProxyListen, px, limits))
+		servers = append(servers, newHTTPServer(cfg.API.ProxyListen, gatedProxy, limits))
 	}
 	if cfg.API.ProxyTLSListen != "" {
 		tlsCfg, err := proxy.TLSConfig(cfg.API.Domain, cfg.API.TLSCert, cfg.API.TLSKey, filepath.Join(cfg.DataDir, "tls"))
 		if err != nil {
 			return err
 		}
-		srv := newHTTPServer(cfg.API.ProxyTLSListen, px, limits)
+		srv := newHTTPServer(cfg.API.ProxyTLSListen, gatedProxy, limits)
 		srv.TLSConfig = tlsCfg
 		servers = append(servers, srv)
 	}
@@ -239,17 +246,14 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			errc <- srv.Serve(ln)
 		}()
 	}
-	leave, err := joinCluster(ctx, cfg, orch, rn, drv.Name(), hostname, log)
-	if err != nil {
-		return err
-	}
+	member.start(ctx)
 	log.Info("aenvd ready", "api", cfg.API.Listen, "proxy", cfg.API.ProxyListen, "dataDir", cfg.DataDir)
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
 		log.Error("http server", "err", err)
 	}
-	leave() // the scheduler stops placing here before the sandboxes pause
+	member.leave() // the scheduler stops placing here before the sandboxes pause
 	log.Info("shutting down", "pauseRunning", cfg.Sandbox.PauseOnShutdown)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
