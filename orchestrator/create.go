@@ -233,6 +233,7 @@ func (o *Orchestrator) remove(ctx context.Context, s *instance) error {
 	o.returnVolumes(ctx, s)
 	o.releaseDevice(ctx, s)
 	o.unlist(s)
+	o.cancelPauseUploads(s.rec)
 	if err := os.RemoveAll(s.rec.Dir); err != nil {
 		o.log.Warn("remove sandbox dir", "sandbox", s.rec.ID, "err", err)
 	}

@@ -315,6 +315,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	if err := o.load(ctx); err != nil {
 		return nil, err
 	}
+	o.cancelOrphanUploads()
 	o.log.Info("guest memory images", "mode", MemoryMode, "why", MemoryReason)
 	return o, nil
 }

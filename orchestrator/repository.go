@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
@@ -27,6 +29,10 @@ type Uploads interface {
 	Commit(ctx context.Context, j upload.Job) error
 	Status(name string) (upload.Status, bool)
 	Forget(name string) error
+	// Cancel drops a queued job, stopping an attempt in flight.
+	Cancel(name string) error
+	// Queued lists the jobs in the queue.
+	Queued() []upload.Status
 }
 
 // ManifestOfPause names the repository manifest of the pause that made the
@@ -158,6 +164,65 @@ func (o *Orchestrator) dropFinishedStaging(rec Record) {
 		}
 		_ = os.RemoveAll(d)
 	}
+}
+
+// cancelPauseUploads drops the queued uploads of the sandbox's pauses (its
+// staged files go with its directory): a killed sandbox, or a stale copy
+// whose sandbox another node took over and pauses under the same names.
+func (o *Orchestrator) cancelPauseUploads(rec Record) {
+	if o.cfg.Repository == nil {
+		return
+	}
+	dirs, _ := filepath.Glob(filepath.Join(rec.Dir, "upload-*"))
+	for _, d := range dirs {
+		var gen int
+		if _, err := fmt.Sscanf(filepath.Base(d), "upload-%d", &gen); err != nil {
+			continue
+		}
+		if err := o.cfg.Repository.Cancel(ManifestOfPause(rec.ID, gen)); err != nil {
+			o.log.Warn("cancel the upload of a pause", "sandbox", rec.ID, "gen", gen, "err", err)
+		}
+	}
+}
+
+// cancelOrphanUploads drops the queued pause uploads of sandboxes this node
+// no longer holds (a kill or a stale copy's removal that a crash cut before
+// its uploads were cancelled): their staged files went with the sandbox's
+// directory, so they could only fail.
+func (o *Orchestrator) cancelOrphanUploads() {
+	if o.cfg.Repository == nil {
+		return
+	}
+	for _, st := range o.cfg.Repository.Queued() {
+		id, ok := pauseOf(st.Name)
+		if !ok {
+			continue
+		}
+		o.mu.Lock()
+		_, held := o.sandboxes[id]
+		o.mu.Unlock()
+		if held {
+			continue
+		}
+		if err := o.cfg.Repository.Cancel(st.Name); err != nil {
+			o.log.Warn("cancel the upload of a gone sandbox's pause", "job", st.Name, "err", err)
+			continue
+		}
+		o.log.Info("cancelled the upload of a gone sandbox's pause", "job", st.Name)
+	}
+}
+
+// pauseOf is the sandbox a ManifestOfPause name belongs to.
+func pauseOf(name string) (id string, ok bool) {
+	rest, ok := strings.CutPrefix(name, "sandbox-")
+	i := strings.LastIndexByte(rest, '-')
+	if !ok || i <= 0 {
+		return "", false
+	}
+	if _, err := strconv.Atoi(rest[i+1:]); err != nil {
+		return "", false
+	}
+	return rest[:i], true
 }
 
 // commitSnapshot queues the upload of a snapshot (its files are immutable

@@ -81,21 +81,29 @@ func newClusterMember(cfg config.Config, o *orchestrator.Orchestrator, rn *repoN
 	return &clusterMember{agent: a, open: make(chan struct{}), log: log}, nil
 }
 
-// start registers and heartbeats in the background until leave.
-func (m *clusterMember) start(ctx context.Context) {
+// start registers and heartbeats in the background until leave; opened
+// runs once the gate opens (at once for a node outside a cluster).
+func (m *clusterMember) start(ctx context.Context, opened func()) {
 	if m == nil {
+		opened()
 		return
 	}
 	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); _ = m.agent.Run(actx) }()
-	go func() { defer wg.Done(); m.openWhenReady(actx, registerWait) }()
+	go func() {
+		defer wg.Done()
+		if m.openWhenReady(actx, registerWait) {
+			opened()
+		}
+	}()
 	m.stop = func() { cancel(); wg.Wait(); m.agent.Close() }
 }
 
-// openWhenReady opens the gate once the agent is ready, or after wait.
-func (m *clusterMember) openWhenReady(ctx context.Context, wait time.Duration) {
+// openWhenReady opens the gate once the agent is ready, or after wait;
+// false when ctx ended first (the node is shutting down).
+func (m *clusterMember) openWhenReady(ctx context.Context, wait time.Duration) bool {
 	defer close(m.open)
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -104,7 +112,9 @@ func (m *clusterMember) openWhenReady(ctx context.Context, wait time.Duration) {
 	case <-t.C:
 		m.log.Warn("no answer from the cluster scheduler yet; serving this node's sandboxes without its word", "waited", wait)
 	case <-ctx.Done():
+		return false
 	}
+	return true
 }
 
 // leave unregisters and waits for the membership's goroutines.

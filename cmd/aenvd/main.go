@@ -246,7 +246,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			errc <- srv.Serve(ln)
 		}()
 	}
-	member.start(ctx)
+	member.start(ctx, func() { rn.startUploads(ctx) })
 	log.Info("aenvd ready", "api", cfg.API.Listen, "proxy", cfg.API.ProxyListen, "dataDir", cfg.DataDir)
 	select {
 	case <-ctx.Done():
@@ -508,7 +508,7 @@ func snapshotRepository(ctx context.Context, cfg config.Config) (*repoNode, func
 	if err != nil || rn == nil {
 		return nil, func() {}, err
 	}
-	if err := rn.Start(ctx); err != nil {
+	if err := rn.Serve(ctx); err != nil {
 		_ = rn.Close()
 		return nil, func() {}, err
 	}
@@ -518,6 +518,15 @@ func snapshotRepository(ctx context.Context, cfg config.Config) (*repoNode, func
 // repoNode hands the repository to the orchestrator as its two small
 // interfaces, nil ones when the node has none (never a typed nil).
 type repoNode struct{ n *reponode.Node }
+
+// startUploads starts the uploader: at once outside a cluster, once the
+// scheduler answered in one (a revived node's queue may hold pauses of
+// stale copies, cancelled when they are removed).
+func (r *repoNode) startUploads(ctx context.Context) {
+	if r != nil {
+		r.n.Uploads.Start(ctx)
+	}
+}
 
 func (r *repoNode) uploads() orchestrator.Uploads {
 	if r == nil {

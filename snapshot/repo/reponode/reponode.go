@@ -78,8 +78,19 @@ func Open(ctx context.Context, c config.Config) (*Node, error) {
 		Peers: &peer.Client{Peers: rc.Peers, Token: rc.PeerToken}}, nil
 }
 
-// Start starts the uploader and, when configured, the peer endpoint.
+// Start starts the uploader and what Serve starts.
 func (n *Node) Start(ctx context.Context) error {
+	if err := n.Serve(ctx); err != nil {
+		return err
+	}
+	n.Uploads.Start(ctx)
+	return nil
+}
+
+// Serve starts, when configured, the peer endpoint and the periodic GC, but
+// not the uploader (Uploads.Start): a node that must first learn which of
+// its sandboxes are its own starts it later.
+func (n *Node) Serve(ctx context.Context) error {
 	if n.cfg.PeerListen != "" {
 		lis, err := net.Listen("tcp", n.cfg.PeerListen)
 		if err != nil {
@@ -95,7 +106,6 @@ func (n *Node) Start(ctx context.Context) error {
 			}
 		}()
 	}
-	n.Uploads.Start(ctx)
 	gcCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	n.stop = stop
 	if every := n.cfg.GCInterval.Duration; every > 0 {
@@ -157,6 +167,12 @@ func (n *Node) ReadSmall(ctx context.Context, b repo.Blob, limit int64) ([]byte,
 // Forget drops an upload's record from the queue (a job that ended, or one
 // whose files are gone).
 func (n *Node) Forget(name string) error { return n.Uploads.Forget(name) }
+
+// Cancel drops a queued upload (upload.Uploader.Cancel).
+func (n *Node) Cancel(name string) error { return n.Uploads.Cancel(name) }
+
+// Queued lists the upload queue.
+func (n *Node) Queued() []upload.Status { return n.Uploads.List() }
 
 // Status is the upload status of a manifest name.
 func (n *Node) Status(name string) (upload.Status, bool) { return n.Uploads.Status(name) }

@@ -90,7 +90,8 @@ type Uploader struct {
 	q   *queue
 
 	mu      sync.Mutex
-	changed chan struct{} // closed and replaced on every change
+	changed chan struct{}                 // closed and replaced on every change
+	running map[string]context.CancelFunc // the attempts in flight, by job
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	started bool
@@ -112,7 +113,7 @@ func New(r repo.Repository, opt Options) (*Uploader, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Uploader{r: r, opt: opt, q: q, changed: make(chan struct{})}, nil
+	return &Uploader{r: r, opt: opt, q: q, changed: make(chan struct{}), running: map[string]context.CancelFunc{}}, nil
 }
 
 // Start starts the workers; they stop at Close (or when ctx is done).
@@ -213,6 +214,27 @@ func (u *Uploader) Forget(name string) error {
 	return u.q.remove(name)
 }
 
+// Cancel drops a job whatever its state: a pending one never runs, one in
+// flight is stopped (its attempt ends without a manifest, unless the
+// manifest was already written) and not retried. It is for a job whose
+// files are about to go: a killed sandbox's pauses, or a stale copy's that
+// another node has taken over.
+func (u *Uploader) Cancel(name string) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if _, ok := u.q.get(name); !ok {
+		return nil
+	}
+	if err := u.q.remove(name); err != nil {
+		return fmt.Errorf("cancel upload %s: %w", name, err)
+	}
+	if stop, ok := u.running[name]; ok {
+		stop()
+	}
+	u.notifyLocked()
+	return nil
+}
+
 // Wait blocks until the job is uploaded or failed, and returns its status.
 func (u *Uploader) Wait(ctx context.Context, name string) (Status, error) {
 	for {
@@ -255,12 +277,27 @@ func (u *Uploader) work(ctx context.Context) {
 			timer.Stop()
 			continue
 		}
-		err := u.run(ctx, rec.Job)
+		err := u.attempt(ctx, rec.Job)
 		u.finish(ctx, rec.Job.Name, err)
 		if ctx.Err() != nil {
 			return
 		}
 	}
+}
+
+// attempt runs one attempt of j, which Cancel can stop.
+func (u *Uploader) attempt(ctx context.Context, j Job) error {
+	jctx, stop := context.WithCancel(ctx)
+	defer stop()
+	u.mu.Lock()
+	u.running[j.Name] = stop
+	u.mu.Unlock()
+	defer func() {
+		u.mu.Lock()
+		delete(u.running, j.Name)
+		u.mu.Unlock()
+	}()
+	return u.run(jctx, j)
 }
 
 // claim marks the pending job due first as uploading and returns it; with

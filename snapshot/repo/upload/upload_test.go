@@ -3,6 +3,7 @@ package upload
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -239,5 +240,89 @@ func TestBoundedConcurrencyAndFailures(t *testing.T) {
 	}
 	if _, ok := u.Status(gone.Name); ok {
 		t.Fatal("a forgotten job is still listed")
+	}
+}
+
+// blockingRepo holds every blob upload until its context ends, and says
+// when one started.
+type blockingRepo struct {
+	repo.Repository
+	started chan string
+}
+
+func (b *blockingRepo) PutBlob(ctx context.Context, d repo.Digest, size int64, r io.Reader) error {
+	select {
+	case b.started <- string(d):
+	default:
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestCancel: a cancelled job never commits a manifest, whether it was in
+// flight (its attempt is stopped) or pending behind it, and it is gone from
+// the queue file too: the queue reopened holds neither and uploads the next
+// job.
+func TestCancel(t *testing.T) {
+	ctx := context.Background()
+	r, err := posix.Open(t.TempDir(), repo.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := &blockingRepo{Repository: r, started: make(chan string, 1)}
+	opt := fast
+	opt.Dir, opt.Concurrency = t.TempDir(), 1
+	u, err := New(br, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Start(ctx)
+	defer u.Close()
+	inFlight, queued := localSnapshot(t, "snap-in-flight", 1), localSnapshot(t, "snap-queued", 10)
+	for _, j := range []Job{inFlight, queued} {
+		if err := u.Enqueue(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-br.started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no upload started")
+	}
+	waitFor(t, u, inFlight.Name, func(s Status) bool { return s.State == Uploading })
+	for _, j := range []Job{inFlight, queued} {
+		if err := u.Cancel(j.Name); err != nil {
+			t.Fatal(err)
+		}
+		if st, ok := u.Status(j.Name); ok {
+			t.Fatalf("%s after Cancel: %+v", j.Name, st)
+		}
+	}
+	next := localSnapshot(t, "snap-next", 20)
+	if err := u.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The same queue, reopened on the store itself (nothing blocks it),
+	// holds no cancelled job and uploads the next one.
+	reopened, err := New(r, Options{Dir: opt.Dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := reopened.List(); len(got) != 0 {
+		t.Fatalf("the queue file still holds cancelled jobs: %+v", got)
+	}
+	reopened.Start(ctx)
+	defer reopened.Close()
+	if err := reopened.Enqueue(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if st, err := reopened.Wait(wctx, next.Name); err != nil || st.State != Uploaded {
+		t.Fatalf("the job after the cancelled ones: %+v %v", st, err)
+	}
+	names, err := r.Manifests(ctx)
+	if err != nil || len(names) != 1 || names[0] != next.Name {
+		t.Fatalf("manifests %v (%v), want only %s", names, err, next.Name)
 	}
 }

@@ -1,0 +1,71 @@
+package orchestrator
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/agentenv/agentenv/snapshot/repo/upload"
+)
+
+// queueOf is an upload queue in memory: the Uploads the orchestrator's
+// cancellations are checked against (the real queue's own behaviour is
+// upload.TestCancel's).
+type queueOf struct{ jobs []string }
+
+func (q *queueOf) Commit(_ context.Context, j upload.Job) error {
+	q.jobs = append(q.jobs, j.Name)
+	return nil
+}
+func (q *queueOf) Status(string) (upload.Status, bool) { return upload.Status{}, false }
+func (q *queueOf) Forget(string) error                 { return nil }
+func (q *queueOf) Cancel(name string) error {
+	q.jobs = slices.DeleteFunc(q.jobs, func(n string) bool { return n == name })
+	return nil
+}
+func (q *queueOf) Queued() []upload.Status {
+	var out []upload.Status
+	for _, n := range q.jobs {
+		out = append(out, upload.Status{Name: n})
+	}
+	return out
+}
+
+func TestPauseOf(t *testing.T) {
+	for name, want := range map[string]string{
+		ManifestOfPause("abc123", 7): "abc123", "sandbox-a-b-2": "a-b",
+		"snapshot-abc": "", "sandbox-abc": "", "sandbox--3": "", "sandbox-abc-x": "",
+	} {
+		id, ok := pauseOf(name)
+		if id != want || ok != (want != "") {
+			t.Errorf("pauseOf(%q) = %q %v, want %q", name, id, ok, want)
+		}
+	}
+}
+
+// TestUploadsCancelled: removing a sandbox cancels the uploads of its
+// staged pauses, and at start the queued pauses of sandboxes the node no
+// longer holds are cancelled; other jobs stay.
+func TestUploadsCancelled(t *testing.T) {
+	q := &queueOf{jobs: []string{ManifestOfPause("gone", 2), ManifestOfPause("kept", 1), ManifestOfPause("killed", 3),
+		ManifestOfPause("killed", 4), ManifestOfSnapshot("snap")}}
+	o := &Orchestrator{cfg: Options{Repository: q}, log: slog.New(slog.DiscardHandler), sandboxes: map[string]*instance{}}
+	dir := t.TempDir()
+	for _, d := range []string{"upload-3", "upload-4"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o.cancelPauseUploads(Record{ID: "killed", Dir: dir})
+	if want := []string{ManifestOfPause("gone", 2), ManifestOfPause("kept", 1), ManifestOfSnapshot("snap")}; !slices.Equal(q.jobs, want) {
+		t.Fatalf("after removing killed: %v, want %v", q.jobs, want)
+	}
+	o.sandboxes["kept"] = &instance{rec: Record{ID: "kept"}}
+	o.cancelOrphanUploads()
+	if want := []string{ManifestOfPause("kept", 1), ManifestOfSnapshot("snap")}; !slices.Equal(q.jobs, want) {
+		t.Fatalf("after the sweep: %v, want %v", q.jobs, want)
+	}
+}
