@@ -159,7 +159,7 @@ func issueLeaf(dir, domain string, ca *x509.Certificate, caKey *ecdsa.PrivateKey
 	if err := writeKey(filepath.Join(dir, leafKeyFile), key); err != nil {
 		return tls.Certificate{}, err
 	}
-	if err := atomicfile.WriteFile(filepath.Join(dir, leafFile), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, leafFile), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
 		return tls.Certificate{}, fmt.Errorf("write proxy certificate: %w", err)
 	}
 	return tls.LoadX509KeyPair(filepath.Join(dir, leafFile), filepath.Join(dir, leafKeyFile))

@@ -123,6 +123,10 @@ func SparseCopy(ctx context.Context, src, dst string) error {
 	if err != nil {
 		return fmt.Errorf("copy %s to %s: %w: %s", src, dst, err, out)
 	}
+	// cp gives a new file the source's mode; a copy is node state, private.
+	if err := os.Chmod(dst, 0o600); err != nil {
+		return fmt.Errorf("copy %s to %s: %w", src, dst, err)
+	}
 	return nil
 }
 
