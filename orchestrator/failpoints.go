@@ -30,6 +30,8 @@ var (
 
 	fpKillRecorded = failpoint.New("orchestrator/kill/recorded") // "killing" is durable, nothing removed yet
 
+	fpDropRecorded = failpoint.New("orchestrator/dropcopy/recorded") // a stale copy's "killing" is durable, nothing removed yet
+
 	fpCompactMerged = failpoint.New("orchestrator/compact/merged")        // merged memory layer written, manifest not yet
 	fpCompactRootfs = failpoint.New("orchestrator/compact/rootfs-merged") // merged disk layer and its config written, record not yet
 

@@ -27,6 +27,9 @@ func (o *Orchestrator) DropCopy(ctx context.Context, id string) (State, error) {
 	if err := o.persist(s); err != nil { // persist, not update: no event
 		return was, fmt.Errorf("drop stale copy of sandbox %s: %w", id, err)
 	}
+	if err := fpDropRecorded.Inject(); err != nil {
+		return was, fmt.Errorf("drop stale copy of sandbox %s: %w", id, err)
+	}
 	o.stopTimer(s)
 	if err := o.remove(ctx, s); err != nil {
 		return was, fmt.Errorf("drop stale copy of sandbox %s: %w", id, err)

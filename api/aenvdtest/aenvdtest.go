@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,11 +39,12 @@ type Node struct {
 	bin, agent string
 	env        []string
 
-	cmd  *exec.Cmd
-	done chan error
-	lock *os.File // the network prefix's host-wide lock
-	mu   sync.Mutex
-	log  bytes.Buffer
+	cmd   *exec.Cmd
+	done  chan error
+	ended *os.ProcessState // set when RestartWith saw the process end
+	lock  *os.File         // the network prefix's host-wide lock
+	mu    sync.Mutex
+	log   bytes.Buffer
 }
 
 // Options tune a node.
@@ -130,8 +132,14 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 
 // Restart starts the process (again) and waits for /health within limit.
 func (n *Node) Restart(ctx context.Context, limit time.Duration) error {
-	n.cmd = exec.Command(n.bin)
-	n.cmd.Env = n.env
+	return n.RestartWith(ctx, limit)
+}
+
+// RestartWith is Restart with env added for this start only (e.g.
+// failpoint.EnvVar, to arm a point the start itself reaches).
+func (n *Node) RestartWith(ctx context.Context, limit time.Duration, env ...string) error {
+	n.cmd, n.ended = exec.Command(n.bin), nil
+	n.cmd.Env = append(slices.Clone(n.env), env...)
 	n.cmd.Stdout, n.cmd.Stderr = n, n
 	if err := n.cmd.Start(); err != nil {
 		return fmt.Errorf("start aenvd: %w", err)
@@ -142,6 +150,7 @@ func (n *Node) Restart(ctx context.Context, limit time.Duration) error {
 	for time.Now().Before(deadline) {
 		select {
 		case err := <-n.done:
+			n.ended = n.cmd.ProcessState
 			return fmt.Errorf("aenvd exited early: %v\n%s", err, n.Logs())
 		case <-ctx.Done():
 			_ = n.Stop(syscall.SIGKILL)
@@ -172,6 +181,9 @@ func (n *Node) Arm(name, action string) error {
 // WaitExit waits up to limit for the process to end by itself (a fault
 // point's crash) and returns how it ended.
 func (n *Node) WaitExit(limit time.Duration) (*os.ProcessState, error) {
+	if n.ended != nil {
+		return n.ended, nil // its end was received already (an early exit in RestartWith)
+	}
 	select {
 	case <-n.done:
 		return n.cmd.ProcessState, nil

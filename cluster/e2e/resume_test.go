@@ -8,10 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/agentenv/agentenv/api/aenvdtest"
+	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/snapshot/repo"
 	"github.com/agentenv/agentenv/snapshot/repo/posix"
 	"github.com/redis/go-redis/v9"
@@ -98,6 +100,21 @@ func (c *cluster) state(t *testing.T, id string) string {
 		t.Fatalf("GET /sandboxes/%s through the gateway: %d %s", id, code, b)
 	}
 	return s.State
+}
+
+// crashDroppingCopy starts the dead node n with the removal of a stale
+// copy armed to crash, and waits for that crash (before or after its
+// /health answered: the removal follows the scheduler's first answer).
+func (c *cluster) crashDroppingCopy(ctx context.Context, t *testing.T, n *aenvdtest.Node) {
+	t.Helper()
+	_ = n.RestartWith(ctx, 3*time.Minute, failpoint.EnvVar+"=orchestrator/dropcopy/recorded=crash")
+	st, err := n.WaitExit(2 * time.Minute)
+	if err != nil {
+		t.Fatalf("the revived node never reached the removal of its stale copy: %v\n%s", err, n.Logs())
+	}
+	if ws, ok := st.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("the revived node ended with %v, want SIGKILL from orchestrator/dropcopy/recorded\n%s", st, n.Logs())
+	}
 }
 
 // checkDropped fails unless node i, back from the dead, no longer holds

@@ -160,6 +160,9 @@ func TestCluster(t *testing.T) {
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	// The revived node crashes as it removes its stale copy (its "killing"
+	// durable, nothing removed yet); the next start finishes the removal.
+	c.crashDroppingCopy(rctx, t, lost)
 	if err := lost.Restart(rctx, 3*time.Minute); err != nil {
 		t.Fatal(err)
 	}
