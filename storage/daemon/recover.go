@@ -31,12 +31,13 @@ func (d *Daemon) recover() error {
 		d.devices[id] = &device{rec: record{ID: id}, lost: "unreadable record: " + why}
 		d.log.Error("device lost", "device", id, "reason", why)
 	}
+	named := namedFiles(recs)
 	for _, r := range recs {
 		if !d.ids.reserve(r.ID) {
 			d.log.Error("device ignored: id out of range or duplicate", "device", r.ID, "max", d.opts.MaxDevices)
 			continue
 		}
-		d.devices[r.ID] = d.recoverDevice(r)
+		d.devices[r.ID] = d.recoverDevice(r, named)
 	}
 	d.sweepRunDir()
 	d.sweepStateDir()
@@ -47,11 +48,41 @@ func (d *Daemon) recover() error {
 	return nil
 }
 
+// namedFiles says whether any of the records names a file as a layer or
+// as its source or served config.
+func namedFiles(recs []*record) func(path string) bool {
+	set := map[string]bool{}
+	for _, r := range recs {
+		for _, p := range append([]string{r.Image, r.Config}, r.Layers...) {
+			set[filepath.Clean(p)] = true
+		}
+	}
+	return func(p string) bool { return set[filepath.Clean(p)] }
+}
+
+// namedNow is namedFiles of the devices the daemon holds now.
+func (d *Daemon) namedNow(path string) bool {
+	d.mu.Lock()
+	devs := make([]*device, 0, len(d.devices))
+	for _, dv := range d.devices {
+		devs = append(devs, dv)
+	}
+	d.mu.Unlock()
+	recs := make([]*record, 0, len(devs))
+	for _, dv := range devs {
+		dv.mu.RLock()
+		r := dv.rec
+		dv.mu.RUnlock()
+		recs = append(recs, &r)
+	}
+	return namedFiles(recs)(path)
+}
+
 // recoverDevice settles one device's directory and re-exports it.
-func (d *Daemon) recoverDevice(r *record) *device {
+func (d *Daemon) recoverDevice(r *record, named func(path string) bool) *device {
 	dv := &device{rec: *r}
 	dir := d.deviceDir(r.ID)
-	if how, err := recoverRestack(dir, r); err != nil {
+	if how, err := recoverRestack(dir, r, named); err != nil {
 		dv.lost = "restack recovery: " + err.Error()
 	} else if how != "" {
 		d.log.Info("interrupted restack "+how, "device", r.ID, "gen", r.Gen)

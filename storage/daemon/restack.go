@@ -88,9 +88,14 @@ func removeJournal(dir string) error {
 }
 
 // rollBack undoes an uncommitted restack: the record still names j.From.
-func rollBack(dir string, j *restackJournal) error {
+// It never removes a file a device record names (a lower of this or another
+// device): the journal is trusted no further than that.
+func rollBack(dir string, j *restackJournal, named func(path string) bool) error {
 	errs := []error{removeGeneration(dir, j.Gen)}
 	for _, p := range []string{j.Layer, j.Layer + ".tmp"} {
+		if named(p) {
+			continue
+		}
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
@@ -105,8 +110,9 @@ func finishRestack(dir string, j *restackJournal) error {
 }
 
 // recoverRestack finishes or rolls back the restack a journal in dir
-// describes, and says which (for the log), or "" without a journal.
-func recoverRestack(dir string, r *record) (string, error) {
+// describes, and says which (for the log), or "" without a journal. named
+// says whether a device record names a file (rollBack keeps those).
+func recoverRestack(dir string, r *record, named func(path string) bool) (string, error) {
 	j, err := loadJournal(dir)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -116,7 +122,7 @@ func recoverRestack(dir string, r *record) (string, error) {
 	case r.Gen == j.Gen && r.Config == j.Config:
 		return "finished", finishRestack(dir, j)
 	case r.Gen == j.From:
-		return "rolled back from step " + j.Step, rollBack(dir, j)
+		return "rolled back from step " + j.Step, rollBack(dir, j, named)
 	default:
 		return "", fmt.Errorf("restack journal for generation %d→%d, record at %d", j.From, j.Gen, r.Gen)
 	}
@@ -163,7 +169,7 @@ func (d *Daemon) restack(ctx context.Context, p rpc.RestackParams) (rpc.RestackR
 	j := &restackJournal{Step: stepBegun, From: dv.rec.Gen, Gen: gen, Layer: layer, Config: genConfig(dir, gen), Started: time.Now().UTC()}
 	res, err := d.restackSteps(ctx, dv, j, p.Message)
 	if err != nil {
-		if rerr := rollBack(dir, j); rerr != nil {
+		if rerr := rollBack(dir, j, d.namedNow); rerr != nil {
 			d.log.Error("restack: roll back", "device", p.ID, "err", rerr)
 		}
 		return rpc.RestackResult{}, fmt.Errorf("restack device %d: %w", p.ID, err)
