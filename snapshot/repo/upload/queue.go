@@ -52,12 +52,18 @@ func loadQueue(dir string) (*queue, error) {
 		if rec.Status.State == Uploading {
 			rec.Status.State = Pending // the process that uploaded it is gone
 		}
-		if validJob(rec.Job) != nil || rec.Job.Name != rec.Status.Name {
+		if validJob(rec.Job) != nil || rec.Job.Name != rec.Status.Name || !knownState(rec.Status.State) || q.recs[rec.Job.Name] != nil {
 			return nil, fmt.Errorf("upload queue %s: a bad record %q", q.path, rec.Job.Name)
 		}
 		q.recs[rec.Job.Name] = &rec
 	}
 	return q, nil
+}
+
+// knownState is one of the states a job can be in (a record in another
+// would never be claimed, uploaded or failed: stuck for good).
+func knownState(s State) bool {
+	return s == Pending || s == Uploading || s == Uploaded || s == Failed
 }
 
 func (q *queue) get(name string) (record, bool) {

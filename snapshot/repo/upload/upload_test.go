@@ -326,3 +326,35 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("manifests %v (%v), want only %s", names, err, next.Name)
 	}
 }
+
+// FuzzLoadQueue: whatever the queue file holds, loading it never panics,
+// and a queue that loads holds only valid jobs in known states, which save
+// and load again unchanged.
+func FuzzLoadQueue(f *testing.F) {
+	f.Add([]byte(`[{"job":{"name":"snap-a","kind":"snapshot","rootfs":["/x"],"state":"/s","config":"/c"},"status":{"name":"snap-a","state":"uploading"}}]`))
+	f.Add([]byte(`[{"job":{"name":"snap-a","rootfs":["/x"],"state":"/s","config":"/c"},"status":{"name":"snap-a","state":"bogus"}}]`))
+	f.Add([]byte(`[{"job":{"name":"a"},"status":{"name":"a"}},{"job":{"name":"a"},"status":{"name":"a"}}]`))
+	f.Add([]byte(`{`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, queueFile), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		q, err := loadQueue(dir)
+		if err != nil {
+			return
+		}
+		for name, rec := range q.recs {
+			if validJob(rec.Job) != nil || rec.Job.Name != name || !knownState(rec.Status.State) || rec.Status.State == Uploading {
+				t.Fatalf("loaded a bad record %q: %+v", name, rec)
+			}
+		}
+		if err := q.save(); err != nil {
+			t.Fatal(err)
+		}
+		again, err := loadQueue(dir)
+		if err != nil || len(again.recs) != len(q.recs) {
+			t.Fatalf("a saved queue loads as %d records (%v), want %d", len(again.recs), err, len(q.recs))
+		}
+	})
+}
