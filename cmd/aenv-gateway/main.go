@@ -17,6 +17,7 @@ import (
 	"github.com/agentenv/agentenv/cluster/gateway"
 	"github.com/agentenv/agentenv/internal/daemon"
 	"github.com/agentenv/agentenv/internal/version"
+	"github.com/agentenv/agentenv/proxy"
 )
 
 type flags struct {
@@ -24,6 +25,7 @@ type flags struct {
 	k8sService, k8sPort        string
 	kubeconfig                 string
 	lookupTTL                  time.Duration
+	connsPerClient             int
 }
 
 func (f *flags) define(fs *flag.FlagSet) {
@@ -33,6 +35,7 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.StringVar(&f.k8sService, "schedulers-service", daemon.EnvOr("AENV_GATEWAY_SCHEDULERS_SERVICE", ""), "find the schedulers as the ready endpoints of this Kubernetes Service (namespace/name) instead of --schedulers")
 	fs.StringVar(&f.k8sPort, "schedulers-port", daemon.EnvOr("AENV_GATEWAY_SCHEDULERS_PORT", ""), "the Service's port name for --schedulers-service (default: its first port)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig for --schedulers-service (default: the in-cluster service account)")
+	fs.IntVar(&f.connsPerClient, "conns-per-client", 512, "concurrent connections one client address may hold (slow clients cannot tie up the gateway)")
 	fs.DurationVar(&f.lookupTTL, "lookup-ttl", 2*time.Second, "how long a sandbox's node is remembered between scheduler lookups (a node answering that it does not hold the sandbox drops it at once)")
 }
 
@@ -49,12 +52,13 @@ func run(ctx context.Context, f flags, log *slog.Logger) error {
 	defer conn.Close()
 	defer stopDiscovery()
 	g := gateway.New(gateway.Options{Scheduler: conn.Client(), Domain: f.domain, LookupTTL: f.lookupTTL, Logger: log})
-	ln, err := net.Listen("tcp", f.listen)
+	ln, err := listen(f.listen, f.connsPerClient)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", f.listen, err)
+		return err
 	}
 	// No read or write timeout: command streams and file transfers last
-	// as long as they need (the nodes bound slow clients the same way).
+	// as long as they need; slow clients are bounded by the connections
+	// each address may hold, as on the nodes.
 	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -69,4 +73,17 @@ func run(ctx context.Context, f flags, log *slog.Logger) error {
 	_ = srv.Shutdown(sctx)
 	log.Info("aenv-gateway stopped")
 	return nil
+}
+
+// listen opens the gateway's listener, limited to perClient concurrent
+// connections per client address.
+func listen(addr string, perClient int) (net.Listener, error) {
+	if perClient < 1 {
+		return nil, fmt.Errorf("--conns-per-client %d: at least 1", perClient)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	return proxy.LimitPerClient(ln, perClient), nil
 }
