@@ -5,7 +5,9 @@
 // read from a local file; the bytes fetched vs the layer's size when reading
 // a sparse working set; the latency of a first read (open plus one 4 KiB
 // read) through a peer vs through the object store; and a restore's working
-// set read after a prefetch of its recorded hint vs read on demand; and,
+// set read after a prefetch of its recorded hint vs read on demand; a
+// whole layer kept local (repo.FetchLayer, verified) vs one plain GET of
+// the object into a file (BenchmarkFetchLayer); and,
 // with two aenvd nodes sharing one bucket (BenchmarkResumeOnAnotherNode,
 // root, boots VMs), a sandbox's resume on another node from the repository
 // vs its resume on its own node from local layers, with the bytes fetched
