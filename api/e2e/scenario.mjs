@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import path from 'node:path'
-import { step } from './steps.mjs'
+import { step } from '../../internal/testutil/e2bscript/steps.mjs'
 import http from 'node:http'
 import https from 'node:https'
 import fs from 'node:fs'

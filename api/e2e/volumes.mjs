@@ -12,7 +12,7 @@
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import path from 'node:path'
-import { step } from './steps.mjs'
+import { step } from '../../internal/testutil/e2bscript/steps.mjs'
 
 const require = createRequire(path.join(process.env.AENV_E2B_SDK_DIR, 'package.json'))
 const { Sandbox, Volume, VolumeNotFoundError } = require('e2b')

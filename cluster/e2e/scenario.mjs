@@ -7,23 +7,13 @@
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import path from 'node:path'
+import { step } from '../../internal/testutil/e2bscript/steps.mjs'
 
 const require = createRequire(path.join(process.env.AENV_E2B_SDK_DIR, 'package.json'))
 const { Sandbox } = require('e2b')
 const sdkVersion = require('e2b/package.json').version
 const count = Number(process.env.AENV_CREATE || '3')
 const tag = process.env.AENV_TAG
-
-async function step(name, fn) {
-  const t0 = Date.now()
-  try {
-    await fn()
-    console.log(`ok ${name} (${Date.now() - t0} ms)`)
-  } catch (err) {
-    console.error(`FAIL ${name}:`, err)
-    process.exit(1)
-  }
-}
 
 async function listAll(query, limit) {
   const pager = Sandbox.list({ query, limit })

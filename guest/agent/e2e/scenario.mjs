@@ -5,6 +5,7 @@
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import path from 'node:path'
+import { step } from '../../../internal/testutil/e2bscript/steps.mjs'
 
 const sdkDir = process.env.AENV_E2B_SDK_DIR
 const work = process.env.AENV_WORKDIR
@@ -23,16 +24,6 @@ async function waitFor(what, cond, ms = 10000) {
     await sleep(50)
   }
   throw new Error(`timed out waiting for ${what}`)
-}
-async function step(name, fn) {
-  const t0 = Date.now()
-  try {
-    await fn()
-    console.log(`ok ${name} (${Date.now() - t0} ms)`)
-  } catch (err) {
-    console.error(`FAIL ${name}:`, err)
-    process.exit(1)
-  }
 }
 
 console.log(`e2b SDK ${sdkVersion}`)

@@ -1,4 +1,5 @@
-// The step runner of the SDK scripts in this directory: each step prints
+// The step runner of the E2B SDK scripts the end-to-end tests run (api/e2e,
+// cluster/e2e, guest/agent/e2e import it by relative path): each step prints
 // "ok <name> (<ms> ms)", and the first failure prints the error and ends the
 // script with a non-zero exit (the Go test reads both).
 export async function step(name, fn) {
