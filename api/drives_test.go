@@ -39,11 +39,7 @@ func TestCreateDrivesRefused(t *testing.T) {
 // disk.
 func TestSandboxDetailDrives(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := testStore(t, dir)
 	r := orchestrator.Record{ID: "sbxdrives", TemplateID: "base", State: orchestrator.Paused, Snapshot: filepath.Join(dir, "s1"),
 		DriveSlots: 4, Drives: []orchestrator.AttachedDrive{
 			{Drive: snapshot.Drive{Slot: 1, Image: "base", ReadOnly: true, Config: "/x/rootfs.json"}},

@@ -24,11 +24,7 @@ import (
 func listTestHandler(t *testing.T) (http.Handler, map[string]time.Time) {
 	t.Helper()
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := testStore(t, dir)
 	t0 := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 	started := map[string]time.Time{}
 	for i, tpl := range []string{"base", "tplcode", "base", "tplcode"} {

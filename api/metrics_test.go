@@ -18,11 +18,7 @@ import (
 // what is not running. (Sampling running sandboxes is covered end to end.)
 func TestSandboxMetricsRange(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := testStore(t, dir)
 	rec := orchestrator.Record{ID: "sbxpaused", TemplateID: "base", State: orchestrator.Paused, Snapshot: filepath.Join(dir, "s1")}
 	if err := os.MkdirAll(rec.Snapshot, 0o755); err != nil {
 		t.Fatal(err)

@@ -34,11 +34,7 @@ func newTestHandler(t testing.TB) http.Handler {
 func testOptions(t testing.TB) Options {
 	t.Helper()
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := testStore(t, dir)
 	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
 	if err != nil {
 		t.Fatal(err)
@@ -210,11 +206,7 @@ func TestCreateTimeoutDefaults(t *testing.T) {
 // policy and whether its public traffic needs a token.
 func TestSandboxDetailNetwork(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := testStore(t, dir)
 	recs := []orchestrator.Record{
 		{ID: "sbxlocked", TemplateID: "base", State: orchestrator.Paused, Snapshot: filepath.Join(dir, "s1"), TrafficToken: "tok",
 			Policy: network.Policy{DenyInternet: true, AllowOut: []string{"10.1.2.3", "example.com"}, DenyOut: []string{"8.8.8.8/32"}}},
@@ -262,11 +254,7 @@ func TestSandboxDetailNetwork(t *testing.T) {
 func TestMetricsRoute(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := testStore(t, dir)
 	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
 	if err != nil {
 		t.Fatal(err)
@@ -305,4 +293,15 @@ func TestErrorVocabulary(t *testing.T) {
 	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
 		t.Fatalf("capacity error answered %d with Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
 	}
+}
+
+// testStore opens the node's store in dir for one test.
+func testStore(t testing.TB, dir string) *store.Store {
+	t.Helper()
+	st, err := store.Open(filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
 }

@@ -19,11 +19,7 @@ import (
 // and answers 404 once it is gone.
 func TestDeleteSnapshotAsTemplate(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := testStore(t, dir)
 	for _, snap := range []snapshot.Record{
 		{ID: "snapone", Names: []string{"first"}, TemplateID: "base", SandboxID: "sbxgone", Dir: filepath.Join(dir, "snapone"), CreatedAt: time.Now()},
 		{ID: "snaptwo", Names: []string{"second"}, TemplateID: "base", SandboxID: "sbxgone", Dir: filepath.Join(dir, "snaptwo"), CreatedAt: time.Now()},

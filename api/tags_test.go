@@ -11,18 +11,13 @@ import (
 
 	"github.com/agentenv/agentenv/oci"
 	"github.com/agentenv/agentenv/orchestrator"
-	"github.com/agentenv/agentenv/store"
 )
 
 // TestTemplateTags: E2B's tag routes over the stored attributes: a
 // creation tag is listed, assign by name:tag, remove, errors.
 func TestTemplateTags(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := testStore(t, dir)
 	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, VCPUs: 1, MemoryMiB: 256})
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/agentenv/agentenv/oci"
 	"github.com/agentenv/agentenv/orchestrator"
-	"github.com/agentenv/agentenv/store"
 )
 
 // TestTemplatePublicStored: PATCH /templates/{id} stores public; the
@@ -19,11 +18,7 @@ import (
 // same store report it.
 func TestTemplatePublicStored(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := testStore(t, dir)
 	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, VCPUs: 1, MemoryMiB: 256})
 	if err != nil {
 		t.Fatal(err)

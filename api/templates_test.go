@@ -15,7 +15,6 @@ import (
 
 	"github.com/agentenv/agentenv/oci"
 	"github.com/agentenv/agentenv/orchestrator"
-	"github.com/agentenv/agentenv/store"
 )
 
 // TestTemplateBuildAPIWithoutVMs covers the template build routes that need
@@ -23,11 +22,7 @@ import (
 // and its parameters, list, alias and delete, with E2B's error bodies.
 func TestTemplateBuildAPIWithoutVMs(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := testStore(t, dir)
 	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, VCPUs: 1, MemoryMiB: 256})
 	if err != nil {
 		t.Fatal(err)

@@ -89,11 +89,7 @@ func TestCreateVolumeMountsRefused(t *testing.T) {
 // the volume.
 func TestVolumeOfPausedSandbox(t *testing.T) {
 	dir := t.TempDir()
-	st, err := store.Open(filepath.Join(dir, "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := testStore(t, dir)
 	vols, err := volume.Open(filepath.Join(dir, "volumes"), volume.Options{DefaultSizeMiB: 32})
 	if err != nil {
 		t.Fatal(err)
