@@ -29,13 +29,14 @@ func (n *node) memoryFiles(t *testing.T, id string) []string {
 
 // bootState reads the guest's boot id and whether the sleeper started by
 // startSleeper still runs (its pid is on disk, so after a boot another
-// process may hold that pid: the command line tells) and the tmpfs marker
-// is still there.
+// process may hold that pid: the whole command line tells, not a match in
+// it, since this very script and its grep carry the words) and the tmpfs
+// marker is still there.
 func (n *node) bootState(t *testing.T, id string) (bootID, sleeper, marker string) {
 	t.Helper()
 	out := n.sh(t, id, `cat /proc/sys/kernel/random/boot_id
 p=$(cat /home/user/sleeper.pid 2>/dev/null)
-if [ -n "$p" ] && tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | grep -q 'sleep 100000'; then echo alive; else echo gone; fi
+if [ -n "$p" ] && [ "$(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null)" = "sleep 100000 " ]; then echo alive; else echo gone; fi
 cat /dev/shm/marker 2>/dev/null || echo none`)
 	f := strings.Split(out, "\n")
 	if len(f) != 3 {
