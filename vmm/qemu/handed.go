@@ -36,7 +36,8 @@ func openHanded(qmpSocket, console string, mem memorySource) (_ *handedFiles, er
 		return nil, fmt.Errorf("qmp socket: %w", err)
 	}
 	ln.SetUnlinkOnClose(false) // QEMU serves it from here on
-	if err := os.Chmod(qmpSocket, 0o600); err != nil { // the VMM's control: root's alone
+	// The VMM's control channel: root's alone.
+	if err := os.Chmod(qmpSocket, 0o600); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("qmp socket: %w", err)
 	}
