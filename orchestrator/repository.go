@@ -144,14 +144,26 @@ func stage(j *upload.Job, dir string) error {
 	return link(&j.Config)
 }
 
+// stagedPauses lists the staged upload directories in a sandbox's directory
+// (<dir>/upload-<gen>), by generation.
+func stagedPauses(dir string) map[int]string {
+	out := map[int]string{}
+	dirs, _ := filepath.Glob(filepath.Join(dir, "upload-*"))
+	for _, d := range dirs {
+		var gen int
+		if _, err := fmt.Sscanf(filepath.Base(d), "upload-%d", &gen); err == nil {
+			out[gen] = d
+		}
+	}
+	return out
+}
+
 // dropFinishedStaging removes the staged links of the sandbox's earlier
 // pauses whose upload is over (uploaded, failed, or unknown to the queue),
 // and their records in the queue (the repository keeps what was uploaded).
 func (o *Orchestrator) dropFinishedStaging(rec Record) {
-	dirs, _ := filepath.Glob(filepath.Join(rec.Dir, "upload-*"))
-	for _, d := range dirs {
-		var gen int
-		if _, err := fmt.Sscanf(filepath.Base(d), "upload-%d", &gen); err != nil || gen == rec.Gen {
+	for gen, d := range stagedPauses(rec.Dir) {
+		if gen == rec.Gen {
 			continue
 		}
 		name := ManifestOfPause(rec.ID, gen)
@@ -173,12 +185,7 @@ func (o *Orchestrator) cancelPauseUploads(rec Record) {
 	if o.cfg.Repository == nil {
 		return
 	}
-	dirs, _ := filepath.Glob(filepath.Join(rec.Dir, "upload-*"))
-	for _, d := range dirs {
-		var gen int
-		if _, err := fmt.Sscanf(filepath.Base(d), "upload-%d", &gen); err != nil {
-			continue
-		}
+	for gen := range stagedPauses(rec.Dir) {
 		if err := o.cfg.Repository.Cancel(ManifestOfPause(rec.ID, gen)); err != nil {
 			o.log.Warn("cancel the upload of a pause", "sandbox", rec.ID, "gen", gen, "err", err)
 		}
