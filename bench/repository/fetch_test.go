@@ -26,14 +26,9 @@ func BenchmarkFetchLayer(b *testing.B) {
 	dir := b.TempDir()
 	const rounds = 5
 	for range b.N {
-		var ratios []float64
-		var fetchT, getT time.Duration
-		for i := range rounds {
-			t0 := time.Now()
+		ratios, getT, fetchT := pairedRounds(rounds, func(i int) {
 			plainGet(b, ctx, f.r, l, filepath.Join(dir, fmt.Sprintf("get-%d", i)))
-			get := time.Since(t0)
-
-			t0 = time.Now()
+		}, func(i int) {
 			c, err := repo.OpenLayer(ctx, f.r, l, repo.LayerOptions{})
 			if err != nil {
 				b.Fatal(err)
@@ -42,10 +37,7 @@ func BenchmarkFetchLayer(b *testing.B) {
 				b.Fatal(err)
 			}
 			c.Close()
-			fetch := time.Since(t0)
-			ratios = append(ratios, fetch.Seconds()/get.Seconds())
-			fetchT, getT = fetchT+fetch, getT+get
-		}
+		})
 		m := median(ratios)
 		mibps := func(d time.Duration) float64 { return float64(f.size*rounds) / d.Seconds() / (1 << 20) }
 		fmt.Printf("fetch a whole layer: verified FetchLayer %.0f MiB/s, one plain GET %.0f MiB/s: fetch/get time %.2fx (median of %d, spread %.2f..%.2f)\n",

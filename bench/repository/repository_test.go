@@ -74,6 +74,22 @@ func setup(b *testing.B) *fixture {
 	return f
 }
 
+// pairedRounds times ref and then path, rounds times, and returns each
+// round's path/ref ratio and the two total times.
+func pairedRounds(rounds int, ref, path func(round int)) (ratios []float64, refT, pathT time.Duration) {
+	for i := range rounds {
+		t0 := time.Now()
+		ref(i)
+		r := time.Since(t0)
+		t0 = time.Now()
+		path(i)
+		p := time.Since(t0)
+		ratios = append(ratios, p.Seconds()/r.Seconds())
+		refT, pathT = refT+r, pathT+p
+	}
+	return ratios, refT, pathT
+}
+
 func median(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
@@ -98,29 +114,21 @@ func BenchmarkLazyVsLocal(b *testing.B) {
 	ctx := context.Background()
 	const rounds = 5
 	for range b.N {
-		var ratios []float64
-		var lazyT, localT time.Duration
-		for range rounds {
-			t0 := time.Now()
+		ratios, localT, lazyT := pairedRounds(rounds, func(int) {
 			lf, err := os.Open(f.path)
 			if err != nil {
 				b.Fatal(err)
 			}
 			readWhole(b, lf, f.size)
 			lf.Close()
-			local := time.Since(t0)
-
-			t0 = time.Now()
+		}, func(int) {
 			c, err := repo.OpenLayer(ctx, f.r, f.layer[blob.DefaultChunkSize], repo.LayerOptions{Cache: blob.CacheOptions{Capacity: f.size}})
 			if err != nil {
 				b.Fatal(err)
 			}
 			readWhole(b, c, f.size)
 			c.Close()
-			lazy := time.Since(t0)
-			ratios = append(ratios, lazy.Seconds()/local.Seconds())
-			lazyT, localT = lazyT+lazy, localT+local
-		}
+		})
 		m := median(ratios)
 		mibps := func(d time.Duration) float64 { return float64(f.size*rounds) / d.Seconds() / (1 << 20) }
 		fmt.Printf("whole layer: lazy verified read from S3 %.0f MiB/s, local file %.0f MiB/s: lazy/local time %.1fx (median of %d, spread %.1f..%.1f)\n",
