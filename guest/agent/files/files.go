@@ -81,52 +81,85 @@ func Sign(path, operation, username, token string, expiration *int64) string {
 	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
 }
 
+// grant is what a request's credentials allow: everything (the access
+// token, or no token set), or one signed operation on one path for one user.
+type grant struct {
+	signed bool
+	user   string // the user named in the signature ("" = the default user)
+}
+
 // authorize applies the access rule of /files: no token set, the token in
 // the header, or a valid unexpired signature for this path, operation and user.
-func (h *Handler) authorize(r *http.Request, operation string) error {
+func (h *Handler) authorize(r *http.Request, operation string) (grant, error) {
 	tok := h.st.Token()
 	if tok == "" || state.TokenEqual(r.Header.Get(state.AccessTokenHeader), tok) {
-		return nil
+		return grant{}, nil
 	}
 	q := r.URL.Query()
 	sig := q.Get("signature")
 	if sig == "" {
-		return errors.New("missing access token or signature")
+		return grant{}, errors.New("missing access token or signature")
+	}
+	if q.Get("path") == "" {
+		// A signature binds one path: without it a multipart upload would
+		// name its targets itself.
+		return grant{}, errors.New("a signed request must name its path")
 	}
 	var exp *int64
 	if v := q.Get("signature_expiration"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return fmt.Errorf("bad signature_expiration %q", v)
+			return grant{}, fmt.Errorf("bad signature_expiration %q", v)
 		}
 		exp = &n
 	}
 	// The signature first: only its holder learns that it expired.
 	if !state.TokenEqual(sig, Sign(q.Get("path"), operation, q.Get("username"), tok, exp)) {
-		return errors.New("invalid signature")
+		return grant{}, errors.New("invalid signature")
 	}
 	if exp != nil && *exp < h.now().Unix() {
-		return errors.New("signature is already expired") // E2B's agent's words, which its SDK users match
+		return grant{}, errors.New("signature is already expired") // E2B's agent's words, which its SDK users match
 	}
-	return nil
+	return grant{signed: true, user: q.Get("username")}, nil
 }
 
-// user picks the user of a /files request: ?username=, else Basic auth, else the default.
-func (h *Handler) user(r *http.Request) (*users.User, error) {
+// user picks the user of a /files request: ?username=, else Basic auth, else
+// the default. A signed request acts as the user it was signed for: an
+// unsigned Basic auth header naming anyone else is refused, not obeyed.
+func (h *Handler) user(r *http.Request, g grant) (*users.User, error) {
+	if g.signed {
+		u, err := h.st.User(g.user)
+		if err != nil {
+			return nil, err
+		}
+		if name, ok, err := state.BasicUser(r.Header); err != nil || (ok && name != u.Name) {
+			return nil, fmt.Errorf("the signature is for user %q, not the one in the Authorization header", u.Name)
+		}
+		return u, nil
+	}
 	if name := r.URL.Query().Get("username"); name != "" {
 		return h.st.User(name)
 	}
 	return h.st.RequestUser(r.Header)
 }
 
-func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
-	if err := h.authorize(r, "read"); err != nil {
-		writeError(w, http.StatusUnauthorized, err.Error())
-		return
+// access authorizes a request for operation and resolves its user; on
+// failure it has answered 401.
+func (h *Handler) access(w http.ResponseWriter, r *http.Request, operation string) (*users.User, bool) {
+	g, err := h.authorize(r, operation)
+	if err == nil {
+		var u *users.User
+		if u, err = h.user(r, g); err == nil {
+			return u, true
+		}
 	}
-	u, err := h.user(r)
-	if err != nil {
-		writeError(w, http.StatusUnauthorized, err.Error())
+	writeError(w, http.StatusUnauthorized, err.Error())
+	return nil, false
+}
+
+func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
+	u, ok := h.access(w, r, "read")
+	if !ok {
 		return
 	}
 	raw := r.URL.Query().Get("path")
@@ -195,13 +228,8 @@ func (h *Handler) sendGzip(w http.ResponseWriter, r *http.Request, f *os.File) {
 }
 
 func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
-	if err := h.authorize(r, "write"); err != nil {
-		writeError(w, http.StatusUnauthorized, err.Error())
-		return
-	}
-	u, err := h.user(r)
-	if err != nil {
-		writeError(w, http.StatusUnauthorized, err.Error())
+	u, ok := h.access(w, r, "write")
+	if !ok {
 		return
 	}
 	md, err := metadata(r.Header)

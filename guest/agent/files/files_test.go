@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"compress/gzip"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"mime/multipart"
 	"net/http"
@@ -322,6 +324,87 @@ func TestAccessTokenAndSignatures(t *testing.T) {
 			t.Fatalf("read signature accepted for an upload: %d", resp.StatusCode)
 		}
 	})
+}
+
+// TestSignatureBindsItsUser: a URL signed for one user acts as that user
+// only (the owner of what it writes, the home its relative paths resolve
+// in). An unsigned Basic auth header naming another user used to be obeyed,
+// so a link signed for nobody wrote root's files.
+func TestSignatureBindsItsUser(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("acting as another user needs root")
+	}
+	srv := agenttest.Start(t)
+	const token = "secret-token"
+	tok := token
+	srv.Agent.State().Apply(state.Settings{AccessToken: &tok})
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	basic := func(user string) []string {
+		return []string{"Authorization", "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"))}
+	}
+	signedUpload := func(name, user string, hdr ...string) (int, []byte) {
+		p := filepath.Join(dir, name)
+		q := []string{"signature", files.Sign(p, "write", user, token, nil)}
+		if user != "" {
+			q = append(q, "username", user)
+		}
+		resp, b := postRaw(t, fileURL(srv, p, q...), strings.NewReader("x"), hdr...)
+		return resp.StatusCode, b
+	}
+	for _, c := range []struct{ name, signedFor, basic string }{
+		{"for-nobody-basic-root", "nobody", "root"},
+		{"for-default-basic-nobody", "", "nobody"}, // the default user is "tester" (uid 0) here
+		{"for-default-basic-root", "", "root"},
+	} {
+		if status, b := signedUpload(c.name, c.signedFor, basic(c.basic)...); status != http.StatusUnauthorized {
+			fi, _ := os.Stat(filepath.Join(dir, c.name))
+			t.Errorf("%s: status %d (%s), want 401; file: %v", c.name, status, b, owner(fi))
+		}
+		if _, err := os.Stat(filepath.Join(dir, c.name)); err == nil {
+			t.Errorf("%s: the refused upload wrote its file", c.name)
+		}
+	}
+	// The signed user, in the header too or not at all, is what SDKs send.
+	for _, c := range []struct {
+		name, signedFor string
+		hdr             []string
+		uid             uint32
+	}{
+		{"nobody-alone", "nobody", nil, 65534},
+		{"nobody-basic-nobody", "nobody", basic("nobody"), 65534},
+		{"default-basic-tester", "", basic("tester"), 0},
+	} {
+		if status, b := signedUpload(c.name, c.signedFor, c.hdr...); status != http.StatusOK {
+			t.Fatalf("%s: status %d (%s), want 200", c.name, status, b)
+		}
+		fi, err := os.Stat(filepath.Join(dir, c.name))
+		if err != nil || fi.Sys().(*syscall.Stat_t).Uid != c.uid {
+			t.Fatalf("%s: %v %v, want owner uid %d", c.name, owner(fi), err, c.uid)
+		}
+	}
+	t.Run("a signature binds a path", func(t *testing.T) {
+		up := filepath.Join(dir, "elsewhere.txt")
+		body, ct := multipartBody(t, up, "x")
+		u := srv.URL + "/files?signature=" + url.QueryEscape(files.Sign("", "write", "", token, nil))
+		resp, b := postRaw(t, u, body, "Content-Type", ct)
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("multipart upload signed for no path: status %d (%q), want 401", resp.StatusCode, b)
+		}
+		if _, err := os.Stat(up); err == nil {
+			t.Fatal("a signature for no path wrote a file the parts named")
+		}
+	})
+}
+
+func owner(fi os.FileInfo) string {
+	if fi == nil {
+		return "none"
+	}
+	return fmt.Sprintf("uid %d", fi.Sys().(*syscall.Stat_t).Uid)
 }
 
 func TestUploadAsOtherUser(t *testing.T) {
