@@ -46,6 +46,33 @@ type Relocator interface {
 	RelocateSnapshot(dir, reference string) error
 }
 
+// Preparer is implemented by drivers that can start a machine's VMM ahead
+// of its restore (a warm pool of VMM processes): the process runs with its
+// devices and memory image, waiting for the state of a snapshot of the same
+// machine, and the restore that follows costs only the state's load.
+type Preparer interface {
+	// Prepare starts the VMM of cfg without loading its state: SnapshotDir
+	// describes the machine (its devices, sizes, kernel), whose state any
+	// snapshot of that machine can later bring (Prepared.Load). cfg's
+	// MemoryLayers and Paused are not used here; Load takes its own.
+	Prepare(ctx context.Context, cfg RestoreConfig) (Prepared, error)
+}
+
+// Prepared is a machine started by Preparer.Prepare, waiting for its state.
+// Until Load returns it runs no guest; Stop ends it like any machine.
+type Prepared interface {
+	Machine
+	// Move renames the machine's run directory to dir (on the same file
+	// system; dir must not exist), so its files sit where its new owner
+	// keeps a VM's (an Adopter finds it there). Only before Load.
+	Move(dir string) error
+	// Load writes the memory layers into the guest's RAM and loads the
+	// state of snapshotDir, which must be a snapshot of the machine it was
+	// prepared as (the same machine configuration); then the vCPUs run,
+	// unless paused. A failed Load leaves the machine to be stopped.
+	Load(ctx context.Context, snapshotDir string, memoryLayers []string, paused bool) error
+}
+
 // Detacher is implemented by machines whose handle can be dropped while the
 // VMM keeps running (to be adopted by the next node process).
 type Detacher interface {

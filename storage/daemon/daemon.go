@@ -293,7 +293,7 @@ func (d *Daemon) stopAll() {
 func (d *Daemon) features() rpc.Features {
 	f := rpc.Features{
 		ProtocolVersion: rpc.ProtocolVersion, Exports: []string{d.exporter.Name()},
-		Restack: true, SharedDevices: true, WarmPool: true, TCP: true,
+		Restack: true, SharedDevices: true, WarmPool: true, Assign: true, TCP: true,
 		KernelNBD: nbd.KernelAvailable() == nil, Ublk: ublk.Available() == nil,
 	}
 	if f.Ublk {

@@ -87,6 +87,11 @@ func (l *Local) Reclaim(ctx context.Context, owner string, keep ...uint32) (rpc.
 	})
 }
 
+// Assign hands a runtime device to another owner.
+func (l *Local) Assign(ctx context.Context, p rpc.AssignParams) (rpc.Device, error) {
+	return do(ctx, l, func(ctx context.Context) (rpc.Device, error) { return l.d.assign(ctx, p) })
+}
+
 // Warm registers an image shape with the warm pool.
 func (l *Local) Warm(ctx context.Context, p rpc.WarmParams) error {
 	_, err := do(ctx, l, noResult(func(context.Context) error { return l.d.warm(p) }))

@@ -118,6 +118,8 @@ func (d *Daemon) dispatch(ctx context.Context, req rpc.Request) (any, error) {
 		})
 	case rpc.MethodReclaim:
 		return call(ctx, req.Params, d.reclaim)
+	case rpc.MethodAssign:
+		return call(ctx, req.Params, d.assign)
 	case rpc.MethodWarm:
 		return call(ctx, req.Params, func(ctx context.Context, p rpc.WarmParams) (struct{}, error) {
 			return struct{}{}, d.warm(p)

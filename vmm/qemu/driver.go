@@ -121,8 +121,26 @@ func (d *Driver) Boot(ctx context.Context, cfg vmm.Config) (vmm.Machine, error) 
 	return m, nil
 }
 
-// Restore implements vmm.Driver.
+// Restore implements vmm.Driver: a VMM started waiting for its state
+// (prepare), then the state loaded into it.
 func (d *Driver) Restore(ctx context.Context, rc vmm.RestoreConfig) (vmm.Machine, error) {
+	if rc.MemoryFile == "" && len(rc.MemoryLayers) > 0 {
+		return nil, fmt.Errorf("restore %s: memory layers need the MemoryFile they lie on", rc.SnapshotDir)
+	}
+	m, err := d.prepare(ctx, rc)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.load(ctx, rc.SnapshotDir, rc.MemoryLayers, !rc.Paused); err != nil {
+		_ = m.Stop(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("restore %s from %s: %w", rc.ID, rc.SnapshotDir, err)
+	}
+	return m, nil
+}
+
+// prepare starts the QEMU of the machine rc.SnapshotDir describes, with
+// rc's devices and memory file, waiting for its state (-incoming defer).
+func (d *Driver) prepare(ctx context.Context, rc vmm.RestoreConfig) (*machine, error) {
 	spec, err := readSpec(rc.SnapshotDir)
 	if err != nil {
 		return nil, err
@@ -141,9 +159,6 @@ func (d *Driver) Restore(ctx context.Context, rc vmm.RestoreConfig) (vmm.Machine
 		return nil, fmt.Errorf("restore %s: %w", rc.SnapshotDir, err)
 	}
 	mem := memorySource{path: rc.MemoryFile}
-	if mem.path == "" && len(rc.MemoryLayers) > 0 {
-		return nil, fmt.Errorf("restore %s: memory layers need the MemoryFile they lie on", rc.SnapshotDir)
-	}
 	if mem.path == "" {
 		if spec.NoMemory {
 			return nil, fmt.Errorf("restore %s: the snapshot holds no guest memory (SnapshotDevices): RestoreConfig.MemoryFile is required", rc.SnapshotDir)
@@ -155,12 +170,6 @@ func (d *Driver) Restore(ctx context.Context, rc vmm.RestoreConfig) (vmm.Machine
 	if err := checkMemoryImage(mem.path, spec.MemoryMiB); err != nil {
 		return nil, fmt.Errorf("restore %s: %w", rc.SnapshotDir, err)
 	}
-	state := filepath.Join(rc.SnapshotDir, vmm.SnapshotStateFile)
-	stateFile, err := os.Open(state)
-	if err != nil {
-		return nil, fmt.Errorf("restore %s: %w", rc.SnapshotDir, err)
-	}
-	defer stateFile.Close()
 	rd, err := newRunDir(rc.RunDir, rc.ConsoleLog)
 	if err != nil {
 		return nil, err
@@ -169,17 +178,24 @@ func (d *Driver) Restore(ctx context.Context, rc vmm.RestoreConfig) (vmm.Machine
 	if err != nil {
 		return nil, fmt.Errorf("restore %s: %w", rc.ID, err)
 	}
+	return m, nil
+}
+
+// load writes the memory layers into the guest RAM of a machine waiting
+// for its state and then loads the state of snapshotDir (running the vCPUs
+// when run).
+func (m *machine) load(ctx context.Context, snapshotDir string, layers []string, run bool) error {
+	stateFile, err := os.Open(filepath.Join(snapshotDir, vmm.SnapshotStateFile))
+	if err != nil {
+		return fmt.Errorf("state of %s: %w", snapshotDir, err)
+	}
+	defer stateFile.Close()
 	// Before the state loads: devices read guest RAM as they load (virtio
 	// checks its rings), and it must be the guest's by then.
-	if err := m.writeMemoryLayers(ctx, rc.MemoryLayers); err != nil {
-		_ = m.Stop(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("restore %s from %s: %w", rc.ID, rc.SnapshotDir, err)
+	if err := m.writeMemoryLayers(ctx, layers); err != nil {
+		return err
 	}
-	if err := m.loadState(ctx, stateFile, !rc.Paused); err != nil {
-		_ = m.Stop(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("restore %s from %s: %w", rc.ID, rc.SnapshotDir, err)
-	}
-	return m, nil
+	return m.loadState(ctx, stateFile, run)
 }
 
 // writeMemoryLayers writes layers into the guest RAM of a machine that

@@ -47,6 +47,7 @@ func Run(t *testing.T, h Harness) {
 		{"RestoreContinues", s.restoreContinues},
 		{"AdoptAfterDetach", s.adopt},
 		{"TwoClonesDiverge", s.twoClones},
+		{"PreparedThenLoaded", s.prepared},
 		{"DeviceSnapshotWithoutRAM", s.deviceSnapshot},
 		{"GuestPowersOff", s.guestPowerOff},
 		{"InitReapsOrphans", s.initReaps},

@@ -281,6 +281,13 @@ func (c *Client) Reclaim(ctx context.Context, owner string, keep ...uint32) (rpc
 	return r, err
 }
 
+// Assign hands a runtime device to another owner.
+func (c *Client) Assign(ctx context.Context, p rpc.AssignParams) (rpc.Device, error) {
+	var r rpc.Device
+	err := c.Call(ctx, rpc.MethodAssign, p, &r)
+	return r, err
+}
+
 // Warm registers an image shape with the warm pool.
 func (c *Client) Warm(ctx context.Context, p rpc.WarmParams) error {
 	return c.Call(ctx, rpc.MethodWarm, p, nil)
@@ -311,6 +318,7 @@ type Devices interface {
 	ReleaseShared(ctx context.Context, id uint32, holder string) error
 	List(ctx context.Context) ([]rpc.Device, error)
 	Reclaim(ctx context.Context, owner string, keep ...uint32) (rpc.ReclaimResult, error)
+	Assign(ctx context.Context, p rpc.AssignParams) (rpc.Device, error)
 	Warm(ctx context.Context, p rpc.WarmParams) error
 	Features(ctx context.Context) (rpc.Features, error)
 }

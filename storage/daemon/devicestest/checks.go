@@ -3,6 +3,7 @@ package devicestest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -21,7 +22,7 @@ func checkFeatures(t *testing.T, ctx context.Context, d client.Devices, _ *Image
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.ProtocolVersion != rpc.ProtocolVersion || !slices.Contains(f.Exports, "nbd") || !f.Restack || !f.SharedDevices || !f.WarmPool {
+	if f.ProtocolVersion != rpc.ProtocolVersion || !slices.Contains(f.Exports, "nbd") || !f.Restack || !f.SharedDevices || !f.WarmPool || !f.Assign {
 		t.Fatalf("features %+v", f)
 	}
 	if devs := mustList(t, ctx, d); len(devs) != 0 {
@@ -221,6 +222,34 @@ func checkReclaim(t *testing.T, ctx context.Context, d client.Devices, im *Image
 	}
 	if res, err := d.Reclaim(ctx, "aenvd", keep.ID); err != nil || len(res.Deleted)+len(res.Released) != 0 {
 		t.Fatalf("second reclaim: %+v %v", res, err)
+	}
+}
+
+// checkAssign: a runtime device changes owner (and is listed so); a shared
+// device, an unknown one or an empty owner is refused.
+func checkAssign(t *testing.T, ctx context.Context, d client.Devices, im *Image) {
+	dev := mustCreate(t, ctx, d, rpc.CreateParams{Image: im.Config, Owner: "before"})
+	if got, err := d.Assign(ctx, rpc.AssignParams{ID: dev.ID, Owner: "after"}); err != nil || got.Owner != "after" || got.ID != dev.ID {
+		t.Fatalf("assign: %+v %v", got, err)
+	}
+	if devs := mustList(t, ctx, d); len(devs) != 1 || devs[0].Owner != "after" {
+		t.Fatalf("list after assign: %+v", devs)
+	}
+	sh, err := d.AcquireShared(ctx, im.Config, "vm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]struct {
+		p    rpc.AssignParams
+		want error
+	}{
+		"shared":   {rpc.AssignParams{ID: sh.ID, Owner: "x"}, rpc.ErrConflict},
+		"unknown":  {rpc.AssignParams{ID: 999, Owner: "x"}, rpc.ErrNotFound},
+		"no owner": {rpc.AssignParams{ID: dev.ID}, rpc.ErrInvalid},
+	} {
+		if _, err := d.Assign(ctx, c.p); !errors.Is(err, c.want) {
+			t.Errorf("assign %s: got %v, want %v", name, err, c.want)
+		}
 	}
 }
 

@@ -80,6 +80,7 @@ var checks = []check{
 	{name: "RestackConflicts", fn: checkRestackConflicts},
 	{name: "SharedRefcount", fn: checkShared},
 	{name: "Reclaim", fn: checkReclaim},
+	{name: "Assign", fn: checkAssign},
 	{name: "WarmPool", fn: checkWarmPool},
 	{name: "Capacity", cfg: Config{MaxDevices: 2}, fn: checkCapacity},
 	{name: "ConcurrentCreates", fn: checkConcurrent},

@@ -53,6 +53,7 @@ const (
 	MethodReleaseShared = "release_shared"
 	MethodList          = "list"
 	MethodReclaim       = "reclaim"
+	MethodAssign        = "assign"
 	MethodWarm          = "warm"
 	MethodFeatures      = "features"
 	MethodShutdown      = "shutdown"
@@ -257,6 +258,14 @@ type ReclaimParams struct {
 	Keep  []uint32 `json:"keep,omitempty"`
 }
 
+// AssignParams hands a runtime device to another owner (a VM started ahead
+// for a pool becomes a sandbox's): Reclaim and the node's recovery then
+// treat it as the new owner's.
+type AssignParams struct {
+	ID    uint32 `json:"id"`
+	Owner string `json:"owner"`
+}
+
 // ReclaimResult lists what was reclaimed.
 type ReclaimResult struct {
 	Deleted  []uint32 `json:"deleted,omitempty"`
@@ -285,6 +294,7 @@ type Features struct {
 	Restack         bool     `json:"restack"`
 	SharedDevices   bool     `json:"shared_devices"`
 	WarmPool        bool     `json:"warm_pool"`
+	Assign          bool     `json:"assign"`
 	Resize          bool     `json:"resize"`
 	TCP             bool     `json:"tcp"`
 	// KernelNBD says whether devices can be attached to /dev/nbdN here.
