@@ -31,8 +31,19 @@ func (s *Server) node() Node {
 		CreateSuccesses: st.CreateSuccesses, CreateFailures: st.CreateFailed,
 		Memory: &NodeMemory{Mode: NodeMemoryMode(st.MemoryMode), Reason: st.MemoryReason,
 			Images: int32(st.MemoryImages), Vms: int32(st.MemoryVMs)},
-		Disks: &NodeDisks{Backend: s.o.DiskBackend(), Transport: s.o.DiskTransport()},
+		Disks:   &NodeDisks{Backend: s.o.DiskBackend(), Transport: s.o.DiskTransport()},
+		VmmPool: s.vmmPool(),
 	}
+}
+
+// vmmPool reports the warm pool of VMM processes (nil when it is off).
+func (s *Server) vmmPool() *NodeVMMPool {
+	st, ok := s.o.PoolStats()
+	if !ok {
+		return nil
+	}
+	return &NodeVMMPool{Ready: int32(st.Ready), Starting: int32(st.Starting), Low: int32(st.Low), High: int32(st.High),
+		ReservedMB: int32(st.ReservedMiB), ReserveMB: int32(st.ReserveMiB), Hits: st.Hits, Misses: st.Misses}
 }
 
 // ListNodes implements ServerInterface: this node only.

@@ -22,6 +22,7 @@ type Config struct {
 	API     API     `toml:"api"`
 	Network Network `toml:"network"`
 	VMM     VMM     `toml:"vmm"`
+	VMMPool VMMPool `toml:"vmm_pool"`
 	Guest   Guest   `toml:"guest"`
 	Sandbox Sandbox `toml:"sandbox"`
 	Storage Storage `toml:"storage"`
@@ -268,6 +269,27 @@ type VMM struct {
 	UIDBase int `toml:"uid_base" env:"AENVD_VMM_UID_BASE"`
 }
 
+// VMMPool is the warm pool of VMM processes: per pooled template, VMMs
+// started ahead with a network slot and a root disk, waiting for a create
+// to load the template's state into one (docs/performance.md). Needs the
+// storaged backend and the QEMU driver; a create that brings drives or
+// volumes, or finds no entry ready, restores a VMM of its own.
+type VMMPool struct {
+	// Low and High are the watermarks per pooled template: below low
+	// entries a refill starts in the background and goes on up to high.
+	// High 0 turns the pool off (the default: see docs/performance.md for
+	// what it saves on a node like the development machine).
+	Low  int `toml:"low" env:"AENVD_VMM_POOL_LOW"`
+	High int `toml:"high" env:"AENVD_VMM_POOL_HIGH"`
+	// ReserveMiB bounds the guest memory of all entries together (each
+	// counts its template's); a refill never goes past it. A waiting VMM
+	// touches little of it until a create runs its guest.
+	ReserveMiB int `toml:"reserve_mib" env:"AENVD_VMM_POOL_RESERVE_MIB"`
+	// Templates are the pooled templates, by id or name. Environment:
+	// comma-separated.
+	Templates []string `toml:"templates" env:"AENVD_VMM_POOL_TEMPLATES"`
+}
+
 // Guest sets the resources and assets of the default template.
 type Guest struct {
 	// VCPUs and MemoryMiB size the VM of the default template "base".
@@ -332,6 +354,7 @@ func Default() Config {
 		Network: Network{Prefix: "aenv", HostCIDR: "10.11.0.0/16", VethCIDR: "10.12.0.0/16", PoolLow: 2, PoolHigh: 8,
 			AlwaysDenied: []string{}, SocketMark: 0x61650000, ConnsPerClient: 512}, // network.DefaultSocketMark
 		VMM:     VMM{Driver: "auto", UIDBase: DefaultVMMUIDBase},
+		VMMPool: VMMPool{ReserveMiB: 2048, Templates: []string{"base"}},
 		Guest:   Guest{VCPUs: 1, MemoryMiB: 512, DefaultUser: "user"},
 		Storage: Storage{Backend: "storaged", PoolLow: 2, PoolHigh: 4, VolumeSizeMiB: 1024},
 		Image: Image{DefaultRegistry: "docker.io", AllowedRegistries: []string{}, InsecureRegistries: []string{},
@@ -389,6 +412,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: image: rootfs_size_mib must not be negative, ready_timeout and step_timeout must be positive")
 	case c.Storage.VolumeSizeMiB < 16 || c.Storage.VolumeSizeMiB > 64<<10:
 		return fmt.Errorf("config: storage.volume_size_mib %d: want 16..65536", c.Storage.VolumeSizeMiB)
+	case c.VMMPool.High > 0 && (c.VMMPool.Low < 1 || c.VMMPool.High < c.VMMPool.Low) || c.VMMPool.High < 0 || c.VMMPool.ReserveMiB < 0:
+		return fmt.Errorf("config: vmm_pool watermarks: want high 0 (off) or 1 <= low (%d) <= high (%d), and reserve_mib (%d) not negative",
+			c.VMMPool.Low, c.VMMPool.High, c.VMMPool.ReserveMiB)
 	case c.Storage.PoolLow < 0 || c.Storage.PoolHigh < c.Storage.PoolLow:
 		return fmt.Errorf("config: storage pool watermarks: want 0 <= pool_low (%d) <= pool_high (%d)", c.Storage.PoolLow, c.Storage.PoolHigh)
 	case c.Network.SocketMark <= 0 || c.Network.SocketMark > 0xffffffff || c.Network.ConnsPerClient < 1:

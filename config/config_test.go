@@ -75,6 +75,8 @@ func TestRejects(t *testing.T) {
 		"negative uid": "[vmm]\nuid_base = -1\n",
 		"uid overflow": "[vmm]\nuid_base = 4294967000\n",
 		"tiny memory":  "[guest]\nmemory_mib = 8\n",
+		"pool low 0":   "[vmm_pool]\nlow = 0\nhigh = 2\n",
+		"pool inverse": "[vmm_pool]\nlow = 3\nhigh = 2\n",
 		"not toml":     "this is = = not toml",
 	}
 	for name, body := range cases {

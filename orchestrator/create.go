@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/ids"
 	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/orchestrator/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
@@ -104,7 +105,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	if err := prepareDrives(ctx, &s.rec); err != nil {
 		return rec, err
 	}
-	if err := o.startVM(ctx, s, t.Snapshot, o.m.stage("create")); err != nil {
+	if err := o.startCreate(ctx, s, t, o.m.stage("create")); err != nil {
 		return rec, err
 	}
 	if err := o.mountVolumes(ctx, s); err != nil {
@@ -260,8 +261,20 @@ func (o *Orchestrator) unlist(s *instance) {
 // after. On failure nothing is left running. lap records the stages'
 // latencies.
 func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir string, lap func(string)) error {
+	return o.startVMFrom(ctx, s, snapshotDir, lap, nil)
+}
+
+// startVMFrom is startVM taking the VM of pool entry e (nil: none) instead
+// of starting one: the first record names what e holds, the claim is
+// finished (takeOver), and the bring-up continues e's VM (pool.go).
+func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir string, lap func(string), e *warmpool.Entry) error {
 	// The generation names the run directory: recovery finds the VMM there.
-	if err := o.update(s, func(r *Record) { r.Gen++ }); err != nil {
+	if err := o.update(s, func(r *Record) { r.Gen++; claimEntry(r, e) }); err != nil {
+		o.dropEntry(ctx, s, e)
+		return err
+	}
+	if err := o.takeOver(ctx, s, e); err != nil {
+		o.dropEntry(ctx, s, e)
 		return err
 	}
 	s.mu.Lock()
@@ -311,6 +324,9 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 		if err := o.coldBoot(&spec, rec); err != nil {
 			return err
 		}
+	}
+	if e != nil {
+		spec.Pooled = e.VM
 	}
 	vm, err := sandbox.Start(ctx, o.vms, spec)
 	if errors.Is(err, network.ErrExhausted) {

@@ -12,6 +12,11 @@ var (
 	fpCreateVMM      = failpoint.New("orchestrator/create/vmm-recorded") // the VMM's pid is recorded
 	fpCreateRunning  = failpoint.New("orchestrator/create/running")      // "running" is durable
 
+	// A create from the warm pool (pool.go), between the first record and
+	// the bring-up; the warm pool's own points are warmpool/...
+	fpPoolClaimed  = failpoint.New("orchestrator/pool/claimed")  // the "starting" record names the entry's VMM and device
+	fpPoolAssigned = failpoint.New("orchestrator/pool/assigned") // the device is the sandbox's; the entry's record remains
+
 	fpPauseRecorded = failpoint.New("orchestrator/pause/recorded") // "pausing" is durable, the VM runs
 	fpPauseCaptured = failpoint.New("orchestrator/pause/captured") // memory and VM state written, vCPUs stopped
 	fpPauseSealed   = failpoint.New("orchestrator/pause/sealed")   // the disk's upper is a sealed layer

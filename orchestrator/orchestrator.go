@@ -58,6 +58,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/orchestrator/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/daemon/client"
@@ -199,11 +200,21 @@ type Options struct {
 	// VolumeSizeMiB is the size of a volume whose create names none (zero:
 	// volume.DefaultSizeMiB).
 	VolumeSizeMiB int
+	// VMMPool configures the warm pool of VMM processes (pool.go); High
+	// zero turns it off.
+	VMMPool PoolOptions
 	// Recovered holds the VMs Recover took over, re-adopted as running
 	// sandboxes (Network must keep their slots: Recovered.Slots).
 	Recovered  *Recovered
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+}
+
+// PoolOptions configure the warm pool of VMM processes (warmpool.Options).
+type PoolOptions struct {
+	Low, High, ReserveMiB int
+	// Templates names the templates (ids or names) pooled.
+	Templates []string
 }
 
 // Orchestrator owns the node's sandboxes.
@@ -241,6 +252,8 @@ type Orchestrator struct {
 	events eventHub // lifecycle event subscribers (events.go)
 	// volumes are the node's volumes (volumes.go).
 	volumes *volume.Store
+	// pool is the warm pool of VMM processes (pool.go); nil when off.
+	pool *warmpool.Pool
 }
 
 // instance is one sandbox's live state. op serialises lifecycle operations
@@ -315,6 +328,10 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	if err := o.load(ctx); err != nil {
 		return nil, err
 	}
+	if o.pool = o.newPool(); o.pool != nil {
+		o.registerPoolMetrics(opts.Registerer)
+		o.pool.Start(ctx)
+	}
 	o.cancelOrphanUploads()
 	o.log.Info("guest memory images", "mode", MemoryMode, "why", MemoryReason)
 	return o, nil
@@ -329,9 +346,12 @@ func (o *Orchestrator) DiskBackend() string { return o.disks.name() }
 // file.
 func (o *Orchestrator) DiskTransport() string { return o.disks.transport() }
 
-// Close waits for the background work (memory flattening, compaction) the
-// orchestrator started.
+// Close drains the warm pool and waits for the background work (memory
+// flattening, compaction) the orchestrator started.
 func (o *Orchestrator) Close() {
+	if o.pool != nil {
+		o.pool.Close(context.Background())
+	}
 	o.bg.Wait()
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/orchestrator/warmpool"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
@@ -70,6 +71,12 @@ func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, sd client.Dev
 		log = slog.Default()
 	}
 	rc := &recovery{drv: drv, st: st, sd: sd, log: log, dataDir: dataDir}
+	// Nothing of the warm pool is kept: its entries go before the sandboxes
+	// that may have claimed one are settled (either removal tolerates the
+	// other's).
+	if err := warmpool.Recover(ctx, st, filepath.Join(dataDir, "pool"), removeEntry(sd, log), log); err != nil {
+		return nil, err
+	}
 	recs, err := store.ListAll[Record](st, store.Sandboxes)
 	if err != nil {
 		return nil, fmt.Errorf("recover sandboxes: %w", err)

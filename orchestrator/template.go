@@ -57,8 +57,11 @@ func (o *Orchestrator) setTemplate(t *template.Template) {
 		}
 	}
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	o.templates[t.ID] = t
+	o.mu.Unlock()
+	if t.Status == "" || t.Status == template.BuildReady {
+		o.poolTemplate(t) // once a fill finds it registered
+	}
 }
 
 func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.Assets) (t template.Template, err error) {
@@ -186,6 +189,7 @@ func (o *Orchestrator) DeleteTemplate(ctx context.Context, idOrName string) erro
 		o.mu.Lock()
 		delete(o.templates, t.ID)
 		o.mu.Unlock()
+		o.unpoolTemplate(ctx, t.ID)
 		return nil
 	})
 }

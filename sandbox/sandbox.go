@@ -22,6 +22,12 @@
 //
 // Stop is the tear-down: the VMM, its control group, then the slot. The
 // disk stays attached until Detach, so a pause can seal it between the two.
+//
+// A warm pool runs the same stages in two halves (pooled.go): a start with
+// Spec.Prepare stops after confine with a VMM waiting for its state; a
+// later start with Spec.Pooled takes that VM's slot, disk, memory image and
+// VMM in the same stages instead of acquiring its own, loads the state
+// (vmm_restore) and runs the agent stage.
 package sandbox
 
 import (
@@ -115,6 +121,20 @@ type Spec struct {
 	// Log receives the guest console's tail when the agent stays silent
 	// (the run directory, console included, goes with the failed VM).
 	Log *slog.Logger
+
+	// Prepare starts the VMM of Restore without loading its state (the
+	// driver must be a vmm.Preparer) and ends after confine: the VM waits,
+	// holding its slot, disk and memory image, for a start that takes it
+	// (Pooled). Memory must return no layers: they are the taker's.
+	Prepare bool
+	// Pooled is a VM a start with Prepare made, which this start takes
+	// whole (the caller must not use it any more): its slot (Policy is set
+	// on it), its disk (Disk is what the VM releases from now on, so the
+	// caller makes it name the pooled one), its memory image (Memory must
+	// return the same file) and its VMM, whose run directory moves to
+	// RunDir before Restore's state and Memory's layers are loaded. Drives
+	// must all be empty slots: a pooled VM was started with no disk in them.
+	Pooled *VM
 }
 
 // VM is a started VM with what it holds.
@@ -149,11 +169,16 @@ func Start(ctx context.Context, deps Deps, spec Spec) (_ *VM, err error) {
 		}
 		return spec.Stage(name)
 	}
+	if err := checkTwoHalves(spec); err != nil {
+		return nil, err
+	}
 	tap, err := v.network(ctx, spec, &undo)
 	if err != nil {
 		return nil, err
 	}
-	defer tap.Close() // the VMM holds its own descriptor once it runs
+	if tap != nil {
+		defer tap.Close() // the VMM holds its own descriptor once it runs
+	}
 	if err := stage("network"); err != nil {
 		return nil, err
 	}
@@ -161,12 +186,7 @@ func Start(ctx context.Context, deps Deps, spec Spec) (_ *VM, err error) {
 		id := v.deps.Identities(v.Slot)
 		v.runAs = &id
 	}
-	drive, err := spec.Disk.Attach(ctx, v.runAs)
-	if err != nil {
-		return nil, err
-	}
-	undo.add(spec.Disk.Detach)
-	drives, err := attachDrives(ctx, spec.Drives, v.runAs, &undo)
+	drives, err := v.storage(ctx, spec, &undo)
 	if err != nil {
 		return nil, err
 	}
@@ -174,14 +194,14 @@ func Start(ctx context.Context, deps Deps, spec Spec) (_ *VM, err error) {
 		return nil, err
 	}
 	if spec.Memory != nil {
-		if v.Memory, v.memLayers, err = spec.Memory(ctx); err != nil {
+		if err := v.memory(ctx, spec); err != nil {
 			return nil, err
 		}
 		if err := stage("memory"); err != nil {
 			return nil, err
 		}
 	}
-	if v.Machine, err = v.vmm(ctx, spec, append([]vmm.Drive{drive}, drives...), tap); err != nil {
+	if v.Machine, err = v.vmm(ctx, spec, drives, tap); err != nil {
 		return nil, err
 	}
 	undo.add(func(ctx context.Context) { _ = v.Machine.Stop(ctx) })
@@ -196,6 +216,9 @@ func Start(ctx context.Context, deps Deps, spec Spec) (_ *VM, err error) {
 	if err := v.confine(spec, &undo); err != nil {
 		return nil, err
 	}
+	if spec.Prepare {
+		return v, nil
+	}
 	if err := v.agent(ctx, spec); err != nil {
 		return nil, err
 	}
@@ -205,18 +228,26 @@ func Start(ctx context.Context, deps Deps, spec Spec) (_ *VM, err error) {
 	return v, nil
 }
 
-// network acquires a slot, sets the policy and opens the tap.
+// network acquires a slot (or takes the pooled VM's), sets the policy and
+// opens the tap (a pooled VM's VMM holds its own: nil).
 func (v *VM) network(ctx context.Context, spec Spec, undo *cleanup) (*os.File, error) {
-	slot, err := v.deps.Slots.Acquire(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("network slot: %w", err)
+	slot := v.pooledSlot(spec)
+	if slot == nil {
+		var err error
+		if slot, err = v.deps.Slots.Acquire(ctx); err != nil {
+			return nil, fmt.Errorf("network slot: %w", err)
+		}
 	}
 	undo.add(func(ctx context.Context) { _ = v.deps.Slots.Release(ctx, slot) })
 	v.Slot = slot
+	v.undoPooled(spec, undo) // its VMM stops before its slot goes back
 	if !isZeroPolicy(spec.Policy) {
 		if err := slot.SetPolicy(ctx, spec.Policy); err != nil {
 			return nil, fmt.Errorf("network policy: %w", err)
 		}
+	}
+	if spec.Pooled != nil {
+		return nil, nil
 	}
 	tap, err := slot.OpenTap()
 	if err != nil {
@@ -229,17 +260,54 @@ func isZeroPolicy(p network.Policy) bool {
 	return !p.DenyInternet && len(p.AllowOut) == 0 && len(p.DenyOut) == 0
 }
 
-// vmm restores the snapshot or cold-boots the kernel.
+// storage attaches the root disk and the extra drives (a pooled VM's
+// disk is attached already) and returns the VM's drives.
+func (v *VM) storage(ctx context.Context, spec Spec, undo *cleanup) ([]vmm.Drive, error) {
+	if spec.Pooled != nil {
+		undo.add(spec.Disk.Detach)
+		return nil, nil
+	}
+	drive, err := spec.Disk.Attach(ctx, v.runAs)
+	if err != nil {
+		return nil, err
+	}
+	undo.add(spec.Disk.Detach)
+	drives, err := attachDrives(ctx, spec.Drives, v.runAs, undo)
+	if err != nil {
+		return nil, err
+	}
+	return append([]vmm.Drive{drive}, drives...), nil
+}
+
+// memory resolves the memory image the restore maps and the layers it
+// writes over it.
+func (v *VM) memory(ctx context.Context, spec Spec) error {
+	var err error
+	if v.Memory, v.memLayers, err = spec.Memory(ctx); err != nil {
+		return err
+	}
+	return v.checkPooledMemory(spec)
+}
+
+// vmm restores the snapshot or cold-boots the kernel; a start with Prepare
+// or Pooled does its half of a restore (pooled.go).
 func (v *VM) vmm(ctx context.Context, spec Spec, drives []vmm.Drive, tap *os.File) (vmm.Machine, error) {
+	if spec.Pooled != nil {
+		return v.loadPooled(ctx, spec)
+	}
 	// Both forms of the tap: the open descriptor (QEMU inherits it) and its
 	// name in the slot's namespace (Firecracker opens it there).
 	nic := vmm.NIC{ID: NICID, MAC: v.Slot.Guest().MAC.String(), Tap: tap, TapName: network.TapName}
 	netns := v.Slot.NetNSPath()
 	if spec.Restore != "" {
-		m, err := v.deps.Driver.Restore(ctx, vmm.RestoreConfig{
+		rc := vmm.RestoreConfig{
 			ID: spec.ID, SnapshotDir: spec.Restore, MemoryFile: v.Memory, MemoryLayers: v.memLayers, RunDir: spec.RunDir,
 			Drives: drives, NICs: []vmm.NIC{nic}, NetNS: netns, RunAs: v.runAs,
-		})
+		}
+		if spec.Prepare {
+			return v.prepare(ctx, rc)
+		}
+		m, err := v.deps.Driver.Restore(ctx, rc)
 		if err != nil {
 			return nil, fmt.Errorf("restore: %w", err)
 		}
@@ -278,7 +346,7 @@ func (v *VM) confine(spec Spec, undo *cleanup) error {
 	if err := g.Add(v.Machine.Info().PID); err != nil {
 		return fmt.Errorf("confine vmm: %w", err)
 	}
-	return nil
+	return v.leavePooledGroup(spec)
 }
 
 // vmmLimits bounds a VMM running a guest of vcpus and memMiB: the guest's

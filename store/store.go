@@ -23,6 +23,9 @@ const (
 	// pending deliveries.
 	Webhooks          = "webhooks"
 	WebhookDeliveries = "webhookDeliveries"
+	// VMMPool are the entries of the warm pool of VMM processes
+	// (orchestrator/warmpool): each names the VMM, slot and device it holds.
+	VMMPool = "vmmPool"
 )
 
 // ErrNotFound is returned by Get for a missing key.
@@ -38,7 +41,7 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range []string{Sandboxes, Templates, Snapshots, TemplateAttrs, Webhooks, WebhookDeliveries} {
+		for _, b := range []string{Sandboxes, Templates, Snapshots, TemplateAttrs, Webhooks, WebhookDeliveries, VMMPool} {
 			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
 				return err
 			}

@@ -1,0 +1,244 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/agentenv/agentenv/orchestrator/warmpool"
+	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/storage/daemon/client"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/template"
+	"github.com/agentenv/agentenv/vmm"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The warm pool of VMM processes (orchestrator/warmpool): per pooled
+// template, VMMs started ahead by the VM bring-up's first half
+// (sandbox.Spec.Prepare), each holding a network slot, a root disk from the
+// storage daemon and the template's memory file. A create from the template
+// that brings no drives takes one:
+//
+//  1. the sandbox's "starting" record names the entry's VMM (pid, start
+//     time) and device, with the generation its VM runs as
+//     (orchestrator/pool/claimed);
+//  2. the storage daemon assigns the device to the sandbox
+//     (orchestrator/pool/assigned);
+//  3. the entry's record goes (warmpool/handed);
+//  4. the bring-up's second half (sandbox.Spec.Pooled) moves the VMM's run
+//     directory to the sandbox's, loads the template's state and continues
+//     as any create (create/restored, vmm-recorded, running).
+//
+// A crash anywhere in 1-4 leaves a "starting" sandbox, rolled back by
+// recovery with what its record names, and at most an entry record, removed
+// with what it names (warmpool.Recover); both removals tolerate the other.
+
+// poolDir holds the entries' directories.
+func (o *Orchestrator) poolDir() string { return filepath.Join(o.cfg.DataDir, "pool") }
+
+// newPool returns the node's warm pool (nil when it is off or cannot run
+// here: it needs the storage daemon, whose devices a create can take over,
+// and a driver that starts VMMs ahead).
+func (o *Orchestrator) newPool() *warmpool.Pool {
+	c := o.cfg.VMMPool
+	if c.High <= 0 {
+		return nil
+	}
+	if _, ok := o.drv.(vmm.Preparer); !ok || o.sd == nil {
+		o.log.Warn("the warm pool of VMM processes stays off: it needs the storage daemon and a driver that starts VMMs ahead",
+			"driver", o.drv.Name(), "storaged", o.sd != nil)
+		return nil
+	}
+	return warmpool.New(warmpool.Options{Store: o.store, Filler: poolFiller{o}, Dir: o.poolDir(),
+		Low: c.Low, High: c.High, ReserveMiB: c.ReserveMiB, Logger: o.log})
+}
+
+// poolTemplate keeps a committed template's pool filled when the
+// configuration names it (by id or name).
+func (o *Orchestrator) poolTemplate(t *template.Template) {
+	if o.pool == nil || t.RootfsImage == "" {
+		return
+	}
+	for _, want := range o.cfg.VMMPool.Templates {
+		if want == t.ID || slices.Contains(t.Names, want) {
+			o.pool.Want(t.ID, t.MemoryMiB)
+			return
+		}
+	}
+}
+
+// unpoolTemplate drains a template's entries before its files go.
+func (o *Orchestrator) unpoolTemplate(ctx context.Context, id string) {
+	if o.pool != nil {
+		o.pool.Drop(ctx, id)
+	}
+}
+
+// PoolStats reports the warm pool's size (ok false when it is off).
+func (o *Orchestrator) PoolStats() (st warmpool.Stats, ok bool) {
+	if o.pool == nil {
+		return st, false
+	}
+	return o.pool.Stats(), true
+}
+
+// registerPoolMetrics exports the pool's size and takes.
+func (o *Orchestrator) registerPoolMetrics(reg prometheus.Registerer) {
+	if reg == nil {
+		return
+	}
+	gauge := func(state string, f func(warmpool.Stats) int) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "aenvd_vmm_pool_entries", Help: "Entries of the warm pool of VMM processes.",
+			ConstLabels: prometheus.Labels{"state": state}}, func() float64 { return float64(f(o.pool.Stats())) })
+	}
+	takes := func(result string, f func(warmpool.Stats) int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "aenvd_vmm_pool_takes_total", Help: "Creates of pooled templates by whether an entry was ready.",
+			ConstLabels: prometheus.Labels{"result": result}}, func() float64 { return float64(f(o.pool.Stats())) })
+	}
+	reg.MustRegister(
+		gauge(warmpool.Ready, func(s warmpool.Stats) int { return s.Ready }),
+		gauge(warmpool.Starting, func(s warmpool.Stats) int { return s.Starting }),
+		takes("hit", func(s warmpool.Stats) int64 { return s.Hits }),
+		takes("miss", func(s warmpool.Stats) int64 { return s.Misses }))
+}
+
+// startCreate brings a new sandbox's VM up: from a pool entry of its
+// template when one is ready and the create brings no drives, else by a
+// restore of its own. A pooled start that fails (say its VMM died while it
+// waited) has released the entry; the create goes on with a restore of its
+// own.
+func (o *Orchestrator) startCreate(ctx context.Context, s *instance, t *template.Template, lap func(string)) error {
+	e := o.takeEntry(s, t)
+	if e == nil {
+		return o.startVM(ctx, s, t.Snapshot, lap)
+	}
+	err := o.startVMFrom(ctx, s, t.Snapshot, lap, e)
+	_ = os.RemoveAll(e.Dir) // its run directory moved to the sandbox's, or went with the VM
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	o.log.Warn("create from a pooled VM failed; restoring a VM of its own", "sandbox", s.rec.ID, "entry", e.ID, "err", err)
+	return o.startVM(ctx, s, t.Snapshot, lap)
+}
+
+// takeEntry takes a ready entry of t for the sandbox s (nil when none fits).
+func (o *Orchestrator) takeEntry(s *instance, t *template.Template) *warmpool.Entry {
+	s.mu.Lock()
+	plain := len(s.rec.Drives) == 0 && !s.rec.ColdBoot
+	s.mu.Unlock()
+	if o.pool == nil || !plain {
+		return nil
+	}
+	if reg, ok := o.templateByID(t.ID); !ok || reg.Snapshot != t.Snapshot {
+		return nil // a snapshot seen as a template: never pooled
+	}
+	return o.pool.Take(t.ID)
+}
+
+// claimEntry makes the sandbox's record name what the entry holds: its
+// VMM and device (the slot is recorded with "running", as any create's).
+func claimEntry(r *Record, e *warmpool.Entry) {
+	if e != nil {
+		r.PID, r.PIDStart = e.PID, e.PIDStart
+		r.Device, r.HasDevice = e.Device, e.HasDevice
+	}
+}
+
+// takeOver finishes a claim recorded in the sandbox's record: the device
+// becomes the sandbox's and the entry's record goes.
+func (o *Orchestrator) takeOver(ctx context.Context, s *instance, e *warmpool.Entry) error {
+	if e == nil {
+		return nil
+	}
+	if err := fpPoolClaimed.Inject(); err != nil {
+		return err
+	}
+	if e.HasDevice {
+		if _, err := o.sd.Assign(ctx, rpc.AssignParams{ID: e.Device, Owner: s.rec.ID}); err != nil {
+			return fmt.Errorf("take over the device of pool entry %s: %w", e.ID, err)
+		}
+	}
+	if err := fpPoolAssigned.Inject(); err != nil {
+		return err
+	}
+	return o.pool.Handed(e)
+}
+
+// dropEntry drains an entry a claim could not finish with and clears what
+// the sandbox's record named of it.
+func (o *Orchestrator) dropEntry(ctx context.Context, s *instance, e *warmpool.Entry) {
+	if e == nil {
+		return
+	}
+	o.pool.Discard(ctx, e)
+	s.mu.Lock()
+	s.rec.PID, s.rec.PIDStart = 0, 0
+	s.rec.Device, s.rec.HasDevice = 0, false
+	s.mu.Unlock()
+}
+
+// poolFiller makes the pool's entries with the VM bring-up's first half.
+type poolFiller struct{ o *Orchestrator }
+
+// Fill starts a VMM of template rec.Key waiting for its state, with a slot
+// and a fresh root disk on the template's layers (owned by the entry).
+func (f poolFiller) Fill(ctx context.Context, rec *warmpool.Record, started func() error) (*sandbox.VM, error) {
+	o := f.o
+	t, ok := o.templateByID(rec.Key)
+	if !ok {
+		return nil, fmt.Errorf("template %s: %w", rec.Key, ErrNotFound)
+	}
+	if err := os.MkdirAll(rec.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("pool entry %s: %w", rec.ID, err)
+	}
+	disk := &recordDisk{o: o, rec: &Record{ID: rec.ID, RootfsImage: t.RootfsImage}}
+	vm, err := sandbox.Start(ctx, o.vms, sandbox.Spec{
+		ID: rec.ID, RunDir: filepath.Join(rec.Dir, "run"), Disk: disk, Drives: make([]sandbox.Disk, t.DriveSlots),
+		Restore: t.Snapshot, Prepare: true, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, Log: o.log,
+		Memory: func(ctx context.Context) (string, []string, error) {
+			mem, layers, err := o.restoreMemory(ctx, t.Snapshot, true)
+			return mem.File, layers, err
+		},
+		Started: func(m vmm.Machine) error {
+			pid := m.Info().PID
+			rec.PID, rec.PIDStart = pid, procStart(pid)
+			rec.Device, rec.HasDevice = disk.rec.Device, disk.rec.HasDevice
+			return started()
+		},
+	})
+	if err != nil {
+		_ = os.RemoveAll(rec.Dir)
+		return nil, err
+	}
+	rec.Slot = vm.Slot.Index
+	return vm, nil
+}
+
+// Drain stops an entry's VMM and releases its slot, disk and directory.
+func (f poolFiller) Drain(ctx context.Context, e *warmpool.Entry) {
+	if err := e.VM.Close(ctx); err != nil {
+		f.o.log.Warn("drain pool entry", "entry", e.ID, "err", err)
+	}
+	_ = os.RemoveAll(e.Dir)
+}
+
+// removeEntry removes what a previous process's pool entry r names
+// (recovery): its VMM, if that process still runs, its device and its
+// directory. Its slot is cleared by the network's start, which keeps only
+// running sandboxes' slots.
+func removeEntry(sd client.Devices, log *slog.Logger) func(context.Context, warmpool.Record) {
+	return func(ctx context.Context, r warmpool.Record) {
+		killStale(r.PID, r.PIDStart)
+		if sd != nil && r.HasDevice {
+			if err := sd.Delete(ctx, r.Device); err != nil && !errors.Is(err, rpc.ErrNotFound) {
+				log.Warn("delete a pool entry's device (reclaimed with the devices no sandbox holds)", "entry", r.ID, "device", r.Device, "err", err)
+			}
+		}
+		_ = os.RemoveAll(r.Dir)
+	}
+}
