@@ -166,6 +166,7 @@ func (o *Orchestrator) takeOver(ctx context.Context, s *instance, e *warmpool.En
 	if err := fpPoolAssigned.Inject(); err != nil {
 		return err
 	}
+	o.log.Info("sandbox takes a pooled VM", "sandbox", s.rec.ID, "entry", e.ID, "pid", e.PID, "slot", e.Slot)
 	return o.pool.Handed(e)
 }
 

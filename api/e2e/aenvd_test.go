@@ -46,6 +46,12 @@ var (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if pooled != nil {
+		if err := pooled.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "aenvd (warm pool) graceful shutdown: %v\n%s\n", err, pooled.Logs())
+			code = 1
+		}
+	}
 	if shared != nil {
 		// AENV_E2E_LOG keeps the whole node log for a post-mortem.
 		if path := os.Getenv("AENV_E2E_LOG"); path != "" {

@@ -20,7 +20,8 @@ import (
 
 	_ "github.com/agentenv/agentenv/api/webhooks" // declares the webhooks/... fault points
 	"github.com/agentenv/agentenv/internal/failpoint"
-	_ "github.com/agentenv/agentenv/storage/daemon" // declares the storaged/... fault points
+	_ "github.com/agentenv/agentenv/orchestrator/warmpool" // declares the warmpool/... fault points
+	_ "github.com/agentenv/agentenv/storage/daemon"        // declares the storaged/... fault points
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 )
@@ -102,9 +103,12 @@ func (n *node) listed(t *testing.T) map[string]string {
 }
 
 // checkNoOrphans asserts that every VMM process, sandbox directory, storage
-// device and network slot of the node belongs to a listed sandbox.
+// device and network slot of the node belongs to a listed sandbox or, on a
+// node with a warm pool (once it is full), to one of its entries.
 func (n *node) checkNoOrphans(t *testing.T) {
 	t.Helper()
+	pool := n.waitPoolFull(t)
+	entries := n.poolEntries(t)
 	sbx := n.listed(t)
 	running := 0
 	for _, st := range sbx {
@@ -112,6 +116,7 @@ func (n *node) checkNoOrphans(t *testing.T) {
 			running++
 		}
 	}
+	pooledVMMs := 0
 	for _, pid := range processesMentioning(n.DataDir + "/") {
 		cmd, _ := os.ReadFile("/proc/" + pid + "/cmdline")
 		if !strings.Contains(string(cmd), "qemu-system") {
@@ -123,9 +128,22 @@ func (n *node) checkNoOrphans(t *testing.T) {
 				owner = id
 			}
 		}
-		if owner == "" {
-			t.Errorf("QEMU process %s belongs to no running sandbox: %s", pid, strings.ReplaceAll(string(cmd), "\x00", " "))
+		for _, e := range entries {
+			if owner == "" && mentions("/proc/"+pid, filepath.Join(n.DataDir, "pool", e)+"/") {
+				owner = e
+				pooledVMMs++
+			}
 		}
+		if owner == "" {
+			t.Errorf("QEMU process %s belongs to no running sandbox or pool entry: %s", pid, strings.ReplaceAll(string(cmd), "\x00", " "))
+		}
+	}
+	inPool := 0 // the entries /nodes counts ready
+	if pool != nil {
+		inPool = pool.Ready
+	}
+	if pooledVMMs != inPool || len(entries) != inPool {
+		t.Errorf("the warm pool reports %d entries; %d VMM processes and the directories %v are the pool's", inPool, pooledVMMs, entries)
 	}
 	dirs, _ := os.ReadDir(filepath.Join(n.DataDir, "sandboxes"))
 	for _, d := range dirs {
@@ -137,13 +155,21 @@ func (n *node) checkNoOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pooledDevs := 0
 	for _, d := range devs {
-		if d.Kind == rpc.KindRuntime && sbx[d.Owner] != "running" {
-			t.Errorf("storage device %d (owner %q) belongs to no running sandbox", d.ID, d.Owner)
+		switch {
+		case d.Kind != rpc.KindRuntime || sbx[d.Owner] == "running":
+		case slices.Contains(entries, d.Owner):
+			pooledDevs++
+		default:
+			t.Errorf("storage device %d (owner %q) belongs to no running sandbox or pool entry", d.ID, d.Owner)
 		}
 	}
-	if slots := n.metricValue(t, "aenv_network_slots_in_use"); int(slots) != running {
-		t.Errorf("%v network slots in use for %d running sandboxes", slots, running)
+	if pooledDevs != inPool {
+		t.Errorf("%d storage devices belong to the warm pool's %d entries", pooledDevs, inPool)
+	}
+	if slots := n.metricValue(t, "aenv_network_slots_in_use"); int(slots) != running+inPool {
+		t.Errorf("%v network slots in use for %d running sandboxes and %d pool entries", slots, running, inPool)
 	}
 }
 
@@ -171,7 +197,9 @@ func TestSnapshotThenCrashKeepsDisk(t *testing.T) {
 }
 
 // TestCrashMatrix kills aenvd with SIGKILL at each fault point of create,
-// pause, resume, snapshot, fork, kill and compaction, restarts it, and checks that the
+// pause, resume, snapshot, fork, kill and compaction (and, on a node with
+// the warm pool on, of a create from the pool and of the pool's refill),
+// restarts it, and checks that the
 // sandbox exists (but a create that never answered), resumes, holds every
 // byte written before the crash once the guest's cache is dropped, that
 // ext4 saw no error, and that nothing is left that no sandbox owns.
@@ -208,6 +236,19 @@ func TestCrashMatrix(t *testing.T) {
 	}
 	if covered < 12 {
 		t.Fatalf("the matrix covered %d fault points; the orchestrator declares %v", covered, failpoint.Names("orchestrator/"))
+	}
+	// A create served from the warm pool of VMM processes, and the pool's
+	// refill, on a node with the pool on.
+	p := poolNode(t)
+	pool := map[string]func(t *testing.T, point string){
+		"orchestrator/create/": p.crashPooledCreate, "orchestrator/pool/": p.crashPooledCreate,
+		"warmpool/handed": p.crashPooledCreate, "warmpool/fill/": p.crashPoolFill,
+	}
+	for prefix, run := range pool {
+		for _, point := range failpoint.Names(prefix) {
+			t.Run("pooled/"+strings.TrimPrefix(point, "orchestrator/"), func(t *testing.T) { run(t, point) })
+			p.checkNoOrphans(t)
+		}
 	}
 }
 

@@ -1,0 +1,199 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/api/aenvdtest"
+)
+
+// poolHigh is the pool node's watermark: the base template keeps this many
+// VMMs waiting (low is the same, so every take starts a refill).
+const poolHigh = 2
+
+var (
+	pooled     *node
+	pooledErr  error
+	pooledOnce sync.Once
+)
+
+// poolNode starts, once per test binary, a second aenvd with the warm pool
+// of VMM processes on for the base template.
+func poolNode(t *testing.T) *node {
+	t.Helper()
+	nodePrereqs(t)
+	pooledOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+		defer cancel()
+		env := []string{fmt.Sprintf("AENVD_VMM_POOL_LOW=%d", poolHigh), fmt.Sprintf("AENVD_VMM_POOL_HIGH=%d", poolHigh),
+			"AENVD_VMM_POOL_TEMPLATES=base"}
+		var n *aenvdtest.Node
+		if n, pooledErr = aenvdtest.Start(ctx, aenvdtest.Options{Prefix: "adpool", CIDRBase: 89, Env: env}); pooledErr == nil {
+			pooled = &node{Node: n, api: n.API, proxy: n.Proxy, key: n.Key}
+		}
+	})
+	if pooledErr != nil {
+		t.Fatalf("start aenvd with a warm pool: %v", pooledErr)
+	}
+	return pooled
+}
+
+// vmmPoolJSON is /nodes' report of the warm pool.
+type vmmPoolJSON struct {
+	Ready    int   `json:"ready"`
+	Starting int   `json:"starting"`
+	High     int   `json:"high"`
+	Hits     int64 `json:"hits"`
+	Misses   int64 `json:"misses"`
+}
+
+// poolStats returns the node's warm pool as /nodes reports it (nil: off).
+func (n *node) poolStats(t *testing.T) *vmmPoolJSON {
+	t.Helper()
+	var nodes []struct {
+		VMMPool *vmmPoolJSON `json:"vmmPool"`
+	}
+	if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/nodes", n.key, ""), &nodes); err != nil || len(nodes) != 1 {
+		t.Fatalf("/nodes: %v", err)
+	}
+	return nodes[0].VMMPool
+}
+
+// waitPoolFull waits until the pool holds its high watermark of ready
+// entries and fills none (nil when the node has no pool).
+func (n *node) waitPoolFull(t *testing.T) *vmmPoolJSON {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		st := n.poolStats(t)
+		if st == nil || st.Ready == st.High && st.Starting == 0 {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the warm pool did not fill: %+v\n%s", st, tailString(n.Logs(), 4000))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// poolEntries lists the pool's entry directories (<data dir>/pool/<id>).
+func (n *node) poolEntries(t *testing.T) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(n.DataDir, "pool"))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// TestVMMPool: with the warm pool on, a create through E2B's SDK takes a
+// waiting VMM (the pool's hit count moves, the sandbox's VMM is one of the
+// entries that waited), runs commands with its own env vars and
+// round-trips files; the pool refills to its watermark, and nothing is
+// left that neither a sandbox nor the pool owns.
+func TestVMMPool(t *testing.T) {
+	n := poolNode(t)
+	before := n.waitPoolFull(t)
+	waiting := map[string]bool{}
+	for _, e := range n.poolEntries(t) {
+		for _, pid := range processesMentioning(filepath.Join(n.DataDir, "pool", e) + "/") {
+			waiting[pid] = true
+		}
+	}
+	if len(waiting) != poolHigh {
+		t.Fatalf("%d VMM processes wait in the pool, want %d", len(waiting), poolHigh)
+	}
+	v := sdkVersions[len(sdkVersions)-1]
+	out, err := runSDKScript(t, n, v, "pool.mjs", 4*time.Minute)
+	if err != nil {
+		t.Fatalf("E2B SDK %s against the pool: %v\n%s\n%s", v.version, err, out, tailString(n.Logs(), 4000))
+	}
+	id := ""
+	for _, l := range strings.Split(out, "\n") {
+		if s, ok := strings.CutPrefix(l, "sandbox "); ok {
+			id = s
+		}
+	}
+	after := n.waitPoolFull(t)
+	if after.Hits != before.Hits+1 || after.Misses != before.Misses {
+		t.Fatalf("the create did not take a pool entry: before %+v, after %+v\n%s", before, after, out)
+	}
+	// The sandbox's VMM was one of the waiting ones (its log names the pid).
+	if !n.loggedPooledPID(id, waiting) {
+		t.Fatalf("sandbox %s's VMM is none of the pool's %v\n%s", id, waiting, n.diagnose(id))
+	}
+	n.checkNoOrphans(t)
+}
+
+// loggedPooledPID reports whether aenvd logged sandbox id's VM with one of
+// the pids.
+func (n *node) loggedPooledPID(id string, pids map[string]bool) bool {
+	for _, l := range strings.Split(n.Logs(), "\n") {
+		if !strings.Contains(l, "sandbox="+id) || !strings.Contains(l, "pid=") {
+			continue
+		}
+		for pid := range pids {
+			if strings.Contains(l, " pid="+pid+" ") || strings.HasSuffix(l, " pid="+pid) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// crashPooledCreate (the pool node): a create that takes a pool entry is
+// crashed at point. The restart rolls it back (crashCreate's checks), the
+// pool refills, and the next create is served from it and runs.
+func (n *node) crashPooledCreate(t *testing.T, point string) {
+	n.waitPoolFull(t)
+	n.crashCreate(t, point)
+	before := n.waitPoolFull(t)
+	id := n.create(t, `{"templateID":"base","timeout":120}`)
+	if got := n.sh(t, id, "echo pooled"); got != "pooled" {
+		t.Fatalf("a create after the crash at %s: %q", point, got)
+	}
+	if after := n.poolStats(t); after.Hits != before.Hits+1 {
+		t.Fatalf("the create after the crash at %s did not take a pool entry: %+v then %+v", point, before, after)
+	}
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+}
+
+// crashPoolFill (the pool node): the refill a create's take starts is
+// crashed at point. The create may have answered before the crash (then its
+// sandbox runs on after the restart) or not (then it is gone); the restart
+// removes every entry and the pool fills again.
+func (n *node) crashPoolFill(t *testing.T, point string) {
+	n.waitPoolFull(t)
+	before := n.listed(t)
+	var id string
+	var err error
+	n.crashAt(t, point, func() { id, err = n.Create(`{"templateID":"base","timeout":120}`) })
+	after := n.listed(t)
+	if err == nil {
+		if after[id] != "running" {
+			t.Fatalf("sandbox %s, created before the crash at %s, is %q after it", id, point, after[id])
+		}
+		if got := n.sh(t, id, "echo kept"); got != "kept" {
+			t.Fatalf("sandbox %s after the crash at %s: %q", id, point, got)
+		}
+		n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+		return
+	}
+	for sid := range after {
+		if _, ok := before[sid]; !ok {
+			t.Fatalf("a create cut off by the crash at %s left sandbox %s (%s)", point, sid, after[sid])
+		}
+	}
+}
