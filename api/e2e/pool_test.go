@@ -115,6 +115,9 @@ func TestVMMPool(t *testing.T) {
 	if len(waiting) != poolHigh {
 		t.Fatalf("%d VMM processes wait in the pool, want %d", len(waiting), poolHigh)
 	}
+	for pid := range waiting {
+		checkPooledConfined(t, pid)
+	}
 	v := sdkVersions[len(sdkVersions)-1]
 	out, err := runSDKScript(t, n, v, "pool.mjs", 4*time.Minute)
 	if err != nil {
@@ -195,5 +198,29 @@ func (n *node) crashPoolFill(t *testing.T, point string) {
 		if _, ok := before[sid]; !ok {
 			t.Fatalf("a create cut off by the crash at %s left sandbox %s (%s)", point, sid, after[sid])
 		}
+	}
+}
+
+// checkPooledConfined: a VMM waiting in the pool is confined like any
+// other: its seccomp filter, an unprivileged identity of its own, and a
+// control group of its own (the entry's).
+func checkPooledConfined(t *testing.T, pid string) {
+	t.Helper()
+	status, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := ""
+	for _, l := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "Uid:" {
+			uid = f[1]
+		}
+	}
+	if !strings.Contains(string(status), "\nSeccomp:\t2\n") || uid == "" || uid == "0" {
+		t.Errorf("pooled VMM %s: uid %q, status\n%s", pid, uid, status)
+	}
+	cg, err := os.ReadFile("/proc/" + pid + "/cgroup")
+	if err != nil || !strings.Contains(string(cg), "/pool-") {
+		t.Errorf("pooled VMM %s is in no control group of its entry: %s %v", pid, cg, err)
 	}
 }
