@@ -19,13 +19,14 @@ import (
 
 // machine is one QEMU process.
 type machine struct {
-	id   string
-	spec *machineSpec
-	mem  memorySource
-	rd   *runDir
-	proc *os.Process
-	qmp  *qmp.Conn
-	log  *slog.Logger
+	id     string
+	binary string // the QEMU executable, an absolute path
+	spec   *machineSpec
+	mem    memorySource
+	rd     *runDir
+	proc   *os.Process
+	qmp    *qmp.Conn
+	log    *slog.Logger
 
 	exited  chan struct{}
 	exitErr error
@@ -114,7 +115,7 @@ func (d *Driver) start(ctx context.Context, id string, spec *machineSpec, mem me
 		rd.cleanup()
 		return nil, fmt.Errorf("start %s: %w", d.binary, err)
 	}
-	m := &machine{id: id, spec: spec, mem: mem, rd: rd, proc: cmd.Process, exited: make(chan struct{}),
+	m := &machine{id: id, binary: d.binary, spec: spec, mem: mem, rd: rd, proc: cmd.Process, exited: make(chan struct{}),
 		log: d.log.With("vm", id, "pid", cmd.Process.Pid)}
 	go func() {
 		m.exitErr = cmd.Wait()
