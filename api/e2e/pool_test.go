@@ -180,9 +180,16 @@ func (n *node) crashPooledCreate(t *testing.T, point string) {
 func (n *node) crashPoolFill(t *testing.T, point string) {
 	n.waitPoolFull(t)
 	before := n.listed(t)
+	removedLine := "removed a warm pool entry a previous process left"
+	removed := strings.Count(n.Logs(), removedLine)
 	var id string
 	var err error
 	n.crashAt(t, point, func() { id, err = n.Create(`{"templateID":"base","timeout":120}`) })
+	// The entry being filled was recorded: the restart removed it (and the
+	// ready ones) by their records.
+	if got := strings.Count(n.Logs(), removedLine); got <= removed+poolHigh-1 {
+		t.Fatalf("the restart after the crash at %s removed %d pool entries by their records, want %d or more", point, got-removed, poolHigh)
+	}
 	after := n.listed(t)
 	if err == nil {
 		if after[id] != "running" {

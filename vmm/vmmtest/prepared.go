@@ -22,7 +22,9 @@ func (s *suite) prepared(t *testing.T) {
 	ctx := context.Background()
 	tn := NewTestNet(s.top)
 	pooled, moved := filepath.Join(s.work, "prepared-pool"), filepath.Join(s.work, "prepared-owner")
-	vm, err := p.Prepare(ctx, vmm.RestoreConfig{ID: "prepared", SnapshotDir: s.snap, RunDir: pooled, NICs: []vmm.NIC{tn.NIC()}})
+	rc := s.restoreConfig("prepared", s.snap, tn.NIC())
+	rc.RunDir = pooled
+	vm, err := p.Prepare(ctx, rc)
 	if err != nil {
 		t.Fatal(err)
 	}
