@@ -170,6 +170,9 @@ func Start(ctx context.Context, deps Deps, spec Spec) (_ *VM, err error) {
 		return spec.Stage(name)
 	}
 	if err := checkTwoHalves(spec); err != nil {
+		if spec.Pooled != nil {
+			_ = spec.Pooled.Close(context.WithoutCancel(ctx)) // taken whole, even by a start that refuses it
+		}
 		return nil, err
 	}
 	tap, err := v.network(ctx, spec, &undo)
