@@ -118,6 +118,7 @@ func (o *Orchestrator) startCreate(ctx context.Context, s *instance, t *template
 		return o.startVM(ctx, s, t.Snapshot, lap)
 	}
 	err := o.startVMFrom(ctx, s, t.Snapshot, lap, e)
+	o.pool.Done(e)
 	_ = os.RemoveAll(e.Dir) // its run directory moved to the sandbox's, or went with the VM
 	if err == nil || ctx.Err() != nil {
 		return err

@@ -15,6 +15,12 @@ const idleWait = time.Minute
 // maxBackoff bounds the wait after a key's failed fills.
 const maxBackoff = time.Minute
 
+// maxYield bounds how long the refill yields to the creates that took
+// entries: a VMM's start is CPU work that a guest waking up (the create's
+// agent stage) competes for, but a stream of creates must not starve the
+// pool.
+const maxYield = 5 * time.Second
+
 // run fills one entry at a time while a key is due, until ctx ends.
 func (p *Pool) run(ctx context.Context) {
 	for {
@@ -37,13 +43,17 @@ func (p *Pool) run(ctx context.Context) {
 
 // next returns the key to fill an entry of now ("" when none), else how
 // long to wait at most before looking again. A key below Low fills until
-// High; a fill never takes the entries past ReserveMiB.
+// High; a fill never takes the entries past ReserveMiB, nor starts while a
+// create that took an entry runs (for maxYield at most).
 func (p *Pool) next(now time.Time) (key string, memMiB int, wait time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	wait = idleWait
 	if p.closed || p.starting > 0 {
 		return "", 0, wait
+	}
+	if yield := p.yieldLocked(now); yield > 0 {
+		return "", 0, yield // Done wakes the refill earlier
 	}
 	names := make([]string, 0, len(p.keys))
 	for k := range p.keys {
@@ -70,6 +80,16 @@ func (p *Pool) next(now time.Time) (key string, memMiB int, wait time.Duration) 
 		}
 	}
 	return "", 0, wait
+}
+
+// yieldLocked is how long the refill still yields to the creates that took
+// entries (0: it does not); mu held.
+func (p *Pool) yieldLocked(now time.Time) time.Duration {
+	var d time.Duration
+	for _, at := range p.taken {
+		d = max(d, at.Add(maxYield).Sub(now))
+	}
+	return d
 }
 
 // fill makes one entry of key: recorded as starting, its VM started (pid,

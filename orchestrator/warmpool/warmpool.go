@@ -116,6 +116,9 @@ type Pool struct {
 	startingMiB int
 	closed      bool
 	hits, miss  int64
+	// taken are the entries whose takers' creates are still running, by
+	// id, with when they were taken: the refill yields to them (refill.go).
+	taken map[string]time.Time
 }
 
 // keyState is one key's part of the pool.
@@ -133,7 +136,7 @@ func New(opts Options) *Pool {
 		opts.Logger = slog.Default()
 	}
 	return &Pool{opts: opts, log: opts.Logger.With("component", "warmpool"), wake: make(chan struct{}, 1),
-		keys: map[string]*keyState{}}
+		keys: map[string]*keyState{}, taken: map[string]time.Time{}}
 }
 
 // Start runs the refill in a goroutine of the pool's own (Close ends it).
@@ -194,7 +197,7 @@ func (p *Pool) Drop(ctx context.Context, key string) {
 
 // Take hands out key's oldest ready entry (nil when none is ready). Its
 // record stays until Handed or Discard: the taker records first what it
-// took.
+// took. The taker calls Done once its create is over.
 func (p *Pool) Take(key string) *Entry {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -208,8 +211,18 @@ func (p *Pool) Take(key string) *Entry {
 	e := ks.ready[0]
 	ks.ready = ks.ready[1:]
 	p.hits++
+	p.taken[e.ID] = time.Now()
 	p.poke()
 	return e
+}
+
+// Done says the create that took e is over (its guest runs, or it failed):
+// the refill no longer yields to it.
+func (p *Pool) Done(e *Entry) {
+	p.mu.Lock()
+	delete(p.taken, e.ID)
+	p.mu.Unlock()
+	p.poke()
 }
 
 // Handed removes a taken entry's record: its VM is the taker's now, and

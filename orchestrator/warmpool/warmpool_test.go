@@ -79,6 +79,30 @@ func TestNextBacksOff(t *testing.T) {
 	}
 }
 
+// TestNextYieldsToTakers: while a create that took an entry runs, the
+// refill waits (its VMM start would take CPU from the create's guest), at
+// most maxYield.
+func TestNextYieldsToTakers(t *testing.T) {
+	t.Parallel()
+	p := New(Options{Low: 1, High: 1, ReserveMiB: 1024})
+	p.keys["a"] = &keyState{memMiB: 1, ready: []*Entry{{Record: Record{ID: "pool-1"}}}}
+	e := p.Take("a")
+	if e == nil || e.ID != "pool-1" {
+		t.Fatalf("take: %+v", e)
+	}
+	now := time.Now()
+	if key, _, wait := p.next(now); key != "" || wait <= 0 || wait > maxYield {
+		t.Fatalf("while the taker runs: fill %q, wait %s", key, wait)
+	}
+	if key, _, _ := p.next(now.Add(maxYield + time.Second)); key != "a" {
+		t.Fatalf("past maxYield the refill still waits")
+	}
+	p.Done(e)
+	if key, _, _ := p.next(now); key != "a" {
+		t.Fatalf("after Done the refill still waits")
+	}
+}
+
 // TestRecoverRemovesEverything: at startup every recorded entry is removed
 // (through remove, then its record) and so is the pool's directory.
 func TestRecoverRemovesEverything(t *testing.T) {
