@@ -5,6 +5,9 @@
 // concurrent creates as a ratio to one at a time, in rounds (median and
 // spread), in the same run; the create's median against the VMM's own
 // restore (goal <= 1.5x); and, for this tree, the curve of 1, 2, 5, 10 and
-// 20 creates at once (median latency, throughput against one at a time). Run it with `make bench` or
+// 20 creates at once (median latency, throughput against one at a time).
+// BenchmarkCreatePool compares creates with the warm pool of VMM processes
+// off and on (two nodes side by side, paired rounds), per stage and as
+// ratios to the VMM's own restore. Run them with `make bench` or
 // `go test -run '^$' -bench . -benchtime 1x ./bench/aenvd`.
 package aenvdbench
