@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -102,16 +103,12 @@ func (n *node) poolEntries(t *testing.T) []string {
 // waiting VMM (the pool's hit count moves, the sandbox's VMM is one of the
 // entries that waited), runs commands with its own env vars and
 // round-trips files; the pool refills to its watermark, and nothing is
-// left that neither a sandbox nor the pool owns.
+// left that neither a sandbox nor the pool owns, also after a kill -9 of
+// aenvd with the pool full.
 func TestVMMPool(t *testing.T) {
 	n := poolNode(t)
 	before := n.waitPoolFull(t)
-	waiting := map[string]bool{}
-	for _, e := range n.poolEntries(t) {
-		for _, pid := range processesMentioning(filepath.Join(n.DataDir, "pool", e) + "/") {
-			waiting[pid] = true
-		}
-	}
+	waiting := n.pooledVMMs(t)
 	if len(waiting) != poolHigh {
 		t.Fatalf("%d VMM processes wait in the pool, want %d", len(waiting), poolHigh)
 	}
@@ -138,6 +135,32 @@ func TestVMMPool(t *testing.T) {
 		t.Fatalf("sandbox %s's VMM is none of the pool's %v\n%s", id, waiting, n.diagnose(id))
 	}
 	n.checkNoOrphans(t)
+
+	// kill -9 with a full pool: the next start removes the waiting VMMs
+	// (and their devices and slots) and fills the pool anew.
+	refilled := n.pooledVMMs(t)
+	n.restart(t, syscall.SIGKILL)
+	n.waitPoolFull(t)
+	for pid := range refilled {
+		if _, err := os.Stat("/proc/" + pid); err == nil {
+			if st, _ := os.ReadFile("/proc/" + pid + "/stat"); !strings.Contains(string(st), ") Z ") {
+				t.Errorf("pooled VMM %s of the killed aenvd still runs after the restart", pid)
+			}
+		}
+	}
+	n.checkNoOrphans(t)
+}
+
+// pooledVMMs are the VMM processes waiting in the pool, by pid.
+func (n *node) pooledVMMs(t *testing.T) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, e := range n.poolEntries(t) {
+		for _, pid := range processesMentioning(filepath.Join(n.DataDir, "pool", e) + "/") {
+			out[pid] = true
+		}
+	}
+	return out
 }
 
 // loggedPooledPID reports whether aenvd logged sandbox id's VM with one of
