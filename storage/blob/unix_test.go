@@ -108,13 +108,13 @@ func TestParseUnixURL(t *testing.T) {
 func TestURLDigest(t *testing.T) {
 	t.Parallel()
 	for ref, want := range map[string]string{
-		"https://r.example/v2/a/b/blobs/sha256:" + someHex: "sha256:" + someHex,
-		"http://10.0.0.2:3002/v1/blobs/sha256/" + someHex:  "sha256:" + someHex,
-		"https://r.example/v2/a/b/blobs/sha256:" + someHex[:63]:  "",
-		"http://h/v1/blobs/sha256/" + strings.ToUpper(someHex):   "",
-		"http://h/v1/blobs/sha512/" + someHex:                    "",
+		"https://r.example/v2/a/b/blobs/sha256:" + someHex:        "sha256:" + someHex,
+		"http://10.0.0.2:3002/v1/blobs/sha256/" + someHex:         "sha256:" + someHex,
+		"https://r.example/v2/a/b/blobs/sha256:" + someHex[:63]:   "",
+		"http://h/v1/blobs/sha256/" + strings.ToUpper(someHex):    "",
+		"http://h/v1/blobs/sha512/" + someHex:                     "",
 		"http+unix:///s.sock:/v1/lazy/sha256/" + someHex + "?x=1": "sha256:" + someHex,
-		"http://h/plain.lsmt":                                    "",
+		"http://h/plain.lsmt":                                     "",
 	} {
 		got, ok := URLDigest(ref)
 		if got != want || ok != (want != "") {
