@@ -305,11 +305,11 @@ type Features struct {
 	Exports         []string `json:"exports"` // "nbd", and "ublk" where the driver is loaded
 	Restack         bool     `json:"restack"`
 	// Localize says whether URL lowers can move onto local files (LocalizeParams).
-	Localize bool `json:"localize"`
-	SharedDevices   bool     `json:"shared_devices"`
-	WarmPool        bool     `json:"warm_pool"`
-	Resize          bool     `json:"resize"`
-	TCP             bool     `json:"tcp"`
+	Localize      bool `json:"localize"`
+	SharedDevices bool `json:"shared_devices"`
+	WarmPool      bool `json:"warm_pool"`
+	Resize        bool `json:"resize"`
+	TCP           bool `json:"tcp"`
 	// KernelNBD says whether devices can be attached to /dev/nbdN here.
 	KernelNBD bool `json:"kernel_nbd"`
 	// Ublk says whether devices can be exported as /dev/ublkbN here.
