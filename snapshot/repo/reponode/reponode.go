@@ -46,6 +46,8 @@ type Node struct {
 	mu     sync.Mutex
 	stop   context.CancelFunc // ends the periodic collection (gc.go)
 	gcRuns atomic.Int64
+	lazy   *lazyServer  // the layer socket, once ServeLayers ran (lazy.go)
+	whole  atomic.Int64 // bytes Fetch read from peers and the store
 }
 
 // Open opens the configured repository (nil, nil for backend "none"). A
@@ -140,6 +142,9 @@ func (n *Node) Close() error {
 		err = n.srv.Shutdown(ctx)
 		cancel()
 	}
+	if ls := n.lazyState(); ls != nil {
+		err = errors.Join(err, ls.close())
+	}
 	if n.stop != nil {
 		n.stop()
 	}
@@ -199,6 +204,7 @@ func (n *Node) Fetch(ctx context.Context, l repo.Layer, dir string) (string, err
 	path := filepath.Join(dir, l.Digest.Hex())
 	if st, err := os.Stat(path); err == nil && st.Size() == l.Size {
 		n.Held.Add(l.Digest, path)
+		n.dropLazy(l.Digest)
 		return path, nil
 	}
 	c, err := n.OpenLayer(ctx, l)
@@ -206,12 +212,18 @@ func (n *Node) Fetch(ctx context.Context, l repo.Layer, dir string) (string, err
 		return "", err
 	}
 	defer c.Close()
-	if err := repo.FetchLayer(ctx, c, l, path); err != nil {
+	err = repo.FetchLayer(ctx, c, l, path)
+	n.whole.Add(fetchedBytes(c))
+	if err != nil {
 		return "", err
 	}
 	n.Held.Add(l.Digest, path)
+	n.dropLazy(l.Digest) // the layer socket reads the file from now on
 	return path, nil
 }
+
+// FetchedWhole is the bytes Fetch read from peers and the store so far.
+func (n *Node) FetchedWhole() int64 { return n.whole.Load() }
 
 // OpenRecorded opens a layer like OpenLayer, recording the order of the
 // blocks read (for RecordWorkingSet after a restore's first moments).
