@@ -53,8 +53,8 @@ func ParseUnixURL(ref string) (socket, requestURI string, err error) {
 // unixRetries is how many attempts a read of a Unix-socket blob makes: the
 // server is a local process that may be restarting (its socket refuses
 // connections for a few seconds), and a read that gives up is an I/O
-// error in a guest. The waits grow by 100 ms an attempt: about 19 s in all.
-const unixRetries = 20
+// error in a guest. The waits grow by 100 ms an attempt: about 45 s in all.
+const unixRetries = 30
 
 // openUnix opens a http+unix blob: the same range requests as HTTP, over
 // connections to the socket.

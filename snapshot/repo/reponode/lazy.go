@@ -136,6 +136,9 @@ func (n *Node) LazyURL(l repo.Layer) string {
 
 // LazyLayer is the layer a LazyURL names (of any node's socket: the URL
 // holds the whole description).
+func (n *Node) LazyLayer(ref string) (repo.Layer, bool) { return LazyLayer(ref) }
+
+// LazyLayer is the layer a LazyURL names.
 func LazyLayer(ref string) (repo.Layer, bool) {
 	_, uri, err := blob.ParseUnixURL(ref)
 	if err != nil {
@@ -252,7 +255,7 @@ func (n *Node) readLazy(l repo.Layer, p []byte, off int64) error {
 			}
 		}
 	}
-	c, err := n.lazyLayer(l)
+	c, err := n.openLazy(l)
 	if err == nil {
 		_, err = c.ReadAt(p, off)
 		if errors.Is(err, io.EOF) && off+int64(len(p)) == l.Size {
@@ -287,8 +290,8 @@ func (n *Node) lazyState() *lazyServer {
 	return n.lazy
 }
 
-// lazyLayer returns l opened for verified reads, opening it on first use.
-func (n *Node) lazyLayer(l repo.Layer) (*blob.Cache, error) {
+// openLazy returns l opened for verified reads, opening it on first use.
+func (n *Node) openLazy(l repo.Layer) (*blob.Cache, error) {
 	ls := n.lazyState()
 	if ls == nil {
 		return nil, errors.New("the layer socket is closed")
