@@ -388,6 +388,21 @@ func (l *lazyRootfs) resumeAll(ctx context.Context) {
 	}
 }
 
+// settleDisks waits until the layers of rec's root disk and drives are
+// files here (lazy.go's settle).
+func (o *Orchestrator) settleDisks(ctx context.Context, rec Record) error {
+	cfgs := []string{rec.RootfsImage}
+	for _, d := range rec.Drives {
+		cfgs = append(cfgs, d.Config)
+	}
+	for _, cfg := range cfgs {
+		if err := o.lazy.settle(ctx, cfg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // lazyMoved: cfg's layers are local; a template's disks get their warm
 // pool now (none is made from remote layers).
 func (o *Orchestrator) lazyMoved(cfg string) {

@@ -78,11 +78,11 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 	done := o.m.observe("pause")
 	defer func() { done(err) }()
 	s.mu.Lock()
-	cfg := s.rec.RootfsImage
+	rec := s.rec
 	s.mu.Unlock()
 	// A disk still reading layers from the repository is sealed once they
 	// are files here (its seal and upload list them): wait, VM running.
-	if err := o.lazy.settle(ctx, cfg); err != nil {
+	if err := o.settleDisks(ctx, rec); err != nil {
 		return err
 	}
 	if fsOnly {

@@ -102,8 +102,8 @@ func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden b
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	// A snapshot holds its disk's layers as files (lazy.go).
-	if err := o.lazy.settle(ctx, rec.RootfsImage); err != nil {
+	// A snapshot holds its disks' layers as files (lazy.go).
+	if err := o.settleDisks(ctx, rec); err != nil {
 		return r, fmt.Errorf("snapshot sandbox %s: %w", rec.ID, err)
 	}
 	r = snapshot.Record{ID: id, Names: []string{}, SandboxID: rec.ID, TemplateID: rec.TemplateID, CreatedAt: time.Now().UTC(),

@@ -3,7 +3,8 @@
 // each device through an Exporter (today NBD, on its own Unix socket
 // RUN/nbd-ID.sock; ublk later behind the same interface), and answers a
 // length-prefixed JSON RPC (package rpc) on a Unix socket: create, delete,
-// restack, shared devices, warm pool, reclaim, features, shutdown. Requests
+// restack, localize (URL lowers moved onto local copies), shared devices,
+// warm pool, reclaim, features, shutdown. Requests
 // of one connection run concurrently. Local is the same API in process.
 //
 // Devices outlive clients: nothing is tied to an RPC connection. A restarted
