@@ -7,9 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/agentenv/agentenv/vmm/vmmtest"
 )
 
 // TestAgentTokenAlways: a sandbox created without "secure" still has an
@@ -110,6 +113,7 @@ func checkUnprivileged(t *testing.T, pid, status string) {
 	if ns, own := readLink("/proc/"+pid+"/ns/mnt"), readLink("/proc/self/ns/mnt"); ns == "" || ns == own {
 		t.Errorf("QEMU %s runs in the mount namespace %q of the node, not its own", pid, ns)
 	}
+	checkJailMounts(t, pid, root)
 	// Its disk's socket lies there, made its own (it reconnects as itself
 	// after a restart of the storage daemon).
 	uid := strings.Fields(statusField(status, "Uid"))
@@ -122,6 +126,29 @@ func checkUnprivileged(t *testing.T, pid, status string) {
 	}
 	if owned == 0 {
 		t.Errorf("QEMU %s's root %s holds no 0600 disk socket of its uid %v (sockets %v)", pid, root, uid, socks)
+	}
+}
+
+// checkJailMounts: QEMU pid's mount namespace holds what it needs and
+// nothing else of the host: its chroot (root), the kernel and initrd its
+// command line names, the system's program directories, /proc and devices.
+func checkJailMounts(t *testing.T, pid, root string) {
+	t.Helper()
+	n, _ := strconv.Atoi(pid)
+	mounts, err := vmmtest.NamespaceMounts(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile("/proc/" + pid + "/cmdline")
+	args := strings.Split(string(raw), "\x00")
+	given := []string{root}
+	for i, a := range args {
+		if (a == "-kernel" || a == "-initrd") && i+1 < len(args) {
+			given = append(given, args[i+1])
+		}
+	}
+	if extra := vmmtest.JailMountsExtra(mounts, given...); len(extra) > 0 || !slices.Contains(mounts, root) {
+		t.Errorf("QEMU %s's mount namespace holds %v beyond what it needs (its jail %s; all: %v)", pid, extra, root, mounts)
 	}
 }
 

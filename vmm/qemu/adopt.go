@@ -34,8 +34,9 @@ type machineRecord struct {
 func (m *machine) saveRecord() error {
 	path := m.rd.path(recordFile)
 	m.rd.own(path)
-	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", m.proc.Pid))
-	rec := machineRecord{ID: m.id, PID: m.proc.Pid, Binary: exe, Spec: m.spec, MemoryPath: m.mem.path,
+	// The binary QEMU was started from, not /proc/PID/exe: a confined one
+	// may still be the jail's helper (this executable) at this point.
+	rec := machineRecord{ID: m.id, PID: m.proc.Pid, Binary: m.binary, Spec: m.spec, MemoryPath: m.mem.path,
 		MemShared: m.mem.shared, Console: m.rd.console, Created: m.rd.created, Owned: m.rd.owned}
 	b, err := json.Marshal(rec)
 	if err != nil {
@@ -59,8 +60,7 @@ func (d *Driver) Adopt(ctx context.Context, dir string) (vmm.Machine, error) {
 	if err := json.Unmarshal(b, &rec); err != nil || rec.Spec == nil || rec.PID <= 0 {
 		return nil, fmt.Errorf("adopt %s: bad machine record", dir)
 	}
-	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", rec.PID))
-	if err != nil || strings.TrimSuffix(exe, " (deleted)") != rec.Binary {
+	if !runsBinary(rec.PID, rec.Binary) {
 		return nil, fmt.Errorf("adopt %s: process %d is gone: %w", dir, rec.PID, vmm.ErrStopped)
 	}
 	proc, err := os.FindProcess(rec.PID)
@@ -72,7 +72,7 @@ func (d *Driver) Adopt(ctx context.Context, dir string) (vmm.Machine, error) {
 		return nil, fmt.Errorf("adopt %s: pidfd: %w", dir, err)
 	}
 	rd := &runDir{dir: dir, created: rec.Created, console: rec.Console, owned: rec.Owned}
-	m := &machine{id: rec.ID, spec: rec.Spec, mem: memorySource{path: rec.MemoryPath, shared: rec.MemShared}, rd: rd,
+	m := &machine{id: rec.ID, binary: rec.Binary, spec: rec.Spec, mem: memorySource{path: rec.MemoryPath, shared: rec.MemShared}, rd: rd,
 		proc: proc, exited: make(chan struct{}), log: d.log.With("vm", rec.ID, "pid", rec.PID, "adopted", true)}
 	go m.watchPidfd(pidfd)
 	m.startConsoleCap()
@@ -106,4 +106,26 @@ func (m *machine) Detach() error {
 	m.stopOnce.Do(func() {}) // this handle must not stop the VM any more
 	m.stopConsoleCap()
 	return m.qmp.Close()
+}
+
+// runsBinary reports whether process pid runs binary (and is not another
+// process that took a dead VMM's pid). A jailed QEMU's /proc/PID/exe reads
+// relative to the bind mount of its own namespace it was started from
+// (/usr bound there shows /usr/bin/qemu-system-x86_64 as
+// /bin/qemu-system-x86_64), so the file itself is compared first; a binary
+// replaced on disk since the start (a package upgrade) is matched by the
+// path the link shows.
+func runsBinary(pid int, binary string) bool {
+	exe := fmt.Sprintf("/proc/%d/exe", pid)
+	var running, onDisk unix.Stat_t
+	if unix.Stat(exe, &running) == nil && unix.Stat(binary, &onDisk) == nil &&
+		running.Dev == onDisk.Dev && running.Ino == onDisk.Ino {
+		return true
+	}
+	link, err := os.Readlink(exe)
+	if err != nil {
+		return false
+	}
+	link = strings.TrimSuffix(link, " (deleted)")
+	return link == binary || (strings.HasPrefix(link, "/") && strings.HasSuffix(binary, link))
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -87,6 +88,19 @@ func TestConfinedMachine(t *testing.T) {
 	}
 	if ns, own := mountNS(t, fmt.Sprint(pid)), mountNS(t, "self"); ns == own {
 		t.Errorf("QEMU %d shares the mount namespace %s of its starter", pid, ns)
+	}
+	// That namespace holds what QEMU needs and nothing else of the host.
+	mounts, err := vmmtest.NamespaceMounts(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if extra := vmmtest.JailMountsExtra(mounts, jail, a.Kernel, a.Initrd); len(extra) > 0 {
+		t.Errorf("QEMU %d's mount namespace holds more than it needs: %v (all: %v)", pid, extra, mounts)
+	}
+	for _, want := range []string{jail, a.Kernel, "/usr", "/proc"} {
+		if !slices.Contains(mounts, want) {
+			t.Errorf("QEMU %d's mount namespace lacks %s (all: %v)", pid, want, mounts)
+		}
 	}
 
 	write := func(word string) {

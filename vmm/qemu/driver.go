@@ -57,6 +57,9 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("qemu driver: %s not found (apt-get install qemu-system-x86): %w", opts.Binary, err)
 	}
+	if bin, err = filepath.Abs(bin); err != nil { // records and the jail name it absolutely
+		return nil, fmt.Errorf("qemu driver: %w", err)
+	}
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}

@@ -2,12 +2,20 @@ package qemu
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
+
+	"github.com/agentenv/agentenv/internal/vmmjail"
+	"github.com/agentenv/agentenv/vmm"
 )
 
-// Confines implements vmm.Confiner: a machine with RunAs runs as that
-// identity (QEMU's -runas) in a chroot (-chroot) holding nothing but the
-// sockets of its disks, under the seccomp filter every machine gets.
+// Confines implements vmm.Confiner: a machine with RunAs starts in a mount
+// namespace holding only what QEMU needs (internal/vmmjail: the system's
+// program directories, its kernel, initrd and drive files, its sockets'
+// directory), then runs as that identity (QEMU's -runas) in a chroot
+// (-chroot) holding nothing but the sockets of its disks, under the seccomp
+// filter every machine gets.
 func (d *Driver) Confines() bool { return true }
 
 // jailOf returns the directory a confined machine chroots into: the one
@@ -46,3 +54,34 @@ func drivePaths(spec *machineSpec) []string {
 	}
 	return out
 }
+
+// command returns the QEMU command of a start: plain when the machine is
+// not confined (jail ""), else in a jail of its own (internal/vmmjail)
+// whose tree holds the files QEMU opens before it drops privileges (kernel,
+// initrd, drive files) and the jail directory it chroots into after, at the
+// paths the command line names. Its memory file, console, QMP socket and
+// taps come as descriptors and need no path.
+func (d *Driver) command(spec *machineSpec, args []string, jail string) (*exec.Cmd, error) {
+	if jail == "" {
+		return exec.Command(d.binary, args...), nil
+	}
+	binds := []vmmjail.Bind{{Path: jail}, {Path: d.binary}, {Path: spec.Kernel}}
+	if spec.Initrd != "" {
+		binds = append(binds, vmmjail.Bind{Path: spec.Initrd})
+	}
+	for _, dr := range spec.Drives {
+		if dr.Path != "" {
+			binds = append(binds, vmmjail.Bind{Path: dr.Path, Writable: !dr.ReadOnly})
+		}
+	}
+	cmd, err := vmmjail.Command(vmmjail.Spec{
+		Path: d.binary, Args: append([]string{d.binary}, args...), Env: os.Environ(), Dir: jail, Binds: binds,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("confine: %w", err)
+	}
+	cmd.Dir = jail // the relative socket paths resolve the same before and after the chroot
+	return cmd, nil
+}
+
+var _ vmm.Confiner = (*Driver)(nil)

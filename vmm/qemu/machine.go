@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -20,13 +19,14 @@ import (
 
 // machine is one QEMU process.
 type machine struct {
-	id   string
-	spec *machineSpec
-	mem  memorySource
-	rd   *runDir
-	proc *os.Process
-	qmp  *qmp.Conn
-	log  *slog.Logger
+	id     string
+	binary string // the QEMU executable, an absolute path
+	spec   *machineSpec
+	mem    memorySource
+	rd     *runDir
+	proc   *os.Process
+	qmp    *qmp.Conn
+	log    *slog.Logger
 
 	exited  chan struct{}
 	exitErr error
@@ -101,25 +101,21 @@ func (d *Driver) start(ctx context.Context, id string, spec *machineSpec, mem me
 	}
 	defer handed.Close()
 	files, fds := handed.extraFiles(taps)
-	args := buildArgs(spec, mem, fds, jail, incoming)
-	cmd := exec.Command(d.binary, args...)
-	cmd.Dir = jail // "": ours; a jail: the relative socket paths resolve the same before and after the chroot
+	cmd, err := d.command(spec, buildArgs(spec, mem, fds, jail, incoming), jail)
+	if err != nil {
+		rd.cleanup()
+		return nil, err
+	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.ExtraFiles = files
 	// Its own session: a VM outlives a restart of the node server and is
 	// not hit by the terminal's signals.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if jail != "" {
-		// A mount namespace of its own (a private copy): what is mounted
-		// or unmounted on the host later never reaches the VMM, and its
-		// chroot cannot be undone by a mount it would see.
-		cmd.SysProcAttr.Unshareflags = syscall.CLONE_NEWNS
-	}
 	if err := cmd.Start(); err != nil {
 		rd.cleanup()
 		return nil, fmt.Errorf("start %s: %w", d.binary, err)
 	}
-	m := &machine{id: id, spec: spec, mem: mem, rd: rd, proc: cmd.Process, exited: make(chan struct{}),
+	m := &machine{id: id, binary: d.binary, spec: spec, mem: mem, rd: rd, proc: cmd.Process, exited: make(chan struct{}),
 		log: d.log.With("vm", id, "pid", cmd.Process.Pid)}
 	go func() {
 		m.exitErr = cmd.Wait()

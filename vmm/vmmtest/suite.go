@@ -28,6 +28,10 @@ type Harness struct {
 	// ReadyTimeout bounds boot and restore to agent-ready; default 3 minutes
 	// (software emulation on a loaded machine is slow).
 	ReadyTimeout time.Duration
+	// UIDBase, when not zero, confines every machine the suite starts
+	// (vmm.Config.RunAs) as an identity of its own from UIDBase up: a driver
+	// that is a vmm.Confiner passes the suite the way a node runs it.
+	UIDBase uint32
 }
 
 // Run executes the suite. Steps depend on each other (the snapshot of one
@@ -62,7 +66,8 @@ func Run(t *testing.T, h Harness) {
 }
 
 type suite struct {
-	h    Harness
+	h       Harness
+	started uint32 // machines started so far: the next identity
 	top  *testing.T // owns VMs and networks that outlive one step
 	work string
 	vm   vmm.Machine
@@ -81,8 +86,23 @@ func (s *suite) config(id string, nic vmm.NIC) vmm.Config {
 		ID: id, Kernel: s.h.Kernel, Initrd: s.h.Initrd, Cmdline: s.cmdline(),
 		VCPUs: 1, MemoryMiB: 256, RunDir: filepath.Join(s.work, id),
 		Drives: []vmm.Drive{{ID: "rootfs", Path: s.h.Rootfs, ReadOnly: true}},
-		NICs:   []vmm.NIC{nic},
+		NICs:   []vmm.NIC{nic}, RunAs: s.runAs(),
 	}
+}
+
+// restoreConfig is a restore of snapshot dir as machine id, confined like
+// every machine of the suite.
+func (s *suite) restoreConfig(id, dir string, nic vmm.NIC) vmm.RestoreConfig {
+	return vmm.RestoreConfig{ID: id, SnapshotDir: dir, RunDir: filepath.Join(s.work, id), NICs: []vmm.NIC{nic}, RunAs: s.runAs()}
+}
+
+// runAs is the identity of the next machine (nil: unconfined).
+func (s *suite) runAs() *vmm.Identity {
+	if s.h.UIDBase == 0 {
+		return nil
+	}
+	s.started++
+	return &vmm.Identity{UID: s.h.UIDBase + s.started, GID: s.h.UIDBase + s.started}
 }
 
 // sh runs a shell command in the guest and returns its trimmed stdout.
@@ -132,6 +152,10 @@ func (s *suite) bootToReady(t *testing.T) {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", info.PID))
 	if err != nil || !strings.Contains(string(status), "\nSeccomp:\t2\n") {
 		t.Fatalf("VMM %d is not under a seccomp filter (mode 2): %v\n%s", info.PID, err, status)
+	}
+	// A confined VMM runs as its own identity, not root (uid != 0).
+	if s.h.UIDBase != 0 && !strings.Contains(string(status), fmt.Sprintf("\nUid:\t%d\t", s.h.UIDBase+1)) {
+		t.Fatalf("VMM %d does not run as its identity %d:\n%s", info.PID, s.h.UIDBase+1, status)
 	}
 }
 
@@ -193,9 +217,7 @@ func (s *suite) snapshotAndStop(t *testing.T) {
 func (s *suite) restore(t *testing.T, id string) (vmm.Machine, *TestNet) {
 	t.Helper()
 	tn := NewTestNet(s.top)
-	vm, err := s.h.Driver.Restore(context.Background(), vmm.RestoreConfig{
-		ID: id, SnapshotDir: s.snap, RunDir: filepath.Join(s.work, id), NICs: []vmm.NIC{tn.NIC()},
-	})
+	vm, err := s.h.Driver.Restore(context.Background(), s.restoreConfig(id, s.snap, tn.NIC()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,9 +337,9 @@ func (s *suite) deviceSnapshot(t *testing.T) {
 		t.Fatalf("resume after a device snapshot: %v", err)
 	}
 	tn := NewTestNet(s.top)
-	vm, err := s.h.Driver.Restore(ctx, vmm.RestoreConfig{
-		ID: "devsnap", SnapshotDir: dir, MemoryFile: mem, RunDir: filepath.Join(s.work, "devsnap-run"), NICs: []vmm.NIC{tn.NIC()},
-	})
+	rc := s.restoreConfig("devsnap-run", dir, tn.NIC())
+	rc.ID, rc.MemoryFile = "devsnap", mem
+	vm, err := s.h.Driver.Restore(ctx, rc)
 	if err != nil {
 		t.Fatal(err)
 	}

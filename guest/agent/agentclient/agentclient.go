@@ -40,7 +40,8 @@ func NewProcessClient(hc connect.HTTPClient, baseURL string) processconnect.Proc
 	return processconnect.NewProcessClient(hc, baseURL, connect.WithReadMaxBytes(MaxMessage))
 }
 
-// RunWith is Run with request options (access token, user, env).
+// RunWith is Run with request options (access token, user, env). It keeps
+// at most the last 2*MaxOutput bytes of each output stream.
 func RunWith(ctx context.Context, baseURL string, hc *http.Client, opts []Option, cmd string, args ...string) (stdout, stderr []byte, exitCode int, err error) {
 	if hc == nil {
 		hc = http.DefaultClient
@@ -62,9 +63,9 @@ func RunWith(ctx context.Context, baseURL string, hc *http.Client, opts []Option
 	for stream.Receive() {
 		ev := stream.Msg().GetEvent()
 		if d := ev.GetData(); d != nil {
-			stdout = append(stdout, d.GetStdout()...)
-			stdout = append(stdout, d.GetPty()...)
-			stderr = append(stderr, d.GetStderr()...)
+			stdout = keepTail(append(stdout, d.GetStdout()...))
+			stdout = keepTail(append(stdout, d.GetPty()...))
+			stderr = keepTail(append(stderr, d.GetStderr()...))
 		}
 		if end := ev.GetEnd(); end != nil {
 			return stdout, stderr, int(end.GetExitCode()), nil
@@ -74,6 +75,20 @@ func RunWith(ctx context.Context, baseURL string, hc *http.Client, opts []Option
 		return stdout, stderr, -1, fmt.Errorf("run %s via %s: %w", cmd, baseURL, err)
 	}
 	return stdout, stderr, -1, errors.New("run " + cmd + ": stream ended without an end event")
+}
+
+// MaxOutput bounds what RunWith keeps of each of a command's stdout and
+// stderr: the last MaxOutput bytes. The guest decides how much a command
+// prints, and the node runs commands of its own in guests it does not trust.
+const MaxOutput = 1 << 20
+
+// keepTail drops the front of b once it holds twice MaxOutput, keeping its
+// last MaxOutput bytes (so the copy is paid once per MaxOutput bytes read).
+func keepTail(b []byte) []byte {
+	if len(b) <= 2*MaxOutput {
+		return b
+	}
+	return append([]byte(nil), b[len(b)-MaxOutput:]...)
 }
 
 // WithToken sends the agent's access token.

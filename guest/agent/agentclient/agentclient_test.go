@@ -1,6 +1,7 @@
 package agentclient_test
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"net/http"
@@ -73,13 +74,43 @@ func TestRunMissingCommand(t *testing.T) {
 // the host reads from a guest.
 type hostileAgent struct {
 	processconnect.UnimplementedProcessHandler
-	size int
+	size  int
+	count int // messages of size bytes; 0: one, and no end event
 }
 
 func (h hostileAgent) Start(_ context.Context, _ *connect.Request[pb.StartRequest], st *connect.ServerStream[pb.StartResponse]) error {
-	big := make([]byte, h.size)
-	return st.Send(&pb.StartResponse{Event: &pb.ProcessEvent{Event: &pb.ProcessEvent_Data{
-		Data: &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: big}}}}})
+	for i := 0; i < max(h.count, 1); i++ {
+		big := bytes.Repeat([]byte{byte('a' + i%26)}, h.size)
+		if err := st.Send(&pb.StartResponse{Event: &pb.ProcessEvent{Event: &pb.ProcessEvent_Data{
+			Data: &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: big}}}}}); err != nil {
+			return err
+		}
+	}
+	if h.count == 0 {
+		return nil
+	}
+	return st.Send(&pb.StartResponse{Event: &pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: &pb.ProcessEvent_EndEvent{ExitCode: 0}}}})
+}
+
+// TestEndlessGuestOutputIsBounded: a guest that answers a command with
+// more output than the node keeps (64 MiB here, in messages each within
+// MaxMessage) costs the node at most 2*MaxOutput per stream, and the tail
+// is what is kept. It used to be all kept in memory.
+func TestEndlessGuestOutputIsBounded(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.Handle(processconnect.NewProcessHandler(hostileAgent{size: 1 << 20, count: 64}))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	out, _, code, err := agentclient.RunWith(context.Background(), srv.URL, srv.Client(), nil, "/bin/true")
+	if err != nil || code != 0 {
+		t.Fatalf("run: code %d, %v", code, err)
+	}
+	if len(out) > 2*agentclient.MaxOutput || len(out) < agentclient.MaxOutput {
+		t.Fatalf("kept %d bytes of 64 MiB of output, want between %d and %d", len(out), agentclient.MaxOutput, 2*agentclient.MaxOutput)
+	}
+	if last := byte('a' + 63%26); out[len(out)-1] != last || out[len(out)-agentclient.MaxOutput] != last {
+		t.Fatalf("the kept output is not the tail: ends %q", out[len(out)-1:])
+	}
 }
 
 func TestOversizedGuestMessageIsRefused(t *testing.T) {

@@ -1,0 +1,153 @@
+package vmmjail
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+)
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("building a jail (mounts, pivot_root) needs root")
+	}
+}
+
+// run starts a program in a jail and returns its stdout, stderr and error.
+func run(t *testing.T, s Spec) (string, string, error) {
+	t.Helper()
+	cmd, err := Command(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err = cmd.Run()
+	return out.String(), errOut.String(), err
+}
+
+// TestJailHoldsOnlyWhatItNeeds: a program in a jail sees the system's
+// program directories, /proc, a few devices and the paths it was given,
+// and nothing else of the host: the mount table of its namespace lists
+// exactly those, the root holds nothing more, and the host's own files
+// (this test's other files, /etc, /var) are absent.
+func TestJailHoldsOnlyWhatItNeeds(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	given := filepath.Join(dir, "given")
+	secret := filepath.Join(dir, "secret")
+	for _, p := range []string{given, secret} {
+		if err := os.WriteFile(p, []byte(filepath.Base(p)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, errOut, err := run(t, Spec{
+		Path: "/bin/sh", Args: []string{"sh", "-c", "cat /proc/self/mountinfo; echo ---; ls -a /; echo ---; cat " + given + "; echo; cat " + secret + " /etc/hostname /etc/passwd 2>&1; echo; ls /var 2>&1; true"},
+		Env: []string{"PATH=/usr/bin:/bin"}, Dir: "/", Binds: []Bind{{Path: given}},
+	})
+	if err != nil {
+		t.Fatalf("jailed sh: %v\n%s", err, errOut)
+	}
+	parts := strings.Split(out, "---\n")
+	if len(parts) != 3 {
+		t.Fatalf("output: %q", out)
+	}
+	var mounts []string
+	for _, line := range strings.Split(strings.TrimSpace(parts[0]), "\n") {
+		if f := strings.Fields(line); len(f) > 4 {
+			mounts = append(mounts, f[4])
+		}
+	}
+	sort.Strings(mounts)
+	allowed := map[string]bool{"/": true, "/proc": true, given: true, "/etc/ld.so.cache": true}
+	for _, p := range append(systemPaths(), devices...) {
+		allowed[p] = true
+	}
+	for _, m := range mounts {
+		if !allowed[m] && !strings.HasPrefix(m, "/usr/") {
+			t.Errorf("the jail's namespace has a mount at %s (all: %v)", m, mounts)
+		}
+	}
+	for _, want := range []string{"/", "/usr", "/proc", given, "/dev/null"} {
+		if !contains(mounts, want) {
+			t.Errorf("the jail's namespace lacks %s (all: %v)", want, mounts)
+		}
+	}
+	for _, name := range strings.Fields(parts[1]) {
+		switch name {
+		case ".", "..", "usr", "lib", "lib32", "lib64", "libx32", "bin", "sbin", "etc", "proc", "dev", strings.Split(dir, "/")[1]:
+		default:
+			t.Errorf("the jail's root holds %q (all: %q)", name, parts[1])
+		}
+	}
+	rest := parts[2]
+	if !strings.HasPrefix(rest, "given\n") {
+		t.Errorf("the given file does not read back: %q", rest)
+	}
+	if strings.Contains(rest, "secret\n") || strings.Contains(rest, "root:x:0") {
+		t.Errorf("a file of the host that was not given is readable in the jail: %q", rest)
+	}
+	if !strings.Contains(rest, "No such file") {
+		t.Errorf("reads of files not given did not fail with ENOENT: %q", rest)
+	}
+	if _, err := os.Stat(secret); err != nil {
+		t.Errorf("the host's file is gone after the jail's tmpfs came and went: %v", err)
+	}
+}
+
+// TestJailBindsReadOnlyUnlessWritable: a read-only path refuses writes, a
+// writable one takes them, and the root itself is read-only.
+func TestJailBindsReadOnlyUnlessWritable(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	ro, rw := filepath.Join(dir, "ro"), filepath.Join(dir, "rw")
+	for _, p := range []string{ro, rw} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := "touch " + ro + "/x 2>/dev/null && echo ro-written; touch " + rw + "/x && echo rw-written; touch /new 2>/dev/null && echo root-written; true"
+	out, errOut, err := run(t, Spec{
+		Path: "/bin/sh", Args: []string{"sh", "-c", script}, Env: []string{"PATH=/usr/bin:/bin"}, Dir: rw,
+		Binds: []Bind{{Path: ro}, {Path: rw, Writable: true}},
+	})
+	if err != nil {
+		t.Fatalf("jailed sh: %v\n%s", err, errOut)
+	}
+	if strings.TrimSpace(out) != "rw-written" {
+		t.Fatalf("writes in the jail: %q, want only the writable bind's", out)
+	}
+	if _, err := os.Stat(filepath.Join(rw, "x")); err != nil {
+		t.Fatalf("the write through the writable bind did not reach the host: %v", err)
+	}
+}
+
+// TestJailFailsClearly: a jail naming a path that does not exist does not
+// start the program and says which path.
+func TestJailFailsClearly(t *testing.T) {
+	needRoot(t)
+	missing := filepath.Join(t.TempDir(), "missing")
+	_, errOut, err := run(t, Spec{Path: "/bin/true", Args: []string{"true"}, Dir: "/", Binds: []Bind{{Path: missing}}})
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 126 || !strings.Contains(errOut, missing) {
+		t.Fatalf("err %v, stderr %q: want exit 126 naming %s", err, errOut, missing)
+	}
+	if _, err := Command(Spec{Path: "true", Dir: "/"}); err == nil {
+		t.Fatal("a relative binary was accepted")
+	}
+	if _, err := Command(Spec{Path: "/bin/true", Dir: "/", Binds: []Bind{{Path: "/a/../b"}}}); err == nil {
+		t.Fatal("an unclean bind path was accepted")
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
