@@ -131,7 +131,7 @@ func (l *lazyRootfs) creating() func() {
 	return l.devMu.RUnlock
 }
 
-// defer notes a config an import wrote: its job starts once the VM that
+// deferStart notes a config an import wrote: its job starts once the VM that
 // brought it answered (startLater), so the fetch does not compete with the
 // restore.
 func (l *lazyRootfs) deferStart(cfg string) {
