@@ -250,6 +250,9 @@ type Orchestrator struct {
 	builds atomic.Pointer[template.Builder]
 
 	events eventHub // lifecycle event subscribers (events.go)
+	// lazy moves rootfs layers read from the repository onto local files
+	// (lazy.go).
+	lazy *lazyRootfs
 	// volumes are the node's volumes (volumes.go).
 	volumes *volume.Store
 	// pool is the warm pool of VMM processes (pool.go); nil when off.
@@ -299,6 +302,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store, sd: opts.Storage,
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
 		sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
+	o.lazy = newLazyRootfs(o, opts.Registerer)
 	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups, Identities: vmmIdentities(opts, o.log)}
 	if opts.Storage != nil {
 		dd := &daemonDisks{sd: opts.Storage, poolLow: opts.StoragePoolLow, poolHigh: opts.StoragePoolHigh,
@@ -333,6 +337,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 		o.pool.Start(ctx)
 	}
 	o.cancelOrphanUploads()
+	o.lazy.resumeAll(ctx)
 	o.log.Info("guest memory images", "mode", MemoryMode, "why", MemoryReason)
 	return o, nil
 }
@@ -346,12 +351,14 @@ func (o *Orchestrator) DiskBackend() string { return o.disks.name() }
 // file.
 func (o *Orchestrator) DiskTransport() string { return o.disks.transport() }
 
-// Close drains the warm pool and waits for the background work (memory
+// Close drains the warm pool, stops the fetches of lazy rootfs layers (a
+// restart resumes them) and waits for the background work (memory
 // flattening, compaction) the orchestrator started.
 func (o *Orchestrator) Close() {
 	if o.pool != nil {
 		o.pool.Close(context.Background())
 	}
+	o.lazy.close()
 	o.bg.Wait()
 }
 

@@ -190,6 +190,8 @@ func (o *Orchestrator) DeleteTemplate(ctx context.Context, idOrName string) erro
 		delete(o.templates, t.ID)
 		o.mu.Unlock()
 		o.unpoolTemplate(ctx, t.ID)
+		// Its files go next: no fetch of its lazy layers may write there.
+		o.lazy.forget(filepath.Join(o.cfg.DataDir, "templates", t.ID))
 		return nil
 	})
 }
