@@ -150,8 +150,7 @@ func growSlack(vsec uint64) uint64 {
 // softLimit is the data file's logical end (sectors) past which a write
 // that needs space first reclaims what trims freed (see reclaim).
 func (u *Upper) softLimit() uint64 {
-	vsec := u.hdr.VirtualSize / SectorSize
-	return HeaderSize/SectorSize + vsec + growSlack(vsec)
+	return HeaderSize/SectorSize + u.hdr.VirtualSize/SectorSize + u.slack
 }
 
 // hardLimit is the data file's logical end past which writes fail with
@@ -159,8 +158,7 @@ func (u *Upper) softLimit() uint64 {
 // is reclaimed before the soft limit is passed, so only space held by
 // concurrent writes of the same sectors can reach it.
 func (u *Upper) hardLimit() uint64 {
-	vsec := u.hdr.VirtualSize / SectorSize
-	return HeaderSize/SectorSize + 2*vsec + growSlack(vsec)
+	return HeaderSize/SectorSize + 2*u.hdr.VirtualSize/SectorSize + u.slack
 }
 
 // allocLocked appends n sectors of space to dst: free extents first, then

@@ -145,6 +145,9 @@ func (u *Upper) punch(freed []extent) {
 // fsync, and reusing space it frees is safe only once it is on disk.
 func (u *Upper) initSpace() error {
 	u.sp = spaceState{free: newFreeExtents()}
+	if u.readOnly {
+		return nil // a read-only upper allocates nothing
+	}
 	var used []extent
 	u.tree.Ascend(func(s Segment) bool {
 		if !s.Zeroed {
@@ -163,9 +166,6 @@ func (u *Upper) initSpace() error {
 	}
 	if pos < u.dataEnd {
 		free = append(free, extent{pos, u.dataEnd - pos})
-	}
-	if u.readOnly {
-		return nil // nothing is allocated by a read-only upper
 	}
 	if err := u.index.Sync(); err != nil {
 		return fmt.Errorf("sync index %s: %w", u.indexPath, err)

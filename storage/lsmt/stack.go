@@ -117,7 +117,10 @@ func (s *Stack) fill(p []byte, off int64) error {
 	if len(segs) == 0 {
 		return s.fillLower(p, off)
 	}
-	err := readSegments(p, off, segs, s.upSrc, s.fillLower)
+	err := fpReadLookedUp.Inject()
+	if err == nil {
+		err = readSegments(p, off, segs, s.upSrc, s.fillLower)
+	}
 	if pinned {
 		s.upper.unpin(g) // the upper may now reuse what a trim freed meanwhile
 	}

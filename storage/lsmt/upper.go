@@ -64,6 +64,7 @@ type Upper struct {
 	// rewriteMin is the index size (entries) below which it is never
 	// rewritten, however few live mappings it has.
 	rewriteMin int64
+	slack      uint64 // sectors the data may pass the virtual size by (growSlack)
 	readOnly   bool
 	closed     bool
 	// Recovered counts index bytes dropped at open (a torn or invalid tail).
@@ -247,6 +248,7 @@ func (u *Upper) loadIndex() error {
 	if u.hdr.VirtualSize == 0 || u.hdr.VirtualSize%SectorSize != 0 {
 		return fmt.Errorf("%w: virtual size %d is not a positive multiple of 512", ErrFormat, u.hdr.VirtualSize)
 	}
+	u.slack = growSlack(u.hdr.VirtualSize / SectorSize)
 	start := int64(HeaderSize)
 	if ih.IndexOffset != 0 && ih.IndexOffset != HeaderSize {
 		return fmt.Errorf("%w: index %s index_offset %d, want 4096", ErrFormat, u.indexPath, ih.IndexOffset)

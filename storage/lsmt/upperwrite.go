@@ -4,6 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+
+	"github.com/agentenv/agentenv/internal/failpoint"
+)
+
+// Fault points that slow (or fail) an operation between the lookup that
+// pinned its space and its I/O, to test what runs meanwhile.
+var (
+	fpWritePlanned = failpoint.New("lsmt/write/planned")  // space allocated and pinned, nothing written
+	fpTrimFreed    = failpoint.New("lsmt/trim/freed")     // mappings zeroed, the freed space not yet punched
+	fpReadLookedUp = failpoint.New("lsmt/read/looked-up") // the upper's mappings looked up and pinned, nothing read
 )
 
 // WriteAt writes sector-aligned data at the logical byte offset off.
@@ -73,7 +83,10 @@ func (u *Upper) writeLog(p []byte, sec, n uint64) error {
 			return fmt.Errorf("write upper %s: %w", u.dataPath, err)
 		}
 	}
-	err := u.writePieces(p, sec, &pl)
+	err := fpWritePlanned.Inject()
+	if err == nil {
+		err = u.writePieces(p, sec, &pl)
+	}
 	if len(pl.inPlace) > 0 {
 		u.unpin(pl.gen)
 	}
@@ -271,6 +284,7 @@ func (u *Upper) Trim(off, n int64) error {
 	full := len(u.pending) >= pendingLimit
 	u.mu.Unlock()
 	if len(freed) > 0 {
+		_ = fpTrimFreed.Inject() // delays only: the trim is done, the punch gives blocks back
 		u.punch(freed)
 		u.unpin(g)
 	}
