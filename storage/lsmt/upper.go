@@ -59,7 +59,9 @@ type Upper struct {
 	pending   []byte      // encoded mappings not yet written to the index file
 	spare     []byte      // the previous batch's buffer, for reuse
 	sp        spaceState  // the data file's unreferenced space
+	_         [64]byte    // the pins change with every I/O: a cache line of their own
 	pins      [2]atomic.Int64
+	_         [48]byte
 	noPunch   atomic.Bool // the file system cannot punch holes
 	// rewriteMin is the index size (entries) below which it is never
 	// rewritten, however few live mappings it has.

@@ -52,28 +52,26 @@ func (u *Upper) writeSparse(p []byte, off int64, sec, n uint64) (int, error) {
 // writePlan says where the sectors of one write go: the pieces over data
 // the upper holds are written in place (inPlace, clipped mappings), the
 // others (holes, zeroed ranges) get the space got and become new mappings
-// (fresh). The inline arrays keep a small write from allocating.
+// (fresh).
 type writePlan struct {
 	inPlace []Segment
 	fresh   []Segment
 	got     []extent
 	uncov   []Segment // the pieces needing space (Offset, Length)
 	gen     uint64    // the pinned epoch, when inPlace is not empty
-	inl     [4]Segment
-	frl     [4]Segment
-	unl     [4]Segment
-	gtl     [4]extent
 }
 
 // writeLog writes to a log-structured upper: plan under mu (pinning the
 // in-place pieces' space, allocating the rest), write without it, then
 // insert the new mappings.
 func (u *Upper) writeLog(p []byte, sec, n uint64) error {
-	var pl writePlan
-	pl.inPlace, pl.fresh, pl.uncov, pl.got = pl.inl[:0], pl.frl[:0], pl.unl[:0], pl.gtl[:0]
+	// Backing arrays on the stack keep a small write from allocating.
+	var inl, frl, unl [4]Segment
+	var gtl [4]extent
+	pl := writePlan{inPlace: inl[:0], fresh: frl[:0], uncov: unl[:0], got: gtl[:0]}
 	for attempt := 0; ; attempt++ {
-		err := u.plan(&pl, sec, n, attempt)
-		if err == nil {
+		var err error
+		if pl, err = u.plan(pl, sec, n, attempt); err == nil {
 			break
 		}
 		if !errors.Is(err, errNoSpace) || attempt > 0 {
@@ -85,10 +83,13 @@ func (u *Upper) writeLog(p []byte, sec, n uint64) error {
 	}
 	err := fpWritePlanned.Inject()
 	if err == nil {
-		err = u.writePieces(p, sec, &pl)
+		err = u.writePieces(p, sec, pl)
 	}
 	if len(pl.inPlace) > 0 {
 		u.unpin(pl.gen)
+	}
+	if len(pl.fresh) == 0 {
+		return err // in place only: nothing to map, nothing taken
 	}
 	u.mu.Lock()
 	if err != nil {
@@ -111,17 +112,33 @@ func (u *Upper) writeLog(p []byte, sec, n uint64) error {
 	return nil
 }
 
-// plan fills pl for the write of n sectors at sec (see writePlan). Past
-// the soft limit it answers errNoSpace when freed space can be reclaimed
-// (the caller reclaims and plans again), and the hard limit applies after.
-func (u *Upper) plan(pl *writePlan, sec, n uint64, attempt int) error {
-	pl.inPlace, pl.fresh, pl.uncov, pl.got = pl.inPlace[:0], pl.fresh[:0], pl.uncov[:0], pl.got[:0]
+// plan returns pl filled for the write of n sectors at sec (see
+// writePlan). Past the soft limit it answers errNoSpace when freed space
+// can be reclaimed (the caller reclaims and plans again), and the hard
+// limit applies after. (Plans go by value: written through a pointer,
+// their backing arrays would leave the stack.)
+func (u *Upper) plan(pl writePlan, sec, n uint64, attempt int) (writePlan, error) {
+	pl.fresh, pl.got = pl.fresh[:0], pl.got[:0]
+	if attempt == 0 {
+		// Most writes go in place whole: that needs mu only for reading,
+		// so such writes do not wait for each other.
+		u.mu.RLock()
+		var need uint64
+		pl.inPlace, pl.uncov, need = u.splitLocked(pl.inPlace[:0], pl.uncov[:0], sec, n)
+		if need == 0 && !u.closed {
+			pl.gen = u.pinLocked()
+			u.mu.RUnlock()
+			return pl, nil
+		}
+		u.mu.RUnlock()
+	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.closed {
-		return fmt.Errorf("write upper %s: closed", u.dataPath)
+		return pl, fmt.Errorf("write upper %s: closed", u.dataPath)
 	}
-	need := u.splitLocked(pl, sec, n)
+	var need uint64
+	pl.inPlace, pl.uncov, need = u.splitLocked(pl.inPlace[:0], pl.uncov[:0], sec, n)
 	if need > 0 {
 		limit := u.softLimit()
 		if attempt > 0 || !u.reclaimableLocked() {
@@ -130,49 +147,56 @@ func (u *Upper) plan(pl *writePlan, sec, n uint64, attempt int) error {
 		var err error
 		if pl.got, err = u.allocLocked(pl.got, need, limit); err != nil {
 			if limit == u.hardLimit() {
-				return fmt.Errorf("write upper %s: its data would pass %d bytes: %w",
+				return pl, fmt.Errorf("write upper %s: its data would pass %d bytes: %w",
 					u.dataPath, limit*SectorSize, syscall.ENOSPC)
 			}
-			return err
+			return pl, err
 		}
 		pl.fresh = mapFresh(pl.fresh, pl.uncov, pl.got)
 	}
 	if len(pl.inPlace) > 0 {
 		pl.gen = u.pinLocked()
 	}
-	return nil
+	return pl, nil
 }
 
-// splitLocked cuts [sec, sec+n) into the pieces over live data (in place)
-// and the rest, and returns how many sectors the rest needs (mu held).
-func (u *Upper) splitLocked(pl *writePlan, sec, n uint64) uint64 {
+// splitLocked cuts [sec, sec+n) into the pieces over live data (appended
+// to inPlace, clipped mappings) and the rest (appended to uncov), and
+// returns how many sectors the rest needs (mu held).
+func (u *Upper) splitLocked(inPlace, uncov []Segment, sec, n uint64) ([]Segment, []Segment, uint64) {
 	end := sec + n
-	pl.inPlace = u.lookupLocked(pl.inPlace, sec, n)
-	if len(pl.inPlace) == 1 && !pl.inPlace[0].Zeroed && pl.inPlace[0].Offset == sec && pl.inPlace[0].End() == end {
-		return 0 // the common overwrite: one mapping holds it all
+	whole := false
+	u.tree.DescendLessOrEqual(Segment{Offset: sec}, func(it Segment) bool {
+		if !it.Zeroed && it.End() >= end {
+			inPlace, whole = append(inPlace, it.Clip(sec, end)), true
+		}
+		return false
+	})
+	if whole {
+		return inPlace, uncov, 0 // the common overwrite: one mapping holds it all
 	}
+	inPlace = u.lookupLocked(inPlace, sec, n)
 	cur, need := sec, uint64(0)
 	k := 0
-	for _, s := range pl.inPlace {
+	for _, s := range inPlace {
 		if s.Offset > cur {
-			pl.uncov = appendRange(pl.uncov, cur, s.Offset)
+			uncov = appendRange(uncov, cur, s.Offset)
 		}
 		if s.Zeroed {
-			pl.uncov = appendRange(pl.uncov, s.Offset, s.End())
+			uncov = appendRange(uncov, s.Offset, s.End())
 		} else {
-			pl.inPlace[k] = s
+			inPlace[k] = s
 			k++
 		}
 		cur = s.End()
 	}
 	if cur < end {
-		pl.uncov = appendRange(pl.uncov, cur, end)
+		uncov = appendRange(uncov, cur, end)
 	}
-	pl.inPlace = pl.inPlace[:k]
-	for _, r := range pl.uncov {
+	for _, r := range uncov {
 		need += uint64(r.Length)
 	}
-	return need
+	return inPlace[:k], uncov, need
 }
 
 // appendRange appends the logical range [a, b) to rs, extending the last
@@ -205,7 +229,7 @@ func mapFresh(dst, uncov []Segment, got []extent) []Segment {
 
 // writePieces writes the data of a plan: in place, then the new space,
 // where mappings that continue each other in the file are one write.
-func (u *Upper) writePieces(p []byte, sec uint64, pl *writePlan) error {
+func (u *Upper) writePieces(p []byte, sec uint64, pl writePlan) error {
 	for _, s := range pl.inPlace {
 		if err := u.writeData(p, sec, s.Offset, s.MOffset, uint64(s.Length)); err != nil {
 			return err
