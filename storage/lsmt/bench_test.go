@@ -124,3 +124,43 @@ func BenchmarkUpperWrite(b *testing.B) {
 		})
 	})
 }
+
+// BenchmarkUpperRead measures 4 KiB reads of data an upper holds (on tmpfs
+// when there is one): the lookup and the pin that keeps the space from
+// being reused under the read, then the read itself.
+func BenchmarkUpperRead(b *testing.B) {
+	const size = 64 << 20
+	dir, err := os.MkdirTemp(tmpBase(), "lsmt-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	u, err := CreateUpper(filepath.Join(dir, "d"), filepath.Join(dir, "i"), size, UUID{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := NewStack(nil, u)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	buf := bytes.Repeat([]byte{0x5a}, 4096)
+	for off := int64(0); off < size; off += 4096 {
+		if _, err := u.WriteAt(buf, off); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.SetBytes(4096)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		r := rand.New(rand.NewPCG(rand.Uint64(), 0))
+		p := make([]byte, 4096)
+		for pb.Next() {
+			if _, err := st.ReadAt(p, r.Int64N(size/4096)*4096); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
