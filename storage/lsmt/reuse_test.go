@@ -56,6 +56,9 @@ func TestReuseAfterTrim(t *testing.T) {
 	if err := u.checkSpace(); err != nil {
 		t.Fatal(err)
 	}
+	if err := m.check(stackOf(t, u), false); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestConcurrentReuse: writers, trimmers, readers and flushes in parallel
@@ -294,6 +297,62 @@ func pinnedSpace(t *testing.T, op, point string) {
 		t.Fatal(err)
 	}
 	if err := u.checkSpace(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.check(stackOf(t, u), false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOpenReclaimsGarbage: data whose mappings never reached the index (a
+// process killed before its flush) is garbage in the data file; opening the
+// upper punches it out and later writes reuse its space.
+func TestOpenReclaimsGarbage(t *testing.T) {
+	const vs = 1 << 20
+	dir := t.TempDir()
+	dp, ip := filepath.Join(dir, "d"), filepath.Join(dir, "i")
+	u, err := CreateUpper(dp, ip, vs, UUID{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newHistModel(vs / SectorSize)
+	if err := m.write(u, 0, 8); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	m.flushed()
+	if err := m.write(u, 1024, 1024); err != nil { // 512 KiB, never mapped on disk
+		t.Fatal(err)
+	}
+	u.data.Sync()
+	u.closeFiles() // killed
+	if a := allocated(t, dp); a < 512<<10 {
+		t.Fatalf("the test's garbage holds %d bytes, want 512 KiB", a)
+	}
+	u, err = OpenUpper(dp, ip, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	if a := allocated(t, dp); a > 64<<10 {
+		t.Fatalf("after reopening, the data file still holds %d bytes", a)
+	}
+	for s := uint64(1024); s < 2048; s++ {
+		m.set(s, 0) // lost with their mappings
+	}
+	end := u.dataEnd
+	if err := m.write(u, 100, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if u.dataEnd != end {
+		t.Fatalf("a write after reopening grew the data file (%d -> %d sectors) instead of reusing the garbage", end, u.dataEnd)
+	}
+	if err := u.checkSpace(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.check(stackOf(t, u), false); err != nil {
 		t.Fatal(err)
 	}
 }
