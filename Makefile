@@ -5,7 +5,7 @@ GO ?= go
 BIN := bin
 GOFLAGS_STATIC := CGO_ENABLED=0
 
-.PHONY: build setup check test test-race bench guest vet clean release
+.PHONY: build setup check test test-race fuzz bench guest vet clean release
 
 build:
 	$(GOFLAGS_STATIC) $(GO) build -trimpath -o $(BIN)/ ./cmd/...
@@ -17,6 +17,7 @@ build:
 test: build
 	$(GO) test -p 1 -count=1 -timeout 50m ./...
 	$(MAKE) test-race
+	$(MAKE) fuzz
 
 # The race detector over every package whose tests boot no VM
 # (scripts/race-packages.sh), and one end-to-end test against a race-built
@@ -25,6 +26,12 @@ test: build
 test-race:
 	$(GO) test -race -count=1 -timeout 30m $$(./scripts/race-packages.sh)
 	AENVDTEST_RACE=1 $(GO) test -count=1 -timeout 20m -run 'TestConcurrentLifecycleCalls$$' ./api/e2e/
+
+# Every fuzz target of the module, mutating for FUZZTIME each (default 3s;
+# scripts/fuzz.sh): parsers of untrusted bytes keep being fuzzed, not only
+# replayed from their seed corpora as `go test` does.
+fuzz:
+	./scripts/fuzz.sh
 
 # Everything the tests need, installed from scratch when missing (idempotent):
 # packages, Go, Node.js (scripts/setup.sh), E2B's npm SDKs and the other
