@@ -123,9 +123,8 @@ func (u *Upper) plan(pl writePlan, sec, n uint64, attempt int) (writePlan, error
 		// Most writes go in place whole: that needs mu only for reading,
 		// so such writes do not wait for each other.
 		u.mu.RLock()
-		var need uint64
-		pl.inPlace, pl.uncov, need = u.splitLocked(pl.inPlace[:0], pl.uncov[:0], sec, n)
-		if need == 0 && !u.closed {
+		if s, ok := u.wholeLocked(sec, n); ok && !u.closed {
+			pl.inPlace, pl.uncov = append(pl.inPlace[:0], s), pl.uncov[:0]
 			pl.gen = u.pinLocked()
 			u.mu.RUnlock()
 			return pl, nil
@@ -165,16 +164,6 @@ func (u *Upper) plan(pl writePlan, sec, n uint64, attempt int) (writePlan, error
 // returns how many sectors the rest needs (mu held).
 func (u *Upper) splitLocked(inPlace, uncov []Segment, sec, n uint64) ([]Segment, []Segment, uint64) {
 	end := sec + n
-	whole := false
-	u.tree.DescendLessOrEqual(Segment{Offset: sec}, func(it Segment) bool {
-		if !it.Zeroed && it.End() >= end {
-			inPlace, whole = append(inPlace, it.Clip(sec, end)), true
-		}
-		return false
-	})
-	if whole {
-		return inPlace, uncov, 0 // the common overwrite: one mapping holds it all
-	}
 	inPlace = u.lookupLocked(inPlace, sec, n)
 	cur, need := sec, uint64(0)
 	k := 0
@@ -197,6 +186,20 @@ func (u *Upper) splitLocked(inPlace, uncov []Segment, sec, n uint64) ([]Segment,
 		need += uint64(r.Length)
 	}
 	return inPlace[:k], uncov, need
+}
+
+// wholeLocked returns the part of the one data mapping that holds all of
+// [sec, sec+n), if there is one (mu held).
+func (u *Upper) wholeLocked(sec, n uint64) (Segment, bool) {
+	var out Segment
+	ok := false
+	u.tree.DescendLessOrEqual(Segment{Offset: sec}, func(it Segment) bool {
+		if !it.Zeroed && it.End() >= sec+n {
+			out, ok = it.Clip(sec, sec+n), true
+		}
+		return false
+	})
+	return out, ok
 }
 
 // appendRange appends the logical range [a, b) to rs, extending the last
