@@ -34,7 +34,7 @@ import (
 // is rewritten from the live mappings when it holds many more entries than
 // they are (upperflush.go).
 //
-// Locks: mu guards the tree, pending, the space sets, dataEnd, epoch and
+// Locks: mu guards the tree (and treeVer), pending, the space sets, dataEnd, epoch and
 // closed; it is held for lookups and bookkeeping, never across I/O.
 // flushMu serializes index writes (batches, the rewrite) and guards index,
 // indexEnd and dirDirty; it is held across fsyncs, and takes mu inside it
@@ -52,6 +52,7 @@ type Upper struct {
 	sparse    bool
 	hdr       HeaderTrailer
 	tree      *btree.BTreeG[Segment]
+	treeVer   uint64      // counts changes of the tree
 	mapped    atomic.Bool // the tree ever held a mapping: reads of a fresh upper skip the lock
 	dataEnd   uint64      // sectors: the data file's logical end (log-structured)
 	indexEnd  int64       // bytes of the index file written (flushMu)

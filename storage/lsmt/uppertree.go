@@ -50,6 +50,11 @@ func (u *Upper) lookupLocked(dst []Segment, off, n uint64) []Segment {
 		}
 		return false
 	})
+	return u.lookupAfter(dst, off, end)
+}
+
+// lookupAfter appends the mappings that start in (off, end), clipped.
+func (u *Upper) lookupAfter(dst []Segment, off, end uint64) []Segment {
 	u.tree.AscendRange(Segment{Offset: off + 1}, Segment{Offset: end}, func(it Segment) bool {
 		dst = append(dst, it.Clip(off, end))
 		return true
@@ -78,6 +83,7 @@ func (u *Upper) insertLocked(s Segment, freed []extent) []extent {
 	}
 	u.tree.ReplaceOrInsert(s)
 	u.mapped.Store(true)
+	u.treeVer++
 	return freed
 }
 

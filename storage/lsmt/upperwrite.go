@@ -119,16 +119,19 @@ func (u *Upper) writeLog(p []byte, sec, n uint64) error {
 // their backing arrays would leave the stack.)
 func (u *Upper) plan(pl writePlan, sec, n uint64, attempt int) (writePlan, error) {
 	pl.fresh, pl.got = pl.fresh[:0], pl.got[:0]
+	var need, ver uint64
 	if attempt == 0 {
-		// Most writes go in place whole: that needs mu only for reading,
-		// so such writes do not wait for each other.
+		// Most writes go in place: that needs mu only for reading, so
+		// such writes do not wait for each other. The others keep this
+		// split when the tree does not change before mu is theirs.
 		u.mu.RLock()
-		if s, ok := u.wholeLocked(sec, n); ok && !u.closed {
-			pl.inPlace, pl.uncov = append(pl.inPlace[:0], s), pl.uncov[:0]
+		pl.inPlace, pl.uncov, need = u.splitLocked(pl.inPlace[:0], pl.uncov[:0], sec, n)
+		if need == 0 && !u.closed {
 			pl.gen = u.pinLocked()
 			u.mu.RUnlock()
 			return pl, nil
 		}
+		ver = u.treeVer
 		u.mu.RUnlock()
 	}
 	u.mu.Lock()
@@ -136,8 +139,9 @@ func (u *Upper) plan(pl writePlan, sec, n uint64, attempt int) (writePlan, error
 	if u.closed {
 		return pl, fmt.Errorf("write upper %s: closed", u.dataPath)
 	}
-	var need uint64
-	pl.inPlace, pl.uncov, need = u.splitLocked(pl.inPlace[:0], pl.uncov[:0], sec, n)
+	if attempt > 0 || u.treeVer != ver {
+		pl.inPlace, pl.uncov, need = u.splitLocked(pl.inPlace[:0], pl.uncov[:0], sec, n)
+	}
 	if need > 0 {
 		limit := u.softLimit()
 		if attempt > 0 || !u.reclaimableLocked() {
@@ -161,10 +165,24 @@ func (u *Upper) plan(pl writePlan, sec, n uint64, attempt int) (writePlan, error
 
 // splitLocked cuts [sec, sec+n) into the pieces over live data (appended
 // to inPlace, clipped mappings) and the rest (appended to uncov), and
-// returns how many sectors the rest needs (mu held).
+// returns how many sectors the rest needs (mu held). One tree probe finds
+// the mapping at sec; only when that does not hold the whole write does a
+// second one find the others.
 func (u *Upper) splitLocked(inPlace, uncov []Segment, sec, n uint64) ([]Segment, []Segment, uint64) {
 	end := sec + n
-	inPlace = u.lookupLocked(inPlace, sec, n)
+	cur := sec
+	u.tree.DescendLessOrEqual(Segment{Offset: sec}, func(it Segment) bool {
+		if it.End() > sec {
+			inPlace, cur = append(inPlace, it.Clip(sec, end)), min(it.End(), end)
+		}
+		return false
+	})
+	if cur < end {
+		inPlace = u.lookupAfter(inPlace, sec, end)
+	}
+	if len(inPlace) == 1 && !inPlace[0].Zeroed && cur == end {
+		return inPlace, uncov, 0 // the common overwrite: one mapping holds it all
+	}
 	cur, need := sec, uint64(0)
 	k := 0
 	for _, s := range inPlace {
@@ -186,20 +204,6 @@ func (u *Upper) splitLocked(inPlace, uncov []Segment, sec, n uint64) ([]Segment,
 		need += uint64(r.Length)
 	}
 	return inPlace[:k], uncov, need
-}
-
-// wholeLocked returns the part of the one data mapping that holds all of
-// [sec, sec+n), if there is one (mu held).
-func (u *Upper) wholeLocked(sec, n uint64) (Segment, bool) {
-	var out Segment
-	ok := false
-	u.tree.DescendLessOrEqual(Segment{Offset: sec}, func(it Segment) bool {
-		if !it.Zeroed && it.End() >= sec+n {
-			out, ok = it.Clip(sec, sec+n), true
-		}
-		return false
-	})
-	return out, ok
 }
 
 // appendRange appends the logical range [a, b) to rs, extending the last
