@@ -5,7 +5,7 @@ GO ?= go
 BIN := bin
 GOFLAGS_STATIC := CGO_ENABLED=0
 
-.PHONY: build setup check test test-race fuzz bench guest vet clean release
+.PHONY: build setup check test test-race test-k8s fuzz bench guest vet clean release
 
 build:
 	$(GOFLAGS_STATIC) $(GO) build -trimpath -o $(BIN)/ ./cmd/...
@@ -18,6 +18,7 @@ test: build
 	$(GO) test -p 1 -count=1 -timeout 50m ./...
 	$(MAKE) test-race
 	$(MAKE) fuzz
+	$(MAKE) test-k8s
 
 # The race detector over every package whose tests boot no VM
 # (scripts/race-packages.sh), and one end-to-end test against a race-built
@@ -26,6 +27,14 @@ test: build
 test-race:
 	$(GO) test -race -count=1 -timeout 30m $$(./scripts/race-packages.sh)
 	AENVDTEST_RACE=1 $(GO) test -count=1 -timeout 20m -run 'TestConcurrentLifecycleCalls$$' ./api/e2e/
+
+# Kubernetes discovery against a real kube-apiserver over a real etcd, both
+# built from the Go module proxy (cached by version; make setup starts the
+# build in the background, this waits for it). In the run above the test
+# skips when the binaries are not built yet; here it must run.
+test-k8s:
+	bash cluster/discovery/internal/k8stools/build.sh
+	AENV_K8S_REQUIRED=1 $(GO) test -count=1 -run 'TestKubernetesAPIServer$$' ./cluster/discovery/
 
 # Every fuzz target of the module, mutating for FUZZTIME each (default 3s;
 # scripts/fuzz.sh): parsers of untrusted bytes keep being fuzzed, not only

@@ -66,6 +66,12 @@ type Repository struct {
 	// CacheMiB bounds the block cache of the remote layers this node reads
 	// (shared by all of them; the least recently used block goes first).
 	CacheMiB int `toml:"cache_mib" env:"AENVD_REPOSITORY_CACHE_MIB"`
+	// LazyRootfs starts a VM brought from the repository before its
+	// rootfs layers are here: the storage daemon reads them through the
+	// node's layer socket (<data_dir>/layers.sock, verified chunks from
+	// peers and the store) while they are fetched in the background.
+	// false fetches every layer whole before the VM starts.
+	LazyRootfs bool `toml:"lazy_rootfs" env:"AENVD_REPOSITORY_LAZY_ROOTFS"`
 	// GCGrace keeps unreferenced blobs this long (uploads whose manifest
 	// is not committed yet).
 	GCGrace Duration `toml:"gc_grace" env:"AENVD_REPOSITORY_GC_GRACE"`
@@ -344,7 +350,7 @@ func Default() Config {
 			MaxLayers:       32,
 			Cgroups:         true,
 		},
-		Repository: Repository{Backend: "none", UploadConcurrency: 2, ChunkSizeKiB: 256, CacheMiB: 256,
+		Repository: Repository{Backend: "none", UploadConcurrency: 2, ChunkSizeKiB: 256, CacheMiB: 256, LazyRootfs: true,
 			GCGrace: Duration{time.Hour}, GCInterval: Duration{6 * time.Hour}, LeaseTTL: Duration{10 * time.Minute}, Peers: []string{}},
 	}
 }

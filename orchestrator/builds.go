@@ -32,6 +32,7 @@ func (o *Orchestrator) EnableBuilds(ctx context.Context, opt template.ImageOptio
 		return fmt.Errorf("enable builds: %w", err)
 	}
 	o.builds.Store(b)
+	o.lazy.resumeAll(ctx) // the templates are known now
 	return nil
 }
 
@@ -120,6 +121,10 @@ func (h buildHost) RestoreMemory(ctx context.Context, snapshotDir string) (strin
 type buildDisk struct{ recordDisk }
 
 func (d *buildDisk) Seal(ctx context.Context) (string, error) {
+	// The new template's config lists the device's layers: files only.
+	if err := d.o.lazy.settle(ctx, d.rec.RootfsImage); err != nil {
+		return "", err
+	}
 	if err := sealAndDelete(ctx, d.o.sd, d.rec); err != nil {
 		return "", err
 	}

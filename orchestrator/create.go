@@ -69,6 +69,9 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	}
 	done := o.m.observe("create")
 	defer func() { done(err) }()
+	// Layers a repository import left remote are fetched once the VM
+	// answered (lazy.go).
+	defer o.lazy.startLater()
 	if err := o.bringSource(ctx, opts.TemplateID); err != nil {
 		return rec, err
 	}
@@ -234,6 +237,7 @@ func (o *Orchestrator) remove(ctx context.Context, s *instance) error {
 	o.releaseDevice(ctx, s)
 	o.unlist(s)
 	o.cancelPauseUploads(s.rec)
+	o.lazy.forget(s.rec.Dir)
 	if err := os.RemoveAll(s.rec.Dir); err != nil {
 		o.log.Warn("remove sandbox dir", "sandbox", s.rec.ID, "err", err)
 	}

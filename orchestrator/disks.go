@@ -142,7 +142,9 @@ func (d *daemonDisks) prepare(_ context.Context, t *template.Template, rec *Reco
 }
 
 func (d *daemonDisks) attach(ctx context.Context, rec Record, as *vmm.Identity) (vmm.Drive, device, error) {
+	done := d.o.lazy.creating() // a config moving to local files waits for this device (lazy.go)
 	dev, err := d.sd.Create(ctx, rpc.CreateParams{Image: rec.RootfsImage, Owner: rec.ID, Block: d.block, ConnectAs: connectAs(as)})
+	done()
 	if errors.Is(err, rpc.ErrCapacity) {
 		return vmm.Drive{}, device{}, fmt.Errorf("rootfs device: %w: %w", err, ErrCapacity)
 	}
@@ -170,6 +172,11 @@ func (d *daemonDisks) detach(ctx context.Context, owner string, dev device) {
 }
 
 func (d *daemonDisks) seal(ctx context.Context, rec Record, name, message string) (string, error) {
+	// The config a seal writes lists the device's layers: files only, so
+	// that uploads and snapshots can read them (lazy.go).
+	if err := d.o.lazy.settle(ctx, rec.RootfsImage); err != nil {
+		return "", err
+	}
 	return sealDevice(ctx, d.sd, rec, name, message)
 }
 
@@ -215,7 +222,10 @@ func (d *daemonDisks) templateDisk(ctx context.Context, t *template.Template, ra
 }
 
 func (d *daemonDisks) warm(ctx context.Context, t *template.Template) {
-	if t.RootfsImage == "" || d.poolHigh <= 0 {
+	// No pool device is made from remote layers: the daemon makes them on
+	// its own, which no move onto local files would wait for (lazy.go
+	// warms the template once its layers are here).
+	if t.RootfsImage == "" || d.poolHigh <= 0 || isRemote(t.RootfsImage) {
 		return
 	}
 	d.o.matMu.Lock()

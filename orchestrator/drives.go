@@ -227,7 +227,9 @@ func (d driveDisk) Detach(ctx context.Context) {
 // drive creates the device of an extra drive: a read-only one exports the
 // image's layers alone, a writable one stacks a fresh upper on them.
 func (d *daemonDisks) drive(ctx context.Context, owner string, dr snapshot.Drive, as *vmm.Identity) (vmm.Drive, device, error) {
+	done := d.o.lazy.creating() // its config may be a template's still reading remote layers (lazy.go)
 	dev, err := d.sd.Create(ctx, rpc.CreateParams{Image: dr.Config, ReadOnly: dr.ReadOnly, Owner: owner, Block: d.block, ConnectAs: connectAs(as)})
+	done()
 	if errors.Is(err, rpc.ErrCapacity) {
 		return vmm.Drive{}, device{}, fmt.Errorf("drive device: %w: %w", err, ErrCapacity)
 	}

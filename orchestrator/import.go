@@ -14,6 +14,7 @@ import (
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/snapshot/repo"
+	"github.com/agentenv/agentenv/storage/blob"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -35,6 +36,11 @@ type Remote interface {
 	Manifest(ctx context.Context, name string) (*repo.Manifest, error)
 	Fetch(ctx context.Context, l repo.Layer, dir string) (string, error)
 	ReadSmall(ctx context.Context, b repo.Blob, limit int64) ([]byte, error)
+	// LazyURL names l for the storage daemon to read lazily through the
+	// node's layer socket ("" when the node serves none: fetch it whole).
+	LazyURL(l repo.Layer) string
+	// LazyLayer is the layer a LazyURL names.
+	LazyLayer(url string) (repo.Layer, bool)
 }
 
 // maxPortable bounds a manifest's config blob and VMM state read here; they
@@ -77,7 +83,7 @@ func (o *Orchestrator) importPaused(ctx context.Context, id string) error {
 	o.mu.Lock()
 	o.sandboxes[rec.ID] = &instance{rec: rec}
 	o.mu.Unlock()
-	o.log.Info("sandbox brought from the repository", "sandbox", id, "manifest", m.Name)
+	o.log.Info("sandbox brought from the repository", "sandbox", id, "manifest", m.Name, "lazyRootfs", isRemote(rec.RootfsImage))
 	return nil
 }
 
@@ -135,7 +141,7 @@ func (o *Orchestrator) rebuild(ctx context.Context, id string, m *repo.Manifest)
 	if err := os.MkdirAll(layers, 0o700); err != nil {
 		return Record{}, err
 	}
-	rootfs, err := o.fetchAll(ctx, m.Rootfs, layers)
+	rootfs, err := o.rootfsRefs(ctx, m.Rootfs, layers)
 	if err != nil {
 		return Record{}, err
 	}
@@ -155,7 +161,39 @@ func (o *Orchestrator) rebuild(ctx context.Context, id string, m *repo.Manifest)
 	if err := o.writeSnapshotDir(ctx, r.Snapshot, t.Snapshot, m.State, p.VMM, mem); err != nil {
 		return Record{}, err
 	}
+	o.lazy.deferStart(r.RootfsImage)
 	return r, nil
+}
+
+// rootfsRefs names a manifest's rootfs layers for an image config: each by
+// the URL of the node's layer socket, read lazily by the storage daemon and
+// fetched whole once the VM answered (lazy.go); on a node that serves no
+// layer socket, fetched whole into dir now.
+func (o *Orchestrator) rootfsRefs(ctx context.Context, ls []repo.Layer, dir string) ([]string, error) {
+	out := make([]string, 0, len(ls))
+	for _, l := range ls {
+		if u := o.cfg.Remote.LazyURL(l); u != "" {
+			out = append(out, u)
+			continue
+		}
+		p, err := o.cfg.Remote.Fetch(ctx, l, dir)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// lazyCount counts the refs read lazily (URLs).
+func lazyCount(refs []string) int {
+	n := 0
+	for _, r := range refs {
+		if blob.IsURL(r) {
+			n++
+		}
+	}
+	return n
 }
 
 // fetchAll keeps the layers local in dir, bottom first.
@@ -243,7 +281,7 @@ func (o *Orchestrator) importSnapshot(ctx context.Context, id string) error {
 	if err := os.MkdirAll(r.Dir, 0o700); err != nil {
 		return err
 	}
-	rootfs, err := o.fetchAll(ctx, m.Rootfs, r.Dir)
+	rootfs, err := o.rootfsRefs(ctx, m.Rootfs, r.Dir)
 	if err == nil {
 		err = snapshot.WriteImageConfig(r.RootfsImage, rootfs)
 	}
@@ -264,6 +302,7 @@ func (o *Orchestrator) importSnapshot(ctx context.Context, id string) error {
 		_ = os.RemoveAll(r.Dir)
 		return fmt.Errorf("bring snapshot %s from the repository: %w", id, err)
 	}
-	o.log.Info("snapshot brought from the repository", "snapshot", id)
+	o.lazy.deferStart(r.RootfsImage)
+	o.log.Info("snapshot brought from the repository", "snapshot", id, "lazyLayers", lazyCount(rootfs))
 	return nil
 }

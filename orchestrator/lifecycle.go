@@ -77,6 +77,14 @@ func (o *Orchestrator) Pause(ctx context.Context, id string, keepMemory bool) er
 func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool) (err error) {
 	done := o.m.observe("pause")
 	defer func() { done(err) }()
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	// A disk still reading layers from the repository is sealed once they
+	// are files here (its seal and upload list them): wait, VM running.
+	if err := o.settleDisks(ctx, rec); err != nil {
+		return err
+	}
 	if fsOnly {
 		o.syncGuest(ctx, s)
 	}
@@ -211,6 +219,9 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 	default:
 		return rec, false, fmt.Errorf("connect sandbox %s: it is %s: %w", id, st, ErrConflict)
 	}
+	// The layers a repository import left remote are fetched once the VM
+	// answered (or failed to): the restore reads first.
+	defer o.lazy.startLater()
 	if err := o.resumeLocked(ctx, s, timeout, memory); err != nil {
 		return rec, false, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}

@@ -239,6 +239,9 @@ type Orchestrator struct {
 	builds atomic.Pointer[template.Builder]
 
 	events eventHub // lifecycle event subscribers (events.go)
+	// lazy moves rootfs layers read from the repository onto local files
+	// (lazy.go).
+	lazy *lazyRootfs
 	// volumes are the node's volumes (volumes.go).
 	volumes *volume.Store
 }
@@ -286,6 +289,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store, sd: opts.Storage,
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
 		sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
+	o.lazy = newLazyRootfs(o, opts.Registerer)
 	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups, Identities: vmmIdentities(opts, o.log)}
 	if opts.Storage != nil {
 		dd := &daemonDisks{sd: opts.Storage, poolLow: opts.StoragePoolLow, poolHigh: opts.StoragePoolHigh,
@@ -316,6 +320,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 		return nil, err
 	}
 	o.cancelOrphanUploads()
+	o.lazy.resumeAll(ctx)
 	o.log.Info("guest memory images", "mode", MemoryMode, "why", MemoryReason)
 	return o, nil
 }
@@ -329,9 +334,11 @@ func (o *Orchestrator) DiskBackend() string { return o.disks.name() }
 // file.
 func (o *Orchestrator) DiskTransport() string { return o.disks.transport() }
 
-// Close waits for the background work (memory flattening, compaction) the
+// Close stops the fetches of lazy rootfs layers (a restart resumes them)
+// and waits for the background work (memory flattening, compaction) the
 // orchestrator started.
 func (o *Orchestrator) Close() {
+	o.lazy.close()
 	o.bg.Wait()
 }
 

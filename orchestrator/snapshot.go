@@ -102,6 +102,10 @@ func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden b
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
+	// A snapshot holds its disks' layers as files (lazy.go).
+	if err := o.settleDisks(ctx, rec); err != nil {
+		return r, fmt.Errorf("snapshot sandbox %s: %w", rec.ID, err)
+	}
 	r = snapshot.Record{ID: id, Names: []string{}, SandboxID: rec.ID, TemplateID: rec.TemplateID, CreatedAt: time.Now().UTC(),
 		Dir: filepath.Join(o.cfg.DataDir, "snapshots", id), VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB,
 		DiskMiB: rec.DiskMiB, EnvdVersion: rec.EnvdVersion, GuestToken: rec.GuestToken, Hidden: hidden,
@@ -244,6 +248,7 @@ func (o *Orchestrator) DeleteSnapshot(idOrName string) error {
 	if err := o.store.Delete(store.Snapshots, r.ID); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", r.ID, err)
 	}
+	o.lazy.forget(r.Dir)
 	if err := os.RemoveAll(r.Dir); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", r.ID, err)
 	}

@@ -186,6 +186,8 @@ func (o *Orchestrator) DeleteTemplate(ctx context.Context, idOrName string) erro
 		o.mu.Lock()
 		delete(o.templates, t.ID)
 		o.mu.Unlock()
+		// Its files go next: no fetch of its lazy layers may write there.
+		o.lazy.forget(filepath.Join(o.cfg.DataDir, "templates", t.ID))
 		return nil
 	})
 }

@@ -233,13 +233,14 @@ func (o *Orchestrator) rebuildTemplate(ctx context.Context, b *template.Builder,
 	if err := os.MkdirAll(t.Dir, 0o700); err != nil {
 		return nil, err
 	}
-	rootfs, err := o.fetchAll(ctx, m.Rootfs, t.Dir)
+	rootfs, err := o.rootfsRefs(ctx, m.Rootfs, t.Dir)
 	if err != nil {
 		return nil, err
 	}
 	if err := snapshot.WriteImageConfig(t.RootfsImage, rootfs); err != nil {
 		return nil, err
 	}
+	o.lazy.deferStart(t.RootfsImage)
 	mem, err := o.fetchAll(ctx, m.Memory, t.Dir)
 	if err != nil {
 		return nil, err

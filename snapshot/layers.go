@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/storage/blob"
 	"github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/storage/lsmt"
 	"github.com/agentenv/agentenv/vmm/memsnap"
@@ -20,11 +21,17 @@ import (
 // list a disk's layers, adoption of sealed layers into a new owner's
 // directory, and merges of a chain's top layers.
 
-// WriteImageConfig writes an image config listing layers (absolute paths,
-// bottom first) at path, atomically.
+// WriteImageConfig writes an image config listing layers (absolute paths
+// or URLs, bottom first) at path, atomically.
 func WriteImageConfig(path string, layers []string) error {
 	cfg := image.Config{}
 	for _, l := range layers {
+		if blob.IsURL(l) {
+			// A layer the node reads through its layer socket until it is
+			// fetched (a lazy restore): the storage daemon lists it by URL.
+			cfg.Lowers = append(cfg.Lowers, image.LayerRef{URL: l})
+			continue
+		}
 		cfg.Lowers = append(cfg.Lowers, image.LayerRef{File: l})
 	}
 	b, err := json.MarshalIndent(cfg, "", "  ")

@@ -8,10 +8,11 @@
 // set read after a prefetch of its recorded hint vs read on demand; a
 // whole layer kept local (repo.FetchLayer, verified) vs one plain GET of
 // the object into a file (BenchmarkFetchLayer); and,
-// with two aenvd nodes sharing one bucket (BenchmarkResumeOnAnotherNode,
-// root, boots VMs), a sandbox's resume on another node from the repository
-// vs its resume on its own node from local layers, with the bytes fetched
-// against the layers' bytes. Ratios are printed, nothing is asserted on
+// with three aenvd nodes sharing one bucket (BenchmarkResumeOnAnotherNode,
+// root, boots VMs), a sandbox's resume on another node from the repository,
+// its rootfs read lazily, and on a third that fetches every layer first, vs
+// its resume on its own node from local layers, with the bytes fetched
+// before the resume answered against the layers' bytes. Ratios are printed, nothing is asserted on
 // time. Run with:
 //
 //	go test -run '^$' -bench . -benchtime 1x ./bench/repository/

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,12 +21,16 @@ import (
 	"github.com/agentenv/agentenv/snapshot/repo/s3/s3test"
 )
 
-// BenchmarkResumeOnAnotherNode: two aenvd nodes share one versitygw bucket.
-// A sandbox that wrote 32 MiB is paused on node A and resumed there (from
-// its local layers), paused again, and then resumed on node B, which
-// brings it from the repository first. Printed: both resumes' medians and
-// their ratio, and the bytes B fetched against the manifest's layer bytes.
-// It boots VMs: run it alone (the VM lock), with -benchtime 1x or a few.
+// BenchmarkResumeOnAnotherNode: three aenvd nodes share one versitygw
+// bucket. A sandbox that wrote 32 MiB is paused on node A and resumed there
+// (from its local layers), paused again, and then resumed on node B, which
+// brings it from the repository and starts it before its rootfs layers are
+// there (lazy_rootfs, the default), and on node C, which fetches every
+// layer whole first (lazy_rootfs false). Printed: the resumes' medians and
+// the ratios of B's and C's to A's, and the bytes B fetched before its
+// resume answered (memory layers whole, rootfs chunks read lazily) against
+// the manifest's layer bytes. It boots VMs: run it alone (the VM lock),
+// with -benchtime 1x or a few.
 func BenchmarkResumeOnAnotherNode(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("aenvd needs root (network namespaces, taps)")
@@ -45,8 +50,8 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	start := func(prefix string, cidr int) *aenvdtest.Node {
-		n, err := aenvdtest.Start(ctx, aenvdtest.Options{Prefix: prefix, CIDRBase: cidr, Env: env})
+	start := func(prefix string, cidr int, extra ...string) *aenvdtest.Node {
+		n, err := aenvdtest.Start(ctx, aenvdtest.Options{Prefix: prefix, CIDRBase: cidr, Env: append(slices.Clone(env), extra...)})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -54,8 +59,9 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 		return n
 	}
 	na, nb := start("rbenca", 99), start("rbencb", 101)
-	var local, remote []float64
-	var fetched, total int64
+	nc := start("rbencc", 107, "AENVD_REPOSITORY_LAZY_ROOTFS=false")
+	var local, lazy, whole []float64
+	var before, beforeRootfs, total, wholeFetched int64
 	b.ResetTimer()
 	for range b.N {
 		id, err := na.Create(`{"templateID":"base","timeout":600}`)
@@ -67,21 +73,56 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 		local = append(local, call(b, na, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", `{"timeout":600}`).Seconds())
 		call(b, na, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", "")
 		m := newestPause(ctx, b, r, id)
-		remote = append(remote, call(b, nb, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", `{"timeout":600}`).Seconds())
-		run(ctx, b, nb, id, "test $(stat -c %s /home/user/blob) = 33554432")
 		for _, l := range append(m.Rootfs, m.Memory...) {
 			total += l.Size
 		}
-		fetched += dirBytes(filepath.Join(nb.DataDir, "sandboxes", id, "layers"))
+		// B: the memory layers whole, the rootfs read lazily until the
+		// background fetch (after the VM answered).
+		lazyBefore := metric(b, nb, "aenvd_repository_lazy_fetched_bytes_total")
+		lazy = append(lazy, call(b, nb, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", `{"timeout":600}`).Seconds())
+		rootfsRead := int64(metric(b, nb, "aenvd_repository_lazy_fetched_bytes_total") - lazyBefore)
+		beforeRootfs += rootfsRead
+		for _, l := range m.Memory {
+			before += l.Size
+		}
+		before += rootfsRead
+		run(ctx, b, nb, id, "test $(stat -c %s /home/user/blob) = 33554432")
+		// C: every layer whole before the VM starts.
+		whole = append(whole, call(b, nc, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", `{"timeout":600}`).Seconds())
+		run(ctx, b, nc, id, "test $(stat -c %s /home/user/blob) = 33554432")
+		wholeFetched += dirBytes(filepath.Join(nc.DataDir, "sandboxes", id, "layers"))
+		call(b, nc, http.StatusNoContent, "DELETE", "/sandboxes/"+id, "")
 		call(b, nb, http.StatusNoContent, "DELETE", "/sandboxes/"+id, "")
 		call(b, na, http.StatusNoContent, "DELETE", "/sandboxes/"+id, "")
 	}
 	b.StopTimer()
-	l, rm := median(local), median(remote)
-	b.ReportMetric(rm/l, "remote/local")
-	fmt.Printf("resume on node A from local layers: median %.2fs; on node B from the repository: median %.2fs (%.2fx)\n", l, rm, rm/l)
-	fmt.Printf("node B fetched %d MiB of the manifests' %d MiB of layers (%.2f; whole layers before the resume)\n",
-		fetched>>20, total>>20, float64(fetched)/float64(max(total, 1)))
+	l, lz, wh := median(local), median(lazy), median(whole)
+	b.ReportMetric(lz/l, "lazy-remote/local")
+	b.ReportMetric(wh/l, "whole-remote/local")
+	fmt.Printf("resume on node A from local layers: median %.2fs; on node B from the repository, rootfs lazy: median %.2fs (%.2fx A's); "+
+		"on node C, every layer fetched first: median %.2fs (%.2fx A's)\n", l, lz, lz/l, wh, wh/l)
+	fmt.Printf("node B fetched %d MiB before its resume answered (rootfs read lazily: %d KiB; memory layers whole) of the manifests' %d MiB of layers (%.3f); node C %d MiB (%.3f)\n",
+		before>>20, beforeRootfs>>10, total>>20, float64(before)/float64(max(total, 1)), wholeFetched>>20, float64(wholeFetched)/float64(max(total, 1)))
+}
+
+// metric reads one counter or gauge from a node's /metrics.
+func metric(b *testing.B, n *aenvdtest.Node, name string) float64 {
+	b.Helper()
+	text, err := n.Metrics()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, name+" ") {
+			v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(l, name)), 64)
+			if err != nil {
+				b.Fatalf("metric line %q: %v", l, err)
+			}
+			return v
+		}
+	}
+	b.Fatalf("node %s has no metric %s", n.API, name)
+	return 0
 }
 
 // call sends a control API request, fails unless the status is want and

@@ -129,6 +129,13 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if q, ok := drv.(*qemu.Driver); ok {
 		accel, _ = q.Accel()
 	}
+	// The repository first: its layer socket serves the lazy lowers of the
+	// storage daemon's devices, which a daemon started now re-opens.
+	rn, closeRepo, err := snapshotRepository(ctx, cfg, reg)
+	if err != nil {
+		return err
+	}
+	defer closeRepo()
 	sd, err := storageDaemon(ctx, cfg)
 	if err != nil {
 		return err
@@ -163,11 +170,6 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	rn, closeRepo, err := snapshotRepository(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer closeRepo()
 	orch, err := orchestrator.New(ctx, orchestrator.Options{
 		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, Storage: devices, MaxLayers: cfg.Sandbox.MaxLayers, Prefetch: cfg.Sandbox.Prefetch, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
 		Groups: groups, VMMUIDBase: uint32(cfg.VMM.UIDBase), Repository: rn.uploads(), Remote: rn.remote(),
@@ -501,19 +503,35 @@ func vmmGroups(cfg config.Config, log *slog.Logger) (sandbox.Groups, error) {
 
 // snapshotRepository opens the [repository] the node commits pauses and
 // snapshots to and reads other nodes' from (nil when the backend is
-// "none") and starts its uploader and peer endpoint; the returned func
-// stops them.
-func snapshotRepository(ctx context.Context, cfg config.Config) (*repoNode, func(), error) {
+// "none") and starts its peer endpoint and, for lazy rootfs restores on
+// the storage daemon, its layer socket (the uploader starts later); the
+// returned func stops them.
+func snapshotRepository(ctx context.Context, cfg config.Config, reg prometheus.Registerer) (*repoNode, func(), error) {
 	rn, err := reponode.Open(ctx, cfg)
 	if err != nil || rn == nil {
 		return nil, func() {}, err
 	}
-	if err := rn.Serve(ctx); err != nil {
+	err = rn.Serve(ctx)
+	if err == nil && cfg.Repository.LazyRootfs && cfg.Storage.Backend == "storaged" {
+		err = rn.ServeLayers(ctx, layerSocket(cfg))
+	}
+	if err != nil {
 		_ = rn.Close()
 		return nil, func() {}, err
 	}
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "aenvd_repository_lazy_fetched_bytes_total",
+			Help: "Bytes of rootfs layers fetched from peers and the store for lazy reads (before the layers are fetched whole)."},
+			func() float64 { return float64(rn.LazyFetched()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "aenvd_repository_layer_fetched_bytes_total",
+			Help: "Bytes of layers fetched whole from peers and the store."},
+			func() float64 { return float64(rn.FetchedWhole()) }))
 	return &repoNode{rn}, func() { _ = rn.Close() }, nil
 }
+
+// layerSocket is where the node serves lazy rootfs layers to its storage
+// daemon: a fixed path, since the daemon's device records name it.
+func layerSocket(cfg config.Config) string { return filepath.Join(cfg.DataDir, "layers.sock") }
 
 // repoNode hands the repository to the orchestrator as its two small
 // interfaces, nil ones when the node has none (never a typed nil).

@@ -75,6 +75,7 @@ type HTTPOptions struct {
 // OCI distribution token flow), reused for later requests.
 type HTTP struct {
 	url   string
+	name  string // what Name reports (the http+unix URL of a socket blob)
 	opt   HTTPOptions
 	ctx   context.Context
 	size  int64
@@ -91,7 +92,7 @@ func OpenHTTP(ctx context.Context, url string, opt HTTPOptions) (*HTTP, error) {
 	if opt.Retries <= 0 {
 		opt.Retries = 3
 	}
-	h := &HTTP{url: url, opt: opt, ctx: ctx}
+	h := &HTTP{url: url, name: url, opt: opt, ctx: ctx}
 	resp, err := h.get(0, 1, -1)
 	if err != nil {
 		return nil, fmt.Errorf("open blob %s: %w", url, err)
@@ -329,7 +330,7 @@ func parseBearer(ch string) (map[string]string, bool) {
 // ReadAt reads with one range request.
 func (h *HTTP) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
-		return 0, fmt.Errorf("read blob %s: negative offset", h.url)
+		return 0, fmt.Errorf("read blob %s: negative offset", h.name)
 	}
 	if off >= h.size {
 		return 0, io.EOF
@@ -343,7 +344,7 @@ func (h *HTTP) ReadAt(p []byte, off int64) (int, error) {
 	}
 	resp, err := h.get(off, int64(len(p)), h.size)
 	if err != nil {
-		return 0, fmt.Errorf("read blob %s [%d,+%d): %w", h.url, off, len(p), err)
+		return 0, fmt.Errorf("read blob %s [%d,+%d): %w", h.name, off, len(p), err)
 	}
 	defer resp.Body.Close()
 	n, err := io.ReadFull(resp.Body, p)
@@ -351,25 +352,38 @@ func (h *HTTP) ReadAt(p []byte, off int64) (int, error) {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
-		return n, fmt.Errorf("read blob %s [%d,+%d): %w", h.url, off, len(p), err)
+		return n, fmt.Errorf("read blob %s [%d,+%d): %w", h.name, off, len(p), err)
 	}
 	return n, eof
 }
 
 func (h *HTTP) Size() int64  { return h.size }
-func (h *HTTP) Name() string { return h.url }
+func (h *HTTP) Name() string { return h.name }
 func (h *HTTP) Close() error { return nil }
 
-// IsURL reports whether ref names an HTTP(S) blob.
+// IsURL reports whether ref names an HTTP(S) blob, or one served over HTTP
+// on a local Unix socket (unix.go).
 func IsURL(ref string) bool {
-	return strings.HasPrefix(ref, "http://") || strings.HasPrefix(ref, "https://")
+	return strings.HasPrefix(ref, "http://") || strings.HasPrefix(ref, "https://") || strings.HasPrefix(ref, unixScheme)
 }
 
-// Open opens a local path (read with pread) or, for an http(s) URL, a
-// cached HTTP blob.
+// unixCache is the block cache of a Unix-socket blob: the server is on this
+// node and keeps its own cache, so this one only merges sequential reads
+// (read-ahead) and keeps the blocks just read.
+const unixCache = 16 << 20
+
+// Open opens a local path (read with pread) or, for a URL, a cached HTTP
+// blob (over the Unix socket a http+unix URL names).
 func Open(ctx context.Context, ref string, opt HTTPOptions) (Blob, error) {
 	if !IsURL(ref) {
 		return OpenFile(ref)
+	}
+	if strings.HasPrefix(ref, unixScheme) {
+		h, err := openUnix(ctx, ref, opt)
+		if err != nil {
+			return nil, err
+		}
+		return NewCache(h, CacheOptions{Capacity: unixCache}), nil
 	}
 	h, err := OpenHTTP(ctx, ref, opt)
 	if err != nil {

@@ -28,6 +28,7 @@ type crashRun struct {
 	ctx context.Context
 	dir string
 	fx  *fixture
+	ls  *layerServer // serves fx's base layer by URL
 	log *os.File
 
 	cmd  *exec.Cmd
@@ -39,6 +40,7 @@ type crashRun struct {
 	haveA bool
 	want  []byte // a's content as of its last flush
 	b     rpc.Device
+	lazy  rpc.Device // a device whose lower is a URL, then a file
 }
 
 func (r *crashRun) spawn(failpoints string) {
@@ -156,6 +158,29 @@ var crashScenario = []crashStep{
 		return err
 	}},
 	{"write again", func(r *crashRun) error { return r.write(2<<20, "after the restack") }},
+	{"create on a URL", func(r *crashRun) error {
+		dev, err := r.c.Create(r.ctx, rpc.CreateParams{Image: r.ls.config, Owner: "t"})
+		r.lazy = dev
+		return err
+	}},
+	{"localize", func(r *crashRun) error {
+		dev, err := r.c.Localize(r.ctx, rpc.LocalizeParams{ID: r.lazy.ID, Lowers: []rpc.LocalLower{{URL: r.ls.url, File: r.fx.base}}})
+		if err != nil {
+			return err
+		}
+		if len(dev.Layers) != 1 || dev.Layers[0] != r.fx.base {
+			return fmt.Errorf("localized device reads %v", dev.Layers)
+		}
+		nc, err := nbd.Dial(r.ctx, "unix", dev.Socket, dev.Export)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		if got := readAll(r.t, nc, diskSize); !bytes.Equal(got, r.fx.want) {
+			return fmt.Errorf("localized device %d reads other bytes", dev.ID)
+		}
+		return nil
+	}},
 	{"shared", func(r *crashRun) error {
 		sh, err := r.c.AcquireShared(r.ctx, r.fx.config, "t/vm1")
 		if err == nil {
@@ -211,6 +236,7 @@ var crashScenario = []crashStep{
 func TestCrashMatrix(t *testing.T) {
 	t.Parallel()
 	fx := newFixture(t, 31)
+	ls := fx.serveBase(t)
 	points := failpoint.Names("storaged/")
 	if len(points) < 15 {
 		t.Fatalf("storaged failpoints: %v", points)
@@ -226,7 +252,7 @@ func TestCrashMatrix(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer log.Close()
-			r := &crashRun{t: t, ctx: ctx, dir: dir, fx: fx, log: log, want: slices.Clone(fx.want)}
+			r := &crashRun{t: t, ctx: ctx, dir: dir, fx: fx, ls: ls, log: log, want: slices.Clone(fx.want)}
 			r.spawn(point + "=crash")
 			cut := ""
 			for k := 0; k < len(crashScenario); k++ {
@@ -301,7 +327,9 @@ func (r *crashRun) list() []rpc.Device {
 	}
 }
 
-var genConfigName = regexp.MustCompile(`^image\.([0-9]+)\.json$`)
+// genConfigName: image.GEN.json, or image.GEN.NONCE.json once a localize
+// moved lowers to files.
+var genConfigName = regexp.MustCompile(`^image\.([0-9]+)(\.[0-9a-f]{8})?\.json$`)
 
 // checkNoOrphans checks that the state and run directories hold exactly what the listed devices own: each device's record, config, upper
 // and sealed layers, the state lock and pool config, the RPC socket and one

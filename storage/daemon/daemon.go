@@ -3,7 +3,8 @@
 // each device through an Exporter (today NBD, on its own Unix socket
 // RUN/nbd-ID.sock; ublk later behind the same interface), and answers a
 // length-prefixed JSON RPC (package rpc) on a Unix socket: create, delete,
-// restack, shared devices, warm pool, reclaim, features, shutdown. Requests
+// restack, localize (URL lowers moved onto local copies), shared devices,
+// warm pool, reclaim, features, shutdown. Requests
 // of one connection run concurrently. Local is the same API in process.
 //
 // Devices outlive clients: nothing is tied to an RPC connection. A restarted
@@ -18,6 +19,7 @@
 //	STATE/trash/ID-NONCE/            a deleted device's directory, removed at leisure
 //	STATE/devices/ID/device.json     the record: kind, owner, layers, stamps, generation
 //	STATE/devices/ID/image.GEN.json  the config the export serves
+//	STATE/devices/ID/image.GEN.NONCE.json  the same once URL lowers moved to files (localize.go)
 //	STATE/devices/ID/upper.GEN.{data,index}
 //	STATE/devices/ID/layers/layer-GEN.lsmt   sealed by restack
 //	STATE/devices/ID/restack.json    the journal of a restack in progress
@@ -101,6 +103,7 @@ type Daemon struct {
 	shared  map[string]uint32 // image config path -> shared device id
 
 	sharedMu sync.Mutex // serialises acquire/release so one image gets one export
+	digests  digestMemo // the local copies localize checked (localize.go)
 
 	ready    context.Context // set once Run serves requests
 	readyCh  chan struct{}   // closed at the same time
@@ -293,7 +296,7 @@ func (d *Daemon) stopAll() {
 func (d *Daemon) features() rpc.Features {
 	f := rpc.Features{
 		ProtocolVersion: rpc.ProtocolVersion, Exports: []string{d.exporter.Name()},
-		Restack: true, SharedDevices: true, WarmPool: true, TCP: true,
+		Restack: true, Localize: true, SharedDevices: true, WarmPool: true, TCP: true,
 		KernelNBD: nbd.KernelAvailable() == nil, Ublk: ublk.Available() == nil,
 	}
 	if f.Ublk {

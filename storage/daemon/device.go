@@ -3,7 +3,11 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/image"
@@ -19,7 +23,16 @@ type swapBackend struct {
 	mu   sync.RWMutex
 	im   *image.Image
 	size int64
+
+	// A failed read is an I/O error in the guest; the log says why (a
+	// remote lower's error names its URL, which names the layer's digest),
+	// at most once every readErrorEvery per device.
+	log       *slog.Logger
+	id        uint32
+	lastError atomic.Int64 // unix nanoseconds of the last logged read error
 }
+
+const readErrorEvery = 10 * time.Second
 
 func (b *swapBackend) ReadAt(p []byte, off int64) (int, error) {
 	b.mu.RLock()
@@ -27,7 +40,14 @@ func (b *swapBackend) ReadAt(p []byte, off int64) (int, error) {
 	if b.im == nil {
 		return 0, errNoImage
 	}
-	return b.im.ReadAt(p, off)
+	n, err := b.im.ReadAt(p, off)
+	if err != nil && n < len(p) && !errors.Is(err, io.EOF) && b.log != nil {
+		now, last := time.Now().UnixNano(), b.lastError.Load()
+		if now-last >= int64(readErrorEvery) && b.lastError.CompareAndSwap(last, now) {
+			b.log.Error("device read failed: the client gets an I/O error", "device", b.id, "offset", off, "length", len(p), "err", err)
+		}
+	}
+	return n, err
 }
 
 func (b *swapBackend) WriteAt(p []byte, off int64) (int, error) {
@@ -138,7 +158,7 @@ func (d *Daemon) start(dv *device) error {
 		return fmt.Errorf("device %d: image %s is %d bytes, the device %d", r.ID, r.Config, im.Size(), r.Size)
 	}
 	r.Size = im.Size()
-	dv.be = &swapBackend{im: im, size: im.Size()}
+	dv.be = &swapBackend{im: im, size: im.Size(), log: d.log, id: r.ID}
 	dv.exp, err = d.exporter.Export(d.ctx, ExportSpec{
 		ID: r.ID, Name: r.Export, Description: r.Image, Backend: dv.be,
 		ReadOnly: r.ReadOnly, TCP: r.TCP, Block: r.blockKind(), UblkID: r.UblkID, ConnectAs: r.ConnectAs,

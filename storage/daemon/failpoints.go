@@ -46,6 +46,10 @@ var (
 	fpRestackAfterRecord  = newPoint("storaged/restack/after-record")  // record names the new generation
 	fpRestackAfterCleanup = newPoint("storaged/restack/after-cleanup") // old generation removed, journal left
 
+	// localize (see localize.go)
+	fpLocalizeAfterConfig = newPoint("storaged/localize/after-config") // the config naming the files durable, record not yet
+	fpLocalizeAfterRecord = newPoint("storaged/localize/after-record") // record names the files, the export still reads the URLs
+
 	// reclaim: after each device it deleted or released
 	fpReclaimAfterDelete  = newPoint("storaged/reclaim/after-delete")
 	fpReclaimAfterRelease = newPoint("storaged/reclaim/after-release")

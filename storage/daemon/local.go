@@ -57,6 +57,11 @@ func (l *Local) Restack(ctx context.Context, p rpc.RestackParams) (rpc.RestackRe
 	return do(ctx, l, func(ctx context.Context) (rpc.RestackResult, error) { return l.d.restack(ctx, p) })
 }
 
+// Localize moves a device's URL lowers onto local copies (rpc.LocalizeParams).
+func (l *Local) Localize(ctx context.Context, p rpc.LocalizeParams) (rpc.Device, error) {
+	return do(ctx, l, func(ctx context.Context) (rpc.Device, error) { return l.d.localize(ctx, p) })
+}
+
 // AcquireShared references the shared read-only device of an image.
 func (l *Local) AcquireShared(ctx context.Context, imageConfig, holder string) (rpc.Device, error) {
 	return l.Acquire(ctx, rpc.AcquireParams{Image: imageConfig, Holder: holder})

@@ -237,13 +237,14 @@ func (d *Daemon) restackSteps(ctx context.Context, dv *device, j *restackJournal
 	}
 	// Committed: from here on nothing rolls back.
 	fpRestackAfterRecord.Inject()
-	oldIm := be.im
+	oldIm, oldConfig := be.im, dv.rec.Config
 	be.im = newIm
 	dv.set(func() { dv.rec = next })
 	if err := oldIm.Close(); err != nil {
 		d.log.Warn("restack: close old image", "device", next.ID, "err", err)
 	}
-	if err := removeGeneration(dir, j.From); err != nil {
+	// The old generation's config may be one a localize wrote.
+	if err := removeGeneration(dir, j.From, oldConfig); err != nil {
 		d.log.Warn("restack: remove old generation (the next start retries)", "device", next.ID, "err", err)
 	} else if fpRestackAfterCleanup.Inject() == nil {
 		if err := removeJournal(dir); err != nil {

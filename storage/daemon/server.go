@@ -110,6 +110,8 @@ func (d *Daemon) dispatch(ctx context.Context, req rpc.Request) (any, error) {
 		})
 	case rpc.MethodRestack:
 		return call(ctx, req.Params, d.restack)
+	case rpc.MethodLocalize:
+		return call(ctx, req.Params, d.localize)
 	case rpc.MethodAcquireShared:
 		return call(ctx, req.Params, d.acquire)
 	case rpc.MethodReleaseShared:

@@ -182,11 +182,18 @@ func writeGeneration(ctx context.Context, dir string, gen int, lowers []string, 
 }
 
 // removeGeneration deletes the config and upper files of generation gen
-// and syncs the directory.
-func removeGeneration(dir string, gen int) error {
+// (and the other configs of it named in also, those in dir) and syncs the
+// directory.
+func removeGeneration(dir string, gen int, also ...string) error {
 	data, index := genUpper(gen)
 	var errs []error
-	for _, p := range []string{genConfig(dir, gen), filepath.Join(dir, data), filepath.Join(dir, index)} {
+	paths := []string{genConfig(dir, gen), filepath.Join(dir, data), filepath.Join(dir, index)}
+	for _, p := range also {
+		if filepath.Dir(p) == dir {
+			paths = append(paths, p)
+		}
+	}
+	for _, p := range paths {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}

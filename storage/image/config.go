@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/storage/blob"
@@ -14,6 +15,9 @@ import (
 
 // Config describes an image: sealed lower layers listed bottom to top and an
 // optional writable upper. Relative paths are relative to the config file.
+// A lower is a file or a URL: http(s), or http+unix (a server on a local
+// Unix socket, storage/blob's unix.go: how a node serves the layers it has
+// not fetched yet to its storage daemon).
 //
 //	{"lowers": [{"file": "base.lsmt"}, {"url": "http://host/v2/x/blobs/sha256:..."}],
 //	 "upper": {"data": "upper.data", "index": "upper.index"}}
@@ -71,7 +75,11 @@ func (c *Config) Validate() error {
 		case (l.File == "") == (l.URL == ""):
 			return fmt.Errorf("image config: lowers[%d] must have exactly one of file or url", i)
 		case l.URL != "" && !blob.IsURL(l.URL):
-			return fmt.Errorf("image config: lowers[%d].url %q is not http(s)", i, l.URL)
+			return fmt.Errorf("image config: lowers[%d].url %q is not http(s) or http+unix", i, l.URL)
+		case strings.HasPrefix(l.URL, "http+unix:"):
+			if _, _, err := blob.ParseUnixURL(l.URL); err != nil {
+				return fmt.Errorf("image config: lowers[%d]: %w", i, err)
+			}
 		}
 	}
 	if u := c.Upper; u != nil {

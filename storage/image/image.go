@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
@@ -50,6 +51,8 @@ type Image struct {
 	name     string
 	st       *lsmt.Stack
 	blobs    []blob.Blob
+	remoteMu sync.Mutex
+	remote   map[string][]*swapBlob // URL lowers by their URL (SwapLower)
 	readOnly bool
 	closed   atomic.Bool
 }
@@ -73,7 +76,7 @@ func OpenConfig(ctx context.Context, cfg *Config, dir string, opt Options) (*Ima
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	im := &Image{name: "image", readOnly: opt.ReadOnly || cfg.Upper == nil}
+	im := &Image{name: "image", readOnly: opt.ReadOnly || cfg.Upper == nil, remote: map[string][]*swapBlob{}}
 	var lowers []*lsmt.Layer
 	fail := func(err error) (*Image, error) {
 		for _, l := range lowers {
@@ -90,17 +93,10 @@ func OpenConfig(ctx context.Context, cfg *Config, dir string, opt Options) (*Ima
 			src = ref.URL
 		}
 		src = resolve(dir, src)
-		var b blob.Blob
-		var err error
-		if blob.IsURL(src) {
-			b, err = blob.Open(ctx, src, opt.HTTP)
-		} else {
-			b, err = blob.OpenLocal(src, !opt.NoMmap)
-		}
+		b, err := im.openLower(ctx, src, opt)
 		if err != nil {
 			return fail(fmt.Errorf("lowers[%d]: %w", i, err))
 		}
-		im.blobs = append(im.blobs, b)
 		l, err := lsmt.OpenLayerAt(src, b, b.Size())
 		if err != nil {
 			return fail(fmt.Errorf("lowers[%d]: %w", i, err))
@@ -124,6 +120,26 @@ func OpenConfig(ctx context.Context, cfg *Config, dir string, opt Options) (*Ima
 	}
 	im.st = st
 	return im, nil
+}
+
+// openLower opens one lower's bytes; a URL lower's source can be swapped
+// later (SwapLower).
+func (im *Image) openLower(ctx context.Context, src string, opt Options) (blob.Blob, error) {
+	if !blob.IsURL(src) {
+		b, err := blob.OpenLocal(src, !opt.NoMmap)
+		if err == nil {
+			im.blobs = append(im.blobs, b)
+		}
+		return b, err
+	}
+	b, err := blob.Open(ctx, src, opt.HTTP)
+	if err != nil {
+		return nil, err
+	}
+	sb := &swapBlob{b: b}
+	im.blobs = append(im.blobs, sb)
+	im.remote[src] = append(im.remote[src], sb)
+	return sb, nil
 }
 
 // OpenLayers opens sealed layer files (bottom first) as a read-only image.

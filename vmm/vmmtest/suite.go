@@ -67,12 +67,12 @@ func Run(t *testing.T, h Harness) {
 
 type suite struct {
 	h       Harness
-	started uint32 // machines started so far: the next identity
-	top  *testing.T // owns VMs and networks that outlive one step
-	work string
-	vm   vmm.Machine
-	net  *TestNet
-	snap string
+	started uint32     // machines started so far: the next identity
+	top     *testing.T // owns VMs and networks that outlive one step
+	work    string
+	vm      vmm.Machine
+	net     *TestNet
+	snap    string
 	// counterAtSnapshot is a guest counter value read just before the snapshot.
 	counterAtSnapshot int
 }

@@ -37,15 +37,18 @@ type Node struct {
 	// this node holds all of it, remove it before deleting the file.
 	Held *peer.Index
 
-	cfg    config.Repository
-	budget *blob.Budget // the block cache of every remote layer opened here
-	lis    net.Listener
-	srv    *http.Server
-	wg     sync.WaitGroup
-	closed bool
-	mu     sync.Mutex
-	stop   context.CancelFunc // ends the periodic collection (gc.go)
-	gcRuns atomic.Int64
+	cfg      config.Repository
+	budget   *blob.Budget // the block cache of every remote layer opened here
+	lis      net.Listener
+	srv      *http.Server
+	wg       sync.WaitGroup
+	closed   bool
+	mu       sync.Mutex
+	stop     context.CancelFunc // ends the periodic collection (gc.go)
+	gcRuns   atomic.Int64
+	lazy     *lazyServer                   // the layer socket, once ServeLayers ran (lazy.go)
+	fetching map[repo.Digest]chan struct{} // Fetch calls in progress, by layer (fetchTurn)
+	whole    atomic.Int64                  // bytes Fetch read from peers and the store
 }
 
 // Open opens the configured repository (nil, nil for backend "none"). A
@@ -140,6 +143,9 @@ func (n *Node) Close() error {
 		err = n.srv.Shutdown(ctx)
 		cancel()
 	}
+	if ls := n.lazyState(); ls != nil {
+		err = errors.Join(err, ls.close())
+	}
 	if n.stop != nil {
 		n.stop()
 	}
@@ -193,12 +199,26 @@ func (n *Node) cacheOptions(record bool) blob.CacheOptions {
 func (n *Node) CacheUsed() int64 { return n.budget.Used() }
 
 // Fetch keeps layer l local: it is copied whole (peers first, verified)
-// into dir/<hex> unless that file exists, and then served to peers. It
-// returns the file's path.
+// into dir/<hex> unless that file exists, and then served to peers. A
+// layer the node holds already elsewhere (a template's and its sandbox's
+// layers are the same blobs) is hard-linked, and two fetches of one layer
+// run one after the other, so it crosses the network once. It returns the
+// file's path.
 func (n *Node) Fetch(ctx context.Context, l repo.Layer, dir string) (string, error) {
 	path := filepath.Join(dir, l.Digest.Hex())
+	release, err := n.fetchTurn(ctx, l.Digest)
+	if err != nil {
+		return "", err
+	}
+	defer release()
 	if st, err := os.Stat(path); err == nil && st.Size() == l.Size {
 		n.Held.Add(l.Digest, path)
+		n.dropLazy(l.Digest)
+		return path, nil
+	}
+	if n.linkHeld(l, path) {
+		n.Held.Add(l.Digest, path)
+		n.dropLazy(l.Digest)
 		return path, nil
 	}
 	c, err := n.OpenLayer(ctx, l)
@@ -206,12 +226,66 @@ func (n *Node) Fetch(ctx context.Context, l repo.Layer, dir string) (string, err
 		return "", err
 	}
 	defer c.Close()
-	if err := repo.FetchLayer(ctx, c, l, path); err != nil {
+	err = repo.FetchLayer(ctx, c, l, path)
+	n.whole.Add(fetchedBytes(c))
+	if err != nil {
 		return "", err
 	}
 	n.Held.Add(l.Digest, path)
+	n.dropLazy(l.Digest) // the layer socket reads the file from now on
 	return path, nil
 }
+
+// fetchTurn waits until no other Fetch of d runs and returns the call that
+// lets the next one go.
+func (n *Node) fetchTurn(ctx context.Context, d repo.Digest) (func(), error) {
+	for {
+		n.mu.Lock()
+		busy, ok := n.fetching[d]
+		if !ok {
+			if n.fetching == nil {
+				n.fetching = map[repo.Digest]chan struct{}{}
+			}
+			mine := make(chan struct{})
+			n.fetching[d] = mine
+			n.mu.Unlock()
+			return func() {
+				n.mu.Lock()
+				delete(n.fetching, d)
+				n.mu.Unlock()
+				close(mine)
+			}, nil
+		}
+		n.mu.Unlock()
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("fetch layer %s: %w", d, ctx.Err())
+		}
+	}
+}
+
+// linkHeld hard-links the node's copy of l (Held) to path; false when it
+// holds none that is whole and on the same file system.
+func (n *Node) linkHeld(l repo.Layer, path string) bool {
+	f, err := n.Held.OpenBlob(l.Digest)
+	if err != nil {
+		return false
+	}
+	of, ok := f.(*os.File)
+	var src string
+	if ok {
+		src = of.Name()
+	}
+	f.Close()
+	if st, err := os.Stat(src); !ok || err != nil || st.Size() != l.Size {
+		return false
+	}
+	return os.Link(src, path) == nil
+}
+
+// FetchedWhole is the bytes Fetch read from peers and the store so far.
+func (n *Node) FetchedWhole() int64 { return n.whole.Load() }
 
 // OpenRecorded opens a layer like OpenLayer, recording the order of the
 // blocks read (for RecordWorkingSet after a restore's first moments).

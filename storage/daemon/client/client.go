@@ -250,6 +250,13 @@ func (c *Client) Restack(ctx context.Context, p rpc.RestackParams) (rpc.RestackR
 	return r, err
 }
 
+// Localize moves a device's URL lowers onto local copies (rpc.LocalizeParams).
+func (c *Client) Localize(ctx context.Context, p rpc.LocalizeParams) (rpc.Device, error) {
+	var d rpc.Device
+	err := c.Call(ctx, rpc.MethodLocalize, p, &d)
+	return d, err
+}
+
 // AcquireShared references the shared read-only device of an image.
 func (c *Client) AcquireShared(ctx context.Context, imageConfig, holder string) (rpc.Device, error) {
 	return c.Acquire(ctx, rpc.AcquireParams{Image: imageConfig, Holder: holder})
@@ -306,6 +313,7 @@ type Devices interface {
 	Create(ctx context.Context, p rpc.CreateParams) (rpc.Device, error)
 	Delete(ctx context.Context, id uint32) error
 	Restack(ctx context.Context, p rpc.RestackParams) (rpc.RestackResult, error)
+	Localize(ctx context.Context, p rpc.LocalizeParams) (rpc.Device, error)
 	Acquire(ctx context.Context, p rpc.AcquireParams) (rpc.Device, error)
 	AcquireShared(ctx context.Context, imageConfig, holder string) (rpc.Device, error)
 	ReleaseShared(ctx context.Context, id uint32, holder string) error

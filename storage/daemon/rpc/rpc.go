@@ -49,6 +49,7 @@ const (
 	MethodCreate        = "create"
 	MethodDelete        = "delete"
 	MethodRestack       = "restack"
+	MethodLocalize      = "localize"
 	MethodAcquireShared = "acquire_shared"
 	MethodReleaseShared = "release_shared"
 	MethodList          = "list"
@@ -231,6 +232,26 @@ type RestackResult struct {
 	Device Device `json:"device"`
 }
 
+// LocalizeParams moves lowers a device reads from URLs onto local files
+// that hold the same bytes, under its live export (the guest notices
+// nothing): a node reads a layer it has not fetched yet through a URL,
+// fetches it whole in the background, and then stops depending on the
+// remote end.
+type LocalizeParams struct {
+	ID     uint32       `json:"id"`
+	Lowers []LocalLower `json:"lowers"`
+}
+
+// LocalLower pairs a lower's URL with its local copy. The URL must name
+// the layer's sha256 in its path (a content-addressed URL: ".../sha256/<hex>"
+// or ".../sha256:<hex>"), and the file, an absolute path, must have that
+// digest. A URL the device does not read from is skipped (a retry after
+// the move).
+type LocalLower struct {
+	URL  string `json:"url"`
+	File string `json:"file"`
+}
+
 // AcquireParams takes a reference on the shared read-only device of an image.
 type AcquireParams struct {
 	Image  string `json:"image"`
@@ -283,10 +304,12 @@ type Features struct {
 	ProtocolVersion int      `json:"protocol_version"`
 	Exports         []string `json:"exports"` // "nbd", and "ublk" where the driver is loaded
 	Restack         bool     `json:"restack"`
-	SharedDevices   bool     `json:"shared_devices"`
-	WarmPool        bool     `json:"warm_pool"`
-	Resize          bool     `json:"resize"`
-	TCP             bool     `json:"tcp"`
+	// Localize says whether URL lowers can move onto local files (LocalizeParams).
+	Localize      bool `json:"localize"`
+	SharedDevices bool `json:"shared_devices"`
+	WarmPool      bool `json:"warm_pool"`
+	Resize        bool `json:"resize"`
+	TCP           bool `json:"tcp"`
 	// KernelNBD says whether devices can be attached to /dev/nbdN here.
 	KernelNBD bool `json:"kernel_nbd"`
 	// Ublk says whether devices can be exported as /dev/ublkbN here.

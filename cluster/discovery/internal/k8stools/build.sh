@@ -2,12 +2,16 @@
 # Builds kube-apiserver and etcd from the Go module proxy for the Kubernetes
 # discovery tests, cached by version (one build per version per machine).
 # Prints the cache directory holding kube-apiserver-<v> and etcd-<v>.
+# Concurrent runs wait for each other (make setup starts one in the
+# background, make test-k8s waits for it), so the binaries are built once.
 set -euo pipefail
 K8S_VERSION=v1.37.2
 ETCD_VERSION=v3.7.3
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${AENV_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentenv/k8s}
 mkdir -p "$cache"
+exec 9>"$cache/.build.lock"
+flock 9
 build() { # module-dir package output
 	local out=$cache/$3
 	[ -x "$out" ] && return 0

@@ -1,0 +1,220 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/guest/agent/agentclient"
+	"github.com/agentenv/agentenv/internal/failpoint"
+	"github.com/agentenv/agentenv/snapshot/repo"
+	"github.com/agentenv/agentenv/snapshot/repo/s3"
+	"github.com/agentenv/agentenv/snapshot/repo/s3/s3test"
+	"github.com/agentenv/agentenv/storage/blob"
+)
+
+const (
+	lazyFetchedMetric  = "aenvd_repository_lazy_fetched_bytes_total"
+	lazyConfigsMetric  = "aenvd_rootfs_lazy_configs"
+	wholeFetchedMetric = "aenvd_repository_layer_fetched_bytes_total"
+)
+
+// TestLazyResumeOverS3: two nodes share a bucket of a real S3 server
+// (versitygw). A sandbox paused on A resumes on B before its rootfs layers
+// are on B: what B fetched for the disk until the VM answered is a small
+// part of the layers, the guest's files read back intact (its page cache
+// dropped: read through B's layer socket), and once B fetched the layers in
+// the background its device reads local files and the files still read
+// intact. A layer object damaged in the bucket fails the guest's read with
+// an I/O error (no byte of it served) and both B and its storage daemon log
+// the layer's digest. A crash of B after the fetch and another after the
+// config names the files are each finished by the next start.
+func TestLazyResumeOverS3(t *testing.T) {
+	nodePrereqs(t)
+	srv := s3test.Start(t)
+	bucket := srv.Bucket(t)
+	env := []string{"AENVD_REPOSITORY_BACKEND=s3", "AENVD_REPOSITORY_ENDPOINT=" + bucket.Endpoint,
+		"AENVD_REPOSITORY_BUCKET=" + bucket.Bucket, "AENVD_REPOSITORY_ACCESS_KEY=" + bucket.AccessKey,
+		"AENVD_REPOSITORY_SECRET_KEY=" + bucket.SecretKey, "AENVD_REPOSITORY_PATH_STYLE=true"}
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+	r, err := s3.Open(ctx, bucket, repo.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := repoPeer(ctx, t, "adlza", 103, env...)
+	b := repoPeer(ctx, t, "adlzb", 105, env...)
+
+	t.Run("resume before the layers are here", func(t *testing.T) {
+		id, data, m := pausedOn(ctx, t, a, r, "lazy")
+		var rootfs, memory int64
+		for _, l := range m.Rootfs {
+			rootfs += l.Size
+		}
+		for _, l := range m.Memory {
+			memory += l.Size
+		}
+		// What B fetched until the VM answered: chunks read lazily, and
+		// layers fetched whole (the memory layers; every layer on a node
+		// that is not lazy).
+		lazy0, whole0 := b.metricValue(t, lazyFetchedMetric), b.metricValue(t, wholeFetchedMetric)
+		b.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", b.key, `{"timeout":300}`)
+		lazy := int64(b.metricValue(t, lazyFetchedMetric) - lazy0)
+		disk := lazy + int64(b.metricValue(t, wholeFetchedMetric)-whole0) - memory
+		t.Logf("node B fetched %d KiB for the disk (%d KiB read lazily) of the %d MiB of rootfs layers before the VM answered, and the %d MiB of memory layers",
+			disk>>10, lazy>>10, rootfs>>20, memory>>20)
+		if disk >= rootfs/4 {
+			t.Fatalf("node B fetched %d of the rootfs layers' %d bytes before the resume answered: not lazy", disk, rootfs)
+		}
+		b.checkData(t, id, data)
+		b.waitLocal(t, id)
+		b.checkData(t, id, data)
+		b.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, b.key, "")
+		a.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, a.key, "")
+	})
+
+	t.Run("a damaged layer fails loudly", func(t *testing.T) {
+		id, _, m := pausedOn(ctx, t, a, r, "damaged")
+		top := m.Rootfs[len(m.Rootfs)-1] // the sandbox's own writes: its data set
+		damageChunks(t, srv.ObjectPath(bucket.Bucket, repo.BlobKey(top.Digest)), top.Size)
+		b.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", b.key, `{"timeout":300}`)
+		out, code := b.try(t, id, `sync; echo 3 > /proc/sys/vm/drop_caches; sha256sum /home/user/damaged/big`)
+		if code == 0 || !strings.Contains(out, "Input/output error") {
+			t.Fatalf("a read of a damaged layer: exit %d, %q (want an I/O error)", code, out)
+		}
+		if !strings.Contains(b.Logs(), string(top.Digest)) {
+			t.Fatalf("node B's log does not name the damaged layer %s", top.Digest)
+		}
+		slog, _ := os.ReadFile(filepath.Join(b.DataDir, "storaged", "storaged.log"))
+		if !strings.Contains(string(slog), "device read failed") || !strings.Contains(string(slog), top.Digest.Hex()) {
+			t.Fatalf("the storage daemon's log does not name the damaged layer %s", top.Digest)
+		}
+		b.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, b.key, "")
+		a.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, a.key, "")
+	})
+
+	t.Run("crashes between the resume and the move", func(t *testing.T) {
+		id, data, _ := pausedOn(ctx, t, a, r, "crashed")
+		if err := b.Arm("orchestrator/lazy/fetched", "crash"); err != nil {
+			t.Fatal(err)
+		}
+		b.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", b.key, `{"timeout":300}`)
+		b.waitKilled(t, "orchestrator/lazy/fetched")
+		// The start resumes the job, which now crashes once the config
+		// names the files (before the devices moved).
+		err := b.RestartWith(ctx, 3*time.Minute, failpoint.EnvVar+"=orchestrator/lazy/configured=crash")
+		t.Logf("start with orchestrator/lazy/configured armed: %v", err)
+		b.waitKilled(t, "orchestrator/lazy/configured")
+		b.start(t)
+		b.waitLocal(t, id)
+		b.checkData(t, id, data)
+		b.checkNoOrphans(t)
+		b.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, b.key, "")
+		a.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, a.key, "")
+	})
+}
+
+// waitKilled waits for aenvd to die of the crash at point.
+func (n *node) waitKilled(t *testing.T, point string) {
+	t.Helper()
+	st, err := n.WaitExit(2 * time.Minute)
+	if err != nil {
+		t.Fatalf("crash at %s: %v\n%s", point, err, n.Logs())
+	}
+	if ws, ok := st.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("aenvd ended with %v, want SIGKILL from %s\n%s", st, point, n.Logs())
+	}
+}
+
+// pausedOn creates a sandbox of the base template on n, writes the data
+// set tag into it, pauses it and waits for its pause's manifest.
+func pausedOn(ctx context.Context, t *testing.T, n *node, r *repo.Repo, tag string) (string, guestData, *repo.Manifest) {
+	t.Helper()
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	data := n.writeData(t, id, tag)
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+	m, err := r.Manifest(ctx, waitManifest(ctx, t, r, "sandbox-"+id+"-"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id, data, m
+}
+
+// waitLocal waits until the node has no rootfs config left reading remote
+// layers and sandbox id's device reads only files.
+func (n *node) waitLocal(t *testing.T, id string) {
+	t.Helper()
+	sd := n.storaged(t)
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		var remote []string
+		devs, err := sd.List(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		owned := 0
+		for _, d := range devs {
+			if d.Owner != id {
+				continue
+			}
+			owned++
+			for _, l := range d.Layers {
+				if blob.IsURL(l) || !strings.HasPrefix(l, n.DataDir+"/") {
+					remote = append(remote, l)
+				}
+			}
+		}
+		pending := n.metricValue(t, lazyConfigsMetric)
+		if owned > 0 && len(remote) == 0 && pending == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s: %d devices, still reading %v, %v configs pending\n%s", id, owned, remote, pending, n.Logs())
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// try runs a bash script as root in sandbox id and returns its output
+// (stdout and stderr) and exit code.
+func (n *node) try(t *testing.T, id, script string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	hc := &http.Client{Transport: headerTransport{id, "49983"}}
+	out, stderr, code, err := agentclient.RunWith(ctx, n.proxy, hc, []agentclient.Option{agentclient.WithUser("root")},
+		"/bin/bash", "-c", script)
+	if err != nil {
+		t.Fatalf("sandbox %s: %q: %v", id, script, err)
+	}
+	return string(out) + string(stderr), code
+}
+
+// damageChunks flips a byte in every 256 KiB chunk of the object at path
+// but its first and last two (the layer's header and index stay readable,
+// so the disk opens and its data reads fail).
+func damageChunks(t *testing.T, path string, size int64) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil || int64(len(b)) != size {
+		t.Fatalf("object %s: %d bytes, %v (want %d)", path, len(b), err, size)
+	}
+	const chunk = 256 << 10
+	n := 0
+	for off := int64(chunk); off+2*chunk < size; off += chunk {
+		b[off+chunk/2] ^= 0xff
+		n++
+	}
+	if n == 0 {
+		t.Fatalf("layer of %d bytes: no chunk to damage", size)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(fmt.Errorf("damage %s: %w", path, err))
+	}
+}

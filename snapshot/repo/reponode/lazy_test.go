@@ -1,0 +1,140 @@
+package reponode
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/agentenv/agentenv/config"
+	"github.com/agentenv/agentenv/snapshot/repo"
+	"github.com/agentenv/agentenv/snapshot/repo/repotest"
+	"github.com/agentenv/agentenv/snapshot/repo/s3/s3test"
+	"github.com/agentenv/agentenv/storage/blob"
+)
+
+// TestLayerSocket: a layer in a real S3 bucket is read the way the storage
+// daemon reads a lazy lower (blob.Open of its http+unix URL): the bytes are
+// the layer's, a few reads fetch a few chunks and not the layer, and once
+// the node fetched the layer whole the socket reads its file (no more
+// store traffic). A layer whose stored object was damaged behind the
+// store's back fails its reads with an error naming its digest, and serves
+// no byte of the damaged chunk; its undamaged chunks still read.
+func TestLayerSocket(t *testing.T) {
+	srv := s3test.Start(t)
+	bucket := srv.Bucket(t)
+	c := config.Default()
+	c.DataDir = t.TempDir()
+	c.Repository.Backend, c.Repository.Endpoint, c.Repository.Bucket = "s3", bucket.Endpoint, bucket.Bucket
+	c.Repository.AccessKey, c.Repository.SecretKey, c.Repository.PathStyle = bucket.AccessKey, bucket.SecretKey, true
+	ctx := context.Background()
+	n, err := Open(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if got := n.LazyURL(repo.Layer{}); got != "" {
+		t.Fatalf("a LazyURL before the socket serves: %q", got)
+	}
+	if err := n.ServeLayers(ctx, filepath.Join(c.DataDir, "layers.sock")); err != nil {
+		t.Fatal(err)
+	}
+	const chunk = 64 << 10
+	put := func(seed uint64, size int) (repo.Layer, []byte) {
+		data := repotest.Random(seed, size)
+		p := filepath.Join(t.TempDir(), "layer")
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		l, err := repo.PutLayerFile(ctx, n.Repo, p, chunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l, data
+	}
+	l, data := put(7, 256*chunk+123)
+	url := n.LazyURL(l)
+	if got, ok := LazyLayer(url); !ok || got != l {
+		t.Fatalf("LazyLayer(%q) = %+v %v", url, got, ok)
+	}
+	if d, ok := blob.URLDigest(url); !ok || d != string(l.Digest) {
+		t.Fatalf("the URL names %q, not the layer's digest", d)
+	}
+	b, err := blob.Open(ctx, url, blob.HTTPOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, off := range []int64{0, 17 * chunk, 40*chunk + 5, int64(len(data)) - 100} {
+		got := make([]byte, 100)
+		if _, err := b.ReadAt(got, off); err != nil || !bytes.Equal(got, data[off:off+100]) {
+			t.Fatalf("read at %d: %v", off, err)
+		}
+	}
+	if f := n.LazyFetched(); f == 0 || f > int64(len(data))/4 {
+		t.Fatalf("four small reads fetched %d of the layer's %d bytes", f, len(data))
+	}
+	if _, err := n.Fetch(ctx, l, t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	if n.FetchedWhole() != int64(len(data)) {
+		t.Fatalf("Fetch read %d bytes of a %d-byte layer", n.FetchedWhole(), len(data))
+	}
+	before := n.LazyFetched()
+	whole := make([]byte, len(data))
+	if _, err := b.ReadAt(whole, 0); err != nil || !bytes.Equal(whole, data) {
+		t.Fatalf("read of the whole layer after the fetch: %v", err)
+	}
+	if n.LazyFetched() != before {
+		t.Fatal("the socket went to the store for a layer the node holds")
+	}
+
+	bad, badData := put(8, 16*chunk)
+	obj := srv.ObjectPath(bucket.Bucket, repo.BlobKey(bad.Digest))
+	damaged := bytes.Clone(badData)
+	damaged[5*chunk+10] ^= 1
+	if err := os.WriteFile(obj, damaged, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bb, err := blob.Open(ctx, n.LazyURL(bad), blob.HTTPOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bb.Close()
+	buf := bytes.Repeat([]byte{0x55}, chunk)
+	k, err := bb.ReadAt(buf, 5*chunk)
+	if err == nil || k != 0 || !strings.Contains(err.Error(), bad.Digest.Hex()) || !strings.Contains(err.Error(), "422") {
+		t.Fatalf("read of the damaged chunk: %d bytes, %v", k, err)
+	}
+	if !bytes.Equal(buf, bytes.Repeat([]byte{0x55}, chunk)) && !bytes.Equal(buf, make([]byte, chunk)) {
+		t.Fatal("bytes of the damaged chunk reached the reader")
+	}
+	got := make([]byte, chunk)
+	if _, err := bb.ReadAt(got, 9*chunk); err != nil || !bytes.Equal(got, badData[9*chunk:10*chunk]) {
+		t.Fatalf("an undamaged chunk of the damaged layer: %v", err)
+	}
+	// The node reads it through its own cache the same way.
+	if err := n.readLazy(bad, make([]byte, 10), 5*chunk); !errors.Is(err, blob.ErrCorrupt) || !strings.Contains(err.Error(), string(bad.Digest)) {
+		t.Fatalf("readLazy of the damaged chunk: %v", err)
+	}
+}
+
+// FuzzOneRange: the layer socket's Range parser accepts one range inside
+// the layer, at most maxLazyRange long, and never panics.
+func FuzzOneRange(f *testing.F) {
+	for _, s := range []string{"bytes=0-0", "bytes=5-", "bytes=1-2,3-4", "bytes=-5", "bytes=9-3", "bytes=0-99999999999"} {
+		f.Add(s, int64(1000))
+	}
+	f.Fuzz(func(t *testing.T, h string, size int64) {
+		if size <= 0 {
+			return
+		}
+		off, n, err := oneRange(h, size)
+		if err == nil && (off < 0 || n <= 0 || off+n > size || n > maxLazyRange) {
+			t.Fatalf("oneRange(%q, %d) = %d, %d", h, size, off, n)
+		}
+	})
+}
