@@ -2,10 +2,9 @@ package lsmt
 
 import (
 	"bytes"
-	"errors"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 )
 
@@ -55,40 +54,174 @@ func TestOverwriteInPlace(t *testing.T) {
 	}
 }
 
-// TestUpperBoundIsENOSPC: writes that defeat in-place rewriting (each
-// straddles two mappings) fill the upper's data to twice the disk, then
-// fail with ENOSPC; the file stays bounded and what was written reads back.
-func TestUpperBoundIsENOSPC(t *testing.T) {
+// boundSlack is what the data file may hold past the virtual size: its
+// header, the growth allowed before freed space is reclaimed, and the file
+// system's own blocks (an extent tree of a file full of holes).
+func boundSlack(vs uint64) int64 {
+	return HeaderSize + int64(growSlack(vs/SectorSize))*SectorSize + 64<<10
+}
+
+func newBoundUpper(t *testing.T, vs uint64) (*Upper, *Stack, string) {
+	t.Helper()
 	dir := t.TempDir()
-	const size = 64 << 10
-	u, err := CreateUpper(filepath.Join(dir, "d"), filepath.Join(dir, "i"), size, UUID{})
+	dp := filepath.Join(dir, "d")
+	u, err := CreateUpper(dp, filepath.Join(dir, "i"), vs, UUID{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer u.Close()
-	stack, err := NewStack(nil, u)
+	t.Cleanup(func() { u.Close() })
+	st, err := NewStack(nil, u)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var last []byte
-	var lastOff int64
-	var werr error
-	for i := 0; i < 10_000 && werr == nil; i++ {
-		off := int64(i%2) * SectorSize // [0,2) then [1,3) sectors, alternately
-		b := bytes.Repeat([]byte{byte(i)}, 2*SectorSize)
-		if _, werr = u.WriteAt(b, off); werr == nil {
-			last, lastOff = b, off
+	return u, st, dp
+}
+
+// TestStraddlingWritesStayBounded: writes that each cover parts of two
+// mappings ([0,2) then [1,3) sectors alternately, and 8 KiB writes at 4 KiB
+// offsets over 4 KiB mappings) run 10,000 rounds each without an error;
+// the data file's blocks stay within the disk's size and every read
+// matches the model. The old upper appended each such write and answered
+// ENOSPC once its data passed twice the disk.
+func TestStraddlingWritesStayBounded(t *testing.T) {
+	const vs = 1 << 20
+	u, st, dp := newBoundUpper(t, vs)
+	m := newHistModel(vs / SectorSize)
+	for i := range 10_000 {
+		if err := m.write(st, uint64(i%2), 2); err != nil {
+			t.Fatalf("round %d: %v", i, err)
 		}
 	}
-	if !errors.Is(werr, syscall.ENOSPC) {
-		t.Fatalf("a full upper answered %v, want ENOSPC", werr)
+	for s := uint64(8); s < vs/SectorSize; s += 8 {
+		if err := m.write(st, s, 8); err != nil {
+			t.Fatal(err)
+		}
 	}
-	st, _ := os.Stat(filepath.Join(dir, "d"))
-	if st.Size() > HeaderSize+2*size {
-		t.Fatalf("the data file grew to %d bytes (bound %d)", st.Size(), HeaderSize+2*size)
+	r := rand.New(rand.NewPCG(1, 1))
+	for i := range 10_000 {
+		blk := 1 + r.Uint64N(vs/4096-2)
+		if err := m.write(st, blk*8, 16); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
 	}
-	got := make([]byte, len(last))
-	if _, err := stack.ReadAt(got, lastOff); err != nil || !bytes.Equal(got, last) {
-		t.Fatalf("the last accepted write does not read back: %v", err)
+	if err := m.check(st, false); err != nil {
+		t.Fatal(err)
+	}
+	if a := allocated(t, dp); a > vs+boundSlack(vs) {
+		t.Fatalf("the data file holds %d bytes of the host's disk, bound %d", a, vs+boundSlack(vs))
+	}
+	if err := u.checkSpace(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTrimRewriteChurnStaysBounded: trims and writes of random ranges (a
+// file system that discards what it frees), 10,000 rounds without a flush
+// of their own: no error, reads match the model, the data file's blocks
+// stay within the disk's size and its logical end within the soft limit.
+// The old upper kept trimmed data and answered ENOSPC.
+func TestTrimRewriteChurnStaysBounded(t *testing.T) {
+	const vs = 2 << 20
+	u, st, dp := newBoundUpper(t, vs)
+	m := newHistModel(vs / SectorSize)
+	if err := m.write(st, 0, vs/SectorSize); err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(2, 2))
+	for i := range 10_000 {
+		s := r.Uint64N(vs / SectorSize)
+		n := 1 + r.Uint64N(min(vs/SectorSize-s, 256))
+		var err error
+		if r.IntN(2) == 0 {
+			err = m.trim(st, s, n)
+		} else {
+			err = m.write(st, s, n)
+		}
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if i%5000 == 0 {
+			if err := m.check(st, false); err != nil {
+				t.Fatalf("round %d: %v", i, err)
+			}
+		}
+	}
+	if err := m.check(st, false); err != nil {
+		t.Fatal(err)
+	}
+	if a := allocated(t, dp); a > vs+boundSlack(vs) {
+		t.Fatalf("the data file holds %d bytes of the host's disk, bound %d", a, vs+boundSlack(vs))
+	}
+	if fi, _ := os.Stat(dp); fi.Size() > int64(u.softLimit())*SectorSize {
+		t.Fatalf("the data file grew to %d bytes, past the soft limit %d", fi.Size(), u.softLimit()*SectorSize)
+	}
+	if err := u.checkSpace(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestIndexStaysBounded: under trim and rewrite churn with a flush every
+// 500 operations (each appends a batch), the index file never holds more
+// than its rewrite threshold allows: the larger of 64 Ki entries and four
+// per live mapping, plus one batch. The old upper's index grew with every
+// operation.
+func TestIndexStaysBounded(t *testing.T) {
+	const vs = 1 << 20
+	u, st, _ := newBoundUpper(t, vs)
+	_, ip := u.Paths()
+	m := newHistModel(vs / SectorSize)
+	r := rand.New(rand.NewPCG(3, 3))
+	last, rewrites := int64(0), 0
+	for i := range 80_000 {
+		s := r.Uint64N(vs / SectorSize)
+		n := 1 + r.Uint64N(min(vs/SectorSize-s, 16))
+		var err error
+		if i%2 == 0 {
+			err = m.trim(st, s, n)
+		} else {
+			err = m.write(st, s, n)
+		}
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if i%500 != 499 {
+			continue
+		}
+		if err := u.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(ip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries := (fi.Size() - HeaderSize) / MappingSize
+		bound := max(defaultRewriteMin, 4*int64(u.Len())) + pendingLimit/MappingSize
+		if entries > bound {
+			t.Fatalf("round %d: the index holds %d entries for %d live mappings (bound %d)", i, entries, u.Len(), bound)
+		}
+		if entries < last {
+			rewrites++
+		}
+		last = entries
+	}
+	if rewrites == 0 {
+		t.Fatal("the index was never rewritten: the test tests nothing")
+	}
+	if err := m.check(st, false); err != nil {
+		t.Fatal(err)
+	}
+	// What the rewritten index says is what the upper read before.
+	if err := u.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := u.Paths()
+	u2, err := OpenUpper(d, ip, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u2.Close()
+	st2, _ := NewStack(nil, u2)
+	if err := m.check(st2, false); err != nil {
+		t.Fatalf("after reopening: %v", err)
 	}
 }

@@ -5,6 +5,11 @@
 // overlaybd's LSMT format so that files are interchangeable with overlaybd's own
 // tools. Every parser here treats its input as hostile: bad bytes
 // give an error that names the file and the field, never a panic.
+//
+// A log-structured upper holds at most its disk's size of data: writes over
+// data it holds go in place, trims punch the space of what they cover out of
+// the data file, and later writes reuse it once the trim is durable; the index
+// file is rewritten when it holds mostly overridden entries (see Upper).
 package lsmt
 
 import (

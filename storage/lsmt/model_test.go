@@ -17,8 +17,10 @@ import (
 )
 
 // The property test drives stacks through random writes, trims, reads,
-// commits, merges, compressions, reopenings and arbitrary stack orders, and
-// checks every read against a plain in-memory model.
+// flushes (after which trimmed space is reused), commits, merges,
+// compressions, reopenings and arbitrary stack orders, and checks every
+// read against a plain in-memory model, and the upper's space sets after
+// every step.
 
 const modelSize = 64 << 10 // 128 sectors: small enough for many steps, large enough for splits
 
@@ -116,6 +118,15 @@ func (m *machine) newUpper() {
 		m.t.Fatal(err)
 	}
 	m.upper, m.upMod = u, map[uint64][]byte{}
+	m.tuneUpper()
+}
+
+// tuneUpper lets a log-structured upper rewrite its index as soon as it
+// holds four entries per live mapping, and reclaim freed space when its
+// data passes the disk's size by little, so the model sees both.
+func (m *machine) tuneUpper() {
+	m.upper.rewriteMin = int64(rapid.IntRange(0, 64).Draw(m.t, "rewriteMin"))
+	m.upper.slack = uint64(rapid.IntRange(0, 64).Draw(m.t, "slack"))
 }
 
 // record copies the touched sectors' final content into the upper's model;
@@ -282,7 +293,16 @@ func (m *machine) reopen(t *rapid.T) {
 		t.Fatalf("reopen upper: %v", err)
 	}
 	m.upper = u
+	m.tuneUpper()
 	m.rebuild()
+}
+
+// flush makes the upper durable; the space its trims freed becomes
+// reusable, so later writes land where trimmed data was.
+func (m *machine) flush(t *rapid.T) {
+	if err := m.st.Flush(); err != nil {
+		t.Fatalf("flush: %v", err)
+	}
 }
 
 // order opens any sequence of sealed layers as a stack and compares it with
@@ -320,6 +340,11 @@ func (m *machine) checkAll(t *rapid.T) {
 	if i := firstDiff(got, m.flat); i < modelSize {
 		t.Fatalf("virtual disk differs from the model at byte %d", i)
 	}
+	if !m.sparse {
+		if err := m.upper.checkSpace(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func TestStackAgainstModel(t *testing.T) {
@@ -341,6 +366,7 @@ func TestStackAgainstModel(t *testing.T) {
 			"merge":    m.merge,
 			"compress": m.compress,
 			"reopen":   m.reopen,
+			"flush":    m.flush,
 			"order":    m.order,
 			"":         m.checkAll,
 		})

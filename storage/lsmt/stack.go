@@ -113,11 +113,18 @@ func (s *Stack) fill(p []byte, off int64) error {
 	}
 	var buf [8]Segment
 	s0, n := sectorSpan(off, len(p))
-	segs := s.upper.Lookup(buf[:0], s0, n)
+	segs, g, pinned := s.upper.lookupPinned(buf[:0], s0, n)
 	if len(segs) == 0 {
 		return s.fillLower(p, off)
 	}
-	return readSegments(p, off, segs, s.upSrc, s.fillLower)
+	err := fpReadLookedUp.Inject()
+	if err == nil {
+		err = readSegments(p, off, segs, s.upSrc, s.fillLower)
+	}
+	if pinned {
+		s.upper.unpin(g) // the upper may now reuse what a trim freed meanwhile
+	}
+	return err
 }
 
 func (s *Stack) fillLower(p []byte, off int64) error {
@@ -226,7 +233,8 @@ func (s *Stack) topUUID() UUID {
 // Every commit gets a fresh uuid, so committing the same upper twice (after
 // more writes) never yields two different layers with one identity.
 func CommitUpper(ctx context.Context, u *Upper, parent UUID, w io.Writer, message string) (SealResult, error) {
-	segs := u.Segments()
+	segs, release := u.PinnedSegments()
+	defer release()
 	src := func(uint8) io.ReaderAt { return u.data }
 	opt := SealOptions{VirtualSize: uint64(u.VirtualSize()), UUID: NewUUID(), Parent: parent, Message: message, Zero: ZeroMark}
 	if parent.IsNil() {

@@ -25,27 +25,59 @@ import (
 // then fsynced itself: whatever order the kernel writes dirty pages back in,
 // after a crash or a power loss the index never points at data that is not
 // on disk, so a range reads back its old or its new data, never zeros.
+//
+// The data file of a log-structured upper stays within the disk's size: a
+// write over data the upper holds goes in place, only the rest gets space,
+// and a trim frees the space of what it covers (punched out of the file) for
+// later writes, once the index that no longer maps it is durable and no
+// operation in flight still uses it (alloc.go, reclaim.go). The index file
+// is rewritten from the live mappings when it holds many more entries than
+// they are (upperflush.go).
+//
+// Locks: mu guards the tree (and treeVer), pending, the space sets, dataEnd, epoch and
+// closed; it is held for lookups and bookkeeping, never across I/O.
+// flushMu serializes index writes (batches, the rewrite) and guards index,
+// indexEnd and dirDirty; it is held across fsyncs, and takes mu inside it
+// (never the other way round). Operations that read or write the data file
+// at looked-up offsets hold a pin (reclaim.go), released without locks.
 type Upper struct {
 	mu        sync.RWMutex
-	flushMu   sync.Mutex // serializes index batches (held across the fsyncs; mu is not)
+	flushMu   sync.Mutex
 	dataPath  string
 	indexPath string
 	data      *os.File
-	index     *os.File // nil for a sparse layer
+	raw       syscall.RawConn // data's descriptor, for fallocate
+	index     *os.File        // nil for a sparse layer (flushMu)
+	indexHead []byte          // the index file's header block, kept by a rewrite
+	sparse    bool
 	hdr       HeaderTrailer
 	tree      *btree.BTreeG[Segment]
+	treeVer   uint64      // counts changes of the tree
 	mapped    atomic.Bool // the tree ever held a mapping: reads of a fresh upper skip the lock
-	dataEnd   uint64      // sectors: next append position (log-structured)
-	indexEnd  int64       // bytes of the index file written (under flushMu)
-	pending   []byte      // encoded mappings not yet written to the index file (under mu)
+	dataEnd   uint64      // sectors: the data file's logical end (log-structured)
+	indexEnd  int64       // bytes of the index file written (flushMu)
+	dirDirty  bool        // a rewritten index was renamed, its directory not yet fsynced (flushMu)
+	pending   []byte      // encoded mappings not yet written to the index file
 	spare     []byte      // the previous batch's buffer, for reuse
-	readOnly  bool
-	closed    bool
+	sp        spaceState  // the data file's unreferenced space
+	_         [64]byte    // the pins change with every I/O: a cache line of their own
+	pins      [2]atomic.Int64
+	_         [48]byte
+	noPunch   atomic.Bool // the file system cannot punch holes
+	// rewriteMin is the index size (entries) below which it is never
+	// rewritten, however few live mappings it has.
+	rewriteMin int64
+	slack      uint64 // sectors the data may pass the virtual size by (growSlack)
+	readOnly   bool
+	closed     bool
 	// Recovered counts index bytes dropped at open (a torn or invalid tail).
 	Recovered int64
 }
 
 const pendingLimit = 64 << 10
+
+// defaultRewriteMin: an index of up to 64 Ki entries (1 MiB) is never rewritten.
+const defaultRewriteMin = 1 << 16
 
 // ErrReadOnly is returned for writes to something opened read-only.
 var ErrReadOnly = errors.New("lsmt: read-only")
@@ -129,7 +161,8 @@ func writeNew(path string, b []byte) error {
 // OpenUpper opens a writable layer. indexPath "" means a sparse layer. A
 // read-only open never modifies the files (no recovery truncation).
 func OpenUpper(dataPath, indexPath string, readOnly bool) (*Upper, error) {
-	u := &Upper{dataPath: dataPath, indexPath: indexPath, readOnly: readOnly, tree: newTree()}
+	u := &Upper{dataPath: dataPath, indexPath: indexPath, readOnly: readOnly, tree: newTree(),
+		sparse: indexPath == "", rewriteMin: defaultRewriteMin}
 	if err := u.open(); err != nil {
 		u.closeFiles()
 		return nil, fmt.Errorf("open upper %s: %w", dataPath, err)
@@ -144,6 +177,9 @@ func (u *Upper) open() error {
 	}
 	var err error
 	if u.data, err = os.OpenFile(u.dataPath, flag, 0); err != nil {
+		return err
+	}
+	if u.raw, err = u.data.SyscallConn(); err != nil {
 		return err
 	}
 	st, err := u.data.Stat()
@@ -175,10 +211,16 @@ func (u *Upper) open() error {
 		return fmt.Errorf("%w: data file is sparse but an index file was given", ErrFormat)
 	}
 	u.dataEnd = (uint64(st.Size()) + SectorSize - 1) / SectorSize
+	if !u.readOnly {
+		removeStaleRewrites(u.indexPath)
+	}
 	if u.index, err = os.OpenFile(u.indexPath, flag, 0); err != nil {
 		return err
 	}
-	return u.loadIndex()
+	if err := u.loadIndex(); err != nil {
+		return err
+	}
+	return u.initSpace()
 }
 
 func (u *Upper) loadIndex() error {
@@ -186,11 +228,14 @@ func (u *Upper) loadIndex() error {
 	if err != nil {
 		return err
 	}
-	buf := make([]byte, HTSize)
-	if err := readFull(u.index, buf, 0); err != nil {
+	if st.Size() < HeaderSize {
+		return fmt.Errorf("%w: index %s is %d bytes, shorter than its 4096-byte header", ErrFormat, u.indexPath, st.Size())
+	}
+	u.indexHead = make([]byte, HeaderSize)
+	if err := readFull(u.index, u.indexHead, 0); err != nil {
 		return fmt.Errorf("index %s header: %w", u.indexPath, err)
 	}
-	ih, err := ParseHeaderTrailer(buf)
+	ih, err := ParseHeaderTrailer(u.indexHead[:HTSize])
 	if err != nil {
 		return fmt.Errorf("index %s header: %w", u.indexPath, err)
 	}
@@ -206,10 +251,8 @@ func (u *Upper) loadIndex() error {
 	if u.hdr.VirtualSize == 0 || u.hdr.VirtualSize%SectorSize != 0 {
 		return fmt.Errorf("%w: virtual size %d is not a positive multiple of 512", ErrFormat, u.hdr.VirtualSize)
 	}
+	u.slack = growSlack(u.hdr.VirtualSize / SectorSize)
 	start := int64(HeaderSize)
-	if st.Size() < start {
-		return fmt.Errorf("%w: index %s is %d bytes, shorter than its 4096-byte header", ErrFormat, u.indexPath, st.Size())
-	}
 	if ih.IndexOffset != 0 && ih.IndexOffset != HeaderSize {
 		return fmt.Errorf("%w: index %s index_offset %d, want 4096", ErrFormat, u.indexPath, ih.IndexOffset)
 	}
@@ -230,7 +273,7 @@ func (u *Upper) loadIndex() error {
 						"index", u.indexPath, "offset", pos+i, "reason", reason)
 					return u.truncateIndex(pos+i, size)
 				}
-				u.insertLocked(s)
+				u.insertLocked(s, nil)
 			}
 			good = pos + i + MappingSize
 		}
@@ -295,7 +338,7 @@ func (u *Upper) loadSparse(size int64) error {
 }
 
 // Sparse reports whether this is a sparse layer.
-func (u *Upper) Sparse() bool { return u.index == nil }
+func (u *Upper) Sparse() bool { return u.sparse }
 
 // Header is the data file's header.
 func (u *Upper) Header() HeaderTrailer { return u.hdr }
@@ -318,89 +361,10 @@ func (u *Upper) Align() int64 {
 	return SectorSize
 }
 
-// DataReaderAt reads the data file at physical offsets.
+// DataReaderAt reads the data file at physical offsets. The space of a
+// trimmed range is reused by later writes: offsets from Segments hold their
+// data only while the upper is not written (or under PinnedSegments).
 func (u *Upper) DataReaderAt() io.ReaderAt { return u.data }
-
-// Lookup appends the live mappings that overlap [off, off+n) sectors, clipped.
-func (u *Upper) Lookup(dst []Segment, off, n uint64) []Segment {
-	if !u.mapped.Load() {
-		return dst
-	}
-	u.mu.RLock()
-	if u.tree.Len() > 0 {
-		dst = u.lookupLocked(dst, off, n)
-	}
-	u.mu.RUnlock()
-	return dst
-}
-
-func (u *Upper) lookupLocked(dst []Segment, off, n uint64) []Segment {
-	end := off + n
-	u.tree.DescendLessOrEqual(Segment{Offset: off}, func(it Segment) bool {
-		if it.End() > off {
-			dst = append(dst, it.Clip(off, end))
-		}
-		return false
-	})
-	u.tree.AscendRange(Segment{Offset: off + 1}, Segment{Offset: end}, func(it Segment) bool {
-		dst = append(dst, it.Clip(off, end))
-		return true
-	})
-	return dst
-}
-
-// insertLocked adds s, cutting whatever it overrides.
-func (u *Upper) insertLocked(s Segment) {
-	end := s.End()
-	var hits [4]Segment
-	hit := hits[:0]
-	hit = u.lookupRaw(hit, s.Offset, end)
-	for _, h := range hit {
-		u.tree.Delete(h)
-		if h.Offset < s.Offset {
-			u.tree.ReplaceOrInsert(h.Clip(h.Offset, s.Offset))
-		}
-		if h.End() > end {
-			u.tree.ReplaceOrInsert(h.Clip(end, h.End()))
-		}
-	}
-	u.tree.ReplaceOrInsert(s)
-	u.mapped.Store(true)
-}
-
-// lookupRaw appends the whole (unclipped) segments overlapping [off, end).
-func (u *Upper) lookupRaw(dst []Segment, off, end uint64) []Segment {
-	u.tree.DescendLessOrEqual(Segment{Offset: off}, func(it Segment) bool {
-		if it.End() > off {
-			dst = append(dst, it)
-		}
-		return false
-	})
-	u.tree.AscendRange(Segment{Offset: off + 1}, Segment{Offset: end}, func(it Segment) bool {
-		dst = append(dst, it)
-		return true
-	})
-	return dst
-}
-
-// Segments returns a sorted copy of the live mappings.
-func (u *Upper) Segments() []Segment {
-	u.mu.RLock()
-	defer u.mu.RUnlock()
-	out := make([]Segment, 0, u.tree.Len())
-	u.tree.Ascend(func(it Segment) bool {
-		out = append(out, it)
-		return true
-	})
-	return out
-}
-
-// Len is the number of live mappings.
-func (u *Upper) Len() int {
-	u.mu.RLock()
-	defer u.mu.RUnlock()
-	return u.tree.Len()
-}
 
 func (u *Upper) checkRange(op string, off, n int64) error {
 	if u.readOnly {
@@ -415,138 +379,16 @@ func (u *Upper) checkRange(op string, off, n int64) error {
 	return nil
 }
 
-// WriteAt writes sector-aligned data at the logical byte offset off.
-func (u *Upper) WriteAt(p []byte, off int64) (int, error) {
-	if err := u.checkRange("write", off, int64(len(p))); err != nil {
-		return 0, err
-	}
-	if len(p) == 0 {
-		return 0, nil
-	}
-	sec := uint64(off) / SectorSize
-	n := uint64(len(p)) / SectorSize
-	if u.Sparse() {
-		if _, err := u.data.WriteAt(p, HeaderSize+off); err != nil {
-			return 0, fmt.Errorf("write upper %s: %w", u.dataPath, err)
-		}
-		u.mu.Lock()
-		defer u.mu.Unlock()
-		for done := uint64(0); done < n; {
-			l := min(n-done, MaxSegmentLen)
-			u.insertLocked(Segment{Offset: sec + done, MOffset: sec + done + HeaderSize/SectorSize, Length: uint32(l)})
-			done += l
-		}
-		return len(p), nil
-	}
-	u.mu.Lock()
-	if u.closed {
-		u.mu.Unlock()
-		return 0, fmt.Errorf("write upper %s: closed", u.dataPath)
-	}
-	if phys, ok := u.inPlaceLocked(sec, n); ok {
-		// An overwrite of data this upper holds whole: no new mapping, no
-		// growth (the live upper is this VM's alone; sealed layers never
-		// change).
-		u.mu.Unlock()
-		if _, err := u.data.WriteAt(p, int64(phys)*SectorSize); err != nil {
-			return 0, fmt.Errorf("write upper %s: %w", u.dataPath, err)
-		}
-		return len(p), nil
-	}
-	if limit := u.maxDataSectors(); u.dataEnd+n > limit {
-		u.mu.Unlock()
-		return 0, fmt.Errorf("write upper %s: its data would pass %d bytes (twice the disk): %w",
-			u.dataPath, limit*SectorSize, syscall.ENOSPC)
-	}
-	phys := u.dataEnd
-	u.dataEnd += n
-	u.mu.Unlock()
-	if _, err := u.data.WriteAt(p, int64(phys)*SectorSize); err != nil {
-		return 0, fmt.Errorf("write upper %s: %w", u.dataPath, err)
-	}
-	u.mu.Lock()
-	for done := uint64(0); done < n; {
-		l := min(n-done, MaxSegmentLen)
-		u.addLocked(Segment{Offset: sec + done, MOffset: phys + done, Length: uint32(l)})
-		done += l
-	}
-	full := len(u.pending) >= pendingLimit
-	u.mu.Unlock()
-	if full {
-		if err := u.flushIndex(false); err != nil {
-			return 0, err
-		}
-	}
-	return len(p), nil
-}
-
-// inPlaceLocked returns where [sec, sec+n) lies in the data file when one
-// data mapping of the upper covers all of it (mu held).
-func (u *Upper) inPlaceLocked(sec, n uint64) (uint64, bool) {
-	var phys uint64
-	found := false
-	u.tree.DescendLessOrEqual(Segment{Offset: sec}, func(it Segment) bool {
-		if !it.Zeroed && it.End() >= sec+n {
-			phys, found = it.MOffset+(sec-it.Offset), true
-		}
-		return false // only the mapping that starts at or before sec
-	})
-	return phys, found
-}
-
-// maxDataSectors bounds the data file of a log-structured upper: twice the
-// virtual size (in-place overwrites keep ordinary use far below; a guest
-// that writes in patterns that defeat them gets ENOSPC, the host disk
-// does not fill).
-func (u *Upper) maxDataSectors() uint64 {
-	return HeaderSize/SectorSize + 2*u.hdr.VirtualSize/SectorSize
-}
-
-func (u *Upper) addLocked(s Segment) {
-	u.insertLocked(s)
-	var b [MappingSize]byte
-	EncodeMapping(b[:], s)
-	u.pending = append(u.pending, b[:]...)
-}
-
-// Trim makes the sector-aligned range read as zeros (hiding lower layers).
-func (u *Upper) Trim(off, n int64) error {
-	if err := u.checkRange("trim", off, n); err != nil {
-		return err
-	}
-	if u.Sparse() {
-		zero := make([]byte, min(n, 1<<20))
-		for done := int64(0); done < n; {
-			l := min(n-done, int64(len(zero)))
-			if _, err := u.WriteAt(zero[:l], off+done); err != nil {
-				return err
-			}
-			done += l
-		}
-		return nil
-	}
-	u.mu.Lock()
-	sec, cnt := uint64(off)/SectorSize, uint64(n)/SectorSize
-	for done := uint64(0); done < cnt; {
-		l := min(cnt-done, MaxSegmentLen)
-		u.addLocked(Segment{Offset: sec + done, Length: uint32(l), Zeroed: true})
-		done += l
-	}
-	full := len(u.pending) >= pendingLimit
-	u.mu.Unlock()
-	if full {
-		return u.flushIndex(false)
-	}
-	return nil
-}
-
 // Close flushes and closes the files.
 func (u *Upper) Close() error {
 	err := u.Flush()
 	u.mu.Lock()
 	u.closed = true
 	u.mu.Unlock()
-	if cerr := u.closeFiles(); err == nil {
+	u.flushMu.Lock() // a flush in flight may be swapping the index file
+	cerr := u.closeFiles()
+	u.flushMu.Unlock()
+	if err == nil {
 		err = cerr
 	}
 	return err
