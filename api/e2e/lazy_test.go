@@ -39,9 +39,7 @@ func TestLazyResumeOverS3(t *testing.T) {
 	nodePrereqs(t)
 	srv := s3test.Start(t)
 	bucket := srv.Bucket(t)
-	env := []string{"AENVD_REPOSITORY_BACKEND=s3", "AENVD_REPOSITORY_ENDPOINT=" + bucket.Endpoint,
-		"AENVD_REPOSITORY_BUCKET=" + bucket.Bucket, "AENVD_REPOSITORY_ACCESS_KEY=" + bucket.AccessKey,
-		"AENVD_REPOSITORY_SECRET_KEY=" + bucket.SecretKey, "AENVD_REPOSITORY_PATH_STYLE=true"}
+	env := s3test.NodeEnv(bucket)
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
 	r, err := s3.Open(ctx, bucket, repo.Options{})

@@ -41,9 +41,7 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 	guestassets.Get(b)
 	srv := s3test.Start(b)
 	bucket := srv.Bucket(b)
-	env := []string{"AENVD_REPOSITORY_BACKEND=s3", "AENVD_REPOSITORY_ENDPOINT=" + bucket.Endpoint,
-		"AENVD_REPOSITORY_BUCKET=" + bucket.Bucket, "AENVD_REPOSITORY_ACCESS_KEY=" + bucket.AccessKey,
-		"AENVD_REPOSITORY_SECRET_KEY=" + bucket.SecretKey, "AENVD_REPOSITORY_PATH_STYLE=true"}
+	env := s3test.NodeEnv(bucket)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
 	r, err := s3.Open(ctx, bucket, repo.Options{})

@@ -164,3 +164,11 @@ func (s *Server) Bucket(tb testing.TB) s3.Config {
 func (s *Server) ObjectPath(bucket, key string) string {
 	return filepath.Join(s.Dir, bucket, filepath.FromSlash(key))
 }
+
+// NodeEnv is the environment that points an aenvd (AENVD_REPOSITORY_*) at
+// the bucket c as its snapshot repository.
+func NodeEnv(c s3.Config) []string {
+	return []string{"AENVD_REPOSITORY_BACKEND=s3", "AENVD_REPOSITORY_ENDPOINT=" + c.Endpoint,
+		"AENVD_REPOSITORY_BUCKET=" + c.Bucket, "AENVD_REPOSITORY_ACCESS_KEY=" + c.AccessKey,
+		"AENVD_REPOSITORY_SECRET_KEY=" + c.SecretKey, "AENVD_REPOSITORY_PATH_STYLE=true"}
+}
