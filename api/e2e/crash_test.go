@@ -360,7 +360,15 @@ func (n *node) crashCompact(t *testing.T, point string) {
 }
 
 func (n *node) snapshotDirs(t *testing.T) []string {
-	ents, err := os.ReadDir(filepath.Join(n.DataDir, "snapshots"))
+	t.Helper()
+	return n.dataDirNames(t, "snapshots")
+}
+
+// dataDirNames lists the names in a directory of the node's data dir
+// (none when it does not exist).
+func (n *node) dataDirNames(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(n.DataDir, dir))
 	if err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}

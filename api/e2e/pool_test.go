@@ -88,15 +88,7 @@ func (n *node) waitPoolFull(t *testing.T) *vmmPoolJSON {
 // poolEntries lists the pool's entry directories (<data dir>/pool/<id>).
 func (n *node) poolEntries(t *testing.T) []string {
 	t.Helper()
-	ents, err := os.ReadDir(filepath.Join(n.DataDir, "pool"))
-	if err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	return out
+	return n.dataDirNames(t, "pool")
 }
 
 // TestVMMPool: with the warm pool on, a create through E2B's SDK takes a
