@@ -334,6 +334,12 @@ type Sandbox struct {
 	// whose memory files sit on a fast local disk (bench/aenvd measures
 	// cold-cache creates both ways) it did not pay.
 	Prefetch bool `toml:"prefetch" env:"AENVD_SANDBOX_PREFETCH"`
+	// FlattenPaused flattens a paused sandbox's memory image (the template's
+	// memory with the layers of its pauses above it) into one file in the
+	// background, so that its resume maps that file instead of writing the
+	// layers into the new VM's RAM first. It costs the disk space of the
+	// image's non-zero pages per paused sandbox.
+	FlattenPaused bool `toml:"flatten_paused" env:"AENVD_SANDBOX_FLATTEN_PAUSED"`
 }
 
 // Duration is a time.Duration written as "15s", "1h" in TOML.
@@ -371,6 +377,7 @@ func Default() Config {
 			MaxTimeout:      Duration{24 * time.Hour},
 			PauseOnShutdown: true,
 			MaxLayers:       32,
+			FlattenPaused:   true,
 			Cgroups:         true,
 		},
 		Repository: Repository{Backend: "none", UploadConcurrency: 2, ChunkSizeKiB: 256, CacheMiB: 256, LazyRootfs: true,

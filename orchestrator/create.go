@@ -239,6 +239,7 @@ func (o *Orchestrator) remove(ctx context.Context, s *instance) error {
 	o.unlist(s)
 	o.cancelPauseUploads(s.rec)
 	o.lazy.forget(s.rec.Dir)
+	o.flat.stop(s.rec.ID)
 	if err := os.RemoveAll(s.rec.Dir); err != nil {
 		o.log.Warn("remove sandbox dir", "sandbox", s.rec.ID, "err", err)
 	}

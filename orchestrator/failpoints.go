@@ -33,6 +33,8 @@ var (
 
 	fpForkSnapshot = failpoint.New("orchestrator/fork/snapshot") // the hidden snapshot exists, no child yet
 
+	fpFlattenWritten = failpoint.New("orchestrator/flatten/written") // a paused sandbox's memory is one durable file too
+
 	fpKillRecorded = failpoint.New("orchestrator/kill/recorded") // "killing" is durable, nothing removed yet
 
 	fpDropRecorded = failpoint.New("orchestrator/dropcopy/recorded") // a stale copy's "killing" is durable, nothing removed yet

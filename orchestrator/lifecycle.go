@@ -148,15 +148,7 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 		o.maybeCompact(rec)
 		return nil
 	}
-	// An image without a base file (whose resume would flatten it) is
-	// flattened in the background, while nothing waits on it, so a resume
-	// maps it at once (a resume that comes first waits for it). One with a
-	// base needs nothing: its resume writes the layers above the base.
-	o.goBackground(func() {
-		if _, _, err := o.restoreMemory(context.WithoutCancel(ctx), snapDir, true); err != nil {
-			o.log.Warn("flatten memory after pause (the resume retries)", "sandbox", id, "err", err)
-		}
-	})
+	o.flattenPaused(ctx, id, snapDir)
 	o.log.Info("sandbox paused", "sandbox", id)
 	o.commitPause(ctx, rec)
 	o.maybeCompact(rec)
@@ -246,11 +238,14 @@ func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout ti
 		return errors.Join(err, o.update(s, func(r *Record) { r.State = Paused }))
 	}
 	s.mu.Lock()
-	from := s.rec.Snapshot
+	from, id := s.rec.Snapshot, s.rec.ID
 	if s.rec.ColdBoot {
 		from = ""
 	}
 	s.mu.Unlock()
+	// A flatten of the pause still running would only compete with the
+	// restore for the disk and CPU: it stops, the restore writes the layers.
+	o.flat.stop(id)
 	if err := o.startVM(ctx, s, from, o.m.stage("resume")); err != nil {
 		return errors.Join(err, o.update(s, func(r *Record) { r.State, r.PID, r.PIDStart = Paused, 0, 0 }))
 	}

@@ -184,6 +184,9 @@ type Options struct {
 	// Prefetch records each memory image's working set and reads it ahead
 	// while a VM restores from the image (workingset.go).
 	Prefetch bool
+	// FlattenPaused flattens a paused sandbox's memory image in the
+	// background so that its resume maps one file (flatten.go).
+	FlattenPaused bool
 	// Repository, when set, receives a commit of every pause and snapshot
 	// (repository.go); nil keeps them on this node only.
 	Repository Uploads
@@ -257,6 +260,8 @@ type Orchestrator struct {
 	volumes *volume.Store
 	// pool is the warm pool of VMM processes (pool.go); nil when off.
 	pool *warmpool.Pool
+	// flat runs the background flattens of paused memory (flatten.go).
+	flat *flattener
 }
 
 // instance is one sandbox's live state. op serialises lifecycle operations
@@ -303,6 +308,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
 		sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
 	o.lazy = newLazyRootfs(o, opts.Registerer)
+	o.flat = newFlattener()
 	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups, Identities: vmmIdentities(opts, o.log)}
 	if opts.Storage != nil {
 		dd := &daemonDisks{sd: opts.Storage, poolLow: opts.StoragePoolLow, poolHigh: opts.StoragePoolHigh,
@@ -352,13 +358,15 @@ func (o *Orchestrator) DiskBackend() string { return o.disks.name() }
 func (o *Orchestrator) DiskTransport() string { return o.disks.transport() }
 
 // Close drains the warm pool, stops the fetches of lazy rootfs layers (a
-// restart resumes them) and waits for the background work (memory
-// flattening, compaction) the orchestrator started.
+// restart resumes them) and the flattens of paused memory, and waits for
+// the background work (memory flattening, compaction) the orchestrator
+// started.
 func (o *Orchestrator) Close() {
 	if o.pool != nil {
 		o.pool.Close(context.Background())
 	}
 	o.lazy.close()
+	o.flat.close()
 	o.bg.Wait()
 }
 

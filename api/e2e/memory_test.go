@@ -214,3 +214,68 @@ func checkWorkingSet(t *testing.T, n *node) {
 		t.Fatalf("a prefetch failed:\n%s", n.Logs())
 	}
 }
+
+// TestResumeMapsFlattenedPause: after a pause, the sandbox's memory image
+// (the template's memory with the pause's layer above it) is flattened in
+// the background; a resume after that maps the flat file (it writes no
+// layers into the VM's RAM) and the guest's memory is intact; a resume that
+// comes before the flatten ends stops it and is intact too.
+func TestResumeMapsFlattenedPause(t *testing.T) {
+	n := sharedNode(t)
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	defer n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+	sum := n.sh(t, id, `head -c 33554432 /dev/urandom > /dev/shm/flat && sha256sum < /dev/shm/flat`)
+	check := func(when string) {
+		t.Helper()
+		if got := n.sh(t, id, `sha256sum < /dev/shm/flat`); got != sum {
+			t.Fatalf("%s: tmpfs reads %q, want %q", when, got, sum)
+		}
+	}
+	off := len(n.Logs())
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+	n.waitLog(t, off, 2*time.Minute, "paused memory flattened", "sandbox="+id)
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":300}`)
+	if _, _, path := memoryMapping(t, id); filepath.Base(path) != "memory.flat" || !strings.Contains(path, filepath.Join("sandboxes", id)) {
+		t.Fatalf("the resumed VM maps %s, want its pause's flattened memory.flat", path)
+	}
+	check("resumed from the flattened pause")
+
+	// Resumed at once: the flatten (if it started) is stopped, the layers
+	// are written, the memory is the same.
+	off = len(n.Logs())
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":300}`)
+	check("resumed at once")
+	for _, l := range strings.Split(n.Logs()[off:], "\n") {
+		if strings.Contains(l, id) && strings.Contains(l, "flatten") {
+			t.Log(l)
+		}
+	}
+}
+
+// waitLog waits until a log line after offset off holds msg and every one
+// of has.
+func (n *node) waitLog(t *testing.T, off int, within time.Duration, msg string, has ...string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		for _, l := range strings.Split(n.Logs()[off:], "\n") {
+			if strings.Contains(l, msg) && containsAll(l, has) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line %q %v within %s:\n%s", msg, has, within, n.Logs()[off:])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, x := range subs {
+		if !strings.Contains(s, x) {
+			return false
+		}
+	}
+	return true
+}
