@@ -75,7 +75,7 @@ func (o *Orchestrator) Pause(ctx context.Context, id string, keepMemory bool) er
 // its writes first and writes no memory: its "paused" record points at no
 // snapshot, and the one a previous resume came from goes.
 func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool) (err error) {
-	done := o.m.observe("pause")
+	done, lap := o.m.observe("pause"), o.m.stage("pause")
 	defer func() { done(err) }()
 	s.mu.Lock()
 	rec := s.rec
@@ -100,6 +100,7 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 	if err := vm.Pause(ctx); err != nil {
 		return o.resumeAfterFailedPause(ctx, s, nil, err)
 	}
+	lap("stop_vcpus")
 	var snapDir string
 	if !fsOnly {
 		if snapDir, err = capturePause(ctx, o.log, rec, vm); err != nil {
@@ -108,6 +109,7 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 		if err := fpPauseCaptured.Inject(); err != nil {
 			return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
 		}
+		lap("capture")
 	}
 	if err := o.sealRootfs(ctx, s); err != nil {
 		return o.resumeAfterFailedPause(ctx, s, vm, fmt.Errorf("seal disk: %w", err), snapDir)
@@ -118,6 +120,7 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 	if err := fpPauseSealed.Inject(); err != nil {
 		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
 	}
+	lap("seal")
 	var old string
 	err = o.update(s, func(r *Record) {
 		old, r.Snapshot, r.State = r.Snapshot, snapDir, Paused
@@ -129,13 +132,16 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
 	}
 	_ = fpPausePaused.Inject()
+	lap("record")
 	o.stopTimer(s)
 	o.stopVM(ctx, s)
 	_ = fpPauseStopped.Inject()
+	lap("stop_vmm")
 	o.releaseDevice(ctx, s)
 	if err := o.persist(s); err != nil {
 		o.log.Warn("record paused sandbox without its VMM (recovery redoes it)", "sandbox", id, "err", err)
 	}
+	lap("release")
 	if old != "" && old != snapDir {
 		_ = os.RemoveAll(old)
 	}

@@ -244,9 +244,10 @@ func BenchmarkPauseVsDirtied(b *testing.B) {
 				n.sh(b, id, `true`)
 			}
 			off := len(n.Logs())
+			pauseBefore := n.stageSums(b, "pause")
 			t0 := time.Now()
 			_, pause := n.expect(b, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", "")
-			steps := n.timeline(off, t0, id)
+			steps := n.timeline(off, t0, id) + "; stages: " + stageMeans(pauseBefore, n.stageSums(b, "pause"))
 			diff := n.oneLog(b, off, "memory diff captured", "sandbox="+id)
 			var flatten time.Duration
 			if ls := n.logsSince(off, "memory image materialized", id); len(ls) == 1 {
