@@ -53,7 +53,7 @@ type Manager struct {
 	wake   chan struct{}
 	stop   chan struct{}
 	worker sync.WaitGroup
-	// releasing counts Releases scrubbing a slot outside the lock: Shutdown
+	// releasing counts the scrubs of released slots in flight: Shutdown
 	// waits for them, so a slot released during Shutdown is destroyed too.
 	releasing sync.WaitGroup
 }
@@ -235,25 +235,37 @@ func (m *Manager) Detach(s *Slot) {
 	}
 }
 
-// Release scrubs a slot (default policy, no resolved addresses, no
-// connection state) and returns it to the pool, or hands it to the worker
-// for destruction when the pool is at its high watermark. The caller must
-// have stopped the VM using the slot.
+// Release takes a slot out of use once the VM using it stopped (the
+// caller must have stopped it) and scrubs it (default policy, no resolved
+// addresses, no connection state) in the background: the scrub is most of
+// a release's time (~20 ms of netlink work) and nothing the caller does
+// next needs it. A scrubbed slot goes back to the pool, or to the worker
+// for destruction when the pool is at its high watermark or the scrub
+// failed; no slot is handed out before its scrub ended. Shutdown waits for
+// the scrubs in flight.
 func (m *Manager) Release(ctx context.Context, s *Slot) error {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.closed { // Shutdown destroys (or destroyed) it with the other slots in use
-		m.mu.Unlock()
 		return nil
 	}
 	if _, ok := m.inUse[s]; !ok {
-		m.mu.Unlock()
 		return fmt.Errorf("release slot %s: not in use", s.Name)
 	}
 	delete(m.inUse, s)
+	m.metrics.setPool(len(m.pool), len(m.inUse))
 	m.releasing.Add(1)
-	m.mu.Unlock()
+	go m.scrub(context.WithoutCancel(ctx), s)
+	return nil
+}
+
+// scrub scrubs a released slot and returns it to the pool, or dooms it.
+func (m *Manager) scrub(ctx context.Context, s *Slot) {
 	defer m.releasing.Done()
 	err := s.scrub(ctx)
+	if err != nil {
+		m.log.Warn("scrub released slot (destroyed instead of pooled)", "slot", s.Name, "err", err)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch {
@@ -264,10 +276,6 @@ func (m *Manager) Release(ctx context.Context, s *Slot) error {
 	}
 	m.metrics.setPool(len(m.pool), len(m.inUse))
 	m.kick()
-	if err != nil {
-		return fmt.Errorf("release slot %s: %w", s.Name, err)
-	}
-	return nil
 }
 
 // Shutdown stops the worker and destroys every slot, pooled or in use, and
