@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
@@ -71,34 +72,61 @@ func copyStack(ctx context.Context, st *lsmt.Stack, f *atomicfile.File, onto boo
 // for each window with any segment, it reads the data pieces into buf
 // (window.fill) and hands the window's merged segments to fn.
 func eachWindow(ctx context.Context, st *lsmt.Stack, buf []byte, fn func(w *window, segs []lsmt.Segment, w0, w1 int64) error) error {
+	return claimWindows(ctx, st, &window{lowers: st.Lowers(), size: int64(len(buf)), buf: buf}, new(atomic.Int64), fn)
+}
+
+// claimWindows is eachWindow over the windows it claims from next (window
+// indexes, taken in order): walkers that share next split the stack's
+// windows between them, each window going to exactly one. When w maps the
+// layers, nothing is read into a buffer (window.data reads the mappings).
+func claimWindows(ctx context.Context, st *lsmt.Stack, w *window, next *atomic.Int64, fn func(w *window, segs []lsmt.Segment, w0, w1 int64) error) error {
 	size := st.Size()
-	w := &window{lowers: st.Lowers(), buf: buf}
 	var segs []lsmt.Segment
-	for w0 := int64(0); w0 < size; w0 += int64(len(w.buf)) {
+	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		w1 := min(w0+int64(len(w.buf)), size)
+		w0 := (next.Add(1) - 1) * w.size
+		if w0 >= size {
+			return nil
+		}
+		w1 := min(w0+w.size, size)
 		s0 := uint64(w0) / lsmt.SectorSize
 		segs = st.MergedIndex().Lookup(segs[:0], s0, (uint64(w1)+lsmt.SectorSize-1)/lsmt.SectorSize-s0)
 		if len(segs) == 0 {
 			continue
 		}
-		if err := w.fill(segs, w0, w1); err != nil {
-			return err
+		if w.maps == nil {
+			if err := w.fill(segs, w0, w1); err != nil {
+				return err
+			}
 		}
 		if err := fn(w, segs, w0, w1); err != nil {
 			return err
 		}
 	}
-	return nil
 }
 
-// window is the logical range [w0, w0+len(buf)) of a stack being copied.
+// window is the logical range [w0, w0+size) of a stack being copied.
 type window struct {
 	lowers  []*lsmt.Layer
-	buf     []byte // logical bytes of the window (only data pieces are filled)
-	scratch []byte // one layer's physical span
+	size    int64
+	buf     []byte   // logical bytes of the window (only data pieces are filled)
+	scratch []byte   // one layer's physical span
+	maps    [][]byte // when set, each layer's bytes mapped (by tag), read in place
+}
+
+// data is the bytes of the data piece s, [a, b) in the window at w0.
+func (w *window) data(s lsmt.Segment, a, b, w0 int64) ([]byte, error) {
+	if w.maps == nil {
+		return w.buf[a-w0 : b-w0], nil
+	}
+	m := w.maps[s.Tag]
+	p := int64(s.MOffset) * lsmt.SectorSize
+	if p+b-a > int64(len(m)) {
+		return nil, fmt.Errorf("layer %s: data at %d+%d is past its end (%d)", w.lowers[s.Tag].Name(), p, b-a, len(m))
+	}
+	return m[p : p+b-a], nil
 }
 
 // maxSpanTags bounds how many layers' spans are read per window; past it
