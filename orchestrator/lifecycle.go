@@ -66,8 +66,8 @@ func (o *Orchestrator) Pause(ctx context.Context, id string, keepMemory bool) er
 }
 
 // pauseLocked (op held, sandbox running) pauses in durable steps: record
-// "pausing"; stop the vCPUs; write the memory diff and VM state; seal the
-// disk's upper while the vCPUs are stopped; record "paused" pointing at
+// "pausing"; stop the vCPUs; write the memory diff and VM state and seal
+// the disks' uppers (both at once, vCPUs stopped); record "paused" pointing at
 // both; only then stop the VMM and release the slot and the device. Up to
 // the "paused" record any failure resumes the VM and the sandbox runs on
 // as before (nothing is lost); after it, what is left is cleanup that
@@ -101,26 +101,11 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 		return o.resumeAfterFailedPause(ctx, s, nil, err)
 	}
 	lap("stop_vcpus")
-	var snapDir string
-	if !fsOnly {
-		if snapDir, err = capturePause(ctx, o.log, rec, vm); err != nil {
-			return o.resumeAfterFailedPause(ctx, s, vm, err)
-		}
-		if err := fpPauseCaptured.Inject(); err != nil {
-			return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
-		}
-		lap("capture")
-	}
-	if err := o.sealRootfs(ctx, s); err != nil {
-		return o.resumeAfterFailedPause(ctx, s, vm, fmt.Errorf("seal disk: %w", err), snapDir)
-	}
-	if err := o.sealSandboxDrives(ctx, s, fmt.Sprint(rec.Gen), "sandbox "+id); err != nil {
-		return o.resumeAfterFailedPause(ctx, s, vm, fmt.Errorf("seal drives: %w", err), snapDir)
-	}
-	if err := fpPauseSealed.Inject(); err != nil {
+	snapDir, err := o.captureAndSeal(ctx, s, rec, vm, fsOnly)
+	if err != nil {
 		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
 	}
-	lap("seal")
+	lap("capture_seal")
 	var old string
 	err = o.update(s, func(r *Record) {
 		old, r.Snapshot, r.State = r.Snapshot, snapDir, Paused
@@ -159,6 +144,39 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 	o.commitPause(ctx, rec)
 	o.maybeCompact(rec)
 	return nil
+}
+
+// captureAndSeal (vCPUs stopped) writes the pause's snapshot of memory and
+// VM state (none when fsOnly) and seals the disks' uppers, at once: they
+// touch different files and daemons, and neither needs the other. A seal
+// without the "paused" record is a state recovery already handles (the VM
+// continues on the restacked disks, as after a failed drive seal). It
+// returns the snapshot directory, also on error when the capture wrote it.
+func (o *Orchestrator) captureAndSeal(ctx context.Context, s *instance, rec Record, vm vmm.Machine, fsOnly bool) (string, error) {
+	var snapDir string
+	var captureErr error
+	captured := make(chan struct{})
+	go func() {
+		defer close(captured)
+		if fsOnly {
+			return
+		}
+		if snapDir, captureErr = capturePause(ctx, o.log, rec, vm); captureErr == nil {
+			captureErr = fpPauseCaptured.Inject()
+		}
+	}()
+	start := time.Now()
+	sealErr := o.sealRootfs(ctx, s)
+	if sealErr != nil {
+		sealErr = fmt.Errorf("seal disk: %w", sealErr)
+	} else if err := o.sealSandboxDrives(ctx, s, fmt.Sprint(rec.Gen), "sandbox "+rec.ID); err != nil {
+		sealErr = fmt.Errorf("seal drives: %w", err)
+	} else {
+		sealErr = fpPauseSealed.Inject()
+	}
+	o.log.Debug("disks sealed", "sandbox", rec.ID, "took", time.Since(start).Round(time.Millisecond), "err", sealErr)
+	<-captured
+	return snapDir, errors.Join(captureErr, sealErr)
 }
 
 // resumeAfterFailedPause lets the VM continue (vm nil: its vCPUs never

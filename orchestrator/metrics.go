@@ -22,7 +22,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
 		}, []string{"op", "result"}),
 		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "aenvd_sandbox_stage_seconds", Help: "Latency of the stages of create and resume (storage, network, vmm_restore, agent) and of pause (stop_vcpus, capture, seal, record, stop_vmm, release).",
+			Name: "aenvd_sandbox_stage_seconds", Help: "Latency of the stages of create and resume (storage, network, vmm_restore, agent) and of pause (stop_vcpus, capture_seal, record, stop_vmm, release).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
 		}, []string{"op", "stage"}),
 		total: prometheus.NewCounterVec(prometheus.CounterOpts{

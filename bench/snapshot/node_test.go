@@ -339,7 +339,7 @@ func (n *node) stageSums(b *testing.B, op string) map[string]sumCount {
 // stageMeans formats the mean of each stage observed between two reads.
 func stageMeans(before, after map[string]sumCount) string {
 	var parts []string
-	for _, st := range []string{"network", "storage", "memory", "vmm_restore", "agent", "stop_vcpus", "capture", "seal", "record", "stop_vmm", "release"} {
+	for _, st := range []string{"network", "storage", "memory", "vmm_restore", "agent", "stop_vcpus", "capture_seal", "record", "stop_vmm", "release"} {
 		d := sumCount{after[st].sum - before[st].sum, after[st].count - before[st].count}
 		if d.count > 0 {
 			parts = append(parts, fmt.Sprintf("%s %s", st, secs(d.sum/d.count)))
