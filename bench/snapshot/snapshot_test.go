@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -327,6 +328,28 @@ func (n *node) resumeFlattened(b *testing.B, id string, written int) (resume tim
 	return resume, stages, flattened
 }
 
+// cpuBusy is the machine's CPU time spent so far in user, nice, system,
+// irq and softirq, all cores summed (/proc/stat; guest time is counted in
+// user already, steal is not ours).
+func cpuBusy(b *testing.B) time.Duration {
+	text, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(text), "\n")
+	var ticks int64
+	for i, f := range strings.Fields(line)[1:] {
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/stat: %q: %v", line, err)
+		}
+		if i <= 2 || i == 5 || i == 6 {
+			ticks += v
+		}
+	}
+	return time.Duration(ticks) * time.Second / 100 // USER_HZ
+}
+
 // medianDur is the median of d (the upper one of an even count).
 func medianDur(d []time.Duration) time.Duration {
 	s := slices.Clone(d)
@@ -398,10 +421,12 @@ func BenchmarkFork(b *testing.B) {
 	for range b.N {
 		fmt.Println()
 		before := n.stageSums(b, "create")
+		cpu0 := cpuBusy(b)
 		start := time.Now()
 		ref := n.create(b, "base")
 		create := time.Since(start)
-		say("reference: one create from the template %s (%s)", ms(create), stageMeans(before, n.stageSums(b, "create")))
+		createCPU := cpuBusy(b) - cpu0
+		say("reference: one create from the template %s, %s of CPU busy on the machine (%s)", ms(create), ms(createCPU), stageMeans(before, n.stageSums(b, "create")))
 		n.mustKill(b, ref)
 
 		src := n.create(b, "base")
@@ -410,8 +435,10 @@ func BenchmarkFork(b *testing.B) {
 		for _, count := range []int{1, 10} {
 			off := len(n.Logs())
 			before := n.stageSums(b, "create")
+			cpu0 := cpuBusy(b)
 			t0 := time.Now()
 			out, took := n.expect(b, http.StatusCreated, "POST", "/sandboxes/"+src+"/fork", fmt.Sprintf(`{"count":%d,"timeout":600}`, count))
+			forkCPU := cpuBusy(b) - cpu0
 			stages := stageMeans(before, n.stageSums(b, "create"))
 			var kids []forkResult
 			if err := json.Unmarshal(out, &kids); err != nil || len(kids) != count {
@@ -443,6 +470,11 @@ func BenchmarkFork(b *testing.B) {
 			say("fork %2d: %s wall, %s per child = %.2fx one create (%s; wall %.2fx); source memory diff %s, image flatten %s; children's create stages: %s",
 				count, ms(took), ms(per), ratio(per, create), goal, ratio(took, create), ms(capture), ms(flatten), stages)
 			say("  source steps: %s", steps)
+			// CPU-bound or waiting: the machine's CPU time busy per child
+			// against a lone create's, and the share of every core busy.
+			say("  CPU busy %s per child = %.2fx a lone create's; %.0f%% of the machine's %d cores busy during the fork",
+				ms(forkCPU/time.Duration(count)), ratio(forkCPU/time.Duration(count), createCPU),
+				100*forkCPU.Seconds()/(took.Seconds()*float64(runtime.NumCPU())), runtime.NumCPU())
 			b.ReportMetric(took.Seconds()*1000, fmt.Sprintf("fork%d-ms", count))
 			b.ReportMetric(ratio(per, create), fmt.Sprintf("fork%d-per-child/create", count))
 		}
