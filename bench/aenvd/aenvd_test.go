@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/api/aenvdtest"
+	"github.com/agentenv/agentenv/internal/testutil/cpustat"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
 )
 
@@ -198,22 +199,36 @@ var curve = []int{1, 2, 5, 10, 20}
 // nothing node-wide serialising creates, throughput grows until the CPUs
 // are busy and latency grows only past that.
 func concurrencyCurve(b *testing.B, n *aenvdtest.Node) {
-	fmt.Printf("concurrent creates (%d CPUs): c, median latency, throughput, throughput vs c=1\n", runtime.NumCPU())
+	fmt.Printf("concurrent creates (%d CPUs): c, median latency, throughput, throughput vs c=1; the machine's CPU time busy per create and the share of all cores busy (CPU-bound or waiting); the creates' mean stages\n", runtime.NumCPU())
 	var base float64
 	for _, c := range curve {
-		lat, wall := createBurst(b, n, c)
+		before := stageSums(b, n)
+		lat, wall, busy := createBurst(b, n, c)
+		after := stageSums(b, n)
 		tp := float64(c) / wall.Seconds()
 		if c == 1 {
 			base = tp
 		}
-		fmt.Printf("  c=%-3d %8.1f ms %7.2f/s  %.2fx\n", c, median(lat)*1000, tp, tp/base)
+		var stagesOut []string
+		for _, st := range stages {
+			if d := after[st].sub(before[st]); d.count > 0 {
+				stagesOut = append(stagesOut, fmt.Sprintf("%s %.0f ms", st, 1000*d.sum/d.count))
+			}
+		}
+		fmt.Printf("  c=%-3d %8.1f ms %7.2f/s  %.2fx   cpu %5.0f ms/create, %3.0f%% busy   %s\n", c, median(lat)*1000, tp, tp/base,
+			float64(busy.Milliseconds())/float64(c), 100*busy.Seconds()/(wall.Seconds()*float64(runtime.NumCPU())), strings.Join(stagesOut, ", "))
 	}
 }
 
 // createBurst creates c sandboxes at once; it returns each create's
-// latency in seconds and the wall time until all are up, then kills them.
-func createBurst(b *testing.B, n *aenvdtest.Node, c int) ([]float64, time.Duration) {
+// latency in seconds, the wall time until all are up and the machine's CPU
+// time busy meanwhile, then kills them.
+func createBurst(b *testing.B, n *aenvdtest.Node, c int) ([]float64, time.Duration, time.Duration) {
 	ids, lat, errs := make([]string, c), make([]float64, c), make([]error, c)
+	cpu0, err := cpustat.Busy()
+	if err != nil {
+		b.Fatal(err)
+	}
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	for i := range c {
@@ -225,6 +240,10 @@ func createBurst(b *testing.B, n *aenvdtest.Node, c int) ([]float64, time.Durati
 	}
 	wg.Wait()
 	wall := time.Since(t0)
+	cpu1, err := cpustat.Busy()
+	if err != nil {
+		b.Fatal(err)
+	}
 	for i, id := range ids {
 		if errs[i] == nil {
 			mustKill(b, n, id)
@@ -235,7 +254,7 @@ func createBurst(b *testing.B, n *aenvdtest.Node, c int) ([]float64, time.Durati
 			b.Fatal(err)
 		}
 	}
-	return lat, wall
+	return lat, wall, cpu1 - cpu0
 }
 
 // rounds of the 1 vs 10 throughput comparison.

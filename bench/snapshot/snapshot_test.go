@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/internal/testutil/cpustat"
 )
 
 const (
@@ -328,26 +330,13 @@ func (n *node) resumeFlattened(b *testing.B, id string, written int) (resume tim
 	return resume, stages, flattened
 }
 
-// cpuBusy is the machine's CPU time spent so far in user, nice, system,
-// irq and softirq, all cores summed (/proc/stat; guest time is counted in
-// user already, steal is not ours).
+// cpuBusy is the machine's CPU time busy so far (cpustat.Busy).
 func cpuBusy(b *testing.B) time.Duration {
-	text, err := os.ReadFile("/proc/stat")
+	d, err := cpustat.Busy()
 	if err != nil {
 		b.Fatal(err)
 	}
-	line, _, _ := strings.Cut(string(text), "\n")
-	var ticks int64
-	for i, f := range strings.Fields(line)[1:] {
-		v, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			b.Fatalf("/proc/stat: %q: %v", line, err)
-		}
-		if i <= 2 || i == 5 || i == 6 {
-			ticks += v
-		}
-	}
-	return time.Duration(ticks) * time.Second / 100 // USER_HZ
+	return d
 }
 
 // medianDur is the median of d (the upper one of an even count).
