@@ -27,11 +27,14 @@ import (
 // it off.
 
 // flattener runs the background flattens of paused sandboxes' memory, at
-// most one per sandbox, and stops them on demand.
+// most one per sandbox and one at a time (a burst of pauses, or a restart
+// with many paused sandboxes, queues them instead of competing for the
+// disk), and stops them on demand.
 type flattener struct {
 	ctx    context.Context // canceled by close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the running flattens
+	turn   chan struct{}  // held by the one flatten writing
 
 	mu   sync.Mutex
 	jobs map[string]*flattenJob // by sandbox id; guarded by mu
@@ -45,24 +48,32 @@ type flattenJob struct {
 
 func newFlattener() *flattener {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &flattener{ctx: ctx, cancel: cancel, jobs: map[string]*flattenJob{}}
+	return &flattener{ctx: ctx, cancel: cancel, turn: make(chan struct{}, 1), jobs: map[string]*flattenJob{}}
 }
 
 // start runs f for sandbox id in the background (f's context ends with
 // stop or close). A flatten of id already running is stopped first.
 func (fl *flattener) start(id string, f func(ctx context.Context)) {
 	fl.stop(id)
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if fl.ctx.Err() != nil {
+		return // closed: no Add after close's Wait began
+	}
 	ctx, cancel := context.WithCancel(fl.ctx)
 	j := &flattenJob{cancel: cancel, done: make(chan struct{})}
-	fl.mu.Lock()
 	fl.jobs[id] = j
-	fl.mu.Unlock()
 	fl.wg.Add(1)
 	go func() {
 		defer fl.wg.Done()
 		defer close(j.done)
 		defer cancel()
-		f(ctx)
+		select {
+		case fl.turn <- struct{}{}:
+			f(ctx)
+			<-fl.turn
+		case <-ctx.Done():
+		}
 		fl.mu.Lock()
 		if fl.jobs[id] == j {
 			delete(fl.jobs, id)
@@ -84,9 +95,12 @@ func (fl *flattener) stop(id string) {
 	}
 }
 
-// close cancels every flatten and waits for them.
+// close cancels every flatten and waits for them; start does nothing
+// afterwards.
 func (fl *flattener) close() {
+	fl.mu.Lock()
 	fl.cancel()
+	fl.mu.Unlock()
 	fl.wg.Wait()
 }
 
@@ -100,6 +114,9 @@ func (o *Orchestrator) flattenPaused(ctx context.Context, id, snapDir string) {
 	m, err := snapshot.ReadMemoryManifest(snapDir)
 	if err != nil {
 		return // no layered image: the VMM's snapshot holds the memory
+	}
+	if _, err := os.Stat(m.File); err == nil {
+		return // flattened already
 	}
 	if _, err := os.Stat(m.Base); err != nil || m.Base == "" || len(m.Layers) < 2 {
 		o.goBackground(func() {

@@ -31,6 +31,9 @@ func (o *Orchestrator) load(ctx context.Context) error {
 		if r.State == Paused && pausedIntact(r) {
 			o.sandboxes[r.ID] = &instance{rec: r}
 			o.log.Info("kept paused sandbox", "sandbox", r.ID, "filesystemOnly", r.FilesystemOnly)
+			if !r.FilesystemOnly && r.Snapshot != "" {
+				o.flattenPaused(ctx, r.ID, r.Snapshot) // one a restart interrupted
+			}
 			continue
 		}
 		o.log.Error("dropping sandbox that cannot be re-adopted", "sandbox", r.ID, "state", r.State)

@@ -253,6 +253,36 @@ func TestResumeMapsFlattenedPause(t *testing.T) {
 	}
 }
 
+// TestFlattenAfterRestart: a paused sandbox whose memory is not flattened
+// when aenvd starts (its flatten was interrupted: the file is removed here)
+// is flattened after the start, and its resume maps the flat file.
+func TestFlattenAfterRestart(t *testing.T) {
+	n := sharedNode(t)
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	defer n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+	n.sh(t, id, `echo restarted > /dev/shm/flat-restart`)
+	off := len(n.Logs())
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+	n.waitLog(t, off, 2*time.Minute, "paused memory flattened", "sandbox="+id)
+	flat, err := filepath.Glob(filepath.Join(n.DataDir, "sandboxes", id, "snapshot-*", "memory.flat"))
+	if err != nil || len(flat) != 1 {
+		t.Fatalf("flattened memory of the pause: %v %v", flat, err)
+	}
+	if err := os.Remove(flat[0]); err != nil {
+		t.Fatal(err)
+	}
+	off = len(n.Logs())
+	n.restart(t, syscall.SIGTERM)
+	n.waitLog(t, off, 2*time.Minute, "paused memory flattened", "sandbox="+id)
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":300}`)
+	if _, _, path := memoryMapping(t, id); path != flat[0] {
+		t.Fatalf("resumed after the restart, the VM maps %s, want %s", path, flat[0])
+	}
+	if got := n.sh(t, id, `cat /dev/shm/flat-restart`); got != "restarted" {
+		t.Fatalf("tmpfs after the resume reads %q", got)
+	}
+}
+
 // waitLog waits until a log line after offset off holds msg and every one
 // of has.
 func (n *node) waitLog(t *testing.T, off int, within time.Duration, msg string, has ...string) {
