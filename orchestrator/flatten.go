@@ -108,17 +108,13 @@ func (fl *flattener) close() {
 // sandbox id's pause snapshot snapDir. An image without a base file must
 // be flattened before any resume maps it: that is done at once, and a
 // resume that comes first waits for it (restoreMemory). One with a base
-// is flattened only when Options.FlattenPaused; else its resume writes
-// the layers above the base.
+// is flattened by flattenOnBase.
 func (o *Orchestrator) flattenPaused(ctx context.Context, id, snapDir string) {
-	m, err := snapshot.ReadMemoryManifest(snapDir)
-	if err != nil {
-		return // no layered image: the VMM's snapshot holds the memory
+	m, ok := unflattened(snapDir)
+	if !ok {
+		return
 	}
-	if _, err := os.Stat(m.File); err == nil {
-		return // flattened already
-	}
-	if _, err := os.Stat(m.Base); err != nil || m.Base == "" || len(m.Layers) < 2 {
+	if !onBase(m) {
 		o.goBackground(func() {
 			if _, _, err := o.restoreMemory(context.WithoutCancel(ctx), snapDir, true); err != nil {
 				o.log.Warn("flatten memory after pause (the resume retries)", "sandbox", id, "err", err)
@@ -126,6 +122,41 @@ func (o *Orchestrator) flattenPaused(ctx context.Context, id, snapDir string) {
 		})
 		return
 	}
+	o.flattenOnBase(id, m)
+}
+
+// flattenInterrupted starts the flatten of a paused sandbox's image on a
+// base that a restart interrupted (at load: an image without a base is
+// left to its resume, which waits for it either way).
+func (o *Orchestrator) flattenInterrupted(id, snapDir string) {
+	if m, ok := unflattened(snapDir); ok && onBase(m) {
+		o.flattenOnBase(id, m)
+	}
+}
+
+// unflattened reads the layered memory image of snapDir that has no flat
+// file yet (false: no layered image, or flattened already).
+func unflattened(snapDir string) (snapshot.MemoryImage, bool) {
+	m, err := snapshot.ReadMemoryManifest(snapDir)
+	if err != nil {
+		return m, false // no layered image: the VMM's snapshot holds the memory
+	}
+	if _, err := os.Stat(m.File); err == nil {
+		return m, false
+	}
+	return m, true
+}
+
+// onBase reports whether m is a base file with layers above it (what a
+// restore can map and write the layers into).
+func onBase(m snapshot.MemoryImage) bool {
+	_, err := os.Stat(m.Base)
+	return m.Base != "" && err == nil && len(m.Layers) > 1
+}
+
+// flattenOnBase flattens m into its file in the background, when
+// Options.FlattenPaused; a resume that comes first stops it.
+func (o *Orchestrator) flattenOnBase(id string, m snapshot.MemoryImage) {
 	if !o.cfg.FlattenPaused {
 		return
 	}
