@@ -360,20 +360,6 @@ func (n *node) crashCompact(t *testing.T, point string) {
 	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
 }
 
-// crashFlatten: the pause answers, its memory is flattened in the
-// background and aenvd dies right after; the resume after the restart maps
-// the flat file and the sandbox holds its data.
-func (n *node) crashFlatten(t *testing.T, point string) {
-	id := n.create(t, `{"templateID":"base","timeout":300}`)
-	data := n.writeData(t, id, "f")
-	n.crashAt(t, point, func() { n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "") })
-	n.resumeAndCheck(t, id, data)
-	if _, _, path := memoryMapping(t, id); filepath.Base(path) != "memory.flat" {
-		t.Fatalf("resumed after a crash at %s, the VM maps %s, want the flattened memory.flat", point, path)
-	}
-	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
-}
-
 func (n *node) snapshotDirs(t *testing.T) []string {
 	t.Helper()
 	return n.dataDirNames(t, "snapshots")
