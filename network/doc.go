@@ -38,8 +38,9 @@
 //
 // Lifecycle: New (cleans leftovers, installs the host table, starts the
 // warm-pool worker), Acquire (pooled slot or a new one), Slot.SetPolicy at
-// any time, Release (scrub, back to the pool or destroyed above the high
-// watermark), Shutdown (destroys everything). Destroying a slot only drops
+// any time, Release (out of use at once; scrubbed in the background, then
+// back to the pool or destroyed above the high watermark), Shutdown (waits
+// for the scrubs, destroys everything). Destroying a slot only drops
 // its namespaces; the kernel dismantles the devices in batches.
 //
 // Everything is named with a configurable prefix so that a crashed process's
