@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/agentenv/agentenv/network"
@@ -147,24 +148,38 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 }
 
 // captureAndSeal (vCPUs stopped) writes the pause's snapshot of memory and
-// VM state (none when fsOnly) and seals the disks' uppers, at once: they
-// touch different files and daemons, and neither needs the other. A seal
-// without the "paused" record is a state recovery already handles (the VM
-// continues on the restacked disks, as after a failed drive seal). It
-// returns the snapshot directory, also on error when the capture wrote it.
+// VM state (none when fsOnly) and seals the disks' uppers. Once the VMM
+// wrote its state, the memory diff is read while the disks are sealed:
+// they touch different files and daemons, and neither needs the other (the
+// VMM's state is written first because that drains its drives, which must
+// not wait on a storage daemon the seal may take down). A seal without the
+// "paused" record is a state recovery already handles (the VM continues on
+// the restacked disks, as after a failed drive seal). It returns the
+// snapshot directory, also on error when the capture wrote it.
 func (o *Orchestrator) captureAndSeal(ctx context.Context, s *instance, rec Record, vm vmm.Machine, fsOnly bool) (string, error) {
 	var snapDir string
 	var captureErr error
-	captured := make(chan struct{})
+	captured, stateSaved := make(chan struct{}), make(chan struct{})
+	var saved sync.Once
+	markSaved := func() { saved.Do(func() { close(stateSaved) }) }
 	go func() {
 		defer close(captured)
+		defer markSaved() // a capture that failed before it
 		if fsOnly {
 			return
 		}
-		if snapDir, captureErr = capturePause(ctx, o.log, rec, vm); captureErr == nil {
+		if snapDir, captureErr = capturePause(ctx, o.log, rec, vm, markSaved); captureErr == nil {
 			captureErr = fpPauseCaptured.Inject()
 		}
 	}()
+	<-stateSaved
+	select {
+	case <-captured:
+		if captureErr != nil {
+			return snapDir, captureErr // nothing sealed for a pause that cannot be
+		}
+	default:
+	}
 	start := time.Now()
 	sealErr := o.sealRootfs(ctx, s)
 	if sealErr != nil {

@@ -94,15 +94,16 @@ func (o *Orchestrator) captureMemory(ctx context.Context, s *instance, vm vmm.Ma
 	s.mu.Lock()
 	cur, id := s.rec.Memory, s.rec.ID
 	s.mu.Unlock()
-	return captureVM(ctx, o.log, id, vm, cur, vmDir, diff)
+	return captureVM(ctx, o.log, id, vm, cur, vmDir, diff, nil)
 }
 
 // capturePause (VM paused) writes a pause's snapshot of the sandbox r
 // describes, durably: the VMM state and memory of generation r.Gen into
 // its own directory (a leftover of an interrupted pause is replaced), all
 // fsynced. On failure nothing of it is left. Pause and recovery's pause of
-// an adopted VM share it.
-func capturePause(ctx context.Context, log *slog.Logger, r Record, vm vmm.Machine) (string, error) {
+// an adopted VM share it. stateSaved (nil: none) is called once the VMM is
+// done with its part (see captureVM).
+func capturePause(ctx context.Context, log *slog.Logger, r Record, vm vmm.Machine, stateSaved func()) (string, error) {
 	snapDir := filepath.Join(r.Dir, fmt.Sprintf("snapshot-%d", r.Gen))
 	if snapDir == r.Snapshot {
 		return "", fmt.Errorf("capture %s: snapshot directory of generation %d already in use", r.ID, r.Gen)
@@ -113,7 +114,7 @@ func capturePause(ctx context.Context, log *slog.Logger, r Record, vm vmm.Machin
 	if r.ColdBoot {
 		cur = snapshot.MemoryImage{} // a booted VM maps no image, whatever a resume's record still says
 	}
-	err := captureVM(ctx, log, r.ID, vm, cur, snapDir, diff)
+	err := captureVM(ctx, log, r.ID, vm, cur, snapDir, diff, stateSaved)
 	if err == nil {
 		err = atomicfile.SyncTree(snapDir)
 	}
@@ -125,28 +126,31 @@ func capturePause(ctx context.Context, log *slog.Logger, r Record, vm vmm.Machin
 }
 
 // captureVM (VM paused) writes the VM's snapshot into vmDir. With a layered
-// memory image cur and a VMM that can leave RAM out, the pages the VM wrote
-// become the sealed layer diff on top of cur's layers, and the manifest in
-// vmDir lists them (flattened into vmDir/memory.flat later, by
-// restoreMemory). Otherwise the VMM's snapshot carries the memory whole.
-func captureVM(ctx context.Context, log *slog.Logger, id string, vm vmm.Machine, cur snapshot.MemoryImage, vmDir, diff string) error {
+// memory image cur and a VMM that can leave RAM out, the VM state is written
+// first, then the pages the VM wrote become the sealed layer diff on top of
+// cur's layers, and the manifest in vmDir lists them (flattened into
+// vmDir/memory.flat later). Otherwise the VMM's snapshot carries the memory
+// whole. stateSaved (nil: none) is called once the VMM wrote its part:
+// writing state drains the VM's drives, which must not wait on a storage
+// daemon a concurrent seal may have taken down; reading the memory diff
+// involves neither.
+func captureVM(ctx context.Context, log *slog.Logger, id string, vm vmm.Machine, cur snapshot.MemoryImage, vmDir, diff string, stateSaved func()) error {
+	if stateSaved == nil {
+		stateSaved = func() {}
+	}
 	ds, ok := vm.(deviceSnapshotter)
 	if !ok || !cur.Layered() {
 		if _, err := vm.Snapshot(ctx, vmDir); err != nil {
 			return fmt.Errorf("vm snapshot: %w", err)
 		}
+		stateSaved()
 		return nil
 	}
 	parent, err := memsnap.LayerUUID(cur.Layers[len(cur.Layers)-1])
 	if err != nil {
 		return err
 	}
-	st, err := memsnap.CaptureDiff(ctx, vm.Info().PID, cur.File, diff, parent, "sandbox "+id)
-	if err != nil {
-		return fmt.Errorf("capture memory: %w", err)
-	}
 	if _, err := ds.SnapshotDevices(ctx, vmDir); err != nil {
-		_ = os.Remove(diff)
 		if !errors.Is(err, vmm.ErrUnsupported) {
 			return fmt.Errorf("vm state: %w", err)
 		}
@@ -155,7 +159,13 @@ func captureVM(ctx context.Context, log *slog.Logger, id string, vm vmm.Machine,
 		if _, err := vm.Snapshot(ctx, vmDir); err != nil {
 			return fmt.Errorf("vm snapshot: %w", err)
 		}
+		stateSaved()
 		return nil
+	}
+	stateSaved()
+	st, err := memsnap.CaptureDiff(ctx, vm.Info().PID, cur.File, diff, parent, "sandbox "+id)
+	if err != nil {
+		return fmt.Errorf("capture memory: %w", err)
 	}
 	log.Info("memory diff captured", "sandbox", id, "pages", st.Pages, "zero_pages", st.ZeroPages,
 		"bytes", st.Bytes, "took", st.Took.Round(time.Millisecond))

@@ -222,7 +222,7 @@ func pauseAdopted(ctx context.Context, st *store.Store, sd client.Devices, r Rec
 	var snapDir string
 	if !fsOnly {
 		var err error
-		if snapDir, err = capturePause(ctx, log, r, m); err != nil {
+		if snapDir, err = capturePause(ctx, log, r, m, nil); err != nil {
 			return fmt.Errorf("pause adopted machine: %w", err)
 		}
 	}
