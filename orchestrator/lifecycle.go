@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/agentenv/agentenv/network"
@@ -148,50 +147,46 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 }
 
 // captureAndSeal (vCPUs stopped) writes the pause's snapshot of memory and
-// VM state (none when fsOnly) and seals the disks' uppers. Once the VMM
-// wrote its state, the memory diff is read while the disks are sealed:
-// they touch different files and daemons, and neither needs the other (the
-// VMM's state is written first because that drains its drives, which must
-// not wait on a storage daemon the seal may take down). A seal without the
-// "paused" record is a state recovery already handles (the VM continues on
-// the restacked disks, as after a failed drive seal). It returns the
-// snapshot directory, also on error when the capture wrote it.
+// VM state (none when fsOnly) and seals the disks' uppers. The memory diff
+// is read while the disks are sealed: they touch different files and
+// daemons, and neither needs the other. The VM state is written only once
+// the seal succeeded (writing it drains the VM's drives; see captureVM). A
+// seal without the "paused" record is a state recovery already handles
+// (the VM continues on the restacked disks, as after a failed drive seal).
+// It returns the snapshot directory, also on error when the capture wrote it.
 func (o *Orchestrator) captureAndSeal(ctx context.Context, s *instance, rec Record, vm vmm.Machine, fsOnly bool) (string, error) {
+	sealed := make(chan struct{})
+	var sealErr error
+	go func() {
+		defer close(sealed)
+		start := time.Now()
+		sealErr = o.sealDisks(ctx, s, rec)
+		o.log.Debug("disks sealed", "sandbox", rec.ID, "took", time.Since(start).Round(time.Millisecond), "err", sealErr)
+	}()
+	waitSeal := func() error { <-sealed; return sealErr }
 	var snapDir string
 	var captureErr error
-	captured, stateSaved := make(chan struct{}), make(chan struct{})
-	var saved sync.Once
-	markSaved := func() { saved.Do(func() { close(stateSaved) }) }
-	go func() {
-		defer close(captured)
-		defer markSaved() // a capture that failed before it
-		if fsOnly {
-			return
-		}
-		if snapDir, captureErr = capturePause(ctx, o.log, rec, vm, markSaved); captureErr == nil {
+	if !fsOnly {
+		if snapDir, captureErr = capturePause(ctx, o.log, rec, vm, waitSeal); captureErr == nil {
 			captureErr = fpPauseCaptured.Inject()
 		}
-	}()
-	<-stateSaved
-	select {
-	case <-captured:
-		if captureErr != nil {
-			return snapDir, captureErr // nothing sealed for a pause that cannot be
-		}
-	default:
 	}
-	start := time.Now()
-	sealErr := o.sealRootfs(ctx, s)
-	if sealErr != nil {
-		sealErr = fmt.Errorf("seal disk: %w", sealErr)
-	} else if err := o.sealSandboxDrives(ctx, s, fmt.Sprint(rec.Gen), "sandbox "+rec.ID); err != nil {
-		sealErr = fmt.Errorf("seal drives: %w", err)
-	} else {
-		sealErr = fpPauseSealed.Inject()
+	if err := waitSeal(); err != nil && !errors.Is(captureErr, err) {
+		captureErr = errors.Join(captureErr, err)
 	}
-	o.log.Debug("disks sealed", "sandbox", rec.ID, "took", time.Since(start).Round(time.Millisecond), "err", sealErr)
-	<-captured
-	return snapDir, errors.Join(captureErr, sealErr)
+	return snapDir, captureErr
+}
+
+// sealDisks seals the root disk's upper and the writable drives' (vCPUs
+// stopped).
+func (o *Orchestrator) sealDisks(ctx context.Context, s *instance, rec Record) error {
+	if err := o.sealRootfs(ctx, s); err != nil {
+		return fmt.Errorf("seal disk: %w", err)
+	}
+	if err := o.sealSandboxDrives(ctx, s, fmt.Sprint(rec.Gen), "sandbox "+rec.ID); err != nil {
+		return fmt.Errorf("seal drives: %w", err)
+	}
+	return fpPauseSealed.Inject()
 }
 
 // resumeAfterFailedPause lets the VM continue (vm nil: its vCPUs never

@@ -101,9 +101,9 @@ func (o *Orchestrator) captureMemory(ctx context.Context, s *instance, vm vmm.Ma
 // describes, durably: the VMM state and memory of generation r.Gen into
 // its own directory (a leftover of an interrupted pause is replaced), all
 // fsynced. On failure nothing of it is left. Pause and recovery's pause of
-// an adopted VM share it. stateSaved (nil: none) is called once the VMM is
-// done with its part (see captureVM).
-func capturePause(ctx context.Context, log *slog.Logger, r Record, vm vmm.Machine, stateSaved func()) (string, error) {
+// an adopted VM share it. beforeState (nil: none) runs before the VMM
+// writes its state (see captureVM).
+func capturePause(ctx context.Context, log *slog.Logger, r Record, vm vmm.Machine, beforeState func() error) (string, error) {
 	snapDir := filepath.Join(r.Dir, fmt.Sprintf("snapshot-%d", r.Gen))
 	if snapDir == r.Snapshot {
 		return "", fmt.Errorf("capture %s: snapshot directory of generation %d already in use", r.ID, r.Gen)
@@ -114,7 +114,7 @@ func capturePause(ctx context.Context, log *slog.Logger, r Record, vm vmm.Machin
 	if r.ColdBoot {
 		cur = snapshot.MemoryImage{} // a booted VM maps no image, whatever a resume's record still says
 	}
-	err := captureVM(ctx, log, r.ID, vm, cur, snapDir, diff, stateSaved)
+	err := captureVM(ctx, log, r.ID, vm, cur, snapDir, diff, beforeState)
 	if err == nil {
 		err = atomicfile.SyncTree(snapDir)
 	}
@@ -126,49 +126,58 @@ func capturePause(ctx context.Context, log *slog.Logger, r Record, vm vmm.Machin
 }
 
 // captureVM (VM paused) writes the VM's snapshot into vmDir. With a layered
-// memory image cur and a VMM that can leave RAM out, the VM state is written
-// first, then the pages the VM wrote become the sealed layer diff on top of
-// cur's layers, and the manifest in vmDir lists them (flattened into
+// memory image cur and a VMM that can leave RAM out, the pages the VM wrote
+// become the sealed layer diff on top of cur's layers, then the VM state is
+// written, and the manifest in vmDir lists the layers (flattened into
 // vmDir/memory.flat later). Otherwise the VMM's snapshot carries the memory
-// whole. stateSaved (nil: none) is called once the VMM wrote its part:
-// writing state drains the VM's drives, which must not wait on a storage
-// daemon a concurrent seal may have taken down; reading the memory diff
-// involves neither.
-func captureVM(ctx context.Context, log *slog.Logger, id string, vm vmm.Machine, cur snapshot.MemoryImage, vmDir, diff string, stateSaved func()) error {
-	if stateSaved == nil {
-		stateSaved = func() {}
+// whole. beforeState (nil: none) runs before the VMM writes its state, and
+// its error ends the capture: writing state drains the VM's drives, so a
+// pause has it wait for the disks' seal, which may have taken the storage
+// daemon down (the drain would then wait out the NBD reconnect delay and
+// fail the guest's I/O); reading the memory diff involves neither.
+func captureVM(ctx context.Context, log *slog.Logger, id string, vm vmm.Machine, cur snapshot.MemoryImage, vmDir, diff string, beforeState func() error) error {
+	if beforeState == nil {
+		beforeState = func() error { return nil }
 	}
 	ds, ok := vm.(deviceSnapshotter)
 	if !ok || !cur.Layered() {
-		if _, err := vm.Snapshot(ctx, vmDir); err != nil {
-			return fmt.Errorf("vm snapshot: %w", err)
-		}
-		stateSaved()
-		return nil
+		return wholeSnapshot(ctx, vm, vmDir, beforeState)
 	}
 	parent, err := memsnap.LayerUUID(cur.Layers[len(cur.Layers)-1])
 	if err != nil {
 		return err
 	}
+	st, err := memsnap.CaptureDiff(ctx, vm.Info().PID, cur.File, diff, parent, "sandbox "+id)
+	if err != nil {
+		return fmt.Errorf("capture memory: %w", err)
+	}
+	if err := beforeState(); err != nil {
+		_ = os.Remove(diff)
+		return fmt.Errorf("before vm state: %w", err)
+	}
 	if _, err := ds.SnapshotDevices(ctx, vmDir); err != nil {
+		_ = os.Remove(diff)
 		if !errors.Is(err, vmm.ErrUnsupported) {
 			return fmt.Errorf("vm state: %w", err)
 		}
 		log.Warn("vm state without RAM refused; taking a whole snapshot", "sandbox", id, "err", err)
 		_ = os.RemoveAll(vmDir)
-		if _, err := vm.Snapshot(ctx, vmDir); err != nil {
-			return fmt.Errorf("vm snapshot: %w", err)
-		}
-		stateSaved()
-		return nil
-	}
-	stateSaved()
-	st, err := memsnap.CaptureDiff(ctx, vm.Info().PID, cur.File, diff, parent, "sandbox "+id)
-	if err != nil {
-		return fmt.Errorf("capture memory: %w", err)
+		return wholeSnapshot(ctx, vm, vmDir, func() error { return nil })
 	}
 	log.Info("memory diff captured", "sandbox", id, "pages", st.Pages, "zero_pages", st.ZeroPages,
 		"bytes", st.Bytes, "took", st.Took.Round(time.Millisecond))
 	layers := append(append([]string{}, cur.Layers...), diff)
 	return snapshot.WriteMemoryManifest(vmDir, snapshot.MemoryImage{Layers: layers, File: filepath.Join(vmDir, snapshot.FlatMemory), Base: cur.Base})
+}
+
+// wholeSnapshot has the VMM write its snapshot, memory included, into
+// vmDir once beforeState allows it.
+func wholeSnapshot(ctx context.Context, vm vmm.Machine, vmDir string, beforeState func() error) error {
+	if err := beforeState(); err != nil {
+		return fmt.Errorf("before vm snapshot: %w", err)
+	}
+	if _, err := vm.Snapshot(ctx, vmDir); err != nil {
+		return fmt.Errorf("vm snapshot: %w", err)
+	}
+	return nil
 }
