@@ -18,8 +18,8 @@ var (
 	fpPoolAssigned = failpoint.New("orchestrator/pool/assigned") // the device is the sandbox's; the entry's record remains
 
 	fpPauseRecorded = failpoint.New("orchestrator/pause/recorded") // "pausing" is durable, the VM runs
-	fpPauseCaptured = failpoint.New("orchestrator/pause/captured") // memory and VM state written, vCPUs stopped (the seal runs meanwhile)
-	fpPauseSealed   = failpoint.New("orchestrator/pause/sealed")   // the disks' uppers are sealed layers (the capture runs meanwhile)
+	fpPauseCaptured = failpoint.New("orchestrator/pause/captured") // memory and VM state written (the disks sealed first), vCPUs stopped
+	fpPauseSealed   = failpoint.New("orchestrator/pause/sealed")   // the disks' uppers are sealed layers (the memory diff may still be read)
 	fpPausePaused   = failpoint.New("orchestrator/pause/paused")   // "paused" is durable, VMM still there
 	fpPauseStopped  = failpoint.New("orchestrator/pause/stopped")  // the VMM is gone, the device not yet
 

@@ -66,8 +66,8 @@ func (o *Orchestrator) Pause(ctx context.Context, id string, keepMemory bool) er
 }
 
 // pauseLocked (op held, sandbox running) pauses in durable steps: record
-// "pausing"; stop the vCPUs; write the memory diff and VM state and seal
-// the disks' uppers (both at once, vCPUs stopped); record "paused" pointing at
+// "pausing"; stop the vCPUs; read the memory diff while the disks' uppers
+// are sealed, then write the VM state (captureAndSeal); record "paused" pointing at
 // both; only then stop the VMM and release the slot and the device. Up to
 // the "paused" record any failure resumes the VM and the sandbox runs on
 // as before (nothing is lost); after it, what is left is cleanup that
