@@ -56,8 +56,12 @@ func buildInitramfs(ctx context.Context, o Options, k *kernelpkg.Kernel) (string
 		files["lane/modules/"+filepath.Base(m)] = filepath.Join(k.ModDir, m)
 		cfg.Modules = append(cfg.Modules, "/lane/modules/"+filepath.Base(m))
 	}
+	progs := o.Programs
 	if o.Fio {
-		if err := addProgram(ctx, files, "/usr/bin/fio"); err != nil {
+		progs = append([]string{"/usr/bin/fio"}, progs...)
+	}
+	for _, p := range progs {
+		if err := addProgram(ctx, files, p); err != nil {
 			return "", err
 		}
 	}
@@ -119,7 +123,7 @@ func buildInit(ctx context.Context, dir string) (string, error) {
 // lists for it (with the loader) at their host paths.
 func addProgram(ctx context.Context, files map[string]string, prog string) error {
 	if _, err := os.Stat(prog); err != nil {
-		return fmt.Errorf("kernel lane: %s missing (apt-get install fio): %w", prog, err)
+		return fmt.Errorf("kernel lane: %s missing: %w", prog, err)
 	}
 	files[strings.TrimPrefix(prog, "/")] = prog
 	out, err := exec.CommandContext(ctx, "ldd", prog).Output()

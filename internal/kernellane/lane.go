@@ -67,6 +67,9 @@ type Options struct {
 	Modules []string
 	// Fio adds /usr/bin/fio and its libraries.
 	Fio bool
+	// Programs are more dynamically linked programs to add with the
+	// libraries ldd lists for them, at their host paths.
+	Programs []string
 	// Files are more host files to add: guest path -> host path.
 	Files map[string]string
 	// Binary is the test binary; default: this package's (see package doc).
@@ -141,6 +144,22 @@ func RunTests(t testing.TB, o Options, expect ...string) *Result {
 		}
 	}
 	return res
+}
+
+// Initramfs builds (or reuses) the initramfs o describes without booting
+// it, and returns its path and the kernel it is made for: for a test that
+// boots a guest of its own inside the lane (a VMM under test), with laneinit
+// as that guest's init and o.Binary as its program.
+func Initramfs(ctx context.Context, o Options) (string, *kernelpkg.Kernel, error) {
+	if err := o.defaults(); err != nil {
+		return "", nil, err
+	}
+	k, err := kernelpkg.Fetch(ctx, o.CacheDir, KernelPackage, nil)
+	if err != nil {
+		return "", nil, err
+	}
+	initrd, err := buildInitramfs(ctx, o, k)
+	return initrd, k, err
 }
 
 // Run builds (or reuses) the initramfs and boots it once.

@@ -1,0 +1,363 @@
+package vmtest
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/internal/kernellane"
+	"github.com/agentenv/agentenv/storage/daemon/client"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/storage/image"
+	"github.com/agentenv/agentenv/storage/nbd"
+	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/vmm/memsnap"
+	"github.com/agentenv/agentenv/vmm/qemu"
+)
+
+// The guest kernel and initramfs of the probe VM, at these paths inside the
+// lane (named in the lane's environment).
+const (
+	envProbeKernel = "AENV_PROBE_KERNEL"
+	envProbeInitrd = "AENV_PROBE_INITRD"
+)
+
+// qemuFiles are what qemu-system-x86_64 loads besides its libraries for a
+// microvm machine under TCG: the firmware and Debian's TCG module.
+var qemuFiles = []string{"/usr/share/qemu/bios-microvm.bin", "/usr/lib/x86_64-linux-gnu/qemu/accel-tcg-x86_64.so"}
+
+// TestQEMUOnKernelDevicesLane runs TestQEMUOnKernelDevices inside the kernel
+// lane, with QEMU, a guest kernel and the probe guest's initramfs
+// (laneinit running diskprobe) packed into it.
+func TestQEMUOnKernelDevicesLane(t *testing.T) {
+	if kernellane.InGuest() {
+		t.Skip("the lane's own half runs as TestQEMUOnKernelDevices")
+	}
+	if err := kernellane.Unavailable(); err != nil {
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	probe := filepath.Join(t.TempDir(), "diskprobe")
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", probe, "./diskprobe")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build diskprobe: %v\n%s", err, out)
+	}
+	initrd, k, err := kernellane.Initramfs(ctx, kernellane.Options{Run: "probe", Binary: probe, Modules: []string{"virtio_mmio", "virtio_blk"}})
+	if errors.Is(err, kernellane.ErrNoKernel) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{"lane/probe/vmlinuz": k.Vmlinuz, "lane/probe/initrd": initrd}
+	for _, f := range qemuFiles {
+		files[f] = f
+	}
+	kernellane.RunTests(t, kernellane.Options{
+		Run: "^TestQEMUOnKernelDevices$", Programs: []string{"/usr/bin/qemu-system-x86_64"}, Files: files,
+		Env:     []string{envProbeKernel + "=/lane/probe/vmlinuz", envProbeInitrd + "=/lane/probe/initrd", "AENV_QEMU_ACCEL=tcg"},
+		Modules: []string{"ublk_drv"}, MemoryMiB: 2048, Timeout: 9 * time.Minute,
+	}, "TestQEMUOnKernelDevices")
+}
+
+// TestQEMUOnKernelDevices (inside the lane) runs QEMU through the node's
+// driver on kernel block devices of the storage daemon, as a node with ublk
+// does: the guest's disk is a ublk device (QEMU opens the path; no NBD
+// socket), and restored guests map their memory privately from the
+// daemon's shared read-only ublk device of a memory layer stack (no
+// flattened file). It checks the bytes the guest reads and writes, that
+// restored guests run on that memory (their counters go on), that a pause
+// captures the pages they wrote as a layer over the device, and that two
+// guests restored from one device leave it unchanged.
+func TestQEMUOnKernelDevices(t *testing.T) {
+	if !kernellane.InGuest() {
+		t.Skip("runs inside the kernel lane (TestQEMUOnKernelDevicesLane)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	c := startDaemon(ctx, t)
+	disk, want := probeDisk(ctx, t, dir)
+	d, err := qemu.New(ctx, qemu.Options{ProbeKernel: os.Getenv(envProbeKernel)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &probeRun{t: t, ctx: ctx, c: c, d: d, disk: disk, dir: dir}
+
+	// 1. Boot on a ublk disk: the guest reads the image and writes a marker
+	// that reaches the daemon.
+	dev := p.device()
+	vm, err := d.Boot(ctx, vmm.Config{ID: "probe", Kernel: os.Getenv(envProbeKernel), Initrd: os.Getenv(envProbeInitrd),
+		MemoryMiB: 96, RunDir: filepath.Join(dir, "run-boot"), Cmdline: "quiet",
+		Drives: []vmm.Drive{{ID: "rootfs", Path: dev.BlockDevice}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vm.Stop(context.Background())
+	if got := p.waitLine(vm, `DISKPROBE sha256 ([0-9a-f]+)`); got != fmt.Sprintf("%x", sha256.Sum256(want[:1<<20])) {
+		t.Fatalf("the guest read %s from its ublk disk, want the image's first MiB", got)
+	}
+	p.waitLine(vm, `DISKPROBE (flushed)`)
+	p.checkMarker(dev)
+	p.waitTickAbove(vm, 0)
+
+	// 2. Snapshot without RAM; the booted VM's RAM file becomes the base
+	// memory layer.
+	snap1 := p.snapshot(vm, "snap1")
+	base := filepath.Join(dir, "mem-0.lsmt")
+	if _, err := memsnap.ImportFull(ctx, vm.Info().MemoryFile, base, "probe memory"); err != nil {
+		t.Fatal(err)
+	}
+	tick1 := p.lastTick(vm)
+	vm.Stop(ctx)
+
+	// 3. Restore from the shared device of [base]: the guest goes on
+	// counting; a pause captures what it wrote as a layer over the device.
+	mem0 := p.shared([]string{base}, "vm2")
+	vm2 := p.restore("vm2", snap1, mem0)
+	p.waitTickAbove(vm2, tick1)
+	snap2 := p.snapshot(vm2, "snap2")
+	layer := filepath.Join(dir, "mem-1.lsmt")
+	parent, err := memsnap.LayerUUID(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := memsnap.CaptureDiff(ctx, vm2.Info().PID, mem0.BlockDevice, layer, parent, "probe pause")
+	if err != nil || st.Pages+st.ZeroPages == 0 {
+		t.Fatalf("capture over the memory device: %+v, %v (want the pages the guest wrote)", st, err)
+	}
+	tick2 := p.lastTick(vm2)
+	vm2.Stop(ctx)
+	if err := c.ReleaseShared(ctx, mem0.ID, "vm2"); err != nil {
+		t.Fatal(err)
+	}
+
+	// 4. Two guests from one shared device of [base, layer] both go on
+	// from the pause; the device keeps the stack's bytes.
+	stack := []string{base, layer}
+	mem1, mem1b := p.shared(stack, "vm3"), p.shared(stack, "vm4")
+	if mem1.ID != mem1b.ID || mem1.BlockDevice != mem1b.BlockDevice {
+		t.Fatalf("two holders of one stack got devices %d (%s) and %d (%s), want one", mem1.ID, mem1.BlockDevice, mem1b.ID, mem1b.BlockDevice)
+	}
+	vm3, vm4 := p.restore("vm3", snap2, mem1), p.restore("vm4", snap2, mem1)
+	p.waitTickAbove(vm3, tick2)
+	p.waitTickAbove(vm4, tick2)
+	vm3.Stop(ctx)
+	vm4.Stop(ctx)
+	p.checkDeviceHolds(mem1.BlockDevice, stack)
+}
+
+// probeRun holds what the steps of TestQEMUOnKernelDevices share.
+type probeRun struct {
+	t    *testing.T
+	ctx  context.Context
+	c    *client.Client
+	d    *qemu.Driver
+	disk string // the disk image's config
+	dir  string
+}
+
+// probeDisk writes a 4 MiB image of random bytes as one sealed layer and
+// returns its config and contents.
+func probeDisk(ctx context.Context, t *testing.T, dir string) (string, []byte) {
+	t.Helper()
+	want := make([]byte, 4<<20)
+	r := rand.NewChaCha8([32]byte{7})
+	r.Read(want)
+	raw := filepath.Join(dir, "disk.raw")
+	if err := os.WriteFile(raw, want, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	layer := filepath.Join(dir, "disk.lsmt")
+	if _, err := image.ImportRaw(ctx, raw, layer, image.CommitOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "disk.json")
+	if err := (&image.Config{Lowers: []image.LayerRef{{File: layer}}}).Save(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, want
+}
+
+// device creates a writable ublk device of the disk image.
+func (p *probeRun) device() rpc.Device {
+	p.t.Helper()
+	dev, err := p.c.Create(p.ctx, rpc.CreateParams{Image: p.disk, Owner: "probe", Block: rpc.BlockUblk})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if dev.Block != rpc.BlockUblk || dev.BlockDevice == "" {
+		p.t.Fatalf("device %+v: want a ublk block device", dev)
+	}
+	return dev
+}
+
+// shared acquires the shared read-only ublk device of a memory stack,
+// writing the stack's config on first use (a config rewritten is a new
+// image to the daemon).
+func (p *probeRun) shared(layers []string, holder string) rpc.Device {
+	p.t.Helper()
+	cfg := filepath.Join(p.dir, fmt.Sprintf("mem-%d.json", len(layers)))
+	if _, err := os.Stat(cfg); err != nil {
+		ic := &image.Config{}
+		for _, l := range layers {
+			ic.Lowers = append(ic.Lowers, image.LayerRef{File: l})
+		}
+		if err := ic.Save(cfg); err != nil {
+			p.t.Fatal(err)
+		}
+	}
+	dev, err := p.c.Acquire(p.ctx, rpc.AcquireParams{Image: cfg, Holder: holder, Block: rpc.BlockUblk})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return dev
+}
+
+// restore restores the probe from snap with its memory mapped from mem and
+// a fresh ublk disk (QEMU locks an image it writes: one disk per VM).
+func (p *probeRun) restore(id, snap string, mem rpc.Device) vmm.Machine {
+	p.t.Helper()
+	vm, err := p.d.Restore(p.ctx, vmm.RestoreConfig{ID: id, SnapshotDir: snap, MemoryFile: mem.BlockDevice,
+		Drives: []vmm.Drive{{ID: "rootfs", Path: p.device().BlockDevice}}, RunDir: filepath.Join(p.dir, "run-"+id)})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.t.Cleanup(func() { vm.Stop(context.Background()) })
+	return vm
+}
+
+// snapshot pauses vm and writes its state without RAM into dir/name.
+func (p *probeRun) snapshot(vm vmm.Machine, name string) string {
+	p.t.Helper()
+	if err := vm.Pause(p.ctx); err != nil {
+		p.t.Fatal(err)
+	}
+	ds, ok := vm.(interface {
+		SnapshotDevices(ctx context.Context, dir string) (*vmm.Snapshot, error)
+	})
+	if !ok {
+		p.t.Fatal("the QEMU machine writes no state without RAM")
+	}
+	out := filepath.Join(p.dir, name)
+	if _, err := ds.SnapshotDevices(p.ctx, out); err != nil {
+		p.t.Fatal(err)
+	}
+	return out
+}
+
+// checkMarker reads the probe's marker over the device's NBD socket: the
+// daemon holds it (not only the kernel's page cache).
+func (p *probeRun) checkMarker(dev rpc.Device) {
+	p.t.Helper()
+	nc, err := nbd.Dial(p.ctx, "unix", dev.Socket, dev.Export)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer nc.Close()
+	const marker = "diskprobe was here"
+	got := make([]byte, len(marker))
+	if _, err := nc.ReadAt(got, 1<<20); err != nil || string(got) != marker {
+		p.t.Fatalf("the daemon holds %q at 1 MiB (%v), want the guest's marker", got, err)
+	}
+}
+
+// checkDeviceHolds compares the device's bytes with the stack flattened.
+func (p *probeRun) checkDeviceHolds(dev string, layers []string) {
+	p.t.Helper()
+	flat := filepath.Join(p.dir, "stack.flat")
+	if err := memsnap.Materialize(p.ctx, layers, flat); err != nil {
+		p.t.Fatal(err)
+	}
+	want, got := fileSum(p.t, flat), fileSum(p.t, dev)
+	if want != got {
+		p.t.Fatalf("memory device %s: sha256 %x after two guests ran on it, the stack's is %x", dev, got, want)
+	}
+}
+
+func fileSum(t *testing.T, path string) [32]byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return [32]byte(h.Sum(nil))
+}
+
+var tickRE = regexp.MustCompile(`DISKPROBE tick (\d+)`)
+
+// lastTick returns the last counter the guest printed.
+func (p *probeRun) lastTick(vm vmm.Machine) int {
+	p.t.Helper()
+	b, _ := os.ReadFile(vm.Info().ConsoleLog)
+	m := tickRE.FindAllSubmatch(b, -1)
+	if len(m) == 0 {
+		p.t.Fatalf("%s printed no counter:\n%s", filepath.Base(filepath.Dir(vm.Info().ConsoleLog)), b)
+	}
+	n, _ := strconv.Atoi(string(m[len(m)-1][1]))
+	return n
+}
+
+// waitTickAbove waits for the guest to print a counter above n.
+func (p *probeRun) waitTickAbove(vm vmm.Machine, n int) {
+	p.t.Helper()
+	p.waitFor(vm, fmt.Sprintf("a counter above %d", n), func(b []byte) (string, bool) {
+		for _, m := range tickRE.FindAllSubmatch(b, -1) {
+			if k, _ := strconv.Atoi(string(m[1])); k > n {
+				return string(m[1]), true
+			}
+		}
+		return "", false
+	})
+}
+
+// waitLine waits for a console line matching re and returns its first group.
+func (p *probeRun) waitLine(vm vmm.Machine, re string) string {
+	p.t.Helper()
+	rx := regexp.MustCompile(re)
+	return p.waitFor(vm, re, func(b []byte) (string, bool) {
+		if bytes.Contains(b, []byte("DISKPROBE error")) {
+			return "", true
+		}
+		m := rx.FindSubmatch(b)
+		if m == nil {
+			return "", false
+		}
+		return string(m[1]), true
+	})
+}
+
+func (p *probeRun) waitFor(vm vmm.Machine, what string, match func([]byte) (string, bool)) string {
+	p.t.Helper()
+	start := time.Now()
+	for {
+		b, _ := os.ReadFile(vm.Info().ConsoleLog)
+		if got, ok := match(b); ok {
+			p.t.Logf("%s: %s after %v", filepath.Base(filepath.Dir(vm.Info().ConsoleLog)), what, time.Since(start).Round(time.Millisecond))
+			return got
+		}
+		select {
+		case <-p.ctx.Done():
+			p.t.Fatalf("%s: no %s on the console:\n%s", filepath.Base(filepath.Dir(vm.Info().ConsoleLog)), what, b)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
