@@ -121,8 +121,8 @@ type daemonDisks struct {
 	warmed            map[string]bool // image configs given a warm pool; guarded by the orchestrator's matMu
 	o                 *Orchestrator
 	// block, when set, also exports each disk as a kernel block device of
-	// that kind (rpc.BlockUblk, rpc.BlockNBD), for a VMM that opens disks by
-	// path (Firecracker); chosen once in New.
+	// that kind (rpc.BlockUblk, rpc.BlockNBD), which the VMM opens by path;
+	// chosen once in New (rpc.ChooseBlock).
 	block string
 }
 
@@ -151,10 +151,16 @@ func (d *daemonDisks) attach(ctx context.Context, rec Record, as *vmm.Identity) 
 	if err != nil {
 		return vmm.Drive{}, device{}, fmt.Errorf("rootfs device: %w", err)
 	}
-	// Both forms of the disk: the export's socket (QEMU connects to it) and,
-	// when attached, the kernel's block device (Firecracker opens a path).
-	drive := vmm.Drive{ID: rootfsDrive, Path: dev.BlockDevice, NBD: &vmm.NBDSource{Socket: dev.Socket, Export: dev.Export}}
-	return drive, device{ID: dev.ID, Has: true}, nil
+	return d.vmDrive(rootfsDrive, dev, false), device{ID: dev.ID, Has: true}, nil
+}
+
+// vmDrive is how a VM reaches the device dev: by the path of its kernel
+// block device when the node chose one (d.block), else over its NBD socket.
+func (d *daemonDisks) vmDrive(id string, dev rpc.Device, readOnly bool) vmm.Drive {
+	if dev.BlockDevice != "" {
+		return vmm.Drive{ID: id, Path: dev.BlockDevice, ReadOnly: readOnly}
+	}
+	return vmm.Drive{ID: id, ReadOnly: readOnly, NBD: &vmm.NBDSource{Socket: dev.Socket, Export: dev.Export}}
 }
 
 // connectAs is the storage daemon's form of a confined VMM's identity.

@@ -236,9 +236,7 @@ func (d *daemonDisks) drive(ctx context.Context, owner string, dr snapshot.Drive
 	if err != nil {
 		return vmm.Drive{}, device{}, fmt.Errorf("drive device: %w", err)
 	}
-	vd := vmm.Drive{ID: sandbox.SlotID(dr.Slot), Path: dev.BlockDevice, ReadOnly: dr.ReadOnly,
-		NBD: &vmm.NBDSource{Socket: dev.Socket, Export: dev.Export}}
-	return vd, device{ID: dev.ID, Has: true}, nil
+	return d.vmDrive(sandbox.SlotID(dr.Slot), dev, dr.ReadOnly), device{ID: dev.ID, Has: true}, nil
 }
 
 func (fileDisks) drive(context.Context, string, snapshot.Drive, *vmm.Identity) (vmm.Drive, device, error) {

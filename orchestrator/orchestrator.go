@@ -313,12 +313,13 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	if opts.Storage != nil {
 		dd := &daemonDisks{sd: opts.Storage, poolLow: opts.StoragePoolLow, poolHigh: opts.StoragePoolHigh,
 			log: o.log, warmed: map[string]bool{}, o: o}
-		if opts.Driver.Name() == "firecracker" {
-			// A VMM that opens disks by path needs a kernel block device:
-			// ublk where the daemon can, kernel NBD next (rpc.ChooseBlock).
-			if f, err := opts.Storage.Features(ctx); err == nil {
-				dd.block = rpc.ChooseBlock(f)
-			}
+		// Disks reach the VMM as ublk devices where the daemon can make
+		// them, else the way the VMM reaches NBD (rpc.ChooseBlock).
+		nc, _ := opts.Driver.(vmm.NBDDriver)
+		if f, err := opts.Storage.Features(ctx); err == nil {
+			dd.block = rpc.ChooseBlock(f, nc != nil && nc.SpeaksNBD())
+		} else {
+			o.log.Warn("storage daemon features unknown; disks go over NBD sockets", "err", err)
 		}
 		o.disks = dd
 	} else {

@@ -192,6 +192,13 @@ type EmptyDriver interface {
 	EmptyDrives() bool
 }
 
+// NBDDriver is implemented by drivers whose machines reach NBD exports over
+// a Unix socket themselves (a Drive with NBD and no Path); other drivers
+// open disks by path only.
+type NBDDriver interface {
+	SpeaksNBD() bool
+}
+
 // NBDSource is an NBD export reached over a Unix socket.
 type NBDSource struct {
 	Socket string

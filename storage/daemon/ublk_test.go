@@ -43,7 +43,7 @@ func TestUblkExport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !feats.Ublk || rpc.ChooseBlock(feats) != rpc.BlockUblk {
+	if !feats.Ublk || rpc.ChooseBlock(feats, true) != rpc.BlockUblk {
 		t.Fatalf("features %+v: want ublk chosen", feats)
 	}
 	if dev.Block != rpc.BlockUblk || dev.Socket == "" {

@@ -85,6 +85,10 @@ func (d *Driver) Name() string { return "qemu" }
 // EmptyDrives implements vmm.EmptyDriver: a slot is a null block device.
 func (d *Driver) EmptyDrives() bool { return true }
 
+// SpeaksNBD implements vmm.NBDDriver: QEMU's own NBD client reaches exports
+// over their sockets and reconnects after the server restarts.
+func (d *Driver) SpeaksNBD() bool { return true }
+
 // Accel reports the accelerator in use and why it was chosen.
 func (d *Driver) Accel() (accel, reason string) { return d.accel, d.accelReason }
 

@@ -1,5 +1,5 @@
 // Command laneinit is PID 1 of a kernel-lane guest (see package kernellane):
-// it mounts the kernel file systems, loads the modules listed in
+// it moves the root off the initramfs, mounts the kernel file systems, loads the modules listed in
 // /lane/config.json, runs the test binary with the arguments given there,
 // prints the exit marker the host waits for and powers the machine off.
 // It is built statically (CGO_ENABLED=0) and knows nothing but that file.
@@ -40,6 +40,10 @@ func main() {
 }
 
 func run() int {
+	if err := leaveRootfs(); err != nil {
+		fmt.Println("laneinit:", err)
+		return 125
+	}
 	if err := mounts(); err != nil {
 		fmt.Println("laneinit:", err)
 		return 125
@@ -79,6 +83,29 @@ func run() int {
 		fmt.Println("laneinit: start test binary:", err)
 		return 126
 	}
+}
+
+// leaveRootfs moves the root onto a bind mount of the initramfs, as
+// switch_root does: pivot_root(2), which jails under test use, refuses a
+// root with no parent mount, and the initramfs (rootfs) has none.
+func leaveRootfs() error {
+	const dir = "/.root"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("/", dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind the initramfs: %w", err)
+	}
+	if err := unix.Chdir(dir); err != nil {
+		return err
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move the root: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("chroot: %w", err)
+	}
+	return unix.Chdir("/")
 }
 
 func mounts() error {

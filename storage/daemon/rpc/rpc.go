@@ -388,15 +388,18 @@ func BlockKind(block string, kernel bool) (string, error) {
 }
 
 // ChooseBlock is how a node picks the transport of a VM's disk from what
-// its storage daemon can do: ublk where the driver is loaded (no network
-// protocol between the kernel and the daemon), the kernel NBD
-// driver next, else BlockNone: NBD over the Unix socket, which QEMU
-// speaks itself.
-func ChooseBlock(f Features) string {
+// its storage daemon can do and whether its VMM speaks NBD itself: ublk
+// where the driver is loaded (no network protocol between the kernel and
+// the daemon, and with user recovery the device outlives a restart of the
+// daemon); else, for a VMM with its own NBD client (QEMU), BlockNone: NBD
+// over the Unix socket, which that client reconnects after a restart of the
+// daemon; else the kernel NBD driver (its connections are socket pairs to
+// the daemon and end with it), or BlockNone where there is none.
+func ChooseBlock(f Features, vmmSpeaksNBD bool) string {
 	switch {
 	case f.Ublk:
 		return BlockUblk
-	case f.KernelNBD:
+	case f.KernelNBD && !vmmSpeaksNBD:
 		return BlockNBD
 	}
 	return BlockNone

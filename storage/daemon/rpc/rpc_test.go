@@ -114,16 +114,20 @@ func FuzzReadFrame(f *testing.F) {
 
 func TestChooseBlock(t *testing.T) {
 	for _, c := range []struct {
-		f    Features
-		want string
+		f         Features
+		speaksNBD bool
+		want      string
 	}{
-		{Features{Ublk: true, KernelNBD: true}, BlockUblk},
-		{Features{Ublk: true}, BlockUblk},
-		{Features{KernelNBD: true}, BlockNBD},
-		{Features{}, BlockNone},
+		{Features{Ublk: true, KernelNBD: true}, false, BlockUblk},
+		{Features{Ublk: true, KernelNBD: true}, true, BlockUblk},
+		{Features{Ublk: true}, true, BlockUblk},
+		{Features{KernelNBD: true}, false, BlockNBD},
+		{Features{KernelNBD: true}, true, BlockNone},
+		{Features{}, false, BlockNone},
+		{Features{}, true, BlockNone},
 	} {
-		if got := ChooseBlock(c.f); got != c.want {
-			t.Errorf("ChooseBlock(ublk=%v, kernel nbd=%v) = %q, want %q", c.f.Ublk, c.f.KernelNBD, got, c.want)
+		if got := ChooseBlock(c.f, c.speaksNBD); got != c.want {
+			t.Errorf("ChooseBlock(ublk=%v, kernel nbd=%v, vmm speaks nbd=%v) = %q, want %q", c.f.Ublk, c.f.KernelNBD, c.speaksNBD, got, c.want)
 		}
 	}
 }

@@ -127,7 +127,7 @@ func TestQEMUOnKernelDevices(t *testing.T) {
 	// 3. Restore from the shared device of [base]: the guest goes on
 	// counting; a pause captures what it wrote as a layer over the device.
 	mem0 := p.shared([]string{base}, "vm2")
-	vm2 := p.restore("vm2", snap1, mem0)
+	vm2 := p.restore("vm2", snap1, mem0, nil)
 	p.waitTickAbove(vm2, tick1)
 	snap2 := p.snapshot(vm2, "snap2")
 	layer := filepath.Join(dir, "mem-1.lsmt")
@@ -152,7 +152,9 @@ func TestQEMUOnKernelDevices(t *testing.T) {
 	if mem1.ID != mem1b.ID || mem1.BlockDevice != mem1b.BlockDevice {
 		t.Fatalf("two holders of one stack got devices %d (%s) and %d (%s), want one", mem1.ID, mem1.BlockDevice, mem1b.ID, mem1b.BlockDevice)
 	}
-	vm3, vm4 := p.restore("vm3", snap2, mem1), p.restore("vm4", snap2, mem1)
+	// vm4 runs confined, as the node runs its VMMs: it opens its disk and
+	// memory device before it drops to its own uid in its jail.
+	vm3, vm4 := p.restore("vm3", snap2, mem1, nil), p.restore("vm4", snap2, mem1, &vmm.Identity{UID: 64004, GID: 64004})
 	p.waitTickAbove(vm3, tick2)
 	p.waitTickAbove(vm4, tick2)
 	vm3.Stop(ctx)
@@ -228,11 +230,12 @@ func (p *probeRun) shared(layers []string, holder string) rpc.Device {
 }
 
 // restore restores the probe from snap with its memory mapped from mem and
-// a fresh ublk disk (QEMU locks an image it writes: one disk per VM).
-func (p *probeRun) restore(id, snap string, mem rpc.Device) vmm.Machine {
+// a fresh ublk disk (QEMU locks an image it writes: one disk per VM), as
+// the identity as when set.
+func (p *probeRun) restore(id, snap string, mem rpc.Device, as *vmm.Identity) vmm.Machine {
 	p.t.Helper()
 	vm, err := p.d.Restore(p.ctx, vmm.RestoreConfig{ID: id, SnapshotDir: snap, MemoryFile: mem.BlockDevice,
-		Drives: []vmm.Drive{{ID: "rootfs", Path: p.device().BlockDevice}}, RunDir: filepath.Join(p.dir, "run-"+id)})
+		Drives: []vmm.Drive{{ID: "rootfs", Path: p.device().BlockDevice}}, RunDir: filepath.Join(p.dir, "run-"+id), RunAs: as})
 	if err != nil {
 		p.t.Fatal(err)
 	}
