@@ -194,6 +194,12 @@ type Storage struct {
 	// VolumeSizeMiB is the size limit of a volume whose create names none
 	// (E2B's SDK never does), 16..65536; volumes need the storaged backend.
 	VolumeSizeMiB int `toml:"volume_size_mib" env:"AENVD_STORAGE_VOLUME_SIZE_MIB"`
+	// MemoryDevices maps restored VMs' memory from the daemon's shared
+	// read-only ublk device of the memory image's layer stack (one per
+	// stack, its pages cached once) instead of a node-local flattened file,
+	// where the daemon makes ublk devices and the VMM maps a device (QEMU).
+	// Elsewhere it has no effect.
+	MemoryDevices bool `toml:"memory_devices" env:"AENVD_STORAGE_MEMORY_DEVICES"`
 }
 
 // API configures the HTTP listeners.
@@ -368,7 +374,7 @@ func Default() Config {
 		VMM:     VMM{Driver: "auto", UIDBase: DefaultVMMUIDBase},
 		VMMPool: VMMPool{ReserveMiB: 2048, Templates: []string{"base"}},
 		Guest:   Guest{VCPUs: 1, MemoryMiB: 512, DefaultUser: "user"},
-		Storage: Storage{Backend: "storaged", PoolLow: 2, PoolHigh: 4, VolumeSizeMiB: 1024},
+		Storage: Storage{Backend: "storaged", PoolLow: 2, PoolHigh: 4, VolumeSizeMiB: 1024, MemoryDevices: true},
 		Image: Image{DefaultRegistry: "docker.io", AllowedRegistries: []string{}, InsecureRegistries: []string{},
 			RootfsSizeMiB: 2048, ReadyTimeout: Duration{5 * time.Minute}, StepTimeout: Duration{30 * time.Minute}},
 		Cluster: Cluster{Scheduler: []string{}, CPUOvercommit: 4},

@@ -291,14 +291,14 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 	spec := sandbox.Spec{
 		ID: vmName(rec), RunDir: filepath.Join(rec.Dir, fmt.Sprintf("run-%d", rec.Gen)),
 		Policy: rec.Policy, Disk: vmDisk{o, s}, Drives: o.vmDrives(s, rec), Restore: snapshotDir, VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB,
-		Memory: func(ctx context.Context) (string, []string, error) {
-			var layers []string
+		Memory: func(ctx context.Context) (sandbox.Memory, error) {
+			var vm sandbox.Memory
 			var err error
-			mem, layers, err = o.restoreMemory(ctx, snapshotDir, true)
+			mem, vm, err = o.vmMemory(ctx, snapshotDir, vmName(rec))
 			if err == nil {
 				prefetched = o.prefetchMemory(mem.File)
 			}
-			return mem.File, layers, err
+			return vm, err
 		},
 		Init:     &sandbox.InitRequest{EnvVars: rec.EnvVars, DefaultUser: o.defaultUser(rec.TemplateID), Drives: freshDisks(rec)},
 		InitHeld: rec.GuestToken,

@@ -155,10 +155,11 @@ func onBase(m snapshot.MemoryImage) bool {
 }
 
 // flattenOnBase flattens m into its file in the background, when
-// Options.FlattenPaused; a resume that comes first stops it.
+// Options.FlattenPaused and restored VMs map files (no memory devices); a
+// resume that comes first stops it.
 func (o *Orchestrator) flattenOnBase(id string, m snapshot.MemoryImage) {
-	if !o.cfg.FlattenPaused {
-		return
+	if !o.cfg.FlattenPaused || o.memDev != nil {
+		return // with memory devices a resume maps the stack's device
 	}
 	o.flat.start(id, func(ctx context.Context) {
 		start := time.Now()

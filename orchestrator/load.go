@@ -43,6 +43,16 @@ func (o *Orchestrator) load(ctx context.Context) error {
 	}
 	o.removeUnowned()
 	o.removeUnownedGroups()
+	if o.memDev != nil {
+		o.memDev.releaseUnheld(ctx, func(holder string) bool {
+			for _, s := range o.sandboxes {
+				if s.vm != nil && vmName(s.rec) == holder {
+					return true
+				}
+			}
+			return false
+		})
+	}
 	o.volumes.ReleaseAbsent(func(id string) bool { _, ok := o.sandboxes[id]; return ok })
 	return nil
 }
@@ -145,6 +155,9 @@ func (o *Orchestrator) adoptRunning(ctx context.Context, r Record, m vmm.Machine
 	slot, err := o.nets.Adopt(ctx, r.Slot)
 	if err == nil {
 		s.vm = sandbox.Adopt(o.vms, vmName(s.rec), m, slot, vmDisk{o, s}, o.vmDrives(s, s.rec))
+		if o.memDev != nil && isDevice(r.Memory.File) {
+			s.vm.HoldMemory(o.memDev.adopted(ctx, r.Memory.File, vmName(r)))
+		}
 		err = func() error {
 			// A crash during a snapshot leaves the vCPUs stopped.
 			if err := m.Resume(ctx); err != nil {

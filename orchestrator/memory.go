@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/snapshot"
@@ -86,6 +87,21 @@ func (o *Orchestrator) restoreMemory(ctx context.Context, vmDir string, overlay 
 	}
 	o.log.Info("memory image materialized", "file", m.File, "layers", len(m.Layers), "took", time.Since(start).Round(time.Millisecond))
 	return m, nil, nil
+}
+
+// vmMemory returns the memory image of a VM (named holder) restored from
+// vmDir, as the VM maps it, and what the restore gets: with memory devices
+// (memdevice.go) the shared device of the image's stack, held for holder;
+// else restoreMemory's file and layers.
+func (o *Orchestrator) vmMemory(ctx context.Context, vmDir, holder string) (snapshot.MemoryImage, sandbox.Memory, error) {
+	if o.memDev != nil {
+		m, err := snapshot.ReadMemoryManifest(vmDir)
+		if err == nil && m.Layered() {
+			return o.memDev.acquire(ctx, vmDir, m, holder)
+		}
+	}
+	m, layers, err := o.restoreMemory(ctx, vmDir, true)
+	return m, sandbox.Memory{File: m.File, Layers: layers}, err
 }
 
 // captureMemory (VM paused) writes the VM's snapshot into vmDir (see

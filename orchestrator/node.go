@@ -34,14 +34,14 @@ type NodeStats struct {
 	MemoryImages, MemoryVMs  int
 }
 
-// MemoryMode is how VMs restored from a layered memory image map it: the
-// stack flattened once per snapshot into a node-local file. A block export
-// of the stack (ublk or kernel NBD from aenv-storaged) would be mappable
-// too, but QEMU maps files, and these hosts have neither driver.
-const (
-	MemoryMode   = "cache-file"
-	MemoryReason = "memory layer stacks are flattened once per snapshot into a node-local file that every VM restored from it maps privately (no mappable block export: the VMM maps files)"
-)
+// memoryMode says how VMs restored from a layered memory image map it
+// (the API's NodeMemory.mode) and why.
+func (o *Orchestrator) memoryMode() (mode, why string) {
+	if o.memDev != nil {
+		return "block-export", "every VM restored from a memory layer stack maps the storage daemon's shared read-only ublk device of it privately: one device per stack, its pages cached once, nothing flattened"
+	}
+	return "cache-file", "memory layer stacks are flattened once per snapshot into a node-local file that every VM restored from it maps privately (no shared device: " + o.memWhy + ")"
+}
 
 // memoryImages counts the distinct memory files the running VMs map.
 func (o *Orchestrator) memoryImages() (images, vms int) {
@@ -73,7 +73,8 @@ func (o *Orchestrator) memoryImages() (images, vms int) {
 // NodeStats samples /proc, the data directory's filesystem and the sandboxes.
 func (o *Orchestrator) NodeStats() NodeStats {
 	st := NodeStats{CPUCount: runtime.NumCPU(), CreateSuccesses: o.m.creates.Load(), CreateFailed: o.m.createFails.Load(),
-		MemoryMode: MemoryMode, MemoryReason: MemoryReason}
+	}
+	st.MemoryMode, st.MemoryReason = o.memoryMode()
 	st.MemoryImages, st.MemoryVMs = o.memoryImages()
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		if f := strings.Fields(string(b)); len(f) > 0 {

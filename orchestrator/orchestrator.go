@@ -187,6 +187,10 @@ type Options struct {
 	// FlattenPaused flattens a paused sandbox's memory image in the
 	// background so that its resume maps one file (flatten.go).
 	FlattenPaused bool
+	// MemoryDevices maps restored VMs' memory from the storage daemon's
+	// shared ublk device of the image's layer stack where the node can
+	// (memdevice.go); elsewhere, and when false, from flattened files.
+	MemoryDevices bool
 	// Repository, when set, receives a commit of every pause and snapshot
 	// (repository.go); nil keeps them on this node only.
 	Repository Uploads
@@ -262,6 +266,10 @@ type Orchestrator struct {
 	pool *warmpool.Pool
 	// flat runs the background flattens of paused memory (flatten.go).
 	flat *flattener
+	// memDev, when set, maps restored VMs' memory from shared devices
+	// (memdevice.go); memWhy says why it is not. Both chosen once in New.
+	memDev *memoryDevices
+	memWhy string
 }
 
 // instance is one sandbox's live state. op serialises lifecycle operations
@@ -322,6 +330,11 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 			o.log.Warn("storage daemon features unknown; disks go over NBD sockets", "err", err)
 		}
 		o.disks = dd
+		if opts.MemoryDevices {
+			o.memDev, o.memWhy = newMemoryDevices(opts.Storage, dd.block, opts.Driver, o.log)
+		} else {
+			o.memWhy = "storage.memory_devices is off"
+		}
 	} else {
 		o.disks = fileDisks{o: o}
 	}
@@ -345,7 +358,8 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	}
 	o.cancelOrphanUploads()
 	o.lazy.resumeAll(ctx)
-	o.log.Info("guest memory images", "mode", MemoryMode, "why", MemoryReason)
+	mode, why := o.memoryMode()
+	o.log.Info("guest memory images", "mode", mode, "why", why)
 	return o, nil
 }
 

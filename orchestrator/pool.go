@@ -202,9 +202,9 @@ func (f poolFiller) Fill(ctx context.Context, rec *warmpool.Record, started func
 	vm, err := sandbox.Start(ctx, o.vms, sandbox.Spec{
 		ID: rec.ID, RunDir: filepath.Join(rec.Dir, "run"), Disk: disk, Drives: make([]sandbox.Disk, t.DriveSlots),
 		Restore: t.Snapshot, Prepare: true, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, Log: o.log,
-		Memory: func(ctx context.Context) (string, []string, error) {
-			mem, layers, err := o.restoreMemory(ctx, t.Snapshot, true)
-			return mem.File, layers, err
+		Memory: func(ctx context.Context) (sandbox.Memory, error) {
+			_, vm, err := o.vmMemory(ctx, t.Snapshot, rec.ID)
+			return vm, err
 		},
 		Started: func(m vmm.Machine) error {
 			pid := m.Info().PID

@@ -19,7 +19,7 @@ import (
 // stored, alongside the VMM's start (the reads queue behind one another,
 // so issuing them takes a while on a cold cache); wait waits for it.
 func (o *Orchestrator) prefetchMemory(file string) (wait func()) {
-	if !o.cfg.Prefetch || file == "" {
+	if !o.cfg.Prefetch || file == "" || isDevice(file) {
 		return func() {}
 	}
 	done := make(chan struct{})
@@ -40,7 +40,8 @@ func (o *Orchestrator) prefetchMemory(file string) (wait func()) {
 // recordWorkingSet records file's working set from vm in the background,
 // unless it has one.
 func (o *Orchestrator) recordWorkingSet(id string, vm vmm.Machine, file string) {
-	if !o.cfg.Prefetch || file == "" {
+	// A working set is kept next to its file: none for a memory device.
+	if !o.cfg.Prefetch || file == "" || isDevice(file) {
 		return
 	}
 	if _, err := os.Stat(memsnap.WorkingSetPath(file)); err == nil {

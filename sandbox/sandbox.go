@@ -96,10 +96,8 @@ type Spec struct {
 
 	// Restore is the VMM snapshot directory to restore; empty cold-boots Boot.
 	Restore string
-	// Memory returns the memory file to restore with ("": the snapshot's
-	// own) and the sealed memory layers written over it before the guest
-	// runs (vmm.RestoreConfig.MemoryLayers).
-	Memory func(ctx context.Context) (file string, layers []string, err error)
+	// Memory returns the memory image to restore with (see Memory).
+	Memory func(ctx context.Context) (Memory, error)
 	// Boot configures a cold boot: kernel, initrd, sizes and the kernel
 	// command line before the network arguments (drives and NICs are added).
 	Boot *vmm.Config
@@ -137,6 +135,20 @@ type Spec struct {
 	Pooled *VM
 }
 
+// Memory is the memory image a restore maps.
+type Memory struct {
+	// File is the file or block device mapped privately ("": the
+	// snapshot's own memory file).
+	File string
+	// Layers are sealed memory layers written over it before the guest
+	// runs (vmm.RestoreConfig.MemoryLayers).
+	Layers []string
+	// Release, when set, gives back what mapping File holds (a shared
+	// device of the storage daemon). The VM calls it once its VMM is gone,
+	// never while the VMM may still map File.
+	Release func(ctx context.Context)
+}
+
 // VM is a started VM with what it holds.
 type VM struct {
 	Machine vmm.Machine
@@ -151,6 +163,9 @@ type VM struct {
 	drives    []Disk
 	group     *cgroup.Group
 	memLayers []string      // written over Memory by the restore
+	// memRelease gives back what mapping Memory holds (Memory.Release);
+	// called by Stop once the VMM is gone.
+	memRelease func(ctx context.Context)
 	runAs     *vmm.Identity // the VMM's identity (Deps.Identities); nil: the node's
 }
 
@@ -197,7 +212,7 @@ func Start(ctx context.Context, deps Deps, spec Spec) (_ *VM, err error) {
 		return nil, err
 	}
 	if spec.Memory != nil {
-		if err := v.memory(ctx, spec); err != nil {
+		if err := v.memory(ctx, spec, &undo); err != nil {
 			return nil, err
 		}
 		if err := stage("memory"); err != nil {
@@ -284,12 +299,43 @@ func (v *VM) storage(ctx context.Context, spec Spec, undo *cleanup) ([]vmm.Drive
 
 // memory resolves the memory image the restore maps and the layers it
 // writes over it.
-func (v *VM) memory(ctx context.Context, spec Spec) error {
-	var err error
-	if v.Memory, v.memLayers, err = spec.Memory(ctx); err != nil {
+func (v *VM) memory(ctx context.Context, spec Spec, undo *cleanup) error {
+	m, err := spec.Memory(ctx)
+	if err != nil {
 		return err
 	}
+	v.Memory, v.memLayers = m.File, m.Layers
+	v.HoldMemory(m.Release)
+	if spec.Pooled != nil {
+		// The pooled VM's hold on the same image goes with its VMM.
+		v.HoldMemory(spec.Pooled.memRelease)
+		spec.Pooled.memRelease = nil
+	}
+	// Registered before the VMM's stop, so a failed start stops the VMM
+	// first (the undo stack runs newest first).
+	undo.add(v.releaseMemory)
 	return v.checkPooledMemory(spec)
+}
+
+// HoldMemory adds release to what the VM gives back once its VMM is gone
+// (a VM adopted after a restart gets its memory image's hold back so).
+func (v *VM) HoldMemory(release func(ctx context.Context)) {
+	if release == nil {
+		return
+	}
+	if prev := v.memRelease; prev != nil {
+		v.memRelease = func(ctx context.Context) { prev(ctx); release(ctx) }
+		return
+	}
+	v.memRelease = release
+}
+
+// releaseMemory gives back the memory image's holds (once).
+func (v *VM) releaseMemory(ctx context.Context) {
+	if r := v.memRelease; r != nil {
+		v.memRelease = nil
+		r(ctx)
+	}
 }
 
 // vmm restores the snapshot or cold-boots the kernel; a start with Prepare
@@ -400,8 +446,9 @@ func (v *VM) agent(ctx context.Context, spec Spec) error {
 	return err
 }
 
-// Stop stops the VMM and then releases the slot (its tap is gone with the
-// VMM). The disk stays attached: Detach releases it.
+// Stop stops the VMM, then gives back its memory image's hold and releases
+// the slot (its tap is gone with the VMM). The disk stays attached: Detach
+// releases it.
 func (v *VM) Stop(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	var err error
@@ -410,6 +457,11 @@ func (v *VM) Stop(ctx context.Context) error {
 			err = fmt.Errorf("stop vm: %w", serr)
 		}
 		v.Machine = nil
+	}
+	if err == nil {
+		// A VMM that did not stop may still map its memory image: its hold
+		// stays (the node's next start releases holds no VM has).
+		v.releaseMemory(ctx)
 	}
 	if v.group != nil {
 		if gerr := v.group.Remove(); gerr != nil {

@@ -134,9 +134,9 @@ func (b *Builder) vmSpec(ctx context.Context, v *buildVM, t *Template, spec Buil
 	if src != nil {
 		v.logf("info", StepBase, "restoring template %s", src.ID)
 		vs.Restore = src.Snapshot
-		vs.Memory = func(ctx context.Context) (string, []string, error) {
+		vs.Memory = func(ctx context.Context) (sandbox.Memory, error) {
 			file, err := b.host.RestoreMemory(ctx, src.Snapshot)
-			return file, nil, err
+			return sandbox.Memory{File: file}, err
 		}
 		return vs, disk, nil
 	}

@@ -171,7 +171,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	orch, err := orchestrator.New(ctx, orchestrator.Options{
-		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, Storage: devices, MaxLayers: cfg.Sandbox.MaxLayers, Prefetch: cfg.Sandbox.Prefetch, FlattenPaused: cfg.Sandbox.FlattenPaused, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
+		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, Storage: devices, MaxLayers: cfg.Sandbox.MaxLayers, Prefetch: cfg.Sandbox.Prefetch, FlattenPaused: cfg.Sandbox.FlattenPaused, MemoryDevices: cfg.Storage.MemoryDevices, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
 		Groups: groups, VMMUIDBase: uint32(cfg.VMM.UIDBase), Repository: rn.uploads(), Remote: rn.remote(),
 		StoragePoolLow: cfg.Storage.PoolLow, StoragePoolHigh: cfg.Storage.PoolHigh, VolumeSizeMiB: cfg.Storage.VolumeSizeMiB,
 		VMMPool: orchestrator.PoolOptions{Low: cfg.VMMPool.Low, High: cfg.VMMPool.High, ReserveMiB: cfg.VMMPool.ReserveMiB,

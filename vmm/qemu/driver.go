@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -88,6 +89,12 @@ func (d *Driver) EmptyDrives() bool { return true }
 // SpeaksNBD implements vmm.NBDDriver: QEMU's own NBD client reaches exports
 // over their sockets and reconnects after the server restarts.
 func (d *Driver) SpeaksNBD() bool { return true }
+
+// MapsDeviceMemory reports that a restore's MemoryFile may be a block
+// device (a shared read-only ublk device of a memory layer stack): QEMU maps
+// it privately like a file (storage/daemon/vmtest checks it in the kernel
+// lane).
+func (d *Driver) MapsDeviceMemory() bool { return true }
 
 // Accel reports the accelerator in use and why it was chosen.
 func (d *Driver) Accel() (accel, reason string) { return d.accel, d.accelReason }
@@ -303,12 +310,18 @@ func taps(nics []vmm.NIC) (files []*os.File, closeTaps func(), err error) {
 // checkMemoryImage fails early on a memory image QEMU would refuse (or map
 // short, faulting the guest later). Block devices are not sized here.
 func checkMemoryImage(path string, mib int) error {
-	st, err := os.Stat(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("memory image: %w", err)
 	}
-	if want := int64(mib) << 20; st.Mode().IsRegular() && st.Size() < want {
-		return fmt.Errorf("memory image %s is %d bytes, guest RAM is %d", path, st.Size(), want)
+	defer f.Close()
+	// The end of a block device is its size, where Stat reports none.
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return fmt.Errorf("memory image %s: size: %w", path, err)
+	}
+	if want := int64(mib) << 20; size < want {
+		return fmt.Errorf("memory image %s is %d bytes, guest RAM is %d", path, size, want)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -192,6 +193,20 @@ func TestCheckMemoryImage(t *testing.T) {
 	}
 	if err := checkMemoryImage(filepath.Join(dir, "missing"), 16); err == nil {
 		t.Error("missing image accepted")
+	}
+	// A block device (a memory device of the storage daemon) is measured
+	// by its end, not its stat size (zero): a loop device over exact.
+	out, err := exec.Command("losetup", "--find", "--show", "--read-only", exact).Output()
+	if err != nil {
+		t.Skipf("no loop device for the block device case (losetup: %v)", err)
+	}
+	loop := strings.TrimSpace(string(out))
+	defer exec.Command("losetup", "--detach", loop).Run()
+	if err := checkMemoryImage(loop, 16); err != nil {
+		t.Errorf("block device of guest RAM size refused: %v", err)
+	}
+	if err := checkMemoryImage(loop, 17); err == nil || !strings.Contains(err.Error(), "guest RAM is") {
+		t.Errorf("block device smaller than guest RAM: %v", err)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/kernellane"
 	"github.com/agentenv/agentenv/storage/daemon/client"
+	"github.com/agentenv/agentenv/storage/daemon/daemontest"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/storage/nbd"
@@ -89,7 +90,7 @@ func TestQEMUOnKernelDevices(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	c := startDaemon(ctx, t)
+	c := daemontest.Start(ctx, t)
 	disk, want := probeDisk(ctx, t, dir)
 	d, err := qemu.New(ctx, qemu.Options{ProbeKernel: os.Getenv(envProbeKernel)})
 	if err != nil {

@@ -2,8 +2,6 @@ package vmtest
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,8 +11,7 @@ import (
 
 	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
-	"github.com/agentenv/agentenv/storage/daemon"
-	"github.com/agentenv/agentenv/storage/daemon/client"
+	"github.com/agentenv/agentenv/storage/daemon/daemontest"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/vmm"
@@ -48,7 +45,7 @@ func TestVMBootsFromDeviceAndRestacks(t *testing.T) {
 	if err := (&image.Config{Lowers: []image.LayerRef{{File: base}}}).Save(cfg); err != nil {
 		t.Fatal(err)
 	}
-	c := startDaemon(ctx, t)
+	c := daemontest.Start(ctx, t)
 	dev, err := c.Create(ctx, rpc.CreateParams{Image: cfg, Owner: "vm-test"})
 	if err != nil {
 		t.Fatal(err)
@@ -115,37 +112,5 @@ func TestVMBootsFromDeviceAndRestacks(t *testing.T) {
 	out, err := exec.Command("debugfs", "-R", "cat /var/tmp/restack.txt", raw).Output()
 	if err != nil || strings.TrimSpace(string(out)) != "survives-restack" {
 		t.Fatalf("sealed layer does not hold the guest's file: %q %v", out, err)
-	}
-}
-
-// startDaemon runs an in-process daemon for the test and returns a client.
-func startDaemon(ctx context.Context, t *testing.T) *client.Client {
-	t.Helper()
-	dir := t.TempDir()
-	opts := daemon.Options{
-		Socket: filepath.Join(dir, "storaged.sock"), StateDir: filepath.Join(dir, "state"), RunDir: filepath.Join(dir, "run"),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
-	d, err := daemon.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Run(rctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	for {
-		c, err := client.Dial(ctx, opts.Socket)
-		if err == nil {
-			t.Cleanup(func() { c.Close() })
-			return c
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("daemon exited: %v", err)
-		case <-ctx.Done():
-			t.Fatal("daemon did not come up")
-		case <-time.After(20 * time.Millisecond):
-		}
 	}
 }

@@ -1,0 +1,157 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/snapshot"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// Memory from a shared device: where the node's disks are ublk devices
+// and the VMM maps a block device as guest memory, a VM restored from a
+// layered memory image maps the storage daemon's shared read-only ublk
+// device of the image's layer stack instead of a node-local flattened file.
+// One device per stack, held by every VM that maps it (a fork's children,
+// the sandboxes of one template): the kernel's page cache holds its pages
+// once, and nothing is flattened. The device outlives a restart of the
+// daemon (ublk user recovery), so a VM's memory does too; kernel NBD does
+// not, which is why only ublk qualifies. A VM's hold is given back once its
+// VMM is gone (sandbox.Memory.Release); a node's start gives back the holds
+// no running VM has.
+
+// sharedDevices is what the storage daemon's client offers for shared
+// read-only devices.
+type sharedDevices interface {
+	Acquire(ctx context.Context, p rpc.AcquireParams) (rpc.Device, error)
+	ReleaseShared(ctx context.Context, id uint32, holder string) error
+	List(ctx context.Context) ([]rpc.Device, error)
+}
+
+// memoryDevices acquires and releases the shared devices of memory stacks.
+type memoryDevices struct {
+	sd  sharedDevices
+	log *slog.Logger
+	// mu serialises writing a stack's image config: the daemon tells a
+	// stack's device by its config file, so the file is written once.
+	mu sync.Mutex
+}
+
+// stackConfig is the image config of a snapshot directory's memory stack.
+const stackConfig = "memory-stack.json"
+
+// memoryDeviceMapper is the VMM capability of mapping a block device as
+// guest memory.
+type memoryDeviceMapper interface{ MapsDeviceMemory() bool }
+
+// newMemoryDevices returns the component when the node's disks are ublk
+// devices (block, chosen in New) and the driver maps devices; else nil and
+// why not.
+func newMemoryDevices(sd sharedDevices, block string, drv vmm.Driver, log *slog.Logger) (*memoryDevices, string) {
+	mm, ok := drv.(memoryDeviceMapper)
+	switch {
+	case sd == nil:
+		return nil, "no storage daemon"
+	case block != rpc.BlockUblk:
+		return nil, "the storage daemon makes no ublk devices here"
+	case !ok || !mm.MapsDeviceMemory():
+		return nil, "the VMM (" + drv.Name() + ") maps files only"
+	}
+	return &memoryDevices{sd: sd, log: log}, ""
+}
+
+// acquire holds the shared device of m's layer stack (m read from vmDir's
+// manifest) for holder and returns the image as the VM maps it (File the
+// device) with the release of the hold.
+func (d *memoryDevices) acquire(ctx context.Context, vmDir string, m snapshot.MemoryImage, holder string) (snapshot.MemoryImage, sandbox.Memory, error) {
+	cfg, err := d.config(vmDir, m.Layers)
+	if err != nil {
+		return m, sandbox.Memory{}, err
+	}
+	dev, err := d.sd.Acquire(ctx, rpc.AcquireParams{Image: cfg, Holder: holder, Block: rpc.BlockUblk})
+	if err != nil {
+		return m, sandbox.Memory{}, fmt.Errorf("memory device of %s: %w", vmDir, err)
+	}
+	release := d.releaser(dev.ID, holder)
+	if dev.Block != rpc.BlockUblk || dev.BlockDevice == "" {
+		release(ctx)
+		return m, sandbox.Memory{}, fmt.Errorf("memory device of %s: device %d is no ublk device (%q)", vmDir, dev.ID, dev.Block)
+	}
+	m.File = dev.BlockDevice
+	return m, sandbox.Memory{File: dev.BlockDevice, Release: release}, nil
+}
+
+// config writes vmDir's stack config once and returns its path.
+func (d *memoryDevices) config(vmDir string, layers []string) (string, error) {
+	cfg := filepath.Join(vmDir, stackConfig)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, err := os.Stat(cfg); err == nil {
+		return cfg, nil
+	}
+	if err := snapshot.WriteImageConfig(cfg, layers); err != nil {
+		return "", fmt.Errorf("memory stack config of %s: %w", vmDir, err)
+	}
+	return cfg, nil
+}
+
+// releaser returns the release of holder's hold on device id.
+func (d *memoryDevices) releaser(id uint32, holder string) func(context.Context) {
+	return func(ctx context.Context) {
+		err := d.sd.ReleaseShared(context.WithoutCancel(ctx), id, holder)
+		if err != nil && !errors.Is(err, rpc.ErrNotFound) {
+			d.log.Warn("release memory device (released at the next start)", "device", id, "holder", holder, "err", err)
+		}
+	}
+}
+
+// adopted returns the release of the hold holder has on the memory device
+// file (a VM adopted after a restart maps it), or nil when it has none.
+func (d *memoryDevices) adopted(ctx context.Context, file, holder string) func(context.Context) {
+	devs, err := d.sd.List(ctx)
+	if err != nil {
+		d.log.Warn("list memory devices", "err", err)
+		return nil
+	}
+	for _, dev := range devs {
+		if dev.Kind == rpc.KindShared && dev.BlockDevice == file && slices.Contains(dev.Holders, holder) {
+			return d.releaser(dev.ID, holder)
+		}
+	}
+	return nil
+}
+
+// releaseUnheld gives back the holds on memory devices (shared devices of
+// configs named stackConfig) whose holder runs no VM: the VMs of a
+// previous process that are gone.
+func (d *memoryDevices) releaseUnheld(ctx context.Context, running func(holder string) bool) {
+	devs, err := d.sd.List(ctx)
+	if err != nil {
+		d.log.Warn("list memory devices", "err", err)
+		return
+	}
+	for _, dev := range devs {
+		if dev.Kind != rpc.KindShared || filepath.Base(dev.Image) != stackConfig {
+			continue
+		}
+		for _, h := range dev.Holders {
+			if running(h) {
+				continue
+			}
+			d.log.Info("released a memory device hold no VM has", "device", dev.ID, "holder", h)
+			d.releaser(dev.ID, h)(ctx)
+		}
+	}
+}
+
+// isDevice reports whether a memory image's File is a device path.
+func isDevice(file string) bool { return strings.HasPrefix(file, "/dev/") }

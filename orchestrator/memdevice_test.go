@@ -1,0 +1,216 @@
+package orchestrator
+
+import (
+	"context"
+	"crypto/sha256"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/internal/kernellane"
+	"github.com/agentenv/agentenv/snapshot"
+	"github.com/agentenv/agentenv/storage/daemon/client"
+	"github.com/agentenv/agentenv/storage/daemon/daemontest"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/storage/nbd"
+	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/vmm/memsnap"
+	"github.com/agentenv/agentenv/vmm/qemu"
+)
+
+// fileDriver is a driver that maps memory files only (no
+// MapsDeviceMemory), for the choice below.
+type fileDriver struct{ vmm.Driver }
+
+func (fileDriver) Name() string { return "files-only" }
+
+// TestMemoryDevicesChoice: memory devices only with ublk disks and a VMM
+// that maps devices; the reason otherwise names what is missing.
+func TestMemoryDevicesChoice(t *testing.T) {
+	sd := &client.Client{}
+	q := &qemu.Driver{}
+	for _, c := range []struct {
+		sd    sharedDevices
+		block string
+		drv   vmm.Driver
+		want  bool
+		why   string
+	}{
+		{sd, rpc.BlockUblk, q, true, ""},
+		{sd, rpc.BlockNBD, q, false, "no ublk devices"},
+		{sd, rpc.BlockNone, q, false, "no ublk devices"},
+		{sd, rpc.BlockUblk, fileDriver{}, false, "maps files only"},
+		{nil, rpc.BlockUblk, q, false, "no storage daemon"},
+	} {
+		d, why := newMemoryDevices(c.sd, c.block, c.drv, slog.Default())
+		if (d != nil) != c.want || !strings.Contains(why, c.why) {
+			t.Errorf("block %q, driver %T: devices %v (%q), want %v (%q)", c.block, c.drv, d != nil, why, c.want, c.why)
+		}
+	}
+}
+
+// TestMemoryDevicesLane runs TestMemoryDevices inside the kernel lane.
+func TestMemoryDevicesLane(t *testing.T) {
+	kernellane.RunTests(t, kernellane.Options{Run: "^TestMemoryDevices$", Modules: []string{"ublk_drv"}}, "TestMemoryDevices")
+}
+
+// TestMemoryDevices (inside the lane, against a real daemon with ublk):
+// two VMs restored from one snapshot get one shared read-only device of its
+// memory stack, which reads as the stack flattened; the stack's config is
+// written once; a restart finds an adopted VM's hold and gives back holds no
+// VM has; the last release removes the device.
+func TestMemoryDevices(t *testing.T) {
+	if !kernellane.InGuest() {
+		t.Skip("needs the ublk driver: runs inside the kernel lane (TestMemoryDevicesLane)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := daemontest.Start(ctx, t)
+	f, err := c.Features(ctx)
+	if err != nil || !f.Ublk {
+		t.Fatalf("features %+v, %v: want ublk inside the lane", f, err)
+	}
+	d, why := newMemoryDevices(c, rpc.ChooseBlock(f, true), &qemu.Driver{}, slog.Default())
+	if d == nil {
+		t.Fatalf("no memory devices with ublk: %s", why)
+	}
+	vmDir, m := memoryStack(ctx, t, c)
+
+	m1, vm1, err := d.acquire(ctx, vmDir, m, "a-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgInfo, err := os.Stat(filepath.Join(vmDir, stackConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, vm2, err := d.acquire(ctx, vmDir, m, "b-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := os.Stat(filepath.Join(vmDir, stackConfig)); err != nil || !again.ModTime().Equal(cfgInfo.ModTime()) {
+		t.Fatalf("the stack config was rewritten by the second acquire (%v)", err)
+	}
+	if !isDevice(vm1.File) || vm1.File != vm2.File || m1.File != vm1.File || len(vm1.Layers) != 0 || vm1.Release == nil {
+		t.Fatalf("VMs map %q and %q (image file %q, layers %v): want one device, no layers to write", vm1.File, vm2.File, m1.File, vm1.Layers)
+	}
+	if !slices.Equal(m1.Layers, m.Layers) {
+		t.Fatalf("the image's layers became %v, want %v (a pause's diff stacks on them)", m1.Layers, m.Layers)
+	}
+	flat := filepath.Join(t.TempDir(), "flat")
+	if err := memsnap.Materialize(ctx, m.Layers, flat); err != nil {
+		t.Fatal(err)
+	}
+	if sumFile(t, vm1.File) != sumFile(t, flat) {
+		t.Fatalf("%s does not read as the stack flattened", vm1.File)
+	}
+
+	// A restart: "a-1" runs on (adopted), "b-1" is gone.
+	if d.adopted(ctx, vm1.File, "a-1") == nil || d.adopted(ctx, vm1.File, "gone-1") != nil {
+		t.Fatal("adopted: want the hold of a-1 found and none for a holder without one")
+	}
+	d.releaseUnheld(ctx, func(h string) bool { return h == "a-1" })
+	if dev := sharedDevice(ctx, t, c, vm1.File); dev == nil || !slices.Equal(dev.Holders, []string{"a-1"}) {
+		t.Fatalf("after releasing holds no VM has: %+v, want held by a-1 only", dev)
+	}
+	vm1.Release(ctx)
+	if dev := sharedDevice(ctx, t, c, vm1.File); dev != nil {
+		t.Fatalf("after the last release: %+v, want no device", dev)
+	}
+}
+
+// memoryStack makes a snapshot directory whose manifest names a two-layer
+// memory image (a base imported from a 4 MiB RAM file, and a layer sealed
+// over it by the daemon after some pages changed), as pauses leave them.
+func memoryStack(ctx context.Context, t *testing.T, c *client.Client) (string, snapshot.MemoryImage) {
+	t.Helper()
+	dir := t.TempDir()
+	ram := make([]byte, 4<<20)
+	rand.NewChaCha8([32]byte{3}).Read(ram)
+	raw := filepath.Join(dir, "ram")
+	if err := os.WriteFile(raw, ram, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := filepath.Join(dir, "mem-0.lsmt")
+	if _, err := memsnap.ImportFull(ctx, raw, base, "test memory"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "base.json")
+	if err := snapshot.WriteImageConfig(cfg, []string{base}); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := c.Create(ctx, rpc.CreateParams{Image: cfg, Owner: "stack"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nbd.Dial(ctx, "unix", dev.Socket, dev.Export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.WriteAt([]byte("a page the guest wrote"), 3*4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	res, err := c.Restack(ctx, rpc.RestackParams{ID: dev.ID, Message: "pause"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sealed layer lies in the device's own directory, which goes
+	// with the device: the stack keeps a copy (a pause's lies in the
+	// sandbox's directory).
+	layer := filepath.Join(dir, "mem-1.lsmt")
+	if b, err := os.ReadFile(res.Layer); err != nil || os.WriteFile(layer, b, 0o600) != nil {
+		t.Fatalf("copy the sealed layer: %v", err)
+	}
+	if err := c.Delete(ctx, dev.ID); err != nil {
+		t.Fatal(err)
+	}
+	vmDir := filepath.Join(dir, "snapshot-1")
+	m := snapshot.MemoryImage{Layers: []string{base, layer}, File: filepath.Join(vmDir, snapshot.FlatMemory), Base: raw}
+	if err := os.MkdirAll(vmDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := snapshot.WriteMemoryManifest(vmDir, m); err != nil {
+		t.Fatal(err)
+	}
+	return vmDir, m
+}
+
+// sharedDevice returns the daemon's shared device at path, or nil.
+func sharedDevice(ctx context.Context, t *testing.T, c *client.Client, path string) *rpc.Device {
+	t.Helper()
+	devs, err := c.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range devs {
+		if d.Kind == rpc.KindShared && d.BlockDevice == path {
+			return &d
+		}
+	}
+	return nil
+}
+
+func sumFile(t *testing.T, path string) [32]byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return [32]byte(h.Sum(nil))
+}
+
