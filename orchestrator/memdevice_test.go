@@ -213,4 +213,3 @@ func sumFile(t *testing.T, path string) [32]byte {
 	}
 	return [32]byte(h.Sum(nil))
 }
-

@@ -72,8 +72,7 @@ func (o *Orchestrator) memoryImages() (images, vms int) {
 
 // NodeStats samples /proc, the data directory's filesystem and the sandboxes.
 func (o *Orchestrator) NodeStats() NodeStats {
-	st := NodeStats{CPUCount: runtime.NumCPU(), CreateSuccesses: o.m.creates.Load(), CreateFailed: o.m.createFails.Load(),
-	}
+	st := NodeStats{CPUCount: runtime.NumCPU(), CreateSuccesses: o.m.creates.Load(), CreateFailed: o.m.createFails.Load()}
 	st.MemoryMode, st.MemoryReason = o.memoryMode()
 	st.MemoryImages, st.MemoryVMs = o.memoryImages()
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {

@@ -162,11 +162,11 @@ type VM struct {
 	disk      Disk
 	drives    []Disk
 	group     *cgroup.Group
-	memLayers []string      // written over Memory by the restore
+	memLayers []string // written over Memory by the restore
 	// memRelease gives back what mapping Memory holds (Memory.Release);
 	// called by Stop once the VMM is gone.
 	memRelease func(ctx context.Context)
-	runAs     *vmm.Identity // the VMM's identity (Deps.Identities); nil: the node's
+	runAs      *vmm.Identity // the VMM's identity (Deps.Identities); nil: the node's
 }
 
 // Start runs the stages; on failure nothing is left running or held.
