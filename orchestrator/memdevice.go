@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/vmm"
 )
 
@@ -90,18 +90,35 @@ func (d *memoryDevices) acquire(ctx context.Context, vmDir string, m snapshot.Me
 	return m, sandbox.Memory{File: dev.BlockDevice, Release: release}, nil
 }
 
-// config writes vmDir's stack config once and returns its path.
+// config writes vmDir's stack config once and returns its path. A config
+// there that lists other layers (a snapshot directory linked from a paused
+// sandbox's, whose layers were adopted under new names) is replaced.
 func (d *memoryDevices) config(vmDir string, layers []string) (string, error) {
 	cfg := filepath.Join(vmDir, stackConfig)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, err := os.Stat(cfg); err == nil {
+	if listsLayers(cfg, layers) {
 		return cfg, nil
 	}
 	if err := snapshot.WriteImageConfig(cfg, layers); err != nil {
 		return "", fmt.Errorf("memory stack config of %s: %w", vmDir, err)
 	}
 	return cfg, nil
+}
+
+// listsLayers reports whether the image config at path lists exactly
+// layers, bottom first, and nothing else.
+func listsLayers(path string, layers []string) bool {
+	c, err := image.LoadConfig(path)
+	if err != nil || c.Upper != nil || len(c.Lowers) != len(layers) {
+		return false
+	}
+	for i, l := range c.Lowers {
+		if l.File != layers[i] && l.URL != layers[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // releaser returns the release of holder's hold on device id.

@@ -2,8 +2,6 @@ package orchestrator
 
 import (
 	"context"
-	"crypto/sha256"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -52,6 +50,33 @@ func TestMemoryDevicesChoice(t *testing.T) {
 		if (d != nil) != c.want || !strings.Contains(why, c.why) {
 			t.Errorf("block %q, driver %T: devices %v (%q), want %v (%q)", c.block, c.drv, d != nil, why, c.want, c.why)
 		}
+	}
+}
+
+// TestStackConfigFollowsManifest: a stack's config is written once per
+// snapshot directory, and replaced when it lists other layers than the
+// directory's manifest (a directory linked from a paused sandbox's).
+func TestStackConfigFollowsManifest(t *testing.T) {
+	d := &memoryDevices{log: slog.Default()}
+	dir := t.TempDir()
+	first := []string{"/data/t/mem-0.lsmt", "/data/s/mem-3.lsmt"}
+	cfg, err := d.config(dir, first)
+	if err != nil || !listsLayers(cfg, first) {
+		t.Fatalf("config %s (%v): want it to list %v", cfg, err, first)
+	}
+	st, _ := os.Stat(cfg)
+	if again, err := d.config(dir, first); err != nil || again != cfg {
+		t.Fatalf("second config: %s, %v", again, err)
+	}
+	if st2, _ := os.Stat(cfg); !st2.ModTime().Equal(st.ModTime()) || !os.SameFile(st, st2) {
+		t.Fatal("the config was rewritten for the same layers: the daemon would see a new image")
+	}
+	adopted := []string{"/data/t/mem-0.lsmt", "/data/snap/mem-3.lsmt"}
+	if _, err := d.config(dir, adopted); err != nil || !listsLayers(cfg, adopted) || listsLayers(cfg, first) {
+		t.Fatalf("a config listing other layers was kept (%v)", err)
+	}
+	if listsLayers(cfg, adopted[:1]) || listsLayers(filepath.Join(dir, "missing.json"), adopted) {
+		t.Fatal("listsLayers: a prefix or a missing config matched")
 	}
 }
 
@@ -107,7 +132,7 @@ func TestMemoryDevices(t *testing.T) {
 	if err := memsnap.Materialize(ctx, m.Layers, flat); err != nil {
 		t.Fatal(err)
 	}
-	if sumFile(t, vm1.File) != sumFile(t, flat) {
+	if daemontest.SumFile(t, vm1.File) != daemontest.SumFile(t, flat) {
 		t.Fatalf("%s does not read as the stack flattened", vm1.File)
 	}
 
@@ -198,18 +223,4 @@ func sharedDevice(ctx context.Context, t *testing.T, c *client.Client, path stri
 		}
 	}
 	return nil
-}
-
-func sumFile(t *testing.T, path string) [32]byte {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return [32]byte(h.Sum(nil))
 }

@@ -4,8 +4,10 @@ package daemontest
 
 import (
 	"context"
+	"crypto/sha256"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -45,4 +47,20 @@ func Start(ctx context.Context, t testing.TB) *client.Client {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// SumFile returns the SHA-256 of a file's or block device's bytes, for
+// comparing what a device serves with what it should.
+func SumFile(t testing.TB, path string) [32]byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatalf("read %s: %v", path, err)
+	}
+	return [32]byte(h.Sum(nil))
 }

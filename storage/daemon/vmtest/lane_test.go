@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -286,24 +285,10 @@ func (p *probeRun) checkDeviceHolds(dev string, layers []string) {
 	if err := memsnap.Materialize(p.ctx, layers, flat); err != nil {
 		p.t.Fatal(err)
 	}
-	want, got := fileSum(p.t, flat), fileSum(p.t, dev)
+	want, got := daemontest.SumFile(p.t, flat), daemontest.SumFile(p.t, dev)
 	if want != got {
 		p.t.Fatalf("memory device %s: sha256 %x after two guests ran on it, the stack's is %x", dev, got, want)
 	}
-}
-
-func fileSum(t *testing.T, path string) [32]byte {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return [32]byte(h.Sum(nil))
 }
 
 var tickRE = regexp.MustCompile(`DISKPROBE tick (\d+)`)
