@@ -33,6 +33,9 @@ func (m *Manager) hostLinkDel(name string) error {
 		return fmt.Errorf("find %s: %w", name, err)
 	}
 	if err := m.hostNL.LinkDel(l); err != nil {
+		if errors.Is(err, unix.ENODEV) {
+			return nil // the kernel finished dismantling it meanwhile
+		}
 		return fmt.Errorf("delete %s: %w", name, err)
 	}
 	return nil

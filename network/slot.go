@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/nftables"
@@ -113,6 +114,12 @@ func attachTap(fd int, name string) error {
 // createPersistentTap creates tap0 in the current thread's namespace; it
 // outlives the file descriptor until the namespace goes.
 func createPersistentTap(name string) error {
+	// No fork while the descriptor is open: a child forked meanwhile would
+	// hold the tap attached until it execs, and a slot handed out at once
+	// then finds its tap busy (seen under load with children starting
+	// concurrently, as VMMs do).
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open /dev/net/tun: %w", err)
