@@ -92,7 +92,7 @@ func TestMemoryDevicesLane(t *testing.T) {
 // VM has; the last release removes the device.
 func TestMemoryDevices(t *testing.T) {
 	if !kernellane.InGuest() {
-		t.Skip("needs the ublk driver: runs inside the kernel lane (TestMemoryDevicesLane)")
+		t.Skip("the host kernel has no ublk driver: this half runs inside the kernel lane, which TestMemoryDevicesLane boots")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
