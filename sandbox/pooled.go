@@ -38,8 +38,8 @@ func (v *VM) pooledSlot(spec Spec) *network.Slot {
 	return spec.Pooled.Slot
 }
 
-// undoPooled registers the pooled VM's own tear-down (its VMM and its
-// control group) for a failed start: until the VMM is loaded and confined
+// undoPooled registers the pooled VM's own tear-down (its VMM, its memory
+// hold and its control group) for a failed start: until the VMM is loaded and confined
 // anew, nothing else stops it.
 func (v *VM) undoPooled(spec Spec, undo *cleanup) {
 	p := spec.Pooled
@@ -47,7 +47,9 @@ func (v *VM) undoPooled(spec Spec, undo *cleanup) {
 		return
 	}
 	undo.add(func(ctx context.Context) {
-		_ = p.Machine.Stop(ctx)
+		if p.Machine.Stop(ctx) == nil {
+			p.releaseMemory(ctx) // its memory hold, unless the start took it over
+		}
 		if p.group != nil {
 			_ = p.group.Remove()
 		}
