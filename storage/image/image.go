@@ -76,17 +76,33 @@ func OpenConfig(ctx context.Context, cfg *Config, dir string, opt Options) (*Ima
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	im := &Image{name: "image", readOnly: opt.ReadOnly || cfg.Upper == nil, remote: map[string][]*swapBlob{}}
-	var lowers []*lsmt.Layer
-	fail := func(err error) (*Image, error) {
-		for _, l := range lowers {
-			l.Close()
-		}
-		for _, b := range im.blobs {
-			b.Close()
-		}
+	im, lowers, err := openLowers(ctx, cfg, dir, opt)
+	if err != nil {
 		return nil, err
 	}
+	var upper *lsmt.Upper
+	if u := cfg.Upper; u != nil {
+		upper, err = lsmt.OpenUpper(resolve(dir, u.Data), resolve(dir, u.Index), opt.ReadOnly)
+		if err != nil {
+			return nil, im.closeLowers(lowers, err)
+		}
+	}
+	st, err := lsmt.NewStackWith(lowers, upper, lsmt.StackOptions{AllowReparent: opt.AllowReparent})
+	if err != nil {
+		if upper != nil {
+			upper.Close()
+		}
+		return nil, im.closeLowers(lowers, err)
+	}
+	im.st = st
+	return im, nil
+}
+
+// openLowers opens cfg's lower layers, bottom first, into a new image that
+// has no stack yet.
+func openLowers(ctx context.Context, cfg *Config, dir string, opt Options) (*Image, []*lsmt.Layer, error) {
+	im := &Image{name: "image", readOnly: opt.ReadOnly || cfg.Upper == nil, remote: map[string][]*swapBlob{}}
+	var lowers []*lsmt.Layer
 	for i, ref := range cfg.Lowers {
 		src := ref.File
 		if src == "" {
@@ -95,31 +111,26 @@ func OpenConfig(ctx context.Context, cfg *Config, dir string, opt Options) (*Ima
 		src = resolve(dir, src)
 		b, err := im.openLower(ctx, src, opt)
 		if err != nil {
-			return fail(fmt.Errorf("lowers[%d]: %w", i, err))
+			return nil, nil, im.closeLowers(lowers, fmt.Errorf("lowers[%d]: %w", i, err))
 		}
 		l, err := lsmt.OpenLayerAt(src, b, b.Size())
 		if err != nil {
-			return fail(fmt.Errorf("lowers[%d]: %w", i, err))
+			return nil, nil, im.closeLowers(lowers, fmt.Errorf("lowers[%d]: %w", i, err))
 		}
 		lowers = append(lowers, l)
 	}
-	var upper *lsmt.Upper
-	if u := cfg.Upper; u != nil {
-		var err error
-		upper, err = lsmt.OpenUpper(resolve(dir, u.Data), resolve(dir, u.Index), opt.ReadOnly)
-		if err != nil {
-			return fail(err)
-		}
+	return im, lowers, nil
+}
+
+// closeLowers closes what openLowers opened and returns err.
+func (im *Image) closeLowers(lowers []*lsmt.Layer, err error) error {
+	for _, l := range lowers {
+		l.Close()
 	}
-	st, err := lsmt.NewStackWith(lowers, upper, lsmt.StackOptions{AllowReparent: opt.AllowReparent})
-	if err != nil {
-		if upper != nil {
-			upper.Close()
-		}
-		return fail(err)
+	for _, b := range im.blobs {
+		b.Close()
 	}
-	im.st = st
-	return im, nil
+	return err
 }
 
 // openLower opens one lower's bytes; a URL lower's source can be swapped
@@ -348,6 +359,23 @@ type CreateSpec struct {
 	NoUpper bool
 }
 
+// topLower checks that cfg's lowers form a chain and returns the top one's
+// header (closed: only its size and identity are read). Their indexes are
+// not merged: a stack of a large template would spend most of a restack on
+// that.
+func topLower(ctx context.Context, cfg *Config, dir string) (*lsmt.Layer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	im, lowers, err := openLowers(ctx, cfg, dir, Options{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	err = lsmt.CheckParents(lowers)
+	top := lowers[len(lowers)-1]
+	return top, im.closeLowers(lowers, err)
+}
+
 // Create writes a new image config at path with a fresh upper layer on top of
 // the given lowers, and returns the config. Paths inside it are kept as given.
 func Create(ctx context.Context, path string, spec CreateSpec) (*Config, error) {
@@ -365,16 +393,14 @@ func Create(ctx context.Context, path string, spec CreateSpec) (*Config, error) 
 	dir := filepath.Dir(path)
 	size, parent := spec.Size, lsmt.UUID{}
 	if len(spec.Lowers) > 0 {
-		ro, err := OpenConfig(ctx, &Config{Lowers: cfg.Lowers}, dir, Options{ReadOnly: true})
+		top, err := topLower(ctx, cfg, dir)
 		if err != nil {
 			return nil, fmt.Errorf("create image %s: %w", path, err)
 		}
 		if size == 0 {
-			size = ro.Size()
+			size = top.VirtualSize()
 		}
-		lw := ro.st.Lowers()
-		parent = lw[len(lw)-1].UUID()
-		ro.Close()
+		parent = top.UUID()
 	}
 	if size <= 0 || size%lsmt.SectorSize != 0 {
 		return nil, fmt.Errorf("create image %s: size %d must be a positive multiple of 512", path, size)

@@ -3,6 +3,7 @@ package lsmt
 import (
 	"encoding/binary"
 	"fmt"
+	"sort"
 )
 
 // Segment maps Length sectors at logical sector Offset to physical sector MOffset
@@ -143,40 +144,81 @@ func validateSegments(segs []Segment, virtualSectors, dataStart, dataEnd uint64)
 }
 
 // Overlay returns the segments of upper over lower: upper wins where both map.
-// Both inputs must be sorted and non-overlapping; so is the result.
+// Both inputs must be sorted and non-overlapping; so is the result. Lower
+// segments no upper segment touches are copied in runs found by binary
+// search, so a small upper over a large lower (a restack's new layer over a
+// template's) costs little more than a copy of the lower.
 func Overlay(lower, upper []Segment) []Segment {
-	// The parts of lower that no upper segment covers, in order.
-	rem := make([]Segment, 0, len(lower))
-	j := 0
-	for _, l := range lower {
-		for j < len(upper) && upper[j].End() <= l.Offset {
-			j++
-		}
-		cur, end := l.Offset, l.End()
-		for k := j; k < len(upper) && upper[k].Offset < end && cur < end; k++ {
-			if u := upper[k]; u.Offset > cur {
-				rem = append(rem, l.Clip(cur, u.Offset))
-			}
-			cur = max(cur, upper[k].End())
-		}
-		if cur < end {
-			rem = append(rem, l.Clip(cur, end))
-		}
+	// An upper segment splits at most one lower segment in two.
+	o := overlay{lower: lower, out: make([]Segment, 0, len(lower)+2*len(upper))}
+	for _, u := range upper {
+		o.before(u.Offset)
+		o.cut(u)
+		o.out = append(o.out, u)
 	}
-	// Merge two sorted lists that are disjoint from each other.
-	out := make([]Segment, 0, len(rem)+len(upper))
-	a, b := 0, 0
-	for a < len(rem) && b < len(upper) {
-		if rem[a].Offset < upper[b].Offset {
-			out = append(out, rem[a])
-			a++
-		} else {
-			out = append(out, upper[b])
-			b++
-		}
+	o.rest()
+	return o.out
+}
+
+// overlay is Overlay's cursor over lower: lower[i] is the next segment to
+// place, or tail instead of it when an upper segment covered its head.
+type overlay struct {
+	lower, out []Segment
+	i          int
+	tail       Segment
+	clipped    bool
+}
+
+// current is the next lower segment to place (ok false when none is left).
+func (o *overlay) current() (s Segment, ok bool) {
+	if o.clipped {
+		return o.tail, true
 	}
-	out = append(out, rem[a:]...)
-	return append(out, upper[b:]...)
+	if o.i < len(o.lower) {
+		return o.lower[o.i], true
+	}
+	return Segment{}, false
+}
+
+func (o *overlay) advance() { o.i, o.clipped = o.i+1, false }
+
+// before places the lower segments that end at or before sector off whole.
+func (o *overlay) before(off uint64) {
+	if o.clipped {
+		if o.tail.End() > off {
+			return
+		}
+		o.out = append(o.out, o.tail)
+		o.advance()
+	}
+	rest := o.lower[o.i:]
+	k := sort.Search(len(rest), func(k int) bool { return rest[k].End() > off })
+	o.out = append(o.out, rest[:k]...)
+	o.i += k
+}
+
+// cut places the parts of the lower segments overlapping u that lie before
+// it and keeps a part that lies after it for the next upper segment.
+func (o *overlay) cut(u Segment) {
+	for l, ok := o.current(); ok && l.Offset < u.End(); l, ok = o.current() {
+		if l.Offset < u.Offset {
+			o.out = append(o.out, l.Clip(l.Offset, u.Offset))
+		}
+		if l.End() > u.End() {
+			o.tail, o.clipped = l.Clip(u.End(), l.End()), true
+			return
+		}
+		o.advance()
+	}
+}
+
+// rest places what is left of lower.
+func (o *overlay) rest() {
+	if o.clipped {
+		o.out = append(o.out, o.tail)
+		o.advance()
+	}
+	o.out = append(o.out, o.lower[o.i:]...)
 }
 
 // MergeIndexes overlays the layers' indexes, bottom first, tagging each segment
