@@ -18,6 +18,7 @@ import (
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/storage/nbd"
 )
 
@@ -41,6 +42,7 @@ type crashRun struct {
 	want  []byte // a's content as of its last flush
 	b     rpc.Device
 	lazy  rpc.Device // a device whose lower is a URL, then a file
+	seals int        // kept seals tried (each writes a layer of its own)
 }
 
 func (r *crashRun) spawn(failpoints string) {
@@ -158,6 +160,23 @@ var crashScenario = []crashStep{
 		return err
 	}},
 	{"write again", func(r *crashRun) error { return r.write(2<<20, "after the restack") }},
+	{"seal keeping the upper", func(r *crashRun) error {
+		r.seals++
+		layer := filepath.Join(r.dir, fmt.Sprintf("kept-%d.lsmt", r.seals))
+		res, err := r.c.Restack(r.ctx, rpc.RestackParams{ID: r.a.ID, Layer: layer, Keep: true})
+		if err != nil {
+			return err
+		}
+		sealed, err := image.OpenLayers(r.ctx, res.Layers, image.Options{})
+		if err != nil {
+			return err
+		}
+		defer sealed.Close()
+		if got := readAll(r.t, sealed, diskSize); !bytes.Equal(got, r.want) {
+			return fmt.Errorf("the kept seal's stack %v does not read as the device", res.Layers)
+		}
+		return r.write(1<<20, "after the kept seal")
+	}},
 	{"create on a URL", func(r *crashRun) error {
 		dev, err := r.c.Create(r.ctx, rpc.CreateParams{Image: r.ls.config, Owner: "t"})
 		r.lazy = dev

@@ -40,6 +40,11 @@ import (
 // rolls back: it removes the new config, uppers and the sealed layer. Once
 // the record names the journal's generation it rolls forward: it removes the
 // old generation. Either way the journal goes last.
+//
+// A seal that keeps the upper (rpc.RestackParams.Keep, sealKeeping) runs
+// step 2 alone, to a path the caller names: nothing the daemon records
+// changes, so it needs no journal, and a crash leaves at most that file
+// (storaged/restack/keep-after-seal).
 
 const journalName = "restack.json"
 
@@ -159,6 +164,9 @@ func (d *Daemon) restack(ctx context.Context, p rpc.RestackParams) (rpc.RestackR
 		return rpc.RestackResult{}, errf(rpc.CodeLost, "device %d is lost: %s", p.ID, dv.lost)
 	case dv.rec.Kind != rpc.KindRuntime || dv.rec.ReadOnly:
 		return rpc.RestackResult{}, errf(rpc.CodeConflict, "device %d is %s/read-only=%v: only writable runtime devices restack", p.ID, dv.rec.Kind, dv.rec.ReadOnly)
+	case p.Keep && p.Layer == "":
+		// The generation names the default path, and a kept device stays on its own.
+		return rpc.RestackResult{}, errf(rpc.CodeInvalid, "seal device %d keeping its upper: the layer path is required", p.ID)
 	}
 	dir := d.deviceDir(p.ID)
 	gen := dv.rec.Gen + 1
@@ -166,21 +174,26 @@ func (d *Daemon) restack(ctx context.Context, p rpc.RestackParams) (rpc.RestackR
 	if err != nil {
 		return rpc.RestackResult{}, fmt.Errorf("restack device %d: %w", p.ID, err)
 	}
+	if p.Keep {
+		return d.sealKeeping(ctx, dv, layer, p.Message)
+	}
 	j := &restackJournal{Step: stepBegun, From: dv.rec.Gen, Gen: gen, Layer: layer, Config: genConfig(dir, gen), Started: time.Now().UTC()}
-	res, err := d.restackSteps(ctx, dv, j, p.Message)
+	t := newStopwatch()
+	res, err := d.restackSteps(ctx, dv, j, p.Message, t)
 	if err != nil {
 		if rerr := rollBack(dir, j, d.namedNow); rerr != nil {
 			d.log.Error("restack: roll back", "device", p.ID, "err", rerr)
 		}
 		return rpc.RestackResult{}, fmt.Errorf("restack device %d: %w", p.ID, err)
 	}
-	d.log.Info("device restacked", "device", p.ID, "gen", gen, "layer", layer, "digest", res.Digest)
+	d.log.Info("device restacked", append([]any{"device", p.ID, "gen", gen, "layer", layer, "digest", res.Digest}, t.attrs()...)...)
 	return res, nil
 }
 
-// restackSteps runs steps 1-6 (see above) with the device's op lock held.
+// restackSteps runs steps 1-6 (see above) with the device's op lock held,
+// timing them on t.
 // An error before the record is saved leaves the caller to roll back.
-func (d *Daemon) restackSteps(ctx context.Context, dv *device, j *restackJournal, msg string) (rpc.RestackResult, error) {
+func (d *Daemon) restackSteps(ctx context.Context, dv *device, j *restackJournal, msg string, t *stopwatch) (rpc.RestackResult, error) {
 	dir := d.deviceDir(dv.rec.ID)
 	step := func(name string, fp point) error {
 		if err := fp.Inject(); err != nil {
@@ -201,10 +214,12 @@ func (d *Daemon) restackSteps(ctx context.Context, dv *device, j *restackJournal
 	be := dv.be
 	be.mu.Lock() // quiesce: in-flight requests drain, new ones wait
 	defer be.mu.Unlock()
+	t.lap("quiesce")
 	info, err := sealUpper(ctx, be.im, j.Layer, dir, msg)
 	if err != nil {
 		return rpc.RestackResult{}, err
 	}
+	t.lap("seal")
 	if err := step(stepSealed, fpRestackAfterSeal); err != nil {
 		return rpc.RestackResult{}, err
 	}
@@ -212,6 +227,7 @@ func (d *Daemon) restackSteps(ctx context.Context, dv *device, j *restackJournal
 	if err != nil {
 		return rpc.RestackResult{}, err
 	}
+	t.lap("digest")
 	next, err := nextRecord(dv.rec, j)
 	if err != nil {
 		return rpc.RestackResult{}, err
@@ -219,6 +235,7 @@ func (d *Daemon) restackSteps(ctx context.Context, dv *device, j *restackJournal
 	if _, err := writeGeneration(ctx, dir, j.Gen, next.Layers, dv.rec.Size, false); err != nil {
 		return rpc.RestackResult{}, err
 	}
+	t.lap("generation")
 	if err := step(stepConfigured, fpRestackAfterConfig); err != nil {
 		return rpc.RestackResult{}, err
 	}
@@ -226,6 +243,7 @@ func (d *Daemon) restackSteps(ctx context.Context, dv *device, j *restackJournal
 	if err != nil {
 		return rpc.RestackResult{}, err
 	}
+	t.lap("open")
 	if err := d.save(&next); err != nil {
 		// The rename may have landed before the failure (a failed directory
 		// fsync): what is on disk decides whether the restack committed.
@@ -251,7 +269,46 @@ func (d *Daemon) restackSteps(ctx context.Context, dv *device, j *restackJournal
 			d.log.Warn("restack: remove journal", "device", next.ID, "err", err)
 		}
 	}
-	return rpc.RestackResult{Layer: j.Layer, Digest: digest, Size: info.Size, Device: dv.info(d)}, nil
+	t.lap("cleanup")
+	return rpc.RestackResult{Layer: j.Layer, Digest: digest, Size: info.Size, Layers: next.Layers, Device: dv.info(d)}, nil
+}
+
+// sealKeeping writes the device's upper as a sealed layer at path and
+// leaves the device as it is (rpc.RestackParams.Keep), with its op lock
+// held. No record changes, so there is no journal: a crash leaves at most
+// a layer file no record names, which the caller chose the path of (a
+// failed seal removes it).
+func (d *Daemon) sealKeeping(ctx context.Context, dv *device, path, msg string) (rpc.RestackResult, error) {
+	t := newStopwatch()
+	res, err := d.sealCopy(ctx, dv, path, msg, t)
+	if err != nil {
+		for _, p := range []string{path, path + ".tmp"} {
+			_ = os.Remove(p)
+		}
+		return rpc.RestackResult{}, fmt.Errorf("seal device %d: %w", dv.rec.ID, err)
+	}
+	d.log.Info("device sealed, upper kept", append([]any{"device", dv.rec.ID, "layer", path, "digest", res.Digest}, t.attrs()...)...)
+	return res, nil
+}
+
+func (d *Daemon) sealCopy(ctx context.Context, dv *device, path, msg string, t *stopwatch) (rpc.RestackResult, error) {
+	be := dv.be
+	be.mu.Lock() // quiesce: the layer is the upper as of one instant
+	info, err := sealUpper(ctx, be.im, path, d.deviceDir(dv.rec.ID), msg)
+	be.mu.Unlock()
+	if err != nil {
+		return rpc.RestackResult{}, err
+	}
+	t.lap("seal")
+	digest, err := fileDigest(path)
+	if err != nil {
+		return rpc.RestackResult{}, err
+	}
+	t.lap("digest")
+	if err := fpRestackKeepAfterSeal.Inject(); err != nil {
+		return rpc.RestackResult{}, err
+	}
+	return rpc.RestackResult{Layer: path, Digest: digest, Size: info.Size, Layers: append(slices.Clone(dv.rec.Layers), path), Device: dv.info(d)}, nil
 }
 
 // sealUpper flushes the image's upper and writes it as a sealed layer at
@@ -302,3 +359,20 @@ func fileDigest(path string) (string, error) {
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }
+
+// stopwatch times the steps of one operation for its log line.
+type stopwatch struct {
+	last  time.Time
+	steps []any
+}
+
+func newStopwatch() *stopwatch { return &stopwatch{last: time.Now()} }
+
+// lap ends the step named name.
+func (s *stopwatch) lap(name string) {
+	now := time.Now()
+	s.steps = append(s.steps, name, now.Sub(s.last).Round(10*time.Microsecond))
+	s.last = now
+}
+
+func (s *stopwatch) attrs() []any { return s.steps }

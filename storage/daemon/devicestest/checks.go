@@ -123,7 +123,7 @@ func checkRestack(t *testing.T, ctx context.Context, d client.Devices, im *Image
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Digest == "" || res.Size <= 0 || len(res.Device.Layers) != 2 || res.Device.Layers[1] != res.Layer {
+	if res.Digest == "" || res.Size <= 0 || len(res.Device.Layers) != 2 || res.Device.Layers[1] != res.Layer || !slices.Equal(res.Layers, res.Device.Layers) {
 		t.Fatalf("restack result %+v", res)
 	}
 	write(3<<20, "second") // the same connection goes on on the new stack
@@ -138,6 +138,57 @@ func checkRestack(t *testing.T, ctx context.Context, d client.Devices, im *Image
 	got := readAll(t, sealed, Size)
 	if string(got[512:517]) != "first" || !bytes.Equal(got[3<<20:3<<20+6], im.Want[3<<20:3<<20+6]) {
 		t.Fatal("the sealed layer does not hold exactly the writes before the restack")
+	}
+}
+
+// checkSealKeep: a seal that keeps the upper (rpc.RestackParams.Keep)
+// writes a layer holding exactly the writes so far and leaves the device as
+// it was: same layers, same bytes, writes go on into the same upper.
+func checkSealKeep(t *testing.T, ctx context.Context, d client.Devices, im *Image) {
+	dev := mustCreate(t, ctx, d, rpc.CreateParams{Image: im.Config})
+	nc := dial(t, ctx, dev)
+	want := slices.Clone(im.Want)
+	if _, err := nc.WriteAt([]byte("first"), 512); err != nil {
+		t.Fatal(err)
+	}
+	copy(want[512:], "first")
+	if _, err := d.Restack(ctx, rpc.RestackParams{ID: dev.ID, Keep: true}); !errors.Is(err, rpc.ErrInvalid) {
+		t.Fatalf("a kept seal without a layer path: %v, want an invalid-request error", err)
+	}
+	layer := filepath.Join(t.TempDir(), "kept.lsmt")
+	res, err := d.Restack(ctx, rpc.RestackParams{ID: dev.ID, Layer: layer, Keep: true, Message: "kept"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Layer != layer || res.Digest == "" || res.Size <= 0 || !slices.Equal(res.Layers, []string{im.Layer, layer}) ||
+		!slices.Equal(res.Device.Layers, []string{im.Layer}) {
+		t.Fatalf("kept seal result %+v: want the layer on the image's stack and the device on its own", res)
+	}
+	if _, err := d.Restack(ctx, rpc.RestackParams{ID: dev.ID, Layer: layer, Keep: true}); !errors.Is(err, rpc.ErrConflict) {
+		t.Fatalf("a kept seal onto an existing layer: %v, want a conflict", err)
+	}
+	if _, err := nc.WriteAt([]byte("second"), 3<<20); err != nil { // the same upper goes on
+		t.Fatal(err)
+	}
+	copy(want[3<<20:], "second")
+	if !bytes.Equal(readAll(t, nc, Size), want) {
+		t.Fatal("device content wrong after a kept seal")
+	}
+	sealed, err := image.OpenLayers(ctx, res.Layers, image.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sealed.Close()
+	got := readAll(t, sealed, Size)
+	if string(got[512:517]) != "first" || !bytes.Equal(got[3<<20:3<<20+6], im.Want[3<<20:3<<20+6]) {
+		t.Fatal("the kept seal's layer does not hold exactly the writes before it")
+	}
+	again, err := d.Restack(ctx, rpc.RestackParams{ID: dev.ID, Message: "after"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(again.Device.Layers, []string{im.Layer, again.Layer}) {
+		t.Fatalf("a restack after a kept seal stacks %v, want the image's layer and its own", again.Device.Layers)
 	}
 }
 

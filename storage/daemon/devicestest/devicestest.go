@@ -78,6 +78,7 @@ var checks = []check{
 	{name: "DeleteRemovesExport", fn: checkDelete},
 	{name: "RestackKeepsBytes", fn: checkRestack},
 	{name: "RestackConflicts", fn: checkRestackConflicts},
+	{name: "SealKeepingUpper", fn: checkSealKeep},
 	{name: "SharedRefcount", fn: checkShared},
 	{name: "Reclaim", fn: checkReclaim},
 	{name: "Assign", fn: checkAssign},

@@ -222,15 +222,23 @@ type RestackParams struct {
 	// exist); empty: inside the device's state directory.
 	Layer   string `json:"layer,omitempty"`
 	Message string `json:"message,omitempty"`
+	// Keep leaves the device on its upper: the sealed layer is a copy of it
+	// and the device goes on unchanged, with no new generation to write
+	// and open. For a caller about to delete the device (a pause, a build's
+	// commit), or whose VM may go on writing if what follows fails.
+	Keep bool `json:"keep,omitempty"`
 }
 
-// RestackResult describes the sealed layer; the device continues on a fresh
-// upper stacked on it.
+// RestackResult describes the sealed layer; without Keep the device
+// continues on a fresh upper stacked on it.
 type RestackResult struct {
 	Layer  string `json:"layer"`
 	Digest string `json:"digest"` // sha256:<hex> of the layer file
 	Size   int64  `json:"size"`   // bytes of the layer file
-	Device Device `json:"device"`
+	// Layers is the stack the sealed layer completes: the device's lowers
+	// with Layer on top.
+	Layers []string `json:"layers"`
+	Device Device   `json:"device"`
 }
 
 // LocalizeParams moves lowers a device reads from URLs onto local files

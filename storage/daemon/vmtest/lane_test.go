@@ -340,6 +340,10 @@ func (p *probeRun) waitFor(vm vmm.Machine, what string, match func([]byte) (stri
 			p.t.Logf("%s: %s after %v", filepath.Base(filepath.Dir(vm.Info().ConsoleLog)), what, time.Since(start).Round(time.Millisecond))
 			return got
 		}
+		if bytes.Contains(b, []byte("Kernel panic")) {
+			// The guest runs with panic=-1: waiting on would only reach the deadline.
+			p.t.Fatalf("%s: the guest kernel panicked while the test waited for %s:\n%s", filepath.Base(filepath.Dir(vm.Info().ConsoleLog)), what, b)
+		}
 		select {
 		case <-p.ctx.Done():
 			p.t.Fatalf("%s: no %s on the console:\n%s", filepath.Base(filepath.Dir(vm.Info().ConsoleLog)), what, b)
