@@ -42,9 +42,10 @@ type diskBackend interface {
 	// detach releases a device attach or drive created.
 	detach(ctx context.Context, owner string, d device)
 	// seal (vCPUs stopped, drives flushed) makes the disk's content as of
-	// now durable. It returns the image config rec's disk continues on
-	// ("" when it does not change).
-	seal(ctx context.Context, rec Record, name, message string) (string, error)
+	// now durable. It returns the image config of that content: the disk's
+	// layers with the sealed one on top, which the device goes on on unless
+	// mode keeps its upper ("" when the disk is a file, which stays).
+	seal(ctx context.Context, rec Record, name, message string, mode sealMode) (string, error)
 	// copyInto puts the disk rec has now into the snapshot directory dir
 	// (shared layers are hard-linked) and fills r's disk fields.
 	copyInto(ctx context.Context, rec Record, dir string, r *snapshot.Record) error
@@ -97,13 +98,14 @@ func (o *Orchestrator) releaseDevice(ctx context.Context, s *instance) {
 	}
 }
 
-// sealRootfs seals the sandbox's disk (see diskBackend.seal) and points the
-// record (in memory; the caller persists) at the config it continues on.
+// sealRootfs seals the disk of a sandbox being paused (see
+// diskBackend.seal; the device keeps its upper and goes next) and points
+// the record (in memory; the caller persists) at the sealed config.
 func (o *Orchestrator) sealRootfs(ctx context.Context, s *instance) error {
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	cfg, err := o.disks.seal(ctx, rec, fmt.Sprintf("rootfs-%d", rec.Gen), "sandbox "+rec.ID)
+	cfg, err := o.disks.seal(ctx, rec, fmt.Sprintf("rootfs-%d", rec.Gen), "sandbox "+rec.ID, keepUpper)
 	if err != nil || cfg == "" {
 		return err
 	}
@@ -177,13 +179,13 @@ func (d *daemonDisks) detach(ctx context.Context, owner string, dev device) {
 	}
 }
 
-func (d *daemonDisks) seal(ctx context.Context, rec Record, name, message string) (string, error) {
+func (d *daemonDisks) seal(ctx context.Context, rec Record, name, message string, mode sealMode) (string, error) {
 	// The config a seal writes lists the device's layers: files only, so
 	// that uploads and snapshots can read them (lazy.go).
 	if err := d.o.lazy.settle(ctx, rec.RootfsImage); err != nil {
 		return "", err
 	}
-	return sealDevice(ctx, d.sd, rec, name, message)
+	return sealDevice(ctx, d.sd, rec, name, message, mode)
 }
 
 func (d *daemonDisks) copyInto(_ context.Context, rec Record, dir string, r *snapshot.Record) error {
@@ -275,7 +277,7 @@ func (f fileDisks) attach(_ context.Context, rec Record, _ *vmm.Identity) (vmm.D
 
 func (fileDisks) detach(context.Context, string, device) {}
 
-func (fileDisks) seal(_ context.Context, rec Record, _, _ string) (string, error) {
+func (fileDisks) seal(_ context.Context, rec Record, _, _ string, _ sealMode) (string, error) {
 	return "", atomicfile.SyncFile(rec.Rootfs)
 }
 

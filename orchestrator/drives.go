@@ -245,6 +245,31 @@ func (fileDisks) drive(context.Context, string, snapshot.Drive, *vmm.Identity) (
 
 // devices lists the storage-daemon devices r holds: its root disk's and
 // its drives'.
+// diskConfigs are the image configs of the record's root disk and drives.
+type diskConfigs struct {
+	rootfs string
+	drives []string
+}
+
+// diskConfigs copies the record's image configs (a seal replaces them).
+func (r Record) diskConfigs() diskConfigs {
+	c := diskConfigs{rootfs: r.RootfsImage}
+	for _, d := range r.Drives {
+		c.drives = append(c.drives, d.Config)
+	}
+	return c
+}
+
+// setDiskConfigs puts back configs diskConfigs copied.
+func (r *Record) setDiskConfigs(c diskConfigs) {
+	r.RootfsImage = c.rootfs
+	for i := range r.Drives {
+		if i < len(c.drives) {
+			r.Drives[i].Config = c.drives[i]
+		}
+	}
+}
+
 func (r Record) devices() []uint32 {
 	var out []uint32
 	if r.HasDevice {
@@ -281,7 +306,7 @@ func deleteDevices(ctx context.Context, sd client.Devices, r Record) error {
 // sealDrives (vCPUs stopped) seals the upper of every writable drive of
 // rec into a layer drive<slot>-<tag> and returns the drives pointed at
 // the configs listing their layers now; read-only drives never change.
-func sealDrives(ctx context.Context, sd client.Devices, rec Record, tag, message string) ([]AttachedDrive, error) {
+func sealDrives(ctx context.Context, sd client.Devices, rec Record, tag, message string, mode sealMode) ([]AttachedDrive, error) {
 	out := append([]AttachedDrive(nil), rec.Drives...)
 	for i, d := range out {
 		if d.ReadOnly {
@@ -291,7 +316,7 @@ func sealDrives(ctx context.Context, sd client.Devices, rec Record, tag, message
 			return nil, fmt.Errorf("seal drive %s of %s: no device", sandbox.GuestDisk(d.Slot), rec.ID)
 		}
 		one := Record{ID: rec.ID, Dir: rec.Dir, Device: d.Device, HasDevice: true}
-		cfg, err := sealDevice(ctx, sd, one, fmt.Sprintf("drive%d-%s", d.Slot, tag), message)
+		cfg, err := sealDevice(ctx, sd, one, fmt.Sprintf("drive%d-%s", d.Slot, tag), message, mode)
 		if err != nil {
 			return nil, fmt.Errorf("drive %s: %w", sandbox.GuestDisk(d.Slot), err)
 		}
@@ -300,8 +325,9 @@ func sealDrives(ctx context.Context, sd client.Devices, rec Record, tag, message
 	return out, nil
 }
 
-// sealSandboxDrives seals s's writable drives (see sealDrives) and points
-// the record (in memory; the caller persists) at their new configs.
+// sealSandboxDrives seals the writable drives of a sandbox being paused
+// (see sealDrives; the devices keep their uppers and go next) and points
+// the record (in memory; the caller persists) at their sealed configs.
 func (o *Orchestrator) sealSandboxDrives(ctx context.Context, s *instance, tag, message string) error {
 	s.mu.Lock()
 	rec := s.rec
@@ -309,7 +335,7 @@ func (o *Orchestrator) sealSandboxDrives(ctx context.Context, s *instance, tag, 
 	if len(rec.Drives) == 0 {
 		return nil
 	}
-	drives, err := sealDrives(ctx, o.sd, rec, tag, message)
+	drives, err := sealDrives(ctx, o.sd, rec, tag, message, keepUpper)
 	if err != nil {
 		return err
 	}

@@ -101,9 +101,19 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 		return o.resumeAfterFailedPause(ctx, s, nil, err)
 	}
 	lap("stop_vcpus")
-	snapDir, err := o.captureAndSeal(ctx, s, rec, vm, fsOnly)
-	if err != nil {
+	sealedFrom := rec.diskConfigs()
+	var snapDir string
+	unseal := func(err error) error {
+		// The devices kept their uppers (keepUpper): the VM runs on on
+		// them, and the record names their configs again.
+		s.mu.Lock()
+		s.rec.setDiskConfigs(sealedFrom)
+		s.mu.Unlock()
 		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
+	}
+	snapDir, err = o.captureAndSeal(ctx, s, rec, vm, fsOnly)
+	if err != nil {
+		return unseal(err)
 	}
 	lap("capture_seal")
 	var old string
@@ -114,7 +124,7 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 		}
 	})
 	if err != nil {
-		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
+		return unseal(err)
 	}
 	_ = fpPausePaused.Inject()
 	lap("record")

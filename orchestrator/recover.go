@@ -227,13 +227,13 @@ func pauseAdopted(ctx context.Context, st *store.Store, sd client.Devices, r Rec
 		}
 	}
 	if sd != nil {
-		cfg, err := sealDevice(ctx, sd, r, fmt.Sprintf("rootfs-%d", r.Gen), "sandbox "+r.ID)
+		cfg, err := sealDevice(ctx, sd, r, fmt.Sprintf("rootfs-%d", r.Gen), "sandbox "+r.ID, keepUpper)
 		if err != nil {
 			_ = os.RemoveAll(snapDir)
 			return err
 		}
 		r.RootfsImage = cfg
-		drives, err := sealDrives(ctx, sd, r, fmt.Sprint(r.Gen), "sandbox "+r.ID)
+		drives, err := sealDrives(ctx, sd, r, fmt.Sprint(r.Gen), "sandbox "+r.ID, keepUpper)
 		if err != nil {
 			_ = os.RemoveAll(snapDir)
 			return err

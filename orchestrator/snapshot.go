@@ -175,13 +175,13 @@ func (o *Orchestrator) captureDisk(ctx context.Context, s *instance, r *snapshot
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	own, err := o.disks.seal(ctx, rec, fmt.Sprintf("rootfs-%d-%s", rec.Gen, r.ID), "snapshot "+r.ID)
+	own, err := o.disks.seal(ctx, rec, fmt.Sprintf("rootfs-%d-%s", rec.Gen, r.ID), "snapshot "+r.ID, restackUpper)
 	if err != nil {
 		return fmt.Errorf("seal rootfs: %w", err)
 	}
 	var drives []AttachedDrive
 	if len(rec.Drives) > 0 {
-		if drives, err = sealDrives(ctx, o.sd, rec, fmt.Sprintf("%d-%s", rec.Gen, r.ID), "snapshot "+r.ID); err != nil {
+		if drives, err = sealDrives(ctx, o.sd, rec, fmt.Sprintf("%d-%s", rec.Gen, r.ID), "snapshot "+r.ID, restackUpper); err != nil {
 			return fmt.Errorf("seal drives: %w", err)
 		}
 	}

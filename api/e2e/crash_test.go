@@ -451,6 +451,13 @@ func TestPauseFailureKeepsSandbox(t *testing.T) {
 		n.waitState(t, id, "running", time.Second)
 		n.checkData(t, id, data)
 	}
+	// The failed pauses sealed the disk and left the device on its upper:
+	// a pause that succeeds seals what was written before and after them,
+	// and the resume's disk comes from that seal alone.
+	more := n.writeData(t, id, "pf-after")
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":300}`)
+	n.checkData(t, id, data, more)
 	// Graceful shutdown with every pause failing: the sandbox is not
 	// killed; it runs on in the same VMM and the next start re-adopts it.
 	vmmBefore := processesMentioning(id)
@@ -536,8 +543,9 @@ func killStoraged(t *testing.T, pid int) {
 }
 
 // TestStoragedKill9 kills the storage daemon alone (aenvd and the VM run
-// on): once at rest, and at each fault point of a restack (a pause's disk
-// seal) it is crashed at. Started again as a service manager would, it
+// on): once at rest, and at each fault point of a restack it is crashed at
+// (a snapshot's disk seal, which restacks, or a pause's, which keeps the
+// device's upper). Started again as a service manager would, it
 // takes its devices back; the guest's disk waits for it (NBD reconnect)
 // and loses nothing, and the sandbox pauses and resumes with its data.
 func TestStoragedKill9(t *testing.T) {
@@ -562,9 +570,16 @@ func TestStoragedKill9(t *testing.T) {
 		killStoraged(t, pid)
 		startStoraged(t, args, failpoint.EnvVar+"="+point+"=crash")
 		n.waitStoraged(t)
-		// The pause's seal crashes the daemon: the pause fails and the
-		// sandbox runs on (or, past the restack's record, it may pause).
-		_, _, _, _ = n.Call("POST", "/sandboxes/"+id+"/pause", n.key, "")
+		// The seal crashes the daemon: the snapshot or pause fails and the
+		// sandbox runs on (or, past the restack's record, it may succeed).
+		if strings.Contains(point, "/keep-") {
+			_, _, _, _ = n.Call("POST", "/sandboxes/"+id+"/pause", n.key, "")
+		} else if code, b, _, _ := n.Call("POST", "/sandboxes/"+id+"/snapshots", n.key, `{}`); code == http.StatusCreated {
+			var snap snapshotJSON
+			if json.Unmarshal([]byte(b), &snap) == nil {
+				t.Cleanup(func() { n.call(t, "DELETE", "/snapshots/"+snap.SnapshotID, n.key, "") })
+			}
+		}
 		deadline := time.Now().Add(time.Minute)
 		for p, _ := n.storagedProcess(); p != 0; p, _ = n.storagedProcess() {
 			if time.Now().After(deadline) {
