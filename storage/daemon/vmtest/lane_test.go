@@ -136,6 +136,7 @@ func TestQEMUOnKernelDevices(t *testing.T) {
 	if err != nil || st.Pages+st.ZeroPages == 0 {
 		t.Fatalf("capture over the memory device: %+v, %v (want the pages the guest wrote)", st, err)
 	}
+	p.checkGuestRAM(vm2, mem0.BlockDevice, []string{base, layer})
 	tick2 := p.lastTick(vm2)
 	vm2.Stop(ctx)
 	if err := c.ReleaseShared(ctx, mem0.ID, "vm2"); err != nil {
@@ -149,6 +150,8 @@ func TestQEMUOnKernelDevices(t *testing.T) {
 	if mem1.ID != mem1b.ID || mem1.BlockDevice != mem1b.BlockDevice {
 		t.Fatalf("two holders of one stack got devices %d (%s) and %d (%s), want one", mem1.ID, mem1.BlockDevice, mem1b.ID, mem1b.BlockDevice)
 	}
+	p.t.Logf("memory devices: %s for [base], %s for [base layer]", mem0.BlockDevice, mem1.BlockDevice)
+	p.checkDeviceHolds(mem1.BlockDevice, stack) // before any guest maps it
 	// vm4 runs confined, as the node runs its VMMs: it opens its disk and
 	// memory device before it drops to its own uid in its jail.
 	vm3, vm4 := p.restore("vm3", snap2, mem1, nil), p.restore("vm4", snap2, mem1, &vmm.Identity{UID: 64004, GID: 64004})
@@ -288,6 +291,44 @@ func (p *probeRun) checkDeviceHolds(dev string, layers []string) {
 	}
 }
 
+// checkGuestRAM compares the guest RAM of the stopped VM vm, as its VMM
+// maps it from dev, with the flattened memory stack layers: what a capture
+// over dev wrote plus what dev serves must be exactly the guest's memory.
+func (p *probeRun) checkGuestRAM(vm vmm.Machine, dev string, layers []string) {
+	p.t.Helper()
+	flat := filepath.Join(p.dir, "ram.flat")
+	if err := memsnap.Materialize(p.ctx, layers, flat); err != nil {
+		p.t.Fatal(err)
+	}
+	want, err := os.ReadFile(flat)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	pid := vm.Info().PID
+	regions, err := memsnap.FindRegions(pid, dev)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer mem.Close()
+	page := make([]byte, 4096)
+	for _, r := range regions {
+		for off := uint64(0); off < r.Size(); off += uint64(len(page)) {
+			if _, err := mem.ReadAt(page, int64(r.Start+off)); err != nil {
+				p.t.Fatalf("read guest RAM at %#x: %v", r.Start+off, err)
+			}
+			at := r.FileOffset + off
+			if !bytes.Equal(page, want[at:at+uint64(len(page))]) {
+				p.t.Fatalf("guest RAM page at offset %#x differs from the stack %v (the capture or the device lost it)", at, layers)
+			}
+		}
+	}
+	_ = os.Remove(flat)
+}
+
 var tickRE = regexp.MustCompile(`DISKPROBE tick (\d+)`)
 
 // lastTick returns the last counter the guest printed.
@@ -340,9 +381,10 @@ func (p *probeRun) waitFor(vm vmm.Machine, what string, match func([]byte) (stri
 			p.t.Logf("%s: %s after %v", filepath.Base(filepath.Dir(vm.Info().ConsoleLog)), what, time.Since(start).Round(time.Millisecond))
 			return got
 		}
-		if bytes.Contains(b, []byte("Kernel panic")) {
-			// The guest runs with panic=-1: waiting on would only reach the deadline.
-			p.t.Fatalf("%s: the guest kernel panicked while the test waited for %s:\n%s", filepath.Base(filepath.Dir(vm.Info().ConsoleLog)), what, b)
+		if bytes.Contains(b, []byte("Kernel panic")) || bytes.Contains(b, []byte("AENV-LANE-EXIT")) {
+			// The guest panicked or its init ended (the probe crashed): it
+			// reboots, which ends its VMM; waiting on would only reach the deadline.
+			p.t.Fatalf("%s: the guest ended while the test waited for %s:\n%s", filepath.Base(filepath.Dir(vm.Info().ConsoleLog)), what, b)
 		}
 		select {
 		case <-p.ctx.Done():
