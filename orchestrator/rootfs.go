@@ -30,8 +30,8 @@ const (
 // sealDevice seals rec's device's upper into a new layer <dir>/<name>.lsmt
 // (<name>.<k>.lsmt when a seal of the same generation exists already: a
 // pause that failed after its seal and was retried, or a recovery) and
-// writes the config listing the device's layers next to it: the daemon's
-// list is the truth, it changed with the restack. It returns that config.
+// writes the config listing the stack the sealed layer completes next to
+// it: the daemon's list is the truth. It returns that config.
 // The device stays (on a fresh upper or its own: mode). Every call seals:
 // skipping one because a layer of that name exists would drop whatever the
 // VM wrote since.
