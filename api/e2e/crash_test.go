@@ -561,7 +561,7 @@ func TestStoragedKill9(t *testing.T) {
 	data = append(data, n.writeData(t, id, "k1"))
 	n.checkData(t, id, data...)
 
-	points := failpoint.Names("storaged/restack/")
+	points := append(failpoint.Names("storaged/restack/"), failpoint.Names("storaged/seal/")...)
 	if len(points) == 0 {
 		t.Fatal("the storage daemon declares no restack fault points")
 	}
@@ -572,7 +572,7 @@ func TestStoragedKill9(t *testing.T) {
 		n.waitStoraged(t)
 		// The seal crashes the daemon: the snapshot or pause fails and the
 		// sandbox runs on (or, past the restack's record, it may succeed).
-		if strings.Contains(point, "/keep-") {
+		if strings.HasPrefix(point, "storaged/seal/") {
 			_, _, _, _ = n.Call("POST", "/sandboxes/"+id+"/pause", n.key, "")
 		} else if code, b, _, _ := n.Call("POST", "/sandboxes/"+id+"/snapshots", n.key, `{}`); code == http.StatusCreated {
 			var snap snapshotJSON

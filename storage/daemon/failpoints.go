@@ -40,12 +40,15 @@ var (
 	fpDeleteAfterUnlink = newPoint("storaged/delete/after-unlink") // directory moved to the trash, not removed
 
 	// restack (see restack.go for the steps)
-	fpRestackAfterIntent   = newPoint("storaged/restack/after-intent")    // journal says "begun"
-	fpRestackAfterSeal     = newPoint("storaged/restack/after-seal")      // sealed layer durable
-	fpRestackAfterConfig   = newPoint("storaged/restack/after-config")    // next generation's config durable
-	fpRestackAfterRecord   = newPoint("storaged/restack/after-record")    // record names the new generation
-	fpRestackAfterCleanup  = newPoint("storaged/restack/after-cleanup")   // old generation removed, journal left
-	fpRestackKeepAfterSeal = newPoint("storaged/restack/keep-after-seal") // Keep: sealed layer durable, device unchanged, not answered
+	fpRestackAfterIntent  = newPoint("storaged/restack/after-intent")  // journal says "begun"
+	fpRestackAfterSeal    = newPoint("storaged/restack/after-seal")    // sealed layer durable
+	fpRestackAfterConfig  = newPoint("storaged/restack/after-config")  // next generation's config durable
+	fpRestackAfterRecord  = newPoint("storaged/restack/after-record")  // record names the new generation
+	fpRestackAfterCleanup = newPoint("storaged/restack/after-cleanup") // old generation removed, journal left
+
+	// a seal that keeps the device's upper (RestackParams.Keep): a restack
+	// of its own, passing none of the points above
+	fpSealAfterLayer = newPoint("storaged/seal/after-layer") // sealed layer durable, device unchanged, not answered
 
 	// localize (see localize.go)
 	fpLocalizeAfterConfig = newPoint("storaged/localize/after-config") // the config naming the files durable, record not yet

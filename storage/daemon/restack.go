@@ -44,7 +44,7 @@ import (
 // A seal that keeps the upper (rpc.RestackParams.Keep, sealKeeping) runs
 // step 2 alone, to a path the caller names: nothing the daemon records
 // changes, so it needs no journal, and a crash leaves at most that file
-// (storaged/restack/keep-after-seal).
+// (storaged/seal/after-layer).
 
 const journalName = "restack.json"
 
@@ -305,7 +305,7 @@ func (d *Daemon) sealCopy(ctx context.Context, dv *device, path, msg string, t *
 		return rpc.RestackResult{}, err
 	}
 	t.lap("digest")
-	if err := fpRestackKeepAfterSeal.Inject(); err != nil {
+	if err := fpSealAfterLayer.Inject(); err != nil {
 		return rpc.RestackResult{}, err
 	}
 	return rpc.RestackResult{Layer: path, Digest: digest, Size: info.Size, Layers: append(slices.Clone(dv.rec.Layers), path), Device: dv.info(d)}, nil
