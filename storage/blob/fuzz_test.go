@@ -65,12 +65,17 @@ func FuzzContentRange(f *testing.F) {
 }
 
 // answerTransport answers every request with the raw HTTP response bytes
-// it holds (whatever they are), as a hostile server or proxy would.
-type answerTransport struct{ probe, read []byte }
+// it holds (whatever they are), as a hostile server or proxy would: probe
+// until opened is set, read after. (Telling them apart by the Range header
+// would answer a one-byte read at offset 0 with the probe.)
+type answerTransport struct {
+	probe, read []byte
+	opened      bool
+}
 
-func (a answerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+func (a *answerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	raw := a.read
-	if req.Header.Get("Range") == "bytes=0-0" {
+	if !a.opened {
 		raw = a.probe
 	}
 	return http.ReadResponse(bufio.NewReader(bytes.NewReader(raw)), req)
@@ -86,14 +91,17 @@ func FuzzHTTPAnswer(f *testing.F) {
 	f.Add(ok("bytes 0-0/100", "a"), ok("bytes 10-14/100", "hello"), uint8(10), uint8(5))
 	f.Add(ok("bytes 0-0/100", "a"), ok("bytes 0-4/100", "hello"), uint8(10), uint8(5))
 	f.Add(ok("bytes 0-0/100", "a"), ok("bytes 98-99/100", "hi"), uint8(98), uint8(5))
+	f.Add(ok("bytes 0-0/1", "0"), []byte("0"), uint8(0), uint8(1))
 	f.Add(ok("bytes 0-0/*", "a"), []byte("HTTP/1.1 200 OK\r\n\r\nall"), uint8(0), uint8(3))
 	f.Add([]byte("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"http://x/\"\r\n\r\n"), []byte("garbage"), uint8(1), uint8(1))
 	f.Fuzz(func(t *testing.T, probe, read []byte, off, n uint8) {
-		client := &http.Client{Transport: answerTransport{probe: probe, read: read}}
+		answers := &answerTransport{probe: probe, read: read}
+		client := &http.Client{Transport: answers}
 		h, err := OpenHTTP(context.Background(), "http://blob.invalid/x", HTTPOptions{Client: client, Retries: 1})
 		if err != nil {
 			return
 		}
+		answers.opened = true
 		if h.Size() < 0 {
 			t.Fatalf("size %d", h.Size())
 		}
