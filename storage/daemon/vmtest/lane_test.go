@@ -31,6 +31,11 @@ import (
 const (
 	envProbeKernel = "AENV_PROBE_KERNEL"
 	envProbeInitrd = "AENV_PROBE_INITRD"
+	// envProbeMemory=file restores the guests from their memory stack
+	// flattened into a file instead of the daemon's device (the daemon's
+	// devices are still made and checked): it tells a crash of the
+	// emulation from one of the device.
+	envProbeMemory = "AENV_PROBE_MEMORY"
 )
 
 // qemuFiles are what qemu-system-x86_64 loads besides its libraries for a
@@ -67,12 +72,16 @@ func TestQEMUOnKernelDevicesLane(t *testing.T) {
 		t.Fatal(err)
 	}
 	files := map[string]string{"lane/probe/vmlinuz": k.Vmlinuz, "lane/probe/initrd": initrd}
+	env := []string{envProbeKernel + "=/lane/probe/vmlinuz", envProbeInitrd + "=/lane/probe/initrd", "AENV_QEMU_ACCEL=tcg"}
+	if m := os.Getenv(envProbeMemory); m != "" {
+		env = append(env, envProbeMemory+"="+m)
+	}
 	for _, f := range qemuFiles {
 		files[f] = f
 	}
 	kernellane.RunTests(t, kernellane.Options{
 		Run: "^TestQEMUOnKernelDevices$", Programs: []string{"/usr/bin/qemu-system-x86_64"}, Files: files,
-		Env:     []string{envProbeKernel + "=/lane/probe/vmlinuz", envProbeInitrd + "=/lane/probe/initrd", "AENV_QEMU_ACCEL=tcg"},
+		Env:     env,
 		Modules: []string{"ublk_drv"}, MemoryMiB: 4096, Timeout: 9 * time.Minute,
 	}, "TestQEMUOnKernelDevices")
 }
@@ -139,16 +148,17 @@ func TestQEMUOnKernelDevices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := memsnap.CaptureDiff(ctx, vm2.Info().PID, mem0.BlockDevice, layer, parent, "probe pause")
+	st, err := memsnap.CaptureDiff(ctx, vm2.Info().PID, p.mapped(mem0), layer, parent, "probe pause")
 	if err != nil || st.Pages+st.ZeroPages == 0 {
 		t.Fatalf("capture over the memory device: %+v, %v (want the pages the guest wrote)", st, err)
 	}
-	p.checkGuestRAM(vm2, mem0.BlockDevice, []string{base, layer})
+	p.checkGuestRAM(vm2, p.mapped(mem0), []string{base, layer})
 	tick2 := p.lastTick(vm2)
 	vm2.Stop(ctx)
 	if err := c.ReleaseShared(ctx, mem0.ID, "vm2"); err != nil {
 		t.Fatal(err)
 	}
+	delete(p.flat, mem0.BlockDevice) // the path may name the next device
 
 	// 4. Two guests from one shared device of [base, layer] both go on
 	// from the pause; the device keeps the stack's bytes.
@@ -185,6 +195,18 @@ type probeRun struct {
 	d    *qemu.Driver
 	disk string // the disk image's config
 	dir  string
+	// flat maps a memory device to the file its stack was flattened into
+	// when envProbeMemory is "file".
+	flat map[string]string
+}
+
+// mapped returns what the guests restored on the memory device dev map:
+// dev itself, or its stack flattened into a file (envProbeMemory).
+func (p *probeRun) mapped(dev rpc.Device) string {
+	if f, ok := p.flat[dev.BlockDevice]; ok {
+		return f
+	}
+	return dev.BlockDevice
 }
 
 // probeDisk writes a 4 MiB image of random bytes as one sealed layer and
@@ -241,6 +263,20 @@ func (p *probeRun) shared(layers []string, holder string) rpc.Device {
 	if err != nil {
 		p.t.Fatal(err)
 	}
+	if os.Getenv(envProbeMemory) == "file" && p.flat[dev.BlockDevice] == "" {
+		flat := filepath.Join(p.dir, fmt.Sprintf("mem-%d.flat", len(layers)))
+		if err := memsnap.Materialize(p.ctx, layers, flat); err != nil {
+			p.t.Fatal(err)
+		}
+		if err := os.Chmod(flat, 0o644); err != nil { // vm4 runs as its own uid
+			p.t.Fatal(err)
+		}
+		if p.flat == nil {
+			p.flat = map[string]string{}
+		}
+		p.flat[dev.BlockDevice] = flat
+		p.t.Logf("guests on %s map %s instead (%s=file)", dev.BlockDevice, flat, envProbeMemory)
+	}
 	return dev
 }
 
@@ -249,7 +285,7 @@ func (p *probeRun) shared(layers []string, holder string) rpc.Device {
 // the identity as when set.
 func (p *probeRun) restore(id, snap string, mem rpc.Device, as *vmm.Identity) vmm.Machine {
 	p.t.Helper()
-	vm, err := p.d.Restore(p.ctx, vmm.RestoreConfig{ID: id, SnapshotDir: snap, MemoryFile: mem.BlockDevice,
+	vm, err := p.d.Restore(p.ctx, vmm.RestoreConfig{ID: id, SnapshotDir: snap, MemoryFile: p.mapped(mem),
 		Drives: []vmm.Drive{{ID: "rootfs", Path: p.device().BlockDevice}}, RunDir: filepath.Join(p.dir, "run-"+id), RunAs: as})
 	if err != nil {
 		p.t.Fatal(err)
