@@ -198,9 +198,7 @@ type Storage struct {
 	// read-only ublk device of the memory image's layer stack (one per
 	// stack, its pages cached once) instead of a node-local flattened file,
 	// where the daemon makes ublk devices and the VMM maps a device (QEMU).
-	// Elsewhere it has no effect. Off by default: in the kernel lane a guest
-	// restored from such a device crashes in about one run of three, for a
-	// reason not yet found (docs/ublk.md).
+	// Elsewhere it has no effect. On by default.
 	MemoryDevices bool `toml:"memory_devices" env:"AENVD_STORAGE_MEMORY_DEVICES"`
 }
 
@@ -376,7 +374,7 @@ func Default() Config {
 		VMM:     VMM{Driver: "auto", UIDBase: DefaultVMMUIDBase},
 		VMMPool: VMMPool{ReserveMiB: 2048, Templates: []string{"base"}},
 		Guest:   Guest{VCPUs: 1, MemoryMiB: 512, DefaultUser: "user"},
-		Storage: Storage{Backend: "storaged", PoolLow: 2, PoolHigh: 4, VolumeSizeMiB: 1024},
+		Storage: Storage{Backend: "storaged", PoolLow: 2, PoolHigh: 4, VolumeSizeMiB: 1024, MemoryDevices: true},
 		Image: Image{DefaultRegistry: "docker.io", AllowedRegistries: []string{}, InsecureRegistries: []string{},
 			RootfsSizeMiB: 2048, ReadyTimeout: Duration{5 * time.Minute}, StepTimeout: Duration{30 * time.Minute}},
 		Cluster: Cluster{Scheduler: []string{}, CPUOvercommit: 4},
