@@ -43,6 +43,26 @@ type crashRun struct {
 	b     rpc.Device
 	lazy  rpc.Device // a device whose lower is a URL, then a file
 	seals int        // kept seals tried (each writes a layer of its own)
+	kept  []string   // the last kept seal's stack
+}
+
+// checkReads compares dev's bytes through its export with the stack of
+// layers opened directly.
+func (r *crashRun) checkReads(dev rpc.Device, layers []string) error {
+	want, err := image.OpenLayers(r.ctx, layers, image.Options{})
+	if err != nil {
+		return err
+	}
+	defer want.Close()
+	nc, err := nbd.Dial(r.ctx, "unix", dev.Socket, dev.Export)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if !bytes.Equal(readAll(r.t, nc, diskSize), readAll(r.t, want, diskSize)) {
+		return fmt.Errorf("device %d does not read as %v", dev.ID, layers)
+	}
+	return nil
 }
 
 func (r *crashRun) spawn(failpoints string) {
@@ -175,6 +195,7 @@ var crashScenario = []crashStep{
 		if got := readAll(r.t, sealed, diskSize); !bytes.Equal(got, r.want) {
 			return fmt.Errorf("the kept seal's stack %v does not read as the device", res.Layers)
 		}
+		r.kept = res.Layers
 		return r.write(1<<20, "after the kept seal")
 	}},
 	{"create on a URL", func(r *crashRun) error {
@@ -232,6 +253,24 @@ var crashScenario = []crashStep{
 		dev, err := r.c.Create(r.ctx, rpc.CreateParams{Image: r.fx.config, Owner: "t"})
 		r.b = dev
 		return err
+	}},
+	{"rebase", func(r *crashRun) error {
+		if len(r.kept) == 0 {
+			return errors.New("no kept seal to rebase onto")
+		}
+		cfg := &image.Config{}
+		for _, l := range r.kept {
+			cfg.Lowers = append(cfg.Lowers, image.LayerRef{File: l})
+		}
+		path := filepath.Join(r.dir, "rebase.json")
+		if err := cfg.Save(path); err != nil {
+			return err
+		}
+		dev, err := r.c.Rebase(r.ctx, rpc.RebaseParams{ID: r.b.ID, Image: path})
+		if err != nil {
+			return err
+		}
+		return r.checkReads(dev, r.kept)
 	}},
 	{"delete", func(r *crashRun) error {
 		if err := r.c.Delete(r.ctx, r.b.ID); err != nil && !errors.Is(err, rpc.ErrNotFound) {

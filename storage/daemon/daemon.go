@@ -296,7 +296,7 @@ func (d *Daemon) stopAll() {
 func (d *Daemon) features() rpc.Features {
 	f := rpc.Features{
 		ProtocolVersion: rpc.ProtocolVersion, Exports: []string{d.exporter.Name()},
-		Restack: true, Localize: true, SharedDevices: true, WarmPool: true, Assign: true, TCP: true,
+		Restack: true, Localize: true, SharedDevices: true, WarmPool: true, Assign: true, Rebase: true, TCP: true,
 		KernelNBD: nbd.KernelAvailable() == nil, Ublk: ublk.Available() == nil,
 	}
 	if f.Ublk {

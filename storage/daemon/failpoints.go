@@ -54,6 +54,10 @@ var (
 	fpLocalizeAfterConfig = newPoint("storaged/localize/after-config") // the config naming the files durable, record not yet
 	fpLocalizeAfterRecord = newPoint("storaged/localize/after-record") // record names the files, the export still reads the URLs
 
+	// rebase (see rebase.go)
+	fpRebaseAfterConfig = newPoint("storaged/rebase/after-config") // the new generation durable, record not yet
+	fpRebaseAfterRecord = newPoint("storaged/rebase/after-record") // record names the new generation, the export still serves the old
+
 	// reclaim: after each device it deleted or released
 	fpReclaimAfterDelete  = newPoint("storaged/reclaim/after-delete")
 	fpReclaimAfterRelease = newPoint("storaged/reclaim/after-release")

@@ -97,6 +97,11 @@ func (l *Local) Assign(ctx context.Context, p rpc.AssignParams) (rpc.Device, err
 	return do(ctx, l, func(ctx context.Context) (rpc.Device, error) { return l.d.assign(ctx, p) })
 }
 
+// Rebase moves a device never written onto another image's lowers.
+func (l *Local) Rebase(ctx context.Context, p rpc.RebaseParams) (rpc.Device, error) {
+	return do(ctx, l, func(ctx context.Context) (rpc.Device, error) { return l.d.rebase(ctx, p) })
+}
+
 // Warm registers an image shape with the warm pool.
 func (l *Local) Warm(ctx context.Context, p rpc.WarmParams) error {
 	_, err := do(ctx, l, noResult(func(context.Context) error { return l.d.warm(p) }))

@@ -122,6 +122,8 @@ func (d *Daemon) dispatch(ctx context.Context, req rpc.Request) (any, error) {
 		return call(ctx, req.Params, d.reclaim)
 	case rpc.MethodAssign:
 		return call(ctx, req.Params, d.assign)
+	case rpc.MethodRebase:
+		return call(ctx, req.Params, d.rebase)
 	case rpc.MethodWarm:
 		return call(ctx, req.Params, func(ctx context.Context, p rpc.WarmParams) (struct{}, error) {
 			return struct{}{}, d.warm(p)

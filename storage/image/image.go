@@ -175,6 +175,13 @@ func (im *Image) Size() int64 { return im.st.Size() }
 // ReadOnly reports whether writes are refused.
 func (im *Image) ReadOnly() bool { return im.readOnly }
 
+// Written says whether anything was ever written to the upper (false for
+// an image without one): an unwritten image reads exactly as its lowers.
+func (im *Image) Written() bool {
+	u := im.st.Upper()
+	return u != nil && u.Written()
+}
+
 // Stack exposes the underlying layers for tools (info, check).
 func (im *Image) Stack() *lsmt.Stack { return im.st }
 

@@ -133,6 +133,11 @@ func (u *Upper) PinnedSegments() (segs []Segment, release func()) {
 	return segs, func() { u.unpin(g) }
 }
 
+// Written says whether the upper ever held a mapping (a write, trim or
+// write-zeroes since it was created, or one found in its index at open):
+// false means every byte still reads through to the lowers.
+func (u *Upper) Written() bool { return u.mapped.Load() }
+
 // Len is the number of live mappings.
 func (u *Upper) Len() int {
 	u.mu.RLock()

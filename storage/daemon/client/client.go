@@ -295,6 +295,13 @@ func (c *Client) Assign(ctx context.Context, p rpc.AssignParams) (rpc.Device, er
 	return r, err
 }
 
+// Rebase moves a device never written onto another image's lowers.
+func (c *Client) Rebase(ctx context.Context, p rpc.RebaseParams) (rpc.Device, error) {
+	var r rpc.Device
+	err := c.Call(ctx, rpc.MethodRebase, p, &r)
+	return r, err
+}
+
 // Warm registers an image shape with the warm pool.
 func (c *Client) Warm(ctx context.Context, p rpc.WarmParams) error {
 	return c.Call(ctx, rpc.MethodWarm, p, nil)
@@ -327,6 +334,7 @@ type Devices interface {
 	List(ctx context.Context) ([]rpc.Device, error)
 	Reclaim(ctx context.Context, owner string, keep ...uint32) (rpc.ReclaimResult, error)
 	Assign(ctx context.Context, p rpc.AssignParams) (rpc.Device, error)
+	Rebase(ctx context.Context, p rpc.RebaseParams) (rpc.Device, error)
 	Warm(ctx context.Context, p rpc.WarmParams) error
 	Features(ctx context.Context) (rpc.Features, error)
 }

@@ -22,7 +22,7 @@ func checkFeatures(t *testing.T, ctx context.Context, d client.Devices, _ *Image
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.ProtocolVersion != rpc.ProtocolVersion || !slices.Contains(f.Exports, "nbd") || !f.Restack || !f.SharedDevices || !f.WarmPool || !f.Assign {
+	if f.ProtocolVersion != rpc.ProtocolVersion || !slices.Contains(f.Exports, "nbd") || !f.Restack || !f.SharedDevices || !f.WarmPool || !f.Assign || !f.Rebase {
 		t.Fatalf("features %+v", f)
 	}
 	if devs := mustList(t, ctx, d); len(devs) != 0 {

@@ -4,7 +4,7 @@
 // (*client.Client) and the in-process daemon (*daemon.Local) both run it,
 // so code written against client.Devices behaves the same on either:
 // device bytes through the NBD export, restack, shared devices, reclaim,
-// the warm pool, and the error vocabulary (rpc.ErrNotFound, ErrConflict,
+// the warm pool, rebase, and the error vocabulary (rpc.ErrNotFound, ErrConflict,
 // ErrCapacity, ErrInvalid).
 package devicestest
 
@@ -82,6 +82,7 @@ var checks = []check{
 	{name: "SharedRefcount", fn: checkShared},
 	{name: "Reclaim", fn: checkReclaim},
 	{name: "Assign", fn: checkAssign},
+	{name: "Rebase", fn: checkRebase},
 	{name: "WarmPool", fn: checkWarmPool},
 	{name: "Capacity", cfg: Config{MaxDevices: 2}, fn: checkCapacity},
 	{name: "ConcurrentCreates", fn: checkConcurrent},

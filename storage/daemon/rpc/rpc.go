@@ -55,6 +55,7 @@ const (
 	MethodList          = "list"
 	MethodReclaim       = "reclaim"
 	MethodAssign        = "assign"
+	MethodRebase        = "rebase"
 	MethodWarm          = "warm"
 	MethodFeatures      = "features"
 	MethodShutdown      = "shutdown"
@@ -295,6 +296,18 @@ type AssignParams struct {
 	Owner string `json:"owner"`
 }
 
+// RebaseParams moves a runtime device that was never written onto the
+// lowers of another image config, under its live export: a VMM started
+// ahead for a pool, its disk on a template's layers, is handed to a resume
+// or a fork child whose disk stacks on other layers. Refused (conflict) for
+// a device anything was written to, or one the kernel exports as a block
+// device (its page cache may hold blocks of the old image); refused
+// (invalid) for an image of another size.
+type RebaseParams struct {
+	ID    uint32 `json:"id"`
+	Image string `json:"image"`
+}
+
 // ReclaimResult lists what was reclaimed.
 type ReclaimResult struct {
 	Deleted  []uint32 `json:"deleted,omitempty"`
@@ -326,6 +339,7 @@ type Features struct {
 	SharedDevices bool `json:"shared_devices"`
 	WarmPool      bool `json:"warm_pool"`
 	Assign        bool `json:"assign"`
+	Rebase        bool `json:"rebase"`
 	Resize        bool `json:"resize"`
 	TCP           bool `json:"tcp"`
 	// KernelNBD says whether devices can be attached to /dev/nbdN here.
