@@ -315,7 +315,7 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 				return err
 			}
 			pid := m.Info().PID
-			if err := o.update(s, func(r *Record) { r.PID, r.PIDStart = pid, procStart(pid) }); err != nil {
+			if err := o.update(s, func(r *Record) { r.PID, r.PIDStart, r.PoolClaim = pid, procStart(pid), false }); err != nil {
 				return err
 			}
 			return fpCreateVMM.Inject()

@@ -17,6 +17,9 @@ var (
 	fpPoolClaimed  = failpoint.New("orchestrator/pool/claimed")  // the "starting" record names the entry's VMM and device
 	fpPoolAssigned = failpoint.New("orchestrator/pool/assigned") // the device is the sandbox's; the entry's record remains
 
+	// A resume from the warm pool (poolresume.go), before the claim above.
+	fpPoolRebased = failpoint.New("orchestrator/poolresume/rebased") // the entry's device reads as the sandbox's disk; nothing recorded
+
 	fpPauseRecorded = failpoint.New("orchestrator/pause/recorded") // "pausing" is durable, the VM runs
 	fpPauseCaptured = failpoint.New("orchestrator/pause/captured") // memory and VM state written (the disks sealed first), vCPUs stopped
 	fpPauseSealed   = failpoint.New("orchestrator/pause/sealed")   // the disks' uppers are sealed layers (the memory diff may still be read)

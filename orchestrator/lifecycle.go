@@ -290,8 +290,8 @@ func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout ti
 	// A flatten of the pause still running would only compete with the
 	// restore for the disk and CPU: it stops, the restore writes the layers.
 	o.flat.stop(id)
-	if err := o.startVM(ctx, s, from, o.m.stage("resume")); err != nil {
-		return errors.Join(err, o.update(s, func(r *Record) { r.State, r.PID, r.PIDStart = Paused, 0, 0 }))
+	if err := o.startResume(ctx, s, from, o.m.stage("resume")); err != nil {
+		return errors.Join(err, o.update(s, func(r *Record) { r.State, r.PID, r.PIDStart, r.PoolClaim = Paused, 0, 0, false }))
 	}
 	if err := o.mountVolumes(ctx, s); err != nil {
 		o.log.Warn("resume: the guest did not mount its volumes", "sandbox", s.rec.ID, "err", err)

@@ -153,9 +153,13 @@ type Record struct {
 	PID    int                  `json:"pid,omitempty"`
 	// PIDStart is the VMM process's start time (see procStart): with PID it
 	// names the process even after the pid was reused.
-	PIDStart uint64         `json:"pidStart,omitempty"`
-	Slot     int            `json:"slot,omitempty"` // network slot index while the VM runs
-	Policy   network.Policy `json:"policy"`
+	PIDStart uint64 `json:"pidStart,omitempty"`
+	// PoolClaim says the VMM PID names came from the warm pool and may not
+	// have loaded this sandbox's state yet: recovery stops it instead of
+	// adopting it (pool.go).
+	PoolClaim bool           `json:"poolClaim,omitempty"`
+	Slot      int            `json:"slot,omitempty"` // network slot index while the VM runs
+	Policy    network.Policy `json:"policy"`
 
 	// MaskRequestHost replaces the Host header of proxied requests
 	// (E2B's network.maskRequestHost; "${PORT}" becomes the port).

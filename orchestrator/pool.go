@@ -97,7 +97,7 @@ func (o *Orchestrator) registerPoolMetrics(reg prometheus.Registerer) {
 			ConstLabels: prometheus.Labels{"state": state}}, func() float64 { return float64(f(o.pool.Stats())) })
 	}
 	takes := func(result string, f func(warmpool.Stats) int64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "aenvd_vmm_pool_takes_total", Help: "Creates of pooled templates by whether an entry was ready.",
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "aenvd_vmm_pool_takes_total", Help: "Starts (creates, resumes, fork children) on a pooled template by whether an entry was ready.",
 			ConstLabels: prometheus.Labels{"result": result}}, func() float64 { return float64(f(o.pool.Stats())) })
 	}
 	reg.MustRegister(
@@ -107,28 +107,41 @@ func (o *Orchestrator) registerPoolMetrics(reg prometheus.Registerer) {
 		takes("miss", func(s warmpool.Stats) int64 { return s.Misses }))
 }
 
-// startCreate brings a new sandbox's VM up: from a pool entry of its
-// template when one is ready and the create brings no drives, else by a
-// restore of its own. A pooled start that fails (say its VMM died while it
-// waited) has released the entry; the create goes on with a restore of its
-// own.
+// startCreate brings a new sandbox's VM up: from a pool entry when one
+// fits (takeEntry), else by a restore of its own.
 func (o *Orchestrator) startCreate(ctx context.Context, s *instance, t *template.Template, lap func(string)) error {
-	e := o.takeEntry(s, t)
+	return o.startOn(ctx, s, t.Snapshot, lap, o.takeEntry(ctx, s, t))
+}
+
+// startResume brings a paused sandbox's VM up from its snapshot vmDir: on
+// a pool entry when one fits (takeRebased), else by a restore of its own.
+func (o *Orchestrator) startResume(ctx context.Context, s *instance, vmDir string, lap func(string)) error {
+	return o.startOn(ctx, s, vmDir, lap, o.takeRebased(ctx, s, vmDir))
+}
+
+// startOn restores vmDir on the VM of pool entry e, or on one of its own
+// when e is nil. A pooled start that fails (say its VMM died while it
+// waited) has released the entry; the start goes on with a restore of its
+// own.
+func (o *Orchestrator) startOn(ctx context.Context, s *instance, vmDir string, lap func(string), e *warmpool.Entry) error {
 	if e == nil {
-		return o.startVM(ctx, s, t.Snapshot, lap)
+		return o.startVM(ctx, s, vmDir, lap)
 	}
-	err := o.startVMFrom(ctx, s, t.Snapshot, lap, e)
+	err := o.startVMFrom(ctx, s, vmDir, lap, e)
 	o.pool.Done(e)
 	_ = os.RemoveAll(e.Dir) // its run directory moved to the sandbox's, or went with the VM
 	if err == nil || ctx.Err() != nil {
 		return err
 	}
-	o.log.Warn("create from a pooled VM failed; restoring a VM of its own", "sandbox", s.rec.ID, "entry", e.ID, "err", err)
-	return o.startVM(ctx, s, t.Snapshot, lap)
+	o.log.Warn("start on a pooled VM failed; restoring a VM of its own", "sandbox", s.rec.ID, "entry", e.ID, "err", err)
+	return o.startVM(ctx, s, vmDir, lap)
 }
 
-// takeEntry takes a ready entry of t for the sandbox s (nil when none fits).
-func (o *Orchestrator) takeEntry(s *instance, t *template.Template) *warmpool.Entry {
+// takeEntry takes a ready entry for the sandbox s created from t (nil when
+// none fits): one of t's own when t is a pooled template; for a snapshot
+// seen as a template (a fork's child), one of the template its memory
+// stacks on, its disk moved onto the snapshot's (takeRebased).
+func (o *Orchestrator) takeEntry(ctx context.Context, s *instance, t *template.Template) *warmpool.Entry {
 	s.mu.Lock()
 	plain := len(s.rec.Drives) == 0 && !s.rec.ColdBoot
 	s.mu.Unlock()
@@ -136,14 +149,17 @@ func (o *Orchestrator) takeEntry(s *instance, t *template.Template) *warmpool.En
 		return nil
 	}
 	if reg, ok := o.templateByID(t.ID); !ok || reg.Snapshot != t.Snapshot {
-		return nil // a snapshot seen as a template: never pooled
+		return o.takeRebased(ctx, s, t.Snapshot)
 	}
 	return o.pool.Take(t.ID)
 }
 
 // claimEntry makes the sandbox's record name what the entry holds: its
-// VMM and device (the slot is recorded with "running", as any create's).
+// VMM and device (the slot is recorded with "running", as any create's),
+// and that the VMM has not loaded the sandbox's state yet (PoolClaim,
+// cleared once it has).
 func claimEntry(r *Record, e *warmpool.Entry) {
+	r.PoolClaim = e != nil
 	if e != nil {
 		r.PID, r.PIDStart = e.PID, e.PIDStart
 		r.Device, r.HasDevice = e.Device, e.HasDevice

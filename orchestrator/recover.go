@@ -109,6 +109,17 @@ func (rc *recovery) recoverOne(ctx context.Context, r Record, out *Recovered) er
 		rc.log.Info("finishing a kill interrupted by a restart", "sandbox", r.ID)
 		return dropRecord(ctx, rc.st, rc.sd, r)
 	}
+	if r.State == Resuming && r.PoolClaim {
+		// Its VMM came from the warm pool and may never have loaded the
+		// sandbox's state: pausing it would record a VM that never ran
+		// the sandbox. tidyPaused stops it and deletes the device.
+		rc.log.Warn("a resume on a pooled VM interrupted by a restart goes back to paused", "sandbox", r.ID, "pid", r.PID)
+		r.State, r.PoolClaim = Paused, false
+		if err := rc.st.Put(store.Sandboxes, r.ID, r); err != nil {
+			return err
+		}
+		return rc.tidyPaused(ctx, r)
+	}
 	m, err := adoptVM(ctx, rc.drv, r)
 	if err == nil && r.State == Running && r.Slot > 0 {
 		out.machines[r.ID], out.slots = m, append(out.slots, r.Slot)

@@ -1,0 +1,130 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+
+	"github.com/agentenv/agentenv/orchestrator/warmpool"
+	"github.com/agentenv/agentenv/snapshot"
+	"github.com/agentenv/agentenv/storage/blob"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/template"
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// A resume or a fork's child served from the warm pool. A pool entry's VMM
+// maps its template's memory file and reaches a disk on the template's
+// layers; a paused sandbox of that template, or a snapshot of one, restores
+// the same memory file with its own pages written in (restoreMemory's
+// overlay, until its memory is flattened into a file of its own) and needs
+// a disk on its own sealed layers. So such a start takes an entry of that
+// template when the memory fits, and has the storage daemon move the
+// entry's disk, which nothing wrote yet, onto its layers
+// (rpc.RebaseParams), before the claim of a pooled create (pool.go) names
+// the entry's VMM and device in its record:
+//
+//  1. the entry's device reads as the sandbox's disk
+//     (orchestrator/poolresume/rebased); the entry's record still owns it
+//  2. claim, assign, hand over and load as a pooled create
+//     (orchestrator/pool/claimed, orchestrator/pool/assigned,
+//     warmpool/handed), then the start's own points
+//
+// A crash before 2 leaves the entry's record, whose removal deletes the
+// device and stops the VMM, and a "resuming" (or "starting") record naming
+// neither, which recovery puts back to paused (or drops). After 2 a
+// "resuming" record names the VMM with PoolClaim set until it has loaded
+// the sandbox's state: recovery stops that VMM and deletes the device
+// instead of adopting and pausing a VM that never ran the sandbox.
+
+// rebaser is the storage daemon's capability to move a device never
+// written onto another image's lowers.
+type rebaser interface {
+	Rebase(ctx context.Context, p rpc.RebaseParams) (rpc.Device, error)
+}
+
+// errNoPooledDisk: an entry without a storage daemon device cannot move.
+var errNoPooledDisk = errors.New("the pool entry holds no storage daemon device")
+
+// takeRebased takes a ready entry for the sandbox s restored from vmDir (a
+// pause's or a snapshot's) and moves the entry's disk onto the sandbox's
+// (step 1 above). Nil when none fits, none is ready, or the move failed
+// (the entry is then drained).
+func (o *Orchestrator) takeRebased(ctx context.Context, s *instance, vmDir string) *warmpool.Entry {
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	rb, ok := o.sd.(rebaser)
+	if o.pool == nil || !ok || o.memDev != nil || vmDir == "" || len(rec.Drives) > 0 || rec.ColdBoot || !localDisk(rec.RootfsImage) {
+		return nil
+	}
+	t, ok := o.pooledBase(vmDir)
+	if !ok || t.VCPUs != rec.VCPUs || t.MemoryMiB != rec.MemoryMiB {
+		return nil
+	}
+	e := o.pool.Take(t.ID)
+	if e == nil {
+		return nil
+	}
+	var err error = errNoPooledDisk
+	if e.HasDevice {
+		_, err = rb.Rebase(ctx, rpc.RebaseParams{ID: e.Device, Image: rec.RootfsImage})
+	}
+	if err == nil {
+		err = fpPoolRebased.Inject()
+	}
+	if err != nil {
+		o.log.Warn("a pooled VM's disk did not move onto the sandbox's; it restores a VM of its own",
+			"sandbox", rec.ID, "entry", e.ID, "err", err)
+		o.pool.Discard(ctx, e)
+		o.pool.Done(e)
+		return nil
+	}
+	o.log.Info("a pooled VM's disk moved onto the sandbox's", "sandbox", rec.ID, "entry", e.ID, "device", e.Device, "template", t.ID)
+	return e
+}
+
+// pooledBase returns the template whose pooled VMs map the memory file a
+// VM restored from vmDir maps: the template's memory file, with the
+// layers above it written in. False when vmDir's memory is flattened into
+// a file of its own (restoreMemory maps that one) or stacks on no
+// template's file.
+func (o *Orchestrator) pooledBase(vmDir string) (*template.Template, bool) {
+	m, err := snapshot.ReadMemoryManifest(vmDir)
+	if err != nil || !m.Layered() || len(m.Layers) < 2 || m.Base == "" {
+		return nil, false
+	}
+	o.matMu.Lock()
+	_, flatErr := os.Stat(m.File)
+	_, baseErr := os.Stat(m.Base)
+	o.matMu.Unlock()
+	if flatErr == nil || baseErr != nil {
+		return nil, false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, t := range o.templates {
+		// ensureMemoryBase: a template's memory file is its snapshot's.
+		if m.Base == filepath.Join(t.Snapshot, vmm.SnapshotMemoryFile) {
+			return t, true
+		}
+	}
+	return nil, false
+}
+
+// localDisk says whether every layer of the disk config is a local file
+// (a disk still read from URLs moves onto local files under a device of
+// its own, lazy.go).
+func localDisk(config string) bool {
+	layers, err := snapshot.LayersOf(config)
+	if err != nil || len(layers) == 0 {
+		return false
+	}
+	for _, l := range layers {
+		if blob.IsURL(l) {
+			return false
+		}
+	}
+	return true
+}
