@@ -166,16 +166,21 @@ func TestCrashMatrix(t *testing.T) {
 	if covered < 12 {
 		t.Fatalf("the matrix covered %d fault points; the orchestrator declares %v", covered, failpoint.Names("orchestrator/"))
 	}
-	// A create served from the warm pool of VMM processes, and the pool's
-	// refill, on a node with the pool on.
+	// A create and a resume served from the warm pool of VMM processes,
+	// and the pool's refill, on a node with the pool on.
 	p := poolNode(t)
-	pool := map[string]func(t *testing.T, point string){
-		"orchestrator/create/": p.crashPooledCreate, "orchestrator/pool/": p.crashPooledCreate,
-		"warmpool/handed": p.crashPooledCreate, "warmpool/fill/": p.crashPoolFill,
+	pool := []struct {
+		prefix, label string
+		run           func(t *testing.T, point string)
+	}{
+		{"orchestrator/create/", "pooled", p.crashPooledCreate}, {"orchestrator/pool/", "pooled", p.crashPooledCreate},
+		{"warmpool/handed", "pooled", p.crashPooledCreate}, {"warmpool/fill/", "pooled", p.crashPoolFill},
+		{"orchestrator/poolresume/", "pooled-resume", p.crashPooledResume}, {"orchestrator/pool/", "pooled-resume", p.crashPooledResume},
+		{"warmpool/handed", "pooled-resume", p.crashPooledResume}, {"orchestrator/resume/restored", "pooled-resume", p.crashPooledResume},
 	}
-	for prefix, run := range pool {
-		for _, point := range failpoint.Names(prefix) {
-			t.Run("pooled/"+strings.TrimPrefix(point, "orchestrator/"), func(t *testing.T) { run(t, point) })
+	for _, c := range pool {
+		for _, point := range failpoint.Names(c.prefix) {
+			t.Run(c.label+"/"+strings.TrimPrefix(point, "orchestrator/"), func(t *testing.T) { c.run(t, point) })
 			p.checkNoOrphans(t)
 		}
 	}

@@ -27,7 +27,9 @@ var (
 )
 
 // poolNode starts, once per test binary, a second aenvd with the warm pool
-// of VMM processes on for the base template.
+// of VMM processes on for the base template. Paused memory stays layered
+// there (no background flatten), so that resumes map the template's memory
+// file and take pool entries as surely as creates do.
 func poolNode(t *testing.T) *node {
 	t.Helper()
 	nodePrereqs(t)
@@ -35,7 +37,7 @@ func poolNode(t *testing.T) *node {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()
 		env := []string{fmt.Sprintf("AENVD_VMM_POOL_LOW=%d", poolHigh), fmt.Sprintf("AENVD_VMM_POOL_HIGH=%d", poolHigh),
-			"AENVD_VMM_POOL_TEMPLATES=base"}
+			"AENVD_VMM_POOL_TEMPLATES=base", "AENVD_SANDBOX_FLATTEN_PAUSED=false"}
 		var n *aenvdtest.Node
 		if n, pooledErr = aenvdtest.Start(ctx, aenvdtest.Options{Prefix: "adpool", CIDRBase: 89, Env: env}); pooledErr == nil {
 			pooled = &node{Node: n, api: n.API, proxy: n.Proxy, key: n.Key}
@@ -184,6 +186,28 @@ func (n *node) crashPooledCreate(t *testing.T, point string) {
 	}
 	if after := n.poolStats(t); after.Hits != before.Hits+1 {
 		t.Fatalf("the create after the crash at %s did not take a pool entry: %+v then %+v", point, before, after)
+	}
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+}
+
+// crashPooledResume (the pool node): a resume that takes a pool entry is
+// crashed at point, before its "running" record. The restart puts the
+// sandbox back to paused without adopting the pooled VMM (which may never
+// have loaded the sandbox's state); it then resumes with its files and the
+// marker it kept in memory.
+func (n *node) crashPooledResume(t *testing.T, point string) {
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	data := n.writeData(t, id, "pr")
+	n.sh(t, id, `echo kept in memory > /dev/shm/marker`)
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+	n.waitPoolFull(t)
+	n.crashAt(t, point, func() { _, _, _, _ = n.Call("POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":60}`) })
+	if st := n.listed(t)[id]; st != "paused" {
+		t.Fatalf("sandbox %s is %q after a crash at %s during its pooled resume, want paused\n%s", id, st, point, n.diagnose(id))
+	}
+	n.resumeAndCheck(t, id, data)
+	if got := n.sh(t, id, `cat /dev/shm/marker`); got != "kept in memory" {
+		t.Fatalf("sandbox %s after a crash at %s: its memory marker reads %q", id, point, got)
 	}
 	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
 }

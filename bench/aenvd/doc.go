@@ -8,6 +8,7 @@
 // 20 creates at once (median latency, throughput against one at a time).
 // BenchmarkCreatePool compares creates with the warm pool of VMM processes
 // off and on (two nodes side by side, paired rounds), per stage and as
-// ratios to the VMM's own restore. Run them with `make bench` or
+// ratios to the VMM's own restore; BenchmarkResumePool the same for the
+// resume of a paused sandbox, each against the node's create. Run them with `make bench` or
 // `go test -run '^$' -bench . -benchtime 1x ./bench/aenvd`.
 package aenvdbench

@@ -1,0 +1,117 @@
+package aenvdbench
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/agentenv/agentenv/api/aenvdtest"
+	"github.com/agentenv/agentenv/guest/agent/agentclient"
+	"github.com/agentenv/agentenv/internal/testutil/guestassets"
+)
+
+// BenchmarkResumePool: the resume of a paused sandbox with the warm pool
+// of VMM processes off and on, in one run: two nodes of this tree side by
+// side, both keeping paused memory layered (no background flatten, so each
+// resume maps the template's memory file with the pause's pages written
+// in, the only resume a pooled VMM can take), paired rounds with the order
+// turned every round. Each round creates a sandbox on each node, dirties a
+// few MiB, pauses it and times its resume through the API (client side, to
+// the answer); the pooled node's pool is full before every measured call.
+// Printed: resume p50 off and on, on/off, and each against the create p50
+// of the same node in the same run (the issue's goal: resume <= 1.2x
+// create).
+func BenchmarkResumePool(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("aenvd needs root")
+	}
+	guestassets.Get(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	env := []string{"AENVD_NETWORK_POOL_LOW=4", "AENVD_NETWORK_POOL_HIGH=8", "AENVD_SANDBOX_FLATTEN_PAUSED=false"}
+	off := startBenchNode(ctx, b, "adbrsm", 83, env)
+	on := startBenchNode(ctx, b, "adbrsp", 99, append(env, "AENVD_VMM_POOL_LOW=1", "AENVD_VMM_POOL_HIGH=1", "AENVD_VMM_POOL_TEMPLATES=base"))
+	for _, n := range []*aenvdtest.Node{off, on} {
+		waitPoolFull(b, n)
+		mustKill(b, n, mustCreate(b, n)) // warm up: page cache, slot and device pools
+	}
+	b.ResetTimer()
+	for range b.N {
+		resume := map[*aenvdtest.Node][]float64{}
+		create := map[*aenvdtest.Node][]float64{}
+		hits := poolHits(b, on)
+		for r := range poolRounds {
+			order := []*aenvdtest.Node{off, on}
+			if r%2 == 1 {
+				order = []*aenvdtest.Node{on, off}
+			}
+			for _, n := range order {
+				c, rs := pauseResume(b, n, on)
+				create[n], resume[n] = append(create[n], c), append(resume[n], rs)
+			}
+		}
+		// Every create and every resume on the pooled node took an entry.
+		if got := poolHits(b, on) - hits; got != 2*poolRounds {
+			b.Fatalf("%d of %d creates and resumes on the pooled node took a pool entry", got, 2*poolRounds)
+		}
+		offR, onR := median(resume[off])*1000, median(resume[on])*1000
+		offC, onC := median(create[off])*1000, median(create[on])*1000
+		fmt.Printf("resume (paused memory layered, a few MiB dirtied) with the warm pool of VMM processes off and on, medians of %d paired rounds:\n", poolRounds)
+		fmt.Printf("  pool off: resume %.1f ms, create %.1f ms: resume/create %.2fx (goal <= 1.2x)\n", offR, offC, offR/offC)
+		fmt.Printf("  pool on:  resume %.1f ms, create %.1f ms: resume/create %.2fx (goal <= 1.2x)\n", onR, onC, onR/onC)
+		fmt.Printf("  resume on/off %.2fx\n", onR/offR)
+		b.ReportMetric(onR/offR, "resume-pool-on-vs-off")
+		b.ReportMetric(onR/onC, "resume-vs-create-pool-on")
+		b.ReportMetric(offR/offC, "resume-vs-create-pool-off")
+	}
+}
+
+// pauseResume creates a sandbox on n, dirties 8 MiB of its memory, pauses
+// and resumes it and kills it; it returns the create's and the resume's
+// client-side durations in seconds. pooled's pool is full before each.
+func pauseResume(b *testing.B, n, pooled *aenvdtest.Node) (create, resume float64) {
+	waitPoolFull(b, pooled)
+	t0 := time.Now()
+	id := mustCreate(b, n)
+	create = time.Since(t0).Seconds()
+	guestSh(b, n, id, "head -c 8388608 /dev/urandom > /dev/shm/dirty")
+	call(b, n, "POST", "/sandboxes/"+id+"/pause", "", 204)
+	waitPoolFull(b, pooled)
+	t0 = time.Now()
+	call(b, n, "POST", "/sandboxes/"+id+"/connect", `{"timeout":300}`, 201)
+	resume = time.Since(t0).Seconds()
+	mustKill(b, n, id)
+	return create, resume
+}
+
+// call makes an API call and fails on another status than want.
+func call(b *testing.B, n *aenvdtest.Node, method, path, body string, want int) {
+	if code, out, _, err := n.Call(method, path, n.Key, body); err != nil || code != want {
+		b.Fatalf("%s %s: %d %s %v", method, path, code, out, err)
+	}
+}
+
+// guestSh runs a bash script as root in sandbox id through its agent.
+func guestSh(b *testing.B, n *aenvdtest.Node, id, script string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	hc := &http.Client{Transport: sandboxTransport{id: id}}
+	_, stderr, code, err := agentclient.RunWith(ctx, n.Proxy, hc, []agentclient.Option{agentclient.WithUser("root")}, "/bin/bash", "-c", script)
+	if err != nil || code != 0 {
+		b.Fatalf("sandbox %s: %q: exit %d, %v, stderr %s", id, script, code, err, stderr)
+	}
+}
+
+// sandboxTransport routes requests to the agent of sandbox id through the
+// node's proxy.
+type sandboxTransport struct{ id string }
+
+func (s sandboxTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("E2b-Sandbox-Id", s.id)
+	r.Header.Set("E2b-Sandbox-Port", "49983")
+	return http.DefaultTransport.RoundTrip(r)
+}
