@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
 	"github.com/agentenv/agentenv/storage/daemon/client"
@@ -306,6 +307,31 @@ func (n *Node) Create(body string) (string, error) {
 		return "", fmt.Errorf("create %s: %d %s", body, code, b)
 	}
 	return sbx.SandboxID, nil
+}
+
+// Sh runs a bash script as root in sandbox id, through the node's proxy to
+// the sandbox's agent, and returns its stdout; a non-zero exit is an error
+// that carries its stderr.
+func (n *Node) Sh(ctx context.Context, id, script string) (string, error) {
+	hc := &http.Client{Transport: agentRoute{id}}
+	out, stderr, code, err := agentclient.RunWith(ctx, n.Proxy, hc, []agentclient.Option{agentclient.WithUser("root")}, "/bin/bash", "-c", script)
+	if err == nil && code != 0 {
+		err = fmt.Errorf("exit %d: %s", code, bytes.TrimSpace(stderr))
+	}
+	if err != nil {
+		return "", fmt.Errorf("sandbox %s: %q: %w", id, script, err)
+	}
+	return string(out), nil
+}
+
+// agentRoute routes requests through aenvd's proxy to a sandbox's agent.
+type agentRoute struct{ id string }
+
+func (r agentRoute) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set("E2b-Sandbox-Id", r.id)
+	req.Header.Set("E2b-Sandbox-Port", "49983")
+	return http.DefaultTransport.RoundTrip(req)
 }
 
 // Metrics returns the Prometheus text of /metrics.

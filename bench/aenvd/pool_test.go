@@ -34,13 +34,7 @@ func BenchmarkCreatePool(b *testing.B) {
 	guestassets.Get(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	env := []string{"AENVD_NETWORK_POOL_LOW=4", "AENVD_NETWORK_POOL_HIGH=8", "AENVD_SANDBOX_PREFETCH=true"}
-	off := startBenchNode(ctx, b, "adbench", 83, env)
-	on := startBenchNode(ctx, b, "adbpool", 99, append(env, "AENVD_VMM_POOL_LOW=1", "AENVD_VMM_POOL_HIGH=1", "AENVD_VMM_POOL_TEMPLATES=base"))
-	for _, n := range []*aenvdtest.Node{off, on} {
-		waitPoolFull(b, n)
-		mustKill(b, n, mustCreate(b, n)) // warm up: page cache, slot and device pools
-	}
+	off, on := startPoolPair(ctx, b, "AENVD_SANDBOX_PREFETCH=true")
 	b.ResetTimer()
 	for range b.N {
 		per := map[*aenvdtest.Node]map[string][]float64{off: {}, on: {}}
@@ -101,6 +95,20 @@ func createStages(b *testing.B, n *aenvdtest.Node) map[string]float64 {
 		out[st] = d.sum
 	}
 	return out
+}
+
+// startPoolPair starts two nodes of this tree with env (closed with the
+// benchmark), the second keeping one VMM of the base template waiting in
+// its warm pool, and warms both up (page cache, slot and device pools).
+func startPoolPair(ctx context.Context, b *testing.B, env ...string) (off, on *aenvdtest.Node) {
+	env = append([]string{"AENVD_NETWORK_POOL_LOW=4", "AENVD_NETWORK_POOL_HIGH=8"}, env...)
+	off = startBenchNode(ctx, b, "adbench", 83, env)
+	on = startBenchNode(ctx, b, "adbpool", 99, append(env, "AENVD_VMM_POOL_LOW=1", "AENVD_VMM_POOL_HIGH=1", "AENVD_VMM_POOL_TEMPLATES=base"))
+	for _, n := range []*aenvdtest.Node{off, on} {
+		waitPoolFull(b, n)
+		mustKill(b, n, mustCreate(b, n))
+	}
+	return off, on
 }
 
 // startBenchNode starts a node of this tree, closed with the benchmark.

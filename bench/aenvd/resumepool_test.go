@@ -3,13 +3,11 @@ package aenvdbench
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/agentenv/agentenv/api/aenvdtest"
-	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
 )
 
@@ -31,13 +29,7 @@ func BenchmarkResumePool(b *testing.B) {
 	guestassets.Get(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	env := []string{"AENVD_NETWORK_POOL_LOW=4", "AENVD_NETWORK_POOL_HIGH=8", "AENVD_SANDBOX_FLATTEN_PAUSED=false"}
-	off := startBenchNode(ctx, b, "adbrsm", 83, env)
-	on := startBenchNode(ctx, b, "adbrsp", 99, append(env, "AENVD_VMM_POOL_LOW=1", "AENVD_VMM_POOL_HIGH=1", "AENVD_VMM_POOL_TEMPLATES=base"))
-	for _, n := range []*aenvdtest.Node{off, on} {
-		waitPoolFull(b, n)
-		mustKill(b, n, mustCreate(b, n)) // warm up: page cache, slot and device pools
-	}
+	off, on := startPoolPair(ctx, b, "AENVD_SANDBOX_FLATTEN_PAUSED=false")
 	b.ResetTimer()
 	for range b.N {
 		resume := map[*aenvdtest.Node][]float64{}
@@ -77,7 +69,9 @@ func pauseResume(b *testing.B, n, pooled *aenvdtest.Node) (create, resume float6
 	t0 := time.Now()
 	id := mustCreate(b, n)
 	create = time.Since(t0).Seconds()
-	guestSh(b, n, id, "head -c 8388608 /dev/urandom > /dev/shm/dirty")
+	if _, err := n.Sh(context.Background(), id, "head -c 8388608 /dev/urandom > /dev/shm/dirty"); err != nil {
+		b.Fatal(err)
+	}
 	call(b, n, "POST", "/sandboxes/"+id+"/pause", "", 204)
 	waitPoolFull(b, pooled)
 	t0 = time.Now()
@@ -92,26 +86,4 @@ func call(b *testing.B, n *aenvdtest.Node, method, path, body string, want int) 
 	if code, out, _, err := n.Call(method, path, n.Key, body); err != nil || code != want {
 		b.Fatalf("%s %s: %d %s %v", method, path, code, out, err)
 	}
-}
-
-// guestSh runs a bash script as root in sandbox id through its agent.
-func guestSh(b *testing.B, n *aenvdtest.Node, id, script string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	hc := &http.Client{Transport: sandboxTransport{id: id}}
-	_, stderr, code, err := agentclient.RunWith(ctx, n.Proxy, hc, []agentclient.Option{agentclient.WithUser("root")}, "/bin/bash", "-c", script)
-	if err != nil || code != 0 {
-		b.Fatalf("sandbox %s: %q: exit %d, %v, stderr %s", id, script, code, err, stderr)
-	}
-}
-
-// sandboxTransport routes requests to the agent of sandbox id through the
-// node's proxy.
-type sandboxTransport struct{ id string }
-
-func (s sandboxTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("E2b-Sandbox-Id", s.id)
-	r.Header.Set("E2b-Sandbox-Port", "49983")
-	return http.DefaultTransport.RoundTrip(r)
 }

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/api/aenvdtest"
-	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
 	"github.com/agentenv/agentenv/snapshot/repo"
 	"github.com/agentenv/agentenv/snapshot/repo/s3"
@@ -138,21 +137,9 @@ func call(b *testing.B, n *aenvdtest.Node, want int, method, path, body string) 
 // run runs a shell script in the sandbox as root, failing on a non-zero exit.
 func run(ctx context.Context, b *testing.B, n *aenvdtest.Node, id, script string) {
 	b.Helper()
-	hc := &http.Client{Transport: sandboxPort{id, "49983"}}
-	_, stderr, code, err := agentclient.RunWith(ctx, n.Proxy, hc, []agentclient.Option{agentclient.WithUser("root")}, "/bin/bash", "-c", script)
-	if err != nil || code != 0 {
-		b.Fatalf("sandbox %s: %q: exit %d, %v, %s", id, script, code, err, stderr)
+	if _, err := n.Sh(ctx, id, script); err != nil {
+		b.Fatal(err)
 	}
-}
-
-// sandboxPort routes requests through aenvd's proxy to a sandbox port.
-type sandboxPort struct{ id, port string }
-
-func (h sandboxPort) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("E2b-Sandbox-Id", h.id)
-	r.Header.Set("E2b-Sandbox-Port", h.port)
-	return http.DefaultTransport.RoundTrip(r)
 }
 
 // newestPause waits until the repository holds the sandbox's newest pause

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/api/aenvdtest"
-	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
 	"golang.org/x/sys/unix"
 )
@@ -130,29 +129,17 @@ func (n *node) expect(b *testing.B, want int, method, path, body string) ([]byte
 	return out, took
 }
 
-// headerTransport routes requests through aenvd's proxy to a sandbox port.
-type headerTransport struct{ id, port string }
-
-func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("E2b-Sandbox-Id", h.id)
-	r.Header.Set("E2b-Sandbox-Port", h.port)
-	return http.DefaultTransport.RoundTrip(r)
-}
-
 // sh runs a bash script as root in sandbox id and returns its trimmed
 // stdout; a non-zero exit fails the benchmark.
 func (n *node) sh(b *testing.B, id, script string) string {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	hc := &http.Client{Transport: headerTransport{id, "49983"}}
-	out, stderr, code, err := agentclient.RunWith(ctx, n.Proxy, hc, []agentclient.Option{agentclient.WithUser("root")},
-		"/bin/bash", "-c", script)
-	if err != nil || code != 0 {
-		b.Fatalf("sandbox %s: %q: exit %d, %v, stderr %s", id, script, code, err, stderr)
+	out, err := n.Sh(ctx, id, script)
+	if err != nil {
+		b.Fatal(err)
 	}
-	return strings.TrimSpace(string(out))
+	return strings.TrimSpace(out)
 }
 
 // fillScript writes up to want MiB of non-zero bytes (0xa5) into the
