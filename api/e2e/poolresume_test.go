@@ -64,4 +64,3 @@ func (n *node) takesPooled(t *testing.T, source, what string, start func() strin
 	}
 	return id
 }
-
