@@ -19,13 +19,13 @@ import (
 
 // destructive methods change or end the daemon's devices: inputs naming
 // them run on a scratch daemon of their own.
-var destructive = []string{rpc.MethodDelete, rpc.MethodRestack, rpc.MethodReclaim, rpc.MethodShutdown}
+var destructive = []string{rpc.MethodDelete, rpc.MethodRestack, rpc.MethodRebase, rpc.MethodReclaim, rpc.MethodShutdown}
 
 // FuzzRPCConn feeds arbitrary bytes to the daemon's RPC connection handler
 // (framing, JSON, every method's parameters). Inputs that cannot remove
 // anything run on one long-lived daemon with a real device, which must
 // still answer and still have the device. Inputs naming delete, restack,
-// reclaim or shutdown run on a fresh state directory with one device; after
+// rebase, reclaim or shutdown run on a fresh state directory with one device; after
 // them a restarted daemon must find exactly the devices the first one had
 // at the end, none lost.
 func FuzzRPCConn(f *testing.F) {
@@ -45,9 +45,12 @@ func FuzzRPCConn(f *testing.F) {
 	f.Add(frame(rpc.MethodReclaim, `{"owner":"","keep":[1,2]}`))
 	f.Add(frame(rpc.MethodShutdown, ``))
 	f.Add(frame(rpc.MethodWarm, `{"image":"x","low":-1}`))
+	f.Add(frame(rpc.MethodRebase, `{"id":0,"image":"/nonexistent/image.json"}`))
+	f.Add(frame(rpc.MethodRebase, `{"id":0,"image":""}`))
 	f.Add(binary.BigEndian.AppendUint32(nil, 1<<31))
 
 	fx := newFixture(f, 99)
+	f.Add(frame(rpc.MethodRebase, `{"id":0,"image":"`+fx.config+`"}`)) // a rebase that moves the device
 	opts := fuzzOptions(f.TempDir())
 	d, err := New(opts)
 	if err != nil {
