@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -81,6 +82,11 @@ func (v *VM) prepare(ctx context.Context, rc vmm.RestoreConfig) (vmm.Machine, er
 	return m, nil
 }
 
+// fpPooledMoved: the pooled VMM's run directory is the start's, its state
+// not loaded yet (a recovery that found the VMM there must not take it
+// for the sandbox's VM).
+var fpPooledMoved = failpoint.New("sandbox/pooled/moved")
+
 // loadPooled moves the pooled VMM's run directory to the start's and loads
 // the snapshot's state and memory layers into it.
 func (v *VM) loadPooled(ctx context.Context, spec Spec) (vmm.Machine, error) {
@@ -89,6 +95,9 @@ func (v *VM) loadPooled(ctx context.Context, spec Spec) (vmm.Machine, error) {
 		return nil, errors.New("restore: the pooled VM's VMM waits for no state")
 	}
 	if err := m.Move(spec.RunDir); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	if err := fpPooledMoved.Inject(); err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
 	if err := m.Load(ctx, spec.Restore, v.memLayers, false); err != nil {

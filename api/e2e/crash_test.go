@@ -177,6 +177,7 @@ func TestCrashMatrix(t *testing.T) {
 		{"warmpool/handed", "pooled", p.crashPooledCreate}, {"warmpool/fill/", "pooled", p.crashPoolFill},
 		{"orchestrator/poolresume/", "pooled-resume", p.crashPooledResume}, {"orchestrator/pool/", "pooled-resume", p.crashPooledResume},
 		{"warmpool/handed", "pooled-resume", p.crashPooledResume}, {"orchestrator/resume/restored", "pooled-resume", p.crashPooledResume},
+		{"sandbox/pooled/", "pooled", p.crashPooledCreate}, {"sandbox/pooled/", "pooled-resume", p.crashPooledResume},
 	}
 	for _, c := range pool {
 		for _, point := range failpoint.Names(c.prefix) {
