@@ -294,7 +294,7 @@ func TestBuildE2E(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hc := &http.Client{Transport: sandboxTransport{id: sbx}}
+	hc := aenvdtest.AgentClient(sbx)
 	run := func(user, cmd string) string {
 		t.Helper()
 		var opts []agentclient.Option
@@ -371,14 +371,4 @@ func TestBuildE2E(t *testing.T) {
 	c.call("POST", "/v2/templates/nosuch/builds/"+created.BuildID, `{"fromImage":"`+host+`/small:v1"}`, http.StatusNotFound)
 	c.call("GET", "/templates/"+created.TemplateID+"/builds/nosuch/status", "", http.StatusNotFound)
 	c.call("DELETE", "/templates/base", "", http.StatusConflict)
-}
-
-// sandboxTransport routes agent requests through aenvd's proxy.
-type sandboxTransport struct{ id string }
-
-func (s sandboxTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("E2b-Sandbox-Id", s.id)
-	r.Header.Set("E2b-Sandbox-Port", "49983")
-	return http.DefaultTransport.RoundTrip(r)
 }

@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/vmmproc"
-
+	"github.com/agentenv/agentenv/api/aenvdtest"
 	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	"github.com/agentenv/agentenv/internal/failpoint"
+	"github.com/agentenv/agentenv/internal/vmmproc"
 	_ "github.com/agentenv/agentenv/orchestrator" // declares orchestrator/template/... fault points
 	_ "github.com/agentenv/agentenv/template"
 )
@@ -113,7 +113,7 @@ func (c buildClient) runIn(template, cmd string) string {
 	defer c.call("DELETE", "/sandboxes/"+id, "", http.StatusNoContent)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	hc := &http.Client{Transport: sandboxTransport{id: id}}
+	hc := aenvdtest.AgentClient(id)
 	out, errOut, code, err := agentclient.RunWith(ctx, c.n.Proxy, hc, []agentclient.Option{agentclient.WithUser("root")}, "/bin/sh", "-c", cmd)
 	if err != nil || code != 0 {
 		c.t.Fatalf("%s: exit %d, %v\n%s%s", cmd, code, err, out, errOut)

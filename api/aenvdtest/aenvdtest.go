@@ -313,8 +313,7 @@ func (n *Node) Create(body string) (string, error) {
 // the sandbox's agent, and returns its stdout; a non-zero exit is an error
 // that carries its stderr.
 func (n *Node) Sh(ctx context.Context, id, script string) (string, error) {
-	hc := &http.Client{Transport: agentRoute{id}}
-	out, stderr, code, err := agentclient.RunWith(ctx, n.Proxy, hc, []agentclient.Option{agentclient.WithUser("root")}, "/bin/bash", "-c", script)
+	out, stderr, code, err := agentclient.RunWith(ctx, n.Proxy, AgentClient(id), []agentclient.Option{agentclient.WithUser("root")}, "/bin/bash", "-c", script)
 	if err == nil && code != 0 {
 		err = fmt.Errorf("exit %d: %s", code, bytes.TrimSpace(stderr))
 	}
@@ -323,6 +322,10 @@ func (n *Node) Sh(ctx context.Context, id, script string) (string, error) {
 	}
 	return string(out), nil
 }
+
+// AgentClient returns a client whose requests to the node's proxy reach
+// sandbox id's agent (the E2B routing headers on every request).
+func AgentClient(id string) *http.Client { return &http.Client{Transport: agentRoute{id}} }
 
 // agentRoute routes requests through aenvd's proxy to a sandbox's agent.
 type agentRoute struct{ id string }

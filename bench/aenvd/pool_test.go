@@ -28,29 +28,17 @@ var poolStages = append([]string{"memory"}, stages...)
 // p50 as a ratio to the VMM's own restore (the unpooled node's vmm_restore
 // stage, goal <= 1.5x), and on against off.
 func BenchmarkCreatePool(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("aenvd needs root")
-	}
-	guestassets.Get(b)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	off, on := startPoolPair(ctx, b, "AENVD_SANDBOX_PREFETCH=true")
+	off, on := startPoolPair(b, "AENVD_SANDBOX_PREFETCH=true")
 	b.ResetTimer()
 	for range b.N {
 		per := map[*aenvdtest.Node]map[string][]float64{off: {}, on: {}}
 		hits := poolHits(b, on)
-		for r := range poolRounds {
-			order := []*aenvdtest.Node{off, on}
-			if r%2 == 1 {
-				order = []*aenvdtest.Node{on, off}
+		pairedRounds(off, on, func(n *aenvdtest.Node) {
+			waitPoolFull(b, on) // the pooled node's refill of the round before, done
+			for st, d := range createStages(b, n) {
+				per[n][st] = append(per[n][st], d)
 			}
-			for _, n := range order {
-				waitPoolFull(b, on) // the pooled node's refill of the round before, done
-				for st, d := range createStages(b, n) {
-					per[n][st] = append(per[n][st], d)
-				}
-			}
-		}
+		})
 		if got := poolHits(b, on) - hits; got != poolRounds {
 			b.Fatalf("%d of %d creates on the pooled node took a pool entry", got, poolRounds)
 		}
@@ -97,10 +85,31 @@ func createStages(b *testing.B, n *aenvdtest.Node) map[string]float64 {
 	return out
 }
 
+// pairedRounds calls round poolRounds times on each node, the order
+// turned every round (neither node always goes first).
+func pairedRounds(off, on *aenvdtest.Node, round func(*aenvdtest.Node)) {
+	for r := range poolRounds {
+		order := []*aenvdtest.Node{off, on}
+		if r%2 == 1 {
+			order = []*aenvdtest.Node{on, off}
+		}
+		for _, n := range order {
+			round(n)
+		}
+	}
+}
+
 // startPoolPair starts two nodes of this tree with env (closed with the
 // benchmark), the second keeping one VMM of the base template waiting in
 // its warm pool, and warms both up (page cache, slot and device pools).
-func startPoolPair(ctx context.Context, b *testing.B, env ...string) (off, on *aenvdtest.Node) {
+// Skips without root (aenvd needs it).
+func startPoolPair(b *testing.B, env ...string) (off, on *aenvdtest.Node) {
+	if os.Geteuid() != 0 {
+		b.Skip("aenvd needs root")
+	}
+	guestassets.Get(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	b.Cleanup(cancel) // after the nodes' Close (cleanups run last-in first-out)
 	env = append([]string{"AENVD_NETWORK_POOL_LOW=4", "AENVD_NETWORK_POOL_HIGH=8"}, env...)
 	off = startBenchNode(ctx, b, "adbench", 83, env)
 	on = startBenchNode(ctx, b, "adbpool", 99, append(env, "AENVD_VMM_POOL_LOW=1", "AENVD_VMM_POOL_HIGH=1", "AENVD_VMM_POOL_TEMPLATES=base"))

@@ -3,12 +3,10 @@ package aenvdbench
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/agentenv/agentenv/api/aenvdtest"
-	"github.com/agentenv/agentenv/internal/testutil/guestassets"
 )
 
 // BenchmarkResumePool: the resume of a paused sandbox with the warm pool
@@ -23,28 +21,16 @@ import (
 // of the same node in the same run (the goal: resume <= 1.2x
 // create).
 func BenchmarkResumePool(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("aenvd needs root")
-	}
-	guestassets.Get(b)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	off, on := startPoolPair(ctx, b, "AENVD_SANDBOX_FLATTEN_PAUSED=false")
+	off, on := startPoolPair(b, "AENVD_SANDBOX_FLATTEN_PAUSED=false")
 	b.ResetTimer()
 	for range b.N {
 		resume := map[*aenvdtest.Node][]float64{}
 		create := map[*aenvdtest.Node][]float64{}
 		hits := poolHits(b, on)
-		for r := range poolRounds {
-			order := []*aenvdtest.Node{off, on}
-			if r%2 == 1 {
-				order = []*aenvdtest.Node{on, off}
-			}
-			for _, n := range order {
-				c, rs := pauseResume(b, n, on)
-				create[n], resume[n] = append(create[n], c), append(resume[n], rs)
-			}
-		}
+		pairedRounds(off, on, func(n *aenvdtest.Node) {
+			c, rs := pauseResume(b, n, on)
+			create[n], resume[n] = append(create[n], c), append(resume[n], rs)
+		})
 		// Every create and every resume on the pooled node took an entry.
 		if got := poolHits(b, on) - hits; got != 2*poolRounds {
 			b.Fatalf("%d of %d creates and resumes on the pooled node took a pool entry", got, 2*poolRounds)
