@@ -13,8 +13,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -30,23 +28,19 @@ import (
 	"github.com/agentenv/agentenv/snapshot/repo/reponode"
 	"github.com/agentenv/agentenv/template"
 
-	"github.com/agentenv/agentenv/api"
-	"github.com/agentenv/agentenv/api/metricsring"
-	"github.com/agentenv/agentenv/api/webhooks"
 	"github.com/agentenv/agentenv/config"
 	"github.com/agentenv/agentenv/guest/image"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/oci"
 	"github.com/agentenv/agentenv/orchestrator"
-	"github.com/agentenv/agentenv/proxy"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/store"
+	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/vmm/qemu"
 	"github.com/agentenv/agentenv/vmm/vmmselect"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 func main() {
@@ -119,15 +113,9 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	// One backend choice, made once: vmmselect logs it, /nodes reports it.
-	choice, err := vmmselect.Select(ctx, vmmselect.Options{Prefer: cfg.VMM.Driver, Kernel: assets.Kernel, Accel: cfg.VMM.Accel, Log: log})
+	vb, err := chooseBackend(ctx, cfg, assets, log)
 	if err != nil {
 		return err
-	}
-	drv := choice.Driver
-	accel, why := "", choice.Reason
-	if q, ok := drv.(*qemu.Driver); ok {
-		accel, _ = q.Accel()
 	}
 	// The repository first: its layer socket serves the lazy lowers of the
 	// storage daemon's devices, which a daemon started now re-opens.
@@ -143,16 +131,16 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if sd != nil {
 		defer sd.Close()
 	}
-	// Before the network manager clears the previous run's slots, take over
-	// the VMs a crashed predecessor left running; their slots are kept and
-	// the orchestrator re-adopts them as running sandboxes.
 	// The disk backend, chosen once: the storage daemon's devices, or none
 	// (files). A nil client must not become a non-nil interface.
 	var devices client.Devices
 	if sd != nil {
 		devices = sd
 	}
-	recovered, err := orchestrator.Recover(ctx, drv, st, devices, cfg.DataDir, log)
+	// Before the network manager clears the previous run's slots, take over
+	// the VMs a crashed predecessor left running; their slots are kept and
+	// the orchestrator re-adopts them as running sandboxes.
+	recovered, err := orchestrator.Recover(ctx, vb.driver, st, devices, cfg.DataDir, log)
 	if err != nil {
 		return err
 	}
@@ -171,7 +159,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	orch, err := orchestrator.New(ctx, orchestrator.Options{
-		DataDir: cfg.DataDir, Driver: drv, Network: nets, Store: st, Storage: devices, MaxLayers: cfg.Sandbox.MaxLayers, Prefetch: cfg.Sandbox.Prefetch, FlattenPaused: cfg.Sandbox.FlattenPaused, MemoryDevices: cfg.Storage.MemoryDevices, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
+		DataDir: cfg.DataDir, Driver: vb.driver, Network: nets, Store: st, Storage: devices, MaxLayers: cfg.Sandbox.MaxLayers, Prefetch: cfg.Sandbox.Prefetch, FlattenPaused: cfg.Sandbox.FlattenPaused, MemoryDevices: cfg.Storage.MemoryDevices, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
 		Groups: groups, VMMUIDBase: uint32(cfg.VMM.UIDBase), Repository: rn.uploads(), Remote: rn.remote(),
 		StoragePoolLow: cfg.Storage.PoolLow, StoragePoolHigh: cfg.Storage.PoolHigh, VolumeSizeMiB: cfg.Storage.VolumeSizeMiB,
 		VMMPool: orchestrator.PoolOptions{Low: cfg.VMMPool.Low, High: cfg.VMMPool.High, ReserveMiB: cfg.VMMPool.ReserveMiB,
@@ -188,121 +176,26 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer orch.CloseBuilds()
-	px := proxy.New(orch, cfg.API.Domain, log)
-	px.APIKey = key // stripped from anything forwarded to a guest
-	// A sandbox's end (kill, pause) closes its streams through the proxy.
-	defer orch.Subscribe(px.OnEvent)()
-	// The sandbox metrics history, answered by range.
-	history := metricsring.New(orch, 0, 0, log)
-	history.Start(ctx)
-	defer history.Close()
-	hooks, err := webhooks.New(st, webhooks.Options{Logger: log}) // lifecycle webhooks, their pending deliveries resumed
+	return serve(ctx, cfg, node{orch: orch, store: st, repo: rn, key: key, registry: reg, backend: vb}, log)
+}
+
+// backend is the VMM backend, chosen once (chooseBackend): vmmselect logs
+// the choice and /nodes reports it.
+type backend struct {
+	driver     vmm.Driver
+	accel, why string
+}
+
+func chooseBackend(ctx context.Context, cfg config.Config, assets *image.Assets, log *slog.Logger) (backend, error) {
+	choice, err := vmmselect.Select(ctx, vmmselect.Options{Prefer: cfg.VMM.Driver, Kernel: assets.Kernel, Accel: cfg.VMM.Accel, Log: log})
 	if err != nil {
-		return err
+		return backend{}, err
 	}
-	hooks.Start(ctx)
-	defer hooks.Close()
-	defer orch.Subscribe(hooks.OnEvent)()
-	hostname, _ := os.Hostname()
-	if cfg.Cluster.NodeName != "" {
-		hostname = cfg.Cluster.NodeName // one name in /nodes and in the cluster
+	b := backend{driver: choice.Driver, why: choice.Reason}
+	if q, ok := b.driver.(*qemu.Driver); ok {
+		b.accel, _ = q.Accel()
 	}
-	handler := api.NewHandler(api.Options{
-		Orchestrator: orch, APIKey: key, Domain: cfg.API.Domain, Proxy: px, Logger: log, Store: st, StateDir: cfg.DataDir,
-		Node: api.NodeInfo{ID: hostname, Version: version.Version(), Commit: version.Get().Commit, Date: version.Get().Date,
-			VMMDriver: drv.Name(), VMMAccel: accel, VMMReasons: why},
-		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), MetricsHistory: history, Webhooks: hooks,
-	})
-	member, err := newClusterMember(cfg, orch, rn, drv.Name(), hostname, log)
-	if err != nil {
-		return err
-	}
-	// Until the scheduler first answered, requests wait (but health and
-	// metrics): it names the copies this node must not serve.
-	handler, gatedProxy := member.gate(handler, "/health", "/metrics"), member.gate(px)
-	limits := defaultServerLimits(cfg)
-	servers := []*http.Server{newHTTPServer(cfg.API.Listen, handler, limits)}
-	if cfg.API.ProxyListen != "" {
-		servers = append(servers, newHTTPServer(cfg.API.ProxyListen, gatedProxy, limits))
-	}
-	if cfg.API.ProxyTLSListen != "" {
-		tlsCfg, err := proxy.TLSConfig(cfg.API.Domain, cfg.API.TLSCert, cfg.API.TLSKey, filepath.Join(cfg.DataDir, "tls"))
-		if err != nil {
-			return err
-		}
-		srv := newHTTPServer(cfg.API.ProxyTLSListen, gatedProxy, limits)
-		srv.TLSConfig = tlsCfg
-		servers = append(servers, srv)
-	}
-	errc := make(chan error, len(servers))
-	for _, srv := range servers {
-		ln, err := listenHTTP(srv.Addr, limits)
-		if err != nil {
-			return err
-		}
-		log.Info("listening", "addr", ln.Addr().String(), "tls", srv.TLSConfig != nil)
-		go func() {
-			if srv.TLSConfig != nil {
-				errc <- srv.ServeTLS(ln, "", "")
-				return
-			}
-			errc <- srv.Serve(ln)
-		}()
-	}
-	member.start(ctx, func() { rn.startUploads(ctx) })
-	log.Info("aenvd ready", "api", cfg.API.Listen, "proxy", cfg.API.ProxyListen, "dataDir", cfg.DataDir)
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		log.Error("http server", "err", err)
-	}
-	member.leave() // the scheduler stops placing here before the sandboxes pause
-	log.Info("shutting down", "pauseRunning", cfg.Sandbox.PauseOnShutdown)
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
-	defer cancel()
-	for _, srv := range servers {
-		_ = srv.Shutdown(sctx)
-	}
-	return orch.Shutdown(sctx, cfg.Sandbox.PauseOnShutdown)
-}
-
-// serverLimits are the HTTP servers' protections against slow and greedy
-// clients (see newHTTPServer).
-type serverLimits struct {
-	readHeader, idle time.Duration
-	perClient        int
-}
-
-func defaultServerLimits(cfg config.Config) serverLimits {
-	return serverLimits{readHeader: 10 * time.Second, idle: 2 * time.Minute, perClient: cfg.Network.ConnsPerClient}
-}
-
-// maxHeaderBytes bounds a request's header block; SDK requests carry a few
-// hundred bytes.
-const maxHeaderBytes = 64 << 10
-
-// newHTTPServer builds the API's or the proxy's server. A client must send
-// its request headers within readHeader and may keep an idle connection for
-// idle. There is deliberately no ReadTimeout or WriteTimeout: they bound
-// the whole request or response, and the proxy carries E2B command and PTY
-// streams and file transfers that rightly last minutes or hours (the
-// agent's own keepalives keep them busy). What a client that sends a body
-// or reads a response slowly can tie up is bounded by listenHTTP's limit on
-// connections per client address instead.
-func newHTTPServer(addr string, h http.Handler, l serverLimits) *http.Server {
-	return &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: l.readHeader, IdleTimeout: l.idle,
-		MaxHeaderBytes: maxHeaderBytes}
-}
-
-// listenHTTP opens a server's listener, limited to l.perClient concurrent
-// connections per client address.
-func listenHTTP(addr string, l serverLimits) (net.Listener, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", addr, err)
-	}
-	return proxy.LimitPerClient(ln, l.perClient), nil
+	return b, nil
 }
 
 // apiKey returns the configured key, or the one in the key file, creating
