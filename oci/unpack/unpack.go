@@ -315,23 +315,18 @@ func (l *layer) markParents(rel string) {
 	}
 }
 
+// entry applies one tar entry to the tree: a whiteout, the root's
+// metadata, or a new node in place of whatever the path held.
 func (l *layer) entry(hdr *tar.Header, rd io.Reader) error {
-	switch hdr.Typeflag {
-	case tar.TypeXGlobalHeader:
+	if err := checkEntry(hdr); err != nil {
+		return err
+	}
+	if hdr.Typeflag == tar.TypeXGlobalHeader {
 		return nil
-	case tar.TypeReg, tar.TypeDir, tar.TypeSymlink, tar.TypeLink, tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-	default:
-		if hdr.Typeflag == '\x00' { // old-style regular file (TypeRegA)
-			break
-		}
-		return fmt.Errorf("unsupported tar entry type %q", hdr.Typeflag)
 	}
 	rel, err := Clean(hdr.Name)
 	if err != nil {
 		return err
-	}
-	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid >= 1<<32-1 || hdr.Gid >= 1<<32-1 {
-		return fmt.Errorf("invalid owner %d:%d", hdr.Uid, hdr.Gid)
 	}
 	dir, base := split(rel)
 	if strings.HasPrefix(base, whiteoutPrefix) {
@@ -357,7 +352,8 @@ func (l *layer) entry(hdr *tar.Header, rd io.Reader) error {
 
 	var st unix.Stat_t
 	exists := unix.Fstatat(dirfd, base, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
-	if exists && !(hdr.Typeflag == tar.TypeDir && st.Mode&unix.S_IFMT == unix.S_IFDIR) {
+	isDir := exists && st.Mode&unix.S_IFMT == unix.S_IFDIR
+	if exists && !(hdr.Typeflag == tar.TypeDir && isDir) {
 		if hdr.Typeflag == tar.TypeLink {
 			if target, err := Clean(hdr.Linkname); err == nil && target == rel {
 				return nil // a link to itself: keep the file
@@ -367,116 +363,23 @@ func (l *layer) entry(hdr *tar.Header, rd io.Reader) error {
 			return fmt.Errorf("replace existing entry: %w", err)
 		}
 	}
-	perm := uint32(hdr.Mode) & 0o7777
+	return l.create(dirfd, base, rel, hdr, rd, isDir)
+}
+
+// checkEntry refuses entry types this unpacker does not apply and owners
+// outside the kernel's range.
+func checkEntry(hdr *tar.Header) error {
 	switch hdr.Typeflag {
-	case tar.TypeDir:
-		if !exists || st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			if err := l.r.newInode(); err != nil {
-				return err
-			}
-			if err := unix.Mkdirat(dirfd, base, 0o700); err != nil {
-				return fmt.Errorf("mkdir: %w", err)
-			}
-		}
-		fd, err := unix.Openat(dirfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("open directory: %w", err)
-		}
-		defer unix.Close(fd)
-		if err := fdMeta(fd, hdr, perm); err != nil {
-			return err
-		}
-		l.dirs = append(l.dirs, dirTime{rel: rel, atime: atime(hdr), mtime: hdr.ModTime})
-		return nil
-	case tar.TypeReg, '\x00':
-		if err := l.r.newInode(); err != nil {
-			return err
-		}
-		if err := l.r.charge(hdr.Size, "file"); err != nil {
-			return err
-		}
-		fd, err := unix.Openat(dirfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			return fmt.Errorf("create file: %w", err)
-		}
-		f := os.NewFile(uintptr(fd), base)
-		defer f.Close()
-		n, err := io.Copy(f, rd)
-		l.stats.Bytes += n
-		if err != nil {
-			return fmt.Errorf("write file: %w", err)
-		}
-		if err := fdMeta(fd, hdr, perm); err != nil {
-			return err
-		}
-	case tar.TypeSymlink:
-		if hdr.Linkname == "" || strings.IndexByte(hdr.Linkname, 0) >= 0 {
-			return fmt.Errorf("invalid symlink target %q", hdr.Linkname)
-		}
-		if err := l.r.newInode(); err != nil {
-			return err
-		}
-		if err := unix.Symlinkat(hdr.Linkname, dirfd, base); err != nil {
-			return fmt.Errorf("symlink: %w", err)
-		}
-		if err := unix.Fchownat(dirfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return fmt.Errorf("chown symlink: %w", err)
-		}
-		if err := pathXattrs(dirfd, base, hdr); err != nil {
-			return err
-		}
-	case tar.TypeLink:
-		target, err := Clean(hdr.Linkname)
-		if err != nil {
-			return fmt.Errorf("hard link target: %w", err)
-		}
-		if target == "." {
-			return fmt.Errorf("hard link to the root directory")
-		}
-		tdir, tbase := split(target)
-		tfd, err := l.r.openDir(tdir, false, nil)
-		if err != nil {
-			return fmt.Errorf("hard link target %q: %w", hdr.Linkname, err)
-		}
-		err = unix.Linkat(tfd, tbase, dirfd, base, 0)
-		unix.Close(tfd)
-		if err != nil {
-			return fmt.Errorf("hard link to %q: %w", hdr.Linkname, err)
-		}
-		return nil // a hard link shares the target's inode and metadata
-	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-		mode := uint32(unix.S_IFIFO)
-		switch hdr.Typeflag {
-		case tar.TypeChar:
-			mode = unix.S_IFCHR
-		case tar.TypeBlock:
-			mode = unix.S_IFBLK
-		}
-		if hdr.Devmajor < 0 || hdr.Devminor < 0 || hdr.Devmajor > 0xffffffff || hdr.Devminor > 0xffffffff {
-			return fmt.Errorf("invalid device number %d:%d", hdr.Devmajor, hdr.Devminor)
-		}
-		dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
-		if err := l.r.newInode(); err != nil {
-			return err
-		}
-		if err := unix.Mknodat(dirfd, base, mode|0o600, int(dev)); err != nil {
-			return fmt.Errorf("mknod: %w", err)
-		}
-		// A special file opened O_PATH: fchown/fchmod through /proc would be
-		// needed; the *at calls below act on the node just made (never a symlink).
-		if err := unix.Fchownat(dirfd, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return fmt.Errorf("chown: %w", err)
-		}
-		if err := unix.Fchmodat(dirfd, base, perm, 0); err != nil {
-			return fmt.Errorf("chmod: %w", err)
-		}
-		if err := pathXattrs(dirfd, base, hdr); err != nil {
-			return err
-		}
+	case tar.TypeXGlobalHeader, tar.TypeReg, tar.TypeDir, tar.TypeSymlink, tar.TypeLink, tar.TypeChar, tar.TypeBlock,
+		tar.TypeFifo, '\x00': // '\x00': an old-style regular file (TypeRegA)
+	default:
+		return fmt.Errorf("unsupported tar entry type %q", hdr.Typeflag)
 	}
-	ts := []unix.Timespec{timespec(atime(hdr)), timespec(hdr.ModTime)}
-	if err := unix.UtimesNanoAt(dirfd, base, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return fmt.Errorf("set times: %w", err)
+	if hdr.Typeflag == tar.TypeXGlobalHeader {
+		return nil
+	}
+	if hdr.Uid < 0 || hdr.Gid < 0 || hdr.Uid >= 1<<32-1 || hdr.Gid >= 1<<32-1 {
+		return fmt.Errorf("invalid owner %d:%d", hdr.Uid, hdr.Gid)
 	}
 	return nil
 }
