@@ -39,20 +39,23 @@ type Result struct {
 
 var validName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$`)
 
+// pull holds `aenv pull`'s flags.
+type pull struct {
+	opt      oci.Options
+	conv     oci.ConvertOptions
+	name     string
+	user     string
+	compress bool
+	asJSON   bool
+	local    bool
+	remote   client.BuildRequest
+	poll     time.Duration
+	format   string
+}
+
 // NewCommand returns `aenv pull`.
 func NewCommand() *cobra.Command {
-	var (
-		opt      oci.Options
-		conv     oci.ConvertOptions
-		name     string
-		user     string
-		compress bool
-		asJSON   bool
-		local    bool
-		remote   client.BuildRequest
-		poll     time.Duration
-		format   string
-	)
+	var p pull
 	cmd := &cobra.Command{
 		Use:   "pull IMAGE",
 		Short: "Make a template from an OCI image (on aenvd; --local converts it here)",
@@ -72,96 +75,113 @@ anonymous.`,
 		Args:         cobra.ExactArgs(1),
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if name != "" && !validName.MatchString(name) {
-				return fmt.Errorf("pull: invalid name %q", name)
+			if p.name != "" && !validName.MatchString(p.name) {
+				return fmt.Errorf("pull: invalid name %q", p.name)
 			}
-			if !local {
-				for _, f := range localFlags {
-					if cmd.Flags().Changed(f) {
-						return fmt.Errorf("pull: --%s applies to --local only (the node pulls with its own [image] configuration)", f)
-					}
-				}
-				remote.FromImage = args[0]
-				remote.Name = name
-				if remote.Name == "" {
-					remote.Name = defaultName(args[0])
-				}
-				if asJSON {
-					format = "json"
-				}
-				return sandboxcmd.ServerBuild(cmd, remote, poll, format)
+			if !p.local {
+				return p.onServer(cmd, args[0])
 			}
-			for _, f := range []string{"start-cmd", "ready-cmd", "cpu", "memory", "output"} {
-				if cmd.Flags().Changed(f) {
-					return fmt.Errorf("pull: --%s does not apply to --local", f)
-				}
-			}
-			if compress {
-				conv.Compress = &zfile.Options{}
-			}
-			if conv.Agent == "" {
-				if p := defaultAgentPath(); p != "" {
-					conv.Agent = p
-				}
-			}
-			p, err := oci.NewPuller(opt)
-			if err != nil {
-				return err
-			}
-			if user != "" {
-				r, err := p.ParseReference(args[0])
-				if err != nil {
-					return err
-				}
-				opt.Credentials = map[string]authn.AuthConfig{
-					r.Context().RegistryStr(): {Username: user, Password: os.Getenv("AENV_REGISTRY_PASSWORD")},
-				}
-				if p, err = oci.NewPuller(opt); err != nil {
-					return err
-				}
-			}
-			img, err := p.Pull(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			rf, err := p.Convert(cmd.Context(), img, conv)
-			if err != nil {
-				return err
-			}
-			res := Result{Name: name, Ref: img.Ref, Digest: img.Digest.String(), Layer: rf.Path, SizeMiB: rf.SizeMiB, Cached: rf.Cached}
-			if name != "" {
-				if err := saveName(opt.CacheDir, res); err != nil {
-					return err
-				}
-			}
-			if asJSON {
-				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), rf.Path)
-			return nil
+			return p.here(cmd, args[0])
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&name, "name", "", "record the result under this name (CACHE/names/NAME.json)")
-	f.StringVar(&opt.CacheDir, "cache", DefaultCacheDir, "cache directory (layer blobs, conversions)")
-	f.StringVar(&opt.DefaultRegistry, "default-registry", "", "registry for references without a host (default index.docker.io)")
-	f.StringSliceVar(&opt.AllowedRegistries, "allowed-registry", nil, "only pull from these registry hosts (repeatable)")
-	f.StringSliceVar(&opt.InsecureRegistries, "insecure-registry", nil, "registry hosts reached over plain HTTP (repeatable)")
-	f.StringVar(&user, "username", "", "registry user (password from $AENV_REGISTRY_PASSWORD)")
-	f.StringVar(&conv.Agent, "agent", "", "aenv-agent binary to inject (default: aenv-agent next to this binary, if any)")
-	f.IntVar(&conv.SizeMiB, "size", 0, "filesystem size in MiB (default: content + 25% + 64 MiB)")
-	f.StringVar(&conv.Hostname, "hostname", "", "hostname for /etc/hostname and /etc/hosts (default aenv)")
-	f.StringSliceVar(&conv.Nameservers, "nameserver", nil, "nameservers for /etc/resolv.conf (default 8.8.8.8)")
-	f.BoolVar(&compress, "compress", false, "store the layer as a ZFile (zstd)")
-	f.BoolVar(&asJSON, "json", false, "print the result as JSON")
-	f.BoolVar(&local, "local", false, "pull and convert the image on this machine instead of building a template on aenvd")
-	f.StringVar(&remote.StartCmd, "start-cmd", "", "command started in the template before its snapshot")
-	f.StringVar(&remote.ReadyCmd, "ready-cmd", "", "command that succeeds once the start command is ready")
-	f.Int32Var(&remote.CPUCount, "cpu", 0, "vCPUs of the template's sandboxes (default: the server's)")
-	f.Int32Var(&remote.MemoryMB, "memory", 0, "memory in MiB of the template's sandboxes (default: the server's)")
-	f.DurationVar(&poll, "poll", time.Second, "build status poll interval")
-	f.StringVarP(&format, "output", "o", "table", "output format: table or json")
+	p.bind(cmd)
 	return cmd
+}
+
+func (p *pull) bind(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&p.name, "name", "", "record the result under this name (CACHE/names/NAME.json)")
+	f.StringVar(&p.opt.CacheDir, "cache", DefaultCacheDir, "cache directory (layer blobs, conversions)")
+	f.StringVar(&p.opt.DefaultRegistry, "default-registry", "", "registry for references without a host (default index.docker.io)")
+	f.StringSliceVar(&p.opt.AllowedRegistries, "allowed-registry", nil, "only pull from these registry hosts (repeatable)")
+	f.StringSliceVar(&p.opt.InsecureRegistries, "insecure-registry", nil, "registry hosts reached over plain HTTP (repeatable)")
+	f.StringVar(&p.user, "username", "", "registry user (password from $AENV_REGISTRY_PASSWORD)")
+	f.StringVar(&p.conv.Agent, "agent", "", "aenv-agent binary to inject (default: aenv-agent next to this binary, if any)")
+	f.IntVar(&p.conv.SizeMiB, "size", 0, "filesystem size in MiB (default: content + 25% + 64 MiB)")
+	f.StringVar(&p.conv.Hostname, "hostname", "", "hostname for /etc/hostname and /etc/hosts (default aenv)")
+	f.StringSliceVar(&p.conv.Nameservers, "nameserver", nil, "nameservers for /etc/resolv.conf (default 8.8.8.8)")
+	f.BoolVar(&p.compress, "compress", false, "store the layer as a ZFile (zstd)")
+	f.BoolVar(&p.asJSON, "json", false, "print the result as JSON")
+	f.BoolVar(&p.local, "local", false, "pull and convert the image on this machine instead of building a template on aenvd")
+	f.StringVar(&p.remote.StartCmd, "start-cmd", "", "command started in the template before its snapshot")
+	f.StringVar(&p.remote.ReadyCmd, "ready-cmd", "", "command that succeeds once the start command is ready")
+	f.Int32Var(&p.remote.CPUCount, "cpu", 0, "vCPUs of the template's sandboxes (default: the server's)")
+	f.Int32Var(&p.remote.MemoryMB, "memory", 0, "memory in MiB of the template's sandboxes (default: the server's)")
+	f.DurationVar(&p.poll, "poll", time.Second, "build status poll interval")
+	f.StringVarP(&p.format, "output", "o", "table", "output format: table or json")
+}
+
+// onServer builds the template on aenvd and follows the build.
+func (p *pull) onServer(cmd *cobra.Command, ref string) error {
+	for _, f := range localFlags {
+		if cmd.Flags().Changed(f) {
+			return fmt.Errorf("pull: --%s applies to --local only (the node pulls with its own [image] configuration)", f)
+		}
+	}
+	p.remote.FromImage = ref
+	p.remote.Name = p.name
+	if p.remote.Name == "" {
+		p.remote.Name = defaultName(ref)
+	}
+	if p.asJSON {
+		p.format = "json"
+	}
+	return sandboxcmd.ServerBuild(cmd, p.remote, p.poll, p.format)
+}
+
+// here pulls and converts the image on this machine and prints the layer.
+func (p *pull) here(cmd *cobra.Command, ref string) error {
+	for _, f := range []string{"start-cmd", "ready-cmd", "cpu", "memory", "output"} {
+		if cmd.Flags().Changed(f) {
+			return fmt.Errorf("pull: --%s does not apply to --local", f)
+		}
+	}
+	if p.compress {
+		p.conv.Compress = &zfile.Options{}
+	}
+	if p.conv.Agent == "" {
+		p.conv.Agent = defaultAgentPath()
+	}
+	puller, err := p.puller(ref)
+	if err != nil {
+		return err
+	}
+	img, err := puller.Pull(cmd.Context(), ref)
+	if err != nil {
+		return err
+	}
+	rf, err := puller.Convert(cmd.Context(), img, p.conv)
+	if err != nil {
+		return err
+	}
+	res := Result{Name: p.name, Ref: img.Ref, Digest: img.Digest.String(), Layer: rf.Path, SizeMiB: rf.SizeMiB, Cached: rf.Cached}
+	if p.name != "" {
+		if err := saveName(p.opt.CacheDir, res); err != nil {
+			return err
+		}
+	}
+	if p.asJSON {
+		return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+	}
+	fmt.Fprintln(cmd.OutOrStdout(), rf.Path)
+	return nil
+}
+
+// puller is a puller with --username's credentials for ref's registry (the
+// reference is parsed with the puller's own default registry).
+func (p *pull) puller(ref string) (*oci.Puller, error) {
+	pl, err := oci.NewPuller(p.opt)
+	if err != nil || p.user == "" {
+		return pl, err
+	}
+	r, err := pl.ParseReference(ref)
+	if err != nil {
+		return nil, err
+	}
+	p.opt.Credentials = map[string]authn.AuthConfig{
+		r.Context().RegistryStr(): {Username: p.user, Password: os.Getenv("AENV_REGISTRY_PASSWORD")},
+	}
+	return oci.NewPuller(p.opt)
 }
 
 // localFlags only make sense when converting here.
