@@ -168,11 +168,16 @@ func printSandbox(cmd *cobra.Command, o *output, s api.Sandbox) error {
 	return table(cmd.OutOrStdout(), []string{"SANDBOX ID", "TEMPLATE", "ENVD"}, [][]string{{s.SandboxID, s.TemplateID, s.EnvdVersion}})
 }
 
+// startFlags are `aenv start`'s flags.
+type startFlags struct {
+	detach, rm, secure bool
+	timeout, user      string
+	envs, md, vols     []string
+	o                  output
+}
+
 func startCmd() *cobra.Command {
-	var detach, rm, secure bool
-	var timeout, user string
-	var envs, md, vols []string
-	var o output
+	var f startFlags
 	cmd := &cobra.Command{
 		Use:   "start TEMPLATE",
 		Short: "Create a sandbox and attach a terminal to it",
@@ -181,22 +186,10 @@ func startCmd() *cobra.Command {
 		Example: "  aenv start base\n  aenv start base -d --timeout 10m --metadata owner=me -o json",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.validate(); err != nil {
+			if err := f.o.validate(); err != nil {
 				return err
 			}
-			secs, err := seconds(timeout)
-			if err != nil {
-				return err
-			}
-			env, err := pairs("env", envs)
-			if err != nil {
-				return err
-			}
-			meta, err := pairs("metadata", md)
-			if err != nil {
-				return err
-			}
-			mounts, err := volumeMounts(vols)
+			req, err := f.request(args[0])
 			if err != nil {
 				return err
 			}
@@ -204,63 +197,92 @@ func startCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req := api.NewSandbox{TemplateID: args[0]}
-			if secure {
-				req.Secure = &secure
-			}
-			if secs > 0 {
-				req.Timeout = &secs
-			}
-			if env != nil {
-				req.EnvVars = &env
-			}
-			if meta != nil {
-				req.Metadata = &meta
-			}
-			if mounts != nil {
-				req.VolumeMounts = &mounts
-			}
 			s, err := c.Create(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
-			if detach {
-				return printSandbox(cmd, &o, s)
+			if f.detach {
+				return printSandbox(cmd, &f.o, s)
 			}
-			token := ""
-			if s.EnvdAccessToken != nil {
-				token = *s.EnvdAccessToken
-			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "Sandbox %s started from %s.\n", s.SandboxID, s.TemplateID)
-			stop := keepAlive(cmd.Context(), c, s.SandboxID)
-			code, err := attach(cmd, c.Sandbox(s.SandboxID, token, user), nil)
-			stop()
-			if rm {
-				if kerr := c.Kill(context.WithoutCancel(cmd.Context()), s.SandboxID); kerr != nil && err == nil {
-					err = kerr
-				}
-			} else {
-				fmt.Fprintf(cmd.ErrOrStderr(), "Sandbox %s keeps running until its timeout: `aenv connect %s` to return, `aenv rm %s` to remove it.\n", s.SandboxID, s.SandboxID, s.SandboxID)
-			}
-			if err != nil {
-				return err
-			}
-			if code != 0 {
-				return &ExitError{Code: code}
-			}
-			return nil
+			return f.attach(cmd, c, s)
 		},
 	}
-	cmd.Flags().BoolVarP(&detach, "detach", "d", false, "do not attach a terminal; print the sandbox")
-	cmd.Flags().BoolVar(&rm, "rm", false, "remove the sandbox when the terminal exits")
-	cmd.Flags().BoolVar(&secure, "secure", false, "require the sandbox's access token for every agent request (aenv sends it)")
-	cmd.Flags().StringVar(&timeout, "timeout", "5m", "lifetime in seconds or as a duration (an attached terminal keeps it alive)")
-	cmd.Flags().StringArrayVarP(&envs, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
-	cmd.Flags().StringArrayVar(&md, "metadata", nil, "metadata KEY=VALUE (repeatable)")
-	cmd.Flags().StringArrayVar(&vols, "volume", nil, "mount a volume: NAME:PATH, or NAME:PATH:ro read-only (repeatable)")
-	cmd.Flags().StringVarP(&user, "user", "u", "", "user of the shell (default: the template's)")
-	o.register(cmd)
+	cmd.Flags().BoolVarP(&f.detach, "detach", "d", false, "do not attach a terminal; print the sandbox")
+	cmd.Flags().BoolVar(&f.rm, "rm", false, "remove the sandbox when the terminal exits")
+	cmd.Flags().BoolVar(&f.secure, "secure", false, "require the sandbox's access token for every agent request (aenv sends it)")
+	cmd.Flags().StringVar(&f.timeout, "timeout", "5m", "lifetime in seconds or as a duration (an attached terminal keeps it alive)")
+	cmd.Flags().StringArrayVarP(&f.envs, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	cmd.Flags().StringArrayVar(&f.md, "metadata", nil, "metadata KEY=VALUE (repeatable)")
+	cmd.Flags().StringArrayVar(&f.vols, "volume", nil, "mount a volume: NAME:PATH, or NAME:PATH:ro read-only (repeatable)")
+	cmd.Flags().StringVarP(&f.user, "user", "u", "", "user of the shell (default: the template's)")
+	f.o.register(cmd)
 	return cmd
+}
+
+// request is the create request the flags describe (unset fields are the
+// server's defaults).
+func (f *startFlags) request(template string) (api.NewSandbox, error) {
+	req := api.NewSandbox{TemplateID: template}
+	secs, err := seconds(f.timeout)
+	if err != nil {
+		return req, err
+	}
+	env, err := pairs("env", f.envs)
+	if err != nil {
+		return req, err
+	}
+	meta, err := pairs("metadata", f.md)
+	if err != nil {
+		return req, err
+	}
+	mounts, err := volumeMounts(f.vols)
+	if err != nil {
+		return req, err
+	}
+	if f.secure {
+		req.Secure = &f.secure
+	}
+	if secs > 0 {
+		req.Timeout = &secs
+	}
+	if env != nil {
+		req.EnvVars = &env
+	}
+	if meta != nil {
+		req.Metadata = &meta
+	}
+	if mounts != nil {
+		req.VolumeMounts = &mounts
+	}
+	return req, nil
+}
+
+// attach opens a shell in the new sandbox, keeping it alive while attached,
+// and removes it afterwards with --rm; the shell's exit code is the
+// command's.
+func (f *startFlags) attach(cmd *cobra.Command, c *client.Client, s api.Sandbox) error {
+	token := ""
+	if s.EnvdAccessToken != nil {
+		token = *s.EnvdAccessToken
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "Sandbox %s started from %s.\n", s.SandboxID, s.TemplateID)
+	stop := keepAlive(cmd.Context(), c, s.SandboxID)
+	code, err := attach(cmd, c.Sandbox(s.SandboxID, token, f.user), nil)
+	stop()
+	if f.rm {
+		if kerr := c.Kill(context.WithoutCancel(cmd.Context()), s.SandboxID); kerr != nil && err == nil {
+			err = kerr
+		}
+	} else {
+		fmt.Fprintf(cmd.ErrOrStderr(), "Sandbox %s keeps running until its timeout: `aenv connect %s` to return, `aenv rm %s` to remove it.\n", s.SandboxID, s.SandboxID, s.SandboxID)
+	}
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return &ExitError{Code: code}
+	}
+	return nil
 }
 
 func connectCmd() *cobra.Command {
