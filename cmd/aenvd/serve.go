@@ -70,11 +70,11 @@ func serve(ctx context.Context, cfg config.Config, n node, log *slog.Logger) err
 	}
 	// Until the scheduler first answered, requests wait (but health and
 	// metrics): it names the copies this node must not serve.
-	servers, err := httpServers(cfg, member.gate(handler, "/health", "/metrics"), member.gate(px))
+	limits := defaultServerLimits(cfg)
+	servers, err := httpServers(cfg, limits, member.gate(handler, "/health", "/metrics"), member.gate(px))
 	if err != nil {
 		return err
 	}
-	limits := defaultServerLimits(cfg)
 	g, err := startHTTP(servers, limits, log)
 	if err != nil {
 		return err
@@ -96,8 +96,7 @@ func serve(ctx context.Context, cfg config.Config, n node, log *slog.Logger) err
 
 // httpServers are the node's servers: the API, and the sandbox proxy in
 // cleartext and over TLS where configured.
-func httpServers(cfg config.Config, apiHandler, proxyHandler http.Handler) ([]*http.Server, error) {
-	limits := defaultServerLimits(cfg)
+func httpServers(cfg config.Config, limits serverLimits, apiHandler, proxyHandler http.Handler) ([]*http.Server, error) {
 	servers := []*http.Server{newHTTPServer(cfg.API.Listen, apiHandler, limits)}
 	if cfg.API.ProxyListen != "" {
 		servers = append(servers, newHTTPServer(cfg.API.ProxyListen, proxyHandler, limits))
