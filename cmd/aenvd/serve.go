@@ -38,10 +38,10 @@ type node struct {
 // server fails, then leaves the cluster, stops the servers and shuts the
 // orchestrator down (pausing running sandboxes when configured to).
 func serve(ctx context.Context, cfg config.Config, n node, log *slog.Logger) error {
-	px := proxy.New(n.orch, cfg.API.Domain, log)
+	px := proxy.New(proxySandboxes{n.orch}, cfg.API.Domain, log)
 	px.APIKey = n.key // stripped from anything forwarded to a guest
 	// A sandbox's end (kill, pause) closes its streams through the proxy.
-	defer n.orch.Subscribe(px.OnEvent)()
+	defer n.orch.Subscribe(proxyEvents(px))()
 	// The sandbox metrics history, answered by range.
 	history := metricsring.New(n.orch, 0, 0, log)
 	history.Start(ctx)
