@@ -40,7 +40,7 @@ func TestHandlerServesPageWithStrictHeaders(t *testing.T) {
 	if !strings.Contains(body, "AgentENV") {
 		t.Errorf("page body: %q", body)
 	}
-	if Built() && !strings.Contains(body, `<script src="`) {
+	if Built() && !strings.Contains(body, `<script type="module" src="/dashboard/assets/`) {
 		t.Errorf("built page loads no script: %q", body)
 	}
 	if !Built() && !strings.Contains(body, "make build") {

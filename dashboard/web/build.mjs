@@ -36,7 +36,7 @@ for (const f of result.outputFiles) {
   names[ext] = name;
 }
 const page = readFileSync(join(here, 'index.html'), 'utf8')
-  .replace('%SCRIPT%', names.js)
-  .replace('%STYLE%', names.css);
+  .replace("%SCRIPT%", "/dashboard/" + names.js)
+  .replace("%STYLE%", "/dashboard/" + names.css);
 writeFileSync(join(dist, 'index.html'), page);
 console.log(`dashboard: built ${names.js} and ${names.css}`);
