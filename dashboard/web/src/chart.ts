@@ -22,6 +22,7 @@ export class Chart {
     const last = values.map((v, i) => `${this.series[i]} ${v.length ? v[v.length - 1] : 'none'}`).join(', ');
     this.summary.textContent = `${this.title}: ${times.length} points; latest ${last}.`;
     this.node.dataset.points = String(times.length);
+    this.node.dataset.sums = JSON.stringify(values.map((v) => v.reduce((a, b) => a + b, 0)));
     if (this.plot) {
       this.plot.setData(data);
       return;

@@ -7,34 +7,48 @@ import { b64, Envd, unb64 } from '../envd';
 import { explain } from '../api';
 
 /**
- * adoptStyles carries the <style> elements xterm.js writes (its theme and
- * cell sizes) into constructed style sheets: the page's CSP refuses inline
- * <style> elements, while sheets built through the CSSOM are allowed.
+ * inertStyles keeps xterm.js working under the page's CSP, which refuses
+ * inline <style> elements: xterm writes its theme and cell sizes into
+ * <style> elements it creates (lazily, at any time). From the first
+ * terminal on, document.createElement('style') makes an inert
+ * <aenv-style> element instead (hidden by the page's style sheet; the
+ * dashboard's own code creates no style elements), and the text written
+ * into one is applied as a constructed style sheet, which the CSSOM allows
+ * and the CSP does not restrict.
  */
-function adoptStyles(root: HTMLElement): MutationObserver {
-  const sheets = new Map<HTMLStyleElement, CSSStyleSheet>();
+let inert = false;
+function inertStyles(): void {
+  if (inert) return;
+  inert = true;
+  const create = document.createElement.bind(document);
+  (document as any).createElement = (tag: string, o?: ElementCreationOptions) =>
+    create(tag.toLowerCase() === 'style' ? 'aenv-style' : tag, o);
+  const sheets = new Map<Element, CSSStyleSheet>();
   const sync = () => {
-    for (const s of root.querySelectorAll('style')) {
-      let sheet = sheets.get(s);
+    for (const [e, sheet] of sheets) {
+      if (!e.isConnected) {
+        sheets.delete(e);
+        document.adoptedStyleSheets = document.adoptedStyleSheets.filter((s) => s !== sheet);
+      }
+    }
+    for (const e of document.querySelectorAll('aenv-style')) {
+      let sheet = sheets.get(e);
       if (!sheet) {
         sheet = new CSSStyleSheet();
-        sheets.set(s, sheet);
+        sheets.set(e, sheet);
         document.adoptedStyleSheets = [...document.adoptedStyleSheets, sheet];
       }
-      sheet.replaceSync(s.textContent ?? '');
+      sheet.replaceSync(e.textContent ?? '');
     }
   };
-  const obs = new MutationObserver(sync);
-  obs.observe(root, { subtree: true, childList: true, characterData: true });
-  sync();
-  return obs;
+  new MutationObserver(sync).observe(document.body, { subtree: true, childList: true, characterData: true });
 }
 
 export function openTerminal(box: HTMLElement, envd: Envd, signal: AbortSignal): void {
   const msg = status();
   const host = el('div', { class: 'terminal', id: 'terminal', role: 'application', 'aria-label': 'Sandbox terminal' });
   box.append(host, msg);
-  const obs = adoptStyles(host);
+  inertStyles();
   const term = new Terminal({ cols: 100, rows: 24, convertEol: false, fontFamily: 'DejaVu Sans Mono, monospace', fontSize: 14, screenReaderMode: true });
   term.open(host);
   const seen: string[] = []; // the terminal's output as text, for tests and assistive tools
@@ -55,7 +69,6 @@ export function openTerminal(box: HTMLElement, envd: Envd, signal: AbortSignal):
   });
   const decoder = new TextDecoder();
   signal.addEventListener('abort', () => {
-    obs.disconnect();
     term.dispose();
   });
   say(msg, 'Starting a shell…');
