@@ -123,4 +123,5 @@ function renderList(box: HTMLElement, list: ListedSandbox[], msg: HTMLElement, r
     ];
   });
   box.appendChild(table(['Sandbox', 'State', 'Template', 'Size', 'Started', 'Ends', 'Metadata', 'Actions'], rows, `${list.length} sandboxes`));
+  performance.mark('aenv:sandboxes-listed'); // the page-load benchmark's end
 }
