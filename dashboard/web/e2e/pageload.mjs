@@ -1,7 +1,7 @@
 // The sandboxes page's load time in headless Chromium, against a plain
 // fetch of the same list (the reference), each the median of several
 // rounds. Run by bench/dashboard: AENV_URL, AENV_API_KEY, AENV_LISTED.
-// Prints one JSON line {"page": ms, "fetch": ms}.
+// AENV_SHOT names a screenshot of the page to write. Prints one JSON line {"page": ms, "fetch": ms}.
 import { chromium } from 'playwright-core';
 
 const base = process.env.AENV_URL;
@@ -43,5 +43,6 @@ for (let i = 0; i < rounds + 1; i++) {
     fetchTimes.push(fetchMs);
   }
 }
+if (process.env.AENV_SHOT) await page.screenshot({ path: process.env.AENV_SHOT, fullPage: false });
 await browser.close();
 console.log(JSON.stringify({ page: median(pageTimes), fetch: median(fetchTimes) }));
