@@ -46,7 +46,7 @@ export async function sandboxPage(root: HTMLElement, id: string, signal: AbortSi
       await f();
       note(id, `${label.toLowerCase()} asked from this page`);
       say(msg, `${label}: done`);
-      await load();
+      if (!signal.aborted && location.hash.startsWith('#/sandbox/')) await load();
     } catch (e) {
       say(msg, `${label} failed: ${explain(e)}`, true);
     }

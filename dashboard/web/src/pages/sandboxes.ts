@@ -28,7 +28,7 @@ export function sandboxes(root: HTMLElement, _arg: string, signal: AbortSignal):
     el('option', { value: 'paused', text: 'paused' }));
   const mdFilter = el('input', { type: 'text', name: 'metadataFilter', placeholder: 'key=value' });
   const filters = el('form', { class: 'filters', 'aria-label': 'Filter sandboxes' },
-    field('State', stateSel), field('Metadata', mdFilter), el('button', { type: 'submit' }, 'Filter'));
+    field('State', stateSel), field('Metadata filter', mdFilter), el('button', { type: 'submit' }, 'Filter'));
   filters.addEventListener('submit', (e) => { e.preventDefault(); void refresh(); });
   stateSel.addEventListener('change', () => void refresh());
 

@@ -48,13 +48,20 @@ function buildForm(msg: HTMLElement, logBox: HTMLElement, signal: AbortSignal, r
   const name = el('input', { type: 'text', name: 'templateName', required: true, pattern: '[a-z0-9][a-z0-9_-]*' });
   const from = el('input', { type: 'text', name: 'fromTemplate', value: 'base', required: true });
   const steps = el('textarea', { name: 'steps', rows: 3, placeholder: 'one shell command a line (RUN steps)' });
+  const cpus = el('input', { type: 'number', name: 'cpuCount', min: '1', max: '64', placeholder: 'default' });
+  const mem = el('input', { type: 'number', name: 'memoryMB', min: '128', step: '128', placeholder: 'default' });
+  const tags = el('input', { type: 'text', name: 'tags', placeholder: 'v1, stable' });
   const form = el('form', { class: 'create', 'aria-labelledby': 'b-h' },
     el('h2', { id: 'b-h', text: 'Build a template' }),
-    field('Name', name), field('From template', from), field('Commands', steps), el('button', { type: 'submit' }, 'Build'));
+    field('Name', name), field('From template', from), field('Commands', steps), field('CPUs', cpus), field('Memory (MB)', mem),
+    field('Tags', tags), el('button', { type: 'submit' }, 'Build'));
   form.addEventListener('submit', async (e) => {
     e.preventDefault();
     try {
-      const t = await call<{ templateID: string; buildID: string }>('/v3/templates', { method: 'POST', body: { name: name.value.trim() } });
+      const t = await call<{ templateID: string; buildID: string }>('/v3/templates', { method: 'POST', body: {
+        name: name.value.trim(), cpuCount: Number(cpus.value) || undefined, memoryMB: Number(mem.value) || undefined,
+        tags: tags.value.split(',').map((x) => x.trim()).filter(Boolean),
+      } });
       const run = steps.value.split('\n').map((s) => s.trim()).filter(Boolean).map((c) => ({ type: 'RUN', args: [c] }));
       await call(`/v2/templates/${encodeURIComponent(t.templateID)}/builds/${encodeURIComponent(t.buildID)}`,
         { method: 'POST', body: { fromTemplate: from.value.trim(), steps: run } });
