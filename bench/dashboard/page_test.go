@@ -93,7 +93,7 @@ func BenchmarkSandboxesPage200(b *testing.B) {
 		if err := cmd.Run(); err != nil {
 			b.Fatalf("pageload.mjs: %v\n%s", err, out.String())
 		}
-		var r struct{ Page, Fetch float64 }
+		var r struct{ Page, Ready, Fetch float64 }
 		line := out.String()[strings.LastIndex(strings.TrimSpace(out.String()), "\n")+1:]
 		if err := json.Unmarshal([]byte(line), &r); err != nil || r.Fetch <= 0 {
 			b.Fatalf("pageload.mjs answered %q: %v", out.String(), err)
@@ -101,6 +101,7 @@ func BenchmarkSandboxesPage200(b *testing.B) {
 		b.ReportMetric(r.Page, "page-ms")
 		b.ReportMetric(r.Fetch, "fetch-ms")
 		b.ReportMetric(r.Page/r.Fetch, "page/fetch")
-		b.Logf("sandboxes page with %d listed: median %.1f ms; plain fetch of the list: %.1f ms; ratio %.1f", listed, r.Page, r.Fetch, r.Page/r.Fetch)
+		b.Logf("sandboxes page with %d listed: median %.1f ms from navigation to the table drawn (%.1f ms to the page's script run); "+
+			"plain fetch of the list: %.1f ms; ratio %.1f", listed, r.Page, r.Ready, r.Fetch, r.Page/r.Fetch)
 	}
 }

@@ -7,7 +7,6 @@ import { button, clear, el, say, status, time } from '../dom';
 import { Chart } from '../chart';
 import { poll } from '../poll';
 import { Envd } from '../envd';
-import { openTerminal } from './terminal';
 import { fileBrowser } from './files';
 
 const history = new Map<string, { t: Date; text: string }[]>();
@@ -86,8 +85,9 @@ export async function sandboxPage(root: HTMLElement, id: string, signal: AbortSi
     }
     const envd = new Envd(id, sb.envdAccessToken);
     const s = agentParts.signal;
-    termBox.appendChild(button('Open terminal', (e) => {
+    termBox.appendChild(button('Open terminal', async (e) => {
       (e.target as HTMLElement).remove();
+      const { openTerminal } = await import('./terminal'); // xterm.js, loaded when first needed
       openTerminal(termBox, envd, s);
     }, { id: 'open-terminal' }));
     fileBrowser(filesBox, envd, s);
