@@ -117,7 +117,9 @@ await step('terminal: echo hi', async () => {
   await page.locator('#terminal').click();
   await page.keyboard.type('echo hi');
   await page.keyboard.press('Enter');
-  await page.waitForFunction(() => /\r?\nhi\r?\n/.test(document.getElementById('terminal')?.dataset.output ?? ''));
+  // The output line "hi" (the shell may put escape sequences, such as
+  // bracketed-paste off, before it; the echoed command line is "echo hi").
+  await page.waitForFunction(() => /[\r\n]hi\r?\n/.test(document.getElementById('terminal')?.dataset.output ?? ''));
   // Drawn by xterm.js too (its rows are text in the page).
   await page.waitForFunction(() => [...document.querySelectorAll('#terminal .xterm-rows > div')].some((r) => r.textContent.trim() === 'hi'));
 });

@@ -54,14 +54,26 @@ export function openTerminal(box: HTMLElement, envd: Envd, signal: AbortSignal):
   const seen: string[] = []; // the terminal's output as text, for tests and assistive tools
   (host as any).aenvOutput = seen;
   let pid = 0;
-  const pending: string[] = [];
-  const send = (data: string) => {
-    if (!pid) {
-      pending.push(data);
-      return;
+  // Keystrokes go one request at a time, in order: what is typed while a
+  // request is out is sent together with the next one.
+  let queued = '';
+  let sending = false;
+  const flush = async () => {
+    if (sending || !pid || !queued) return;
+    sending = true;
+    const data = queued;
+    queued = '';
+    try {
+      await envd.unary('process.Process/SendInput', { process: { pid }, input: { pty: b64(new TextEncoder().encode(data)) } });
+    } catch (e) {
+      say(msg, `Input not sent: ${explain(e)}`, true);
     }
-    envd.unary('process.Process/SendInput', { process: { pid }, input: { pty: b64(new TextEncoder().encode(data)) } })
-      .catch((e) => say(msg, `Input not sent: ${explain(e)}`, true));
+    sending = false;
+    void flush();
+  };
+  const send = (data: string) => {
+    queued += data;
+    void flush();
   };
   term.onData(send);
   term.onResize(({ cols, rows }) => {
@@ -81,7 +93,7 @@ export function openTerminal(box: HTMLElement, envd: Envd, signal: AbortSignal):
       pid = ev.start.pid;
       host.dataset.pid = String(pid);
       say(msg, `Shell started (pid ${pid}).`);
-      for (const d of pending.splice(0)) send(d);
+      void flush();
       term.focus();
     } else if (ev.data?.pty) {
       const bytes = unb64(ev.data.pty);
