@@ -56,8 +56,9 @@ await step('a bad key shows a clear error', async () => {
   assert.doesNotMatch(csp, /unsafe-inline/);
   await page.getByLabel('API key').fill('e2b_wrongwrongwrongwrongwrongwrongwrongwrong');
   await page.getByRole('button', { name: 'Sign in' }).click();
-  await page.getByText('the API key was refused').waitFor();
+  await page.getByText('Sign-in failed: the API key was refused').waitFor();
   assert.match(await statusText(), /401/);
+  assert.equal(await page.evaluate(() => sessionStorage.getItem('aenv.apiKey')), null);
   await shot('signin-bad-key');
 });
 
@@ -197,7 +198,8 @@ if (process.env.AENV_BUILD === '1') {
     const log = await page.locator('#build-log').textContent();
     await shot('templates');
     assert.equal(await page.locator('#build-log').getAttribute('data-status'), 'ready', log);
-    assert.ok(log.split('\n').length > 2, `build log: ${log}`);
+    assert.match(log, /step-output-from-dashboard/); // the RUN step's own output, followed
+    await page.locator('main tbody tr', { hasText: 'dash-' }).locator('.state.ready').waitFor();
   });
 } else {
   await step('templates page', async () => {

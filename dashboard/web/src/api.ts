@@ -69,7 +69,7 @@ export async function raw(path: string, o: CallOptions = {}): Promise<Response> 
       const j = await resp.json();
       if (j && typeof j.message === 'string') msg = j.message;
     } catch { /* not JSON */ }
-    if (resp.status === 401) onUnauthorized();
+    if (resp.status === 401 && o.key === undefined) onUnauthorized(); // the stored key was refused
     throw new ApiError(resp.status, `${o.method ?? 'GET'} ${url.pathname}: ${msg}`);
   }
   return resp;

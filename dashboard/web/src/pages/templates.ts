@@ -25,7 +25,7 @@ export function templates(root: HTMLElement, _arg: string, signal: AbortSignal):
         el('code', { text: t.templateID }), (t.aliases ?? t.names ?? []).join(', '), tags,
         el('span', { class: `state ${t.buildStatus}`, text: t.buildStatus }), `${t.cpuCount} CPU, ${t.memoryMB} MB`, time(t.updatedAt),
         el('div', { class: 'actions' },
-          button('Build log', () => followBuild(logBox, t.templateID, t.buildID, signal), { 'aria-label': `Build log of ${t.templateID}`, 'data-action': 'build-log', 'data-id': t.templateID }),
+          button('Build log', () => followBuild(logBox, t.templateID, t.buildID, signal, refresh), { 'aria-label': `Build log of ${t.templateID}`, 'data-action': 'build-log', 'data-id': t.templateID }),
           button('Delete', async () => {
             if (!confirm(`Delete template ${t.templateID}?`)) return;
             try {
@@ -66,7 +66,7 @@ function buildForm(msg: HTMLElement, logBox: HTMLElement, signal: AbortSignal, r
       await call(`/v2/templates/${encodeURIComponent(t.templateID)}/builds/${encodeURIComponent(t.buildID)}`,
         { method: 'POST', body: { fromTemplate: from.value.trim(), steps: run } });
       say(msg, `Build ${t.buildID} of ${t.templateID} started`);
-      followBuild(logBox, t.templateID, t.buildID, signal);
+      followBuild(logBox, t.templateID, t.buildID, signal, refresh);
       await refresh();
     } catch (err) {
       say(msg, `Build failed to start: ${explain(err)}`, true);
@@ -78,7 +78,7 @@ function buildForm(msg: HTMLElement, logBox: HTMLElement, signal: AbortSignal, r
 let following: AbortController | null = null;
 
 /** followBuild shows a build's log, fetching new lines until the build ends. */
-function followBuild(box: HTMLElement, templateID: string, buildID: string, page: AbortSignal): void {
+function followBuild(box: HTMLElement, templateID: string, buildID: string, page: AbortSignal, onDone: () => Promise<void>): void {
   following?.abort();
   const mine = new AbortController();
   following = mine;
@@ -101,6 +101,9 @@ function followBuild(box: HTMLElement, templateID: string, buildID: string, page
     }
     st.textContent = `Build ${buildID}: ${info.status}${info.reason?.message ? ' (' + info.reason.message + ')' : ''}`;
     pre.dataset.status = info.status;
-    if ((info.status === 'ready' || info.status === 'error') && lines.length < 100) done = true;
+    if ((info.status === 'ready' || info.status === 'error') && lines.length < 100) {
+      done = true;
+      await onDone(); // the list shows the build's end
+    }
   }, (e) => { st.textContent = explain(e); });
 }
