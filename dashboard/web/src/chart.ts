@@ -32,7 +32,8 @@ export class Chart {
       width, height: 200,
       series: [{}, ...this.series.map((label, i) => ({ label, stroke: this.colors[i], width: 2 }))],
       axes: [{}, {}],
-      scales: { x: { time: true } },
+      // One sample spans a minute around it (uPlot would stretch it over years).
+      scales: { x: { time: true, range: (_u, min, max) => (min === max ? [min - 60, max + 60] : [min, max]) } },
     }, data, this.node);
   }
 }
