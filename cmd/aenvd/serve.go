@@ -16,6 +16,7 @@ import (
 	"github.com/agentenv/agentenv/api/metricsring"
 	"github.com/agentenv/agentenv/api/webhooks"
 	"github.com/agentenv/agentenv/config"
+	"github.com/agentenv/agentenv/dashboard"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/proxy"
@@ -64,6 +65,7 @@ func serve(ctx context.Context, cfg config.Config, n node, log *slog.Logger) err
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
 		Metrics: promhttp.HandlerFor(n.registry, promhttp.HandlerOpts{}), MetricsHistory: history, Webhooks: hooks,
 	})
+	handler = dashboard.Mount(handler, px.Match) // the web dashboard at /dashboard/, same origin as the API
 	member, err := newClusterMember(cfg, n.orch, n.repo, n.backend.driver.Name(), hostname, log)
 	if err != nil {
 		return err
