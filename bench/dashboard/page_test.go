@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/dashboard"
 )
 
@@ -25,16 +25,16 @@ const (
 )
 
 // sandboxes are the listed sandboxes, newest first.
-func sandboxes() []api.ListedSandbox {
+func sandboxes() []wire.ListedSandbox {
 	now := time.Now()
-	out := make([]api.ListedSandbox, listed)
+	out := make([]wire.ListedSandbox, listed)
 	for i := range out {
 		md := map[string]string{"suite": "bench", "n": strconv.Itoa(i)}
-		state := api.Running
+		state := wire.Running
 		if i%4 == 0 {
-			state = api.Paused
+			state = wire.Paused
 		}
-		out[i] = api.ListedSandbox{SandboxID: fmt.Sprintf("sbx%017d", i), TemplateID: "base", ClientID: "aenvd",
+		out[i] = wire.ListedSandbox{SandboxID: fmt.Sprintf("sbx%017d", i), TemplateID: "base", ClientID: "aenvd",
 			StartedAt: now.Add(-time.Duration(i) * time.Second), EndAt: now.Add(time.Hour), CpuCount: 1, MemoryMB: 256,
 			DiskSizeMB: 1024, State: state, EnvdVersion: "0.2.0", Metadata: &md}
 	}
@@ -42,7 +42,7 @@ func sandboxes() []api.ListedSandbox {
 }
 
 // listAPI answers the calls the sandboxes page makes.
-func listAPI(list []api.ListedSandbox) http.Handler {
+func listAPI(list []wire.ListedSandbox) http.Handler {
 	mux := http.NewServeMux()
 	auth := func(h http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
@@ -63,7 +63,7 @@ func listAPI(list []api.ListedSandbox) http.Handler {
 		_ = json.NewEncoder(w).Encode(list[from:to])
 	}))
 	mux.HandleFunc("GET /templates", auth(func(w http.ResponseWriter, r *http.Request) {
-		_ = json.NewEncoder(w).Encode([]api.Template{{TemplateID: "base", BuildID: "b1", CpuCount: 1, MemoryMB: 256, Aliases: []string{"base"}}})
+		_ = json.NewEncoder(w).Encode([]wire.Template{{TemplateID: "base", BuildID: "b1", CpuCount: 1, MemoryMB: 256, Aliases: []string{"base"}}})
 	}))
 	mux.HandleFunc("GET /nodes", auth(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("[]")) }))
 	return dashboard.Mount(mux, nil)
