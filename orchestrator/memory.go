@@ -97,7 +97,7 @@ func (o *Orchestrator) vmMemory(ctx context.Context, vmDir, holder string) (snap
 	if o.memDev != nil {
 		m, err := snapshot.ReadMemoryManifest(vmDir)
 		if err == nil && m.Layered() {
-			return o.memDev.acquire(ctx, vmDir, m, holder)
+			return o.memDev.Acquire(ctx, vmDir, m, holder)
 		}
 	}
 	m, layers, err := o.restoreMemory(ctx, vmDir, true)
