@@ -71,7 +71,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	done := o.m.observe("create")
 	defer func() { done(err) }()
 	// Layers a repository import left remote are fetched once the VM
-	// answered (lazy.go).
+	// answered (disk/lazy.go).
 	defer o.disks.StartLocalize()
 	if err := o.bringSource(ctx, opts.TemplateID); err != nil {
 		return rec, err

@@ -167,7 +167,7 @@ func (o *Orchestrator) rebuild(ctx context.Context, id string, m *repo.Manifest)
 
 // rootfsRefs names a manifest's rootfs layers for an image config: each by
 // the URL of the node's layer socket, read lazily by the storage daemon and
-// fetched whole once the VM answered (lazy.go); on a node that serves no
+// fetched whole once the VM answered (disk/lazy.go); on a node that serves no
 // layer socket, fetched whole into dir now.
 func (o *Orchestrator) rootfsRefs(ctx context.Context, ls []repo.Layer, dir string) ([]string, error) {
 	out := make([]string, 0, len(ls))

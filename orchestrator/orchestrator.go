@@ -122,7 +122,7 @@ type Record struct {
 	EnvdVersion  string `json:"envdVersion"`
 	Dir          string `json:"dir"`
 	// RootfsImage is the image config the daemon device is created from
-	// (daemon mode); Device is the live device while the VM runs.
+	// (disk/); Device is the live device while the VM runs.
 	RootfsImage string `json:"rootfsImage,omitempty"`
 	Device      uint32 `json:"device,omitempty"`
 	HasDevice   bool   `json:"hasDevice,omitempty"`
@@ -192,7 +192,7 @@ type Options struct {
 	FlattenPaused bool
 	// MemoryDevices maps restored VMs' memory from the storage daemon's
 	// shared ublk device of the image's layer stack where the node can
-	// (memdevice.go); elsewhere, and when false, from flattened files.
+	// (disk/memory.go); elsewhere, and when false, from flattened files.
 	MemoryDevices bool
 	// Repository, when set, receives a commit of every pause and snapshot
 	// (repository.go); nil keeps them on this node only.
@@ -267,7 +267,7 @@ type Orchestrator struct {
 	// flat runs the background flattens of paused memory (flatten.go).
 	flat *flattener
 	// memDev, when set, maps restored VMs' memory from shared devices
-	// (memdevice.go); memWhy says why it is not. Both chosen once in New.
+	// (disk/memory.go); memWhy says why it is not. Both chosen once in New.
 	memDev *disk.MemoryDevices
 	memWhy string
 }

@@ -107,7 +107,7 @@ func (o *Orchestrator) pooledBase(vmDir string) (*template.Template, bool) {
 
 // localDisk says whether every layer of the disk config is a local file
 // (a disk still read from URLs moves onto local files under a device of
-// its own, lazy.go).
+// its own, disk/lazy.go).
 func localDisk(config string) bool {
 	layers, err := snapshot.LayersOf(config)
 	if err != nil || len(layers) == 0 {

@@ -102,7 +102,7 @@ func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden b
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	// A snapshot holds its disks' layers as files (lazy.go).
+	// A snapshot holds its disks' layers as files (disk/lazy.go).
 	if err := o.settleDisks(ctx, rec); err != nil {
 		return r, fmt.Errorf("snapshot sandbox %s: %w", rec.ID, err)
 	}
