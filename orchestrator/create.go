@@ -71,8 +71,8 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	done := o.m.observe("create")
 	defer func() { done(err) }()
 	// Layers a repository import left remote are fetched once the VM
-	// answered (lazy.go).
-	defer o.lazy.startLater()
+	// answered (disk/lazy.go).
+	defer o.disks.StartLocalize()
 	if err := o.bringSource(ctx, opts.TemplateID); err != nil {
 		return rec, err
 	}
@@ -99,9 +99,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	if err := o.recordNew(s); err != nil {
 		return rec, err
 	}
-	if err := o.disks.prepare(ctx, t, &s.rec); err != nil {
-		return rec, err
-	}
+	s.rec.RootfsImage = t.RootfsImage
 	if err := prepareDrives(ctx, &s.rec); err != nil {
 		return rec, err
 	}
@@ -242,7 +240,7 @@ func (o *Orchestrator) remove(ctx context.Context, s *instance) error {
 	o.releaseDevice(ctx, s)
 	o.unlist(s)
 	o.cancelPauseUploads(s.rec)
-	o.lazy.forget(s.rec.Dir)
+	o.disks.Forget(s.rec.Dir)
 	o.flat.stop(s.rec.ID)
 	if err := os.RemoveAll(s.rec.Dir); err != nil {
 		o.log.Warn("remove sandbox dir", "sandbox", s.rec.ID, "err", err)

@@ -55,7 +55,7 @@ var fpImportFetched = failpoint.New("orchestrator/import/fetched") // layers and
 // importPaused brings sandbox id here from the repository; ErrNotFound when
 // it has no pause of it.
 func (o *Orchestrator) importPaused(ctx context.Context, id string) error {
-	if o.cfg.Remote == nil || o.sd == nil || !validID(id) {
+	if o.cfg.Remote == nil || !validID(id) {
 		return fmt.Errorf("sandbox %q: %w", id, ErrNotFound)
 	}
 	o.importMu.Lock()
@@ -83,7 +83,7 @@ func (o *Orchestrator) importPaused(ctx context.Context, id string) error {
 	o.mu.Lock()
 	o.sandboxes[rec.ID] = &instance{rec: rec}
 	o.mu.Unlock()
-	o.log.Info("sandbox brought from the repository", "sandbox", id, "manifest", m.Name, "lazyRootfs", isRemote(rec.RootfsImage))
+	o.log.Info("sandbox brought from the repository", "sandbox", id, "manifest", m.Name, "lazyRootfs", o.disks.IsRemote(rec.RootfsImage))
 	return nil
 }
 
@@ -153,7 +153,7 @@ func (o *Orchestrator) rebuild(ctx context.Context, id string, m *repo.Manifest)
 	r.Dir, r.State, r.Gen = dir, Paused, r.Gen+1
 	r.Snapshot = filepath.Join(dir, fmt.Sprintf("snapshot-%d", r.Gen))
 	r.RootfsImage = filepath.Join(dir, fmt.Sprintf("rootfs-%d.json", r.Gen))
-	r.Rootfs, r.Memory = "", snapshot.MemoryImage{}
+	r.Memory = snapshot.MemoryImage{}
 	r.PID, r.PIDStart, r.Slot, r.Device, r.HasDevice = 0, 0, 0, 0, false
 	if err := snapshot.WriteImageConfig(r.RootfsImage, rootfs); err != nil {
 		return Record{}, err
@@ -161,13 +161,13 @@ func (o *Orchestrator) rebuild(ctx context.Context, id string, m *repo.Manifest)
 	if err := o.writeSnapshotDir(ctx, r.Snapshot, t.Snapshot, m.State, p.VMM, mem); err != nil {
 		return Record{}, err
 	}
-	o.lazy.deferStart(r.RootfsImage)
+	o.disks.LocalizeLater(r.RootfsImage)
 	return r, nil
 }
 
 // rootfsRefs names a manifest's rootfs layers for an image config: each by
 // the URL of the node's layer socket, read lazily by the storage daemon and
-// fetched whole once the VM answered (lazy.go); on a node that serves no
+// fetched whole once the VM answered (disk/lazy.go); on a node that serves no
 // layer socket, fetched whole into dir now.
 func (o *Orchestrator) rootfsRefs(ctx context.Context, ls []repo.Layer, dir string) ([]string, error) {
 	out := make([]string, 0, len(ls))
@@ -245,7 +245,7 @@ func (o *Orchestrator) writeSnapshotDir(ctx context.Context, dir, reference stri
 // record stored last. Then sandboxes are created and forked from it as
 // from any local snapshot. ErrNotFound when the repository has none.
 func (o *Orchestrator) importSnapshot(ctx context.Context, id string) error {
-	if o.cfg.Remote == nil || o.sd == nil || !validID(id) {
+	if o.cfg.Remote == nil || !validID(id) {
 		return fmt.Errorf("snapshot %q: %w", id, ErrNotFound)
 	}
 	o.importMu.Lock()
@@ -302,7 +302,7 @@ func (o *Orchestrator) importSnapshot(ctx context.Context, id string) error {
 		_ = os.RemoveAll(r.Dir)
 		return fmt.Errorf("bring snapshot %s from the repository: %w", id, err)
 	}
-	o.lazy.deferStart(r.RootfsImage)
+	o.disks.LocalizeLater(r.RootfsImage)
 	o.log.Info("snapshot brought from the repository", "snapshot", id, "lazyLayers", lazyCount(rootfs))
 	return nil
 }

@@ -253,7 +253,7 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 	}
 	// The layers a repository import left remote are fetched once the VM
 	// answered (or failed to): the restore reads first.
-	defer o.lazy.startLater()
+	defer o.disks.StartLocalize()
 	if err := o.resumeLocked(ctx, s, timeout, memory); err != nil {
 		return rec, false, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}

@@ -94,7 +94,7 @@ func writePortableTemplate(t *template.Template, vmmConfig string) (string, erro
 // has none; the caller holds no lock.
 func (o *Orchestrator) importTemplate(ctx context.Context, idOrName string) error {
 	b, err := o.builder()
-	if o.cfg.Remote == nil || o.sd == nil || err != nil || idOrName == template.DefaultID || repo.ValidName(idOrName) != nil {
+	if o.cfg.Remote == nil || err != nil || idOrName == template.DefaultID || repo.ValidName(idOrName) != nil {
 		return fmt.Errorf("template %q: %w", idOrName, ErrNotFound)
 	}
 	o.importMu.Lock()
@@ -240,7 +240,7 @@ func (o *Orchestrator) rebuildTemplate(ctx context.Context, b *template.Builder,
 	if err := snapshot.WriteImageConfig(t.RootfsImage, rootfs); err != nil {
 		return nil, err
 	}
-	o.lazy.deferStart(t.RootfsImage)
+	o.disks.LocalizeLater(t.RootfsImage)
 	mem, err := o.fetchAll(ctx, m.Memory, t.Dir)
 	if err != nil {
 		return nil, err

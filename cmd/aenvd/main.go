@@ -30,12 +30,12 @@ import (
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/config"
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/guest/image"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/oci"
 	"github.com/agentenv/agentenv/orchestrator"
-	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/vmm/qemu"
@@ -128,19 +128,11 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer closeRepo()
-	sd, err := storageDaemon(ctx, cfg)
+	devices, backend, closeStorage, err := storageDaemon(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	if sd != nil {
-		defer sd.Close()
-	}
-	// The disk backend, chosen once: the storage daemon's devices, or none
-	// (files). A nil client must not become a non-nil interface.
-	var devices client.Devices
-	if sd != nil {
-		devices = sd
-	}
+	defer closeStorage()
 	// Before the network manager clears the previous run's slots, take over
 	// the VMs a crashed predecessor left running; their slots are kept and
 	// the orchestrator re-adopts them as running sandboxes.
@@ -163,7 +155,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	orch, err := orchestrator.New(ctx, orchestrator.Options{
-		DataDir: cfg.DataDir, Driver: vb.driver, Network: nets, Store: st, Storage: devices, MaxLayers: cfg.Sandbox.MaxLayers, Prefetch: cfg.Sandbox.Prefetch, FlattenPaused: cfg.Sandbox.FlattenPaused, MemoryDevices: cfg.Storage.MemoryDevices, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
+		DataDir: cfg.DataDir, Driver: vb.driver, Network: nets, Store: st, Storage: devices, StorageBackend: backend, MaxLayers: cfg.Sandbox.MaxLayers, Prefetch: cfg.Sandbox.Prefetch, FlattenPaused: cfg.Sandbox.FlattenPaused, MemoryDevices: cfg.Storage.MemoryDevices, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
 		Groups: groups, VMMUIDBase: uint32(cfg.VMM.UIDBase), Repository: rn.uploads(), Remote: rn.remote(),
 		StoragePoolLow: cfg.Storage.PoolLow, StoragePoolHigh: cfg.Storage.PoolHigh, VolumeSizeMiB: cfg.Storage.VolumeSizeMiB,
 		VMMPool: orchestrator.PoolOptions{Low: cfg.VMMPool.Low, High: cfg.VMMPool.High, ReserveMiB: cfg.VMMPool.ReserveMiB,
@@ -342,13 +334,38 @@ func networkConfig(cfg config.Config, reg prometheus.Registerer, log *slog.Logge
 	return nc, nil
 }
 
-// storageDaemon connects to aenv-storaged (starting it when nothing answers;
-// it outlives aenvd so devices survive restarts), or returns nil for the
-// "files" backend.
-func storageDaemon(ctx context.Context, cfg config.Config) (*client.Client, error) {
-	if cfg.Storage.Backend != "storaged" {
-		return nil, nil
+// storageDaemon returns the storage daemon serving the node's disks, its
+// backend's name and its close: aenv-storaged, connected to (and started
+// when nothing answers; it outlives aenvd so devices survive restarts), or
+// for the "local" backend ("files", its former name) the same daemon run
+// in process on <data_dir>/storage, whose devices the next aenvd serves
+// again on the same sockets.
+func storageDaemon(ctx context.Context, cfg config.Config, log *slog.Logger) (disk.Devices, string, func(), error) {
+	if cfg.Storage.Backend == "local" || cfg.Storage.Backend == "files" {
+		dir := filepath.Join(cfg.DataDir, "storage")
+		if err := privateDataDir(dir); err != nil {
+			return nil, "", nil, fmt.Errorf("storage dir: %w", err)
+		}
+		l, err := disk.StartLocal(ctx, dir, log)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		return l.Devices(), "local", func() {
+			if err := l.Close(); err != nil {
+				log.Warn("stop the in-process storage daemon", "err", err)
+			}
+		}, nil
 	}
+	c, err := connectStoraged(ctx, cfg)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return c.Devices(), "storaged", func() { c.Close() }, nil
+}
+
+// connectStoraged connects to aenv-storaged, starting it when nothing
+// answers.
+func connectStoraged(ctx context.Context, cfg config.Config) (*disk.Storaged, error) {
 	dir := filepath.Join(cfg.DataDir, "storaged")
 	socket, bin := cfg.Storage.Socket, cfg.Storage.Binary
 	if socket == "" {
@@ -366,14 +383,7 @@ func storageDaemon(ctx context.Context, cfg config.Config) (*client.Client, erro
 	}
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	c, err := client.Ensure(sctx, client.StartOptions{
-		Socket: socket, Binary: bin, LogFile: filepath.Join(dir, "storaged.log"),
-		Args: []string{"-state-dir", filepath.Join(dir, "state"), "-run-dir", filepath.Join(dir, "run")},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("storage daemon: %w", err)
-	}
-	return c, nil
+	return disk.ConnectStoraged(sctx, socket, bin, filepath.Join(dir, "storaged.log"), filepath.Join(dir, "state"), filepath.Join(dir, "run"))
 }
 
 // vmmGroups returns the control groups VMMs are confined in (nil when
@@ -411,7 +421,7 @@ func snapshotRepository(ctx context.Context, cfg config.Config, reg prometheus.R
 		return nil, func() {}, err
 	}
 	err = rn.Serve(ctx)
-	if err == nil && cfg.Repository.LazyRootfs && cfg.Storage.Backend == "storaged" {
+	if err == nil && cfg.Repository.LazyRootfs {
 		err = rn.ServeLayers(ctx, layerSocket(cfg))
 	}
 	if err != nil {
