@@ -195,11 +195,9 @@ type Options struct {
 	// shared ublk device of the image's layer stack where the node can
 	// (memdevice.go); elsewhere, and when false, from flattened files.
 	MemoryDevices bool
-	// Repository, when set, receives a commit of every pause and snapshot
-	// (repository.go); nil keeps them on this node only.
-	Repository Uploads
-	// Remote, when set, is the repository's read side: a connect to a
-	// sandbox paused on another node brings it here (import.go).
+	// Remote, when set, is the repository's read side: rootfs layers an
+	// import left remote are fetched from it (lazy.go). The repository
+	// itself joins as hooks (AttachReplica).
 	Remote Remote
 	// Groups, when set, confines every VMM in a control group of its own
 	// (named as the VM); groups no running sandbox owns are removed at start.
@@ -246,10 +244,7 @@ type Orchestrator struct {
 	// so a deletion sees every sandbox that will use what it deletes.
 	refMu sync.Mutex
 	matMu sync.Mutex // serialises memory imports and materializations
-	// importMu serialises bringing sandboxes and snapshots from the
-	// repository (import.go): one fetch per id, never two into one dir.
-	importMu sync.Mutex
-	bg       sync.WaitGroup
+	bg    sync.WaitGroup
 	// recording holds the memory files whose working set is being
 	// recorded (workingset.go), so two creates do not both record one.
 	recording sync.Map
@@ -261,6 +256,7 @@ type Orchestrator struct {
 	builds atomic.Pointer[template.Builder]
 
 	events eventHub // lifecycle event subscribers (events.go)
+	hooks  hookList // the verbs' hooks (hooks.go)
 	// lazy moves rootfs layers read from the repository onto local files
 	// (lazy.go).
 	lazy *lazyRootfs
@@ -360,7 +356,6 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 		o.registerPoolMetrics(opts.Registerer)
 		o.pool.Start(ctx)
 	}
-	o.cancelOrphanUploads()
 	o.lazy.resumeAll(ctx)
 	mode, why := o.memoryMode()
 	o.log.Info("guest memory images", "mode", mode, "why", why)

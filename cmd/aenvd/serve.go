@@ -63,6 +63,7 @@ func serve(ctx context.Context, cfg config.Config, n node, log *slog.Logger) err
 			VMMDriver: n.backend.driver.Name(), VMMAccel: n.backend.accel, VMMReasons: n.backend.why},
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
 		Metrics: promhttp.HandlerFor(n.registry, promhttp.HandlerOpts{}), MetricsHistory: history, Webhooks: hooks,
+		Repository: n.repo.status(),
 	})
 	member, err := newClusterMember(cfg, n.orch, n.repo, n.backend.driver.Name(), hostname, log)
 	if err != nil {
