@@ -20,7 +20,7 @@ import (
 )
 
 // Lazy rootfs restores. A sandbox, snapshot or template brought from the
-// repository (import.go, templaterepo.go) does not wait for its rootfs
+// repository (package replica) does not wait for its rootfs
 // layers: its image config names each by the URL of the node's layer
 // socket (Remote.LazyURL), and the storage daemon's device reads them
 // through it, verified chunk by chunk, while the VM runs. Only the small

@@ -97,11 +97,11 @@ func (h buildHost) Committed(idOrName string) (*template.Template, error) {
 	return h.o.Template(idOrName)
 }
 
-// Publish serves a ready template here and queues its commit to the
-// repository (templaterepo.go).
+// Publish serves a ready template here and runs the TemplateReady hooks
+// (the repository queues its commit).
 func (h buildHost) Publish(t *template.Template) {
 	h.o.setTemplate(t)
-	h.o.commitTemplate(context.Background(), t)
+	h.o.afterTemplateReady(context.Background(), t)
 }
 
 func (h buildHost) BuildDisk(id, dir, imageConfig string) template.Disk {

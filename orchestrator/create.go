@@ -121,25 +121,18 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	return rec, nil
 }
 
-// bringSource brings a snapshot or template committed by another node here
-// when this node knows no template or snapshot of that id or name
-// (import.go, templaterepo.go); outside refMu,
-// which the fetch would hold for long.
+// bringSource runs the before-hooks that bring a snapshot or template
+// committed by another node here when this node knows no template or
+// snapshot of that id or name (hooks.go); outside refMu, which the fetch
+// would hold for long.
 func (o *Orchestrator) bringSource(ctx context.Context, id string) error {
-	if o.cfg.Remote == nil {
+	if !o.hasMissingHooks() {
 		return nil
 	}
 	if _, err := o.source(id); !errors.Is(err, ErrNotFound) {
 		return nil
 	}
-	err := o.importSnapshot(ctx, id)
-	if errors.Is(err, ErrNotFound) {
-		err = o.importTemplate(ctx, id) // templaterepo.go
-	}
-	if err != nil && !errors.Is(err, ErrNotFound) {
-		return err
-	}
-	return nil
+	return o.beforeMissingSource(ctx, id)
 }
 
 // register resolves the create's source and enters the new sandbox, in
@@ -239,7 +232,7 @@ func (o *Orchestrator) remove(ctx context.Context, s *instance) error {
 	o.returnVolumes(ctx, s)
 	o.releaseDevice(ctx, s)
 	o.unlist(s)
-	o.cancelPauseUploads(s.rec)
+	o.afterRemoved(s.rec) // the repository cancels its pause uploads
 	o.disks.Forget(s.rec.Dir)
 	o.flat.stop(s.rec.ID)
 	if err := os.RemoveAll(s.rec.Dir); err != nil {

@@ -194,12 +194,10 @@ type Options struct {
 	// shared ublk device of the image's layer stack where the node can
 	// (disk/memory.go); elsewhere, and when false, from flattened files.
 	MemoryDevices bool
-	// Repository, when set, receives a commit of every pause and snapshot
-	// (repository.go); nil keeps them on this node only.
-	Repository Uploads
-	// Remote, when set, is the repository's read side: a connect to a
-	// sandbox paused on another node brings it here (import.go).
-	Remote Remote
+	// Remote, when set, is the repository's read side: rootfs layers an
+	// import left remote are fetched from it (disk/lazy.go). The repository
+	// itself joins as hooks (AttachReplica).
+	Remote disk.Fetcher
 	// Groups, when set, confines every VMM in a control group of its own
 	// (named as the VM); groups no running sandbox owns are removed at start.
 	Groups sandbox.Groups
@@ -244,10 +242,7 @@ type Orchestrator struct {
 	// so a deletion sees every sandbox that will use what it deletes.
 	refMu sync.Mutex
 	matMu sync.Mutex // serialises memory imports and materializations
-	// importMu serialises bringing sandboxes and snapshots from the
-	// repository (import.go): one fetch per id, never two into one dir.
-	importMu sync.Mutex
-	bg       sync.WaitGroup
+	bg    sync.WaitGroup
 	// recording holds the memory files whose working set is being
 	// recorded (workingset.go), so two creates do not both record one.
 	recording sync.Map
@@ -263,6 +258,7 @@ type Orchestrator struct {
 	// journal writes every sandbox record, and is the one writer of a
 	// record's state (journal.go).
 	journal journal
+	hooks   hookList // the verbs' hooks (hooks.go)
 	// volumes are the node's volumes (volumes.go).
 	volumes *volume.Store
 	// pool is the warm pool of VMM processes (pool.go); nil when off.
@@ -349,7 +345,6 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 		o.registerPoolMetrics(opts.Registerer)
 		o.pool.Start(ctx)
 	}
-	o.cancelOrphanUploads()
 	o.localizeAll(ctx)
 	mode, why := o.memoryMode()
 	o.log.Info("guest memory images", "mode", mode, "why", why)

@@ -85,7 +85,7 @@ func (o *Orchestrator) CreateSnapshot(ctx context.Context, sandboxID, name strin
 	}
 	_ = fpSnapshotStored.Inject()
 	o.log.Info("snapshot created", "sandbox", sandboxID, "snapshot", r.ID, "name", name)
-	o.commitSnapshot(ctx, r)
+	o.afterSnapshotStored(ctx, r) // the repository's commit (hooks.go)
 	return r, nil
 }
 
@@ -252,11 +252,7 @@ func (o *Orchestrator) DeleteSnapshot(idOrName string) error {
 	if err := os.RemoveAll(r.Dir); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", r.ID, err)
 	}
-	if o.cfg.Repository != nil {
-		// Its record in the upload queue goes (one still uploading fails
-		// on its own: the files are gone); what the repository holds stays.
-		_ = o.cfg.Repository.Forget(ManifestOfSnapshot(r.ID))
-	}
+	o.afterSnapshotDeleted(r) // its record in the upload queue goes
 	o.log.Info("snapshot deleted", "snapshot", r.ID)
 	return nil
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/agentenv/agentenv/internal/cgroup"
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/internal/inherited"
+	"github.com/agentenv/agentenv/replica"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot/repo/reponode"
 	"github.com/agentenv/agentenv/template"
@@ -156,7 +157,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	orch, err := orchestrator.New(ctx, orchestrator.Options{
 		DataDir: cfg.DataDir, Driver: vb.driver, Network: nets, Store: st, Storage: devices, StorageBackend: backend, MaxLayers: cfg.Sandbox.MaxLayers, Prefetch: cfg.Sandbox.Prefetch, FlattenPaused: cfg.Sandbox.FlattenPaused, MemoryDevices: cfg.Storage.MemoryDevices, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
-		Groups: groups, VMMUIDBase: uint32(cfg.VMM.UIDBase), Repository: rn.uploads(), Remote: rn.remote(),
+		Groups: groups, VMMUIDBase: uint32(cfg.VMM.UIDBase), Remote: rn.remote(),
 		StoragePoolLow: cfg.Storage.PoolLow, StoragePoolHigh: cfg.Storage.PoolHigh, VolumeSizeMiB: cfg.Storage.VolumeSizeMiB,
 		VMMPool: orchestrator.PoolOptions{Low: cfg.VMMPool.Low, High: cfg.VMMPool.High, ReserveMiB: cfg.VMMPool.ReserveMiB,
 			Templates: cfg.VMMPool.Templates},
@@ -165,6 +166,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	rn.attach(orch, cfg.DataDir, vb.driver, log) // before builds: ready templates are committed as they load
 	if _, err := orch.EnsureTemplate(ctx, assets); err != nil {
 		return err
 	}
@@ -435,16 +437,20 @@ func snapshotRepository(ctx context.Context, cfg config.Config, reg prometheus.R
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "aenvd_repository_layer_fetched_bytes_total",
 			Help: "Bytes of layers fetched whole from peers and the store."},
 			func() float64 { return float64(rn.FetchedWhole()) }))
-	return &repoNode{rn}, func() { _ = rn.Close() }, nil
+	return &repoNode{n: rn}, func() { _ = rn.Close() }, nil
 }
 
 // layerSocket is where the node serves lazy rootfs layers to its storage
 // daemon: a fixed path, since the daemon's device records name it.
 func layerSocket(cfg config.Config) string { return filepath.Join(cfg.DataDir, "layers.sock") }
 
-// repoNode hands the repository to the orchestrator as its two small
-// interfaces, nil ones when the node has none (never a typed nil).
-type repoNode struct{ n *reponode.Node }
+// repoNode hands the repository to the orchestrator: its layer fetches
+// (remote) and its replica joined to the verbs' hooks (attach); nil
+// interfaces when the node has none (never a typed nil).
+type repoNode struct {
+	n   *reponode.Node
+	rep *replica.Replica // once attached
+}
 
 // startUploads starts the uploader: at once outside a cluster, once the
 // scheduler answered in one (a revived node's queue may hold pauses of
@@ -455,17 +461,10 @@ func (r *repoNode) startUploads(ctx context.Context) {
 	}
 }
 
-func (r *repoNode) uploads() orchestrator.Uploads {
-	if r == nil {
-		return nil
-	}
-	return r.n
-}
-
 // setPeers takes the peers the cluster scheduler names.
 func (r *repoNode) setPeers(endpoints []string) { r.n.Peers.SetDiscovered(endpoints) }
 
-func (r *repoNode) remote() orchestrator.Remote {
+func (r *repoNode) remote() disk.Fetcher {
 	if r == nil {
 		return nil
 	}
