@@ -21,7 +21,7 @@ func createDrives(in *[]wire.SandboxDrive) []orchestrator.DriveRequest {
 
 // driveInfo describes a sandbox's drives for GET /sandboxes/{id} (its
 // volumes are its volumeMounts).
-func driveInfo(drives []orchestrator.AttachedDrive) *[]wire.SandboxDriveInfo {
+func driveInfo(drives []sandbox.AttachedDrive) *[]wire.SandboxDriveInfo {
 	var out []wire.SandboxDriveInfo
 	for _, d := range drives {
 		if d.Volume != "" {

@@ -2,11 +2,13 @@ package api
 
 import (
 	"encoding/json"
-	"github.com/agentenv/agentenv/disk/disktest"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/disk/disktest"
+	"github.com/agentenv/agentenv/sandbox"
 
 	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
@@ -42,8 +44,8 @@ func TestCreateDrivesRefused(t *testing.T) {
 func TestSandboxDetailDrives(t *testing.T) {
 	dir := t.TempDir()
 	st := testStore(t, dir)
-	r := orchestrator.Record{ID: "sbxdrives", TemplateID: "base", State: orchestrator.Paused, Snapshot: filepath.Join(dir, "s1"),
-		DriveSlots: 4, Drives: []orchestrator.AttachedDrive{
+	r := sandbox.Record{ID: "sbxdrives", TemplateID: "base", State: sandbox.Paused, Snapshot: filepath.Join(dir, "s1"),
+		DriveSlots: 4, Drives: []sandbox.AttachedDrive{
 			{Drive: snapshot.Drive{Slot: 1, Image: "base", ReadOnly: true, Config: "/x/rootfs.json"}},
 			{Drive: snapshot.Drive{Slot: 2, SizeMiB: 64, Config: "/x/drive2.json"}},
 		}}

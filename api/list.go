@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/api/wire"
-	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/sandbox"
 )
 
 // parseMetadata reads E2B's metadata filter: "k=v&k2=v2" (itself url-encoded in the query).
@@ -29,7 +29,7 @@ func parseMetadata(q *string) (map[string]string, error) {
 	return out, nil
 }
 
-func matches(rec orchestrator.Record, md map[string]string) bool {
+func matches(rec sandbox.Record, md map[string]string) bool {
 	for k, v := range md {
 		if got, ok := rec.Metadata[k]; !ok || got != v {
 			return false
@@ -47,7 +47,7 @@ func (s *Server) ListSandboxes(w http.ResponseWriter, r *http.Request, params wi
 	}
 	out := []wire.ListedSandbox{}
 	for _, rec := range s.o.List() {
-		if rec.State != orchestrator.Starting && listedState(rec.State) == wire.Running && matches(rec, md) {
+		if rec.State != sandbox.Starting && listedState(rec.State) == wire.Running && matches(rec, md) {
 			out = append(out, listed(rec))
 		}
 	}
@@ -141,9 +141,9 @@ func parseTime(name string, v *string) (time.Time, error) {
 }
 
 // keep says whether rec is listed.
-func (q *listQuery) keep(rec orchestrator.Record) bool {
+func (q *listQuery) keep(rec sandbox.Record) bool {
 	switch {
-	case rec.State == orchestrator.Starting, !q.states[listedState(rec.State)], !matches(rec, q.metadata):
+	case rec.State == sandbox.Starting, !q.states[listedState(rec.State)], !matches(rec, q.metadata):
 		return false
 	case !q.after.IsZero() && rec.StartedAt.Before(q.after):
 		return false
@@ -155,7 +155,7 @@ func (q *listQuery) keep(rec orchestrator.Record) bool {
 	return true
 }
 
-func (q *listQuery) cursor(rec orchestrator.Record) string {
+func (q *listQuery) cursor(rec sandbox.Record) string {
 	if q.asc {
 		return ascCursor(rec)
 	}
@@ -173,7 +173,7 @@ func (s *Server) ListSandboxesV2(w http.ResponseWriter, r *http.Request, params 
 	}
 	type entry struct {
 		key string
-		rec orchestrator.Record
+		rec sandbox.Record
 	}
 	var all []entry
 	for _, rec := range s.o.List() {
@@ -203,12 +203,12 @@ func (s *Server) ListSandboxesV2(w http.ResponseWriter, r *http.Request, params 
 
 // cursor orders records as List does (newest first, then id) as
 // increasing strings.
-func cursor(rec orchestrator.Record) string {
+func cursor(rec sandbox.Record) string {
 	return fmt.Sprintf("%020d:%s", int64(1<<62)-rec.StartedAt.UnixNano(), rec.ID)
 }
 
 // ascCursor orders records oldest first, then by id, as increasing
 // strings; its "a:" prefix keeps it apart from cursor's.
-func ascCursor(rec orchestrator.Record) string {
+func ascCursor(rec sandbox.Record) string {
 	return fmt.Sprintf("a:%020d:%s", int64(1<<62)+rec.StartedAt.UnixNano(), rec.ID)
 }

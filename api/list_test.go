@@ -2,7 +2,6 @@ package api
 
 import (
 	"encoding/json"
-	"github.com/agentenv/agentenv/disk/disktest"
 	"net/http"
 	"net/url"
 	"os"
@@ -11,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/disk/disktest"
+	"github.com/agentenv/agentenv/sandbox"
 
 	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/template"
@@ -32,7 +34,7 @@ func listTestHandler(t *testing.T) (http.Handler, map[string]time.Time) {
 	for i, tpl := range []string{"base", "tplcode", "base", "tplcode"} {
 		id := "s" + string(rune('1'+i))
 		started[id] = t0.Add(time.Duration(i) * time.Minute)
-		r := orchestrator.Record{ID: id, TemplateID: tpl, State: orchestrator.Paused, Snapshot: filepath.Join(dir, "snap-"+id),
+		r := sandbox.Record{ID: id, TemplateID: tpl, State: sandbox.Paused, Snapshot: filepath.Join(dir, "snap-"+id),
 			StartedAt: started[id], EndAt: started[id].Add(time.Hour)}
 		if err := os.MkdirAll(r.Snapshot, 0o755); err != nil {
 			t.Fatal(err)

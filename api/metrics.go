@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/sandbox"
 )
 
 // maxMetricsIDs bounds the sandboxes one GET /sandboxes/metrics names.
@@ -34,7 +35,7 @@ func (s *Server) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandb
 		s.metricsNow(w, r, rec)
 		return
 	}
-	if rec.State == orchestrator.Running {
+	if rec.State == sandbox.Running {
 		if err := s.freshen(r.Context(), sandboxID); err != nil {
 			s.fail(w, r, err)
 			return
@@ -67,7 +68,7 @@ func (s *Server) freshen(ctx context.Context, id string) error {
 
 // metricsNow answers one sample taken now (none for a paused sandbox):
 // the behaviour without a history.
-func (s *Server) metricsNow(w http.ResponseWriter, r *http.Request, rec orchestrator.Record) {
+func (s *Server) metricsNow(w http.ResponseWriter, r *http.Request, rec sandbox.Record) {
 	m, err := s.o.Metrics(r.Context(), rec.ID)
 	if err != nil {
 		s.fail(w, r, err)
@@ -94,7 +95,7 @@ func (s *Server) GetSandboxesMetrics(w http.ResponseWriter, r *http.Request, par
 			continue
 		}
 		rec, err := s.o.Get(id)
-		if err != nil || rec.State != orchestrator.Running {
+		if err != nil || rec.State != sandbox.Running {
 			continue
 		}
 		if m, ok := s.latest(r.Context(), id); ok {

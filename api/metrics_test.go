@@ -2,12 +2,14 @@ package api
 
 import (
 	"encoding/json"
-	"github.com/agentenv/agentenv/disk/disktest"
 	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/disk/disktest"
+	"github.com/agentenv/agentenv/sandbox"
 
 	"github.com/agentenv/agentenv/api/metricsring"
 	"github.com/agentenv/agentenv/api/wire"
@@ -21,7 +23,7 @@ import (
 func TestSandboxMetricsRange(t *testing.T) {
 	dir := t.TempDir()
 	st := testStore(t, dir)
-	rec := orchestrator.Record{ID: "sbxpaused", TemplateID: "base", State: orchestrator.Paused, Snapshot: filepath.Join(dir, "s1")}
+	rec := sandbox.Record{ID: "sbxpaused", TemplateID: "base", State: sandbox.Paused, Snapshot: filepath.Join(dir, "s1")}
 	if err := os.MkdirAll(rec.Snapshot, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/agentenv/agentenv/api/webhooks"
 	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot/repo/upload"
 	"github.com/agentenv/agentenv/store"
 	"github.com/go-chi/chi/v5"
@@ -292,7 +293,7 @@ func (s *Server) timeout(w http.ResponseWriter, secs *int32) (time.Duration, boo
 	return d, true
 }
 
-func (s *Server) sandbox(rec orchestrator.Record) wire.Sandbox {
+func (s *Server) sandbox(rec sandbox.Record) wire.Sandbox {
 	out := wire.Sandbox{SandboxID: rec.ID, TemplateID: rec.TemplateID, ClientID: clientID, EnvdVersion: rec.EnvdVersion, Alias: ptr(rec.TemplateID)}
 	if rec.Secure && rec.AccessToken != "" { // a non-secure sandbox's token stays between proxy and agent
 		out.EnvdAccessToken = ptr(rec.AccessToken)
@@ -306,14 +307,14 @@ func (s *Server) sandbox(rec orchestrator.Record) wire.Sandbox {
 	return out
 }
 
-func listedState(st orchestrator.State) wire.SandboxState {
-	if st == orchestrator.Paused || st == orchestrator.Resuming {
+func listedState(st sandbox.State) wire.SandboxState {
+	if st == sandbox.Paused || st == sandbox.Resuming {
 		return wire.Paused
 	}
 	return wire.Running
 }
 
-func listed(rec orchestrator.Record) wire.ListedSandbox {
+func listed(rec sandbox.Record) wire.ListedSandbox {
 	return wire.ListedSandbox{
 		SandboxID: rec.ID, TemplateID: rec.TemplateID, Alias: ptr(rec.TemplateID), ClientID: clientID,
 		StartedAt: rec.StartedAt, EndAt: rec.EndAt, CpuCount: int32(rec.VCPUs), MemoryMB: int32(rec.MemoryMiB),
@@ -392,7 +393,7 @@ func (s *Server) ResumeSandbox(w http.ResponseWriter, r *http.Request, sandboxID
 	if !ok {
 		return
 	}
-	if rec, err := s.o.Get(sandboxID); err == nil && rec.State == orchestrator.Running {
+	if rec, err := s.o.Get(sandboxID); err == nil && rec.State == sandbox.Running {
 		writeError(w, http.StatusConflict, "sandbox "+sandboxID+" is already running")
 		return
 	}

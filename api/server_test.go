@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/agentenv/agentenv/disk/disktest"
 	"io"
 	"log/slog"
 	"net/http"
@@ -15,6 +14,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/disk/disktest"
+	"github.com/agentenv/agentenv/sandbox"
 
 	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/network"
@@ -158,9 +160,9 @@ func FuzzAPI(f *testing.F) {
 
 func TestPaginationCursorOrder(t *testing.T) {
 	now := time.Now()
-	newer := orchestrator.Record{ID: "b", StartedAt: now}
-	older := orchestrator.Record{ID: "a", StartedAt: now.Add(-time.Second)}
-	sameTimeLaterID := orchestrator.Record{ID: "c", StartedAt: now}
+	newer := sandbox.Record{ID: "b", StartedAt: now}
+	older := sandbox.Record{ID: "a", StartedAt: now.Add(-time.Second)}
+	sameTimeLaterID := sandbox.Record{ID: "c", StartedAt: now}
 	if !(cursor(newer) < cursor(sameTimeLaterID) && cursor(sameTimeLaterID) < cursor(older)) {
 		t.Fatalf("cursor order does not follow List order (newest first, then id): %q %q %q",
 			cursor(newer), cursor(sameTimeLaterID), cursor(older))
@@ -209,10 +211,10 @@ func TestCreateTimeoutDefaults(t *testing.T) {
 func TestSandboxDetailNetwork(t *testing.T) {
 	dir := t.TempDir()
 	st := testStore(t, dir)
-	recs := []orchestrator.Record{
-		{ID: "sbxlocked", TemplateID: "base", State: orchestrator.Paused, Snapshot: filepath.Join(dir, "s1"), TrafficToken: "tok",
+	recs := []sandbox.Record{
+		{ID: "sbxlocked", TemplateID: "base", State: sandbox.Paused, Snapshot: filepath.Join(dir, "s1"), TrafficToken: "tok",
 			Policy: network.Policy{DenyInternet: true, AllowOut: []string{"10.1.2.3", "example.com"}, DenyOut: []string{"8.8.8.8/32"}}},
-		{ID: "sbxopen", TemplateID: "base", State: orchestrator.Paused, Snapshot: filepath.Join(dir, "s2")},
+		{ID: "sbxopen", TemplateID: "base", State: sandbox.Paused, Snapshot: filepath.Join(dir, "s2")},
 	}
 	for _, r := range recs {
 		if err := os.MkdirAll(r.Snapshot, 0o755); err != nil { // a paused sandbox's snapshot

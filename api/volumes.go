@@ -5,6 +5,7 @@ import (
 
 	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/volume"
 )
 
@@ -85,7 +86,7 @@ func createVolumes(in *[]wire.SandboxVolumeMount) []orchestrator.VolumeMount {
 }
 
 // volumeMounts describes a sandbox's volumes for GET /sandboxes/{id}.
-func volumeMounts(drives []orchestrator.AttachedDrive) *[]wire.SandboxVolumeMount {
+func volumeMounts(drives []sandbox.AttachedDrive) *[]wire.SandboxVolumeMount {
 	var out []wire.SandboxVolumeMount
 	for _, d := range drives {
 		if d.Volume == "" {

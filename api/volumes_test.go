@@ -2,12 +2,14 @@ package api
 
 import (
 	"encoding/json"
-	"github.com/agentenv/agentenv/disk/disktest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/disk/disktest"
+	"github.com/agentenv/agentenv/sandbox"
 
 	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
@@ -115,8 +117,8 @@ func TestVolumeOfPausedSandbox(t *testing.T) {
 	if err := snapshot.WriteImageConfig(cfg, append(snapshot.Refs(v.Config), filepath.Join(sdir, "drive1-2.lsmt"))); err != nil {
 		t.Fatal(err)
 	}
-	r := orchestrator.Record{ID: "sbxvol", TemplateID: "base", State: orchestrator.Paused, Snapshot: filepath.Join(sdir, "s1"), Dir: sdir,
-		DriveSlots: 4, Drives: []orchestrator.AttachedDrive{{Drive: snapshot.Drive{Slot: 1, SizeMiB: 32, Config: cfg, MountPath: "/mnt/work"},
+	r := sandbox.Record{ID: "sbxvol", TemplateID: "base", State: sandbox.Paused, Snapshot: filepath.Join(sdir, "s1"), Dir: sdir,
+		DriveSlots: 4, Drives: []sandbox.AttachedDrive{{Drive: snapshot.Drive{Slot: 1, SizeMiB: 32, Config: cfg, MountPath: "/mnt/work"},
 			Volume: v.ID, VolumeName: "work"}}}
 	if err := os.MkdirAll(r.Snapshot, 0o755); err != nil {
 		t.Fatal(err)

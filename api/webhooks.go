@@ -6,7 +6,7 @@ import (
 
 	"github.com/agentenv/agentenv/api/webhooks"
 	"github.com/agentenv/agentenv/api/wire"
-	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/sandbox"
 )
 
 // Lifecycle webhooks (E2B's /events/webhooks): registrations and
@@ -123,7 +123,7 @@ func (s *Server) DeleteWebhook(w http.ResponseWriter, r *http.Request, webhookID
 
 // publishFork tells the subscribers a sandbox was forked: one transition
 // of the source the orchestrator does not see as such.
-func (s *Server) publishFork(rec orchestrator.Record) {
-	s.o.Publish(orchestrator.Event{Type: orchestrator.EventForked, SandboxID: rec.ID, TemplateID: rec.TemplateID,
+func (s *Server) publishFork(rec sandbox.Record) {
+	s.o.Publish(sandbox.Event{Type: sandbox.EventForked, SandboxID: rec.ID, TemplateID: rec.TemplateID,
 		Metadata: rec.Metadata, StartedAt: rec.StartedAt, VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB})
 }

@@ -66,7 +66,7 @@ func (o *Orchestrator) syncGuest(ctx context.Context, s *instance) {
 // holds no token and none of the template's defaults a snapshot kept, so
 // its /init carries them: the template's env (under the sandbox's own) and
 // working directory.
-func (o *Orchestrator) coldBoot(spec *sandbox.Spec, rec Record) error {
+func (o *Orchestrator) coldBoot(spec *sandbox.Spec, rec sandbox.Record) error {
 	lineage := o.lineage(rec.TemplateID)
 	kernel, initrd, err := o.bootFiles(lineage)
 	if err != nil {

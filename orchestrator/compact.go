@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 )
 
@@ -30,7 +31,7 @@ func (o *Orchestrator) maxLayers() int {
 
 // maybeCompact starts a merge in the background when a paused sandbox's
 // chains are too deep.
-func (o *Orchestrator) maybeCompact(rec Record) {
+func (o *Orchestrator) maybeCompact(rec sandbox.Record) {
 	mem, _ := snapshot.ReadMemoryManifest(rec.Snapshot)
 	if len(mem.Layers) <= o.maxLayers() && len(snapshot.Refs(rec.RootfsImage)) <= o.maxLayers() && len(o.deepDrives(rec)) == 0 {
 		return
@@ -55,7 +56,7 @@ func (o *Orchestrator) compact(ctx context.Context, id string) error {
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	if rec.State != Paused {
+	if rec.State != sandbox.Paused {
 		return nil
 	}
 	start := time.Now()
@@ -89,7 +90,7 @@ func (o *Orchestrator) compact(ctx context.Context, id string) error {
 		if err := fpCompactRootfs.Inject(); err != nil {
 			return err
 		}
-		if err := o.update(s, func(r *Record) { r.RootfsImage = cfg }); err != nil {
+		if err := o.update(s, func(r *sandbox.Record) { r.RootfsImage = cfg }); err != nil {
 			return err
 		}
 		obsolete = append(obsolete, old...)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/snapshot"
@@ -91,7 +92,7 @@ func TestCompactMergesOwnLayers(t *testing.T) {
 	defer st.Close()
 	o := &Orchestrator{cfg: Options{DataDir: dir, MaxLayers: 3}, store: st, log: slog.Default(),
 		m: newMetrics(prometheus.NewRegistry()), sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
-	o.journal = journal{store: st, log: o.log}
+	o.journal = &sandbox.Journal{Store: st, Log: o.log}
 	tmpl, sbx := filepath.Join(dir, "templates", "t"), filepath.Join(dir, "sandboxes", "s")
 	snap := filepath.Join(sbx, "snapshot-6")
 	for _, d := range []string{tmpl, snap} {
@@ -122,7 +123,7 @@ func TestCompactMergesOwnLayers(t *testing.T) {
 	if err := snapshot.WriteImageConfig(cfg, disk); err != nil {
 		t.Fatal(err)
 	}
-	rec := Record{ID: "s", State: Paused, Dir: sbx, Snapshot: snap, RootfsImage: cfg, Gen: 6}
+	rec := sandbox.Record{ID: "s", State: sandbox.Paused, Dir: sbx, Snapshot: snap, RootfsImage: cfg, Gen: 6}
 	o.sandboxes["s"] = &instance{rec: rec}
 	if err := st.Put(store.Sandboxes, rec.ID, rec); err != nil {
 		t.Fatal(err)
@@ -147,7 +148,7 @@ func TestCompactMergesOwnLayers(t *testing.T) {
 			t.Errorf("merged-away layer %s is still there", p)
 		}
 	}
-	var stored Record
+	var stored sandbox.Record
 	if err := st.Get(store.Sandboxes, "s", &stored); err != nil || stored.RootfsImage != got.RootfsImage {
 		t.Fatalf("stored record rootfs %q, want %q (%v)", stored.RootfsImage, got.RootfsImage, err)
 	}

@@ -52,7 +52,7 @@ type CreateOptions struct {
 // The steps, each durable before the next: the "starting" record (so a
 // crash from here on is rolled back by recovery), the VM bring-up
 // (startVM), the "running" record. Any failure undoes everything.
-func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Record, err error) {
+func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec sandbox.Record, err error) {
 	if opts.Timeout <= 0 {
 		return rec, fmt.Errorf("create: timeout must be positive: %w", ErrInvalid)
 	}
@@ -110,7 +110,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 		return rec, err
 	}
 	now := time.Now().UTC()
-	if err := o.transition(s, Running, func(r *Record) { r.StartedAt, r.EndAt = now, now.Add(opts.Timeout) }); err != nil {
+	if err := o.transition(s, sandbox.Running, func(r *sandbox.Record) { r.StartedAt, r.EndAt = now, now.Add(opts.Timeout) }); err != nil {
 		return rec, err
 	}
 	s.mu.Lock()
@@ -162,8 +162,8 @@ func (o *Orchestrator) register(opts CreateOptions) (*instance, *template.Templa
 		return nil, nil, err
 	}
 	dir := filepath.Join(o.cfg.DataDir, "sandboxes", id)
-	s := &instance{rec: Record{
-		ID: id, TemplateID: t.ID, State: Starting, Metadata: opts.Metadata, EnvVars: opts.EnvVars,
+	s := &instance{rec: sandbox.Record{
+		ID: id, TemplateID: t.ID, State: sandbox.Starting, Metadata: opts.Metadata, EnvVars: opts.EnvVars,
 		AutoPause: opts.AutoPause, AutoResume: opts.AutoResume, Secure: opts.Secure,
 		VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, DiskMiB: t.DiskMiB, EnvdVersion: t.EnvdVersion,
 		Dir: dir, Policy: opts.Policy, GuestToken: t.GuestToken, DriveSlots: t.DriveSlots, Drives: drives,
@@ -208,7 +208,7 @@ func (o *Orchestrator) recordNew(s *instance) error {
 	rec := s.rec
 	s.mu.Unlock()
 	rec.State = "" // not written yet
-	return o.journal.transition(rec, Starting, nil, func(r Record) { o.setRecord(s, r) })
+	return o.journal.Transition(rec, sandbox.Starting, nil, func(r sandbox.Record) { o.setRecord(s, r) })
 }
 
 // unregister takes a sandbox that never started out of the registry.
@@ -269,7 +269,7 @@ func (o *Orchestrator) startVM(ctx context.Context, s *instance, snapshotDir str
 // finished (takeOver), and the bring-up continues e's VM (pool.go).
 func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir string, lap func(string), e *warmpool.Entry) error {
 	// The generation names the run directory: recovery finds the VMM there.
-	if err := o.update(s, func(r *Record) { r.Gen++; claimEntry(r, e) }); err != nil {
+	if err := o.update(s, func(r *sandbox.Record) { r.Gen++; claimEntry(r, e) }); err != nil {
 		o.dropEntry(ctx, s, e)
 		return err
 	}
@@ -310,7 +310,7 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 				return err
 			}
 			pid := m.Info().PID
-			if err := o.update(s, func(r *Record) { r.PID, r.PIDStart, r.PoolClaim = pid, procStart(pid), false }); err != nil {
+			if err := o.update(s, func(r *sandbox.Record) { r.PID, r.PIDStart, r.PoolClaim = pid, procStart(pid), false }); err != nil {
 				return err
 			}
 			return fpCreateVMM.Inject()
@@ -355,10 +355,10 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 func (o *Orchestrator) pointAfterRestore(s *instance) interface{ Inject() error } {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.rec.State == Resuming && s.rec.ColdBoot {
+	if s.rec.State == sandbox.Resuming && s.rec.ColdBoot {
 		return fpResumeBooted
 	}
-	if s.rec.State == Resuming {
+	if s.rec.State == sandbox.Resuming {
 		return fpResumeRestored
 	}
 	return fpCreateRestored
@@ -382,4 +382,4 @@ func (o *Orchestrator) stopVM(ctx context.Context, s *instance) {
 
 // vmName names the VM of the sandbox's current generation (its VMM process
 // and control group carry it).
-func vmName(r Record) string { return fmt.Sprintf("%s-%d", r.ID, r.Gen) }
+func vmName(r sandbox.Record) string { return fmt.Sprintf("%s-%d", r.ID, r.Gen) }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/agentenv/agentenv/disk"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
@@ -49,8 +50,8 @@ func (d vmDisk) Detach(ctx context.Context) { d.o.releaseDevice(ctx, d.s) }
 // drives'.
 func (o *Orchestrator) releaseDevice(ctx context.Context, s *instance) {
 	s.mu.Lock()
-	ids, id := s.rec.devices(), s.rec.ID
-	s.rec.clearDevices()
+	ids, id := s.rec.Devices(), s.rec.ID
+	s.rec.ClearDevices()
 	s.mu.Unlock()
 	for _, dev := range ids {
 		o.disks.Detach(ctx, id, dev)
@@ -76,13 +77,13 @@ func (o *Orchestrator) sealRootfs(ctx context.Context, s *instance) error {
 
 // sealDisk seals rec's root disk into a layer name of its directory
 // (disk.Manager.SealRoot) and returns the config listing its stack now.
-func (o *Orchestrator) sealDisk(ctx context.Context, rec Record, name, message string, mode disk.SealMode) (string, error) {
-	return o.disks.SealRoot(ctx, rec.held(), rec.RootfsImage, name, message, mode)
+func (o *Orchestrator) sealDisk(ctx context.Context, rec sandbox.Record, name, message string, mode disk.SealMode) (string, error) {
+	return o.disks.SealRoot(ctx, held(rec), rec.RootfsImage, name, message, mode)
 }
 
 // copyRootInto puts rec's root disk as it is now into snapshot r's
 // directory (shared layers hard-linked) and points r at it.
-func (o *Orchestrator) copyRootInto(rec Record, r *snapshot.Record) error {
+func (o *Orchestrator) copyRootInto(rec sandbox.Record, r *snapshot.Record) error {
 	cfg, err := o.disks.CopyInto(rec.RootfsImage, rec.Dir, r.Dir)
 	if err != nil {
 		return err
@@ -92,13 +93,13 @@ func (o *Orchestrator) copyRootInto(rec Record, r *snapshot.Record) error {
 }
 
 // held is the record's root disk device as package disk names it.
-func (r Record) held() disk.Held {
+func held(r sandbox.Record) disk.Held {
 	return disk.Held{Owner: r.ID, Dir: r.Dir, Device: r.Device, Has: r.HasDevice}
 }
 
 // sealDevice seals rec's root disk device (disk.Manager.Seal).
-func sealDevice(ctx context.Context, disks *disk.Manager, rec Record, name, message string, mode disk.SealMode) (string, error) {
-	return disks.Seal(ctx, rec.held(), name, message, mode)
+func sealDevice(ctx context.Context, disks *disk.Manager, rec sandbox.Record, name, message string, mode disk.SealMode) (string, error) {
+	return disks.Seal(ctx, held(rec), name, message, mode)
 }
 
 // localizeAll has the disks move every image config a record names that
@@ -120,7 +121,7 @@ func (o *Orchestrator) localizeAll(ctx context.Context) {
 
 // settleDisks waits until the layers of rec's root disk and drives are
 // files here (disk.Settle).
-func (o *Orchestrator) settleDisks(ctx context.Context, rec Record) error {
+func (o *Orchestrator) settleDisks(ctx context.Context, rec sandbox.Record) error {
 	cfgs := []string{rec.RootfsImage}
 	for _, d := range rec.Drives {
 		cfgs = append(cfgs, d.Config)

@@ -42,20 +42,6 @@ type DriveRequest struct {
 	mountPath string
 }
 
-// AttachedDrive is a drive of a sandbox's record with its live device.
-type AttachedDrive struct {
-	snapshot.Drive
-	Device    uint32 `json:"device,omitempty"`
-	HasDevice bool   `json:"hasDevice,omitempty"`
-	// Fresh: the guest has not seen the drive yet (its slot was empty in
-	// the snapshot the sandbox starts from); the next /init has it probed.
-	Fresh bool `json:"fresh,omitempty"`
-	// Volume is the id of the volume the drive is (volumes.go), mounted
-	// in the guest at MountPath; VolumeName its name.
-	Volume     string `json:"volume,omitempty"`
-	VolumeName string `json:"volumeName,omitempty"`
-}
-
 // CheckDrives validates a create's drives without looking anything up.
 func CheckDrives(reqs []DriveRequest) error {
 	if len(reqs) > MaxDrives {
@@ -81,11 +67,11 @@ func CheckDrives(reqs []DriveRequest) error {
 // planDrives (refMu held) gives a sandbox created from t its drives: the
 // ones t's snapshot carries, then reqs in the free slots, their images
 // resolved. Blank volumes get their config in prepareDrives.
-func (o *Orchestrator) planDrives(t *template.Template, reqs []DriveRequest) ([]AttachedDrive, error) {
-	var out []AttachedDrive
+func (o *Orchestrator) planDrives(t *template.Template, reqs []DriveRequest) ([]sandbox.AttachedDrive, error) {
+	var out []sandbox.AttachedDrive
 	used := map[int]bool{}
 	for _, d := range t.Drives {
-		out = append(out, AttachedDrive{Drive: d})
+		out = append(out, sandbox.AttachedDrive{Drive: d})
 		used[d.Slot] = true
 	}
 	if len(reqs) == 0 {
@@ -104,7 +90,7 @@ func (o *Orchestrator) planDrives(t *template.Template, reqs []DriveRequest) ([]
 		d := snapshot.Drive{Slot: slot, Image: r.Image, SizeMiB: r.SizeMiB, ReadOnly: r.ReadOnly}
 		if v := r.volume; v != nil {
 			d.SizeMiB, d.Config, d.MountPath = v.SizeMiB, v.Config, r.mountPath
-			out = append(out, AttachedDrive{Drive: d, Fresh: true, Volume: v.ID, VolumeName: v.Name})
+			out = append(out, sandbox.AttachedDrive{Drive: d, Fresh: true, Volume: v.ID, VolumeName: v.Name})
 			continue
 		}
 		if r.Image != "" {
@@ -117,14 +103,14 @@ func (o *Orchestrator) planDrives(t *template.Template, reqs []DriveRequest) ([]
 			}
 			d.Image, d.Config = src.ID, src.RootfsImage
 		}
-		out = append(out, AttachedDrive{Drive: d, Fresh: true})
+		out = append(out, sandbox.AttachedDrive{Drive: d, Fresh: true})
 	}
 	return out, nil
 }
 
 // prepareDrives writes the base layer of every new blank volume of rec
 // (an empty sealed layer of its size) and points the drive at it.
-func prepareDrives(ctx context.Context, rec *Record) error {
+func prepareDrives(ctx context.Context, rec *sandbox.Record) error {
 	for i := range rec.Drives {
 		d := &rec.Drives[i]
 		if d.Config != "" {
@@ -140,7 +126,7 @@ func prepareDrives(ctx context.Context, rec *Record) error {
 }
 
 // vmDrives is the slot list of s's VM (sandbox.Spec.Drives).
-func (o *Orchestrator) vmDrives(s *instance, rec Record) []sandbox.Disk {
+func (o *Orchestrator) vmDrives(s *instance, rec sandbox.Record) []sandbox.Disk {
 	slots := make([]sandbox.Disk, rec.DriveSlots)
 	for i, d := range rec.Drives {
 		if d.Slot >= 1 && d.Slot <= len(slots) {
@@ -151,7 +137,7 @@ func (o *Orchestrator) vmDrives(s *instance, rec Record) []sandbox.Disk {
 }
 
 // freshDisks names the guest disks of drives the guest has not seen.
-func freshDisks(rec Record) []string {
+func freshDisks(rec sandbox.Record) []string {
 	var out []string
 	for _, d := range rec.Drives {
 		if d.Fresh {
@@ -194,65 +180,17 @@ func (d driveDisk) Detach(ctx context.Context) {
 	}
 }
 
-// diskConfigs are the image configs of the record's root disk and drives.
-type diskConfigs struct {
-	rootfs string
-	drives []string
-}
-
-// diskConfigs copies the record's image configs (a seal replaces them).
-func (r Record) diskConfigs() diskConfigs {
-	c := diskConfigs{rootfs: r.RootfsImage}
-	for _, d := range r.Drives {
-		c.drives = append(c.drives, d.Config)
-	}
-	return c
-}
-
-// setDiskConfigs puts back configs diskConfigs copied.
-func (r *Record) setDiskConfigs(c diskConfigs) {
-	r.RootfsImage = c.rootfs
-	for i := range r.Drives {
-		if i < len(c.drives) {
-			r.Drives[i].Config = c.drives[i]
-		}
-	}
-}
-
-// devices lists the storage-daemon devices r holds: its root disk's and
-// its drives'.
-func (r Record) devices() []uint32 {
-	var out []uint32
-	if r.HasDevice {
-		out = append(out, r.Device)
-	}
-	for _, d := range r.Drives {
-		if d.HasDevice {
-			out = append(out, d.Device)
-		}
-	}
-	return out
-}
-
-// clearDevices forgets every device of r (they were deleted).
-func (r *Record) clearDevices() {
-	r.Device, r.HasDevice = 0, false
-	for i := range r.Drives {
-		r.Drives[i].Device, r.Drives[i].HasDevice = 0, false
-	}
-}
-
 // deleteDevices deletes every device r holds (recovery; a device already
 // gone is no error).
-func deleteDevices(ctx context.Context, disks *disk.Manager, r Record) error {
-	return disks.DeleteDevices(ctx, "sandbox "+r.ID, r.devices())
+func deleteDevices(ctx context.Context, disks *disk.Manager, r sandbox.Record) error {
+	return disks.DeleteDevices(ctx, "sandbox "+r.ID, r.Devices())
 }
 
 // sealDrives (vCPUs stopped) seals the upper of every writable drive of
 // rec into a layer drive<slot>-<tag> and returns the drives pointed at
 // the configs listing their layers now; read-only drives never change.
-func sealDrives(ctx context.Context, disks *disk.Manager, rec Record, tag, message string, mode disk.SealMode) ([]AttachedDrive, error) {
-	out := append([]AttachedDrive(nil), rec.Drives...)
+func sealDrives(ctx context.Context, disks *disk.Manager, rec sandbox.Record, tag, message string, mode disk.SealMode) ([]sandbox.AttachedDrive, error) {
+	out := append([]sandbox.AttachedDrive(nil), rec.Drives...)
 	for i, d := range out {
 		if d.ReadOnly {
 			continue
@@ -260,7 +198,7 @@ func sealDrives(ctx context.Context, disks *disk.Manager, rec Record, tag, messa
 		if !d.HasDevice {
 			return nil, fmt.Errorf("seal drive %s of %s: no device", sandbox.GuestDisk(d.Slot), rec.ID)
 		}
-		one := Record{ID: rec.ID, Dir: rec.Dir, Device: d.Device, HasDevice: true}
+		one := sandbox.Record{ID: rec.ID, Dir: rec.Dir, Device: d.Device, HasDevice: true}
 		cfg, err := sealDevice(ctx, disks, one, fmt.Sprintf("drive%d-%s", d.Slot, tag), message, mode)
 		if err != nil {
 			return nil, fmt.Errorf("drive %s: %w", sandbox.GuestDisk(d.Slot), err)
@@ -295,7 +233,7 @@ func (o *Orchestrator) sealSandboxDrives(ctx context.Context, s *instance, tag, 
 // copyDrivesInto gives snapshot directory dir the drives rec has now
 // (sealed): a writable drive's layers that live in the sandbox's directory
 // are hard-linked into dir; a read-only drive keeps its image's config.
-func copyDrivesInto(rec Record, dir string) ([]snapshot.Drive, error) {
+func copyDrivesInto(rec sandbox.Record, dir string) ([]snapshot.Drive, error) {
 	var out []snapshot.Drive
 	for _, d := range rec.Drives {
 		sd := d.Drive
@@ -325,7 +263,7 @@ func copyDrivesInto(rec Record, dir string) ([]snapshot.Drive, error) {
 }
 
 // plainDrives is drives without their devices.
-func plainDrives(drives []AttachedDrive) []snapshot.Drive {
+func plainDrives(drives []sandbox.AttachedDrive) []snapshot.Drive {
 	var out []snapshot.Drive
 	for _, d := range drives {
 		out = append(out, d.Drive)
@@ -346,7 +284,7 @@ func usesImage(drives []snapshot.Drive, id string) bool {
 
 // deepDrives lists the indexes of rec's drives whose chains are deeper
 // than the node's maximum (see compact.go).
-func (o *Orchestrator) deepDrives(rec Record) []int {
+func (o *Orchestrator) deepDrives(rec sandbox.Record) []int {
 	var out []int
 	for i, d := range rec.Drives {
 		if !d.ReadOnly && len(snapshot.Refs(d.Config)) > o.maxLayers() {
@@ -359,7 +297,7 @@ func (o *Orchestrator) deepDrives(rec Record) []int {
 // compactDrives (op held, paused) merges the sandbox's own layers of each
 // drive that is too deep, records the new configs and returns the layers
 // merged away.
-func (o *Orchestrator) compactDrives(ctx context.Context, s *instance, rec Record) ([]string, error) {
+func (o *Orchestrator) compactDrives(ctx context.Context, s *instance, rec sandbox.Record) ([]string, error) {
 	var obsolete []string
 	for _, i := range o.deepDrives(rec) {
 		d := rec.Drives[i]
@@ -372,7 +310,7 @@ func (o *Orchestrator) compactDrives(ctx context.Context, s *instance, rec Recor
 		if err := snapshot.WriteImageConfig(cfg, merged); err != nil {
 			return nil, err
 		}
-		if err := o.update(s, func(r *Record) { r.Drives[i].Config = cfg }); err != nil {
+		if err := o.update(s, func(r *sandbox.Record) { r.Drives[i].Config = cfg }); err != nil {
 			return nil, err
 		}
 		obsolete = append(obsolete, old...)

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/template"
 )
@@ -92,12 +93,12 @@ func TestPlanDrives(t *testing.T) {
 // TestRecordDevices: a record's devices are its root disk's and its
 // drives', and clearDevices forgets them all.
 func TestRecordDevices(t *testing.T) {
-	r := Record{Device: 7, HasDevice: true, Drives: []AttachedDrive{{Device: 8, HasDevice: true}, {}, {Device: 9, HasDevice: true}}}
-	if got := r.devices(); len(got) != 3 || got[0] != 7 || got[1] != 8 || got[2] != 9 {
+	r := sandbox.Record{Device: 7, HasDevice: true, Drives: []sandbox.AttachedDrive{{Device: 8, HasDevice: true}, {}, {Device: 9, HasDevice: true}}}
+	if got := r.Devices(); len(got) != 3 || got[0] != 7 || got[1] != 8 || got[2] != 9 {
 		t.Fatalf("devices %v", got)
 	}
-	r.clearDevices()
-	if got := r.devices(); len(got) != 0 || r.Drives[2].Device != 0 {
+	r.ClearDevices()
+	if got := r.Devices(); len(got) != 0 || r.Drives[2].Device != 0 {
 		t.Fatalf("after clearDevices: %v %+v", got, r)
 	}
 }

@@ -6,11 +6,9 @@ import "github.com/agentenv/agentenv/internal/failpoint"
 // state transition (see the package doc's durability rules). The crash
 // matrix (api/e2e) kills aenvd at each one and checks recovery.
 var (
-	fpCreateRecorded = failpoint.New("orchestrator/create/recorded")     // "starting" is durable, nothing started
 	fpCreateDisk     = failpoint.New("orchestrator/create/disk")         // the root disk device exists
 	fpCreateRestored = failpoint.New("orchestrator/create/restored")     // the VMM runs, not yet recorded
 	fpCreateVMM      = failpoint.New("orchestrator/create/vmm-recorded") // the VMM's pid is recorded
-	fpCreateRunning  = failpoint.New("orchestrator/create/running")      // "running" is durable
 
 	// A create from the warm pool (pool.go), between the first record and
 	// the bring-up; the warm pool's own points are warmpool/...
@@ -20,13 +18,10 @@ var (
 	// A resume from the warm pool (poolresume.go), before the claim above.
 	fpPoolRebased = failpoint.New("orchestrator/poolresume/rebased") // the entry's device reads as the sandbox's disk; nothing recorded
 
-	fpPauseRecorded = failpoint.New("orchestrator/pause/recorded") // "pausing" is durable, the VM runs
 	fpPauseCaptured = failpoint.New("orchestrator/pause/captured") // memory and VM state written (the disks sealed first), vCPUs stopped
 	fpPauseSealed   = failpoint.New("orchestrator/pause/sealed")   // the disks' uppers are sealed layers (the memory diff may still be read)
-	fpPausePaused   = failpoint.New("orchestrator/pause/paused")   // "paused" is durable, VMM still there
 	fpPauseStopped  = failpoint.New("orchestrator/pause/stopped")  // the VMM is gone, the device not yet
 
-	fpResumeRecorded = failpoint.New("orchestrator/resume/recorded") // "resuming" is durable
 	fpResumeRestored = failpoint.New("orchestrator/resume/restored") // the VMM runs, not yet recorded
 	fpResumeBooted   = failpoint.New("orchestrator/resume/booted")   // a cold resume's VMM boots the disk, not yet recorded
 
@@ -37,8 +32,6 @@ var (
 	fpForkSnapshot = failpoint.New("orchestrator/fork/snapshot") // the hidden snapshot exists, no child yet
 
 	fpFlattenWritten = failpoint.New("orchestrator/flatten/written") // a paused sandbox's memory is one durable file too
-
-	fpKillRecorded = failpoint.New("orchestrator/kill/recorded") // "killing" is durable, nothing removed yet
 
 	fpDropRecorded = failpoint.New("orchestrator/dropcopy/recorded") // a stale copy's "killing" is durable, nothing removed yet
 

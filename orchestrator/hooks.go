@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/template"
 )
@@ -26,7 +27,7 @@ type Hooks struct {
 	MissingSandbox func(ctx context.Context, id string) error
 	// Paused runs once a pause that kept the memory is durable, its VMM
 	// gone and its flatten started (operation lock held).
-	Paused func(ctx context.Context, rec Record)
+	Paused func(ctx context.Context, rec sandbox.Record)
 	// SnapshotStored runs once a snapshot's record is stored.
 	SnapshotStored func(ctx context.Context, r snapshot.Record)
 	// SnapshotDeleted runs once a snapshot's record and files are gone.
@@ -36,7 +37,7 @@ type Hooks struct {
 	TemplateReady func(ctx context.Context, t *template.Template)
 	// Removed runs once a sandbox left the registry (a kill, a failed
 	// create, a dropped stale copy), before its directory and record go.
-	Removed func(rec Record)
+	Removed func(rec sandbox.Record)
 }
 
 // hookList holds the registered hooks. The zero value is ready.
@@ -120,7 +121,7 @@ func (o *Orchestrator) beforeMissingSandbox(ctx context.Context, id string) erro
 }
 
 // afterPaused runs the Paused hooks.
-func (o *Orchestrator) afterPaused(ctx context.Context, rec Record) {
+func (o *Orchestrator) afterPaused(ctx context.Context, rec sandbox.Record) {
 	for _, h := range o.registered() {
 		if h.Paused != nil {
 			h.Paused(ctx, rec)
@@ -156,7 +157,7 @@ func (o *Orchestrator) afterTemplateReady(ctx context.Context, t *template.Templ
 }
 
 // afterRemoved runs the Removed hooks.
-func (o *Orchestrator) afterRemoved(rec Record) {
+func (o *Orchestrator) afterRemoved(rec sandbox.Record) {
 	for _, h := range o.registered() {
 		if h.Removed != nil {
 			h.Removed(rec)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+
+	"github.com/agentenv/agentenv/sandbox"
 )
 
 // TestHooks: before-hooks run in registration order, a hook's ErrNotFound
@@ -25,7 +27,7 @@ func TestHooks(t *testing.T) {
 	cancel := o.Hook(Hooks{MissingSandbox: func(_ context.Context, id string) error {
 		ran = append(ran, "second "+id)
 		return boom
-	}, Removed: func(rec Record) { ran = append(ran, "removed "+rec.ID) }})
+	}, Removed: func(rec sandbox.Record) { ran = append(ran, "removed "+rec.ID) }})
 	if !o.hasMissingHooks() {
 		t.Fatal("hooks registered, but not hasMissingHooks")
 	}
@@ -35,12 +37,12 @@ func TestHooks(t *testing.T) {
 	if err := o.beforeMissingSource(context.Background(), "a"); err != nil {
 		t.Fatalf("no source hook: %v", err)
 	}
-	o.afterRemoved(Record{ID: "a"})
+	o.afterRemoved(sandbox.Record{ID: "a"})
 	cancel()
 	if err := o.beforeMissingSandbox(context.Background(), "b"); err != nil {
 		t.Fatalf("after cancel: %v (the ErrNotFound of the first hook is no error)", err)
 	}
-	o.afterRemoved(Record{ID: "b"})
+	o.afterRemoved(sandbox.Record{ID: "b"})
 	if want := []string{"first a", "second a", "removed a", "first b"}; !slices.Equal(ran, want) {
 		t.Fatalf("ran %v, want %v", ran, want)
 	}

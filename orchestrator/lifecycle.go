@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -29,10 +30,10 @@ func (o *Orchestrator) killLocked(ctx context.Context, s *instance) (err error) 
 	done := o.m.observe("kill")
 	defer func() { done(err) }()
 	id := s.rec.ID
-	if o.state(s) == Running && writesVolumes(s.rec) {
+	if o.state(s) == sandbox.Running && writesVolumes(s.rec) {
 		o.freezeVolumes(ctx, s) // what it flushes is what its volumes keep
 	}
-	if err := o.transition(s, Killing, nil); err != nil {
+	if err := o.transition(s, sandbox.Killing, nil); err != nil {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
 	o.stopTimer(s)
@@ -53,7 +54,7 @@ func (o *Orchestrator) Pause(ctx context.Context, id string, keepMemory bool) er
 		return err
 	}
 	defer s.op.Unlock()
-	if st := o.state(s); st != Running {
+	if st := o.state(s); st != sandbox.Running {
 		return fmt.Errorf("pause sandbox %s: it is %s: %w", id, st, ErrConflict)
 	}
 	if err := o.pauseLocked(ctx, s, !keepMemory); err != nil {
@@ -85,8 +86,8 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 	if fsOnly {
 		o.syncGuest(ctx, s)
 	}
-	if err := o.transition(s, Pausing, func(r *Record) { r.FilesystemOnly = fsOnly }); err != nil {
-		if o.state(s) != Pausing {
+	if err := o.transition(s, sandbox.Pausing, func(r *sandbox.Record) { r.FilesystemOnly = fsOnly }); err != nil {
+		if o.state(s) != sandbox.Pausing {
 			return err // nothing recorded
 		}
 		return o.resumeAfterFailedPause(ctx, s, nil, err)
@@ -98,13 +99,13 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 		return o.resumeAfterFailedPause(ctx, s, nil, err)
 	}
 	lap("stop_vcpus")
-	sealedFrom := rec.diskConfigs()
+	sealedFrom := rec.DiskConfigs()
 	var snapDir string
 	unseal := func(err error) error {
 		// The devices kept their uppers (keepUpper): the VM runs on on
 		// them, and the record names their configs again.
 		s.mu.Lock()
-		s.rec.setDiskConfigs(sealedFrom)
+		s.rec.SetDiskConfigs(sealedFrom)
 		s.mu.Unlock()
 		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
 	}
@@ -114,7 +115,7 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 	}
 	lap("capture_seal")
 	var old string
-	err = o.transition(s, Paused, func(r *Record) {
+	err = o.transition(s, sandbox.Paused, func(r *sandbox.Record) {
 		old, r.Snapshot = r.Snapshot, snapDir
 		if fsOnly {
 			r.Memory = snapshot.MemoryImage{} // nothing maps or keeps one
@@ -160,7 +161,7 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 // seal without the "paused" record is a state recovery already handles
 // (the VM continues on the restacked disks, as after a failed drive seal).
 // It returns the snapshot directory, also on error when the capture wrote it.
-func (o *Orchestrator) captureAndSeal(ctx context.Context, s *instance, rec Record, vm vmm.Machine, fsOnly bool) (string, error) {
+func (o *Orchestrator) captureAndSeal(ctx context.Context, s *instance, rec sandbox.Record, vm vmm.Machine, fsOnly bool) (string, error) {
 	sealed := make(chan struct{})
 	var sealErr error
 	go func() {
@@ -185,7 +186,7 @@ func (o *Orchestrator) captureAndSeal(ctx context.Context, s *instance, rec Reco
 
 // sealDisks seals the root disk's upper and the writable drives' (vCPUs
 // stopped).
-func (o *Orchestrator) sealDisks(ctx context.Context, s *instance, rec Record) error {
+func (o *Orchestrator) sealDisks(ctx context.Context, s *instance, rec sandbox.Record) error {
 	if err := o.sealRootfs(ctx, s); err != nil {
 		return fmt.Errorf("seal disk: %w", err)
 	}
@@ -209,7 +210,7 @@ func (o *Orchestrator) resumeAfterFailedPause(ctx context.Context, s *instance, 
 	for _, p := range partial {
 		_ = os.RemoveAll(p)
 	}
-	if err := o.transition(s, Running, func(r *Record) { r.FilesystemOnly = false }); err != nil {
+	if err := o.transition(s, sandbox.Running, func(r *sandbox.Record) { r.FilesystemOnly = false }); err != nil {
 		rerr = errors.Join(rerr, err)
 	}
 	s.mu.Lock()
@@ -224,7 +225,7 @@ func (o *Orchestrator) resumeAfterFailedPause(ctx context.Context, s *instance, 
 // memory image unless memory is false or it has none (a filesystem-only
 // pause): then it cold-boots from its disk, and a memory image it has is
 // neither used nor changed. resumed reports which.
-func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Duration, memory bool) (rec Record, resumed bool, err error) {
+func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Duration, memory bool) (rec sandbox.Record, resumed bool, err error) {
 	s, err := o.lockOp(id)
 	if errors.Is(err, ErrNotFound) && o.hasMissingHooks() {
 		// Paused on another node sharing the repository? (hooks.go)
@@ -238,7 +239,7 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 	}
 	defer s.op.Unlock()
 	switch st := o.state(s); st {
-	case Running:
+	case sandbox.Running:
 		s.mu.Lock()
 		if end := time.Now().UTC().Add(timeout); end.After(s.rec.EndAt) {
 			s.rec.EndAt = end
@@ -247,7 +248,7 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 		rec = s.rec
 		s.mu.Unlock()
 		return rec, false, o.persist(s)
-	case Paused:
+	case sandbox.Paused:
 	default:
 		return rec, false, fmt.Errorf("connect sandbox %s: it is %s: %w", id, st, ErrConflict)
 	}
@@ -271,11 +272,11 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout time.Duration, memory bool) (err error) {
 	done := o.m.observe("resume")
 	defer func() { done(err) }()
-	if err := o.transition(s, Resuming, func(r *Record) { r.ColdBoot = !memory || r.FilesystemOnly }); err != nil {
-		if o.state(s) != Resuming {
+	if err := o.transition(s, sandbox.Resuming, func(r *sandbox.Record) { r.ColdBoot = !memory || r.FilesystemOnly }); err != nil {
+		if o.state(s) != sandbox.Resuming {
 			return err // nothing recorded
 		}
-		return errors.Join(err, o.transition(s, Paused, nil))
+		return errors.Join(err, o.transition(s, sandbox.Paused, nil))
 	}
 	s.mu.Lock()
 	from, id := s.rec.Snapshot, s.rec.ID
@@ -287,12 +288,12 @@ func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout ti
 	// restore for the disk and CPU: it stops, the restore writes the layers.
 	o.flat.stop(id)
 	if err := o.startResume(ctx, s, from, o.m.stage("resume")); err != nil {
-		return errors.Join(err, o.transition(s, Paused, func(r *Record) { r.PID, r.PIDStart, r.PoolClaim = 0, 0, false }))
+		return errors.Join(err, o.transition(s, sandbox.Paused, func(r *sandbox.Record) { r.PID, r.PIDStart, r.PoolClaim = 0, 0, false }))
 	}
 	if err := o.mountVolumes(ctx, s); err != nil {
 		o.log.Warn("resume: the guest did not mount its volumes", "sandbox", s.rec.ID, "err", err)
 	}
-	err = o.transition(s, Running, func(r *Record) { r.EndAt, r.FilesystemOnly = time.Now().UTC().Add(timeout), false })
+	err = o.transition(s, sandbox.Running, func(r *sandbox.Record) { r.EndAt, r.FilesystemOnly = time.Now().UTC().Add(timeout), false })
 	if err != nil {
 		return err
 	}
@@ -315,7 +316,7 @@ func (o *Orchestrator) SetTimeout(id string, timeout time.Duration, extendOnly b
 	s.mu.Lock()
 	if !extendOnly || end.After(s.rec.EndAt) {
 		s.rec.EndAt = end
-		if s.rec.State == Running {
+		if s.rec.State == sandbox.Running {
 			o.armTimer(s)
 		}
 	}
@@ -342,7 +343,7 @@ func (o *Orchestrator) SetPolicy(ctx context.Context, id string, p network.Polic
 			return fmt.Errorf("sandbox %s: network policy: %w", id, err)
 		}
 	}
-	return o.update(s, func(r *Record) { r.Policy = p })
+	return o.update(s, func(r *sandbox.Record) { r.Policy = p })
 }
 
 func isZeroPolicy(p network.Policy) bool {
@@ -379,7 +380,7 @@ func (o *Orchestrator) expire(id string) {
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	if rec.State != Running || time.Now().Before(rec.EndAt) {
+	if rec.State != sandbox.Running || time.Now().Before(rec.EndAt) {
 		return // paused meanwhile, or the end moved (a newer timer is armed)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -414,7 +415,7 @@ func (o *Orchestrator) handOver(id string) {
 	o.log.Info("sandbox left running for the next start", "sandbox", id)
 }
 
-func (o *Orchestrator) state(s *instance) State {
+func (o *Orchestrator) state(s *instance) sandbox.State {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.rec.State
@@ -429,7 +430,7 @@ func (o *Orchestrator) Shutdown(ctx context.Context, pause bool) error {
 	defer o.Close()
 	var failed int
 	for _, r := range o.List() {
-		if r.State != Running {
+		if r.State != sandbox.Running {
 			continue
 		}
 		if !pause {

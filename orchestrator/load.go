@@ -19,16 +19,16 @@ import (
 // slot; anything else left (a record Recover could not settle) is dropped.
 // Then directories no record owns and fork snapshots no child uses go.
 func (o *Orchestrator) load(ctx context.Context) error {
-	recs, err := store.ListAll[Record](o.store, store.Sandboxes)
+	recs, err := store.ListAll[sandbox.Record](o.store, store.Sandboxes)
 	if err != nil {
 		return fmt.Errorf("orchestrator: load sandboxes: %w", err)
 	}
 	for _, r := range recs {
-		if m, ok := o.cfg.Recovered.machine(r.ID); ok && r.State == Running {
+		if m, ok := o.cfg.Recovered.machine(r.ID); ok && r.State == sandbox.Running {
 			o.adoptRunning(ctx, r, m)
 			continue
 		}
-		if r.State == Paused && pausedIntact(r) {
+		if r.State == sandbox.Paused && pausedIntact(r) {
 			o.sandboxes[r.ID] = &instance{rec: r}
 			o.log.Info("kept paused sandbox", "sandbox", r.ID, "filesystemOnly", r.FilesystemOnly)
 			if !r.FilesystemOnly && r.Snapshot != "" {
@@ -60,7 +60,7 @@ func (o *Orchestrator) load(ctx context.Context) error {
 // pausedIntact reports whether a paused sandbox still has what its resume
 // needs: its snapshot, or for a filesystem-only pause its root disk (the
 // storage daemon's image config).
-func pausedIntact(r Record) bool {
+func pausedIntact(r sandbox.Record) bool {
 	need := []string{r.Snapshot}
 	if r.FilesystemOnly {
 		need = []string{r.RootfsImage}
@@ -150,7 +150,7 @@ func (o *Orchestrator) removeUnowned() {
 // adopted from the network manager, the sandbox's egress policy set anew,
 // its agent checked and its timeout re-armed. If any of that fails, the
 // sandbox is paused (snapshot, then the VM stops) or, failing that, dropped.
-func (o *Orchestrator) adoptRunning(ctx context.Context, r Record, m vmm.Machine) {
+func (o *Orchestrator) adoptRunning(ctx context.Context, r sandbox.Record, m vmm.Machine) {
 	s := &instance{rec: r}
 	slot, err := o.nets.Adopt(ctx, r.Slot)
 	if err == nil {
@@ -174,7 +174,7 @@ func (o *Orchestrator) adoptRunning(ctx context.Context, r Record, m vmm.Machine
 	if err == nil {
 		s.rec.PID = m.Info().PID
 		s.rec.PIDStart = procStart(s.rec.PID)
-		err = o.journal.put(s.rec)
+		err = o.journal.Put(s.rec)
 	}
 	if err != nil {
 		o.pauseUnadoptable(ctx, s, m, slot, err)
@@ -194,7 +194,7 @@ func (o *Orchestrator) pauseUnadoptable(ctx context.Context, s *instance, m vmm.
 	o.log.Warn("re-adopted VM cannot run on; pausing the sandbox", "sandbox", r.ID, "err", cause)
 	// The slot goes back only once the VM using its tap is stopped
 	// (pauseAdopted stops it whatever happens).
-	perr := pauseAdopted(ctx, journal{store: o.store, log: o.log, recovery: true}, o.disks, r, m, o.log)
+	perr := pauseAdopted(ctx, &sandbox.Journal{Store: o.store, Log: o.log, Recovery: true}, o.disks, r, m, o.log)
 	if slot != nil {
 		_ = o.nets.Release(context.WithoutCancel(ctx), slot)
 	} else {
@@ -207,7 +207,7 @@ func (o *Orchestrator) pauseUnadoptable(ctx context.Context, s *instance, m vmm.
 		}
 		return
 	}
-	var rec Record
+	var rec sandbox.Record
 	if err := o.store.Get(store.Sandboxes, r.ID, &rec); err == nil {
 		o.sandboxes[r.ID] = &instance{rec: rec}
 	}

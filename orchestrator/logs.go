@@ -37,7 +37,7 @@ func (o *Orchestrator) AgentLogs(ctx context.Context, id string) ([]byte, error)
 	if err != nil {
 		return nil, err
 	}
-	if rec.State != Running {
+	if rec.State != sandbox.Running {
 		return nil, nil
 	}
 	slot, _, err := o.Slot(id)

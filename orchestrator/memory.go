@@ -119,7 +119,7 @@ func (o *Orchestrator) captureMemory(ctx context.Context, s *instance, vm vmm.Ma
 // fsynced. On failure nothing of it is left. Pause and recovery's pause of
 // an adopted VM share it. beforeState (nil: none) runs before the VMM
 // writes its state (see captureVM).
-func capturePause(ctx context.Context, log *slog.Logger, r Record, vm vmm.Machine, beforeState func() error) (string, error) {
+func capturePause(ctx context.Context, log *slog.Logger, r sandbox.Record, vm vmm.Machine, beforeState func() error) (string, error) {
 	snapDir := filepath.Join(r.Dir, fmt.Sprintf("snapshot-%d", r.Gen))
 	if snapDir == r.Snapshot {
 		return "", fmt.Errorf("capture %s: snapshot directory of generation %d already in use", r.ID, r.Gen)

@@ -91,7 +91,7 @@ func (o *Orchestrator) NodeStats() NodeStats {
 	}
 	for _, r := range o.List() {
 		st.Total++
-		if r.State == Paused {
+		if r.State == sandbox.Paused {
 			st.Paused++
 			continue
 		}
@@ -143,7 +143,7 @@ func (o *Orchestrator) Metrics(ctx context.Context, id string) (*GuestMetrics, e
 	if err != nil {
 		return nil, err
 	}
-	if rec.State == Paused {
+	if rec.State == sandbox.Paused {
 		return nil, nil
 	}
 	slot, _, err := o.Slot(id)

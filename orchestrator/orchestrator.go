@@ -60,7 +60,6 @@ import (
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/orchestrator/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
-	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/volume"
@@ -69,19 +68,6 @@ import (
 
 const (
 	nicID = "eth0"
-)
-
-// State is a sandbox's lifecycle state.
-type State string
-
-// The states of a sandbox.
-const (
-	Starting State = "starting"
-	Running  State = "running"
-	Pausing  State = "pausing"
-	Paused   State = "paused"
-	Resuming State = "resuming"
-	Killing  State = "killing"
 )
 
 // Errors callers map to HTTP statuses: the node's one error vocabulary.
@@ -95,72 +81,6 @@ var (
 	ErrInvalid  = errdefs.ErrInvalid  // 400
 	ErrCapacity = errdefs.ErrCapacity // 503 with Retry-After
 )
-
-// Record is the persisted description of a sandbox.
-type Record struct {
-	ID          string            `json:"id"`
-	TemplateID  string            `json:"templateID"`
-	State       State             `json:"state"`
-	Metadata    map[string]string `json:"metadata,omitempty"`
-	EnvVars     map[string]string `json:"envVars,omitempty"`
-	StartedAt   time.Time         `json:"startedAt"`
-	EndAt       time.Time         `json:"endAt"`
-	AutoPause   bool              `json:"autoPause"`
-	AutoResume  bool              `json:"autoResume"`
-	Secure      bool              `json:"secure"`
-	AccessToken string            `json:"accessToken,omitempty"`
-	// GuestToken is the access token the guest's agent holds now: the one
-	// of the sandbox a snapshot was taken from until this sandbox's first
-	// /init replaces it, then AccessToken. A re-init must present it.
-	GuestToken string `json:"guestToken,omitempty"`
-	// TrafficToken, when set, must accompany proxied traffic to ports other
-	// than the agent's (allowPublicTraffic false).
-	TrafficToken string `json:"trafficToken,omitempty"`
-	VCPUs        int    `json:"vcpus"`
-	MemoryMiB    int    `json:"memoryMiB"`
-	DiskMiB      int    `json:"diskMiB"`
-	EnvdVersion  string `json:"envdVersion"`
-	Dir          string `json:"dir"`
-	// RootfsImage is the image config the daemon device is created from
-	// (disk/); Device is the live device while the VM runs.
-	RootfsImage string `json:"rootfsImage,omitempty"`
-	Device      uint32 `json:"device,omitempty"`
-	HasDevice   bool   `json:"hasDevice,omitempty"`
-	// DriveSlots is how many drive slots the sandbox's VM has; Drives are
-	// its extra drives in them (drives.go).
-	DriveSlots int             `json:"driveSlots,omitempty"`
-	Drives     []AttachedDrive `json:"drives,omitempty"`
-	Snapshot   string          `json:"snapshot,omitempty"` // set while paused
-	// FilesystemOnly marks a pause (pausing, paused, or resuming from it)
-	// that keeps the disks and no memory image: its resume cold-boots the
-	// sandbox from its disk, and traffic cannot auto-resume it.
-	FilesystemOnly bool `json:"filesystemOnly,omitempty"`
-	// ColdBoot says the VM of this generation boots (or booted) from the
-	// disk instead of restoring a memory image: it maps none, whatever
-	// Memory still says during its resume.
-	ColdBoot bool `json:"coldBoot,omitempty"`
-	// AutoPauseFilesystemOnly makes the timeout's auto-pause a
-	// filesystem-only one (E2B's autoPauseMemory false).
-	AutoPauseFilesystemOnly bool `json:"autoPauseFilesystemOnly,omitempty"`
-	// Memory is the layered memory image the running VM maps (empty when
-	// its snapshot carried the memory whole).
-	Memory snapshot.MemoryImage `json:"memory,omitempty"`
-	Gen    int                  `json:"gen"` // bumps on every (re)start of the VM
-	PID    int                  `json:"pid,omitempty"`
-	// PIDStart is the VMM process's start time (see procStart): with PID it
-	// names the process even after the pid was reused.
-	PIDStart uint64 `json:"pidStart,omitempty"`
-	// PoolClaim says the VMM PID names came from the warm pool and may not
-	// have loaded this sandbox's state yet: recovery stops it instead of
-	// adopting it (pool.go).
-	PoolClaim bool           `json:"poolClaim,omitempty"`
-	Slot      int            `json:"slot,omitempty"` // network slot index while the VM runs
-	Policy    network.Policy `json:"policy"`
-
-	// MaskRequestHost replaces the Host header of proxied requests
-	// (E2B's network.maskRequestHost; "${PORT}" becomes the port).
-	MaskRequestHost string `json:"maskRequestHost,omitempty"`
-}
 
 // Options configure an Orchestrator. Driver, Network and Store are owned by
 // the caller.
@@ -254,10 +174,10 @@ type Orchestrator struct {
 	// builds is the template builder once EnableBuilds ran (builds.go).
 	builds atomic.Pointer[template.Builder]
 
-	events eventHub // lifecycle event subscribers (events.go)
+	events sandbox.Hub // lifecycle event subscribers (events.go)
 	// journal writes every sandbox record, and is the one writer of a
-	// record's state (journal.go).
-	journal journal
+	// record's state (sandbox/journal.go).
+	journal *sandbox.Journal
 	hooks   hookList // the verbs' hooks (hooks.go)
 	// volumes are the node's volumes (volumes.go).
 	volumes *volume.Store
@@ -278,7 +198,7 @@ type Orchestrator struct {
 type instance struct {
 	op    sync.Mutex
 	mu    sync.Mutex
-	rec   Record
+	rec   sandbox.Record
 	vm    *sandbox.VM // the running VM and its slot; nil unless running
 	timer *time.Timer
 	gone  bool
@@ -314,7 +234,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store,
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
 		sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
-	o.journal = journal{store: opts.Store, publish: o.published, log: o.log}
+	o.journal = &sandbox.Journal{Store: opts.Store, Publish: o.events.Published, Log: o.log}
 	o.flat = newFlattener()
 	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups, Identities: vmmIdentities(opts, o.log)}
 	disks, err := disk.New(ctx, disk.Options{Devices: opts.Storage, Backend: opts.StorageBackend, Driver: opts.Driver,
@@ -382,23 +302,23 @@ func (o *Orchestrator) goBackground(f func()) {
 }
 
 // persist writes the sandbox's record (op held); its state is unchanged
-// (journal.put).
+// (sandbox.Journal.Put).
 func (o *Orchestrator) persist(s *instance) error {
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	return o.journal.put(rec)
+	return o.journal.Put(rec)
 }
 
 // update changes fields of the sandbox's record other than its state (op
 // held) and persists them; the sandbox's copy changes once they are
 // durable.
-func (o *Orchestrator) update(s *instance, f func(r *Record)) error {
+func (o *Orchestrator) update(s *instance, f func(r *sandbox.Record)) error {
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
 	f(&rec)
-	if err := o.journal.put(rec); err != nil {
+	if err := o.journal.Put(rec); err != nil {
 		return err
 	}
 	o.setRecord(s, rec)
@@ -406,16 +326,16 @@ func (o *Orchestrator) update(s *instance, f func(r *Record)) error {
 }
 
 // transition moves the sandbox to state to with change applied (op held):
-// the one way a live sandbox's state changes (journal.transition).
-func (o *Orchestrator) transition(s *instance, to State, change func(r *Record)) error {
+// the one way a live sandbox's state changes (sandbox.Journal.Transition).
+func (o *Orchestrator) transition(s *instance, to sandbox.State, change func(r *sandbox.Record)) error {
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	return o.journal.transition(rec, to, change, func(r Record) { o.setRecord(s, r) })
+	return o.journal.Transition(rec, to, change, func(r sandbox.Record) { o.setRecord(s, r) })
 }
 
 // setRecord replaces the sandbox's copy of its record.
-func (o *Orchestrator) setRecord(s *instance, rec Record) {
+func (o *Orchestrator) setRecord(s *instance, rec sandbox.Record) {
 	s.mu.Lock()
 	s.rec = rec
 	s.mu.Unlock()
@@ -480,10 +400,10 @@ func (o *Orchestrator) lockOp(id string) (*instance, error) {
 }
 
 // Get returns a copy of the sandbox's record.
-func (o *Orchestrator) Get(id string) (Record, error) {
+func (o *Orchestrator) Get(id string) (sandbox.Record, error) {
 	s, err := o.lookup(id)
 	if err != nil {
-		return Record{}, err
+		return sandbox.Record{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -491,14 +411,14 @@ func (o *Orchestrator) Get(id string) (Record, error) {
 }
 
 // List returns copies of every record, newest first.
-func (o *Orchestrator) List() []Record {
+func (o *Orchestrator) List() []sandbox.Record {
 	o.mu.Lock()
 	all := make([]*instance, 0, len(o.sandboxes))
 	for _, s := range o.sandboxes {
 		all = append(all, s)
 	}
 	o.mu.Unlock()
-	out := make([]Record, 0, len(all))
+	out := make([]sandbox.Record, 0, len(all))
 	for _, s := range all {
 		s.mu.Lock()
 		out = append(out, s.rec)
@@ -522,15 +442,15 @@ func (o *Orchestrator) Slot(id string) (*network.Slot, int, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.rec.State != Running || s.slot() == nil {
+	if s.rec.State != sandbox.Running || s.slot() == nil {
 		return nil, 0, fmt.Errorf("sandbox %s is %s: %w", id, s.rec.State, ErrConflict)
 	}
 	return s.slot(), s.rec.Gen, nil
 }
 
 // Counts reports how many sandboxes are in each state.
-func (o *Orchestrator) Counts() map[State]int {
-	out := map[State]int{}
+func (o *Orchestrator) Counts() map[sandbox.State]int {
+	out := map[sandbox.State]int{}
 	for _, r := range o.List() {
 		out[r.State]++
 	}

@@ -2,11 +2,13 @@ package orchestrator
 
 import (
 	"errors"
-	"github.com/agentenv/agentenv/disk/disktest"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/disk/disktest"
+	"github.com/agentenv/agentenv/sandbox"
 
 	"github.com/agentenv/agentenv/store"
 )
@@ -26,12 +28,12 @@ func TestLoadKeepsPausedDropsTheRest(t *testing.T) {
 	if err := os.WriteFile(disk, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	recs := []Record{
-		{ID: "paused1", State: Paused, Snapshot: snap, RootfsImage: disk, Dir: t.TempDir(), StartedAt: time.Now()},
-		{ID: "fsonly1", State: Paused, FilesystemOnly: true, RootfsImage: disk, Dir: t.TempDir()},
-		{ID: "fsonly2", State: Paused, FilesystemOnly: true, RootfsImage: filepath.Join(dir, "gone"), Snapshot: snap, Dir: t.TempDir()},
-		{ID: "paused2", State: Paused, Snapshot: filepath.Join(dir, "gone"), RootfsImage: disk, Dir: t.TempDir()},
-		{ID: "running1", State: Running, Dir: t.TempDir()},
+	recs := []sandbox.Record{
+		{ID: "paused1", State: sandbox.Paused, Snapshot: snap, RootfsImage: disk, Dir: t.TempDir(), StartedAt: time.Now()},
+		{ID: "fsonly1", State: sandbox.Paused, FilesystemOnly: true, RootfsImage: disk, Dir: t.TempDir()},
+		{ID: "fsonly2", State: sandbox.Paused, FilesystemOnly: true, RootfsImage: filepath.Join(dir, "gone"), Snapshot: snap, Dir: t.TempDir()},
+		{ID: "paused2", State: sandbox.Paused, Snapshot: filepath.Join(dir, "gone"), RootfsImage: disk, Dir: t.TempDir()},
+		{ID: "running1", State: sandbox.Running, Dir: t.TempDir()},
 	}
 	for _, r := range recs {
 		if err := st.Put(store.Sandboxes, r.ID, r); err != nil {
@@ -49,10 +51,10 @@ func TestLoadKeepsPausedDropsTheRest(t *testing.T) {
 		t.Fatalf("kill of a filesystem-only paused sandbox: %v", err)
 	}
 	list := o.List()
-	if len(list) != 1 || list[0].ID != "paused1" || list[0].State != Paused {
+	if len(list) != 1 || list[0].ID != "paused1" || list[0].State != sandbox.Paused {
 		t.Fatalf("loaded %+v, want only paused1", list)
 	}
-	left, _ := store.ListAll[Record](st, store.Sandboxes)
+	left, _ := store.ListAll[sandbox.Record](st, store.Sandboxes)
 	if len(left) != 1 || left[0].ID != "paused1" {
 		t.Fatalf("store after load: %+v", left)
 	}
@@ -68,7 +70,7 @@ func TestLoadKeepsPausedDropsTheRest(t *testing.T) {
 	if err := o.Kill(t.Context(), "paused1"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("second kill: %v, want ErrNotFound", err)
 	}
-	if left, _ := store.ListAll[Record](st, store.Sandboxes); len(left) != 0 || len(o.List()) != 0 {
+	if left, _ := store.ListAll[sandbox.Record](st, store.Sandboxes); len(left) != 0 || len(o.List()) != 0 {
 		t.Fatalf("after kill: store %+v, list %+v", left, o.List())
 	}
 }

@@ -154,7 +154,7 @@ func (o *Orchestrator) takeEntry(ctx context.Context, s *instance, t *template.T
 // VMM and device (the slot is recorded with "running", as any create's),
 // and that the VMM has not loaded the sandbox's state yet (PoolClaim,
 // cleared once it has).
-func claimEntry(r *Record, e *warmpool.Entry) {
+func claimEntry(r *sandbox.Record, e *warmpool.Entry) {
 	r.PoolClaim = e != nil
 	if e != nil {
 		r.PID, r.PIDStart = e.PID, e.PIDStart

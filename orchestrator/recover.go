@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/orchestrator/warmpool"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
@@ -43,7 +44,7 @@ func (r *Recovered) Slots() []int {
 type recovery struct {
 	drv     vmm.Driver
 	st      *store.Store
-	j       journal // recovery publishes no events: nothing subscribed yet
+	j       *sandbox.Journal // recovery publishes no events: nothing subscribed yet
 	sd      *disk.Manager
 	log     *slog.Logger
 	dataDir string
@@ -73,14 +74,14 @@ func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, devices disk.
 	if err != nil {
 		return nil, fmt.Errorf("recover sandboxes: %w", err)
 	}
-	rc := &recovery{drv: drv, st: st, j: journal{store: st, log: log, recovery: true}, sd: sd, log: log, dataDir: dataDir}
+	rc := &recovery{drv: drv, st: st, j: &sandbox.Journal{Store: st, Log: log, Recovery: true}, sd: sd, log: log, dataDir: dataDir}
 	// Nothing of the warm pool is kept: its entries go before the sandboxes
 	// that may have claimed one are settled (either removal tolerates the
 	// other's).
 	if err := warmpool.Recover(ctx, st, filepath.Join(dataDir, "pool"), removeEntry(sd), log); err != nil {
 		return nil, err
 	}
-	recs, err := store.ListAll[Record](st, store.Sandboxes)
+	recs, err := store.ListAll[sandbox.Record](st, store.Sandboxes)
 	if err != nil {
 		return nil, fmt.Errorf("recover sandboxes: %w", err)
 	}
@@ -98,29 +99,29 @@ func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, devices disk.
 	return out, reclaimDevices(ctx, st, sd)
 }
 
-func (rc *recovery) recoverOne(ctx context.Context, r Record, out *Recovered) error {
+func (rc *recovery) recoverOne(ctx context.Context, r sandbox.Record, out *Recovered) error {
 	switch r.State {
-	case Paused:
+	case sandbox.Paused:
 		return rc.tidyPaused(ctx, r)
-	case Starting:
+	case sandbox.Starting:
 		rc.log.Warn("rolling back a create interrupted by a restart", "sandbox", r.ID)
 		return dropRecord(ctx, rc.st, rc.sd, r)
-	case Killing:
+	case sandbox.Killing:
 		rc.log.Info("finishing a kill interrupted by a restart", "sandbox", r.ID)
 		return dropRecord(ctx, rc.st, rc.sd, r)
 	}
-	if r.State == Resuming && r.PoolClaim {
+	if r.State == sandbox.Resuming && r.PoolClaim {
 		// Its VMM came from the warm pool and may never have loaded the
 		// sandbox's state: pausing it would record a VM that never ran
 		// the sandbox. tidyPaused stops it and deletes the device.
 		rc.log.Warn("a resume on a pooled VM interrupted by a restart goes back to paused", "sandbox", r.ID, "pid", r.PID)
-		if err := rc.j.transition(r, Paused, func(r *Record) { r.PoolClaim = false }, func(n Record) { r = n }); err != nil {
+		if err := rc.j.Transition(r, sandbox.Paused, func(r *sandbox.Record) { r.PoolClaim = false }, func(n sandbox.Record) { r = n }); err != nil {
 			return err
 		}
 		return rc.tidyPaused(ctx, r)
 	}
 	m, err := adoptVM(ctx, rc.drv, r)
-	if err == nil && r.State == Running && r.Slot > 0 {
+	if err == nil && r.State == sandbox.Running && r.Slot > 0 {
 		out.machines[r.ID], out.slots = m, append(out.slots, r.Slot)
 		rc.log.Info("re-adopted running sandbox's VM", "sandbox", r.ID, "pid", m.Info().PID, "slot", r.Slot)
 		return nil
@@ -130,12 +131,12 @@ func (rc *recovery) recoverOne(ctx context.Context, r Record, out *Recovered) er
 			return nil
 		}
 	}
-	if r.State == Resuming && (r.Snapshot != "" || r.FilesystemOnly) {
+	if r.State == sandbox.Resuming && (r.Snapshot != "" || r.FilesystemOnly) {
 		rc.log.Warn("a resume interrupted by a restart goes back to paused", "sandbox", r.ID, "err", err)
 		if m != nil {
 			_ = m.Stop(ctx)
 		}
-		if err := rc.j.transition(r, Paused, nil, func(n Record) { r = n }); err != nil {
+		if err := rc.j.Transition(r, sandbox.Paused, nil, func(n sandbox.Record) { r = n }); err != nil {
 			return err
 		}
 		return rc.tidyPaused(ctx, r)
@@ -146,8 +147,8 @@ func (rc *recovery) recoverOne(ctx context.Context, r Record, out *Recovered) er
 
 // tidyPaused removes what a pause interrupted after its "paused" record
 // left: the VMM process and the storage device.
-func (rc *recovery) tidyPaused(ctx context.Context, r Record) error {
-	if r.PID == 0 && len(r.devices()) == 0 && r.Slot == 0 {
+func (rc *recovery) tidyPaused(ctx context.Context, r sandbox.Record) error {
+	if r.PID == 0 && len(r.Devices()) == 0 && r.Slot == 0 {
 		return nil
 	}
 	killStale(r.PID, r.PIDStart)
@@ -155,13 +156,13 @@ func (rc *recovery) tidyPaused(ctx context.Context, r Record) error {
 		rc.log.Warn("delete the devices of a paused sandbox", "sandbox", r.ID, "err", err)
 	}
 	r.PID, r.PIDStart, r.Slot = 0, 0, 0
-	r.clearDevices()
+	r.ClearDevices()
 	rc.log.Info("finished a pause interrupted by a restart", "sandbox", r.ID)
-	return rc.j.put(r)
+	return rc.j.Put(r)
 }
 
 // dropRecord stops whatever is left of a sandbox and forgets it.
-func dropRecord(ctx context.Context, st *store.Store, sd *disk.Manager, r Record) error {
+func dropRecord(ctx context.Context, st *store.Store, sd *disk.Manager, r sandbox.Record) error {
 	killStale(r.PID, r.PIDStart)
 	_ = deleteDevices(ctx, sd, r)
 	_ = os.RemoveAll(r.Dir)
@@ -171,13 +172,13 @@ func dropRecord(ctx context.Context, st *store.Store, sd *disk.Manager, r Record
 // reclaimDevices deletes the daemon's devices no sandbox record holds (a
 // crash between creating a device and recording it, or mid template build).
 func reclaimDevices(ctx context.Context, st *store.Store, sd *disk.Manager) error {
-	recs, err := store.ListAll[Record](st, store.Sandboxes)
+	recs, err := store.ListAll[sandbox.Record](st, store.Sandboxes)
 	if err != nil {
 		return fmt.Errorf("reclaim devices: %w", err)
 	}
 	held := map[uint32]string{}
 	for _, r := range recs {
-		for _, id := range r.devices() {
+		for _, id := range r.Devices() {
 			held[id] = r.ID
 		}
 	}
@@ -185,7 +186,7 @@ func reclaimDevices(ctx context.Context, st *store.Store, sd *disk.Manager) erro
 }
 
 // adoptVM takes over the sandbox's running VMM from its run directory.
-func adoptVM(ctx context.Context, drv vmm.Driver, r Record) (vmm.Machine, error) {
+func adoptVM(ctx context.Context, drv vmm.Driver, r sandbox.Record) (vmm.Machine, error) {
 	ad, ok := drv.(vmm.Adopter)
 	if !ok {
 		return nil, fmt.Errorf("driver %s cannot adopt machines: %w", drv.Name(), vmm.ErrUnsupported)
@@ -202,14 +203,14 @@ func adoptVM(ctx context.Context, drv vmm.Driver, r Record) (vmm.Machine, error)
 // happens. A filesystem-only pause the crash interrupted is finished as
 // one (no memory; the guest flushed before "pausing" was recorded); any
 // other live VM is paused with its memory, so nothing is lost.
-func pauseAdopted(ctx context.Context, j journal, sd *disk.Manager, r Record, m vmm.Machine, log *slog.Logger) error {
+func pauseAdopted(ctx context.Context, j *sandbox.Journal, sd *disk.Manager, r sandbox.Record, m vmm.Machine, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	defer m.Stop(context.WithoutCancel(ctx))
 	if err := m.Pause(ctx); err != nil {
 		return fmt.Errorf("pause adopted machine: %w", err)
 	}
-	fsOnly := r.State == Pausing && r.FilesystemOnly
+	fsOnly := r.State == sandbox.Pausing && r.FilesystemOnly
 	var snapDir string
 	if !fsOnly {
 		var err error
@@ -230,12 +231,12 @@ func pauseAdopted(ctx context.Context, j journal, sd *disk.Manager, r Record, m 
 	}
 	r.Drives = drives
 	old := r.Snapshot
-	err = j.transition(r, Paused, func(r *Record) {
+	err = j.Transition(r, sandbox.Paused, func(r *sandbox.Record) {
 		r.Snapshot, r.FilesystemOnly = snapDir, fsOnly
 		if fsOnly {
 			r.Memory = snapshot.MemoryImage{}
 		}
-	}, func(n Record) { r = n })
+	}, func(n sandbox.Record) { r = n })
 	if err != nil {
 		return err
 	}
@@ -252,8 +253,8 @@ func pauseAdopted(ctx context.Context, j journal, sd *disk.Manager, r Record, m 
 		dropMemoryLayers(r.Dir)
 	}
 	r.PID, r.PIDStart, r.Slot = 0, 0, 0
-	r.clearDevices()
-	if err := j.put(r); err != nil {
+	r.ClearDevices()
+	if err := j.Put(r); err != nil {
 		return err
 	}
 	log.Info("re-adopted sandbox after restart and kept it paused", "sandbox", r.ID)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/agentenv/agentenv/replica"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/template"
@@ -22,11 +23,11 @@ import (
 // uploader starts. The returned cancel detaches it.
 func (o *Orchestrator) AttachReplica(r *replica.Replica) (cancel func()) {
 	h := Hooks{
-		Paused:          func(ctx context.Context, rec Record) { r.CommitPause(ctx, replicaSandbox(rec)) },
+		Paused:          func(ctx context.Context, rec sandbox.Record) { r.CommitPause(ctx, replicaSandbox(rec)) },
 		SnapshotStored:  r.CommitSnapshot,
 		SnapshotDeleted: func(s snapshot.Record) { r.ForgetSnapshot(s.ID) },
 		TemplateReady:   r.CommitTemplate,
-		Removed:         func(rec Record) { r.CancelPauseUploads(rec.ID, rec.Dir) },
+		Removed:         func(rec sandbox.Record) { r.CancelPauseUploads(rec.ID, rec.Dir) },
 	}
 	if r.Imports() {
 		h.MissingSource, h.MissingSandbox = r.ImportSource, r.ImportPaused
@@ -37,7 +38,7 @@ func (o *Orchestrator) AttachReplica(r *replica.Replica) (cancel func()) {
 }
 
 // replicaSandbox is a paused sandbox as a commit sees it.
-func replicaSandbox(rec Record) replica.Sandbox {
+func replicaSandbox(rec sandbox.Record) replica.Sandbox {
 	return replica.Sandbox{ID: rec.ID, TemplateID: rec.TemplateID, Dir: rec.Dir, Gen: rec.Gen,
 		Snapshot: rec.Snapshot, RootfsImage: rec.RootfsImage, Drives: len(rec.Drives), Record: rec}
 }
@@ -56,7 +57,7 @@ func (n replicaNode) Holds(id string) bool {
 // AdoptPaused records the brought sandbox, paused, at its place here, and
 // registers it under refMu like a create's sandbox (deletions see it).
 func (n replicaNode) AdoptPaused(p replica.Paused) error {
-	var r Record
+	var r sandbox.Record
 	if err := json.Unmarshal(p.Record, &r); err != nil || r.ID != p.ID {
 		return fmt.Errorf("record of sandbox %s: not its own (%v): %w", p.ID, err, ErrInvalid)
 	}
@@ -67,7 +68,7 @@ func (n replicaNode) AdoptPaused(p replica.Paused) error {
 	o.refMu.Lock()
 	defer o.refMu.Unlock()
 	// Recorded quietly: the sandbox paused elsewhere; here it only arrives.
-	return o.journal.quietly(r, Paused, func(r Record) {
+	return o.journal.Quietly(r, sandbox.Paused, func(r sandbox.Record) {
 		o.mu.Lock()
 		o.sandboxes[r.ID] = &instance{rec: r}
 		o.mu.Unlock()

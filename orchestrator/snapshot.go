@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
@@ -120,9 +121,9 @@ func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden b
 		}
 	}()
 	switch rec.State {
-	case Running:
+	case sandbox.Running:
 		err = o.captureRunning(ctx, s, &r)
-	case Paused:
+	case sandbox.Paused:
 		if rec.FilesystemOnly {
 			err = fmt.Errorf("it is paused without memory (a filesystem-only pause has no VM state to snapshot); resume it first: %w", ErrConflict)
 			break
@@ -179,7 +180,7 @@ func (o *Orchestrator) captureDisk(ctx context.Context, s *instance, r *snapshot
 	if err != nil {
 		return fmt.Errorf("seal rootfs: %w", err)
 	}
-	var drives []AttachedDrive
+	var drives []sandbox.AttachedDrive
 	if len(rec.Drives) > 0 {
 		if drives, err = sealDrives(ctx, o.disks, rec, fmt.Sprintf("%d-%s", rec.Gen, r.ID), "snapshot "+r.ID, restackUpper); err != nil {
 			return fmt.Errorf("seal drives: %w", err)
@@ -189,7 +190,7 @@ func (o *Orchestrator) captureDisk(ctx context.Context, s *instance, r *snapshot
 		return err
 	}
 	if own != "" || len(drives) > 0 {
-		err := o.update(s, func(rec *Record) {
+		err := o.update(s, func(rec *sandbox.Record) {
 			if own != "" {
 				rec.RootfsImage = own
 			}
@@ -212,7 +213,7 @@ func (o *Orchestrator) captureDisk(ctx context.Context, s *instance, r *snapshot
 
 // copyDisksInto puts rec's root disk and drives, as they are now, into
 // snapshot r.
-func (o *Orchestrator) copyDisksInto(ctx context.Context, rec Record, r *snapshot.Record) error {
+func (o *Orchestrator) copyDisksInto(ctx context.Context, rec sandbox.Record, r *snapshot.Record) error {
 	if err := o.copyRootInto(rec, r); err != nil {
 		return err
 	}
@@ -222,7 +223,7 @@ func (o *Orchestrator) copyDisksInto(ctx context.Context, rec Record, r *snapsho
 }
 
 // capturePaused copies a paused sandbox's saved state into r.
-func (o *Orchestrator) capturePaused(ctx context.Context, rec Record, r *snapshot.Record) error {
+func (o *Orchestrator) capturePaused(ctx context.Context, rec sandbox.Record, r *snapshot.Record) error {
 	if err := snapshot.LinkTree(rec.Snapshot, r.VM); err != nil {
 		return err
 	}
@@ -290,7 +291,7 @@ func (o *Orchestrator) snapshotUser(r snapshot.Record) string {
 
 // ForkResult is one child of a fork: its record, or why it failed.
 type ForkResult struct {
-	Sandbox Record
+	Sandbox sandbox.Record
 	Err     error
 }
 
@@ -305,7 +306,7 @@ func (o *Orchestrator) Fork(ctx context.Context, id string, count int, timeout t
 	if err != nil {
 		return nil, err
 	}
-	if st := o.state(s); st != Running {
+	if st := o.state(s); st != sandbox.Running {
 		s.op.Unlock()
 		return nil, fmt.Errorf("fork sandbox %s: it is %s: %w", id, st, ErrConflict)
 	}

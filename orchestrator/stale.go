@@ -3,6 +3,8 @@ package orchestrator
 import (
 	"context"
 	"fmt"
+
+	"github.com/agentenv/agentenv/sandbox"
 )
 
 // DropCopy removes this node's copy of a sandbox that lives on elsewhere: a
@@ -14,7 +16,7 @@ import (
 // event is published (the sandbox lives on). Recovery finishes a removal a
 // crash interrupted, as it does a kill. It returns the state the copy was
 // in.
-func (o *Orchestrator) DropCopy(ctx context.Context, id string) (State, error) {
+func (o *Orchestrator) DropCopy(ctx context.Context, id string) (sandbox.State, error) {
 	s, err := o.lockOp(id)
 	if err != nil {
 		return "", err
@@ -25,7 +27,7 @@ func (o *Orchestrator) DropCopy(ctx context.Context, id string) (State, error) {
 	s.mu.Unlock()
 	was, tmpl := rec.State, rec.TemplateID
 	// No killed event: the sandbox lives on elsewhere.
-	if err := o.journal.quietly(rec, Killing, func(r Record) { o.setRecord(s, r) }, fpDropRecorded); err != nil {
+	if err := o.journal.Quietly(rec, sandbox.Killing, func(r sandbox.Record) { o.setRecord(s, r) }, fpDropRecorded); err != nil {
 		return was, fmt.Errorf("drop stale copy of sandbox %s: %w", id, err)
 	}
 	o.stopTimer(s)

@@ -6,9 +6,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"github.com/agentenv/agentenv/disk/disktest"
 	"path/filepath"
 	"testing"
+
+	"github.com/agentenv/agentenv/disk/disktest"
 
 	"github.com/agentenv/agentenv/oci"
 	"github.com/agentenv/agentenv/store"

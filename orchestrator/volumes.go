@@ -88,7 +88,7 @@ func (o *Orchestrator) releaseVolume(volID, sandboxID string) {
 
 // hasMounts reports whether the guest of rec mounts a drive (a volume or
 // a snapshot's copy of one).
-func hasMounts(rec Record) bool {
+func hasMounts(rec sandbox.Record) bool {
 	for _, d := range rec.Drives {
 		if d.MountPath != "" {
 			return true
@@ -98,7 +98,7 @@ func hasMounts(rec Record) bool {
 }
 
 // writesVolumes reports whether rec mounts a volume read-write.
-func writesVolumes(rec Record) bool {
+func writesVolumes(rec sandbox.Record) bool {
 	for _, d := range rec.Drives {
 		if d.Volume != "" && !d.ReadOnly {
 			return true
@@ -182,14 +182,14 @@ func (o *Orchestrator) returnVolumes(ctx context.Context, s *instance) {
 		if d.Volume == "" {
 			continue
 		}
-		if d.ReadOnly || rec.State != Killing {
+		if d.ReadOnly || rec.State != sandbox.Killing {
 			o.releaseVolume(d.Volume, rec.ID)
 			continue
 		}
 		cfg := d.Config
 		var err error
 		if d.HasDevice {
-			one := Record{ID: rec.ID, Dir: rec.Dir, Device: d.Device, HasDevice: true}
+			one := sandbox.Record{ID: rec.ID, Dir: rec.Dir, Device: d.Device, HasDevice: true}
 			cfg, err = sealDevice(ctx, o.disks, one, fmt.Sprintf("drive%d-%d-final", d.Slot, rec.Gen), "sandbox "+rec.ID+" volume "+d.VolumeName, keepUpper)
 		}
 		if err == nil {
@@ -214,7 +214,7 @@ func (o *Orchestrator) returnVolumes(ctx context.Context, s *instance) {
 // snapshot directory dir and returns the config listing them: the
 // snapshot's copy of the volume as of now, which outlives the volume and
 // never goes back to it (a fork child's copy-on-write view of it).
-func copyVolumeDrive(d AttachedDrive, dir string) (string, error) {
+func copyVolumeDrive(d sandbox.AttachedDrive, dir string) (string, error) {
 	layers, err := snapshot.LayersOf(d.Config)
 	if err != nil {
 		return "", err

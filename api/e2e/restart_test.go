@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/vmmproc"
+	"github.com/agentenv/agentenv/sandbox"
 
-	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/store"
@@ -277,7 +277,7 @@ func TestRestartKill9SlotLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rec orchestrator.Record
+	var rec sandbox.Record
 	err = st.Get(store.Sandboxes, id, &rec)
 	st.Close()
 	if err != nil || rec.Slot == 0 {

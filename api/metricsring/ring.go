@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/sandbox"
 )
 
 // Sample is one reading of a sandbox's agent.
@@ -21,7 +22,7 @@ type Sample = orchestrator.GuestMetrics
 
 // Source is what the sampler needs of the orchestrator.
 type Source interface {
-	List() []orchestrator.Record
+	List() []sandbox.Record
 	Metrics(ctx context.Context, id string) (*orchestrator.GuestMetrics, error)
 }
 
@@ -170,7 +171,7 @@ func (h *History) SampleOnce(ctx context.Context) {
 	live := map[string]bool{}
 	for _, rec := range h.src.List() {
 		live[rec.ID] = true
-		if rec.State != orchestrator.Running {
+		if rec.State != sandbox.Running {
 			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, h.interval)

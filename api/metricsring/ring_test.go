@@ -7,21 +7,22 @@ import (
 	"testing"
 
 	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/sandbox"
 )
 
 // source is a scripted orchestrator: the sandboxes it lists and the
 // readings their agents give, one per call.
 type source struct {
 	mu    sync.Mutex
-	recs  []orchestrator.Record
+	recs  []sandbox.Record
 	ts    int64
 	calls map[string]int
 }
 
-func (s *source) List() []orchestrator.Record {
+func (s *source) List() []sandbox.Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]orchestrator.Record(nil), s.recs...)
+	return append([]sandbox.Record(nil), s.recs...)
 }
 
 func (s *source) Metrics(_ context.Context, id string) (*orchestrator.GuestMetrics, error) {
@@ -83,9 +84,9 @@ func TestRingBoundAndRange(t *testing.T) {
 }
 
 func TestSampleOnce(t *testing.T) {
-	src := &source{calls: map[string]int{}, recs: []orchestrator.Record{
-		{ID: "run", State: orchestrator.Running}, {ID: "paused", State: orchestrator.Paused},
-		{ID: "broken", State: orchestrator.Running},
+	src := &source{calls: map[string]int{}, recs: []sandbox.Record{
+		{ID: "run", State: sandbox.Running}, {ID: "paused", State: sandbox.Paused},
+		{ID: "broken", State: sandbox.Running},
 	}}
 	h := New(src, 0, 8, nil)
 	h.Add("paused", Sample{TS: 100})
@@ -104,7 +105,7 @@ func TestSampleOnce(t *testing.T) {
 }
 
 func TestStartClose(t *testing.T) {
-	src := &source{calls: map[string]int{}, recs: []orchestrator.Record{{ID: "run", State: orchestrator.Running}}}
+	src := &source{calls: map[string]int{}, recs: []sandbox.Record{{ID: "run", State: sandbox.Running}}}
 	h := New(src, 0, 8, nil)
 	h.Start(context.Background())
 	h.Close() // returns only once the sampler goroutine is gone

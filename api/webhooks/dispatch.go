@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/failpoint"
-	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/store"
 )
 
@@ -99,7 +99,7 @@ func New(st *store.Store, opts Options) (*Dispatcher, error) {
 // OnEvent records a delivery of ev for every webhook subscribed to its
 // type (durable before it returns) and wakes the sender; it never waits
 // for a receiver.
-func (d *Dispatcher) OnEvent(ev orchestrator.Event) {
+func (d *Dispatcher) OnEvent(ev sandbox.Event) {
 	d.mu.Lock()
 	var targets []Webhook
 	for _, h := range d.hooks {

@@ -17,12 +17,12 @@ import (
 	"slices"
 	"time"
 
-	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/sandbox"
 )
 
 // Events are the event types a webhook may subscribe to.
-var Events = []string{orchestrator.EventCreated, orchestrator.EventKilled, orchestrator.EventPaused,
-	orchestrator.EventResumed, orchestrator.EventForked}
+var Events = []string{sandbox.EventCreated, sandbox.EventKilled, sandbox.EventPaused,
+	sandbox.EventResumed, sandbox.EventForked}
 
 // neverSent are event types E2B has that this node accepts in a
 // subscription (so E2B's examples register as they are) but never sends:
@@ -119,12 +119,12 @@ type execution struct {
 const TeamID = "aenvd"
 
 // newPayload maps an orchestrator event onto E2B's payload.
-func newPayload(ev orchestrator.Event) payload {
+func newPayload(ev sandbox.Event) payload {
 	p := payload{Version: "v2", ID: newID(), Type: ev.Type, SandboxID: ev.SandboxID, SandboxTeamID: TeamID,
 		SandboxTemplateID: ev.TemplateID, SandboxBuildID: ev.TemplateID,
 		SandboxExecutionID: ev.SandboxID + "-" + ev.StartedAt.UTC().Format("20060102T150405Z"),
 		Timestamp:          ev.Time.UTC(), EventData: eventData{SandboxMetadata: ev.Metadata}}
-	if ev.Type == orchestrator.EventKilled || ev.Type == orchestrator.EventPaused {
+	if ev.Type == sandbox.EventKilled || ev.Type == sandbox.EventPaused {
 		p.EventData.Execution = &execution{StartedAt: ev.StartedAt.UTC(), VCPUCount: ev.VCPUs, MemoryMB: ev.MemoryMiB,
 			ExecutionTime: max(0, ev.Time.Sub(ev.StartedAt).Milliseconds())}
 	}

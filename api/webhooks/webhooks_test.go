@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/failpoint"
-	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/store"
 )
 
@@ -105,8 +105,8 @@ func TestValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, w := range []Webhook{
-		{URL: "ftp://x/", Events: []string{orchestrator.EventCreated}},
-		{URL: "http://", Events: []string{orchestrator.EventCreated}},
+		{URL: "ftp://x/", Events: []string{sandbox.EventCreated}},
+		{URL: "http://", Events: []string{sandbox.EventCreated}},
 		{URL: "http://x/", Events: nil},
 		{URL: "http://x/", Events: []string{"sandbox.lifecycle.exploded"}},
 	} {
@@ -133,13 +133,13 @@ func TestDeliverSignedWithRetries(t *testing.T) {
 	d.Start(context.Background())
 	defer d.Close()
 	h, err := d.Create(Webhook{Name: "test", URL: rc.srv.URL + "/hook", Enabled: true, Secret: "s3cret",
-		Events: []string{orchestrator.EventKilled, orchestrator.EventCreated}})
+		Events: []string{sandbox.EventKilled, sandbox.EventCreated}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	started := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	d.OnEvent(orchestrator.Event{Type: orchestrator.EventPaused, SandboxID: "sbx1"}) // not subscribed
-	d.OnEvent(orchestrator.Event{Type: orchestrator.EventKilled, SandboxID: "sbx1", TemplateID: "base",
+	d.OnEvent(sandbox.Event{Type: sandbox.EventPaused, SandboxID: "sbx1"}) // not subscribed
+	d.OnEvent(sandbox.Event{Type: sandbox.EventKilled, SandboxID: "sbx1", TemplateID: "base",
 		Metadata: map[string]string{"k": "v"}, Time: started.Add(1500 * time.Millisecond), StartedAt: started, VCPUs: 2, MemoryMiB: 512})
 	got := rc.await(t, 3)
 	if got[0].status != 503 || got[1].status != 503 || got[2].status != 204 {
@@ -158,7 +158,7 @@ func TestDeliverSignedWithRetries(t *testing.T) {
 		t.Fatal(err)
 	}
 	exec, _ := p["eventData"].(map[string]any)["execution"].(map[string]any)
-	if p["version"] != "v2" || p["type"] != orchestrator.EventKilled || p["sandboxId"] != "sbx1" || p["sandboxTemplateId"] != "base" ||
+	if p["version"] != "v2" || p["type"] != sandbox.EventKilled || p["sandboxId"] != "sbx1" || p["sandboxTemplateId"] != "base" ||
 		p["eventData"].(map[string]any)["sandbox_metadata"].(map[string]any)["k"] != "v" || p["id"] == "" ||
 		exec == nil || exec["vcpu_count"] != float64(2) || exec["memory_mb"] != float64(512) || exec["execution_time"] != float64(1500) {
 		t.Errorf("payload %s", last.body)
@@ -168,7 +168,7 @@ func TestDeliverSignedWithRetries(t *testing.T) {
 	if _, err := d.Update(h.ID, Patch{Enabled: &off}); err != nil {
 		t.Fatal(err)
 	}
-	d.OnEvent(orchestrator.Event{Type: orchestrator.EventCreated, SandboxID: "sbx2"})
+	d.OnEvent(sandbox.Event{Type: sandbox.EventCreated, SandboxID: "sbx2"})
 	if d.Pending() != 0 {
 		t.Error("a disabled webhook got a delivery")
 	}
@@ -185,10 +185,10 @@ func TestPendingSurviveRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Start(context.Background())
-	if _, err := d.Create(Webhook{URL: rc.srv.URL, Enabled: true, Events: []string{orchestrator.EventCreated}}); err != nil {
+	if _, err := d.Create(Webhook{URL: rc.srv.URL, Enabled: true, Events: []string{sandbox.EventCreated}}); err != nil {
 		t.Fatal(err)
 	}
-	d.OnEvent(orchestrator.Event{Type: orchestrator.EventCreated, SandboxID: "sbx1"})
+	d.OnEvent(sandbox.Event{Type: sandbox.EventCreated, SandboxID: "sbx1"})
 	first := rc.await(t, 1) // tried once, failed, next try in an hour
 	d.Close()
 	st.Close()
@@ -231,13 +231,13 @@ func TestCrashAfterRecorded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.Create(Webhook{URL: rc.srv.URL, Enabled: true, Events: []string{orchestrator.EventKilled}}); err != nil {
+	if _, err := d.Create(Webhook{URL: rc.srv.URL, Enabled: true, Events: []string{sandbox.EventKilled}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := failpoint.Arm("webhooks/delivery/recorded", "error"); err != nil {
 		t.Fatal(err)
 	}
-	d.OnEvent(orchestrator.Event{Type: orchestrator.EventKilled, SandboxID: "sbx1"})
+	d.OnEvent(sandbox.Event{Type: sandbox.EventKilled, SandboxID: "sbx1"})
 	if err := failpoint.Arm("webhooks/delivery/recorded", ""); err != nil {
 		t.Fatal(err)
 	}

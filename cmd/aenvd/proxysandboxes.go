@@ -6,6 +6,7 @@ import (
 
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/proxy"
+	"github.com/agentenv/agentenv/sandbox"
 )
 
 // proxySandboxes shows the orchestrator's sandboxes to the proxy as the
@@ -22,10 +23,10 @@ func (s proxySandboxes) Get(id string) (proxy.Sandbox, error) {
 }
 
 // proxySandbox is what the proxy knows of rec.
-func proxySandbox(rec orchestrator.Record) proxy.Sandbox {
+func proxySandbox(rec sandbox.Record) proxy.Sandbox {
 	return proxy.Sandbox{
-		Killing:         rec.State == orchestrator.Killing,
-		Paused:          rec.State == orchestrator.Paused,
+		Killing:         rec.State == sandbox.Killing,
+		Paused:          rec.State == sandbox.Paused,
 		AutoResume:      rec.AutoResume,
 		FilesystemOnly:  rec.FilesystemOnly,
 		TrafficToken:    rec.TrafficToken,
@@ -55,9 +56,9 @@ type streamCloser interface{ Ended(id, event string) }
 
 // proxyEvents passes the orchestrator's lifecycle events on to the proxy:
 // a killed or paused sandbox's upstream connections are closed.
-func proxyEvents(px streamCloser) func(orchestrator.Event) {
-	return func(ev orchestrator.Event) {
-		if ev.Type == orchestrator.EventKilled || ev.Type == orchestrator.EventPaused {
+func proxyEvents(px streamCloser) func(sandbox.Event) {
+	return func(ev sandbox.Event) {
+		if ev.Type == sandbox.EventKilled || ev.Type == sandbox.EventPaused {
 			px.Ended(ev.SandboxID, ev.Type)
 		}
 	}

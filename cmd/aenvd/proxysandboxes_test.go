@@ -4,7 +4,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/proxy"
 	"github.com/agentenv/agentenv/sandbox"
 )
@@ -19,10 +18,10 @@ func (e *endedIDs) Ended(id, _ string) { *e = append(*e, id) }
 func TestProxyEvents(t *testing.T) {
 	var got endedIDs
 	f := proxyEvents(&got)
-	f(orchestrator.Event{Type: orchestrator.EventKilled, SandboxID: "k"})
-	f(orchestrator.Event{Type: orchestrator.EventPaused, SandboxID: "p"})
-	f(orchestrator.Event{Type: orchestrator.EventCreated, SandboxID: "c"})
-	f(orchestrator.Event{Type: orchestrator.EventResumed, SandboxID: "r"})
+	f(sandbox.Event{Type: sandbox.EventKilled, SandboxID: "k"})
+	f(sandbox.Event{Type: sandbox.EventPaused, SandboxID: "p"})
+	f(sandbox.Event{Type: sandbox.EventCreated, SandboxID: "c"})
+	f(sandbox.Event{Type: sandbox.EventResumed, SandboxID: "r"})
 	if want := []string{"k", "p"}; !slices.Equal(got, want) {
 		t.Fatalf("ended %v, want %v", got, want)
 	}
@@ -34,17 +33,17 @@ func TestProxySandbox(t *testing.T) {
 	if proxy.AgentPort != sandbox.AgentPort {
 		t.Fatalf("proxy.AgentPort %d, sandbox.AgentPort %d", proxy.AgentPort, sandbox.AgentPort)
 	}
-	for st, want := range map[orchestrator.State]proxy.Sandbox{
-		orchestrator.Running:  {},
-		orchestrator.Resuming: {},
-		orchestrator.Paused:   {Paused: true},
-		orchestrator.Killing:  {Killing: true},
+	for st, want := range map[sandbox.State]proxy.Sandbox{
+		sandbox.Running:  {},
+		sandbox.Resuming: {},
+		sandbox.Paused:   {Paused: true},
+		sandbox.Killing:  {Killing: true},
 	} {
-		if got := proxySandbox(orchestrator.Record{State: st}); got != want {
+		if got := proxySandbox(sandbox.Record{State: st}); got != want {
 			t.Errorf("state %s: %+v, want %+v", st, got, want)
 		}
 	}
-	rec := orchestrator.Record{State: orchestrator.Running, AutoResume: true, FilesystemOnly: true,
+	rec := sandbox.Record{State: sandbox.Running, AutoResume: true, FilesystemOnly: true,
 		TrafficToken: "t", MaskRequestHost: "m", AccessToken: "a", Secure: true}
 	want := proxy.Sandbox{AutoResume: true, FilesystemOnly: true, TrafficToken: "t", MaskRequestHost: "m", AccessToken: "a", Secure: true}
 	if got := proxySandbox(rec); got != want {

@@ -1,4 +1,4 @@
-package orchestrator
+package sandbox
 
 import (
 	"errors"
@@ -22,7 +22,7 @@ var legalPairs = map[[2]State]bool{
 	{Resuming, Running}: true, {Resuming, Paused}: true, {Resuming, Killing}: true,
 }
 
-func testJournal(t *testing.T) (*journal, *[]string) {
+func testJournal(t *testing.T) (*Journal, *[]string) {
 	t.Helper()
 	st, err := store.Open(filepath.Join(t.TempDir(), "state.db"))
 	if err != nil {
@@ -30,7 +30,7 @@ func testJournal(t *testing.T) (*journal, *[]string) {
 	}
 	t.Cleanup(func() { st.Close() })
 	var events []string
-	j := &journal{store: st, log: slog.Default(), publish: func(from State, rec Record) {
+	j := &Journal{Store: st, Log: slog.Default(), Publish: func(from State, rec Record) {
 		events = append(events, string(from)+">"+string(rec.State))
 	}}
 	return j, &events
@@ -49,14 +49,14 @@ func TestTransitionTable(t *testing.T) {
 			j, events := testJournal(t)
 			rec := Record{ID: "sb", State: from, VCPUs: 1}
 			if from != "" {
-				if err := j.store.Put(store.Sandboxes, rec.ID, rec); err != nil {
+				if err := j.Store.Put(store.Sandboxes, rec.ID, rec); err != nil {
 					t.Fatal(err)
 				}
 			}
 			var held Record
-			err := j.transition(rec, to, func(r *Record) { r.VCPUs = 2 }, func(r Record) { held = r })
+			err := j.Transition(rec, to, func(r *Record) { r.VCPUs = 2 }, func(r Record) { held = r })
 			var stored Record
-			gerr := j.store.Get(store.Sandboxes, rec.ID, &stored)
+			gerr := j.Store.Get(store.Sandboxes, rec.ID, &stored)
 			if !legal {
 				if !errors.Is(err, ErrIllegalTransition) {
 					t.Errorf("%q -> %q: err %v, want ErrIllegalTransition", from, to, err)
@@ -88,26 +88,26 @@ func TestTransitionTable(t *testing.T) {
 func TestStateHasOneWriter(t *testing.T) {
 	j, _ := testJournal(t)
 	rec := Record{ID: "sb", State: Running}
-	if err := j.put(rec); err == nil {
+	if err := j.Put(rec); err == nil {
 		t.Fatal("put created a record without a transition")
 	}
-	if err := j.store.Put(store.Sandboxes, rec.ID, rec); err != nil {
+	if err := j.Store.Put(store.Sandboxes, rec.ID, rec); err != nil {
 		t.Fatal(err)
 	}
-	err := j.transition(rec, Pausing, func(r *Record) { r.State = Killing }, nil)
+	err := j.Transition(rec, Pausing, func(r *Record) { r.State = Killing }, nil)
 	if !errors.Is(err, ErrIllegalTransition) {
 		t.Fatalf("a change that sets the state itself: %v", err)
 	}
 	rec.State = Paused
-	if err := j.put(rec); !errors.Is(err, ErrIllegalTransition) {
+	if err := j.Put(rec); !errors.Is(err, ErrIllegalTransition) {
 		t.Fatalf("a plain write changing the state: %v", err)
 	}
 	var stored Record
-	if err := j.store.Get(store.Sandboxes, "sb", &stored); err != nil || stored.State != Running {
+	if err := j.Store.Get(store.Sandboxes, "sb", &stored); err != nil || stored.State != Running {
 		t.Fatalf("stored %+v (%v), want running", stored, err)
 	}
 	rec.State, rec.VCPUs = Running, 4
-	if err := j.put(rec); err != nil {
+	if err := j.Put(rec); err != nil {
 		t.Fatalf("a plain write of other fields: %v", err)
 	}
 }

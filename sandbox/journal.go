@@ -1,4 +1,4 @@
-package orchestrator
+package sandbox
 
 import (
 	"errors"
@@ -12,6 +12,18 @@ import (
 // ErrIllegalTransition is returned for a state change the lifecycle table
 // (edges) does not allow; nothing was written.
 var ErrIllegalTransition = errors.New("illegal sandbox state transition")
+
+// The fault points the table fires once a transition is durable. Their
+// names keep the orchestrator's prefix: the crash matrix (api/e2e) names
+// them, and the verbs they belong to are the node's.
+var (
+	fpCreateRecorded = failpoint.New("orchestrator/create/recorded") // "starting" is durable, nothing started
+	fpCreateRunning  = failpoint.New("orchestrator/create/running")  // "running" is durable
+	fpPauseRecorded  = failpoint.New("orchestrator/pause/recorded")  // "pausing" is durable, the VM runs
+	fpPausePaused    = failpoint.New("orchestrator/pause/paused")    // "paused" is durable, VMM still there
+	fpResumeRecorded = failpoint.New("orchestrator/resume/recorded") // "resuming" is durable
+	fpKillRecorded   = failpoint.New("orchestrator/kill/recorded")   // "killing" is durable, nothing removed yet
+)
 
 // edge is one legal state change: the fault point fired once it is durable
 // (nil: none), and whether the change is its verb's commit point, after
@@ -42,25 +54,25 @@ func Legal(from, to State) bool {
 	return ok
 }
 
-// journal is the one writer of sandbox records: a state changes only
-// through transition, which checks the table, persists the record, hands
+// Journal is the one writer of sandbox records: a state changes only
+// through Transition, which checks the table, persists the record, hands
 // it to its holder, publishes the lifecycle event and fires the fault
-// point; put writes the other fields and refuses a state change.
-type journal struct {
-	store   *store.Store
-	publish func(from State, rec Record) // nil: no events
-	log     *slog.Logger
+// point; Put writes the other fields and refuses a state change.
+type Journal struct {
+	Store   *store.Store
+	Publish func(from State, rec Record) // nil: no events
+	Log     *slog.Logger
 	// recovery marks the journal of startup recovery, which finishes what
 	// a crash at a fault point interrupted: it fires none itself.
-	recovery bool
+	Recovery bool
 }
 
-// transition moves rec to state to with change applied (change may be
+// Transition moves rec to state to with change applied (change may be
 // nil; it must not set State). set (nil: none) receives the durable record
 // before the event goes out, so the holder's copy is never older than
 // what subscribers saw. On an error before the record is durable nothing
 // changed; an error of the fault point comes after it.
-func (j *journal) transition(rec Record, to State, change func(*Record), set func(Record)) error {
+func (j *Journal) Transition(rec Record, to State, change func(*Record), set func(Record)) error {
 	e, err := legalEdge(rec, to)
 	if err != nil {
 		return err
@@ -68,10 +80,10 @@ func (j *journal) transition(rec Record, to State, change func(*Record), set fun
 	return j.write(rec, to, change, set, e, true)
 }
 
-// quietly is transition without the lifecycle event and with fault point
+// Quietly is Transition without the lifecycle event and with fault point
 // p instead of the table's: a change nobody outside the node should hear
 // of (a stale copy dropped while the sandbox lives on elsewhere).
-func (j *journal) quietly(rec Record, to State, set func(Record), p *failpoint.Point) error {
+func (j *Journal) Quietly(rec Record, to State, set func(Record), p *failpoint.Point) error {
 	e, err := legalEdge(rec, to)
 	if err != nil {
 		return err
@@ -88,7 +100,7 @@ func legalEdge(rec Record, to State) (edge, error) {
 	return e, nil
 }
 
-func (j *journal) write(rec Record, to State, change func(*Record), set func(Record), e edge, publish bool) error {
+func (j *Journal) write(rec Record, to State, change func(*Record), set func(Record), e edge, publish bool) error {
 	from := rec.State
 	next := rec
 	if change != nil {
@@ -98,37 +110,37 @@ func (j *journal) write(rec Record, to State, change func(*Record), set func(Rec
 		return fmt.Errorf("sandbox %s: a change of %s -> %s set the state itself: %w", rec.ID, stateName(from), to, ErrIllegalTransition)
 	}
 	next.State = to
-	if err := j.store.Put(store.Sandboxes, next.ID, next); err != nil {
+	if err := j.Store.Put(store.Sandboxes, next.ID, next); err != nil {
 		return fmt.Errorf("record sandbox %s (%s): %w", next.ID, to, err)
 	}
 	if set != nil {
 		set(next)
 	}
-	if publish && j.publish != nil {
-		j.publish(from, next)
+	if publish && j.Publish != nil {
+		j.Publish(from, next)
 	}
-	if e.point == nil || j.recovery {
+	if e.point == nil || j.Recovery {
 		return nil
 	}
 	err := e.point.Inject()
 	if err != nil && e.commit {
-		j.log.Warn("fault point after a commit point ignored", "sandbox", next.ID, "state", to, "err", err)
+		j.Log.Warn("fault point after a commit point ignored", "sandbox", next.ID, "state", to, "err", err)
 		return nil
 	}
 	return err
 }
 
-// put persists rec's other fields: the record exists and its state is the
-// one stored (a new record and a new state come through transition).
-func (j *journal) put(rec Record) error {
+// Put persists rec's other fields: the record exists and its state is the
+// one stored (a new record and a new state come through Transition).
+func (j *Journal) Put(rec Record) error {
 	var old Record
-	if err := j.store.Get(store.Sandboxes, rec.ID, &old); err != nil {
+	if err := j.Store.Get(store.Sandboxes, rec.ID, &old); err != nil {
 		return fmt.Errorf("record sandbox %s: %w", rec.ID, err)
 	}
 	if old.State != rec.State {
 		return fmt.Errorf("sandbox %s: a plain write would change %s -> %s: %w", rec.ID, old.State, rec.State, ErrIllegalTransition)
 	}
-	if err := j.store.Put(store.Sandboxes, rec.ID, rec); err != nil {
+	if err := j.Store.Put(store.Sandboxes, rec.ID, rec); err != nil {
 		return fmt.Errorf("record sandbox %s (%s): %w", rec.ID, rec.State, err)
 	}
 	return nil

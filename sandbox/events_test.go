@@ -1,4 +1,4 @@
-package orchestrator
+package sandbox
 
 import "testing"
 
@@ -18,21 +18,21 @@ func TestTransitionEvent(t *testing.T) {
 		{Running, Running, ""}, // a timeout change
 		{Running, Pausing, ""},
 	} {
-		if got := transitionEvent(c.from, c.to); got != c.want {
+		if got := TransitionEvent(c.from, c.to); got != c.want {
 			t.Errorf("%s -> %s: %q, want %q", c.from, c.to, got, c.want)
 		}
 	}
 }
 
 func TestSubscribe(t *testing.T) {
-	var o Orchestrator
+	var o Hub
 	var got []string
 	cancel := o.Subscribe(func(ev Event) { got = append(got, ev.Type+" "+ev.SandboxID) })
-	o.published(Starting, Record{ID: "a", State: Running})
-	o.published(Running, Record{ID: "a", State: Running})
+	o.Published(Starting, Record{ID: "a", State: Running})
+	o.Published(Running, Record{ID: "a", State: Running})
 	o.Publish(Event{Type: EventForked, SandboxID: "a"})
 	cancel()
-	o.published(Running, Record{ID: "a", State: Killing})
+	o.Published(Running, Record{ID: "a", State: Killing})
 	if len(got) != 2 || got[0] != EventCreated+" a" || got[1] != EventForked+" a" {
 		t.Errorf("events %q, want created then forked, none after cancel", got)
 	}
