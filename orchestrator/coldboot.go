@@ -6,7 +6,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/agentenv/agentenv/sandbox"
@@ -132,19 +131,4 @@ func (o *Orchestrator) lineage(id string) []*template.Template {
 		id = snap.TemplateID
 	}
 	return out
-}
-
-// dropMemoryLayers removes the memory layers a sandbox's directory holds
-// (its pauses' diffs and their merges): after a filesystem-only pause it
-// keeps no memory image. Snapshots taken from it hold their own links.
-func dropMemoryLayers(dir string) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		if n := e.Name(); strings.HasPrefix(n, "mem-") && strings.HasSuffix(n, ".lsmt") {
-			_ = os.Remove(filepath.Join(dir, n))
-		}
-	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/internal/ids"
+	"github.com/agentenv/agentenv/internal/vmmproc"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/orchestrator/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
@@ -310,7 +311,7 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 				return err
 			}
 			pid := m.Info().PID
-			if err := o.update(s, func(r *sandbox.Record) { r.PID, r.PIDStart, r.PoolClaim = pid, procStart(pid), false }); err != nil {
+			if err := o.update(s, func(r *sandbox.Record) { r.PID, r.PIDStart, r.PoolClaim = pid, vmmproc.Start(pid), false }); err != nil {
 				return err
 			}
 			return fpCreateVMM.Inject()

@@ -78,7 +78,7 @@ func (o *Orchestrator) sealRootfs(ctx context.Context, s *instance) error {
 // sealDisk seals rec's root disk into a layer name of its directory
 // (disk.Manager.SealRoot) and returns the config listing its stack now.
 func (o *Orchestrator) sealDisk(ctx context.Context, rec sandbox.Record, name, message string, mode disk.SealMode) (string, error) {
-	return o.disks.SealRoot(ctx, held(rec), rec.RootfsImage, name, message, mode)
+	return o.disks.SealRoot(ctx, disk.HeldOf(rec), rec.RootfsImage, name, message, mode)
 }
 
 // copyRootInto puts rec's root disk as it is now into snapshot r's
@@ -90,16 +90,6 @@ func (o *Orchestrator) copyRootInto(rec sandbox.Record, r *snapshot.Record) erro
 	}
 	r.RootfsImage = cfg
 	return nil
-}
-
-// held is the record's root disk device as package disk names it.
-func held(r sandbox.Record) disk.Held {
-	return disk.Held{Owner: r.ID, Dir: r.Dir, Device: r.Device, Has: r.HasDevice}
-}
-
-// sealDevice seals rec's root disk device (disk.Manager.Seal).
-func sealDevice(ctx context.Context, disks *disk.Manager, rec sandbox.Record, name, message string, mode disk.SealMode) (string, error) {
-	return disks.Seal(ctx, held(rec), name, message, mode)
 }
 
 // localizeAll has the disks move every image config a record names that

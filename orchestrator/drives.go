@@ -180,34 +180,6 @@ func (d driveDisk) Detach(ctx context.Context) {
 	}
 }
 
-// deleteDevices deletes every device r holds (recovery; a device already
-// gone is no error).
-func deleteDevices(ctx context.Context, disks *disk.Manager, r sandbox.Record) error {
-	return disks.DeleteDevices(ctx, "sandbox "+r.ID, r.Devices())
-}
-
-// sealDrives (vCPUs stopped) seals the upper of every writable drive of
-// rec into a layer drive<slot>-<tag> and returns the drives pointed at
-// the configs listing their layers now; read-only drives never change.
-func sealDrives(ctx context.Context, disks *disk.Manager, rec sandbox.Record, tag, message string, mode disk.SealMode) ([]sandbox.AttachedDrive, error) {
-	out := append([]sandbox.AttachedDrive(nil), rec.Drives...)
-	for i, d := range out {
-		if d.ReadOnly {
-			continue
-		}
-		if !d.HasDevice {
-			return nil, fmt.Errorf("seal drive %s of %s: no device", sandbox.GuestDisk(d.Slot), rec.ID)
-		}
-		one := sandbox.Record{ID: rec.ID, Dir: rec.Dir, Device: d.Device, HasDevice: true}
-		cfg, err := sealDevice(ctx, disks, one, fmt.Sprintf("drive%d-%s", d.Slot, tag), message, mode)
-		if err != nil {
-			return nil, fmt.Errorf("drive %s: %w", sandbox.GuestDisk(d.Slot), err)
-		}
-		out[i].Config = cfg
-	}
-	return out, nil
-}
-
 // sealSandboxDrives seals the writable drives of a sandbox being paused
 // (see sealDrives; the devices keep their uppers and go next) and points
 // the record (in memory; the caller persists) at their sealed configs.
@@ -218,7 +190,7 @@ func (o *Orchestrator) sealSandboxDrives(ctx context.Context, s *instance, tag, 
 	if len(rec.Drives) == 0 {
 		return nil
 	}
-	drives, err := sealDrives(ctx, o.disks, rec, tag, message, keepUpper)
+	drives, err := o.disks.SealDrives(ctx, rec, tag, message, keepUpper)
 	if err != nil {
 		return err
 	}

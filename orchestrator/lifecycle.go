@@ -141,7 +141,7 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 	rec = s.rec
 	s.mu.Unlock()
 	if fsOnly {
-		dropMemoryLayers(rec.Dir)
+		sandbox.DropMemoryLayers(rec.Dir)
 		o.log.Info("sandbox paused without memory", "sandbox", id)
 		o.maybeCompact(rec)
 		return nil
@@ -174,7 +174,7 @@ func (o *Orchestrator) captureAndSeal(ctx context.Context, s *instance, rec sand
 	var snapDir string
 	var captureErr error
 	if !fsOnly {
-		if snapDir, captureErr = capturePause(ctx, o.log, rec, vm, waitSeal); captureErr == nil {
+		if snapDir, captureErr = sandbox.CapturePause(ctx, o.log, rec, vm, waitSeal); captureErr == nil {
 			captureErr = fpPauseCaptured.Inject()
 		}
 	}

@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/vmmproc"
 	"github.com/agentenv/agentenv/network"
+	"github.com/agentenv/agentenv/recovery"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
@@ -24,7 +26,7 @@ func (o *Orchestrator) load(ctx context.Context) error {
 		return fmt.Errorf("orchestrator: load sandboxes: %w", err)
 	}
 	for _, r := range recs {
-		if m, ok := o.cfg.Recovered.machine(r.ID); ok && r.State == sandbox.Running {
+		if m, ok := o.cfg.Recovered.Machine(r.ID); ok && r.State == sandbox.Running {
 			o.adoptRunning(ctx, r, m)
 			continue
 		}
@@ -37,7 +39,7 @@ func (o *Orchestrator) load(ctx context.Context) error {
 			continue
 		}
 		o.log.Error("dropping sandbox that cannot be re-adopted", "sandbox", r.ID, "state", r.State)
-		if err := dropRecord(ctx, o.store, o.disks, r); err != nil {
+		if err := recovery.DropRecord(ctx, o.store, o.disks, r); err != nil {
 			return err
 		}
 	}
@@ -173,7 +175,7 @@ func (o *Orchestrator) adoptRunning(ctx context.Context, r sandbox.Record, m vmm
 	}
 	if err == nil {
 		s.rec.PID = m.Info().PID
-		s.rec.PIDStart = procStart(s.rec.PID)
+		s.rec.PIDStart = vmmproc.Start(s.rec.PID)
 		err = o.journal.Put(s.rec)
 	}
 	if err != nil {
@@ -193,8 +195,8 @@ func (o *Orchestrator) pauseUnadoptable(ctx context.Context, s *instance, m vmm.
 	r := s.rec
 	o.log.Warn("re-adopted VM cannot run on; pausing the sandbox", "sandbox", r.ID, "err", cause)
 	// The slot goes back only once the VM using its tap is stopped
-	// (pauseAdopted stops it whatever happens).
-	perr := pauseAdopted(ctx, &sandbox.Journal{Store: o.store, Log: o.log, Recovery: true}, o.disks, r, m, o.log)
+	// (recovery.PauseAdopted stops it whatever happens).
+	perr := recovery.PauseAdopted(ctx, &sandbox.Journal{Store: o.store, Log: o.log, Recovery: true}, o.disks, r, m, o.log)
 	if slot != nil {
 		_ = o.nets.Release(context.WithoutCancel(ctx), slot)
 	} else {
@@ -202,7 +204,7 @@ func (o *Orchestrator) pauseUnadoptable(ctx context.Context, s *instance, m vmm.
 	}
 	if perr != nil {
 		o.log.Error("cannot keep the re-adopted sandbox; dropping it", "sandbox", r.ID, "err", perr)
-		if err := dropRecord(ctx, o.store, o.disks, r); err != nil {
+		if err := recovery.DropRecord(ctx, o.store, o.disks, r); err != nil {
 			o.log.Error("drop sandbox", "sandbox", r.ID, "err", err)
 		}
 		return

@@ -50,9 +50,9 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
+	"github.com/agentenv/agentenv/recovery"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/disk"
@@ -131,9 +131,9 @@ type Options struct {
 	// VMMPool configures the warm pool of VMM processes (pool.go); High
 	// zero turns it off.
 	VMMPool PoolOptions
-	// Recovered holds the VMs Recover took over, re-adopted as running
+	// Recovered holds the VMs recovery.Recover took over, re-adopted as running
 	// sandboxes (Network must keep their slots: Recovered.Slots).
-	Recovered  *Recovered
+	Recovered  *recovery.Recovered
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 }
@@ -174,7 +174,7 @@ type Orchestrator struct {
 	// builds is the template builder once EnableBuilds ran (builds.go).
 	builds atomic.Pointer[template.Builder]
 
-	events sandbox.Hub // lifecycle event subscribers (events.go)
+	events sandbox.Hub // lifecycle event subscribers (sandbox/events.go)
 	// journal writes every sandbox record, and is the one writer of a
 	// record's state (sandbox/journal.go).
 	journal *sandbox.Journal
@@ -455,14 +455,6 @@ func (o *Orchestrator) Counts() map[sandbox.State]int {
 		out[r.State]++
 	}
 	return out
-}
-
-// killStale ends a VMM process left by a previous aenvd run, if pid and
-// its start time still name that process (pid reuse is not fooled).
-func killStale(pid int, start uint64) {
-	if sameProcess(pid, start) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
 }
 
 // vmmIdentities gives each VM's VMM the identity of its network slot, when

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/agentenv/agentenv/disk"
+	"github.com/agentenv/agentenv/internal/vmmproc"
 	"github.com/agentenv/agentenv/orchestrator/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/template"
@@ -220,7 +220,7 @@ func (f poolFiller) Fill(ctx context.Context, rec *warmpool.Record, started func
 		},
 		Started: func(m vmm.Machine) error {
 			pid := m.Info().PID
-			rec.PID, rec.PIDStart = pid, procStart(pid)
+			rec.PID, rec.PIDStart = pid, vmmproc.Start(pid)
 			rec.Device, rec.HasDevice = disk.Device()
 			return started()
 		},
@@ -239,18 +239,4 @@ func (f poolFiller) Drain(ctx context.Context, e *warmpool.Entry) {
 		f.o.log.Warn("drain pool entry", "entry", e.ID, "err", err)
 	}
 	_ = os.RemoveAll(e.Dir)
-}
-
-// removeEntry removes what a previous process's pool entry r names
-// (recovery): its VMM, if that process still runs, its device and its
-// directory. Its slot is cleared by the network's start, which keeps only
-// running sandboxes' slots.
-func removeEntry(disks *disk.Manager) func(context.Context, warmpool.Record) {
-	return func(ctx context.Context, r warmpool.Record) {
-		killStale(r.PID, r.PIDStart)
-		if r.HasDevice {
-			disks.Detach(ctx, "pool entry "+r.ID, r.Device)
-		}
-		_ = os.RemoveAll(r.Dir)
-	}
 }

@@ -182,7 +182,7 @@ func (o *Orchestrator) captureDisk(ctx context.Context, s *instance, r *snapshot
 	}
 	var drives []sandbox.AttachedDrive
 	if len(rec.Drives) > 0 {
-		if drives, err = sealDrives(ctx, o.disks, rec, fmt.Sprintf("%d-%s", rec.Gen, r.ID), "snapshot "+r.ID, restackUpper); err != nil {
+		if drives, err = o.disks.SealDrives(ctx, rec, fmt.Sprintf("%d-%s", rec.Gen, r.ID), "snapshot "+r.ID, restackUpper); err != nil {
 			return fmt.Errorf("seal drives: %w", err)
 		}
 	}

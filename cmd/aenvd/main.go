@@ -25,6 +25,7 @@ import (
 	"github.com/agentenv/agentenv/internal/cgroup"
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/internal/inherited"
+	"github.com/agentenv/agentenv/recovery"
 	"github.com/agentenv/agentenv/replica"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot/repo/reponode"
@@ -137,7 +138,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	// Before the network manager clears the previous run's slots, take over
 	// the VMs a crashed predecessor left running; their slots are kept and
 	// the orchestrator re-adopts them as running sandboxes.
-	recovered, err := orchestrator.Recover(ctx, vb.driver, st, devices, cfg.DataDir, log)
+	recovered, err := recovery.Recover(ctx, vb.driver, st, devices, cfg.DataDir, log)
 	if err != nil {
 		return err
 	}

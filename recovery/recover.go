@@ -1,4 +1,11 @@
-package orchestrator
+// Package recovery settles a node's sandboxes at startup, before the
+// network manager and the orchestrator start: every transition a crash
+// interrupted is finished or rolled back (Recover), running VMs whose
+// VMM survived are handed to the orchestrator to re-adopt (Recovered),
+// and VMM processes and storage devices no record owns are removed. It
+// writes records only through a recovery sandbox.Journal, which fires no
+// fault points and publishes no events.
+package recovery
 
 import (
 	"context"
@@ -9,6 +16,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/disk"
+	"github.com/agentenv/agentenv/internal/vmmproc"
 	"github.com/agentenv/agentenv/orchestrator/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
@@ -24,7 +32,8 @@ type Recovered struct {
 	slots    []int
 }
 
-func (r *Recovered) machine(id string) (vmm.Machine, bool) {
+// Machine is the recovered VM of sandbox id, if Recover took one over.
+func (r *Recovered) Machine(id string) (vmm.Machine, bool) {
 	if r == nil {
 		return nil, false
 	}
@@ -95,7 +104,7 @@ func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, devices disk.
 	for _, m := range out.machines {
 		owned[m.Info().PID] = true
 	}
-	reapOrphans(dataDir, owned, log)
+	vmmproc.ReapOrphans(dataDir, owned, log)
 	return out, reclaimDevices(ctx, st, sd)
 }
 
@@ -105,10 +114,10 @@ func (rc *recovery) recoverOne(ctx context.Context, r sandbox.Record, out *Recov
 		return rc.tidyPaused(ctx, r)
 	case sandbox.Starting:
 		rc.log.Warn("rolling back a create interrupted by a restart", "sandbox", r.ID)
-		return dropRecord(ctx, rc.st, rc.sd, r)
+		return DropRecord(ctx, rc.st, rc.sd, r)
 	case sandbox.Killing:
 		rc.log.Info("finishing a kill interrupted by a restart", "sandbox", r.ID)
-		return dropRecord(ctx, rc.st, rc.sd, r)
+		return DropRecord(ctx, rc.st, rc.sd, r)
 	}
 	if r.State == sandbox.Resuming && r.PoolClaim {
 		// Its VMM came from the warm pool and may never have loaded the
@@ -127,7 +136,7 @@ func (rc *recovery) recoverOne(ctx context.Context, r sandbox.Record, out *Recov
 		return nil
 	}
 	if err == nil {
-		if err = pauseAdopted(ctx, rc.j, rc.sd, r, m, rc.log); err == nil {
+		if err = PauseAdopted(ctx, rc.j, rc.sd, r, m, rc.log); err == nil {
 			return nil
 		}
 	}
@@ -142,7 +151,7 @@ func (rc *recovery) recoverOne(ctx context.Context, r sandbox.Record, out *Recov
 		return rc.tidyPaused(ctx, r)
 	}
 	rc.log.Error("cannot re-adopt sandbox; dropping it", "sandbox", r.ID, "state", r.State, "err", err)
-	return dropRecord(ctx, rc.st, rc.sd, r)
+	return DropRecord(ctx, rc.st, rc.sd, r)
 }
 
 // tidyPaused removes what a pause interrupted after its "paused" record
@@ -151,8 +160,8 @@ func (rc *recovery) tidyPaused(ctx context.Context, r sandbox.Record) error {
 	if r.PID == 0 && len(r.Devices()) == 0 && r.Slot == 0 {
 		return nil
 	}
-	killStale(r.PID, r.PIDStart)
-	if err := deleteDevices(ctx, rc.sd, r); err != nil {
+	vmmproc.Kill(r.PID, r.PIDStart)
+	if err := rc.sd.DeleteRecordDevices(ctx, r); err != nil {
 		rc.log.Warn("delete the devices of a paused sandbox", "sandbox", r.ID, "err", err)
 	}
 	r.PID, r.PIDStart, r.Slot = 0, 0, 0
@@ -161,10 +170,10 @@ func (rc *recovery) tidyPaused(ctx context.Context, r sandbox.Record) error {
 	return rc.j.Put(r)
 }
 
-// dropRecord stops whatever is left of a sandbox and forgets it.
-func dropRecord(ctx context.Context, st *store.Store, sd *disk.Manager, r sandbox.Record) error {
-	killStale(r.PID, r.PIDStart)
-	_ = deleteDevices(ctx, sd, r)
+// DropRecord stops whatever is left of a sandbox and forgets it.
+func DropRecord(ctx context.Context, st *store.Store, sd *disk.Manager, r sandbox.Record) error {
+	vmmproc.Kill(r.PID, r.PIDStart)
+	_ = sd.DeleteRecordDevices(ctx, r)
 	_ = os.RemoveAll(r.Dir)
 	return st.Delete(store.Sandboxes, r.ID)
 }
@@ -196,14 +205,14 @@ func adoptVM(ctx context.Context, drv vmm.Driver, r sandbox.Record) (vmm.Machine
 	return ad.Adopt(ctx, filepath.Join(r.Dir, fmt.Sprintf("run-%d", r.Gen)))
 }
 
-// pauseAdopted pauses an adopted VM in the same durable steps as a pause:
+// PauseAdopted pauses an adopted VM in the same durable steps as a pause:
 // vCPUs stopped, memory and VM state written and synced, disk sealed (a
 // seal the crash interrupted is finished, not repeated), "paused" recorded,
 // then the VMM stopped and the device deleted. The VM is stopped whatever
 // happens. A filesystem-only pause the crash interrupted is finished as
 // one (no memory; the guest flushed before "pausing" was recorded); any
 // other live VM is paused with its memory, so nothing is lost.
-func pauseAdopted(ctx context.Context, j *sandbox.Journal, sd *disk.Manager, r sandbox.Record, m vmm.Machine, log *slog.Logger) error {
+func PauseAdopted(ctx context.Context, j *sandbox.Journal, sd *disk.Manager, r sandbox.Record, m vmm.Machine, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	defer m.Stop(context.WithoutCancel(ctx))
@@ -214,17 +223,17 @@ func pauseAdopted(ctx context.Context, j *sandbox.Journal, sd *disk.Manager, r s
 	var snapDir string
 	if !fsOnly {
 		var err error
-		if snapDir, err = capturePause(ctx, log, r, m, nil); err != nil {
+		if snapDir, err = sandbox.CapturePause(ctx, log, r, m, nil); err != nil {
 			return fmt.Errorf("pause adopted machine: %w", err)
 		}
 	}
-	cfg, err := sealDevice(ctx, sd, r, fmt.Sprintf("rootfs-%d", r.Gen), "sandbox "+r.ID, keepUpper)
+	cfg, err := sd.SealDevice(ctx, r, fmt.Sprintf("rootfs-%d", r.Gen), "sandbox "+r.ID, disk.KeepUpper)
 	if err != nil {
 		_ = os.RemoveAll(snapDir)
 		return err
 	}
 	r.RootfsImage = cfg
-	drives, err := sealDrives(ctx, sd, r, fmt.Sprint(r.Gen), "sandbox "+r.ID, keepUpper)
+	drives, err := sd.SealDrives(ctx, r, fmt.Sprint(r.Gen), "sandbox "+r.ID, disk.KeepUpper)
 	if err != nil {
 		_ = os.RemoveAll(snapDir)
 		return err
@@ -243,14 +252,14 @@ func pauseAdopted(ctx context.Context, j *sandbox.Journal, sd *disk.Manager, r s
 	if err := m.Stop(ctx); err != nil {
 		log.Warn("stop adopted machine", "sandbox", r.ID, "err", err)
 	}
-	if err := deleteDevices(ctx, sd, r); err != nil {
+	if err := sd.DeleteRecordDevices(ctx, r); err != nil {
 		log.Warn("delete the devices of a paused sandbox (reclaimed at the next start)", "sandbox", r.ID, "err", err)
 	}
 	if old != "" && old != snapDir {
 		_ = os.RemoveAll(old)
 	}
 	if fsOnly {
-		dropMemoryLayers(r.Dir)
+		sandbox.DropMemoryLayers(r.Dir)
 	}
 	r.PID, r.PIDStart, r.Slot = 0, 0, 0
 	r.ClearDevices()
@@ -259,4 +268,18 @@ func pauseAdopted(ctx context.Context, j *sandbox.Journal, sd *disk.Manager, r s
 	}
 	log.Info("re-adopted sandbox after restart and kept it paused", "sandbox", r.ID)
 	return nil
+}
+
+// removeEntry removes what a previous process's pool entry r names
+// (recovery): its VMM, if that process still runs, its device and its
+// directory. Its slot is cleared by the network's start, which keeps only
+// running sandboxes' slots.
+func removeEntry(disks *disk.Manager) func(context.Context, warmpool.Record) {
+	return func(ctx context.Context, r warmpool.Record) {
+		vmmproc.Kill(r.PID, r.PIDStart)
+		if r.HasDevice {
+			disks.Detach(ctx, "pool entry "+r.ID, r.Device)
+		}
+		_ = os.RemoveAll(r.Dir)
+	}
 }

@@ -1,4 +1,4 @@
-package orchestrator
+package vmmproc
 
 import (
 	"bytes"
@@ -9,16 +9,14 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-
-	"github.com/agentenv/agentenv/internal/vmmproc"
 )
 
 // A VMM process is identified by its pid and its start time (field 22 of
 // /proc/PID/stat, in clock ticks since boot): a pid alone may have been
 // reused by an unrelated process after a crash.
 
-// procStart returns the start time of pid, 0 if it does not exist.
-func procStart(pid int) uint64 {
+// Start returns the start time of pid, 0 if it does not exist.
+func Start(pid int) uint64 {
 	if pid <= 0 {
 		return 0
 	}
@@ -39,15 +37,15 @@ func procStart(pid int) uint64 {
 	return v
 }
 
-// sameProcess reports whether pid still names the process that started at start.
-func sameProcess(pid int, start uint64) bool {
-	return pid > 0 && start != 0 && procStart(pid) == start
+// Same reports whether pid still names the process that started at start.
+func Same(pid int, start uint64) bool {
+	return pid > 0 && start != 0 && Start(pid) == start
 }
 
-// vmmProcesses lists the VMM processes (QEMU or Firecracker) whose command
+// Under lists the VMM processes (QEMU or Firecracker) whose command
 // line names a path under dir, or that hold a file under dir open (QEMU is
 // handed its run directory's files as descriptors), by pid.
-func vmmProcesses(dir string) map[int]string {
+func Under(dir string) map[int]string {
 	out := map[int]string{}
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -60,7 +58,7 @@ func vmmProcesses(dir string) map[int]string {
 			continue
 		}
 		proc := fmt.Sprintf("/proc/%d", pid)
-		if !vmmproc.IsVMM(proc) || !vmmproc.Mentions(proc, needle) {
+		if !IsVMM(proc) || !Mentions(proc, needle) {
 			continue
 		}
 		cmdline, err := os.ReadFile(proc + "/cmdline")
@@ -72,12 +70,12 @@ func vmmProcesses(dir string) map[int]string {
 	return out
 }
 
-// reapOrphans kills every VMM process under dir that owned does not list,
+// ReapOrphans kills every VMM process under dir that owned does not list,
 // and logs each: after a crash, a VMM no record owns (a create or a build
 // interrupted before its pid was recorded) would otherwise run forever.
-func reapOrphans(dir string, owned map[int]bool, log *slog.Logger) int {
+func ReapOrphans(dir string, owned map[int]bool, log *slog.Logger) int {
 	n := 0
-	for pid, cmd := range vmmProcesses(dir) {
+	for pid, cmd := range Under(dir) {
 		if owned[pid] {
 			continue
 		}
@@ -96,4 +94,12 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "..."
+}
+
+// Kill kills pid if it still names the process that started at start (a
+// VMM a crash left running); a reused pid is left alone.
+func Kill(pid int, start uint64) {
+	if Same(pid, start) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 }
