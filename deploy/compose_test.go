@@ -12,6 +12,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // composeFile is the part of the Compose format deploy/compose.yaml uses.
@@ -207,7 +209,7 @@ func TestCompose(t *testing.T) {
 		} else if _, err := exec.LookPath("docker-compose"); err == nil {
 			cmd = []string{"docker-compose"}
 		} else {
-			t.Skip("no Compose CLI (docker compose or Debian's docker-compose; .ci/setup.d/50-deploy.sh installs it)")
+			testenv.Missing(t, "no Compose CLI (docker compose or Debian's docker-compose; .ci/setup.d/50-deploy.sh installs it)")
 		}
 		out := run(t, filepath.Dir(path), nil, cmd[0], append(cmd[1:], "-f", path, "config")...)
 		c := decodeCompose(t, "compose config output", []byte(out), false)
