@@ -72,6 +72,14 @@ func main() {
 		log.Error("configuration", "err", err)
 		os.Exit(2)
 	}
+	memDevSet, err := config.IsSet(*cfgPath, "storage", "memory_devices")
+	if err == nil {
+		err = preflight(cfg, memDevSet, realHost)
+	}
+	if err != nil {
+		log.Error("configuration", "err", err)
+		os.Exit(2)
+	}
 	if err := failpoint.Check(); err != nil {
 		log.Error("fault injection", "err", err)
 		os.Exit(2)

@@ -21,6 +21,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Limits bound a group. Zero fields leave that resource unlimited.
@@ -51,11 +53,17 @@ type Hierarchy struct {
 // e.g. "aenv/<node>") as the directory of every group. A controller without
 // a hierarchy is an error naming it.
 func Detect(parent string) (*Hierarchy, error) {
+	return DetectIn("/proc/self/mountinfo", parent)
+}
+
+// DetectIn is Detect reading the mount table from mountinfo (a file in the
+// format of /proc/self/mountinfo).
+func DetectIn(mountinfo, parent string) (*Hierarchy, error) {
 	parent = filepath.Clean(parent)
 	if parent == "." || filepath.IsAbs(parent) || strings.HasPrefix(parent, "..") {
 		return nil, fmt.Errorf("cgroup: parent %q is not a relative path below the root", parent)
 	}
-	mounts, err := readMounts("/proc/self/mountinfo")
+	mounts, err := readMounts(mountinfo)
 	if err != nil {
 		return nil, err
 	}
@@ -81,6 +89,30 @@ func Detect(parent string) (*Hierarchy, error) {
 		h.Roots[c], h.Dirs[c] = root, filepath.Join(root, parent)
 	}
 	return h, nil
+}
+
+// Writable checks, without creating anything, that groups can be made under
+// every controller's parent: its nearest existing directory must be
+// writable. A hierarchy mounted read-only (a container's default, or a
+// systemd service with ProtectControlGroups=yes and no delegated subtree)
+// fails here with an error naming the directory.
+func (h *Hierarchy) Writable() error {
+	for _, c := range controllers {
+		d := h.Dirs[c]
+		for {
+			if _, err := os.Stat(d); err == nil || d == h.Roots[c] || d == filepath.Dir(d) {
+				break
+			}
+			d = filepath.Dir(d)
+		}
+		if err := unix.Access(d, unix.W_OK); err != nil {
+			if errors.Is(err, unix.EROFS) {
+				return fmt.Errorf("cgroup: the %s hierarchy at %s is mounted read-only: %w", c, d, err)
+			}
+			return fmt.Errorf("cgroup: cannot create groups in %s (%s controller): %w", d, c, err)
+		}
+	}
+	return nil
 }
 
 // readMounts maps "cgroup2" and "cgroup:<controller>" to mount points.
