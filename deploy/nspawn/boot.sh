@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Boots the cached Debian 12 tree (tree.sh) under systemd-nspawn --boot with
+# systemd as PID 1, installs this checkout's binaries and units with
+# scripts/install.sh inside, and checks aenv-storaged.service and
+# aenvd.service reach active and /health answers; prints the units'
+# `systemd-analyze security` scores. The tree is mounted with
+# --volatile=overlay, so the cache stays as debootstrap left it.
+#   deploy/nspawn/boot.sh BINDIR   (as root; exit 0 when everything held)
+set -euo pipefail
+bin=$(realpath "${1:?usage: boot.sh BINDIR}")
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+tree=$("$repo/deploy/nspawn/tree.sh")
+guestcache=${AENV_GUEST_CACHE:-/var/cache/aenv/guest}
+mkdir -p "$guestcache"
+name=aenvboot$$
+log=$(mktemp -d)/console.log
+systemd-nspawn -q -D "$tree" --volatile=overlay --register=no --keep-unit -M "$name" --private-network \
+  --bind-ro="$bin:/opt/aenv/bin" --bind-ro="$repo/scripts:/opt/aenv/scripts" \
+  --bind-ro="$repo/deploy/systemd:/opt/aenv/deploy/systemd" --bind=/dev/net/tun \
+  --bind="$guestcache:/var/cache/aenv/guest" --boot >"$log" 2>&1 &
+nspawn=$!
+stop() {
+  kill -TERM "$nspawn" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$nspawn" 2>/dev/null || return 0; sleep 0.2; done
+  kill -KILL "$nspawn" 2>/dev/null || true
+}
+trap stop EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+pid=
+for _ in $(seq 100); do
+  for c in $(pgrep -P "$nspawn" || true); do
+    [ "$(cat /proc/"$c"/comm 2>/dev/null)" = systemd ] && pid=$c
+  done
+  [ -n "$pid" ] && break
+  sleep 0.2
+done
+[ -n "$pid" ] || { cat "$log"; fail "no systemd in the container"; }
+inside() { nsenter -t "$pid" -a -- "$@"; }
+state=$(inside systemctl is-system-running --wait || true)
+echo "systemd in the container (PID 1 is $(inside cat /proc/1/comm)): $state"
+
+inside /opt/aenv/scripts/install.sh --from /opt/aenv/bin --no-deps --no-guest --no-start >/dev/null ||
+  fail "install.sh inside the container"
+# The first start builds the guest image when the cache has none (minutes).
+inside systemctl start aenv-storaged.service aenvd.service --no-block
+ok=
+for _ in $(seq 900); do
+  if inside systemctl is-active -q aenvd.service && inside curl -fsS http://127.0.0.1:3000/health >/dev/null 2>&1; then
+    ok=1
+    break
+  fi
+  # Restart=on-failure keeps a unit that cannot start cycling: give up after three tries.
+  [ "$(inside systemctl show -p NRestarts --value aenvd.service)" -ge 3 ] && break
+  sleep 1
+done
+for u in aenv-storaged aenvd; do echo "$u.service: $(inside systemctl is-active $u.service || true)"; done
+echo "== systemd-analyze security"
+for u in aenv-storaged aenvd; do inside systemd-analyze security "$u.service" --no-pager | tail -1 | sed "s/^/$u: /"; done
+if [ -z "$ok" ]; then
+  inside journalctl -u aenvd -u aenv-storaged --no-pager -n 40 | grep -v systemd | cut -c1-600
+  fail "aenvd.service did not answer /health"
+fi
+echo "health: $(inside curl -fsS http://127.0.0.1:3000/health)"
+echo "PASS"
