@@ -5,10 +5,18 @@ GO ?= go
 BIN := bin
 GOFLAGS_STATIC := CGO_ENABLED=0
 
-.PHONY: build setup check test test-unit test-race test-k8s fuzz bench guest vet clean release
+.PHONY: build dashboard setup check test test-unit test-race test-k8s fuzz bench guest vet clean release
 
-build:
+build: dashboard
 	$(GOFLAGS_STATIC) $(GO) build -trimpath -o $(BIN)/ ./cmd/...
+
+# The web dashboard's front end (TypeScript under dashboard/web) into
+# dashboard/dist, which aenvd and aenv-gateway embed. Its npm packages come
+# from .ci/setup.d/64-dashboard.sh (npm ci, pinned by package-lock.json);
+# installed here too when missing.
+dashboard:
+	[ -d dashboard/web/node_modules/esbuild ] || npm ci --prefix dashboard/web --no-audit --no-fund --prefer-offline --loglevel=error
+	npm run --prefix dashboard/web --silent build
 
 # The whole suite: unit, conformance (real QEMU VMs) and end-to-end tests.
 # One package at a time: several packages boot a node server with VMs, and
@@ -95,7 +103,7 @@ VERSION_PKG := github.com/agentenv/agentenv/internal/version
 RELEASE_NAME = aenv-$(VERSION)-linux-amd64
 RELEASE_LDFLAGS = -s -w -buildid= -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMIT) -X $(VERSION_PKG).date=$(DATE)
 
-release:
+release: dashboard
 	@case "$(VERSION)" in *[!A-Za-z0-9._+-]*|'') echo "release: bad VERSION '$(VERSION)'" >&2; exit 1;; esac
 	rm -rf $(RELEASE_DIR)/$(VERSION)
 	mkdir -p $(RELEASE_DIR)/$(VERSION)/$(RELEASE_NAME)

@@ -1,13 +1,14 @@
 package api
 
 import (
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/sandbox"
 )
 
 // createDrives is a create's extra drives (an aenvd extension); the
 // orchestrator validates them.
-func createDrives(in *[]SandboxDrive) []orchestrator.DriveRequest {
+func createDrives(in *[]wire.SandboxDrive) []orchestrator.DriveRequest {
 	if in == nil {
 		return nil
 	}
@@ -20,13 +21,13 @@ func createDrives(in *[]SandboxDrive) []orchestrator.DriveRequest {
 
 // driveInfo describes a sandbox's drives for GET /sandboxes/{id} (its
 // volumes are its volumeMounts).
-func driveInfo(drives []orchestrator.AttachedDrive) *[]SandboxDriveInfo {
-	var out []SandboxDriveInfo
+func driveInfo(drives []orchestrator.AttachedDrive) *[]wire.SandboxDriveInfo {
+	var out []wire.SandboxDriveInfo
 	for _, d := range drives {
 		if d.Volume != "" {
 			continue
 		}
-		i := SandboxDriveInfo{Device: sandbox.GuestDisk(d.Slot), ReadOnly: d.ReadOnly}
+		i := wire.SandboxDriveInfo{Device: sandbox.GuestDisk(d.Slot), ReadOnly: d.ReadOnly}
 		if d.Image != "" {
 			i.Image = ptr(d.Image)
 		}

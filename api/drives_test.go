@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
@@ -57,7 +58,7 @@ func TestSandboxDetailDrives(t *testing.T) {
 	}
 	h := NewHandler(Options{Orchestrator: o, APIKey: testKey, DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour})
 	w := do(h, "GET", "/sandboxes/sbxdrives", testKey, "")
-	var d SandboxDetail
+	var d wire.SandboxDetail
 	if err := json.Unmarshal(w.Body.Bytes(), &d); w.Code != 200 || err != nil || d.Drives == nil {
 		t.Fatalf("GET: %d %s %v", w.Code, w.Body, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
 )
 
@@ -38,15 +39,15 @@ func matches(rec orchestrator.Record, md map[string]string) bool {
 }
 
 // ListSandboxes implements ServerInterface: running sandboxes only.
-func (s *Server) ListSandboxes(w http.ResponseWriter, r *http.Request, params ListSandboxesParams) {
+func (s *Server) ListSandboxes(w http.ResponseWriter, r *http.Request, params wire.ListSandboxesParams) {
 	md, err := parseMetadata(params.Metadata)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	out := []ListedSandbox{}
+	out := []wire.ListedSandbox{}
 	for _, rec := range s.o.List() {
-		if rec.State != orchestrator.Starting && listedState(rec.State) == Running && matches(rec, md) {
+		if rec.State != orchestrator.Starting && listedState(rec.State) == wire.Running && matches(rec, md) {
 			out = append(out, listed(rec))
 		}
 	}
@@ -56,7 +57,7 @@ func (s *Server) ListSandboxes(w http.ResponseWriter, r *http.Request, params Li
 // listQuery is a parsed GET /v2/sandboxes: which sandboxes, in which
 // order, and the page.
 type listQuery struct {
-	states   map[SandboxState]bool
+	states   map[wire.SandboxState]bool
 	metadata map[string]string
 	// after and before bound the start time (at or after, strictly
 	// before); zero means unbounded.
@@ -72,16 +73,16 @@ type listQuery struct {
 
 // parseListQuery reads the parameters of GET /v2/sandboxes the way E2B's
 // API defines them; an error is the client's (400).
-func (s *Server) parseListQuery(params ListSandboxesV2Params) (listQuery, error) {
-	q := listQuery{states: map[SandboxState]bool{Running: true, Paused: true}, limit: 100}
+func (s *Server) parseListQuery(params wire.ListSandboxesV2Params) (listQuery, error) {
+	q := listQuery{states: map[wire.SandboxState]bool{wire.Running: true, wire.Paused: true}, limit: 100}
 	var err error
 	if q.metadata, err = parseMetadata(params.Metadata); err != nil {
 		return q, err
 	}
 	if params.State != nil && *params.State != "" {
-		q.states = map[SandboxState]bool{}
+		q.states = map[wire.SandboxState]bool{}
 		for _, st := range strings.Split(*params.State, ",") {
-			st := SandboxState(strings.TrimSpace(st))
+			st := wire.SandboxState(strings.TrimSpace(st))
 			if !st.Valid() {
 				return q, fmt.Errorf("state %q: want running or paused", st)
 			}
@@ -98,7 +99,7 @@ func (s *Server) parseListQuery(params ListSandboxesV2Params) (listQuery, error)
 		if !params.Order.Valid() {
 			return q, fmt.Errorf("order %q: want asc or desc", *params.Order)
 		}
-		q.asc = *params.Order == Asc
+		q.asc = *params.Order == wire.Asc
 	}
 	if q.after, err = parseTime("startedAfter", params.StartedAfter); err != nil {
 		return q, err
@@ -164,7 +165,7 @@ func (q *listQuery) cursor(rec orchestrator.Record) string {
 // ListSandboxesV2 implements ServerInterface: filters (state, metadata,
 // start time, template), order by start time and pagination. The order
 // holds across pages: a page's cursor is a position in the whole order.
-func (s *Server) ListSandboxesV2(w http.ResponseWriter, r *http.Request, params ListSandboxesV2Params) {
+func (s *Server) ListSandboxesV2(w http.ResponseWriter, r *http.Request, params wire.ListSandboxesV2Params) {
 	q, err := s.parseListQuery(params)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -181,7 +182,7 @@ func (s *Server) ListSandboxesV2(w http.ResponseWriter, r *http.Request, params 
 		}
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].key < all[j].key })
-	out := []ListedSandbox{}
+	out := []wire.ListedSandbox{}
 	last, next := "", ""
 	for _, e := range all {
 		if q.from != "" && e.key <= q.from {

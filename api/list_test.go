@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/oci"
@@ -61,7 +62,7 @@ func listIDs(t *testing.T, h http.Handler, path string) ([]string, string) {
 	if w.Code != http.StatusOK {
 		t.Fatalf("GET %s: %d %s", path, w.Code, w.Body)
 	}
-	var got []ListedSandbox
+	var got []wire.ListedSandbox
 	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
 		t.Fatalf("GET %s: %v", path, err)
 	}

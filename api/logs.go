@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"github.com/agentenv/agentenv/api/wire"
 	"io"
 	"net/http"
 	"os"
@@ -26,7 +27,7 @@ const maxLogLine = 4 << 10
 
 // GetSandboxLogs implements ServerInterface: the console's lines from
 // start (unix milliseconds) on, at most limit (default 1000), oldest first.
-func (s *Server) GetSandboxLogs(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxLogsParams) {
+func (s *Server) GetSandboxLogs(w http.ResponseWriter, r *http.Request, sandboxID wire.SandboxID, params wire.GetSandboxLogsParams) {
 	path, err := s.o.ConsoleLog(sandboxID)
 	if err != nil {
 		s.fail(w, r, err)
@@ -91,7 +92,7 @@ func readTail(path string) ([]byte, time.Time, error) {
 type logLine struct {
 	at    time.Time
 	line  string
-	entry *SandboxLogEntry
+	entry *wire.SandboxLogEntry
 }
 
 // parseLines parses log text. An untimed line takes the time of the timed
@@ -129,8 +130,8 @@ func parseLines(buf []byte, fallback time.Time) []logLine {
 // mergeLogs interleaves sources by time (a line the agent also wrote to
 // the console appears once), keeps those from start on, and the newest
 // limit of each shape.
-func mergeLogs(console, agent []logLine, start time.Time, limit int) SandboxLogs {
-	out := SandboxLogs{Logs: []SandboxLog{}, LogEntries: []SandboxLogEntry{}}
+func mergeLogs(console, agent []logLine, start time.Time, limit int) wire.SandboxLogs {
+	out := wire.SandboxLogs{Logs: []wire.SandboxLog{}, LogEntries: []wire.SandboxLogEntry{}}
 	onConsole := map[string]bool{}
 	for _, l := range console {
 		onConsole[l.line] = true
@@ -146,7 +147,7 @@ func mergeLogs(console, agent []logLine, start time.Time, limit int) SandboxLogs
 		if l.at.Before(start) {
 			continue
 		}
-		out.Logs = append(out.Logs, SandboxLog{Timestamp: l.at, Line: l.line})
+		out.Logs = append(out.Logs, wire.SandboxLog{Timestamp: l.at, Line: l.line})
 		if l.entry != nil {
 			out.LogEntries = append(out.LogEntries, *l.entry)
 		}
@@ -161,10 +162,10 @@ func mergeLogs(console, agent []logLine, start time.Time, limit int) SandboxLogs
 }
 
 // readConsole reads a console log file into E2B's shapes.
-func readConsole(path string, start time.Time, limit int) (SandboxLogs, error) {
+func readConsole(path string, start time.Time, limit int) (wire.SandboxLogs, error) {
 	buf, mod, err := readTail(path)
 	if err != nil {
-		return SandboxLogs{Logs: []SandboxLog{}, LogEntries: []SandboxLogEntry{}}, err
+		return wire.SandboxLogs{Logs: []wire.SandboxLog{}, LogEntries: []wire.SandboxLogEntry{}}, err
 	}
 	return mergeLogs(parseLines(buf, mod), nil, start, limit), nil
 }
@@ -189,13 +190,13 @@ func cleanLine(l string) string {
 }
 
 // parseSlog reads a log/slog text line (time=... level=... msg=... k=v).
-func parseSlog(line string) (SandboxLogEntry, bool) {
+func parseSlog(line string) (wire.SandboxLogEntry, bool) {
 	kv := splitLogfmt(line)
 	t, err := time.Parse(time.RFC3339Nano, kv["time"])
 	if err != nil || kv["msg"] == "" {
-		return SandboxLogEntry{}, false
+		return wire.SandboxLogEntry{}, false
 	}
-	e := SandboxLogEntry{Timestamp: t, Message: kv["msg"], Level: logLevel(kv["level"]), Fields: map[string]string{}}
+	e := wire.SandboxLogEntry{Timestamp: t, Message: kv["msg"], Level: logLevel(kv["level"]), Fields: map[string]string{}}
 	for k, v := range kv {
 		if k != "time" && k != "msg" && k != "level" {
 			e.Fields[k] = v
@@ -204,16 +205,16 @@ func parseSlog(line string) (SandboxLogEntry, bool) {
 	return e, true
 }
 
-func logLevel(l string) SandboxLogEntryLevel {
+func logLevel(l string) wire.SandboxLogEntryLevel {
 	switch strings.ToUpper(l) {
 	case "DEBUG":
-		return SandboxLogEntryLevelDebug
+		return wire.SandboxLogEntryLevelDebug
 	case "WARN":
-		return SandboxLogEntryLevelWarn
+		return wire.SandboxLogEntryLevelWarn
 	case "ERROR":
-		return SandboxLogEntryLevelError
+		return wire.SandboxLogEntryLevelError
 	}
-	return SandboxLogEntryLevelInfo
+	return wire.SandboxLogEntryLevelInfo
 }
 
 // splitLogfmt splits key=value pairs; values may be double-quoted with

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"github.com/agentenv/agentenv/api/wire"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,11 +27,11 @@ func TestReadConsole(t *testing.T) {
 		t.Fatalf("%d lines, %d entries: %+v", len(out.Logs), len(out.LogEntries), out)
 	}
 	e := out.LogEntries[0]
-	if e.Message != "aenv-agent listening" || e.Level != SandboxLogEntryLevelInfo || e.Fields["version"] != "0.6.4" ||
+	if e.Message != "aenv-agent listening" || e.Level != wire.SandboxLogEntryLevelInfo || e.Fields["version"] != "0.6.4" ||
 		!e.Timestamp.Equal(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)) {
 		t.Errorf("entry %+v", e)
 	}
-	if w := out.LogEntries[1]; w.Level != SandboxLogEntryLevelWarn || w.Fields["err"] != `operation "not" permitted` {
+	if w := out.LogEntries[1]; w.Level != wire.SandboxLogEntryLevelWarn || w.Fields["err"] != `operation "not" permitted` {
 		t.Errorf("entry %+v", w)
 	}
 	if l := out.Logs[2].Line; strings.ContainsAny(l, "\x1b\x00\r") || !out.Logs[2].Timestamp.Equal(out.Logs[1].Timestamp) {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
 )
 
@@ -17,7 +18,7 @@ const maxMetricsIDs = 100
 // within start..end (unix seconds, both optional), oldest first. A running
 // sandbox whose newest sample is older than the sampling interval is
 // sampled now, so the answer always ends with a current reading.
-func (s *Server) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxMetricsParams) {
+func (s *Server) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID wire.SandboxID, params wire.GetSandboxMetricsParams) {
 	rec, err := s.o.Get(sandboxID)
 	if err != nil {
 		s.fail(w, r, err)
@@ -40,7 +41,7 @@ func (s *Server) GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandb
 		}
 	}
 	samples := h.Range(sandboxID, start, end)
-	out := make([]SandboxMetric, 0, len(samples))
+	out := make([]wire.SandboxMetric, 0, len(samples))
 	for _, m := range samples {
 		out = append(out, sandboxMetric(m))
 	}
@@ -72,7 +73,7 @@ func (s *Server) metricsNow(w http.ResponseWriter, r *http.Request, rec orchestr
 		s.fail(w, r, err)
 		return
 	}
-	out := []SandboxMetric{}
+	out := []wire.SandboxMetric{}
 	if m != nil {
 		out = append(out, sandboxMetric(*m))
 	}
@@ -81,13 +82,13 @@ func (s *Server) metricsNow(w http.ResponseWriter, r *http.Request, rec orchestr
 
 // GetSandboxesMetrics implements ServerInterface: the newest sample of
 // each named running sandbox.
-func (s *Server) GetSandboxesMetrics(w http.ResponseWriter, r *http.Request, params GetSandboxesMetricsParams) {
+func (s *Server) GetSandboxesMetrics(w http.ResponseWriter, r *http.Request, params wire.GetSandboxesMetricsParams) {
 	ids := slices.DeleteFunc(slices.Clone(params.SandboxIds), func(id string) bool { return id == "" })
 	if len(ids) == 0 || len(ids) > maxMetricsIDs {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("sandbox_ids must name 1..%d sandboxes", maxMetricsIDs))
 		return
 	}
-	out := SandboxesWithMetrics{Sandboxes: map[string]SandboxMetric{}}
+	out := wire.SandboxesWithMetrics{Sandboxes: map[string]wire.SandboxMetric{}}
 	for _, id := range ids {
 		if _, done := out.Sandboxes[id]; done {
 			continue
@@ -121,7 +122,7 @@ func (s *Server) latest(ctx context.Context, id string) (orchestrator.GuestMetri
 	return *m, true
 }
 
-func sandboxMetric(m orchestrator.GuestMetrics) SandboxMetric {
-	return SandboxMetric{Timestamp: time.Unix(m.TS, 0).UTC(), TimestampUnix: m.TS, CpuCount: int32(m.CPUCount),
+func sandboxMetric(m orchestrator.GuestMetrics) wire.SandboxMetric {
+	return wire.SandboxMetric{Timestamp: time.Unix(m.TS, 0).UTC(), TimestampUnix: m.TS, CpuCount: int32(m.CPUCount),
 		CpuUsedPct: float32(m.CPUUsedPct), MemUsed: m.MemUsed, MemTotal: m.MemTotal, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal}
 }

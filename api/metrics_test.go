@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/api/metricsring"
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/store"
 )
@@ -35,10 +36,10 @@ func TestSandboxMetricsRange(t *testing.T) {
 		hist.Add(rec.ID, metricsring.Sample{TS: ts, CPUCount: 2, MemUsed: ts})
 	}
 	h := NewHandler(Options{Orchestrator: o, APIKey: testKey, DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour, MetricsHistory: hist})
-	get := func(q string) []SandboxMetric {
+	get := func(q string) []wire.SandboxMetric {
 		t.Helper()
 		w := do(h, "GET", "/sandboxes/"+rec.ID+"/metrics"+q, testKey, "")
-		var out []SandboxMetric
+		var out []wire.SandboxMetric
 		if err := json.Unmarshal(w.Body.Bytes(), &out); w.Code != 200 || err != nil {
 			t.Fatalf("metrics%s: %d %s", q, w.Code, w.Body)
 		}
@@ -72,7 +73,7 @@ func TestSandboxMetricsRange(t *testing.T) {
 	}
 
 	w := do(h, "GET", "/sandboxes/metrics?sandbox_ids="+rec.ID+",nosuch", testKey, "")
-	var many SandboxesWithMetrics
+	var many wire.SandboxesWithMetrics
 	if err := json.Unmarshal(w.Body.Bytes(), &many); w.Code != 200 || err != nil || many.Sandboxes == nil || len(many.Sandboxes) != 0 {
 		t.Errorf("metrics of a paused and an unknown sandbox: %d %s, want {sandboxes: {}}", w.Code, w.Body)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/network"
 )
 
@@ -14,41 +15,41 @@ type NodeInfo struct {
 	VMMDriver, VMMAccel, VMMReasons string
 }
 
-func (s *Server) node() Node {
+func (s *Server) node() wire.Node {
 	st := s.o.NodeStats()
-	status := NodeStatusReady
+	status := wire.NodeStatusReady
 	if s.draining.Load() {
-		status = NodeStatusDraining
+		status = wire.NodeStatusDraining
 	}
-	return Node{
+	return wire.Node{
 		NodeID: s.opts.Node.ID, Status: status, Version: s.opts.Node.Version,
 		Commit: nonEmpty(s.opts.Node.Commit), Date: nonEmpty(s.opts.Node.Date),
-		Vmm:      NodeVMM{Driver: s.opts.Node.VMMDriver, Accel: s.opts.Node.VMMAccel, Reason: ptr(s.opts.Node.VMMReasons)},
+		Vmm:      wire.NodeVMM{Driver: s.opts.Node.VMMDriver, Accel: s.opts.Node.VMMAccel, Reason: ptr(s.opts.Node.VMMReasons)},
 		CpuCount: int32(st.CPUCount), LoadAverage1m: ptr(st.LoadAverage1m),
 		MemoryTotalMB: st.MemTotalMiB, MemoryUsedMB: st.MemUsedMiB, DiskTotalMB: st.DiskTotalMiB, DiskUsedMB: st.DiskUsedMiB,
-		Sandboxes:    NodeSandboxes{Running: int32(st.Running), Paused: int32(st.Paused), Total: int32(st.Total)},
+		Sandboxes:    wire.NodeSandboxes{Running: int32(st.Running), Paused: int32(st.Paused), Total: int32(st.Total)},
 		AllocatedCPU: int32(st.AllocatedCPU), AllocatedMemoryMB: st.AllocatedMemMiB,
 		CreateSuccesses: st.CreateSuccesses, CreateFailures: st.CreateFailed,
-		Memory: &NodeMemory{Mode: NodeMemoryMode(st.MemoryMode), Reason: st.MemoryReason,
+		Memory: &wire.NodeMemory{Mode: wire.NodeMemoryMode(st.MemoryMode), Reason: st.MemoryReason,
 			Images: int32(st.MemoryImages), Vms: int32(st.MemoryVMs)},
-		Disks:   &NodeDisks{Backend: s.o.DiskBackend(), Transport: s.o.DiskTransport()},
+		Disks:   &wire.NodeDisks{Backend: s.o.DiskBackend(), Transport: s.o.DiskTransport()},
 		VmmPool: s.vmmPool(),
 	}
 }
 
 // vmmPool reports the warm pool of VMM processes (nil when it is off).
-func (s *Server) vmmPool() *NodeVMMPool {
+func (s *Server) vmmPool() *wire.NodeVMMPool {
 	st, ok := s.o.PoolStats()
 	if !ok {
 		return nil
 	}
-	return &NodeVMMPool{Ready: int32(st.Ready), Starting: int32(st.Starting), Low: int32(st.Low), High: int32(st.High),
+	return &wire.NodeVMMPool{Ready: int32(st.Ready), Starting: int32(st.Starting), Low: int32(st.Low), High: int32(st.High),
 		ReservedMB: int32(st.ReservedMiB), ReserveMB: int32(st.ReserveMiB), Hits: st.Hits, Misses: st.Misses}
 }
 
 // ListNodes implements ServerInterface: this node only.
 func (s *Server) ListNodes(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, []Node{s.node()})
+	writeJSON(w, http.StatusOK, []wire.Node{s.node()})
 }
 
 // SetNodeStatus implements ServerInterface: draining refuses new
@@ -60,11 +61,11 @@ func (s *Server) SetNodeStatus(w http.ResponseWriter, r *http.Request, nodeID st
 		writeError(w, http.StatusNotFound, "node "+nodeID+" not found")
 		return
 	}
-	var req NodeStatusChange
+	var req wire.NodeStatusChange
 	if !decode(w, r, &req, true) {
 		return
 	}
-	if req.Status != NodeStatusChangeStatusDraining && req.Status != NodeStatusChangeStatusReady {
+	if req.Status != wire.NodeStatusChangeStatusDraining && req.Status != wire.NodeStatusChangeStatusReady {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("status %q is not ready or draining", req.Status))
 		return
 	}
@@ -75,7 +76,7 @@ func (s *Server) SetNodeStatus(w http.ResponseWriter, r *http.Request, nodeID st
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	s.draining.Store(req.Status == NodeStatusChangeStatusDraining)
+	s.draining.Store(req.Status == wire.NodeStatusChangeStatusDraining)
 	s.log.Info("node status changed", "status", req.Status)
 	w.WriteHeader(http.StatusNoContent)
 }
@@ -108,8 +109,8 @@ func (s *Server) GetNode(w http.ResponseWriter, r *http.Request, nodeID string) 
 }
 
 // UpdateSandboxNetwork implements ServerInterface.
-func (s *Server) UpdateSandboxNetwork(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
-	var req SandboxNetworkUpdate
+func (s *Server) UpdateSandboxNetwork(w http.ResponseWriter, r *http.Request, sandboxID wire.SandboxID) {
+	var req wire.SandboxNetworkUpdate
 	if !decode(w, r, &req, true) {
 		return
 	}
@@ -125,7 +126,7 @@ func (s *Server) UpdateSandboxNetwork(w http.ResponseWriter, r *http.Request, sa
 }
 
 // createPolicy reads the egress policy of a create request.
-func createPolicy(req NewSandbox) network.Policy {
+func createPolicy(req wire.NewSandbox) network.Policy {
 	var p network.Policy
 	if req.AllowInternetAccess != nil {
 		p.DenyInternet = !*req.AllowInternetAccess

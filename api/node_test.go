@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"github.com/agentenv/agentenv/api/wire"
 	"log/slog"
 	"net/http"
 	"os"
@@ -17,16 +18,16 @@ func TestNodeStatusAndBuild(t *testing.T) {
 	opts := testOptions(t)
 	opts.Node = NodeInfo{ID: "node1", Version: "1.2.3", Commit: "abc123", Date: "2026-01-02T03:04:05Z"}
 	h := NewHandler(opts)
-	node := func() Node {
+	node := func() wire.Node {
 		t.Helper()
 		w := do(h, "GET", "/nodes", testKey, "")
-		var ns []Node
+		var ns []wire.Node
 		if err := json.Unmarshal(w.Body.Bytes(), &ns); err != nil || w.Code != 200 || len(ns) != 1 {
 			t.Fatalf("GET /nodes: %d %s", w.Code, w.Body)
 		}
 		return ns[0]
 	}
-	if n := node(); n.Status != NodeStatusReady || deref(n.Commit) != "abc123" || deref(n.Date) != "2026-01-02T03:04:05Z" || n.Version != "1.2.3" {
+	if n := node(); n.Status != wire.NodeStatusReady || deref(n.Commit) != "abc123" || deref(n.Date) != "2026-01-02T03:04:05Z" || n.Version != "1.2.3" {
 		t.Errorf("node %+v: want ready with the build's commit and date", n)
 	}
 	set := func(status string, want int) {
@@ -38,7 +39,7 @@ func TestNodeStatusAndBuild(t *testing.T) {
 		}
 	}
 	set("draining", http.StatusNoContent)
-	if n := node(); n.Status != NodeStatusDraining {
+	if n := node(); n.Status != wire.NodeStatusDraining {
 		t.Errorf("after draining: status %s", n.Status)
 	}
 	for _, c := range [][2]string{{"/sandboxes", `{"templateID":"base"}`}, {"/v2/sandboxes", `{"templateID":"base"}`}, {"/sandboxes/abc/fork", `{"count":1}`}} {
@@ -49,7 +50,7 @@ func TestNodeStatusAndBuild(t *testing.T) {
 		}
 	}
 	set("ready", http.StatusNoContent)
-	if n := node(); n.Status != NodeStatusReady {
+	if n := node(); n.Status != wire.NodeStatusReady {
 		t.Errorf("after ready: status %s", n.Status)
 	}
 	// Ready again: the create goes on to the orchestrator (no such template here).
@@ -69,24 +70,24 @@ func TestNodeStatusSurvivesRestart(t *testing.T) {
 	opts := testOptions(t)
 	opts.StateDir = t.TempDir()
 	start := func() http.Handler { return NewHandler(opts) }
-	status := func(h http.Handler) NodeStatus {
+	status := func(h http.Handler) wire.NodeStatus {
 		t.Helper()
 		w := do(h, "GET", "/nodes/node1", testKey, "")
-		var n Node
+		var n wire.Node
 		if err := json.Unmarshal(w.Body.Bytes(), &n); err != nil || w.Code != http.StatusOK {
 			t.Fatalf("GET /nodes/node1: %d %s", w.Code, w.Body)
 		}
 		return n.Status
 	}
 	h := start()
-	if s := status(h); s != NodeStatusReady {
+	if s := status(h); s != wire.NodeStatusReady {
 		t.Fatalf("a new node: %s, want ready", s)
 	}
 	if w := do(h, "POST", "/nodes/node1", testKey, `{"status":"draining"}`); w.Code != http.StatusNoContent {
 		t.Fatalf("drain: %d %s", w.Code, w.Body)
 	}
 	h = start()
-	if s := status(h); s != NodeStatusDraining {
+	if s := status(h); s != wire.NodeStatusDraining {
 		t.Fatalf("after a restart of a drained node: %s, want draining", s)
 	}
 	if w := do(h, "POST", "/sandboxes", testKey, `{"templateID":"base"}`); w.Code != http.StatusServiceUnavailable {
@@ -95,7 +96,7 @@ func TestNodeStatusSurvivesRestart(t *testing.T) {
 	if w := do(h, "POST", "/nodes/node1", testKey, `{"status":"ready"}`); w.Code != http.StatusNoContent {
 		t.Fatalf("ready: %d %s", w.Code, w.Body)
 	}
-	if s := status(start()); s != NodeStatusReady {
+	if s := status(start()); s != wire.NodeStatusReady {
 		t.Fatalf("after a restart of a node made ready: %s, want ready", s)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/internal/atomicfile"
 )
 
@@ -21,7 +22,7 @@ const nodeStatusFile = "node-status.json"
 const maxNodeStatusFile = 4 << 10
 
 type nodeStatusRecord struct {
-	Status NodeStatusChangeStatus `json:"status"`
+	Status wire.NodeStatusChangeStatus `json:"status"`
 }
 
 // loadDraining reads the node's persisted status from dir; no file is
@@ -48,9 +49,9 @@ func loadDraining(dir string) (bool, error) {
 		return false, fmt.Errorf("parse node status %s: %w", path, err)
 	}
 	switch rec.Status {
-	case NodeStatusChangeStatusDraining:
+	case wire.NodeStatusChangeStatusDraining:
 		return true, nil
-	case NodeStatusChangeStatusReady:
+	case wire.NodeStatusChangeStatusReady:
 		return false, nil
 	default:
 		return false, fmt.Errorf("parse node status %s: status %q is not ready or draining", path, rec.Status)
@@ -59,7 +60,7 @@ func loadDraining(dir string) (bool, error) {
 
 // saveDraining replaces the persisted status in dir; an empty dir keeps
 // the status in memory only.
-func saveDraining(dir string, status NodeStatusChangeStatus) error {
+func saveDraining(dir string, status wire.NodeStatusChangeStatus) error {
 	if dir == "" {
 		return nil
 	}

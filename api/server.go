@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentenv/agentenv/api/metricsring"
 	"github.com/agentenv/agentenv/api/webhooks"
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/store"
 	"github.com/go-chi/chi/v5"
@@ -130,7 +131,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, Error{Code: int32(status), Message: msg})
+	writeJSON(w, status, wire.Error{Code: int32(status), Message: msg})
 }
 
 // fail maps orchestrator errors to statuses.
@@ -208,7 +209,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, v2 bool) {
 	if s.refuseWhileDraining(w) {
 		return
 	}
-	var req NewSandbox
+	var req wire.NewSandbox
 	if !decode(w, r, &req, true) {
 		return
 	}
@@ -282,8 +283,8 @@ func (s *Server) timeout(w http.ResponseWriter, secs *int32) (time.Duration, boo
 	return d, true
 }
 
-func (s *Server) sandbox(rec orchestrator.Record) Sandbox {
-	out := Sandbox{SandboxID: rec.ID, TemplateID: rec.TemplateID, ClientID: clientID, EnvdVersion: rec.EnvdVersion, Alias: ptr(rec.TemplateID)}
+func (s *Server) sandbox(rec orchestrator.Record) wire.Sandbox {
+	out := wire.Sandbox{SandboxID: rec.ID, TemplateID: rec.TemplateID, ClientID: clientID, EnvdVersion: rec.EnvdVersion, Alias: ptr(rec.TemplateID)}
 	if rec.Secure && rec.AccessToken != "" { // a non-secure sandbox's token stays between proxy and agent
 		out.EnvdAccessToken = ptr(rec.AccessToken)
 	}
@@ -296,15 +297,15 @@ func (s *Server) sandbox(rec orchestrator.Record) Sandbox {
 	return out
 }
 
-func listedState(st orchestrator.State) SandboxState {
+func listedState(st orchestrator.State) wire.SandboxState {
 	if st == orchestrator.Paused || st == orchestrator.Resuming {
-		return Paused
+		return wire.Paused
 	}
-	return Running
+	return wire.Running
 }
 
-func listed(rec orchestrator.Record) ListedSandbox {
-	return ListedSandbox{
+func listed(rec orchestrator.Record) wire.ListedSandbox {
+	return wire.ListedSandbox{
 		SandboxID: rec.ID, TemplateID: rec.TemplateID, Alias: ptr(rec.TemplateID), ClientID: clientID,
 		StartedAt: rec.StartedAt, EndAt: rec.EndAt, CpuCount: int32(rec.VCPUs), MemoryMB: int32(rec.MemoryMiB),
 		DiskSizeMB: int32(rec.DiskMiB), Metadata: ptr(nonNil(rec.Metadata)), State: listedState(rec.State),
@@ -313,23 +314,23 @@ func listed(rec orchestrator.Record) ListedSandbox {
 }
 
 // GetSandbox implements ServerInterface.
-func (s *Server) GetSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+func (s *Server) GetSandbox(w http.ResponseWriter, r *http.Request, sandboxID wire.SandboxID) {
 	rec, err := s.o.Get(sandboxID)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	onTimeout := Kill
+	onTimeout := wire.Kill
 	if rec.AutoPause {
-		onTimeout = Pause
+		onTimeout = wire.Pause
 	}
 	l := listed(rec)
-	d := SandboxDetail{
+	d := wire.SandboxDetail{
 		SandboxID: l.SandboxID, TemplateID: l.TemplateID, Alias: l.Alias, ClientID: l.ClientID, StartedAt: l.StartedAt,
 		EndAt: l.EndAt, CpuCount: l.CpuCount, MemoryMB: l.MemoryMB, DiskSizeMB: l.DiskSizeMB, Metadata: l.Metadata,
 		State: l.State, EnvdVersion: l.EnvdVersion, AllowInternetAccess: ptr(!rec.Policy.DenyInternet),
-		Lifecycle: &SandboxLifecycle{AutoResume: rec.AutoResume, OnTimeout: onTimeout},
-		Network:   &SandboxNetworkConfig{AllowPublicTraffic: ptr(rec.TrafficToken == "")},
+		Lifecycle: &wire.SandboxLifecycle{AutoResume: rec.AutoResume, OnTimeout: onTimeout},
+		Network:   &wire.SandboxNetworkConfig{AllowPublicTraffic: ptr(rec.TrafficToken == "")},
 	}
 	if rec.MaskRequestHost != "" {
 		d.Network.MaskRequestHost = ptr(rec.MaskRequestHost)
@@ -351,7 +352,7 @@ func (s *Server) GetSandbox(w http.ResponseWriter, r *http.Request, sandboxID Sa
 }
 
 // KillSandbox implements ServerInterface.
-func (s *Server) KillSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+func (s *Server) KillSandbox(w http.ResponseWriter, r *http.Request, sandboxID wire.SandboxID) {
 	if err := s.o.Kill(r.Context(), sandboxID); err != nil {
 		s.fail(w, r, err)
 		return
@@ -360,8 +361,8 @@ func (s *Server) KillSandbox(w http.ResponseWriter, r *http.Request, sandboxID S
 }
 
 // PauseSandbox implements ServerInterface.
-func (s *Server) PauseSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
-	var req SandboxPauseRequest
+func (s *Server) PauseSandbox(w http.ResponseWriter, r *http.Request, sandboxID wire.SandboxID) {
+	var req wire.SandboxPauseRequest
 	if !decode(w, r, &req, false) {
 		return
 	}
@@ -373,8 +374,8 @@ func (s *Server) PauseSandbox(w http.ResponseWriter, r *http.Request, sandboxID 
 }
 
 // ResumeSandbox implements ServerInterface (deprecated): 409 when running.
-func (s *Server) ResumeSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
-	var req ResumedSandbox
+func (s *Server) ResumeSandbox(w http.ResponseWriter, r *http.Request, sandboxID wire.SandboxID) {
+	var req wire.ResumedSandbox
 	if !decode(w, r, &req, false) {
 		return
 	}
@@ -395,17 +396,17 @@ func (s *Server) ResumeSandbox(w http.ResponseWriter, r *http.Request, sandboxID
 }
 
 // ConnectSandbox implements ServerInterface.
-func (s *Server) ConnectSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+func (s *Server) ConnectSandbox(w http.ResponseWriter, r *http.Request, sandboxID wire.SandboxID) {
 	s.connect(w, r, sandboxID)
 }
 
 // ConnectSandboxV2 implements ServerInterface.
-func (s *Server) ConnectSandboxV2(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+func (s *Server) ConnectSandboxV2(w http.ResponseWriter, r *http.Request, sandboxID wire.SandboxID) {
 	s.connect(w, r, sandboxID)
 }
 
 func (s *Server) connect(w http.ResponseWriter, r *http.Request, id string) {
-	var req ConnectSandbox
+	var req wire.ConnectSandbox
 	if !decode(w, r, &req, false) {
 		return
 	}
@@ -426,8 +427,8 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, id string) {
 }
 
 // SetSandboxTimeout implements ServerInterface.
-func (s *Server) SetSandboxTimeout(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
-	var req SandboxTimeout
+func (s *Server) SetSandboxTimeout(w http.ResponseWriter, r *http.Request, sandboxID wire.SandboxID) {
+	var req wire.SandboxTimeout
 	if !decode(w, r, &req, true) {
 		return
 	}
@@ -443,8 +444,8 @@ func (s *Server) SetSandboxTimeout(w http.ResponseWriter, r *http.Request, sandb
 }
 
 // RefreshSandbox implements ServerInterface (only extends).
-func (s *Server) RefreshSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
-	var req SandboxRefresh
+func (s *Server) RefreshSandbox(w http.ResponseWriter, r *http.Request, sandboxID wire.SandboxID) {
+	var req wire.SandboxRefresh
 	if !decode(w, r, &req, false) {
 		return
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/store"
@@ -59,7 +60,7 @@ func checkError(t testing.TB, w *httptest.ResponseRecorder) {
 	if w.Code < 400 {
 		return
 	}
-	var e Error
+	var e wire.Error
 	if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || int(e.Code) != w.Code || e.Message == "" {
 		t.Fatalf("status %d: body %q is not {\"code\": %d, \"message\": ...}", w.Code, w.Body.String(), w.Code)
 	}
@@ -225,12 +226,12 @@ func TestSandboxDetailNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := NewHandler(Options{Orchestrator: o, APIKey: testKey, DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour})
-	get := func(id string) SandboxDetail {
+	get := func(id string) wire.SandboxDetail {
 		w := do(h, "GET", "/sandboxes/"+id, testKey, "")
 		if w.Code != 200 {
 			t.Fatalf("GET %s: %d %s", id, w.Code, w.Body)
 		}
-		var d SandboxDetail
+		var d wire.SandboxDetail
 		if err := json.Unmarshal(w.Body.Bytes(), &d); err != nil {
 			t.Fatal(err)
 		}

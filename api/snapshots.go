@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/snapshot"
 )
@@ -12,11 +13,11 @@ import (
 // keeps running; its id or name works as a templateID on create.
 
 // ForkSandbox implements ServerInterface: 201 with one result per child.
-func (s *Server) ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+func (s *Server) ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID wire.SandboxID) {
 	if s.refuseWhileDraining(w) {
 		return
 	}
-	var req SandboxFork
+	var req wire.SandboxFork
 	if !decode(w, r, &req, true) {
 		return
 	}
@@ -39,10 +40,10 @@ func (s *Server) ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID S
 	if src, err := s.o.Get(sandboxID); err == nil {
 		s.publishFork(src)
 	}
-	out := make([]ForkResult, len(results))
+	out := make([]wire.ForkResult, len(results))
 	for i, res := range results {
 		if res.Err != nil {
-			out[i].Error = &Error{Code: int32(statusOf(res.Err)), Message: res.Err.Error()}
+			out[i].Error = &wire.Error{Code: int32(statusOf(res.Err)), Message: res.Err.Error()}
 			continue
 		}
 		out[i].Sandbox = ptr(s.sandbox(res.Sandbox))
@@ -51,8 +52,8 @@ func (s *Server) ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID S
 }
 
 // CreateSnapshot implements ServerInterface.
-func (s *Server) CreateSnapshot(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
-	var req NewSnapshot
+func (s *Server) CreateSnapshot(w http.ResponseWriter, r *http.Request, sandboxID wire.SandboxID) {
+	var req wire.NewSnapshot
 	if !decode(w, r, &req, false) {
 		return
 	}
@@ -66,7 +67,7 @@ func (s *Server) CreateSnapshot(w http.ResponseWriter, r *http.Request, sandboxI
 
 // ListSnapshots implements ServerInterface: newest first, paged by
 // nextToken (the id of the last snapshot of the previous page).
-func (s *Server) ListSnapshots(w http.ResponseWriter, r *http.Request, params ListSnapshotsParams) {
+func (s *Server) ListSnapshots(w http.ResponseWriter, r *http.Request, params wire.ListSnapshotsParams) {
 	limit := 100
 	if params.Limit != nil {
 		if *params.Limit < 1 || *params.Limit > 100 {
@@ -94,7 +95,7 @@ func (s *Server) ListSnapshots(w http.ResponseWriter, r *http.Request, params Li
 		}
 	}
 	end := min(start+limit, len(all))
-	out := make([]SnapshotInfo, 0, end-start)
+	out := make([]wire.SnapshotInfo, 0, end-start)
 	for _, snap := range all[start:end] {
 		out = append(out, s.snapshotInfo(snap))
 	}
@@ -123,13 +124,13 @@ func (s *Server) DeleteSnapshot(w http.ResponseWriter, r *http.Request, snapshot
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (s *Server) snapshotInfo(r snapshot.Record) SnapshotInfo {
+func (s *Server) snapshotInfo(r snapshot.Record) wire.SnapshotInfo {
 	mem, rootfs := r.LayerCounts()
 	names := r.Names
 	if names == nil {
 		names = []string{}
 	}
-	info := SnapshotInfo{SnapshotID: r.ID, Names: names, SandboxID: r.SandboxID, TemplateID: r.TemplateID,
+	info := wire.SnapshotInfo{SnapshotID: r.ID, Names: names, SandboxID: r.SandboxID, TemplateID: r.TemplateID,
 		CreatedAt: r.CreatedAt, CpuCount: ptr(int32(r.VCPUs)), MemoryMB: ptr(int32(r.MemoryMiB)),
 		MemoryLayers: int32(mem), RootfsLayers: int32(rootfs)}
 	if st, ok := s.o.RepositoryStatus(orchestrator.ManifestOfSnapshot(r.ID)); ok {

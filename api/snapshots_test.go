@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/snapshot"
 
 	"github.com/agentenv/agentenv/orchestrator"
@@ -38,7 +39,7 @@ func TestDeleteSnapshotAsTemplate(t *testing.T) {
 	h := NewHandler(Options{Orchestrator: o, APIKey: testKey, DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour})
 	listed := func() []string {
 		w := do(h, "GET", "/snapshots", testKey, "")
-		var out []SnapshotInfo
+		var out []wire.SnapshotInfo
 		if err := json.Unmarshal(w.Body.Bytes(), &out); w.Code != 200 || err != nil {
 			t.Fatalf("GET /snapshots: %d %s", w.Code, w.Body)
 		}

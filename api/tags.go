@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/template"
 )
 
@@ -57,7 +58,7 @@ func validTag(tag string) bool {
 
 // AssignTemplateTags implements ServerInterface.
 func (s *Server) AssignTemplateTags(w http.ResponseWriter, r *http.Request) {
-	var req AssignTemplateTagsRequest
+	var req wire.AssignTemplateTagsRequest
 	if !decode(w, r, &req, true) {
 		return
 	}
@@ -99,13 +100,13 @@ func (s *Server) AssignTemplateTags(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, AssignedTemplateTags{Tags: req.Tags, BuildID: build})
+	writeJSON(w, http.StatusCreated, wire.AssignedTemplateTags{Tags: req.Tags, BuildID: build})
 }
 
 // DeleteTemplateTags implements ServerInterface: 404 for a tag the
 // template does not have.
 func (s *Server) DeleteTemplateTags(w http.ResponseWriter, r *http.Request) {
-	var req DeleteTemplateTagsRequest
+	var req wire.DeleteTemplateTagsRequest
 	if !decode(w, r, &req, true) {
 		return
 	}
@@ -143,9 +144,9 @@ func (s *Server) GetTemplateTags(w http.ResponseWriter, r *http.Request, templat
 		s.fail(w, r, err)
 		return
 	}
-	out := []TemplateTag{}
+	out := []wire.TemplateTag{}
 	for tag, rec := range s.tags(t) {
-		out = append(out, TemplateTag{Tag: tag, BuildID: rec.BuildID, CreatedAt: rec.CreatedAt})
+		out = append(out, wire.TemplateTag{Tag: tag, BuildID: rec.BuildID, CreatedAt: rec.CreatedAt})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Tag < out[j].Tag })
 	writeJSON(w, http.StatusOK, out)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/oci"
@@ -36,10 +37,10 @@ func TestTemplateTags(t *testing.T) {
 		}
 		return w.Body.Bytes()
 	}
-	var created TemplateRequestResponseV3
+	var created wire.TemplateRequestResponseV3
 	json.Unmarshal(expect("POST", "/v3/templates", `{"name":"tagged","tags":["v1"]}`, http.StatusAccepted), &created)
 	tags := func() map[string]string {
-		var out []TemplateTag
+		var out []wire.TemplateTag
 		json.Unmarshal(expect("GET", "/templates/tagged/tags", "", 200), &out)
 		m := map[string]string{}
 		for _, tg := range out {
@@ -50,7 +51,7 @@ func TestTemplateTags(t *testing.T) {
 	if got := tags(); len(got) != 1 || got["v1"] != created.BuildID {
 		t.Fatalf("tags after create %v, want v1 -> %s", got, created.BuildID)
 	}
-	var as AssignedTemplateTags
+	var as wire.AssignedTemplateTags
 	json.Unmarshal(expect("POST", "/templates/tags", `{"target":"tagged:v1","tags":["stable","prod"]}`, 201), &as)
 	if as.BuildID != created.BuildID || len(as.Tags) != 2 {
 		t.Fatalf("assigned %+v", as)

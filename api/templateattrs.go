@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/store"
@@ -77,7 +78,7 @@ func (s *Server) public(id string) bool {
 // UpdateTemplate implements ServerInterface (E2B's PATCH /templates/{id}):
 // it stores public and answers the template's names.
 func (s *Server) UpdateTemplate(w http.ResponseWriter, r *http.Request, templateID string) {
-	var req TemplateUpdateRequest
+	var req wire.TemplateUpdateRequest
 	if !decode(w, r, &req, true) {
 		return
 	}
@@ -96,5 +97,5 @@ func (s *Server) UpdateTemplate(w http.ResponseWriter, r *http.Request, template
 	if len(names) == 0 {
 		names = []string{t.ID}
 	}
-	writeJSON(w, http.StatusOK, TemplateUpdateResponse{Names: names})
+	writeJSON(w, http.StatusOK, wire.TemplateUpdateResponse{Names: names})
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/oci"
@@ -32,20 +33,20 @@ func TestTemplatePublicStored(t *testing.T) {
 	}
 	h := handler()
 	w := do(h, "POST", "/v3/templates", testKey, `{"name":"pub-tpl"}`)
-	var created TemplateRequestResponseV3
+	var created wire.TemplateRequestResponseV3
 	if err := json.Unmarshal(w.Body.Bytes(), &created); w.Code != http.StatusAccepted || err != nil || created.Public {
 		t.Fatalf("create: %d %s", w.Code, w.Body)
 	}
 	publicIn := func(h http.Handler) (listed, alias bool) {
 		t.Helper()
-		var ts []Template
+		var ts []wire.Template
 		json.Unmarshal(do(h, "GET", "/v2/templates", testKey, "").Body.Bytes(), &ts)
 		for _, tp := range ts {
 			if tp.TemplateID == created.TemplateID {
 				listed = tp.Public
 			}
 		}
-		var a TemplateAliasResponse
+		var a wire.TemplateAliasResponse
 		json.Unmarshal(do(h, "GET", "/templates/aliases/pub-tpl", testKey, "").Body.Bytes(), &a)
 		return listed, a.Public
 	}
@@ -53,7 +54,7 @@ func TestTemplatePublicStored(t *testing.T) {
 		t.Fatalf("a new template is public (listed %v, alias %v)", l, a)
 	}
 	w = do(h, "PATCH", "/templates/pub-tpl", testKey, `{"public":true}`)
-	var upd TemplateUpdateResponse
+	var upd wire.TemplateUpdateResponse
 	if err := json.Unmarshal(w.Body.Bytes(), &upd); w.Code != 200 || err != nil || len(upd.Names) != 1 || upd.Names[0] != "pub-tpl" {
 		t.Fatalf("PATCH: %d %s", w.Code, w.Body)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/template"
 )
@@ -16,15 +17,15 @@ import (
 
 // builtTemplate maps any template (built, building or the default) to E2B's
 // Template.
-func (s *Server) builtTemplate(t template.Template) Template {
+func (s *Server) builtTemplate(t template.Template) wire.Template {
 	names := t.Names
 	if len(names) == 0 {
 		names = []string{t.ID}
 	}
-	status := TemplateBuildStatusReady
+	status := wire.TemplateBuildStatusReady
 	buildID := t.BuildID
 	if br := t.Builds[t.LatestBuild]; br != nil {
-		status = TemplateBuildStatus(br.Status)
+		status = wire.TemplateBuildStatus(br.Status)
 		if buildID == "" {
 			buildID = br.ID
 		}
@@ -40,7 +41,7 @@ func (s *Server) builtTemplate(t template.Template) Template {
 	if count == 0 {
 		count = 1
 	}
-	return Template{
+	return wire.Template{
 		TemplateID: t.ID, BuildID: buildID, CpuCount: int32(t.VCPUs), MemoryMB: int32(t.MemoryMiB), DiskSizeMB: int32(t.DiskMiB),
 		Public: s.public(t.ID), Aliases: names, Names: ptr(names), CreatedAt: t.CreatedAt, UpdatedAt: updated,
 		EnvdVersion: t.EnvdVersion, BuildStatus: status, BuildCount: &count,
@@ -50,7 +51,7 @@ func (s *Server) builtTemplate(t template.Template) Template {
 // ListTemplatesV2 implements ServerInterface: every template, also those
 // waiting for or failing their build.
 func (s *Server) ListTemplatesV2(w http.ResponseWriter, r *http.Request) {
-	out := []Template{}
+	out := []wire.Template{}
 	for _, t := range s.o.AllTemplates() {
 		out = append(out, s.builtTemplate(t))
 	}
@@ -86,13 +87,13 @@ func (s *Server) GetTemplateAlias(w http.ResponseWriter, r *http.Request, alias 
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, TemplateAliasResponse{TemplateID: t.ID, Public: s.public(t.ID)})
+	writeJSON(w, http.StatusOK, wire.TemplateAliasResponse{TemplateID: t.ID, Public: s.public(t.ID)})
 }
 
 // CreateTemplateV3 implements ServerInterface: 202 with the template and
 // its first (or, for an existing name, next) build, waiting for its spec.
 func (s *Server) CreateTemplateV3(w http.ResponseWriter, r *http.Request) {
-	var req TemplateBuildRequestV3
+	var req wire.TemplateBuildRequestV3
 	if !decode(w, r, &req, true) {
 		return
 	}
@@ -115,7 +116,7 @@ func (s *Server) CreateTemplateV3(w http.ResponseWriter, r *http.Request) {
 	if tags == nil {
 		tags = []string{}
 	}
-	writeJSON(w, http.StatusAccepted, TemplateRequestResponseV3{
+	writeJSON(w, http.StatusAccepted, wire.TemplateRequestResponseV3{
 		TemplateID: t.ID, BuildID: buildID, Names: names, Aliases: names, Public: s.public(t.ID), Tags: tags,
 	})
 }
@@ -123,7 +124,7 @@ func (s *Server) CreateTemplateV3(w http.ResponseWriter, r *http.Request) {
 // StartTemplateBuildV2 implements ServerInterface: 202 once the build is
 // queued; its progress is GET .../builds/{buildID}/status.
 func (s *Server) StartTemplateBuildV2(w http.ResponseWriter, r *http.Request, templateID string, buildID string) {
-	var req TemplateBuildStartV2
+	var req wire.TemplateBuildStartV2
 	if !decode(w, r, &req, true) {
 		return
 	}
@@ -144,7 +145,7 @@ func (s *Server) StartTemplateBuildV2(w http.ResponseWriter, r *http.Request, te
 }
 
 // GetTemplateBuildStatus implements ServerInterface.
-func (s *Server) GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, templateID string, buildID string, params GetTemplateBuildStatusParams) {
+func (s *Server) GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, templateID string, buildID string, params wire.GetTemplateBuildStatusParams) {
 	offset, limit := 0, 100
 	if params.LogsOffset != nil {
 		if *params.LogsOffset < 0 {
@@ -163,7 +164,7 @@ func (s *Server) GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, 
 	level := ""
 	if params.Level != nil {
 		level = string(*params.Level)
-		if !BuildLogEntryLevel(level).Valid() {
+		if !wire.BuildLogEntryLevel(level).Valid() {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("level %q: want debug, info, warn or error", level))
 			return
 		}
@@ -173,19 +174,19 @@ func (s *Server) GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, 
 		s.fail(w, r, err)
 		return
 	}
-	out := TemplateBuildInfo{TemplateID: st.TemplateID, BuildID: st.BuildID, Status: TemplateBuildInfoStatus(st.Status),
-		Logs: []string{}, LogEntries: []BuildLogEntry{}}
+	out := wire.TemplateBuildInfo{TemplateID: st.TemplateID, BuildID: st.BuildID, Status: wire.TemplateBuildInfoStatus(st.Status),
+		Logs: []string{}, LogEntries: []wire.BuildLogEntry{}}
 	for _, l := range st.Logs {
 		out.LogEntries = append(out.LogEntries, logEntry(l))
 		out.Logs = append(out.Logs, fmt.Sprintf("%s [%s] %s", l.Timestamp.Format("2006-01-02T15:04:05.000Z07:00"), l.Level, l.Message))
 	}
 	if st.Status == template.BuildError {
-		reason := &BuildStatusReason{Message: st.Reason}
+		reason := &wire.BuildStatusReason{Message: st.Reason}
 		if st.ReasonStep != "" {
 			reason.Step = ptr(st.ReasonStep)
 		}
 		if len(st.ReasonLogs) > 0 {
-			entries := make([]BuildLogEntry, 0, len(st.ReasonLogs))
+			entries := make([]wire.BuildLogEntry, 0, len(st.ReasonLogs))
 			for _, l := range st.ReasonLogs {
 				entries = append(entries, logEntry(l))
 			}
@@ -196,8 +197,8 @@ func (s *Server) GetTemplateBuildStatus(w http.ResponseWriter, r *http.Request, 
 	writeJSON(w, http.StatusOK, out)
 }
 
-func logEntry(l template.BuildLog) BuildLogEntry {
-	e := BuildLogEntry{Timestamp: l.Timestamp, Level: BuildLogEntryLevel(l.Level), Message: l.Message}
+func logEntry(l template.BuildLog) wire.BuildLogEntry {
+	e := wire.BuildLogEntry{Timestamp: l.Timestamp, Level: wire.BuildLogEntryLevel(l.Level), Message: l.Message}
 	if l.Step != "" {
 		e.Step = ptr(l.Step)
 	}
@@ -212,7 +213,7 @@ func (s *Server) GetTemplateFiles(w http.ResponseWriter, r *http.Request, templa
 		s.fail(w, r, err)
 		return
 	}
-	out := TemplateBuildFileUpload{Present: present}
+	out := wire.TemplateBuildFileUpload{Present: present}
 	if !present {
 		out.Url = ptr(uploadURL(r, templateID, hash))
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/oci"
@@ -45,13 +46,13 @@ func TestTemplateBuildAPIWithoutVMs(t *testing.T) {
 		checkError(t, w)
 		return w
 	}
-	var created TemplateRequestResponseV3
+	var created wire.TemplateRequestResponseV3
 	json.Unmarshal(expect("POST", "/v3/templates", `{"name":"my-tpl","tags":["v1"],"cpuCount":2,"memoryMB":512}`, http.StatusAccepted).Body.Bytes(), &created)
 	if created.TemplateID == "" || created.BuildID == "" || created.Public || len(created.Names) != 1 || created.Names[0] != "my-tpl" ||
 		len(created.Aliases) != 1 || len(created.Tags) != 1 {
 		t.Fatalf("created: %+v", created)
 	}
-	var again TemplateRequestResponseV3
+	var again wire.TemplateRequestResponseV3
 	json.Unmarshal(expect("POST", "/v3/templates", `{"alias":"my-tpl"}`, http.StatusAccepted).Body.Bytes(), &again)
 	if again.TemplateID != created.TemplateID || again.BuildID == created.BuildID {
 		t.Fatalf("a second build of the same name: %+v", again)
@@ -64,7 +65,7 @@ func TestTemplateBuildAPIWithoutVMs(t *testing.T) {
 	data := []byte("an archive")
 	sum := sha256.Sum256(data)
 	hash := hex.EncodeToString(sum[:])
-	var up TemplateBuildFileUpload
+	var up wire.TemplateBuildFileUpload
 	json.Unmarshal(expect("GET", "/templates/"+tid+"/files/"+hash, "", http.StatusCreated).Body.Bytes(), &up)
 	if up.Present || up.Url == nil || *up.Url != "http://example.com/templates/"+tid+"/files/"+hash {
 		t.Fatalf("files before upload: %+v", up)
@@ -83,7 +84,7 @@ func TestTemplateBuildAPIWithoutVMs(t *testing.T) {
 	if !strings.Contains(w.Body.String(), "storaged") {
 		t.Fatalf("build without a daemon: %s", w.Body)
 	}
-	var info TemplateBuildInfo
+	var info wire.TemplateBuildInfo
 	json.Unmarshal(expect("GET", "/templates/"+tid+"/builds/"+created.BuildID+"/status", "", http.StatusOK).Body.Bytes(), &info)
 	if info.Status != "waiting" || info.LogEntries == nil || info.Logs == nil || info.Reason != nil {
 		t.Fatalf("status: %+v", info)
@@ -92,12 +93,12 @@ func TestTemplateBuildAPIWithoutVMs(t *testing.T) {
 	expect("GET", "/templates/"+tid+"/builds/"+created.BuildID+"/status?limit=101", "", http.StatusBadRequest)
 	expect("GET", "/templates/"+tid+"/builds/nosuch/status", "", http.StatusNotFound)
 
-	var list []Template
+	var list []wire.Template
 	json.Unmarshal(expect("GET", "/v2/templates", "", http.StatusOK).Body.Bytes(), &list)
 	if len(list) != 1 || list[0].TemplateID != tid || list[0].BuildStatus != "waiting" || list[0].Aliases[0] != "my-tpl" || list[0].CpuCount != 1 {
 		t.Fatalf("list: %+v", list)
 	}
-	var alias TemplateAliasResponse
+	var alias wire.TemplateAliasResponse
 	json.Unmarshal(expect("GET", "/templates/aliases/my-tpl", "", http.StatusOK).Body.Bytes(), &alias)
 	if alias.TemplateID != tid {
 		t.Fatalf("alias: %+v", alias)

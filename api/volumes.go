@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/volume"
 )
@@ -12,8 +13,8 @@ import (
 // a service of its own with a per-volume token) is not served: the token
 // is empty.
 
-func volumeAndToken(v volume.Volume) VolumeAndToken {
-	return VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: "", SizeMiB: ptr(int32(v.SizeMiB)),
+func volumeAndToken(v volume.Volume) wire.VolumeAndToken {
+	return wire.VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: "", SizeMiB: ptr(int32(v.SizeMiB)),
 		CreatedAt: ptr(v.CreatedAt), MountedBy: ptr(nonNilSlice(v.Holders()))}
 }
 
@@ -26,7 +27,7 @@ func nonNilSlice(s []string) []string {
 
 // CreateVolume implements ServerInterface.
 func (s *Server) CreateVolume(w http.ResponseWriter, r *http.Request) {
-	var req NewVolume
+	var req wire.NewVolume
 	if !decode(w, r, &req, true) {
 		return
 	}
@@ -40,12 +41,12 @@ func (s *Server) CreateVolume(w http.ResponseWriter, r *http.Request) {
 
 // ListVolumes implements ServerInterface.
 func (s *Server) ListVolumes(w http.ResponseWriter, r *http.Request) {
-	out := []Volume{}
+	out := []wire.Volume{}
 	for _, v := range s.o.Volumes().List() {
 		if v.Config == "" {
 			continue // being created
 		}
-		out = append(out, Volume{VolumeID: v.ID, Name: v.Name, SizeMiB: ptr(int32(v.SizeMiB)),
+		out = append(out, wire.Volume{VolumeID: v.ID, Name: v.Name, SizeMiB: ptr(int32(v.SizeMiB)),
 			CreatedAt: ptr(v.CreatedAt), MountedBy: ptr(nonNilSlice(v.Holders()))})
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -72,7 +73,7 @@ func (s *Server) DeleteVolume(w http.ResponseWriter, r *http.Request, volumeID s
 
 // createVolumes is a create's volume mounts; the orchestrator validates
 // them.
-func createVolumes(in *[]SandboxVolumeMount) []orchestrator.VolumeMount {
+func createVolumes(in *[]wire.SandboxVolumeMount) []orchestrator.VolumeMount {
 	if in == nil {
 		return nil
 	}
@@ -84,13 +85,13 @@ func createVolumes(in *[]SandboxVolumeMount) []orchestrator.VolumeMount {
 }
 
 // volumeMounts describes a sandbox's volumes for GET /sandboxes/{id}.
-func volumeMounts(drives []orchestrator.AttachedDrive) *[]SandboxVolumeMount {
-	var out []SandboxVolumeMount
+func volumeMounts(drives []orchestrator.AttachedDrive) *[]wire.SandboxVolumeMount {
+	var out []wire.SandboxVolumeMount
 	for _, d := range drives {
 		if d.Volume == "" {
 			continue
 		}
-		m := SandboxVolumeMount{Name: d.VolumeName, Path: d.MountPath}
+		m := wire.SandboxVolumeMount{Name: d.VolumeName, Path: d.MountPath}
 		if d.ReadOnly {
 			m.ReadOnly = ptr(true)
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
@@ -20,7 +21,7 @@ import (
 func TestVolumesAPI(t *testing.T) {
 	h := newTestHandler(t)
 	w := do(h, "POST", "/volumes", testKey, `{"name":"data","sizeMiB":32}`)
-	var v VolumeAndToken
+	var v wire.VolumeAndToken
 	if err := json.Unmarshal(w.Body.Bytes(), &v); w.Code != 201 || err != nil || v.VolumeID == "" || v.Name != "data" ||
 		v.SizeMiB == nil || *v.SizeMiB != 32 || !strings.Contains(w.Body.String(), `"token":""`) {
 		t.Fatalf("POST /volumes: %d %s (%v)", w.Code, w.Body, err)
@@ -35,13 +36,13 @@ func TestVolumesAPI(t *testing.T) {
 		checkError(t, w)
 	}
 	w = do(h, "GET", "/volumes", testKey, "")
-	var list []Volume
+	var list []wire.Volume
 	if err := json.Unmarshal(w.Body.Bytes(), &list); w.Code != 200 || err != nil || len(list) != 1 || list[0].VolumeID != v.VolumeID || list[0].Name != "data" {
 		t.Fatalf("GET /volumes: %d %s (%v)", w.Code, w.Body, err)
 	}
 	for _, ref := range []string{v.VolumeID, "data"} {
 		w = do(h, "GET", "/volumes/"+ref, testKey, "")
-		var got VolumeAndToken
+		var got wire.VolumeAndToken
 		if err := json.Unmarshal(w.Body.Bytes(), &got); w.Code != 200 || err != nil || got.VolumeID != v.VolumeID {
 			t.Errorf("GET /volumes/%s: %d %s (%v)", ref, w.Code, w.Body, err)
 		}
@@ -128,13 +129,13 @@ func TestVolumeOfPausedSandbox(t *testing.T) {
 	}
 	h := NewHandler(Options{Orchestrator: o, APIKey: testKey, DefaultTimeout: 15 * time.Second, MaxTimeout: time.Hour})
 	w := do(h, "GET", "/sandboxes/sbxvol", testKey, "")
-	var d SandboxDetail
+	var d wire.SandboxDetail
 	if err := json.Unmarshal(w.Body.Bytes(), &d); w.Code != 200 || err != nil || d.Drives != nil || d.VolumeMounts == nil ||
 		len(*d.VolumeMounts) != 1 || (*d.VolumeMounts)[0].Name != "work" || (*d.VolumeMounts)[0].Path != "/mnt/work" {
 		t.Fatalf("GET /sandboxes/sbxvol: %d %s (%v)", w.Code, w.Body, err)
 	}
 	w = do(h, "GET", "/v2/sandboxes?state=paused", testKey, "")
-	var listed []ListedSandbox
+	var listed []wire.ListedSandbox
 	if err := json.Unmarshal(w.Body.Bytes(), &listed); w.Code != 200 || err != nil || len(listed) != 1 || listed[0].VolumeMounts == nil ||
 		len(*listed[0].VolumeMounts) != 1 || (*listed[0].VolumeMounts)[0].Name != "work" {
 		t.Fatalf("GET /v2/sandboxes: %d %s (%v)", w.Code, w.Body, err)

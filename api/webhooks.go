@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/agentenv/agentenv/api/webhooks"
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
 )
 
@@ -12,12 +13,12 @@ import (
 // deliveries are the webhooks package's; these handlers map its errors
 // and shapes.
 
-func webhookConfig(h webhooks.Webhook) WebhookConfig {
+func webhookConfig(h webhooks.Webhook) wire.WebhookConfig {
 	events := h.Events
 	if events == nil {
 		events = []string{}
 	}
-	return WebhookConfig{Id: h.ID, TeamID: webhooks.TeamID, Name: h.Name, CreatedAt: h.CreatedAt, Enabled: h.Enabled, Url: h.URL, Events: events}
+	return wire.WebhookConfig{Id: h.ID, TeamID: webhooks.TeamID, Name: h.Name, CreatedAt: h.CreatedAt, Enabled: h.Enabled, Url: h.URL, Events: events}
 }
 
 // webhooksOr answers 404 on a node without webhooks; the dispatcher else.
@@ -45,7 +46,7 @@ func (s *Server) ListWebhooks(w http.ResponseWriter, r *http.Request) {
 	if d == nil {
 		return
 	}
-	out := []WebhookConfig{}
+	out := []wire.WebhookConfig{}
 	for _, h := range d.List() {
 		out = append(out, webhookConfig(h))
 	}
@@ -58,7 +59,7 @@ func (s *Server) CreateWebhook(w http.ResponseWriter, r *http.Request) {
 	if d == nil {
 		return
 	}
-	var req WebhookCreate
+	var req wire.WebhookCreate
 	if !decode(w, r, &req, true) {
 		return
 	}
@@ -95,7 +96,7 @@ func (s *Server) UpdateWebhook(w http.ResponseWriter, r *http.Request, webhookID
 	if d == nil {
 		return
 	}
-	var req WebhookUpdate
+	var req wire.WebhookUpdate
 	if !decode(w, r, &req, true) {
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/agentenv/agentenv/api/webhooks"
+	"github.com/agentenv/agentenv/api/wire"
 )
 
 // TestWebhookRoutes: E2B's /events/webhooks CRUD over a real dispatcher
@@ -27,7 +28,7 @@ func TestWebhookRoutes(t *testing.T) {
 		}
 		return w.Body.Bytes()
 	}
-	var c WebhookConfig
+	var c wire.WebhookConfig
 	json.Unmarshal(expect("POST", "/events/webhooks", `{"name":"mine","url":"http://127.0.0.1:9/hook",`+
 		`"events":["sandbox.lifecycle.killed","sandbox.lifecycle.created","sandbox.lifecycle.updated"],"signatureSecret":"x"}`, 201), &c)
 	if c.Id == "" || c.TeamID == "" || !c.Enabled || c.Name != "mine" || len(c.Events) != 3 || c.CreatedAt.IsZero() {
@@ -36,12 +37,12 @@ func TestWebhookRoutes(t *testing.T) {
 	if b := expect("GET", "/events/webhooks/"+c.Id, "", 200); json.Valid(b) && string(b) == "" {
 		t.Fatal("empty")
 	}
-	var list []WebhookConfig
+	var list []wire.WebhookConfig
 	json.Unmarshal(expect("GET", "/events/webhooks", "", 200), &list)
 	if len(list) != 1 || list[0].Id != c.Id {
 		t.Fatalf("list %+v", list)
 	}
-	var upd WebhookConfig
+	var upd wire.WebhookConfig
 	json.Unmarshal(expect("PATCH", "/events/webhooks/"+c.Id, `{"enabled":false,"events":["sandbox.lifecycle.paused"]}`, 200), &upd)
 	if upd.Enabled || len(upd.Events) != 1 || upd.Events[0] != "sandbox.lifecycle.paused" || upd.Url != c.Url || upd.Name != "mine" {
 		t.Fatalf("updated %+v", upd)

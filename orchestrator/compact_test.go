@@ -88,6 +88,7 @@ func TestCompactMergesOwnLayers(t *testing.T) {
 	defer st.Close()
 	o := &Orchestrator{cfg: Options{DataDir: dir, MaxLayers: 3}, store: st, log: slog.Default(),
 		m: newMetrics(prometheus.NewRegistry()), sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
+	o.journal = journal{store: st, log: o.log}
 	tmpl, sbx := filepath.Join(dir, "templates", "t"), filepath.Join(dir, "sandboxes", "s")
 	snap := filepath.Join(sbx, "snapshot-6")
 	for _, d := range []string{tmpl, snap} {
@@ -120,6 +121,9 @@ func TestCompactMergesOwnLayers(t *testing.T) {
 	}
 	rec := Record{ID: "s", State: Paused, Dir: sbx, Snapshot: snap, RootfsImage: cfg, Gen: 6}
 	o.sandboxes["s"] = &instance{rec: rec}
+	if err := st.Put(store.Sandboxes, rec.ID, rec); err != nil {
+		t.Fatal(err)
+	}
 	if err := o.compact(context.Background(), "s"); err != nil {
 		t.Fatal(err)
 	}

@@ -96,10 +96,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	if err := os.MkdirAll(s.rec.Dir, 0o700); err != nil {
 		return rec, err
 	}
-	if err := o.persist(s); err != nil {
-		return rec, err
-	}
-	if err := fpCreateRecorded.Inject(); err != nil {
+	if err := o.recordNew(s); err != nil {
 		return rec, err
 	}
 	if err := o.disks.prepare(ctx, t, &s.rec); err != nil {
@@ -115,10 +112,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 		return rec, err
 	}
 	now := time.Now().UTC()
-	if err := o.update(s, func(r *Record) { r.StartedAt, r.EndAt, r.State = now, now.Add(opts.Timeout), Running }); err != nil {
-		return rec, err
-	}
-	if err := fpCreateRunning.Inject(); err != nil {
+	if err := o.transition(s, Running, func(r *Record) { r.StartedAt, r.EndAt = now, now.Add(opts.Timeout) }); err != nil {
 		return rec, err
 	}
 	s.mu.Lock()
@@ -214,6 +208,16 @@ func (o *Orchestrator) checkMemory(mib int) error {
 		return fmt.Errorf("create: %d MiB of guest memory asked, %d MiB available: %w", mib, availKiB>>10, ErrCapacity)
 	}
 	return nil
+}
+
+// recordNew writes a new sandbox's first record, in state starting: a crash
+// from here on is rolled back by recovery.
+func (o *Orchestrator) recordNew(s *instance) error {
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	rec.State = "" // not written yet
+	return o.journal.transition(rec, Starting, nil, func(r Record) { o.setRecord(s, r) })
 }
 
 // unregister takes a sandbox that never started out of the registry.

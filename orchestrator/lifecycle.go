@@ -32,10 +32,7 @@ func (o *Orchestrator) killLocked(ctx context.Context, s *instance) (err error) 
 	if o.state(s) == Running && writesVolumes(s.rec) {
 		o.freezeVolumes(ctx, s) // what it flushes is what its volumes keep
 	}
-	if err := o.update(s, func(r *Record) { r.State = Killing }); err != nil {
-		return fmt.Errorf("kill sandbox %s: %w", id, err)
-	}
-	if err := fpKillRecorded.Inject(); err != nil {
+	if err := o.transition(s, Killing, nil); err != nil {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
 	}
 	o.stopTimer(s)
@@ -88,10 +85,10 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 	if fsOnly {
 		o.syncGuest(ctx, s)
 	}
-	if err := o.update(s, func(r *Record) { r.State, r.FilesystemOnly = Pausing, fsOnly }); err != nil {
-		return err
-	}
-	if err := fpPauseRecorded.Inject(); err != nil {
+	if err := o.transition(s, Pausing, func(r *Record) { r.FilesystemOnly = fsOnly }); err != nil {
+		if o.state(s) != Pausing {
+			return err // nothing recorded
+		}
 		return o.resumeAfterFailedPause(ctx, s, nil, err)
 	}
 	s.mu.Lock()
@@ -117,8 +114,8 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 	}
 	lap("capture_seal")
 	var old string
-	err = o.update(s, func(r *Record) {
-		old, r.Snapshot, r.State = r.Snapshot, snapDir, Paused
+	err = o.transition(s, Paused, func(r *Record) {
+		old, r.Snapshot = r.Snapshot, snapDir
 		if fsOnly {
 			r.Memory = snapshot.MemoryImage{} // nothing maps or keeps one
 		}
@@ -126,7 +123,6 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 	if err != nil {
 		return unseal(err)
 	}
-	_ = fpPausePaused.Inject()
 	lap("record")
 	o.stopTimer(s)
 	o.stopVM(ctx, s)
@@ -213,7 +209,7 @@ func (o *Orchestrator) resumeAfterFailedPause(ctx context.Context, s *instance, 
 	for _, p := range partial {
 		_ = os.RemoveAll(p)
 	}
-	if err := o.update(s, func(r *Record) { r.State, r.FilesystemOnly = Running, false }); err != nil {
+	if err := o.transition(s, Running, func(r *Record) { r.FilesystemOnly = false }); err != nil {
 		rerr = errors.Join(rerr, err)
 	}
 	s.mu.Lock()
@@ -275,11 +271,11 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout time.Duration, memory bool) (err error) {
 	done := o.m.observe("resume")
 	defer func() { done(err) }()
-	if err := o.update(s, func(r *Record) { r.State, r.ColdBoot = Resuming, !memory || r.FilesystemOnly }); err != nil {
-		return err
-	}
-	if err := fpResumeRecorded.Inject(); err != nil {
-		return errors.Join(err, o.update(s, func(r *Record) { r.State = Paused }))
+	if err := o.transition(s, Resuming, func(r *Record) { r.ColdBoot = !memory || r.FilesystemOnly }); err != nil {
+		if o.state(s) != Resuming {
+			return err // nothing recorded
+		}
+		return errors.Join(err, o.transition(s, Paused, nil))
 	}
 	s.mu.Lock()
 	from, id := s.rec.Snapshot, s.rec.ID
@@ -291,12 +287,12 @@ func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout ti
 	// restore for the disk and CPU: it stops, the restore writes the layers.
 	o.flat.stop(id)
 	if err := o.startResume(ctx, s, from, o.m.stage("resume")); err != nil {
-		return errors.Join(err, o.update(s, func(r *Record) { r.State, r.PID, r.PIDStart, r.PoolClaim = Paused, 0, 0, false }))
+		return errors.Join(err, o.transition(s, Paused, func(r *Record) { r.PID, r.PIDStart, r.PoolClaim = 0, 0, false }))
 	}
 	if err := o.mountVolumes(ctx, s); err != nil {
 		o.log.Warn("resume: the guest did not mount its volumes", "sandbox", s.rec.ID, "err", err)
 	}
-	err = o.update(s, func(r *Record) { r.State, r.EndAt, r.FilesystemOnly = Running, time.Now().UTC().Add(timeout), false })
+	err = o.transition(s, Running, func(r *Record) { r.EndAt, r.FilesystemOnly = time.Now().UTC().Add(timeout), false })
 	if err != nil {
 		return err
 	}

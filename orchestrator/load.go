@@ -174,7 +174,7 @@ func (o *Orchestrator) adoptRunning(ctx context.Context, r Record, m vmm.Machine
 	if err == nil {
 		s.rec.PID = m.Info().PID
 		s.rec.PIDStart = procStart(s.rec.PID)
-		err = o.store.Put(store.Sandboxes, r.ID, s.rec)
+		err = o.journal.put(s.rec)
 	}
 	if err != nil {
 		o.pauseUnadoptable(ctx, s, m, slot, err)
@@ -194,7 +194,7 @@ func (o *Orchestrator) pauseUnadoptable(ctx context.Context, s *instance, m vmm.
 	o.log.Warn("re-adopted VM cannot run on; pausing the sandbox", "sandbox", r.ID, "err", cause)
 	// The slot goes back only once the VM using its tap is stopped
 	// (pauseAdopted stops it whatever happens).
-	perr := pauseAdopted(ctx, o.store, o.sd, r, m, o.log)
+	perr := pauseAdopted(ctx, journal{store: o.store, log: o.log, recovery: true}, o.sd, r, m, o.log)
 	if slot != nil {
 		_ = o.nets.Release(context.WithoutCancel(ctx), slot)
 	} else {

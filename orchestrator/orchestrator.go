@@ -261,6 +261,9 @@ type Orchestrator struct {
 	builds atomic.Pointer[template.Builder]
 
 	events eventHub // lifecycle event subscribers (events.go)
+	// journal writes every sandbox record, and is the one writer of a
+	// record's state (journal.go).
+	journal journal
 	// lazy moves rootfs layers read from the repository onto local files
 	// (lazy.go).
 	lazy *lazyRootfs
@@ -319,6 +322,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store, sd: opts.Storage,
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
 		sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
+	o.journal = journal{store: opts.Store, publish: o.published, log: o.log}
 	o.lazy = newLazyRootfs(o, opts.Registerer)
 	o.flat = newFlattener()
 	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups, Identities: vmmIdentities(opts, o.log)}
@@ -398,30 +402,44 @@ func (o *Orchestrator) goBackground(f func()) {
 	}()
 }
 
-// persist writes the sandbox's record to the store (op held).
+// persist writes the sandbox's record (op held); its state is unchanged
+// (journal.put).
 func (o *Orchestrator) persist(s *instance) error {
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	if err := o.store.Put(store.Sandboxes, rec.ID, rec); err != nil {
-		return fmt.Errorf("record sandbox %s (%s): %w", rec.ID, rec.State, err)
+	return o.journal.put(rec)
+}
+
+// update changes fields of the sandbox's record other than its state (op
+// held) and persists them; the sandbox's copy changes once they are
+// durable.
+func (o *Orchestrator) update(s *instance, f func(r *Record)) error {
+	s.mu.Lock()
+	rec := s.rec
+	s.mu.Unlock()
+	f(&rec)
+	if err := o.journal.put(rec); err != nil {
+		return err
 	}
+	o.setRecord(s, rec)
 	return nil
 }
 
-// update changes the sandbox's record under its mutex (op held) and
-// persists it.
-func (o *Orchestrator) update(s *instance, f func(r *Record)) error {
+// transition moves the sandbox to state to with change applied (op held):
+// the one way a live sandbox's state changes (journal.transition).
+func (o *Orchestrator) transition(s *instance, to State, change func(r *Record)) error {
 	s.mu.Lock()
-	from := s.rec.State
-	f(&s.rec)
 	rec := s.rec
 	s.mu.Unlock()
-	if err := o.persist(s); err != nil {
-		return err
-	}
-	o.published(from, rec) // events.go
-	return nil
+	return o.journal.transition(rec, to, change, func(r Record) { o.setRecord(s, r) })
+}
+
+// setRecord replaces the sandbox's copy of its record.
+func (o *Orchestrator) setRecord(s *instance, rec Record) {
+	s.mu.Lock()
+	s.rec = rec
+	s.mu.Unlock()
 }
 
 // templateByID returns a registered template (not a snapshot) by id.

@@ -45,6 +45,7 @@ func (r *Recovered) Slots() []int {
 type recovery struct {
 	drv     vmm.Driver
 	st      *store.Store
+	j       journal // recovery publishes no events: nothing subscribed yet
 	sd      client.Devices
 	log     *slog.Logger
 	dataDir string
@@ -70,7 +71,7 @@ func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, sd client.Dev
 	if log == nil {
 		log = slog.Default()
 	}
-	rc := &recovery{drv: drv, st: st, sd: sd, log: log, dataDir: dataDir}
+	rc := &recovery{drv: drv, st: st, j: journal{store: st, log: log, recovery: true}, sd: sd, log: log, dataDir: dataDir}
 	// Nothing of the warm pool is kept: its entries go before the sandboxes
 	// that may have claimed one are settled (either removal tolerates the
 	// other's).
@@ -114,8 +115,7 @@ func (rc *recovery) recoverOne(ctx context.Context, r Record, out *Recovered) er
 		// sandbox's state: pausing it would record a VM that never ran
 		// the sandbox. tidyPaused stops it and deletes the device.
 		rc.log.Warn("a resume on a pooled VM interrupted by a restart goes back to paused", "sandbox", r.ID, "pid", r.PID)
-		r.State, r.PoolClaim = Paused, false
-		if err := rc.st.Put(store.Sandboxes, r.ID, r); err != nil {
+		if err := rc.j.transition(r, Paused, func(r *Record) { r.PoolClaim = false }, func(n Record) { r = n }); err != nil {
 			return err
 		}
 		return rc.tidyPaused(ctx, r)
@@ -127,7 +127,7 @@ func (rc *recovery) recoverOne(ctx context.Context, r Record, out *Recovered) er
 		return nil
 	}
 	if err == nil {
-		if err = pauseAdopted(ctx, rc.st, rc.sd, r, m, rc.log); err == nil {
+		if err = pauseAdopted(ctx, rc.j, rc.sd, r, m, rc.log); err == nil {
 			return nil
 		}
 	}
@@ -136,8 +136,7 @@ func (rc *recovery) recoverOne(ctx context.Context, r Record, out *Recovered) er
 		if m != nil {
 			_ = m.Stop(ctx)
 		}
-		r.State = Paused
-		if err := rc.st.Put(store.Sandboxes, r.ID, r); err != nil {
+		if err := rc.j.transition(r, Paused, nil, func(n Record) { r = n }); err != nil {
 			return err
 		}
 		return rc.tidyPaused(ctx, r)
@@ -161,7 +160,7 @@ func (rc *recovery) tidyPaused(ctx context.Context, r Record) error {
 	r.PID, r.PIDStart, r.Slot = 0, 0, 0
 	r.clearDevices()
 	rc.log.Info("finished a pause interrupted by a restart", "sandbox", r.ID)
-	return rc.st.Put(store.Sandboxes, r.ID, r)
+	return rc.j.put(r)
 }
 
 // dropRecord stops whatever is left of a sandbox and forgets it.
@@ -222,7 +221,7 @@ func adoptVM(ctx context.Context, drv vmm.Driver, r Record) (vmm.Machine, error)
 // happens. A filesystem-only pause the crash interrupted is finished as
 // one (no memory; the guest flushed before "pausing" was recorded); any
 // other live VM is paused with its memory, so nothing is lost.
-func pauseAdopted(ctx context.Context, st *store.Store, sd client.Devices, r Record, m vmm.Machine, log *slog.Logger) error {
+func pauseAdopted(ctx context.Context, j journal, sd client.Devices, r Record, m vmm.Machine, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	defer m.Stop(context.WithoutCancel(ctx))
@@ -254,11 +253,13 @@ func pauseAdopted(ctx context.Context, st *store.Store, sd client.Devices, r Rec
 		return err
 	}
 	old := r.Snapshot
-	r.State, r.Snapshot, r.FilesystemOnly = Paused, snapDir, fsOnly
-	if fsOnly {
-		r.Memory = snapshot.MemoryImage{}
-	}
-	if err := st.Put(store.Sandboxes, r.ID, r); err != nil {
+	err := j.transition(r, Paused, func(r *Record) {
+		r.Snapshot, r.FilesystemOnly = snapDir, fsOnly
+		if fsOnly {
+			r.Memory = snapshot.MemoryImage{}
+		}
+	}, func(n Record) { r = n })
+	if err != nil {
 		return err
 	}
 	if err := m.Stop(ctx); err != nil {
@@ -277,7 +278,7 @@ func pauseAdopted(ctx context.Context, st *store.Store, sd client.Devices, r Rec
 	}
 	r.PID, r.PIDStart, r.Slot = 0, 0, 0
 	r.clearDevices()
-	if err := st.Put(store.Sandboxes, r.ID, r); err != nil {
+	if err := j.put(r); err != nil {
 		return err
 	}
 	log.Info("re-adopted sandbox after restart and kept it paused", "sandbox", r.ID)

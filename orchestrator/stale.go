@@ -21,13 +21,11 @@ func (o *Orchestrator) DropCopy(ctx context.Context, id string) (State, error) {
 	}
 	defer s.op.Unlock()
 	s.mu.Lock()
-	was, tmpl := s.rec.State, s.rec.TemplateID
-	s.rec.State = Killing
+	rec := s.rec
 	s.mu.Unlock()
-	if err := o.persist(s); err != nil { // persist, not update: no event
-		return was, fmt.Errorf("drop stale copy of sandbox %s: %w", id, err)
-	}
-	if err := fpDropRecorded.Inject(); err != nil {
+	was, tmpl := rec.State, rec.TemplateID
+	// No killed event: the sandbox lives on elsewhere.
+	if err := o.journal.quietly(rec, Killing, func(r Record) { o.setRecord(s, r) }, fpDropRecorded); err != nil {
 		return was, fmt.Errorf("drop stale copy of sandbox %s: %w", id, err)
 	}
 	o.stopTimer(s)

@@ -14,13 +14,12 @@ import (
 
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/network/nettest"
-	"github.com/agentenv/agentenv/orchestrator"
 )
 
 // TestNotFoundAnswer checks the 502 body of E2B's proxy for sandboxes that
 // are unknown, killed (no record) or not running, by host and by header.
 func TestNotFoundAnswer(t *testing.T) {
-	reg := &sandboxes{recs: map[string]orchestrator.Record{"paused1": {ID: "paused1", State: orchestrator.Paused}}}
+	reg := &sandboxes{recs: map[string]record{"paused1": {Sandbox: Sandbox{Paused: true}}}}
 	srv := httptest.NewServer(New(reg, "sbx.test", nil))
 	defer srv.Close()
 	for _, c := range []struct {
@@ -59,9 +58,9 @@ func TestNotFoundAnswer(t *testing.T) {
 // resumes it, but not when it was paused without memory (a filesystem-only
 // pause is resumed by an explicit call only).
 func TestNoAutoResumeWithoutMemory(t *testing.T) {
-	reg := &sandboxes{connects: map[string]int{}, recs: map[string]orchestrator.Record{
-		"mem": {ID: "mem", State: orchestrator.Paused, AutoResume: true},
-		"fs":  {ID: "fs", State: orchestrator.Paused, AutoResume: true, FilesystemOnly: true},
+	reg := &sandboxes{connects: map[string]int{}, recs: map[string]record{
+		"mem": {Sandbox: Sandbox{Paused: true, AutoResume: true}},
+		"fs":  {Sandbox: Sandbox{Paused: true, AutoResume: true, FilesystemOnly: true}},
 	}}
 	srv := httptest.NewServer(New(reg, "sbx.test", nil))
 	defer srv.Close()
@@ -91,9 +90,9 @@ func TestMaskRequestHost(t *testing.T) {
 	go guest.Serve(l)
 	t.Cleanup(func() { guest.Close() })
 	reg := &sandboxes{
-		recs: map[string]orchestrator.Record{
-			"masked": {ID: "masked", State: orchestrator.Running, MaskRequestHost: "localhost:${PORT}"},
-			"plain":  {ID: "plain", State: orchestrator.Running},
+		recs: map[string]record{
+			"masked": {running: true, Sandbox: Sandbox{MaskRequestHost: "localhost:${PORT}"}},
+			"plain":  {running: true},
 		},
 		slots: map[string]*network.Slot{"masked": s, "plain": s},
 	}
@@ -129,7 +128,7 @@ func TestKillEndsStreams(t *testing.T) {
 	go guest.Serve(l)
 	t.Cleanup(func() { close(release); guest.Close() })
 	reg := &sandboxes{
-		recs:  map[string]orchestrator.Record{"a": {ID: "a", State: orchestrator.Running}, "b": {ID: "b", State: orchestrator.Running}},
+		recs:  map[string]record{"a": {running: true}, "b": {running: true}},
 		slots: map[string]*network.Slot{"a": s, "b": s},
 	}
 	p := New(reg, "sbx.test", nil)
@@ -158,7 +157,7 @@ func TestKillEndsStreams(t *testing.T) {
 	respB, doneB := open("b")
 	defer respB.Body.Close()
 
-	p.OnEvent(orchestrator.Event{Type: orchestrator.EventKilled, SandboxID: "a"})
+	p.Ended("a", "killed")
 	select {
 	case err := <-doneA:
 		if err == nil {
@@ -203,7 +202,7 @@ func TestStreamWhileRequestBodyOpen(t *testing.T) {
 	go guest.Serve(l)
 	t.Cleanup(func() { guest.Close() })
 	reg := &sandboxes{
-		recs:  map[string]orchestrator.Record{"a": {ID: "a", State: orchestrator.Running}},
+		recs:  map[string]record{"a": {running: true}},
 		slots: map[string]*network.Slot{"a": s},
 	}
 	srv := httptest.NewServer(New(reg, "sbx.test", nil))
@@ -257,7 +256,7 @@ func TestAcceptEncodingAsSent(t *testing.T) {
 	var hits atomic.Int32
 	guestServer(t, s, &hits)
 	reg := &sandboxes{
-		recs:  map[string]orchestrator.Record{"a": {ID: "a", State: orchestrator.Running}},
+		recs:  map[string]record{"a": {running: true}},
 		slots: map[string]*network.Slot{"a": s},
 	}
 	srv := httptest.NewServer(New(reg, "sbx.test", nil))

@@ -3,8 +3,6 @@ package proxy
 import (
 	"net"
 	"sync"
-
-	"github.com/agentenv/agentenv/orchestrator"
 )
 
 // conns tracks the proxy's open upstream connections by sandbox, so a
@@ -72,15 +70,11 @@ func (s *conns) open(id string) int {
 	return len(s.byID[id])
 }
 
-// OnEvent takes the orchestrator's lifecycle events (Subscribe): when a
-// sandbox is killed or paused its upstream connections are closed, so its
-// streams end now (the SDK then finds the sandbox gone and reports it).
-// It never blocks.
-func (p *Proxy) OnEvent(ev orchestrator.Event) {
-	if ev.Type != orchestrator.EventKilled && ev.Type != orchestrator.EventPaused {
-		return
-	}
-	if n := p.conns.closeAll(ev.SandboxID); n > 0 {
-		p.log.Debug("closed the streams of a sandbox that ended", "sandbox", ev.SandboxID, "event", ev.Type, "conns", n)
+// Ended closes the upstream connections of a sandbox that was killed or
+// paused, so its streams end now (the SDK then finds the sandbox gone and
+// reports it); event names what ended it, for the log. It never blocks.
+func (p *Proxy) Ended(id, event string) {
+	if n := p.conns.closeAll(id); n > 0 {
+		p.log.Debug("closed the streams of a sandbox that ended", "sandbox", id, "event", event, "conns", n)
 	}
 }

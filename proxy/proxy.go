@@ -28,10 +28,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/agentenv/agentenv/network"
-	"github.com/agentenv/agentenv/orchestrator"
-	"github.com/agentenv/agentenv/sandbox"
 )
 
 // Header names the SDK sets when E2B_SANDBOX_URL is used.
@@ -41,12 +37,39 @@ const (
 	HeaderTrafficToken = "E2b-Traffic-Access-Token"
 )
 
-// Sandboxes is what the proxy needs of the orchestrator.
+// AgentPort is the guest agent's port (E2B's envd port): requests to it
+// carry the agent's access token and pass without a traffic token.
+const AgentPort = 49983
+
+// Sandbox is what the proxy knows of one sandbox: whether it answers,
+// whether traffic may resume it, and the credentials its requests carry.
+type Sandbox struct {
+	// Killing answers as an unknown sandbox.
+	Killing bool
+	// Paused, with AutoResume and not FilesystemOnly, is resumed by traffic.
+	Paused, AutoResume, FilesystemOnly bool
+	// TrafficToken, when set, is required on ports other than the agent's.
+	TrafficToken string
+	// MaskRequestHost is the Host header the guest sees (${PORT} replaced).
+	MaskRequestHost string
+	// AccessToken is the agent's token; the proxy presents it for a
+	// sandbox that is not Secure.
+	AccessToken string
+	Secure      bool
+}
+
+// Guest dials a port inside one running sandbox.
+type Guest interface {
+	DialGuest(ctx context.Context, network string, port uint16) (net.Conn, error)
+}
+
+// Sandboxes is what the proxy needs of the node's sandboxes.
 type Sandboxes interface {
-	Get(id string) (orchestrator.Record, error)
-	// Slot returns a running sandbox's network slot and VM generation.
-	Slot(id string) (*network.Slot, int, error)
-	Connect(ctx context.Context, id string, timeout time.Duration, memory bool) (orchestrator.Record, bool, error)
+	Get(id string) (Sandbox, error)
+	// Slot returns a running sandbox's guest dialer and VM generation.
+	Slot(id string) (Guest, int, error)
+	// Connect resumes a paused sandbox with the given end time.
+	Connect(ctx context.Context, id string, timeout time.Duration, memory bool) error
 }
 
 // Proxy is an http.Handler.
@@ -104,7 +127,7 @@ func New(o Sandboxes, domain string, log *slog.Logger) *Proxy {
 				pr.Out.Host = maskHost(rec.MaskRequestHost, t.port)
 			}
 			// A non-secure sandbox's agent token is the proxy's to present.
-			if err == nil && t.port == sandbox.AgentPort && !rec.Secure && rec.AccessToken != "" {
+			if err == nil && t.port == AgentPort && !rec.Secure && rec.AccessToken != "" {
 				pr.Out.Header.Set("X-Access-Token", rec.AccessToken)
 			}
 			pr.SetXForwarded()
@@ -127,7 +150,7 @@ func (p *Proxy) stripControlPlane(h http.Header, port int) {
 	for _, k := range []string{HeaderSandboxID, HeaderSandboxPort, HeaderTrafficToken, "X-Api-Key", "Proxy-Authorization"} {
 		h.Del(k)
 	}
-	if port != sandbox.AgentPort {
+	if port != AgentPort {
 		h.Del("X-Access-Token") // the agent's credential, not an app's
 	}
 	if p.APIKey == "" {
@@ -240,11 +263,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec, err := p.o.Get(t.id)
-	if err != nil || rec.State == orchestrator.Killing {
+	if err != nil || rec.Killing {
 		writeNotFound(w, t.id)
 		return
 	}
-	if rec.TrafficToken != "" && t.port != sandbox.AgentPort &&
+	if rec.TrafficToken != "" && t.port != AgentPort &&
 		subtle.ConstantTimeCompare([]byte(r.Header.Get(HeaderTrafficToken)), []byte(rec.TrafficToken)) != 1 {
 		writeError(w, http.StatusForbidden, "sandbox "+t.id+" requires "+HeaderTrafficToken)
 		return
@@ -269,10 +292,10 @@ func (p *Proxy) autoResume(ctx context.Context, id string) bool {
 	rec, err := p.o.Get(id)
 	// A filesystem-only pause is resumed by an explicit call only: traffic
 	// would reach a freshly booted guest, not the processes it was meant for.
-	if err != nil || !rec.AutoResume || rec.State != orchestrator.Paused || rec.FilesystemOnly {
+	if err != nil || !rec.AutoResume || !rec.Paused || rec.FilesystemOnly {
 		return false
 	}
-	if _, _, err := p.o.Connect(ctx, id, p.ResumeTimeout, true); err != nil {
+	if err := p.o.Connect(ctx, id, p.ResumeTimeout, true); err != nil {
 		p.log.Warn("auto-resume failed", "sandbox", id, "err", err)
 		return false
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -14,39 +15,46 @@ import (
 
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/network/nettest"
-	"github.com/agentenv/agentenv/orchestrator"
 )
+
+// record is a sandbox as the test's registry holds it.
+type record struct {
+	Sandbox
+	running bool
+}
+
+var errNotFound = errors.New("sandbox not found")
 
 // sandboxes is a registry of sandboxes on real network slots (guests
 // played by namespaces); what the orchestrator would hold.
 type sandboxes struct {
-	recs  map[string]orchestrator.Record
+	recs  map[string]record
 	slots map[string]*network.Slot
 	// connects counts Connect calls (auto-resumes), by sandbox.
 	connects map[string]int
 }
 
-func (s *sandboxes) Get(id string) (orchestrator.Record, error) {
+func (s *sandboxes) Get(id string) (Sandbox, error) {
 	r, ok := s.recs[id]
 	if !ok {
-		return r, orchestrator.ErrNotFound
+		return Sandbox{}, errNotFound
 	}
-	return r, nil
+	return r.Sandbox, nil
 }
 
-func (s *sandboxes) Slot(id string) (*network.Slot, int, error) {
+func (s *sandboxes) Slot(id string) (Guest, int, error) {
 	sl, ok := s.slots[id]
-	if !ok || s.recs[id].State != orchestrator.Running {
-		return nil, 0, orchestrator.ErrNotFound
+	if !ok || !s.recs[id].running {
+		return nil, 0, errNotFound
 	}
 	return sl, 1, nil
 }
 
-func (s *sandboxes) Connect(_ context.Context, id string, _ time.Duration, _ bool) (orchestrator.Record, bool, error) {
+func (s *sandboxes) Connect(_ context.Context, id string, _ time.Duration, _ bool) error {
 	if s.connects != nil {
 		s.connects[id]++
 	}
-	return orchestrator.Record{}, false, orchestrator.ErrNotFound
+	return errNotFound
 }
 
 // guestSlots acquires n network slots whose guests are namespaces (root
@@ -91,10 +99,10 @@ func TestProxyIsolation(t *testing.T) {
 		guestServer(t, s, &hits[i])
 	}
 	reg := &sandboxes{
-		recs: map[string]orchestrator.Record{
-			"run1": {ID: "run1", State: orchestrator.Running}, "run2": {ID: "run2", State: orchestrator.Running},
-			"paused1": {ID: "paused1", State: orchestrator.Paused},
-			"locked":  {ID: "locked", State: orchestrator.Running, TrafficToken: "tok"},
+		recs: map[string]record{
+			"run1": {running: true}, "run2": {running: true},
+			"paused1": {Sandbox: Sandbox{Paused: true}},
+			"locked":  {running: true, Sandbox: Sandbox{TrafficToken: "tok"}},
 		},
 		// The paused sandbox's slot was handed to run2: reaching it would
 		// be reaching another sandbox.

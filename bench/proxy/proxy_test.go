@@ -2,6 +2,7 @@ package proxybench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/network/nettest"
-	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/proxy"
 )
 
@@ -27,25 +27,27 @@ const (
 	guestPort = 8080
 )
 
+var errNotFound = errors.New("sandbox not found")
+
 // sandboxes is the proxy's view of one running sandbox on slot.
 type sandboxes struct{ slot *network.Slot }
 
-func (s sandboxes) Get(id string) (orchestrator.Record, error) {
+func (s sandboxes) Get(id string) (proxy.Sandbox, error) {
 	if id != "bench" {
-		return orchestrator.Record{}, orchestrator.ErrNotFound
+		return proxy.Sandbox{}, errNotFound
 	}
-	return orchestrator.Record{ID: id, State: orchestrator.Running}, nil
+	return proxy.Sandbox{}, nil
 }
 
-func (s sandboxes) Slot(id string) (*network.Slot, int, error) {
+func (s sandboxes) Slot(id string) (proxy.Guest, int, error) {
 	if id != "bench" {
-		return nil, 0, orchestrator.ErrNotFound
+		return nil, 0, errNotFound
 	}
 	return s.slot, 1, nil
 }
 
-func (sandboxes) Connect(context.Context, string, time.Duration, bool) (orchestrator.Record, bool, error) {
-	return orchestrator.Record{}, false, orchestrator.ErrNotFound
+func (sandboxes) Connect(context.Context, string, time.Duration, bool) error {
+	return errNotFound
 }
 
 // guest starts an HTTP server in the slot's guest: /big answers bigAnswer

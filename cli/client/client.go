@@ -15,7 +15,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/api/wire"
 )
 
 // Client talks to one aenvd.
@@ -91,7 +91,7 @@ func (c *Client) do(ctx context.Context, op, method, path string, body, out any)
 		return nil, resp.StatusCode, fmt.Errorf("%s: read answer: %w", op, err)
 	}
 	if resp.StatusCode >= 400 {
-		var e api.Error
+		var e wire.Error
 		if json.Unmarshal(b, &e) != nil || e.Message == "" {
 			e.Message = strings.TrimSpace(string(b))
 		}
@@ -125,8 +125,8 @@ func (c *Client) Health(ctx context.Context) error {
 }
 
 // Create starts a sandbox from a template.
-func (c *Client) Create(ctx context.Context, req api.NewSandbox) (api.Sandbox, error) {
-	var s api.Sandbox
+func (c *Client) Create(ctx context.Context, req wire.NewSandbox) (wire.Sandbox, error) {
+	var s wire.Sandbox
 	_, _, err := c.do(ctx, "create a sandbox from template "+req.TemplateID, "POST", "/sandboxes", req, &s)
 	return s, err
 }
@@ -139,7 +139,7 @@ type ListOptions struct {
 }
 
 // List returns every sandbox (all pages of GET /v2/sandboxes).
-func (c *Client) List(ctx context.Context, o ListOptions) ([]api.ListedSandbox, error) {
+func (c *Client) List(ctx context.Context, o ListOptions) ([]wire.ListedSandbox, error) {
 	q := url.Values{}
 	if len(o.States) > 0 {
 		q.Set("state", strings.Join(o.States, ","))
@@ -154,7 +154,7 @@ func (c *Client) List(ctx context.Context, o ListOptions) ([]api.ListedSandbox, 
 	if o.PageSize > 0 {
 		q.Set("limit", fmt.Sprint(o.PageSize))
 	}
-	return listAll[api.ListedSandbox](ctx, c, "list sandboxes", "/v2/sandboxes", q)
+	return listAll[wire.ListedSandbox](ctx, c, "list sandboxes", "/v2/sandboxes", q)
 }
 
 // listAll reads every page of a paginated list: each answer's X-Next-Token
@@ -177,8 +177,8 @@ func listAll[T any](ctx context.Context, c *Client, op, path string, q url.Value
 }
 
 // Get returns one sandbox.
-func (c *Client) Get(ctx context.Context, id string) (api.SandboxDetail, error) {
-	var d api.SandboxDetail
+func (c *Client) Get(ctx context.Context, id string) (wire.SandboxDetail, error) {
+	var d wire.SandboxDetail
 	_, _, err := c.do(ctx, "get sandbox "+id, "GET", "/sandboxes/"+url.PathEscape(id), nil, &d)
 	return d, err
 }
@@ -192,7 +192,7 @@ func (c *Client) Kill(ctx context.Context, id string) error {
 // Pause snapshots a running sandbox; memory false keeps only its
 // filesystem (its resume cold-boots).
 func (c *Client) Pause(ctx context.Context, id string, memory bool) error {
-	_, _, err := c.do(ctx, "pause sandbox "+id, "POST", "/sandboxes/"+url.PathEscape(id)+"/pause", api.SandboxPauseRequest{Memory: &memory}, nil)
+	_, _, err := c.do(ctx, "pause sandbox "+id, "POST", "/sandboxes/"+url.PathEscape(id)+"/pause", wire.SandboxPauseRequest{Memory: &memory}, nil)
 	return err
 }
 
@@ -200,8 +200,8 @@ func (c *Client) Pause(ctx context.Context, id string, memory bool) error {
 // and returns it; resumed reports whether it was paused. timeout 0 keeps
 // the server's default; memory false resumes from the disk alone (a cold
 // boot).
-func (c *Client) Connect(ctx context.Context, id string, timeoutSecs int32, memory bool) (s api.Sandbox, resumed bool, err error) {
-	req := api.ConnectSandbox{Memory: &memory}
+func (c *Client) Connect(ctx context.Context, id string, timeoutSecs int32, memory bool) (s wire.Sandbox, resumed bool, err error) {
+	req := wire.ConnectSandbox{Memory: &memory}
 	if timeoutSecs > 0 {
 		req.Timeout = &timeoutSecs
 	}
@@ -211,14 +211,14 @@ func (c *Client) Connect(ctx context.Context, id string, timeoutSecs int32, memo
 
 // SetTimeout sets the remaining lifetime of a sandbox.
 func (c *Client) SetTimeout(ctx context.Context, id string, secs int32) error {
-	_, _, err := c.do(ctx, "set the timeout of sandbox "+id, "POST", "/sandboxes/"+url.PathEscape(id)+"/timeout", api.SandboxTimeout{Timeout: secs}, nil)
+	_, _, err := c.do(ctx, "set the timeout of sandbox "+id, "POST", "/sandboxes/"+url.PathEscape(id)+"/timeout", wire.SandboxTimeout{Timeout: secs}, nil)
 	return err
 }
 
 // ForkResult is one child of a fork: a sandbox or an error.
 type ForkResult struct {
-	Sandbox *api.Sandbox `json:"sandbox,omitempty"`
-	Error   *api.Error   `json:"error,omitempty"`
+	Sandbox *wire.Sandbox `json:"sandbox,omitempty"`
+	Error   *wire.Error   `json:"error,omitempty"`
 }
 
 // Fork clones a running sandbox count times.
@@ -265,11 +265,11 @@ func (c *Client) ListSnapshots(ctx context.Context, sandboxID string) ([]Snapsho
 // Templates lists the templates: GET /v2/templates (every template with its
 // names, also those building or failed), else GET /templates on servers
 // without it.
-func (c *Client) Templates(ctx context.Context) ([]api.Template, error) {
-	out := []api.Template{}
+func (c *Client) Templates(ctx context.Context) ([]wire.Template, error) {
+	out := []wire.Template{}
 	_, _, err := c.do(ctx, "list templates", "GET", "/v2/templates", nil, &out)
 	if errors.Is(err, ErrUnsupported) {
-		out = []api.Template{}
+		out = []wire.Template{}
 		_, _, err = c.do(ctx, "list templates", "GET", "/templates", nil, &out)
 	}
 	return out, err
@@ -282,8 +282,8 @@ func (c *Client) DeleteTemplate(ctx context.Context, id string) error {
 }
 
 // Nodes lists the nodes.
-func (c *Client) Nodes(ctx context.Context) ([]api.Node, error) {
-	out := []api.Node{}
+func (c *Client) Nodes(ctx context.Context) ([]wire.Node, error) {
+	out := []wire.Node{}
 	_, _, err := c.do(ctx, "list nodes", "GET", "/nodes", nil, &out)
 	return out, err
 }
@@ -300,6 +300,6 @@ func withQuery(path string, q url.Values) string {
 // Refresh extends a sandbox's lifetime to at least secs from now (it never
 // shortens it).
 func (c *Client) Refresh(ctx context.Context, id string, secs int32) error {
-	_, _, err := c.do(ctx, "refresh sandbox "+id, "POST", "/sandboxes/"+url.PathEscape(id)+"/refreshes", api.SandboxRefresh{Duration: &secs}, nil)
+	_, _, err := c.do(ctx, "refresh sandbox "+id, "POST", "/sandboxes/"+url.PathEscape(id)+"/refreshes", wire.SandboxRefresh{Duration: &secs}, nil)
 	return err
 }

@@ -4,7 +4,7 @@ import (
 	"context"
 	"net/url"
 
-	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/api/wire"
 )
 
 // NodeCluster is what aenv-gateway adds to each node of /nodes: the
@@ -22,7 +22,7 @@ type NodeCluster struct {
 // ClusterNode is a node of /nodes with its cluster view when the endpoint
 // is a gateway.
 type ClusterNode struct {
-	api.Node
+	wire.Node
 	Cluster *NodeCluster `json:"cluster,omitempty"`
 }
 
@@ -46,6 +46,6 @@ func (c *Client) Node(ctx context.Context, id string) (ClusterNode, error) {
 // sandboxes on the node. Either way its sandboxes keep running.
 func (c *Client) SetNodeStatus(ctx context.Context, id, status string) error {
 	_, _, err := c.do(ctx, "set status of node "+id, "POST", "/nodes/"+url.PathEscape(id),
-		api.NodeStatusChange{Status: api.NodeStatusChangeStatus(status)}, nil)
+		wire.NodeStatusChange{Status: wire.NodeStatusChangeStatus(status)}, nil)
 	return err
 }

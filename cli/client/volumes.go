@@ -4,19 +4,19 @@ import (
 	"context"
 	"net/url"
 
-	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/api/wire"
 )
 
 // Volumes lists the node's volumes.
-func (c *Client) Volumes(ctx context.Context) ([]api.Volume, error) {
-	out := []api.Volume{}
+func (c *Client) Volumes(ctx context.Context) ([]wire.Volume, error) {
+	out := []wire.Volume{}
 	_, _, err := c.do(ctx, "list volumes", "GET", "/volumes", nil, &out)
 	return out, err
 }
 
 // CreateVolume creates a blank volume.
-func (c *Client) CreateVolume(ctx context.Context, req api.NewVolume) (api.VolumeAndToken, error) {
-	var out api.VolumeAndToken
+func (c *Client) CreateVolume(ctx context.Context, req wire.NewVolume) (wire.VolumeAndToken, error) {
+	var out wire.VolumeAndToken
 	_, _, err := c.do(ctx, "create volume "+req.Name, "POST", "/volumes", req, &out)
 	return out, err
 }

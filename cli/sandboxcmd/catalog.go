@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/cli/client"
 	"github.com/spf13/cobra"
 )
@@ -74,7 +74,7 @@ func templateCmd() *cobra.Command {
 				return err
 			}
 			header := []string{"TEMPLATE ID", "ALIASES", "STATUS", "CPU", "MEM MB", "ENVD", "CREATED"}
-			return printList(cmd.OutOrStdout(), &o, ts, header, func(t api.Template) []string {
+			return printList(cmd.OutOrStdout(), &o, ts, header, func(t wire.Template) []string {
 				return []string{t.TemplateID, orDash(strings.Join(t.Aliases, ",")), string(t.BuildStatus),
 					strconv.Itoa(int(t.CpuCount)), strconv.Itoa(int(t.MemoryMB)), t.EnvdVersion, when(t.CreatedAt)}
 			})
@@ -181,7 +181,7 @@ func nodeStatusCmd(use, status, short string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			draining := n.Status == api.NodeStatusDraining || (n.Cluster != nil && n.Cluster.Draining)
+			draining := n.Status == wire.NodeStatusDraining || (n.Cluster != nil && n.Cluster.Draining)
 			fmt.Fprintf(cmd.OutOrStdout(), "node %s: %s, draining %t\n", n.NodeID, n.Status, draining)
 			return nil
 		}),

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/cli/client"
 	"github.com/agentenv/agentenv/cli/clientcfg"
 	"github.com/spf13/cobra"
@@ -91,7 +91,7 @@ func running(ctx context.Context, c *client.Client, id, user string) (*client.Sa
 	if err != nil {
 		return nil, err
 	}
-	if d.State != api.Running {
+	if d.State != wire.Running {
 		return nil, fmt.Errorf("sandbox %s is %s: run `aenv resume %s` first (or `aenv connect %s`)", id, d.State, id, id)
 	}
 	token := ""
@@ -161,7 +161,7 @@ func readKey(cmd *cobra.Command) (string, error) {
 	return strings.TrimSpace(line), nil
 }
 
-func printSandbox(cmd *cobra.Command, o *output, s api.Sandbox) error {
+func printSandbox(cmd *cobra.Command, o *output, s wire.Sandbox) error {
 	if o.json() {
 		return printJSON(cmd.OutOrStdout(), s)
 	}
@@ -221,8 +221,8 @@ func startCmd() *cobra.Command {
 
 // request is the create request the flags describe (unset fields are the
 // server's defaults).
-func (f *startFlags) request(template string) (api.NewSandbox, error) {
-	req := api.NewSandbox{TemplateID: template}
+func (f *startFlags) request(template string) (wire.NewSandbox, error) {
+	req := wire.NewSandbox{TemplateID: template}
 	secs, err := seconds(f.timeout)
 	if err != nil {
 		return req, err
@@ -260,7 +260,7 @@ func (f *startFlags) request(template string) (api.NewSandbox, error) {
 // attach opens a shell in the new sandbox, keeping it alive while attached,
 // and removes it afterwards with --rm; the shell's exit code is the
 // command's.
-func (f *startFlags) attach(cmd *cobra.Command, c *client.Client, s api.Sandbox) error {
+func (f *startFlags) attach(cmd *cobra.Command, c *client.Client, s wire.Sandbox) error {
 	token := ""
 	if s.EnvdAccessToken != nil {
 		token = *s.EnvdAccessToken
@@ -355,7 +355,7 @@ func resumeIfPaused(cmd *cobra.Command, c *client.Client, id string, secs int32,
 		if err != nil {
 			return nil, err
 		}
-		if d.State == api.Running {
+		if d.State == wire.Running {
 			token := ""
 			if d.EnvdAccessToken != nil {
 				token = *d.EnvdAccessToken
@@ -459,7 +459,7 @@ func listCmd() *cobra.Command {
 				return err
 			}
 			header := []string{"SANDBOX ID", "TEMPLATE", "STATE", "STARTED", "ENDS", "CPU", "MEM MB", "METADATA"}
-			return printList(cmd.OutOrStdout(), &o, list, header, func(s api.ListedSandbox) []string {
+			return printList(cmd.OutOrStdout(), &o, list, header, func(s wire.ListedSandbox) []string {
 				var m map[string]string
 				if s.Metadata != nil {
 					m = *s.Metadata

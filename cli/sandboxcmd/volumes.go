@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/cli/client"
 	"github.com/spf13/cobra"
 )
@@ -21,7 +21,7 @@ func volumeCmd() *cobra.Command {
 		Short: "Create a blank volume",
 		Args:  cobra.ExactArgs(1),
 		RunE: withClient(&co, func(cmd *cobra.Command, args []string, c *client.Client) error {
-			req := api.NewVolume{Name: args[0]}
+			req := wire.NewVolume{Name: args[0]}
 			if sizeMiB != 0 {
 				req.SizeMiB = &sizeMiB
 			}
@@ -32,7 +32,7 @@ func volumeCmd() *cobra.Command {
 			if co.json() {
 				return printJSON(cmd.OutOrStdout(), v)
 			}
-			return table(cmd.OutOrStdout(), volumeHeader, [][]string{volumeRow(api.Volume{VolumeID: v.VolumeID, Name: v.Name,
+			return table(cmd.OutOrStdout(), volumeHeader, [][]string{volumeRow(wire.Volume{VolumeID: v.VolumeID, Name: v.Name,
 				SizeMiB: v.SizeMiB, CreatedAt: v.CreatedAt, MountedBy: v.MountedBy})})
 		}),
 	}
@@ -70,14 +70,14 @@ func volumeCmd() *cobra.Command {
 
 // volumeMounts parses --volume flags: NAME:PATH or NAME:PATH:ro (the node
 // checks the name and path).
-func volumeMounts(flags []string) ([]api.SandboxVolumeMount, error) {
-	var out []api.SandboxVolumeMount
+func volumeMounts(flags []string) ([]wire.SandboxVolumeMount, error) {
+	var out []wire.SandboxVolumeMount
 	for _, f := range flags {
 		parts := strings.Split(f, ":")
 		if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" || len(parts) == 3 && parts[2] != "ro" {
 			return nil, fmt.Errorf("--volume %q: want NAME:PATH or NAME:PATH:ro", f)
 		}
-		m := api.SandboxVolumeMount{Name: parts[0], Path: parts[1]}
+		m := wire.SandboxVolumeMount{Name: parts[0], Path: parts[1]}
 		if len(parts) == 3 {
 			ro := true
 			m.ReadOnly = &ro
@@ -89,7 +89,7 @@ func volumeMounts(flags []string) ([]api.SandboxVolumeMount, error) {
 
 var volumeHeader = []string{"VOLUME ID", "NAME", "SIZE MIB", "MOUNTED BY"}
 
-func volumeRow(v api.Volume) []string {
+func volumeRow(v wire.Volume) []string {
 	size, by := "-", "-"
 	if v.SizeMiB != nil {
 		size = strconv.Itoa(int(*v.SizeMiB))

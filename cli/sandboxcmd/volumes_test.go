@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/api/wire"
 )
 
 // TestVolumeCommands: volume create, list and rm against the node's real
@@ -13,7 +13,7 @@ import (
 func TestVolumeCommands(t *testing.T) {
 	realNode(t)
 	out, err := run("volume", "create", "data", "--size-mib", "32", "-o", "json")
-	var v api.VolumeAndToken
+	var v wire.VolumeAndToken
 	if err != nil || json.Unmarshal([]byte(out), &v) != nil || v.VolumeID == "" || v.Name != "data" || v.SizeMiB == nil || *v.SizeMiB != 32 {
 		t.Fatalf("volume create: %v\n%s", err, out)
 	}

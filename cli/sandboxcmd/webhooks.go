@@ -3,7 +3,7 @@ package sandboxcmd
 import (
 	"strings"
 
-	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/cli/client"
 	"github.com/spf13/cobra"
 )
@@ -20,7 +20,7 @@ func webhookCmd() *cobra.Command {
 		Short: "Register a webhook for sandbox lifecycle events",
 		Args:  cobra.ExactArgs(1),
 		RunE: withClient(&co, func(cmd *cobra.Command, args []string, c *client.Client) error {
-			req := api.WebhookCreate{Url: args[0], Events: events}
+			req := wire.WebhookCreate{Url: args[0], Events: events}
 			if name != "" {
 				req.Name = &name
 			}
@@ -74,7 +74,7 @@ func webhookCmd() *cobra.Command {
 
 var webhookHeader = []string{"WEBHOOK ID", "NAME", "URL", "ENABLED", "EVENTS"}
 
-func webhookRow(h api.WebhookConfig) []string {
+func webhookRow(h wire.WebhookConfig) []string {
 	enabled := "yes"
 	if !h.Enabled {
 		enabled = "no"

@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentenv/agentenv/api"
 	"github.com/agentenv/agentenv/api/webhooks"
+	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/store"
 )
@@ -46,7 +47,7 @@ type nodeFixture struct{ d *webhooks.Dispatcher }
 func TestWebhookCommands(t *testing.T) {
 	n := realNode(t)
 	out, err := run("webhook", "create", "http://127.0.0.1:9/hook", "--name", "mine", "--secret", "s", "--event", "sandbox.lifecycle.killed", "-o", "json")
-	var h api.WebhookConfig
+	var h wire.WebhookConfig
 	if err != nil || json.Unmarshal([]byte(out), &h) != nil || h.Id == "" || len(h.Events) != 1 || h.Name != "mine" {
 		t.Fatalf("webhook create: %v\n%s", err, out)
 	}
@@ -72,7 +73,7 @@ func TestNodeDrainCommands(t *testing.T) {
 	realNode(t)
 	status := func() string {
 		out, err := run("nodes", "-o", "json")
-		var ns []api.Node
+		var ns []wire.Node
 		if err != nil || json.Unmarshal([]byte(out), &ns) != nil || len(ns) != 1 {
 			t.Fatalf("nodes: %v\n%s", err, out)
 		}

@@ -1,5 +1,7 @@
-// Package vmcmd is `aenv vm`: boot a sandbox VM on this machine straight
-// from the guest assets, without a node server. It is the quickest way to see
+// Package vmcmd is `aenvd vm`: boot a sandbox VM on this machine straight
+// from the guest assets, without a node server. It lives in the node's
+// binary, which links the VMM and network packages anyway, so the `aenv`
+// CLI links neither. It is the quickest way to see
 // the whole ground floor work together (guest image, QEMU driver, network
 // slot, agent, snapshot and restore) and the README's first command.
 package vmcmd
@@ -22,7 +24,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// NewCommand returns `aenv vm`.
+// NewCommand returns `aenvd vm`.
 func NewCommand() *cobra.Command {
 	root := &cobra.Command{Use: "vm", Short: "Run sandbox VMs directly on this machine (no server)"}
 	root.AddCommand(newRun())

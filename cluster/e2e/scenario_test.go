@@ -107,6 +107,7 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("%s missing from the paginated list (%d pages)", id, pages)
 		}
 	}
+	t.Run("DashboardListsEveryNode", func(t *testing.T) { dashboardLists(t, c, ids) })
 
 	// kill -9 of one scheduler: the other keeps placing and routing.
 	s1 := c.schedulers[0]

@@ -32,6 +32,13 @@ func validID(id string) bool {
 	return true
 }
 
+// SandboxTraffic reports whether r is meant for a sandbox's proxy (by the
+// E2b-Sandbox-Id header or the host {port}-{id}.{domain}).
+func (g *Gateway) SandboxTraffic(r *http.Request) bool {
+	_, ok := g.sandboxOfProxy(r)
+	return ok
+}
+
 // sandboxOfProxy finds the sandbox a proxied request names: the id header,
 // or the host {port}-{id}.{domain}.
 func (g *Gateway) sandboxOfProxy(r *http.Request) (string, bool) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/cluster/gateway"
+	"github.com/agentenv/agentenv/dashboard"
 	"github.com/agentenv/agentenv/internal/daemon"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/agentenv/agentenv/proxy"
@@ -59,7 +60,7 @@ func run(ctx context.Context, f flags, log *slog.Logger) error {
 	// No read or write timeout: command streams and file transfers last
 	// as long as they need; slow clients are bounded by the connections
 	// each address may hold, as on the nodes.
-	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+	srv := &http.Server{Handler: dashboard.Mount(g, g.SandboxTraffic), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("aenv-gateway ready", "listen", ln.Addr().String(), "schedulers", f.schedulers, "domain", f.domain, "version", version.Version())

@@ -13,14 +13,13 @@ import (
 	"github.com/agentenv/agentenv/cli/imagecmd"
 	"github.com/agentenv/agentenv/cli/pullcmd"
 	"github.com/agentenv/agentenv/cli/sandboxcmd"
-	"github.com/agentenv/agentenv/cli/vmcmd"
 	"github.com/agentenv/agentenv/internal/inherited"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/spf13/cobra"
 )
 
 func main() {
-	if err := inherited.CloseOnExec(); err != nil { // `aenv vm run` starts a VMM
+	if err := inherited.CloseOnExec(); err != nil { // helpers it starts get only what they are handed
 		fmt.Fprintln(os.Stderr, "aenv:", err)
 		os.Exit(1)
 	}
@@ -32,7 +31,7 @@ func main() {
 		Version:       version.Get().String(),
 	}
 	root.SetVersionTemplate("aenv {{.Version}}\n")
-	root.AddCommand(guestcmd.NewCommand(), imagecmd.NewCommand(), vmcmd.NewCommand(), &cobra.Command{
+	root.AddCommand(guestcmd.NewCommand(), imagecmd.NewCommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Run:   func(*cobra.Command, []string) { fmt.Println("aenv", version.Get()) },

@@ -3,6 +3,7 @@
 //
 //	aenvd [--config /etc/aenv/aenvd.toml]
 //	aenvd --print-default-config
+//	aenvd vm run [-- COMMAND]   (boot one sandbox VM without the server; vm.go)
 package main
 
 import (
@@ -44,6 +45,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "vm" {
+		os.Exit(vmMain(os.Args[1:]))
+	}
 	cfgPath := flag.String("config", "", "TOML configuration file (defaults apply without one)")
 	printDefault := flag.Bool("print-default-config", false, "print the default configuration and exit")
 	printVersion := flag.Bool("version", false, "print the version, commit and build date and exit")

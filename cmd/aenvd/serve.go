@@ -16,6 +16,7 @@ import (
 	"github.com/agentenv/agentenv/api/metricsring"
 	"github.com/agentenv/agentenv/api/webhooks"
 	"github.com/agentenv/agentenv/config"
+	"github.com/agentenv/agentenv/dashboard"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/proxy"
@@ -38,10 +39,10 @@ type node struct {
 // server fails, then leaves the cluster, stops the servers and shuts the
 // orchestrator down (pausing running sandboxes when configured to).
 func serve(ctx context.Context, cfg config.Config, n node, log *slog.Logger) error {
-	px := proxy.New(n.orch, cfg.API.Domain, log)
+	px := proxy.New(proxySandboxes{n.orch}, cfg.API.Domain, log)
 	px.APIKey = n.key // stripped from anything forwarded to a guest
 	// A sandbox's end (kill, pause) closes its streams through the proxy.
-	defer n.orch.Subscribe(px.OnEvent)()
+	defer n.orch.Subscribe(proxyEvents(px))()
 	// The sandbox metrics history, answered by range.
 	history := metricsring.New(n.orch, 0, 0, log)
 	history.Start(ctx)
@@ -64,6 +65,7 @@ func serve(ctx context.Context, cfg config.Config, n node, log *slog.Logger) err
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
 		Metrics: promhttp.HandlerFor(n.registry, promhttp.HandlerOpts{}), MetricsHistory: history, Webhooks: hooks,
 	})
+	handler = dashboard.Mount(handler, px.Match) // the web dashboard at /dashboard/, same origin as the API
 	member, err := newClusterMember(cfg, n.orch, n.repo, n.backend.driver.Name(), hostname, log)
 	if err != nil {
 		return err
