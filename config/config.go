@@ -334,6 +334,12 @@ type Sandbox struct {
 	// share) and a pids bound. Needs the cpu, memory and pids controllers
 	// (cgroup v2 or v1); turn it off where the node cannot manage them.
 	Cgroups bool `toml:"cgroups" env:"AENVD_SANDBOX_CGROUPS"`
+	// CgroupDelegated makes those groups under the node's own control group
+	// (one its service manager delegated to it: systemd's Delegate=, as
+	// deploy/systemd/aenvd.service sets along with this) instead of under
+	// each hierarchy's root. On cgroup v2 the node first moves itself into
+	// the leaf aenvd below its group.
+	CgroupDelegated bool `toml:"cgroup_delegated" env:"AENVD_SANDBOX_CGROUP_DELEGATED"`
 	// Prefetch reads a memory image's working set (the pages the first VM
 	// created from it touched until its agent answered, recorded then)
 	// into the page cache while a VM restores from it: on a cold cache the

@@ -12,18 +12,17 @@ import (
 
 // TestSystemdBoot boots a Debian 12 tree under systemd-nspawn with systemd
 // as PID 1, installs the node with scripts/install.sh inside and expects
-// aenv-storaged.service and aenvd.service active and /health answering
-// (deploy/nspawn/boot.sh; about 10 s with the tree cached, 4 minutes once
-// for its debootstrap; the base template comes from the shared guest cache).
-// Before the unit allowed mount namespaces (RestrictNamespaces=net only)
-// aenvd failed here: "aenv-vmm-jail: unshare the mount namespace: operation
-// not permitted". The node runs with sandbox.cgroups = false: with the
-// default, aenvd refuses the read-only hierarchy of ProtectControlGroups=yes
-// (run boot.sh without AENV_BOOT_CGROUPS to see it); opening only an aenv/
-// subtree (ReadWritePaths=) is not enough on a cgroup v1 host under nspawn,
-// whose controller hierarchies are read-only outside the container's own
-// group, so aenvd has to make its groups in a subtree delegated to it
-// (Delegate=) first.
+// aenv-storaged.service and aenvd.service active and /health answering, with
+// the default sandbox.cgroups = true: aenvd makes its VMMs' groups under the
+// group systemd delegates to aenvd.service (Delegate=). It then creates a
+// sandbox (a QEMU VM under TCG inside the container), checks its VMM's
+// group, runs a command in it with the aenv CLI, restarts aenvd.service and
+// runs one in the adopted sandbox (deploy/nspawn/boot.sh and sandbox.sh).
+// It boots a VM: run it under the shared VM lock like the other VM tests.
+// Before the unit delegated a group, aenvd refused at start: "sandbox.cgroups
+// = true: cgroup: the cpu hierarchy at /sys/fs/cgroup/cpu is mounted
+// read-only"; before it allowed mount namespaces it failed with
+// "aenv-vmm-jail: unshare the mount namespace: operation not permitted".
 func TestSystemdBoot(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: boots a Debian tree under systemd-nspawn")
@@ -36,8 +35,7 @@ func TestSystemdBoot(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(bin, "aenvd")); err != nil {
 		t.Fatalf("no aenvd in %s (make build): %v", bin, err)
 	}
-	cmd := exec.Command("flock", "/tmp/aenv-vm.lock", filepath.Join(repo, "deploy/nspawn/boot.sh"), bin)
-	cmd.Env = append(os.Environ(), "AENV_BOOT_CGROUPS=false")
+	cmd := exec.Command(filepath.Join(repo, "deploy/nspawn/boot.sh"), bin)
 	out, err := cmd.CombinedOutput()
 	t.Logf("boot.sh:\n%s", out)
 	if err != nil || !strings.Contains(string(out), "\nPASS") {

@@ -392,7 +392,10 @@ func vmmGroups(cfg config.Config, log *slog.Logger) (sandbox.Groups, error) {
 		log.Warn("VMMs run without control groups of their own (sandbox.cgroups = false)")
 		return nil, nil
 	}
-	h, err := cgroup.Detect(filepath.Join("aenv", cfg.Network.Prefix))
+	h, err := detectGroups(cfg, realHost)
+	if err == nil && cfg.Sandbox.CgroupDelegated {
+		err = h.EnterLeaf(os.Getpid())
+	}
 	if err == nil {
 		// Probe once here, so a node that cannot manage groups fails at its
 		// start and not at every create.

@@ -16,9 +16,11 @@ type hostPaths struct {
 	kvm         string // the KVM device
 	ublkControl string // the ublk driver's control device
 	mountinfo   string // the mount table, for the control group hierarchies
+	selfCgroup  string // this process's control groups (sandbox.cgroup_delegated)
 }
 
-var realHost = hostPaths{kvm: "/dev/kvm", ublkControl: "/dev/ublk-control", mountinfo: "/proc/self/mountinfo"}
+var realHost = hostPaths{kvm: "/dev/kvm", ublkControl: "/dev/ublk-control", mountinfo: "/proc/self/mountinfo",
+	selfCgroup: "/proc/self/cgroup"}
 
 // preflight refuses, before anything starts, a configuration this host
 // cannot serve: one error naming each setting and what the host lacks.
@@ -32,7 +34,7 @@ func preflight(cfg config.Config, memoryDevicesSet bool, h hostPaths) error {
 		}
 	}
 	if cfg.Sandbox.Cgroups {
-		hier, err := cgroup.DetectIn(h.mountinfo, filepath.Join("aenv", cfg.Network.Prefix))
+		hier, err := detectGroups(cfg, h)
 		if err == nil {
 			err = hier.Writable()
 		}
@@ -53,6 +55,17 @@ func preflight(cfg config.Config, memoryDevicesSet bool, h hostPaths) error {
 		return fmt.Errorf("config: this host cannot serve it: %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// detectGroups finds where the node makes its VMMs' groups: aenv/<network
+// prefix> under each hierarchy's root, or under the node's own (delegated)
+// group with sandbox.cgroup_delegated.
+func detectGroups(cfg config.Config, h hostPaths) (*cgroup.Hierarchy, error) {
+	parent := filepath.Join("aenv", cfg.Network.Prefix)
+	if cfg.Sandbox.CgroupDelegated {
+		return cgroup.Delegated(h.mountinfo, h.selfCgroup, parent)
+	}
+	return cgroup.DetectIn(h.mountinfo, parent)
 }
 
 // usableDevice opens a character device for reading and writing, as its

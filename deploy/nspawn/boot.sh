@@ -45,6 +45,17 @@ inside /opt/aenv/scripts/install.sh --from /opt/aenv/bin --no-deps --no-guest --
 # AENV_BOOT_CGROUPS=false runs the node without control groups of its own.
 if [ "${AENV_BOOT_CGROUPS:-}" = false ]; then
   inside sh -c 'printf "\n[sandbox]\ncgroups = false\n" >>/etc/aenv/aenvd.toml'
+else
+  # On a cgroup v1 (hybrid) host nspawn mounts the controller hierarchies
+  # read-only in the container (its root there is the container's own group).
+  # Writable, the container's systemd manages them as it does on a hybrid
+  # host, and realizes aenvd.service's delegated group in each. A v2 host
+  # needs nothing: the container's unified hierarchy is its own.
+  for c in cpu memory pids; do
+    if inside mountpoint -q /sys/fs/cgroup/$c; then
+      inside mount -o remount,bind,rw /sys/fs/cgroup/$c || fail "remount /sys/fs/cgroup/$c writable"
+    fi
+  done
 fi
 # The first start builds the guest image when the cache has none (minutes).
 inside systemctl start aenv-storaged.service aenvd.service --no-block
@@ -65,5 +76,7 @@ if [ -z "$ok" ]; then
   inside journalctl -u aenvd -u aenv-storaged --no-pager -n 40 | grep -v systemd | cut -c1-600
   fail "aenvd.service did not answer /health"
 fi
-echo "health: $(inside curl -sS -o /dev/null -w "%{http_code}" http://127.0.0.1:3000/health)"; inside journalctl -u aenvd --no-pager -o cat | grep -E "template|listen|serving" | tail -3 | cut -c1-300
+echo "health: $(inside curl -sS -o /dev/null -w "%{http_code}" http://127.0.0.1:3000/health)"; inside journalctl -u aenvd --no-pager -o cat | grep -E "template|listen|serving|control groups" | tail -4 | cut -c1-400
+[ "${AENV_BOOT_SANDBOX:-1}" = 0 ] && { echo "PASS"; exit 0; }
+. "$repo/deploy/nspawn/sandbox.sh"
 echo "PASS"

@@ -1,0 +1,74 @@
+package cgroup
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func writeFile(t *testing.T, dir, name, text string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// A v1 (hybrid) host: each controller's groups go under the process's own
+// group in that controller's hierarchy.
+func TestDelegatedV1(t *testing.T) {
+	dir := t.TempDir()
+	mi := writeFile(t, dir, "mountinfo", `61 54 0:30 / /cg/cpu rw - cgroup cgroup rw,cpu
+62 54 0:31 / /cg/memory rw - cgroup cgroup rw,memory
+67 54 0:35 / /cg/pids rw - cgroup cgroup rw,pids
+69 54 0:37 / /cg/unified rw - cgroup2 cgroup rw
+`)
+	self := writeFile(t, dir, "cgroup", `8:pids:/system.slice/aenvd.service
+4:memory:/system.slice/aenvd.service
+1:cpu:/
+0::/system.slice/aenvd.service
+`)
+	h, err := Delegated(mi, self, "aenv/n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"cpu":    "/cg/cpu/aenv/n1",
+		"memory": "/cg/memory/system.slice/aenvd.service/aenv/n1",
+		"pids":   "/cg/pids/system.slice/aenvd.service/aenv/n1",
+	}
+	for c, d := range want {
+		if h.Dirs[c] != d || h.V2[c] {
+			t.Errorf("%s: dir %s (v2 %v), want %s on v1", c, h.Dirs[c], h.V2[c], d)
+		}
+	}
+}
+
+// A v2 host: the groups go under the delegated group, also when the process
+// already sits in the leaf (a restart).
+func TestDelegatedV2(t *testing.T) {
+	dir := t.TempDir()
+	root := filepath.Join(dir, "unified")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, root, "cgroup.controllers", "cpuset cpu io memory pids\n")
+	mi := writeFile(t, dir, "mountinfo", "69 54 0:37 / "+root+" rw - cgroup2 cgroup2 rw\n")
+	for _, own := range []string{"/system.slice/aenvd.service", "/system.slice/aenvd.service/aenvd"} {
+		self := writeFile(t, dir, "cgroup", "0::"+own+"\n")
+		h, err := Delegated(mi, self, "aenv/n1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range controllers {
+			if want := root + "/system.slice/aenvd.service/aenv/n1"; h.Dirs[c] != want || !h.V2[c] {
+				t.Errorf("own group %s, %s: dir %s, want %s on v2", own, c, h.Dirs[c], want)
+			}
+		}
+	}
+	self := writeFile(t, dir, "cgroup", "4:memory:/x\n")
+	if _, err := Delegated(mi, self, "aenv/n1"); err == nil {
+		t.Error("no v2 group of the process: want an error")
+	}
+}
