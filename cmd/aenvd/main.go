@@ -407,6 +407,9 @@ func vmmGroups(cfg config.Config, log *slog.Logger) (sandbox.Groups, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (set sandbox.cgroups = false to run VMMs unconfined)", err)
 	}
+	if len(h.Undelegated) > 0 {
+		log.Warn("controllers not delegated to the node: VMMs run without their limits", "controllers", h.Undelegated)
+	}
 	log.Info("VMMs confined in control groups", "dirs", h.Dirs, "v2", h.V2)
 	return h, nil
 }

@@ -48,14 +48,18 @@ if [ "${AENV_BOOT_CGROUPS:-}" = false ]; then
 else
   # On a cgroup v1 (hybrid) host nspawn mounts the controller hierarchies
   # read-only in the container (its root there is the container's own group).
-  # Writable, the container's systemd manages them as it does on a hybrid
-  # host, and realizes aenvd.service's delegated group in each. A v2 host
-  # needs nothing: the container's unified hierarchy is its own.
+  # Writable, and systemd re-executed to see them so, the container's
+  # systemd manages them as on a hybrid host and realizes aenvd.service's
+  # delegated group in each. A v2 host needs nothing of this: the
+  # container's unified hierarchy is its own.
+  v1=
   for c in cpu memory pids; do
     if inside mountpoint -q /sys/fs/cgroup/$c; then
       inside mount -o remount,bind,rw /sys/fs/cgroup/$c || fail "remount /sys/fs/cgroup/$c writable"
+      v1=1
     fi
   done
+  [ -z "$v1" ] || inside systemctl daemon-reexec || fail "systemctl daemon-reexec"
 fi
 # The first start builds the guest image when the cache has none (minutes).
 inside systemctl start aenv-storaged.service aenvd.service --no-block

@@ -46,6 +46,20 @@ type Hierarchy struct {
 	Roots map[string]string
 	Dirs  map[string]string
 	V2    map[string]bool
+	// Undelegated names the controllers Delegated found not delegated to
+	// the process: groups are made without them (no limit of theirs).
+	Undelegated []string
+}
+
+// managed lists the controllers groups are made in.
+func (h *Hierarchy) managed() []string {
+	var out []string
+	for _, c := range controllers {
+		if h.Dirs[c] != "" {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // Detect finds the hierarchies of the cpu, memory and pids controllers
@@ -97,7 +111,7 @@ func DetectIn(mountinfo, parent string) (*Hierarchy, error) {
 // systemd service with ProtectControlGroups=yes and no delegated subtree)
 // fails here with an error naming the directory.
 func (h *Hierarchy) Writable() error {
-	for _, c := range controllers {
+	for _, c := range h.managed() {
 		d := h.Dirs[c]
 		for {
 			if _, err := os.Stat(d); err == nil || d == h.Roots[c] || d == filepath.Dir(d) {
@@ -171,7 +185,7 @@ func (h *Hierarchy) Create(name string, l Limits) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, c := range controllers {
+	for _, c := range h.managed() {
 		if err := h.prepareParent(c); err != nil {
 			return nil, err
 		}
@@ -224,7 +238,7 @@ func (g *Group) write(c, file, value string) error {
 
 func (g *Group) setLimits(l Limits) error {
 	const period = 100000 // µs
-	if l.CPUs > 0 {
+	if l.CPUs > 0 && g.h.Dirs["cpu"] != "" {
 		quota := strconv.Itoa(int(l.CPUs * period))
 		if g.h.V2["cpu"] {
 			if err := g.write("cpu", "cpu.max", quota+" "+strconv.Itoa(period)); err != nil {
@@ -235,7 +249,7 @@ func (g *Group) setLimits(l Limits) error {
 			return err
 		}
 	}
-	if l.MemoryBytes > 0 {
+	if l.MemoryBytes > 0 && g.h.Dirs["memory"] != "" {
 		file := "memory.limit_in_bytes"
 		if g.h.V2["memory"] {
 			file = "memory.max"
@@ -254,7 +268,7 @@ func (g *Group) setLimits(l Limits) error {
 
 // Add moves process pid (all its threads) into the group.
 func (g *Group) Add(pid int) error {
-	for _, c := range controllers {
+	for _, c := range g.h.managed() {
 		if err := g.write(c, "cgroup.procs", strconv.Itoa(pid)); err != nil {
 			return err
 		}
@@ -282,7 +296,7 @@ func (g *Group) Procs() ([]int, error) {
 // no error.
 func (g *Group) Remove() error {
 	var errs []error
-	for _, c := range controllers {
+	for _, c := range g.h.managed() {
 		dir := g.dir(c)
 		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 			continue

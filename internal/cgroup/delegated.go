@@ -26,6 +26,10 @@ func Delegated(mountinfo, selfCgroup, parent string) (*Hierarchy, error) {
 	if err != nil {
 		return nil, err
 	}
+	unit, ok := own[""]
+	if !ok {
+		unit = own["name=systemd"]
+	}
 	for _, c := range controllers {
 		key := c
 		if h.V2[c] {
@@ -34,6 +38,15 @@ func Delegated(mountinfo, selfCgroup, parent string) (*Hierarchy, error) {
 		p, ok := own[key]
 		if !ok {
 			return nil, fmt.Errorf("cgroup: %s names no group of this process for the %s controller", selfCgroup, c)
+		}
+		// A v1 controller the service manager did not delegate (the process
+		// sits in a group of a parent there: systemd leaves cpu with the
+		// slice when cpu and cpuacct are mounted apart) is left alone.
+		if !h.V2[c] && unit != "" && p != unit && c != "pids" {
+			delete(h.Roots, c)
+			delete(h.Dirs, c)
+			h.Undelegated = append(h.Undelegated, c)
+			continue
 		}
 		// A leaf made by EnterLeaf (a restart of the process, or systemd's
 		// DelegateSubgroup=) is not the delegated group itself.
@@ -87,8 +100,8 @@ func readSelf(path string) (map[string]string, error) {
 		if len(parts) != 3 || !strings.HasPrefix(parts[2], "/") {
 			continue
 		}
-		if parts[1] == "" {
-			out[""] = parts[2]
+		if parts[1] == "" || parts[1] == "name=systemd" {
+			out[parts[1]] = parts[2]
 			continue
 		}
 		for _, c := range strings.Split(parts[1], ",") {

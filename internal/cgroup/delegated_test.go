@@ -16,7 +16,8 @@ func writeFile(t *testing.T, dir, name, text string) string {
 }
 
 // A v1 (hybrid) host: each controller's groups go under the process's own
-// group in that controller's hierarchy.
+// group in that controller's hierarchy; one where the process sits outside
+// its unit's group (not delegated) is left out.
 func TestDelegatedV1(t *testing.T) {
 	dir := t.TempDir()
 	mi := writeFile(t, dir, "mountinfo", `61 54 0:30 / /cg/cpu rw - cgroup cgroup rw,cpu
@@ -33,8 +34,10 @@ func TestDelegatedV1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if h.Dirs["cpu"] != "" || len(h.Undelegated) != 1 || h.Undelegated[0] != "cpu" {
+		t.Errorf("cpu is not delegated: dir %q, undelegated %v", h.Dirs["cpu"], h.Undelegated)
+	}
 	want := map[string]string{
-		"cpu":    "/cg/cpu/aenv/n1",
 		"memory": "/cg/memory/system.slice/aenvd.service/aenv/n1",
 		"pids":   "/cg/pids/system.slice/aenvd.service/aenv/n1",
 	}
