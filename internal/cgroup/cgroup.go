@@ -137,6 +137,15 @@ func readMounts(path string) (map[string]string, error) {
 	}
 	defer f.Close()
 	out := map[string]string{}
+	whole := map[string]bool{} // out[key] mounts the hierarchy's root
+	set := func(key, mountpoint, root string) {
+		// A bind mount of a group below the root (systemd's ReadWritePaths=
+		// of a delegated group) does not replace the hierarchy's mount.
+		if whole[key] && root != "/" {
+			return
+		}
+		out[key], whole[key] = mountpoint, root == "/"
+	}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// id parent major:minor root mountpoint opts... - fstype source superopts
@@ -147,11 +156,11 @@ func readMounts(path string) (map[string]string, error) {
 		}
 		switch tail[0] {
 		case "cgroup2":
-			out["cgroup2"] = fields[4]
+			set("cgroup2", fields[4], fields[3])
 		case "cgroup":
 			for _, o := range strings.Split(tail[2], ",") {
 				if slices.Contains(controllers, o) {
-					out["cgroup:"+o] = fields[4]
+					set("cgroup:"+o, fields[4], fields[3])
 				}
 			}
 		}

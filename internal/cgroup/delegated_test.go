@@ -23,6 +23,7 @@ func TestDelegatedV1(t *testing.T) {
 	mi := writeFile(t, dir, "mountinfo", `61 54 0:30 / /cg/cpu rw - cgroup cgroup rw,cpu
 62 54 0:31 / /cg/memory rw - cgroup cgroup rw,memory
 67 54 0:35 / /cg/pids rw - cgroup cgroup rw,pids
+80 62 0:31 /system.slice/aenvd.service /cg/memory/system.slice/aenvd.service rw - cgroup cgroup rw,memory
 69 54 0:37 / /cg/unified rw - cgroup2 cgroup rw
 `)
 	self := writeFile(t, dir, "cgroup", `8:pids:/system.slice/aenvd.service
