@@ -83,4 +83,15 @@ fi
 echo "health: $(inside curl -sS -o /dev/null -w "%{http_code}" http://127.0.0.1:3000/health)"; inside journalctl -u aenvd --no-pager -o cat | grep -E "template|listen|serving|control groups" | tail -4 | cut -c1-400
 [ "${AENV_BOOT_SANDBOX:-1}" = 0 ] && { echo "PASS"; exit 0; }
 . "$repo/deploy/nspawn/sandbox.sh"
+# E2B's SDK (installed in the checkout by .ci/setup.d/30-e2b-sdk.sh) with the
+# host's Node.js, in the container's network namespace only.
+sdk=$repo/guest/agent/e2e/sdk-2.51.0
+if [ -f "$sdk/node_modules/e2b/package.json" ] && command -v node >/dev/null; then
+  nsenter -t "$pid" -n -- env E2B_API_URL=http://127.0.0.1:3000 E2B_SANDBOX_URL=http://127.0.0.1:3001 \
+    E2B_API_KEY="$key" AENV_E2B_SDK_DIR="$sdk" node "$repo/deploy/nspawn/e2b.mjs" || fail "the E2B SDK steps"
+elif [ "${CI:-}" = true ]; then
+  fail "no E2B SDK in $sdk or no node (.ci/setup.d/30-e2b-sdk.sh)"
+else
+  echo "SKIP the E2B SDK steps: no SDK in $sdk or no node (.ci/setup.d/30-e2b-sdk.sh)"
+fi
 echo "PASS"
