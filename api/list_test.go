@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"github.com/agentenv/agentenv/disk/disktest"
 	"net/http"
 	"net/url"
 	"os"
@@ -44,7 +45,7 @@ func listTestHandler(t *testing.T) (http.Handler, map[string]time.Time) {
 	if err := st.Put(store.Templates, tpl.ID, tpl); err != nil {
 		t.Fatal(err)
 	}
-	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, VCPUs: 1, MemoryMiB: 256})
+	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, Storage: disktest.Devices(t), VCPUs: 1, MemoryMiB: 256})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"github.com/agentenv/agentenv/disk/disktest"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -27,7 +28,7 @@ func TestSandboxMetricsRange(t *testing.T) {
 	if err := st.Put(store.Sandboxes, rec.ID, rec); err != nil {
 		t.Fatal(err)
 	}
-	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
+	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, Storage: disktest.Devices(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

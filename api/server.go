@@ -18,6 +18,7 @@ import (
 	"github.com/agentenv/agentenv/api/webhooks"
 	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/snapshot/repo/upload"
 	"github.com/agentenv/agentenv/store"
 	"github.com/go-chi/chi/v5"
 )
@@ -56,7 +57,15 @@ type Options struct {
 	// StateDir is the node's state directory, where its status (draining
 	// or ready) is kept across restarts; empty keeps it in memory.
 	StateDir string
-	Logger   *slog.Logger
+	// Repository reports the snapshots' commits to the snapshot
+	// repository (replica.Replica); nil when the node has none.
+	Repository RepositoryStatus
+	Logger     *slog.Logger
+}
+
+// RepositoryStatus is where a snapshot's commit to the repository is.
+type RepositoryStatus interface {
+	SnapshotStatus(id string) (upload.Status, bool)
 }
 
 // Server implements ServerInterface over the orchestrator.

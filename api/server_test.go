@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/agentenv/agentenv/disk/disktest"
 	"io"
 	"log/slog"
 	"net/http"
@@ -36,7 +37,7 @@ func testOptions(t testing.TB) Options {
 	t.Helper()
 	dir := t.TempDir()
 	st := testStore(t, dir)
-	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
+	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, Storage: disktest.Devices(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +222,7 @@ func TestSandboxDetailNetwork(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
+	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, Storage: disktest.Devices(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +257,7 @@ func TestMetricsRoute(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	st := testStore(t, dir)
-	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
+	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, Storage: disktest.Devices(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

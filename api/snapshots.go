@@ -5,7 +5,6 @@ import (
 	"net/http"
 
 	"github.com/agentenv/agentenv/api/wire"
-	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/snapshot"
 )
 
@@ -133,7 +132,10 @@ func (s *Server) snapshotInfo(r snapshot.Record) wire.SnapshotInfo {
 	info := wire.SnapshotInfo{SnapshotID: r.ID, Names: names, SandboxID: r.SandboxID, TemplateID: r.TemplateID,
 		CreatedAt: r.CreatedAt, CpuCount: ptr(int32(r.VCPUs)), MemoryMB: ptr(int32(r.MemoryMiB)),
 		MemoryLayers: int32(mem), RootfsLayers: int32(rootfs)}
-	if st, ok := s.o.RepositoryStatus(orchestrator.ManifestOfSnapshot(r.ID)); ok {
+	if s.opts.Repository == nil {
+		return info
+	}
+	if st, ok := s.opts.Repository.SnapshotStatus(r.ID); ok {
 		info.Repository = ptr(string(st.State))
 		if st.Error != "" {
 			info.RepositoryError = ptr(st.Error)

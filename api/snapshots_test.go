@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"github.com/agentenv/agentenv/disk/disktest"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -32,7 +33,7 @@ func TestDeleteSnapshotAsTemplate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
+	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, Storage: disktest.Devices(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"github.com/agentenv/agentenv/disk/disktest"
 	"net/http"
 	"path/filepath"
 	"testing"
@@ -19,7 +20,7 @@ import (
 func TestTemplateTags(t *testing.T) {
 	dir := t.TempDir()
 	st := testStore(t, dir)
-	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, VCPUs: 1, MemoryMiB: 256})
+	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, Storage: disktest.Devices(t), VCPUs: 1, MemoryMiB: 256})
 	if err != nil {
 		t.Fatal(err)
 	}

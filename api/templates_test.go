@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"github.com/agentenv/agentenv/disk/disktest"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -24,7 +25,7 @@ import (
 func TestTemplateBuildAPIWithoutVMs(t *testing.T) {
 	dir := t.TempDir()
 	st := testStore(t, dir)
-	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, VCPUs: 1, MemoryMiB: 256})
+	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, Storage: disktest.Devices(t), VCPUs: 1, MemoryMiB: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,10 +80,11 @@ func TestTemplateBuildAPIWithoutVMs(t *testing.T) {
 	expect("GET", "/templates/"+tid+"/files/XYZ", "", http.StatusBadRequest)
 	expect("GET", "/templates/nosuch/files/"+hash, "", http.StatusNotFound)
 
-	// Without the storage daemon builds are refused with a clear message.
-	w := expect("POST", "/v2/templates/"+tid+"/builds/"+created.BuildID, `{"fromImage":"alpine:3"}`, http.StatusBadRequest)
-	if !strings.Contains(w.Body.String(), "storaged") {
-		t.Fatalf("build without a daemon: %s", w.Body)
+	// A build naming no base is refused with a clear message (and stays
+	// waiting).
+	w := expect("POST", "/v2/templates/"+tid+"/builds/"+created.BuildID, `{}`, http.StatusBadRequest)
+	if !strings.Contains(w.Body.String(), "fromImage") {
+		t.Fatalf("build without a base: %s", w.Body)
 	}
 	var info wire.TemplateBuildInfo
 	json.Unmarshal(expect("GET", "/templates/"+tid+"/builds/"+created.BuildID+"/status", "", http.StatusOK).Body.Bytes(), &info)

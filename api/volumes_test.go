@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"github.com/agentenv/agentenv/disk/disktest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -123,7 +124,7 @@ func TestVolumeOfPausedSandbox(t *testing.T) {
 	if err := st.Put(store.Sandboxes, r.ID, r); err != nil {
 		t.Fatal(err)
 	}
-	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
+	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, Storage: disktest.Devices(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

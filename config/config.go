@@ -178,8 +178,10 @@ func (c *Config) ImageCacheDir() string {
 // Storage chooses where sandbox root disks come from.
 type Storage struct {
 	// Backend is "storaged" (layered images exported over NBD by
-	// aenv-storaged: a fresh upper per sandbox, sealed on pause) or "files"
-	// (a sparse copy of the template's rootfs file per sandbox).
+	// aenv-storaged, a process of its own that outlives aenvd: a fresh upper
+	// per sandbox, sealed on pause) or "local" (the same daemon run inside
+	// aenvd, its state under <data_dir>/storage; "files", its former name,
+	// is accepted).
 	Backend string `toml:"backend" env:"AENVD_STORAGE_BACKEND"`
 	// Socket is aenv-storaged's RPC socket; aenvd starts the daemon when
 	// nothing answers there. Default <data_dir>/storaged/storaged.sock.
@@ -192,7 +194,7 @@ type Storage struct {
 	PoolLow  int `toml:"pool_low" env:"AENVD_STORAGE_POOL_LOW"`
 	PoolHigh int `toml:"pool_high" env:"AENVD_STORAGE_POOL_HIGH"`
 	// VolumeSizeMiB is the size limit of a volume whose create names none
-	// (E2B's SDK never does), 16..65536; volumes need the storaged backend.
+	// (E2B's SDK never does), 16..65536.
 	VolumeSizeMiB int `toml:"volume_size_mib" env:"AENVD_STORAGE_VOLUME_SIZE_MIB"`
 	// MemoryDevices maps restored VMs' memory from the daemon's shared
 	// read-only ublk device of the memory image's layer stack (one per
@@ -424,8 +426,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: data_dir is empty")
 	case c.API.Listen == "":
 		return fmt.Errorf("config: api.listen is empty")
-	case c.Storage.Backend != "storaged" && c.Storage.Backend != "files":
-		return fmt.Errorf("config: storage.backend %q: want storaged or files", c.Storage.Backend)
+	case c.Storage.Backend != "storaged" && c.Storage.Backend != "local" && c.Storage.Backend != "files":
+		return fmt.Errorf("config: storage.backend %q: want storaged or local", c.Storage.Backend)
 	case c.VMM.UIDBase < 0 || c.VMM.UIDBase > maxVMMUIDBase:
 		return fmt.Errorf("config: vmm.uid_base %d: want 0 (VMMs run as root) up to %d (room for every slot's uid)", c.VMM.UIDBase, maxVMMUIDBase)
 	case c.VMM.Driver != "auto" && c.VMM.Driver != "qemu" && c.VMM.Driver != "firecracker":

@@ -32,7 +32,7 @@ func (o *Orchestrator) EnableBuilds(ctx context.Context, opt template.ImageOptio
 		return fmt.Errorf("enable builds: %w", err)
 	}
 	o.builds.Store(b)
-	o.lazy.resumeAll(ctx) // the templates are known now
+	o.localizeAll(ctx) // the templates are known now
 	return nil
 }
 
@@ -59,9 +59,6 @@ func (o *Orchestrator) StartBuild(templateID, buildID string, spec template.Buil
 	b, err := o.builder()
 	if err != nil {
 		return err
-	}
-	if o.sd == nil {
-		return fmt.Errorf("template builds need the storaged storage backend: %w", ErrInvalid)
 	}
 	return b.Start(templateID, buildID, spec)
 }
@@ -100,35 +97,20 @@ func (h buildHost) Committed(idOrName string) (*template.Template, error) {
 	return h.o.Template(idOrName)
 }
 
-// Publish serves a ready template here and queues its commit to the
-// repository (templaterepo.go).
+// Publish serves a ready template here and runs the TemplateReady hooks
+// (the repository queues its commit).
 func (h buildHost) Publish(t *template.Template) {
 	h.o.setTemplate(t)
-	h.o.commitTemplate(context.Background(), t)
+	h.o.afterTemplateReady(context.Background(), t)
 }
 
 func (h buildHost) BuildDisk(id, dir, imageConfig string) template.Disk {
-	return &buildDisk{recordDisk{o: h.o, rec: &Record{ID: id, Dir: dir, Gen: 1, RootfsImage: imageConfig}}}
+	return h.o.disks.BuildDisk(id, dir, imageConfig)
 }
 
 func (h buildHost) RestoreMemory(ctx context.Context, snapshotDir string) (string, error) {
 	m, _, err := h.o.restoreMemory(ctx, snapshotDir, false)
 	return m.File, err
-}
-
-// buildDisk is a build VM's root disk: a bare record's device, committed
-// once by a seal.
-type buildDisk struct{ recordDisk }
-
-func (d *buildDisk) Seal(ctx context.Context) (string, error) {
-	// The new template's config lists the device's layers: files only.
-	if err := d.o.lazy.settle(ctx, d.rec.RootfsImage); err != nil {
-		return "", err
-	}
-	if err := sealAndDelete(ctx, d.o.sd, d.rec); err != nil {
-		return "", err
-	}
-	return d.rec.RootfsImage, nil
 }
 
 // templateByName finds a committed template by one of its names; o.mu must

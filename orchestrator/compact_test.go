@@ -12,9 +12,9 @@ import (
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/snapshot"
-	"github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/storage/lsmt"
 	"github.com/agentenv/agentenv/store"
+	"github.com/agentenv/agentenv/vmm/memsnap"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -62,16 +62,19 @@ func writeLayer(t *testing.T, path, parent string, data map[int64]byte, zeroed [
 	}
 }
 
+// readStack reads a stack of layers flattened (as a VM would see it).
 func readStack(t *testing.T, layers []string) []byte {
 	t.Helper()
-	im, err := image.OpenLayers(context.Background(), layers, image.Options{})
+	flat := filepath.Join(t.TempDir(), "flat")
+	if err := memsnap.Materialize(context.Background(), layers, flat); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(flat)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer im.Close()
-	b := make([]byte, compactSize)
-	if _, err := im.ReadAt(b, 0); err != nil {
-		t.Fatal(err)
+	if len(b) != compactSize {
+		t.Fatalf("%v flattened to %d bytes, want %d", layers, len(b), compactSize)
 	}
 	return b
 }

@@ -71,8 +71,8 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	done := o.m.observe("create")
 	defer func() { done(err) }()
 	// Layers a repository import left remote are fetched once the VM
-	// answered (lazy.go).
-	defer o.lazy.startLater()
+	// answered (disk/lazy.go).
+	defer o.disks.StartLocalize()
 	if err := o.bringSource(ctx, opts.TemplateID); err != nil {
 		return rec, err
 	}
@@ -99,9 +99,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	if err := o.recordNew(s); err != nil {
 		return rec, err
 	}
-	if err := o.disks.prepare(ctx, t, &s.rec); err != nil {
-		return rec, err
-	}
+	s.rec.RootfsImage = t.RootfsImage
 	if err := prepareDrives(ctx, &s.rec); err != nil {
 		return rec, err
 	}
@@ -123,25 +121,18 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec Reco
 	return rec, nil
 }
 
-// bringSource brings a snapshot or template committed by another node here
-// when this node knows no template or snapshot of that id or name
-// (import.go, templaterepo.go); outside refMu,
-// which the fetch would hold for long.
+// bringSource runs the before-hooks that bring a snapshot or template
+// committed by another node here when this node knows no template or
+// snapshot of that id or name (hooks.go); outside refMu, which the fetch
+// would hold for long.
 func (o *Orchestrator) bringSource(ctx context.Context, id string) error {
-	if o.cfg.Remote == nil {
+	if !o.hasMissingHooks() {
 		return nil
 	}
 	if _, err := o.source(id); !errors.Is(err, ErrNotFound) {
 		return nil
 	}
-	err := o.importSnapshot(ctx, id)
-	if errors.Is(err, ErrNotFound) {
-		err = o.importTemplate(ctx, id) // templaterepo.go
-	}
-	if err != nil && !errors.Is(err, ErrNotFound) {
-		return err
-	}
-	return nil
+	return o.beforeMissingSource(ctx, id)
 }
 
 // register resolves the create's source and enters the new sandbox, in
@@ -241,8 +232,8 @@ func (o *Orchestrator) remove(ctx context.Context, s *instance) error {
 	o.returnVolumes(ctx, s)
 	o.releaseDevice(ctx, s)
 	o.unlist(s)
-	o.cancelPauseUploads(s.rec)
-	o.lazy.forget(s.rec.Dir)
+	o.afterRemoved(s.rec) // the repository cancels its pause uploads
+	o.disks.Forget(s.rec.Dir)
 	o.flat.stop(s.rec.ID)
 	if err := os.RemoveAll(s.rec.Dir); err != nil {
 		o.log.Warn("remove sandbox dir", "sandbox", s.rec.ID, "err", err)

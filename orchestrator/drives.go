@@ -2,16 +2,12 @@ package orchestrator
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
-	"github.com/agentenv/agentenv/storage/daemon/client"
-	"github.com/agentenv/agentenv/storage/daemon/rpc"
-	storimage "github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/template"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/volume"
@@ -28,10 +24,9 @@ import (
 
 // Limits of a create's drives.
 const (
-	MaxDrives      = sandbox.MaxDriveSlots
-	MaxDriveMiB    = 64 << 10 // a blank volume: sparse, so only what is written takes space
-	minDriveMiB    = 1
-	driveLayerMode = 0o600
+	MaxDrives   = sandbox.MaxDriveSlots
+	MaxDriveMiB = 64 << 10 // a blank volume: sparse, so only what is written takes space
+	minDriveMiB = 1
 )
 
 // DriveRequest is one extra drive of a create: exactly one of Image (a
@@ -96,9 +91,6 @@ func (o *Orchestrator) planDrives(t *template.Template, reqs []DriveRequest) ([]
 	if len(reqs) == 0 {
 		return out, nil
 	}
-	if o.disks.name() != "storaged" {
-		return nil, fmt.Errorf("drives: this node keeps disks as files; extra drives need the storage daemon: %w", ErrInvalid)
-	}
 	if free := t.DriveSlots - len(t.Drives); len(reqs) > free {
 		return nil, fmt.Errorf("drives: %s has %d free drive slots (of %d), %d drives asked (a template built before drive slots existed has none; rebuild it): %w",
 			t.ID, max(free, 0), t.DriveSlots, len(reqs), ErrInvalid)
@@ -139,34 +131,12 @@ func prepareDrives(ctx context.Context, rec *Record) error {
 			continue
 		}
 		base := filepath.Join(rec.Dir, fmt.Sprintf("drive%d-base", d.Slot))
-		if err := blankLayer(ctx, base, int64(d.SizeMiB)<<20); err != nil {
+		if err := disk.BlankLayer(ctx, base, int64(d.SizeMiB)<<20); err != nil {
 			return fmt.Errorf("drive %s: %w", sandbox.GuestDisk(d.Slot), err)
 		}
 		d.Config = base + ".json"
 	}
 	return nil
-}
-
-// blankLayer writes base.lsmt, a sealed layer of size bytes that holds no
-// data, and base.json, the image config of it.
-func blankLayer(ctx context.Context, base string, size int64) error {
-	raw := base + ".raw"
-	f, err := os.OpenFile(raw, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, driveLayerMode)
-	if err != nil {
-		return fmt.Errorf("blank volume: %w", err)
-	}
-	defer os.Remove(raw)
-	err = f.Truncate(size)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("blank volume: %w", err)
-	}
-	if _, err := storimage.ImportRaw(ctx, raw, base+".lsmt", storimage.CommitOptions{Message: "blank volume"}); err != nil {
-		return fmt.Errorf("blank volume: %w", err)
-	}
-	return snapshot.WriteImageConfig(base+".json", []string{base + ".lsmt"})
 }
 
 // vmDrives is the slot list of s's VM (sandbox.Spec.Drives).
@@ -203,12 +173,12 @@ func (d driveDisk) Attach(ctx context.Context, as *vmm.Identity) (vmm.Drive, err
 	d.s.mu.Lock()
 	owner, drive := d.s.rec.ID, d.s.rec.Drives[d.i].Drive
 	d.s.mu.Unlock()
-	vd, dev, err := d.o.disks.drive(ctx, owner, drive, as)
+	vd, dev, err := d.o.disks.AttachDrive(ctx, owner, sandbox.SlotID(drive.Slot), drive, as)
 	if err != nil {
 		return vd, err
 	}
 	d.s.mu.Lock()
-	d.s.rec.Drives[d.i].Device, d.s.rec.Drives[d.i].HasDevice = dev.ID, dev.Has
+	d.s.rec.Drives[d.i].Device, d.s.rec.Drives[d.i].HasDevice = dev, true
 	d.s.mu.Unlock()
 	return vd, nil
 }
@@ -216,35 +186,14 @@ func (d driveDisk) Attach(ctx context.Context, as *vmm.Identity) (vmm.Drive, err
 func (d driveDisk) Detach(ctx context.Context) {
 	d.s.mu.Lock()
 	ad := &d.s.rec.Drives[d.i]
-	dev, owner := device{ID: ad.Device, Has: ad.HasDevice}, d.s.rec.ID
+	dev, has, owner := ad.Device, ad.HasDevice, d.s.rec.ID
 	ad.Device, ad.HasDevice = 0, false
 	d.s.mu.Unlock()
-	if dev.Has {
-		d.o.disks.detach(ctx, owner, dev)
+	if has {
+		d.o.disks.Detach(ctx, owner, dev)
 	}
 }
 
-// drive creates the device of an extra drive: a read-only one exports the
-// image's layers alone, a writable one stacks a fresh upper on them.
-func (d *daemonDisks) drive(ctx context.Context, owner string, dr snapshot.Drive, as *vmm.Identity) (vmm.Drive, device, error) {
-	done := d.o.lazy.creating() // its config may be a template's still reading remote layers (lazy.go)
-	dev, err := d.sd.Create(ctx, rpc.CreateParams{Image: dr.Config, ReadOnly: dr.ReadOnly, Owner: owner, Block: d.block, ConnectAs: connectAs(as)})
-	done()
-	if errors.Is(err, rpc.ErrCapacity) {
-		return vmm.Drive{}, device{}, fmt.Errorf("drive device: %w: %w", err, ErrCapacity)
-	}
-	if err != nil {
-		return vmm.Drive{}, device{}, fmt.Errorf("drive device: %w", err)
-	}
-	return d.vmDrive(sandbox.SlotID(dr.Slot), dev, dr.ReadOnly), device{ID: dev.ID, Has: true}, nil
-}
-
-func (fileDisks) drive(context.Context, string, snapshot.Drive, *vmm.Identity) (vmm.Drive, device, error) {
-	return vmm.Drive{}, device{}, fmt.Errorf("extra drives need the storage daemon: %w", ErrInvalid)
-}
-
-// devices lists the storage-daemon devices r holds: its root disk's and
-// its drives'.
 // diskConfigs are the image configs of the record's root disk and drives.
 type diskConfigs struct {
 	rootfs string
@@ -270,6 +219,8 @@ func (r *Record) setDiskConfigs(c diskConfigs) {
 	}
 }
 
+// devices lists the storage-daemon devices r holds: its root disk's and
+// its drives'.
 func (r Record) devices() []uint32 {
 	var out []uint32
 	if r.HasDevice {
@@ -293,20 +244,14 @@ func (r *Record) clearDevices() {
 
 // deleteDevices deletes every device r holds (recovery; a device already
 // gone is no error).
-func deleteDevices(ctx context.Context, sd client.Devices, r Record) error {
-	var errs []error
-	for _, id := range r.devices() {
-		if err := sd.Delete(ctx, id); err != nil && !errors.Is(err, rpc.ErrNotFound) {
-			errs = append(errs, fmt.Errorf("delete device %d of sandbox %s: %w", id, r.ID, err))
-		}
-	}
-	return errors.Join(errs...)
+func deleteDevices(ctx context.Context, disks *disk.Manager, r Record) error {
+	return disks.DeleteDevices(ctx, "sandbox "+r.ID, r.devices())
 }
 
 // sealDrives (vCPUs stopped) seals the upper of every writable drive of
 // rec into a layer drive<slot>-<tag> and returns the drives pointed at
 // the configs listing their layers now; read-only drives never change.
-func sealDrives(ctx context.Context, sd client.Devices, rec Record, tag, message string, mode sealMode) ([]AttachedDrive, error) {
+func sealDrives(ctx context.Context, disks *disk.Manager, rec Record, tag, message string, mode disk.SealMode) ([]AttachedDrive, error) {
 	out := append([]AttachedDrive(nil), rec.Drives...)
 	for i, d := range out {
 		if d.ReadOnly {
@@ -316,7 +261,7 @@ func sealDrives(ctx context.Context, sd client.Devices, rec Record, tag, message
 			return nil, fmt.Errorf("seal drive %s of %s: no device", sandbox.GuestDisk(d.Slot), rec.ID)
 		}
 		one := Record{ID: rec.ID, Dir: rec.Dir, Device: d.Device, HasDevice: true}
-		cfg, err := sealDevice(ctx, sd, one, fmt.Sprintf("drive%d-%s", d.Slot, tag), message, mode)
+		cfg, err := sealDevice(ctx, disks, one, fmt.Sprintf("drive%d-%s", d.Slot, tag), message, mode)
 		if err != nil {
 			return nil, fmt.Errorf("drive %s: %w", sandbox.GuestDisk(d.Slot), err)
 		}
@@ -335,7 +280,7 @@ func (o *Orchestrator) sealSandboxDrives(ctx context.Context, s *instance, tag, 
 	if len(rec.Drives) == 0 {
 		return nil
 	}
-	drives, err := sealDrives(ctx, o.sd, rec, tag, message, keepUpper)
+	drives, err := sealDrives(ctx, o.disks, rec, tag, message, keepUpper)
 	if err != nil {
 		return err
 	}

@@ -45,11 +45,12 @@ func TestCheckDrives(t *testing.T) {
 }
 
 // TestPlanDrives: a create's drives go into the free slots after those its
-// snapshot carries; more drives than free slots, a node without the storage
-// daemon and an unknown image are refused.
+// snapshot carries; more drives than free slots and an image without a
+// layered root disk are refused.
 func TestPlanDrives(t *testing.T) {
-	o := &Orchestrator{disks: &daemonDisks{}, templates: map[string]*template.Template{
-		"img": {ID: "img", RootfsImage: "/data/templates/img/rootfs.json"},
+	o := &Orchestrator{templates: map[string]*template.Template{
+		"img":  {ID: "img", RootfsImage: "/data/templates/img/rootfs.json"},
+		"flat": {ID: "flat"},
 	}}
 	tpl := &template.Template{ID: "base", DriveSlots: 4}
 	got, err := o.planDrives(tpl, []DriveRequest{{Image: "img", ReadOnly: true}, {SizeMiB: 8}})
@@ -80,7 +81,7 @@ func TestPlanDrives(t *testing.T) {
 	}{
 		"no slots":      {o, &template.Template{ID: "old"}, []DriveRequest{{SizeMiB: 8}}},
 		"too few slots": {o, snap, []DriveRequest{{SizeMiB: 8}, {SizeMiB: 8}, {SizeMiB: 8}, {SizeMiB: 8}}},
-		"file disks":    {&Orchestrator{disks: fileDisks{}}, tpl, []DriveRequest{{SizeMiB: 8}}},
+		"flat image":    {o, tpl, []DriveRequest{{Image: "flat"}}},
 	} {
 		if _, err := c.o.planDrives(c.t, c.reqs); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)

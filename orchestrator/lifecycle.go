@@ -147,7 +147,7 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 	}
 	o.flattenPaused(ctx, id, snapDir)
 	o.log.Info("sandbox paused", "sandbox", id)
-	o.commitPause(ctx, rec)
+	o.afterPaused(ctx, rec) // the repository's commit (hooks.go)
 	o.maybeCompact(rec)
 	return nil
 }
@@ -226,9 +226,9 @@ func (o *Orchestrator) resumeAfterFailedPause(ctx context.Context, s *instance, 
 // neither used nor changed. resumed reports which.
 func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Duration, memory bool) (rec Record, resumed bool, err error) {
 	s, err := o.lockOp(id)
-	if errors.Is(err, ErrNotFound) && o.cfg.Remote != nil {
-		// Paused on another node sharing the repository?
-		if ierr := o.importPaused(ctx, id); ierr != nil && !errors.Is(ierr, ErrNotFound) {
+	if errors.Is(err, ErrNotFound) && o.hasMissingHooks() {
+		// Paused on another node sharing the repository? (hooks.go)
+		if ierr := o.beforeMissingSandbox(ctx, id); ierr != nil {
 			return rec, false, ierr
 		}
 		s, err = o.lockOp(id)
@@ -253,7 +253,7 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 	}
 	// The layers a repository import left remote are fetched once the VM
 	// answered (or failed to): the restore reads first.
-	defer o.lazy.startLater()
+	defer o.disks.StartLocalize()
 	if err := o.resumeLocked(ctx, s, timeout, memory); err != nil {
 		return rec, false, fmt.Errorf("resume sandbox %s: %w", id, err)
 	}

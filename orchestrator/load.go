@@ -37,14 +37,14 @@ func (o *Orchestrator) load(ctx context.Context) error {
 			continue
 		}
 		o.log.Error("dropping sandbox that cannot be re-adopted", "sandbox", r.ID, "state", r.State)
-		if err := dropRecord(ctx, o.store, o.sd, r); err != nil {
+		if err := dropRecord(ctx, o.store, o.disks, r); err != nil {
 			return err
 		}
 	}
 	o.removeUnowned()
 	o.removeUnownedGroups()
 	if o.memDev != nil {
-		o.memDev.releaseUnheld(ctx, func(holder string) bool {
+		o.memDev.ReleaseUnheld(ctx, func(holder string) bool {
 			for _, s := range o.sandboxes {
 				if s.vm != nil && vmName(s.rec) == holder {
 					return true
@@ -59,11 +59,11 @@ func (o *Orchestrator) load(ctx context.Context) error {
 
 // pausedIntact reports whether a paused sandbox still has what its resume
 // needs: its snapshot, or for a filesystem-only pause its root disk (the
-// storage daemon's image config, or the disk file).
+// storage daemon's image config).
 func pausedIntact(r Record) bool {
 	need := []string{r.Snapshot}
 	if r.FilesystemOnly {
-		need = []string{r.RootfsImage, r.Rootfs}
+		need = []string{r.RootfsImage}
 	}
 	for _, p := range need {
 		if _, err := os.Stat(p); p != "" && err == nil {
@@ -156,7 +156,7 @@ func (o *Orchestrator) adoptRunning(ctx context.Context, r Record, m vmm.Machine
 	if err == nil {
 		s.vm = sandbox.Adopt(o.vms, vmName(s.rec), m, slot, vmDisk{o, s}, o.vmDrives(s, s.rec))
 		if o.memDev != nil && isDevice(r.Memory.File) {
-			s.vm.HoldMemory(o.memDev.adopted(ctx, r.Memory.File, vmName(r)))
+			s.vm.HoldMemory(o.memDev.Adopted(ctx, r.Memory.File, vmName(r)))
 		}
 		err = func() error {
 			// A crash during a snapshot leaves the vCPUs stopped.
@@ -194,7 +194,7 @@ func (o *Orchestrator) pauseUnadoptable(ctx context.Context, s *instance, m vmm.
 	o.log.Warn("re-adopted VM cannot run on; pausing the sandbox", "sandbox", r.ID, "err", cause)
 	// The slot goes back only once the VM using its tap is stopped
 	// (pauseAdopted stops it whatever happens).
-	perr := pauseAdopted(ctx, journal{store: o.store, log: o.log, recovery: true}, o.sd, r, m, o.log)
+	perr := pauseAdopted(ctx, journal{store: o.store, log: o.log, recovery: true}, o.disks, r, m, o.log)
 	if slot != nil {
 		_ = o.nets.Release(context.WithoutCancel(ctx), slot)
 	} else {
@@ -202,7 +202,7 @@ func (o *Orchestrator) pauseUnadoptable(ctx context.Context, s *instance, m vmm.
 	}
 	if perr != nil {
 		o.log.Error("cannot keep the re-adopted sandbox; dropping it", "sandbox", r.ID, "err", perr)
-		if err := dropRecord(ctx, o.store, o.sd, r); err != nil {
+		if err := dropRecord(ctx, o.store, o.disks, r); err != nil {
 			o.log.Error("drop sandbox", "sandbox", r.ID, "err", err)
 		}
 		return

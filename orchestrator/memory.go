@@ -91,13 +91,13 @@ func (o *Orchestrator) restoreMemory(ctx context.Context, vmDir string, overlay 
 
 // vmMemory returns the memory image of a VM (named holder) restored from
 // vmDir, as the VM maps it, and what the restore gets: with memory devices
-// (memdevice.go) the shared device of the image's stack, held for holder;
+// (disk/memory.go) the shared device of the image's stack, held for holder;
 // else restoreMemory's file and layers.
 func (o *Orchestrator) vmMemory(ctx context.Context, vmDir, holder string) (snapshot.MemoryImage, sandbox.Memory, error) {
 	if o.memDev != nil {
 		m, err := snapshot.ReadMemoryManifest(vmDir)
 		if err == nil && m.Layered() {
-			return o.memDev.acquire(ctx, vmDir, m, holder)
+			return o.memDev.Acquire(ctx, vmDir, m, holder)
 		}
 	}
 	m, layers, err := o.restoreMemory(ctx, vmDir, true)

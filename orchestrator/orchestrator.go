@@ -37,9 +37,8 @@
 //
 // Every VM (a sandbox's create or resume, a fork child, a template's first
 // boot, a build VM) is brought up by package sandbox's one sequence of
-// stages. Root disks come from one backend chosen in New (disks.go): the
-// storage daemon (layers + a fresh upper per VM over NBD; a seal restacks
-// the upper into a layer) or a sparse copy of the template's rootfs file.
+// stages. Disks live on the storage daemon (package disk: layers + a fresh
+// upper per VM; a seal restacks the upper into a layer).
 package orchestrator
 
 import (
@@ -56,13 +55,12 @@ import (
 
 	"github.com/agentenv/agentenv/template"
 
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/orchestrator/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
-	"github.com/agentenv/agentenv/storage/daemon/client"
-	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/volume"
@@ -70,8 +68,7 @@ import (
 )
 
 const (
-	rootfsDrive = "rootfs"
-	nicID       = "eth0"
+	nicID = "eth0"
 )
 
 // State is a sandbox's lifecycle state.
@@ -124,9 +121,8 @@ type Record struct {
 	DiskMiB      int    `json:"diskMiB"`
 	EnvdVersion  string `json:"envdVersion"`
 	Dir          string `json:"dir"`
-	Rootfs       string `json:"rootfs,omitempty"` // file mode
 	// RootfsImage is the image config the daemon device is created from
-	// (daemon mode); Device is the live device while the VM runs.
+	// (disk/); Device is the live device while the VM runs.
 	RootfsImage string `json:"rootfsImage,omitempty"`
 	Device      uint32 `json:"device,omitempty"`
 	HasDevice   bool   `json:"hasDevice,omitempty"`
@@ -173,9 +169,12 @@ type Options struct {
 	Driver  vmm.Driver
 	Network *network.Manager
 	Store   *store.Store
-	// Storage is the storage daemon serving root disks; nil uses a sparse
-	// copy of the template's rootfs file per sandbox.
-	Storage client.Devices
+	// Storage is the storage daemon serving the node's disks (required):
+	// aenv-storaged's client or the daemon in process (disk.StartLocal).
+	Storage disk.Devices
+	// StorageBackend names it for the node's description (default
+	// "storaged").
+	StorageBackend string
 	// StoragePoolLow and StoragePoolHigh are the watermarks of the daemon's
 	// warm pool of root disks per template (zero: no pool).
 	StoragePoolLow, StoragePoolHigh int
@@ -193,14 +192,12 @@ type Options struct {
 	FlattenPaused bool
 	// MemoryDevices maps restored VMs' memory from the storage daemon's
 	// shared ublk device of the image's layer stack where the node can
-	// (memdevice.go); elsewhere, and when false, from flattened files.
+	// (disk/memory.go); elsewhere, and when false, from flattened files.
 	MemoryDevices bool
-	// Repository, when set, receives a commit of every pause and snapshot
-	// (repository.go); nil keeps them on this node only.
-	Repository Uploads
-	// Remote, when set, is the repository's read side: a connect to a
-	// sandbox paused on another node brings it here (import.go).
-	Remote Remote
+	// Remote, when set, is the repository's read side: rootfs layers an
+	// import left remote are fetched from it (disk/lazy.go). The repository
+	// itself joins as hooks (AttachReplica).
+	Remote disk.Fetcher
 	// Groups, when set, confines every VMM in a control group of its own
 	// (named as the VM); groups no running sandbox owns are removed at start.
 	Groups sandbox.Groups
@@ -234,7 +231,6 @@ type Orchestrator struct {
 	drv   vmm.Driver
 	nets  *network.Manager
 	store *store.Store
-	sd    client.Devices
 	log   *slog.Logger
 	m     *metrics
 
@@ -246,16 +242,14 @@ type Orchestrator struct {
 	// so a deletion sees every sandbox that will use what it deletes.
 	refMu sync.Mutex
 	matMu sync.Mutex // serialises memory imports and materializations
-	// importMu serialises bringing sandboxes and snapshots from the
-	// repository (import.go): one fetch per id, never two into one dir.
-	importMu sync.Mutex
-	bg       sync.WaitGroup
+	bg    sync.WaitGroup
 	// recording holds the memory files whose working set is being
 	// recorded (workingset.go), so two creates do not both record one.
 	recording sync.Map
-	// disks is the root-disk backend, chosen once in New; vms what a VM
-	// bring-up uses (sandbox.Start).
-	disks diskBackend
+	// disks are the node's disks on the storage daemon (package disk),
+	// including the lazy rootfs layers it moves onto local files; vms what
+	// a VM bring-up uses (sandbox.Start).
+	disks *disk.Manager
 	vms   sandbox.Deps
 	// builds is the template builder once EnableBuilds ran (builds.go).
 	builds atomic.Pointer[template.Builder]
@@ -264,9 +258,7 @@ type Orchestrator struct {
 	// journal writes every sandbox record, and is the one writer of a
 	// record's state (journal.go).
 	journal journal
-	// lazy moves rootfs layers read from the repository onto local files
-	// (lazy.go).
-	lazy *lazyRootfs
+	hooks   hookList // the verbs' hooks (hooks.go)
 	// volumes are the node's volumes (volumes.go).
 	volumes *volume.Store
 	// pool is the warm pool of VMM processes (pool.go); nil when off.
@@ -274,8 +266,8 @@ type Orchestrator struct {
 	// flat runs the background flattens of paused memory (flatten.go).
 	flat *flattener
 	// memDev, when set, maps restored VMs' memory from shared devices
-	// (memdevice.go); memWhy says why it is not. Both chosen once in New.
-	memDev *memoryDevices
+	// (disk/memory.go); memWhy says why it is not. Both chosen once in New.
+	memDev *disk.MemoryDevices
 	memWhy string
 }
 
@@ -319,34 +311,23 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	if opts.DefaultUser == "" {
 		opts.DefaultUser = "user"
 	}
-	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store, sd: opts.Storage,
+	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store,
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
 		sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
 	o.journal = journal{store: opts.Store, publish: o.published, log: o.log}
-	o.lazy = newLazyRootfs(o, opts.Registerer)
 	o.flat = newFlattener()
 	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups, Identities: vmmIdentities(opts, o.log)}
-	if opts.Storage != nil {
-		dd := &daemonDisks{sd: opts.Storage, poolLow: opts.StoragePoolLow, poolHigh: opts.StoragePoolHigh,
-			log: o.log, warmed: map[string]bool{}, o: o}
-		// Disks reach the VMM as ublk devices where the daemon can make
-		// them, else the way the VMM reaches NBD (rpc.ChooseBlock).
-		nc, _ := opts.Driver.(vmm.NBDDriver)
-		if f, err := opts.Storage.Features(ctx); err == nil {
-			dd.block = rpc.ChooseBlock(f, nc != nil && nc.SpeaksNBD())
-		} else {
-			o.log.Warn("storage daemon features unknown; disks go over NBD sockets", "err", err)
-		}
-		o.disks = dd
-		if opts.MemoryDevices {
-			o.memDev, o.memWhy = newMemoryDevices(opts.Storage, dd.block, opts.Driver, o.log)
-		} else {
-			o.memWhy = "storage.memory_devices is off"
-		}
-	} else {
-		o.disks = fileDisks{o: o}
+	disks, err := disk.New(ctx, disk.Options{Devices: opts.Storage, Backend: opts.StorageBackend, Driver: opts.Driver,
+		PoolLow: opts.StoragePoolLow, PoolHigh: opts.StoragePoolHigh, MemoryDevices: opts.MemoryDevices, Remote: opts.Remote,
+		Moved: o.lazyMoved, Registerer: opts.Registerer, Logger: o.log})
+	if err != nil {
+		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
-	o.log.Info("root disk backend", "backend", o.disks.name(), "transport", o.DiskTransport())
+	o.disks = disks
+	if o.memDev, o.memWhy = disks.Memory(); !opts.MemoryDevices {
+		o.memWhy = "storage.memory_devices is off"
+	}
+	o.log.Info("root disk backend", "backend", o.disks.Backend(), "transport", o.DiskTransport())
 	for _, d := range []string{"sandboxes", "snapshots"} {
 		if err := os.MkdirAll(filepath.Join(opts.DataDir, d), 0o700); err != nil {
 			return nil, fmt.Errorf("orchestrator: %w", err)
@@ -364,21 +345,19 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 		o.registerPoolMetrics(opts.Registerer)
 		o.pool.Start(ctx)
 	}
-	o.cancelOrphanUploads()
-	o.lazy.resumeAll(ctx)
+	o.localizeAll(ctx)
 	mode, why := o.memoryMode()
 	o.log.Info("guest memory images", "mode", mode, "why", why)
 	return o, nil
 }
 
-// DiskBackend names where root disks live: storaged (layered images) or
-// files.
-func (o *Orchestrator) DiskBackend() string { return o.disks.name() }
+// DiskBackend names the storage daemon the node's disks live on: storaged
+// (aenv-storaged) or local (in process).
+func (o *Orchestrator) DiskBackend() string { return o.disks.Backend() }
 
 // DiskTransport names how the node's VMs reach their root disks: a kernel
-// block device (ublk, nbd), NBD over the storage daemon's socket, or a
-// file.
-func (o *Orchestrator) DiskTransport() string { return o.disks.transport() }
+// block device (ublk, nbd) or NBD over the storage daemon's socket.
+func (o *Orchestrator) DiskTransport() string { return o.disks.Transport() }
 
 // Close drains the warm pool, stops the fetches of lazy rootfs layers (a
 // restart resumes them) and the flattens of paused memory, and waits for
@@ -388,7 +367,7 @@ func (o *Orchestrator) Close() {
 	if o.pool != nil {
 		o.pool.Close(context.Background())
 	}
-	o.lazy.close()
+	o.disks.Close()
 	o.flat.close()
 	o.bg.Wait()
 }

@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"errors"
+	"github.com/agentenv/agentenv/disk/disktest"
 	"os"
 	"path/filepath"
 	"testing"
@@ -26,10 +27,10 @@ func TestLoadKeepsPausedDropsTheRest(t *testing.T) {
 		t.Fatal(err)
 	}
 	recs := []Record{
-		{ID: "paused1", State: Paused, Snapshot: snap, Dir: t.TempDir(), StartedAt: time.Now()},
-		{ID: "fsonly1", State: Paused, FilesystemOnly: true, Rootfs: disk, Dir: t.TempDir()},
-		{ID: "fsonly2", State: Paused, FilesystemOnly: true, Rootfs: filepath.Join(dir, "gone"), Snapshot: snap, Dir: t.TempDir()},
-		{ID: "paused2", State: Paused, Snapshot: filepath.Join(dir, "gone"), Dir: t.TempDir()},
+		{ID: "paused1", State: Paused, Snapshot: snap, RootfsImage: disk, Dir: t.TempDir(), StartedAt: time.Now()},
+		{ID: "fsonly1", State: Paused, FilesystemOnly: true, RootfsImage: disk, Dir: t.TempDir()},
+		{ID: "fsonly2", State: Paused, FilesystemOnly: true, RootfsImage: filepath.Join(dir, "gone"), Snapshot: snap, Dir: t.TempDir()},
+		{ID: "paused2", State: Paused, Snapshot: filepath.Join(dir, "gone"), RootfsImage: disk, Dir: t.TempDir()},
 		{ID: "running1", State: Running, Dir: t.TempDir()},
 	}
 	for _, r := range recs {
@@ -37,7 +38,7 @@ func TestLoadKeepsPausedDropsTheRest(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	o, err := New(t.Context(), Options{DataDir: dir, Store: st})
+	o, err := New(t.Context(), Options{DataDir: dir, Store: st, Storage: disktest.Devices(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,17 +2,14 @@ package orchestrator
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/orchestrator/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
-	"github.com/agentenv/agentenv/storage/daemon/client"
-	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/template"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,9 +46,8 @@ func (o *Orchestrator) newPool() *warmpool.Pool {
 	if c.High <= 0 {
 		return nil
 	}
-	if _, ok := o.drv.(vmm.Preparer); !ok || o.sd == nil {
-		o.log.Warn("the warm pool of VMM processes stays off: it needs the storage daemon and a driver that starts VMMs ahead",
-			"driver", o.drv.Name(), "storaged", o.sd != nil)
+	if _, ok := o.drv.(vmm.Preparer); !ok {
+		o.log.Warn("the warm pool of VMM processes stays off: it needs a driver that starts VMMs ahead", "driver", o.drv.Name())
 		return nil
 	}
 	return warmpool.New(warmpool.Options{Store: o.store, Filler: poolFiller{o}, Dir: o.poolDir(),
@@ -176,7 +172,7 @@ func (o *Orchestrator) takeOver(ctx context.Context, s *instance, e *warmpool.En
 		return err
 	}
 	if e.HasDevice {
-		if _, err := o.sd.Assign(ctx, rpc.AssignParams{ID: e.Device, Owner: s.rec.ID}); err != nil {
+		if err := o.disks.Assign(ctx, e.Device, s.rec.ID); err != nil {
 			return fmt.Errorf("take over the device of pool entry %s: %w", e.ID, err)
 		}
 	}
@@ -214,7 +210,7 @@ func (f poolFiller) Fill(ctx context.Context, rec *warmpool.Record, started func
 	if err := os.MkdirAll(rec.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("pool entry %s: %w", rec.ID, err)
 	}
-	disk := &recordDisk{o: o, rec: &Record{ID: rec.ID, RootfsImage: t.RootfsImage}}
+	disk := o.disks.Owned(rec.ID, rec.Dir, t.RootfsImage)
 	vm, err := sandbox.Start(ctx, o.vms, sandbox.Spec{
 		ID: rec.ID, RunDir: filepath.Join(rec.Dir, "run"), Disk: disk, Drives: make([]sandbox.Disk, t.DriveSlots),
 		Restore: t.Snapshot, Prepare: true, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, Log: o.log,
@@ -225,7 +221,7 @@ func (f poolFiller) Fill(ctx context.Context, rec *warmpool.Record, started func
 		Started: func(m vmm.Machine) error {
 			pid := m.Info().PID
 			rec.PID, rec.PIDStart = pid, procStart(pid)
-			rec.Device, rec.HasDevice = disk.rec.Device, disk.rec.HasDevice
+			rec.Device, rec.HasDevice = disk.Device()
 			return started()
 		},
 	})
@@ -249,13 +245,11 @@ func (f poolFiller) Drain(ctx context.Context, e *warmpool.Entry) {
 // (recovery): its VMM, if that process still runs, its device and its
 // directory. Its slot is cleared by the network's start, which keeps only
 // running sandboxes' slots.
-func removeEntry(sd client.Devices, log *slog.Logger) func(context.Context, warmpool.Record) {
+func removeEntry(disks *disk.Manager) func(context.Context, warmpool.Record) {
 	return func(ctx context.Context, r warmpool.Record) {
 		killStale(r.PID, r.PIDStart)
-		if sd != nil && r.HasDevice {
-			if err := sd.Delete(ctx, r.Device); err != nil && !errors.Is(err, rpc.ErrNotFound) {
-				log.Warn("delete a pool entry's device (reclaimed with the devices no sandbox holds)", "entry", r.ID, "device", r.Device, "err", err)
-			}
+		if r.HasDevice {
+			disks.Detach(ctx, "pool entry "+r.ID, r.Device)
 		}
 		_ = os.RemoveAll(r.Dir)
 	}

@@ -9,7 +9,6 @@ import (
 	"github.com/agentenv/agentenv/orchestrator/warmpool"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/blob"
-	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/template"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -22,7 +21,7 @@ import (
 // a disk on its own sealed layers. So such a start takes an entry of that
 // template when the memory fits, and has the storage daemon move the
 // entry's disk, which nothing wrote yet, onto its layers
-// (rpc.RebaseParams), before the claim of a pooled create (pool.go) names
+// (disk.Manager.Rebase), before the claim of a pooled create (pool.go) names
 // the entry's VMM and device in its record:
 //
 //  1. the entry's device reads as the sandbox's disk
@@ -38,12 +37,6 @@ import (
 // the sandbox's state: recovery stops that VMM and deletes the device
 // instead of adopting and pausing a VM that never ran the sandbox.
 
-// rebaser is the storage daemon's capability to move a device never
-// written onto another image's lowers.
-type rebaser interface {
-	Rebase(ctx context.Context, p rpc.RebaseParams) (rpc.Device, error)
-}
-
 // errNoPooledDisk: an entry without a storage daemon device cannot move.
 var errNoPooledDisk = errors.New("the pool entry holds no storage daemon device")
 
@@ -55,8 +48,7 @@ func (o *Orchestrator) takeRebased(ctx context.Context, s *instance, vmDir strin
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	rb, ok := o.sd.(rebaser)
-	if o.pool == nil || !ok || o.memDev != nil || vmDir == "" || len(rec.Drives) > 0 || rec.ColdBoot || !localDisk(rec.RootfsImage) {
+	if o.pool == nil || o.memDev != nil || vmDir == "" || len(rec.Drives) > 0 || rec.ColdBoot || !localDisk(rec.RootfsImage) {
 		return nil
 	}
 	t, ok := o.pooledBase(vmDir)
@@ -69,7 +61,7 @@ func (o *Orchestrator) takeRebased(ctx context.Context, s *instance, vmDir strin
 	}
 	var err error = errNoPooledDisk
 	if e.HasDevice {
-		_, err = rb.Rebase(ctx, rpc.RebaseParams{ID: e.Device, Image: rec.RootfsImage})
+		err = o.disks.Rebase(ctx, e.Device, rec.RootfsImage)
 	}
 	if err == nil {
 		err = fpPoolRebased.Inject()
@@ -115,7 +107,7 @@ func (o *Orchestrator) pooledBase(vmDir string) (*template.Template, bool) {
 
 // localDisk says whether every layer of the disk config is a local file
 // (a disk still read from URLs moves onto local files under a device of
-// its own, lazy.go).
+// its own, disk/lazy.go).
 func localDisk(config string) bool {
 	layers, err := snapshot.LayersOf(config)
 	if err != nil || len(layers) == 0 {

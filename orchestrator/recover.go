@@ -8,11 +8,9 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/orchestrator/warmpool"
 	"github.com/agentenv/agentenv/snapshot"
-	"github.com/agentenv/agentenv/storage/daemon/client"
-	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -46,7 +44,7 @@ type recovery struct {
 	drv     vmm.Driver
 	st      *store.Store
 	j       journal // recovery publishes no events: nothing subscribed yet
-	sd      client.Devices
+	sd      *disk.Manager
 	log     *slog.Logger
 	dataDir string
 }
@@ -65,17 +63,21 @@ type recovery struct {
 //   - paused: a VMM or device a pause left behind is removed.
 //
 // Then every VMM process under the data directory that no record owns is
-// killed, and (daemon mode) every device no record holds is deleted.
+// killed, and every storage device no record holds is deleted.
 // Sandboxes whose VMM is gone while running are dropped.
-func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, sd client.Devices, dataDir string, log *slog.Logger) (*Recovered, error) {
+func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, devices disk.Devices, dataDir string, log *slog.Logger) (*Recovered, error) {
 	if log == nil {
 		log = slog.Default()
+	}
+	sd, err := disk.Open(devices, log)
+	if err != nil {
+		return nil, fmt.Errorf("recover sandboxes: %w", err)
 	}
 	rc := &recovery{drv: drv, st: st, j: journal{store: st, log: log, recovery: true}, sd: sd, log: log, dataDir: dataDir}
 	// Nothing of the warm pool is kept: its entries go before the sandboxes
 	// that may have claimed one are settled (either removal tolerates the
 	// other's).
-	if err := warmpool.Recover(ctx, st, filepath.Join(dataDir, "pool"), removeEntry(sd, log), log); err != nil {
+	if err := warmpool.Recover(ctx, st, filepath.Join(dataDir, "pool"), removeEntry(sd), log); err != nil {
 		return nil, err
 	}
 	recs, err := store.ListAll[Record](st, store.Sandboxes)
@@ -93,10 +95,7 @@ func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, sd client.Dev
 		owned[m.Info().PID] = true
 	}
 	reapOrphans(dataDir, owned, log)
-	if sd != nil {
-		return out, reclaimDevices(ctx, st, sd, log)
-	}
-	return out, nil
+	return out, reclaimDevices(ctx, st, sd)
 }
 
 func (rc *recovery) recoverOne(ctx context.Context, r Record, out *Recovered) error {
@@ -152,10 +151,8 @@ func (rc *recovery) tidyPaused(ctx context.Context, r Record) error {
 		return nil
 	}
 	killStale(r.PID, r.PIDStart)
-	if rc.sd != nil {
-		if err := deleteDevices(ctx, rc.sd, r); err != nil {
-			rc.log.Warn("delete the devices of a paused sandbox", "sandbox", r.ID, "err", err)
-		}
+	if err := deleteDevices(ctx, rc.sd, r); err != nil {
+		rc.log.Warn("delete the devices of a paused sandbox", "sandbox", r.ID, "err", err)
 	}
 	r.PID, r.PIDStart, r.Slot = 0, 0, 0
 	r.clearDevices()
@@ -164,18 +161,16 @@ func (rc *recovery) tidyPaused(ctx context.Context, r Record) error {
 }
 
 // dropRecord stops whatever is left of a sandbox and forgets it.
-func dropRecord(ctx context.Context, st *store.Store, sd client.Devices, r Record) error {
+func dropRecord(ctx context.Context, st *store.Store, sd *disk.Manager, r Record) error {
 	killStale(r.PID, r.PIDStart)
-	if sd != nil {
-		_ = deleteDevices(ctx, sd, r)
-	}
+	_ = deleteDevices(ctx, sd, r)
 	_ = os.RemoveAll(r.Dir)
 	return st.Delete(store.Sandboxes, r.ID)
 }
 
 // reclaimDevices deletes the daemon's devices no sandbox record holds (a
 // crash between creating a device and recording it, or mid template build).
-func reclaimDevices(ctx context.Context, st *store.Store, sd client.Devices, log *slog.Logger) error {
+func reclaimDevices(ctx context.Context, st *store.Store, sd *disk.Manager) error {
 	recs, err := store.ListAll[Record](st, store.Sandboxes)
 	if err != nil {
 		return fmt.Errorf("reclaim devices: %w", err)
@@ -186,21 +181,7 @@ func reclaimDevices(ctx context.Context, st *store.Store, sd client.Devices, log
 			held[id] = r.ID
 		}
 	}
-	devs, err := sd.List(ctx)
-	if err != nil {
-		return fmt.Errorf("reclaim devices: %w", err)
-	}
-	for _, d := range devs {
-		if owner, ok := held[d.ID]; d.Kind != rpc.KindRuntime || ok && owner == d.Owner {
-			continue
-		}
-		if err := sd.Delete(ctx, d.ID); err != nil {
-			log.Warn("reclaim storage device", "device", d.ID, "owner", d.Owner, "err", err)
-			continue
-		}
-		log.Info("reclaimed orphaned storage device", "device", d.ID, "owner", d.Owner)
-	}
-	return nil
+	return sd.Reclaim(ctx, held)
 }
 
 // adoptVM takes over the sandbox's running VMM from its run directory.
@@ -221,7 +202,7 @@ func adoptVM(ctx context.Context, drv vmm.Driver, r Record) (vmm.Machine, error)
 // happens. A filesystem-only pause the crash interrupted is finished as
 // one (no memory; the guest flushed before "pausing" was recorded); any
 // other live VM is paused with its memory, so nothing is lost.
-func pauseAdopted(ctx context.Context, j journal, sd client.Devices, r Record, m vmm.Machine, log *slog.Logger) error {
+func pauseAdopted(ctx context.Context, j journal, sd *disk.Manager, r Record, m vmm.Machine, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	defer m.Stop(context.WithoutCancel(ctx))
@@ -236,24 +217,20 @@ func pauseAdopted(ctx context.Context, j journal, sd client.Devices, r Record, m
 			return fmt.Errorf("pause adopted machine: %w", err)
 		}
 	}
-	if sd != nil {
-		cfg, err := sealDevice(ctx, sd, r, fmt.Sprintf("rootfs-%d", r.Gen), "sandbox "+r.ID, keepUpper)
-		if err != nil {
-			_ = os.RemoveAll(snapDir)
-			return err
-		}
-		r.RootfsImage = cfg
-		drives, err := sealDrives(ctx, sd, r, fmt.Sprint(r.Gen), "sandbox "+r.ID, keepUpper)
-		if err != nil {
-			_ = os.RemoveAll(snapDir)
-			return err
-		}
-		r.Drives = drives
-	} else if err := atomicfile.SyncFile(r.Rootfs); err != nil {
+	cfg, err := sealDevice(ctx, sd, r, fmt.Sprintf("rootfs-%d", r.Gen), "sandbox "+r.ID, keepUpper)
+	if err != nil {
+		_ = os.RemoveAll(snapDir)
 		return err
 	}
+	r.RootfsImage = cfg
+	drives, err := sealDrives(ctx, sd, r, fmt.Sprint(r.Gen), "sandbox "+r.ID, keepUpper)
+	if err != nil {
+		_ = os.RemoveAll(snapDir)
+		return err
+	}
+	r.Drives = drives
 	old := r.Snapshot
-	err := j.transition(r, Paused, func(r *Record) {
+	err = j.transition(r, Paused, func(r *Record) {
 		r.Snapshot, r.FilesystemOnly = snapDir, fsOnly
 		if fsOnly {
 			r.Memory = snapshot.MemoryImage{}
@@ -265,10 +242,8 @@ func pauseAdopted(ctx context.Context, j journal, sd client.Devices, r Record, m
 	if err := m.Stop(ctx); err != nil {
 		log.Warn("stop adopted machine", "sandbox", r.ID, "err", err)
 	}
-	if sd != nil {
-		if err := deleteDevices(ctx, sd, r); err != nil {
-			log.Warn("delete the devices of a paused sandbox (reclaimed at the next start)", "sandbox", r.ID, "err", err)
-		}
+	if err := deleteDevices(ctx, sd, r); err != nil {
+		log.Warn("delete the devices of a paused sandbox (reclaimed at the next start)", "sandbox", r.ID, "err", err)
 	}
 	if old != "" && old != snapDir {
 		_ = os.RemoveAll(old)

@@ -85,7 +85,7 @@ func (o *Orchestrator) CreateSnapshot(ctx context.Context, sandboxID, name strin
 	}
 	_ = fpSnapshotStored.Inject()
 	o.log.Info("snapshot created", "sandbox", sandboxID, "snapshot", r.ID, "name", name)
-	o.commitSnapshot(ctx, r)
+	o.afterSnapshotStored(ctx, r) // the repository's commit (hooks.go)
 	return r, nil
 }
 
@@ -102,7 +102,7 @@ func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden b
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	// A snapshot holds its disks' layers as files (lazy.go).
+	// A snapshot holds its disks' layers as files (disk/lazy.go).
 	if err := o.settleDisks(ctx, rec); err != nil {
 		return r, fmt.Errorf("snapshot sandbox %s: %w", rec.ID, err)
 	}
@@ -175,13 +175,13 @@ func (o *Orchestrator) captureDisk(ctx context.Context, s *instance, r *snapshot
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	own, err := o.disks.seal(ctx, rec, fmt.Sprintf("rootfs-%d-%s", rec.Gen, r.ID), "snapshot "+r.ID, restackUpper)
+	own, err := o.sealDisk(ctx, rec, fmt.Sprintf("rootfs-%d-%s", rec.Gen, r.ID), "snapshot "+r.ID, restackUpper)
 	if err != nil {
 		return fmt.Errorf("seal rootfs: %w", err)
 	}
 	var drives []AttachedDrive
 	if len(rec.Drives) > 0 {
-		if drives, err = sealDrives(ctx, o.sd, rec, fmt.Sprintf("%d-%s", rec.Gen, r.ID), "snapshot "+r.ID, restackUpper); err != nil {
+		if drives, err = sealDrives(ctx, o.disks, rec, fmt.Sprintf("%d-%s", rec.Gen, r.ID), "snapshot "+r.ID, restackUpper); err != nil {
 			return fmt.Errorf("seal drives: %w", err)
 		}
 	}
@@ -213,7 +213,7 @@ func (o *Orchestrator) captureDisk(ctx context.Context, s *instance, r *snapshot
 // copyDisksInto puts rec's root disk and drives, as they are now, into
 // snapshot r.
 func (o *Orchestrator) copyDisksInto(ctx context.Context, rec Record, r *snapshot.Record) error {
-	if err := o.disks.copyInto(ctx, rec, r.Dir, r); err != nil {
+	if err := o.copyRootInto(rec, r); err != nil {
 		return err
 	}
 	drives, err := copyDrivesInto(rec, r.Dir)
@@ -248,15 +248,11 @@ func (o *Orchestrator) DeleteSnapshot(idOrName string) error {
 	if err := o.store.Delete(store.Snapshots, r.ID); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", r.ID, err)
 	}
-	o.lazy.forget(r.Dir)
+	o.disks.Forget(r.Dir)
 	if err := os.RemoveAll(r.Dir); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", r.ID, err)
 	}
-	if o.cfg.Repository != nil {
-		// Its record in the upload queue goes (one still uploading fails
-		// on its own: the files are gone); what the repository holds stays.
-		_ = o.cfg.Repository.Forget(ManifestOfSnapshot(r.ID))
-	}
+	o.afterSnapshotDeleted(r) // its record in the upload queue goes
 	o.log.Info("snapshot deleted", "snapshot", r.ID)
 	return nil
 }

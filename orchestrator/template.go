@@ -23,13 +23,11 @@ import (
 // wait for the agent, pause, snapshot, stop, commit.
 func (o *Orchestrator) EnsureTemplate(ctx context.Context, assets *image.Assets) (*template.Template, error) {
 	var t template.Template
-	if err := o.store.Get(store.Templates, template.DefaultID, &t); err == nil {
-		if (o.sd != nil) != (t.RootfsImage != "") {
-			return nil, fmt.Errorf("template %s was built for the other storage backend (daemon: %v); use that backend or a fresh data_dir",
-				t.ID, t.RootfsImage != "")
-		}
+	if err := o.store.Get(store.Templates, template.DefaultID, &t); err == nil && t.RootfsImage != "" {
 		o.setTemplate(&t)
 		return &t, nil
+	} else if err == nil {
+		o.log.Warn("the default template was built on file disks, which nodes no longer keep; building it again", "template", t.ID)
 	}
 	start := time.Now()
 	t, err := o.buildTemplate(ctx, template.DefaultID, assets)
@@ -53,7 +51,7 @@ func (o *Orchestrator) setTemplate(t *template.Template) {
 			if err := o.ensureMemoryBase(t); err != nil {
 				o.log.Warn("template memory stays unlayered", "template", t.ID, "err", err)
 			}
-			o.disks.warm(context.Background(), t)
+			o.disks.Warm(context.Background(), t)
 		}
 	}
 	o.mu.Lock()
@@ -90,7 +88,7 @@ func (o *Orchestrator) buildTemplate(ctx context.Context, id string, a *image.As
 	if st, err := os.Stat(a.Rootfs); err == nil {
 		t.DiskMiB = int(st.Size() >> 20)
 	}
-	disk, finish, err := o.disks.templateDisk(ctx, &t, a.Rootfs)
+	disk, finish, err := o.disks.TemplateDisk(ctx, &t, a.Rootfs)
 	if err != nil {
 		return t, fmt.Errorf("build template %s: %w", id, err)
 	}
@@ -191,7 +189,7 @@ func (o *Orchestrator) DeleteTemplate(ctx context.Context, idOrName string) erro
 		o.mu.Unlock()
 		o.unpoolTemplate(ctx, t.ID)
 		// Its files go next: no fetch of its lazy layers may write there.
-		o.lazy.forget(filepath.Join(o.cfg.DataDir, "templates", t.ID))
+		o.disks.Forget(filepath.Join(o.cfg.DataDir, "templates", t.ID))
 		return nil
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"github.com/agentenv/agentenv/disk/disktest"
 	"path/filepath"
 	"testing"
 
@@ -25,8 +26,9 @@ func TestBuildStateSurvivesRestart(t *testing.T) {
 	}
 	defer st.Close()
 	ctx := context.Background()
+	devices := disktest.Devices(t)
 	start := func() *Orchestrator {
-		o, err := New(ctx, Options{DataDir: dir, Store: st, VCPUs: 1, MemoryMiB: 256})
+		o, err := New(ctx, Options{DataDir: dir, Store: st, Storage: devices, VCPUs: 1, MemoryMiB: 256})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -50,8 +52,8 @@ func TestBuildStateSurvivesRestart(t *testing.T) {
 			t.Errorf("create %+v: %v", bad, err)
 		}
 	}
-	if err := o.StartBuild(tpl.ID, b1, template.BuildSpec{FromImage: "x:1"}); !errors.Is(err, ErrInvalid) {
-		t.Errorf("build without the storage daemon: %v", err)
+	if err := o.StartBuild(tpl.ID, b1, template.BuildSpec{}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("build of a spec naming no base image: %v", err)
 	}
 
 	data := []byte("archive bytes")

@@ -190,7 +190,7 @@ func (o *Orchestrator) returnVolumes(ctx context.Context, s *instance) {
 		var err error
 		if d.HasDevice {
 			one := Record{ID: rec.ID, Dir: rec.Dir, Device: d.Device, HasDevice: true}
-			cfg, err = sealDevice(ctx, o.sd, one, fmt.Sprintf("drive%d-%d-final", d.Slot, rec.Gen), "sandbox "+rec.ID+" volume "+d.VolumeName, keepUpper)
+			cfg, err = sealDevice(ctx, o.disks, one, fmt.Sprintf("drive%d-%d-final", d.Slot, rec.Gen), "sandbox "+rec.ID+" volume "+d.VolumeName, keepUpper)
 		}
 		if err == nil {
 			err = o.volumes.Commit(d.Volume, rec.ID, cfg, rec.Dir)

@@ -2,6 +2,7 @@ package sandboxcmd
 
 import (
 	"encoding/json"
+	"github.com/agentenv/agentenv/disk/disktest"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
@@ -25,7 +26,7 @@ func realNode(t *testing.T) nodeFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st})
+	o, err := orchestrator.New(t.Context(), orchestrator.Options{DataDir: dir, Store: st, Storage: disktest.Devices(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,17 +25,18 @@ import (
 	"github.com/agentenv/agentenv/internal/cgroup"
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/internal/inherited"
+	"github.com/agentenv/agentenv/replica"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot/repo/reponode"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/config"
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/guest/image"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/oci"
 	"github.com/agentenv/agentenv/orchestrator"
-	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/vmm/qemu"
@@ -136,19 +137,11 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer closeRepo()
-	sd, err := storageDaemon(ctx, cfg)
+	devices, backend, closeStorage, err := storageDaemon(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	if sd != nil {
-		defer sd.Close()
-	}
-	// The disk backend, chosen once: the storage daemon's devices, or none
-	// (files). A nil client must not become a non-nil interface.
-	var devices client.Devices
-	if sd != nil {
-		devices = sd
-	}
+	defer closeStorage()
 	// Before the network manager clears the previous run's slots, take over
 	// the VMs a crashed predecessor left running; their slots are kept and
 	// the orchestrator re-adopts them as running sandboxes.
@@ -171,8 +164,8 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	orch, err := orchestrator.New(ctx, orchestrator.Options{
-		DataDir: cfg.DataDir, Driver: vb.driver, Network: nets, Store: st, Storage: devices, MaxLayers: cfg.Sandbox.MaxLayers, Prefetch: cfg.Sandbox.Prefetch, FlattenPaused: cfg.Sandbox.FlattenPaused, MemoryDevices: cfg.Storage.MemoryDevices, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
-		Groups: groups, VMMUIDBase: uint32(cfg.VMM.UIDBase), Repository: rn.uploads(), Remote: rn.remote(),
+		DataDir: cfg.DataDir, Driver: vb.driver, Network: nets, Store: st, Storage: devices, StorageBackend: backend, MaxLayers: cfg.Sandbox.MaxLayers, Prefetch: cfg.Sandbox.Prefetch, FlattenPaused: cfg.Sandbox.FlattenPaused, MemoryDevices: cfg.Storage.MemoryDevices, VCPUs: cfg.Guest.VCPUs, Recovered: recovered,
+		Groups: groups, VMMUIDBase: uint32(cfg.VMM.UIDBase), Remote: rn.remote(),
 		StoragePoolLow: cfg.Storage.PoolLow, StoragePoolHigh: cfg.Storage.PoolHigh, VolumeSizeMiB: cfg.Storage.VolumeSizeMiB,
 		VMMPool: orchestrator.PoolOptions{Low: cfg.VMMPool.Low, High: cfg.VMMPool.High, ReserveMiB: cfg.VMMPool.ReserveMiB,
 			Templates: cfg.VMMPool.Templates},
@@ -181,6 +174,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	rn.attach(orch, cfg.DataDir, vb.driver, log) // before builds: ready templates are committed as they load
 	if _, err := orch.EnsureTemplate(ctx, assets); err != nil {
 		return err
 	}
@@ -350,13 +344,38 @@ func networkConfig(cfg config.Config, reg prometheus.Registerer, log *slog.Logge
 	return nc, nil
 }
 
-// storageDaemon connects to aenv-storaged (starting it when nothing answers;
-// it outlives aenvd so devices survive restarts), or returns nil for the
-// "files" backend.
-func storageDaemon(ctx context.Context, cfg config.Config) (*client.Client, error) {
-	if cfg.Storage.Backend != "storaged" {
-		return nil, nil
+// storageDaemon returns the storage daemon serving the node's disks, its
+// backend's name and its close: aenv-storaged, connected to (and started
+// when nothing answers; it outlives aenvd so devices survive restarts), or
+// for the "local" backend ("files", its former name) the same daemon run
+// in process on <data_dir>/storage, whose devices the next aenvd serves
+// again on the same sockets.
+func storageDaemon(ctx context.Context, cfg config.Config, log *slog.Logger) (disk.Devices, string, func(), error) {
+	if cfg.Storage.Backend == "local" || cfg.Storage.Backend == "files" {
+		dir := filepath.Join(cfg.DataDir, "storage")
+		if err := privateDataDir(dir); err != nil {
+			return nil, "", nil, fmt.Errorf("storage dir: %w", err)
+		}
+		l, err := disk.StartLocal(ctx, dir, log)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		return l.Devices(), "local", func() {
+			if err := l.Close(); err != nil {
+				log.Warn("stop the in-process storage daemon", "err", err)
+			}
+		}, nil
 	}
+	c, err := connectStoraged(ctx, cfg)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return c.Devices(), "storaged", func() { c.Close() }, nil
+}
+
+// connectStoraged connects to aenv-storaged, starting it when nothing
+// answers.
+func connectStoraged(ctx context.Context, cfg config.Config) (*disk.Storaged, error) {
 	dir := filepath.Join(cfg.DataDir, "storaged")
 	socket, bin := cfg.Storage.Socket, cfg.Storage.Binary
 	if socket == "" {
@@ -374,14 +393,7 @@ func storageDaemon(ctx context.Context, cfg config.Config) (*client.Client, erro
 	}
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	c, err := client.Ensure(sctx, client.StartOptions{
-		Socket: socket, Binary: bin, LogFile: filepath.Join(dir, "storaged.log"),
-		Args: []string{"-state-dir", filepath.Join(dir, "state"), "-run-dir", filepath.Join(dir, "run")},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("storage daemon: %w", err)
-	}
-	return c, nil
+	return disk.ConnectStoraged(sctx, socket, bin, filepath.Join(dir, "storaged.log"), filepath.Join(dir, "state"), filepath.Join(dir, "run"))
 }
 
 // vmmGroups returns the control groups VMMs are confined in (nil when
@@ -425,7 +437,7 @@ func snapshotRepository(ctx context.Context, cfg config.Config, reg prometheus.R
 		return nil, func() {}, err
 	}
 	err = rn.Serve(ctx)
-	if err == nil && cfg.Repository.LazyRootfs && cfg.Storage.Backend == "storaged" {
+	if err == nil && cfg.Repository.LazyRootfs {
 		err = rn.ServeLayers(ctx, layerSocket(cfg))
 	}
 	if err != nil {
@@ -439,16 +451,20 @@ func snapshotRepository(ctx context.Context, cfg config.Config, reg prometheus.R
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "aenvd_repository_layer_fetched_bytes_total",
 			Help: "Bytes of layers fetched whole from peers and the store."},
 			func() float64 { return float64(rn.FetchedWhole()) }))
-	return &repoNode{rn}, func() { _ = rn.Close() }, nil
+	return &repoNode{n: rn}, func() { _ = rn.Close() }, nil
 }
 
 // layerSocket is where the node serves lazy rootfs layers to its storage
 // daemon: a fixed path, since the daemon's device records name it.
 func layerSocket(cfg config.Config) string { return filepath.Join(cfg.DataDir, "layers.sock") }
 
-// repoNode hands the repository to the orchestrator as its two small
-// interfaces, nil ones when the node has none (never a typed nil).
-type repoNode struct{ n *reponode.Node }
+// repoNode hands the repository to the orchestrator: its layer fetches
+// (remote) and its replica joined to the verbs' hooks (attach); nil
+// interfaces when the node has none (never a typed nil).
+type repoNode struct {
+	n   *reponode.Node
+	rep *replica.Replica // once attached
+}
 
 // startUploads starts the uploader: at once outside a cluster, once the
 // scheduler answered in one (a revived node's queue may hold pauses of
@@ -459,17 +475,10 @@ func (r *repoNode) startUploads(ctx context.Context) {
 	}
 }
 
-func (r *repoNode) uploads() orchestrator.Uploads {
-	if r == nil {
-		return nil
-	}
-	return r.n
-}
-
 // setPeers takes the peers the cluster scheduler names.
 func (r *repoNode) setPeers(endpoints []string) { r.n.Peers.SetDiscovered(endpoints) }
 
-func (r *repoNode) remote() orchestrator.Remote {
+func (r *repoNode) remote() disk.Fetcher {
 	if r == nil {
 		return nil
 	}

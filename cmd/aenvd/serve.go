@@ -64,6 +64,7 @@ func serve(ctx context.Context, cfg config.Config, n node, log *slog.Logger) err
 			VMMDriver: n.backend.driver.Name(), VMMAccel: n.backend.accel, VMMReasons: n.backend.why},
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
 		Metrics: promhttp.HandlerFor(n.registry, promhttp.HandlerOpts{}), MetricsHistory: history, Webhooks: hooks,
+		Repository: n.repo.status(),
 	})
 	handler = dashboard.Mount(handler, px.Match) // the web dashboard at /dashboard/, same origin as the API
 	member, err := newClusterMember(cfg, n.orch, n.repo, n.backend.driver.Name(), hostname, log)

@@ -1,4 +1,4 @@
-package orchestrator
+package disk
 
 import (
 	"context"
@@ -37,8 +37,8 @@ type sharedDevices interface {
 	List(ctx context.Context) ([]rpc.Device, error)
 }
 
-// memoryDevices acquires and releases the shared devices of memory stacks.
-type memoryDevices struct {
+// MemoryDevices acquires and releases the shared devices of memory stacks.
+type MemoryDevices struct {
 	sd  sharedDevices
 	log *slog.Logger
 	// mu serialises writing a stack's image config: the daemon tells a
@@ -56,23 +56,25 @@ type memoryDeviceMapper interface{ MapsDeviceMemory() bool }
 // newMemoryDevices returns the component when the node's disks are ublk
 // devices (block, chosen in New) and the driver maps devices; else nil and
 // why not.
-func newMemoryDevices(sd sharedDevices, block string, drv vmm.Driver, log *slog.Logger) (*memoryDevices, string) {
+func newMemoryDevices(sd sharedDevices, block string, drv vmm.Driver, log *slog.Logger) (*MemoryDevices, string) {
 	mm, ok := drv.(memoryDeviceMapper)
+	name := "none"
+	if drv != nil {
+		name = drv.Name()
+	}
 	switch {
-	case sd == nil:
-		return nil, "no storage daemon"
 	case block != rpc.BlockUblk:
 		return nil, "the storage daemon makes no ublk devices here"
 	case !ok || !mm.MapsDeviceMemory():
-		return nil, "the VMM (" + drv.Name() + ") maps files only"
+		return nil, "the VMM (" + name + ") maps files only"
 	}
-	return &memoryDevices{sd: sd, log: log}, ""
+	return &MemoryDevices{sd: sd, log: log}, ""
 }
 
-// acquire holds the shared device of m's layer stack (m read from vmDir's
+// Acquire holds the shared device of m's layer stack (m read from vmDir's
 // manifest) for holder and returns the image as the VM maps it (File the
 // device) with the release of the hold.
-func (d *memoryDevices) acquire(ctx context.Context, vmDir string, m snapshot.MemoryImage, holder string) (snapshot.MemoryImage, sandbox.Memory, error) {
+func (d *MemoryDevices) Acquire(ctx context.Context, vmDir string, m snapshot.MemoryImage, holder string) (snapshot.MemoryImage, sandbox.Memory, error) {
 	cfg, err := d.config(vmDir, m.Layers)
 	if err != nil {
 		return m, sandbox.Memory{}, err
@@ -93,7 +95,7 @@ func (d *memoryDevices) acquire(ctx context.Context, vmDir string, m snapshot.Me
 // config writes vmDir's stack config once and returns its path. A config
 // there that lists other layers (a snapshot directory linked from a paused
 // sandbox's, whose layers were adopted under new names) is replaced.
-func (d *memoryDevices) config(vmDir string, layers []string) (string, error) {
+func (d *MemoryDevices) config(vmDir string, layers []string) (string, error) {
 	cfg := filepath.Join(vmDir, stackConfig)
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -122,7 +124,7 @@ func listsLayers(path string, layers []string) bool {
 }
 
 // releaser returns the release of holder's hold on device id.
-func (d *memoryDevices) releaser(id uint32, holder string) func(context.Context) {
+func (d *MemoryDevices) releaser(id uint32, holder string) func(context.Context) {
 	return func(ctx context.Context) {
 		err := d.sd.ReleaseShared(context.WithoutCancel(ctx), id, holder)
 		if err != nil && !errors.Is(err, rpc.ErrNotFound) {
@@ -131,9 +133,9 @@ func (d *memoryDevices) releaser(id uint32, holder string) func(context.Context)
 	}
 }
 
-// adopted returns the release of the hold holder has on the memory device
+// Adopted returns the release of the hold holder has on the memory device
 // file (a VM adopted after a restart maps it), or nil when it has none.
-func (d *memoryDevices) adopted(ctx context.Context, file, holder string) func(context.Context) {
+func (d *MemoryDevices) Adopted(ctx context.Context, file, holder string) func(context.Context) {
 	devs, err := d.sd.List(ctx)
 	if err != nil {
 		d.log.Warn("list memory devices", "err", err)
@@ -147,10 +149,10 @@ func (d *memoryDevices) adopted(ctx context.Context, file, holder string) func(c
 	return nil
 }
 
-// releaseUnheld gives back the holds on memory devices (shared devices of
+// ReleaseUnheld gives back the holds on memory devices (shared devices of
 // configs named stackConfig) whose holder runs no VM: the VMs of a
 // previous process that are gone.
-func (d *memoryDevices) releaseUnheld(ctx context.Context, running func(holder string) bool) {
+func (d *MemoryDevices) ReleaseUnheld(ctx context.Context, running func(holder string) bool) {
 	devs, err := d.sd.List(ctx)
 	if err != nil {
 		d.log.Warn("list memory devices", "err", err)
@@ -170,5 +172,5 @@ func (d *memoryDevices) releaseUnheld(ctx context.Context, running func(holder s
 	}
 }
 
-// isDevice reports whether a memory image's File is a device path.
-func isDevice(file string) bool { return strings.HasPrefix(file, "/dev/") }
+// IsDevice reports whether a memory image's File is a device path.
+func IsDevice(file string) bool { return strings.HasPrefix(file, "/dev/") }

@@ -1,4 +1,4 @@
-package orchestrator
+package replica
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/agentenv/agentenv/snapshot/repo/upload"
 )
 
-// queueOf is an upload queue in memory: the Uploads the orchestrator's
+// queueOf is an upload queue in memory: the Uploads the replica's
 // cancellations are checked against (the real queue's own behaviour is
 // upload.TestCancel's).
 type queueOf struct{ jobs []string }
@@ -34,6 +34,15 @@ func (q *queueOf) Queued() []upload.Status {
 	return out
 }
 
+// holder is a node holding the sandboxes named (the rest of Node is not
+// reached by the cancellations).
+type holder struct {
+	Node
+	held map[string]bool
+}
+
+func (h holder) Holds(id string) bool { return h.held[id] }
+
 func TestPauseOf(t *testing.T) {
 	for name, want := range map[string]string{
 		ManifestOfPause("abc123", 7): "abc123", "sandbox-a-b-2": "a-b",
@@ -52,19 +61,20 @@ func TestPauseOf(t *testing.T) {
 func TestUploadsCancelled(t *testing.T) {
 	q := &queueOf{jobs: []string{ManifestOfPause("gone", 2), ManifestOfPause("kept", 1), ManifestOfPause("killed", 3),
 		ManifestOfPause("killed", 4), ManifestOfSnapshot("snap")}}
-	o := &Orchestrator{cfg: Options{Repository: q}, log: slog.New(slog.DiscardHandler), sandboxes: map[string]*instance{}}
+	node := holder{held: map[string]bool{}}
+	r := New(Options{Uploads: q, Logger: slog.New(slog.DiscardHandler)}, node)
 	dir := t.TempDir()
 	for _, d := range []string{"upload-3", "upload-4"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
-	o.cancelPauseUploads(Record{ID: "killed", Dir: dir})
+	r.CancelPauseUploads("killed", dir)
 	if want := []string{ManifestOfPause("gone", 2), ManifestOfPause("kept", 1), ManifestOfSnapshot("snap")}; !slices.Equal(q.jobs, want) {
 		t.Fatalf("after removing killed: %v, want %v", q.jobs, want)
 	}
-	o.sandboxes["kept"] = &instance{rec: Record{ID: "kept"}}
-	o.cancelOrphanUploads()
+	node.held["kept"] = true
+	r.CancelOrphanUploads()
 	if want := []string{ManifestOfPause("kept", 1), ManifestOfSnapshot("snap")}; !slices.Equal(q.jobs, want) {
 		t.Fatalf("after the sweep: %v, want %v", q.jobs, want)
 	}

@@ -1,4 +1,4 @@
-package orchestrator
+package disk
 
 import (
 	"context"
@@ -12,16 +12,15 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/failpoint"
-	"github.com/agentenv/agentenv/snapshot"
+	"github.com/agentenv/agentenv/snapshot/repo"
 	"github.com/agentenv/agentenv/storage/blob"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/image"
-	"github.com/agentenv/agentenv/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Lazy rootfs restores. A sandbox, snapshot or template brought from the
-// repository (import.go, templaterepo.go) does not wait for its rootfs
+// repository (package replica) does not wait for its rootfs
 // layers: its image config names each by the URL of the node's layer
 // socket (Remote.LazyURL), and the storage daemon's device reads them
 // through it, verified chunk by chunk, while the VM runs. Only the small
@@ -61,7 +60,9 @@ var errConfigGone = errors.New("the image config is gone")
 
 // lazyRootfs runs the jobs that make remote rootfs layers local.
 type lazyRootfs struct {
-	o *Orchestrator
+	m       *Manager
+	remote  Fetcher
+	onMoved func(cfg string)
 	// devMu: read-held while a device is made from an image config,
 	// write-held while a config flips to files and devices move.
 	devMu sync.RWMutex
@@ -89,9 +90,9 @@ type lazyJob struct {
 	err   error         // the last failed attempt's
 }
 
-func newLazyRootfs(o *Orchestrator, reg prometheus.Registerer) *lazyRootfs {
+func newLazyRootfs(m *Manager, remote Fetcher, moved func(cfg string), reg prometheus.Registerer) *lazyRootfs {
 	ctx, stop := context.WithCancel(context.Background())
-	l := &lazyRootfs{o: o, jobs: map[string]*lazyJob{}, later: map[string]bool{}, ctx: ctx, stop: stop,
+	l := &lazyRootfs{m: m, remote: remote, onMoved: moved, jobs: map[string]*lazyJob{}, later: map[string]bool{}, ctx: ctx, stop: stop,
 		pending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "aenvd_rootfs_lazy_configs",
 			Help: "Root disk image configs whose layers are still read from the repository (a lazy restore's background fetch)."}),
 		moved: prometheus.NewCounter(prometheus.CounterOpts{Name: "aenvd_rootfs_lazy_moved_total",
@@ -118,8 +119,8 @@ func remoteLowers(path string) ([]string, error) {
 	return out, nil
 }
 
-// isRemote says whether the image config at path names a URL lower.
-func isRemote(path string) bool {
+// IsRemote says whether the image config at path names a URL lower.
+func IsRemote(path string) bool {
 	urls, err := remoteLowers(path)
 	return err == nil && len(urls) > 0
 }
@@ -154,7 +155,7 @@ func (l *lazyRootfs) startLater() {
 // start starts the job of cfg when it names remote layers and none runs;
 // it returns the running job (nil: nothing to do).
 func (l *lazyRootfs) start(cfg string) *lazyJob {
-	if cfg == "" || l.o.cfg.Remote == nil || l.o.sd == nil {
+	if cfg == "" || l.remote == nil {
 		return nil
 	}
 	l.mu.Lock()
@@ -162,7 +163,7 @@ func (l *lazyRootfs) start(cfg string) *lazyJob {
 	if j, ok := l.jobs[cfg]; ok {
 		return j
 	}
-	if l.ctx.Err() != nil || !isRemote(cfg) {
+	if l.ctx.Err() != nil || !IsRemote(cfg) {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(l.ctx)
@@ -213,7 +214,9 @@ func (l *lazyRootfs) run(ctx context.Context, j *lazyJob) {
 		err := l.moveOnce(ctx, j.cfg)
 		switch {
 		case err == nil:
-			l.o.lazyMoved(j.cfg)
+			if l.onMoved != nil {
+				l.onMoved(j.cfg)
+			}
 			return
 		case errors.Is(err, errConfigGone):
 			return
@@ -221,7 +224,7 @@ func (l *lazyRootfs) run(ctx context.Context, j *lazyJob) {
 			j.final = ctx.Err()
 			return
 		}
-		l.o.log.Warn("rootfs layers stay remote for now; retrying", "config", j.cfg, "retry_in", wait, "err", err)
+		l.m.log.Warn("rootfs layers stay remote for now; retrying", "config", j.cfg, "retry_in", wait, "err", err)
 		j.mu.Lock()
 		j.err = err
 		close(j.tried)
@@ -252,11 +255,11 @@ func (l *lazyRootfs) moveOnce(ctx context.Context, cfg string) error {
 		if lw.URL == "" {
 			continue
 		}
-		layer, ok := l.o.cfg.Remote.LazyLayer(lw.URL)
+		layer, ok := l.remote.LazyLayer(lw.URL)
 		if !ok {
 			return fmt.Errorf("lower %s of %s names no layer of the repository", lw.URL, cfg)
 		}
-		path, err := l.o.cfg.Remote.Fetch(ctx, layer, dir)
+		path, err := l.remote.Fetch(ctx, layer, dir)
 		if err != nil {
 			return fmt.Errorf("fetch layer %s: %w", layer.Digest, err)
 		}
@@ -284,7 +287,7 @@ func (l *lazyRootfs) moveOnce(ctx context.Context, cfg string) error {
 		return err
 	}
 	l.moved.Inc()
-	l.o.log.Info("rootfs layers fetched; the disks read local files", "config", cfg, "layers", moved, "bytes", bytes,
+	l.m.log.Info("rootfs layers fetched; the disks read local files", "config", cfg, "layers", moved, "bytes", bytes,
 		"took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
@@ -293,7 +296,7 @@ func (l *lazyRootfs) moveOnce(ctx context.Context, cfg string) error {
 // in its image config's directory (<dir>/<hex>, where a job fetches it)
 // onto that file.
 func (l *lazyRootfs) localizeDevices(ctx context.Context) error {
-	devs, err := l.o.sd.List(ctx)
+	devs, err := l.m.sd.List(ctx)
 	if err != nil {
 		return fmt.Errorf("list storage devices: %w", err)
 	}
@@ -303,7 +306,7 @@ func (l *lazyRootfs) localizeDevices(ctx context.Context) error {
 		if len(moves) == 0 {
 			continue
 		}
-		_, err := l.o.sd.Localize(ctx, rpc.LocalizeParams{ID: d.ID, Lowers: moves})
+		_, err := l.m.sd.Localize(ctx, rpc.LocalizeParams{ID: d.ID, Lowers: moves})
 		if err != nil && !errors.Is(err, rpc.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("move device %d onto local layers: %w", d.ID, err))
 		}
@@ -360,23 +363,12 @@ func (l *lazyRootfs) close() {
 	l.wg.Wait()
 }
 
-// resumeAll starts the job of every config a record names that still
-// names remote layers (a restart), and moves the devices a crash left on
-// URLs whose files are here.
-func (l *lazyRootfs) resumeAll(ctx context.Context) {
-	if l.o.cfg.Remote == nil || l.o.sd == nil {
+// resumeAll starts the job of every config of cfgs that still names
+// remote layers (a restart), and moves the devices a crash left on URLs
+// whose files are here.
+func (l *lazyRootfs) resumeAll(ctx context.Context, cfgs []string) {
+	if l.remote == nil {
 		return
-	}
-	var cfgs []string
-	for _, r := range l.o.List() {
-		cfgs = append(cfgs, r.RootfsImage)
-	}
-	snaps, _ := store.ListAll[snapshot.Record](l.o.store, store.Snapshots)
-	for _, r := range snaps {
-		cfgs = append(cfgs, r.RootfsImage)
-	}
-	for _, t := range l.o.Templates() {
-		cfgs = append(cfgs, t.RootfsImage)
 	}
 	for _, cfg := range cfgs {
 		l.start(cfg)
@@ -384,31 +376,46 @@ func (l *lazyRootfs) resumeAll(ctx context.Context) {
 	l.devMu.Lock()
 	defer l.devMu.Unlock()
 	if err := l.localizeDevices(ctx); err != nil {
-		l.o.log.Warn("move devices onto local layers (the next job retries)", "err", err)
+		l.m.log.Warn("move devices onto local layers (the next job retries)", "err", err)
 	}
 }
 
-// settleDisks waits until the layers of rec's root disk and drives are
-// files here (lazy.go's settle).
-func (o *Orchestrator) settleDisks(ctx context.Context, rec Record) error {
-	cfgs := []string{rec.RootfsImage}
-	for _, d := range rec.Drives {
-		cfgs = append(cfgs, d.Config)
-	}
+// Fetcher is the repository's read side as lazy layers need it.
+type Fetcher interface {
+	// LazyLayer is the layer a lazy URL names.
+	LazyLayer(url string) (repo.Layer, bool)
+	// Fetch writes layer l whole (verified) into dir and returns its path.
+	Fetch(ctx context.Context, l repo.Layer, dir string) (string, error)
+}
+
+// Settle waits until the layers of every image config of cfgs are files
+// here (what needs them as files: a seal, an upload, a snapshot).
+func (m *Manager) Settle(ctx context.Context, cfgs ...string) error {
 	for _, cfg := range cfgs {
-		if err := o.lazy.settle(ctx, cfg); err != nil {
+		if err := m.lazy.settle(ctx, cfg); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// lazyMoved: cfg's layers are local; a template's disks get their warm
-// pool now (none is made from remote layers).
-func (o *Orchestrator) lazyMoved(cfg string) {
-	for _, t := range o.Templates() {
-		if t.RootfsImage == cfg {
-			o.disks.warm(context.Background(), &t)
-		}
-	}
-}
+// LocalizeLater notes an image config an import wrote: its layers are
+// fetched once StartLocalize runs (after the VM that brought it answered,
+// so the fetch does not compete with the restore).
+func (m *Manager) LocalizeLater(cfg string) { m.lazy.deferStart(cfg) }
+
+// StartLocalize starts the fetches LocalizeLater noted.
+func (m *Manager) StartLocalize() { m.lazy.startLater() }
+
+// Forget cancels the fetches of configs under dir and waits for them (dir
+// is about to be removed).
+func (m *Manager) Forget(dir string) { m.lazy.forget(dir) }
+
+// Localize starts the fetch of every config of cfgs that still names
+// remote layers (a restart) and moves the devices a crash left on URLs
+// whose files are here.
+func (m *Manager) Localize(ctx context.Context, cfgs []string) { m.lazy.resumeAll(ctx, cfgs) }
+
+// IsRemote says whether the image config at cfg names a layer still read
+// from the repository.
+func (m *Manager) IsRemote(cfg string) bool { return IsRemote(cfg) }

@@ -1,4 +1,4 @@
-package orchestrator
+package replica
 
 import (
 	"context"
@@ -18,22 +18,11 @@ import (
 	"github.com/agentenv/agentenv/vmm"
 )
 
-// The snapshot repository (package snapshot/repo), when the node has one:
-// a pause and a snapshot stay synchronous and durable on this node, and
-// then queue a commit of what they wrote (sealed layers, VM state and
-// config) to the repository, uploaded in the background. The queue is
-// durable, so a crash or a store that is down only delays an upload.
-
-// Uploads is the repository as the orchestrator uses it (reponode.Node).
-type Uploads interface {
-	Commit(ctx context.Context, j upload.Job) error
-	Status(name string) (upload.Status, bool)
-	Forget(name string) error
-	// Cancel drops a queued job, stopping an attempt in flight.
-	Cancel(name string) error
-	// Queued lists the jobs in the queue.
-	Queued() []upload.Status
-}
+// Commits: a pause and a snapshot stay synchronous and durable on the
+// node, and then (their hooks) queue a commit of what they wrote (sealed
+// layers, VM state and config) to the repository, uploaded in the
+// background. The queue is durable, so a crash or a store that is down
+// only delays an upload.
 
 // ManifestOfPause names the repository manifest of the pause that made the
 // sandbox's generation gen paused.
@@ -63,22 +52,23 @@ func uploadJob(name, parent, vmDir, rootfs string) (upload.Job, error) {
 		State: filepath.Join(vmDir, vmm.SnapshotStateFile), Config: filepath.Join(vmDir, vmm.SnapshotConfigFile)}, nil
 }
 
-// commitPause queues the upload of a paused sandbox's state (daemon-mode
+// CommitPause (the node's hook after a pause with memory is durable and
+// its VMM gone) queues the upload of a paused sandbox's state (layered
 // disks only: a file-mode disk is no layer stack). The job reads hard
 // links of the files in <dir>/upload-<gen>, so a merge of the sandbox's
-// layers (compact.go) or its next pause cannot pull them away mid-upload;
-// the links of earlier pauses whose upload ended go now. A failure to
-// queue is logged: the pause itself is durable here.
-func (o *Orchestrator) commitPause(ctx context.Context, rec Record) {
-	if o.cfg.Repository == nil || rec.RootfsImage == "" {
+// layers or its next pause cannot pull them away mid-upload; the links of
+// earlier pauses whose upload ended go now. A failure to queue is logged:
+// the pause itself is durable here.
+func (r *Replica) CommitPause(ctx context.Context, rec Sandbox) {
+	if r.cfg.Uploads == nil || rec.RootfsImage == "" {
 		return
 	}
-	if len(rec.Drives) > 0 {
-		o.log.Info("not uploading a paused sandbox with extra drives (the repository carries root disks only)", "sandbox", rec.ID)
+	if rec.Drives > 0 {
+		r.log.Info("not uploading a paused sandbox with extra drives (the repository carries root disks only)", "sandbox", rec.ID)
 		return
 	}
 	name := ManifestOfPause(rec.ID, rec.Gen)
-	o.dropFinishedStaging(rec)
+	r.dropFinishedStaging(rec)
 	dir := filepath.Join(rec.Dir, fmt.Sprintf("upload-%d", rec.Gen))
 	j, err := uploadJob(name, rec.TemplateID, rec.Snapshot, rec.RootfsImage)
 	if err == nil {
@@ -87,25 +77,29 @@ func (o *Orchestrator) commitPause(ctx context.Context, rec Record) {
 	if err == nil {
 		j.Config, err = writePortable(dir, rec, j.Config)
 	}
-	o.queue(ctx, j, err)
+	r.queue(ctx, j, err)
 }
 
 // portable is the config blob of a paused sandbox's manifest: its record
 // (what another node needs to resume it: resources, tokens, metadata,
 // timeouts) and the VMM's snapshot config.
 type portable struct {
-	Record Record          `json:"record"`
+	Record json.RawMessage `json:"record"`
 	VMM    json.RawMessage `json:"vmm"`
 }
 
 // writePortable writes the portable config of rec next to the staged
 // files, from the VMM config at vmmConfig, and returns its path.
-func writePortable(dir string, rec Record, vmmConfig string) (string, error) {
+func writePortable(dir string, rec Sandbox, vmmConfig string) (string, error) {
 	raw, err := os.ReadFile(vmmConfig)
 	if err != nil {
 		return "", fmt.Errorf("portable config of %s: %w", rec.ID, err)
 	}
-	b, err := json.Marshal(portable{Record: rec, VMM: raw})
+	record, err := json.Marshal(rec.Record)
+	if err != nil {
+		return "", fmt.Errorf("portable config of %s: %w", rec.ID, err)
+	}
+	b, err := json.Marshal(portable{Record: record, VMM: raw})
 	if err != nil {
 		return "", fmt.Errorf("portable config of %s: %w", rec.ID, err)
 	}
@@ -161,61 +155,58 @@ func stagedPauses(dir string) map[int]string {
 // dropFinishedStaging removes the staged links of the sandbox's earlier
 // pauses whose upload is over (uploaded, failed, or unknown to the queue),
 // and their records in the queue (the repository keeps what was uploaded).
-func (o *Orchestrator) dropFinishedStaging(rec Record) {
+func (r *Replica) dropFinishedStaging(rec Sandbox) {
 	for gen, d := range stagedPauses(rec.Dir) {
 		if gen == rec.Gen {
 			continue
 		}
 		name := ManifestOfPause(rec.ID, gen)
-		st, ok := o.cfg.Repository.Status(name)
+		st, ok := r.cfg.Uploads.Status(name)
 		if ok && (st.State == upload.Pending || st.State == upload.Uploading) {
 			continue
 		}
 		if ok {
-			_ = o.cfg.Repository.Forget(name)
+			_ = r.cfg.Uploads.Forget(name)
 		}
 		_ = os.RemoveAll(d)
 	}
 }
 
-// cancelPauseUploads drops the queued uploads of the sandbox's pauses (its
-// staged files go with its directory): a killed sandbox, or a stale copy
-// whose sandbox another node took over and pauses under the same names.
-func (o *Orchestrator) cancelPauseUploads(rec Record) {
-	if o.cfg.Repository == nil {
+// CancelPauseUploads (the node's hook after a sandbox left its registry,
+// before its directory goes) drops the queued uploads of the sandbox's
+// pauses (their staged files go with the directory dir): a killed
+// sandbox, or a stale copy whose sandbox another node took over and pauses
+// under the same names.
+func (r *Replica) CancelPauseUploads(id, dir string) {
+	if r.cfg.Uploads == nil {
 		return
 	}
-	for gen := range stagedPauses(rec.Dir) {
-		if err := o.cfg.Repository.Cancel(ManifestOfPause(rec.ID, gen)); err != nil {
-			o.log.Warn("cancel the upload of a pause", "sandbox", rec.ID, "gen", gen, "err", err)
+	for gen := range stagedPauses(dir) {
+		if err := r.cfg.Uploads.Cancel(ManifestOfPause(id, gen)); err != nil {
+			r.log.Warn("cancel the upload of a pause", "sandbox", id, "gen", gen, "err", err)
 		}
 	}
 }
 
-// cancelOrphanUploads drops the queued pause uploads of sandboxes this node
+// CancelOrphanUploads drops the queued pause uploads of sandboxes the node
 // no longer holds (a kill or a stale copy's removal that a crash cut before
 // its uploads were cancelled): their staged files went with the sandbox's
-// directory, so they could only fail.
-func (o *Orchestrator) cancelOrphanUploads() {
-	if o.cfg.Repository == nil {
+// directory, so they could only fail. The node runs it once its records
+// are loaded, before the uploader starts.
+func (r *Replica) CancelOrphanUploads() {
+	if r.cfg.Uploads == nil {
 		return
 	}
-	for _, st := range o.cfg.Repository.Queued() {
+	for _, st := range r.cfg.Uploads.Queued() {
 		id, ok := pauseOf(st.Name)
-		if !ok {
+		if !ok || r.node.Holds(id) {
 			continue
 		}
-		o.mu.Lock()
-		_, held := o.sandboxes[id]
-		o.mu.Unlock()
-		if held {
+		if err := r.cfg.Uploads.Cancel(st.Name); err != nil {
+			r.log.Warn("cancel the upload of a gone sandbox's pause", "job", st.Name, "err", err)
 			continue
 		}
-		if err := o.cfg.Repository.Cancel(st.Name); err != nil {
-			o.log.Warn("cancel the upload of a gone sandbox's pause", "job", st.Name, "err", err)
-			continue
-		}
-		o.log.Info("cancelled the upload of a gone sandbox's pause", "job", st.Name)
+		r.log.Info("cancelled the upload of a gone sandbox's pause", "job", st.Name)
 	}
 }
 
@@ -232,22 +223,32 @@ func pauseOf(name string) (id string, ok bool) {
 	return rest[:i], true
 }
 
-// commitSnapshot queues the upload of a snapshot (its files are immutable
-// in its own directory; its portable config, the snapshot's record and
-// the VMM config, is written next to them).
-func (o *Orchestrator) commitSnapshot(ctx context.Context, r snapshot.Record) {
-	if o.cfg.Repository == nil || r.RootfsImage == "" || r.Hidden {
+// CommitSnapshot (the node's hook after a snapshot's record is stored)
+// queues the upload of a snapshot (its files are immutable in its own
+// directory; its portable config, the snapshot's record and the VMM
+// config, is written next to them).
+func (r *Replica) CommitSnapshot(ctx context.Context, s snapshot.Record) {
+	if r.cfg.Uploads == nil || s.RootfsImage == "" || s.Hidden {
 		return
 	}
-	if len(r.Drives) > 0 {
-		o.log.Info("not uploading a snapshot with extra drives (the repository carries root disks only)", "snapshot", r.ID)
+	if len(s.Drives) > 0 {
+		r.log.Info("not uploading a snapshot with extra drives (the repository carries root disks only)", "snapshot", s.ID)
 		return
 	}
-	j, err := uploadJob(ManifestOfSnapshot(r.ID), r.TemplateID, r.VM, r.RootfsImage)
+	j, err := uploadJob(ManifestOfSnapshot(s.ID), s.TemplateID, s.VM, s.RootfsImage)
 	if err == nil {
-		j.Config, err = writePortableSnapshot(r, j.Config)
+		j.Config, err = writePortableSnapshot(s, j.Config)
 	}
-	o.queue(ctx, j, err)
+	r.queue(ctx, j, err)
+}
+
+// ForgetSnapshot (the node's hook after a snapshot was deleted) drops its
+// record in the upload queue (one still uploading fails on its own: the
+// files are gone); what the repository holds stays.
+func (r *Replica) ForgetSnapshot(id string) {
+	if r.cfg.Uploads != nil {
+		_ = r.cfg.Uploads.Forget(ManifestOfSnapshot(id))
+	}
 }
 
 // portableSnapshot is the config blob of a snapshot's manifest.
@@ -273,25 +274,25 @@ func writePortableSnapshot(r snapshot.Record, vmmConfig string) (string, error) 
 }
 
 // queue hands a job to the repository, unless preparing it failed (err).
-func (o *Orchestrator) queue(ctx context.Context, j upload.Job, err error) {
+func (r *Replica) queue(ctx context.Context, j upload.Job, err error) {
 	if repo.ValidName(j.Parent) != nil {
 		j.Parent = ""
 	}
 	if err == nil {
-		err = o.cfg.Repository.Commit(context.WithoutCancel(ctx), j)
+		err = r.cfg.Uploads.Commit(context.WithoutCancel(ctx), j)
 	}
 	if err != nil {
-		o.log.Warn("queue repository commit (this node keeps it)", "manifest", j.Name, "err", err)
+		r.log.Warn("queue repository commit (this node keeps it)", "manifest", j.Name, "err", err)
 		return
 	}
-	o.log.Info("repository commit queued", "manifest", j.Name, "layers", len(j.Rootfs)+len(j.Memory))
+	r.log.Info("repository commit queued", "manifest", j.Name, "layers", len(j.Rootfs)+len(j.Memory))
 }
 
-// RepositoryStatus reports where a manifest's upload is ("" state when the
-// node has no repository or never queued it).
-func (o *Orchestrator) RepositoryStatus(name string) (upload.Status, bool) {
-	if o.cfg.Repository == nil {
+// SnapshotStatus reports where the upload of snapshot id's commit is
+// (false when the node has no repository or never queued it).
+func (r *Replica) SnapshotStatus(id string) (upload.Status, bool) {
+	if r == nil || r.cfg.Uploads == nil {
 		return upload.Status{}, false
 	}
-	return o.cfg.Repository.Status(name)
+	return r.cfg.Uploads.Status(ManifestOfSnapshot(id))
 }

@@ -1,4 +1,4 @@
-package orchestrator
+package replica
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
+	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/snapshot/repo"
@@ -22,7 +23,8 @@ import (
 // VMM config) under the manifest template-<id>-<build>, uploaded in the
 // background. The queue is durable and a ready template is queued again at
 // every start (a job already queued is left as it is), so a crash between
-// the record and the queue only delays the commit. A node that shares the
+// the record and the queue only delays the commit (the node's hook once a
+// template serves here). A node that shares the
 // repository and has no template of that id or name brings the newest
 // build's manifest at a create: layers fetched and verified, the VMM
 // snapshot relocated to this node's boot files, the record stored last
@@ -47,15 +49,16 @@ type portableTemplate struct {
 	VMM      json.RawMessage   `json:"vmm"`
 }
 
-// commitTemplate queues the upload of a ready built template (daemon-mode
-// disks only). A failure to queue is logged: the template serves here.
-func (o *Orchestrator) commitTemplate(ctx context.Context, t *template.Template) {
-	if o.cfg.Repository == nil || t.RootfsImage == "" || t.ID == template.DefaultID || t.Origin != "" ||
+// CommitTemplate (the node's hook once a template serves here) queues the
+// upload of a ready built template (layered disks only). A failure to
+// queue is logged: the template serves here.
+func (r *Replica) CommitTemplate(ctx context.Context, t *template.Template) {
+	if r.cfg.Uploads == nil || t.RootfsImage == "" || t.ID == template.DefaultID || t.Origin != "" ||
 		!t.Ready() || t.BuildID == "" || t.Snapshot == "" {
 		return
 	}
 	if err := fpTemplateReady.Inject(); err != nil {
-		o.log.Warn("queue template commit", "template", t.ID, "err", err)
+		r.log.Warn("queue template commit", "template", t.ID, "err", err)
 		return
 	}
 	j, err := uploadJob(ManifestOfTemplate(t.ID, t.BuildID), t.Parent, t.Snapshot, t.RootfsImage)
@@ -63,7 +66,7 @@ func (o *Orchestrator) commitTemplate(ctx context.Context, t *template.Template)
 	if err == nil {
 		j.Config, err = writePortableTemplate(t, j.Config)
 	}
-	o.queue(ctx, j, err)
+	r.queue(ctx, j, err)
 }
 
 func writePortableTemplate(t *template.Template, vmmConfig string) (string, error) {
@@ -89,40 +92,41 @@ func writePortableTemplate(t *template.Template, vmmConfig string) (string, erro
 	return path, nil
 }
 
-// importTemplate brings the template idOrName (its id, or one of its
-// names), committed by another node, here. ErrNotFound when the repository
-// has none; the caller holds no lock.
-func (o *Orchestrator) importTemplate(ctx context.Context, idOrName string) error {
-	b, err := o.builder()
-	if o.cfg.Remote == nil || o.sd == nil || err != nil || idOrName == template.DefaultID || repo.ValidName(idOrName) != nil {
-		return fmt.Errorf("template %q: %w", idOrName, ErrNotFound)
+// ImportTemplate (the node's hook before a create resolves a source it
+// does not know, after ImportSnapshot found none) brings the template
+// idOrName (its id, or one of its names), committed by another node, here.
+// ErrNotFound when the repository has none; the caller holds no lock.
+func (r *Replica) ImportTemplate(ctx context.Context, idOrName string) error {
+	b, err := r.node.Builder()
+	if r.cfg.Remote == nil || err != nil || idOrName == template.DefaultID || repo.ValidName(idOrName) != nil {
+		return fmt.Errorf("template %q: %w", idOrName, errdefs.ErrNotFound)
 	}
-	o.importMu.Lock()
-	defer o.importMu.Unlock()
-	return o.importTemplateLocked(ctx, b, idOrName)
+	r.importMu.Lock()
+	defer r.importMu.Unlock()
+	return r.importTemplateLocked(ctx, b, idOrName)
 }
 
 // templateOf returns the template id a brought sandbox or snapshot was
 // created from, bringing it too when this node lacks it (importMu held).
-func (o *Orchestrator) templateOf(ctx context.Context, id string) (*template.Template, error) {
-	t, err := o.Template(id)
-	if !errors.Is(err, ErrNotFound) {
+func (r *Replica) templateOf(ctx context.Context, id string) (*template.Template, error) {
+	t, err := r.node.Template(id)
+	if !errors.Is(err, errdefs.ErrNotFound) {
 		return t, err
 	}
-	if b, berr := o.builder(); berr == nil && id != template.DefaultID {
-		if ierr := o.importTemplateLocked(ctx, b, id); ierr != nil && !errors.Is(ierr, ErrNotFound) {
+	if b, berr := r.node.Builder(); berr == nil && id != template.DefaultID {
+		if ierr := r.importTemplateLocked(ctx, b, id); ierr != nil && !errors.Is(ierr, errdefs.ErrNotFound) {
 			return nil, ierr
 		}
 	}
-	return o.Template(id)
+	return r.node.Template(id)
 }
 
 // importTemplateLocked is importTemplate with importMu held.
-func (o *Orchestrator) importTemplateLocked(ctx context.Context, b *template.Builder, idOrName string) error {
-	if _, err := o.Template(idOrName); err == nil {
+func (r *Replica) importTemplateLocked(ctx context.Context, b *template.Builder, idOrName string) error {
+	if _, err := r.node.Template(idOrName); err == nil {
 		return nil // brought by a concurrent create
 	}
-	m, p, err := o.findTemplate(ctx, idOrName)
+	m, p, err := r.findTemplate(ctx, idOrName)
 	if err != nil {
 		return err
 	}
@@ -130,10 +134,10 @@ func (o *Orchestrator) importTemplateLocked(ctx context.Context, b *template.Bui
 	// files: nothing is fetched (Adopt checks again, under its lock).
 	for _, n := range append([]string{p.Template.ID}, p.Template.Names...) {
 		if local, ok := b.Resolve(n); ok {
-			return fmt.Errorf("bring template %s (%s): %q is template %s's here: %w", idOrName, m.Name, n, local.ID, ErrConflict)
+			return fmt.Errorf("bring template %s (%s): %q is template %s's here: %w", idOrName, m.Name, n, local.ID, errdefs.ErrConflict)
 		}
 	}
-	t, err := o.rebuildTemplate(ctx, b, m, p)
+	t, err := r.rebuildTemplate(ctx, b, m, p)
 	if err == nil {
 		err = fpTemplateFetched.Inject()
 	}
@@ -141,17 +145,17 @@ func (o *Orchestrator) importTemplateLocked(ctx context.Context, b *template.Bui
 		err = b.Adopt(t)
 	}
 	if err != nil {
-		_ = os.RemoveAll(filepath.Join(o.cfg.DataDir, "templates", p.Template.ID))
+		_ = os.RemoveAll(filepath.Join(r.cfg.DataDir, "templates", p.Template.ID))
 		return fmt.Errorf("bring template %s from the repository (%s): %w", idOrName, m.Name, err)
 	}
-	o.log.Info("template brought from the repository", "template", t.ID, "manifest", m.Name)
+	r.log.Info("template brought from the repository", "template", t.ID, "manifest", m.Name)
 	return nil
 }
 
 // findTemplate returns the newest build's manifest of the template whose id
 // is idOrName, else of the one carrying the name, with its portable config.
-func (o *Orchestrator) findTemplate(ctx context.Context, idOrName string) (*repo.Manifest, portableTemplate, error) {
-	names, err := o.cfg.Remote.Manifests(ctx)
+func (r *Replica) findTemplate(ctx context.Context, idOrName string) (*repo.Manifest, portableTemplate, error) {
+	names, err := r.cfg.Remote.Manifests(ctx)
 	if err != nil {
 		return nil, portableTemplate{}, fmt.Errorf("template %s: list the repository: %w", idOrName, err)
 	}
@@ -163,16 +167,16 @@ func (o *Orchestrator) findTemplate(ctx context.Context, idOrName string) (*repo
 		}
 	}
 	if ms, ok := byID[idOrName]; ok {
-		return o.newestTemplate(ctx, idOrName, ms)
+		return r.newestTemplate(ctx, idOrName, ms)
 	}
 	scanned := 0
 	for id, ms := range byID {
 		if scanned++; scanned > maxTemplateScan {
 			break
 		}
-		m, p, err := o.newestTemplate(ctx, id, ms)
+		m, p, err := r.newestTemplate(ctx, id, ms)
 		if err != nil {
-			o.log.Warn("template manifest unreadable", "template", id, "err", err)
+			r.log.Warn("template manifest unreadable", "template", id, "err", err)
 			continue
 		}
 		for _, n := range p.Template.Names {
@@ -181,15 +185,15 @@ func (o *Orchestrator) findTemplate(ctx context.Context, idOrName string) (*repo
 			}
 		}
 	}
-	return nil, portableTemplate{}, fmt.Errorf("template or snapshot %q: %w", idOrName, ErrNotFound)
+	return nil, portableTemplate{}, fmt.Errorf("template or snapshot %q: %w", idOrName, errdefs.ErrNotFound)
 }
 
 // newestTemplate reads template id's build manifests ms and returns the
 // newest with its portable config.
-func (o *Orchestrator) newestTemplate(ctx context.Context, id string, ms []string) (*repo.Manifest, portableTemplate, error) {
+func (r *Replica) newestTemplate(ctx context.Context, id string, ms []string) (*repo.Manifest, portableTemplate, error) {
 	var best *repo.Manifest
 	for _, n := range ms {
-		m, err := o.cfg.Remote.Manifest(ctx, n)
+		m, err := r.cfg.Remote.Manifest(ctx, n)
 		if err != nil {
 			return nil, portableTemplate{}, fmt.Errorf("template %s: manifest %s: %w", id, n, err)
 		}
@@ -198,9 +202,9 @@ func (o *Orchestrator) newestTemplate(ctx context.Context, id string, ms []strin
 		}
 	}
 	if best == nil {
-		return nil, portableTemplate{}, fmt.Errorf("template %q: %w", id, ErrNotFound)
+		return nil, portableTemplate{}, fmt.Errorf("template %q: %w", id, errdefs.ErrNotFound)
 	}
-	raw, err := o.cfg.Remote.ReadSmall(ctx, best.Config, maxPortable)
+	raw, err := r.cfg.Remote.ReadSmall(ctx, best.Config, maxPortable)
 	if err != nil {
 		return nil, portableTemplate{}, fmt.Errorf("template %s: %w", id, err)
 	}
@@ -214,14 +218,14 @@ func (o *Orchestrator) newestTemplate(ctx context.Context, id string, ms []strin
 
 // rebuildTemplate fetches the manifest's files into the build's directory
 // here and returns the template's record, pointing at them.
-func (o *Orchestrator) rebuildTemplate(ctx context.Context, b *template.Builder, m *repo.Manifest, p portableTemplate) (*template.Template, error) {
-	base, err := o.Template(template.DefaultID)
+func (r *Replica) rebuildTemplate(ctx context.Context, b *template.Builder, m *repo.Manifest, p portableTemplate) (*template.Template, error) {
+	base, err := r.node.Template(template.DefaultID)
 	if err != nil {
 		return nil, fmt.Errorf("this node's default template (the boot files): %w", err)
 	}
 	t := p.Template.Clone()
 	// A leftover of a crashed import (the record is stored last).
-	if err := os.RemoveAll(filepath.Join(o.cfg.DataDir, "templates", t.ID)); err != nil {
+	if err := os.RemoveAll(filepath.Join(r.cfg.DataDir, "templates", t.ID)); err != nil {
 		return nil, err
 	}
 	t.Dir = b.BuildDir(t.ID, t.BuildID)
@@ -233,19 +237,19 @@ func (o *Orchestrator) rebuildTemplate(ctx context.Context, b *template.Builder,
 	if err := os.MkdirAll(t.Dir, 0o700); err != nil {
 		return nil, err
 	}
-	rootfs, err := o.rootfsRefs(ctx, m.Rootfs, t.Dir)
+	rootfs, err := r.rootfsRefs(ctx, m.Rootfs, t.Dir)
 	if err != nil {
 		return nil, err
 	}
 	if err := snapshot.WriteImageConfig(t.RootfsImage, rootfs); err != nil {
 		return nil, err
 	}
-	o.lazy.deferStart(t.RootfsImage)
-	mem, err := o.fetchAll(ctx, m.Memory, t.Dir)
+	r.node.FetchLater(t.RootfsImage)
+	mem, err := r.fetchAll(ctx, m.Memory, t.Dir)
 	if err != nil {
 		return nil, err
 	}
-	if err := o.writeSnapshotDir(ctx, t.Snapshot, base.Snapshot, m.State, p.VMM, mem); err != nil {
+	if err := r.writeSnapshotDir(ctx, t.Snapshot, base.Snapshot, m.State, p.VMM, mem); err != nil {
 		return nil, err
 	}
 	if err := atomicfile.SyncTree(t.Dir); err != nil {

@@ -1,4 +1,4 @@
-package orchestrator
+package disk
 
 import (
 	"context"
@@ -44,7 +44,6 @@ func TestMemoryDevicesChoice(t *testing.T) {
 		{sd, rpc.BlockNBD, q, false, "no ublk devices"},
 		{sd, rpc.BlockNone, q, false, "no ublk devices"},
 		{sd, rpc.BlockUblk, fileDriver{}, false, "maps files only"},
-		{nil, rpc.BlockUblk, q, false, "no storage daemon"},
 	} {
 		d, why := newMemoryDevices(c.sd, c.block, c.drv, slog.Default())
 		if (d != nil) != c.want || !strings.Contains(why, c.why) {
@@ -57,7 +56,7 @@ func TestMemoryDevicesChoice(t *testing.T) {
 // snapshot directory, and replaced when it lists other layers than the
 // directory's manifest (a directory linked from a paused sandbox's).
 func TestStackConfigFollowsManifest(t *testing.T) {
-	d := &memoryDevices{log: slog.Default()}
+	d := &MemoryDevices{log: slog.Default()}
 	dir := t.TempDir()
 	first := []string{"/data/t/mem-0.lsmt", "/data/s/mem-3.lsmt"}
 	cfg, err := d.config(dir, first)
@@ -107,7 +106,7 @@ func TestMemoryDevices(t *testing.T) {
 	}
 	vmDir, m := memoryStack(ctx, t, c)
 
-	m1, vm1, err := d.acquire(ctx, vmDir, m, "a-1")
+	m1, vm1, err := d.Acquire(ctx, vmDir, m, "a-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,14 +114,14 @@ func TestMemoryDevices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, vm2, err := d.acquire(ctx, vmDir, m, "b-1")
+	_, vm2, err := d.Acquire(ctx, vmDir, m, "b-1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if again, err := os.Stat(filepath.Join(vmDir, stackConfig)); err != nil || !again.ModTime().Equal(cfgInfo.ModTime()) {
 		t.Fatalf("the stack config was rewritten by the second acquire (%v)", err)
 	}
-	if !isDevice(vm1.File) || vm1.File != vm2.File || m1.File != vm1.File || len(vm1.Layers) != 0 || vm1.Release == nil {
+	if !IsDevice(vm1.File) || vm1.File != vm2.File || m1.File != vm1.File || len(vm1.Layers) != 0 || vm1.Release == nil {
 		t.Fatalf("VMs map %q and %q (image file %q, layers %v): want one device, no layers to write", vm1.File, vm2.File, m1.File, vm1.Layers)
 	}
 	if !slices.Equal(m1.Layers, m.Layers) {
@@ -137,10 +136,10 @@ func TestMemoryDevices(t *testing.T) {
 	}
 
 	// A restart: "a-1" runs on (adopted), "b-1" is gone.
-	if d.adopted(ctx, vm1.File, "a-1") == nil || d.adopted(ctx, vm1.File, "gone-1") != nil {
+	if d.Adopted(ctx, vm1.File, "a-1") == nil || d.Adopted(ctx, vm1.File, "gone-1") != nil {
 		t.Fatal("adopted: want the hold of a-1 found and none for a holder without one")
 	}
-	d.releaseUnheld(ctx, func(h string) bool { return h == "a-1" })
+	d.ReleaseUnheld(ctx, func(h string) bool { return h == "a-1" })
 	if dev := sharedDevice(ctx, t, c, vm1.File); dev == nil || !slices.Equal(dev.Holders, []string{"a-1"}) {
 		t.Fatalf("after releasing holds no VM has: %+v, want held by a-1 only", dev)
 	}

@@ -1,0 +1,162 @@
+package replica
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/agentenv/agentenv/config"
+	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/snapshot"
+	"github.com/agentenv/agentenv/snapshot/repo/reponode"
+	"github.com/agentenv/agentenv/snapshot/repo/upload"
+	"github.com/agentenv/agentenv/template"
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// bringer is a node that brings paused sandboxes: it holds what it
+// adopted and serves one template.
+type bringer struct {
+	Node
+	tmpl    *template.Template
+	adopted []Paused
+	later   []string
+}
+
+func (b *bringer) Holds(id string) bool {
+	for _, p := range b.adopted {
+		if p.ID == id {
+			return true
+		}
+	}
+	return false
+}
+func (b *bringer) AdoptPaused(p Paused) error { b.adopted = append(b.adopted, p); return nil }
+func (b *bringer) LayeredDisks() bool         { return true }
+func (b *bringer) FetchLater(cfg string)      { b.later = append(b.later, cfg) }
+func (b *bringer) Template(id string) (*template.Template, error) {
+	if id != b.tmpl.ID {
+		return nil, errdefs.ErrNotFound
+	}
+	return b.tmpl, nil
+}
+
+// relocator points a snapshot at a reference by noting it in the config.
+type relocator struct{ vmm.Driver }
+
+func (relocator) RelocateSnapshot(dir, reference string) error {
+	return os.WriteFile(filepath.Join(dir, "relocated"), []byte(reference), 0o600)
+}
+
+func repoNode(t *testing.T, dir string) *reponode.Node {
+	t.Helper()
+	c := config.Default()
+	c.DataDir = t.TempDir()
+	c.Repository.Backend, c.Repository.Dir = "posix", dir
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := reponode.Open(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	return n
+}
+
+func writeFile(t *testing.T, path, data string) string {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestPauseRoundTrip: a pause committed by one node through a real
+// repository directory is brought by another: same layers and VM state,
+// relocated to the other node's boot files, and its record handed to the
+// node to adopt, placed in the next generation of the sandbox's directory
+// there. A sandbox the repository has no pause of is not found.
+func TestPauseRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	shared := t.TempDir()
+	a := repoNode(t, shared)
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	vm := filepath.Join(src, "snapshot-3")
+	if err := os.Mkdir(vm, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(vm, vmm.SnapshotStateFile), "vm state")
+	writeFile(t, filepath.Join(vm, vmm.SnapshotConfigFile), `{"machine":"a"}`)
+	writeFile(t, filepath.Join(vm, vmm.SnapshotMemoryFile), "guest memory")
+	rootfs := filepath.Join(src, "rootfs-3.json")
+	if err := snapshot.WriteImageConfig(rootfs, []string{writeFile(t, filepath.Join(src, "base.layer"), "base layer"),
+		writeFile(t, filepath.Join(src, "own.layer"), "own layer")}); err != nil {
+		t.Fatal(err)
+	}
+	record := map[string]any{"id": "sbx1", "templateID": "tpl", "gen": 3, "metadata": map[string]string{"k": "v"}}
+	ra := New(Options{Uploads: a, Logger: slog.New(slog.DiscardHandler)}, nil)
+	ra.CommitPause(ctx, Sandbox{ID: "sbx1", TemplateID: "tpl", Dir: src, Gen: 3, Snapshot: vm, RootfsImage: rootfs, Record: record})
+	if st, err := a.Uploads.Wait(ctx, ManifestOfPause("sbx1", 3)); err != nil || st.State != upload.Uploaded {
+		t.Fatalf("upload: %+v, %v", st, err)
+	}
+
+	b := repoNode(t, shared)
+	dataB := t.TempDir()
+	node := &bringer{tmpl: &template.Template{ID: "tpl", Snapshot: "/boot/of/b"}}
+	rb := New(Options{Remote: b, DataDir: dataB, Driver: relocator{}, Logger: slog.New(slog.DiscardHandler)}, node)
+	if err := rb.ImportPaused(ctx, "other"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("bring a sandbox never paused: %v, want not found", err)
+	}
+	if err := rb.ImportPaused(ctx, "sbx1"); err != nil {
+		t.Fatal(err)
+	}
+	if len(node.adopted) != 1 {
+		t.Fatalf("adopted %d sandboxes, want 1", len(node.adopted))
+	}
+	p := node.adopted[0]
+	dir := filepath.Join(dataB, "sandboxes", "sbx1")
+	if p.ID != "sbx1" || p.Gen != 4 || p.Dir != dir || p.Snapshot != filepath.Join(dir, "snapshot-4") ||
+		p.RootfsImage != filepath.Join(dir, "rootfs-4.json") {
+		t.Fatalf("placed as %+v", p)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(p.Record, &got); err != nil || got["id"] != "sbx1" || got["metadata"].(map[string]any)["k"] != "v" {
+		t.Fatalf("record %s (%v)", p.Record, err)
+	}
+	for file, want := range map[string]string{vmm.SnapshotStateFile: "vm state", vmm.SnapshotConfigFile: `{"machine":"a"}`, "relocated": "/boot/of/b"} {
+		if b, err := os.ReadFile(filepath.Join(p.Snapshot, file)); err != nil || string(b) != want {
+			t.Errorf("%s: %q %v, want %q", file, b, err, want)
+		}
+	}
+	mem, err := snapshot.ReadMemoryManifest(p.Snapshot)
+	if err != nil || len(mem.Layers) != 1 {
+		t.Fatalf("memory manifest %+v, %v", mem, err)
+	}
+	if b, err := os.ReadFile(mem.Layers[0]); err != nil || string(b) != "guest memory" {
+		t.Errorf("memory layer %q, %v", b, err)
+	}
+	layers, err := snapshot.LayersOf(p.RootfsImage)
+	if err != nil || len(layers) != 2 {
+		t.Fatalf("rootfs layers %v, %v", layers, err)
+	}
+	for i, want := range []string{"base layer", "own layer"} {
+		if b, err := os.ReadFile(layers[i]); err != nil || !bytes.Equal(b, []byte(want)) {
+			t.Errorf("rootfs layer %d: %q %v, want %q", i, b, err, want)
+		}
+	}
+	if len(node.later) != 1 || node.later[0] != p.RootfsImage {
+		t.Errorf("fetch later %v, want the rootfs config", node.later)
+	}
+	if err := rb.ImportPaused(ctx, "sbx1"); err != nil || len(node.adopted) != 1 {
+		t.Fatalf("bringing a held sandbox again: %v, %d adopted", err, len(node.adopted))
+	}
+}
