@@ -1,8 +1,12 @@
 package cgroup
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -74,5 +78,51 @@ func TestDelegatedV2(t *testing.T) {
 	self := writeFile(t, dir, "cgroup", "4:memory:/x\n")
 	if _, err := Delegated(mi, self, "aenv/n1"); err == nil {
 		t.Error("no v2 group of the process: want an error")
+	}
+}
+
+// EnterLeaf on a real cgroup v2 hierarchy: a process in the delegated group
+// moves into its leaf.
+func TestEnterLeaf(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("moving a process between control groups needs root; CI runs as root")
+	}
+	mounts, err := readMounts("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, ok := mounts["cgroup2"]
+	if !ok {
+		t.Skip("no cgroup v2 hierarchy is mounted")
+	}
+	dir := filepath.Join(root, fmt.Sprintf("aenv-test-leaf-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Skipf("cannot make a group in %s: %v", root, err)
+	}
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = os.Remove(filepath.Join(dir, LeafName))
+		_ = os.Remove(dir)
+	})
+	pid := strconv.Itoa(cmd.Process.Pid)
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(pid), 0); err != nil {
+		t.Fatalf("move %s into %s: %v", pid, dir, err)
+	}
+	h := &Hierarchy{Roots: map[string]string{"pids": dir}, Dirs: map[string]string{"pids": filepath.Join(dir, "aenv")},
+		V2: map[string]bool{"pids": true}}
+	if err := h.EnterLeaf(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, LeafName, "cgroup.procs"))
+	if err != nil || strings.TrimSpace(string(b)) != pid {
+		t.Fatalf("the leaf holds %q (%v), want %s", b, err, pid)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs")); strings.TrimSpace(string(b)) != "" {
+		t.Fatalf("the delegated group still holds %q", b)
 	}
 }
