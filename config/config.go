@@ -200,7 +200,8 @@ type Storage struct {
 	// read-only ublk device of the memory image's layer stack (one per
 	// stack, its pages cached once) instead of a node-local flattened file,
 	// where the daemon makes ublk devices and the VMM maps a device (QEMU).
-	// Elsewhere it has no effect. On by default.
+	// Elsewhere the default has no effect; set explicitly, a node without
+	// the ublk driver refuses to start. On by default.
 	MemoryDevices bool `toml:"memory_devices" env:"AENVD_STORAGE_MEMORY_DEVICES"`
 }
 
@@ -335,6 +336,12 @@ type Sandbox struct {
 	// share) and a pids bound. Needs the cpu, memory and pids controllers
 	// (cgroup v2 or v1); turn it off where the node cannot manage them.
 	Cgroups bool `toml:"cgroups" env:"AENVD_SANDBOX_CGROUPS"`
+	// CgroupDelegated makes those groups under the node's own control group
+	// (one its service manager delegated to it: systemd's Delegate=, as
+	// deploy/systemd/aenvd.service sets along with this) instead of under
+	// each hierarchy's root. On cgroup v2 the node first moves itself into
+	// the leaf aenvd below its group.
+	CgroupDelegated bool `toml:"cgroup_delegated" env:"AENVD_SANDBOX_CGROUP_DELEGATED"`
 	// Prefetch reads a memory image's working set (the pages the first VM
 	// created from it touched until its agent answered, recorded then)
 	// into the page cache while a VM restores from it: on a cold cache the
@@ -524,4 +531,40 @@ func setField(fv reflect.Value, s string) error {
 		return fmt.Errorf("unsupported field kind %s", fv.Kind())
 	}
 	return nil
+}
+
+// IsSet reports whether the configuration at path (if not empty) or the
+// environment sets the key named by section and key; a default a node
+// cannot honour is ignored, a setting it cannot honour is refused.
+func IsSet(path, section, key string) (bool, error) {
+	if env := envName(reflect.TypeOf(Config{}), section, key); env != "" {
+		if _, ok := os.LookupEnv(env); ok {
+			return true, nil
+		}
+	}
+	if path == "" {
+		return false, nil
+	}
+	var c Config
+	md, err := toml.DecodeFile(path, &c)
+	if err != nil {
+		return false, fmt.Errorf("load config %s: %w", path, err)
+	}
+	return md.IsDefined(section, key), nil
+}
+
+// envName is the environment variable of section.key in t, or "".
+func envName(t reflect.Type, section, key string) string {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Tag.Get("toml") != section || f.Type.Kind() != reflect.Struct {
+			continue
+		}
+		for j := range f.Type.NumField() {
+			if g := f.Type.Field(j); g.Tag.Get("toml") == key {
+				return g.Tag.Get("env")
+			}
+		}
+	}
+	return ""
 }

@@ -219,3 +219,25 @@ func TestClusterSection(t *testing.T) {
 		t.Fatal("cpu_overcommit 0 accepted")
 	}
 }
+
+func TestIsSet(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "aenvd.toml")
+	if err := os.WriteFile(path, []byte("[storage]\nmemory_devices = false\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AENVD_SANDBOX_CGROUPS", "true")
+	for _, c := range []struct {
+		path, section, key string
+		want               bool
+	}{
+		{path, "storage", "memory_devices", true},
+		{path, "storage", "backend", false},
+		{"", "storage", "memory_devices", false},
+		{"", "sandbox", "cgroups", true}, // from the environment
+	} {
+		got, err := IsSet(c.path, c.section, c.key)
+		if err != nil || got != c.want {
+			t.Errorf("IsSet(%q, %s.%s) = %v, %v; want %v", c.path, c.section, c.key, got, err, c.want)
+		}
+	}
+}

@@ -12,6 +12,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // composeFile is the part of the Compose format deploy/compose.yaml uses.
@@ -111,8 +113,11 @@ func volumeSource(v any) string {
 	return fmt.Sprint(v)
 }
 
-// checkCompose applies the deployment rules to one decoded compose file.
-func checkCompose(t reporter, c composeFile) {
+// checkCompose applies the deployment rules to one decoded compose file;
+// kvm says whether compose.kvm.yaml is merged in, so the nodes must map
+// /dev/kvm (without it they must not: a host without KVM could not create
+// the containers).
+func checkCompose(t reporter, c composeFile, kvm bool) {
 	t.Helper()
 	nodes := 0
 	for name := range c.Extensions {
@@ -171,11 +176,7 @@ func checkCompose(t reporter, c composeFile) {
 					t.Errorf("%s: adds %s", name, cp)
 				}
 			}
-			for _, d := range s.Devices {
-				if h := deviceHost(d); h != "/dev/kvm" && h != "/dev/net/tun" {
-					t.Errorf("%s: device %s", name, h)
-				}
-			}
+			checkNodeDevices(t, name, s.Devices, kvm)
 			if len(s.Ports) > 0 {
 				t.Errorf("%s: a node is reached through the gateway; do not publish it", name)
 			}
@@ -193,10 +194,50 @@ func checkCompose(t reporter, c composeFile) {
 	}
 }
 
+// checkNodeDevices: /dev/net/tun always, /dev/kvm exactly when kvm.
+func checkNodeDevices(t reporter, name string, devices []any, kvm bool) {
+	t.Helper()
+	hasKVM := false
+	for _, d := range devices {
+		switch h := deviceHost(d); h {
+		case "/dev/kvm":
+			hasKVM = true
+		case "/dev/net/tun":
+		default:
+			t.Errorf("%s: device %s", name, h)
+		}
+	}
+	if hasKVM && !kvm {
+		t.Errorf("%s: maps /dev/kvm unconditionally: a host without KVM could not create the container (compose.kvm.yaml adds it)", name)
+	}
+	if !hasKVM && kvm {
+		t.Errorf("%s: the KVM override does not map /dev/kvm", name)
+	}
+}
+
 func TestCompose(t *testing.T) {
 	path := filepath.Join(repoRoot(t), "deploy/compose.yaml")
 	t.Run("file", func(t *testing.T) {
-		checkCompose(t, decodeCompose(t, "compose.yaml", mustRead(t, path), true))
+		checkCompose(t, decodeCompose(t, "compose.yaml", mustRead(t, path), true), false)
+	})
+	kvmPath := filepath.Join(repoRoot(t), "deploy/compose.kvm.yaml")
+	t.Run("kvm override file", func(t *testing.T) {
+		base := decodeCompose(t, "compose.yaml", mustRead(t, path), true)
+		over := decodeCompose(t, "compose.kvm.yaml", mustRead(t, kvmPath), true)
+		if len(over.Services) == 0 {
+			t.Fatal("compose.kvm.yaml overrides no service")
+		}
+		for name, s := range over.Services {
+			if b, ok := base.Services[name]; !ok || len(b.CapAdd) == 0 {
+				t.Errorf("compose.kvm.yaml: %s is not a node of compose.yaml", name)
+			}
+			if len(s.Devices) != 1 || deviceHost(s.Devices[0]) != "/dev/kvm" {
+				t.Errorf("compose.kvm.yaml: %s: devices %v, want only /dev/kvm", name, s.Devices)
+			}
+			if len(s.CapAdd) > 0 || s.Privileged || s.Image != "" {
+				t.Errorf("compose.kvm.yaml: %s changes more than the devices", name)
+			}
+		}
 	})
 	// What Compose itself makes of the file (anchors merged, defaults
 	// filled in), when a Compose CLI is installed: no engine is needed.
@@ -207,13 +248,19 @@ func TestCompose(t *testing.T) {
 		} else if _, err := exec.LookPath("docker-compose"); err == nil {
 			cmd = []string{"docker-compose"}
 		} else {
-			t.Skip("no Compose CLI (docker compose or Debian's docker-compose; .ci/setup.d/50-deploy.sh installs it)")
+			testenv.Missing(t, "no Compose CLI (docker compose or Debian's docker-compose; .ci/setup.d/50-deploy.sh installs it)")
 		}
-		out := run(t, filepath.Dir(path), nil, cmd[0], append(cmd[1:], "-f", path, "config")...)
-		c := decodeCompose(t, "compose config output", []byte(out), false)
-		checkCompose(t, c)
-		if len(c.Services) != 5 {
-			t.Errorf("compose config: %d services, want gateway, scheduler, redis and two nodes", len(c.Services))
+		for _, kvm := range []bool{false, true} {
+			args := append(cmd[1:], "-f", path)
+			if kvm {
+				args = append(args, "-f", kvmPath)
+			}
+			out := run(t, filepath.Dir(path), nil, cmd[0], append(args, "config")...)
+			c := decodeCompose(t, "compose config output", []byte(out), false)
+			checkCompose(t, c, kvm)
+			if len(c.Services) != 5 {
+				t.Errorf("compose config (kvm override %v): %d services, want gateway, scheduler, redis and two nodes", kvm, len(c.Services))
+			}
 		}
 	})
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // repoRoot is the checkout this package lives in.
@@ -74,7 +76,7 @@ func requireTool(t *testing.T, name, why string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		t.Skipf("%s not installed (%s)", name, why)
+		testenv.Missing(t, "%s not installed (%s)", name, why)
 	}
 	return p
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentenv/agentenv/config"
 	"github.com/agentenv/agentenv/guest/image"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 var (
@@ -422,7 +423,7 @@ func checkUninstall(t *testing.T, root string) {
 	}
 
 	if _, err := exec.LookPath("userdel"); err != nil {
-		t.Skip("userdel not installed: --purge not checked")
+		testenv.Missing(t, "userdel not installed: --purge not checked")
 	}
 	run(t, "", nil, "bash", script, "--root", root, "--uninstall", "--purge")
 	for _, p := range []string{"etc/aenv", "var/lib/aenv", "var/cache/aenv"} {

@@ -43,7 +43,8 @@ func TestComposePolicyRejects(t *testing.T) {
 		{"implicit port", f, `"127.0.0.1:3000:3000"`, `"3000:3000"`, "HOST_IP:HOST_PORT:CONTAINER_PORT"},
 		{"extra capability", f, "cap_add: [NET_ADMIN,", "cap_add: [SYS_MODULE, NET_ADMIN,", "adds SYS_MODULE"},
 		{"host bind mount", f, `["node-a-state:/var/lib/aenv"`, `["/var/lib/aenv:/var/lib/aenv"`, "bind-mounts the host's /var/lib/aenv"},
-		{"extra device", f, "    - /dev/kvm:/dev/kvm\n", "    - /dev/kvm:/dev/kvm\n    - /dev/mem:/dev/mem\n", "device /dev/mem"},
+		{"extra device", f, "    - /dev/net/tun:/dev/net/tun\n", "    - /dev/net/tun:/dev/net/tun\n    - /dev/mem:/dev/mem\n", "device /dev/mem"},
+		{"unconditional KVM", f, "    - /dev/net/tun:/dev/net/tun\n", "    - /dev/net/tun:/dev/net/tun\n    - /dev/kvm:/dev/kvm\n", "maps /dev/kvm unconditionally"},
 		{"writable root", f, "  read_only: true\n", "  read_only: false\n", "root filesystem is writable"},
 		{"unknown key", f, "  gateway:\n", "  gateway:\n    cgroup: host\n", "field cgroup not found"},
 	} {
@@ -54,7 +55,7 @@ func TestComposePolicyRejects(t *testing.T) {
 			if err != nil {
 				c.Errorf("%v", err)
 			} else {
-				checkCompose(c, cf)
+				checkCompose(c, cf, false)
 			}
 			expectRejected(t, m, c)
 		})

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/testenv"
 	"github.com/agentenv/agentenv/network"
 	"github.com/vishvananda/netlink"
 )
@@ -25,7 +26,7 @@ func TestQEMUAcceptsTap(t *testing.T) {
 	t.Parallel()
 	qemu, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
-		t.Skip("qemu-system-x86_64 not installed")
+		testenv.Missing(t, "qemu-system-x86_64 not installed")
 	}
 	m, _ := newManager(t, nil)
 	s := acquire(t, m)

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	guestimage "github.com/agentenv/agentenv/guest/image"
+	"github.com/agentenv/agentenv/internal/testenv"
 	lt "github.com/agentenv/agentenv/oci/internal/layertest"
 )
 
@@ -24,7 +25,7 @@ func debianTree(t testing.TB) string {
 			return tr
 		}
 	}
-	t.Skip("no Debian tree cached under the guest image cache (run `aenv guest build` / `make guest` first)")
+	testenv.Missing(t, "no Debian tree cached under the guest image cache (run `aenv guest build` / `make guest` first)")
 	return ""
 }
 

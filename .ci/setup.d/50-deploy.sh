@@ -9,6 +9,7 @@ export DEBIAN_FRONTEND=noninteractive
 need=()
 { command -v systemd-analyze && command -v systemd-sysusers; } >/dev/null || need+=(systemd)
 command -v userdel >/dev/null || need+=(passwd)
+command -v systemd-nspawn >/dev/null || need+=(systemd-container) # TestSystemdBoot
 command -v shellcheck >/dev/null || need+=(shellcheck)
 command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
 if [ ${#need[@]} -eq 0 ]; then

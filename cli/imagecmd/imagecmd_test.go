@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentenv/agentenv/internal/testenv"
 	"github.com/agentenv/agentenv/storage/image"
 )
 
@@ -127,7 +128,7 @@ func TestWorkflow(t *testing.T) {
 func TestImportDirectory(t *testing.T) {
 	t.Parallel()
 	if _, err := exec.LookPath("mke2fs"); err != nil {
-		t.Skip("mke2fs (e2fsprogs) is not installed")
+		testenv.Missing(t, "mke2fs (e2fsprogs) is not installed")
 	}
 	dir := t.TempDir()
 	src := filepath.Join(dir, "tree")
@@ -141,7 +142,7 @@ func TestImportDirectory(t *testing.T) {
 	mustRun(t, "import", "--size", "16M", src, filepath.Join(dir, "fs.lsmt"))
 	mustRun(t, "export", "--out", filepath.Join(dir, "fs.img"), filepath.Join(dir, "fs.lsmt"))
 	if _, err := exec.LookPath("debugfs"); err != nil {
-		t.Skip("debugfs (e2fsprogs) is not installed")
+		testenv.Missing(t, "debugfs (e2fsprogs) is not installed")
 	}
 	out, err := exec.Command("debugfs", "-R", "cat /etc/motd", filepath.Join(dir, "fs.img")).Output()
 	if err != nil {

@@ -78,6 +78,14 @@ func main() {
 		log.Error("configuration", "err", err)
 		os.Exit(2)
 	}
+	memDevSet, err := config.IsSet(*cfgPath, "storage", "memory_devices")
+	if err == nil {
+		err = preflight(cfg, memDevSet, realHost)
+	}
+	if err != nil {
+		log.Error("configuration", "err", err)
+		os.Exit(2)
+	}
 	if err := failpoint.Check(); err != nil {
 		log.Error("fault injection", "err", err)
 		os.Exit(2)
@@ -397,7 +405,10 @@ func vmmGroups(cfg config.Config, log *slog.Logger) (sandbox.Groups, error) {
 		log.Warn("VMMs run without control groups of their own (sandbox.cgroups = false)")
 		return nil, nil
 	}
-	h, err := cgroup.Detect(filepath.Join("aenv", cfg.Network.Prefix))
+	h, err := detectGroups(cfg, realHost)
+	if err == nil && cfg.Sandbox.CgroupDelegated {
+		err = h.EnterLeaf(os.Getpid())
+	}
 	if err == nil {
 		// Probe once here, so a node that cannot manage groups fails at its
 		// start and not at every create.
@@ -408,6 +419,9 @@ func vmmGroups(cfg config.Config, log *slog.Logger) (sandbox.Groups, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w (set sandbox.cgroups = false to run VMMs unconfined)", err)
+	}
+	if len(h.Undelegated) > 0 {
+		log.Warn("controllers not delegated to the node: VMMs run without their limits", "controllers", h.Undelegated)
 	}
 	log.Info("VMMs confined in control groups", "dirs", h.Dirs, "v2", h.V2)
 	return h, nil

@@ -21,6 +21,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Limits bound a group. Zero fields leave that resource unlimited.
@@ -44,6 +46,20 @@ type Hierarchy struct {
 	Roots map[string]string
 	Dirs  map[string]string
 	V2    map[string]bool
+	// Undelegated names the controllers Delegated found not delegated to
+	// the process: groups are made without them (no limit of theirs).
+	Undelegated []string
+}
+
+// managed lists the controllers groups are made in.
+func (h *Hierarchy) managed() []string {
+	var out []string
+	for _, c := range controllers {
+		if h.Dirs[c] != "" {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // Detect finds the hierarchies of the cpu, memory and pids controllers
@@ -51,11 +67,17 @@ type Hierarchy struct {
 // e.g. "aenv/<node>") as the directory of every group. A controller without
 // a hierarchy is an error naming it.
 func Detect(parent string) (*Hierarchy, error) {
+	return DetectIn("/proc/self/mountinfo", parent)
+}
+
+// DetectIn is Detect reading the mount table from mountinfo (a file in the
+// format of /proc/self/mountinfo).
+func DetectIn(mountinfo, parent string) (*Hierarchy, error) {
 	parent = filepath.Clean(parent)
 	if parent == "." || filepath.IsAbs(parent) || strings.HasPrefix(parent, "..") {
 		return nil, fmt.Errorf("cgroup: parent %q is not a relative path below the root", parent)
 	}
-	mounts, err := readMounts("/proc/self/mountinfo")
+	mounts, err := readMounts(mountinfo)
 	if err != nil {
 		return nil, err
 	}
@@ -83,6 +105,30 @@ func Detect(parent string) (*Hierarchy, error) {
 	return h, nil
 }
 
+// Writable checks, without creating anything, that groups can be made under
+// every controller's parent: its nearest existing directory must be
+// writable. A hierarchy mounted read-only (a container's default, or a
+// systemd service with ProtectControlGroups=yes and no delegated subtree)
+// fails here with an error naming the directory.
+func (h *Hierarchy) Writable() error {
+	for _, c := range h.managed() {
+		d := h.Dirs[c]
+		for {
+			if _, err := os.Stat(d); err == nil || d == h.Roots[c] || d == filepath.Dir(d) {
+				break
+			}
+			d = filepath.Dir(d)
+		}
+		if err := unix.Access(d, unix.W_OK); err != nil {
+			if errors.Is(err, unix.EROFS) {
+				return fmt.Errorf("cgroup: the %s hierarchy at %s is mounted read-only: %w", c, d, err)
+			}
+			return fmt.Errorf("cgroup: cannot create groups in %s (%s controller): %w", d, c, err)
+		}
+	}
+	return nil
+}
+
 // readMounts maps "cgroup2" and "cgroup:<controller>" to mount points.
 func readMounts(path string) (map[string]string, error) {
 	f, err := os.Open(path)
@@ -91,6 +137,15 @@ func readMounts(path string) (map[string]string, error) {
 	}
 	defer f.Close()
 	out := map[string]string{}
+	whole := map[string]bool{} // out[key] mounts the hierarchy's root
+	set := func(key, mountpoint, root string) {
+		// A bind mount of a group below the root (systemd's ReadWritePaths=
+		// of a delegated group) does not replace the hierarchy's mount.
+		if whole[key] && root != "/" {
+			return
+		}
+		out[key], whole[key] = mountpoint, root == "/"
+	}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// id parent major:minor root mountpoint opts... - fstype source superopts
@@ -101,11 +156,11 @@ func readMounts(path string) (map[string]string, error) {
 		}
 		switch tail[0] {
 		case "cgroup2":
-			out["cgroup2"] = fields[4]
+			set("cgroup2", fields[4], fields[3])
 		case "cgroup":
 			for _, o := range strings.Split(tail[2], ",") {
 				if slices.Contains(controllers, o) {
-					out["cgroup:"+o] = fields[4]
+					set("cgroup:"+o, fields[4], fields[3])
 				}
 			}
 		}
@@ -139,7 +194,7 @@ func (h *Hierarchy) Create(name string, l Limits) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, c := range controllers {
+	for _, c := range h.managed() {
 		if err := h.prepareParent(c); err != nil {
 			return nil, err
 		}
@@ -192,7 +247,7 @@ func (g *Group) write(c, file, value string) error {
 
 func (g *Group) setLimits(l Limits) error {
 	const period = 100000 // µs
-	if l.CPUs > 0 {
+	if l.CPUs > 0 && g.h.Dirs["cpu"] != "" {
 		quota := strconv.Itoa(int(l.CPUs * period))
 		if g.h.V2["cpu"] {
 			if err := g.write("cpu", "cpu.max", quota+" "+strconv.Itoa(period)); err != nil {
@@ -203,7 +258,7 @@ func (g *Group) setLimits(l Limits) error {
 			return err
 		}
 	}
-	if l.MemoryBytes > 0 {
+	if l.MemoryBytes > 0 && g.h.Dirs["memory"] != "" {
 		file := "memory.limit_in_bytes"
 		if g.h.V2["memory"] {
 			file = "memory.max"
@@ -222,7 +277,7 @@ func (g *Group) setLimits(l Limits) error {
 
 // Add moves process pid (all its threads) into the group.
 func (g *Group) Add(pid int) error {
-	for _, c := range controllers {
+	for _, c := range g.h.managed() {
 		if err := g.write(c, "cgroup.procs", strconv.Itoa(pid)); err != nil {
 			return err
 		}
@@ -250,7 +305,7 @@ func (g *Group) Procs() ([]int, error) {
 // no error.
 func (g *Group) Remove() error {
 	var errs []error
-	for _, c := range controllers {
+	for _, c := range g.h.managed() {
 		dir := g.dir(c)
 		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 			continue

@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // Disk is a loop-mounted ext4 filesystem owned by one test.
@@ -39,7 +41,7 @@ func New(t testing.TB, sizeMiB int) *Disk {
 	}
 	for _, tool := range []string{"mkfs.ext4", "mount", "umount"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("crashdisk: %s not installed", tool)
+			testenv.Missing(t, "crashdisk: %s not installed", tool)
 		}
 	}
 	d := &Disk{t: t, dir: t.TempDir()}

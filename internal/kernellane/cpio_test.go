@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/kernelpkg"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // TestCpio writes an archive and reads it back by the newc rules the kernel
@@ -77,7 +78,7 @@ func align4(n int) int { return (n + 3) &^ 3 }
 func TestResolveModules(t *testing.T) {
 	k, err := kernelpkg.Cached(DefaultCacheDir(), KernelPackage)
 	if err != nil {
-		t.Skipf("kernel package not cached: %v", err)
+		testenv.Missing(t, "kernel package not cached: %v", err)
 	}
 	mods, err := kernelpkg.ResolveModules(k.ModDir, []string{"ublk_drv", "nbd", "loop"})
 	if err != nil {

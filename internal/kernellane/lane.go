@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/kernelpkg"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // envGuest is set in the guest's environment for the test binary.
@@ -108,7 +109,8 @@ func Unavailable() error {
 
 // RunTests boots the lane with the test binary of the calling package and
 // fails t unless it exits 0 and every test in expect passed (not skipped).
-// It skips t when QEMU or the kernel package is missing.
+// It skips t when QEMU or the kernel package is missing (fails under CI=true:
+// internal/testenv).
 func RunTests(t testing.TB, o Options, expect ...string) *Result {
 	t.Helper()
 	if InGuest() {
@@ -120,7 +122,7 @@ func RunTests(t testing.TB, o Options, expect ...string) *Result {
 		t.Skip("kernel lane: not under the race detector (the plain test pass runs it)")
 	}
 	if err := Unavailable(); err != nil {
-		t.Skip(err)
+		testenv.Missing(t, "%v", err)
 	}
 	if o.Log == nil {
 		o.Log = func(l string) { t.Log(l) }
@@ -130,7 +132,7 @@ func RunTests(t testing.TB, o Options, expect ...string) *Result {
 	res, err := Run(ctx, o)
 	if err != nil {
 		if isNoKernel(err) {
-			t.Skip(err)
+			testenv.Missing(t, "%v", err)
 		}
 		t.Fatal(err)
 	}

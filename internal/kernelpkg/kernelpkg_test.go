@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/ulikunitz/xz"
+
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // tree writes an extracted kernel package at dir: vmlinuz and one
@@ -86,7 +88,7 @@ func module(t *testing.T, path, depends string) {
 	t.Helper()
 	objcopy, err := exec.LookPath("objcopy")
 	if err != nil {
-		t.Skip("objcopy is not installed (Debian package binutils)")
+		testenv.Missing(t, "objcopy is not installed (Debian package binutils)")
 	}
 	host, err := exec.LookPath("true")
 	if err != nil {

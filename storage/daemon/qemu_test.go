@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentenv/agentenv/internal/testenv"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/image"
 )
@@ -18,7 +19,7 @@ import (
 func needTool(t *testing.T, name string) {
 	t.Helper()
 	if _, err := exec.LookPath(name); err != nil {
-		t.Skipf("%s not installed (Debian qemu-utils): %v", name, err)
+		testenv.Missing(t, "%s not installed (Debian qemu-utils): %v", name, err)
 	}
 }
 

@@ -10,13 +10,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 func needTool(t *testing.T, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		t.Skipf("%s not installed (Debian qemu-utils / libnbd-bin): %v", name, err)
+		testenv.Missing(t, "%s not installed (Debian qemu-utils / libnbd-bin): %v", name, err)
 	}
 	return p
 }

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"runtime"
 	"testing"
+
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // zstdPipe compresses b with the zstd command reading a pipe: the frame has
@@ -13,7 +15,7 @@ import (
 func zstdPipe(t *testing.T, b []byte, args ...string) []byte {
 	t.Helper()
 	if _, err := exec.LookPath("zstd"); err != nil {
-		t.Skip("zstd command not installed (scripts/setup.sh installs it)")
+		testenv.Missing(t, "zstd command not installed (scripts/setup.sh installs it)")
 	}
 	cmd := exec.Command("zstd", append([]string{"-q", "-c"}, args...)...)
 	cmd.Stdin = bytes.NewReader(b)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/testenv"
 	"github.com/agentenv/agentenv/vmm"
 )
 
@@ -471,7 +472,7 @@ func newNetNS(t *testing.T) string {
 	}
 	ipPath, err := exec.LookPath("ip")
 	if err != nil {
-		t.Skip("iproute2's ip is not installed")
+		testenv.Missing(t, "iproute2's ip is not installed")
 	}
 	name := fmt.Sprintf("aenv-fct-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
 	if out, err := exec.Command(ipPath, "netns", "add", name).CombinedOutput(); err != nil {

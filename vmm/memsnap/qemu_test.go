@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // TestCaptureQEMU captures the guest RAM of a real QEMU (TCG, microvm, no
@@ -21,7 +23,7 @@ func TestCaptureQEMU(t *testing.T) {
 	t.Parallel()
 	qemu, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
-		t.Skip("qemu-system-x86_64 not installed")
+		testenv.Missing(t, "qemu-system-x86_64 not installed")
 	}
 	ctx := context.Background()
 	dir := t.TempDir()

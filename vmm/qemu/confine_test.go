@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/guest/agent/agentclient"
+	"github.com/agentenv/agentenv/internal/testenv"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/vmm/qemu"
@@ -27,7 +28,7 @@ func TestConfinedMachine(t *testing.T) {
 		t.Skip("needs root: network namespaces, taps and a uid to drop to")
 	}
 	if _, err := exec.LookPath("qemu-nbd"); err != nil {
-		t.Skip("qemu-nbd not installed (apt-get install qemu-utils)")
+		testenv.Missing(t, "qemu-nbd not installed (apt-get install qemu-utils)")
 	}
 	a := guestassets.Get(t)
 	dir := t.TempDir()

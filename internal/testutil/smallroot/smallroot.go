@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // Layer returns the layer with extra regular files (path → content, mode
@@ -19,7 +21,7 @@ func Layer(t testing.TB, extra map[string]string) []byte {
 	t.Helper()
 	busybox, err := exec.LookPath("busybox")
 	if err != nil {
-		t.Skip("busybox-static is not installed (CI installs it)")
+		testenv.Missing(t, "busybox-static is not installed (CI installs it)")
 	}
 	var b bytes.Buffer
 	tw := tar.NewWriter(&b)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/kernellane"
+	"github.com/agentenv/agentenv/internal/testenv"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/daemontest"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
@@ -51,7 +52,7 @@ var qemuFiles = []string{"/usr/share/qemu/bios-microvm.bin", "/usr/lib/x86_64-li
 // (laneinit running diskprobe) packed into it.
 func TestQEMUOnKernelDevicesLane(t *testing.T) {
 	if err := kernellane.Unavailable(); err != nil {
-		t.Skip(err)
+		testenv.Missing(t, "%v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -63,7 +64,7 @@ func TestQEMUOnKernelDevicesLane(t *testing.T) {
 	}
 	initrd, k, err := kernellane.Initramfs(ctx, kernellane.Options{Run: "probe", Binary: probe, Modules: []string{"virtio_mmio", "virtio_blk"}})
 	if errors.Is(err, kernellane.ErrNoKernel) {
-		t.Skip(err)
+		testenv.Missing(t, "%v", err)
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/guest/agent/agentclient"
+	"github.com/agentenv/agentenv/internal/testenv"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
 	"github.com/agentenv/agentenv/storage/daemon/daemontest"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
@@ -30,7 +31,7 @@ func TestVMBootsFromDeviceAndRestacks(t *testing.T) {
 	}
 	for _, tool := range []string{"qemu-system-x86_64", "e2fsck", "debugfs"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (qemu-system-x86, e2fsprogs): %v", tool, err)
+			testenv.Missing(t, "%s not installed (qemu-system-x86, e2fsprogs): %v", tool, err)
 		}
 	}
 	a := guestassets.Get(t)

@@ -20,6 +20,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
+	"github.com/agentenv/agentenv/internal/testenv"
 	"github.com/agentenv/agentenv/snapshot/repo/s3"
 )
 
@@ -62,7 +63,7 @@ func Start(tb testing.TB) *Server {
 	tb.Helper()
 	bin, ok := Binary()
 	if !ok {
-		tb.Skip("versitygw is not installed (run .ci/setup.d/60-versitygw.sh): the S3 tests need a real S3 server")
+		testenv.Missing(tb, "versitygw is not installed (run .ci/setup.d/60-versitygw.sh): the S3 tests need a real S3 server")
 	}
 	var last error
 	for range 3 { // the free port may be taken between the probe and the server's bind
