@@ -9,6 +9,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/guest/image"
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/sandbox"
@@ -198,7 +199,7 @@ func (o *Orchestrator) DeleteTemplate(ctx context.Context, idOrName string) erro
 // snapshot was created from template id.
 func (o *Orchestrator) templateUser(id string) error {
 	for _, r := range o.List() {
-		if r.TemplateID == id || usesImage(plainDrives(r.Drives), id) {
+		if r.TemplateID == id || disk.UsesImage(disk.PlainDrives(r.Drives), id) {
 			return fmt.Errorf("template %s: sandbox %s (%s) uses it: %w", id, r.ID, r.State, ErrConflict)
 		}
 	}
@@ -207,7 +208,7 @@ func (o *Orchestrator) templateUser(id string) error {
 		return fmt.Errorf("template %s: list snapshots: %w", id, err)
 	}
 	for _, sn := range snaps {
-		if sn.TemplateID == id || usesImage(sn.Drives, id) {
+		if sn.TemplateID == id || disk.UsesImage(sn.Drives, id) {
 			return fmt.Errorf("template %s: snapshot %s was taken from one of its sandboxes: %w", id, sn.ID, ErrConflict)
 		}
 	}
