@@ -3,7 +3,6 @@ package sandbox
 import "testing"
 
 // TestRecordDevices: a record's devices are its root disk's and its
-// TestRecordDevices: a record's devices are its root disk's and its
 // drives', and ClearDevices forgets them all.
 func TestRecordDevices(t *testing.T) {
 	r := Record{Device: 7, HasDevice: true, Drives: []AttachedDrive{{Device: 8, HasDevice: true}, {}, {Device: 9, HasDevice: true}}}
