@@ -8,7 +8,7 @@ import (
 	"slices"
 
 	"github.com/agentenv/agentenv/internal/vmmproc"
-	"github.com/agentenv/agentenv/orchestrator/warmpool"
+	"github.com/agentenv/agentenv/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/template"
 	"github.com/agentenv/agentenv/vmm"
