@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The warm pool of VMM processes (orchestrator/warmpool): per pooled
+// The warm pool of VMM processes (package warmpool): per pooled
 // template, VMMs started ahead by the VM bring-up's first half
 // (sandbox.Spec.Prepare), each holding a network slot, a root disk from the
 // storage daemon and the template's memory file. A create from the template
