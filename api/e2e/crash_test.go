@@ -20,9 +20,10 @@ import (
 
 	_ "github.com/agentenv/agentenv/api/webhooks" // declares the webhooks/... fault points
 	"github.com/agentenv/agentenv/internal/failpoint"
-	_ "github.com/agentenv/agentenv/warmpool" // declares the warmpool/... fault points
-	_ "github.com/agentenv/agentenv/storage/daemon"        // declares the storaged/... fault points
+	_ "github.com/agentenv/agentenv/orchestrator"   // declares the orchestrator/... fault points of the node's verbs
+	_ "github.com/agentenv/agentenv/storage/daemon" // declares the storaged/... fault points
 	"github.com/agentenv/agentenv/storage/daemon/client"
+	_ "github.com/agentenv/agentenv/warmpool" // declares the warmpool/... fault points
 )
 
 // guestData is what a crash test writes into a sandbox before the crash:
