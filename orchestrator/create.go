@@ -296,7 +296,7 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 			}
 			return vm, err
 		},
-		Init:     &sandbox.InitRequest{EnvVars: rec.EnvVars, DefaultUser: o.defaultUser(rec.TemplateID), Drives: freshDisks(rec)},
+		Init:     &sandbox.InitRequest{EnvVars: rec.EnvVars, DefaultUser: o.catalog.DefaultUser(rec.TemplateID), Drives: freshDisks(rec)},
 		InitHeld: rec.GuestToken,
 		Log:      o.log,
 		Stage: func(name string) error {

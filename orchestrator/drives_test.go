@@ -49,10 +49,10 @@ func TestCheckDrives(t *testing.T) {
 // snapshot carries; more drives than free slots and an image without a
 // layered root disk are refused.
 func TestPlanDrives(t *testing.T) {
-	o := &Orchestrator{templates: map[string]*template.Template{
-		"img":  {ID: "img", RootfsImage: "/data/templates/img/rootfs.json"},
-		"flat": {ID: "flat"},
-	}}
+	o := &Orchestrator{}
+	o.catalog = o.newCatalog()
+	o.catalog.Set(&template.Template{ID: "img", RootfsImage: "/data/templates/img/rootfs.json"})
+	o.catalog.Set(&template.Template{ID: "flat"})
 	tpl := &template.Template{ID: "base", DriveSlots: 4}
 	got, err := o.planDrives(tpl, []DriveRequest{{Image: "img", ReadOnly: true}, {SizeMiB: 8}})
 	if err != nil {
