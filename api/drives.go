@@ -2,19 +2,19 @@ package api
 
 import (
 	"github.com/agentenv/agentenv/api/wire"
-	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/sandbox"
 )
 
 // createDrives is a create's extra drives (an aenvd extension); the
 // orchestrator validates them.
-func createDrives(in *[]wire.SandboxDrive) []orchestrator.DriveRequest {
+func createDrives(in *[]wire.SandboxDrive) []disk.DriveRequest {
 	if in == nil {
 		return nil
 	}
-	out := make([]orchestrator.DriveRequest, 0, len(*in))
+	out := make([]disk.DriveRequest, 0, len(*in))
 	for _, d := range *in {
-		out = append(out, orchestrator.DriveRequest{Image: deref(d.Image), SizeMiB: int(deref(d.SizeMiB)), ReadOnly: deref(d.ReadOnly)})
+		out = append(out, disk.DriveRequest{Image: deref(d.Image), SizeMiB: int(deref(d.SizeMiB)), ReadOnly: deref(d.ReadOnly)})
 	}
 	return out
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"github.com/agentenv/agentenv/api/wire"
 	"io"
 	"net/http"
 	"os"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/agentenv/agentenv/api/wire"
 )
 
 // Sandbox logs (E2B's GET /sandboxes/{id}/logs): the recent lines of the

@@ -1,12 +1,13 @@
 package api
 
 import (
-	"github.com/agentenv/agentenv/api/wire"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/api/wire"
 )
 
 func TestReadConsole(t *testing.T) {

@@ -2,13 +2,14 @@ package api
 
 import (
 	"encoding/json"
-	"github.com/agentenv/agentenv/api/wire"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/agentenv/agentenv/api/wire"
 )
 
 // TestNodeStatusAndBuild: /nodes reports the build's commit and date and

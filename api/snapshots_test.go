@@ -2,12 +2,13 @@ package api
 
 import (
 	"encoding/json"
-	"github.com/agentenv/agentenv/disk/disktest"
 	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/disk/disktest"
 
 	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/snapshot"

@@ -2,11 +2,12 @@ package api
 
 import (
 	"encoding/json"
-	"github.com/agentenv/agentenv/disk/disktest"
 	"net/http"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/disk/disktest"
 
 	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/template"

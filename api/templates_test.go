@@ -4,13 +4,14 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"github.com/agentenv/agentenv/disk/disktest"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/disk/disktest"
 
 	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/template"

@@ -9,12 +9,13 @@ import (
 	"slices"
 	"time"
 
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/internal/ids"
 	"github.com/agentenv/agentenv/internal/vmmproc"
 	"github.com/agentenv/agentenv/network"
-	"github.com/agentenv/agentenv/orchestrator/warmpool"
+	"github.com/agentenv/agentenv/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
@@ -38,7 +39,7 @@ type CreateOptions struct {
 	MaskRequestHost string
 	// Drives are extra block drives in the template's free drive slots
 	// (drives.go).
-	Drives []DriveRequest
+	Drives []disk.DriveRequest
 	// Volumes are the volumes mounted in the guest, each in a free drive
 	// slot after Drives (volumes.go).
 	Volumes []VolumeMount
@@ -60,7 +61,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec sand
 	if err := network.ValidatePolicy(opts.Policy); err != nil {
 		return rec, fmt.Errorf("create: network policy: %w: %w", err, ErrInvalid)
 	}
-	if err := CheckDrives(opts.Drives); err != nil {
+	if err := disk.CheckDrives(opts.Drives); err != nil {
 		return rec, fmt.Errorf("create: %w", err)
 	}
 	if err := CheckVolumeMounts(opts.Volumes); err != nil {
@@ -101,7 +102,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec sand
 		return rec, err
 	}
 	s.rec.RootfsImage = t.RootfsImage
-	if err := prepareDrives(ctx, &s.rec); err != nil {
+	if err := disk.PrepareDrives(ctx, &s.rec); err != nil {
 		return rec, err
 	}
 	if err := o.startCreate(ctx, s, t, o.m.stage("create")); err != nil {
@@ -155,10 +156,10 @@ func (o *Orchestrator) register(opts CreateOptions) (*instance, *template.Templa
 	if err != nil {
 		return nil, nil, err
 	}
-	drives, err := o.planDrives(t, append(slices.Clone(opts.Drives), vols...))
+	drives, err := disk.PlanDrives(t, append(slices.Clone(opts.Drives), vols...), o.source)
 	if err != nil {
 		for _, v := range vols {
-			o.releaseVolume(v.volume.ID, id)
+			o.releaseVolume(v.Volume.ID, id)
 		}
 		return nil, nil, err
 	}
@@ -296,7 +297,7 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 			}
 			return vm, err
 		},
-		Init:     &sandbox.InitRequest{EnvVars: rec.EnvVars, DefaultUser: o.catalog.DefaultUser(rec.TemplateID), Drives: freshDisks(rec)},
+		Init:     &sandbox.InitRequest{EnvVars: rec.EnvVars, DefaultUser: o.catalog.DefaultUser(rec.TemplateID), Drives: disk.FreshDisks(rec)},
 		InitHeld: rec.GuestToken,
 		Log:      o.log,
 		Stage: func(name string) error {

@@ -57,7 +57,7 @@ import (
 	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/network"
-	"github.com/agentenv/agentenv/orchestrator/warmpool"
+	"github.com/agentenv/agentenv/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"

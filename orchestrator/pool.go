@@ -8,14 +8,14 @@ import (
 	"slices"
 
 	"github.com/agentenv/agentenv/internal/vmmproc"
-	"github.com/agentenv/agentenv/orchestrator/warmpool"
+	"github.com/agentenv/agentenv/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/template"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The warm pool of VMM processes (orchestrator/warmpool): per pooled
+// The warm pool of VMM processes (package warmpool): per pooled
 // template, VMMs started ahead by the VM bring-up's first half
 // (sandbox.Spec.Prepare), each holding a network slot, a root disk from the
 // storage daemon and the template's memory file. A create from the template

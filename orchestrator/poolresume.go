@@ -6,7 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/agentenv/agentenv/orchestrator/warmpool"
+	"github.com/agentenv/agentenv/warmpool"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/blob"
 	"github.com/agentenv/agentenv/template"

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/template"
 
@@ -217,7 +218,7 @@ func (o *Orchestrator) copyDisksInto(ctx context.Context, rec sandbox.Record, r 
 	if err := o.copyRootInto(rec, r); err != nil {
 		return err
 	}
-	drives, err := copyDrivesInto(rec, r.Dir)
+	drives, err := disk.CopyDrivesInto(rec, r.Dir)
 	r.Drives = drives
 	return err
 }
@@ -271,7 +272,7 @@ func (o *Orchestrator) snapshotUser(r snapshot.Record) string {
 	}
 	for _, rec := range o.List() {
 		if rec.TemplateID == r.ID || uses(append(snapshot.Refs(rec.RootfsImage), rec.Snapshot, rec.Memory.File)...) ||
-			uses(rec.Memory.Layers...) || usesImage(plainDrives(rec.Drives), r.ID) || uses(snapshot.DriveRefs(plainDrives(rec.Drives))...) {
+			uses(rec.Memory.Layers...) || disk.UsesImage(disk.PlainDrives(rec.Drives), r.ID) || uses(snapshot.DriveRefs(disk.PlainDrives(rec.Drives))...) {
 			return "sandbox " + rec.ID
 		}
 	}

@@ -4,11 +4,10 @@ import (
 	"context"
 	"fmt"
 	"path"
-	"path/filepath"
 	"strings"
 
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/sandbox"
-	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/volume"
 )
 
@@ -21,7 +20,7 @@ import (
 // flush and freeze its writes (freezeVolumes), seals the upper and commits
 // the sandbox's layers of the drive to the volume (volume.Store.Commit),
 // which the next mount sees. A snapshot (a fork's among them) carries a
-// copy of each volume as of then (copyVolumeDrive): a sandbox created from
+// copy of each volume as of then (disk.CopyDrivesInto): a sandbox created from
 // it, a fork child, mounts its own copy-on-write view of that copy at the
 // same path, which dies with it and never goes back to the volume.
 
@@ -44,8 +43,8 @@ func (o *Orchestrator) Volumes() *volume.Store { return o.volumes }
 // CheckVolumeMounts validates a create's volume mounts without looking
 // anything up.
 func CheckVolumeMounts(ms []VolumeMount) error {
-	if len(ms) > MaxDrives {
-		return fmt.Errorf("volumeMounts: %d given, at most %d: %w", len(ms), MaxDrives, ErrInvalid)
+	if len(ms) > disk.MaxDrives {
+		return fmt.Errorf("volumeMounts: %d given, at most %d: %w", len(ms), disk.MaxDrives, ErrInvalid)
 	}
 	seen := map[string]bool{}
 	for i, m := range ms {
@@ -65,17 +64,17 @@ func CheckVolumeMounts(ms []VolumeMount) error {
 
 // acquireVolumes records sandbox id's mounts in the volume store and
 // returns them as drive requests; on error none is held.
-func (o *Orchestrator) acquireVolumes(id string, ms []VolumeMount) ([]DriveRequest, error) {
-	var out []DriveRequest
+func (o *Orchestrator) acquireVolumes(id string, ms []VolumeMount) ([]disk.DriveRequest, error) {
+	var out []disk.DriveRequest
 	for _, m := range ms {
 		v, err := o.volumes.Acquire(m.Volume, id, m.ReadOnly)
 		if err != nil {
 			for _, r := range out {
-				o.releaseVolume(r.volume.ID, id)
+				o.releaseVolume(r.Volume.ID, id)
 			}
 			return nil, fmt.Errorf("mount volume %q at %s: %w", m.Volume, m.Path, err)
 		}
-		out = append(out, DriveRequest{ReadOnly: m.ReadOnly, volume: &v, mountPath: m.Path})
+		out = append(out, disk.DriveRequest{ReadOnly: m.ReadOnly, Volume: &v, MountPath: m.Path})
 	}
 	return out, nil
 }
@@ -207,25 +206,4 @@ func (o *Orchestrator) returnVolumes(ctx context.Context, s *instance) {
 			}
 		})
 	}
-}
-
-// copyVolumeDrive (a snapshot of the sandbox, its drives sealed) links
-// every layer of volume drive d, the volume's own and the sandbox's, into
-// snapshot directory dir and returns the config listing them: the
-// snapshot's copy of the volume as of now, which outlives the volume and
-// never goes back to it (a fork child's copy-on-write view of it).
-func copyVolumeDrive(d sandbox.AttachedDrive, dir string) (string, error) {
-	layers, err := snapshot.LayersOf(d.Config)
-	if err != nil {
-		return "", err
-	}
-	own := make([]string, len(layers))
-	for i, l := range layers {
-		own[i] = filepath.Join(dir, fmt.Sprintf("drive%d-volume-%d.lsmt", d.Slot, i))
-		if err := snapshot.LinkOrCopy(l, own[i]); err != nil {
-			return "", err
-		}
-	}
-	cfg := filepath.Join(dir, fmt.Sprintf("drive%d.json", d.Slot))
-	return cfg, snapshot.WriteImageConfig(cfg, own)
 }

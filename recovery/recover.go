@@ -17,7 +17,7 @@ import (
 
 	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/internal/vmmproc"
-	"github.com/agentenv/agentenv/orchestrator/warmpool"
+	"github.com/agentenv/agentenv/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"

@@ -24,7 +24,7 @@ const (
 	Webhooks          = "webhooks"
 	WebhookDeliveries = "webhookDeliveries"
 	// VMMPool are the entries of the warm pool of VMM processes
-	// (orchestrator/warmpool): each names the VMM, slot and device it holds.
+	// (package warmpool): each names the VMM, slot and device it holds.
 	VMMPool = "vmmPool"
 )
 

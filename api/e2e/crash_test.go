@@ -20,7 +20,7 @@ import (
 
 	_ "github.com/agentenv/agentenv/api/webhooks" // declares the webhooks/... fault points
 	"github.com/agentenv/agentenv/internal/failpoint"
-	_ "github.com/agentenv/agentenv/orchestrator/warmpool" // declares the warmpool/... fault points
+	_ "github.com/agentenv/agentenv/warmpool" // declares the warmpool/... fault points
 	_ "github.com/agentenv/agentenv/storage/daemon"        // declares the storaged/... fault points
 	"github.com/agentenv/agentenv/storage/daemon/client"
 )

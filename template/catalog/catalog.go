@@ -22,6 +22,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
@@ -252,7 +253,7 @@ func (c *Catalog) Delete(ctx context.Context, idOrName string) error {
 // snapshot was created from template id, or one of its drives was.
 func (c *Catalog) users(id string) error {
 	for _, r := range c.cfg.Node.List() {
-		if r.TemplateID == id || slices.ContainsFunc(r.Drives, func(d sandbox.AttachedDrive) bool { return d.Image == id }) {
+		if r.TemplateID == id || disk.UsesImage(disk.PlainDrives(r.Drives), id) {
 			return fmt.Errorf("template %s: sandbox %s (%s) uses it: %w", id, r.ID, r.State, errdefs.ErrConflict)
 		}
 	}
@@ -261,7 +262,7 @@ func (c *Catalog) users(id string) error {
 		return fmt.Errorf("template %s: list snapshots: %w", id, err)
 	}
 	for _, sn := range snaps {
-		if sn.TemplateID == id || slices.ContainsFunc(sn.Drives, func(d snapshot.Drive) bool { return d.Image == id }) {
+		if sn.TemplateID == id || disk.UsesImage(sn.Drives, id) {
 			return fmt.Errorf("template %s: snapshot %s was taken from one of its sandboxes: %w", id, sn.ID, errdefs.ErrConflict)
 		}
 	}

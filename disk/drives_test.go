@@ -1,11 +1,11 @@
-package orchestrator
+package disk
 
 import (
 	"errors"
 	"strings"
 	"testing"
 
-	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/template"
 )
@@ -39,8 +39,8 @@ func TestCheckDrives(t *testing.T) {
 		"image of only a slash": {{Image: "/"}},
 	}
 	for name, reqs := range bad {
-		if err := CheckDrives(reqs); !errors.Is(err, ErrInvalid) {
-			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		if err := CheckDrives(reqs); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("%s: %v, want errdefs.ErrInvalid", name, err)
 		}
 	}
 }
@@ -49,12 +49,18 @@ func TestCheckDrives(t *testing.T) {
 // snapshot carries; more drives than free slots and an image without a
 // layered root disk are refused.
 func TestPlanDrives(t *testing.T) {
-	o := &Orchestrator{}
-	o.catalog = o.newCatalog()
-	o.catalog.Set(&template.Template{ID: "img", RootfsImage: "/data/templates/img/rootfs.json"})
-	o.catalog.Set(&template.Template{ID: "flat"})
+	known := map[string]*template.Template{
+		"img":  {ID: "img", RootfsImage: "/data/templates/img/rootfs.json"},
+		"flat": {ID: "flat"},
+	}
+	source := func(id string) (*template.Template, error) {
+		if t, ok := known[id]; ok {
+			return t, nil
+		}
+		return nil, errdefs.ErrNotFound
+	}
 	tpl := &template.Template{ID: "base", DriveSlots: 4}
-	got, err := o.planDrives(tpl, []DriveRequest{{Image: "img", ReadOnly: true}, {SizeMiB: 8}})
+	got, err := PlanDrives(tpl, []DriveRequest{{Image: "img", ReadOnly: true}, {SizeMiB: 8}}, source)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,40 +71,26 @@ func TestPlanDrives(t *testing.T) {
 	// A snapshot with a drive in slot 1: its drive carries over (not fresh),
 	// new ones take the next slots.
 	snap := &template.Template{ID: "snap", DriveSlots: 4, Drives: []snapshot.Drive{{Slot: 1, SizeMiB: 8, Config: "/s/drive1.json"}}}
-	got, err = o.planDrives(snap, []DriveRequest{{SizeMiB: 16}})
+	got, err = PlanDrives(snap, []DriveRequest{{SizeMiB: 16}}, source)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 2 || got[0].Slot != 1 || got[0].Fresh || got[0].Config != "/s/drive1.json" || got[1].Slot != 2 || !got[1].Fresh {
 		t.Fatalf("planned from a snapshot with a drive: %+v", got)
 	}
-	if got, err := o.planDrives(snap, nil); err != nil || len(got) != 1 {
+	if got, err := PlanDrives(snap, nil, source); err != nil || len(got) != 1 {
 		t.Fatalf("no new drives: %+v %v", got, err)
 	}
 	for name, c := range map[string]struct {
-		o    *Orchestrator
 		t    *template.Template
 		reqs []DriveRequest
 	}{
-		"no slots":      {o, &template.Template{ID: "old"}, []DriveRequest{{SizeMiB: 8}}},
-		"too few slots": {o, snap, []DriveRequest{{SizeMiB: 8}, {SizeMiB: 8}, {SizeMiB: 8}, {SizeMiB: 8}}},
-		"flat image":    {o, tpl, []DriveRequest{{Image: "flat"}}},
+		"no slots":      {&template.Template{ID: "old"}, []DriveRequest{{SizeMiB: 8}}},
+		"too few slots": {snap, []DriveRequest{{SizeMiB: 8}, {SizeMiB: 8}, {SizeMiB: 8}, {SizeMiB: 8}}},
+		"flat image":    {tpl, []DriveRequest{{Image: "flat"}}},
 	} {
-		if _, err := c.o.planDrives(c.t, c.reqs); !errors.Is(err, ErrInvalid) {
-			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		if _, err := PlanDrives(c.t, c.reqs, source); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("%s: %v, want errdefs.ErrInvalid", name, err)
 		}
-	}
-}
-
-// TestRecordDevices: a record's devices are its root disk's and its
-// drives', and clearDevices forgets them all.
-func TestRecordDevices(t *testing.T) {
-	r := sandbox.Record{Device: 7, HasDevice: true, Drives: []sandbox.AttachedDrive{{Device: 8, HasDevice: true}, {}, {Device: 9, HasDevice: true}}}
-	if got := r.Devices(); len(got) != 3 || got[0] != 7 || got[1] != 8 || got[2] != 9 {
-		t.Fatalf("devices %v", got)
-	}
-	r.ClearDevices()
-	if got := r.Devices(); len(got) != 0 || r.Drives[2].Device != 0 {
-		t.Fatalf("after clearDevices: %v %+v", got, r)
 	}
 }
