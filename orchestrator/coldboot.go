@@ -4,14 +4,10 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/agentenv/agentenv/sandbox"
-	"github.com/agentenv/agentenv/snapshot"
-	"github.com/agentenv/agentenv/store"
-	"github.com/agentenv/agentenv/template"
+	"github.com/agentenv/agentenv/template/catalog"
 	"github.com/agentenv/agentenv/vmm"
 )
 
@@ -23,16 +19,6 @@ import (
 // the files the guest had flushed to its disk. The guest is asked to flush
 // (sync) right before such a pause; what it writes between that and the
 // stop of its vCPUs may be lost, as after a crash (E2B's semantics too).
-
-// Files a template booted from, kept in its directory (buildTemplate).
-const (
-	kernelFile = "vmlinuz"
-	initrdFile = "initrd.cpio"
-)
-
-// bootCmdline is the kernel command line of every cold boot of a node's
-// guest (a template's, a cold resume's) before the network arguments.
-const bootCmdline = "root=/dev/vda rw quiet"
 
 // coldBootAgentWait bounds a cold boot's wait for the agent: a whole boot
 // of the guest, slower than a restore (minutes under TCG).
@@ -66,13 +52,13 @@ func (o *Orchestrator) syncGuest(ctx context.Context, s *instance) {
 // its /init carries them: the template's env (under the sandbox's own) and
 // working directory.
 func (o *Orchestrator) coldBoot(spec *sandbox.Spec, rec sandbox.Record) error {
-	lineage := o.lineage(rec.TemplateID)
-	kernel, initrd, err := o.bootFiles(lineage)
+	lineage := o.catalog.Lineage(rec.TemplateID)
+	kernel, initrd, err := o.catalog.BootFiles(lineage)
 	if err != nil {
 		return fmt.Errorf("cold boot sandbox %s: %w", rec.ID, err)
 	}
 	spec.Restore, spec.Memory, spec.InitHeld = "", nil, ""
-	spec.Boot = &vmm.Config{Kernel: kernel, Initrd: initrd, VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB, Cmdline: bootCmdline}
+	spec.Boot = &vmm.Config{Kernel: kernel, Initrd: initrd, VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB, Cmdline: catalog.BootCmdline}
 	spec.AgentWait = coldBootAgentWait
 	env := map[string]string{}
 	if len(lineage) > 0 {
@@ -83,52 +69,4 @@ func (o *Orchestrator) coldBoot(spec *sandbox.Spec, rec sandbox.Record) error {
 	spec.Init.EnvVars = env
 	spec.Init.Drives = nil // a boot probes every drive slot as it is
 	return nil
-}
-
-// bootFiles finds the kernel and initrd of the nearest template in lineage
-// that keeps them (a fromTemplate build keeps none: its parent's apply),
-// else the node's default template's.
-func (o *Orchestrator) bootFiles(lineage []*template.Template) (kernel, initrd string, err error) {
-	dirs := make([]string, 0, len(lineage)+1)
-	for _, t := range lineage {
-		dirs = append(dirs, t.Dir)
-	}
-	if t, ok := o.templateByID(template.DefaultID); ok {
-		dirs = append(dirs, t.Dir)
-	}
-	for _, d := range dirs {
-		k, i := filepath.Join(d, kernelFile), filepath.Join(d, initrdFile)
-		if _, err := os.Stat(k); err != nil {
-			continue
-		}
-		if _, err := os.Stat(i); err != nil {
-			i = ""
-		}
-		return k, i, nil
-	}
-	return "", "", fmt.Errorf("no kernel in the directories of the templates it descends from: %w", ErrConflict)
-}
-
-// lineage lists the templates a template or snapshot id descends from,
-// nearest first: a snapshot leads to the template (or snapshot) its
-// sandbox was created from, a fromTemplate build to its parent. A cycle in
-// the records ends the walk after 64 steps.
-func (o *Orchestrator) lineage(id string) []*template.Template {
-	var out []*template.Template
-	for range 64 {
-		if t, ok := o.templateByID(id); ok {
-			out = append(out, t)
-			if t.Parent == "" || t.Parent == id {
-				break
-			}
-			id = t.Parent
-			continue
-		}
-		var snap snapshot.Record
-		if err := o.store.Get(store.Snapshots, id, &snap); err != nil || snap.TemplateID == id {
-			break
-		}
-		id = snap.TemplateID
-	}
-	return out
 }

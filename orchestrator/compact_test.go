@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/agentenv/agentenv/sandbox"
-	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/lsmt"
@@ -91,7 +90,8 @@ func TestCompactMergesOwnLayers(t *testing.T) {
 	}
 	defer st.Close()
 	o := &Orchestrator{cfg: Options{DataDir: dir, MaxLayers: 3}, store: st, log: slog.Default(),
-		m: newMetrics(prometheus.NewRegistry()), sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
+		m: newMetrics(prometheus.NewRegistry()), sandboxes: map[string]*instance{}}
+	o.catalog = o.newCatalog()
 	o.journal = &sandbox.Journal{Store: st, Log: o.log}
 	tmpl, sbx := filepath.Join(dir, "templates", "t"), filepath.Join(dir, "sandboxes", "s")
 	snap := filepath.Join(sbx, "snapshot-6")

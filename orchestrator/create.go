@@ -297,7 +297,7 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 			}
 			return vm, err
 		},
-		Init:     &sandbox.InitRequest{EnvVars: rec.EnvVars, DefaultUser: o.defaultUser(rec.TemplateID), Drives: disk.FreshDisks(rec)},
+		Init:     &sandbox.InitRequest{EnvVars: rec.EnvVars, DefaultUser: o.catalog.DefaultUser(rec.TemplateID), Drives: disk.FreshDisks(rec)},
 		InitHeld: rec.GuestToken,
 		Log:      o.log,
 		Stage: func(name string) error {

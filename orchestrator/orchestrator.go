@@ -49,11 +49,10 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/agentenv/agentenv/recovery"
-	"github.com/agentenv/agentenv/template"
+	"github.com/agentenv/agentenv/template/catalog"
 
 	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/internal/errdefs"
@@ -154,9 +153,10 @@ type Orchestrator struct {
 	log   *slog.Logger
 	m     *metrics
 
-	mu        sync.Mutex
+	mu        sync.Mutex // guards sandboxes
 	sandboxes map[string]*instance
-	templates map[string]*template.Template
+	// catalog is the node's templates (package template/catalog).
+	catalog *catalog.Catalog
 	// refMu orders resolving a create's source and registering the new
 	// sandbox against the in-use check of a snapshot or template deletion,
 	// so a deletion sees every sandbox that will use what it deletes.
@@ -171,8 +171,6 @@ type Orchestrator struct {
 	// a VM bring-up uses (sandbox.Start).
 	disks *disk.Manager
 	vms   sandbox.Deps
-	// builds is the template builder once EnableBuilds ran (builds.go).
-	builds atomic.Pointer[template.Builder]
 
 	events sandbox.Hub // lifecycle event subscribers (sandbox/events.go)
 	// journal writes every sandbox record, and is the one writer of a
@@ -233,7 +231,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	}
 	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store,
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
-		sandboxes: map[string]*instance{}, templates: map[string]*template.Template{}}
+		sandboxes: map[string]*instance{}}
 	o.journal = &sandbox.Journal{Store: opts.Store, Publish: o.events.Published, Log: o.log}
 	o.flat = newFlattener()
 	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups, Identities: vmmIdentities(opts, o.log)}
@@ -244,6 +242,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
 	o.disks = disks
+	o.catalog = o.newCatalog()
 	if o.memDev, o.memWhy = disks.Memory(); !opts.MemoryDevices {
 		o.memWhy = "storage.memory_devices is off"
 	}
@@ -339,40 +338,6 @@ func (o *Orchestrator) setRecord(s *instance, rec sandbox.Record) {
 	s.mu.Lock()
 	s.rec = rec
 	s.mu.Unlock()
-}
-
-// templateByID returns a registered template (not a snapshot) by id.
-func (o *Orchestrator) templateByID(id string) (*template.Template, bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	t, ok := o.templates[id]
-	return t, ok
-}
-
-// Template returns a committed template by id.
-func (o *Orchestrator) Template(id string) (*template.Template, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	t, ok := o.templates[id]
-	if !ok {
-		t, ok = o.templateByName(id) // a built template's name (build.go)
-	}
-	if !ok {
-		return nil, fmt.Errorf("template %q: %w", id, ErrNotFound)
-	}
-	return t, nil
-}
-
-// Templates lists the committed templates.
-func (o *Orchestrator) Templates() []template.Template {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	out := make([]template.Template, 0, len(o.templates))
-	for _, t := range o.templates {
-		out = append(out, *t)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
 }
 
 func (o *Orchestrator) lookup(id string) (*instance, error) {

@@ -144,7 +144,7 @@ func (o *Orchestrator) takeEntry(ctx context.Context, s *instance, t *template.T
 	if o.pool == nil || !plain {
 		return nil
 	}
-	if reg, ok := o.templateByID(t.ID); !ok || reg.Snapshot != t.Snapshot {
+	if reg, ok := o.catalog.ByID(t.ID); !ok || reg.Snapshot != t.Snapshot {
 		return o.takeRebased(ctx, s, t.Snapshot)
 	}
 	return o.pool.Take(t.ID)
@@ -203,7 +203,7 @@ type poolFiller struct{ o *Orchestrator }
 // and a fresh root disk on the template's layers (owned by the entry).
 func (f poolFiller) Fill(ctx context.Context, rec *warmpool.Record, started func() error) (*sandbox.VM, error) {
 	o := f.o
-	t, ok := o.templateByID(rec.Key)
+	t, ok := o.catalog.ByID(rec.Key)
 	if !ok {
 		return nil, fmt.Errorf("template %s: %w", rec.Key, ErrNotFound)
 	}

@@ -94,15 +94,10 @@ func (o *Orchestrator) pooledBase(vmDir string) (*template.Template, bool) {
 	if flatErr == nil || baseErr != nil {
 		return nil, false
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for _, t := range o.templates {
-		// ensureMemoryBase: a template's memory file is its snapshot's.
-		if m.Base == filepath.Join(t.Snapshot, vmm.SnapshotMemoryFile) {
-			return t, true
-		}
-	}
-	return nil, false
+	// ensureMemoryBase: a template's memory file is its snapshot's.
+	return o.catalog.Find(func(t *template.Template) bool {
+		return m.Base == filepath.Join(t.Snapshot, vmm.SnapshotMemoryFile)
+	})
 }
 
 // localDisk says whether every layer of the disk config is a local file

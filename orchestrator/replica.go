@@ -87,6 +87,6 @@ func (n replicaNode) Template(idOrName string) (*template.Template, error) {
 	return n.o.Template(idOrName)
 }
 
-func (n replicaNode) Builder() (*template.Builder, error) { return n.o.builder() }
+func (n replicaNode) Builder() (*template.Builder, error) { return n.o.catalog.Builder() }
 
 func (n replicaNode) FetchLater(imageConfig string) { n.o.disks.LocalizeLater(imageConfig) }
