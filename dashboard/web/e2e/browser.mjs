@@ -100,6 +100,7 @@ await step('add a webhook from the page', async () => {
 let createsBefore = 0;
 let sumBefore = 0;
 await step('overview counts', async () => {
+  await go('#/overview');
   await page.waitForFunction(() => Number(document.querySelector('.chart')?.dataset.points ?? 0) >= 1);
   createsBefore = Number(await page.locator('#count-creates').textContent());
   sumBefore = JSON.parse(await page.locator('.chart').getAttribute('data-sums'))[2];
