@@ -23,6 +23,12 @@ import (
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 
+	// (GET /events/sandboxes)
+	ListSandboxEvents(w http.ResponseWriter, r *http.Request, params ListSandboxEventsParams)
+
+	// (GET /events/sandboxes/{sandboxID})
+	ListEventsOfSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params ListEventsOfSandboxParams)
+
 	// (GET /events/webhooks)
 	ListWebhooks(w http.ResponseWriter, r *http.Request)
 
@@ -37,6 +43,9 @@ type ServerInterface interface {
 
 	// (PATCH /events/webhooks/{webhookID})
 	UpdateWebhook(w http.ResponseWriter, r *http.Request, webhookID string)
+
+	// (GET /events/webhooks/{webhookID}/deliveries)
+	ListWebhookDeliveries(w http.ResponseWriter, r *http.Request, webhookID string)
 
 	// (GET /health)
 	GetHealth(w http.ResponseWriter, r *http.Request)
@@ -177,6 +186,16 @@ type ServerInterface interface {
 
 type Unimplemented struct{}
 
+// (GET /events/sandboxes)
+func (_ Unimplemented) ListSandboxEvents(w http.ResponseWriter, r *http.Request, params ListSandboxEventsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /events/sandboxes/{sandboxID})
+func (_ Unimplemented) ListEventsOfSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params ListEventsOfSandboxParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // (GET /events/webhooks)
 func (_ Unimplemented) ListWebhooks(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
@@ -199,6 +218,11 @@ func (_ Unimplemented) GetWebhook(w http.ResponseWriter, r *http.Request, webhoo
 
 // (PATCH /events/webhooks/{webhookID})
 func (_ Unimplemented) UpdateWebhook(w http.ResponseWriter, r *http.Request, webhookID string) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /events/webhooks/{webhookID}/deliveries)
+func (_ Unimplemented) ListWebhookDeliveries(w http.ResponseWriter, r *http.Request, webhookID string) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -433,6 +457,159 @@ type ServerInterfaceWrapper struct {
 
 type MiddlewareFunc func(http.Handler) http.Handler
 
+// ListSandboxEvents operation middleware
+func (siw *ServerInterfaceWrapper) ListSandboxEvents(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListSandboxEventsParams
+
+	// ------------- Optional query parameter "offset" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "offset", r.URL.Query(), &params.Offset, runtime.BindQueryParameterOptions{Type: "integer", Format: "int32"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "offset"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "offset", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", r.URL.Query(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: "int32"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "limit"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "orderAsc" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "orderAsc", r.URL.Query(), &params.OrderAsc, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "orderAsc"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "orderAsc", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "types" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "types", r.URL.Query(), &params.Types, runtime.BindQueryParameterOptions{Type: "array", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "types"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "types", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListSandboxEvents(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListEventsOfSandbox operation middleware
+func (siw *ServerInterfaceWrapper) ListEventsOfSandbox(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", chi.URLParam(r, "sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListEventsOfSandboxParams
+
+	// ------------- Optional query parameter "offset" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "offset", r.URL.Query(), &params.Offset, runtime.BindQueryParameterOptions{Type: "integer", Format: "int32"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "offset"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "offset", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", r.URL.Query(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: "int32"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "limit"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "orderAsc" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "orderAsc", r.URL.Query(), &params.OrderAsc, runtime.BindQueryParameterOptions{Type: "boolean", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "orderAsc"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "orderAsc", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "types" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "types", r.URL.Query(), &params.Types, runtime.BindQueryParameterOptions{Type: "array", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "types"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "types", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListEventsOfSandbox(w, r, sandboxID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListWebhooks operation middleware
 func (siw *ServerInterfaceWrapper) ListWebhooks(w http.ResponseWriter, r *http.Request) {
 
@@ -530,6 +707,32 @@ func (siw *ServerInterfaceWrapper) UpdateWebhook(w http.ResponseWriter, r *http.
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.UpdateWebhook(w, r, webhookID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListWebhookDeliveries operation middleware
+func (siw *ServerInterfaceWrapper) ListWebhookDeliveries(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "webhookID" -------------
+	var webhookID string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "webhookID", chi.URLParam(r, "webhookID"), &webhookID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "webhookID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListWebhookDeliveries(w, r, webhookID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2040,6 +2243,15 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Patch(options.BaseURL+"/events/webhooks/{webhookID}", wrapper.UpdateWebhook)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/events/webhooks/{webhookID}/deliveries", wrapper.ListWebhookDeliveries)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/events/sandboxes", wrapper.ListSandboxEvents)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/events/sandboxes/{sandboxID}", wrapper.ListEventsOfSandbox)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/volumes", wrapper.ListVolumes)
 	})
 	r.Group(func(r chi.Router) {
@@ -2102,121 +2314,133 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H1rb9u4tuhfIXw3EBtQnDSZKe51cD+k7fRMMU0naNLsfTAtZmhp2ea2RGpIKo5PkP9+wJceFiVLjp3O",
-	"Pmd/ampRfCyu90uPg5AlKaNApRhMHgcp5jgBCVz/T2AaTdnDh3fqP4QOJoMUy8UgGFCcwGBSeh4MOPyZ",
-	"EQ7RYCJ5BsFAhAtIsHpRrlM9WHJC54Onpyc1WKSMCtCr/MQ54+qPkFEJVKo/cZrGJMSSMHryT8Go3k0+",
-	"4984zAaTwf85KTZ/Yp6KEzObXiUCEXKSqkkGkwGmCOwztzu9/KUQZE5vIUljLOEWz8Vn+DMDofeRcpYC",
-	"l8TsVOK5/pdISITnaMEgwQ8fzMNXp6fBICHU/TdwgzHneK3GSsznoFepblQuAEm7HYQFUsBGjOt/JxLP",
-	"0VCNmGYkjpBcYInUb+qhuEArIhcsk4hRCJAapiYR0oweDYLaZZQv7je3pcCc9Fs+nE3/CaFUmzbQgqgM",
-	"rzqg9HIGbWog2g7EKqBqW5yLQZCv4NvjG/XsI5v/RCVf1zcXwz3E6g+gWaKmjGCazQfBgNAZGwSDFeZ0",
-	"EAwMsnwLPJcMQuA5ePcuJKT+Q5EEhMSJfjpjPMFyMBlEWMKxerT9avL3iw0E9iyNQLiRWGbiM2BLQhuA",
-	"MCCy/8vvo426qqB9qiP1DrDZOKibwXeot4xSCOWN4Tv1EyWQMHPlVZKKYIazWCLFmsZohmMBiIPIEhAI",
-	"oxRnAiJkuRmacZYgIgWKiFgiRuP1BBGJQhZHx1PGpAgQppEeYdZDJMFzQEQgCkQugCM9H2UchQtM5xCh",
-	"IZFozkBoAtWEaVc7Ui89SLMHReVLEsejMfrEEMxmECpSRhjxjFJC5/keGVck7nbuqN4ePwfclLEYMHXo",
-	"xzJZQT5C5fnZQHMpkihSOM3fJFTCHAyvrN3CO4hBQieOaQTF/rmAnreFTeUypbqdkEVQxw74M8Ox0Lfy",
-	"8+3tNRKaagZBHVKb0GnD940d66WDVux+z/jyM4gs9gAS3IE6yL7ACeZt4x0deW/5IxESokZSwzHB/osL",
-	"YwJUNnD/MM3esoz6EbEOXkWCN+S/4OpNxxeARpeyK4tVw++jO+CCGP7oYfWKojqvnoDEEZZaScFRRBSC",
-	"4fi6qkQ0IHoB+Yra5eGimEvodUqF0NARGW70WLUtS98N27hncZbAlbrL7uLDrnFXvLtd3hfbCCoKZ45m",
-	"ZZA4BCghWukSK/jkwFJFAh9dfoJVCxnEbPW7QgFOQf6OwxBE+ZpLLBhnkl0rhr3l8VWDEDNiK8FLMLzK",
-	"svQjgdSrx0aCzEgMYi0kJMdKcqGhAEB293p2y6rHBiijC0SZNFJJzfJZC0UEFE9jJbZ+OD0djdG7kvi8",
-	"QGROGS9JneJcQcOxzKwdkeMyf+EtozOikS3i5N7Ae0OnV1eH4EECVbeHhj+dvTkS6PL6A1oozZkhkYUL",
-	"NCMQR6OJGsgxmsYsXCIzZYAIRYxHwNFJBPcn99E0cH+F4/EYsZmG9VzBDA3xTALXP5jXEUaC4lQsmERz",
-	"cg9U6esFxiIcc8DRGoWYKzVrdIGwRAkTEv1glAh9R+4Fqx3MONj5kYiZFEjiJahFE6Wj9iCzd2oOn5IG",
-	"9P4OGxNvdy61H15HQa4YX3Y80SczukAMAWHGGwhqCwMraURVpBIQMhp55X+bplRnidVpzVOBEvUcIoV4",
-	"OWZdIMDhQl+0wqni8tEmxvVEgR05bRMXtLjeWc978s9jdtU8SxVwr5Bk6PU5ikFK4CJAEZkTpYUfHR8p",
-	"Rfjo96MAaRGgNGTDyuxg9ViPvkAZJX9moLRpBUxqtLG6pFSygbzZymkmehZzpUcCqddQTBIi0fDV6/H4",
-	"9Y8/nr9GV+TN6ALltoddVg2XjOM5jM37v6u3f0/ItIvG6dODvbdlNd26tAqxhOjt9ZeOKk3+ylWDKvT6",
-	"B+97IUsS0uDdECzjISAzBBnQrrDQXgqp7S/f3fRUHUMOWMJ7TOKMm9N32bV+6SbTYrzzW5FVr+onNV4a",
-	"9VxJEn1S39GUWnLLJI47g1e98UVA1OuFrVxDYc07PfApGMQMR5f3oDD1VVJVNlk2jUv0Q7Nk6hRgp7ts",
-	"W8ZqOfk7/Y5v3ukFAEV7TSq1YZbQCT43+WCrWWei7EzSAl9pmhwTZbJ7PUj3LSbHfZJ02cbd1ZUdfc1Y",
-	"3PENPbTGQwxg8sMU2zOb8ejS7rI2LqKKyBUkLQM5qPIhH4+pU2KNoJu43juH6FVqXC2AQ5kJc8akdvEI",
-	"FCtxq9SxBVtpv87dlUDciGSjdm24N3G4BBp5VAfD2CM0jPEalJKsXUNipASRVs191C85piJl3MMts2m8",
-	"1L7faYSGS2VjxE5/hXsSghgF6tmxYOESJBp+evMOCckxmS+kEpvqvHdXV6NAr77VyegOVt5TE5ybzBQF",
-	"Qw4KEhBpQM5BCz/CK+4y60VToxNM1+omJKGhtE9zj5eaIcFp7Q7MMI+rz81T8c1p2Kt5UojQdF2evaOf",
-	"x8pTR+YhDhdwbIGqb+QYHjbgVdwwzz2wHnL3HGLj8Kn6G1dOtIOukBidx+4lcBA0W2i65Zsya6zegHE+",
-	"dpTG9kQdR0vFQjqN3TijWyZwu3NzNZ5P87y32k1bP+JO7H1jS3aOpg0oPl7X08LQhCjqmoKyArj3USOS",
-	"bWzIThHYVVo25iRLXa9ZYZ6glLFYqTV3V1co5cwwajTEUwFUotUCKCISEYHYbDaaqGECWVcNwgvAEZox",
-	"Y9uomSAqDOHA2EMrTMo6vbUVrWFEI4QLJq6nwsjICMX5lPaiebnz8lQhvCDzhYY04jAjcax08lQo81wu",
-	"iNAsaTChWRxvhhFTZY7ZfXZjHQviMwfNThVsaqe3UT3GlghTBDrUEnRRcWK22jgT5lKgKcRsVZxLz6jB",
-	"sJ/zJcSpyj1POGMZjRBlFJAjqw6HNEPrTnxzqBxnyvjQ7RwcBPB762r2qPJ6t4wiO85oNd3njXwTG7+S",
-	"ZezW1+Sup9Pkzu5tBsgUdODI0t10rdcwCLKDEHEXla9rsC4wBFU5bBmilgpyZPExHeP0a4k4tPtPu8T+",
-	"LpAAQNUo4viFomb7jqRELMFEs3tFxlgZZDb1whvluNSK9C1bgl8P2RYJaQ9KbPO1cTybkXBjD1v2vUMg",
-	"YJsnv8nFXA+3GQe4D9Na7vYdSEziPjeswwcfbPTgsiV48F2Daj1QraOnfrIRAzee+Z1cnNrL/YHOmN/T",
-	"3Tsc+FxCickMwnUYd413fMzHf69443N98P8OV/6lwpWV6M92QlTqV4n8AgQPOJTxWj9gM2tAK3XbOce9",
-	"prhnpSKLjfEiTkaiPJmtiGsoKwGjkKXrY0aPV5xIQPcEVnoDsuSsMclvBeNgKzoKkDUj9AAiBcQzYzMo",
-	"beVXGq8HfpvcPPNqe0YxE6DjMWqoCaeaLRiQ2BCg+n3k1R6agwloGmO6ROqcipvaQIJRAIkNJwxfleII",
-	"ARIp5gJGQW4zuVQgHDPa1R3Qiiuah9Zkl/EztQDpyCZKDe+jqd6cC6SOfFBvwJVKzmMZWwoMcRqsTs9y",
-	"RqbR8g00DRBH2+56h3uqxHl2UJotDEv7aKHb95YVb2YuNcn3BD8YPdRlnNr/ef0qW2KexuwOFySOtFO0",
-	"dxC0lvSkdt1y2I9lYVlX94vEgfqtMXpbnMa5Z5bGqtHOn+2umdIS5fna9ss8ymJMKBw851Mv0r6zhnxX",
-	"nf3wzGD/QXNmD5kaG7jjt4NO7CU7dvMqPAppzOa7zLdV79DzBuVNtxz4CiQnoYfJ9IywptkXAdF1WH1h",
-	"FjMsfcHBPDjUM8bZPSbYZ/YEkh6T98bR0itfKHnotEwLXlcnq+iLpWsoTlUCRwmQ5TtowY+qiu/PefvV",
-	"MN6u+bvW1L3OpjEJb407wM/XI6Dr3pMnWCxtZtvPTHgEnPoVLQBHwJWaxc1Yk0iXcvawVqrECvNIuLCZ",
-	"1a8u0N8er3/9fPukVFQOaYzDwo2WMi7HRgZ/BDqXi8Hk7MfzoEsaTBXUX1KXQ7A3UHdLStwB2i2nKWcY",
-	"Pi87fwmQCpsetyinNRoDwKjnymgQS4jUlc3iTCzQjHAhL7RiDQIRiRY40hmO+jFEKMFrNAUUMyEDhIXN",
-	"r8Io5FgsRhNEWS2pfwmpDKzXVGdHFpUAFUW8WjcwxIjCCqlhgZq1CJCwGZrCjHGlzCuzyjrHUMRA6L3q",
-	"dE67FpEe06LlBj7DjINYePT4jGNpfRbNOuT564oS2c+1eePs9jxYthmN82kG9uWSMrdRdLW7D3aTmW5R",
-	"7sp2fsfctEoWmC7UGjKOSOS1QnTxXN3ImAoWZxKQelzJCizlmCk8dImDZeHaxZytWfx6opJRO8R0jYyY",
-	"VsiZJ2ooYrlw5q+xyc2rRGjnQGGFaxt05MdUT9mGBkTLRYD4O5ELo6V4NLNKuk6TTttBr7JqUB2jNyO4",
-	"+XrePVtT1W8+75S01stbZtjVR7y2RZud3Ia9vIy6trCfBOKQMkGkl90XmTi5la9tTTSFNVP8cEGETtKZ",
-	"oHIo2aXu5Jnd7uVirQuUAo0InQcoS2OGy3+CdjvNMNF57dY75F7UhTMj7U1QDNwmJkpWYb9lWqu86I/G",
-	"MyZnote1bHGkOjzbIQKzidDFVO52q87KihezwMkNZNs4pI84XJFYQ0ykL1rpdMo+9NRWiDotKiTLQkv/",
-	"bKSWjSUPgjzs2WzgHp7Qd6iF2mtx0w5sINXqfoPXLcUr6gVZkwnW7uHPtArdA6JtnnuHN50c8/aUQY7T",
-	"VZopNla9kioGtlHPpZr3s62Z9yRitUC5D1uoQMBO2rYtXQz8nsTwRXNYz8Y4CFvQX99ZxuPtW3IzbN2G",
-	"X/q2kf8hqp9r3p0OgtIlbW1duFLM7c093pF17YwjBZXkqcPd/FCVq7P24t15S+B802BMOeiE4RpVB4NM",
-	"ADLKOs3ieBtnbveXt3LI4tWz/9vEL/dS+6xuCCdNt9MO3BuJubw783iFGQ8bPOvKkP2QNHlr1dOyWPda",
-	"Iuu3SdQcDm5+CGl3anSbuJGQdvNSuDcsxjmO2oh5O6knDexmz9JzFxx6NpV7BJ3THhsr8Su3VAcz73sM",
-	"7Qn6GRsXRx05m7Ha/LL15Opp2zlu8byfnNlB05NmjW29WuZVRSVfp237xtHY6KIrUK5ms+nGFpU4LRHI",
-	"jEdDm+6PaaStKi4hukBwD3yti3GXoLMbsTHgdFTdPHRzjTp6uTaP0aQS9aY2j6PCj89NtYuVa251wJRj",
-	"qu2WvXH4vFn3S6dy6bXGV1P4kMp5VVvJrFF49auQLAoju6Wzmp12YVH5yKC5CNLc1SWN8myug99Zj1S5",
-	"/4XXK909VOc2Vfv6oUuCtm5P2xJMMZEArRYkXNhy0dxZrjOMJwjHK7wWCJJUerN9dkcst2sfgv0dpgvG",
-	"GgNlO7D+lsTTYAD3sJm+tvWmSdSojjT4kRpUzY4WG9E6uZkkh2DZHHYnNPPlh2oDr0nib0vStSGkDVrz",
-	"gm4j8cUmgedZm+NHu9lgSeIYosCELgITj4mCGeNLiJ7Q0Jr1WuaFCwiXKSPGP88B4TCEVE2CqBJ0SBmx",
-	"o31R6JximXG4gZD7+sepATaTJ4KYKDk7QXA2Pc7fVJJbEVlGUxxFEKEpFvD6B0V7Nz9fHp/9+Bqxeyvt",
-	"hV4FzVgcs1UR+ZyyyEtnFkc2SgKlTBHjSP0r0JfPH02dg74SDa7rX29udRhvq5emK840BVT3Tl997qk7",
-	"RdUDErrTBZHrG2X9mLNcpuQXWF9mJqqk+zOaCHfRofEfx5fXH45/gdJdYf2W6ZBIrNekel23C8N4OYu1",
-	"9sZm6A/Ndf8IkLLDsCTTGEyGpWHdVg1UgwUz4sk8uHn3i0C6aCujCYvIjEA0/kp/0sqf9kggTMUKuEB/",
-	"PH7VTbK+Diboa3Z6eh6WmnHpHyBAX12Cjx41GI/HXwdPf4yRAgJQaVtGTlyk/4/8/H+Mv1KdRiGVRB5c",
-	"zoHKnz7dGYVU7Xv409mb4+J0o1IZ9GRwOn41PtVJZylQnJLBZHA+Ph2f21iWvo0Tgz0nK4OA+jfb31Eh",
-	"oN7Yh2gw0Y21/u4GbfTCPDs97dUJs5OhXJVSddW31iqzVCXtThMgFkcgpImwm8wBy3L9i+fHKnfkTG1u",
-	"RhUghr/bXdpWoiDkG2bqvPbSFrQqSp6qbEUJjafaTbza++L2AuoA5zAnQoLazE6QfQpq6HfyaP/68O7J",
-	"kHgMhiFWgW+a+ZWBXwHCD56adFps90LHy2zUzYkbAoarR5yl6a5HCvzE8x8gG/d6+nIXpmtg7T52pYVS",
-	"q93fvO118wvs1V73m+ZJ4aIOOyMTX4TOrPjtRGff59oQFsiqcLvT3AJwbKRvE7L+bEZ0oSujbXGleBG1",
-	"t4rYH0x++6aXTIqsCG/34GvOEpALyASyQ51JpUXdMFd0Ub5X23csxhJouEYLIiSbc5wIU/UhTbeGlLFY",
-	"BIUVOhoPgvp5XdLG1luW8CBP0tgay63dohsPqOZA8KCD8YRRZE0sL9zU6dtl8ic94iUEsm7O1EkO20yI",
-	"3TFUH/vk0fR4eWrD1E+uPcSBiNMculnZOBwfzRvc9GOi3jxS3fehRE6uyF1RijINhdVn0Y+n52i1IDEg",
-	"eNAtSeYlB84SIHU9SHRvmAQvARGTlLVGeK7IYpO6bswd3bhQ2yHYd60lRicO3sTM9ESKmRFNm+Ez8LiS",
-	"89VIwjelHkMbeLGhw/D4GKgyNyK0/P/3KMWEC/RPRqgxcZW9cfZa1zcMJoM/M9AF4haf8qrLLRh0eEZS",
-	"7dHbgaNs9JE2Taz2rcm7/RwIRYturC+sxleW9aC7zQNeYWH7TkR7wPetAl/zIljpckWcpLEuI9Ten82m",
-	"4Qp9IzTM6JKyFQ1c93BMTYr0GtwMEWLU6vAxzCRimXZe1URGTm6F1G+lupAlCT4WoAbJUsd1Egk0dJ1R",
-	"X52eqsXgIY11zyWdD+4nRPv+7yQSrdy98/caNp07Qq61u0ApFoNnk3QH3KpmvnoQrXLTQrGqAoj7wLbH",
-	"PA2w1Wr8hcRxmcy3iQPjS923Jdi4g73fi+3s0E75e9JgfO8VQ06KPM2nb413dxKaHieb33TpN30jm69+",
-	"huEwfH5jkaf6h2MOcM++GyZSs3TLTS9c320TC4sMVr+QmHFbMbGIPdP7ycxVHu8dYd4zvjwstpSLpw+g",
-	"FnTSxkrfb+igipm2V2o0SoGboutSO/IhLn/sw328aLTvO3cZi1tY7EeT1teuU1PygBISx6TooO2V2hJz",
-	"WdGdOxRGPnqncqHnYqocNq9OlUBvrZbfVi//EgJfA7ZBrHAIgUoUEwqi2og+ZFSwGPKWoLoZ3hyoHJmu",
-	"8mas/sX0yEAxmwcoAT63ITySQNWlf2EasRmT1ZZr/YXkWV0LbkLVjrqoxtaDIGrvdUzH1T6rvIhx2VQl",
-	"1Ro2coppyed4JIxLka/RUDeb0cG/GawcWNyXyoREC5bxkXZHEmo6fozHQKNNVK19EEl/RmnlakKtJaEW",
-	"00Ww9zhWE/yV8LnUc+lZ4jaTTX7+aoHxYcVutYr5OT4jmHMQAqUsJuF6z66jygWkrpPg/rUdXQX9IupO",
-	"pd7aqyF7wPwc5t4MT24Kj0EcBqa2rvlFoOpqqLsCtGwI7BekrvvNPuBZKpqwDpJNCKvVDgvgjRafXgC/",
-	"iCF1IAvKFVYeiAise9V9heVw/lW3wqEvqFw63aRQuDLfYSZ0r7TqF5YYtb7WvVtGpb4D+7/Jm1xddX0P",
-	"DsrR3CK7SmYB8hngLRNFc+gmH+UP6fldv6b4rDEI02A22qzU3u+1m5vBc3qzNW4VHqTJXv/uwaYqtW43",
-	"B/J7D5xubrX3fxx/ggd5rI9lPlxsbAXzHdQ57AHVTh6LGvcO6U8VlrqNGMxU+3dmN+7h9Lsw3MPF4yvt",
-	"B3rE5NUN5y3kW5nJbT7qJQgjr4bsYiPnLfD1l8iend+Rz3dia/JOHvUfrakelbryQ+Kbv4C9AfGKb55T",
-	"pM9geMPh8BDnx98NBU9cEWY7c6l8Kv0wYr75i8y7SnwOCbt/hgvQq/XUP7V/IHg0f9P/hVMGvJ/Lb8J/",
-	"PFfcYGX6SJlf+BzkkfkwXrQPJvFYqM5P3TH3e4rF5j3sn01t40yHY0WVguvdcn1rGnulWNd+dVK3D5Oc",
-	"TDMlgoambqOe22EceRXQ759I/SXJL5wy3FBQvAURjp4lm5pJ8kQTujh5tGXdTydFk49tBFLqEdLNhIrZ",
-	"XPw6mynbzmvSnPbu/XxYq6nPkrb3b7Hkbn2LDxoBrPevacA6jQxH9ktWOsAXs7n7TJBpO1ncJWL0L8em",
-	"Au9kReuCnRWwCu3ozhAnjwssFp203/f2e4wHE/5NfZI811zur5A3ucsbn5reCW9/vf5PJCSkaIiVaoAw",
-	"DxfkHtB07co2bUdR22GP2dZ35iOW/xpIoW6vtwj0B8HU0et33UWOsVCCPBaSA06q153zqimhmHsqYDur",
-	"l/UPh8LeNbzcQNlGCrkq/lKm8i3uXIhYkrnqOIFCd40sfzllTF3E/VnfVPW7s27iulPWebAl5XbiAudB",
-	"/n3MhswHuZOHtJu78vu4VzcojnGJIsIh1KVD07VJN7CZMTjkTAjtjRQX+tOT9lyICHSPY1J8u9Kka9nM",
-	"vARHpjC6AbB6sP+Ien+6P4LRVLD+n/7R9yGLzfN8fv8WnZ+f/z99gInpnF0UnOSf3ZQ6m0w3vdawbsx7",
-	"gehSjeqHbRtNQnRR9ZHQ9dWua2sWLpRQk8BHAeq2abWe/iKRaZu9deNv9LCeOy+1NSp9oGhjRzat3+hc",
-	"5iudhY3k21Hp8b9aqUh+6gtXTV/x2+uevIm6Dg6JKVcyw/ROykO31PcdrgBFc9Z/l6DsqlOURdn3yi0/",
-	"2BX+O7v8cNnl92d9wzT2mv8nB2rKQGn3+Xjo6i9pijfmNigpXLF9D0bF3lannVjyWd0G00BwSsczLvq8",
-	"iv1tgsrt/+78JQBUNNrtDqK97qLed3V7KNB8xF1nDhhHWFD5xHfuH0MihfAZt6a7vrWzqzs75iVYlW0z",
-	"2a9Zjz3E4Xv13LmOgwfSrtzpX1a52mgX2QBrA+Qg/+wkPMgfSt8nejYKnjy6DoQdInSli+gYnzO9PvRn",
-	"irDE+47WNe3n9Ltc0p5cRC2f/CERGjIe6JSFqu0baBgr+TpytmFV5pb6TPbxMVV7m1SbwP327enb038H",
-	"AAD//w==",
+	"7H37b9u40ui/QvgeIDGgOGnTLe5NcH9IH3u22LZbNNnsudgWXVoa2zyWSC1J2fEN8r9/4EtPSpYcO93z",
+	"fftTG4uihsN5z3B4PwpZkjIKVIrRxf0oxRwnIIHrv2AFVL4nCZHqL0JHF6M/M+CbUTCiOIHRxSjWD4OR",
+	"CBeQYDUqghnOYjm6eHYWjGaMJ1iOLkaEyvPno2CU4DuSZIl6ehaMEkLtX8FIblIwA2EOfPTwEJjP/zKb",
+	"CZBmZhFykkrCFCD6oUCSIbEk6SjwgsfMy174vOA5gM46AOIR8CsRNkFicQRCohnhQrYB5F72gjTDsYD8",
+	"y1PGYsC0+PLNJgXh+SyNN8iig82QXIAApOYQ6FguAOV7ihK8QRxSwHI8CkZwl8YsgtGF5Bn4wdWzVGAl",
+	"EhINgwVSSE7ofPSQQ405xxv1t5CbWP2gkKz/xjSasrt3b3JaSrFcFN8qngcjDn9mhEPkYCu+X/uswg0H",
+	"kTIqDGrecs64+k/IqASqCQenaUxCrNB1+m+hcHZfmvEfHGaji9H/Oi044dQ8FadmNv2VKs4xRWCfOej0",
+	"56+EIHN6A0kaYwk3eC4+w58ZCA1HylkKXBIDqcRz0Y3RBN+9Mw8dt7g/m9iWmM99bKIIQFpwEBZIIRsx",
+	"rv+9kHhuSGSakThCcoElUr+ph+ISrYlcsEwiRiFQZIXUJEKa0YqC6ptR3rjfHUiBWenXfDib/htCqYA2",
+	"2IKojK8movTnDNk0iW4rEquIaoA4V+TtvuCD8ZV69p7N31LJN03gYlhBrGUlVXLj91EE02yuuX/GRsFo",
+	"jTlVvKaJ5Wvg2WQQAs/BC7uQkPoXRRIQEif6aS7FIizhRD3avjX5+wUAgV1LKxKuJZaZ+AzYslANEQZF",
+	"9q98P7q4q4pajwjZATe1hboZfIt6zSiFUF4budNcUQIJM1teZSkrrpESTROkZTbiILIEBMIoxZmACFlp",
+	"hmacJYhIgSIilkiJ6gtEJApZHJ1MGZMiQJhGeoT5HiIJngMiAlEgcgEc6fko4yhcYDqHCB0TieYMhGZQ",
+	"zZj2a0fqpTtpYFBcviRxPJ6gjwzBbAahYmWEEc8oJXSew8i4YnEHueN6u/ymOjLkxzJZIb6eKrSxC28g",
+	"Bgm9JKZRFPuXAnreDjGV65QqOKFWng275M8Mx0Lvyk83N5+Q0Fwz8hgbdex00XsNYv3poJO6f2R8+RmE",
+	"tivqkINbUA/dlyvubeMdH3l3+T0REqJWVsMxwf6NC2MCVLZI/zDNXrOM+gmxiV7Fgtfk/8OHVz1fABpd",
+	"yb4iVg1fRbfABTHy0SPqFUf1/noCEkdYaiMFRxFRBIbjT1UjooXQC8xXzC6PFMVcwqBVKoKGnsRwrccq",
+	"sCx/t4CxYnGWwAe1l/3Vh/3GbfHudn1fgBFUDM6czMoocQRQIrTSJlboyaGlSgQ+vvwI6w42iNn6myIB",
+	"TkF+w2EIorzNJRGMM8k+KYG95fGHFiVm1FaCl2BklRXpRwKpV0+MBpmRGMRGSEhOtJNxLACQhV7PbkX1",
+	"xCBlfIkok0YrqVk+a6WIgOJprNTWi7Oz8QS9KanPS0TmlPGS1inWFbQsy8zakziu8hdeMzojmtgiTlY+",
+	"PwqrrUNwJ4Gq3UPHb5+/OhLo6tM7tFCWM0MiCxdoRiCOxhdqIMdoGrNwicyUASIUaQ8PnUawOl1F08D9",
+	"L5xMJtY7Q3OFM3SMZ8onUz+Y1xFGguJULJhEc7ICquz1gmIRjjngaINCzJWZNb5EWKKECYleGCNC75F7",
+	"wVoHMw52fiRiphxmvAT10UTZqAPY7I2aw2ekAV3dYhMv2F1K7UfWUZBrxpc9V/TRjC4IQ0CY8RaG2iLA",
+	"ShZRlagEhIxGXv3fZSk1RWJ1WvNUoEQ9h0gRXk5ZlwhwuNAbrWiq2HxUp7iBJLCjpG2TgpbWe9t5D/55",
+	"DFTts1QR9wxJhl6eoxikBC4CFJE5UVb40cmRMoSPvh0FSKsAZSEbUWYHq8d69CXKKPkzA2VNK2RSY401",
+	"NaXSDeTVVklzoWcxW3okkHoN6cAaOn72cjJ5+cMP5y/RB/JqfIly38N+Vg2XjOM5TMz739Tb3xIy7WNx",
+	"+uxg725ZS7eprUIsIXr96deeJk3+yocWU+jlC+97IUtsELIZ3RAs4yEgMwQZ1K6x0FEKqf0v394MNB1D",
+	"DljCj5jEGTer7wO1fuk602q891uRNa+aKzVRGvVcaRK9Ut/SlFlywySOe6NXvfGrgGjQC1ulhqKaN3rg",
+	"QzCKGY6uVqAo9VlSNTZZNo1L/EOzZOoMYGe7bPuMtXLyd4Yt37wzCAGK99pMaiMsoRd+rvPB1rLORDmY",
+	"pBW+sjQ5Jspl90aQVh0uxypJ+oBx++GDHf2JsbjnG3poQ4YYxOSLKcAzwHhsabdZtY2oEnKFSMtIDqpy",
+	"yCdjmpzYYOg2qffGEXqVG9cL4FAWwpwxqUM8AsVK3SpzbMHWOq5z+0EgblSyMbtq4U0cLoFGHtPBCPYI",
+	"Hcd4A8pI1qEhMVaKSJvmPu6XHFORMu6Rltk0XurY7zRCx0vlY8TOfoUVCUGMA/XsRLBwCRIdf3z1BgnJ",
+	"MZkvpFKbar23Hz6MA/31rUFGt7AyTG14bnNTFA45KExApBE5B638CK+Ey2wUTY1OMN2onZCEhtI+zSNe",
+	"aoYEp409MMM8oT43TyU2p3Gv5kkhQtNNefaecR6rTx2bhzhcwIlFqt6RE7ir4avYYZ5HYD3s7llEbfGp",
+	"+j+urGgHWyExNo+FJXAYNCC07fJ1WTRWd8AEH3tqY7uinqOlEiG9xtbW6D4TOOjcXK3r0zLvtQ7TNpe4",
+	"k3ivgWTnaANAyfGmnRaGJkXRtBSUF8C9j1qJrAaQnSKwX+kAzGmWpl2zxjxBKWOxMmtuP3xAKWdGUKNj",
+	"PBVAJVovgCIiERGIzWbjCzVMIBuqQXgBOEIzZnwbNRNEhSMcGH9ojUnZpre+onWMaIRwIcT1VBgZHaEk",
+	"n7JetCx3UZ4qhhdkvtCYRhxmJI6VTZ4K5Z7LBRFaJI0uaBbH9TRiqtwxC2c/0bEgPnfQQKrTv/XV26we",
+	"Y0uEKQKdagn6mDgxW9fWhLkUaAoxWxfr0jNqNOxnfQlxpvLAFc5YRiNEGQXk2KrHIs3QZhDfLCqnmTI9",
+	"9FsHBwF8ZUPNHlNeQ8sosuOMVdN/3sg3sYkrWcFuY01ue3pN7vzedoRMQSeOLN9NN/obhkB2UCJuo/Lv",
+	"GqoLDENVFlvGqOWCnFh8QscE/ToyDt3x0z65v0skAFA1izh5oqzZvjMpEUsw0eJesTFWDpktvfBmOa60",
+	"IX3DluC3Q7ZlQrqTEttibRzPZiSswbAF7h0SAdsi+W0h5ma6zQTAfZTWsbdvQGISD9lhnT54Z7MHVx3J",
+	"g++aVBtAaj0j9Re1HLiJzO8U4tRR7nd0xvyR7sHpwMcySkxmEG7CuG++430+/nvlGx8bg/87XfmXSldW",
+	"sj/bGVGZXyX2CxDc4VDGG/2AzawDrcxtFxz3uuKeLxVVbIwXeTIS5cVsRV5DeQkYhSzdnDB6suZEAloR",
+	"WGsAZClYY4rfCsHB1nQcIOtG6AFECohnxmdQ1sovNN6M/D65eea19oxhJkDnY9RQk041IBiU2BSg+n3s",
+	"tR7akwloGmO6RGqdSpraRIIxAIlNJxw/K+URAiRSzAWMg9xncqVAOGa0bzigk1a0DG3oLhNn6kDSkS2U",
+	"Ol5FUw2cS6SOfVhvoZVKzWOZWgoKcRasLs9yTqax8g02DRLH2/Z6h32q5Hl2MJotDktwdPDt25Wtga3D",
+	"4jY8VzCmgjhwmUQDlSIikwVfw3ShfMgUb5QzLBp8q19/Y9VHDzn4Nh+vNjLqMhN1neC7ziFv7yDM1OK6",
+	"h3U/vQGcbBthBXK0n7JM90Mj9Gu9iXx3Jsb3jAI0MbGoAE1MzaH634zxJWhJOFmSOAZvWqg9TVAjsCJg",
+	"T/KJyhj0YaOOQ+/GNDa0jLFtROxIq0Z1bvohVJfDVNrZb/uwfh62rOFtGdqWhXzTlNKgiITEMfEXE3Rm",
+	"tb4l057mnxWJ3/AA42oVptm3sLe30Axmui9WpirDHtQx00EnP1q7s16m2QZe/8Mo2ws8TIwxXJA40hmg",
+	"wRUfjQpPBXXHYt+XPYNmbKOokmqqKEZvitW4WPTShHC0dNkehy59ojxfF7zM4xnHhMLBC9z1R7ohaynu",
+	"16Vej6xsOugBgUOeAwjc8rtRJ/ZyFKC+FR7vO2bzXebb6mTpeYMy0B0L/gCSk9AjZAaWk6TZrwKiT2H1",
+	"hVnMtCxsVELkmfCBBR39CyCGzJ5AMmDyXYwi98qvlNz1+kwHXVcnqzjHpW0oVlVCRwmR5T3ooI9qPMNf",
+	"4PuLEbz9T9Lptz5l05iENyb26ZfrEdDN4MkTLJa2jPcnJjwKTv2KFoAj4Mod4GasqRpOObvbKF9hjXkk",
+	"XI2ANaku0T/uP/3y+eZB+eMc0hiHRc4gZVxOjA5+D3QuF6OL5z+cB31q/qqo/jV1BVN7Q3W/CuwdsN2x",
+	"mnI59eOOIi0BUmFrgRflGm4T7TCxCCIQFspnkAzN4kwszKnVSx1FAIGIRAsc6XJu/RgifXh0CihmQgYI",
+	"C1tMilHIsViMLxBljRNMS0hlYFNEuhS8OPZUiTpUD0kdY0RhjdSwQM1aZIPZDE1hxjiMTb2HzQSgiIHQ",
+	"sOradfstIkfBkHj7Z5hxEAtP0CLj2Bnt7Tbk+cuKETksj3PtgpR5ZUC99MBnGdiXS8Zc7YTp7gmnujDd",
+	"YtyVg5o9C3ErJa/6VOox44hE3pCLPincjGJMBYszCUg9rpRAlwpqFR26Kumycu0Tu2uEN/VEpQjeMaYb",
+	"ZNS0Is68Kk0xy6WL9ZkApHmVCB0JLUKOOuA29lOq54yaRkTHRoD4jciFsVI8llmlNrHNpu1hV1kzyOsB",
+	"Vzy8/HtemG1czh8r3KlCd1BqwIir93hj2x30ypEMSqnog9TDNBCHlAkiveK+KDvMQ5ra10RT2DAlDxdE",
+	"6IrEC1Sum3F1ivkxFvdy8a1LlAKNCJ0HKEtjhsv/NZGlGSb6EI8NhbsX9SnBsQ6dKgFuq7Alq4jfMq9V",
+	"XvSXHjEmZ2LQtmzJGjk62yHdXCfoYiq3u9XMTCVlU9Bkjdhqi/QxhwuutSSAh5KVrh0fwk9dp+6nxXHw",
+	"stLSPxutZQtnRkFe49Hu4B6e0Xc4+LnXk5w7iIFUm/stKYYUr6kXZW0uWHc6M9Mm9ACMdqUpHd30ykLa",
+	"VQY5TVd5pgCsuiVVCuzinis172fbIMRTddqB5SFioYIBO2kXWDoA/iOJ4VctYT2AcRA2c9OELOPxdpDc",
+	"DFvB8GvfLvY/RKuHRnSnh6J0FapbP1zpXOE9aLGj6NqZRgouyc9J9ItDVbbO+ou35x1VQnWHMeWgT0c0",
+	"uDoYZQKQMdZpFsfbJHN3vLxTQhavPv/fbfJyL40e1A7hpG13upF7LTGXt889UWHGw5bIunJk3yVt0Vr1",
+	"tKzWvZ7I5nUStde+tD+EtD83OiCuJaT9ohTuDUtxTqK2Ut5O5kmLuNmz9tyFhh7N5R5F56zH1rYjlV1q",
+	"opkPXYaOBP2ETYijSZztVO1y1FtWrp52reMGz4fpmR0sPWm+sa0x1bxqqOTf6QLfBBpbQ3QFyTV8Nt3F",
+	"p1KUQgQy49GxPduEaaS9Ki4hukSwAr7RnQeWoEu5sXHgdAmReejmGveMctWX0WYSDeY2T6DCT89tB7Ur",
+	"29wZgCnnVLs9exPwebUZVjvqzhKYWE0RQyoXkW5ls1blNew4eHEKvF/tvoG0j4jKRwbtJ77NXl3RKC9d",
+	"PfieDagL/h+4vdLtQ3VuU5ylH7oTHzbsafsfKiESoPWChAt7Nj4PluvjFBcIx2u8EQiSVHpLG3cnLAe1",
+	"j8B+M/VkbYmyHUR/R5W97Z85UF+2FKW1G6dtpmZPj81UW5lJcgyW3WG3QjNfvqgu9JoTS10nEvLmoxVe",
+	"86JuW43avStSM0Voga1Uc3VqpkrtAR1bt17rvHAB4TJlxMTnOSAchpDqSjeqFB1STux4Xxw6p1hmHK4h",
+	"5L5mmWqAreSJICZKz14geD49yd9UmlsxWUZTHEUQoSkW8PKF4r3rn65Onv/wErGV1fZCfwXNWByzdZH5",
+	"nLLIy2eWRmrnn6VMEeNI/SvQr5/fm0NdptmrQtenX65vdBpva5SmL828sSvvWe2NpbJEdMjX4kyfM1Sf",
+	"Ub9hVznaKBi1L/patLiqZJ2TRM0Ti20nSyzkhgmb6Sb33JV9J7qDi95uDtKcmdMF7CtLc00Z44LWdRvP",
+	"bK3DhYmVeyfw1+Pmm4pstWXjRZbJkCVQLSTSy9Ef0vAbLz7iLE1bMoZbT1fITLz2tjU0SdwQ1BePRLm1",
+	"4SWqndGNiEkcYyrW+mhwH/VWLhJpGNC0gl2gkV5zP7Vgya+P/irRT/k9t2u1QH+pxMSRcrFNHfzVVrCw",
+	"d/01RA7211jNhJ9um0Xk5jpcgPUdrlLyM2yuMpO11c2eTQVJ0e75XydXn96d/AwlWYj1W6bdMrFRySot",
+	"3CyMYcNZrL0jNkN/aKn0R4BClqRYkmkM5riGMY2sm6UGC2bMP/Pg+s3PAukT4BlNWERmBKLJF/pWCwjN",
+	"55aABfrj/ovuuPlldIG+ZGdn52GJ/PUPEKAvroBOjxpNJpMvo4c/JkghAai0/acvXCXNH/n6/5h8oZqe",
+	"pG6XfTUHKt9+vDUOn4L7+O3zVyfF6salnioXo7PJs8mZFhApUJyS0cXofHI2Obe5Yr0bp4Z6TivZ39Zu",
+	"0a6jCYSKqVvOCQjXHS/EcTy+LFKMpvrENIsWEj07OztDhLrKEEFoCEpG2NLfkYbblFe8i0YXuk9ouWJa",
+	"nzMo9aT/3R/YKoaclpvGPwT9hpsW931H5w3g+75g+rY/fK21Kn9+djaoUfmQwkdz7qPpqzcamRfmhDK4",
+	"1nn/epTRGIRArFhsYSr6QcgXV7RNfwiaxHd6n4vRh1ZCrBZJ1IkvKHoxoAURUpFWb3pUQkPrfEfa7eQZ",
+	"IBwLVmqbl78ikLFxJ+jF2Ytalt31bV6wOKrWOVFlyWFRatav3b8mCxja/2Xmjnn/zQT/wUwwdPMKK+Ph",
+	"a4mBrEFSFt5NwvnNDXoKNFd9+J54turFrSZAlVszdkWwrVytIsR4v7/l/octXX3FTMuPvdwQUXW0H6om",
+	"pXKpHxo78WzvH7cb0EQ4hzkRUvsIj5XfbsNO73PL+MHI7RiMOVtFvunrXkZ+BQkvPO3JaAHupZbwtibJ",
+	"OW4EjM/rPJwdicXLPP8E2Qrr2dNtmG6HZOHYj7Dx3LRSdm3637TyVVuU4aKJO+PRPAmfWeepF599n21D",
+	"WCAb4DoIz50WzNBqPfXsZK1tJROOtvMXdn8eK7G+bU0ztltYPxQGlsNIYWAd6/5MIuMr3SRRt/bDXMda",
+	"WnXZm2K9T6jU8ihYT7XmR9NfjocVcS0Ax8Yxb5OEP5kRfYS2CXTyFXBlFGdpJSIwuvj9q6bnpChI9hLs",
+	"J84SkAvIBLJDXTZDk9hx4QDksNr+5jGWQMONcQPmHCfCdJeQpitkylgsgiIBNJ40SO2fIF299Fb6knAn",
+	"T9PY5qk6b6VqXaCaA8GdroNVzGnDWF68qdV3G3wf9YinYAzdBLoXN9gi5N3Fn1726b3pJfvQRakfXRvK",
+	"A0l+s+h2S/ZwDJ430h2mob1HuHR/yRI7uWZ6ilNmjC+FDXWhH87O0XpBlKN9p1ufzku5UyXoXa9T3YM2",
+	"wUvtLZtrCfBcsUWdu67NHl27KrdD2AaN1pu9zIM2YaYnUsKMaN4MH0HHvoBba7wLPLGumoHM4xOgIYsg",
+	"Qsv/u0IpJlygfzNCTXbpS3Z29vxly82DeX+DLRR0eEFSvQuoh0Sp3VdlmmXv200sQi0HIdHi1pcn9hEr",
+	"n/WQuw1NrbGw/S2jPdD7VoWvZZExlARO0hhyo7F+OZki3wgdZ3RJ2ZoG7pYyTE2SaQNuhggxah3EGGYS",
+	"scxjV/4TCnYrtH4n14UsSfCJADVIlm52I5FAx+4GlmdnZ5UrNe1Nnj5GdA1HSCQ6pXvveyG7L978ekDt",
+	"6D105iG0yk4LJaoKJO6D2moR5baQxM8kjstsvk0d2F46ew4ztEKw932xHSS7Of/7xDS9e3caml6q9YuI",
+	"h03fKuar1z0eRs7XPvLQvKD2APvs22EitUi30vTS3e9lggKRoeonUjMOFFMGtGd+P525pj97J5gfGV8e",
+	"llrKfYsOYBb0ssZK90T2MMVMe201GqXATb+j0rVnx7h8qai7JHm87z13h4W2iNj35kRNt01NyR2qNdfy",
+	"am2JefUi8R49SXa4M/1s263pW+9NfwKFrxHbolZs/DAmFET1wruQUcFiyK8e0U3350Dl2NxeZ8bqX0wv",
+	"ThSzeYAS4HNbPUcSqOaLLk3Dd+Oy2k4JfyF91rSC20i1py2qqfUghDr4O+ZmlyFfecrUb6NBQWfw1hmm",
+	"pZjjkSgqC2xNIN+gGawdWoIi5L1gGR/rcCShpnRgMgEa1Um1cfGyvq557dqxWE9CfUz3n1nhWE3wV6Ln",
+	"Um/nR6nbTLYlkaq9fQ6rdqsNhB4TM4I5ByFQymISbvYcOqpsQOpuLNi/taMbED2JuVNpdeS1kD1ofoxw",
+	"b8cnNz1/3BVE+8apbSn0JFh17Yv6IrTsCOwXpa7x5D7wWTqvbAMkdQyrrx0WwbWrRLwIfhJH6kAelOtp",
+	"ciAmsOFVd9vr4eKr7guH3qBy16I2g8J12DnOhO7JXr3JmVEba927Z1Rq+bX/nbzOzVXXcuygEs19ZFfN",
+	"bIofd0VvmSnaUzf5KH9Kzx/6NX0fWpMwLW6jPRA2+L1udzN4TFvkVlDhTpqDo9892VTl1u3uQL7v9XqX",
+	"f518hDt5opelkxKm5kUtFaV4DnsgtdP7or1Uj9q6ikjdxgxmqv0Hs1thOPsuAvdw+fhK56+BFTf5VXWd",
+	"wuQmH/UUjJE3IunjI+dX7ekbzx9d35HPd2rbYZze6/90lnpUWjodkt78vaNaCC9v6YAp0mswsuFwdIjz",
+	"5e9Ggqeu/0m3cCk17ThU2UbzQyWncCeNzyFhq0eEAL1Wz5UQZE6fAB/NDw3Cx7M9AwJRZc1t9I/nShqs",
+	"TQtX8wufgzwyF/BH+xAS94Xp/NCfcr+nWmyHYf9iaptkOpwoqvQ62q2QvGGxV/rkHAnk2uNIyck0Uyro",
+	"2BzpbNZ2mEBeBfX7Z1J/N6Anrkdv6eWzhRCOHqWb2lnyVDO6OL23HZUeTov+etsYpNSer58LFbO5sAfb",
+	"vC7N2eBrVw7rNQ35pL12o/jkbleGHDQD2Gwd2UJ1mhiO3ClNTCMUs7m7jth0fC/2EjH6lxNTgXeyomvY",
+	"zgZYhXd0U7bT+wUWi17W749q/OiAyr+tRalnm8utzfL+0vmdA6Zt2etfPv0/JCSk6Bgr0wBhHi7ICtB0",
+	"4zqm2Gb+trk1s12n1UTJfwhRqN0brAL9STC19OZe99FjLJQgT4TkgJPqdueyakoo5p7mM73Ny5q61rp5",
+	"7+rEOSjbWCE3xZ/KVb7BvU+5lnSuWk6gyF0Ty1/OGFMbsXo+tFT99nk/dd2r6jzYUnJ74RLntqNUe+WD",
+	"3ClC2i9c+X3CqzWOY1yiiHAI9dGh6caUG9jKGBxyJoSORopLhFG+LkQEWuGYRHlnJVOuZSvzEhyZnikt",
+	"iNWD/UvU8OnWZMZSwfov/aPvDrn6ej7/+Bqdn5//H72AC3NpTXHgxF3SiqWuJtNdGDSuW+teILpSo4ZR",
+	"W8/TkjMSS+DjAPUDWn1P33xsbqzZCvgrPWwg5KWOoqWLkGsQ2bJ+Y3PpDjiy8JF8EJUe/6cdFclXfeka",
+	"7VTi9rpRR6K2g0NijiuZYRqS8tAt5/sOdwBFS9a/j6DsalOUVdn3qi0/2Bb+XV1+uOry1fOhaRq7zf+d",
+	"EzVlpHTHfDx89Zd0xVtrG5QWrvi+B+Ni7y0DvUTy86YPppGQt1PbfaPPq9Tfpagc/LfnT4Gg4o6L/ija",
+	"KxTNKw+2pwIj3b7G9JDSOxQge61IboHbjUvhEa3VTMPlbnF1a8c8haiyHd6HdYKyizh8I6hb1+z7QNaV",
+	"W/3TGle1Tu0tuDZIDhBG0xjTpVLUL0pXgz6aBE/vXfPvHhm60kb0zM+ZXh/6hlAs8b6zdW3wnH2XTdpT",
+	"iKjjtk0SoWPGA12yUPV9TWNFpV/Hzjes6txSi/chMaZqb5Nqf9jfvz58ffivAAAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

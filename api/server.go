@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/agentenv/agentenv/api/eventlog"
 	"github.com/agentenv/agentenv/api/metricsring"
 	"github.com/agentenv/agentenv/api/webhooks"
 	"github.com/agentenv/agentenv/api/wire"
@@ -52,6 +53,9 @@ type Options struct {
 	MetricsHistory *metricsring.History
 	// Webhooks holds the lifecycle webhooks; nil answers their routes 404.
 	Webhooks *webhooks.Dispatcher
+	// Events is the node's recent sandbox lifecycle events (subscribed to
+	// the orchestrator by the caller); nil answers /events/sandboxes 404.
+	Events *eventlog.Log
 	// Store keeps the API's own records (template attributes); nil keeps
 	// them in memory.
 	Store *store.Store

@@ -51,9 +51,10 @@ type Dispatcher struct {
 	opts Options
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	hooks   map[string]Webhook
-	pending map[string]Delivery
+	mu       sync.Mutex
+	hooks    map[string]Webhook
+	pending  map[string]Delivery
+	attempts map[string]*attemptRing // by webhook (attempts.go)
 
 	wake   chan struct{}
 	cancel context.CancelFunc
@@ -78,7 +79,7 @@ func New(st *store.Store, opts Options) (*Dispatcher, error) {
 		opts.Logger = slog.Default()
 	}
 	d := &Dispatcher{st: st, opts: opts, log: opts.Logger.With("component", "webhooks"),
-		hooks: map[string]Webhook{}, pending: map[string]Delivery{}, wake: make(chan struct{}, 1)}
+		hooks: map[string]Webhook{}, pending: map[string]Delivery{}, attempts: map[string]*attemptRing{}, wake: make(chan struct{}, 1)}
 	hooks, err := store.ListAll[Webhook](st, store.Webhooks)
 	if err != nil {
 		return nil, fmt.Errorf("load webhooks: %w", err)
@@ -207,8 +208,9 @@ func (d *Dispatcher) attempt(ctx context.Context, dl Delivery) time.Duration {
 		d.finish(dl, "the webhook was deleted or disabled")
 		return 0
 	}
-	err := d.send(ctx, h, dl)
+	status, err := d.send(ctx, h, dl)
 	if err == nil {
+		d.record(dl, dl.Attempts+1, status, nil, Delivered)
 		d.finish(dl, "")
 		return 0
 	}
@@ -218,9 +220,11 @@ func (d *Dispatcher) attempt(ctx context.Context, dl Delivery) time.Duration {
 	dl.Attempts++
 	dl.LastError = err.Error()
 	if dl.Attempts >= d.opts.MaxAttempts {
+		d.record(dl, dl.Attempts, status, err, Dropped)
 		d.finish(dl, err.Error())
 		return 0
 	}
+	d.record(dl, dl.Attempts, status, err, Retrying)
 	wait := min(d.opts.Backoff<<(dl.Attempts-1), d.opts.MaxBackoff)
 	dl.NextAt = time.Now().Add(wait)
 	if perr := d.st.Put(store.WebhookDeliveries, dl.ID, dl); perr != nil {
@@ -248,12 +252,12 @@ func (d *Dispatcher) finish(dl Delivery, why string) {
 	}
 }
 
-// send POSTs the delivery's body with E2B's headers; a non-2xx answer is
-// an error.
-func (d *Dispatcher) send(ctx context.Context, h Webhook, dl Delivery) error {
+// send POSTs the delivery's body with E2B's headers and returns the
+// receiver's status (0 without an answer); a non-2xx answer is an error.
+func (d *Dispatcher) send(ctx context.Context, h Webhook, dl Delivery) (int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.URL, bytes.NewReader(dl.Body))
 	if err != nil {
-		return fmt.Errorf("webhook %s: %w", h.ID, err)
+		return 0, fmt.Errorf("webhook %s: %w", h.ID, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("e2b-webhook-id", h.ID)
@@ -262,14 +266,14 @@ func (d *Dispatcher) send(ctx context.Context, h Webhook, dl Delivery) error {
 	req.Header.Set("e2b-signature", Sign(h.Secret, dl.Body))
 	resp, err := d.opts.Client.Do(req)
 	if err != nil {
-		return fmt.Errorf("webhook %s: %w", h.ID, err)
+		return 0, fmt.Errorf("webhook %s: %w", h.ID, err)
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return fmt.Errorf("webhook %s: receiver answered %s", h.ID, resp.Status)
+		return resp.StatusCode, fmt.Errorf("webhook %s: receiver answered %s", h.ID, resp.Status)
 	}
-	return nil
+	return resp.StatusCode, nil
 }
 
 // Pending is how many deliveries wait to be sent.

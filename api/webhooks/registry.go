@@ -106,5 +106,6 @@ func (d *Dispatcher) Delete(id string) error {
 		return fmt.Errorf("delete webhook %s: %w", id, err)
 	}
 	delete(d.hooks, id)
+	delete(d.attempts, id)
 	return nil
 }

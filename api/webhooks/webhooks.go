@@ -122,13 +122,19 @@ const TeamID = "aenvd"
 func newPayload(ev sandbox.Event) payload {
 	p := payload{Version: "v2", ID: newID(), Type: ev.Type, SandboxID: ev.SandboxID, SandboxTeamID: TeamID,
 		SandboxTemplateID: ev.TemplateID, SandboxBuildID: ev.TemplateID,
-		SandboxExecutionID: ev.SandboxID + "-" + ev.StartedAt.UTC().Format("20060102T150405Z"),
+		SandboxExecutionID: ExecutionID(ev),
 		Timestamp:          ev.Time.UTC(), EventData: eventData{SandboxMetadata: ev.Metadata}}
 	if ev.Type == sandbox.EventKilled || ev.Type == sandbox.EventPaused {
 		p.EventData.Execution = &execution{StartedAt: ev.StartedAt.UTC(), VCPUCount: ev.VCPUs, MemoryMB: ev.MemoryMiB,
 			ExecutionTime: max(0, ev.Time.Sub(ev.StartedAt).Milliseconds())}
 	}
 	return p
+}
+
+// ExecutionID names the run of the sandbox an event is of (E2B's
+// sandboxExecutionId): its id and the time the run started.
+func ExecutionID(ev sandbox.Event) string {
+	return ev.SandboxID + "-" + ev.StartedAt.UTC().Format("20060102T150405Z")
 }
 
 // newID is a random 128-bit id in hex.

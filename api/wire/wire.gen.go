@@ -193,6 +193,27 @@ func (e TemplateBuildInfoStatus) Valid() bool {
 	}
 }
 
+// Defines values for WebhookDeliveryOutcome.
+const (
+	Delivered WebhookDeliveryOutcome = "delivered"
+	Dropped   WebhookDeliveryOutcome = "dropped"
+	Retrying  WebhookDeliveryOutcome = "retrying"
+)
+
+// Valid indicates whether the value is a known member of the WebhookDeliveryOutcome enum.
+func (e WebhookDeliveryOutcome) Valid() bool {
+	switch e {
+	case Delivered:
+		return true
+	case Dropped:
+		return true
+	case Retrying:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for GetTemplateBuildStatusParamsLevel.
 const (
 	GetTemplateBuildStatusParamsLevelDebug GetTemplateBuildStatusParamsLevel = "debug"
@@ -533,6 +554,37 @@ type SandboxDriveInfo struct {
 	SizeMiB *int32 `json:"sizeMiB,omitempty"`
 }
 
+// SandboxEvent a sandbox lifecycle event, in the format of E2B's webhook payloads
+type SandboxEvent struct {
+	EventData          *SandboxEventData `json:"eventData,omitempty"`
+	Id                 string            `json:"id"`
+	SandboxBuildId     string            `json:"sandboxBuildId"`
+	SandboxExecutionId string            `json:"sandboxExecutionId"`
+	SandboxId          string            `json:"sandboxId"`
+	SandboxTeamId      string            `json:"sandboxTeamId"`
+	SandboxTemplateId  string            `json:"sandboxTemplateId"`
+	Timestamp          time.Time         `json:"timestamp"`
+
+	// Type sandbox.lifecycle.created, .paused, .resumed, .forked or .killed
+	Type    string `json:"type"`
+	Version string `json:"version"`
+}
+
+// SandboxEventData defines model for SandboxEventData.
+type SandboxEventData struct {
+	Execution       *SandboxEventExecution `json:"execution,omitempty"`
+	SandboxMetadata *map[string]string     `json:"sandbox_metadata,omitempty"`
+}
+
+// SandboxEventExecution defines model for SandboxEventExecution.
+type SandboxEventExecution struct {
+	// ExecutionTime milliseconds
+	ExecutionTime int64     `json:"execution_time"`
+	MemoryMb      int32     `json:"memory_mb"`
+	StartedAt     time.Time `json:"started_at"`
+	VcpuCount     int32     `json:"vcpu_count"`
+}
+
 // SandboxFork defines model for SandboxFork.
 type SandboxFork struct {
 	Count int32 `json:"count"`
@@ -816,6 +868,33 @@ type WebhookCreate struct {
 	Url string `json:"url"`
 }
 
+// WebhookDelivery aenvd extension: one attempt to deliver an event to a webhook
+type WebhookDelivery struct {
+	// Attempt 1 for the first try
+	Attempt int32 `json:"attempt"`
+
+	// DeliveryID the delivery (the same on each retry of one event)
+	DeliveryID string `json:"deliveryID"`
+
+	// Error why the attempt failed
+	Error *string `json:"error,omitempty"`
+
+	// Event the event type
+	Event     string                 `json:"event"`
+	Outcome   WebhookDeliveryOutcome `json:"outcome"`
+	SandboxID string                 `json:"sandboxID"`
+
+	// StatusCode the receiver's HTTP status; absent when it did not answer
+	StatusCode *int32 `json:"statusCode,omitempty"`
+
+	// Timestamp when the attempt ended
+	Timestamp time.Time `json:"timestamp"`
+	WebhookID string    `json:"webhookID"`
+}
+
+// WebhookDeliveryOutcome defines model for WebhookDelivery.Outcome.
+type WebhookDeliveryOutcome string
+
 // WebhookUpdate defines model for WebhookUpdate.
 type WebhookUpdate struct {
 	Enabled         *bool     `json:"enabled,omitempty"`
@@ -825,8 +904,46 @@ type WebhookUpdate struct {
 	Url             *string   `json:"url,omitempty"`
 }
 
+// EventLimit defines model for eventLimit.
+type EventLimit = int32
+
+// EventOffset defines model for eventOffset.
+type EventOffset = int32
+
+// EventOrderAsc defines model for eventOrderAsc.
+type EventOrderAsc = bool
+
+// EventTypes defines model for eventTypes.
+type EventTypes = []string
+
 // SandboxID defines model for sandboxID.
 type SandboxID = string
+
+// ListSandboxEventsParams defines parameters for ListSandboxEvents.
+type ListSandboxEventsParams struct {
+	// Offset events to skip
+	Offset *EventOffset `form:"offset,omitempty" json:"offset,omitempty"`
+	Limit  *EventLimit  `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// OrderAsc oldest first
+	OrderAsc *EventOrderAsc `form:"orderAsc,omitempty" json:"orderAsc,omitempty"`
+
+	// Types only events of these types (the parameter may repeat)
+	Types *EventTypes `form:"types,omitempty" json:"types,omitempty"`
+}
+
+// ListEventsOfSandboxParams defines parameters for ListEventsOfSandbox.
+type ListEventsOfSandboxParams struct {
+	// Offset events to skip
+	Offset *EventOffset `form:"offset,omitempty" json:"offset,omitempty"`
+	Limit  *EventLimit  `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// OrderAsc oldest first
+	OrderAsc *EventOrderAsc `form:"orderAsc,omitempty" json:"orderAsc,omitempty"`
+
+	// Types only events of these types (the parameter may repeat)
+	Types *EventTypes `form:"types,omitempty" json:"types,omitempty"`
+}
 
 // ListSandboxesParams defines parameters for ListSandboxes.
 type ListSandboxesParams struct {

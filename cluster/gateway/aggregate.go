@@ -200,11 +200,11 @@ func (g *Gateway) firstFound(w http.ResponseWriter, r *http.Request) {
 	g.forward(w, r, u, "", false)
 }
 
-// objectPath is the GET path naming the template or snapshot a call is
-// about ("" for a template create).
+// objectPath is the GET path naming the template, snapshot or webhook a
+// call is about ("" for a template create).
 func objectPath(p string) string {
 	rest := strings.TrimPrefix(p, "/v2")
-	for _, kind := range []string{"/templates/", "/snapshots/"} {
+	for _, kind := range []string{"/templates/", "/snapshots/", "/events/webhooks/"} {
 		if id, ok := strings.CutPrefix(rest, kind); ok {
 			id, _, _ = strings.Cut(id, "/")
 			if id != "" {

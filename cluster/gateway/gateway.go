@@ -138,6 +138,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.firstFound(w, r)
 	case p == "/v3/templates":
 		g.firstFound(w, r)
+	case isEvents(p):
+		g.sandboxEvents(w, r)
+	case p == "/events/webhooks" || strings.HasPrefix(p, "/events/webhooks/"):
+		g.webhooks(w, r)
 	case p == "/volumes" && r.Method == http.MethodPost:
 		g.volumeCreate(w, r)
 	case p == "/volumes":

@@ -52,6 +52,10 @@ type fakeNode struct {
 	// resumeDelay is how long a connect that brings a sandbox from repo
 	// takes (a real one fetches its state)
 	resumeDelay time.Duration
+	// events are the node's lifecycle events, oldest first; hooks the ids
+	// of its webhooks (events_test.go)
+	events []fakeEvent
+	hooks  []string
 }
 
 func newFakeNode(t *testing.T, name string) *fakeNode {
@@ -71,6 +75,8 @@ func (f *fakeNode) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
+	case strings.HasPrefix(r.URL.Path, "/events/"):
+		f.eventRoutes(w, r)
 	case r.Method == "GET" && strings.HasPrefix(r.URL.Path, "/sandboxes/") && !f.holds(sandboxOfPath(r.URL.Path)):
 		writeError(w, http.StatusNotFound, "sandbox not found")
 	case r.Method == "POST" && r.URL.Path == "/sandboxes":

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/api"
+	"github.com/agentenv/agentenv/api/eventlog"
 	"github.com/agentenv/agentenv/api/metricsring"
 	"github.com/agentenv/agentenv/api/webhooks"
 	"github.com/agentenv/agentenv/config"
@@ -54,6 +55,8 @@ func serve(ctx context.Context, cfg config.Config, n node, log *slog.Logger) err
 	hooks.Start(ctx)
 	defer hooks.Close()
 	defer n.orch.Subscribe(hooks.OnEvent)()
+	events := eventlog.New(eventlog.Limits{}) // the recent lifecycle events, for /events/sandboxes
+	defer n.orch.Subscribe(events.OnEvent)()
 	hostname, _ := os.Hostname()
 	if cfg.Cluster.NodeName != "" {
 		hostname = cfg.Cluster.NodeName // one name in /nodes and in the cluster
@@ -63,7 +66,7 @@ func serve(ctx context.Context, cfg config.Config, n node, log *slog.Logger) err
 		Node: api.NodeInfo{ID: hostname, Version: version.Version(), Commit: version.Get().Commit, Date: version.Get().Date,
 			VMMDriver: n.backend.driver.Name(), VMMAccel: n.backend.accel, VMMReasons: n.backend.why},
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
-		Metrics: promhttp.HandlerFor(n.registry, promhttp.HandlerOpts{}), MetricsHistory: history, Webhooks: hooks,
+		Metrics: promhttp.HandlerFor(n.registry, promhttp.HandlerOpts{}), MetricsHistory: history, Webhooks: hooks, Events: events,
 		Repository: n.repo.status(),
 	})
 	handler = dashboard.Mount(handler, px.Match) // the web dashboard at /dashboard/, same origin as the API

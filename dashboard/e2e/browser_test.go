@@ -52,9 +52,11 @@ func prereqs(t *testing.T) (web, sdk string) {
 	return web, sdk
 }
 
-// TestDashboardInBrowser signs in, creates a sandbox, uses its terminal
-// and file browser, pauses and resumes it, follows a template build's log
-// and visits every page, all from the browser.
+// TestDashboardInBrowser signs in, adds a webhook (to a real receiver the
+// scenario runs), creates a sandbox, uses its terminal and file browser,
+// pauses and resumes it and reads its state history, sees the overview's
+// recent events and the webhook's deliveries, follows a template build's
+// log and visits every page, all from the browser.
 func TestDashboardInBrowser(t *testing.T) {
 	web, sdk := prereqs(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
@@ -89,7 +91,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	if !strings.Contains(out.String(), "dashboard scenario passed") {
 		t.Fatal("the browser scenario did not run to its end")
 	}
-	for _, name := range []string{"signin-bad-key", "overview", "sandboxes", "sandbox", "templates", "nodes"} {
+	for _, name := range []string{"signin-bad-key", "overview", "sandboxes", "sandbox", "sandbox-history", "templates", "nodes", "webhooks-deliveries"} {
 		if st, err := os.Stat(filepath.Join(shots, name+".png")); err != nil || st.Size() == 0 {
 			t.Errorf("screenshot %s: %v", name, err)
 		}

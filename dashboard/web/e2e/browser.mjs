@@ -5,6 +5,7 @@
 // Prints "ok <step>" per step and "dashboard scenario passed" at the end;
 // exits non-zero on the first failure. Screenshots go to AENV_SHOTS.
 import assert from 'node:assert/strict';
+import http from 'node:http';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import { chromium } from 'playwright-core';
@@ -72,9 +73,34 @@ await step('sign in', async () => {
   await shot('overview-before');
 });
 
+// A real webhook receiver on loopback: answers 200 and keeps what came.
+const received = [];
+const receiver = http.createServer((req, res) => {
+  let body = '';
+  req.on('data', (c) => { body += c; });
+  req.on('end', () => {
+    try { received.push({ headers: req.headers, body: JSON.parse(body) }); } catch { received.push({ headers: req.headers, body }); }
+    res.writeHead(200).end('ok');
+  });
+});
+await new Promise((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+const hookURL = `http://127.0.0.1:${receiver.address().port}/hook`;
+
+await step('add a webhook from the page', async () => {
+  await go('#/webhooks');
+  await page.getByLabel('URL', { exact: true }).fill(hookURL);
+  await page.getByLabel('Name', { exact: true }).fill('dash-receiver');
+  await page.getByLabel('Events (comma-separated)').fill('sandbox.lifecycle.created, sandbox.lifecycle.paused, sandbox.lifecycle.resumed');
+  await page.getByRole('button', { name: 'Add webhook' }).click();
+  await page.getByText('Webhook added').waitFor();
+  await page.locator('main table', { hasText: hookURL }).waitFor();
+  await page.getByText('Deliveries of dash-receiver: none yet').waitFor();
+});
+
 let createsBefore = 0;
 let sumBefore = 0;
 await step('overview counts', async () => {
+  await go('#/overview');
   await page.waitForFunction(() => Number(document.querySelector('.chart')?.dataset.points ?? 0) >= 1);
   createsBefore = Number(await page.locator('#count-creates').textContent());
   sumBefore = JSON.parse(await page.locator('.chart').getAttribute('data-sums'))[2];
@@ -107,6 +133,9 @@ await step('the overview chart updates after the create', async () => {
   await page.waitForFunction((c) => Number(document.getElementById('count-creates')?.textContent) > c, createsBefore);
   await page.waitForFunction((s) => JSON.parse(document.querySelector('.chart')?.dataset.sums ?? '[0,0,0]')[2] > s, sumBefore);
   assert.ok(Number(await page.locator('#count-running').textContent()) >= 1);
+  // The recent events name the sandbox created, and link to its page.
+  await page.locator('#recent-events li[data-event=created]', { hasText: id }).first().waitFor();
+  assert.equal(await page.locator(`#recent-events a[href="#/sandbox/${id}"]`).count() >= 1, true);
   await page.waitForTimeout(3500); // one more sample: the chart draws a line
   await shot('overview');
 });
@@ -156,9 +185,31 @@ await step('pause and resume from the page', async () => {
   await page.getByRole('button', { name: 'Open terminal' }).waitFor();
   const sbx = await Sandbox.connect(id, { apiKey: key, apiUrl: base, sandboxUrl: base });
   assert.equal(await sbx.files.read('/home/user/dash-upload.txt'), content);
+  // The state history is the node's lifecycle events of the sandbox.
+  await page.locator('#state-path', { hasText: 'running → paused → running' }).waitFor();
+  assert.equal(await page.locator('#state-path').textContent(), 'States: running → paused → running');
   const hist = await page.locator('ol[aria-label="State history"]').textContent();
-  assert.match(hist, /running → paused/);
-  assert.match(hist, /paused → running/);
+  assert.match(hist, /created: running/);
+  assert.match(hist, /paused: running → paused/);
+  assert.match(hist, /resumed: paused → running/);
+  await shot('sandbox-history');
+});
+
+await step('the webhook\'s deliveries are listed', async () => {
+  // The receiver got the sandbox's events, signed by the node.
+  const types = () => received.filter((r) => r.body?.sandboxId === id).map((r) => r.body.type);
+  for (let i = 0; i < 300 && !types().includes('sandbox.lifecycle.resumed'); i++) await new Promise((r) => setTimeout(r, 200));
+  assert.deepEqual(types(), ['sandbox.lifecycle.created', 'sandbox.lifecycle.paused', 'sandbox.lifecycle.resumed']);
+  assert.ok(received.every((r) => r.headers['e2b-signature']), 'a delivery is not signed');
+  await go('#/webhooks');
+  const rows = page.locator('section.deliveries tbody tr', { hasText: id });
+  await rows.filter({ hasText: 'resumed' }).first().waitFor();
+  for (const ev of ['created', 'paused', 'resumed']) {
+    const row = rows.filter({ has: page.locator('td', { hasText: new RegExp(`^${ev}$`) }) }).first();
+    assert.match(await row.textContent(), /HTTP 200/);
+    assert.match(await row.textContent(), /delivered/);
+  }
+  await shot('webhooks-deliveries');
 });
 
 for (const [hash, h1] of [['#/snapshots', 'Snapshots'], ['#/volumes', 'Volumes'], ['#/nodes', 'Nodes'], ['#/webhooks', 'Webhooks']]) {
@@ -221,4 +272,5 @@ await step('no CSP violation or page error', async () => {
 });
 
 await browser.close();
+receiver.close();
 console.log('dashboard scenario passed');

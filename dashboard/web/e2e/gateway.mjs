@@ -1,5 +1,6 @@
 // The sandboxes page through a cluster's gateway lists the sandboxes of
-// every node. Run by cluster/e2e: AENV_URL (the gateway), AENV_API_KEY,
+// every node; the overview's recent events, a sandbox's state history and
+// the webhooks page are answered from every node. Run by cluster/e2e: AENV_URL (the gateway), AENV_API_KEY,
 // AENV_IDS (comma-separated ids that must be listed), AENV_SHOTS.
 import assert from 'node:assert/strict';
 import path from 'node:path';
@@ -18,6 +19,15 @@ await page.goto(`${process.env.AENV_URL}/dashboard/#/sandboxes`);
 await page.locator('main table caption').waitFor();
 const listed = await page.locator('main tbody a[href^="#/sandbox/"]').allTextContents();
 for (const id of ids) assert.ok(listed.includes(id), `${id} is not listed: ${listed.join(' ')}`);
+// Events merged from every node: the feed, and a sandbox's state history.
+await page.evaluate(() => { location.hash = '#/overview'; });
+await page.locator('#recent-events li[data-event]').first().waitFor();
+await page.evaluate((id) => { location.hash = `#/sandbox/${id}`; }, ids[0]);
+await page.locator('ol[aria-label="State history"] li[data-event=created]').waitFor();
+// Webhooks: every node's listed; the page loads without an error.
+await page.evaluate(() => { location.hash = '#/webhooks'; });
+await page.locator('main table caption', { hasText: 'webhooks' }).waitFor();
+assert.equal(await page.locator('main .status.error').count(), 0);
 await page.evaluate(() => { location.hash = '#/nodes'; });
 await page.locator('main table caption', { hasText: 'nodes' }).waitFor();
 const nodes = await page.locator('main tbody tr').count();

@@ -116,6 +116,17 @@ export interface NodeInfo {
   createSuccesses: number; createFailures: number;
 }
 export interface Webhook { id: string; name: string; createdAt: string; enabled: boolean; url: string; events: string[] }
+/** SandboxEvent is a lifecycle event of GET /events/sandboxes[/{id}] (E2B's format). */
+export interface SandboxEvent { id: string; type: string; sandboxId: string; sandboxTemplateId: string; timestamp: string; eventData?: { sandbox_metadata?: Record<string, string> } }
+export interface WebhookDelivery {
+  deliveryID: string; webhookID: string; event: string; sandboxID: string; timestamp: string; attempt: number;
+  statusCode?: number; error?: string; outcome: 'delivered' | 'retrying' | 'dropped';
+}
+
+/** eventName is a lifecycle event's type without its prefix ("paused"). */
+export function eventName(type: string): string {
+  return type.replace(/^sandbox\.lifecycle\./, '');
+}
 
 /** listSandboxes gathers every page of GET /v2/sandboxes (running and paused unless state says). */
 export async function listSandboxes(state = 'running,paused', metadata = '', signal?: AbortSignal): Promise<ListedSandbox[]> {

@@ -1,10 +1,10 @@
 // Overview: running and paused counts and the create rate over time, node
-// capacity, recent events. The API has no history of counts and no event
-// feed (GET /events/sandboxes is not served), so both are gathered by this
-// page while the dashboard is open: counts from GET /nodes every few
-// seconds (creates as the change of the nodes' createSuccesses counters),
-// events from the changes between two sandbox lists.
-import { call, explain, listSandboxes, ListedSandbox, NodeInfo } from '../api';
+// capacity, recent events. The API has no history of counts, so the chart
+// is gathered by this page while the dashboard is open: counts from GET
+// /nodes every few seconds (creates as the change of the nodes'
+// createSuccesses counters). The recent events are the node's (or, through
+// the gateway, every node's) lifecycle events: GET /events/sandboxes.
+import { ApiError, call, eventName, explain, listSandboxes, NodeInfo, SandboxEvent } from '../api';
 import { clear, el, say, status, table, time } from '../dom';
 import { Chart } from '../chart';
 import { poll } from '../poll';
@@ -12,22 +12,34 @@ import { poll } from '../poll';
 interface Sample { t: number; running: number; paused: number; creates: number }
 const samples: Sample[] = [];
 let lastCreates = -1;
-export const events: { t: Date; text: string }[] = [];
-let known: Map<string, string> | null = null;
 
-/** observe records the changes between the last sandbox list seen and this one. */
-export function observe(list: ListedSandbox[]): void {
-  const now = new Map(list.map((s) => [s.sandboxID, s.state]));
-  if (known) {
-    for (const [id, st] of now) {
-      const was = known.get(id);
-      if (!was) events.unshift({ t: new Date(), text: `sandbox ${id} appeared (${st})` });
-      else if (was !== st) events.unshift({ t: new Date(), text: `sandbox ${id} ${was} → ${st}` });
-    }
-    for (const id of known.keys()) if (!now.has(id)) events.unshift({ t: new Date(), text: `sandbox ${id} is gone` });
-    events.splice(50);
+/** eventItem is one event as a list item: its time, what happened, and a link to the sandbox (all text). */
+export function eventItem(e: SandboxEvent): HTMLElement {
+  return el('li', { 'data-event': eventName(e.type) },
+    el('time', { datetime: e.timestamp, text: time(e.timestamp) }), ' ',
+    el('a', { href: `#/sandbox/${encodeURIComponent(e.sandboxId)}` }, 'sandbox ', el('code', { text: e.sandboxId })),
+    ` ${eventName(e.type)}`);
+}
+
+/** recentEvents fills list with the newest lifecycle events (or says why there are none). */
+async function recentEvents(list: HTMLElement, signal: AbortSignal): Promise<void> {
+  let evs: SandboxEvent[];
+  try {
+    evs = await call<SandboxEvent[]>('/events/sandboxes', { query: { limit: 20 }, signal });
+  } catch (e) {
+    if (!(e instanceof ApiError) || e.status !== 404) throw e;
+    delete list.dataset.sig;
+    clear(list);
+    list.appendChild(el('li', { text: `No event feed: ${explain(e)}` }));
+    return;
   }
-  known = now;
+  // Unchanged, the list is left alone (keyboard focus on a link stays).
+  const sig = evs.map((e) => e.id).join(',') || 'none';
+  if (list.dataset.sig === sig) return;
+  list.dataset.sig = sig;
+  clear(list);
+  for (const e of evs) list.appendChild(eventItem(e));
+  if (!evs.length) list.appendChild(el('li', { text: 'none since the node started' }));
 }
 
 export function overview(root: HTMLElement, _arg: string, signal: AbortSignal): void {
@@ -37,18 +49,17 @@ export function overview(root: HTMLElement, _arg: string, signal: AbortSignal): 
   const capacity = el('section', { 'aria-labelledby': 'cap-h' }, el('h2', { id: 'cap-h', text: 'Node capacity' }));
   const capBody = el('div');
   capacity.appendChild(capBody);
-  const evList = el('ol', { class: 'events' });
+  const evList = el('ol', { class: 'events', id: 'recent-events', 'aria-labelledby': 'ev-h' });
   root.append(
     el('h1', { text: 'Overview' }), msg, counts, chart.node,
     capacity,
     el('section', { 'aria-labelledby': 'ev-h' },
       el('h2', { id: 'ev-h', text: 'Recent events' }),
-      el('p', { class: 'note', text: 'The API has no event feed: these are the changes this page saw in the sandbox list since the dashboard was opened.' }),
+      el('p', { class: 'note', text: 'The newest lifecycle events, newest first (kept in memory by each node since it started).' }),
       evList),
   );
   poll(signal, 3000, async () => {
-    const [nodeList, list] = await Promise.all([call<NodeInfo[]>('/nodes'), listSandboxes()]);
-    observe(list);
+    const [nodeList, list] = await Promise.all([call<NodeInfo[]>('/nodes'), listSandboxes(), recentEvents(evList, signal)]);
     const running = list.filter((s) => s.state === 'running').length;
     const paused = list.length - running;
     const creates = nodeList.reduce((n, x) => n + (x.createSuccesses ?? 0), 0);
@@ -65,9 +76,6 @@ export function overview(root: HTMLElement, _arg: string, signal: AbortSignal): 
       nodeList.map((n) => [n.nodeID, n.status, `${n.allocatedCPU} / ${n.cpuCount}`, `${n.allocatedMemoryMB} / ${n.memoryTotalMB} MB`,
         `${n.memoryUsedMB} / ${n.memoryTotalMB} MB`, `${n.diskUsedMB} / ${n.diskTotalMB} MB`, `${n.sandboxes.running} running, ${n.sandboxes.paused} paused`]),
       'Capacity of each node'));
-    clear(evList);
-    for (const e of events.slice(0, 20)) evList.appendChild(el('li', {}, el('time', { text: e.t.toLocaleTimeString() }), ' ', e.text));
-    if (!events.length) evList.appendChild(el('li', { text: 'none yet' }));
     say(msg, `Updated ${time(new Date().toISOString())}`);
   }, (e) => say(msg, explain(e), true));
 }

@@ -1,5 +1,5 @@
 // Snapshots, volumes, nodes and webhooks: lists with their actions.
-import { call, explain, NodeInfo, Snapshot, Volume, Webhook } from '../api';
+import { ApiError, call, eventName, explain, NodeInfo, Snapshot, Volume, Webhook, WebhookDelivery } from '../api';
 import { button, clear, el, field, say, status, table, time } from '../dom';
 import { poll } from '../poll';
 
@@ -88,6 +88,26 @@ export function nodes(root: HTMLElement, _a: string, signal: AbortSignal): void 
   });
 }
 
+/** deliveries is a webhook's recent delivery attempts as a table (or why they cannot be shown). */
+async function deliveries(w: Webhook, signal: AbortSignal): Promise<HTMLElement> {
+  const label = w.name || w.id;
+  const box = el('section', { class: 'deliveries', 'data-webhook': w.id, 'aria-label': `Deliveries of webhook ${label}` });
+  let list: WebhookDelivery[];
+  try {
+    list = await call<WebhookDelivery[]>(`/events/webhooks/${encodeURIComponent(w.id)}/deliveries`, { signal });
+  } catch (e) {
+    if (!(e instanceof ApiError) || e.status === 401 || e.status === 0) throw e;
+    box.appendChild(el('p', { class: 'note', text: `Deliveries of ${label} cannot be shown: ${explain(e)}` }));
+    return box;
+  }
+  box.appendChild(table(['Time', 'Event', 'Sandbox', 'Attempt', 'Result', 'Outcome'],
+    list.map((d) => [el('time', { datetime: d.timestamp, text: time(d.timestamp) }), eventName(d.event), el('code', { text: d.sandboxID }),
+      String(d.attempt), d.statusCode ? `HTTP ${d.statusCode}${d.error ? ` (${d.error})` : ''}` : (d.error ?? ''),
+      el('span', { class: `outcome ${d.outcome}`, text: d.outcome })]),
+    list.length ? `Deliveries of ${label}: the last ${list.length} attempts, newest first` : `Deliveries of ${label}: none yet`));
+  return box;
+}
+
 export function webhooks(root: HTMLElement, _a: string, signal: AbortSignal): void {
   const url = el('input', { type: 'url', name: 'webhookURL', required: true, placeholder: 'https://…' });
   const name = el('input', { type: 'text', name: 'webhookName' });
@@ -96,14 +116,16 @@ export function webhooks(root: HTMLElement, _a: string, signal: AbortSignal): vo
     el('button', { type: 'submit' }, 'Add webhook'));
   const refresh = listPage(root, 'Webhooks', signal, async (msg, refresh) => {
     const list = await call<Webhook[]>('/events/webhooks', { signal });
-    return table(['Webhook', 'Name', 'URL', 'Events', 'Enabled', 'Created', ''],
+    const hooks = table(['Webhook', 'Name', 'URL', 'Events', 'Enabled', 'Created', ''],
       list.map((w) => [el('code', { text: w.id }), w.name, w.url, w.events.join(', '), w.enabled ? 'yes' : 'no', time(w.createdAt),
         el('div', { class: 'actions' },
           act(msg, w.enabled ? 'Disable' : 'Enable', `${w.enabled ? 'Disable' : 'Enable'} webhook ${w.name || w.id}`,
             () => call(`/events/webhooks/${encodeURIComponent(w.id)}`, { method: 'PATCH', body: { enabled: !w.enabled } }), refresh),
           act(msg, 'Delete', `Delete webhook ${w.name || w.id}`, () => call(`/events/webhooks/${encodeURIComponent(w.id)}`, { method: 'DELETE' }), refresh))]),
       `${list.length} webhooks`);
-  }, [el('p', { class: 'note', text: 'Deliveries are not listed: the API has no call for a webhook\'s deliveries (they are retried by the node and logged).' })]);
+    return el('div', {}, hooks, ...(await Promise.all(list.map((w) => deliveries(w, signal)))));
+  }, [el('p', { class: 'note', text: 'Each webhook\'s last 50 delivery attempts are listed below it (kept in memory by the node holding the webhook). ' +
+    'Through a cluster gateway, every node\'s webhooks are listed; a webhook is added with a node\'s own API, since each node sends the events of the sandboxes it runs.' })]);
   form.addEventListener('submit', async (e) => {
     e.preventDefault();
     const msg = root.querySelector('.status') as HTMLElement;

@@ -1,20 +1,36 @@
-// One sandbox: its details and state history, a metrics chart from the
-// node's metrics history, its logs followed live, a terminal over the
-// agent's PTY and a file browser. The API keeps no state history of a
-// sandbox: the history shown is what this page saw and did.
-import { call, explain, Logs, Metric, SandboxDetail } from '../api';
+// One sandbox: its details and state history (its lifecycle events, GET
+// /events/sandboxes/{id}), a metrics chart from the node's metrics
+// history, its logs followed live, a terminal over the agent's PTY and a
+// file browser.
+import { ApiError, call, eventName, explain, Logs, Metric, SandboxDetail, SandboxEvent } from '../api';
 import { button, clear, el, say, status, time } from '../dom';
 import { Chart } from '../chart';
 import { poll } from '../poll';
 import { Envd } from '../envd';
 import { fileBrowser } from './files';
 
-const history = new Map<string, { t: Date; text: string }[]>();
+// The state each lifecycle event leaves a sandbox in.
+const stateAfter: Record<string, string> = { created: 'running', resumed: 'running', paused: 'paused', killed: 'killed', forked: '' };
 
-function note(id: string, text: string): void {
-  const h = history.get(id) ?? [];
-  h.unshift({ t: new Date(), text });
-  history.set(id, h.slice(0, 50));
+/** renderHistory shows a sandbox's events oldest first: each with the state change it made, and the path of states. */
+function renderHistory(hist: HTMLElement, path: HTMLElement, evs: SandboxEvent[]): void {
+  const sig = evs.map((e) => e.id).join(',');
+  if (hist.dataset.sig === sig) return; // unchanged: left alone
+  hist.dataset.sig = sig;
+  clear(hist);
+  const states: string[] = [];
+  for (const e of evs) {
+    const name = eventName(e.type);
+    const to = stateAfter[name] ?? '';
+    const from = states[states.length - 1];
+    let what = name;
+    if (to && from && from !== to) what = `${name}: ${from} → ${to}`;
+    else if (to) what = `${name}: ${to}`;
+    if (to && to !== from) states.push(to);
+    hist.appendChild(el('li', { 'data-event': name }, el('time', { datetime: e.timestamp, text: time(e.timestamp) }), ' ', what));
+  }
+  if (!evs.length) hist.appendChild(el('li', { text: 'No events since the node started.' }));
+  path.textContent = states.length ? `States: ${states.join(' → ')}` : '';
 }
 
 export async function sandboxPage(root: HTMLElement, id: string, signal: AbortSignal): Promise<void> {
@@ -22,6 +38,7 @@ export async function sandboxPage(root: HTMLElement, id: string, signal: AbortSi
   const msg = status();
   const details = el('dl', { class: 'details' });
   const hist = el('ol', { class: 'events', 'aria-label': 'State history' });
+  const statePath = el('p', { class: 'state-path', id: 'state-path' });
   const actions = el('div', { class: 'actions' });
   const chart = new Chart('CPU use (%) and memory used (MiB)', ['cpu %', 'mem MiB'], ['#c33', '#36c']);
   const logs = el('pre', { class: 'logs', tabindex: '0', 'aria-label': 'Sandbox logs' });
@@ -31,7 +48,8 @@ export async function sandboxPage(root: HTMLElement, id: string, signal: AbortSi
     el('h1', {}, 'Sandbox ', el('code', { text: id })), msg, actions,
     el('section', { 'aria-labelledby': 'd-h' }, el('h2', { id: 'd-h', text: 'Details' }), details),
     el('section', { 'aria-labelledby': 'h-h' }, el('h2', { id: 'h-h', text: 'State history' }),
-      el('p', { class: 'note', text: 'Seen by this page (the API keeps no state history).' }), hist),
+      el('p', { class: 'note', text: 'The sandbox\'s lifecycle events, oldest first (the last 100, kept in memory by the node since it started).' }),
+      statePath, hist),
     el('section', { 'aria-labelledby': 'm-h' }, el('h2', { id: 'm-h', text: 'Metrics' }), chart.node),
     el('section', { 'aria-labelledby': 't-h' }, el('h2', { id: 't-h', text: 'Terminal' }), termBox),
     el('section', { 'aria-labelledby': 'f-h' }, el('h2', { id: 'f-h', text: 'Files' }), filesBox),
@@ -43,7 +61,6 @@ export async function sandboxPage(root: HTMLElement, id: string, signal: AbortSi
     say(msg, `${label}…`);
     try {
       await f();
-      note(id, `${label.toLowerCase()} asked from this page`);
       say(msg, `${label}: done`);
       if (!signal.aborted && location.hash.startsWith('#/sandbox/')) await load();
     } catch (e) {
@@ -53,7 +70,6 @@ export async function sandboxPage(root: HTMLElement, id: string, signal: AbortSi
   const load = async () => {
     sb = await call<SandboxDetail>(path, { signal });
     if (sb.state !== lastState) {
-      note(id, lastState ? `${lastState} → ${sb.state}` : `seen ${sb.state}`);
       lastState = sb.state;
       clear(actions);
       actions.append(sb.state === 'running'
@@ -68,8 +84,15 @@ export async function sandboxPage(root: HTMLElement, id: string, signal: AbortSi
       ['On timeout', sb.lifecycle?.onTimeout ?? ''], ['Agent version', sb.envdVersion],
       ['Metadata', Object.entries(sb.metadata ?? {}).map(([k, v]) => `${k}=${v}`).join(', ')]];
     for (const [k, v] of rows) details.append(el('dt', { text: k }), el('dd', { text: v, 'data-field': k.toLowerCase() }));
-    clear(hist);
-    for (const h of history.get(id) ?? []) hist.appendChild(el('li', {}, el('time', { text: h.t.toLocaleTimeString() }), ' ', h.text));
+    try {
+      const newest = await call<SandboxEvent[]>(`/events/sandboxes/${encodeURIComponent(id)}`, { query: { limit: 100 }, signal });
+      renderHistory(hist, statePath, newest.reverse());
+    } catch (e) {
+      if (signal.aborted) return;
+      delete hist.dataset.sig;
+      clear(hist);
+      hist.appendChild(el('li', { text: e instanceof ApiError && e.status === 404 ? `No state history: ${explain(e)}` : `The state history failed: ${explain(e)}` }));
+    }
   };
   let agentParts: AbortController | null = null;
   const renderAgentParts = () => {

@@ -5,7 +5,6 @@
 import { call, explain, listSandboxes, ListedSandbox, Sandbox, Template } from '../api';
 import { button, clear, el, field, say, status, table, time } from '../dom';
 import { poll } from '../poll';
-import { observe } from './overview';
 
 /** parseMetadata reads "k=v" lines (or comma-separated pairs) into an object. */
 export function parseMetadata(text: string): Record<string, string> {
@@ -42,7 +41,6 @@ export function sandboxes(root: HTMLElement, _arg: string, signal: AbortSignal):
       return;
     }
     const list = await listSandboxes(stateSel.value, md, signal);
-    if (stateSel.value === 'running,paused' && !md) observe(list);
     // Unchanged lists are left alone, so focus and typed values stay.
     const sig = JSON.stringify(list.map((s) => [s.sandboxID, s.state, s.endAt, s.metadata]));
     if (sig !== shown) renderList(listBox, list, msg, refresh);
