@@ -17,23 +17,14 @@ import (
 // layers), so once a paused sandbox's memory or rootfs chain is deeper than
 // Options.MaxLayers, a background job merges the layers the sandbox owns
 // (those in its directory; shared template and snapshot layers stay) into
-// one.
+// one: the memory's by package memimage, the disks' here.
 
-// DefaultMaxLayers is the chain depth above which layers are merged.
-const DefaultMaxLayers = 32
-
-func (o *Orchestrator) maxLayers() int {
-	if o.cfg.MaxLayers > 0 {
-		return o.cfg.MaxLayers
-	}
-	return DefaultMaxLayers
-}
+func (o *Orchestrator) maxLayers() int { return o.mem.MaxLayers() }
 
 // maybeCompact starts a merge in the background when a paused sandbox's
 // chains are too deep.
 func (o *Orchestrator) maybeCompact(rec sandbox.Record) {
-	mem, _ := snapshot.ReadMemoryManifest(rec.Snapshot)
-	if len(mem.Layers) <= o.maxLayers() && len(snapshot.Refs(rec.RootfsImage)) <= o.maxLayers() && len(o.deepDrives(rec)) == 0 {
+	if !o.mem.Deep(rec.Snapshot) && len(snapshot.Refs(rec.RootfsImage)) <= o.maxLayers() && len(o.deepDrives(rec)) == 0 {
 		return
 	}
 	o.goBackground(func() {
@@ -60,23 +51,9 @@ func (o *Orchestrator) compact(ctx context.Context, id string) error {
 		return nil
 	}
 	start := time.Now()
-	var obsolete []string
-	if mem, err := snapshot.ReadMemoryManifest(rec.Snapshot); err == nil && len(mem.Layers) > o.maxLayers() {
-		merged, old, err := snapshot.MergeOwned(ctx, mem.Layers, rec.Dir, fmt.Sprintf("mem-%d-merged.lsmt", rec.Gen), snapshot.MergeMemory)
-		if err != nil {
-			return fmt.Errorf("memory: %w", err)
-		}
-		if merged[0] != mem.Layers[0] {
-			mem.Base = "" // the base file equals the old bottom layer, which is merged away
-		}
-		mem.Layers = merged
-		if err := fpCompactMerged.Inject(); err != nil {
-			return err
-		}
-		if err := snapshot.WriteMemoryManifest(rec.Snapshot, mem); err != nil {
-			return err
-		}
-		obsolete = append(obsolete, old...)
+	obsolete, err := o.mem.Compact(ctx, rec.Snapshot, rec.Dir, rec.Gen)
+	if err != nil {
+		return err
 	}
 	if layers := snapshot.Refs(rec.RootfsImage); len(layers) > o.maxLayers() {
 		merged, old, err := snapshot.MergeOwned(ctx, layers, rec.Dir, fmt.Sprintf("rootfs-%d-merged.lsmt", rec.Gen), snapshot.MergeLayers)

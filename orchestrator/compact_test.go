@@ -93,6 +93,7 @@ func TestCompactMergesOwnLayers(t *testing.T) {
 		m: newMetrics(prometheus.NewRegistry()), sandboxes: map[string]*instance{}}
 	o.catalog = o.newCatalog()
 	o.journal = &sandbox.Journal{Store: st, Log: o.log}
+	o.mem = newImages(o)
 	tmpl, sbx := filepath.Join(dir, "templates", "t"), filepath.Join(dir, "sandboxes", "s")
 	snap := filepath.Join(sbx, "snapshot-6")
 	for _, d := range []string{tmpl, snap} {

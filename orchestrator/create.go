@@ -236,7 +236,7 @@ func (o *Orchestrator) remove(ctx context.Context, s *instance) error {
 	o.unlist(s)
 	o.afterRemoved(s.rec) // the repository cancels its pause uploads
 	o.disks.Forget(s.rec.Dir)
-	o.flat.stop(s.rec.ID)
+	o.mem.StopFlatten(s.rec.ID)
 	if err := os.RemoveAll(s.rec.Dir); err != nil {
 		o.log.Warn("remove sandbox dir", "sandbox", s.rec.ID, "err", err)
 	}
@@ -293,7 +293,7 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 			var err error
 			mem, vm, err = o.vmMemory(ctx, snapshotDir, vmName(rec))
 			if err == nil {
-				prefetched = o.prefetchMemory(mem.File)
+				prefetched = o.mem.Prefetch(mem.File)
 			}
 			return vm, err
 		},
@@ -348,7 +348,7 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 		s.rec.EnvdVersion = vm.EnvdVersion
 	}
 	s.mu.Unlock()
-	o.recordWorkingSet(rec.ID, vm.Machine, mem.File)
+	o.mem.RecordWorkingSet(rec.ID, vm.Machine, mem.File)
 	return nil
 }
 

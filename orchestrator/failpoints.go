@@ -4,7 +4,9 @@ import "github.com/agentenv/agentenv/internal/failpoint"
 
 // The orchestrator's fault points, one between every two durable steps of a
 // state transition (see the package doc's durability rules). The crash
-// matrix (api/e2e) kills aenvd at each one and checks recovery.
+// matrix (api/e2e) kills aenvd at each one and checks recovery. The
+// memory images' points (orchestrator/flatten/written, .../compact/merged,
+// .../template/memory-imported) are package memimage's.
 var (
 	fpCreateDisk     = failpoint.New("orchestrator/create/disk")         // the root disk device exists
 	fpCreateRestored = failpoint.New("orchestrator/create/restored")     // the VMM runs, not yet recorded
@@ -31,12 +33,7 @@ var (
 
 	fpForkSnapshot = failpoint.New("orchestrator/fork/snapshot") // the hidden snapshot exists, no child yet
 
-	fpFlattenWritten = failpoint.New("orchestrator/flatten/written") // a paused sandbox's memory is one durable file too
-
 	fpDropRecorded = failpoint.New("orchestrator/dropcopy/recorded") // a stale copy's "killing" is durable, nothing removed yet
 
-	fpCompactMerged = failpoint.New("orchestrator/compact/merged")        // merged memory layer written, manifest not yet
 	fpCompactRootfs = failpoint.New("orchestrator/compact/rootfs-merged") // merged disk layer and its config written, record not yet
-
-	fpTemplateImported = failpoint.New("orchestrator/template/memory-imported") // base memory layer written, manifest not yet
 )

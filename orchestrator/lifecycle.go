@@ -146,7 +146,7 @@ func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool
 		o.maybeCompact(rec)
 		return nil
 	}
-	o.flattenPaused(ctx, id, snapDir)
+	o.mem.FlattenPaused(ctx, id, snapDir)
 	o.log.Info("sandbox paused", "sandbox", id)
 	o.afterPaused(ctx, rec) // the repository's commit (hooks.go)
 	o.maybeCompact(rec)
@@ -286,7 +286,7 @@ func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout ti
 	s.mu.Unlock()
 	// A flatten of the pause still running would only compete with the
 	// restore for the disk and CPU: it stops, the restore writes the layers.
-	o.flat.stop(id)
+	o.mem.StopFlatten(id)
 	if err := o.startResume(ctx, s, from, o.m.stage("resume")); err != nil {
 		return errors.Join(err, o.transition(s, sandbox.Paused, func(r *sandbox.Record) { r.PID, r.PIDStart, r.PoolClaim = 0, 0, false }))
 	}

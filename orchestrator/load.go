@@ -34,7 +34,7 @@ func (o *Orchestrator) load(ctx context.Context) error {
 			o.sandboxes[r.ID] = &instance{rec: r}
 			o.log.Info("kept paused sandbox", "sandbox", r.ID, "filesystemOnly", r.FilesystemOnly)
 			if !r.FilesystemOnly && r.Snapshot != "" {
-				o.flattenInterrupted(r.ID, r.Snapshot)
+				o.mem.FlattenInterrupted(r.ID, r.Snapshot)
 			}
 			continue
 		}

@@ -56,6 +56,7 @@ import (
 
 	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/internal/errdefs"
+	"github.com/agentenv/agentenv/memimage"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
@@ -101,13 +102,13 @@ type Options struct {
 	MemoryMiB                       int
 	DefaultUser                     string
 	// MaxLayers is the memory or rootfs chain depth above which a paused
-	// sandbox's own layers are merged (default DefaultMaxLayers).
+	// sandbox's own layers are merged (default memimage.DefaultMaxLayers).
 	MaxLayers int
 	// Prefetch records each memory image's working set and reads it ahead
-	// while a VM restores from the image (workingset.go).
+	// while a VM restores from the image (memimage/workingset.go).
 	Prefetch bool
 	// FlattenPaused flattens a paused sandbox's memory image in the
-	// background so that its resume maps one file (flatten.go).
+	// background so that its resume maps one file (memimage/flatten.go).
 	FlattenPaused bool
 	// MemoryDevices maps restored VMs' memory from the storage daemon's
 	// shared ublk device of the image's layer stack where the node can
@@ -161,11 +162,8 @@ type Orchestrator struct {
 	// sandbox against the in-use check of a snapshot or template deletion,
 	// so a deletion sees every sandbox that will use what it deletes.
 	refMu sync.Mutex
-	matMu sync.Mutex // serialises memory imports and materializations
+	matMu sync.Mutex // serialises memory imports and materializations (memimage.Options.Mu)
 	bg    sync.WaitGroup
-	// recording holds the memory files whose working set is being
-	// recorded (workingset.go), so two creates do not both record one.
-	recording sync.Map
 	// disks are the node's disks on the storage daemon (package disk),
 	// including the lazy rootfs layers it moves onto local files; vms what
 	// a VM bring-up uses (sandbox.Start).
@@ -181,8 +179,8 @@ type Orchestrator struct {
 	volumes *volume.Store
 	// pool is the warm pool of VMM processes (pool.go); nil when off.
 	pool *warmpool.Pool
-	// flat runs the background flattens of paused memory (flatten.go).
-	flat *flattener
+	// mem is the node's guest memory images (package memimage).
+	mem *memimage.Images
 	// memDev, when set, maps restored VMs' memory from shared devices
 	// (disk/memory.go); memWhy says why it is not. Both chosen once in New.
 	memDev *disk.MemoryDevices
@@ -233,7 +231,6 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
 		sandboxes: map[string]*instance{}}
 	o.journal = &sandbox.Journal{Store: opts.Store, Publish: o.events.Published, Log: o.log}
-	o.flat = newFlattener()
 	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups, Identities: vmmIdentities(opts, o.log)}
 	disks, err := disk.New(ctx, disk.Options{Devices: opts.Storage, Backend: opts.StorageBackend, Driver: opts.Driver,
 		PoolLow: opts.StoragePoolLow, PoolHigh: opts.StoragePoolHigh, MemoryDevices: opts.MemoryDevices, Remote: opts.Remote,
@@ -246,6 +243,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	if o.memDev, o.memWhy = disks.Memory(); !opts.MemoryDevices {
 		o.memWhy = "storage.memory_devices is off"
 	}
+	o.mem = newImages(o)
 	o.log.Info("root disk backend", "backend", o.disks.Backend(), "transport", o.DiskTransport())
 	for _, d := range []string{"sandboxes", "snapshots"} {
 		if err := os.MkdirAll(filepath.Join(opts.DataDir, d), 0o700); err != nil {
@@ -287,7 +285,7 @@ func (o *Orchestrator) Close() {
 		o.pool.Close(context.Background())
 	}
 	o.disks.Close()
-	o.flat.close()
+	o.mem.Close()
 	o.bg.Wait()
 }
 

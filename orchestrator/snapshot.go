@@ -156,12 +156,12 @@ func (o *Orchestrator) captureRunning(ctx context.Context, s *instance, r *snaps
 			err = errors.Join(err, fmt.Errorf("resume: %w", rerr))
 		}
 	}()
-	if err := o.captureMemory(ctx, s, vm, r.VM, filepath.Join(r.Dir, "mem.lsmt")); err != nil {
+	s.mu.Lock()
+	id, cur, owner := s.rec.ID, s.rec.Memory, s.rec.Dir
+	s.mu.Unlock()
+	if err := o.mem.Capture(ctx, id, vm, cur, r.VM, filepath.Join(r.Dir, "mem.lsmt")); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	owner := s.rec.Dir
-	s.mu.Unlock()
 	if err := snapshot.AdoptMemory(r.VM, owner, r.Dir); err != nil {
 		return err
 	}

@@ -1,9 +1,10 @@
-package orchestrator
+package memimage
 
 import (
 	"errors"
 	"os"
 
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/vmm/memsnap"
 )
@@ -15,11 +16,11 @@ import (
 // (Options.Prefetch). It is a hint: recording or prefetching failures are
 // logged and cost nothing else.
 
-// prefetchMemory starts reading file's working set ahead, when one is
+// Prefetch starts reading file's working set ahead, when one is
 // stored, alongside the VMM's start (the reads queue behind one another,
 // so issuing them takes a while on a cold cache); wait waits for it.
-func (o *Orchestrator) prefetchMemory(file string) (wait func()) {
-	if !o.cfg.Prefetch || file == "" || isDevice(file) {
+func (im *Images) Prefetch(file string) (wait func()) {
+	if !im.cfg.Prefetch || file == "" || disk.IsDevice(file) {
 		return func() {}
 	}
 	done := make(chan struct{})
@@ -29,42 +30,42 @@ func (o *Orchestrator) prefetchMemory(file string) (wait func()) {
 		switch {
 		case errors.Is(err, memsnap.ErrNoWorkingSet):
 		case err != nil:
-			o.log.Warn("prefetch memory working set (ignored)", "file", file, "err", err)
+			im.log.Warn("prefetch memory working set (ignored)", "file", file, "err", err)
 		default:
-			o.log.Debug("memory working set prefetched", "file", file, "bytes", n)
+			im.log.Debug("memory working set prefetched", "file", file, "bytes", n)
 		}
 	}()
 	return func() { <-done }
 }
 
-// recordWorkingSet records file's working set from vm in the background,
+// RecordWorkingSet records file's working set from vm in the background,
 // unless it has one.
-func (o *Orchestrator) recordWorkingSet(id string, vm vmm.Machine, file string) {
+func (im *Images) RecordWorkingSet(id string, vm vmm.Machine, file string) {
 	// A working set is kept next to its file: none for a memory device.
-	if !o.cfg.Prefetch || file == "" || isDevice(file) {
+	if !im.cfg.Prefetch || file == "" || disk.IsDevice(file) {
 		return
 	}
 	if _, err := os.Stat(memsnap.WorkingSetPath(file)); err == nil {
 		return
 	}
-	if _, busy := o.recording.LoadOrStore(file, true); busy {
+	if _, busy := im.recording.LoadOrStore(file, true); busy {
 		return
 	}
-	o.goBackground(func() {
-		defer o.recording.Delete(file)
+	im.cfg.Background(func() {
+		defer im.recording.Delete(file)
 		ws, err := memsnap.WorkingSet(vm.Info().PID, file)
 		if err == nil {
 			err = memsnap.WriteWorkingSet(file, ws)
 		}
 		if err != nil {
 			// The VM may be gone (killed, paused) already: the next one records.
-			o.log.Debug("record memory working set", "sandbox", id, "file", file, "err", err)
+			im.log.Debug("record memory working set", "sandbox", id, "file", file, "err", err)
 			return
 		}
 		var bytes int64
 		for _, e := range ws {
 			bytes += e.Len
 		}
-		o.log.Info("memory working set recorded", "sandbox", id, "file", file, "extents", len(ws), "bytes", bytes)
+		im.log.Info("memory working set recorded", "sandbox", id, "file", file, "extents", len(ws), "bytes", bytes)
 	})
 }

@@ -1,4 +1,4 @@
-package orchestrator
+package memimage
 
 import (
 	"context"
@@ -104,35 +104,39 @@ func (fl *flattener) close() {
 	fl.wg.Wait()
 }
 
-// flattenPaused starts the background flatten of the memory image of
+// FlattenPaused starts the background flatten of the memory image of
 // sandbox id's pause snapshot snapDir. An image without a base file must
 // be flattened before any resume maps it: that is done at once, and a
-// resume that comes first waits for it (restoreMemory). One with a base
-// is flattened by flattenOnBase.
-func (o *Orchestrator) flattenPaused(ctx context.Context, id, snapDir string) {
+// resume that comes first waits for it (Restore). One with a base is
+// flattened by flattenOnBase.
+func (im *Images) FlattenPaused(ctx context.Context, id, snapDir string) {
 	m, ok := unflattened(snapDir)
 	if !ok {
 		return
 	}
 	if !onBase(m) {
-		o.goBackground(func() {
-			if _, _, err := o.restoreMemory(context.WithoutCancel(ctx), snapDir, true); err != nil {
-				o.log.Warn("flatten memory after pause (the resume retries)", "sandbox", id, "err", err)
+		im.cfg.Background(func() {
+			if _, _, err := im.Restore(context.WithoutCancel(ctx), snapDir, true); err != nil {
+				im.log.Warn("flatten memory after pause (the resume retries)", "sandbox", id, "err", err)
 			}
 		})
 		return
 	}
-	o.flattenOnBase(id, m)
+	im.flattenOnBase(id, m)
 }
 
-// flattenInterrupted starts the flatten of a paused sandbox's image on a
+// FlattenInterrupted starts the flatten of a paused sandbox's image on a
 // base that a restart interrupted (at load: an image without a base is
 // left to its resume, which waits for it either way).
-func (o *Orchestrator) flattenInterrupted(id, snapDir string) {
+func (im *Images) FlattenInterrupted(id, snapDir string) {
 	if m, ok := unflattened(snapDir); ok && onBase(m) {
-		o.flattenOnBase(id, m)
+		im.flattenOnBase(id, m)
 	}
 }
+
+// StopFlatten cancels the background flatten of sandbox id's image, if one
+// runs, and waits for it (a resume or kill goes on without it).
+func (im *Images) StopFlatten(id string) { im.flat.stop(id) }
 
 // unflattened reads the layered memory image of snapDir that has no flat
 // file yet (false: no layered image, or flattened already).
@@ -157,23 +161,23 @@ func onBase(m snapshot.MemoryImage) bool {
 // flattenOnBase flattens m into its file in the background, when
 // Options.FlattenPaused and restored VMs map files (no memory devices); a
 // resume that comes first stops it.
-func (o *Orchestrator) flattenOnBase(id string, m snapshot.MemoryImage) {
-	if !o.cfg.FlattenPaused || o.memDev != nil {
+func (im *Images) flattenOnBase(id string, m snapshot.MemoryImage) {
+	if !im.cfg.FlattenPaused || im.cfg.Devices != nil {
 		return // with memory devices a resume maps the stack's device
 	}
-	o.flat.start(id, func(ctx context.Context) {
+	im.flat.start(id, func(ctx context.Context) {
 		start := time.Now()
 		err := memsnap.Materialize(ctx, m.Layers, m.File)
 		switch {
 		case errors.Is(err, context.Canceled):
-			o.log.Info("paused memory flatten stopped: the sandbox resumed or went first", "sandbox", id)
+			im.log.Info("paused memory flatten stopped: the sandbox resumed or went first", "sandbox", id)
 		case err != nil:
-			o.log.Warn("flatten paused memory (a resume writes its layers instead)", "sandbox", id, "err", err)
+			im.log.Warn("flatten paused memory (a resume writes its layers instead)", "sandbox", id, "err", err)
 		default:
-			o.log.Info("paused memory flattened", "sandbox", id, "file", m.File, "layers", len(m.Layers),
+			im.log.Info("paused memory flattened", "sandbox", id, "file", m.File, "layers", len(m.Layers),
 				"took", time.Since(start).Round(time.Millisecond))
 			if err := fpFlattenWritten.Inject(); err != nil {
-				o.log.Warn("after paused memory flatten", "sandbox", id, "err", err)
+				im.log.Warn("after paused memory flatten", "sandbox", id, "err", err)
 			}
 		}
 	})
