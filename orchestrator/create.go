@@ -15,11 +15,11 @@ import (
 	"github.com/agentenv/agentenv/internal/ids"
 	"github.com/agentenv/agentenv/internal/vmmproc"
 	"github.com/agentenv/agentenv/network"
-	"github.com/agentenv/agentenv/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/warmpool"
 )
 
 // CreateOptions describe a new sandbox.

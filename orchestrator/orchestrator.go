@@ -58,11 +58,11 @@ import (
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/memimage"
 	"github.com/agentenv/agentenv/network"
-	"github.com/agentenv/agentenv/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/volume"
+	"github.com/agentenv/agentenv/warmpool"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

@@ -8,10 +8,10 @@ import (
 	"slices"
 
 	"github.com/agentenv/agentenv/internal/vmmproc"
-	"github.com/agentenv/agentenv/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/template"
 	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/warmpool"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

@@ -6,11 +6,11 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/agentenv/agentenv/warmpool"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/blob"
 	"github.com/agentenv/agentenv/template"
 	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/warmpool"
 )
 
 // A resume or a fork's child served from the warm pool. A pool entry's VMM

@@ -17,11 +17,11 @@ import (
 
 	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/internal/vmmproc"
-	"github.com/agentenv/agentenv/warmpool"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/warmpool"
 )
 
 // Recovered is what Recover took over: running VMs a previous aenvd left
