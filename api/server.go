@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -154,8 +156,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if status >= 500 {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
-	if status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", "5")
+	if status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
+		w.Header().Set("Retry-After", retryAfter(err))
 	}
 	writeError(w, status, err.Error())
 }
@@ -172,10 +174,22 @@ func statusOf(err error) int {
 		status = http.StatusBadRequest
 	case errors.Is(err, orchestrator.ErrCapacity):
 		status = http.StatusServiceUnavailable
+	case errors.Is(err, orchestrator.ErrLimit):
+		status = http.StatusTooManyRequests
 	case errors.Is(err, context.Canceled):
 		status = 499
 	}
 	return status
+}
+
+// retryAfter is the Retry-After (whole seconds) of a refusal: what the
+// error asks for (admission.Refusal), else 5.
+func retryAfter(err error) string {
+	var r interface{ RetryAfter() time.Duration }
+	if errors.As(err, &r) && r.RetryAfter() > 0 {
+		return strconv.Itoa(int(math.Ceil(r.RetryAfter().Seconds())))
+	}
+	return "5"
 }
 
 // decode reads an optional (required=false) or mandatory JSON body into v.

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/admission"
 	"github.com/agentenv/agentenv/disk/disktest"
 	"github.com/agentenv/agentenv/sandbox"
 
@@ -296,6 +298,17 @@ func TestErrorVocabulary(t *testing.T) {
 	(&Server{log: slog.Default()}).fail(rec, httptest.NewRequest("POST", "/sandboxes", nil), fmt.Errorf("x: %w", orchestrator.ErrCapacity))
 	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
 		t.Fatalf("capacity error answered %d with Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
+	}
+	// An admission refusal: a count limit is 429, its Retry-After the
+	// refusal's own, its message the limit and the numbers.
+	ctl := admission.New(admission.Limits{MaxSandboxes: 1, RetryAfter: 1500 * time.Millisecond})
+	_, err := ctl.Admit(context.Background(), admission.Request{Op: "create", Sandboxes: 1},
+		func() admission.Usage { return admission.Usage{Sandboxes: 1} })
+	rec = httptest.NewRecorder()
+	(&Server{log: slog.Default()}).fail(rec, httptest.NewRequest("POST", "/sandboxes", nil), fmt.Errorf("create sandbox: %w", err))
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "2" ||
+		!strings.Contains(rec.Body.String(), "max_sandboxes") {
+		t.Fatalf("count refusal answered %d, Retry-After %q, body %s", rec.Code, rec.Header().Get("Retry-After"), rec.Body)
 	}
 }
 

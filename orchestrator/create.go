@@ -79,14 +79,19 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec sand
 		return rec, err
 	}
 	s, t, err := o.register(opts)
+	release := func() {}
 	if err == nil {
-		if err = o.checkMemory(t.MemoryMiB); err != nil {
+		if err = o.checkMemory(t.MemoryMiB); err == nil {
+			release, err = o.admit(ctx, "create", t.MemoryMiB, 0)
+		}
+		if err != nil {
 			o.unregister(s)
 		}
 	}
 	if err != nil {
 		return rec, err
 	}
+	defer release() // after the sandbox runs or is gone (defers run last first)
 	defer s.op.Unlock()
 	id := s.rec.ID
 	defer func() {

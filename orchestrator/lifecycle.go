@@ -272,6 +272,14 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout time.Duration, memory bool) (err error) {
 	done := o.m.observe("resume")
 	defer func() { done(err) }()
+	s.mu.Lock()
+	mem := s.rec.MemoryMiB
+	s.mu.Unlock()
+	release, err := o.admit(ctx, "resume", mem, 0)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := o.transition(s, sandbox.Resuming, func(r *sandbox.Record) { r.ColdBoot = !memory || r.FilesystemOnly }); err != nil {
 		if o.state(s) != sandbox.Resuming {
 			return err // nothing recorded

@@ -80,6 +80,7 @@ var (
 	ErrConflict = errdefs.ErrConflict // 409
 	ErrInvalid  = errdefs.ErrInvalid  // 400
 	ErrCapacity = errdefs.ErrCapacity // 503 with Retry-After
+	ErrLimit    = errdefs.ErrLimit    // 429 with Retry-After
 )
 
 // Options configure an Orchestrator. Driver, Network and Store are owned by
@@ -133,7 +134,10 @@ type Options struct {
 	VMMPool PoolOptions
 	// Recovered holds the VMs recovery.Recover took over, re-adopted as running
 	// sandboxes (Network must keep their slots: Recovered.Slots).
-	Recovered  *recovery.Recovered
+	Recovered *recovery.Recovered
+	// Admission, when set, decides whether the node takes a create, resume
+	// or fork (package admission; admission.go).
+	Admission  Admitter
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 }

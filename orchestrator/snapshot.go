@@ -303,6 +303,11 @@ func (o *Orchestrator) Fork(ctx context.Context, id string, count int, timeout t
 	if count < 1 || count > 100 {
 		return nil, fmt.Errorf("fork: count %d is not within 1..100: %w", count, ErrInvalid)
 	}
+	release, err := o.admit(ctx, "fork", 0, count)
+	if err != nil {
+		return nil, fmt.Errorf("fork sandbox %s: %w", id, err)
+	}
+	defer release()
 	s, err := o.lockOp(id)
 	if err != nil {
 		return nil, err

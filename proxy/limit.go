@@ -11,15 +11,24 @@ import (
 // is accepted. It bounds what slow clients (slowloris) can tie up, on the
 // API listener as on the proxy's.
 func LimitPerClient(l net.Listener, max int) net.Listener {
-	return &limitListener{Listener: l, max: max, open: map[netip.Addr]int{}}
+	return LimitConnections(l, max, 0)
+}
+
+// LimitConnections is LimitPerClient that also holds at most total
+// connections of all clients together (0: no such limit), so that many
+// addresses, or one address every local client shares, cannot exhaust the
+// node's descriptors and goroutines.
+func LimitConnections(l net.Listener, perClient, total int) net.Listener {
+	return &limitListener{Listener: l, max: perClient, total: total, open: map[netip.Addr]int{}}
 }
 
 type limitListener struct {
 	net.Listener
-	max int
+	max, total int
 
 	mu   sync.Mutex
 	open map[netip.Addr]int
+	sum  int
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -30,12 +39,13 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 		ip := clientAddr(c)
 		l.mu.Lock()
-		if l.open[ip] >= l.max {
+		if l.open[ip] >= l.max || l.total > 0 && l.sum >= l.total {
 			l.mu.Unlock()
 			c.Close()
 			continue
 		}
 		l.open[ip]++
+		l.sum++
 		l.mu.Unlock()
 		return &limitedConn{Conn: c, release: func() { l.release(ip) }}, nil
 	}
@@ -44,6 +54,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 func (l *limitListener) release(ip netip.Addr) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.sum--
 	if l.open[ip]--; l.open[ip] <= 0 {
 		delete(l.open, ip)
 	}

@@ -168,10 +168,12 @@ func (g *httpGroup) shutdown(ctx context.Context) {
 type serverLimits struct {
 	readHeader, idle time.Duration
 	perClient        int
+	total            int // connections of all clients together (0: no limit)
 }
 
 func defaultServerLimits(cfg config.Config) serverLimits {
-	return serverLimits{readHeader: 10 * time.Second, idle: 2 * time.Minute, perClient: cfg.Network.ConnsPerClient}
+	return serverLimits{readHeader: 10 * time.Second, idle: 2 * time.Minute, perClient: cfg.Network.ConnsPerClient,
+		total: cfg.Admission.MaxConnections}
 }
 
 // maxHeaderBytes bounds a request's header block; SDK requests carry a few
@@ -192,11 +194,11 @@ func newHTTPServer(addr string, h http.Handler, l serverLimits) *http.Server {
 }
 
 // listenHTTP opens a server's listener, limited to l.perClient concurrent
-// connections per client address.
+// connections per client address and l.total in all.
 func listenHTTP(addr string, l serverLimits) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
-	return proxy.LimitPerClient(ln, l.perClient), nil
+	return proxy.LimitConnections(ln, l.perClient, l.total), nil
 }

@@ -17,4 +17,8 @@ var (
 	// no storage device, not enough free memory); retry later or elsewhere
 	// (503 with Retry-After).
 	ErrCapacity = errors.New("node at capacity")
+	// ErrLimit: the call would cross one of the node's count limits
+	// (sandboxes running, fork children in flight); retry later (429 with
+	// Retry-After).
+	ErrLimit = errors.New("node limit reached")
 )

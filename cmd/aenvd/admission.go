@@ -1,0 +1,22 @@
+package main
+
+import (
+	"log/slog"
+
+	"github.com/agentenv/agentenv/admission"
+	"github.com/agentenv/agentenv/config"
+)
+
+// admissionController builds the node's admission limits from [admission]
+// (package admission) and logs them.
+func admissionController(cfg config.Config, log *slog.Logger) *admission.Controller {
+	hostMiB, err := admission.HostMemoryMiB()
+	if err != nil {
+		log.Warn("admission: host memory unknown; no derived committed-memory limit", "err", err)
+	}
+	lim := admission.FromConfig(cfg.Admission, cfg.DataDir, hostMiB)
+	log.Info("admission limits", "max_sandboxes", lim.MaxSandboxes, "max_committed_mib", lim.MaxCommittedMiB,
+		"disk_reserve_mib", lim.DiskReserveBytes>>20, "max_fork_children", lim.MaxForkChildren,
+		"max_connections", cfg.Admission.MaxConnections)
+	return admission.New(lim)
+}
