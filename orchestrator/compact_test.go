@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/telemetry"
 
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/lsmt"
@@ -90,7 +91,7 @@ func TestCompactMergesOwnLayers(t *testing.T) {
 	}
 	defer st.Close()
 	o := &Orchestrator{cfg: Options{DataDir: dir, MaxLayers: 3}, store: st, log: slog.Default(),
-		m: newMetrics(prometheus.NewRegistry()), sandboxes: map[string]*instance{}}
+		m: telemetry.NewOps(prometheus.NewRegistry()), sandboxes: map[string]*instance{}}
 	o.catalog = o.newCatalog()
 	o.journal = &sandbox.Journal{Store: st, Log: o.log}
 	o.mem = newImages(o)

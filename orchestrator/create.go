@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/disk"
+	"github.com/agentenv/agentenv/telemetry"
 	"github.com/agentenv/agentenv/template"
 
 	"github.com/agentenv/agentenv/internal/ids"
@@ -70,7 +71,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec sand
 	if opts.AutoPauseFilesystemOnly && opts.AutoResume {
 		return rec, fmt.Errorf("create: autoResume cannot be combined with a filesystem-only auto-pause (autoPauseMemory false): such a sandbox must be resumed explicitly: %w", ErrInvalid)
 	}
-	done := o.m.observe("create")
+	done := o.m.Observe("create")
 	defer func() { done(err) }()
 	// Layers a repository import left remote are fetched once the VM
 	// answered (disk/lazy.go).
@@ -110,7 +111,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec sand
 	if err := disk.PrepareDrives(ctx, &s.rec); err != nil {
 		return rec, err
 	}
-	if err := o.startCreate(ctx, s, t, o.m.stage("create")); err != nil {
+	if err := o.startCreate(ctx, s, t, o.m.Stage("create")); err != nil {
 		return rec, err
 	}
 	if err := o.mountVolumes(ctx, s); err != nil {
@@ -198,7 +199,7 @@ func (o *Orchestrator) register(opts CreateOptions) (*instance, *template.Templa
 
 // checkMemory refuses a create the host's free memory cannot hold.
 func (o *Orchestrator) checkMemory(mib int) error {
-	_, availKiB, err := meminfo()
+	_, availKiB, err := telemetry.MemInfo()
 	if err != nil || availKiB <= 0 {
 		return nil // unknown: let the VMM try
 	}

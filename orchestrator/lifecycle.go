@@ -27,7 +27,7 @@ func (o *Orchestrator) Kill(ctx context.Context, id string) (err error) {
 // the device, the directory and finally the record; recovery finishes a
 // kill a crash interrupted.
 func (o *Orchestrator) killLocked(ctx context.Context, s *instance) (err error) {
-	done := o.m.observe("kill")
+	done := o.m.Observe("kill")
 	defer func() { done(err) }()
 	id := s.rec.ID
 	if o.state(s) == sandbox.Running && writesVolumes(s.rec) {
@@ -73,7 +73,7 @@ func (o *Orchestrator) Pause(ctx context.Context, id string, keepMemory bool) er
 // its writes first and writes no memory: its "paused" record points at no
 // snapshot, and the one a previous resume came from goes.
 func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool) (err error) {
-	done, lap := o.m.observe("pause"), o.m.stage("pause")
+	done, lap := o.m.Observe("pause"), o.m.Stage("pause")
 	defer func() { done(err) }()
 	s.mu.Lock()
 	rec := s.rec
@@ -270,7 +270,7 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 // disk, and records "running". A failure leaves the sandbox paused as it
 // was, on the same snapshot if it has one.
 func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout time.Duration, memory bool) (err error) {
-	done := o.m.observe("resume")
+	done := o.m.Observe("resume")
 	defer func() { done(err) }()
 	s.mu.Lock()
 	mem := s.rec.MemoryMiB
@@ -295,7 +295,7 @@ func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout ti
 	// A flatten of the pause still running would only compete with the
 	// restore for the disk and CPU: it stops, the restore writes the layers.
 	o.mem.StopFlatten(id)
-	if err := o.startResume(ctx, s, from, o.m.stage("resume")); err != nil {
+	if err := o.startResume(ctx, s, from, o.m.Stage("resume")); err != nil {
 		return errors.Join(err, o.transition(s, sandbox.Paused, func(r *sandbox.Record) { r.PID, r.PIDStart, r.PoolClaim = 0, 0, false }))
 	}
 	if err := o.mountVolumes(ctx, s); err != nil {

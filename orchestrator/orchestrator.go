@@ -52,6 +52,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/recovery"
+	"github.com/agentenv/agentenv/telemetry"
 	"github.com/agentenv/agentenv/template/catalog"
 
 	"github.com/agentenv/agentenv/disk"
@@ -156,7 +157,7 @@ type Orchestrator struct {
 	nets  *network.Manager
 	store *store.Store
 	log   *slog.Logger
-	m     *metrics
+	m     *telemetry.Ops
 
 	mu        sync.Mutex // guards sandboxes
 	sandboxes map[string]*instance
@@ -232,7 +233,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 		opts.DefaultUser = "user"
 	}
 	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store,
-		log: opts.Logger.With("component", "orchestrator"), m: newMetrics(opts.Registerer),
+		log: opts.Logger.With("component", "orchestrator"), m: telemetry.NewOps(opts.Registerer),
 		sandboxes: map[string]*instance{}}
 	o.journal = &sandbox.Journal{Store: opts.Store, Publish: o.events.Published, Log: o.log}
 	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups, Identities: vmmIdentities(opts, o.log)}

@@ -95,7 +95,7 @@ func (o *Orchestrator) CreateSnapshot(ctx context.Context, sandboxID, name strin
 // the caller stores the record. On error nothing is left behind and a
 // running sandbox keeps running.
 func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden bool) (r snapshot.Record, err error) {
-	done := o.m.observe("snapshot")
+	done := o.m.Observe("snapshot")
 	defer func() { done(err) }()
 	id, err := ids.New()
 	if err != nil {

@@ -1,4 +1,4 @@
-package orchestrator
+package telemetry
 
 import (
 	"sync/atomic"
@@ -7,16 +7,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-type metrics struct {
+// Ops are the Prometheus metrics of the sandbox lifecycle's operations
+// (create, pause, resume, snapshot, kill) and their stages.
+type Ops struct {
 	seconds *prometheus.HistogramVec
 	stages  *prometheus.HistogramVec
 	total   *prometheus.CounterVec
-	// creates and createFails feed the /nodes snapshot.
-	creates, createFails atomic.Int64
+	// Creates and CreateFails feed the /nodes snapshot.
+	Creates, CreateFails atomic.Int64
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{
+// NewOps registers the operation metrics with reg (nil: none).
+func NewOps(reg prometheus.Registerer) *Ops {
+	m := &Ops{
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "aenvd_sandbox_operation_seconds", Help: "Latency of sandbox lifecycle operations.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
@@ -35,8 +38,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
-// observe starts timing op; call the result with the operation's error.
-func (m *metrics) observe(op string) func(error) {
+// Observe starts timing op; call the result with the operation's error.
+func (m *Ops) Observe(op string) func(error) {
 	start := time.Now()
 	return func(err error) {
 		result := "success"
@@ -46,16 +49,16 @@ func (m *metrics) observe(op string) func(error) {
 		m.seconds.WithLabelValues(op, result).Observe(time.Since(start).Seconds())
 		m.total.WithLabelValues(op, result).Inc()
 		if op == "create" && err != nil {
-			m.createFails.Add(1)
+			m.CreateFails.Add(1)
 		} else if op == "create" {
-			m.creates.Add(1)
+			m.Creates.Add(1)
 		}
 	}
 }
 
-// stage returns a function that records the time since the previous call
+// Stage returns a function that records the time since the previous call
 // (or since stage was called) under op and the given stage name.
-func (m *metrics) stage(op string) func(stage string) {
+func (m *Ops) Stage(op string) func(stage string) {
 	last := time.Now()
 	return func(stage string) {
 		now := time.Now()
