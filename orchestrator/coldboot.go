@@ -24,10 +24,6 @@ import (
 // of the guest, slower than a restore (minutes under TCG).
 const coldBootAgentWait = 5 * time.Minute
 
-// guestSyncWait bounds the guest's flush before a filesystem-only pause; a
-// guest that does not answer in time is paused with crash semantics.
-const guestSyncWait = 30 * time.Second
-
 // syncGuest has the running sandbox's guest flush its writes to its disks
 // (op held). A failure is logged, not returned: the pause goes on, and
 // what the guest had not flushed is lost as in a crash.
@@ -38,7 +34,7 @@ func (o *Orchestrator) syncGuest(ctx context.Context, s *instance) {
 	if slot == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, guestSyncWait)
+	ctx, cancel := context.WithTimeout(ctx, sandbox.GuestSyncWait)
 	defer cancel()
 	if err := sandbox.SyncGuest(ctx, slot, token); err != nil {
 		o.log.Warn("guest did not flush before a filesystem-only pause; its unflushed writes are lost as in a crash",

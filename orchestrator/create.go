@@ -65,7 +65,7 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec sand
 	if err := disk.CheckDrives(opts.Drives); err != nil {
 		return rec, fmt.Errorf("create: %w", err)
 	}
-	if err := CheckVolumeMounts(opts.Volumes); err != nil {
+	if err := disk.CheckVolumeMounts(opts.Volumes); err != nil {
 		return rec, fmt.Errorf("create: %w", err)
 	}
 	if opts.AutoPauseFilesystemOnly && opts.AutoResume {
@@ -158,14 +158,14 @@ func (o *Orchestrator) register(opts CreateOptions) (*instance, *template.Templa
 	if err != nil {
 		return nil, nil, err
 	}
-	vols, err := o.acquireVolumes(id, opts.Volumes)
+	vols, err := o.disks.AcquireVolumes(o.volumes, id, opts.Volumes)
 	if err != nil {
 		return nil, nil, err
 	}
 	drives, err := disk.PlanDrives(t, append(slices.Clone(opts.Drives), vols...), o.source)
 	if err != nil {
 		for _, v := range vols {
-			o.releaseVolume(v.Volume.ID, id)
+			o.disks.ReleaseVolume(o.volumes, v.Volume.ID, id)
 		}
 		return nil, nil, err
 	}

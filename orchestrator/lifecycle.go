@@ -30,7 +30,7 @@ func (o *Orchestrator) killLocked(ctx context.Context, s *instance) (err error) 
 	done := o.m.Observe("kill")
 	defer func() { done(err) }()
 	id := s.rec.ID
-	if o.state(s) == sandbox.Running && writesVolumes(s.rec) {
+	if o.state(s) == sandbox.Running && sandbox.WritesVolumes(s.rec) {
 		o.freezeVolumes(ctx, s) // what it flushes is what its volumes keep
 	}
 	if err := o.transition(s, sandbox.Killing, nil); err != nil {
