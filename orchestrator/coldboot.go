@@ -1,7 +1,6 @@
 package orchestrator
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"time"
@@ -23,24 +22,6 @@ import (
 // coldBootAgentWait bounds a cold boot's wait for the agent: a whole boot
 // of the guest, slower than a restore (minutes under TCG).
 const coldBootAgentWait = 5 * time.Minute
-
-// syncGuest has the running sandbox's guest flush its writes to its disks
-// (op held). A failure is logged, not returned: the pause goes on, and
-// what the guest had not flushed is lost as in a crash.
-func (o *Orchestrator) syncGuest(ctx context.Context, s *instance) {
-	s.mu.Lock()
-	slot, token, id := s.slot(), s.rec.GuestToken, s.rec.ID
-	s.mu.Unlock()
-	if slot == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, sandbox.GuestSyncWait)
-	defer cancel()
-	if err := sandbox.SyncGuest(ctx, slot, token); err != nil {
-		o.log.Warn("guest did not flush before a filesystem-only pause; its unflushed writes are lost as in a crash",
-			"sandbox", id, "err", err)
-	}
-}
 
 // coldBoot turns spec, a restore of rec's VM, into a cold boot of its disk
 // with the kernel and initrd its template booted from. The fresh agent

@@ -18,7 +18,6 @@ import (
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
-	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/warmpool"
 )
@@ -234,22 +233,10 @@ func (o *Orchestrator) abortCreate(ctx context.Context, s *instance) {
 }
 
 // remove (op held) stops the sandbox's VM, releases its slot and device
-// and deletes its registry entry, directory and, last, its record.
+// and deletes its registry entry, directory and, last, its record
+// (lifecycle.Verbs.Remove).
 func (o *Orchestrator) remove(ctx context.Context, s *instance) error {
-	o.stopVM(ctx, s)
-	o.returnVolumes(ctx, s)
-	o.releaseDevice(ctx, s)
-	o.unlist(s)
-	o.afterRemoved(s.rec) // the repository cancels its pause uploads
-	o.disks.Forget(s.rec.Dir)
-	o.mem.StopFlatten(s.rec.ID)
-	if err := os.RemoveAll(s.rec.Dir); err != nil {
-		o.log.Warn("remove sandbox dir", "sandbox", s.rec.ID, "err", err)
-	}
-	if err := o.store.Delete(store.Sandboxes, s.rec.ID); err != nil {
-		return fmt.Errorf("remove record of sandbox %s: %w", s.rec.ID, err)
-	}
-	return nil
+	return o.verbs.Remove(ctx, o.live(s), o.removal(s))
 }
 
 // unlist marks the sandbox gone and takes it out of the registry.

@@ -2,10 +2,8 @@ package orchestrator
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/agentenv/agentenv/disk"
-	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
@@ -16,12 +14,6 @@ import (
 // export of those layers plus a fresh writable upper; a seal restacks the
 // upper into a new layer and the sandbox's image config lists it on top.
 // What follows ties them to sandbox records.
-
-// What a seal leaves the device on (disk.SealMode).
-const (
-	restackUpper = disk.RestackUpper
-	keepUpper    = disk.KeepUpper
-)
 
 // vmDisk is a sandbox's root disk as a VM bring-up sees it
 // (sandbox.Disk): attach records the device in the sandbox.
@@ -58,40 +50,6 @@ func (o *Orchestrator) releaseDevice(ctx context.Context, s *instance) {
 	}
 }
 
-// sealRootfs seals the disk of a sandbox being paused (disk.SealRoot; the
-// device keeps its upper and goes next) and points the record (in memory;
-// the caller persists) at the sealed config.
-func (o *Orchestrator) sealRootfs(ctx context.Context, s *instance) error {
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	cfg, err := o.sealDisk(ctx, rec, fmt.Sprintf("rootfs-%d", rec.Gen), "sandbox "+rec.ID, keepUpper)
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	s.rec.RootfsImage = cfg
-	s.mu.Unlock()
-	return nil
-}
-
-// sealDisk seals rec's root disk into a layer name of its directory
-// (disk.Manager.SealRoot) and returns the config listing its stack now.
-func (o *Orchestrator) sealDisk(ctx context.Context, rec sandbox.Record, name, message string, mode disk.SealMode) (string, error) {
-	return o.disks.SealRoot(ctx, disk.HeldOf(rec), rec.RootfsImage, name, message, mode)
-}
-
-// copyRootInto puts rec's root disk as it is now into snapshot r's
-// directory (shared layers hard-linked) and points r at it.
-func (o *Orchestrator) copyRootInto(rec sandbox.Record, r *snapshot.Record) error {
-	cfg, err := o.disks.CopyInto(rec.RootfsImage, rec.Dir, r.Dir)
-	if err != nil {
-		return err
-	}
-	r.RootfsImage = cfg
-	return nil
-}
-
 // localizeAll has the disks move every image config a record names that
 // still reads remote layers onto local files (a restart; disk.Localize).
 func (o *Orchestrator) localizeAll(ctx context.Context) {
@@ -107,16 +65,6 @@ func (o *Orchestrator) localizeAll(ctx context.Context) {
 		cfgs = append(cfgs, t.RootfsImage)
 	}
 	o.disks.Localize(ctx, cfgs)
-}
-
-// settleDisks waits until the layers of rec's root disk and drives are
-// files here (disk.Settle).
-func (o *Orchestrator) settleDisks(ctx context.Context, rec sandbox.Record) error {
-	cfgs := []string{rec.RootfsImage}
-	for _, d := range rec.Drives {
-		cfgs = append(cfgs, d.Config)
-	}
-	return o.disks.Settle(ctx, cfgs...)
 }
 
 // lazyMoved: cfg's layers are local; a template's disks get their warm

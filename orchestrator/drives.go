@@ -54,28 +54,6 @@ func (d driveDisk) Detach(ctx context.Context) {
 	}
 }
 
-// sealSandboxDrives seals the writable drives of a sandbox being paused
-// (see disk.Manager.SealDrives; the devices keep their uppers and go next) and points
-// the record (in memory; the caller persists) at their sealed configs.
-func (o *Orchestrator) sealSandboxDrives(ctx context.Context, s *instance, tag, message string) error {
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	if len(rec.Drives) == 0 {
-		return nil
-	}
-	drives, err := o.disks.SealDrives(ctx, rec, tag, message, keepUpper)
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	for i := range s.rec.Drives {
-		s.rec.Drives[i].Config = drives[i].Config
-	}
-	s.mu.Unlock()
-	return nil
-}
-
 // deepDrives lists the indexes of rec's drives whose chains are deeper
 // than the node's maximum (see compact.go).
 func (o *Orchestrator) deepDrives(rec sandbox.Record) []int {

@@ -5,7 +5,8 @@ import "github.com/agentenv/agentenv/internal/failpoint"
 // The orchestrator's fault points, one between every two durable steps of a
 // state transition (see the package doc's durability rules). The crash
 // matrix (api/e2e) kills aenvd at each one and checks recovery. The
-// memory images' points (orchestrator/flatten/written, .../compact/merged,
+// pause's and the snapshot's capture points are package lifecycle's
+// (lifecycle/pause.go, lifecycle/snapshot.go); the memory images' points (orchestrator/flatten/written, .../compact/merged,
 // .../template/memory-imported) are package memimage's.
 var (
 	fpCreateDisk     = failpoint.New("orchestrator/create/disk")         // the root disk device exists
@@ -20,16 +21,10 @@ var (
 	// A resume from the warm pool (poolresume.go), before the claim above.
 	fpPoolRebased = failpoint.New("orchestrator/poolresume/rebased") // the entry's device reads as the sandbox's disk; nothing recorded
 
-	fpPauseCaptured = failpoint.New("orchestrator/pause/captured") // memory and VM state written (the disks sealed first), vCPUs stopped
-	fpPauseSealed   = failpoint.New("orchestrator/pause/sealed")   // the disks' uppers are sealed layers (the memory diff may still be read)
-	fpPauseStopped  = failpoint.New("orchestrator/pause/stopped")  // the VMM is gone, the device not yet
-
 	fpResumeRestored = failpoint.New("orchestrator/resume/restored") // the VMM runs, not yet recorded
 	fpResumeBooted   = failpoint.New("orchestrator/resume/booted")   // a cold resume's VMM boots the disk, not yet recorded
 
-	fpSnapshotSealed   = failpoint.New("orchestrator/snapshot/sealed")   // the disk is restacked, vCPUs stopped
-	fpSnapshotRecorded = failpoint.New("orchestrator/snapshot/recorded") // the sandbox's new layer list is durable
-	fpSnapshotStored   = failpoint.New("orchestrator/snapshot/stored")   // the snapshot record is durable
+	fpSnapshotStored = failpoint.New("orchestrator/snapshot/stored") // the snapshot record is durable
 
 	fpForkSnapshot = failpoint.New("orchestrator/fork/snapshot") // the hidden snapshot exists, no child yet
 

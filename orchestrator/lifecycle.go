@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/sandbox"
-	"github.com/agentenv/agentenv/snapshot"
-	"github.com/agentenv/agentenv/vmm"
 )
 
 // Kill stops the sandbox and removes everything it owns.
@@ -23,25 +20,15 @@ func (o *Orchestrator) Kill(ctx context.Context, id string) (err error) {
 	return o.killLocked(ctx, s)
 }
 
-// killLocked (op held) records "killing", then removes the VM, the slot,
-// the device, the directory and finally the record; recovery finishes a
-// kill a crash interrupted.
-func (o *Orchestrator) killLocked(ctx context.Context, s *instance) (err error) {
-	done := o.m.Observe("kill")
-	defer func() { done(err) }()
-	id := s.rec.ID
-	if o.state(s) == sandbox.Running && sandbox.WritesVolumes(s.rec) {
-		o.freezeVolumes(ctx, s) // what it flushes is what its volumes keep
+// killLocked (op held) kills s (lifecycle.Verbs.Kill): "killing", then
+// its VM, slot, volumes, devices, directory and last its record go;
+// recovery finishes a kill a crash interrupted.
+func (o *Orchestrator) killLocked(ctx context.Context, s *instance) error {
+	tmpl := o.live(s).Record().TemplateID
+	if err := o.verbs.Kill(ctx, o.live(s), o.removal(s)); err != nil {
+		return err
 	}
-	if err := o.transition(s, sandbox.Killing, nil); err != nil {
-		return fmt.Errorf("kill sandbox %s: %w", id, err)
-	}
-	o.stopTimer(s)
-	tmpl := s.rec.TemplateID
-	if err := o.remove(ctx, s); err != nil {
-		return fmt.Errorf("kill sandbox %s: %w", id, err)
-	}
-	o.log.Info("sandbox killed", "sandbox", id)
+	o.log.Info("sandbox killed", "sandbox", o.live(s).Record().ID)
 	o.collectForkSnapshot(tmpl)
 	return nil
 }
@@ -63,161 +50,29 @@ func (o *Orchestrator) Pause(ctx context.Context, id string, keepMemory bool) er
 	return nil
 }
 
-// pauseLocked (op held, sandbox running) pauses in durable steps: record
-// "pausing"; stop the vCPUs; read the memory diff while the disks' uppers
-// are sealed, then write the VM state (captureAndSeal); record "paused" pointing at
-// both; only then stop the VMM and release the slot and the device. Up to
-// the "paused" record any failure resumes the VM and the sandbox runs on
-// as before (nothing is lost); after it, what is left is cleanup that
-// recovery redoes. A filesystem-only pause (fsOnly) has the guest flush
-// its writes first and writes no memory: its "paused" record points at no
-// snapshot, and the one a previous resume came from goes.
-func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool) (err error) {
-	done, lap := o.m.Observe("pause"), o.m.Stage("pause")
-	defer func() { done(err) }()
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	// A disk still reading layers from the repository is sealed once they
-	// are files here (its seal and upload list them): wait, VM running.
-	if err := o.settleDisks(ctx, rec); err != nil {
+// pauseLocked (op held, sandbox running) pauses s in the durable stages
+// of lifecycle.Verbs.Pause: a failure leaves it running as before. A
+// filesystem-only pause (fsOnly) has the guest flush its writes first and
+// keeps no memory. Once paused its timer stops, its memory image is
+// flattened in the background, the repository commits it (hooks.go) and
+// its layers are merged when too deep.
+func (o *Orchestrator) pauseLocked(ctx context.Context, s *instance, fsOnly bool) error {
+	snapDir, err := o.verbs.Pause(ctx, o.live(s), fsOnly)
+	if err != nil {
 		return err
 	}
-	if fsOnly {
-		o.syncGuest(ctx, s)
-	}
-	if err := o.transition(s, sandbox.Pausing, func(r *sandbox.Record) { r.FilesystemOnly = fsOnly }); err != nil {
-		if o.state(s) != sandbox.Pausing {
-			return err // nothing recorded
-		}
-		return o.resumeAfterFailedPause(ctx, s, nil, err)
-	}
-	s.mu.Lock()
-	vm, rec, id := s.machine(), s.rec, s.rec.ID
-	s.mu.Unlock()
-	if err := vm.Pause(ctx); err != nil {
-		return o.resumeAfterFailedPause(ctx, s, nil, err)
-	}
-	lap("stop_vcpus")
-	sealedFrom := rec.DiskConfigs()
-	var snapDir string
-	unseal := func(err error) error {
-		// The devices kept their uppers (keepUpper): the VM runs on on
-		// them, and the record names their configs again.
-		s.mu.Lock()
-		s.rec.SetDiskConfigs(sealedFrom)
-		s.mu.Unlock()
-		return o.resumeAfterFailedPause(ctx, s, vm, err, snapDir)
-	}
-	snapDir, err = o.captureAndSeal(ctx, s, rec, vm, fsOnly)
-	if err != nil {
-		return unseal(err)
-	}
-	lap("capture_seal")
-	var old string
-	err = o.transition(s, sandbox.Paused, func(r *sandbox.Record) {
-		old, r.Snapshot = r.Snapshot, snapDir
-		if fsOnly {
-			r.Memory = snapshot.MemoryImage{} // nothing maps or keeps one
-		}
-	})
-	if err != nil {
-		return unseal(err)
-	}
-	lap("record")
 	o.stopTimer(s)
-	o.stopVM(ctx, s)
-	_ = fpPauseStopped.Inject()
-	lap("stop_vmm")
-	o.releaseDevice(ctx, s)
-	if err := o.persist(s); err != nil {
-		o.log.Warn("record paused sandbox without its VMM (recovery redoes it)", "sandbox", id, "err", err)
-	}
-	lap("release")
-	if old != "" && old != snapDir {
-		_ = os.RemoveAll(old)
-	}
-	s.mu.Lock()
-	rec = s.rec
-	s.mu.Unlock()
+	rec := o.live(s).Record()
 	if fsOnly {
-		sandbox.DropMemoryLayers(rec.Dir)
-		o.log.Info("sandbox paused without memory", "sandbox", id)
+		o.log.Info("sandbox paused without memory", "sandbox", rec.ID)
 		o.maybeCompact(rec)
 		return nil
 	}
-	o.mem.FlattenPaused(ctx, id, snapDir)
-	o.log.Info("sandbox paused", "sandbox", id)
+	o.mem.FlattenPaused(ctx, rec.ID, snapDir)
+	o.log.Info("sandbox paused", "sandbox", rec.ID)
 	o.afterPaused(ctx, rec) // the repository's commit (hooks.go)
 	o.maybeCompact(rec)
 	return nil
-}
-
-// captureAndSeal (vCPUs stopped) writes the pause's snapshot of memory and
-// VM state (none when fsOnly) and seals the disks' uppers. The memory diff
-// is read while the disks are sealed: they touch different files and
-// daemons, and neither needs the other. The VM state is written only once
-// the seal succeeded (writing it drains the VM's drives; see captureVM). A
-// seal without the "paused" record is a state recovery already handles
-// (the VM continues on the restacked disks, as after a failed drive seal).
-// It returns the snapshot directory, also on error when the capture wrote it.
-func (o *Orchestrator) captureAndSeal(ctx context.Context, s *instance, rec sandbox.Record, vm vmm.Machine, fsOnly bool) (string, error) {
-	sealed := make(chan struct{})
-	var sealErr error
-	go func() {
-		defer close(sealed)
-		start := time.Now()
-		sealErr = o.sealDisks(ctx, s, rec)
-		o.log.Debug("disks sealed", "sandbox", rec.ID, "took", time.Since(start).Round(time.Millisecond), "err", sealErr)
-	}()
-	waitSeal := func() error { <-sealed; return sealErr }
-	var snapDir string
-	var captureErr error
-	if !fsOnly {
-		if snapDir, captureErr = sandbox.CapturePause(ctx, o.log, rec, vm, waitSeal); captureErr == nil {
-			captureErr = fpPauseCaptured.Inject()
-		}
-	}
-	if err := waitSeal(); err != nil && !errors.Is(captureErr, err) {
-		captureErr = errors.Join(captureErr, err)
-	}
-	return snapDir, captureErr
-}
-
-// sealDisks seals the root disk's upper and the writable drives' (vCPUs
-// stopped).
-func (o *Orchestrator) sealDisks(ctx context.Context, s *instance, rec sandbox.Record) error {
-	if err := o.sealRootfs(ctx, s); err != nil {
-		return fmt.Errorf("seal disk: %w", err)
-	}
-	if err := o.sealSandboxDrives(ctx, s, fmt.Sprint(rec.Gen), "sandbox "+rec.ID); err != nil {
-		return fmt.Errorf("seal drives: %w", err)
-	}
-	return fpPauseSealed.Inject()
-}
-
-// resumeAfterFailedPause lets the VM continue (vm nil: its vCPUs never
-// stopped), records the sandbox running again and returns cause; the
-// partial snapshot directories go.
-func (o *Orchestrator) resumeAfterFailedPause(ctx context.Context, s *instance, vm vmm.Machine, cause error, partial ...string) error {
-	ctx = context.WithoutCancel(ctx)
-	var rerr error
-	if vm != nil {
-		if rerr = vm.Resume(ctx); rerr != nil {
-			rerr = fmt.Errorf("resume the VM: %w", rerr)
-		}
-	}
-	for _, p := range partial {
-		_ = os.RemoveAll(p)
-	}
-	if err := o.transition(s, sandbox.Running, func(r *sandbox.Record) { r.FilesystemOnly = false }); err != nil {
-		rerr = errors.Join(rerr, err)
-	}
-	s.mu.Lock()
-	id := s.rec.ID
-	s.mu.Unlock()
-	o.log.Error("pause failed; the sandbox runs on", "sandbox", id, "err", cause, "resume_err", rerr)
-	return errors.Join(cause, rerr)
 }
 
 // Connect makes sure the sandbox runs: a running one gets its end time

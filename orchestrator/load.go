@@ -39,7 +39,7 @@ func (o *Orchestrator) load(ctx context.Context) error {
 			continue
 		}
 		o.log.Error("dropping sandbox that cannot be re-adopted", "sandbox", r.ID, "state", r.State)
-		if err := recovery.DropRecord(ctx, o.store, o.disks, r); err != nil {
+		if err := recovery.DropRecord(ctx, o.verbs, o.recoveryJournal(), r, nil); err != nil {
 			return err
 		}
 	}
@@ -196,7 +196,7 @@ func (o *Orchestrator) pauseUnadoptable(ctx context.Context, s *instance, m vmm.
 	o.log.Warn("re-adopted VM cannot run on; pausing the sandbox", "sandbox", r.ID, "err", cause)
 	// The slot goes back only once the VM using its tap is stopped
 	// (recovery.PauseAdopted stops it whatever happens).
-	perr := recovery.PauseAdopted(ctx, &sandbox.Journal{Store: o.store, Log: o.log, Recovery: true}, o.disks, r, m, o.log)
+	perr := recovery.PauseAdopted(ctx, o.verbs, o.recoveryJournal(), r, m)
 	if slot != nil {
 		_ = o.nets.Release(context.WithoutCancel(ctx), slot)
 	} else {
@@ -204,7 +204,7 @@ func (o *Orchestrator) pauseUnadoptable(ctx context.Context, s *instance, m vmm.
 	}
 	if perr != nil {
 		o.log.Error("cannot keep the re-adopted sandbox; dropping it", "sandbox", r.ID, "err", perr)
-		if err := recovery.DropRecord(ctx, o.store, o.disks, r); err != nil {
+		if err := recovery.DropRecord(ctx, o.verbs, o.recoveryJournal(), r, nil); err != nil {
 			o.log.Error("drop sandbox", "sandbox", r.ID, "err", err)
 		}
 		return
@@ -213,4 +213,10 @@ func (o *Orchestrator) pauseUnadoptable(ctx context.Context, s *instance, m vmm.
 	if err := o.store.Get(store.Sandboxes, r.ID, &rec); err == nil {
 		o.sandboxes[r.ID] = &instance{rec: rec}
 	}
+}
+
+// recoveryJournal writes the records of sandboxes the start settles
+// (recovery's journal: no events, no fault points).
+func (o *Orchestrator) recoveryJournal() *sandbox.Journal {
+	return &sandbox.Journal{Store: o.store, Log: o.log, Recovery: true}
 }

@@ -51,6 +51,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentenv/agentenv/lifecycle"
 	"github.com/agentenv/agentenv/recovery"
 	"github.com/agentenv/agentenv/telemetry"
 	"github.com/agentenv/agentenv/template/catalog"
@@ -180,6 +181,8 @@ type Orchestrator struct {
 	// record's state (sandbox/journal.go).
 	journal *sandbox.Journal
 	hooks   hookList // the verbs' hooks (hooks.go)
+	// verbs are the sandbox's pause, kill and snapshot (package lifecycle).
+	verbs *lifecycle.Verbs
 	// volumes are the node's volumes (volumes.go).
 	volumes *volume.Store
 	// pool is the warm pool of VMM processes (pool.go); nil when off.
@@ -244,6 +247,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 		return nil, fmt.Errorf("orchestrator: %w", err)
 	}
 	o.disks = disks
+	o.verbs = &lifecycle.Verbs{Disks: disks, Store: opts.Store, Ops: o.m, Log: o.log, DataDir: opts.DataDir}
 	o.catalog = o.newCatalog()
 	if o.memDev, o.memWhy = disks.Memory(); !opts.MemoryDevices {
 		o.memWhy = "storage.memory_devices is off"

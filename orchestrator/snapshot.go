@@ -14,8 +14,6 @@ import (
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/template"
 
-	"github.com/agentenv/agentenv/internal/atomicfile"
-	"github.com/agentenv/agentenv/internal/ids"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
 )
@@ -91,147 +89,11 @@ func (o *Orchestrator) CreateSnapshot(ctx context.Context, sandboxID, name strin
 	return r, nil
 }
 
-// snapshotLocked captures s (op lock held) into a new snapshot directory;
-// the caller stores the record. On error nothing is left behind and a
-// running sandbox keeps running.
-func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden bool) (r snapshot.Record, err error) {
-	done := o.m.Observe("snapshot")
-	defer func() { done(err) }()
-	id, err := ids.New()
-	if err != nil {
-		return r, err
-	}
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	// A snapshot holds its disks' layers as files (disk/lazy.go).
-	if err := o.settleDisks(ctx, rec); err != nil {
-		return r, fmt.Errorf("snapshot sandbox %s: %w", rec.ID, err)
-	}
-	r = snapshot.Record{ID: id, Names: []string{}, SandboxID: rec.ID, TemplateID: rec.TemplateID, CreatedAt: time.Now().UTC(),
-		Dir: filepath.Join(o.cfg.DataDir, "snapshots", id), VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB,
-		DiskMiB: rec.DiskMiB, EnvdVersion: rec.EnvdVersion, GuestToken: rec.GuestToken, Hidden: hidden,
-		DriveSlots: rec.DriveSlots}
-	r.VM = filepath.Join(r.Dir, "vm")
-	if err := os.MkdirAll(r.Dir, 0o700); err != nil {
-		return r, fmt.Errorf("snapshot sandbox %s: %w", rec.ID, err)
-	}
-	defer func() {
-		if err != nil {
-			_ = os.RemoveAll(r.Dir)
-		}
-	}()
-	switch rec.State {
-	case sandbox.Running:
-		err = o.captureRunning(ctx, s, &r)
-	case sandbox.Paused:
-		if rec.FilesystemOnly {
-			err = fmt.Errorf("it is paused without memory (a filesystem-only pause has no VM state to snapshot); resume it first: %w", ErrConflict)
-			break
-		}
-		err = o.capturePaused(ctx, rec, &r)
-	default:
-		err = fmt.Errorf("it is %s: %w", rec.State, ErrConflict)
-	}
-	if err == nil {
-		err = atomicfile.SyncTree(r.Dir)
-	}
-	if err != nil {
-		return r, fmt.Errorf("snapshot sandbox %s: %w", rec.ID, err)
-	}
-	return r, nil
-}
-
-// captureRunning pauses the VM, writes its snapshot and seals its disk
-// into r, then resumes it whatever happened.
-func (o *Orchestrator) captureRunning(ctx context.Context, s *instance, r *snapshot.Record) (err error) {
-	s.mu.Lock()
-	vm := s.machine()
-	s.mu.Unlock()
-	if err := vm.Pause(ctx); err != nil {
-		return fmt.Errorf("pause: %w", err)
-	}
-	defer func() {
-		if rerr := vm.Resume(context.WithoutCancel(ctx)); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("resume: %w", rerr))
-		}
-	}()
-	s.mu.Lock()
-	id, cur, owner := s.rec.ID, s.rec.Memory, s.rec.Dir
-	s.mu.Unlock()
-	if err := o.mem.Capture(ctx, id, vm, cur, r.VM, filepath.Join(r.Dir, "mem.lsmt")); err != nil {
-		return err
-	}
-	if err := snapshot.AdoptMemory(r.VM, owner, r.Dir); err != nil {
-		return err
-	}
-	return o.captureDisk(ctx, s, r)
-}
-
-// captureDisk (VM paused) makes r's rootfs: the disk is sealed (daemon:
-// the live upper becomes a layer the sandbox's disk then stacks on) and the
-// sandbox's new layer list is recorded before the VM continues (or a crash
-// would leave a record whose disk lacks the layer); then the disk as of now
-// goes into r's directory.
-func (o *Orchestrator) captureDisk(ctx context.Context, s *instance, r *snapshot.Record) error {
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	own, err := o.sealDisk(ctx, rec, fmt.Sprintf("rootfs-%d-%s", rec.Gen, r.ID), "snapshot "+r.ID, restackUpper)
-	if err != nil {
-		return fmt.Errorf("seal rootfs: %w", err)
-	}
-	var drives []sandbox.AttachedDrive
-	if len(rec.Drives) > 0 {
-		if drives, err = o.disks.SealDrives(ctx, rec, fmt.Sprintf("%d-%s", rec.Gen, r.ID), "snapshot "+r.ID, restackUpper); err != nil {
-			return fmt.Errorf("seal drives: %w", err)
-		}
-	}
-	if err := fpSnapshotSealed.Inject(); err != nil {
-		return err
-	}
-	if own != "" || len(drives) > 0 {
-		err := o.update(s, func(rec *sandbox.Record) {
-			if own != "" {
-				rec.RootfsImage = own
-			}
-			for i := range drives {
-				rec.Drives[i].Config = drives[i].Config
-			}
-		})
-		if err != nil {
-			return err
-		}
-		s.mu.Lock()
-		rec = s.rec
-		s.mu.Unlock()
-	}
-	if err := fpSnapshotRecorded.Inject(); err != nil {
-		return err
-	}
-	return o.copyDisksInto(ctx, rec, r)
-}
-
-// copyDisksInto puts rec's root disk and drives, as they are now, into
-// snapshot r.
-func (o *Orchestrator) copyDisksInto(ctx context.Context, rec sandbox.Record, r *snapshot.Record) error {
-	if err := o.copyRootInto(rec, r); err != nil {
-		return err
-	}
-	drives, err := disk.CopyDrivesInto(rec, r.Dir)
-	r.Drives = drives
-	return err
-}
-
-// capturePaused copies a paused sandbox's saved state into r.
-func (o *Orchestrator) capturePaused(ctx context.Context, rec sandbox.Record, r *snapshot.Record) error {
-	if err := snapshot.LinkTree(rec.Snapshot, r.VM); err != nil {
-		return err
-	}
-	if err := snapshot.AdoptMemory(r.VM, rec.Dir, r.Dir); err != nil {
-		return err
-	}
-	return o.copyDisksInto(ctx, rec, r)
+// snapshotLocked captures s (op lock held) into a new snapshot directory
+// (lifecycle.Verbs.Snapshot); the caller stores the record. On error
+// nothing is left behind and a running sandbox keeps running.
+func (o *Orchestrator) snapshotLocked(ctx context.Context, s *instance, hidden bool) (snapshot.Record, error) {
+	return o.verbs.Snapshot(ctx, o.live(s), hidden, o.captureMemory)
 }
 
 // DeleteSnapshot removes a snapshot by id or name. It refuses while a

@@ -17,8 +17,8 @@ import (
 
 	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/internal/vmmproc"
+	"github.com/agentenv/agentenv/lifecycle"
 	"github.com/agentenv/agentenv/sandbox"
-	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/warmpool"
@@ -55,6 +55,7 @@ type recovery struct {
 	st      *store.Store
 	j       *sandbox.Journal // recovery publishes no events: nothing subscribed yet
 	sd      *disk.Manager
+	verbs   *lifecycle.Verbs // the pause and kill of serving sandboxes
 	log     *slog.Logger
 	dataDir string
 }
@@ -83,7 +84,8 @@ func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, devices disk.
 	if err != nil {
 		return nil, fmt.Errorf("recover sandboxes: %w", err)
 	}
-	rc := &recovery{drv: drv, st: st, j: &sandbox.Journal{Store: st, Log: log, Recovery: true}, sd: sd, log: log, dataDir: dataDir}
+	rc := &recovery{drv: drv, st: st, j: &sandbox.Journal{Store: st, Log: log, Recovery: true}, sd: sd, log: log, dataDir: dataDir,
+		verbs: &lifecycle.Verbs{Disks: sd, Store: st, Log: log, DataDir: dataDir}}
 	// Nothing of the warm pool is kept: its entries go before the sandboxes
 	// that may have claimed one are settled (either removal tolerates the
 	// other's).
@@ -114,10 +116,10 @@ func (rc *recovery) recoverOne(ctx context.Context, r sandbox.Record, out *Recov
 		return rc.tidyPaused(ctx, r)
 	case sandbox.Starting:
 		rc.log.Warn("rolling back a create interrupted by a restart", "sandbox", r.ID)
-		return DropRecord(ctx, rc.st, rc.sd, r)
+		return DropRecord(ctx, rc.verbs, rc.j, r, nil)
 	case sandbox.Killing:
 		rc.log.Info("finishing a kill interrupted by a restart", "sandbox", r.ID)
-		return DropRecord(ctx, rc.st, rc.sd, r)
+		return DropRecord(ctx, rc.verbs, rc.j, r, nil)
 	}
 	if r.State == sandbox.Resuming && r.PoolClaim {
 		// Its VMM came from the warm pool and may never have loaded the
@@ -136,7 +138,7 @@ func (rc *recovery) recoverOne(ctx context.Context, r sandbox.Record, out *Recov
 		return nil
 	}
 	if err == nil {
-		if err = PauseAdopted(ctx, rc.j, rc.sd, r, m, rc.log); err == nil {
+		if err = PauseAdopted(ctx, rc.verbs, rc.j, r, m); err == nil {
 			return nil
 		}
 	}
@@ -151,7 +153,7 @@ func (rc *recovery) recoverOne(ctx context.Context, r sandbox.Record, out *Recov
 		return rc.tidyPaused(ctx, r)
 	}
 	rc.log.Error("cannot re-adopt sandbox; dropping it", "sandbox", r.ID, "state", r.State, "err", err)
-	return DropRecord(ctx, rc.st, rc.sd, r)
+	return DropRecord(ctx, rc.verbs, rc.j, r, nil)
 }
 
 // tidyPaused removes what a pause interrupted after its "paused" record
@@ -170,12 +172,11 @@ func (rc *recovery) tidyPaused(ctx context.Context, r sandbox.Record) error {
 	return rc.j.Put(r)
 }
 
-// DropRecord stops whatever is left of a sandbox and forgets it.
-func DropRecord(ctx context.Context, st *store.Store, sd *disk.Manager, r sandbox.Record) error {
-	vmmproc.Kill(r.PID, r.PIDStart)
-	_ = sd.DeleteRecordDevices(ctx, r)
-	_ = os.RemoveAll(r.Dir)
-	return st.Delete(store.Sandboxes, r.ID)
+// DropRecord kills what is left of a sandbox a restart found (its VMM,
+// devices, directory and record) with the kill of a serving sandbox
+// (lifecycle.Verbs.Kill); m is its adopted VMM, nil when none was.
+func DropRecord(ctx context.Context, v *lifecycle.Verbs, j *sandbox.Journal, r sandbox.Record, m vmm.Machine) error {
+	return v.Kill(ctx, lifecycle.Adopted(r, m, j, v.Disks, v.Log), lifecycle.Removal{})
 }
 
 // reclaimDevices deletes the daemon's devices no sandbox record holds (a
@@ -205,68 +206,23 @@ func adoptVM(ctx context.Context, drv vmm.Driver, r sandbox.Record) (vmm.Machine
 	return ad.Adopt(ctx, filepath.Join(r.Dir, fmt.Sprintf("run-%d", r.Gen)))
 }
 
-// PauseAdopted pauses an adopted VM in the same durable steps as a pause:
-// vCPUs stopped, memory and VM state written and synced, disk sealed (a
-// seal the crash interrupted is finished, not repeated), "paused" recorded,
-// then the VMM stopped and the device deleted. The VM is stopped whatever
-// happens. A filesystem-only pause the crash interrupted is finished as
-// one (no memory; the guest flushed before "pausing" was recorded); any
-// other live VM is paused with its memory, so nothing is lost.
-func PauseAdopted(ctx context.Context, j *sandbox.Journal, sd *disk.Manager, r sandbox.Record, m vmm.Machine, log *slog.Logger) error {
+// PauseAdopted pauses an adopted VM with the pause of a serving sandbox
+// (lifecycle.Verbs.Pause): vCPUs stopped, memory and VM state written and
+// synced, disks sealed (a seal the crash interrupted is finished, not
+// repeated), "paused" recorded, then the VMM stopped and the devices
+// deleted. The VM is stopped whatever happens. A filesystem-only pause
+// the crash interrupted is finished as one (no memory; the guest flushed
+// before "pausing" was recorded); any other live VM is paused with its
+// memory, so nothing is lost.
+func PauseAdopted(ctx context.Context, v *lifecycle.Verbs, j *sandbox.Journal, r sandbox.Record, m vmm.Machine) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	defer m.Stop(context.WithoutCancel(ctx))
-	if err := m.Pause(ctx); err != nil {
-		return fmt.Errorf("pause adopted machine: %w", err)
-	}
-	fsOnly := r.State == sandbox.Pausing && r.FilesystemOnly
-	var snapDir string
-	if !fsOnly {
-		var err error
-		if snapDir, err = sandbox.CapturePause(ctx, log, r, m, nil); err != nil {
-			return fmt.Errorf("pause adopted machine: %w", err)
-		}
-	}
-	cfg, err := sd.SealDevice(ctx, r, fmt.Sprintf("rootfs-%d", r.Gen), "sandbox "+r.ID, disk.KeepUpper)
-	if err != nil {
-		_ = os.RemoveAll(snapDir)
+	s := lifecycle.Adopted(r, m, j, v.Disks, v.Log)
+	defer s.StopVM(context.WithoutCancel(ctx))
+	if _, err := v.Pause(ctx, s, r.State == sandbox.Pausing && r.FilesystemOnly); err != nil {
 		return err
 	}
-	r.RootfsImage = cfg
-	drives, err := sd.SealDrives(ctx, r, fmt.Sprint(r.Gen), "sandbox "+r.ID, disk.KeepUpper)
-	if err != nil {
-		_ = os.RemoveAll(snapDir)
-		return err
-	}
-	r.Drives = drives
-	old := r.Snapshot
-	err = j.Transition(r, sandbox.Paused, func(r *sandbox.Record) {
-		r.Snapshot, r.FilesystemOnly = snapDir, fsOnly
-		if fsOnly {
-			r.Memory = snapshot.MemoryImage{}
-		}
-	}, func(n sandbox.Record) { r = n })
-	if err != nil {
-		return err
-	}
-	if err := m.Stop(ctx); err != nil {
-		log.Warn("stop adopted machine", "sandbox", r.ID, "err", err)
-	}
-	if err := sd.DeleteRecordDevices(ctx, r); err != nil {
-		log.Warn("delete the devices of a paused sandbox (reclaimed at the next start)", "sandbox", r.ID, "err", err)
-	}
-	if old != "" && old != snapDir {
-		_ = os.RemoveAll(old)
-	}
-	if fsOnly {
-		sandbox.DropMemoryLayers(r.Dir)
-	}
-	r.PID, r.PIDStart, r.Slot = 0, 0, 0
-	r.ClearDevices()
-	if err := j.Put(r); err != nil {
-		return err
-	}
-	log.Info("re-adopted sandbox after restart and kept it paused", "sandbox", r.ID)
+	v.Log.Info("re-adopted sandbox after restart and kept it paused", "sandbox", r.ID)
 	return nil
 }
 
