@@ -44,7 +44,7 @@ type CreateOptions struct {
 	// slot after Drives (volumes.go).
 	Volumes []VolumeMount
 	// AutoPauseFilesystemOnly makes the timeout's auto-pause keep only the
-	// disks (coldboot.go); it cannot go with AutoResume, since traffic
+	// disks (template/catalog/coldboot.go); it cannot go with AutoResume, since traffic
 	// cannot resume a sandbox without memory in place.
 	AutoPauseFilesystemOnly bool
 }
@@ -316,7 +316,7 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 		spec.Init.AccessToken = &token // "" clears a token the snapshot's sandbox had
 	}
 	if rec.ColdBoot {
-		if err := o.coldBoot(&spec, rec); err != nil {
+		if err := o.catalog.ColdBoot(&spec, rec); err != nil {
 			return err
 		}
 	}

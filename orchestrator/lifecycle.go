@@ -34,7 +34,7 @@ func (o *Orchestrator) killLocked(ctx context.Context, s *instance) error {
 }
 
 // Pause snapshots a running sandbox and releases its VM and slot. Without
-// keepMemory only its disks are kept (coldboot.go): its resume cold-boots.
+// keepMemory only its disks are kept (template/catalog/coldboot.go): its resume cold-boots.
 func (o *Orchestrator) Pause(ctx context.Context, id string, keepMemory bool) error {
 	s, err := o.lockOp(id)
 	if err != nil {

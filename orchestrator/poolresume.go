@@ -3,13 +3,8 @@ package orchestrator
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 
-	"github.com/agentenv/agentenv/snapshot"
-	"github.com/agentenv/agentenv/storage/blob"
-	"github.com/agentenv/agentenv/template"
-	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/warmpool"
 )
 
@@ -48,10 +43,10 @@ func (o *Orchestrator) takeRebased(ctx context.Context, s *instance, vmDir strin
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	if o.pool == nil || o.memDev != nil || vmDir == "" || len(rec.Drives) > 0 || rec.ColdBoot || !localDisk(rec.RootfsImage) {
+	if o.pool == nil || o.memDev != nil || vmDir == "" || len(rec.Drives) > 0 || rec.ColdBoot || !disk.LocalDisk(rec.RootfsImage) {
 		return nil
 	}
-	t, ok := o.pooledBase(vmDir)
+	t, ok := o.catalog.PooledBase(vmDir, &o.matMu)
 	if !ok || t.VCPUs != rec.VCPUs || t.MemoryMiB != rec.MemoryMiB {
 		return nil
 	}
@@ -75,43 +70,4 @@ func (o *Orchestrator) takeRebased(ctx context.Context, s *instance, vmDir strin
 	}
 	o.log.Info("a pooled VM's disk moved onto the sandbox's", "sandbox", rec.ID, "entry", e.ID, "device", e.Device, "template", t.ID)
 	return e
-}
-
-// pooledBase returns the template whose pooled VMs map the memory file a
-// VM restored from vmDir maps: the template's memory file, with the
-// layers above it written in. False when vmDir's memory is flattened into
-// a file of its own (restoreMemory maps that one) or stacks on no
-// template's file.
-func (o *Orchestrator) pooledBase(vmDir string) (*template.Template, bool) {
-	m, err := snapshot.ReadMemoryManifest(vmDir)
-	if err != nil || !m.Layered() || len(m.Layers) < 2 || m.Base == "" {
-		return nil, false
-	}
-	o.matMu.Lock()
-	_, flatErr := os.Stat(m.File)
-	_, baseErr := os.Stat(m.Base)
-	o.matMu.Unlock()
-	if flatErr == nil || baseErr != nil {
-		return nil, false
-	}
-	// ensureMemoryBase: a template's memory file is its snapshot's.
-	return o.catalog.Find(func(t *template.Template) bool {
-		return m.Base == filepath.Join(t.Snapshot, vmm.SnapshotMemoryFile)
-	})
-}
-
-// localDisk says whether every layer of the disk config is a local file
-// (a disk still read from URLs moves onto local files under a device of
-// its own, disk/lazy.go).
-func localDisk(config string) bool {
-	layers, err := snapshot.LayersOf(config)
-	if err != nil || len(layers) == 0 {
-		return false
-	}
-	for _, l := range layers {
-		if blob.IsURL(l) {
-			return false
-		}
-	}
-	return true
 }

@@ -1,4 +1,4 @@
-package orchestrator
+package catalog
 
 import (
 	"fmt"
@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/sandbox"
-	"github.com/agentenv/agentenv/template/catalog"
 	"github.com/agentenv/agentenv/vmm"
 )
 
@@ -19,24 +18,24 @@ import (
 // (sync) right before such a pause; what it writes between that and the
 // stop of its vCPUs may be lost, as after a crash (E2B's semantics too).
 
-// coldBootAgentWait bounds a cold boot's wait for the agent: a whole boot
+// ColdBootAgentWait bounds a cold boot's wait for the agent: a whole boot
 // of the guest, slower than a restore (minutes under TCG).
-const coldBootAgentWait = 5 * time.Minute
+const ColdBootAgentWait = 5 * time.Minute
 
-// coldBoot turns spec, a restore of rec's VM, into a cold boot of its disk
+// ColdBoot turns spec, a restore of rec's VM, into a cold boot of its disk
 // with the kernel and initrd its template booted from. The fresh agent
 // holds no token and none of the template's defaults a snapshot kept, so
 // its /init carries them: the template's env (under the sandbox's own) and
 // working directory.
-func (o *Orchestrator) coldBoot(spec *sandbox.Spec, rec sandbox.Record) error {
-	lineage := o.catalog.Lineage(rec.TemplateID)
-	kernel, initrd, err := o.catalog.BootFiles(lineage)
+func (c *Catalog) ColdBoot(spec *sandbox.Spec, rec sandbox.Record) error {
+	lineage := c.Lineage(rec.TemplateID)
+	kernel, initrd, err := c.BootFiles(lineage)
 	if err != nil {
 		return fmt.Errorf("cold boot sandbox %s: %w", rec.ID, err)
 	}
 	spec.Restore, spec.Memory, spec.InitHeld = "", nil, ""
-	spec.Boot = &vmm.Config{Kernel: kernel, Initrd: initrd, VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB, Cmdline: catalog.BootCmdline}
-	spec.AgentWait = coldBootAgentWait
+	spec.Boot = &vmm.Config{Kernel: kernel, Initrd: initrd, VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB, Cmdline: BootCmdline}
+	spec.AgentWait = ColdBootAgentWait
 	env := map[string]string{}
 	if len(lineage) > 0 {
 		maps.Copy(env, lineage[0].Env)
