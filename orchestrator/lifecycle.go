@@ -120,44 +120,26 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 	return rec, true, nil
 }
 
-// resumeLocked (op held, sandbox paused) records "resuming" (and whether
-// it cold-boots), brings the VM up from the paused snapshot or boots its
-// disk, and records "running". A failure leaves the sandbox paused as it
-// was, on the same snapshot if it has one.
-func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout time.Duration, memory bool) (err error) {
-	done := o.m.Observe("resume")
-	defer func() { done(err) }()
+// resumeLocked (op held, sandbox paused), once admitted, resumes s in the
+// stages of lifecycle.Verbs.Resume, its VM brought up by startResume (on a
+// warm pool's VM when one fits), and arms its timer. A failure leaves the
+// sandbox paused as it was.
+func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout time.Duration, memory bool) error {
 	s.mu.Lock()
-	mem := s.rec.MemoryMiB
+	mem, id := s.rec.MemoryMiB, s.rec.ID
 	s.mu.Unlock()
 	release, err := o.admit(ctx, "resume", mem, 0)
 	if err != nil {
 		return err
 	}
 	defer release()
-	if err := o.transition(s, sandbox.Resuming, func(r *sandbox.Record) { r.ColdBoot = !memory || r.FilesystemOnly }); err != nil {
-		if o.state(s) != sandbox.Resuming {
-			return err // nothing recorded
-		}
-		return errors.Join(err, o.transition(s, sandbox.Paused, nil))
-	}
-	s.mu.Lock()
-	from, id := s.rec.Snapshot, s.rec.ID
-	if s.rec.ColdBoot {
-		from = ""
-	}
-	s.mu.Unlock()
 	// A flatten of the pause still running would only compete with the
 	// restore for the disk and CPU: it stops, the restore writes the layers.
-	o.mem.StopFlatten(id)
-	if err := o.startResume(ctx, s, from, o.m.Stage("resume")); err != nil {
-		return errors.Join(err, o.transition(s, sandbox.Paused, func(r *sandbox.Record) { r.PID, r.PIDStart, r.PoolClaim = 0, 0, false }))
+	stopFlatten := func() { o.mem.StopFlatten(id) }
+	up := func(ctx context.Context, from string, lap func(string)) error {
+		return o.startResume(ctx, s, from, lap)
 	}
-	if err := o.mountVolumes(ctx, s); err != nil {
-		o.log.Warn("resume: the guest did not mount its volumes", "sandbox", s.rec.ID, "err", err)
-	}
-	err = o.transition(s, sandbox.Running, func(r *sandbox.Record) { r.EndAt, r.FilesystemOnly = time.Now().UTC().Add(timeout), false })
-	if err != nil {
+	if err := o.verbs.Resume(ctx, o.live(s), memory, timeout, stopFlatten, up); err != nil {
 		return err
 	}
 	s.mu.Lock()
