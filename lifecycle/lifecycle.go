@@ -1,5 +1,5 @@
-// Package lifecycle holds the verbs of a live sandbox (pause, kill and the
-// capture of a snapshot) as named stage lists in the style of
+// Package lifecycle holds the verbs of a live sandbox (pause, resume, kill
+// and the capture of a snapshot) as named stage lists in the style of
 // sandbox.Start: each verb runs its stages in order; a stage that changes
 // something registers its undo on a stack, and a failure before the verb's
 // commit point runs the stack once, newest first. After the commit point
