@@ -26,8 +26,6 @@ var (
 
 	fpSnapshotStored = failpoint.New("orchestrator/snapshot/stored") // the snapshot record is durable
 
-	fpForkSnapshot = failpoint.New("orchestrator/fork/snapshot") // the hidden snapshot exists, no child yet
-
 	fpDropRecorded = failpoint.New("orchestrator/dropcopy/recorded") // a stale copy's "killing" is durable, nothing removed yet
 
 	fpCompactRootfs = failpoint.New("orchestrator/compact/rootfs-merged") // merged disk layer and its config written, record not yet

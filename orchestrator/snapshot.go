@@ -7,10 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/agentenv/agentenv/disk"
+	"github.com/agentenv/agentenv/lifecycle"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/template"
 
@@ -153,14 +153,16 @@ func (o *Orchestrator) snapshotUser(r snapshot.Record) string {
 }
 
 // ForkResult is one child of a fork: its record, or why it failed.
-type ForkResult struct {
-	Sandbox sandbox.Record
-	Err     error
-}
+type ForkResult = lifecycle.ForkResult
+
+// forkParallelism bounds how many children restore at once: restores are
+// CPU-bound in the VMM, so more than a couple per core only adds latency.
+const forkParallelism = 4
 
 // Fork snapshots a running sandbox once (it pauses for the capture and
 // resumes in place) and starts count children from that snapshot, each
-// with its own network slot, disk upper, access tokens and timeout.
+// with its own network slot, disk upper, access tokens and timeout
+// (lifecycle.Verbs.Fork); the orchestrator admits, locks and creates.
 func (o *Orchestrator) Fork(ctx context.Context, id string, count int, timeout time.Duration) ([]ForkResult, error) {
 	if count < 1 || count > 100 {
 		return nil, fmt.Errorf("fork: count %d is not within 1..100: %w", count, ErrInvalid)
@@ -178,48 +180,28 @@ func (o *Orchestrator) Fork(ctx context.Context, id string, count int, timeout t
 		s.op.Unlock()
 		return nil, fmt.Errorf("fork sandbox %s: it is %s: %w", id, st, ErrConflict)
 	}
-	snap, err := o.snapshotLocked(ctx, s, true)
-	if err == nil {
-		err = o.store.Put(store.Snapshots, snap.ID, snap)
-	}
-	if err == nil {
-		err = fpForkSnapshot.Inject()
-	}
-	s.mu.Lock()
-	src := s.rec
-	s.mu.Unlock()
-	s.op.Unlock()
+	snap, out, err := o.verbs.Fork(ctx, o.live(s), lifecycle.ForkPlan{
+		Count: count, Parallel: forkParallelism, Memory: o.captureMemory, Unlock: s.op.Unlock,
+		Child: func(ctx context.Context, snap snapshot.Record, src sandbox.Record) (sandbox.Record, error) {
+			return o.Create(ctx, forkChildOptions(snap, src, timeout))
+		},
+	})
 	if err != nil {
-		_ = os.RemoveAll(snap.Dir)
-		return nil, fmt.Errorf("fork sandbox %s: %w", id, err)
+		return nil, err
 	}
-	if timeout <= 0 {
-		timeout = time.Until(src.EndAt)
-	}
-	opts := CreateOptions{TemplateID: snap.ID, Timeout: timeout, AutoPause: src.AutoPause, AutoResume: src.AutoResume,
-		Secure: src.Secure, Metadata: src.Metadata, EnvVars: src.EnvVars, Policy: src.Policy,
-		PrivateTraffic: src.TrafficToken != "", AutoPauseFilesystemOnly: src.AutoPauseFilesystemOnly}
-	out := make([]ForkResult, count)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, o.forkParallelism())
-	for i := range out {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			out[i].Sandbox, out[i].Err = o.Create(ctx, opts)
-		}()
-	}
-	wg.Wait()
 	o.log.Info("sandbox forked", "sandbox", id, "snapshot", snap.ID, "children", count)
 	return out, nil
 }
 
-// forkParallelism bounds how many children restore at once: restores are
-// CPU-bound in the VMM, so more than a couple per core only adds latency.
-func (o *Orchestrator) forkParallelism() int {
-	return 4
+// forkChildOptions creates a child from the fork's snapshot with the
+// parent's settings; with no timeout given it ends when the parent does.
+func forkChildOptions(snap snapshot.Record, src sandbox.Record, timeout time.Duration) CreateOptions {
+	if timeout <= 0 {
+		timeout = time.Until(src.EndAt)
+	}
+	return CreateOptions{TemplateID: snap.ID, Timeout: timeout, AutoPause: src.AutoPause, AutoResume: src.AutoResume,
+		Secure: src.Secure, Metadata: src.Metadata, EnvVars: src.EnvVars, Policy: src.Policy,
+		PrivateTraffic: src.TrafficToken != "", AutoPauseFilesystemOnly: src.AutoPauseFilesystemOnly}
 }
 
 // collectForkSnapshot deletes the hidden snapshot a fork took once its
