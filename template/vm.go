@@ -140,11 +140,9 @@ func (b *Builder) vmSpec(ctx context.Context, v *buildVM, t *Template, spec Buil
 		}
 		return vs, disk, nil
 	}
-	kernel, initrd := filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.cpio")
-	for s, d := range map[string]string{b.cfg.Image.Assets.Kernel: kernel, b.cfg.Image.Assets.Initrd: initrd} {
-		if err := snapshot.SparseCopy(ctx, s, d); err != nil {
-			return sandbox.Spec{}, nil, err
-		}
+	kernel, initrd, err := CopyBootFiles(ctx, dir, b.cfg.Image.Assets.Kernel, b.cfg.Image.Assets.Initrd)
+	if err != nil {
+		return sandbox.Spec{}, nil, err
 	}
 	built.DriveSlots = sandbox.DriveSlots(b.cfg.VMs.Driver)
 	vs.Drives = make([]sandbox.Disk, built.DriveSlots)

@@ -57,6 +57,7 @@ var ValidName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$`)
 
 // Fault points between the durable steps of a volume's changes.
 var (
+	fpCreateDir     = failpoint.New("volume/create/dir")     // the volume's directory entry is durable, empty
 	fpCreateLayer   = failpoint.New("volume/create/layer")   // base layer and config written, no record yet
 	fpCommitLinks   = failpoint.New("volume/commit/adopted") // a holder's layers linked in, record not yet
 	fpCompactMerged = failpoint.New("volume/compact/merged") // merged layer and its config written, record not yet
@@ -131,6 +132,9 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("open volumes %s: default size %d MiB out of range %d..%d", dir, opts.DefaultSizeMiB, MinSizeMiB, MaxSizeMiB)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("open volumes %s: %w", dir, err)
+	}
+	if err := atomicfile.SyncDir(filepath.Dir(filepath.Clean(dir))); err != nil {
 		return nil, fmt.Errorf("open volumes %s: %w", dir, err)
 	}
 	s := &Store{dir: dir, format: opts.Format, defaultSize: opts.DefaultSizeMiB, log: log, vols: map[string]*Volume{}}
@@ -234,6 +238,15 @@ func (s *Store) Create(ctx context.Context, name string, sizeMiB int) (Volume, e
 func (s *Store) makeVolume(ctx context.Context, v Volume) (Volume, error) {
 	vdir := filepath.Join(s.dir, v.ID)
 	if err := os.Mkdir(vdir, 0o700); err != nil {
+		return v, err
+	}
+	// The record below is fsynced in vdir; vdir's own entry in the store's
+	// directory must be durable first, or a power loss loses the volume
+	// its record called created.
+	if err := atomicfile.SyncDir(s.dir); err != nil {
+		return v, err
+	}
+	if err := fpCreateDir.Inject(); err != nil {
 		return v, err
 	}
 	base := filepath.Join(vdir, "base")

@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/cgroup"
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/internal/inherited"
@@ -229,7 +230,9 @@ func apiKey(cfg config.Config) (string, error) {
 		return "", fmt.Errorf("api key: %w", err)
 	}
 	k := "e2b_" + hex.EncodeToString(raw)
-	if err := os.WriteFile(path, []byte(k+"\n"), 0o600); err != nil {
+	// Atomic and fsynced: clients are given this key, so a power loss must
+	// not leave an empty file that the next start replaces with a new key.
+	if err := atomicfile.WriteFile(path, []byte(k+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("api key file: %w", err)
 	}
 	slog.Info("generated an API key", "file", path)

@@ -20,8 +20,8 @@ import (
 
 // Files a template booted from, kept in its directory (buildDefault).
 const (
-	kernelFile = "vmlinuz"
-	initrdFile = "initrd.cpio"
+	kernelFile = template.KernelFile
+	initrdFile = template.InitrdFile
 )
 
 // BootCmdline is the kernel command line of every cold boot of a node's
@@ -70,11 +70,9 @@ func (c *Catalog) buildDefault(ctx context.Context, id string, a *image.Assets) 
 		VCPUs: c.cfg.VCPUs, MemoryMiB: c.cfg.MemoryMiB, EnvdVersion: template.AgentVersion, CreatedAt: time.Now().UTC()}
 	// Kernel and initrd are copied so the template outlives the asset cache
 	// (the snapshot's config names them).
-	kernel, initrd := filepath.Join(dir, kernelFile), filepath.Join(dir, initrdFile)
-	for src, dst := range map[string]string{a.Kernel: kernel, a.Initrd: initrd} {
-		if err := snapshot.SparseCopy(ctx, src, dst); err != nil {
-			return t, fmt.Errorf("build template %s: %w", id, err)
-		}
+	kernel, initrd, err := template.CopyBootFiles(ctx, dir, a.Kernel, a.Initrd)
+	if err != nil {
+		return t, fmt.Errorf("build template %s: %w", id, err)
 	}
 	if st, err := os.Stat(a.Rootfs); err == nil {
 		t.DiskMiB = int(st.Size() >> 20)

@@ -159,13 +159,25 @@ func blockdev(d vmm.Drive, jail string) string {
 		if d.NBD.Export != "" {
 			s += ",export=" + escapeOpt(d.NBD.Export)
 		}
-		return s
+		return s + discard(d)
 	}
 	driver := "file"
 	if st, err := os.Stat(d.Path); err == nil && st.Mode()&os.ModeDevice != 0 {
 		driver = "host_device"
 	}
-	return fmt.Sprintf("driver=%s,node-name=%s,filename=%s,read-only=%s,cache.direct=off", driver, d.ID, escapeOpt(d.Path), ro)
+	return fmt.Sprintf("driver=%s,node-name=%s,filename=%s,read-only=%s,cache.direct=off", driver, d.ID, escapeOpt(d.Path), ro) + discard(d)
+}
+
+// discard passes a writable drive's discards (the guest's TRIM, which
+// virtio-blk offers by default) down to its storage: NBD TRIM, which the
+// storage daemon turns into holes punched in the disk's upper, or a hole
+// in a file. QEMU's default (discard=ignore) drops them, and a guest's
+// deleted files would keep their space on the host until the sandbox ends.
+func discard(d vmm.Drive) string {
+	if d.ReadOnly {
+		return ""
+	}
+	return ",discard=unmap"
 }
 
 // escapeOpt doubles commas, QEMU's escape inside option values.

@@ -14,19 +14,48 @@ import (
 // file is capped. When it grows past maxConsole, its last keepConsole
 // bytes become <console>.1 and the file is truncated; QEMU, appending,
 // carries on at the new end. At most maxConsole + keepConsole bytes stay.
+// QEMU's own output, qemu.log (opened for appending by openVMMLog, so a
+// truncation leaves no hole before QEMU's next write), is capped the same
+// way at maxVMMLog: a guest can make QEMU warn without end (a device's
+// guest errors), and the file outlives the node server's restarts.
 const (
 	maxConsole   = 4 << 20
 	keepConsole  = 256 << 10
+	maxVMMLog    = 1 << 20
 	consoleCheck = 2 * time.Second
 )
 
-// startConsoleCap starts capping the machine's console until the VMM ends
-// or stopConsoleCap.
+// openVMMLog opens (emptied) the file QEMU's stdout and stderr go to.
+// O_APPEND: every write lands at the current end, so when the cap
+// truncates the file QEMU carries on at offset zero.
+func openVMMLog(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("qemu log %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// cappedFile is a file the machine's cap rotates past limit bytes.
+type cappedFile struct {
+	path  string
+	limit int64
+}
+
+// cappedFiles are the machine's files a guest can grow: its console and
+// QEMU's log.
+func (m *machine) cappedFiles() []cappedFile {
+	return []cappedFile{{m.rd.console, maxConsole}, {m.rd.path("qemu.log"), maxVMMLog}}
+}
+
+// startConsoleCap starts capping the machine's console and QEMU's log
+// until the VMM ends or stopConsoleCap.
 func (m *machine) startConsoleCap() {
 	m.consoleStop, m.consoleDone = make(chan struct{}), make(chan struct{})
+	files := m.cappedFiles()
 	go func() {
 		defer close(m.consoleDone)
-		capConsole(m.rd.console, maxConsole, consoleCheck, m.exited, m.consoleStop)
+		capFiles(files, consoleCheck, m.exited, m.consoleStop)
 	}()
 }
 
@@ -46,6 +75,12 @@ func (m *machine) stopConsoleCap() {
 // capConsole rotates the console file every interval until exited or stop
 // is closed.
 func capConsole(path string, limit int64, every time.Duration, exited, stop <-chan struct{}) {
+	capFiles([]cappedFile{{path, limit}}, every, exited, stop)
+}
+
+// capFiles rotates each file past its limit every interval until exited
+// or stop is closed.
+func capFiles(files []cappedFile, every time.Duration, exited, stop <-chan struct{}) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -55,7 +90,9 @@ func capConsole(path string, limit int64, every time.Duration, exited, stop <-ch
 		case <-stop:
 			return
 		case <-t.C:
-			_ = rotateConsole(path, limit)
+			for _, f := range files {
+				_ = rotateConsole(f.path, f.limit)
+			}
 		}
 	}
 }

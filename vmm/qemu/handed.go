@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 )
 
 // handedFiles are the files QEMU gets as inherited descriptors rather than
@@ -31,7 +32,7 @@ func openHanded(qmpSocket, console string, mem memorySource) (_ *handedFiles, er
 		}
 	}()
 	_ = os.Remove(qmpSocket)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: qmpSocket, Net: "unix"})
+	ln, err := listenHidden(qmpSocket)
 	if err != nil {
 		return nil, fmt.Errorf("qmp socket: %w", err)
 	}
@@ -76,3 +77,19 @@ func (h *handedFiles) Close() {
 
 // procFD is how QEMU names an inherited descriptor where it wants a path.
 func procFD(fd int) string { return fmt.Sprintf("/proc/self/fd/%d", fd) }
+
+// listenHidden listens on a Unix socket at path without path showing in
+// /proc/net/unix, which every local user reads: the socket's directory
+// names the sandbox, and a sandbox id is a secret (with it a local user
+// could reach the sandbox through the proxy). It binds through
+// /proc/self/fd/<directory>/<name>, the name the kernel then reports; the
+// socket file is at path all the same, where clients connect.
+func listenHidden(path string) (*net.UnixListener, error) {
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	name := fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path))
+	return net.ListenUnix("unix", &net.UnixAddr{Name: name, Net: "unix"})
+}

@@ -63,7 +63,7 @@ func newRunDir(dir, console string) (*runDir, error) {
 		rd.console = filepath.Join(dir, "console.log")
 		rd.own(rd.console)
 	}
-	rd.own(rd.path("qmp.sock"), rd.path("qemu.log"))
+	rd.own(rd.path("qmp.sock"), rd.path("qemu.log"), rd.path("qemu.log.1"))
 	return rd, nil
 }
 
@@ -81,10 +81,10 @@ func (rd *runDir) cleanup() {
 
 // start launches QEMU and connects QMP. On error nothing is left behind.
 func (d *Driver) start(ctx context.Context, id string, spec *machineSpec, mem memorySource, taps []*os.File, rd *runDir, incoming bool) (*machine, error) {
-	logFile, err := os.OpenFile(rd.path("qemu.log"), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	logFile, err := openVMMLog(rd.path("qemu.log"))
 	if err != nil {
 		rd.cleanup()
-		return nil, fmt.Errorf("qemu log: %w", err)
+		return nil, err
 	}
 	defer logFile.Close()
 	jail := ""

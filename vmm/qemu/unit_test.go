@@ -59,7 +59,7 @@ func TestBuildArgs(t *testing.T) {
 		"-chardev file,id=console,append=on,path=/proc/self/fd/5",
 		"-chardev socket,id=qmp,fd=4,server=on,wait=off -mon chardev=qmp,mode=control",
 		"filename=/img,,with,,commas,read-only=on",
-		"driver=nbd,node-name=data,server.type=unix,server.path=/run/nbd.sock,read-only=off,reconnect-delay=30,export=e1",
+		"driver=nbd,node-name=data,server.type=unix,server.path=/run/nbd.sock,read-only=off,reconnect-delay=30,export=e1,discard=unmap",
 		"tap,id=eth0,fd=3",
 		"mac=02:00:00:00:00:01",
 		"-incoming defer -S",
@@ -67,6 +67,9 @@ func TestBuildArgs(t *testing.T) {
 		if !strings.Contains(args, want) {
 			t.Errorf("args lack %q:\n%s", want, args)
 		}
+	}
+	if strings.Contains(args, "commas,read-only=on,cache.direct=off,discard") {
+		t.Errorf("a read-only drive asks for discards:\n%s", args)
 	}
 	if a := strings.Join(buildArgs(spec, memorySource{path: "/m", shared: true}, testFDs, "", false), " "); strings.Contains(a, "-incoming") || strings.Contains(a, "-S") || !strings.Contains(a, "share=on") {
 		t.Errorf("cold boot args wrong: %s", a)
