@@ -1,17 +1,20 @@
 // What a new user tries with E2B's SDK against one node, pointed at it with
 // E2B_SANDBOX_URL (docs/e2b-compat.md): signed file URLs fetched as they
 // are, a server in the sandbox called through sbx.getHost(port), a PTY
-// reconnected, a background timer across a pause. Run by api/e2e's
+// reconnected, a background timer across a pause, the SDK's template
+// builder with copy. Run by api/e2e's
 // TestE2BUserPaths:
 //   E2B_API_URL=... E2B_SANDBOX_URL=... E2B_API_KEY=... AENV_E2B_SDK_DIR=<sdk dir> node userpaths.mjs
 // Prints "ok <step>" per step; runs every step and exits non-zero if any failed.
 import assert from 'node:assert/strict'
 import { execFileSync } from 'node:child_process'
+import fs from 'node:fs'
+import os from 'node:os'
 import { createRequire } from 'node:module'
 import path from 'node:path'
 
 const require = createRequire(path.join(process.env.AENV_E2B_SDK_DIR, 'package.json'))
-const { Sandbox } = require('e2b')
+const { Sandbox, Template } = require('e2b')
 console.log(`e2b SDK ${require('e2b/package.json').version}`)
 
 let failed = 0
@@ -90,13 +93,44 @@ await step('pty: after a reconnect, typed commands print their output', async ()
   await again.wait()
 })
 
-await step('pause: a background timer started before it has run 2 s after the resume', async () => {
-  await sbx.commands.run('rm -f /tmp/slept; (sleep 2 && touch /tmp/slept) >/dev/null 2>&1 &')
+// typeAndSee types line into PTY pid and waits for want in what got()
+// returns.
+async function typeAndSee(box, pid, line, want, got) {
+  await box.pty.sendInput(pid, new TextEncoder().encode(line + '\n'))
+  await until(100, async () => (got().includes(want) ? true : undefined))
+    .catch(() => assert.fail(`the PTY delivered ${JSON.stringify(got())}, not ${want}`))
+}
+
+await step('pause: a PTY reconnected after the resume prints output; a timer set before it runs out', async () => {
+  const dec = new TextDecoder()
+  let before = ''
+  const h = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { before += dec.decode(d, { stream: true }) } })
+  await typeAndSee(sbx, h.pid, 'echo pre$((40+3))', 'pre43', () => before)
+  await sbx.commands.run('rm -f /tmp/slept; (sleep 4 && touch /tmp/slept) >/dev/null 2>&1 &')
   await sbx.pause()
   const back = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 120_000 })
-  await new Promise((r) => setTimeout(r, 2_500))
-  const r = await back.commands.run('test -e /tmp/slept && echo done || { date; uptime; echo missing; }')
+  const resumed = Date.now()
+  let after = ''
+  await back.pty.connect(h.pid, { onData: (d) => { after += dec.decode(d, { stream: true }) } })
+  await typeAndSee(back, h.pid, 'echo post$((40+4))', 'post44', () => after)
+  await new Promise((r) => setTimeout(r, Math.max(0, 4_500 - (Date.now() - resumed))))
+  const r = await back.commands.run('test -e /tmp/slept && echo done || { date; cat /proc/uptime; echo missing; }')
   assert.equal(r.stdout, 'done\n', r.stdout)
+})
+
+await step('Template builder: fromTemplate(base).copy(...) uploads the files; a sandbox of it has them', async () => {
+  const ctx = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-tpl-'))
+  fs.writeFileSync(path.join(ctx, 'hello.txt'), 'copied by the template builder\n')
+  const tpl = Template({ fileContextPath: ctx }).fromTemplate('base').copy('hello.txt', '/home/user/hello.txt')
+  const name = `copy-${process.pid}-${Date.now()}`
+  await Template.build(tpl, name, { cpuCount: 1, memoryMB: 512 })
+  const s = await Sandbox.create(name, { timeoutMs: 120_000 })
+  try {
+    assert.equal(await s.files.read('/home/user/hello.txt'), 'copied by the template builder\n')
+  } finally {
+    await s.kill()
+    fs.rmSync(ctx, { recursive: true, force: true })
+  }
 })
 
 await sbx.kill()
