@@ -237,7 +237,7 @@ func uploadURL(r *http.Request, templateID, hash, token string) string {
 }
 
 // UploadTemplateFiles implements ServerInterface: the body is streamed to
-// disk and kept only if its SHA-256 equals hash (400 otherwise).
+// disk under hash, the client's key for it (template/files.go).
 func (s *Server) UploadTemplateFiles(w http.ResponseWriter, r *http.Request, templateID string, hash string) {
 	if ct := r.Header.Get("Content-Type"); ct != "" && strings.HasPrefix(ct, "multipart/") {
 		writeError(w, http.StatusBadRequest, "send the archive as the raw body (application/octet-stream), not multipart")

@@ -123,7 +123,7 @@ await step('Template builder: fromTemplate(base).copy(...) uploads the files; a 
   fs.writeFileSync(path.join(ctx, 'hello.txt'), 'copied by the template builder\n')
   const tpl = Template({ fileContextPath: ctx }).fromTemplate('base').copy('hello.txt', '/home/user/hello.txt')
   const name = `copy-${process.pid}-${Date.now()}`
-  await Template.build(tpl, name, { cpuCount: 1, memoryMB: 512 })
+  await Template.build(tpl, name, { cpuCount: 1, memoryMB: 512 }).catch((e) => assert.fail(`Template.build: ${e.message}`))
   const s = await Sandbox.create(name, { timeoutMs: 120_000 })
   try {
     assert.equal(await s.files.read('/home/user/hello.txt'), 'copied by the template builder\n')
