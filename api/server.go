@@ -124,10 +124,15 @@ func NewHandler(opts Options) http.Handler {
 }
 
 // auth checks X-API-Key on every route but /health and /metrics (scraped
-// by Prometheus; read-only counters).
+// by Prometheus; read-only counters) and a template files upload that
+// carries its upload token (uploadtoken.go).
 func (s *Server) auth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if uploadAuthorized(r, s.opts.APIKey) {
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -206,7 +206,8 @@ func logEntry(l template.BuildLog) wire.BuildLogEntry {
 }
 
 // GetTemplateFiles implements ServerInterface: 201 {present, url}; url is
-// this server's PUT /templates/{id}/files/{hash} (send X-API-Key).
+// this server's PUT /templates/{id}/files/{hash} with an upload token, so
+// it needs no X-API-Key.
 func (s *Server) GetTemplateFiles(w http.ResponseWriter, r *http.Request, templateID string, hash string) {
 	present, err := s.o.TemplateFilesPresent(templateID, hash)
 	if err != nil {
@@ -215,14 +216,14 @@ func (s *Server) GetTemplateFiles(w http.ResponseWriter, r *http.Request, templa
 	}
 	out := wire.TemplateBuildFileUpload{Present: present}
 	if !present {
-		out.Url = ptr(uploadURL(r, templateID, hash))
+		out.Url = ptr(uploadURL(r, templateID, hash, uploadToken(s.opts.APIKey, templateID, hash)))
 	}
 	writeJSON(w, http.StatusCreated, out)
 }
 
 // uploadURL is the absolute URL of the upload route as the client reached
-// this server.
-func uploadURL(r *http.Request, templateID, hash string) string {
+// this server, with the upload's token (uploadtoken.go).
+func uploadURL(r *http.Request, templateID, hash, token string) string {
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"
@@ -230,12 +231,13 @@ func uploadURL(r *http.Request, templateID, hash string) string {
 	if p := r.Header.Get("X-Forwarded-Proto"); p == "http" || p == "https" {
 		scheme = p
 	}
-	u := url.URL{Scheme: scheme, Host: r.Host, Path: "/templates/" + templateID + "/files/" + hash}
+	u := url.URL{Scheme: scheme, Host: r.Host, Path: "/templates/" + templateID + "/files/" + hash,
+		RawQuery: url.Values{uploadTokenParam: {token}}.Encode()}
 	return u.String()
 }
 
 // UploadTemplateFiles implements ServerInterface: the body is streamed to
-// disk and kept only if its SHA-256 equals hash (400 otherwise).
+// disk under hash, the client's key for it (template/files.go).
 func (s *Server) UploadTemplateFiles(w http.ResponseWriter, r *http.Request, templateID string, hash string) {
 	if ct := r.Header.Get("Content-Type"); ct != "" && strings.HasPrefix(ct, "multipart/") {
 		writeError(w, http.StatusBadRequest, "send the archive as the raw body (application/octet-stream), not multipart")

@@ -21,7 +21,7 @@ import (
 )
 
 // TestTemplateBuildAPIWithoutVMs covers the template build routes that need
-// no VM: create, names, files (present, upload with SHA-256 check), status
+// no VM: create, names, files (present, upload under the client's key), status
 // and its parameters, list, alias and delete, with E2B's error bodies.
 func TestTemplateBuildAPIWithoutVMs(t *testing.T) {
 	dir := t.TempDir()
@@ -69,11 +69,22 @@ func TestTemplateBuildAPIWithoutVMs(t *testing.T) {
 	hash := hex.EncodeToString(sum[:])
 	var up wire.TemplateBuildFileUpload
 	json.Unmarshal(expect("GET", "/templates/"+tid+"/files/"+hash, "", http.StatusCreated).Body.Bytes(), &up)
-	if up.Present || up.Url == nil || *up.Url != "http://example.com/templates/"+tid+"/files/"+hash {
+	if up.Present || up.Url == nil || !strings.HasPrefix(*up.Url, "http://example.com/templates/"+tid+"/files/"+hash+"?token=") {
 		t.Fatalf("files before upload: %+v", up)
 	}
-	expect("PUT", "/templates/"+tid+"/files/"+hash, "another archive", http.StatusBadRequest)
-	expect("PUT", "/templates/"+tid+"/files/"+hash, string(data), http.StatusCreated)
+	// The URL is used as it is, with no X-API-Key (E2B's SDK does so); its
+	// token is for this template and hash only.
+	upload, _ := strings.CutPrefix(*up.Url, "http://example.com")
+	other := strings.Repeat("0", 64)
+	for _, bad := range []string{"/templates/" + tid + "/files/" + hash, "/templates/" + tid + "/files/" + hash + "?token=00",
+		strings.Replace(upload, hash, other, 1)} {
+		if w := do(h, "PUT", bad, "", string(data)); w.Code != http.StatusUnauthorized {
+			t.Fatalf("PUT %s without a key: %d %s, want 401", bad, w.Code, w.Body)
+		}
+	}
+	if w := do(h, "PUT", upload, "", string(data)); w.Code != http.StatusCreated {
+		t.Fatalf("PUT to the upload URL without a key: %d %s", w.Code, w.Body)
+	}
 	json.Unmarshal(expect("GET", "/templates/"+tid+"/files/"+hash, "", http.StatusCreated).Body.Bytes(), &up)
 	if !up.Present {
 		t.Fatalf("files after upload: %+v", up)

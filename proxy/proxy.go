@@ -251,7 +251,10 @@ func (p *Proxy) route(r *http.Request) (target, bool) {
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t, ok := p.route(r)
 	if !ok {
-		writeError(w, http.StatusBadRequest, "request names no sandbox")
+		t, ok = p.bySignature(r)
+	}
+	if !ok {
+		writeError(w, http.StatusBadRequest, noSandboxMessage(r))
 		return
 	}
 	if t.port == 0 {
@@ -285,6 +288,21 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// connection"), cutting agent streams short.
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+}
+
+// noSandboxMessage explains a request that names no sandbox; an unsigned
+// /files URL is what the SDK's downloadUrl/uploadUrl give for a sandbox
+// created without secure when E2B_SANDBOX_URL is set.
+func noSandboxMessage(r *http.Request) string {
+	if r.URL.Path == "/files" && !r.URL.Query().Has("signature") {
+		return "request names no sandbox: an unsigned /files URL (E2B_SANDBOX_URL set, sandbox not secure) " +
+			"does not name its sandbox; send " + HeaderSandboxID + " and " + HeaderSandboxPort +
+			", create the sandbox secure (signed URLs are routed by their signature), or use host routing"
+	}
+	if r.URL.Path == "/files" {
+		return "request names no sandbox: no running sandbox's access token made this /files signature"
+	}
+	return "request names no sandbox"
 }
 
 // autoResume resumes a paused sandbox that asked for it; true when it runs.

@@ -2,7 +2,6 @@ package template
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -15,7 +14,11 @@ import (
 	"github.com/agentenv/agentenv/internal/errdefs"
 )
 
-// Template files (the archives of COPY steps), stored by SHA-256.
+// Template files (the archives of COPY steps), stored by the key the
+// client names: aenv's is the archive's SHA-256, E2B's SDK's its filesHash
+// of the copy step (its sources, destination and options), which is not a
+// hash of the archive. The key is a cache key, as on E2B: an upload is
+// not checked against it.
 
 func validHash(h string) bool {
 	if len(h) != 64 {
@@ -44,8 +47,8 @@ func (b *Builder) FilesPresent(templateID, hash string) (bool, error) {
 	return err == nil, nil
 }
 
-// PutFiles stores r (an archive, at most MaxTemplateFiles bytes) if
-// its SHA-256 equals hash; errdefs.ErrInvalid otherwise.
+// PutFiles stores r (an archive, at most MaxTemplateFiles bytes) under
+// hash; errdefs.ErrInvalid when it is larger.
 func (b *Builder) PutFiles(ctx context.Context, templateID, hash string, r io.Reader) error {
 	if ok, err := b.FilesPresent(templateID, hash); err != nil || ok {
 		if ok {
@@ -58,16 +61,12 @@ func (b *Builder) PutFiles(ctx context.Context, templateID, hash string, r io.Re
 		return fmt.Errorf("store template files %s: %w", hash, err)
 	}
 	err := atomicfile.Write(dst, 0o600, func(w io.Writer) error {
-		h := sha256.New()
-		n, err := io.Copy(io.MultiWriter(w, h), ctxio.Reader(ctx, io.LimitReader(r, MaxTemplateFiles+1)))
+		n, err := io.Copy(w, ctxio.Reader(ctx, io.LimitReader(r, MaxTemplateFiles+1)))
 		if err != nil {
 			return err
 		}
 		if n > MaxTemplateFiles {
 			return fmt.Errorf("template files %s: larger than %d bytes: %w", hash, int64(MaxTemplateFiles), errdefs.ErrInvalid)
-		}
-		if got := hex.EncodeToString(h.Sum(nil)); got != hash {
-			return fmt.Errorf("template files: the body's sha256 is %s, not %s: %w", got, hash, errdefs.ErrInvalid)
 		}
 		return nil
 	})

@@ -240,3 +240,27 @@ func TestBuildDockerfileFails(t *testing.T) {
 }
 
 func jsonDecode(s string, v any) error { return json.Unmarshal([]byte(s), v) }
+
+// TestBuildFromNodeTemplate: `aenv build` of a Dockerfile whose FROM names
+// the node's base template builds on it with nothing pulled (no registry
+// involved); a sandbox of it has the base's files and the new ones.
+func TestBuildFromNodeTemplate(t *testing.T) {
+	n := node(t)
+	c := forNode(t, n)
+	c.timeout = 10 * time.Minute
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM base\nCOPY note.txt /home/user/note.txt\nRUN echo built on base > /home/user/built.txt\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "note.txt"), []byte("copied\n"), 0o644)
+	var tpl builtTemplate
+	r := c.ok("build", dir, "--name", "cli-from-base", "--poll", "200ms", "-o", "json")
+	if err := jsonDecode(r.stdout, &tpl); err != nil || tpl.Status != "ready" {
+		t.Fatalf("build FROM base: %v\n%s", err, r)
+	}
+	id := startedSandbox(t, c, "cli-from-base")
+	r = c.ok("exec", id, "--", "/bin/bash", "-c", "cat /home/user/note.txt /home/user/built.txt; command -v python3 >/dev/null && echo base tools")
+	if want := "copied\nbuilt on base\nbase tools\n"; r.stdout != want {
+		t.Fatalf("the template built FROM base:\n got %q\nwant %q\n%s", r.stdout, want, r)
+	}
+	c.ok("rm", id)
+	c.ok("template", "rm", tpl.TemplateID)
+}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,7 +28,8 @@ func BuildCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "build [CONTEXT] --name NAME [-f Dockerfile]",
 		Short: "Build a template from a Dockerfile, uploading the files it copies",
-		Long: `Build a template on aenvd from a Dockerfile: FROM names the base image; RUN, ENV, ARG,
+		Long: `Build a template on aenvd from a Dockerfile: FROM names the base image, or one of the
+node's templates (FROM base: built on it, nothing pulled); RUN, ENV, ARG,
 WORKDIR, USER, COPY and ADD (local files) become build steps run in a VM; CMD/ENTRYPOINT
 becomes the start command. LABEL, EXPOSE, VOLUME, STOPSIGNAL, HEALTHCHECK, ONBUILD and
 MAINTAINER are ignored with a warning; other instructions (SHELL, multi-stage builds,
@@ -151,6 +153,11 @@ func dockerfileBuild(cmd *cobra.Command, b client.BuildRequest, dir, file string
 	if err != nil {
 		return err
 	}
+	// FROM naming one of the node's templates (FROM base) builds on it, as
+	// E2B's fromTemplate: nothing is pulled, so it works offline.
+	if nodeTemplate(cmd.Context(), c, spec.FromImage) {
+		b.FromTemplate, b.FromImage = spec.FromImage, ""
+	}
 	ref, err := c.CreateTemplate(cmd.Context(), b.Name, b.CPUCount, b.MemoryMB)
 	if errors.Is(err, client.ErrUnsupported) {
 		return fmt.Errorf("%w: this aenvd cannot build templates yet", err)
@@ -263,4 +270,19 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// nodeTemplate reports whether name is the id, a name or an alias of one
+// of the node's templates; a node that cannot list them has none.
+func nodeTemplate(ctx context.Context, c *client.Client, name string) bool {
+	tpls, err := c.Templates(ctx)
+	if err != nil {
+		return false
+	}
+	for _, t := range tpls {
+		if t.TemplateID == name || slices.Contains(t.Aliases, name) || t.Names != nil && slices.Contains(*t.Names, name) {
+			return true
+		}
+	}
+	return false
 }

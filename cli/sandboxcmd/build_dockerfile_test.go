@@ -28,11 +28,12 @@ type buildServer struct {
 	present map[string]bool   // hashes the node has
 	uploads map[string][]byte // hash → archive
 	spec    struct {
-		FromImage string `json:"fromImage"`
-		StartCmd  string `json:"startCmd"`
-		ReadyCmd  string `json:"readyCmd"`
-		Force     bool   `json:"force"`
-		Steps     []struct {
+		FromImage    string `json:"fromImage"`
+		FromTemplate string `json:"fromTemplate"`
+		StartCmd     string `json:"startCmd"`
+		ReadyCmd     string `json:"readyCmd"`
+		Force        bool   `json:"force"`
+		Steps        []struct {
 			Type      string   `json:"type"`
 			Args      []string `json:"args"`
 			FilesHash string   `json:"filesHash"`
@@ -44,6 +45,9 @@ type buildServer struct {
 func newBuildServer(t *testing.T, final string) *buildServer {
 	s := &buildServer{t: t, final: final, present: map[string]bool{}, uploads: map[string][]byte{}}
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v2/templates", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `[{"templateID":"t0base","aliases":["base"],"names":["base"]}]`)
+	})
 	mux.HandleFunc("POST /v3/templates", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(202)
 		fmt.Fprint(w, `{"templateID":"tpl1","buildID":"b1","names":["web"]}`)
@@ -264,5 +268,24 @@ func TestTemplateWatch(t *testing.T) {
 	out, err := runBuild("template", "watch", "tpl1", "b1", "--poll", "1ms")
 	if err == nil || !strings.Contains(err.Error(), "exit status 2") || !strings.Contains(out, "RUN make") {
 		t.Fatalf("watch of a failing build: %v\n%s", err, out)
+	}
+}
+
+// TestBuildDockerfileFromNodeTemplate: FROM naming one of the node's
+// templates builds on it (fromTemplate), nothing pulled; another name is
+// an image.
+func TestBuildDockerfileFromNodeTemplate(t *testing.T) {
+	for _, tc := range []struct{ from, image, template string }{
+		{"base", "", "base"}, {"t0base", "", "t0base"}, {"debian:12", "debian:12", ""},
+	} {
+		s := newBuildServer(t, "ready")
+		dir := t.TempDir()
+		writeFiles(t, dir, map[string]string{"Dockerfile": "FROM " + tc.from + "\nRUN echo hi\n"})
+		if out, err := runBuild("build", dir, "--name", "web", "--poll", "1ms"); err != nil {
+			t.Fatalf("build FROM %s: %v\n%s", tc.from, err, out)
+		}
+		if s.spec.FromImage != tc.image || s.spec.FromTemplate != tc.template {
+			t.Fatalf("FROM %s: build spec fromImage %q fromTemplate %q, want %q %q", tc.from, s.spec.FromImage, s.spec.FromTemplate, tc.image, tc.template)
+		}
 	}
 }

@@ -63,3 +63,14 @@ func proxyEvents(px streamCloser) func(sandbox.Event) {
 		}
 	}
 }
+
+// IDs implements proxy.Lister: the node's sandboxes, for routing a signed
+// /files URL that names none.
+func (s proxySandboxes) IDs() []string {
+	recs := s.o.List()
+	ids := make([]string, 0, len(recs))
+	for _, r := range recs {
+		ids = append(ids, r.ID)
+	}
+	return ids
+}

@@ -83,7 +83,7 @@ func (c *Catalog) FilesPresent(templateID, hash string) (bool, error) {
 	return b.FilesPresent(templateID, hash)
 }
 
-// PutFiles stores a COPY archive checked against its SHA-256.
+// PutFiles stores a COPY archive under the client's key.
 func (c *Catalog) PutFiles(ctx context.Context, templateID, hash string, r io.Reader) error {
 	b, err := c.Builder()
 	if err != nil {

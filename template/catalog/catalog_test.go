@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -74,8 +75,14 @@ func TestBuildStateSurvivesRestart(t *testing.T) {
 	if ok, err := c.FilesPresent(tpl.ID, hash); ok || err != nil {
 		t.Fatalf("present before upload: %v %v", ok, err)
 	}
-	if err := c.PutFiles(ctx, tpl.ID, hash, bytes.NewReader([]byte("other bytes"))); !errors.Is(err, errdefs.ErrInvalid) {
-		t.Fatalf("mismatching upload: %v", err)
+	// The key is the client's (E2B's SDK names a copy step's filesHash,
+	// not the archive's SHA-256): an archive is stored under it unchecked.
+	key := strings.Repeat("ab", 32)
+	if err := c.PutFiles(ctx, tpl.ID, key, bytes.NewReader([]byte("other bytes"))); err != nil {
+		t.Fatalf("upload under a key that is not its sha256: %v", err)
+	}
+	if ok, err := c.FilesPresent(tpl.ID, key); !ok || err != nil {
+		t.Fatalf("present after an upload under a key: %v %v", ok, err)
 	}
 	if err := c.PutFiles(ctx, "nosuch", hash, bytes.NewReader(data)); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("upload for an unknown template: %v", err)
