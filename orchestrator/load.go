@@ -95,7 +95,8 @@ func (o *Orchestrator) removeUnownedGroups() {
 	owned := map[string]bool{}
 	for _, s := range o.sandboxes {
 		if s.vm != nil {
-			owned[vmName(s.rec)] = true
+			// The second name is a group's from before names were digests.
+			owned[sandbox.GroupName(vmName(s.rec))], owned[vmName(s.rec)] = true, true
 		}
 	}
 	for _, name := range names {

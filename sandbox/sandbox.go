@@ -386,7 +386,7 @@ func (v *VM) confine(spec Spec, undo *cleanup) error {
 	if spec.Boot != nil && vcpus == 0 && mem == 0 {
 		vcpus, mem = spec.Boot.VCPUs, spec.Boot.MemoryMiB
 	}
-	g, err := v.deps.Groups.Create(spec.ID, vmmLimits(vcpus, mem, v.Machine.Info().Accel))
+	g, err := v.deps.Groups.Create(GroupName(spec.ID), vmmLimits(vcpus, mem, v.Machine.Info().Accel))
 	if err != nil {
 		return fmt.Errorf("confine vmm: %w", err)
 	}
@@ -522,12 +522,15 @@ func tail(b []byte, n int) []byte {
 }
 
 // Adopt wraps a VM a previous node process started (taken over after a
-// restart) with its slot, disk and control group (named id), so it stops
+// restart) with its slot, disk and control group (GroupName(id)), so it stops
 // like any other.
 func Adopt(deps Deps, id string, m vmm.Machine, slot *network.Slot, disk Disk, drives []Disk) *VM {
 	v := &VM{deps: deps, Machine: m, Slot: slot, disk: disk, drives: drives}
 	if deps.Groups != nil {
-		v.group, _ = deps.Groups.Open(id) // a valid id: the group's name
+		var err error
+		if v.group, err = deps.Groups.Open(GroupName(id)); err != nil {
+			v.group, _ = deps.Groups.Open(id) // started by a node that named groups by id
+		}
 	}
 	return v
 }

@@ -7,11 +7,11 @@ import (
 )
 
 // TestSandboxIDNotInProcNetUnix: another local user (nobody, through
-// setpriv) reading /proc/net/unix and every process's command line sees no
+// setpriv) reading /proc/net/unix, every process's command line, control
+// groups and mount table, and every folder under /sys/fs/cgroup sees no
 // running sandbox's id: the QMP socket in the sandbox's run directory is
-// bound under a /proc/self/fd name, and QEMU's command line names
-// descriptors. (Control-group paths still carry the id: docs/security.md,
-// "Not enforced yet".)
+// bound under a /proc/self/fd name, QEMU's command line names descriptors,
+// and its control group is named by a digest (sandbox.GroupName).
 func TestSandboxIDNotInProcNetUnix(t *testing.T) {
 	n := sharedNode(t)
 	setpriv, err := exec.LookPath("setpriv")
@@ -23,13 +23,15 @@ func TestSandboxIDNotInProcNetUnix(t *testing.T) {
 		t.Fatalf("sandbox %s: %q", id, got)
 	}
 	// As nobody: the socket table, and each process's command line.
-	script := `cat /proc/net/unix; for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' < "$f" 2>/dev/null; echo; done`
+	script := `cat /proc/net/unix; for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' < "$f" 2>/dev/null; echo; done
+		cat /proc/[0-9]*/cgroup /proc/[0-9]*/mountinfo 2>/dev/null; find /sys/fs/cgroup 2>/dev/null; true`
 	out, err := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--", "/bin/sh", "-c", script).CombinedOutput()
 	if err != nil {
 		t.Fatalf("read /proc as nobody: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "qemu-system") || !strings.Contains(string(out), "Inode") {
-		t.Fatalf("nobody's view of /proc lacks the VMM or the socket table:\n%.2000s", out)
+	if !strings.Contains(string(out), "qemu-system") || !strings.Contains(string(out), "Inode") ||
+		!strings.Contains(string(out), "/vm-") {
+		t.Fatalf("nobody's view of /proc lacks the VMM, the socket table or the VMMs' control groups:\n%.2000s", out)
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		if strings.Contains(line, id) {

@@ -278,7 +278,7 @@ func checkPooledConfined(t *testing.T, pid string) {
 		t.Errorf("pooled VMM %s: uid %q, status\n%s", pid, uid, status)
 	}
 	cg, err := os.ReadFile("/proc/" + pid + "/cgroup")
-	if err != nil || !strings.Contains(string(cg), "/pool-") {
+	if err != nil || !strings.Contains(string(cg), "/vm-") {
 		t.Errorf("pooled VMM %s is in no control group of its entry: %s %v", pid, cg, err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/vmm/vmmtest"
 )
 
@@ -43,7 +44,7 @@ func TestAgentTokenAlways(t *testing.T) {
 }
 
 // TestVMMConfined: a sandbox's QEMU runs under a seccomp filter, in a
-// control group of its own (named by the VM, under the node's prefix) with
+// control group of its own (named by a digest of the VM, sandbox.GroupName, under the node's prefix) with
 // the sandbox's memory plus the VMM's share and a pids bound, and the group
 // goes with the sandbox.
 func TestVMMConfined(t *testing.T) {
@@ -75,8 +76,8 @@ func TestVMMConfined(t *testing.T) {
 	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+other, n.key, "")
 	groups := cgroupsOf(t, pid)
 	for _, c := range []string{"cpu", "memory", "pids"} {
-		if !strings.Contains(groups[c], "/aenv/adtest/"+id+"-") {
-			t.Fatalf("QEMU %s's %s group is %q, not its own", pid, c, groups[c])
+		if !strings.Contains(groups[c], "/aenv/adtest/"+sandbox.GroupName(id+"-1")) {
+			t.Fatalf("QEMU %s's %s group is %q, not its own (%s)", pid, c, groups[c], sandbox.GroupName(id+"-1"))
 		}
 	}
 	mem := groupFile(t, "memory", groups["memory"], "memory.limit_in_bytes", "memory.max")
