@@ -51,6 +51,8 @@ type Options struct {
 	Schedulers []string
 	// Name, APIURL, P2PEndpoint, VMM and Version describe the node.
 	Name, APIURL, P2PEndpoint, VMM, Version string
+	// Platform is what this node's snapshots need to be restored.
+	Platform Platform
 	// MaxSandboxes bounds what placement sends here (0: no bound).
 	MaxSandboxes int
 	Source       Source
@@ -130,6 +132,8 @@ func (a *Agent) status() *pb.NodeStatus {
 	u := a.opts.Source.Usage()
 	st := &pb.NodeStatus{Name: a.opts.Name, ApiUrl: a.opts.APIURL, P2PEndpoint: a.opts.P2PEndpoint, Vmm: a.opts.VMM,
 		Version: a.opts.Version, MaxSandboxes: int32(a.opts.MaxSandboxes),
+		Accel: a.opts.Platform.Accel, CpuModel: a.opts.Platform.CPUModel, CpuFlags: a.opts.Platform.CPUFlags,
+		TscKhz:   a.opts.Platform.TSCkHz,
 		Capacity: &pb.Resources{CpuCount: int32(u.CPUs), MemoryMb: u.MemoryMB},
 		Free:     &pb.Resources{CpuCount: int32(u.FreeCPUs), MemoryMb: u.FreeMemoryMB}}
 	for _, s := range u.Roster {

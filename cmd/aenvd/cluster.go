@@ -55,7 +55,7 @@ type clusterMember struct {
 const registerWait = 15 * time.Second
 
 // newClusterMember prepares the membership; start begins it.
-func newClusterMember(cfg config.Config, o *orchestrator.Orchestrator, rn *repoNode, vmm, hostname string, log *slog.Logger) (*clusterMember, error) {
+func newClusterMember(cfg config.Config, o *orchestrator.Orchestrator, rn *repoNode, vmm, accel, hostname string, log *slog.Logger) (*clusterMember, error) {
 	cc := cfg.Cluster
 	if len(cc.Scheduler) == 0 {
 		return nil, nil
@@ -72,8 +72,13 @@ func newClusterMember(cfg config.Config, o *orchestrator.Orchestrator, rn *repoN
 		onPeers = rn.setPeers
 	}
 	log = log.With("component", "cluster")
+	plat, err := nodeagent.HostCPU()
+	if err != nil {
+		log.Warn("host CPU unknown; placement cannot match this node's snapshots by CPU", "err", err)
+	}
+	plat.Accel = accel
 	a, err := nodeagent.New(nodeagent.Options{Schedulers: cc.Scheduler, Name: name, APIURL: url, P2PEndpoint: cc.P2PEndpoint,
-		VMM: vmm, Version: version.Version(), MaxSandboxes: cc.MaxSandboxes,
+		VMM: vmm, Platform: plat, Version: version.Version(), MaxSandboxes: cc.MaxSandboxes,
 		Source: orchestratorSource{o: o, overcommit: cc.CPUOvercommit}, Logger: log, OnPeers: onPeers})
 	if err != nil {
 		return nil, err
