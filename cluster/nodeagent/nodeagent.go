@@ -59,6 +59,9 @@ type Options struct {
 	Logger       *slog.Logger
 	// RetryInterval paces registration attempts (default 1s).
 	RetryInterval time.Duration
+	// OwnershipFile keeps the ownership the scheduler told (owner.go)
+	// across restarts ("": in memory only).
+	OwnershipFile string
 	// OnPeers, when set, gets the other nodes' P2P endpoints (of the nodes
 	// that are up) after every registration and heartbeat: where this node
 	// reads layers before the object store.
@@ -75,6 +78,7 @@ type Agent struct {
 	draining atomic.Bool
 	log      *slog.Logger
 	drops    drops
+	owners   owners
 
 	ready     chan struct{} // closed once, by markReady
 	readyOnce sync.Once
@@ -91,7 +95,11 @@ func New(opts Options) (*Agent, error) {
 	if opts.RetryInterval <= 0 {
 		opts.RetryInterval = time.Second
 	}
-	a := &Agent{opts: opts, interval: 2 * time.Second, log: opts.Logger.With("node", opts.Name), ready: make(chan struct{})}
+	a := &Agent{opts: opts, interval: 2 * time.Second, log: opts.Logger.With("node", opts.Name), ready: make(chan struct{}),
+		owners: owners{path: opts.OwnershipFile}}
+	if err := a.owners.load(); err != nil {
+		a.log.Warn("ownership records unreadable; this node proves no ownership until the scheduler answers", "err", err)
+	}
 	for _, addr := range opts.Schedulers {
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
@@ -194,10 +202,12 @@ func (a *Agent) register(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	st := a.status()
+	sent := time.Now()
 	r, err := a.client().RegisterNode(cctx, &pb.RegisterNodeRequest{Status: st})
 	if err != nil {
 		return fmt.Errorf("register node %s: %w", a.opts.Name, err)
 	}
+	a.recordOwned(r.GetOwned(), r.GetLeaseMs(), sent)
 	a.dropStale(ctx, st, r.GetStale())
 	if ms := r.GetHeartbeatIntervalMs(); ms > 0 {
 		a.interval = time.Duration(ms) * time.Millisecond
@@ -211,6 +221,7 @@ func (a *Agent) heartbeat(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	st := a.status()
+	sent := time.Now()
 	r, err := a.client().Heartbeat(cctx, &pb.HeartbeatRequest{Status: st})
 	if err != nil {
 		return fmt.Errorf("heartbeat of node %s: %w", a.opts.Name, err)
@@ -218,6 +229,7 @@ func (a *Agent) heartbeat(ctx context.Context) error {
 	if r.GetUnknown() {
 		return errUnknown
 	}
+	a.recordOwned(r.GetOwned(), r.GetLeaseMs(), sent)
 	a.dropStale(ctx, st, r.GetStale())
 	a.setDraining(r.GetDraining())
 	return nil

@@ -82,8 +82,9 @@ func (s *Scheduler) RegisterNode(ctx context.Context, req *pb.RegisterNodeReques
 	}
 	s.log.Info("node registered", "node", req.GetStatus().GetName(), "api", req.GetStatus().GetApiUrl(),
 		"sandboxes", len(req.GetStatus().GetRoster()), "draining", r.draining)
+	stale := s.staleOrNone(ctx, req.GetStatus())
 	return &pb.RegisterNodeResponse{HeartbeatIntervalMs: s.opts.HeartbeatInterval.Milliseconds(), Draining: r.draining,
-		Stale: s.staleOrNone(ctx, req.GetStatus())}, nil
+		Stale: stale, Owned: s.ownedOrNone(ctx, req.GetStatus(), stale), LeaseMs: s.leaseFor()}, nil
 }
 
 // Heartbeat implements pb.SchedulerServer. A node the registry does not
@@ -107,7 +108,9 @@ func (s *Scheduler) Heartbeat(ctx context.Context, req *pb.HeartbeatRequest) (*p
 	if err != nil && !isNil(err) {
 		return nil, internal(fmt.Errorf("heartbeat of node %s: %w", name, err))
 	}
-	return &pb.HeartbeatResponse{Draining: d == "1", Stale: s.staleOrNone(ctx, req.GetStatus())}, nil
+	stale := s.staleOrNone(ctx, req.GetStatus())
+	return &pb.HeartbeatResponse{Draining: d == "1", Stale: stale, Owned: s.ownedOrNone(ctx, req.GetStatus(), stale),
+		LeaseMs: s.leaseFor()}, nil
 }
 
 // UnregisterNode implements pb.SchedulerServer: the node leaves; its
