@@ -161,6 +161,10 @@ func TestFenceRefusesStaleCommit(t *testing.T) {
 		t.Fatalf("owner check at the old generation after a move back: %v %v", back, err)
 	}
 	f := Fence{Agent: a, SandboxOf: sandboxOf}
+	// A sandbox bound to no node is not fenced for good: retried.
+	if err := f.Check(ctx, "sandbox-unbound-1", "0"); err == nil || errors.Is(err, upload.ErrFenced) {
+		t.Fatalf("fence check of an unbound sandbox: %v; want a retryable error", err)
+	}
 	if err := f.Check(ctx, "sandbox-sbx1-3", strconv.FormatInt(gen1, 10)); !errors.Is(err, upload.ErrFenced) {
 		t.Fatalf("fence check with the old generation after a move back: %v", err)
 	}

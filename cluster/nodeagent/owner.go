@@ -157,6 +157,11 @@ func (f Fence) Check(ctx context.Context, name, stamp string) error {
 	if err != nil {
 		return err
 	}
+	if r.GetHolder() == "" {
+		// Not bound yet (a roster binds it within a heartbeat) or no longer
+		// (killed: its upload is cancelled): no owner to defer to; retried.
+		return fmt.Errorf("sandbox %s is bound to no node yet", id)
+	}
 	if !r.GetOwner() {
 		f.Agent.log.Warn("not committing a pause of a sandbox this node no longer owns", "sandbox", id, "manifest", name,
 			"gen", gen, "holder", r.GetHolder(), "holder_gen", r.GetGen())
