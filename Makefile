@@ -39,11 +39,14 @@ test-unit:
 	bash -o pipefail -c '$(GO) test -json -p 1 -count=1 -timeout 50m ./... | tee $(TESTLOG)/unit.json | $(TESTSUM)'
 
 # The race detector over every package whose tests boot no VM
-# (scripts/race-packages.sh), and one end-to-end test against a race-built
+# (scripts/race-packages.sh), the tests that boot none in the packages
+# where others do (scripts/race-vm-unit.sh: network, vmm/qemu, vmm/memsnap,
+# template, storage/ublk, ...), and one end-to-end test against a race-built
 # aenvd (api/aenvdtest builds it with -race when AENVDTEST_RACE=1; a race
 # report makes its exit status, and so the test, fail).
 test-race:
 	$(GO) test -race -count=1 -timeout 30m $$(./scripts/race-packages.sh)
+	./scripts/race-vm-unit.sh | while read -r pkg run; do $(GO) test -race -count=1 -timeout 10m -run "$$run" "$$pkg" || exit 1; done
 	AENVDTEST_RACE=1 $(GO) test -count=1 -timeout 20m -run 'TestConcurrentLifecycleCalls$$' ./api/e2e/
 
 # Kubernetes discovery against a real kube-apiserver over a real etcd, both

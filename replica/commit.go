@@ -198,7 +198,7 @@ func (r *Replica) CancelOrphanUploads() {
 		return
 	}
 	for _, st := range r.cfg.Uploads.Queued() {
-		id, ok := pauseOf(st.Name)
+		id, ok := PauseOf(st.Name)
 		if !ok || r.node.Holds(id) {
 			continue
 		}
@@ -210,8 +210,9 @@ func (r *Replica) CancelOrphanUploads() {
 	}
 }
 
-// pauseOf is the sandbox a ManifestOfPause name belongs to.
-func pauseOf(name string) (id string, ok bool) {
+// PauseOf is the sandbox a ManifestOfPause name belongs to (the cluster's
+// commit fence reads it).
+func PauseOf(name string) (id string, ok bool) {
 	rest, ok := strings.CutPrefix(name, "sandbox-")
 	i := strings.LastIndexByte(rest, '-')
 	if !ok || i <= 0 {

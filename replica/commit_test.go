@@ -48,9 +48,9 @@ func TestPauseOf(t *testing.T) {
 		ManifestOfPause("abc123", 7): "abc123", "sandbox-a-b-2": "a-b",
 		"snapshot-abc": "", "sandbox-abc": "", "sandbox--3": "", "sandbox-abc-x": "",
 	} {
-		id, ok := pauseOf(name)
+		id, ok := PauseOf(name)
 		if id != want || ok != (want != "") {
-			t.Errorf("pauseOf(%q) = %q %v, want %q", name, id, ok, want)
+			t.Errorf("PauseOf(%q) = %q %v, want %q", name, id, ok, want)
 		}
 	}
 }

@@ -71,7 +71,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	}
 	var last *http.Response
 	for attempt := 0; attempt < g.opts.MaxCreateAttempts; attempt++ {
-		pl, err := g.place(r.Context(), res, exclude)
+		pl, err := g.place(r.Context(), res, exclude, "")
 		if err != nil {
 			if last != nil { // every node refused: the last refusal says why
 				relay(w, last)
@@ -120,8 +120,10 @@ type placement struct {
 func (p placement) name() string { return p.node.GetStatus().GetName() }
 func (p placement) url() string  { return p.node.GetStatus().GetApiUrl() }
 
-func (g *Gateway) place(ctx context.Context, res *pb.Resources, exclude []string) (placement, error) {
-	req := &pb.PlaceRequest{Resources: res, Exclude: exclude}
+// place asks the scheduler for a node; restoreOf names the sandbox whose
+// paused state the node must be able to restore ("" for a create).
+func (g *Gateway) place(ctx context.Context, res *pb.Resources, exclude []string, restoreOf string) (placement, error) {
+	req := &pb.PlaceRequest{Resources: res, Exclude: exclude, RestoreOf: restoreOf}
 	p, err := g.sched.Place(ctx, req)
 	if status.Code(err) == codes.Unavailable {
 		p, err = g.sched.Place(ctx, req)
@@ -145,6 +147,10 @@ func (g *Gateway) unreserve(ctx context.Context, p placement) {
 }
 
 func (g *Gateway) failPlace(w http.ResponseWriter, err error) {
+	if status.Code(err) == codes.FailedPrecondition { // no live node can restore the snapshot
+		writeError(w, http.StatusConflict, status.Convert(err).Message())
+		return
+	}
 	if status.Code(err) == codes.ResourceExhausted {
 		w.Header().Set("Retry-After", "5")
 		writeError(w, http.StatusServiceUnavailable, "no node can hold the sandbox: "+status.Convert(err).Message())

@@ -149,7 +149,7 @@ func (g *Gateway) resumeElsewhere(w http.ResponseWriter, r *http.Request, id, lo
 	}
 	exclude := []string{lost}
 	for attempt := 0; attempt < g.opts.MaxCreateAttempts; attempt++ {
-		pl, err := g.place(r.Context(), &pb.Resources{}, exclude)
+		pl, err := g.place(r.Context(), &pb.Resources{}, exclude, id)
 		if err != nil {
 			g.failPlace(w, fmt.Errorf("resume sandbox %s of down node %s: %w", id, lost, err))
 			return

@@ -115,3 +115,37 @@ func concurrentResumes(t *testing.T, replicas int) {
 		t.Fatalf("two connects at once resumed %s on %d nodes, want 1", id, holders)
 	}
 }
+
+// TestResumeNeedsARestorableNode: a sandbox paused on a KVM node is not
+// resumed on a TCG node when its node is down: the connect answers 409
+// naming what the live nodes lack, and the TCG node is never asked.
+func TestResumeNeedsARestorableNode(t *testing.T) {
+	fx := newFixture(t, "a", "b")
+	for i, accel := range []string{"kvm", "tcg"} {
+		n := fx.nodes[i]
+		st := &pb.NodeStatus{Name: n.name, ApiUrl: n.srv.URL, Vmm: "qemu", Accel: accel, CpuModel: "Xeon",
+			Capacity: &pb.Resources{CpuCount: 4, MemoryMb: 4096}, Free: &pb.Resources{CpuCount: 4, MemoryMb: 4096}}
+		if _, err := fx.sched.RegisterNode(context.Background(), &pb.RegisterNodeRequest{Status: st}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fx.nodes[1].full = true
+	id, code := fx.create(t)
+	if code != http.StatusCreated || !strings.HasPrefix(id, "a") {
+		t.Fatalf("create with b full: %d %q; want it on a", code, id)
+	}
+	fx.nodes[1].full = false
+	fx.nodes[1].repo = map[string]bool{id: true} // b could fetch it: only its platform stops it
+	fx.nodes[0].srv.Close()
+	if _, err := fx.sched.UnregisterNode(context.Background(), &pb.UnregisterNodeRequest{Name: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	code, b, _ := fx.do(t, "POST", "/v2/sandboxes/"+id+"/connect", "", `{"timeout":60}`)
+	if code != http.StatusConflict || !strings.Contains(string(b), `accelerator \"tcg\", not \"kvm\"`) {
+		t.Fatalf("connect of a KVM node's sandbox with only a TCG node up: %d %s, want 409 naming the accelerator", code, b)
+	}
+	look, err := fx.sched.LookupNode(context.Background(), &pb.LookupNodeRequest{SandboxId: id})
+	if err != nil || look.GetNode().GetStatus().GetName() != "a" {
+		t.Fatalf("binding after the refused resume: %v %v, want still a", look, err)
+	}
+}

@@ -41,7 +41,7 @@ func (g *Gateway) volumeCreate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "a volume named "+nv.Name+" exists")
 		return
 	}
-	pl, err := g.place(r.Context(), &pb.Resources{}, nil)
+	pl, err := g.place(r.Context(), &pb.Resources{}, nil, "")
 	if err != nil {
 		g.failPlace(w, err)
 		return

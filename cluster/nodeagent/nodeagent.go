@@ -51,12 +51,17 @@ type Options struct {
 	Schedulers []string
 	// Name, APIURL, P2PEndpoint, VMM and Version describe the node.
 	Name, APIURL, P2PEndpoint, VMM, Version string
+	// Platform is what this node's snapshots need to be restored.
+	Platform Platform
 	// MaxSandboxes bounds what placement sends here (0: no bound).
 	MaxSandboxes int
 	Source       Source
 	Logger       *slog.Logger
 	// RetryInterval paces registration attempts (default 1s).
 	RetryInterval time.Duration
+	// OwnershipFile keeps the ownership the scheduler told (owner.go)
+	// across restarts ("": in memory only).
+	OwnershipFile string
 	// OnPeers, when set, gets the other nodes' P2P endpoints (of the nodes
 	// that are up) after every registration and heartbeat: where this node
 	// reads layers before the object store.
@@ -73,6 +78,7 @@ type Agent struct {
 	draining atomic.Bool
 	log      *slog.Logger
 	drops    drops
+	owners   owners
 
 	ready     chan struct{} // closed once, by markReady
 	readyOnce sync.Once
@@ -89,7 +95,11 @@ func New(opts Options) (*Agent, error) {
 	if opts.RetryInterval <= 0 {
 		opts.RetryInterval = time.Second
 	}
-	a := &Agent{opts: opts, interval: 2 * time.Second, log: opts.Logger.With("node", opts.Name), ready: make(chan struct{})}
+	a := &Agent{opts: opts, interval: 2 * time.Second, log: opts.Logger.With("node", opts.Name), ready: make(chan struct{}),
+		owners: owners{path: opts.OwnershipFile}}
+	if err := a.owners.load(); err != nil {
+		a.log.Warn("ownership records unreadable; this node proves no ownership until the scheduler answers", "err", err)
+	}
 	for _, addr := range opts.Schedulers {
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
@@ -130,6 +140,8 @@ func (a *Agent) status() *pb.NodeStatus {
 	u := a.opts.Source.Usage()
 	st := &pb.NodeStatus{Name: a.opts.Name, ApiUrl: a.opts.APIURL, P2PEndpoint: a.opts.P2PEndpoint, Vmm: a.opts.VMM,
 		Version: a.opts.Version, MaxSandboxes: int32(a.opts.MaxSandboxes),
+		Accel: a.opts.Platform.Accel, CpuModel: a.opts.Platform.CPUModel, CpuFlags: a.opts.Platform.CPUFlags,
+		TscKhz:   a.opts.Platform.TSCkHz,
 		Capacity: &pb.Resources{CpuCount: int32(u.CPUs), MemoryMb: u.MemoryMB},
 		Free:     &pb.Resources{CpuCount: int32(u.FreeCPUs), MemoryMb: u.FreeMemoryMB}}
 	for _, s := range u.Roster {
@@ -190,10 +202,12 @@ func (a *Agent) register(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	st := a.status()
+	sent := time.Now()
 	r, err := a.client().RegisterNode(cctx, &pb.RegisterNodeRequest{Status: st})
 	if err != nil {
 		return fmt.Errorf("register node %s: %w", a.opts.Name, err)
 	}
+	a.recordOwned(r.GetOwned(), r.GetLeaseMs(), sent)
 	a.dropStale(ctx, st, r.GetStale())
 	if ms := r.GetHeartbeatIntervalMs(); ms > 0 {
 		a.interval = time.Duration(ms) * time.Millisecond
@@ -207,6 +221,7 @@ func (a *Agent) heartbeat(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	st := a.status()
+	sent := time.Now()
 	r, err := a.client().Heartbeat(cctx, &pb.HeartbeatRequest{Status: st})
 	if err != nil {
 		return fmt.Errorf("heartbeat of node %s: %w", a.opts.Name, err)
@@ -214,6 +229,7 @@ func (a *Agent) heartbeat(ctx context.Context) error {
 	if r.GetUnknown() {
 		return errUnknown
 	}
+	a.recordOwned(r.GetOwned(), r.GetLeaseMs(), sent)
 	a.dropStale(ctx, st, r.GetStale())
 	a.setDraining(r.GetDraining())
 	return nil

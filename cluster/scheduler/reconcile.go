@@ -35,12 +35,13 @@ return ids`)
 
 // fencedBindScript rebinds a sandbox found in a node's roster. KEYS:
 // leader, bind, nodebinds(node), lost. ARGV: token, id, node, cpu, mem, now,
-// prefix.
+// prefix, needs (as bindScript, a move takes a new ownership generation).
 var fencedBindScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 local old = redis.call('HGET', KEYS[2], 'node')
 if old and old ~= ARGV[3] then redis.call('SREM', ARGV[7] .. 'nodebinds:' .. old, ARGV[2]) end
-redis.call('HSET', KEYS[2], 'node', ARGV[3], 'cpu', ARGV[4], 'mem', ARGV[5], 'at', ARGV[6])
+if old ~= ARGV[3] then redis.call('HSET', KEYS[2], 'gen', redis.call('INCR', ARGV[7] .. 'owngen')) end
+redis.call('HSET', KEYS[2], 'node', ARGV[3], 'cpu', ARGV[4], 'mem', ARGV[5], 'at', ARGV[6], 'needs', ARGV[8])
 redis.call('HDEL', KEYS[2], 'lost')
 redis.call('ZREM', KEYS[4], ARGV[2])
 redis.call('SADD', KEYS[3], ARGV[2])
@@ -153,7 +154,7 @@ func (s *Scheduler) reconcileRoster(ctx context.Context, tok, name string, r *no
 			}
 		}
 		if err := s.fenced(ctx, fencedBindScript, []string{s.k.leader(), s.k.bind(e.GetSandboxId()), s.k.nodeBinds(name), s.k.lost()},
-			tok, e.GetSandboxId(), name, e.GetResources().GetCpuCount(), e.GetResources().GetMemoryMb(), s.now().UnixMilli(), s.k.p); err != nil {
+			tok, e.GetSandboxId(), name, e.GetResources().GetCpuCount(), e.GetResources().GetMemoryMb(), s.now().UnixMilli(), s.k.p, needsOf(r.status)); err != nil {
 			return fmt.Errorf("bind %s from the roster of %s: %w", e.GetSandboxId(), name, err)
 		}
 		s.log.Info("bound from roster", "sandbox", e.GetSandboxId(), "node", name)

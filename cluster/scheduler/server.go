@@ -18,6 +18,7 @@ const (
 	maxName   = 253
 	maxRoster = 10000
 	maxURL    = 2048
+	maxFlags  = 1024
 )
 
 func checkName(what, s string) error {
@@ -39,6 +40,14 @@ func checkStatus(st *pb.NodeStatus) error {
 	}
 	if len(st.GetP2PEndpoint()) > maxURL || len(st.GetVmm()) > maxName || len(st.GetVersion()) > maxName {
 		return status.Errorf(codes.InvalidArgument, "node %s: endpoint, vmm or version too long", st.GetName())
+	}
+	if len(st.GetAccel()) > maxName || len(st.GetCpuModel()) > maxName || len(st.GetCpuFlags()) > maxFlags || st.GetTscKhz() < 0 {
+		return status.Errorf(codes.InvalidArgument, "node %s: accel, CPU model, CPU flags (at most %d) or TSC out of range", st.GetName(), maxFlags)
+	}
+	for _, f := range st.GetCpuFlags() {
+		if f == "" || len(f) > maxName {
+			return status.Errorf(codes.InvalidArgument, "node %s: CPU flag %q: want 1-%d characters", st.GetName(), f, maxName)
+		}
 	}
 	if len(st.GetRoster()) > maxRoster {
 		return status.Errorf(codes.InvalidArgument, "node %s: roster of %d sandboxes exceeds %d", st.GetName(), len(st.GetRoster()), maxRoster)
@@ -73,8 +82,9 @@ func (s *Scheduler) RegisterNode(ctx context.Context, req *pb.RegisterNodeReques
 	}
 	s.log.Info("node registered", "node", req.GetStatus().GetName(), "api", req.GetStatus().GetApiUrl(),
 		"sandboxes", len(req.GetStatus().GetRoster()), "draining", r.draining)
+	stale := s.staleOrNone(ctx, req.GetStatus())
 	return &pb.RegisterNodeResponse{HeartbeatIntervalMs: s.opts.HeartbeatInterval.Milliseconds(), Draining: r.draining,
-		Stale: s.staleOrNone(ctx, req.GetStatus())}, nil
+		Stale: stale, Owned: s.ownedOrNone(ctx, req.GetStatus(), stale), LeaseMs: s.leaseFor()}, nil
 }
 
 // Heartbeat implements pb.SchedulerServer. A node the registry does not
@@ -98,7 +108,9 @@ func (s *Scheduler) Heartbeat(ctx context.Context, req *pb.HeartbeatRequest) (*p
 	if err != nil && !isNil(err) {
 		return nil, internal(fmt.Errorf("heartbeat of node %s: %w", name, err))
 	}
-	return &pb.HeartbeatResponse{Draining: d == "1", Stale: s.staleOrNone(ctx, req.GetStatus())}, nil
+	stale := s.staleOrNone(ctx, req.GetStatus())
+	return &pb.HeartbeatResponse{Draining: d == "1", Stale: stale, Owned: s.ownedOrNone(ctx, req.GetStatus(), stale),
+		LeaseMs: s.leaseFor()}, nil
 }
 
 // UnregisterNode implements pb.SchedulerServer: the node leaves; its
@@ -146,6 +158,11 @@ func (s *Scheduler) Place(ctx context.Context, req *pb.PlaceRequest) (*pb.PlaceR
 		return nil, internal(err)
 	}
 	cands := s.eligible(nodes, req.GetResources(), req.GetExclude())
+	if id := req.GetRestoreOf(); id != "" {
+		if cands, err = s.restoreCandidates(ctx, id, cands, nodes, req.GetExclude()); err != nil {
+			return nil, err
+		}
+	}
 	if len(cands) == 0 {
 		return nil, status.Errorf(codes.ResourceExhausted, "no node can hold %d CPUs and %d MB (%d nodes known, %d excluded)",
 			req.GetResources().GetCpuCount(), req.GetResources().GetMemoryMb(), len(nodes), len(req.GetExclude()))
@@ -179,7 +196,11 @@ func (s *Scheduler) Bind(ctx context.Context, req *pb.BindRequest) (*pb.BindResp
 	if len(req.GetReservation()) > maxName {
 		return nil, status.Errorf(codes.InvalidArgument, "bind %s: reservation too long", req.GetSandboxId())
 	}
-	if err := s.bind(ctx, req.GetSandboxId(), req.GetNode(), req.GetResources(), req.GetReservation()); err != nil {
+	r, err := s.loadNode(ctx, req.GetNode())
+	if err != nil {
+		return nil, internal(err)
+	}
+	if err := s.bind(ctx, req.GetSandboxId(), req.GetNode(), req.GetResources(), req.GetReservation(), needsOf(r.status)); err != nil {
 		return nil, internal(err)
 	}
 	return &pb.BindResponse{}, nil

@@ -23,7 +23,11 @@ import (
 //	                   pcount, pcpu, pmem (placements not yet bound nor in
 //	                   a roster: reserved by Place, released by Bind, cleared
 //	                   by the next heartbeat, whose roster holds them)
-//	bind:<sandbox>     hash: node, cpu, mem, at (ms bound), lost (ms)
+//	bind:<sandbox>     hash: node, cpu, mem, at (ms bound), lost (ms),
+//	                   gen (ownership generation: a new value of owngen
+//	                   whenever the sandbox is bound to another node),
+//	                   needs (the platform its snapshot needs, restore.go)
+//	owngen             counter the ownership generations are drawn from
 //	nodebinds:<name>   set of the sandbox ids bound to the node
 //	lost               sorted set: sandbox id by the time its node went down
 //	leader, epoch      the reconciliation lease and its fencing counter
@@ -176,12 +180,15 @@ func (s *Scheduler) putStatus(ctx context.Context, st *pb.NodeStatus) error {
 // onto the new one's, no longer lost, and (for a create the gateway placed)
 // the placement's reservation on the node released (none for a sandbox no
 // Place put there: a fork child, a resume elsewhere's own placement aside).
+// A binding to another node takes a new ownership generation (fencing:
+// the old node's commits are refused from then on).
 // KEYS: bind, nodebinds(new), resv(new), lost. ARGV: id, node, cpu, mem,
-// at, prefix, reservation ("" for none).
+// at, prefix, reservation ("" for none), needs.
 var bindScript = redis.NewScript(`
 local old = redis.call('HGET', KEYS[1], 'node')
 if old and old ~= ARGV[2] then redis.call('SREM', ARGV[6] .. 'nodebinds:' .. old, ARGV[1]) end
-redis.call('HSET', KEYS[1], 'node', ARGV[2], 'cpu', ARGV[3], 'mem', ARGV[4], 'at', ARGV[5])
+if old ~= ARGV[2] then redis.call('HSET', KEYS[1], 'gen', redis.call('INCR', ARGV[6] .. 'owngen')) end
+redis.call('HSET', KEYS[1], 'node', ARGV[2], 'cpu', ARGV[3], 'mem', ARGV[4], 'at', ARGV[5], 'needs', ARGV[8])
 redis.call('HDEL', KEYS[1], 'lost')
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('SADD', KEYS[2], ARGV[1])
@@ -189,10 +196,11 @@ redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[5])
 if ARGV[7] ~= '' then redis.call('ZREM', KEYS[3], ARGV[7]) end
 return 1`)
 
-// bind binds id to node and gives back the reservation named ("": none).
-func (s *Scheduler) bind(ctx context.Context, id, node string, res *pb.Resources, reservation string) error {
+// bind binds id to node and gives back the reservation named ("": none);
+// needs is the node's platform (needsOf).
+func (s *Scheduler) bind(ctx context.Context, id, node string, res *pb.Resources, reservation string, needs []byte) error {
 	err := bindScript.Run(ctx, s.rdb, []string{s.k.bind(id), s.k.nodeBinds(node), s.k.resv(node), s.k.lost()},
-		id, node, res.GetCpuCount(), res.GetMemoryMb(), s.now().UnixMilli(), s.k.p, reservation).Err()
+		id, node, res.GetCpuCount(), res.GetMemoryMb(), s.now().UnixMilli(), s.k.p, reservation, needs).Err()
 	if err != nil {
 		return fmt.Errorf("bind sandbox %s to node %s: %w", id, node, err)
 	}

@@ -198,12 +198,22 @@ type NodeStatus struct {
 	// p2p_endpoint is where peers fetch layers from this node.
 	P2PEndpoint string `protobuf:"bytes,3,opt,name=p2p_endpoint,json=p2pEndpoint,proto3" json:"p2p_endpoint,omitempty"`
 	// vmm names the node's VMM driver (qemu, firecracker).
-	Vmm           string         `protobuf:"bytes,4,opt,name=vmm,proto3" json:"vmm,omitempty"`
-	Capacity      *Resources     `protobuf:"bytes,5,opt,name=capacity,proto3" json:"capacity,omitempty"`
-	Free          *Resources     `protobuf:"bytes,6,opt,name=free,proto3" json:"free,omitempty"`
-	MaxSandboxes  int32          `protobuf:"varint,7,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"`
-	Roster        []*RosterEntry `protobuf:"bytes,8,rep,name=roster,proto3" json:"roster,omitempty"`
-	Version       string         `protobuf:"bytes,9,opt,name=version,proto3" json:"version,omitempty"`
+	Vmm          string         `protobuf:"bytes,4,opt,name=vmm,proto3" json:"vmm,omitempty"`
+	Capacity     *Resources     `protobuf:"bytes,5,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	Free         *Resources     `protobuf:"bytes,6,opt,name=free,proto3" json:"free,omitempty"`
+	MaxSandboxes int32          `protobuf:"varint,7,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"`
+	Roster       []*RosterEntry `protobuf:"bytes,8,rep,name=roster,proto3" json:"roster,omitempty"`
+	Version      string         `protobuf:"bytes,9,opt,name=version,proto3" json:"version,omitempty"`
+	// accel is the VMM's accelerator (kvm, tcg): a snapshot restores only
+	// under the accelerator that took it.
+	Accel string `protobuf:"bytes,10,opt,name=accel,proto3" json:"accel,omitempty"`
+	// cpu_model and cpu_flags describe the host CPU (/proc/cpuinfo): a KVM
+	// guest sees the host's CPU, so its snapshot needs the same model and at
+	// least the same flags.
+	CpuModel string   `protobuf:"bytes,11,opt,name=cpu_model,json=cpuModel,proto3" json:"cpu_model,omitempty"`
+	CpuFlags []string `protobuf:"bytes,12,rep,name=cpu_flags,json=cpuFlags,proto3" json:"cpu_flags,omitempty"`
+	// tsc_khz is the host TSC frequency a TCG guest's clock follows.
+	TscKhz        int64 `protobuf:"varint,13,opt,name=tsc_khz,json=tscKhz,proto3" json:"tsc_khz,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -299,6 +309,34 @@ func (x *NodeStatus) GetVersion() string {
 		return x.Version
 	}
 	return ""
+}
+
+func (x *NodeStatus) GetAccel() string {
+	if x != nil {
+		return x.Accel
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetCpuModel() string {
+	if x != nil {
+		return x.CpuModel
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetCpuFlags() []string {
+	if x != nil {
+		return x.CpuFlags
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetTscKhz() int64 {
+	if x != nil {
+		return x.TscKhz
+	}
+	return 0
 }
 
 // Node is the scheduler's view of a node.
@@ -430,7 +468,14 @@ type RegisterNodeResponse struct {
 	// stale lists roster sandboxes bound to another live node that reports
 	// them too (resumed there while this node was down): this node's copies
 	// are stale and it removes them.
-	Stale         []string `protobuf:"bytes,3,rep,name=stale,proto3" json:"stale,omitempty"`
+	Stale []string `protobuf:"bytes,3,rep,name=stale,proto3" json:"stale,omitempty"`
+	// owned gives, for each roster sandbox bound to this node, its ownership
+	// generation (bumped whenever the sandbox is bound to another node).
+	Owned map[string]int64 `protobuf:"bytes,4,rep,name=owned,proto3" json:"owned,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// lease_ms is how long, from when the node sent its request, the node
+	// may take owned as proof without hearing the scheduler again: shorter
+	// than the silence after which the scheduler moves its sandboxes.
+	LeaseMs       int64 `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -486,6 +531,20 @@ func (x *RegisterNodeResponse) GetStale() []string {
 	return nil
 }
 
+func (x *RegisterNodeResponse) GetOwned() map[string]int64 {
+	if x != nil {
+		return x.Owned
+	}
+	return nil
+}
+
+func (x *RegisterNodeResponse) GetLeaseMs() int64 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
+}
+
 type HeartbeatRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Status        *NodeStatus            `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
@@ -536,7 +595,11 @@ type HeartbeatResponse struct {
 	// unknown asks the node to register again (the scheduler forgot it).
 	Unknown bool `protobuf:"varint,2,opt,name=unknown,proto3" json:"unknown,omitempty"`
 	// stale is RegisterNodeResponse.stale.
-	Stale         []string `protobuf:"bytes,3,rep,name=stale,proto3" json:"stale,omitempty"`
+	Stale []string `protobuf:"bytes,3,rep,name=stale,proto3" json:"stale,omitempty"`
+	// owned is RegisterNodeResponse.owned.
+	Owned map[string]int64 `protobuf:"bytes,4,rep,name=owned,proto3" json:"owned,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// lease_ms is RegisterNodeResponse.lease_ms.
+	LeaseMs       int64 `protobuf:"varint,5,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -590,6 +653,20 @@ func (x *HeartbeatResponse) GetStale() []string {
 		return x.Stale
 	}
 	return nil
+}
+
+func (x *HeartbeatResponse) GetOwned() map[string]int64 {
+	if x != nil {
+		return x.Owned
+	}
+	return nil
+}
+
+func (x *HeartbeatResponse) GetLeaseMs() int64 {
+	if x != nil {
+		return x.LeaseMs
+	}
+	return 0
 }
 
 type UnregisterNodeRequest struct {
@@ -676,7 +753,11 @@ type PlaceRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Resources *Resources             `protobuf:"bytes,1,opt,name=resources,proto3" json:"resources,omitempty"`
 	// exclude lists nodes that already refused this create.
-	Exclude       []string `protobuf:"bytes,2,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	Exclude []string `protobuf:"bytes,2,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	// restore_of names a sandbox whose paused state the placed node must
+	// restore: only nodes matching what its snapshot needs (VMM,
+	// accelerator, CPU) qualify.
+	RestoreOf     string `protobuf:"bytes,3,opt,name=restore_of,json=restoreOf,proto3" json:"restore_of,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -723,6 +804,13 @@ func (x *PlaceRequest) GetExclude() []string {
 		return x.Exclude
 	}
 	return nil
+}
+
+func (x *PlaceRequest) GetRestoreOf() string {
+	if x != nil {
+		return x.RestoreOf
+	}
+	return ""
 }
 
 type PlaceResponse struct {
@@ -1799,6 +1887,130 @@ func (*ReleaseResumeResponse) Descriptor() ([]byte, []int) {
 	return file_scheduler_proto_rawDescGZIP(), []int{33}
 }
 
+type CheckOwnerRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Node      string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// gen is the ownership generation the node holds (0: the node has none
+	// recorded; only the binding is checked).
+	Gen           int64 `protobuf:"varint,3,opt,name=gen,proto3" json:"gen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckOwnerRequest) Reset() {
+	*x = CheckOwnerRequest{}
+	mi := &file_scheduler_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckOwnerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckOwnerRequest) ProtoMessage() {}
+
+func (x *CheckOwnerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_scheduler_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckOwnerRequest.ProtoReflect.Descriptor instead.
+func (*CheckOwnerRequest) Descriptor() ([]byte, []int) {
+	return file_scheduler_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *CheckOwnerRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CheckOwnerRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *CheckOwnerRequest) GetGen() int64 {
+	if x != nil {
+		return x.Gen
+	}
+	return 0
+}
+
+type CheckOwnerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// owner is set when the sandbox is bound to the node at gen.
+	Owner bool `protobuf:"varint,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	// holder and gen are the binding as stored ("" when unbound).
+	Holder        string `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	Gen           int64  `protobuf:"varint,3,opt,name=gen,proto3" json:"gen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckOwnerResponse) Reset() {
+	*x = CheckOwnerResponse{}
+	mi := &file_scheduler_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckOwnerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckOwnerResponse) ProtoMessage() {}
+
+func (x *CheckOwnerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_scheduler_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckOwnerResponse.ProtoReflect.Descriptor instead.
+func (*CheckOwnerResponse) Descriptor() ([]byte, []int) {
+	return file_scheduler_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *CheckOwnerResponse) GetOwner() bool {
+	if x != nil {
+		return x.Owner
+	}
+	return false
+}
+
+func (x *CheckOwnerResponse) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *CheckOwnerResponse) GetGen() int64 {
+	if x != nil {
+		return x.Gen
+	}
+	return 0
+}
+
 var File_scheduler_proto protoreflect.FileDescriptor
 
 const file_scheduler_proto_rawDesc = "" +
@@ -1811,7 +2023,7 @@ const file_scheduler_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12>\n" +
-	"\tresources\x18\x03 \x01(\v2 .agentenv.scheduler.v1.ResourcesR\tresources\"\xdd\x02\n" +
+	"\tresources\x18\x03 \x01(\v2 .agentenv.scheduler.v1.ResourcesR\tresources\"\xc6\x03\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x17\n" +
@@ -1822,7 +2034,12 @@ const file_scheduler_proto_rawDesc = "" +
 	"\x04free\x18\x06 \x01(\v2 .agentenv.scheduler.v1.ResourcesR\x04free\x12#\n" +
 	"\rmax_sandboxes\x18\a \x01(\x05R\fmaxSandboxes\x12:\n" +
 	"\x06roster\x18\b \x03(\v2\".agentenv.scheduler.v1.RosterEntryR\x06roster\x12\x18\n" +
-	"\aversion\x18\t \x01(\tR\aversion\"\xe8\x01\n" +
+	"\aversion\x18\t \x01(\tR\aversion\x12\x14\n" +
+	"\x05accel\x18\n" +
+	" \x01(\tR\x05accel\x12\x1b\n" +
+	"\tcpu_model\x18\v \x01(\tR\bcpuModel\x12\x1b\n" +
+	"\tcpu_flags\x18\f \x03(\tR\bcpuFlags\x12\x17\n" +
+	"\atsc_khz\x18\r \x01(\x03R\x06tscKhz\"\xe8\x01\n" +
 	"\x04Node\x129\n" +
 	"\x06status\x18\x01 \x01(\v2!.agentenv.scheduler.v1.NodeStatusR\x06status\x126\n" +
 	"\x05state\x18\x02 \x01(\x0e2 .agentenv.scheduler.v1.NodeStateR\x05state\x12\x1a\n" +
@@ -1830,23 +2047,37 @@ const file_scheduler_proto_rawDesc = "" +
 	"\x16last_heartbeat_unix_ms\x18\x04 \x01(\x03R\x13lastHeartbeatUnixMs\x12\x1c\n" +
 	"\tsandboxes\x18\x05 \x01(\x05R\tsandboxes\"P\n" +
 	"\x13RegisterNodeRequest\x129\n" +
-	"\x06status\x18\x01 \x01(\v2!.agentenv.scheduler.v1.NodeStatusR\x06status\"|\n" +
+	"\x06status\x18\x01 \x01(\v2!.agentenv.scheduler.v1.NodeStatusR\x06status\"\x9f\x02\n" +
 	"\x14RegisterNodeResponse\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x01 \x01(\x03R\x13heartbeatIntervalMs\x12\x1a\n" +
 	"\bdraining\x18\x02 \x01(\bR\bdraining\x12\x14\n" +
-	"\x05stale\x18\x03 \x03(\tR\x05stale\"M\n" +
+	"\x05stale\x18\x03 \x03(\tR\x05stale\x12L\n" +
+	"\x05owned\x18\x04 \x03(\v26.agentenv.scheduler.v1.RegisterNodeResponse.OwnedEntryR\x05owned\x12\x19\n" +
+	"\blease_ms\x18\x05 \x01(\x03R\aleaseMs\x1a8\n" +
+	"\n" +
+	"OwnedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"M\n" +
 	"\x10HeartbeatRequest\x129\n" +
-	"\x06status\x18\x01 \x01(\v2!.agentenv.scheduler.v1.NodeStatusR\x06status\"_\n" +
+	"\x06status\x18\x01 \x01(\v2!.agentenv.scheduler.v1.NodeStatusR\x06status\"\xff\x01\n" +
 	"\x11HeartbeatResponse\x12\x1a\n" +
 	"\bdraining\x18\x01 \x01(\bR\bdraining\x12\x18\n" +
 	"\aunknown\x18\x02 \x01(\bR\aunknown\x12\x14\n" +
-	"\x05stale\x18\x03 \x03(\tR\x05stale\"+\n" +
+	"\x05stale\x18\x03 \x03(\tR\x05stale\x12I\n" +
+	"\x05owned\x18\x04 \x03(\v23.agentenv.scheduler.v1.HeartbeatResponse.OwnedEntryR\x05owned\x12\x19\n" +
+	"\blease_ms\x18\x05 \x01(\x03R\aleaseMs\x1a8\n" +
+	"\n" +
+	"OwnedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"+\n" +
 	"\x15UnregisterNodeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x18\n" +
-	"\x16UnregisterNodeResponse\"h\n" +
+	"\x16UnregisterNodeResponse\"\x87\x01\n" +
 	"\fPlaceRequest\x12>\n" +
 	"\tresources\x18\x01 \x01(\v2 .agentenv.scheduler.v1.ResourcesR\tresources\x12\x18\n" +
-	"\aexclude\x18\x02 \x03(\tR\aexclude\"b\n" +
+	"\aexclude\x18\x02 \x03(\tR\aexclude\x12\x1d\n" +
+	"\n" +
+	"restore_of\x18\x03 \x01(\tR\trestoreOf\"b\n" +
 	"\rPlaceResponse\x12/\n" +
 	"\x04node\x18\x01 \x01(\v2\x1b.agentenv.scheduler.v1.NodeR\x04node\x12 \n" +
 	"\vreservation\x18\x02 \x01(\tR\vreservation\"\xa2\x01\n" +
@@ -1905,12 +2136,20 @@ const file_scheduler_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x16\n" +
 	"\x06holder\x18\x02 \x01(\tR\x06holder\"\x17\n" +
-	"\x15ReleaseResumeResponse*O\n" +
+	"\x15ReleaseResumeResponse\"X\n" +
+	"\x11CheckOwnerRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x10\n" +
+	"\x03gen\x18\x03 \x01(\x03R\x03gen\"T\n" +
+	"\x12CheckOwnerResponse\x12\x14\n" +
+	"\x05owner\x18\x01 \x01(\bR\x05owner\x12\x16\n" +
+	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x10\n" +
+	"\x03gen\x18\x03 \x01(\x03R\x03gen*O\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rNODE_STATE_UP\x10\x01\x12\x13\n" +
-	"\x0fNODE_STATE_DOWN\x10\x022\xc5\n" +
-	"\n" +
+	"\x0fNODE_STATE_DOWN\x10\x022\xa8\v\n" +
 	"\tScheduler\x12g\n" +
 	"\fRegisterNode\x12*.agentenv.scheduler.v1.RegisterNodeRequest\x1a+.agentenv.scheduler.v1.RegisterNodeResponse\x12^\n" +
 	"\tHeartbeat\x12'.agentenv.scheduler.v1.HeartbeatRequest\x1a(.agentenv.scheduler.v1.HeartbeatResponse\x12m\n" +
@@ -1926,7 +2165,9 @@ const file_scheduler_proto_rawDesc = "" +
 	"\tListNodes\x12'.agentenv.scheduler.v1.ListNodesRequest\x1a(.agentenv.scheduler.v1.ListNodesResponse\x12^\n" +
 	"\tListPeers\x12'.agentenv.scheduler.v1.ListPeersRequest\x1a(.agentenv.scheduler.v1.ListPeersResponse\x12R\n" +
 	"\x05Drain\x12#.agentenv.scheduler.v1.DrainRequest\x1a$.agentenv.scheduler.v1.DrainResponse\x12[\n" +
-	"\bListLost\x12&.agentenv.scheduler.v1.ListLostRequest\x1a'.agentenv.scheduler.v1.ListLostResponseB2Z0github.com/agentenv/agentenv/cluster/schedulerpbb\x06proto3"
+	"\bListLost\x12&.agentenv.scheduler.v1.ListLostRequest\x1a'.agentenv.scheduler.v1.ListLostResponse\x12a\n" +
+	"\n" +
+	"CheckOwner\x12(.agentenv.scheduler.v1.CheckOwnerRequest\x1a).agentenv.scheduler.v1.CheckOwnerResponseB2Z0github.com/agentenv/agentenv/cluster/schedulerpbb\x06proto3"
 
 var (
 	file_scheduler_proto_rawDescOnce sync.Once
@@ -1941,7 +2182,7 @@ func file_scheduler_proto_rawDescGZIP() []byte {
 }
 
 var file_scheduler_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_scheduler_proto_goTypes = []any{
 	(NodeState)(0),                 // 0: agentenv.scheduler.v1.NodeState
 	(*Resources)(nil),              // 1: agentenv.scheduler.v1.Resources
@@ -1978,6 +2219,10 @@ var file_scheduler_proto_goTypes = []any{
 	(*ClaimResumeResponse)(nil),    // 32: agentenv.scheduler.v1.ClaimResumeResponse
 	(*ReleaseResumeRequest)(nil),   // 33: agentenv.scheduler.v1.ReleaseResumeRequest
 	(*ReleaseResumeResponse)(nil),  // 34: agentenv.scheduler.v1.ReleaseResumeResponse
+	(*CheckOwnerRequest)(nil),      // 35: agentenv.scheduler.v1.CheckOwnerRequest
+	(*CheckOwnerResponse)(nil),     // 36: agentenv.scheduler.v1.CheckOwnerResponse
+	nil,                            // 37: agentenv.scheduler.v1.RegisterNodeResponse.OwnedEntry
+	nil,                            // 38: agentenv.scheduler.v1.HeartbeatResponse.OwnedEntry
 }
 var file_scheduler_proto_depIdxs = []int32{
 	1,  // 0: agentenv.scheduler.v1.RosterEntry.resources:type_name -> agentenv.scheduler.v1.Resources
@@ -1987,48 +2232,52 @@ var file_scheduler_proto_depIdxs = []int32{
 	3,  // 4: agentenv.scheduler.v1.Node.status:type_name -> agentenv.scheduler.v1.NodeStatus
 	0,  // 5: agentenv.scheduler.v1.Node.state:type_name -> agentenv.scheduler.v1.NodeState
 	3,  // 6: agentenv.scheduler.v1.RegisterNodeRequest.status:type_name -> agentenv.scheduler.v1.NodeStatus
-	3,  // 7: agentenv.scheduler.v1.HeartbeatRequest.status:type_name -> agentenv.scheduler.v1.NodeStatus
-	1,  // 8: agentenv.scheduler.v1.PlaceRequest.resources:type_name -> agentenv.scheduler.v1.Resources
-	4,  // 9: agentenv.scheduler.v1.PlaceResponse.node:type_name -> agentenv.scheduler.v1.Node
-	1,  // 10: agentenv.scheduler.v1.BindRequest.resources:type_name -> agentenv.scheduler.v1.Resources
-	4,  // 11: agentenv.scheduler.v1.LookupNodeResponse.node:type_name -> agentenv.scheduler.v1.Node
-	4,  // 12: agentenv.scheduler.v1.ListNodesResponse.nodes:type_name -> agentenv.scheduler.v1.Node
-	24, // 13: agentenv.scheduler.v1.ListPeersResponse.peers:type_name -> agentenv.scheduler.v1.Peer
-	4,  // 14: agentenv.scheduler.v1.DrainResponse.node:type_name -> agentenv.scheduler.v1.Node
-	29, // 15: agentenv.scheduler.v1.ListLostResponse.lost:type_name -> agentenv.scheduler.v1.LostBinding
-	5,  // 16: agentenv.scheduler.v1.Scheduler.RegisterNode:input_type -> agentenv.scheduler.v1.RegisterNodeRequest
-	7,  // 17: agentenv.scheduler.v1.Scheduler.Heartbeat:input_type -> agentenv.scheduler.v1.HeartbeatRequest
-	9,  // 18: agentenv.scheduler.v1.Scheduler.UnregisterNode:input_type -> agentenv.scheduler.v1.UnregisterNodeRequest
-	11, // 19: agentenv.scheduler.v1.Scheduler.Place:input_type -> agentenv.scheduler.v1.PlaceRequest
-	13, // 20: agentenv.scheduler.v1.Scheduler.Bind:input_type -> agentenv.scheduler.v1.BindRequest
-	15, // 21: agentenv.scheduler.v1.Scheduler.Unreserve:input_type -> agentenv.scheduler.v1.UnreserveRequest
-	31, // 22: agentenv.scheduler.v1.Scheduler.ClaimResume:input_type -> agentenv.scheduler.v1.ClaimResumeRequest
-	33, // 23: agentenv.scheduler.v1.Scheduler.ReleaseResume:input_type -> agentenv.scheduler.v1.ReleaseResumeRequest
-	17, // 24: agentenv.scheduler.v1.Scheduler.Unbind:input_type -> agentenv.scheduler.v1.UnbindRequest
-	19, // 25: agentenv.scheduler.v1.Scheduler.LookupNode:input_type -> agentenv.scheduler.v1.LookupNodeRequest
-	21, // 26: agentenv.scheduler.v1.Scheduler.ListNodes:input_type -> agentenv.scheduler.v1.ListNodesRequest
-	23, // 27: agentenv.scheduler.v1.Scheduler.ListPeers:input_type -> agentenv.scheduler.v1.ListPeersRequest
-	26, // 28: agentenv.scheduler.v1.Scheduler.Drain:input_type -> agentenv.scheduler.v1.DrainRequest
-	28, // 29: agentenv.scheduler.v1.Scheduler.ListLost:input_type -> agentenv.scheduler.v1.ListLostRequest
-	6,  // 30: agentenv.scheduler.v1.Scheduler.RegisterNode:output_type -> agentenv.scheduler.v1.RegisterNodeResponse
-	8,  // 31: agentenv.scheduler.v1.Scheduler.Heartbeat:output_type -> agentenv.scheduler.v1.HeartbeatResponse
-	10, // 32: agentenv.scheduler.v1.Scheduler.UnregisterNode:output_type -> agentenv.scheduler.v1.UnregisterNodeResponse
-	12, // 33: agentenv.scheduler.v1.Scheduler.Place:output_type -> agentenv.scheduler.v1.PlaceResponse
-	14, // 34: agentenv.scheduler.v1.Scheduler.Bind:output_type -> agentenv.scheduler.v1.BindResponse
-	16, // 35: agentenv.scheduler.v1.Scheduler.Unreserve:output_type -> agentenv.scheduler.v1.UnreserveResponse
-	32, // 36: agentenv.scheduler.v1.Scheduler.ClaimResume:output_type -> agentenv.scheduler.v1.ClaimResumeResponse
-	34, // 37: agentenv.scheduler.v1.Scheduler.ReleaseResume:output_type -> agentenv.scheduler.v1.ReleaseResumeResponse
-	18, // 38: agentenv.scheduler.v1.Scheduler.Unbind:output_type -> agentenv.scheduler.v1.UnbindResponse
-	20, // 39: agentenv.scheduler.v1.Scheduler.LookupNode:output_type -> agentenv.scheduler.v1.LookupNodeResponse
-	22, // 40: agentenv.scheduler.v1.Scheduler.ListNodes:output_type -> agentenv.scheduler.v1.ListNodesResponse
-	25, // 41: agentenv.scheduler.v1.Scheduler.ListPeers:output_type -> agentenv.scheduler.v1.ListPeersResponse
-	27, // 42: agentenv.scheduler.v1.Scheduler.Drain:output_type -> agentenv.scheduler.v1.DrainResponse
-	30, // 43: agentenv.scheduler.v1.Scheduler.ListLost:output_type -> agentenv.scheduler.v1.ListLostResponse
-	30, // [30:44] is the sub-list for method output_type
-	16, // [16:30] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	37, // 7: agentenv.scheduler.v1.RegisterNodeResponse.owned:type_name -> agentenv.scheduler.v1.RegisterNodeResponse.OwnedEntry
+	3,  // 8: agentenv.scheduler.v1.HeartbeatRequest.status:type_name -> agentenv.scheduler.v1.NodeStatus
+	38, // 9: agentenv.scheduler.v1.HeartbeatResponse.owned:type_name -> agentenv.scheduler.v1.HeartbeatResponse.OwnedEntry
+	1,  // 10: agentenv.scheduler.v1.PlaceRequest.resources:type_name -> agentenv.scheduler.v1.Resources
+	4,  // 11: agentenv.scheduler.v1.PlaceResponse.node:type_name -> agentenv.scheduler.v1.Node
+	1,  // 12: agentenv.scheduler.v1.BindRequest.resources:type_name -> agentenv.scheduler.v1.Resources
+	4,  // 13: agentenv.scheduler.v1.LookupNodeResponse.node:type_name -> agentenv.scheduler.v1.Node
+	4,  // 14: agentenv.scheduler.v1.ListNodesResponse.nodes:type_name -> agentenv.scheduler.v1.Node
+	24, // 15: agentenv.scheduler.v1.ListPeersResponse.peers:type_name -> agentenv.scheduler.v1.Peer
+	4,  // 16: agentenv.scheduler.v1.DrainResponse.node:type_name -> agentenv.scheduler.v1.Node
+	29, // 17: agentenv.scheduler.v1.ListLostResponse.lost:type_name -> agentenv.scheduler.v1.LostBinding
+	5,  // 18: agentenv.scheduler.v1.Scheduler.RegisterNode:input_type -> agentenv.scheduler.v1.RegisterNodeRequest
+	7,  // 19: agentenv.scheduler.v1.Scheduler.Heartbeat:input_type -> agentenv.scheduler.v1.HeartbeatRequest
+	9,  // 20: agentenv.scheduler.v1.Scheduler.UnregisterNode:input_type -> agentenv.scheduler.v1.UnregisterNodeRequest
+	11, // 21: agentenv.scheduler.v1.Scheduler.Place:input_type -> agentenv.scheduler.v1.PlaceRequest
+	13, // 22: agentenv.scheduler.v1.Scheduler.Bind:input_type -> agentenv.scheduler.v1.BindRequest
+	15, // 23: agentenv.scheduler.v1.Scheduler.Unreserve:input_type -> agentenv.scheduler.v1.UnreserveRequest
+	31, // 24: agentenv.scheduler.v1.Scheduler.ClaimResume:input_type -> agentenv.scheduler.v1.ClaimResumeRequest
+	33, // 25: agentenv.scheduler.v1.Scheduler.ReleaseResume:input_type -> agentenv.scheduler.v1.ReleaseResumeRequest
+	17, // 26: agentenv.scheduler.v1.Scheduler.Unbind:input_type -> agentenv.scheduler.v1.UnbindRequest
+	19, // 27: agentenv.scheduler.v1.Scheduler.LookupNode:input_type -> agentenv.scheduler.v1.LookupNodeRequest
+	21, // 28: agentenv.scheduler.v1.Scheduler.ListNodes:input_type -> agentenv.scheduler.v1.ListNodesRequest
+	23, // 29: agentenv.scheduler.v1.Scheduler.ListPeers:input_type -> agentenv.scheduler.v1.ListPeersRequest
+	26, // 30: agentenv.scheduler.v1.Scheduler.Drain:input_type -> agentenv.scheduler.v1.DrainRequest
+	28, // 31: agentenv.scheduler.v1.Scheduler.ListLost:input_type -> agentenv.scheduler.v1.ListLostRequest
+	35, // 32: agentenv.scheduler.v1.Scheduler.CheckOwner:input_type -> agentenv.scheduler.v1.CheckOwnerRequest
+	6,  // 33: agentenv.scheduler.v1.Scheduler.RegisterNode:output_type -> agentenv.scheduler.v1.RegisterNodeResponse
+	8,  // 34: agentenv.scheduler.v1.Scheduler.Heartbeat:output_type -> agentenv.scheduler.v1.HeartbeatResponse
+	10, // 35: agentenv.scheduler.v1.Scheduler.UnregisterNode:output_type -> agentenv.scheduler.v1.UnregisterNodeResponse
+	12, // 36: agentenv.scheduler.v1.Scheduler.Place:output_type -> agentenv.scheduler.v1.PlaceResponse
+	14, // 37: agentenv.scheduler.v1.Scheduler.Bind:output_type -> agentenv.scheduler.v1.BindResponse
+	16, // 38: agentenv.scheduler.v1.Scheduler.Unreserve:output_type -> agentenv.scheduler.v1.UnreserveResponse
+	32, // 39: agentenv.scheduler.v1.Scheduler.ClaimResume:output_type -> agentenv.scheduler.v1.ClaimResumeResponse
+	34, // 40: agentenv.scheduler.v1.Scheduler.ReleaseResume:output_type -> agentenv.scheduler.v1.ReleaseResumeResponse
+	18, // 41: agentenv.scheduler.v1.Scheduler.Unbind:output_type -> agentenv.scheduler.v1.UnbindResponse
+	20, // 42: agentenv.scheduler.v1.Scheduler.LookupNode:output_type -> agentenv.scheduler.v1.LookupNodeResponse
+	22, // 43: agentenv.scheduler.v1.Scheduler.ListNodes:output_type -> agentenv.scheduler.v1.ListNodesResponse
+	25, // 44: agentenv.scheduler.v1.Scheduler.ListPeers:output_type -> agentenv.scheduler.v1.ListPeersResponse
+	27, // 45: agentenv.scheduler.v1.Scheduler.Drain:output_type -> agentenv.scheduler.v1.DrainResponse
+	30, // 46: agentenv.scheduler.v1.Scheduler.ListLost:output_type -> agentenv.scheduler.v1.ListLostResponse
+	36, // 47: agentenv.scheduler.v1.Scheduler.CheckOwner:output_type -> agentenv.scheduler.v1.CheckOwnerResponse
+	33, // [33:48] is the sub-list for method output_type
+	18, // [18:33] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_scheduler_proto_init() }
@@ -2042,7 +2291,7 @@ func file_scheduler_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_scheduler_proto_rawDesc), len(file_scheduler_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,6 +36,7 @@ const (
 	Scheduler_ListPeers_FullMethodName      = "/agentenv.scheduler.v1.Scheduler/ListPeers"
 	Scheduler_Drain_FullMethodName          = "/agentenv.scheduler.v1.Scheduler/Drain"
 	Scheduler_ListLost_FullMethodName       = "/agentenv.scheduler.v1.Scheduler/ListLost"
+	Scheduler_CheckOwner_FullMethodName     = "/agentenv.scheduler.v1.Scheduler/CheckOwner"
 )
 
 // SchedulerClient is the client API for Scheduler service.
@@ -72,6 +73,9 @@ type SchedulerClient interface {
 	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*DrainResponse, error)
 	// ListLost lists bindings whose node went down.
 	ListLost(ctx context.Context, in *ListLostRequest, opts ...grpc.CallOption) (*ListLostResponse, error)
+	// CheckOwner answers whether a node still owns a sandbox at an ownership
+	// generation: a node asks before it commits a pause to the repository.
+	CheckOwner(ctx context.Context, in *CheckOwnerRequest, opts ...grpc.CallOption) (*CheckOwnerResponse, error)
 }
 
 type schedulerClient struct {
@@ -222,6 +226,16 @@ func (c *schedulerClient) ListLost(ctx context.Context, in *ListLostRequest, opt
 	return out, nil
 }
 
+func (c *schedulerClient) CheckOwner(ctx context.Context, in *CheckOwnerRequest, opts ...grpc.CallOption) (*CheckOwnerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckOwnerResponse)
+	err := c.cc.Invoke(ctx, Scheduler_CheckOwner_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SchedulerServer is the server API for Scheduler service.
 // All implementations must embed UnimplementedSchedulerServer
 // for forward compatibility.
@@ -256,6 +270,9 @@ type SchedulerServer interface {
 	Drain(context.Context, *DrainRequest) (*DrainResponse, error)
 	// ListLost lists bindings whose node went down.
 	ListLost(context.Context, *ListLostRequest) (*ListLostResponse, error)
+	// CheckOwner answers whether a node still owns a sandbox at an ownership
+	// generation: a node asks before it commits a pause to the repository.
+	CheckOwner(context.Context, *CheckOwnerRequest) (*CheckOwnerResponse, error)
 	mustEmbedUnimplementedSchedulerServer()
 }
 
@@ -307,6 +324,9 @@ func (UnimplementedSchedulerServer) Drain(context.Context, *DrainRequest) (*Drai
 }
 func (UnimplementedSchedulerServer) ListLost(context.Context, *ListLostRequest) (*ListLostResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListLost not implemented")
+}
+func (UnimplementedSchedulerServer) CheckOwner(context.Context, *CheckOwnerRequest) (*CheckOwnerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckOwner not implemented")
 }
 func (UnimplementedSchedulerServer) mustEmbedUnimplementedSchedulerServer() {}
 func (UnimplementedSchedulerServer) testEmbeddedByValue()                   {}
@@ -581,6 +601,24 @@ func _Scheduler_ListLost_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scheduler_CheckOwner_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckOwnerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulerServer).CheckOwner(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduler_CheckOwner_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulerServer).CheckOwner(ctx, req.(*CheckOwnerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Scheduler_ServiceDesc is the grpc.ServiceDesc for Scheduler service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -643,6 +681,10 @@ var Scheduler_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListLost",
 			Handler:    _Scheduler_ListLost_Handler,
+		},
+		{
+			MethodName: "CheckOwner",
+			Handler:    _Scheduler_CheckOwner_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

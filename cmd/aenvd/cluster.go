@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/agentenv/agentenv/config"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/replica"
 )
 
 // orchestratorSource reports the node to the cluster scheduler from the
@@ -55,7 +57,7 @@ type clusterMember struct {
 const registerWait = 15 * time.Second
 
 // newClusterMember prepares the membership; start begins it.
-func newClusterMember(cfg config.Config, o *orchestrator.Orchestrator, rn *repoNode, vmm, hostname string, log *slog.Logger) (*clusterMember, error) {
+func newClusterMember(cfg config.Config, o *orchestrator.Orchestrator, rn *repoNode, vmm, accel, hostname string, log *slog.Logger) (*clusterMember, error) {
 	cc := cfg.Cluster
 	if len(cc.Scheduler) == 0 {
 		return nil, nil
@@ -72,11 +74,20 @@ func newClusterMember(cfg config.Config, o *orchestrator.Orchestrator, rn *repoN
 		onPeers = rn.setPeers
 	}
 	log = log.With("component", "cluster")
+	plat, err := nodeagent.HostCPU()
+	if err != nil {
+		log.Warn("host CPU unknown; placement cannot match this node's snapshots by CPU", "err", err)
+	}
+	plat.Accel = accel
 	a, err := nodeagent.New(nodeagent.Options{Schedulers: cc.Scheduler, Name: name, APIURL: url, P2PEndpoint: cc.P2PEndpoint,
-		VMM: vmm, Version: version.Version(), MaxSandboxes: cc.MaxSandboxes,
-		Source: orchestratorSource{o: o, overcommit: cc.CPUOvercommit}, Logger: log, OnPeers: onPeers})
+		VMM: vmm, Platform: plat, Version: version.Version(), MaxSandboxes: cc.MaxSandboxes,
+		Source: orchestratorSource{o: o, overcommit: cc.CPUOvercommit}, Logger: log, OnPeers: onPeers,
+		OwnershipFile: filepath.Join(cfg.DataDir, "cluster-ownership.json")})
 	if err != nil {
 		return nil, err
+	}
+	if rn != nil { // pauses are committed only while the scheduler binds the sandbox here
+		rn.n.Uploads.SetFence(nodeagent.Fence{Agent: a, SandboxOf: replica.PauseOf})
 	}
 	return &clusterMember{agent: a, open: make(chan struct{}), log: log}, nil
 }
@@ -110,7 +121,9 @@ func (m *clusterMember) openWhenReady(ctx context.Context, wait time.Duration) b
 	select {
 	case <-m.agent.Ready():
 	case <-t.C:
-		m.log.Warn("no answer from the cluster scheduler yet; serving this node's sandboxes without its word", "waited", wait)
+		m.log.Warn("no answer from the cluster scheduler yet; serving this node's sandboxes without its word "+
+			"(pauses are committed to the repository only once it confirms ownership)", "waited", wait,
+			"proven_by_own_records", m.agent.Proven())
 	case <-ctx.Done():
 		return false
 	}

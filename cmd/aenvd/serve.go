@@ -70,7 +70,7 @@ func serve(ctx context.Context, cfg config.Config, n node, log *slog.Logger) err
 		Repository: n.repo.status(),
 	})
 	handler = dashboard.Mount(handler, px.Match) // the web dashboard at /dashboard/, same origin as the API
-	member, err := newClusterMember(cfg, n.orch, n.repo, n.backend.driver.Name(), hostname, log)
+	member, err := newClusterMember(cfg, n.orch, n.repo, n.backend.driver.Name(), n.backend.accel, hostname, log)
 	if err != nil {
 		return err
 	}

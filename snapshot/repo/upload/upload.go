@@ -39,6 +39,8 @@ type Job struct {
 	Memory  []string  `json:"memory"`
 	State   string    `json:"state"`  // the VMM's state file
 	Config  string    `json:"config"` // the VM's configuration file
+	// Fence is the Fence's stamp at Enqueue (fence.go).
+	Fence string `json:"fence,omitempty"`
 }
 
 // State is where a job is.
@@ -95,6 +97,7 @@ type Uploader struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	started bool
+	fence   Fence
 }
 
 // New loads the queue in opt.Dir; jobs a previous process was uploading are
@@ -161,6 +164,7 @@ func (u *Uploader) Enqueue(ctx context.Context, j Job) error {
 	if rec, ok := u.q.get(j.Name); ok && rec.Status.State != Failed {
 		return nil
 	}
+	u.stamp(&j)
 	now := time.Now()
 	err := u.q.put(record{Job: j, Status: Status{Name: j.Name, State: Pending, Updated: now, NextAttempt: now}})
 	if err != nil {
@@ -377,7 +381,7 @@ func (u *Uploader) backoff(attempts int) time.Duration {
 
 // permanent tells errors no retry fixes from a store that is down or slow.
 func permanent(err error) bool {
-	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, repo.ErrDigestMismatch) ||
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, repo.ErrDigestMismatch) || errors.Is(err, ErrFenced) ||
 		errors.Is(err, repo.ErrInvalid) || errors.Is(err, repo.ErrExists)
 }
 
@@ -411,6 +415,9 @@ func (u *Uploader) run(ctx context.Context, j Job) error {
 		return err
 	}
 	if err := fpUploaded.Inject(); err != nil {
+		return err
+	}
+	if err := u.checkFence(ctx, j); err != nil {
 		return err
 	}
 	if err := u.r.Commit(ctx, m); err != nil {
