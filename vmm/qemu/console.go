@@ -117,10 +117,16 @@ func rotateConsole(path string, limit int64) error {
 		return fmt.Errorf("rotate console %s: %w", path, err)
 	}
 	// What the guest wrote while the tail was saved (a synced write takes
-	// a while) is saved too; what it writes between that and the
+	// a while, longer on a loaded host) is saved too, again until a pass
+	// finds nothing new; what it writes between the last check and the
 	// truncation, a few microseconds, is lost: a console, not a record.
-	if st2, err := f.Stat(); err == nil && st2.Size() > st.Size() {
-		if tail, err = readTail(f, st2.Size()); err == nil {
+	for size, pass := st.Size(), 0; pass < 8; pass++ {
+		st2, err := f.Stat()
+		if err != nil || st2.Size() <= size {
+			break
+		}
+		size = st2.Size()
+		if tail, err = readTail(f, size); err == nil {
 			err = atomicfile.WriteFile(path+".1", tail, 0o600)
 		}
 		if err != nil {
