@@ -30,7 +30,7 @@ func TestSandboxIDNotInProcNetUnix(t *testing.T) {
 		t.Fatalf("read /proc as nobody: %v\n%s", err, out)
 	}
 	if !strings.Contains(string(out), "qemu-system") || !strings.Contains(string(out), "Inode") ||
-		!strings.Contains(string(out), "/vm-") {
+		!strings.Contains(string(out), "/aenv/") {
 		t.Fatalf("nobody's view of /proc lacks the VMM, the socket table or the VMMs' control groups:\n%.2000s", out)
 	}
 	for _, line := range strings.Split(string(out), "\n") {
