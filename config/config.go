@@ -123,37 +123,6 @@ func (r *Repository) validate() error {
 	return nil
 }
 
-// Admission bounds what the node commits (docs/security.md, "Admission"):
-// a create, resume or fork crossing a limit is refused with 429 (count
-// limits) or 503 (memory and disk) and a Retry-After. Zero turns a limit off.
-type Admission struct {
-	// MaxSandboxes bounds the sandboxes running (or starting, or resuming)
-	// at once; above it a create or resume answers 429.
-	MaxSandboxes int `toml:"max_sandboxes" env:"AENVD_ADMISSION_MAX_SANDBOXES"`
-	// MaxCommittedMiB bounds the guest memory committed at once: running
-	// sandboxes, the VMM warm pool's reservations and the creates and
-	// resumes in flight; above it they answer 503. Zero derives it: the
-	// host's memory less HostReserveMiB, times MemoryOvercommitPct/100.
-	MaxCommittedMiB int `toml:"max_committed_mib" env:"AENVD_ADMISSION_MAX_COMMITTED_MIB"`
-	// MemoryOvercommitPct is the percentage of the host's memory (less
-	// HostReserveMiB) the derived committed-memory limit allows; above 100
-	// counts on guests not touching all their memory.
-	MemoryOvercommitPct int `toml:"memory_overcommit_pct" env:"AENVD_ADMISSION_MEMORY_OVERCOMMIT_PCT"`
-	// HostReserveMiB is the host memory kept out of the derived limit for
-	// aenvd, the storage daemon and the page cache.
-	HostReserveMiB int `toml:"host_reserve_mib" env:"AENVD_ADMISSION_HOST_RESERVE_MIB"`
-	// DiskReserveMiB is the free space a create or resume must find on
-	// data_dir's file system (503 below it).
-	DiskReserveMiB int `toml:"disk_reserve_mib" env:"AENVD_ADMISSION_DISK_RESERVE_MIB"`
-	// MaxForkChildren bounds the fork children in flight (asked by forks
-	// not finished yet); a fork above it answers 429.
-	MaxForkChildren int `toml:"max_fork_children" env:"AENVD_ADMISSION_MAX_FORK_CHILDREN"`
-	// MaxConnections bounds the connections each listener (API, proxy)
-	// holds from all clients together, besides [network] conns_per_client
-	// per client address; a connection above it is closed at once.
-	MaxConnections int `toml:"max_connections" env:"AENVD_ADMISSION_MAX_CONNECTIONS"`
-}
-
 // Cluster joins this node to a cluster run by aenv-scheduler (see
 // docs/cluster.md). With no scheduler listed the node runs alone and the
 // other settings do nothing.
@@ -482,11 +451,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: storage pool watermarks: want 0 <= pool_low (%d) <= pool_high (%d)", c.Storage.PoolLow, c.Storage.PoolHigh)
 	case c.Network.SocketMark <= 0 || c.Network.SocketMark > 0xffffffff || c.Network.ConnsPerClient < 1:
 		return fmt.Errorf("config: network: socket_mark must be within 1..0xffffffff and conns_per_client at least 1")
-	case c.Admission.MaxSandboxes < 0 || c.Admission.MaxCommittedMiB < 0 || c.Admission.HostReserveMiB < 0 ||
-		c.Admission.DiskReserveMiB < 0 || c.Admission.MaxForkChildren < 0 || c.Admission.MaxConnections < 0:
-		return fmt.Errorf("config: admission: limits must not be negative (zero turns one off)")
-	case c.Admission.MemoryOvercommitPct < 0 || c.Admission.MemoryOvercommitPct > 1600:
-		return fmt.Errorf("config: admission.memory_overcommit_pct %d is not within 0..1600 (0 turns the derived limit off)", c.Admission.MemoryOvercommitPct)
+	case c.Admission.validate() != nil:
+		return c.Admission.validate()
 	case c.Cluster.CPUOvercommit < 1 || c.Cluster.MaxSandboxes < 0:
 		return fmt.Errorf("config: cluster: cpu_overcommit must be at least 1 and max_sandboxes not negative")
 	case c.Sandbox.DefaultTimeout.Duration <= 0 || c.Sandbox.MaxTimeout.Duration < c.Sandbox.DefaultTimeout.Duration:

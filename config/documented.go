@@ -2,7 +2,7 @@ package config
 
 import (
 	"bytes"
-	_ "embed"
+	"embed"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -17,8 +17,11 @@ import (
 // of this package's own source: one text for readers of the code and of
 // `aenvd --print-default-config`.
 //
-//go:embed config.go
-var configSource string
+//go:embed config.go admission.go
+var configSource embed.FS
+
+// configFiles are the embedded files that declare the settings.
+var configFiles = []string{"config.go", "admission.go"}
 
 // EncodeDocumented writes c as TOML with every setting preceded by its
 // documentation and its environment variable (aenvd --print-default-config).
@@ -89,11 +92,23 @@ func comment(doc string) string {
 // "type <name>" -> the type's own doc, from the embedded source. A comment
 // on a line declaring several fields documents each of them.
 func fieldDocs() (map[string]map[string]string, error) {
-	f, err := parser.ParseFile(token.NewFileSet(), "config.go", configSource, parser.ParseComments)
-	if err != nil {
-		return nil, fmt.Errorf("config documentation: %w", err)
-	}
 	out := map[string]map[string]string{}
+	for _, name := range configFiles {
+		src, err := configSource.ReadFile(name)
+		if err != nil {
+			return nil, fmt.Errorf("config documentation %s: %w", name, err)
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), name, src, parser.ParseComments)
+		if err != nil {
+			return nil, fmt.Errorf("config documentation %s: %w", name, err)
+		}
+		typeDocs(f, out)
+	}
+	return out, nil
+}
+
+// typeDocs adds the documentation of f's struct types to out.
+func typeDocs(f *ast.File, out map[string]map[string]string) {
 	for _, d := range f.Decls {
 		g, ok := d.(*ast.GenDecl)
 		if !ok || g.Tok != token.TYPE {
@@ -124,5 +139,4 @@ func fieldDocs() (map[string]map[string]string, error) {
 			out[ts.Name.Name] = fields
 		}
 	}
-	return out, nil
 }
