@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
-	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -25,33 +23,14 @@ func TestPauseCommitsToRepository(t *testing.T) {
 	id := n.create(t, `{"templateID":"base","timeout":300}`)
 	data := n.writeData(t, id, "repo")
 	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
-	r, err := posix.Open(filepath.Join(n.DataDir, "repository"), repo.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	name := waitManifest(ctx, t, r, "sandbox-"+id+"-")
-	m, err := r.Manifest(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, name, m := committedPause(ctx, t, n, id)
 	if m.Kind != repo.KindSnapshot || m.Parent != "base" || len(m.Rootfs) < 2 || len(m.Memory) < 2 {
 		t.Fatalf("manifest %s: kind %s, parent %q, %d rootfs and %d memory layers", name, m.Kind, m.Parent, len(m.Rootfs), len(m.Memory))
 	}
 	// The sandbox's own top layers (small) read back as their digests say.
-	for _, b := range []repo.Blob{m.Rootfs[len(m.Rootfs)-1].Blob, m.Memory[len(m.Memory)-1].Blob, m.State, m.Config} {
-		rc, err := r.ReadBlob(ctx, b.Digest, 0, -1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h := sha256.New()
-		got, err := io.Copy(h, rc)
-		rc.Close()
-		if err != nil || got != b.Size || repo.FromHash(h.Sum(nil)) != b.Digest {
-			t.Fatalf("blob %s: %d bytes (want %d), %v", b.Digest, got, b.Size, err)
-		}
-	}
+	checkTopBlobs(ctx, t, r, m)
 	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":120}`)
 	n.checkData(t, id, data)
 
@@ -80,6 +59,31 @@ func TestPauseCommitsToRepository(t *testing.T) {
 }
 
 // waitManifest waits for a manifest whose name starts with prefix.
+// committedPause opens the node's repository and waits for the manifest
+// of sandbox id's pause.
+func committedPause(ctx context.Context, t *testing.T, n *node, id string) (*repo.Repo, string, *repo.Manifest) {
+	t.Helper()
+	r, err := posix.Open(filepath.Join(n.DataDir, "repository"), repo.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := waitManifest(ctx, t, r, "sandbox-"+id+"-")
+	m, err := r.Manifest(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, name, m
+}
+
+// checkTopBlobs reads the manifest's own top layers (small), state and
+// config back whole and checks their sizes and digests.
+func checkTopBlobs(ctx context.Context, t *testing.T, r *repo.Repo, m *repo.Manifest) {
+	t.Helper()
+	for _, b := range []repo.Blob{m.Rootfs[len(m.Rootfs)-1].Blob, m.Memory[len(m.Memory)-1].Blob, m.State, m.Config} {
+		checkBlob(ctx, t, r, b)
+	}
+}
+
 func waitManifest(ctx context.Context, t *testing.T, r *repo.Repo, prefix string) string {
 	t.Helper()
 	for {

@@ -5,12 +5,10 @@ import (
 	"crypto/sha256"
 	"io"
 	"net/http"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/agentenv/agentenv/snapshot/repo"
-	"github.com/agentenv/agentenv/snapshot/repo/posix"
 	_ "github.com/agentenv/agentenv/snapshot/repo/upload" // declares the upload/... fault points
 )
 
@@ -27,20 +25,10 @@ func TestUploadCrash(t *testing.T) {
 			id := n.create(t, `{"templateID":"base","timeout":300}`)
 			data := n.writeData(t, id, "u")
 			n.crashAt(t, point, func() { _, _, _, _ = n.Call("POST", "/sandboxes/"+id+"/pause", n.key, "") })
-			r, err := posix.Open(filepath.Join(n.DataDir, "repository"), repo.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			name := waitManifest(ctx, t, r, "sandbox-"+id+"-")
-			m, err := r.Manifest(ctx, name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, b := range []repo.Blob{m.Rootfs[len(m.Rootfs)-1].Blob, m.Memory[len(m.Memory)-1].Blob, m.State, m.Config} {
-				checkBlob(ctx, t, r, b)
-			}
+			r, _, m := committedPause(ctx, t, n, id)
+			checkTopBlobs(ctx, t, r, m)
 			n.resumeAndCheck(t, id, data)
 			n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
 			n.checkNoOrphans(t)
