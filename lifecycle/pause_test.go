@@ -103,10 +103,10 @@ func stored(t *testing.T, st *store.Store, id string) sandbox.Record {
 	return r
 }
 
-// TestPauseFailureRunsOn: a pause whose seal fails (the record names no
+// TestPauseFailureKeepsVMRunning: a pause whose seal fails (the record names no
 // device) runs the undo stack: the VM continues, the record says running
 // again, and no snapshot is left.
-func TestPauseFailureRunsOn(t *testing.T) {
+func TestPauseFailureKeepsVMRunning(t *testing.T) {
 	v, j, rec := setup(t)
 	s := &serving{rec: rec, m: &machine{}, j: j}
 	_, err := v.Pause(context.Background(), s, false)
