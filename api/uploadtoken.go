@@ -11,8 +11,9 @@ import (
 // A template files upload URL (GET /templates/{id}/files/{hash}) carries
 // an upload token in its query: E2B's SDK PUTs the archive to that URL as
 // it is, with no X-API-Key. The token is an HMAC under the node's API key
-// of the template id and content hash, so it grants only the upload of
-// the one archive whose SHA-256 is hash (the upload checks it).
+// of the template id and files key, so it grants only the upload of the
+// one archive stored under that key, which is written once and never
+// replaced (template/files.go).
 const uploadTokenParam = "token"
 
 // uploadToken is the token of the upload of hash to templateID.

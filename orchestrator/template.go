@@ -97,7 +97,7 @@ func (o *Orchestrator) TemplateFilesPresent(templateID, hash string) (bool, erro
 	return o.catalog.FilesPresent(templateID, hash)
 }
 
-// PutTemplateFiles stores a COPY archive checked against its SHA-256.
+// PutTemplateFiles stores a COPY archive under the client's files key.
 func (o *Orchestrator) PutTemplateFiles(ctx context.Context, templateID, hash string, r io.Reader) error {
 	return o.catalog.PutFiles(ctx, templateID, hash, r)
 }

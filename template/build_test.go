@@ -12,6 +12,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strings"
 	"syscall"
@@ -154,11 +155,12 @@ func (c buildClient) upload(tid, hash string, data []byte) {
 		URL     string `json:"url"`
 	}
 	json.Unmarshal(c.call("GET", "/templates/"+tid+"/files/"+hash, "", http.StatusCreated), &up)
-	if up.Present || !strings.HasSuffix(up.URL, "/templates/"+tid+"/files/"+hash) {
-		c.t.Fatalf("files %s: %+v", hash, up)
+	u, err := url.Parse(up.URL)
+	if err != nil || up.Present || u.Path != "/templates/"+tid+"/files/"+hash || u.Query().Get("token") == "" {
+		c.t.Fatalf("files %s: %+v (%v)", hash, up, err)
 	}
+	// The URL carries its own upload token: no X-API-Key, as E2B's SDK sends it.
 	req, _ := http.NewRequest("PUT", up.URL, bytes.NewReader(data))
-	req.Header.Set("X-API-Key", c.n.Key)
 	req.Header.Set("Content-Type", "application/octet-stream")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil || resp.StatusCode != http.StatusCreated {
@@ -366,7 +368,9 @@ func TestBuildE2E(t *testing.T) {
 	c.call("POST", path, `{}`, http.StatusBadRequest)
 	c.call("POST", path, `{"fromImage":"`+host+`/small:v1","steps":[{"type":"COPY","args":["a","/b"],"filesHash":"`+strings.Repeat("0", 64)+`"}]}`, http.StatusBadRequest)
 	c.call("POST", path, `{"fromImage":"`+host+`/small:v1","steps":[{"type":"HEALTHCHECK","args":["x"]}]}`, http.StatusBadRequest)
-	c.call("PUT", "/templates/"+created.TemplateID+"/files/"+strings.Repeat("0", 64), "not the right content", http.StatusBadRequest)
+	if code, b, _, err := c.n.Call("PUT", "/templates/"+created.TemplateID+"/files/"+strings.Repeat("0", 64)+"?token="+strings.Repeat("0", 64), "", "x"); err != nil || code != http.StatusUnauthorized {
+		t.Errorf("upload with a forged token: %d %s %v, want 401", code, b, err)
+	}
 	c.call("GET", "/templates/"+created.TemplateID+"/files/nothex", "", http.StatusBadRequest)
 	c.call("POST", "/v2/templates/nosuch/builds/"+created.BuildID, `{"fromImage":"`+host+`/small:v1"}`, http.StatusNotFound)
 	c.call("GET", "/templates/"+created.TemplateID+"/builds/nosuch/status", "", http.StatusNotFound)
