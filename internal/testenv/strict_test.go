@@ -26,7 +26,9 @@ func TestCIFailsWhenSetupIsMissing(t *testing.T) {
 			env: func(dir string) []string { return []string{"GOPATH=" + filepath.Join(dir, "gopath")} }},
 		{name: "redis-server", pkg: "./cluster/scheduler/", test: "TestRestorePlacementTCG", hide: "redis-server", want: "redis-server is not installed"},
 		{name: "lane kernel", pkg: "./storage/ublk/", test: "TestKernelLane", hide: "apt-get", want: "kernel package unavailable",
-			env: func(dir string) []string { return []string{"AENV_KERNELLANE_CACHE=" + filepath.Join(dir, "kernel-cache")} }},
+			env: func(dir string) []string {
+				return []string{"AENV_KERNELLANE_CACHE=" + filepath.Join(dir, "kernel-cache")}
+			}},
 	}
 	root := moduleRoot(t)
 	for _, c := range cases {
