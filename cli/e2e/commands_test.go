@@ -372,15 +372,16 @@ func TestStartPiped(t *testing.T) {
 	var sbx struct {
 		SandboxID string `json:"sandboxID"`
 	}
-	c.okJSON(&sbx, "start", "base", "-d", "--secure", "--timeout", "2m")
+	c.okJSON(&sbx, "start", "base", "-d", "--timeout", "2m")
 	t.Cleanup(func() { c.run("rm", sbx.SandboxID) })
-	// A secured agent refuses requests without the token; aenv sends it.
+	// aenv creates secure sandboxes: the agent refuses requests without
+	// the token; aenv sends it.
 	req, _ := http.NewRequest("POST", n.Proxy+"/process.Process/List", strings.NewReader("{}"))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("E2b-Sandbox-Id", sbx.SandboxID)
 	req.Header.Set("E2b-Sandbox-Port", "49983")
 	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("agent of a --secure sandbox without a token: %v %v, want 401", resp, err)
+		t.Fatalf("agent of a sandbox aenv started, without a token: %v %v, want 401", resp, err)
 	} else {
 		resp.Body.Close()
 	}

@@ -209,7 +209,7 @@ func startCmd() *cobra.Command {
 	}
 	cmd.Flags().BoolVarP(&f.detach, "detach", "d", false, "do not attach a terminal; print the sandbox")
 	cmd.Flags().BoolVar(&f.rm, "rm", false, "remove the sandbox when the terminal exits")
-	cmd.Flags().BoolVar(&f.secure, "secure", false, "require the sandbox's access token for every agent request (aenv sends it)")
+	cmd.Flags().BoolVar(&f.secure, "secure", true, "require the sandbox's access token for every agent request (aenv sends it); --secure=false lets anyone who knows the sandbox's id reach its agent through the proxy")
 	cmd.Flags().StringVar(&f.timeout, "timeout", "5m", "lifetime in seconds or as a duration (an attached terminal keeps it alive)")
 	cmd.Flags().StringArrayVarP(&f.envs, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	cmd.Flags().StringArrayVar(&f.md, "metadata", nil, "metadata KEY=VALUE (repeatable)")
@@ -239,9 +239,7 @@ func (f *startFlags) request(template string) (wire.NewSandbox, error) {
 	if err != nil {
 		return req, err
 	}
-	if f.secure {
-		req.Secure = &f.secure
-	}
+	req.Secure = &f.secure // sent either way: the API's own default differs by version
 	if secs > 0 {
 		req.Timeout = &secs
 	}

@@ -97,3 +97,28 @@ func TestSeconds(t *testing.T) {
 		t.Fatal("ExitError")
 	}
 }
+
+// TestStartSecureByDefault: `aenv start` asks for a secure sandbox unless
+// told --secure=false, and says so either way (the v1 API's default is
+// not secure).
+func TestStartSecureByDefault(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{{nil, true}, {[]string{"--secure=false"}, false}, {[]string{"--secure"}, true}} {
+		cmd := startCmd()
+		if err := cmd.ParseFlags(c.args); err != nil {
+			t.Fatal(err)
+		}
+		var f startFlags
+		f.secure, _ = cmd.Flags().GetBool("secure")
+		f.timeout = "5m"
+		req, err := f.request("base")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if req.Secure == nil || *req.Secure != c.want {
+			t.Errorf("start %v: secure %v, want %v sent", c.args, req.Secure, c.want)
+		}
+	}
+}
