@@ -132,3 +132,22 @@ func (u unit) words(section, key string) []string {
 	}
 	return out
 }
+
+// nspawnPrereqs ends a test that runs a Debian tree under systemd-nspawn
+// where it cannot run (-short: what says what it does; not root; no
+// nspawn or debootstrap) and returns the checkout and its built bin/.
+func nspawnPrereqs(t *testing.T, what string) (repo, bin string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: " + what)
+	}
+	requireRoot(t)
+	testenv.RequireTool(t, "systemd-nspawn", "Debian systemd-container; .ci/setup.d/50-deploy.sh")
+	testenv.RequireTool(t, "debootstrap", "Debian debootstrap; scripts/setup.sh")
+	repo = repoRoot(t)
+	bin = filepath.Join(repo, "bin")
+	if _, err := os.Stat(filepath.Join(bin, "aenvd")); err != nil {
+		t.Fatalf("no aenvd in %s (make build): %v", bin, err)
+	}
+	return repo, bin
+}

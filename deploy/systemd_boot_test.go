@@ -1,13 +1,10 @@
 package deploy
 
 import (
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // TestSystemdBoot boots a Debian 12 tree under systemd-nspawn with systemd
@@ -24,17 +21,7 @@ import (
 // read-only"; before it allowed mount namespaces it failed with
 // "aenv-vmm-jail: unshare the mount namespace: operation not permitted".
 func TestSystemdBoot(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: boots a Debian tree under systemd-nspawn")
-	}
-	requireRoot(t)
-	testenv.RequireTool(t, "systemd-nspawn", "Debian systemd-container; .ci/setup.d/50-deploy.sh")
-	testenv.RequireTool(t, "debootstrap", "Debian debootstrap; scripts/setup.sh")
-	repo := repoRoot(t)
-	bin := filepath.Join(repo, "bin")
-	if _, err := os.Stat(filepath.Join(bin, "aenvd")); err != nil {
-		t.Fatalf("no aenvd in %s (make build): %v", bin, err)
-	}
+	repo, bin := nspawnPrereqs(t, "boots a Debian tree under systemd-nspawn")
 	cmd := exec.Command(filepath.Join(repo, "deploy/nspawn/boot.sh"), bin)
 	out, err := cmd.CombinedOutput()
 	t.Logf("boot.sh:\n%s", out)

@@ -14,6 +14,7 @@ RUN apt-get update -q \
 ARG BIN=bin
 COPY --chmod=0555 ${BIN}/aenvd ${BIN}/aenv-storaged ${BIN}/aenv ${BIN}/aenv-netcheck /usr/local/bin/
 COPY --chmod=0555 ${BIN}/aenv-agent /usr/local/lib/aenv/aenv-agent
+COPY --chmod=0555 deploy/docker/node-entrypoint.sh /usr/local/bin/aenv-node-entrypoint
 # State (templates, sandboxes, layers) and the guest image cache are volumes.
 ENV AENVD_DATA_DIR=/var/lib/aenv \
     AENVD_GUEST_AGENT=/usr/local/lib/aenv/aenv-agent \
@@ -23,4 +24,5 @@ ENV AENVD_DATA_DIR=/var/lib/aenv \
 VOLUME ["/var/lib/aenv", "/var/cache/aenv"]
 EXPOSE 3000 3001
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["/usr/local/bin/aenvd"]
+# The entrypoint makes the container's own control groups writable, then execs aenvd.
+ENTRYPOINT ["/usr/local/bin/aenv-node-entrypoint"]
