@@ -38,6 +38,14 @@ func (l live) Slot() *network.Slot {
 
 func (l live) Adopted() bool { return false }
 
+// RecordNew writes a new sandbox's first record, in state starting
+// (lifecycle.Newborn): a crash from here on is rolled back by recovery.
+func (l live) RecordNew() error {
+	rec := l.Record()
+	rec.State = "" // not written yet
+	return l.o.journal.Transition(rec, sandbox.Starting, nil, func(r sandbox.Record) { l.o.setRecord(l.s, r) })
+}
+
 func (l live) Transition(to sandbox.State, change func(*sandbox.Record)) error {
 	return l.o.transition(l.s, to, change)
 }
