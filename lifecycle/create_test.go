@@ -31,7 +31,9 @@ func (n *newborn) RecordNew() error {
 func TestCreateStages(t *testing.T) {
 	v, j, _ := setup(t)
 	var published []string
-	j.Publish = func(from sandbox.State, r sandbox.Record) { published = append(published, string(from)+">"+string(r.State)) }
+	j.Publish = func(from sandbox.State, r sandbox.Record) {
+		published = append(published, string(from)+">"+string(r.State))
+	}
 	rec := sandbox.Record{ID: "sb2", State: sandbox.Starting, Dir: filepath.Join(t.TempDir(), "sb2"),
 		Drives: []sandbox.AttachedDrive{{Drive: snapshot.Drive{Slot: 1, SizeMiB: 1}}}}
 	s := &newborn{serving{rec: rec, m: &machine{}, j: j}}
