@@ -235,6 +235,30 @@ func (o *Orchestrator) unlist(s *instance) {
 	o.mu.Unlock()
 }
 
+// startCreate brings a new sandbox's VM up from t's snapshot: on a warm
+// pool's VM when one fits (takeEntry, pool.go), else by a restore of its
+// own.
+func (o *Orchestrator) startCreate(ctx context.Context, s *instance, t *template.Template, lap func(string)) error {
+	if o.pool != nil {
+		if e := o.takeEntry(ctx, s, t); e != nil {
+			return o.startPooled(ctx, s, t.Snapshot, lap, e)
+		}
+	}
+	return o.startVM(ctx, s, t.Snapshot, lap)
+}
+
+// startResume brings a paused sandbox's VM up from its snapshot vmDir
+// ("": a cold boot): on a warm pool's VM when one fits (takeRebased,
+// poolresume.go), else by a restore of its own.
+func (o *Orchestrator) startResume(ctx context.Context, s *instance, vmDir string, lap func(string)) error {
+	if o.pool != nil {
+		if e := o.takeRebased(ctx, s, vmDir); e != nil {
+			return o.startPooled(ctx, s, vmDir, lap, e)
+		}
+	}
+	return o.startVM(ctx, s, vmDir, lap)
+}
+
 // startVM brings the sandbox's VM up from snapshotDir, or cold-boots its
 // disk when the record says ColdBoot (op held): one
 // sandbox.Start with the sandbox's disk, memory image and agent /init, the
@@ -266,7 +290,7 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 	spec.Memory = func(ctx context.Context) (sandbox.Memory, error) {
 		var vm sandbox.Memory
 		var err error
-		mem, vm, err = o.vmMemory(ctx, snapshotDir, vmName(rec))
+		mem, vm, err = o.mem.VMMemory(ctx, snapshotDir, vmName(rec))
 		if err == nil {
 			prefetched = o.mem.Prefetch(mem.File)
 		}

@@ -312,46 +312,6 @@ func (o *Orchestrator) goBackground(f func()) {
 	}()
 }
 
-// persist writes the sandbox's record (op held); its state is unchanged
-// (sandbox.Journal.Put).
-func (o *Orchestrator) persist(s *instance) error {
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	return o.journal.Put(rec)
-}
-
-// update changes fields of the sandbox's record other than its state (op
-// held) and persists them; the sandbox's copy changes once they are
-// durable.
-func (o *Orchestrator) update(s *instance, f func(r *sandbox.Record)) error {
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	f(&rec)
-	if err := o.journal.Put(rec); err != nil {
-		return err
-	}
-	o.setRecord(s, rec)
-	return nil
-}
-
-// transition moves the sandbox to state to with change applied (op held):
-// the one way a live sandbox's state changes (sandbox.Journal.Transition).
-func (o *Orchestrator) transition(s *instance, to sandbox.State, change func(r *sandbox.Record)) error {
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	return o.journal.Transition(rec, to, change, func(r sandbox.Record) { o.setRecord(s, r) })
-}
-
-// setRecord replaces the sandbox's copy of its record.
-func (o *Orchestrator) setRecord(s *instance, rec sandbox.Record) {
-	s.mu.Lock()
-	s.rec = rec
-	s.mu.Unlock()
-}
-
 func (o *Orchestrator) lookup(id string) (*instance, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
