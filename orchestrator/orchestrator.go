@@ -32,10 +32,10 @@
 //   - A sandbox is removed only by an explicit kill (or its timeout). A
 //     failed pause leaves it running; graceful shutdown never kills.
 //
-// Pause, resume, kill and the capture of a snapshot are package
-// lifecycle's verbs, stage lists the orchestrator runs under a sandbox's
-// operation lock on its registry entry (live.go); recovery runs the pause
-// and the kill on the VMs it adopts.
+// Create, pause, resume, kill, the capture of a snapshot and fork are
+// package lifecycle's verbs, stage lists the orchestrator runs under a
+// sandbox's operation lock on its registry entry (live.go); recovery runs
+// the pause and the kill on the VMs it adopts.
 //
 // Fault points (failpoints.go, and lifecycle's) sit between the durable steps; the crash
 // matrix in api/e2e kills aenvd at each one and checks the sandbox.
