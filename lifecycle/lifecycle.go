@@ -1,10 +1,11 @@
-// Package lifecycle holds the verbs of a live sandbox (pause, resume, kill
-// and the capture of a snapshot) as named stage lists in the style of
-// sandbox.Start: each verb runs its stages in order; a stage that changes
-// something registers its undo on a stack, and a failure before the verb's
-// commit point runs the stack once, newest first. After the commit point
-// (the durable "paused" record, the "killing" record) what is left is
-// cleanup that recovery redoes, so it is logged, never undone.
+// Package lifecycle holds the verbs of a live sandbox (create, pause,
+// resume, kill, the capture of a snapshot and fork) as named stage lists
+// in the style of sandbox.Start: each verb runs its stages in order; a
+// stage that changes something registers its undo on a stack, and a
+// failure before the verb's commit point runs the stack once, newest
+// first. After the commit point (the durable "paused" record, the
+// "killing" record) what is left is cleanup that recovery redoes, so it is
+// logged, never undone.
 //
 // A verb works on a Sandbox: the orchestrator's registry entry of a
 // running sandbox, or a VM recovery adopted after a restart (Adopted). Both

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"time"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/ids"
 	"github.com/agentenv/agentenv/internal/vmmproc"
+	"github.com/agentenv/agentenv/lifecycle"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
@@ -51,24 +51,15 @@ type CreateOptions struct {
 
 // Create restores the template's (or snapshot's) snapshot into a new sandbox.
 //
-// The steps, each durable before the next: the "starting" record (so a
-// crash from here on is rolled back by recovery), the VM bring-up
-// (startVM), the "running" record. Any failure undoes everything.
+// The node's part: the options checked, the source brought (hooks.go) and
+// resolved, the sandbox registered (its operation lock held) and admitted;
+// then the stages of lifecycle.Verbs.Create, each durable before the next:
+// the "starting" record (so a crash from here on is rolled back by
+// recovery), the VM bring-up (startCreate), the "running" record. Any
+// failure undoes everything. Once it runs, its timer is armed.
 func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec sandbox.Record, err error) {
-	if opts.Timeout <= 0 {
-		return rec, fmt.Errorf("create: timeout must be positive: %w", ErrInvalid)
-	}
-	if err := network.ValidatePolicy(opts.Policy); err != nil {
-		return rec, fmt.Errorf("create: network policy: %w: %w", err, ErrInvalid)
-	}
-	if err := disk.CheckDrives(opts.Drives); err != nil {
-		return rec, fmt.Errorf("create: %w", err)
-	}
-	if err := disk.CheckVolumeMounts(opts.Volumes); err != nil {
-		return rec, fmt.Errorf("create: %w", err)
-	}
-	if opts.AutoPauseFilesystemOnly && opts.AutoResume {
-		return rec, fmt.Errorf("create: autoResume cannot be combined with a filesystem-only auto-pause (autoPauseMemory false): such a sandbox must be resumed explicitly: %w", ErrInvalid)
+	if err := checkCreate(opts); err != nil {
+		return rec, err
 	}
 	done := o.m.Observe("create")
 	defer func() { done(err) }()
@@ -78,54 +69,67 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec sand
 	if err := o.bringSource(ctx, opts.TemplateID); err != nil {
 		return rec, err
 	}
-	s, t, err := o.register(opts)
-	release := func() {}
-	if err == nil {
-		if err = o.checkMemory(t.MemoryMiB); err == nil {
-			release, err = o.admit(ctx, "create", t.MemoryMiB, 0)
-		}
-		if err != nil {
-			o.unregister(s)
-		}
-	}
+	s, t, release, err := o.registerAdmitted(ctx, opts)
 	if err != nil {
 		return rec, err
 	}
 	defer release() // after the sandbox runs or is gone (defers run last first)
 	defer s.op.Unlock()
-	id := s.rec.ID
-	defer func() {
-		if err != nil {
-			o.abortCreate(ctx, s)
-			err = fmt.Errorf("create sandbox %s: %w", id, err)
-		}
-	}()
-	if err := os.MkdirAll(s.rec.Dir, 0o700); err != nil {
-		return rec, err
-	}
-	if err := o.recordNew(s); err != nil {
-		return rec, err
-	}
-	s.rec.RootfsImage = t.RootfsImage
-	if err := disk.PrepareDrives(ctx, &s.rec); err != nil {
-		return rec, err
-	}
-	if err := o.startCreate(ctx, s, t, o.m.Stage("create")); err != nil {
-		return rec, err
-	}
-	if err := o.mountVolumes(ctx, s); err != nil {
-		return rec, err
-	}
-	now := time.Now().UTC()
-	if err := o.transition(s, sandbox.Running, func(r *sandbox.Record) { r.StartedAt, r.EndAt = now, now.Add(opts.Timeout) }); err != nil {
-		return rec, err
+	err = o.verbs.Create(ctx, live{o, s}, lifecycle.Creation{
+		From: t.Snapshot, RootfsImage: t.RootfsImage, Timeout: opts.Timeout, Removal: o.removal(s),
+		Up: func(ctx context.Context, _ string, lap func(string)) error {
+			return o.startCreate(ctx, s, t, lap) // from t.Snapshot
+		},
+	})
+	if err != nil {
+		return rec, fmt.Errorf("create sandbox %s: %w", s.rec.ID, err)
 	}
 	s.mu.Lock()
 	o.armTimer(s)
 	rec = s.rec
 	s.mu.Unlock()
-	o.log.Info("sandbox created", "sandbox", id, "template", t.ID)
+	o.log.Info("sandbox created", "sandbox", rec.ID, "template", t.ID)
 	return rec, nil
+}
+
+// checkCreate refuses options no create can run with.
+func checkCreate(opts CreateOptions) error {
+	if opts.Timeout <= 0 {
+		return fmt.Errorf("create: timeout must be positive: %w", ErrInvalid)
+	}
+	if err := network.ValidatePolicy(opts.Policy); err != nil {
+		return fmt.Errorf("create: network policy: %w: %w", err, ErrInvalid)
+	}
+	if err := disk.CheckDrives(opts.Drives); err != nil {
+		return fmt.Errorf("create: %w", err)
+	}
+	if err := disk.CheckVolumeMounts(opts.Volumes); err != nil {
+		return fmt.Errorf("create: %w", err)
+	}
+	if opts.AutoPauseFilesystemOnly && opts.AutoResume {
+		return fmt.Errorf("create: autoResume cannot be combined with a filesystem-only auto-pause (autoPauseMemory false): such a sandbox must be resumed explicitly: %w", ErrInvalid)
+	}
+	return nil
+}
+
+// registerAdmitted registers the new sandbox (register) and admits it:
+// the host's free memory and the node's admission (admission.go). On
+// failure the sandbox left the registry again; on success its operation
+// lock is held and release gives its admission back.
+func (o *Orchestrator) registerAdmitted(ctx context.Context, opts CreateOptions) (*instance, *template.Template, func(), error) {
+	s, t, err := o.register(opts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	release := func() {}
+	if err = o.checkMemory(t.MemoryMiB); err == nil {
+		release, err = o.admit(ctx, "create", t.MemoryMiB, 0)
+	}
+	if err != nil {
+		o.unregister(s)
+		return nil, nil, nil, err
+	}
+	return s, t, release, nil
 }
 
 // bringSource runs the before-hooks that bring a snapshot or template
@@ -208,28 +212,10 @@ func (o *Orchestrator) checkMemory(mib int) error {
 	return nil
 }
 
-// recordNew writes a new sandbox's first record, in state starting: a crash
-// from here on is rolled back by recovery.
-func (o *Orchestrator) recordNew(s *instance) error {
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	rec.State = "" // not written yet
-	return o.journal.Transition(rec, sandbox.Starting, nil, func(r sandbox.Record) { o.setRecord(s, r) })
-}
-
 // unregister takes a sandbox that never started out of the registry.
 func (o *Orchestrator) unregister(s *instance) {
 	o.unlist(s)
 	s.op.Unlock()
-}
-
-// abortCreate undoes a failed create (op held): whatever startVM left is
-// already released; the directory, the record and the registry entry go.
-func (o *Orchestrator) abortCreate(ctx context.Context, s *instance) {
-	if err := o.remove(ctx, s); err != nil {
-		o.log.Warn("clean up a failed create", "sandbox", s.rec.ID, "err", err)
-	}
 }
 
 // remove (op held) stops the sandbox's VM, releases its slot and device
@@ -247,6 +233,30 @@ func (o *Orchestrator) unlist(s *instance) {
 	o.mu.Lock()
 	delete(o.sandboxes, s.rec.ID)
 	o.mu.Unlock()
+}
+
+// startCreate brings a new sandbox's VM up from t's snapshot: on a warm
+// pool's VM when one fits (takeEntry, pool.go), else by a restore of its
+// own.
+func (o *Orchestrator) startCreate(ctx context.Context, s *instance, t *template.Template, lap func(string)) error {
+	if o.pool != nil {
+		if e := o.takeEntry(ctx, s, t); e != nil {
+			return o.startPooled(ctx, s, t.Snapshot, lap, e)
+		}
+	}
+	return o.startVM(ctx, s, t.Snapshot, lap)
+}
+
+// startResume brings a paused sandbox's VM up from its snapshot vmDir
+// ("": a cold boot): on a warm pool's VM when one fits (takeRebased,
+// poolresume.go), else by a restore of its own.
+func (o *Orchestrator) startResume(ctx context.Context, s *instance, vmDir string, lap func(string)) error {
+	if o.pool != nil {
+		if e := o.takeRebased(ctx, s, vmDir); e != nil {
+			return o.startPooled(ctx, s, vmDir, lap, e)
+		}
+	}
+	return o.startVM(ctx, s, vmDir, lap)
 }
 
 // startVM brings the sandbox's VM up from snapshotDir, or cold-boots its
@@ -272,24 +282,49 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 		o.dropEntry(ctx, s, e)
 		return err
 	}
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
+	rec := o.live(s).Record()
 	var mem snapshot.MemoryImage
 	prefetched := func() {}
 	defer func() { prefetched() }()
+	spec := o.vmSpec(s, rec, snapshotDir, lap)
+	spec.Memory = func(ctx context.Context) (sandbox.Memory, error) {
+		var vm sandbox.Memory
+		var err error
+		mem, vm, err = o.mem.VMMemory(ctx, snapshotDir, vmName(rec))
+		if err == nil {
+			prefetched = o.mem.Prefetch(mem.File)
+		}
+		return vm, err
+	}
+	if rec.ColdBoot {
+		if err := o.catalog.ColdBoot(&spec, rec); err != nil {
+			return err
+		}
+	}
+	if e != nil {
+		spec.Pooled = e.VM
+	}
+	vm, err := sandbox.Start(ctx, o.vms, spec)
+	if errors.Is(err, network.ErrExhausted) {
+		return fmt.Errorf("%w: %w", err, ErrCapacity)
+	}
+	if err != nil {
+		return err
+	}
+	o.log.Debug("vm started", "sandbox", rec.ID, "gen", rec.Gen, "slot", vm.Slot.Name, "pid", vm.Machine.Info().PID, "memory", mem.File)
+	o.keepVM(s, vm, mem)
+	return nil
+}
+
+// vmSpec is the bring-up of the sandbox's VM (record rec) from
+// snapshotDir, but for its memory: the disk and drives record their
+// devices in s, /init carries the sandbox's env, user, fresh drives and
+// token, the "storage" stage fires its fault point, and the VMM's pid and
+// start time are recorded once it started.
+func (o *Orchestrator) vmSpec(s *instance, rec sandbox.Record, snapshotDir string, lap func(string)) sandbox.Spec {
 	spec := sandbox.Spec{
 		ID: vmName(rec), RunDir: filepath.Join(rec.Dir, fmt.Sprintf("run-%d", rec.Gen)),
 		Policy: rec.Policy, Disk: vmDisk{o, s}, Drives: o.vmDrives(s, rec), Restore: snapshotDir, VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB,
-		Memory: func(ctx context.Context) (sandbox.Memory, error) {
-			var vm sandbox.Memory
-			var err error
-			mem, vm, err = o.vmMemory(ctx, snapshotDir, vmName(rec))
-			if err == nil {
-				prefetched = o.mem.Prefetch(mem.File)
-			}
-			return vm, err
-		},
 		Init:     &sandbox.InitRequest{EnvVars: rec.EnvVars, DefaultUser: o.catalog.DefaultUser(rec.TemplateID), Drives: disk.FreshDisks(rec)},
 		InitHeld: rec.GuestToken,
 		Log:      o.log,
@@ -315,22 +350,14 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 		token := rec.AccessToken
 		spec.Init.AccessToken = &token // "" clears a token the snapshot's sandbox had
 	}
-	if rec.ColdBoot {
-		if err := o.catalog.ColdBoot(&spec, rec); err != nil {
-			return err
-		}
-	}
-	if e != nil {
-		spec.Pooled = e.VM
-	}
-	vm, err := sandbox.Start(ctx, o.vms, spec)
-	if errors.Is(err, network.ErrExhausted) {
-		return fmt.Errorf("%w: %w", err, ErrCapacity)
-	}
-	if err != nil {
-		return err
-	}
-	o.log.Debug("vm started", "sandbox", rec.ID, "gen", rec.Gen, "slot", vm.Slot.Name, "pid", vm.Machine.Info().PID, "memory", mem.File)
+	return spec
+}
+
+// keepVM makes the started vm (on memory image mem) the sandbox's: its
+// slot, memory and the token its agent now holds go into the record (the
+// next write persists them), its drives count as probed, and the working
+// set of its memory is recorded.
+func (o *Orchestrator) keepVM(s *instance, vm *sandbox.VM, mem snapshot.MemoryImage) {
 	s.mu.Lock()
 	s.vm, s.rec.Memory, s.rec.Slot = vm, mem, vm.Slot.Index
 	s.rec.GuestToken = s.rec.AccessToken
@@ -340,9 +367,9 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 	if vm.EnvdVersion != "" { // what the agent says it speaks, not what the template was built with
 		s.rec.EnvdVersion = vm.EnvdVersion
 	}
+	id := s.rec.ID
 	s.mu.Unlock()
-	o.mem.RecordWorkingSet(rec.ID, vm.Machine, mem.File)
-	return nil
+	o.mem.RecordWorkingSet(id, vm.Machine, mem.File)
 }
 
 // pointAfterRestore is the fault point right after the VMM started: a

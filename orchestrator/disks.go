@@ -6,7 +6,6 @@ import (
 	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/store"
-	"github.com/agentenv/agentenv/vmm"
 )
 
 // The node's disks live on the storage daemon (package disk, chosen once in
@@ -14,29 +13,6 @@ import (
 // export of those layers plus a fresh writable upper; a seal restacks the
 // upper into a new layer and the sandbox's image config lists it on top.
 // What follows ties them to sandbox records.
-
-// vmDisk is a sandbox's root disk as a VM bring-up sees it
-// (sandbox.Disk): attach records the device in the sandbox.
-type vmDisk struct {
-	o *Orchestrator
-	s *instance
-}
-
-func (d vmDisk) Attach(ctx context.Context, as *vmm.Identity) (vmm.Drive, error) {
-	d.s.mu.Lock()
-	rec := d.s.rec
-	d.s.mu.Unlock()
-	drive, dev, err := d.o.disks.Attach(ctx, rec.ID, rec.RootfsImage, as)
-	if err != nil {
-		return drive, err
-	}
-	d.s.mu.Lock()
-	d.s.rec.Device, d.s.rec.HasDevice = dev, true
-	d.s.mu.Unlock()
-	return drive, nil
-}
-
-func (d vmDisk) Detach(ctx context.Context) { d.o.releaseDevice(ctx, d.s) }
 
 // releaseDevice releases the sandbox's devices: its root disk's and its
 // drives'.

@@ -7,52 +7,7 @@ import (
 
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
-	"github.com/agentenv/agentenv/vmm"
 )
-
-// vmDrives is the slot list of s's VM (sandbox.Spec.Drives).
-func (o *Orchestrator) vmDrives(s *instance, rec sandbox.Record) []sandbox.Disk {
-	slots := make([]sandbox.Disk, rec.DriveSlots)
-	for i, d := range rec.Drives {
-		if d.Slot >= 1 && d.Slot <= len(slots) {
-			slots[d.Slot-1] = driveDisk{o: o, s: s, i: i}
-		}
-	}
-	return slots
-}
-
-// driveDisk is drive i of a sandbox as a VM bring-up sees it: attach
-// records its device in the sandbox, detach releases it.
-type driveDisk struct {
-	o *Orchestrator
-	s *instance
-	i int
-}
-
-func (d driveDisk) Attach(ctx context.Context, as *vmm.Identity) (vmm.Drive, error) {
-	d.s.mu.Lock()
-	owner, drive := d.s.rec.ID, d.s.rec.Drives[d.i].Drive
-	d.s.mu.Unlock()
-	vd, dev, err := d.o.disks.AttachDrive(ctx, owner, sandbox.SlotID(drive.Slot), drive, as)
-	if err != nil {
-		return vd, err
-	}
-	d.s.mu.Lock()
-	d.s.rec.Drives[d.i].Device, d.s.rec.Drives[d.i].HasDevice = dev, true
-	d.s.mu.Unlock()
-	return vd, nil
-}
-
-func (d driveDisk) Detach(ctx context.Context) {
-	d.s.mu.Lock()
-	ad := &d.s.rec.Drives[d.i]
-	dev, has, owner := ad.Device, ad.HasDevice, d.s.rec.ID
-	ad.Device, ad.HasDevice = 0, false
-	d.s.mu.Unlock()
-	if has {
-		d.o.disks.Detach(ctx, owner, dev)
-	}
-}
 
 // deepDrives lists the indexes of rec's drives whose chains are deeper
 // than the node's maximum (see compact.go).

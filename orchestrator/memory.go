@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/agentenv/agentenv/memimage"
-	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/template"
 )
@@ -34,10 +33,4 @@ func (o *Orchestrator) ensureMemoryBase(t *template.Template) error {
 // (memimage.Images.Restore).
 func (o *Orchestrator) restoreMemory(ctx context.Context, vmDir string, overlay bool) (snapshot.MemoryImage, []string, error) {
 	return o.mem.Restore(ctx, vmDir, overlay)
-}
-
-// vmMemory returns the memory image of a VM (named holder) restored from
-// vmDir and what the restore gets (memimage.Images.VMMemory).
-func (o *Orchestrator) vmMemory(ctx context.Context, vmDir, holder string) (snapshot.MemoryImage, sandbox.Memory, error) {
-	return o.mem.VMMemory(ctx, vmDir, holder)
 }

@@ -32,10 +32,10 @@
 //   - A sandbox is removed only by an explicit kill (or its timeout). A
 //     failed pause leaves it running; graceful shutdown never kills.
 //
-// Pause, resume, kill and the capture of a snapshot are package
-// lifecycle's verbs, stage lists the orchestrator runs under a sandbox's
-// operation lock on its registry entry (live.go); recovery runs the pause
-// and the kill on the VMs it adopts.
+// Create, pause, resume, kill, the capture of a snapshot and fork are
+// package lifecycle's verbs, stage lists the orchestrator runs under a
+// sandbox's operation lock on its registry entry (live.go); recovery runs
+// the pause and the kill on the VMs it adopts.
 //
 // Fault points (failpoints.go, and lifecycle's) sit between the durable steps; the crash
 // matrix in api/e2e kills aenvd at each one and checks the sandbox.
@@ -310,46 +310,6 @@ func (o *Orchestrator) goBackground(f func()) {
 		defer o.bg.Done()
 		f()
 	}()
-}
-
-// persist writes the sandbox's record (op held); its state is unchanged
-// (sandbox.Journal.Put).
-func (o *Orchestrator) persist(s *instance) error {
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	return o.journal.Put(rec)
-}
-
-// update changes fields of the sandbox's record other than its state (op
-// held) and persists them; the sandbox's copy changes once they are
-// durable.
-func (o *Orchestrator) update(s *instance, f func(r *sandbox.Record)) error {
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	f(&rec)
-	if err := o.journal.Put(rec); err != nil {
-		return err
-	}
-	o.setRecord(s, rec)
-	return nil
-}
-
-// transition moves the sandbox to state to with change applied (op held):
-// the one way a live sandbox's state changes (sandbox.Journal.Transition).
-func (o *Orchestrator) transition(s *instance, to sandbox.State, change func(r *sandbox.Record)) error {
-	s.mu.Lock()
-	rec := s.rec
-	s.mu.Unlock()
-	return o.journal.Transition(rec, to, change, func(r sandbox.Record) { o.setRecord(s, r) })
-}
-
-// setRecord replaces the sandbox's copy of its record.
-func (o *Orchestrator) setRecord(s *instance, rec sandbox.Record) {
-	s.mu.Lock()
-	s.rec = rec
-	s.mu.Unlock()
 }
 
 func (o *Orchestrator) lookup(id string) (*instance, error) {

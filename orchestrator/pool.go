@@ -103,26 +103,11 @@ func (o *Orchestrator) registerPoolMetrics(reg prometheus.Registerer) {
 		takes("miss", func(s warmpool.Stats) int64 { return s.Misses }))
 }
 
-// startCreate brings a new sandbox's VM up: from a pool entry when one
-// fits (takeEntry), else by a restore of its own.
-func (o *Orchestrator) startCreate(ctx context.Context, s *instance, t *template.Template, lap func(string)) error {
-	return o.startOn(ctx, s, t.Snapshot, lap, o.takeEntry(ctx, s, t))
-}
-
-// startResume brings a paused sandbox's VM up from its snapshot vmDir: on
-// a pool entry when one fits (takeRebased), else by a restore of its own.
-func (o *Orchestrator) startResume(ctx context.Context, s *instance, vmDir string, lap func(string)) error {
-	return o.startOn(ctx, s, vmDir, lap, o.takeRebased(ctx, s, vmDir))
-}
-
-// startOn restores vmDir on the VM of pool entry e, or on one of its own
-// when e is nil. A pooled start that fails (say its VMM died while it
+// startPooled restores vmDir on the VM of pool entry e (startCreate,
+// startResume). A pooled start that fails (say its VMM died while it
 // waited) has released the entry; the start goes on with a restore of its
 // own.
-func (o *Orchestrator) startOn(ctx context.Context, s *instance, vmDir string, lap func(string), e *warmpool.Entry) error {
-	if e == nil {
-		return o.startVM(ctx, s, vmDir, lap)
-	}
+func (o *Orchestrator) startPooled(ctx context.Context, s *instance, vmDir string, lap func(string), e *warmpool.Entry) error {
 	err := o.startVMFrom(ctx, s, vmDir, lap, e)
 	o.pool.Done(e)
 	_ = os.RemoveAll(e.Dir) // its run directory moved to the sandbox's, or went with the VM
@@ -215,7 +200,7 @@ func (f poolFiller) Fill(ctx context.Context, rec *warmpool.Record, started func
 		ID: rec.ID, RunDir: filepath.Join(rec.Dir, "run"), Disk: disk, Drives: make([]sandbox.Disk, t.DriveSlots),
 		Restore: t.Snapshot, Prepare: true, VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, Log: o.log,
 		Memory: func(ctx context.Context) (sandbox.Memory, error) {
-			_, vm, err := o.vmMemory(ctx, t.Snapshot, rec.ID)
+			_, vm, err := o.mem.VMMemory(ctx, t.Snapshot, rec.ID)
 			return vm, err
 		},
 		Started: func(m vmm.Machine) error {

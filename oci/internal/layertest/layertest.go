@@ -225,37 +225,7 @@ func Compare(root string, m Model, ignore func(string) bool) []string {
 			diffs = append(diffs, fmt.Sprintf("%s: type %o, want %o", rel, st.Mode&unix.S_IFMT, wantFmt))
 			return nil
 		}
-		if n.Type != tar.TypeSymlink && int64(st.Mode&0o7777) != n.Mode {
-			diffs = append(diffs, fmt.Sprintf("%s: mode %o, want %o", rel, st.Mode&0o7777, n.Mode))
-		}
-		if int(st.Uid) != n.UID || int(st.Gid) != n.GID {
-			diffs = append(diffs, fmt.Sprintf("%s: owner %d:%d, want %d:%d", rel, st.Uid, st.Gid, n.UID, n.GID))
-		}
-		if !n.ModTime.IsZero() && n.Type != tar.TypeDir && st.Mtim.Sec != n.ModTime.Unix() {
-			diffs = append(diffs, fmt.Sprintf("%s: mtime %d, want %d", rel, st.Mtim.Sec, n.ModTime.Unix()))
-		}
-		switch n.Type {
-		case tar.TypeReg:
-			b, err := os.ReadFile(p)
-			if err != nil || string(b) != n.Data {
-				diffs = append(diffs, fmt.Sprintf("%s: content %q (err %v), want %q", rel, trunc(b), err, trunc([]byte(n.Data))))
-			}
-		case tar.TypeSymlink:
-			if l, err := os.Readlink(p); err != nil || l != n.Link {
-				diffs = append(diffs, fmt.Sprintf("%s: symlink to %q (err %v), want %q", rel, l, err, n.Link))
-			}
-		case tar.TypeChar, tar.TypeBlock:
-			if int64(unix.Major(st.Rdev)) != n.Major || int64(unix.Minor(st.Rdev)) != n.Minor {
-				diffs = append(diffs, fmt.Sprintf("%s: device %d:%d, want %d:%d", rel, unix.Major(st.Rdev), unix.Minor(st.Rdev), n.Major, n.Minor))
-			}
-		}
-		for k, v := range n.Xattrs {
-			buf := make([]byte, 4096)
-			sz, err := unix.Lgetxattr(p, k, buf)
-			if err != nil || string(buf[:sz]) != v {
-				diffs = append(diffs, fmt.Sprintf("%s: xattr %s = %q (err %v), want %q", rel, k, buf[:max(sz, 0)], err, v))
-			}
-		}
+		diffs = append(diffs, compareEntry(p, rel, n, &st)...)
 		return nil
 	})
 	var missing []string
@@ -267,6 +237,45 @@ func Compare(root string, m Model, ignore func(string) bool) []string {
 	sort.Strings(missing)
 	for _, k := range missing {
 		diffs = append(diffs, fmt.Sprintf("%s: defined by the layers but missing", k))
+	}
+	return diffs
+}
+
+// compareEntry returns how the entry at p (rel in the tree, lstat st)
+// differs from model node n in mode, owner, mtime, content, link target,
+// device numbers and extended attributes; its type already matched.
+func compareEntry(p, rel string, n *Node, st *unix.Stat_t) []string {
+	var diffs []string
+	if n.Type != tar.TypeSymlink && int64(st.Mode&0o7777) != n.Mode {
+		diffs = append(diffs, fmt.Sprintf("%s: mode %o, want %o", rel, st.Mode&0o7777, n.Mode))
+	}
+	if int(st.Uid) != n.UID || int(st.Gid) != n.GID {
+		diffs = append(diffs, fmt.Sprintf("%s: owner %d:%d, want %d:%d", rel, st.Uid, st.Gid, n.UID, n.GID))
+	}
+	if !n.ModTime.IsZero() && n.Type != tar.TypeDir && st.Mtim.Sec != n.ModTime.Unix() {
+		diffs = append(diffs, fmt.Sprintf("%s: mtime %d, want %d", rel, st.Mtim.Sec, n.ModTime.Unix()))
+	}
+	switch n.Type {
+	case tar.TypeReg:
+		b, err := os.ReadFile(p)
+		if err != nil || string(b) != n.Data {
+			diffs = append(diffs, fmt.Sprintf("%s: content %q (err %v), want %q", rel, trunc(b), err, trunc([]byte(n.Data))))
+		}
+	case tar.TypeSymlink:
+		if l, err := os.Readlink(p); err != nil || l != n.Link {
+			diffs = append(diffs, fmt.Sprintf("%s: symlink to %q (err %v), want %q", rel, l, err, n.Link))
+		}
+	case tar.TypeChar, tar.TypeBlock:
+		if int64(unix.Major(st.Rdev)) != n.Major || int64(unix.Minor(st.Rdev)) != n.Minor {
+			diffs = append(diffs, fmt.Sprintf("%s: device %d:%d, want %d:%d", rel, unix.Major(st.Rdev), unix.Minor(st.Rdev), n.Major, n.Minor))
+		}
+	}
+	for k, v := range n.Xattrs {
+		buf := make([]byte, 4096)
+		sz, err := unix.Lgetxattr(p, k, buf)
+		if err != nil || string(buf[:sz]) != v {
+			diffs = append(diffs, fmt.Sprintf("%s: xattr %s = %q (err %v), want %q", rel, k, buf[:max(sz, 0)], err, v))
+		}
 	}
 	return diffs
 }
