@@ -97,6 +97,9 @@ func (d *Daemon) create(ctx context.Context, p rpc.CreateParams) (rpc.Device, er
 	if err != nil {
 		return rpc.Device{}, err
 	}
+	if block == rpc.BlockFUSE {
+		return rpc.Device{}, errf(rpc.CodeInvalid, "block %q is for shared read-only devices (acquire)", block)
+	}
 	if as := p.ConnectAs; as != nil && (as.UID == ^uint32(0) || as.GID == ^uint32(0)) {
 		return rpc.Device{}, errf(rpc.CodeInvalid, "connect_as %d:%d: -1 is no identity", as.UID, as.GID)
 	}

@@ -346,6 +346,10 @@ type Features struct {
 	KernelNBD bool `json:"kernel_nbd"`
 	// Ublk says whether devices can be exported as /dev/ublkbN here.
 	Ublk bool `json:"ublk"`
+	// SharedBlock is how this daemon exports shared read-only devices to
+	// be mapped as memory, chosen once at its start: BlockUblk, BlockFUSE,
+	// or empty (neither). Acquire with another kind is refused.
+	SharedBlock string `json:"shared_block,omitempty"`
 }
 
 // WriteFrame encodes v as one frame.
@@ -389,6 +393,10 @@ const (
 	BlockNone = ""     // no kernel device: NBD over the Unix socket only
 	BlockNBD  = "nbd"  // the kernel NBD driver, /dev/nbdN
 	BlockUblk = "ublk" // the ublk driver, /dev/ublkbN
+	// BlockFUSE is a read-only file on the daemon's FUSE mount (package
+	// memfs), for shared read-only devices a VMM maps as memory; the
+	// device's BlockDevice is the file's path.
+	BlockFUSE = "fuse"
 )
 
 // BlockKind returns the kernel block device kind p asks for: Block, or
@@ -400,13 +408,13 @@ func BlockKind(block string, kernel bool) (string, error) {
 			return BlockNBD, nil
 		}
 		return BlockNone, nil
-	case BlockNBD, BlockUblk:
+	case BlockNBD, BlockUblk, BlockFUSE:
 		if kernel && block != BlockNBD {
 			return "", fmt.Errorf("block %q contradicts kernel (nbd)", block)
 		}
 		return block, nil
 	}
-	return "", fmt.Errorf("unknown block device kind %q (want %q or %q)", block, BlockNBD, BlockUblk)
+	return "", fmt.Errorf("unknown block device kind %q (want %q, %q or %q)", block, BlockNBD, BlockUblk, BlockFUSE)
 }
 
 // ChooseBlock is how a node picks the transport of a VM's disk from what
