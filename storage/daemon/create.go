@@ -192,7 +192,7 @@ func (d *Daemon) newDevice(ctx context.Context, s newSpec) (*device, error) {
 	dir := d.deviceDir(id)
 	dv := &device{rec: record{
 		ID: id, Kind: s.kind, Owner: s.owner, Image: s.image, Config: s.image, ReadOnly: s.readOnly || s.kind == rpc.KindShared,
-		Size: s.size, ReqSize: s.size, TCP: s.tcp, Block: s.block, Export: fmt.Sprintf("aenv-%d-%s", id, nonce()),
+		Size: s.size, ReqSize: s.size, TCP: s.tcp, Block: s.block, Export: fmt.Sprintf("%s%d-%s", rpc.ExportPrefix, id, nonce()),
 		ConnectAs: s.connectAs, Layers: lowers, Stamps: stamps, Created: time.Now().UTC(),
 	}}
 	if s.holder != "" {

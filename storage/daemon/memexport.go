@@ -58,7 +58,7 @@ func chooseShared(want string) (kind, why string, err error) {
 }
 
 // memDir is the FUSE mount point of shared memory files.
-func (d *Daemon) memDir() string { return filepath.Join(d.opts.RunDir, "mem") }
+func (d *Daemon) memDir() string { return filepath.Join(d.opts.RunDir, rpc.SharedFileDir) }
 
 // openShared chooses the shared export kind and, for FUSE, mounts.
 func (d *Daemon) openShared() error {

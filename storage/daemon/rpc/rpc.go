@@ -399,6 +399,14 @@ const (
 	BlockFUSE = "fuse"
 )
 
+// SharedFileDir is the directory, in the daemon's run directory, of its
+// FUSE mount of shared memory files; each file is named by its export
+// (ExportPrefix, then the device id and a nonce).
+const (
+	SharedFileDir = "mem"
+	ExportPrefix  = "aenv-"
+)
+
 // BlockKind returns the kernel block device kind p asks for: Block, or
 // BlockNBD for the older Kernel flag. It rejects unknown kinds.
 func BlockKind(block string, kernel bool) (string, error) {
