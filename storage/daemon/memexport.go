@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 
@@ -137,4 +139,42 @@ func (e *nbdExport) detachFile() {
 		slog.Default().Warn("remove shared memory file", "export", e.fileName, "err", err)
 	}
 	e.files = nil
+}
+
+// SharedFileStats returns what the FUSE mount of shared memory files has
+// served, and false when the daemon has none.
+func (d *Daemon) SharedFileStats() (memfs.Stats, bool) {
+	if d.files == nil {
+		return memfs.Stats{}, false
+	}
+	return d.files.Stats(), true
+}
+
+// prefetch pushes ranges of a shared device's FUSE file into the page
+// cache.
+func (d *Daemon) prefetch(_ context.Context, p rpc.PrefetchParams) (rpc.PrefetchResult, error) {
+	if len(p.Ranges) > rpc.MaxPrefetchRanges {
+		return rpc.PrefetchResult{}, errf(rpc.CodeInvalid, "%d ranges: at most %d", len(p.Ranges), rpc.MaxPrefetchRanges)
+	}
+	ranges := make([]memfs.Range, len(p.Ranges))
+	for i, r := range p.Ranges {
+		if r.Off < 0 || r.Len < 0 || r.Off > math.MaxInt64-r.Len {
+			return rpc.PrefetchResult{}, errf(rpc.CodeInvalid, "range %d+%d", r.Off, r.Len)
+		}
+		ranges[i] = memfs.Range{Off: r.Off, Len: r.Len}
+	}
+	dv, err := d.lockDevice(p.ID)
+	if err != nil {
+		return rpc.PrefetchResult{}, err
+	}
+	defer dv.op.Unlock()
+	info := dv.info(d)
+	if info.State != rpc.StateActive || info.Block != rpc.BlockFUSE || d.files == nil {
+		return rpc.PrefetchResult{}, errf(rpc.CodeInvalid, "device %d is not a served FUSE file (block %q, state %s)", p.ID, info.Block, info.State)
+	}
+	n, err := d.files.Prefetch(info.Export, ranges)
+	if err != nil {
+		return rpc.PrefetchResult{Stored: n}, fmt.Errorf("prefetch device %d: %w", p.ID, err)
+	}
+	return rpc.PrefetchResult{Stored: n}, nil
 }

@@ -22,6 +22,7 @@ var sharedChecks = []check{
 	{name: "Features", fn: checkSharedFeatures},
 	{name: "BytesThroughPath", fn: checkSharedPath},
 	{name: "OtherKindsRefused", fn: checkSharedRefusals},
+	{name: "Prefetch", fn: checkSharedPrefetch},
 }
 
 // RunShared runs the shared-export checks against daemons started with
@@ -121,4 +122,29 @@ func checkSharedRefusals(t *testing.T, ctx context.Context, d client.Devices, im
 	wantErr(t, "acquire of the kind not chosen at start", err, rpc.ErrInvalid)
 	_, err = d.Create(ctx, rpc.CreateParams{Image: im.Config, ReadOnly: true, Block: rpc.BlockFUSE})
 	wantErr(t, "create of a runtime device as a FUSE file", err, rpc.ErrInvalid)
+}
+
+func checkSharedPrefetch(t *testing.T, ctx context.Context, d client.Devices, im *Image) {
+	kind := kindOf(t, ctx, d)
+	dev, err := d.Acquire(ctx, rpc.AcquireParams{Image: im.Config, Holder: "vm-a", Block: kind})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.ReleaseShared(ctx, dev.ID, "vm-a")
+	res, err := d.Prefetch(ctx, rpc.PrefetchParams{ID: dev.ID, Ranges: []rpc.ByteRange{{Off: 100, Len: 5000}, {Off: Size - 10, Len: 1 << 20}}})
+	if kind != rpc.BlockFUSE {
+		// Only FUSE files take pushed pages; a block device is refused.
+		wantErr(t, "prefetch of a "+kind+" device", err, rpc.ErrInvalid)
+		return
+	}
+	if err != nil || res.Stored != 2*4096+4096 { // two pages, then the last page (clipped)
+		t.Fatalf("prefetch: %+v %v, want %d bytes stored", res, err, 3*4096)
+	}
+	_, err = d.Prefetch(ctx, rpc.PrefetchParams{ID: dev.ID, Ranges: []rpc.ByteRange{{Off: -1, Len: 1}}})
+	wantErr(t, "a negative range", err, rpc.ErrInvalid)
+	_, err = d.Prefetch(ctx, rpc.PrefetchParams{ID: dev.ID + 100})
+	wantErr(t, "an unknown device", err, rpc.ErrNotFound)
+	other := mustCreate(t, ctx, d, rpc.CreateParams{Image: im.Config})
+	_, err = d.Prefetch(ctx, rpc.PrefetchParams{ID: other.ID})
+	wantErr(t, "prefetch of a runtime device", err, rpc.ErrInvalid)
 }

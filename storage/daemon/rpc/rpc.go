@@ -57,6 +57,7 @@ const (
 	MethodAssign        = "assign"
 	MethodRebase        = "rebase"
 	MethodWarm          = "warm"
+	MethodPrefetch      = "prefetch"
 	MethodFeatures      = "features"
 	MethodShutdown      = "shutdown"
 )
@@ -272,6 +273,30 @@ type AcquireParams struct {
 	Kernel bool `json:"kernel,omitempty"`
 	// Block is the kind of kernel block device, as in CreateParams.
 	Block string `json:"block,omitempty"`
+}
+
+// PrefetchParams pushes byte ranges of a shared device exported as a FUSE
+// file into the kernel's page cache (FUSE_NOTIFY_STORE), so faults on them
+// need no FUSE read: the recorded working set of a memory stack, ahead of
+// the guest. At most MaxPrefetchRanges ranges.
+type PrefetchParams struct {
+	ID     uint32      `json:"id"`
+	Ranges []ByteRange `json:"ranges"`
+}
+
+// ByteRange is a byte range of a device.
+type ByteRange struct {
+	Off int64 `json:"off"`
+	Len int64 `json:"len"`
+}
+
+// MaxPrefetchRanges bounds one Prefetch call.
+const MaxPrefetchRanges = 1 << 16
+
+// PrefetchResult says how many bytes went into the page cache (ranges
+// widened to whole pages, clipped to the device).
+type PrefetchResult struct {
+	Stored int64 `json:"stored"`
 }
 
 // ReleaseParams drops a holder's reference; the export goes away with the last one.
