@@ -201,9 +201,12 @@ type Storage struct {
 	// MemoryDevices maps restored VMs' memory from the daemon's shared
 	// read-only ublk device of the memory image's layer stack (one per
 	// stack, its pages cached once) instead of a node-local flattened file,
-	// where the daemon makes ublk devices and the VMM maps a device (QEMU).
-	// Elsewhere the default has no effect; set explicitly, a node without
-	// the ublk driver refuses to start. On by default.
+	// where the daemon makes ublk devices and the VMM maps a device (QEMU),
+	// or from the daemon's read-only FUSE file of the stack where the daemon
+	// was started to export shared memory that way (aenv-storaged
+	// -shared-block auto|fuse; aenvd does not start it so). Elsewhere the
+	// default has no effect; set explicitly, a node without the ublk driver
+	// refuses to start. On by default.
 	MemoryDevices bool `toml:"memory_devices" env:"AENVD_STORAGE_MEMORY_DEVICES"`
 }
 

@@ -99,13 +99,14 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 	// Disks reach the VMM as ublk devices where the daemon can make them,
 	// else the way the VMM reaches NBD (rpc.ChooseBlock).
 	nc, _ := opts.Driver.(vmm.NBDDriver)
+	var shared string
 	if f, err := m.sd.Features(ctx); err == nil {
-		m.block = rpc.ChooseBlock(f, nc != nil && nc.SpeaksNBD())
+		m.block, shared = rpc.ChooseBlock(f, nc != nil && nc.SpeaksNBD()), f.SharedBlock
 	} else {
 		m.log.Warn("storage daemon features unknown; disks go over NBD sockets", "err", err)
 	}
 	if opts.MemoryDevices {
-		m.mem, m.memWhy = newMemoryDevices(m.sd, m.block, opts.Driver, m.log)
+		m.mem, m.memWhy = newMemoryDevices(m.sd, m.block, shared, opts.Driver, m.log)
 	}
 	return m, nil
 }

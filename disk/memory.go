@@ -25,9 +25,12 @@ import (
 // the sandboxes of one template): the kernel's page cache holds its pages
 // once, and nothing is flattened. The device outlives a restart of the
 // daemon (ublk user recovery), so a VM's memory does too; kernel NBD does
-// not, which is why only ublk qualifies. A VM's hold is given back once its
-// VMM is gone (sandbox.Memory.Release); a node's start gives back the holds
-// no running VM has.
+// not, which is why only ublk qualifies. Where the daemon was started to
+// export shared memory over FUSE instead (rpc.Features.SharedBlock, package
+// storage/memfs), the VM maps the daemon's read-only file of the stack the
+// same way; that file does not yet outlive a restart of the daemon. A VM's
+// hold is given back once its VMM is gone (sandbox.Memory.Release); a
+// node's start gives back the holds no running VM has.
 
 // sharedDevices is what the storage daemon's client offers for shared
 // read-only devices.
@@ -39,8 +42,9 @@ type sharedDevices interface {
 
 // MemoryDevices acquires and releases the shared devices of memory stacks.
 type MemoryDevices struct {
-	sd  sharedDevices
-	log *slog.Logger
+	sd   sharedDevices
+	kind string // rpc.BlockUblk or rpc.BlockFUSE
+	log  *slog.Logger
 	// mu serialises writing a stack's image config: the daemon tells a
 	// stack's device by its config file, so the file is written once.
 	mu sync.Mutex
@@ -53,23 +57,32 @@ const stackConfig = "memory-stack.json"
 // guest memory.
 type memoryDeviceMapper interface{ MapsDeviceMemory() bool }
 
-// newMemoryDevices returns the component when the node's disks are ublk
-// devices (block, chosen in New) and the driver maps devices; else nil and
-// why not.
-func newMemoryDevices(sd sharedDevices, block string, drv vmm.Driver, log *slog.Logger) (*MemoryDevices, string) {
+// newMemoryDevices returns the component when the daemon exports shared
+// memory as FUSE files (shared, rpc.Features.SharedBlock) or the node's
+// disks are ublk devices (block, chosen in New), and the driver maps
+// devices; else nil and why not.
+func newMemoryDevices(sd sharedDevices, block, shared string, drv vmm.Driver, log *slog.Logger) (*MemoryDevices, string) {
 	mm, ok := drv.(memoryDeviceMapper)
 	name := "none"
 	if drv != nil {
 		name = drv.Name()
 	}
+	kind := rpc.BlockUblk
 	switch {
+	case shared == rpc.BlockFUSE:
+		kind = rpc.BlockFUSE
 	case block != rpc.BlockUblk:
-		return nil, "the storage daemon makes no ublk devices here"
-	case !ok || !mm.MapsDeviceMemory():
+		return nil, "the storage daemon makes no ublk devices here and was not started to export memory over FUSE"
+	}
+	if !ok || !mm.MapsDeviceMemory() {
 		return nil, "the VMM (" + name + ") maps files only"
 	}
-	return &MemoryDevices{sd: sd, log: log}, ""
+	return &MemoryDevices{sd: sd, kind: kind, log: log}, ""
 }
+
+// Kind is how the node's VMs map shared memory: rpc.BlockUblk or
+// rpc.BlockFUSE.
+func (d *MemoryDevices) Kind() string { return d.kind }
 
 // Acquire holds the shared device of m's layer stack (m read from vmDir's
 // manifest) for holder and returns the image as the VM maps it (File the
@@ -79,14 +92,14 @@ func (d *MemoryDevices) Acquire(ctx context.Context, vmDir string, m snapshot.Me
 	if err != nil {
 		return m, sandbox.Memory{}, err
 	}
-	dev, err := d.sd.Acquire(ctx, rpc.AcquireParams{Image: cfg, Holder: holder, Block: rpc.BlockUblk})
+	dev, err := d.sd.Acquire(ctx, rpc.AcquireParams{Image: cfg, Holder: holder, Block: d.kind})
 	if err != nil {
 		return m, sandbox.Memory{}, fmt.Errorf("memory device of %s: %w", vmDir, err)
 	}
 	release := d.releaser(dev.ID, holder)
-	if dev.Block != rpc.BlockUblk || dev.BlockDevice == "" {
+	if dev.Block != d.kind || dev.BlockDevice == "" {
 		release(ctx)
-		return m, sandbox.Memory{}, fmt.Errorf("memory device of %s: device %d is no ublk device (%q)", vmDir, dev.ID, dev.Block)
+		return m, sandbox.Memory{}, fmt.Errorf("memory device of %s: device %d is exported as %q, want %q", vmDir, dev.ID, dev.Block, d.kind)
 	}
 	m.File = dev.BlockDevice
 	return m, sandbox.Memory{File: dev.BlockDevice, Release: release}, nil
@@ -172,5 +185,13 @@ func (d *MemoryDevices) ReleaseUnheld(ctx context.Context, running func(holder s
 	}
 }
 
-// IsDevice reports whether a memory image's File is a device path.
-func IsDevice(file string) bool { return strings.HasPrefix(file, "/dev/") }
+// IsDevice reports whether a memory image's File is a shared device's
+// path: a block device, or a file on the storage daemon's FUSE mount
+// (RUN/mem/aenv-ID-NONCE, rpc.SharedFileDir).
+func IsDevice(file string) bool {
+	if strings.HasPrefix(file, "/dev/") {
+		return true
+	}
+	return filepath.IsAbs(file) && filepath.Base(filepath.Dir(file)) == rpc.SharedFileDir &&
+		strings.HasPrefix(filepath.Base(file), rpc.ExportPrefix)
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/kernellane"
 	"github.com/agentenv/agentenv/snapshot"
+	"github.com/agentenv/agentenv/storage/daemon"
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/daemontest"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
@@ -28,26 +29,35 @@ type fileDriver struct{ vmm.Driver }
 
 func (fileDriver) Name() string { return "files-only" }
 
-// TestMemoryDevicesChoice: memory devices only with ublk disks and a VMM
-// that maps devices; the reason otherwise names what is missing.
+// TestMemoryDevicesChoice: memory devices only with ublk disks or a daemon
+// exporting shared memory over FUSE, and a VMM that maps devices; the
+// reason otherwise names what is missing.
 func TestMemoryDevicesChoice(t *testing.T) {
 	sd := &client.Client{}
 	q := &qemu.Driver{}
 	for _, c := range []struct {
-		sd    sharedDevices
-		block string
-		drv   vmm.Driver
-		want  bool
-		why   string
+		sd            sharedDevices
+		block, shared string
+		drv           vmm.Driver
+		want          string
+		why           string
 	}{
-		{sd, rpc.BlockUblk, q, true, ""},
-		{sd, rpc.BlockNBD, q, false, "no ublk devices"},
-		{sd, rpc.BlockNone, q, false, "no ublk devices"},
-		{sd, rpc.BlockUblk, fileDriver{}, false, "maps files only"},
+		{sd, rpc.BlockUblk, rpc.BlockUblk, q, rpc.BlockUblk, ""},
+		{sd, rpc.BlockUblk, "", q, rpc.BlockUblk, ""}, // a daemon that does not report its choice
+		{sd, rpc.BlockNBD, "", q, "", "no ublk devices"},
+		{sd, rpc.BlockNone, "", q, "", "no ublk devices"},
+		{sd, rpc.BlockNone, rpc.BlockFUSE, q, rpc.BlockFUSE, ""},
+		{sd, rpc.BlockUblk, rpc.BlockFUSE, q, rpc.BlockFUSE, ""},
+		{sd, rpc.BlockUblk, "", fileDriver{}, "", "maps files only"},
+		{sd, rpc.BlockNone, rpc.BlockFUSE, fileDriver{}, "", "maps files only"},
 	} {
-		d, why := newMemoryDevices(c.sd, c.block, c.drv, slog.Default())
-		if (d != nil) != c.want || !strings.Contains(why, c.why) {
-			t.Errorf("block %q, driver %T: devices %v (%q), want %v (%q)", c.block, c.drv, d != nil, why, c.want, c.why)
+		d, why := newMemoryDevices(c.sd, c.block, c.shared, c.drv, slog.Default())
+		kind := ""
+		if d != nil {
+			kind = d.Kind()
+		}
+		if kind != c.want || !strings.Contains(why, c.why) {
+			t.Errorf("block %q, shared %q, driver %T: devices %q (%q), want %q (%q)", c.block, c.shared, c.drv, kind, why, c.want, c.why)
 		}
 	}
 }
@@ -100,10 +110,38 @@ func TestMemoryDevices(t *testing.T) {
 	if err != nil || !f.Ublk {
 		t.Fatalf("features %+v, %v: want ublk inside the lane", f, err)
 	}
-	d, why := newMemoryDevices(c, rpc.ChooseBlock(f, true), &qemu.Driver{}, slog.Default())
-	if d == nil {
-		t.Fatalf("no memory devices with ublk: %s", why)
+	d, why := newMemoryDevices(c, rpc.ChooseBlock(f, true), f.SharedBlock, &qemu.Driver{}, slog.Default())
+	if d == nil || d.Kind() != rpc.BlockUblk {
+		t.Fatalf("no ublk memory devices with ublk: %s", why)
 	}
+	checkMemoryDevices(ctx, t, c, d)
+}
+
+// TestMemoryDevicesFUSE is TestMemoryDevices against a daemon started to
+// export shared memory as FUSE files (no ublk needed).
+func TestMemoryDevicesFUSE(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("FUSE exports mount with mount(2): needs root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skipf("no FUSE device: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := daemontest.StartWith(ctx, t, func(o *daemon.Options) { o.SharedBlock = rpc.BlockFUSE })
+	f, err := c.Features(ctx)
+	if err != nil || f.SharedBlock != rpc.BlockFUSE {
+		t.Fatalf("features %+v, %v: want FUSE shared exports", f, err)
+	}
+	d, why := newMemoryDevices(c, rpc.ChooseBlock(f, true), f.SharedBlock, &qemu.Driver{}, slog.Default())
+	if d == nil || d.Kind() != rpc.BlockFUSE {
+		t.Fatalf("no FUSE memory devices: %s", why)
+	}
+	checkMemoryDevices(ctx, t, c, d)
+}
+
+// checkMemoryDevices is the body of TestMemoryDevices for either kind.
+func checkMemoryDevices(ctx context.Context, t *testing.T, c *client.Client, d *MemoryDevices) {
 	vmDir, m := memoryStack(ctx, t, c)
 
 	m1, vm1, err := d.Acquire(ctx, vmDir, m, "a-1")
@@ -222,4 +260,21 @@ func sharedDevice(ctx context.Context, t *testing.T, c *client.Client, path stri
 		}
 	}
 	return nil
+}
+
+// TestIsDevice: block devices and the daemon's FUSE memory files are
+// shared devices; flattened files and look-alikes are not.
+func TestIsDevice(t *testing.T) {
+	for path, want := range map[string]bool{
+		"/dev/ublkb3":                        true,
+		"/run/aenv-storaged/mem/aenv-7-3f2a": true,
+		"/data/snapshots/s/memory.flat":      false,
+		"/data/mem/memory.flat":              false,
+		"mem/aenv-7-3f2a":                    false,
+		"/run/aenv-storaged/aenv-7-3f2a":     false,
+	} {
+		if got := IsDevice(path); got != want {
+			t.Errorf("IsDevice(%q) = %v, want %v", path, got, want)
+		}
+	}
 }

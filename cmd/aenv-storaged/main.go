@@ -16,6 +16,7 @@ import (
 	"github.com/agentenv/agentenv/internal/inherited"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/agentenv/agentenv/storage/daemon"
+	"github.com/agentenv/agentenv/storage/memfs"
 )
 
 func main() {
@@ -35,6 +36,9 @@ func run() error {
 	poolLow := flag.Int("pool-low", 0, "default warm-pool low watermark per writable image shape (0: pool only shapes given to the warm call)")
 	poolHigh := flag.Int("pool-high", 0, "default warm-pool high watermark per writable image shape")
 	maxDevices := flag.Uint("max-devices", 4096, "largest number of devices")
+	sharedBlock := flag.String("shared-block", daemon.SharedDefault,
+		"how shared read-only (memory) devices are exported: empty for ublk where loaded, auto (ublk, else a FUSE file under run-dir/mem), ublk, fuse or none")
+	memUID := flag.Uint("mem-uid", 0, "uid (and gid) owning the FUSE memory files: the VMM's; non-zero lets that uid into the mount")
 	debug := flag.Bool("debug", false, "log at debug level")
 	printVersion := flag.Bool("version", false, "print the version, commit and build date and exit")
 	flag.Parse()
@@ -60,6 +64,7 @@ func run() error {
 	d, err := daemon.New(daemon.Options{
 		Socket: *socket, StateDir: *state, RunDir: *runDir, Logger: log,
 		PoolLow: *poolLow, PoolHigh: *poolHigh, MaxDevices: uint32(*maxDevices),
+		SharedBlock: *sharedBlock, MemFS: memfs.Options{UID: uint32(*memUID), GID: uint32(*memUID)},
 	})
 	if err != nil {
 		return err

@@ -97,6 +97,9 @@ func (d *Daemon) create(ctx context.Context, p rpc.CreateParams) (rpc.Device, er
 	if err != nil {
 		return rpc.Device{}, err
 	}
+	if block == rpc.BlockFUSE {
+		return rpc.Device{}, errf(rpc.CodeInvalid, "block %q is for shared read-only devices (acquire)", block)
+	}
 	if as := p.ConnectAs; as != nil && (as.UID == ^uint32(0) || as.GID == ^uint32(0)) {
 		return rpc.Device{}, errf(rpc.CodeInvalid, "connect_as %d:%d: -1 is no identity", as.UID, as.GID)
 	}
@@ -189,7 +192,7 @@ func (d *Daemon) newDevice(ctx context.Context, s newSpec) (*device, error) {
 	dir := d.deviceDir(id)
 	dv := &device{rec: record{
 		ID: id, Kind: s.kind, Owner: s.owner, Image: s.image, Config: s.image, ReadOnly: s.readOnly || s.kind == rpc.KindShared,
-		Size: s.size, ReqSize: s.size, TCP: s.tcp, Block: s.block, Export: fmt.Sprintf("aenv-%d-%s", id, nonce()),
+		Size: s.size, ReqSize: s.size, TCP: s.tcp, Block: s.block, Export: fmt.Sprintf("%s%d-%s", rpc.ExportPrefix, id, nonce()),
 		ConnectAs: s.connectAs, Layers: lowers, Stamps: stamps, Created: time.Now().UTC(),
 	}}
 	if s.holder != "" {

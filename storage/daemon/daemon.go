@@ -1,7 +1,9 @@
 // Package daemon owns aenv-storaged: the long-running process that holds
 // every block export of a layered image. It keeps a state directory, exports
-// each device through an Exporter (today NBD, on its own Unix socket
-// RUN/nbd-ID.sock; ublk later behind the same interface), and answers a
+// each device through an Exporter (NBD, on its own Unix socket
+// RUN/nbd-ID.sock, plus /dev/nbdN, /dev/ublkbN or, for a shared read-only
+// device mapped as memory, a file on the daemon's FUSE mount RUN/mem; see
+// memexport.go), and answers a
 // length-prefixed JSON RPC (package rpc) on a Unix socket: create, delete,
 // restack, localize (URL lowers moved onto local copies), shared devices,
 // warm pool, reclaim, features, shutdown. Requests
@@ -63,6 +65,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/storage/memfs"
 	"github.com/agentenv/agentenv/storage/nbd"
 	"github.com/agentenv/agentenv/storage/ublk"
 )
@@ -86,6 +89,13 @@ type Options struct {
 	NBD nbd.Options
 	// Exporter serves devices; default an NBDExporter on RunDir.
 	Exporter Exporter
+	// SharedBlock is how shared read-only devices are exported for VMMs
+	// that map them as memory (memexport.go): SharedDefault (ublk where
+	// loaded), SharedAuto (ublk, else FUSE), rpc.BlockUblk, rpc.BlockFUSE
+	// or SharedNone. Chosen once at start.
+	SharedBlock string
+	// MemFS configures the FUSE mount of shared memory files (RUN/mem).
+	MemFS memfs.Options
 }
 
 // Daemon is the storage daemon.
@@ -102,8 +112,10 @@ type Daemon struct {
 	devices map[uint32]*device
 	shared  map[string]uint32 // image config path -> shared device id
 
-	sharedMu sync.Mutex // serialises acquire/release so one image gets one export
-	digests  digestMemo // the local copies localize checked (localize.go)
+	sharedMu    sync.Mutex    // serialises acquire/release so one image gets one export
+	sharedBlock string        // how shared devices are exported (openShared)
+	files       *memfs.Server // the FUSE mount of shared memory files, or nil
+	digests     digestMemo    // the local copies localize checked (localize.go)
 
 	ready    context.Context // set once Run serves requests
 	readyCh  chan struct{}   // closed at the same time
@@ -157,6 +169,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		var err error
 		if ln, err = d.listenRPC(); err != nil {
 			d.stopAll()
+			d.closeShared()
 			return err
 		}
 	}
@@ -193,6 +206,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.bg.Wait()
 	d.stopAll()
 	conns.Wait()
+	d.closeShared()
 	d.log.Info("storaged stopped")
 	return nil
 }
@@ -223,7 +237,12 @@ func (d *Daemon) open(ctx context.Context) error {
 		return err
 	}
 	d.ctx = ctx
+	if err := d.openShared(); err != nil {
+		d.lockFile.Close()
+		return err
+	}
 	if err := d.recover(); err != nil {
+		d.closeShared()
 		d.lockFile.Close()
 		return err
 	}
@@ -297,10 +316,13 @@ func (d *Daemon) features() rpc.Features {
 	f := rpc.Features{
 		ProtocolVersion: rpc.ProtocolVersion, Exports: []string{d.exporter.Name()},
 		Restack: true, Localize: true, SharedDevices: true, WarmPool: true, Assign: true, Rebase: true, TCP: true,
-		KernelNBD: nbd.KernelAvailable() == nil, Ublk: ublk.Available() == nil,
+		KernelNBD: nbd.KernelAvailable() == nil, Ublk: ublk.Available() == nil, SharedBlock: d.sharedBlock,
 	}
 	if f.Ublk {
 		f.Exports = append(f.Exports, rpc.BlockUblk)
+	}
+	if d.files != nil {
+		f.Exports = append(f.Exports, rpc.BlockFUSE)
 	}
 	return f
 }

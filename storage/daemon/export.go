@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/storage/memfs"
 	"github.com/agentenv/agentenv/storage/nbd"
 	"github.com/agentenv/agentenv/storage/ublk"
 )
@@ -55,8 +56,8 @@ type Endpoint struct {
 	Socket      string // Unix socket
 	URI         string // for QEMU and libnbd
 	TCP         string // loopback host:port, if requested
-	BlockDevice string // /dev/nbdN or /dev/ublkbN, if requested
-	Block       string // its kind: rpc.BlockNBD or rpc.BlockUblk
+	BlockDevice string // /dev/nbdN, /dev/ublkbN or the FUSE file, if requested
+	Block       string // its kind: rpc.BlockNBD, rpc.BlockUblk or rpc.BlockFUSE
 	UblkID      uint32 // the ublk device id, for Block rpc.BlockUblk
 }
 
@@ -66,6 +67,8 @@ type NBDExporter struct {
 	RunDir string
 	Opts   nbd.Options
 	Log    *slog.Logger
+	// Files, when set, serves rpc.BlockFUSE exports (shared memory files).
+	Files *memfs.Server
 }
 
 // Name implements Exporter.
@@ -97,7 +100,7 @@ func (x *NBDExporter) Export(ctx context.Context, spec ExportSpec) (Export, erro
 		}()
 	}
 	e.ep.URI = "nbd+unix:///" + spec.Name + "?socket=" + e.ep.Socket
-	if err := e.attach(ctx, spec, x.Log); err != nil {
+	if err := e.attach(ctx, spec, x.Files, x.Log); err != nil {
 		e.Stop()
 		return nil, fmt.Errorf("export device %d: %w", spec.ID, err)
 	}
@@ -106,7 +109,7 @@ func (x *NBDExporter) Export(ctx context.Context, spec ExportSpec) (Export, erro
 
 // attach adds the kernel block device the spec asks for, next to the
 // socket export.
-func (e *nbdExport) attach(ctx context.Context, spec ExportSpec, log *slog.Logger) error {
+func (e *nbdExport) attach(ctx context.Context, spec ExportSpec, files *memfs.Server, log *slog.Logger) error {
 	switch spec.Block {
 	case rpc.BlockNone:
 		return nil
@@ -117,6 +120,10 @@ func (e *nbdExport) attach(ctx context.Context, spec ExportSpec, log *slog.Logge
 			return err
 		}
 		e.kdev, e.ep.BlockDevice = kd, kd.Path
+	case rpc.BlockFUSE:
+		if err := e.attachFile(spec, files); err != nil {
+			return err
+		}
 	case rpc.BlockUblk:
 		ud, err := attachUblk(ctx, spec, log)
 		if err != nil {
@@ -138,6 +145,9 @@ type nbdExport struct {
 	kdev   *nbd.KernelDevice
 	udev   *ublk.Device
 	ep     Endpoint
+
+	files    *memfs.Server // the FUSE mount holding fileName, for rpc.BlockFUSE
+	fileName string
 }
 
 // listen opens the Unix socket (replacing one left by a dead daemon) and
@@ -186,6 +196,7 @@ func ownSocket(sock string, as *rpc.Identity) error {
 }
 
 func (e *nbdExport) Stop() {
+	e.detachFile()
 	if e.kdev != nil {
 		// Detach first, so the kernel flushes while the export still answers.
 		e.kdev.Detach()

@@ -72,6 +72,11 @@ func (l *Local) Acquire(ctx context.Context, p rpc.AcquireParams) (rpc.Device, e
 	return do(ctx, l, func(ctx context.Context) (rpc.Device, error) { return l.d.acquire(ctx, p) })
 }
 
+// Prefetch pushes ranges of a shared FUSE file into the page cache.
+func (l *Local) Prefetch(ctx context.Context, p rpc.PrefetchParams) (rpc.PrefetchResult, error) {
+	return do(ctx, l, func(ctx context.Context) (rpc.PrefetchResult, error) { return l.d.prefetch(ctx, p) })
+}
+
 // ReleaseShared drops a holder's reference.
 func (l *Local) ReleaseShared(ctx context.Context, id uint32, holder string) error {
 	_, err := do(ctx, l, noResult(func(ctx context.Context) error {

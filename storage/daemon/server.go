@@ -128,6 +128,8 @@ func (d *Daemon) dispatch(ctx context.Context, req rpc.Request) (any, error) {
 		return call(ctx, req.Params, func(ctx context.Context, p rpc.WarmParams) (struct{}, error) {
 			return struct{}{}, d.warm(p)
 		})
+	case rpc.MethodPrefetch:
+		return call(ctx, req.Params, d.prefetch)
 	case rpc.MethodList:
 		return d.list(), nil
 	case rpc.MethodFeatures:

@@ -35,6 +35,9 @@ func (d *Daemon) acquire(ctx context.Context, p rpc.AcquireParams) (rpc.Device, 
 	if err != nil {
 		return rpc.Device{}, err
 	}
+	if err := d.checkSharedKind(block); err != nil {
+		return rpc.Device{}, err
+	}
 	dv, err := d.newDevice(ctx, newSpec{kind: rpc.KindShared, image: img, holder: p.Holder, block: block})
 	if err != nil {
 		return rpc.Device{}, err

@@ -274,6 +274,13 @@ func (c *Client) ReleaseShared(ctx context.Context, id uint32, holder string) er
 	return c.Call(ctx, rpc.MethodReleaseShared, rpc.ReleaseParams{ID: id, Holder: holder}, nil)
 }
 
+// Prefetch pushes ranges of a shared FUSE file into the page cache.
+func (c *Client) Prefetch(ctx context.Context, p rpc.PrefetchParams) (rpc.PrefetchResult, error) {
+	var r rpc.PrefetchResult
+	err := c.Call(ctx, rpc.MethodPrefetch, p, &r)
+	return r, err
+}
+
 // List returns every device, lost ones included.
 func (c *Client) List(ctx context.Context) ([]rpc.Device, error) {
 	var r rpc.ListResult
@@ -336,6 +343,7 @@ type Devices interface {
 	Assign(ctx context.Context, p rpc.AssignParams) (rpc.Device, error)
 	Rebase(ctx context.Context, p rpc.RebaseParams) (rpc.Device, error)
 	Warm(ctx context.Context, p rpc.WarmParams) error
+	Prefetch(ctx context.Context, p rpc.PrefetchParams) (rpc.PrefetchResult, error)
 	Features(ctx context.Context) (rpc.Features, error)
 }
 

@@ -20,11 +20,19 @@ import (
 // test ends and returns a client of it.
 func Start(ctx context.Context, t testing.TB) *client.Client {
 	t.Helper()
+	return StartWith(ctx, t, func(*daemon.Options) {})
+}
+
+// StartWith is Start with the daemon's options changed by edit first (for
+// example its SharedBlock).
+func StartWith(ctx context.Context, t testing.TB, edit func(*daemon.Options)) *client.Client {
+	t.Helper()
 	dir := t.TempDir()
 	opts := daemon.Options{
 		Socket: filepath.Join(dir, "storaged.sock"), StateDir: filepath.Join(dir, "state"), RunDir: filepath.Join(dir, "run"),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
+	edit(&opts)
 	d, err := daemon.New(opts)
 	if err != nil {
 		t.Fatal(err)

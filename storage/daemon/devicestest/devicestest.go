@@ -5,7 +5,8 @@
 // so code written against client.Devices behaves the same on either:
 // device bytes through the NBD export, restack, shared devices, reclaim,
 // the warm pool, rebase, and the error vocabulary (rpc.ErrNotFound, ErrConflict,
-// ErrCapacity, ErrInvalid).
+// ErrCapacity, ErrInvalid). RunShared checks each transport of shared
+// memory exports (ublk, FUSE) the same way.
 package devicestest
 
 import (
@@ -27,6 +28,8 @@ import (
 type Config struct {
 	// MaxDevices bounds device ids (0: the daemon's default).
 	MaxDevices uint32
+	// SharedBlock is the daemon's shared export kind (set by RunShared).
+	SharedBlock string
 }
 
 // Factory starts a fresh daemon with an empty state directory and returns

@@ -57,6 +57,7 @@ const (
 	MethodAssign        = "assign"
 	MethodRebase        = "rebase"
 	MethodWarm          = "warm"
+	MethodPrefetch      = "prefetch"
 	MethodFeatures      = "features"
 	MethodShutdown      = "shutdown"
 )
@@ -274,6 +275,30 @@ type AcquireParams struct {
 	Block string `json:"block,omitempty"`
 }
 
+// PrefetchParams pushes byte ranges of a shared device exported as a FUSE
+// file into the kernel's page cache (FUSE_NOTIFY_STORE), so faults on them
+// need no FUSE read: the recorded working set of a memory stack, ahead of
+// the guest. At most MaxPrefetchRanges ranges.
+type PrefetchParams struct {
+	ID     uint32      `json:"id"`
+	Ranges []ByteRange `json:"ranges"`
+}
+
+// ByteRange is a byte range of a device.
+type ByteRange struct {
+	Off int64 `json:"off"`
+	Len int64 `json:"len"`
+}
+
+// MaxPrefetchRanges bounds one Prefetch call.
+const MaxPrefetchRanges = 1 << 16
+
+// PrefetchResult says how many bytes went into the page cache (ranges
+// widened to whole pages, clipped to the device).
+type PrefetchResult struct {
+	Stored int64 `json:"stored"`
+}
+
 // ReleaseParams drops a holder's reference; the export goes away with the last one.
 type ReleaseParams struct {
 	ID     uint32 `json:"id"`
@@ -346,6 +371,10 @@ type Features struct {
 	KernelNBD bool `json:"kernel_nbd"`
 	// Ublk says whether devices can be exported as /dev/ublkbN here.
 	Ublk bool `json:"ublk"`
+	// SharedBlock is how this daemon exports shared read-only devices to
+	// be mapped as memory, chosen once at its start: BlockUblk, BlockFUSE,
+	// or empty (neither). Acquire with another kind is refused.
+	SharedBlock string `json:"shared_block,omitempty"`
 }
 
 // WriteFrame encodes v as one frame.
@@ -389,6 +418,18 @@ const (
 	BlockNone = ""     // no kernel device: NBD over the Unix socket only
 	BlockNBD  = "nbd"  // the kernel NBD driver, /dev/nbdN
 	BlockUblk = "ublk" // the ublk driver, /dev/ublkbN
+	// BlockFUSE is a read-only file on the daemon's FUSE mount (package
+	// memfs), for shared read-only devices a VMM maps as memory; the
+	// device's BlockDevice is the file's path.
+	BlockFUSE = "fuse"
+)
+
+// SharedFileDir is the directory, in the daemon's run directory, of its
+// FUSE mount of shared memory files; each file is named by its export
+// (ExportPrefix, then the device id and a nonce).
+const (
+	SharedFileDir = "mem"
+	ExportPrefix  = "aenv-"
 )
 
 // BlockKind returns the kernel block device kind p asks for: Block, or
@@ -400,13 +441,13 @@ func BlockKind(block string, kernel bool) (string, error) {
 			return BlockNBD, nil
 		}
 		return BlockNone, nil
-	case BlockNBD, BlockUblk:
+	case BlockNBD, BlockUblk, BlockFUSE:
 		if kernel && block != BlockNBD {
 			return "", fmt.Errorf("block %q contradicts kernel (nbd)", block)
 		}
 		return block, nil
 	}
-	return "", fmt.Errorf("unknown block device kind %q (want %q or %q)", block, BlockNBD, BlockUblk)
+	return "", fmt.Errorf("unknown block device kind %q (want %q, %q or %q)", block, BlockNBD, BlockUblk, BlockFUSE)
 }
 
 // ChooseBlock is how a node picks the transport of a VM's disk from what
