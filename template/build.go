@@ -70,6 +70,9 @@ type BuildSpec struct {
 	// (ImageOptions.Rootfs builds it) to boot instead of an image: the
 	// node's own templates (code-interpreter-v1). Not settable by the API.
 	FromRootfs string `json:"fromRootfs,omitempty"`
+	// ReadyTimeout, when longer than the node's, bounds the wait for
+	// ReadyCmd (the node's own templates; not settable by the API).
+	ReadyTimeout time.Duration `json:"readyTimeout,omitempty"`
 }
 
 // BuildLog is one log entry of a build.

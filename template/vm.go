@@ -522,8 +522,9 @@ func (v *buildVM) startAndWait(ctx context.Context, spec BuildSpec) error {
 	if spec.ReadyCmd == "" {
 		return nil
 	}
-	v.logf("info", step, "waiting for ready command %q (up to %s)", spec.ReadyCmd, v.b.cfg.Image.ReadyTimeout)
-	deadline := time.Now().Add(v.b.cfg.Image.ReadyTimeout)
+	wait := max(v.b.cfg.Image.ReadyTimeout, spec.ReadyTimeout)
+	v.logf("info", step, "waiting for ready command %q (up to %s)", spec.ReadyCmd, wait)
+	deadline := time.Now().Add(wait)
 	var last error
 	for attempt := 1; ; attempt++ {
 		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -542,7 +543,7 @@ func (v *buildVM) startAndWait(ctx context.Context, spec BuildSpec) error {
 			return ctx.Err()
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("ready command %q did not succeed within %s (last: %v)", spec.ReadyCmd, v.b.cfg.Image.ReadyTimeout, last)
+			return fmt.Errorf("ready command %q did not succeed within %s (last: %v)", spec.ReadyCmd, wait, last)
 		}
 		select {
 		case <-ctx.Done():

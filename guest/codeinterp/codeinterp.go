@@ -11,6 +11,7 @@ package codeinterp
 
 import (
 	_ "embed"
+	"time"
 
 	"github.com/agentenv/agentenv/guest/image"
 )
@@ -39,6 +40,10 @@ const StartCmd = "exec /usr/bin/python3 " + ServerPath + " >/tmp/code-interprete
 // ReadyCmd succeeds once the server answers and its default Python kernel
 // is ready.
 const ReadyCmd = "curl -sf http://127.0.0.1:49999/health"
+
+// ReadyTimeout bounds the build's wait for ReadyCmd: the first start of a
+// kernel, with matplotlib imported, takes minutes under emulation.
+const ReadyTimeout = 20 * time.Minute
 
 // Variant is the template's root filesystem variant.
 func Variant() image.Variant {

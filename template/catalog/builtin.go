@@ -24,7 +24,7 @@ type builtin struct {
 var builtins = map[string]builtin{
 	codeinterp.TemplateName: {
 		spec: template.BuildSpec{FromRootfs: codeinterp.TemplateName, StartCmd: codeinterp.StartCmd,
-			ReadyCmd: codeinterp.ReadyCmd},
+			ReadyCmd: codeinterp.ReadyCmd, ReadyTimeout: codeinterp.ReadyTimeout},
 		minMemoryMiB: 1024,
 	},
 }
