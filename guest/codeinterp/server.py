@@ -244,6 +244,7 @@ class Contexts:
         self.lock = threading.Lock()
         self.by_id = {}
         self.defaults = {}
+        self.making = threading.Lock()
         self.ready = threading.Event()
 
     def create(self, language, cwd):
@@ -253,13 +254,16 @@ class Contexts:
         return ctx
 
     def default(self, language):
-        with self.lock:
-            ctx = self.defaults.get(language)
-        if ctx is None:
-            ctx = self.create(language, DEFAULT_CWD)
+        # One maker at a time: two first executions (or one and the warm-up)
+        # must not each start a kernel.
+        with self.making:
             with self.lock:
-                ctx = self.defaults.setdefault(language, ctx)
-        return ctx
+                ctx = self.defaults.get(language)
+            if ctx is None:
+                ctx = self.create(language, DEFAULT_CWD)
+                with self.lock:
+                    self.defaults[language] = ctx
+            return ctx
 
     def get(self, cid):
         with self.lock:
