@@ -151,6 +151,23 @@ await step('pause and resume keep the kernel variables', async () => {
   assert.equal(ex.text, '48')
 })
 
+await step('a fork (the node API) keeps the kernel variables; the child is its own', async () => {
+  const res = await fetch(`${process.env.E2B_API_URL}/sandboxes/${sbx.sandboxId}/fork`, {
+    method: 'POST', headers: { 'X-API-Key': process.env.E2B_API_KEY, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ count: 1, timeout: 600 }),
+  })
+  assert.equal(res.status, 201, await res.clone().text())
+  const [child] = await res.json()
+  assert.ok(child.sandbox, JSON.stringify(child))
+  const c = await Sandbox.connect(child.sandbox.sandboxID, { timeoutMs: 600_000 })
+  try {
+    assert.equal((await c.runCode('kept.append(4)\nsum(kept)', slow)).text, '10')
+    assert.equal((await sbx.runCode('sum(kept)', slow)).text, '6')
+  } finally {
+    await c.kill().catch(() => {})
+  }
+})
+
 await sbx.kill().catch(() => {})
 if (failed > 0) {
   console.error(`${failed} step(s) failed`)

@@ -24,8 +24,8 @@ const (
 // build code-interpreter-v1 (first use) and start it; runCode keeps state,
 // streams output, returns errors with tracebacks, PNG charts, DataFrames,
 // Markdown and JSON; env vars, bash and JavaScript cells, contexts, restart,
-// a timeout that interrupts the kernel, pause and resume keeping the
-// kernel's variables (codeinterp.mjs). The limit is generous: the first
+// a timeout that interrupts the kernel, pause and resume, and a fork (the
+// node's API), keeping the kernel's variables (codeinterp.mjs). The limit is generous: the first
 // create builds the template (apt, a cold boot, a kernel start) under
 // emulation.
 func TestE2BCodeInterpreter(t *testing.T) {
