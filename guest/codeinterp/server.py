@@ -165,6 +165,10 @@ class Context:
             try:
                 msg = self.kc.get_iopub_msg(timeout=0.5)
             except queue.Empty:
+                if not self.km.is_alive():
+                    emit({"type": "error", "name": "KernelDied", "traceback": "",
+                          "value": "the kernel exited during the execution; restart the context"})
+                    return
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
