@@ -112,6 +112,9 @@ func BuildVariant(ctx context.Context, opts Options, v Variant) (string, error) 
 	if err := os.WriteFile(filepath.Join(dir, "done"), nil, 0o644); err != nil {
 		return "", fmt.Errorf("guest image variant %s: %w", v.Name, err)
 	}
+	// Trees and images of other inputs (an older agent, package list or
+	// server) unused for days go; the ones just used were touched.
+	pruneAssets(filepath.Join(opts.CacheDir, "variants"), 3*24*time.Hour)
 	return out, nil
 }
 
@@ -120,6 +123,8 @@ func BuildVariant(ctx context.Context, opts Options, v Variant) (string, error) 
 func variantTree(ctx context.Context, opts Options, base *baseTree, v Variant, dir string) (string, error) {
 	tree := filepath.Join(dir, "tree")
 	if _, err := os.Stat(filepath.Join(dir, "done")); err == nil {
+		now := time.Now()
+		_ = os.Chtimes(dir, now, now) // last use, for pruning
 		return tree, nil
 	}
 	_ = os.RemoveAll(dir)
