@@ -66,6 +66,10 @@ func (o *Orchestrator) Create(ctx context.Context, opts CreateOptions) (rec sand
 	// Layers a repository import left remote are fetched once the VM
 	// answered (disk/lazy.go).
 	defer o.disks.StartLocalize()
+	// The node's builtin templates (code-interpreter-v1) build on first use.
+	if err := o.catalog.EnsureBuiltin(ctx, opts.TemplateID); err != nil {
+		return rec, fmt.Errorf("create: %w", err)
+	}
 	if err := o.bringSource(ctx, opts.TemplateID); err != nil {
 		return rec, err
 	}

@@ -66,6 +66,13 @@ type BuildSpec struct {
 	Steps        []BuildStep `json:"steps,omitempty"`
 	StartCmd     string      `json:"startCmd,omitempty"`
 	ReadyCmd     string      `json:"readyCmd,omitempty"`
+	// FromRootfs names a root filesystem variant of the node's guest image
+	// (ImageOptions.Rootfs builds it) to boot instead of an image: the
+	// node's own templates (code-interpreter-v1). Not settable by the API.
+	FromRootfs string `json:"fromRootfs,omitempty"`
+	// ReadyTimeout, when longer than the node's, bounds the wait for
+	// ReadyCmd (the node's own templates; not settable by the API).
+	ReadyTimeout time.Duration `json:"readyTimeout,omitempty"`
 }
 
 // BuildLog is one log entry of a build.
@@ -108,7 +115,10 @@ type ImageOptions struct {
 	// Agent is the aenv-agent binary injected into converted images.
 	Agent string
 	// Assets hold the kernel and initrd build VMs boot.
-	Assets       *image.Assets
+	Assets *image.Assets
+	// Rootfs builds (or finds cached) the ext4 root filesystem of a named
+	// variant of the guest image, for builds FromRootfs.
+	Rootfs       func(ctx context.Context, variant string) (string, error)
 	ReadyTimeout time.Duration
 	StepTimeout  time.Duration
 }
@@ -406,7 +416,13 @@ func (b *Builder) Start(templateID, buildID string, spec BuildSpec) error {
 
 // validateSpec checks what a spec says on its own.
 func (b *Builder) validateSpec(templateID string, spec BuildSpec) error {
-	if (spec.FromImage == "") == (spec.FromTemplate == "") {
+	sources := 0
+	for _, src := range []string{spec.FromImage, spec.FromTemplate, spec.FromRootfs} {
+		if src != "" {
+			sources++
+		}
+	}
+	if sources != 1 {
 		return fmt.Errorf("build spec: exactly one of fromImage and fromTemplate is required: %w", errdefs.ErrInvalid)
 	}
 	if err := validateSteps(spec.Steps); err != nil {

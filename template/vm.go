@@ -17,6 +17,7 @@ import (
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot"
+	storimage "github.com/agentenv/agentenv/storage/image"
 
 	"connectrpc.com/connect"
 
@@ -91,8 +92,14 @@ func (b *Builder) vmSpec(ctx context.Context, v *buildVM, t *Template, spec Buil
 	dir, buildID := built.Dir, v.bid
 	var src *Template
 	var imageCfg string
-	if spec.FromImage != "" {
-		layer, err := b.baseImage(ctx, v, spec.FromImage, built)
+	if spec.FromImage != "" || spec.FromRootfs != "" {
+		var layer string
+		var err error
+		if spec.FromImage != "" {
+			layer, err = b.baseImage(ctx, v, spec.FromImage, built)
+		} else {
+			layer, err = b.variantLayer(ctx, v, spec.FromRootfs, built)
+		}
 		if err != nil {
 			return sandbox.Spec{}, nil, err
 		}
@@ -246,6 +253,28 @@ func (b *Builder) baseImage(ctx context.Context, v *buildVM, ref string, built *
 		}
 	}
 	return rf.Path, nil
+}
+
+// variantLayer builds (or finds) the guest image's root filesystem variant
+// and imports it as the build's base layer.
+func (b *Builder) variantLayer(ctx context.Context, v *buildVM, variant string, built *Template) (string, error) {
+	if b.cfg.Image.Rootfs == nil {
+		return "", fmt.Errorf("root filesystem variant %s: this node builds no variants", variant)
+	}
+	v.logf("info", StepBase, "building root filesystem variant %s (Debian packages with apt: minutes, once per node)", variant)
+	raw, err := b.cfg.Image.Rootfs(ctx, variant)
+	if err != nil {
+		return "", fmt.Errorf("root filesystem variant %s: %w", variant, err)
+	}
+	if st, err := os.Stat(raw); err == nil {
+		built.DiskMiB = int(st.Size() >> 20)
+	}
+	layer := filepath.Join(built.Dir, "rootfs-0.lsmt")
+	v.logf("info", StepBase, "importing %s", raw)
+	if _, err := storimage.ImportRaw(ctx, raw, layer, storimage.CommitOptions{Message: "guest rootfs variant " + variant}); err != nil {
+		return "", fmt.Errorf("root filesystem variant %s: import %s: %w", variant, raw, err)
+	}
+	return layer, nil
 }
 
 func homeOf(user string) string {
@@ -493,8 +522,9 @@ func (v *buildVM) startAndWait(ctx context.Context, spec BuildSpec) error {
 	if spec.ReadyCmd == "" {
 		return nil
 	}
-	v.logf("info", step, "waiting for ready command %q (up to %s)", spec.ReadyCmd, v.b.cfg.Image.ReadyTimeout)
-	deadline := time.Now().Add(v.b.cfg.Image.ReadyTimeout)
+	wait := max(v.b.cfg.Image.ReadyTimeout, spec.ReadyTimeout)
+	v.logf("info", step, "waiting for ready command %q (up to %s)", spec.ReadyCmd, wait)
+	deadline := time.Now().Add(wait)
 	var last error
 	for attempt := 1; ; attempt++ {
 		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -513,7 +543,7 @@ func (v *buildVM) startAndWait(ctx context.Context, spec BuildSpec) error {
 			return ctx.Err()
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("ready command %q did not succeed within %s (last: %v)", spec.ReadyCmd, v.b.cfg.Image.ReadyTimeout, last)
+			return fmt.Errorf("ready command %q did not succeed within %s (last: %v)", spec.ReadyCmd, wait, last)
 		}
 		select {
 		case <-ctx.Done():

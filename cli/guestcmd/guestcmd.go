@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/agentenv/agentenv/guest/codeinterp"
 	"github.com/agentenv/agentenv/guest/image"
 	"github.com/spf13/cobra"
 )
@@ -22,12 +23,24 @@ func NewCommand() *cobra.Command {
 func newBuild() *cobra.Command {
 	var opts image.Options
 	var asJSON bool
+	var variant string
 	cmd := &cobra.Command{
 		Use:   "build",
 		Short: "Assemble guest assets from Debian packages (cached by content hash)",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if opts.Agent == "" {
 				opts.Agent = defaultAgentPath()
+			}
+			if variant != "" {
+				if variant != codeinterp.TemplateName {
+					return fmt.Errorf("unknown root filesystem variant %q (known: %s)", variant, codeinterp.TemplateName)
+				}
+				rootfs, err := image.BuildVariant(cmd.Context(), opts, codeinterp.Variant())
+				if err != nil {
+					return err
+				}
+				fmt.Printf("rootfs   %s\n", rootfs)
+				return nil
 			}
 			a, err := image.Build(cmd.Context(), opts)
 			if err != nil {
@@ -47,6 +60,7 @@ func newBuild() *cobra.Command {
 	f.StringVar(&opts.Suite, "suite", image.DefaultSuite, "Debian suite for the root filesystem")
 	f.StringVar(&opts.Mirror, "mirror", "", "Debian mirror (default "+image.DefaultMirror+" or $AENV_DEBIAN_MIRROR)")
 	f.IntVar(&opts.RootfsMiB, "rootfs-size", image.DefaultRootfsMiB, "root filesystem size in MiB (sparse)")
+	f.StringVar(&variant, "variant", "", "build only the root filesystem of a template's variant ("+codeinterp.TemplateName+")")
 	f.BoolVar(&asJSON, "json", false, "print the asset paths as JSON")
 	return cmd
 }

@@ -34,6 +34,7 @@ import (
 
 	"github.com/agentenv/agentenv/config"
 	"github.com/agentenv/agentenv/disk"
+	"github.com/agentenv/agentenv/guest/codeinterp"
 	"github.com/agentenv/agentenv/guest/image"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/agentenv/agentenv/network"
@@ -294,6 +295,12 @@ func imageOptions(cfg config.Config, assets *image.Assets, log *slog.Logger) tem
 			AllowedRegistries: cfg.Image.AllowedRegistries, InsecureRegistries: cfg.Image.InsecureRegistries, Log: log},
 		RootfsSizeMiB: cfg.Image.RootfsSizeMiB, Agent: agent, Assets: assets,
 		ReadyTimeout: cfg.Image.ReadyTimeout.Duration, StepTimeout: cfg.Image.StepTimeout.Duration,
+		Rootfs: func(ctx context.Context, variant string) (string, error) {
+			if variant != codeinterp.TemplateName {
+				return "", fmt.Errorf("unknown root filesystem variant %q", variant)
+			}
+			return image.BuildVariant(ctx, image.Options{Agent: agent, CacheDir: cfg.Guest.AssetsCache, Log: log}, codeinterp.Variant())
+		},
 	}
 }
 

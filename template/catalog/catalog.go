@@ -96,6 +96,8 @@ type Catalog struct {
 	templates map[string]*template.Template
 	// builds is the template builder once EnableBuilds ran (builds.go).
 	builds atomic.Pointer[template.Builder]
+	// builtinMu serialises the starts of builtin templates' builds (builtin.go).
+	builtinMu sync.Mutex
 }
 
 // New returns an empty catalog.
