@@ -131,7 +131,7 @@ func Build(ctx context.Context, opts Options) (*Assets, error) {
 	if err := os.MkdirAll(opts.CacheDir, 0o755); err != nil {
 		return nil, fmt.Errorf("guest image: cache dir: %w", err)
 	}
-	unlock, err := lockFile(ctx, filepath.Join(opts.CacheDir, ".lock"))
+	unlock, err := lockFile(ctx, filepath.Join(opts.CacheDir, ".lock"), opts.Log)
 	if err != nil {
 		return nil, err
 	}
@@ -238,14 +238,20 @@ func pruneAssets(dir string, maxAge time.Duration) {
 	}
 }
 
-func lockFile(ctx context.Context, path string) (func(), error) {
+// lockFile takes the cache's lock, saying once in log when another
+// process holds it (a build elsewhere can hold it for minutes, and a
+// node start waiting on it would otherwise print nothing).
+func lockFile(ctx context.Context, path string, log *slog.Logger) (func(), error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("guest image: lock %s: %w", path, err)
 	}
-	for {
+	for waited := false; ; waited = true {
 		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err == nil {
 			return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
+		}
+		if !waited {
+			log.Info("guest image cache busy: waiting for another build to finish", "lock", path)
 		}
 		select {
 		case <-ctx.Done():

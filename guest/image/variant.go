@@ -72,7 +72,7 @@ func BuildVariant(ctx context.Context, opts Options, v Variant) (string, error) 
 	if err := os.MkdirAll(opts.CacheDir, 0o755); err != nil {
 		return "", fmt.Errorf("guest image variant %s: cache dir: %w", v.Name, err)
 	}
-	unlock, err := lockFile(ctx, filepath.Join(opts.CacheDir, ".lock"))
+	unlock, err := lockFile(ctx, filepath.Join(opts.CacheDir, ".lock"), opts.Log)
 	if err != nil {
 		return "", err
 	}
