@@ -17,6 +17,7 @@ import (
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/daemontest"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/storage/memfs/memfstest"
 	"github.com/agentenv/agentenv/storage/nbd"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/vmm/memsnap"
@@ -120,12 +121,7 @@ func TestMemoryDevices(t *testing.T) {
 // TestMemoryDevicesFUSE is TestMemoryDevices against a daemon started to
 // export shared memory as FUSE files (no ublk needed).
 func TestMemoryDevicesFUSE(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("FUSE exports mount with mount(2): needs root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skipf("no FUSE device: %v", err)
-	}
+	memfstest.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := daemontest.StartWith(ctx, t, func(o *daemon.Options) { o.SharedBlock = rpc.BlockFUSE })

@@ -8,18 +8,9 @@ import (
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/memfs"
+	"github.com/agentenv/agentenv/storage/memfs/memfstest"
 	"github.com/agentenv/agentenv/storage/ublk"
 )
-
-func needFUSE(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("FUSE exports mount with mount(2): needs root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skipf("no FUSE device: %v", err)
-	}
-}
 
 // TestChooseShared: the shared export kind follows the option and the
 // machine, and an impossible or unknown choice is an error at start.
@@ -50,7 +41,7 @@ func TestChooseShared(t *testing.T) {
 // a mount left there, and re-exports the device at the same path when it
 // starts again.
 func TestFUSESharedAcrossRestart(t *testing.T) {
-	needFUSE(t)
+	memfstest.Require(t)
 	t.Parallel()
 	f := newFixture(t, 40)
 	opts := testOptions(t)

@@ -11,25 +11,15 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-)
 
-// needFUSE skips where a FUSE mount cannot be made: not root, or no
-// /dev/fuse.
-func needFUSE(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("memfs mounts with mount(2): needs root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skipf("no FUSE device: %v", err)
-	}
-}
+	"github.com/agentenv/agentenv/storage/memfs/memfstest"
+)
 
 // mount mounts a server on a fresh directory, unmounted (and checked gone)
 // when the test ends.
 func mount(t *testing.T, opts Options) *Server {
 	t.Helper()
-	needFUSE(t)
+	memfstest.Require(t)
 	return mountOn(t, filepath.Join(t.TempDir(), "mem"), opts)
 }
 
@@ -349,7 +339,7 @@ func TestMountIsPrivateAndReadsAhead(t *testing.T) {
 }
 
 func TestMountOwnedByTheVMMUser(t *testing.T) {
-	needFUSE(t)
+	memfstest.Require(t)
 	// The VMM's uid must reach the mount point: parents searchable.
 	base := t.TempDir()
 	for _, d := range []string{filepath.Dir(base), base} {
@@ -374,7 +364,7 @@ func TestMountOwnedByTheVMMUser(t *testing.T) {
 }
 
 func TestStaleMountIsDetached(t *testing.T) {
-	needFUSE(t)
+	memfstest.Require(t)
 	dir := filepath.Join(t.TempDir(), "mem")
 	s, err := Mount(dir, Options{})
 	if err != nil {

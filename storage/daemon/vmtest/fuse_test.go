@@ -19,6 +19,7 @@ import (
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/image"
+	"github.com/agentenv/agentenv/storage/memfs/memfstest"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/vmm/memsnap"
 	"github.com/agentenv/agentenv/vmm/qemu"
@@ -32,9 +33,7 @@ import (
 // Both run on it (their counters go on), the second adds no FUSE read
 // (the page cache is shared), and the file still reads as the stack.
 func TestQEMUOnFUSEMemory(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: FUSE mounts")
-	}
+	memfstest.Require(t)
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		testenv.Missing(t, "qemu-system-x86_64 not installed (qemu-system-x86): %v", err)
 	}
