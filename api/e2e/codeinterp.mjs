@@ -9,29 +9,19 @@
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import path from 'node:path'
+import { check, finish } from '../../internal/testutil/e2bscript/steps.mjs'
 
 const require = createRequire(path.join(process.env.AENV_CI_SDK_DIR, 'package.json'))
 const { Sandbox } = require('@e2b/code-interpreter')
 console.log(`@e2b/code-interpreter ${require('@e2b/code-interpreter/package.json').version}`)
 
 const slow = { timeoutMs: 600_000, requestTimeoutMs: 600_000 }
-let failed = 0
-async function step(name, fn) {
-  const t0 = Date.now()
-  try {
-    await fn()
-    console.log(`ok ${name} (${Date.now() - t0} ms)`)
-  } catch (err) {
-    failed++
-    console.error(`FAIL ${name}:`, err)
-  }
-}
 
 // The first create builds the template on the node: minutes under emulation.
 let sbx = await Sandbox.create({ timeoutMs: 1_800_000, requestTimeoutMs: 3_600_000 })
 console.log(`sandbox ${sbx.sandboxId}`)
 
-await step('the template is listed, ready', async () => {
+await check('the template is listed, ready', async () => {
   const res = await fetch(`${process.env.E2B_API_URL}/templates`, { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
   assert.equal(res.status, 200)
   const list = await res.json()
@@ -39,7 +29,7 @@ await step('the template is listed, ready', async () => {
   assert.ok(t, `code-interpreter-v1 not in ${JSON.stringify(list.map((t) => t.templateID))}`)
 })
 
-await step('state is kept across runCode calls', async () => {
+await check('state is kept across runCode calls', async () => {
   await sbx.runCode('x = 41', slow)
   const ex = await sbx.runCode('x += 1\nx', slow)
   assert.equal(ex.error, undefined)
@@ -47,7 +37,7 @@ await step('state is kept across runCode calls', async () => {
   assert.ok(ex.executionCount >= 2, `executionCount ${ex.executionCount}`)
 })
 
-await step('stdout and stderr are streamed to the callbacks', async () => {
+await check('stdout and stderr are streamed to the callbacks', async () => {
   const out = []
   const err = []
   const ex = await sbx.runCode('import sys\nprint("to out")\nprint("to err", file=sys.stderr)', {
@@ -58,7 +48,7 @@ await step('stdout and stderr are streamed to the callbacks', async () => {
   assert.deepEqual(ex.logs, { stdout: ['to out\n'], stderr: ['to err\n'] })
 })
 
-await step('an exception comes back with its traceback', async () => {
+await check('an exception comes back with its traceback', async () => {
   let seen
   const ex = await sbx.runCode('def f():\n    return 1/0\nf()', { ...slow, onError: (e) => { seen = e } })
   assert.equal(ex.error.name, 'ZeroDivisionError')
@@ -69,7 +59,7 @@ await step('an exception comes back with its traceback', async () => {
   assert.equal(seen.name, 'ZeroDivisionError')
 })
 
-await step('a matplotlib chart is a PNG result', async () => {
+await check('a matplotlib chart is a PNG result', async () => {
   const ex = await sbx.runCode('import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title("squares")\nplt.show()', slow)
   assert.equal(ex.error, undefined)
   const png = ex.results.find((r) => r.png)
@@ -79,7 +69,7 @@ await step('a matplotlib chart is a PNG result', async () => {
   assert.ok(png.formats().includes('png'))
 })
 
-await step('a pandas DataFrame comes back as HTML and text', async () => {
+await check('a pandas DataFrame comes back as HTML and text', async () => {
   const ex = await sbx.runCode('import pandas as pd\npd.DataFrame({"city": ["Oslo", "Lima"], "temp": [3, 19]})', slow)
   assert.equal(ex.error, undefined)
   const r = ex.results.find((r) => r.isMainResult)
@@ -87,21 +77,21 @@ await step('a pandas DataFrame comes back as HTML and text', async () => {
   assert.match(r.text, /city\s+temp/)
 })
 
-await step('other display formats: markdown and JSON', async () => {
+await check('other display formats: markdown and JSON', async () => {
   const ex = await sbx.runCode('from IPython.display import Markdown, JSON, display\ndisplay(Markdown("**bold**"))\ndisplay(JSON({"a": 1}))', slow)
   assert.equal(ex.error, undefined)
   assert.ok(ex.results.some((r) => r.markdown === '**bold**'), JSON.stringify(ex.results))
   assert.ok(ex.results.some((r) => r.json && r.json.a === 1), JSON.stringify(ex.results))
 })
 
-await step('env vars hold for one execution', async () => {
+await check('env vars hold for one execution', async () => {
   const ex = await sbx.runCode('import os\nos.environ.get("AENV_CI")', { ...slow, envs: { AENV_CI: 'set' } })
   assert.equal(ex.text, "'set'")
   const after = await sbx.runCode('import os\nos.environ.get("AENV_CI")', slow)
   assert.equal(after.text, undefined) // None has no result
 })
 
-await step('bash and JavaScript cells', async () => {
+await check('bash and JavaScript cells', async () => {
   const b = await sbx.runCode('echo "$GREETING from $(basename $PWD)"', { ...slow, language: 'bash', envs: { GREETING: 'hi' } })
   assert.deepEqual(b.logs.stdout, ['hi from user\n'])
   const bad = await sbx.runCode('exit 3', { ...slow, language: 'bash' })
@@ -111,7 +101,7 @@ await step('bash and JavaScript cells', async () => {
 })
 
 let a, b
-await step('two contexts are isolated, each in its own directory', async () => {
+await check('two contexts are isolated, each in its own directory', async () => {
   a = await sbx.createCodeContext({ cwd: '/tmp', ...slow })
   b = await sbx.createCodeContext({ language: 'python', ...slow })
   assert.equal(a.language, 'python')
@@ -128,14 +118,14 @@ await step('two contexts are isolated, each in its own directory', async () => {
   await assert.rejects(sbx.runCode('1', { ...slow, context: b }), /not found/)
 })
 
-await step('a restart drops the context state', async () => {
+await check('a restart drops the context state', async () => {
   assert.equal((await sbx.runCode('secret', { ...slow, context: a })).text, "'a'")
   await sbx.restartCodeContext(a)
   const ex = await sbx.runCode('secret', { ...slow, context: a })
   assert.equal(ex.error.name, 'NameError')
 })
 
-await step('a timeout interrupts the kernel', async () => {
+await check('a timeout interrupts the kernel', async () => {
   await assert.rejects(sbx.runCode('import time\nwhile True:\n    time.sleep(0.1)', { timeoutMs: 5_000 }), /timed out/i)
   // The loop was interrupted: the context runs the next cell (it would
   // wait behind the loop otherwise) and keeps its state.
@@ -143,7 +133,7 @@ await step('a timeout interrupts the kernel', async () => {
   assert.equal(ex.text, '42')
 })
 
-await step('pause and resume keep the kernel variables', async () => {
+await check('pause and resume keep the kernel variables', async () => {
   await sbx.runCode('kept = [1, 2, 3]', slow)
   assert.equal(await sbx.pause(), true)
   sbx = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 600_000 })
@@ -151,7 +141,7 @@ await step('pause and resume keep the kernel variables', async () => {
   assert.equal(ex.text, '48')
 })
 
-await step('a fork (the node API) keeps the kernel variables; the child is its own', async () => {
+await check('a fork (the node API) keeps the kernel variables; the child is its own', async () => {
   const res = await fetch(`${process.env.E2B_API_URL}/sandboxes/${sbx.sandboxId}/fork`, {
     method: 'POST', headers: { 'X-API-Key': process.env.E2B_API_KEY, 'Content-Type': 'application/json' },
     body: JSON.stringify({ count: 1, timeout: 600 }),
@@ -169,8 +159,4 @@ await step('a fork (the node API) keeps the kernel variables; the child is its o
 })
 
 await sbx.kill().catch(() => {})
-if (failed > 0) {
-  console.error(`${failed} step(s) failed`)
-  process.exit(1)
-}
-console.log('code interpreter scenario passed')
+finish('code interpreter scenario passed')

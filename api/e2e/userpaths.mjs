@@ -12,22 +12,12 @@ import fs from 'node:fs'
 import os from 'node:os'
 import { createRequire } from 'node:module'
 import path from 'node:path'
+import { check, finish } from '../../internal/testutil/e2bscript/steps.mjs'
 
 const require = createRequire(path.join(process.env.AENV_E2B_SDK_DIR, 'package.json'))
 const { Sandbox, Template } = require('e2b')
 console.log(`e2b SDK ${require('e2b/package.json').version}`)
 
-let failed = 0
-async function step(name, fn) {
-  const t0 = Date.now()
-  try {
-    await fn()
-    console.log(`ok ${name} (${Date.now() - t0} ms)`)
-  } catch (err) {
-    failed++
-    console.error(`FAIL ${name}:`, err)
-  }
-}
 
 // until polls fn every 200 ms until it returns a value other than
 // undefined, at most n times.
@@ -43,7 +33,7 @@ async function until(n, fn) {
 const sbx = await Sandbox.create('base', { timeoutMs: 300_000 })
 const proxy = new URL(process.env.E2B_SANDBOX_URL)
 
-await step('downloadUrl: the signed URL, fetched as it is', async () => {
+await check('downloadUrl: the signed URL, fetched as it is', async () => {
   await sbx.files.write('down.txt', 'downloaded')
   for (const opts of [undefined, { useSignatureExpiration: 60_000 }]) {
     const url = await sbx.downloadUrl('down.txt', opts)
@@ -54,7 +44,7 @@ await step('downloadUrl: the signed URL, fetched as it is', async () => {
   }
 })
 
-await step('uploadUrl: a multipart POST to the signed URL, fetched as it is', async () => {
+await check('uploadUrl: a multipart POST to the signed URL, fetched as it is', async () => {
   const form = new FormData()
   form.append('file', new Blob(['uploaded']), 'up.txt')
   const res = await fetch(await sbx.uploadUrl('up.txt'), { method: 'POST', body: form })
@@ -62,7 +52,7 @@ await step('uploadUrl: a multipart POST to the signed URL, fetched as it is', as
   assert.equal(await sbx.files.read('up.txt'), 'uploaded')
 })
 
-await step('getHost: a server in the sandbox answers Node fetch and curl by its host name', async () => {
+await check('getHost: a server in the sandbox answers Node fetch and curl by its host name', async () => {
   await sbx.files.write('/tmp/www/index.html', 'hello from the sandbox')
   await sbx.commands.run('cd /tmp/www && python3 -m http.server 8000', { background: true })
   const host = sbx.getHost(8000)
@@ -77,7 +67,7 @@ await step('getHost: a server in the sandbox answers Node fetch and curl by its 
   assert.equal(execFileSync('curl', ['-sSf', url], { encoding: 'utf8' }), 'hello from the sandbox')
 })
 
-await step('pty: after a reconnect, typed commands print their output', async () => {
+await check('pty: after a reconnect, typed commands print their output', async () => {
   const dec = new TextDecoder()
   let first = ''
   const h = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { first += dec.decode(d, { stream: true }) } })
@@ -101,7 +91,7 @@ async function typeAndSee(box, pid, line, want, got) {
     .catch(() => assert.fail(`the PTY delivered ${JSON.stringify(got())}, not ${want}`))
 }
 
-await step('pause: a PTY reconnected after the resume prints output; a timer set before it runs out', async () => {
+await check('pause: a PTY reconnected after the resume prints output; a timer set before it runs out', async () => {
   const dec = new TextDecoder()
   let before = ''
   const h = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { before += dec.decode(d, { stream: true }) } })
@@ -118,7 +108,7 @@ await step('pause: a PTY reconnected after the resume prints output; a timer set
   assert.equal(r.stdout, 'done\n', r.stdout)
 })
 
-await step('Template builder: fromTemplate(base).copy(...) uploads the files; a sandbox of it has them', async () => {
+await check('Template builder: fromTemplate(base).copy(...) uploads the files; a sandbox of it has them', async () => {
   const ctx = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-tpl-'))
   fs.writeFileSync(path.join(ctx, 'hello.txt'), 'copied by the template builder\n')
   const tpl = Template({ fileContextPath: ctx }).fromTemplate('base').copy('hello.txt', '/home/user/hello.txt')
@@ -134,8 +124,4 @@ await step('Template builder: fromTemplate(base).copy(...) uploads the files; a 
 })
 
 await sbx.kill()
-if (failed) {
-  console.error(`${failed} step(s) failed`)
-  process.exit(1)
-}
-console.log('userpaths scenario passed')
+finish('userpaths scenario passed')

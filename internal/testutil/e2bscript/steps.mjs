@@ -12,3 +12,26 @@ export async function step(name, fn) {
     process.exit(1)
   }
 }
+
+// Steps run by check go on after a failure (a scenario that reports every
+// broken call at once); finish ends such a script: non-zero, with the count,
+// when any failed, else it prints passed.
+let failures = 0
+export async function check(name, fn) {
+  const t0 = Date.now()
+  try {
+    await fn()
+    console.log(`ok ${name} (${Date.now() - t0} ms)`)
+  } catch (err) {
+    failures++
+    console.error(`FAIL ${name}:`, err)
+  }
+}
+
+export function finish(passed) {
+  if (failures > 0) {
+    console.error(`${failures} step(s) failed`)
+    process.exit(1)
+  }
+  console.log(passed)
+}
