@@ -34,6 +34,7 @@ func (c *Catalog) EnableBuilds(ctx context.Context, opt template.ImageOptions, l
 		return fmt.Errorf("enable builds: %w", err)
 	}
 	c.builds.Store(b)
+	c.registerBuiltins(b)
 	c.cfg.Node.Localize(ctx) // the templates are known now
 	return nil
 }

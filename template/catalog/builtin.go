@@ -3,14 +3,17 @@ package catalog
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/agentenv/agentenv/guest/codeinterp"
 	"github.com/agentenv/agentenv/template"
 )
 
-// Builtin templates are the node's own besides the default one, built on
-// the node on first use (a create that names one, `aenv start NAME`)
+// Builtin templates are the node's own besides the default one, listed
+// from the node's start with a build waiting, and built on the node on
+// first use (a create that names one, `aenv start NAME`)
 // through the template builder: a build from a root filesystem variant of
 // the guest image, its start and ready commands. Their builds are listed,
 // logged and failed like any other; a failed build is tried again by the
@@ -55,12 +58,9 @@ func (c *Catalog) EnsureBuiltin(ctx context.Context, name string) error {
 	}
 	buildID := ""
 	if known {
-		if br := t.Builds[t.LatestBuild]; br != nil && br.Spec != nil &&
-			(br.Status == template.BuildBuilding || br.Status == template.BuildWaiting) {
-			buildID = br.ID
-		}
+		buildID, err = c.joinBuiltin(b, t, bi)
 	}
-	if buildID == "" {
+	if buildID == "" && err == nil {
 		t, buildID, err = c.startBuiltin(b, name, bi)
 	}
 	c.builtinMu.Unlock()
@@ -70,9 +70,50 @@ func (c *Catalog) EnsureBuiltin(ctx context.Context, name string) error {
 	return c.waitBuild(ctx, b, t.ID, buildID)
 }
 
+// joinBuiltin returns the build of t a use waits for: its latest build
+// when that is running, or when it is the one registerBuiltins left
+// waiting (started now); "" when a new build is needed.
+func (c *Catalog) joinBuiltin(b *template.Builder, t template.Template, bi builtin) (string, error) {
+	br := t.Builds[t.LatestBuild]
+	switch {
+	case br == nil:
+		return "", nil
+	case br.Spec != nil && (br.Status == template.BuildBuilding || br.Status == template.BuildWaiting):
+		return br.ID, nil
+	case br.Spec == nil && br.Status == template.BuildWaiting:
+		c.log.Info("building the node's template on first use", "template", t.ID)
+		if err := b.Start(t.ID, br.ID, bi.spec); err != nil {
+			return "", fmt.Errorf("template %s: start its build: %w", t.ID, err)
+		}
+		return br.ID, nil
+	}
+	return "", nil
+}
+
+// registerBuiltins lists every builtin template the node has no record of
+// with a build waiting for its first use (EnableBuilds), so that
+// `aenv template list` and GET /templates show it before anyone used it.
+func (c *Catalog) registerBuiltins(b *template.Builder) {
+	c.builtinMu.Lock()
+	defer c.builtinMu.Unlock()
+	for _, name := range slices.Sorted(maps.Keys(builtins)) {
+		if _, known := b.Resolve(name); known {
+			continue
+		}
+		bi := builtins[name]
+		if _, _, err := b.Create(c.builtinRequest(name, bi)); err != nil {
+			c.log.Warn("builtin template not listed until its first use", "template", name, "err", err)
+		}
+	}
+}
+
+func (c *Catalog) builtinRequest(name string, bi builtin) template.Request {
+	return template.Request{Name: name, VCPUs: c.cfg.VCPUs, MemoryMiB: max(c.cfg.MemoryMiB, bi.minMemoryMiB)}
+}
+
 func (c *Catalog) startBuiltin(b *template.Builder, name string, bi builtin) (template.Template, string, error) {
 	c.log.Info("building the node's template on first use", "template", name)
-	t, buildID, err := b.Create(template.Request{Name: name, VCPUs: c.cfg.VCPUs, MemoryMiB: max(c.cfg.MemoryMiB, bi.minMemoryMiB)})
+	t, buildID, err := b.Create(c.builtinRequest(name, bi))
 	if err != nil {
 		return t, "", fmt.Errorf("template %s: register its build: %w", name, err)
 	}

@@ -18,7 +18,8 @@ import (
 	"github.com/agentenv/agentenv/template"
 )
 
-// Without VMs: a create naming code-interpreter-v1 starts its build and
+// Without VMs: code-interpreter-v1 is listed once builds are enabled, with
+// its build waiting; a create naming it starts that build and
 // waits for it; a build whose root filesystem cannot be made (no Debian
 // mirror) fails with that reason, the template is listed with its failed
 // build, and the next use tries again. Other names are left alone.
@@ -55,6 +56,10 @@ func TestBuiltinBuildsOnFirstUse(t *testing.T) {
 	if err := c.EnsureBuiltin(ctx, "base"); err != nil || calls.Load() != 0 {
 		t.Fatalf("another name: %v (%d builds)", err, calls.Load())
 	}
+	listed, err := c.Resolve(codeinterp.TemplateName)
+	if err != nil || listed.Status != template.BuildWaiting || calls.Load() != 0 {
+		t.Fatalf("before its first use: %+v %v (%d builds): want it listed, waiting, unbuilt", listed, err, calls.Load())
+	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	err = c.EnsureBuiltin(wctx, codeinterp.TemplateName)
@@ -62,7 +67,7 @@ func TestBuiltinBuildsOnFirstUse(t *testing.T) {
 		t.Fatalf("first use with no mirror: %v", err)
 	}
 	tpl, err := c.Resolve(codeinterp.TemplateName)
-	if err != nil || tpl.Status != template.BuildError || tpl.MemoryMiB < 1024 {
+	if err != nil || tpl.Status != template.BuildError || tpl.MemoryMiB < 1024 || tpl.ID != listed.ID || len(tpl.Builds) != 1 {
 		t.Fatalf("listed after the failed build: %+v %v", tpl, err)
 	}
 	bs, err := c.BuildStatus(tpl.ID, tpl.LatestBuild, 0, -1, "")
