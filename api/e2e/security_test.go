@@ -114,6 +114,11 @@ func checkUnprivileged(t *testing.T, pid, status string) {
 	if ns, own := readLink("/proc/"+pid+"/ns/mnt"), readLink("/proc/self/ns/mnt"); ns == "" || ns == own {
 		t.Errorf("QEMU %s runs in the mount namespace %q of the node, not its own", pid, ns)
 	}
+	if n, err := strconv.Atoi(pid); err != nil {
+		t.Errorf("QEMU pid %q: %v", pid, err)
+	} else if err := vmmtest.NetworkAlone(n); err != nil {
+		t.Error(err)
+	}
 	checkJailMounts(t, pid, root)
 	// Its disk's socket lies there, made its own (it reconnects as itself
 	// after a restart of the storage daemon).

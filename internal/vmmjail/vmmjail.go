@@ -1,5 +1,6 @@
 // Package vmmjail starts a VMM in a mount namespace that holds only what the
-// VMM needs, in the manner of Firecracker's jailer: a read-only tmpfs root
+// VMM needs (and, when asked, in a network namespace of its own holding
+// nothing but a loopback device that is down), in the manner of Firecracker's jailer: a read-only tmpfs root
 // with the system's program directories (/usr and the /lib, /bin links),
 // a fresh /proc, a few device nodes, and the files and directories the caller
 // names, bound at the paths they have on the host. Nothing else of the host
@@ -44,6 +45,12 @@ type Spec struct {
 	Env   []string `json:"env"`
 	Dir   string   `json:"dir"`   // its working directory in the jail (bound)
 	Binds []Bind   `json:"binds"` // host paths it needs, besides the system's
+	// OwnNetwork starts the VMM in a new network namespace: it reaches no
+	// address, listener or interface of the host's (the API, the proxy, the
+	// LAN, cloud metadata), only what it was handed as descriptors (its
+	// taps, whose devices stay in their own namespaces) and Unix sockets
+	// by path.
+	OwnNetwork bool `json:"own_network,omitempty"`
 }
 
 // Bind is a host path visible in the jail at the same path: a directory, a
@@ -106,8 +113,12 @@ func enter(raw string) error {
 	// step runs on this one thread (init's goroutine is locked to it), and
 	// the exec keeps its namespace.
 	runtime.LockOSThread()
-	if err := syscall.Unshare(syscall.CLONE_NEWNS); err != nil {
-		return fmt.Errorf("unshare the mount namespace: %w", err)
+	flags := syscall.CLONE_NEWNS
+	if s.OwnNetwork {
+		flags |= syscall.CLONE_NEWNET
+	}
+	if err := syscall.Unshare(flags); err != nil {
+		return fmt.Errorf("unshare the mount and network namespaces (flags %#x): %w", flags, err)
 	}
 	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make the mount namespace private: %w", err)

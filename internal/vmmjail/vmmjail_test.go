@@ -2,9 +2,12 @@ package vmmjail
 
 import (
 	"bytes"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -150,4 +153,58 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// TestOwnNetwork: a program jailed with OwnNetwork sees no interface but a
+// loopback device and cannot connect to a listener on the host's loopback;
+// the same program jailed without it can (so the check can fail).
+func TestOwnNetwork(t *testing.T) {
+	needRoot(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	script := fmt.Sprintf("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; echo ---; readlink /proc/self/ns/net; "+
+		"(echo > /dev/tcp/127.0.0.1/%d) 2>/dev/null && echo connected; true", port)
+	jailed := func(own bool) (ifaces []string, ns string, connected bool) {
+		out, errOut, err := run(t, Spec{Path: "/bin/bash", Args: []string{"bash", "-c", script},
+			Env: []string{"PATH=/usr/bin:/bin"}, Dir: "/", OwnNetwork: own})
+		if err != nil {
+			t.Fatalf("jailed bash (own network %v): %v\n%s", own, err, errOut)
+		}
+		parts := strings.SplitN(out, "---\n", 2)
+		if len(parts) != 2 {
+			t.Fatalf("output: %q", out)
+		}
+		rest := strings.Fields(parts[1])
+		return strings.Fields(parts[0]), rest[0], slices.Contains(rest, "connected")
+	}
+	hostNS, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ns, connected := jailed(false); ns != hostNS || !connected {
+		t.Fatalf("without OwnNetwork: namespace %s (host %s), connected %v: want the host's network", ns, hostNS, connected)
+	}
+	ifaces, ns, connected := jailed(true)
+	if ns == hostNS {
+		t.Errorf("with OwnNetwork the program runs in the host's network namespace %s", ns)
+	}
+	if !slices.Equal(ifaces, []string{"lo"}) {
+		t.Errorf("with OwnNetwork the program sees interfaces %v, want only lo", ifaces)
+	}
+	if connected {
+		t.Errorf("with OwnNetwork the program connected to the host's 127.0.0.1:%d", port)
+	}
 }

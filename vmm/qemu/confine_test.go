@@ -90,6 +90,10 @@ func TestConfinedMachine(t *testing.T) {
 	if ns, own := mountNS(t, fmt.Sprint(pid)), mountNS(t, "self"); ns == own {
 		t.Errorf("QEMU %d shares the mount namespace %s of its starter", pid, ns)
 	}
+	// Its network is a namespace of its own: the tap came as a descriptor.
+	if err := vmmtest.NetworkAlone(pid); err != nil {
+		t.Error(err)
+	}
 	// That namespace holds what QEMU needs and nothing else of the host.
 	mounts, err := vmmtest.NamespaceMounts(pid)
 	if err != nil {

@@ -76,6 +76,7 @@ func (d *Driver) command(spec *machineSpec, args []string, jail string) (*exec.C
 	}
 	cmd, err := vmmjail.Command(vmmjail.Spec{
 		Path: d.binary, Args: append([]string{d.binary}, args...), Env: os.Environ(), Dir: jail, Binds: binds,
+		OwnNetwork: true, // its taps arrive as descriptors; nothing else of the network is its business
 	})
 	if err != nil {
 		return nil, fmt.Errorf("confine: %w", err)

@@ -2,6 +2,7 @@ package vmmtest
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -38,4 +39,32 @@ func JailMountsExtra(mounts []string, given ...string) (extra []string) {
 		}
 	}
 	return extra
+}
+
+// NetworkAlone reports, as an error, how the network namespace process pid
+// runs in is not one of its own holding nothing but a loopback device: the
+// namespace is this process's (the host's, for a test), or it has another
+// interface (/proc/PID/net/dev lists those of pid's namespace).
+func NetworkAlone(pid int) error {
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return err
+	}
+	if own, err := os.Readlink("/proc/self/ns/net"); err != nil || ns == own {
+		return fmt.Errorf("process %d runs in the network namespace %s of its starter (%v)", pid, ns, err)
+	}
+	dev, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", pid))
+	if err != nil {
+		return err
+	}
+	var ifaces []string
+	for _, line := range strings.Split(string(dev), "\n") {
+		if name, _, ok := strings.Cut(line, ":"); ok {
+			ifaces = append(ifaces, strings.TrimSpace(name))
+		}
+	}
+	if !slices.Equal(ifaces, []string{"lo"}) {
+		return fmt.Errorf("process %d's network namespace %s has interfaces %v, want only lo", pid, ns, ifaces)
+	}
+	return nil
 }
