@@ -28,10 +28,16 @@ export async function check(name, fn) {
   }
 }
 
+//
+// It exits at once rather than letting Node wait for the event loop to
+// drain: an SDK call can leave a timer armed after it returned (a runCode's
+// request timeout, minutes long), which would keep a finished script, and
+// the test waiting on it, alive until the timer fires.
 export function finish(passed) {
   if (failures > 0) {
     console.error(`${failures} step(s) failed`)
     process.exit(1)
   }
   console.log(passed)
+  process.exit(0)
 }
