@@ -23,8 +23,13 @@ import (
 type Limits struct {
 	// MaxSandboxes bounds the sandboxes running or starting at once.
 	MaxSandboxes int
-	// MaxCommittedMiB bounds the guest memory committed at once.
+	// MaxCommittedMiB bounds the memory committed at once: guest memory
+	// plus VMMOverheadMiB per sandbox.
 	MaxCommittedMiB int
+	// VMMOverheadMiB is what each sandbox's VMM may use besides its
+	// guest's memory (sandbox.VMMOverheadMiB of the node's accelerator),
+	// counted per running or starting sandbox in the committed memory.
+	VMMOverheadMiB int
 	// DiskReserveBytes is the free space a call must leave on DataDir's
 	// file system.
 	DiskReserveBytes int64
@@ -150,11 +155,13 @@ func (c *Controller) check(req Request, u Usage) error {
 			"%s refused: %d sandboxes running and %d starting, limit %d ([admission] max_sandboxes)",
 			req.Op, u.Sandboxes, f.Sandboxes, l.MaxSandboxes)
 	}
-	if m := req.MemoryMiB; m > 0 && l.MaxCommittedMiB > 0 {
-		if used := u.MemoryMiB + u.PoolMiB + f.MemoryMiB; used+m > l.MaxCommittedMiB {
+	if m := req.MemoryMiB + req.Sandboxes*l.VMMOverheadMiB; m > 0 && l.MaxCommittedMiB > 0 {
+		running := u.MemoryMiB + u.Sandboxes*l.VMMOverheadMiB
+		starting := f.MemoryMiB + f.Sandboxes*l.VMMOverheadMiB
+		if used := running + u.PoolMiB + starting; used+m > l.MaxCommittedMiB {
 			return c.refuse("max_committed_mib", errdefs.ErrCapacity,
-				"%s refused: %d MiB of guest memory asked, %d MiB committed (%d running, %d warm pool, %d starting), limit %d MiB ([admission] max_committed_mib, or host memory less host_reserve_mib times memory_overcommit_pct)",
-				req.Op, m, used, u.MemoryMiB, u.PoolMiB, f.MemoryMiB, l.MaxCommittedMiB)
+				"%s refused: %d MiB asked (guest memory and %d MiB for its VMM), %d MiB committed (%d running, %d warm pool, %d starting), limit %d MiB ([admission] max_committed_mib, or host memory less host_reserve_mib times memory_overcommit_pct)",
+				req.Op, m, l.VMMOverheadMiB*req.Sandboxes, used, running, u.PoolMiB, starting, l.MaxCommittedMiB)
 		}
 	}
 	if req.Sandboxes > 0 && l.DiskReserveBytes > 0 && l.DataDir != "" {

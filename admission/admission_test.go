@@ -32,7 +32,7 @@ func TestAdmitRefusesEachLimit(t *testing.T) {
 			msg: []string{"create refused", "3 sandboxes running", "limit 3", "max_sandboxes"}},
 		{name: "committed memory counts the warm pool", req: Request{Op: "resume", Sandboxes: 1, MemoryMiB: 512},
 			usage: Usage{Sandboxes: 1, MemoryMiB: 1024, PoolMiB: 1024}, free: 1 << 30, kind: errdefs.ErrCapacity,
-			limit: "max_committed_mib", msg: []string{"resume refused", "512 MiB of guest memory asked", "2048 MiB committed",
+			limit: "max_committed_mib", msg: []string{"resume refused", "512 MiB asked", "2048 MiB committed",
 				"1024 warm pool", "limit 2048 MiB"}},
 		{name: "disk reserve", req: Request{Op: "create", Sandboxes: 1, MemoryMiB: 512}, free: 50 << 20,
 			kind: errdefs.ErrCapacity, limit: "disk_reserve_mib", msg: []string{"50 MiB free on /data", "reserve 100 MiB"}},
@@ -196,5 +196,35 @@ func TestFreeBytes(t *testing.T) {
 	}
 	if _, err := freeBytes("/nonexistent/dir"); err == nil {
 		t.Fatal("statfs of a missing directory succeeded")
+	}
+}
+
+// TestAdmitCountsVMMOverhead: with a VMM overhead, every running, starting
+// and asked sandbox commits its guest memory plus the overhead, so calls a
+// guest-memory-only count would admit are refused, naming the overhead.
+func TestAdmitCountsVMMOverhead(t *testing.T) {
+	usage := func() Usage { return Usage{Sandboxes: 2, MemoryMiB: 512} }
+	req := Request{Op: "create", Sandboxes: 1, MemoryMiB: 256}
+	plain := New(Limits{MaxCommittedMiB: 2048})
+	release, err := plain.Admit(context.Background(), req, usage)
+	if err != nil {
+		t.Fatalf("without an overhead 512+256 MiB of 2048 is refused: %v", err)
+	}
+	release()
+
+	c := New(Limits{MaxCommittedMiB: 2048, VMMOverheadMiB: 256})
+	first, err := c.Admit(context.Background(), req, usage) // 512+2*256 running, 256+256 asked: 1536
+	if err != nil {
+		t.Fatalf("1536 MiB of 2048 refused: %v", err)
+	}
+	defer first()
+	_, err = c.Admit(context.Background(), req, usage) // 1536 committed with the first in flight, 512 more: 2048
+	if err != nil {
+		t.Fatalf("2048 MiB of 2048 refused: %v", err)
+	}
+	_, err = c.Admit(context.Background(), req, usage)
+	if !errors.Is(err, errdefs.ErrCapacity) || !strings.Contains(err.Error(), "512 MiB asked (guest memory and 256 MiB for its VMM)") ||
+		!strings.Contains(err.Error(), "2048 MiB committed") {
+		t.Fatalf("a third create over the overhead-counted limit: %v", err)
 	}
 }

@@ -398,16 +398,25 @@ func (v *VM) confine(spec Spec, undo *cleanup) error {
 	return v.leavePooledGroup(spec)
 }
 
+// VMMOverheadMiB is the memory a VMM under accel ("kvm", "tcg") may use
+// besides its guest's RAM: 256 MiB for its own code, buffers and device
+// state, and under TCG its translation cache (vmm.TCGTranslationCacheMiB)
+// on top. The VMM's control group allows that much and the node's
+// admission counts it for every sandbox, so the limits add up to what the
+// host can hold.
+func VMMOverheadMiB(accel string) int {
+	if accel == "tcg" {
+		return 256 + vmm.TCGTranslationCacheMiB
+	}
+	return 256
+}
+
 // vmmLimits bounds a VMM running a guest of vcpus and memMiB: the guest's
-// CPUs and RAM plus what the VMM needs of its own, half a CPU for its
-// emulator threads and, under TCG, room for its translation cache (up to
-// 1 GiB in QEMU), 256 MiB elsewhere. Pids bound threads (vCPUs, I/O
+// CPUs and RAM plus what the VMM needs of its own (VMMOverheadMiB), and
+// half a CPU for its emulator threads. Pids bound threads (vCPUs, I/O
 // workers) and forks, which a VMM never needs many of.
 func vmmLimits(vcpus, memMiB int, accel string) cgroup.Limits {
-	overhead := int64(256)
-	if accel == "tcg" {
-		overhead = 1280
-	}
+	overhead := int64(VMMOverheadMiB(accel))
 	l := cgroup.Limits{Pids: 512}
 	if vcpus > 0 {
 		l.CPUs = float64(vcpus) + 0.5

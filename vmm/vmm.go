@@ -397,3 +397,10 @@ func mustBeFile(what, path string) error {
 	}
 	return nil
 }
+
+// TCGTranslationCacheMiB bounds the translation cache of a VMM that
+// emulates the guest's CPU (QEMU's TCG: -accel tcg,tb-size). QEMU's own
+// default is 1 GiB per VMM, filled as the guest runs new code and never
+// given back, which a node of dozens of sandboxes cannot afford; a Linux
+// guest's hot code fits in a fraction of this.
+const TCGTranslationCacheMiB = 256

@@ -173,7 +173,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		VMMPool: orchestrator.PoolOptions{Low: cfg.VMMPool.Low, High: cfg.VMMPool.High, ReserveMiB: cfg.VMMPool.ReserveMiB,
 			Templates: cfg.VMMPool.Templates},
 		MemoryMiB: cfg.Guest.MemoryMiB, DefaultUser: cfg.Guest.DefaultUser, Registerer: reg, Logger: log,
-		Admission: admissionController(cfg, log),
+		Admission: admissionController(cfg, vb.accel, log),
 	})
 	if err != nil {
 		return err

@@ -92,7 +92,7 @@ func buildArgs(spec *machineSpec, mem memorySource, fds argFDs, jail string, inc
 	args := []string{
 		"-name", "aenv",
 		"-M", machine,
-		"-accel", spec.Accel,
+		"-accel", accelArg(spec.Accel),
 		"-cpu", cpu,
 		"-smp", fmt.Sprint(spec.VCPUs),
 		"-m", fmt.Sprintf("%dM", spec.MemoryMiB),
@@ -198,4 +198,14 @@ func kernelCmdline(user, accel string, tscKHz int) string {
 		parts = append(parts, fmt.Sprintf("tsc_early_khz=%d", tscKHz))
 	}
 	return strings.Join(parts, " ")
+}
+
+// accelArg is QEMU's -accel value: under TCG with the translation cache
+// bounded (vmm.TCGTranslationCacheMiB), which the node's memory accounting
+// counts on.
+func accelArg(accel string) string {
+	if accel == "tcg" {
+		return fmt.Sprintf("tcg,tb-size=%d", vmm.TCGTranslationCacheMiB)
+	}
+	return accel
 }

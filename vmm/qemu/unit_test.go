@@ -54,7 +54,7 @@ func TestBuildArgs(t *testing.T) {
 	args := strings.Join(buildArgs(spec, memorySource{path: "/m", shared: false}, testFDs, "", true), " ")
 	for _, want := range []string{
 		"microvm,pit=on",
-		"-accel tcg -cpu max",
+		"-accel tcg,tb-size=256 -cpu max",
 		"mem-path=/proc/self/fd/6,share=off",
 		"-chardev file,id=console,append=on,path=/proc/self/fd/5",
 		"-chardev socket,id=qmp,fd=4,server=on,wait=off -mon chardev=qmp,mode=control",
