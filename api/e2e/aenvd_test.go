@@ -140,3 +140,20 @@ func (n *node) expect(t *testing.T, want int, method, path, key, body string) []
 	}
 	return b
 }
+
+// ownNode starts an aenvd of a test's own (a configuration the shared node
+// does not have), shut down gracefully after the test's sandboxes' own
+// cleanups.
+func ownNode(ctx context.Context, t *testing.T, opts aenvdtest.Options) *node {
+	t.Helper()
+	an, err := aenvdtest.Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := an.Close(); err != nil {
+			t.Errorf("graceful shutdown: %v", err)
+		}
+	})
+	return &node{Node: an, api: an.API, proxy: an.Proxy, key: an.Key}
+}

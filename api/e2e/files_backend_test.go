@@ -27,16 +27,7 @@ func TestFilesBackend(t *testing.T) {
 	guestassets.Get(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	an, err := aenvdtest.Start(ctx, aenvdtest.Options{Prefix: "adfiles", CIDRBase: 85, Env: []string{"AENVD_STORAGE_BACKEND=files"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { // after the sandboxes' own cleanups
-		if err := an.Close(); err != nil {
-			t.Errorf("graceful shutdown: %v", err)
-		}
-	})
-	n := &node{Node: an, api: an.API, proxy: an.Proxy, key: an.Key}
+	n := ownNode(ctx, t, aenvdtest.Options{Prefix: "adfiles", CIDRBase: 85, Env: []string{"AENVD_STORAGE_BACKEND=files"}})
 	var nodes []struct {
 		Disks struct {
 			Backend string `json:"backend"`
@@ -45,10 +36,10 @@ func TestFilesBackend(t *testing.T) {
 	if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/nodes", n.key, ""), &nodes); err != nil || len(nodes) != 1 || nodes[0].Disks.Backend != "local" {
 		t.Fatalf("/nodes: %+v %v, want the local disk backend", nodes, err)
 	}
-	if _, err := os.Stat(filepath.Join(an.DataDir, "storage", "state", "lock")); err != nil {
+	if _, err := os.Stat(filepath.Join(n.DataDir, "storage", "state", "lock")); err != nil {
 		t.Fatalf("in-process storage daemon: no state directory under the data dir: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(an.DataDir, "storaged")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(n.DataDir, "storaged")); !os.IsNotExist(err) {
 		t.Fatalf("the local backend started aenv-storaged's directory: %v", err)
 	}
 	id := n.create(t, `{"templateID":"base","timeout":300}`)
@@ -72,7 +63,7 @@ func TestFilesBackend(t *testing.T) {
 		t.Fatalf("write after aenvd's crash: %q %v", out, err)
 	}
 	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
-	if _, err := os.Stat(an.DataDir + "/sandboxes/" + id); !os.IsNotExist(err) {
+	if _, err := os.Stat(n.DataDir + "/sandboxes/" + id); !os.IsNotExist(err) {
 		t.Fatalf("sandbox dir after kill: %v", err)
 	}
 }
