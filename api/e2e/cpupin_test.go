@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -61,15 +62,37 @@ func TestPinCPUs(t *testing.T) {
 		}
 		return c
 	}
+	// check: the threads /proc names vCPUs are pinned to want, and are the
+	// ones GET reports, each with that affinity.
+	check := func(want string) int {
+		t.Helper()
+		pid, tids := vcpusAllowed(t, id, want)
+		c := get()
+		if c.Threads == nil || len(*c.Threads) != c.VCPUs {
+			t.Fatalf("GET while running: %+v, want one thread per vCPU", c)
+		}
+		reported := map[int]bool{}
+		for _, th := range *c.Threads {
+			reported[th.ThreadID] = true
+			if th.CPUs != want {
+				t.Errorf("GET reports vCPU %d on %s, want %s", th.VCPU, th.CPUs, want)
+			}
+		}
+		if !maps.Equal(reported, tids) {
+			t.Fatalf("GET reports vCPU threads %v, the VMM's named vCPU threads are %v", reported, tids)
+		}
+		return pid
+	}
 
 	if c := get(); c.Pin != "" || c.VCPUs < 1 || c.Threads == nil || len(*c.Threads) != c.VCPUs {
 		t.Fatalf("before pinning: %+v", c)
 	}
+	check(avail.String())
 	c := pin(`{"pin":"`+one+`"}`, http.StatusOK)
 	if c.Pin != one || c.Threads == nil || len(*c.Threads) == 0 || (*c.Threads)[0].CPUs != one {
 		t.Fatalf("pinned to %s: answer %+v", one, c)
 	}
-	pid1 := vcpusAllowed(t, id, one)
+	pid1 := check(one)
 
 	for body, says := range map[string]string{
 		`{"pin":"0,0"}`:   `part \"0\"`,
@@ -88,14 +111,14 @@ func TestPinCPUs(t *testing.T) {
 	if c := get(); c.Pin != one {
 		t.Fatalf("a refused list changed the pin: %+v", c)
 	}
-	vcpusAllowed(t, id, one)
+	check(one)
 
 	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
 	if c := get(); c.Pin != one || c.Threads != nil {
 		t.Fatalf("paused: %+v, want the pin kept and no threads", c)
 	}
 	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":300}`)
-	pid2 := vcpusAllowed(t, id, one)
+	pid2 := check(one)
 	if pid2 == pid1 {
 		t.Fatalf("the resumed sandbox runs in the VMM of before (%d)", pid1)
 	}
@@ -104,20 +127,20 @@ func TestPinCPUs(t *testing.T) {
 	if c := get(); c.Pin != one {
 		t.Fatalf("after the restart the pin is %q, want %s", c.Pin, one)
 	}
-	if pid3 := vcpusAllowed(t, id, one); pid3 != pid2 {
+	if pid3 := check(one); pid3 != pid2 {
 		t.Fatalf("after the restart the sandbox runs in VMM %d, not the adopted %d", pid3, pid2)
 	}
 
 	if c := pin(`{"pin":""}`, http.StatusOK); c.Pin != "" {
 		t.Fatalf("unpinned: %+v", c)
 	}
-	vcpusAllowed(t, id, avail.String())
+	check(avail.String())
 }
 
 // vcpusAllowed checks that every vCPU thread of the sandbox's VMM (named
 // "CPU n/TCG", "CPU n/KVM" or, single-threaded, "ALL CPUs/TCG") may run on
-// exactly the CPUs of want, and returns the VMM's pid.
-func vcpusAllowed(t *testing.T, id, want string) int {
+// exactly the CPUs of want, and returns the VMM's pid and those threads.
+func vcpusAllowed(t *testing.T, id, want string) (int, map[int]bool) {
 	t.Helper()
 	var pid int
 	for _, p := range processesMentioning(id) {
@@ -135,7 +158,7 @@ func vcpusAllowed(t *testing.T, id, want string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	found := 0
+	found := map[int]bool{}
 	for _, task := range tasks {
 		comm, err := os.ReadFile(filepath.Join(task, "comm"))
 		if err != nil {
@@ -145,7 +168,8 @@ func vcpusAllowed(t *testing.T, id, want string) int {
 		if !strings.HasPrefix(name, "CPU ") && !strings.HasPrefix(name, "ALL CPUs") {
 			continue
 		}
-		found++
+		tid, _ := strconv.Atoi(filepath.Base(task))
+		found[tid] = true
 		status, err := os.ReadFile(filepath.Join(task, "status"))
 		if err != nil {
 			t.Fatal(err)
@@ -160,8 +184,8 @@ func vcpusAllowed(t *testing.T, id, want string) int {
 			t.Errorf("VMM %d thread %s (%s): Cpus_allowed_list %q, want %q", pid, filepath.Base(task), name, got, want)
 		}
 	}
-	if found == 0 {
+	if len(found) == 0 {
 		t.Fatalf("VMM %d of sandbox %s has no vCPU thread", pid, id)
 	}
-	return pid
+	return pid, found
 }
