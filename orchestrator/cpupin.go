@@ -156,21 +156,29 @@ func applyPin(ctx context.Context, m vmm.Machine, pin cpulist.List) error {
 	return nil
 }
 
-// repin sets the recorded pin list rec.CPUPin on a new or adopted VMM of
-// the sandbox. A list this node no longer can honour (a CPU went offline
-// since) leaves the VMM unpinned with a warning rather than failing the
-// sandbox's resume: the record keeps the list, GET shows the affinity.
-func (o *Orchestrator) repin(ctx context.Context, rec sandbox.Record, m vmm.Machine) {
+// repin sets the recorded pin list rec.CPUPin on a new VMM of the sandbox
+// (adopted false: an empty list needs nothing, a VMM starts with aenvd's
+// affinity) or on one adopted after a restart (adopted true: also an empty
+// list, since a restart between the threads' change and the record leaves
+// them pinned to a list the record does not name). A list this node no
+// longer can honour (a CPU went offline since) leaves the VMM as it is with
+// a warning rather than failing the sandbox's resume: the record keeps the
+// list, GET shows the threads' affinity.
+func (o *Orchestrator) repin(ctx context.Context, rec sandbox.Record, m vmm.Machine, adopted bool) {
 	if rec.CPUPin == "" {
-		return
+		if _, ok := m.(vcpuThreader); !adopted || !ok {
+			return
+		}
 	}
 	pin, err := checkPin(rec.CPUPin)
 	if err == nil {
 		err = applyPin(ctx, m, pin)
 	}
-	if err != nil && !errors.Is(err, context.Canceled) {
-		o.log.Warn("cannot pin the sandbox's vcpus again", "sandbox", rec.ID, "pin", rec.CPUPin, "err", err)
+	if err != nil {
+		if !errors.Is(err, context.Canceled) {
+			o.log.Warn("cannot pin the sandbox's vcpus again", "sandbox", rec.ID, "pin", rec.CPUPin, "err", err)
+		}
 		return
 	}
-	o.log.Debug("vcpus pinned", "sandbox", rec.ID, "pin", rec.CPUPin)
+	o.log.Debug("vcpus pinned", "sandbox", rec.ID, "pin", rec.CPUPin, "adopted", adopted)
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"net/http"
 	"os"
@@ -188,4 +189,33 @@ func vcpusAllowed(t *testing.T, id, want string) (int, map[int]bool) {
 		t.Fatalf("VMM %d of sandbox %s has no vCPU thread", pid, id)
 	}
 	return pid, found
+}
+
+// crashCPUPin: a crash after the vCPU threads took a new pin list but
+// before the record did leaves the record's (old, empty) list; the
+// adopting restart sets the threads to it, so record and threads agree.
+func (n *node) crashCPUPin(t *testing.T, point string) {
+	avail, err := cpulist.Available()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpus := avail.CPUs()
+	if len(cpus) < 2 {
+		t.Skipf("pinning to one CPU changes nothing on a host with available CPUs %s; needs two", avail)
+	}
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	n.crashAt(t, point, func() {
+		_, _, _, _ = n.Call("PUT", "/sandboxes/"+id+"/cpus", n.key, fmt.Sprintf(`{"pin":"%d"}`, cpus[len(cpus)-1]))
+	})
+	var c cpusJSON
+	if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/sandboxes/"+id+"/cpus", n.key, ""), &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.Pin != "" {
+		t.Fatalf("crashed at %s: the record says pin %q, want the old empty list", point, c.Pin)
+	}
+	vcpusAllowed(t, id, avail.String())
+	if got := n.sh(t, id, "echo alive"); got != "alive" {
+		t.Fatalf("crashed at %s: the adopted sandbox answers %q", point, got)
+	}
 }
