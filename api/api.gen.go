@@ -80,6 +80,12 @@ type ServerInterface interface {
 	// (POST /sandboxes/{sandboxID}/connect)
 	ConnectSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
 
+	// (GET /sandboxes/{sandboxID}/cpus)
+	GetSandboxCPUs(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+
+	// (PUT /sandboxes/{sandboxID}/cpus)
+	PinSandboxCPUs(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+
 	// (POST /sandboxes/{sandboxID}/fork)
 	ForkSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
 
@@ -278,6 +284,16 @@ func (_ Unimplemented) GetSandbox(w http.ResponseWriter, r *http.Request, sandbo
 
 // (POST /sandboxes/{sandboxID}/connect)
 func (_ Unimplemented) ConnectSandbox(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /sandboxes/{sandboxID}/cpus)
+func (_ Unimplemented) GetSandboxCPUs(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (PUT /sandboxes/{sandboxID}/cpus)
+func (_ Unimplemented) PinSandboxCPUs(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -985,6 +1001,58 @@ func (siw *ServerInterfaceWrapper) ConnectSandbox(w http.ResponseWriter, r *http
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ConnectSandbox(w, r, sandboxID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetSandboxCPUs operation middleware
+func (siw *ServerInterfaceWrapper) GetSandboxCPUs(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", chi.URLParam(r, "sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSandboxCPUs(w, r, sandboxID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// PinSandboxCPUs operation middleware
+func (siw *ServerInterfaceWrapper) PinSandboxCPUs(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", chi.URLParam(r, "sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PinSandboxCPUs(w, r, sandboxID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2198,6 +2266,12 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Put(options.BaseURL+"/sandboxes/{sandboxID}/network", wrapper.UpdateSandboxNetwork)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/sandboxes/{sandboxID}/cpus", wrapper.GetSandboxCPUs)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/sandboxes/{sandboxID}/cpus", wrapper.PinSandboxCPUs)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/sandboxes/{sandboxID}/metrics", wrapper.GetSandboxMetrics)
 	})
 	r.Group(func(r chi.Router) {
@@ -2314,133 +2388,142 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H37b9u40ui/QvgeIDGgOGnTLe5NcH9IH3u22LZbNNnsudgWXVoa2zyWSC1J2fEN8r9/4EtPSpYcO93z",
-	"fftTG4uihsN5z3B4PwpZkjIKVIrRxf0oxRwnIIHrv2AFVL4nCZHqL0JHF6M/M+CbUTCiOIHRxSjWD4OR",
-	"CBeQYDUqghnOYjm6eHYWjGaMJ1iOLkaEyvPno2CU4DuSZIl6ehaMEkLtX8FIblIwA2EOfPTwEJjP/zKb",
-	"CZBmZhFykkrCFCD6oUCSIbEk6SjwgsfMy174vOA5gM46AOIR8CsRNkFicQRCohnhQrYB5F72gjTDsYD8",
-	"y1PGYsC0+PLNJgXh+SyNN8iig82QXIAApOYQ6FguAOV7ihK8QRxSwHI8CkZwl8YsgtGF5Bn4wdWzVGAl",
-	"EhINgwVSSE7ofPSQQ405xxv1t5CbWP2gkKz/xjSasrt3b3JaSrFcFN8qngcjDn9mhEPkYCu+X/uswg0H",
-	"kTIqDGrecs64+k/IqASqCQenaUxCrNB1+m+hcHZfmvEfHGaji9H/Oi044dQ8FadmNv2VKs4xRWCfOej0",
-	"56+EIHN6A0kaYwk3eC4+w58ZCA1HylkKXBIDqcRz0Y3RBN+9Mw8dt7g/m9iWmM99bKIIQFpwEBZIIRsx",
-	"rv+9kHhuSGSakThCcoElUr+ph+ISrYlcsEwiRiFQZIXUJEKa0YqC6ptR3rjfHUiBWenXfDib/htCqYA2",
-	"2IKojK8movTnDNk0iW4rEquIaoA4V+TtvuCD8ZV69p7N31LJN03gYlhBrGUlVXLj91EE02yuuX/GRsFo",
-	"jTlVvKaJ5Wvg2WQQAs/BC7uQkPoXRRIQEif6aS7FIizhRD3avjX5+wUAgV1LKxKuJZaZ+AzYslANEQZF",
-	"9q98P7q4q4pajwjZATe1hboZfIt6zSiFUF4budNcUQIJM1teZSkrrpESTROkZTbiILIEBMIoxZmACFlp",
-	"hmacJYhIgSIilkiJ6gtEJApZHJ1MGZMiQJhGeoT5HiIJngMiAlEgcgEc6fko4yhcYDqHCB0TieYMhGZQ",
-	"zZj2a0fqpTtpYFBcviRxPJ6gjwzBbAahYmWEEc8oJXSew8i4YnEHueN6u/ymOjLkxzJZIb6eKrSxC28g",
-	"Bgm9JKZRFPuXAnreDjGV65QqOKFWng275M8Mx0Lvyk83N5+Q0Fwz8hgbdex00XsNYv3poJO6f2R8+RmE",
-	"tivqkINbUA/dlyvubeMdH3l3+T0REqJWVsMxwf6NC2MCVLZI/zDNXrOM+gmxiV7Fgtfk/8OHVz1fABpd",
-	"yb4iVg1fRbfABTHy0SPqFUf1/noCEkdYaiMFRxFRBIbjT1UjooXQC8xXzC6PFMVcwqBVKoKGnsRwrccq",
-	"sCx/t4CxYnGWwAe1l/3Vh/3GbfHudn1fgBFUDM6czMoocQRQIrTSJlboyaGlSgQ+vvwI6w42iNn6myIB",
-	"TkF+w2EIorzNJRGMM8k+KYG95fGHFiVm1FaCl2BklRXpRwKpV0+MBpmRGMRGSEhOtJNxLACQhV7PbkX1",
-	"xCBlfIkok0YrqVk+a6WIgOJprNTWi7Oz8QS9KanPS0TmlPGS1inWFbQsy8zakziu8hdeMzojmtgiTlY+",
-	"PwqrrUNwJ4Gq3UPHb5+/OhLo6tM7tFCWM0MiCxdoRiCOxhdqIMdoGrNwicyUASIUaQ8PnUawOl1F08D9",
-	"L5xMJtY7Q3OFM3SMZ8onUz+Y1xFGguJULJhEc7ICquz1gmIRjjngaINCzJWZNb5EWKKECYleGCNC75F7",
-	"wVoHMw52fiRiphxmvAT10UTZqAPY7I2aw2ekAV3dYhMv2F1K7UfWUZBrxpc9V/TRjC4IQ0CY8RaG2iLA",
-	"ShZRlagEhIxGXv3fZSk1RWJ1WvNUoEQ9h0gRXk5ZlwhwuNAbrWiq2HxUp7iBJLCjpG2TgpbWe9t5D/55",
-	"DFTts1QR9wxJhl6eoxikBC4CFJE5UVb40cmRMoSPvh0FSKsAZSEbUWYHq8d69CXKKPkzA2VNK2RSY401",
-	"NaXSDeTVVklzoWcxW3okkHoN6cAaOn72cjJ5+cMP5y/RB/JqfIly38N+Vg2XjOM5TMz739Tb3xIy7WNx",
-	"+uxg725ZS7eprUIsIXr96deeJk3+yocWU+jlC+97IUtsELIZ3RAs4yEgMwQZ1K6x0FEKqf0v394MNB1D",
-	"DljCj5jEGTer7wO1fuk602q891uRNa+aKzVRGvVcaRK9Ut/SlFlywySOe6NXvfGrgGjQC1ulhqKaN3rg",
-	"QzCKGY6uVqAo9VlSNTZZNo1L/EOzZOoMYGe7bPuMtXLyd4Yt37wzCAGK99pMaiMsoRd+rvPB1rLORDmY",
-	"pBW+sjQ5Jspl90aQVh0uxypJ+oBx++GDHf2JsbjnG3poQ4YYxOSLKcAzwHhsabdZtY2oEnKFSMtIDqpy",
-	"yCdjmpzYYOg2qffGEXqVG9cL4FAWwpwxqUM8AsVK3SpzbMHWOq5z+0EgblSyMbtq4U0cLoFGHtPBCPYI",
-	"Hcd4A8pI1qEhMVaKSJvmPu6XHFORMu6Rltk0XurY7zRCx0vlY8TOfoUVCUGMA/XsRLBwCRIdf3z1BgnJ",
-	"MZkvpFKbar23Hz6MA/31rUFGt7AyTG14bnNTFA45KExApBE5B638CK+Ey2wUTY1OMN2onZCEhtI+zSNe",
-	"aoYEp409MMM8oT43TyU2p3Gv5kkhQtNNefaecR6rTx2bhzhcwIlFqt6RE7ir4avYYZ5HYD3s7llEbfGp",
-	"+j+urGgHWyExNo+FJXAYNCC07fJ1WTRWd8AEH3tqY7uinqOlEiG9xtbW6D4TOOjcXK3r0zLvtQ7TNpe4",
-	"k3ivgWTnaANAyfGmnRaGJkXRtBSUF8C9j1qJrAaQnSKwX+kAzGmWpl2zxjxBKWOxMmtuP3xAKWdGUKNj",
-	"PBVAJVovgCIiERGIzWbjCzVMIBuqQXgBOEIzZnwbNRNEhSMcGH9ojUnZpre+onWMaIRwIcT1VBgZHaEk",
-	"n7JetCx3UZ4qhhdkvtCYRhxmJI6VTZ4K5Z7LBRFaJI0uaBbH9TRiqtwxC2c/0bEgPnfQQKrTv/XV26we",
-	"Y0uEKQKdagn6mDgxW9fWhLkUaAoxWxfr0jNqNOxnfQlxpvLAFc5YRiNEGQXk2KrHIs3QZhDfLCqnmTI9",
-	"9FsHBwF8ZUPNHlNeQ8sosuOMVdN/3sg3sYkrWcFuY01ue3pN7vzedoRMQSeOLN9NN/obhkB2UCJuo/Lv",
-	"GqoLDENVFlvGqOWCnFh8QscE/ToyDt3x0z65v0skAFA1izh5oqzZvjMpEUsw0eJesTFWDpktvfBmOa60",
-	"IX3DluC3Q7ZlQrqTEttibRzPZiSswbAF7h0SAdsi+W0h5ma6zQTAfZTWsbdvQGISD9lhnT54Z7MHVx3J",
-	"g++aVBtAaj0j9Re1HLiJzO8U4tRR7nd0xvyR7sHpwMcySkxmEG7CuG++430+/nvlGx8bg/87XfmXSldW",
-	"sj/bGVGZXyX2CxDc4VDGG/2AzawDrcxtFxz3uuKeLxVVbIwXeTIS5cVsRV5DeQkYhSzdnDB6suZEAloR",
-	"WGsAZClYY4rfCsHB1nQcIOtG6AFECohnxmdQ1sovNN6M/D65eea19oxhJkDnY9RQk041IBiU2BSg+n3s",
-	"tR7akwloGmO6RGqdSpraRIIxAIlNJxw/K+URAiRSzAWMg9xncqVAOGa0bzigk1a0DG3oLhNn6kDSkS2U",
-	"Ol5FUw2cS6SOfVhvoZVKzWOZWgoKcRasLs9yTqax8g02DRLH2/Z6h32q5Hl2MJotDktwdPDt25Wtga3D",
-	"4jY8VzCmgjhwmUQDlSIikwVfw3ShfMgUb5QzLBp8q19/Y9VHDzn4Nh+vNjLqMhN1neC7ziFv7yDM1OK6",
-	"h3U/vQGcbBthBXK0n7JM90Mj9Gu9iXx3Jsb3jAI0MbGoAE1MzaH634zxJWhJOFmSOAZvWqg9TVAjsCJg",
-	"T/KJyhj0YaOOQ+/GNDa0jLFtROxIq0Z1bvohVJfDVNrZb/uwfh62rOFtGdqWhXzTlNKgiITEMfEXE3Rm",
-	"tb4l057mnxWJ3/AA42oVptm3sLe30Axmui9WpirDHtQx00EnP1q7s16m2QZe/8Mo2ws8TIwxXJA40hmg",
-	"wRUfjQpPBXXHYt+XPYNmbKOokmqqKEZvitW4WPTShHC0dNkehy59ojxfF7zM4xnHhMLBC9z1R7ohaynu",
-	"16Vej6xsOugBgUOeAwjc8rtRJ/ZyFKC+FR7vO2bzXebb6mTpeYMy0B0L/gCSk9AjZAaWk6TZrwKiT2H1",
-	"hVnMtCxsVELkmfCBBR39CyCGzJ5AMmDyXYwi98qvlNz1+kwHXVcnqzjHpW0oVlVCRwmR5T3ooI9qPMNf",
-	"4PuLEbz9T9Lptz5l05iENyb26ZfrEdDN4MkTLJa2jPcnJjwKTv2KFoAj4Mod4GasqRpOObvbKF9hjXkk",
-	"XI2ANaku0T/uP/3y+eZB+eMc0hiHRc4gZVxOjA5+D3QuF6OL5z+cB31q/qqo/jV1BVN7Q3W/CuwdsN2x",
-	"mnI59eOOIi0BUmFrgRflGm4T7TCxCCIQFspnkAzN4kwszKnVSx1FAIGIRAsc6XJu/RgifXh0CihmQgYI",
-	"C1tMilHIsViMLxBljRNMS0hlYFNEuhS8OPZUiTpUD0kdY0RhjdSwQM1aZIPZDE1hxjiMTb2HzQSgiIHQ",
-	"sOradfstIkfBkHj7Z5hxEAtP0CLj2Bnt7Tbk+cuKETksj3PtgpR5ZUC99MBnGdiXS8Zc7YTp7gmnujDd",
-	"YtyVg5o9C3ErJa/6VOox44hE3pCLPincjGJMBYszCUg9rpRAlwpqFR26Kumycu0Tu2uEN/VEpQjeMaYb",
-	"ZNS0Is68Kk0xy6WL9ZkApHmVCB0JLUKOOuA29lOq54yaRkTHRoD4jciFsVI8llmlNrHNpu1hV1kzyOsB",
-	"Vzy8/HtemG1czh8r3KlCd1BqwIir93hj2x30ypEMSqnog9TDNBCHlAkiveK+KDvMQ5ra10RT2DAlDxdE",
-	"6IrEC1Sum3F1ivkxFvdy8a1LlAKNCJ0HKEtjhsv/NZGlGSb6EI8NhbsX9SnBsQ6dKgFuq7Alq4jfMq9V",
-	"XvSXHjEmZ2LQtmzJGjk62yHdXCfoYiq3u9XMTCVlU9Bkjdhqi/QxhwuutSSAh5KVrh0fwk9dp+6nxXHw",
-	"stLSPxutZQtnRkFe49Hu4B6e0Xc4+LnXk5w7iIFUm/stKYYUr6kXZW0uWHc6M9Mm9ACMdqUpHd30ykLa",
-	"VQY5TVd5pgCsuiVVCuzinis172fbIMRTddqB5SFioYIBO2kXWDoA/iOJ4VctYT2AcRA2c9OELOPxdpDc",
-	"DFvB8GvfLvY/RKuHRnSnh6J0FapbP1zpXOE9aLGj6NqZRgouyc9J9ItDVbbO+ou35x1VQnWHMeWgT0c0",
-	"uDoYZQKQMdZpFsfbJHN3vLxTQhavPv/fbfJyL40e1A7hpG13upF7LTGXt889UWHGw5bIunJk3yVt0Vr1",
-	"tKzWvZ7I5nUStde+tD+EtD83OiCuJaT9ohTuDUtxTqK2Ut5O5kmLuNmz9tyFhh7N5R5F56zH1rYjlV1q",
-	"opkPXYaOBP2ETYijSZztVO1y1FtWrp52reMGz4fpmR0sPWm+sa0x1bxqqOTf6QLfBBpbQ3QFyTV8Nt3F",
-	"p1KUQgQy49GxPduEaaS9Ki4hukSwAr7RnQeWoEu5sXHgdAmReejmGveMctWX0WYSDeY2T6DCT89tB7Ur",
-	"29wZgCnnVLs9exPwebUZVjvqzhKYWE0RQyoXkW5ls1blNew4eHEKvF/tvoG0j4jKRwbtJ77NXl3RKC9d",
-	"PfieDagL/h+4vdLtQ3VuU5ylH7oTHzbsafsfKiESoPWChAt7Nj4PluvjFBcIx2u8EQiSVHpLG3cnLAe1",
-	"j8B+M/VkbYmyHUR/R5W97Z85UF+2FKW1G6dtpmZPj81UW5lJcgyW3WG3QjNfvqgu9JoTS10nEvLmoxVe",
-	"86JuW43avStSM0Voga1Uc3VqpkrtAR1bt17rvHAB4TJlxMTnOSAchpDqSjeqFB1STux4Xxw6p1hmHK4h",
-	"5L5mmWqAreSJICZKz14geD49yd9UmlsxWUZTHEUQoSkW8PKF4r3rn65Onv/wErGV1fZCfwXNWByzdZH5",
-	"nLLIy2eWRmrnn6VMEeNI/SvQr5/fm0NdptmrQtenX65vdBpva5SmL828sSvvWe2NpbJEdMjX4kyfM1Sf",
-	"Ub9hVznaKBi1L/patLiqZJ2TRM0Ti20nSyzkhgmb6Sb33JV9J7qDi95uDtKcmdMF7CtLc00Z44LWdRvP",
-	"bK3DhYmVeyfw1+Pmm4pstWXjRZbJkCVQLSTSy9Ef0vAbLz7iLE1bMoZbT1fITLz2tjU0SdwQ1BePRLm1",
-	"4SWqndGNiEkcYyrW+mhwH/VWLhJpGNC0gl2gkV5zP7Vgya+P/irRT/k9t2u1QH+pxMSRcrFNHfzVVrCw",
-	"d/01RA7211jNhJ9um0Xk5jpcgPUdrlLyM2yuMpO11c2eTQVJ0e75XydXn96d/AwlWYj1W6bdMrFRySot",
-	"3CyMYcNZrL0jNkN/aKn0R4BClqRYkmkM5riGMY2sm6UGC2bMP/Pg+s3PAukT4BlNWERmBKLJF/pWCwjN",
-	"55aABfrj/ovuuPlldIG+ZGdn52GJ/PUPEKAvroBOjxpNJpMvo4c/JkghAai0/acvXCXNH/n6/5h8oZqe",
-	"pG6XfTUHKt9+vDUOn4L7+O3zVyfF6salnioXo7PJs8mZFhApUJyS0cXofHI2Obe5Yr0bp4Z6TivZ39Zu",
-	"0a6jCYSKqVvOCQjXHS/EcTy+LFKMpvrENIsWEj07OztDhLrKEEFoCEpG2NLfkYbblFe8i0YXuk9ouWJa",
-	"nzMo9aT/3R/YKoaclpvGPwT9hpsW931H5w3g+75g+rY/fK21Kn9+djaoUfmQwkdz7qPpqzcamRfmhDK4",
-	"1nn/epTRGIRArFhsYSr6QcgXV7RNfwiaxHd6n4vRh1ZCrBZJ1IkvKHoxoAURUpFWb3pUQkPrfEfa7eQZ",
-	"IBwLVmqbl78ikLFxJ+jF2Ytalt31bV6wOKrWOVFlyWFRatav3b8mCxja/2Xmjnn/zQT/wUwwdPMKK+Ph",
-	"a4mBrEFSFt5NwvnNDXoKNFd9+J54turFrSZAlVszdkWwrVytIsR4v7/l/octXX3FTMuPvdwQUXW0H6om",
-	"pXKpHxo78WzvH7cb0EQ4hzkRUvsIj5XfbsNO73PL+MHI7RiMOVtFvunrXkZ+BQkvPO3JaAHupZbwtibJ",
-	"OW4EjM/rPJwdicXLPP8E2Qrr2dNtmG6HZOHYj7Dx3LRSdm3637TyVVuU4aKJO+PRPAmfWeepF599n21D",
-	"WCAb4DoIz50WzNBqPfXsZK1tJROOtvMXdn8eK7G+bU0ztltYPxQGlsNIYWAd6/5MIuMr3SRRt/bDXMda",
-	"WnXZm2K9T6jU8ihYT7XmR9NfjocVcS0Ax8Yxb5OEP5kRfYS2CXTyFXBlFGdpJSIwuvj9q6bnpChI9hLs",
-	"J84SkAvIBLJDXTZDk9hx4QDksNr+5jGWQMONcQPmHCfCdJeQpitkylgsgiIBNJ40SO2fIF299Fb6knAn",
-	"T9PY5qk6b6VqXaCaA8GdroNVzGnDWF68qdV3G3wf9YinYAzdBLoXN9gi5N3Fn1726b3pJfvQRakfXRvK",
-	"A0l+s+h2S/ZwDJ430h2mob1HuHR/yRI7uWZ6ilNmjC+FDXWhH87O0XpBlKN9p1ufzku5UyXoXa9T3YM2",
-	"wUvtLZtrCfBcsUWdu67NHl27KrdD2AaN1pu9zIM2YaYnUsKMaN4MH0HHvoBba7wLPLGumoHM4xOgIYsg",
-	"Qsv/u0IpJlygfzNCTXbpS3Z29vxly82DeX+DLRR0eEFSvQuoh0Sp3VdlmmXv200sQi0HIdHi1pcn9hEr",
-	"n/WQuw1NrbGw/S2jPdD7VoWvZZExlARO0hhyo7F+OZki3wgdZ3RJ2ZoG7pYyTE2SaQNuhggxah3EGGYS",
-	"scxjV/4TCnYrtH4n14UsSfCJADVIlm52I5FAx+4GlmdnZ5UrNe1Nnj5GdA1HSCQ6pXvveyG7L978ekDt",
-	"6D105iG0yk4LJaoKJO6D2moR5baQxM8kjstsvk0d2F46ew4ztEKw932xHSS7Of/7xDS9e3caml6q9YuI",
-	"h03fKuar1z0eRs7XPvLQvKD2APvs22EitUi30vTS3e9lggKRoeonUjMOFFMGtGd+P525pj97J5gfGV8e",
-	"llrKfYsOYBb0ssZK90T2MMVMe201GqXATb+j0rVnx7h8qai7JHm87z13h4W2iNj35kRNt01NyR2qNdfy",
-	"am2JefUi8R49SXa4M/1s263pW+9NfwKFrxHbolZs/DAmFET1wruQUcFiyK8e0U3350Dl2NxeZ8bqX0wv",
-	"ThSzeYAS4HNbPUcSqOaLLk3Dd+Oy2k4JfyF91rSC20i1py2qqfUghDr4O+ZmlyFfecrUb6NBQWfw1hmm",
-	"pZjjkSgqC2xNIN+gGawdWoIi5L1gGR/rcCShpnRgMgEa1Um1cfGyvq557dqxWE9CfUz3n1nhWE3wV6Ln",
-	"Um/nR6nbTLYlkaq9fQ6rdqsNhB4TM4I5ByFQymISbvYcOqpsQOpuLNi/taMbED2JuVNpdeS1kD1ofoxw",
-	"b8cnNz1/3BVE+8apbSn0JFh17Yv6IrTsCOwXpa7x5D7wWTqvbAMkdQyrrx0WwbWrRLwIfhJH6kAelOtp",
-	"ciAmsOFVd9vr4eKr7guH3qBy16I2g8J12DnOhO7JXr3JmVEba927Z1Rq+bX/nbzOzVXXcuygEs19ZFfN",
-	"bIofd0VvmSnaUzf5KH9Kzx/6NX0fWpMwLW6jPRA2+L1udzN4TFvkVlDhTpqDo9892VTl1u3uQL7v9XqX",
-	"f518hDt5opelkxKm5kUtFaV4DnsgtdP7or1Uj9q6ikjdxgxmqv0Hs1thOPsuAvdw+fhK56+BFTf5VXWd",
-	"wuQmH/UUjJE3IunjI+dX7ekbzx9d35HPd2rbYZze6/90lnpUWjodkt78vaNaCC9v6YAp0mswsuFwdIjz",
-	"5e9Ggqeu/0m3cCk17ThU2UbzQyWncCeNzyFhq0eEAL1Wz5UQZE6fAB/NDw3Cx7M9AwJRZc1t9I/nShqs",
-	"TQtX8wufgzwyF/BH+xAS94Xp/NCfcr+nWmyHYf9iaptkOpwoqvQ62q2QvGGxV/rkHAnk2uNIyck0Uyro",
-	"2BzpbNZ2mEBeBfX7Z1J/N6Anrkdv6eWzhRCOHqWb2lnyVDO6OL23HZUeTov+etsYpNSer58LFbO5sAfb",
-	"vC7N2eBrVw7rNQ35pL12o/jkbleGHDQD2Gwd2UJ1mhiO3ClNTCMUs7m7jth0fC/2EjH6lxNTgXeyomvY",
-	"zgZYhXd0U7bT+wUWi17W749q/OiAyr+tRalnm8utzfL+0vmdA6Zt2etfPv0/JCSk6Bgr0wBhHi7ICtB0",
-	"4zqm2Gb+trk1s12n1UTJfwhRqN0brAL9STC19OZe99FjLJQgT4TkgJPqdueyakoo5p7mM73Ny5q61rp5",
-	"7+rEOSjbWCE3xZ/KVb7BvU+5lnSuWk6gyF0Ty1/OGFMbsXo+tFT99nk/dd2r6jzYUnJ74RLntqNUe+WD",
-	"3ClC2i9c+X3CqzWOY1yiiHAI9dGh6caUG9jKGBxyJoSORopLhFG+LkQEWuGYRHlnJVOuZSvzEhyZnikt",
-	"iNWD/UvU8OnWZMZSwfov/aPvDrn6ej7/+Bqdn5//H72AC3NpTXHgxF3SiqWuJtNdGDSuW+teILpSo4ZR",
-	"W8/TkjMSS+DjAPUDWn1P33xsbqzZCvgrPWwg5KWOoqWLkGsQ2bJ+Y3PpDjiy8JF8EJUe/6cdFclXfeka",
-	"7VTi9rpRR6K2g0NijiuZYRqS8tAt5/sOdwBFS9a/j6DsalOUVdn3qi0/2Bb+XV1+uOry1fOhaRq7zf+d",
-	"EzVlpHTHfDx89Zd0xVtrG5QWrvi+B+Ni7y0DvUTy86YPppGQt1PbfaPPq9Tfpagc/LfnT4Gg4o6L/ija",
-	"KxTNKw+2pwIj3b7G9JDSOxQge61IboHbjUvhEa3VTMPlbnF1a8c8haiyHd6HdYKyizh8I6hb1+z7QNaV",
-	"W/3TGle1Tu0tuDZIDhBG0xjTpVLUL0pXgz6aBE/vXfPvHhm60kb0zM+ZXh/6hlAs8b6zdW3wnH2XTdpT",
-	"iKjjtk0SoWPGA12yUPV9TWNFpV/Hzjes6txSi/chMaZqb5Nqf9jfvz58ffivAAAA//8=",
+	"7H17bxs58uBXIXQ/wBbQfuQxwZ2N+8N5zE6wyYwRO9k9TIIM1V2SuO4me0i2bV3g735gkewnu9VSJGf2",
+	"fvtXYjUfxWKx3ix+m8QiywUHrtXk7Nskp5JmoEHiX3ALXL9jGdPmL8YnZ5M/C5CrSTThNIPJ2STFj9FE",
+	"xUvIqGmVwJwWqZ6cPTmNJnMhM6onZxPG9bOnk2iS0XuWFZn5ehpNMsbdX9FEr3KwDWEBcvLwENnpf5vP",
+	"FWg7soolyzUTBhD8qIgWRN2wfBIFwRO2cxC+IHgeoNMBgGQC8kLFXZBEmoDSZM6k0n0A+c5BkOY0VVDO",
+	"PBMiBcqrma9XOajAtDxdEYcOMSd6CQqIGUORQ70EUu4pyeiKSMiB6ukkmsB9nooEJmdaFhAGF0dpwMo0",
+	"ZAiDA1Jpyfhi8lBCTaWkK/O30qvU/GCQjH9TnszE/dvXJS3lVC+ruarv0UTCnwWTkHjYqvlb0xrcSFC5",
+	"4Mqi5o2UQpr/xIJr4Eg4NM9TFlODrpN/KYOzb7UR/0vCfHI2+R8n1Uk4sV/ViR0NZ2ninHIC7puHDqe/",
+	"UIot+DVkeUo1XNOF+gB/FqAQjlyKHKRmFlJNF2oYoxm9f2s/+tPi/+xiW1O5CB0TQwDagUOoIgbZREj8",
+	"90zThSWRWcHShOgl1cT8Zj6qc3LH9FIUmggOkSErYgZR2rY2FNTejPrG/e5BiuxKv5TNxexfEGsDtMUW",
+	"JHV8dRGF01my6RLdWiQ2EdUBcWHI288QgvGl+fZOLN5wLVdd4FK4hRR5JTd84/dJArNigad/LibR5I5K",
+	"bs4aEsuXKLDJoBRdQBB2pSEPL4ploDTN8GvJxRKq4ch8Wr81Zf8KgMitpRcJV5rqQn0A6o5QCxEWRe6v",
+	"cj+GTlcTtQEWsgVuWgv1I4QW9UpwDrG+snynu6IMMmG3vHmkHLsmhjUdE+TZRIIqMlCEkpwWChLiuBmZ",
+	"S5ERphVJmLohhlWfEaZJLNLkaCaEVhGhPMEWdj7CMroAwhThwPQSJMHxuJAkXlK+gIQcMk0WAhQeUDyY",
+	"brYD0+leWxjMKb9haTo9Jr8KAvM5xOYoE0pkwTnjixJGIc0R95D7U++W3xVHlvxEoRvEN1KEdnbhNaSg",
+	"YRTHtIJi91wAxx1gU6VMaYITo/Ds6CV/FjRVuCu/XF9fEoWnZhJQNtrYGaL3FsQ4dTRI3T8LefMBFOoV",
+	"bcjBL2iE7CsF97r2/hwFd/kdUxqS3qNGU0bDGxenDLju4f5xXrwSBQ8TYhe95ghesf8L71+O7AA8udBj",
+	"Waxpfpt8AqmY5Y8BVm9O1OjZM9A0oRqVFJokzBAYTS+bSkQPoVeYb6hdAS5KpYaNVmkIGkYSwxW2NWC5",
+	"890Dxq1Iiwzem70cLz7cHJ+qvuvlfQVG1FA4SzKro8QTQI3QapvYoCePliYRhM7lr3A3cAxScffVkIDk",
+	"oL/SOAZV3+YaC6aFFpeGYa/5/L5HiFmxldEbsLzKsfQDRUzXIytB5iwFtVIasiM0Mg4VAHHQ4+iOVR9b",
+	"pEzPCRfaSiUzygcUigQ4naVGbD0/PZ0ek9c18XlO2IILWZM61bqinmXZUUcSx0XZ4ZXgc4bElkh2G7Kj",
+	"qNk6AvcauNk9cvjm6csDRS4u35Kl0ZwFUUW8JHMGaTI9Mw0lJbNUxDfEDhkRxglaeOQkgduT22QW+f/F",
+	"x8fHzjojC4MzckjnxiYzP9juhBLFaa6WQpMFuwVu9PWKYglNJdBkRWIqjZo1PSdUk0woTZ5bJQL3yHdw",
+	"2sFcghufqFQYg5negJk0MzrqBsfstRkjpKQBv/1Erb9gey61G17HQd8JeTNyRb/a1hVhKIgL2XOg1jCw",
+	"mkbUJCoFseBJUP4PaUpdltgc1n5VJDPfITGEV1LWOQEaL3GjDU1Vm0/aFLchCWzJafu4oKP10XreQ3gc",
+	"C1X/KE3EPSFakBfPSApag1QRSdiCGS384OjAKMIHXw8igiLAaMiWlbnG5jO2PicFZ38WYLRpg0xutbGu",
+	"pDSygb1cy2nOcBS7pQeKmG4EHWvk8MmL4+MXP/307AV5z15Oz0lpe7hpTXMtJF3Ase3/1fT+mrHZGI0z",
+	"pAcHd8tpul1pFVMNyavLjyNVmrLL+x5V6MXzYL9YZM4J2fVuKFHIGIhtQixq76hCL4VG+yu0NxuqjrEE",
+	"quFnytJC2tWPgRo7XRUoxkf3Spx61V2p9dKY70aS4EpDSzNqybXQNB2NXtPjo4Jkow5ruYahmtfY8CGa",
+	"pIImF7dgKPVJ1lQ2RTFLa+eHF9nMK8Bed1k3jdNyyj6bLd/22QgB5uz1qdSWWcIo/FyVjZ1mXai6MwkF",
+	"vtE0JWXGZA96kG4HTI7bLBsDxqf3713rSyHSkT2waYeHWMSUi6nAs8AEdGm/Wa2NaBJyg0jrSI6afCjE",
+	"Y7onsXOg+7jea0/ozdN4twQJdSYshdDo4lEkNeLWqGNLcYd+nU/vFZFWJFu1q+XepPEN8CSgOljGnpDD",
+	"lK7AKMnoGlJTI4hQNQ+dfi0pV7mQAW5ZzNIb9P3OEnJ4Y2yM1OuvcMtiUNPIfDtSIr4BTQ5/ffmaKC0p",
+	"Wyy1EZtmvZ/ev59GOPtaJ6NfWB2mPjz3mSkGhxIMJiBBRC4AhR+TDXeZ86KZ1hnlK7MTmvFYu6+lx8uM",
+	"kNG8swe2WcDV58dp+OYQ92acHBIyW9VHH+nncfLUH/OYxks4ckjFHTmC+xa+qh2WpQc2cNwDi2gtPjf/",
+	"p40VbaErZFbncbBEHoMWhL5dvqqzxuYOWOfjSGnsVjSytTYsZFTb1hr9NJGHzo/Vuz7kea/QTdtd4lbs",
+	"vQWSG6MPAMPHu3paHNsQRVdTMFaADH7qJbIWQG6IyM0yAJiXLF295o7KjORCpEat+fT+PcmlsIyaHNKZ",
+	"Aq7J3RI4YZowRcR8Pj0zzRRxrhpCl0ATMhfWtjEjQVIZwpG1h+4oq+v0zlZ0hhFPCK2YOA5FiZURhvMZ",
+	"7QV5uffyNDG8ZIslYppImLM0NTp5rox5rpdMIUuanPEiTdthxNyYYw7OcaxjyULmoIUUw7/t1buonhA3",
+	"hHICGGqJxqg4qbhrrYlKrcgMUnFXrQtHRDTsZn0Z86ryhiuci4InhAsOxB+rEYu0TbtOfLuokmbq9DBu",
+	"HRIUyFvnag6o8git4MS1s1rN+HGT0MDWr+QYu/M1+e0ZNbi3e/sRMgMMHLlzN1vhHJZAthAifqPKeS3V",
+	"RfZANRZbx6g7BSWxhJiOdfoNRByG/adjYn/nRAGQZhTx+JGiZruOpCQiowzZvTnG1BhkLvUiGOW4QEX6",
+	"WtxAWA9ZFwkZDkqs87VJOp+zuAXDGri3CASs8+T3uZi74TbrAA9R2sDevrr8eMkCgfbc/tjWk5Umry4/",
+	"KsI4ifMiZUoTteKa3pPDz5PToyfRs8+TM9sEA848TgtlTBVptBUVoQOFEgU5lcZ6itDhndPYMF3p0obU",
+	"9JxAlusVkZCJWxc7yJnXk4aRbiD/MrhgNXK5blaCyzQrplxwFtPUcOrMw4hKAxcaAYSgr0QvDQ8KWngs",
+	"hXps3Wj5KsJAOQpRYmTb7avLj2Z+/Nd6/g8V44sUjuzIkJDrV3/z2MPe9sN0U9/rq8uP19gz5IO/jfNC",
+	"baPiGuz67gNb8xo0Zekm3AZDWW9dJOtiIJD1QwO8G7C9kVGjs1Y+ho0SbeVux4jLWz4X4ajLxqHp72Xa",
+	"KZtDvIrTsbG3d2X7HxX7/t540H9C53+p0HkjErn+ICKrro5fROCexjpd4Qcxd84cIwx9oCboFgrMVGVU",
+	"ClnFbFlSJlZWMTZjsVISi3x1JPjRnWQayC2DOwRA1xyHNhGzYhzijk8j4kxabMC0gnRu7VcjCH7j6WoS",
+	"9g/Zb0GxaY0EBRgbNE1taN+CYFHiwtHm92lQk+0PbJFZSvkNMes03NQFtawxwlxo6/BJLaYVGR1DKphG",
+	"pf3uBS5NBR/rmhqkFeShHdllfZ4DSDpwSXuHt8kMgfNB/WkI6z200si/rVNLRSHemsJUQe/wsBanxaZF",
+	"4nTdXm+xT42Y4xYGnMNhDY6Bc/vm1uVjt2HxG14KGJvNHvmotoXKEJHNyLiD2VKIG5LTVSooBtdbCrfp",
+	"/tqJjxF88E3Z3mxkMmSyYM7q28Emb+4hLszihpsNf70Gmq1r4RhyspsUYf9DJwzhLNtyd46tHySJyLH1",
+	"i0bk2Oa/mv/NhbwB5ITHNyxNw2p3f8iqRWBV8IiVA9UxGMJGG4fBjelsaB1j64jYk1aL6vzwm1BdCVNt",
+	"Z7/uQvt5WLOGN3VoexbyFSmlQxEZS1MWTmwZjLB+zWYj1T/HEr/SDZQrY8R8jUdbC13Hup+xMVQd9qiN",
+	"mQE6+dnpne2U4T7wxl+MWp9sZP3d8ZKlCUYjN84+6mQbG6gHFvuubhl0/WxVxl5XRAl+Xa3Gx0VurDsR",
+	"ucv6mEhtivp4Q/CKgJcmZRz2ftkCJxmGrOeiCaYdfmeW3V4vq+zzTkrklz+MOrWTayntrQhY36lYbDPe",
+	"WiMLx43qQA8s+D1oyeIAk9kwtSkvPipILuNmh3kqkBd2snLKrIwNk4vGJ+NsMnoG2QaDb6MU+S4fObsf",
+	"Nc0AXTcHaxjHtW2oVlVDRw2R9T0YoI+mPyOcbP6bZbzjb3Vir8tilrL42vrhw3w9Ab7aePCMqhuXUv6L",
+	"UAEBZ34lS6AJSGMOSNvWeaGluF8ZW+GOykT5fBWnUp2T//p2+duH6wdjj0vIUxpX8atcSH1sZfA74Au9",
+	"nJw9/elZNCb/tInqj7lP3tsZqsfdBtgC2wOrqaf2f9+1uBuAXLm89GX9PoH1dlhfBFOEKmMzaEHmaaGW",
+	"9gb1OXoRQBGmyZIm6MjHz5DgReYZkFQoHRGqXGIzJbGkajk9I1x0btPdQK4jF67EawnVFbyG16F5Ye+Q",
+	"Eg53xDTDgEiVmSDmZAZzIWFqc49cVIokAhTCivco3FxMT6JNYj8fYC5BLQNOi0JSr7T365DPXjSUyM1i",
+	"ilfeSVlmqbTTYEKagetcU+Zat523D362meka5a4WKQmJRtXjo8EeB4q8uvxIzE5ypleEizty2AynTfvD",
+	"SNZDGwjM2c/oILRR+VubqjhCOhtTZBt7BvvVAIsm62I8dWfwyGT6Rto63iw/FJKwJIgjvO3f9f7MlEgL",
+	"DcR8blxjqCXFm/PrbzrUlZIxPs+OWxgHqnk+DylfEavemO0pM0sNkzn3PlLruLVdmY3jVa5adFROwyc8",
+	"cM8UETGwEaD+wfTSancBjbaRX9xnC4zQR536GPQcNCzjcr4gzM6fGfaxbpVlv1FIxbL5d3TlSpaMii1t",
+	"FIrCYgibSW4JuVBMB8VklTpcuoLRRiczWAkjR5ZMYVbxGannvvlc4/Iqmu9czXVOcuAJ44uIFHkqaP2/",
+	"1iM3pwwv4rkQgu+IN32n6HI2gs/dpNCiIbbqZ63RMZw+KISeq422ZU20zdPZFikjbYKuhvK724xoNUJd",
+	"FU22iK21yNDh8E7JnsD5pmSF9z82OU9DlTNmVUmHurDHn620d8lvk6jM0+p3DOz/oG9xeXunt7G3YAM5",
+	"mkk9oZmc3vEgyvpM1+EwcIGmxwYYHQrveroZFb11q4xKmm6emQqw5pY0KXDo9FyYcT+4Ij+BBKEBLG/C",
+	"FhoYcIMOgYWBg59ZCh+RwwYAk6BcxKsLWSHT9SD5EdaCEZa+Q8d/H+VaOl6xEYLSZ5mvnbhRfSZ4WWpL",
+	"1rU1jVSnpLzrNM5/19g6Z2d/ejaQXdU2tHMJeMOpc6qjSaGAWGWdF2m6jjMPxxkGOWTV9en/7OOXOynW",
+	"YnaIZn27M4zcK02l/vQ04E0XMu6JSMylyN5mfV5u87Uu1oOWyOpVlvTnDPV/hHz8afRAXGnIx3l3fA9H",
+	"cZ6j9lLeVupJD7vZsfTchoa++5QHBJ3XHntLBzV2qYtmueky0IP2C7WuoS5x9lO1j+2vWbn5OrSOa7rY",
+	"TM5soelpO8e64nKLpqJSzjMEvnXQ9ro2K5Lr2GxYiauRzMMUse3JobufSHmCVpXUkJwTuAW5wuohN4DX",
+	"Mag14DD1yn70Y01Hegfby+hTiTY+bQFHRZie+4otNLZ50AFTd3sNW/bW4fNytVnOrb8PZH01lQ+pnny7",
+	"9pj1Cq/NSjpUlRxGOvsQ0jEsqmwZ9VdtsHt1wZMy5Xfve7ZBPvV/w+3Vfh+aY9ukNvxY+oet29PVMDVM",
+	"JCJ3SxYvXX2LMsiAV6LOCE3v6ErZaw/B3JitCctDHSKwf9g8vL4A4xasf+CmjKuBu6G87Enm61dO+1TN",
+	"kRabzVKzg5QYrJvDfoV2vHJRQ+i1tw6HbhWVBYQbZy2IunW5fd98cp9N3otchp/P77PZfQ/k0Jn1KPPi",
+	"JcQ3uWDWPy+B0DiG3N4hMoKOGCN2uqsTuuBUFxKuIJahgremgcuASiBlRs6eEXg6Oyp7GsltDlnBc5ok",
+	"kJAZVfDiuTl7V79cHD396QURt07aK5yFzEWairsqYjwTSfCcORpphYC0zomQxPyryMcP7+zFTFuw2aDr",
+	"8rerawx/rvXSjKWZ127lI7PkqTaaCLp8Hc7wrrCZxvxGfcZtJ9HWdQyVWfLZ3BjLJd1bx303chzkoVga",
+	"pky77z5dPsMqTLjdErS994qJ/7eO5ro8xjut2zqe3VqPC+srDw4QzmMuN5W4LNVOR1HoWGTQTMDC5eBE",
+	"CL+14hMp8rwn0rr2Voou1KtgaVIb/I7BzHig6uVJz0nrnn3CbMCdcnWH1/vHiLd6ck1HgeYN7AJPcM3j",
+	"xIIjvzHyq0Y/9X5+11qO/lpqjiflapsGzldfosfO5dcmfHC8xOoG/LD0HdOrq3gJzna4yNnfYXVR2Kgt",
+	"Fmy3mTdVyfZ/Hl1cvj36O9R4IcVetmQ6c17JJi1cL61iI0WK1pGYkz+QK/2Bd1BzqtksBXvNxapGzswy",
+	"jZWw6p/9cPX674pgFYeCZyJhcwbJ8Wf+BhkEnnNHwIr88e0zVs39PDkjn4vT02dxjfzxB4jIZ594iK0m",
+	"x8fHnycPfxwTgwTg2tWQP/MZSH+U6//j+DNHetJY8v5iAVy/+fWTNfgM3Idvnr48qlY3rdVFOpucHj85",
+	"PkUGkQOnOZucTZ4dnx4/c7Fi3I0TSz0njehvb8V3X5UIYnOoe+5XKF/hMqZpOj2vQow2a8cWfFeaPDk9",
+	"PSWM+4waxXgMhke4lOkJwm3TUt4mkzOs9VvPNMf7GbV3JX4PO7aqJif1hx8eonHN7TMVY1uXjziM7WDf",
+	"Xnj40npu4Onp6UaPDWySMGrvy3Rt9c5jBJU6YRSuu/INClLwFJQiolpspSqGQSgXVz198BB1ie/kW8lG",
+	"H3oJsZkk0Sa+qKqnQpZMaUNao+nRMA2U+Z60+8kzIjRVolb6suyiiNVxj8nz0+etKLuvvb4UadLMD+NG",
+	"k6Oq9uAGmn/dI2Bp/7e5L9Xwn0Pwb3wINt28Sst4+FI7QE4hqTPvLuH8wzd6DDQ3bfiReHbixa8mIo2X",
+	"b7ZFsMv4bSLEWr//KO0Pl/L7UtiyPTt55aVpaD80VUpjUj90duLJzid3G9BFuIQFUxpthO/l337DTr6V",
+	"mvGD5dspWHW2iXz7NkMd+Q0kPA+UGOQVuOfI4V1OkjfcGFib11s4WxJL8PD8DXQvrKePt2FY0szBsRtm",
+	"E3gtqW7ajH8t6QtqlPGyiztr0TzKOXPG06hz9mO2jVBFnINrL2fupDoMvdrTyGr0qCtZd7Qbv9L7S1+J",
+	"s21bkrFfw/qpUrA8RioF6xBrrKlC3mKhUyzPSSX6Wnpl2etqvY8o1Eov2EixFkbTX+4MG+JaAk2tYd7H",
+	"CX+xLcYwbevolLcgjVJc5A2PwOTs9y9Iz1mVkBwk2EspMtBLKBRxTX00A0nssDIASljdGwUp1cDjlTUD",
+	"FpJmtkSV0rayay5EqqIqADQ97pDa30D7fOm19KXhXp/kqYtTDb4s17tAMwaBe8yDNYfTubGCeDOrH1b4",
+	"fsUWj3EwsJD7qNPgkpC3Z3+47JNvth70wxCl/upLye6J89tF92uy+zvgZTHszSR08Oob1oitHSdfENOc",
+	"lLmQN8q5ushPp8+IrV4G91i+eFGLnRpG7+sVYx3pjN6gtWyfFqELigXBmnt0Zffoyme57UM36JTPHaUe",
+	"9DEzHMgwM4ZnM/4OOg453Hr9XRDwdbUUZJkeAY9FAgm5+d+3JKdMKvIvwbiNLn0uTk+fvuh5PbSsC7GG",
+	"gvbPSJrveY3gKK0352zB+12biZWrZS8kWr3c9Mg2YmPaALk719QdVa5GbbIDel8r8JEXWUVJ0SxPoVQa",
+	"2w8MGvJNyGHBb7i445F/aZByG2RagR8hIYI7AzGFuSaiCOiVf4PquFVSf/DUYW3Lo7K2ZeUDTBQ59K8o",
+	"PTk9bTyL617jDR1EX6iFJWqQu49+23X48dwve5SOwUtnAUJr7LQyrKpC4i6oreVR7nNJ/J2laf2YrxMH",
+	"rgbRjt0MvRDsfF9c5c3hk/9jfJrBvTuJbT3k9mPimw3fy+abT7buh8+3JnnoPjK9h30O7TDTyNIdNz33",
+	"b/RZp0BiqfqRxIwHxaYB7fi8n/hr2TtyhFRBJ6zLi+WL7NX/Wplkbb9aYWMLBGOuC08ipz4brRhr/qJM",
+	"M40PFKnf5/YP99aviw9IK6xvvH9Kwml6+IWv1Pzo/CKa5IUekY2UOxuntYWuTLPZoGoLD28g16TTQUIs",
+	"pN0cBdqaNJgjhK4wDnf4xATG7SLrvioyOCcUrah6icYDVYo49/ZBwS2hTI/JRfuh55oLjSldXqa1wx+T",
+	"56en9ll14p7k1zYlHBtjSkOZ04n1MH0pUUUosRhwhl9MuWlUKDgnP50+acYtDxQuzrUxyDz8mUmIJY1v",
+	"QHZVqUvG28S5e37arGf+yG7fNYfCVQbfMT+b++JvOxeAPwt5s1/pV69ftwczZ5R1WXu7eoRpaZ/8MK2x",
+	"JjvWvas9xXpI6w+dU24Tg6a73nN/+XGNyvjO3hAc9hFwdk9aRRaDVojhSg1fwIjaVN+CQ/ks9mqoEjdP",
+	"To2BMliwcF3JwscwYBCxPWLPxUNSxkE1H+GNBVcihfI5NHwIaAFcT+2LurYt/mJrMpNULCKSgVy4bGCW",
+	"QTP+fW4fobE6hKuY8xfSz7tWfR+pjrStkVr3Qqgbz2Nfm9tklsdMZekUXBkMRnlDuxZDMeqnz5RyOc5y",
+	"ReZw59ESVSG8pSjkFMMrjFv15fgYjG7bJFXa9tUcKO/TYap8X9pMhnXIbmlqBvgr0XOtxv8O1NNQULxZ",
+	"422/YrdZSO57fOCwkKAUyUXK4tWOXeGNDcj9K0q713awEN2jqDuNkndBiz+A5u9h7v34lLb2m38Wcdc4",
+	"daXlHgWrvozdWITWHRu7RakvQLwLfNbqLziHbxvDZrb9Irj1vFkQwY/iGNqTR8jb4Hs6BC5c5F+g31+8",
+	"yM+w7w2qV2HrUyh8xbDDQuHbHFSRqtIBEdzFjnZuGdVKP+5+J69KddWXntwrR/OTbCuZbTL3tuitH4r+",
+	"UHTZKpyiEA5l2To2vUHlHrPRXXDduN+wuRl9T3n8XlDhXtuL8D88eN48revNgXLf2/l7/zz6Fe71ES6r",
+	"5l00SyU5XcAOSO3kW1Uub0SucIOlrjsMdqjdB+d6YTj9IQx3f/lFjUqGG2YQls/nDjKT67LVYxyMsrDS",
+	"GBu5fP5XcLKDfLVyvBNX3ufkG/5nMHWtUaJun/QWroXXQ3hliRrKCa7B8ob90SEtl78dCZ74ek7DzKVW",
+	"hGhfsYruRDWjcCuJbx9KTXab7nShFFvwR8BHd6KN8PFkx4BA0lhzH/3ThcLS3ViS2v4iF6APFMGCUbtg",
+	"Et8q1flhPOX+SLHYD8Pu2dQ6zrQ/VtSo3bbdxZiOxt6o+3WgiC/3pbVks8KIoEN7Rb0bYLWOvAbqd39I",
+	"w9XNHjnQ2lObbA0hHHyXbOo/kid40NXJN1ch7uGkqhe67oDUyo2OM6FSsVDuom7QpDnd+Pmt/VpNm0zp",
+	"nl+qptzu6ai9RgC7pXB7qA6J4cDfOqc8IalY4HPeDJR9+aPaSyL4X45NRcHBqiqIWytgjbODRSZPvi2p",
+	"Wo7Sfn827Sd7FP59JZcD21wv1VjWyy/fnrE5N69+u/w/RGnIySE1qgGhMl6yWyCzla8A5R51ccX6haui",
+	"bwbK/k2IwuzexiIwHAQzS+/u9Rg5JmIN+khpCTRrbnfJq2aMUxkopjVavWyJa5TNOxcn3kBZdxRKVfyx",
+	"TOVrOvrWfk3mmuVEhtyRWP5yypjZiNunm169+fR0nLgedYsmWnOF4MwHzl2FvP7MB72Vh3Scu/LHuFdb",
+	"J05ITRImIcarkLOVTTdwmTE0lkIp9Eaqc0JJuS7CFLmlKUvKSnE2XctlGmc0sTWgehCLjcNLRPiw1KLV",
+	"VCj+hT+G3hJtr+fDz6/Is2fP/hcu4Mw+XlZdoPOPdVON2WRYVQZx3Zv3AsmFabUZtY1Mep6zVIOcRmQc",
+	"0GY+fAHfvly2FvCX2GxDyGsVkmsP4rcgcteUrM6F6a+6spFCENU+/7tdfStXfe4LhzX89pjAm5ntkJDZ",
+	"65e2GUJSb7rmvvL+LtQhZ/3PlbptdYq6KPtRd2X2toX/uS2zv9syt083DdO4bf7/OVBTR8qwzydwrv6S",
+	"pnhvboORwg3bd2+nOPhqyiiW/LRrgyESyvKQ22/0syb1DwkqD/+nZ4+BoOrNnvEo2ikU3Sdc1ocC7V01",
+	"WxMPdygi7pmkUgN3G5fDd5SKtAXkh9nVJ9fmMViVe7Fis8p2bhH7L2z3yT9esCftyq/+cZWr1ssTPbi2",
+	"SI4IJbOU8hsjqJ/Xnoj+bhI8+eYfMxgRoattxMj4nK1dhC9FU013Ha3rg+f0h2zSjlxEA68Hs4QcChlh",
+	"ykLT9rWFYo18nXrbsClza09WbOJjatZqata7/v3Lw5eH/xcAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

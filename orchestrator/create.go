@@ -343,6 +343,9 @@ func (o *Orchestrator) vmSpec(s *instance, rec sandbox.Record, snapshotDir strin
 			if err := o.pointAfterRestore(s).Inject(); err != nil {
 				return err
 			}
+			pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			o.repin(pctx, rec, m, false)
+			cancel()
 			pid := m.Info().PID
 			if err := o.update(s, func(r *sandbox.Record) { r.PID, r.PIDStart, r.PoolClaim = pid, vmmproc.Start(pid), false }); err != nil {
 				return err

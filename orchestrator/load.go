@@ -171,6 +171,7 @@ func (o *Orchestrator) adoptRunning(ctx context.Context, r sandbox.Record, m vmm
 					return fmt.Errorf("network policy: %w", err)
 				}
 			}
+			o.repin(ctx, r, m, true)
 			return sandbox.WaitAgent(ctx, slot, 20*time.Second)
 		}()
 	}

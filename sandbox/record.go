@@ -88,6 +88,10 @@ type Record struct {
 	// MaskRequestHost replaces the Host header of proxied requests
 	// (E2B's network.maskRequestHost; "${PORT}" becomes the port).
 	MaskRequestHost string `json:"maskRequestHost,omitempty"`
+
+	// CPUPin is the host CPU list (cpulist syntax, canonical) the VMM's
+	// vCPU threads are pinned to, again on each new VMM; empty: unpinned.
+	CPUPin string `json:"cpuPin,omitempty"`
 }
 
 // AttachedDrive is a drive of a sandbox's record with its live device.

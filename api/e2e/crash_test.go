@@ -141,6 +141,7 @@ func TestCrashMatrix(t *testing.T) {
 		"orchestrator/kill/":     n.crashKill,
 		"orchestrator/compact/":  n.crashCompact,
 		"orchestrator/flatten/":  n.crashFlatten,
+		"orchestrator/cpupin/":   n.crashCPUPin,
 		"webhooks/delivery/":     n.crashWebhook,
 	}
 	covered := 0

@@ -504,6 +504,22 @@ type SandboxAutoResumeConfig struct {
 	Enabled *bool `json:"enabled,omitempty"`
 }
 
+// SandboxCPUPin defines model for SandboxCPUPin.
+type SandboxCPUPin struct {
+	// Pin host CPUs in cpulist syntax ("0-1,3": CPUs and inclusive ranges, comma separated, no spaces or repeats); empty removes the pinning
+	Pin string `json:"pin"`
+}
+
+// SandboxCPUs defines model for SandboxCPUs.
+type SandboxCPUs struct {
+	// Pin the pin list in canonical form; empty when not pinned
+	Pin string `json:"pin"`
+
+	// Threads while the sandbox runs, one entry per vCPU in vCPU order (single-threaded TCG repeats one thread)
+	Threads *[]SandboxVCPUThread `json:"threads,omitempty"`
+	Vcpus   int32                `json:"vcpus"`
+}
+
 // SandboxDetail defines model for SandboxDetail.
 type SandboxDetail struct {
 	Alias               *string `json:"alias,omitempty"`
@@ -671,6 +687,16 @@ type SandboxState string
 // SandboxTimeout defines model for SandboxTimeout.
 type SandboxTimeout struct {
 	Timeout int32 `json:"timeout"`
+}
+
+// SandboxVCPUThread defines model for SandboxVCPUThread.
+type SandboxVCPUThread struct {
+	// Cpus the thread's CPU affinity now (cpulist syntax)
+	Cpus string `json:"cpus"`
+
+	// ThreadID host thread id of the vCPU
+	ThreadID int32 `json:"threadID"`
+	Vcpu     int32 `json:"vcpu"`
 }
 
 // SandboxVolumeMount defines model for SandboxVolumeMount.
@@ -1030,6 +1056,9 @@ type CreateSandboxJSONRequestBody = NewSandbox
 
 // ConnectSandboxJSONRequestBody defines body for ConnectSandbox for application/json ContentType.
 type ConnectSandboxJSONRequestBody = ConnectSandbox
+
+// PinSandboxCPUsJSONRequestBody defines body for PinSandboxCPUs for application/json ContentType.
+type PinSandboxCPUsJSONRequestBody = SandboxCPUPin
 
 // ForkSandboxJSONRequestBody defines body for ForkSandbox for application/json ContentType.
 type ForkSandboxJSONRequestBody = SandboxFork

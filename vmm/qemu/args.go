@@ -90,7 +90,9 @@ func buildArgs(spec *machineSpec, mem memorySource, fds argFDs, jail string, inc
 		machine += ",suppress-vmdesc=on"
 	}
 	args := []string{
-		"-name", "aenv",
+		// debug-threads names the vCPU threads "CPU n/TCG" or "CPU n/KVM"
+		// (top -H, /proc/PID/task/TID/comm), the threads a pin applies to.
+		"-name", "aenv,debug-threads=on",
 		"-M", machine,
 		"-accel", accelArg(spec.Accel),
 		"-cpu", cpu,
