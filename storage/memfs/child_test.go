@@ -19,6 +19,7 @@ import (
 // test binary run again with MEMFS_CHILD set.
 
 func TestMain(m *testing.M) {
+	RunKeeperIfAsked()
 	if os.Getenv("MEMFS_CHILD") != "" {
 		if err := childMain(); err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)
