@@ -20,8 +20,9 @@ import (
 
 func TestMain(m *testing.M) {
 	RunKeeperIfAsked()
-	if os.Getenv("MEMFS_CHILD") != "" {
-		if err := childMain(); err != nil {
+	if mode := os.Getenv("MEMFS_CHILD"); mode != "" {
+		run := map[string]func() error{"map": childMain, "serve": serveChild, "read": readChild}[mode]
+		if err := run(); err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)
 			os.Exit(1)
 		}
