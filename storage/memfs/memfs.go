@@ -190,6 +190,7 @@ func (s *Server) Serve() error {
 		} else {
 			<-s.c.initDone
 		}
+		s.learnNoPoll()
 		if s.keeper != nil {
 			go s.keeper.run()
 		}
@@ -199,6 +200,17 @@ func (s *Server) Serve() error {
 		}
 	})
 	return err
+}
+
+// learnNoPoll polls the hidden pollName file once (see there).
+func (s *Server) learnNoPoll() {
+	fd, err := unix.Open(filepath.Join(s.dir, pollName), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		s.log.Warn("memfs: open the poll file: a serving process must not open its own exports with os.Open", "mount", s.dir, "err", err)
+		return
+	}
+	defer unix.Close(fd)
+	unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 0)
 }
 
 // Adopted says whether Open took over a previous server's connection.
@@ -421,7 +433,7 @@ func unescapeMount(s string) string {
 }
 
 func checkName(name string) error {
-	if name == "" || name == "." || name == ".." || len(name) > 255 || strings.ContainsAny(name, "/\x00") {
+	if name == "" || name == "." || name == ".." || name == pollName || len(name) > 255 || strings.ContainsAny(name, "/\x00") {
 		return fmt.Errorf("memfs: bad export name %q", name)
 	}
 	return nil

@@ -39,11 +39,24 @@ func nodeID(name string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(name))
 	id := h.Sum64() &^ uniqueResent // keep clear of the top bit: 63 bits are plenty
-	if id <= rootID {
-		id += rootID + 1
+	if id <= pollID {
+		id += pollID + 1
 	}
 	return id
 }
+
+// pollName is a hidden empty file (node pollID, not listed) that the
+// server polls once at start. Go's os.Open registers every descriptor
+// with epoll, which for a FUSE file is a FUSE_POLL request, sent from
+// inside the runtime where the thread holds its scheduler slot: a serving
+// process that opens its own files could stop the world while its readers
+// wait for a slot to answer it. Polling this file first, from a plain
+// system call, makes the kernel learn that the server does not implement
+// poll (ENOSYS), after which it never asks again on this connection.
+const (
+	pollName = ".poll"
+	pollID   = rootID + 1
+)
 
 // rawFS answers the kernel's requests: a flat root of read-only files.
 type rawFS struct {
@@ -167,6 +180,9 @@ func (fs *rawFS) lookup(h inHeader, body []byte) ([]byte, syscall.Errno) {
 		return nil, syscall.ENOTDIR
 	}
 	name := cstring(body)
+	if name == pollName {
+		return fs.entry(pollID, fs.pollAttr()), 0
+	}
 	fs.mu.Lock()
 	e, ok := fs.byName[name]
 	if ok {
@@ -176,14 +192,21 @@ func (fs *rawFS) lookup(h inHeader, body []byte) ([]byte, syscall.Errno) {
 	if !ok {
 		return nil, syscall.ENOENT
 	}
+	return fs.entry(e.node, fs.fileAttr(e)), 0
+}
+
+func (fs *rawFS) entry(node uint64, a attr) []byte {
 	out := make([]byte, entryOutSize)
-	le.PutUint64(out[0:], e.node)
+	le.PutUint64(out[0:], node)
 	le.PutUint64(out[8:], 1) // generation
 	putTimeout(out, 16, 32)  // entry
 	putTimeout(out, 24, 36)  // attributes
-	a := fs.fileAttr(e)
 	a.put(out[40:])
-	return out, 0
+	return out
+}
+
+func (fs *rawFS) pollAttr() attr {
+	return attr{ino: pollID, time: uint64(fs.created.Unix()), mode: syscall.S_IFREG | 0o400, nlink: 1, blksize: 4096}
 }
 
 func (fs *rawFS) forget(node, n uint64) {
@@ -213,9 +236,12 @@ func (fs *rawFS) batchForget(body []byte) {
 
 func (fs *rawFS) getattr(h inHeader) ([]byte, syscall.Errno) {
 	var a attr
-	if h.nodeid == rootID {
+	switch h.nodeid {
+	case rootID:
 		a = fs.rootAttr()
-	} else {
+	case pollID:
+		a = fs.pollAttr()
+	default:
 		e := fs.node(h.nodeid)
 		if e == nil {
 			return nil, syscall.ENOENT
@@ -233,7 +259,7 @@ func (fs *rawFS) getattr(h inHeader) ([]byte, syscall.Errno) {
 // handle is always 0: nothing is kept per open, so a server that adopts
 // the connection knows every handle the kernel holds.
 func (fs *rawFS) open(h inHeader, body []byte) ([]byte, syscall.Errno) {
-	if fs.node(h.nodeid) == nil {
+	if h.nodeid != pollID && fs.node(h.nodeid) == nil {
 		return nil, syscall.ENOENT
 	}
 	if len(body) >= 4 && le.Uint32(body)&syscall.O_TRUNC != 0 {
@@ -253,6 +279,9 @@ func (fs *rawFS) opendir(h inHeader) ([]byte, syscall.Errno) {
 
 // read fills buf from the export; a read the source cannot serve is EIO.
 func (fs *rawFS) read(h inHeader, body, buf []byte) ([]byte, syscall.Errno) {
+	if h.nodeid == pollID {
+		return nil, 0
+	}
 	e := fs.node(h.nodeid)
 	if e == nil {
 		return nil, syscall.ENOENT
