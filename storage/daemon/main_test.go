@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/agentenv/agentenv/internal/failpoint"
+	"github.com/agentenv/agentenv/storage/memfs"
 )
 
 // helperEnv makes the test binary run as a storage daemon on the directory
@@ -18,6 +19,7 @@ import (
 const helperEnv = "AENV_STORAGED_HELPER_DIR"
 
 func TestMain(m *testing.M) {
+	memfs.RunKeeperIfAsked()
 	if dir := os.Getenv(helperEnv); dir != "" {
 		os.Exit(helperMain(dir))
 	}

@@ -280,7 +280,9 @@ func (k *keeperLink) spawn() (*net.UnixConn, error) {
 		if err != nil {
 			return nil, err
 		}
-		argv = []string{exe}
+		// The flag makes a program that does not call RunKeeperIfAsked
+		// fail at once (an unknown flag) instead of running as itself.
+		argv = []string{exe, "-aenv-memfs-keeper"}
 	}
 	st, err := json.Marshal(k.s.c.negotiated())
 	if err != nil {
