@@ -20,6 +20,9 @@ const helperEnv = "AENV_STORAGED_HELPER_DIR"
 
 func TestMain(m *testing.M) {
 	memfs.RunKeeperIfAsked()
+	if arg := os.Getenv(mapReaderEnv); arg != "" {
+		os.Exit(mapReaderMain(arg))
+	}
 	if dir := os.Getenv(helperEnv); dir != "" {
 		os.Exit(helperMain(dir))
 	}
@@ -49,6 +52,6 @@ func helperMain(dir string) int {
 func helperOptions(dir string, log *slog.Logger) Options {
 	return Options{
 		Socket: filepath.Join(dir, "run", "storaged.sock"), StateDir: filepath.Join(dir, "state"),
-		RunDir: filepath.Join(dir, "run"), Logger: log,
+		RunDir: filepath.Join(dir, "run"), Logger: log, SharedBlock: os.Getenv(helperSharedEnv),
 	}
 }
