@@ -62,6 +62,26 @@
 //
 // Close unmounts. A mount still in use (a VM maps a file) is detached
 // lazily: its users keep it until they close it, and reads they take after
-// the server is gone fail. Surviving a restart of the serving process is
-// not done here yet.
+// the server is gone fail.
+//
+// # Surviving the serving process
+//
+// With Options.KeeperSocket the mount outlives its server, even a SIGKILL
+// of it: a keeper process (keeper.go) holds the connection's /dev/fuse
+// descriptor, and the next server's Open takes it over instead of
+// mounting. The kernel notices nothing: requests wait in its queue while no
+// server runs, and those the dead server had read but not answered are
+// queued again (FUSE_NOTIFY_RESEND, protocol 7.40, kernel 6.9). For the new
+// server to answer for what the kernel learned from the old one, nothing
+// it hands out depends on the process: a node id is a hash of the export's
+// name (names carry a nonce, never reused), every file handle is 0, and
+// what INIT negotiated travels with the descriptor (ConnState). The caller
+// adds its exports back between Open and Serve. A server that took over
+// does not know the kernel's lookup counts, so it keeps a released
+// export's node (serving it while its source lives) rather than forget it
+// too early. Only the keeper and the server dying together ends the
+// connection; either alone is survived (a live server starts a new keeper).
+//
+// The package speaks the FUSE protocol itself (proto.go, conn.go, raw.go):
+// a library that waits for INIT cannot resume an initialised connection.
 package memfs
