@@ -7,9 +7,12 @@ import (
 	"github.com/agentenv/agentenv/storage/memfs"
 )
 
-// TestMain lets this test binary be the keeper of the FUSE memory mount
-// of a storage daemon the tests run in-process (memfs keeper.go).
+// TestMain lets this test binary be the keeper of a storage daemon's FUSE
+// memory mount (memfs keeper.go), and a storage daemon a test can kill.
 func TestMain(m *testing.M) {
 	memfs.RunKeeperIfAsked()
+	if dir := os.Getenv(storagedEnv); dir != "" {
+		os.Exit(storagedMain(dir))
+	}
 	os.Exit(m.Run())
 }
