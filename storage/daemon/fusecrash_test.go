@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/memfs"
 	"github.com/agentenv/agentenv/storage/memfs/memfstest"
@@ -34,7 +36,8 @@ const mapReaderEnv = "AENV_STORAGED_TEST_MAPREADER"
 // TestCrashFUSEMapping: a daemon serving shared memory files over FUSE is
 // killed with SIGKILL while a child maps a device's file and has read half
 // of it; the child then faults on the other half while no daemon runs. A
-// restarted daemon takes the mount over from the keeper, re-exports the
+// restarted daemon takes the mount over from the keeper and is killed
+// before it serves (a failpoint); the next one takes it over, re-exports the
 // device at the same path, and the child reads every byte right (a SIGBUS
 // or a wrong byte fails it). A clean shutdown then unmounts and ends the
 // keeper.
@@ -76,10 +79,19 @@ func TestCrashFUSEMapping(t *testing.T) {
 		t.Fatalf("mount gone with the daemon: %v %v", ok, err)
 	}
 	io.WriteString(readerIn, "go on\n") // faults while no daemon serves
+	// A daemon that takes the mount over and dies before it serves (its
+	// exports added back) leaves it to the next one all the same.
+	crash := exec.CommandContext(ctx, os.Args[0])
+	crash.Env = append(os.Environ(), helperEnv+"="+dir, failpoint.EnvVar+"=storaged-fuse/taken-over=crash")
+	crash.Stderr = log
+	var ee *exec.ExitError
+	if err := crash.Run(); !errors.As(err, &ee) || !ee.Sys().(syscall.WaitStatus).Signaled() {
+		t.Fatalf("daemon with a crash at storaged-fuse/taken-over: %v, want killed\n%s", err, r.logText())
+	}
 	r.c.Close()
 	r.c = nil
 	r.spawn("")
-	if !strings.Contains(r.logText(), "took over the connection") {
+	if strings.Count(r.logText(), "took over the connection") != 2 {
 		t.Fatalf("the restarted daemon did not take the mount over:\n%s", r.logText())
 	}
 	devs := r.list()

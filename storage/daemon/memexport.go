@@ -101,6 +101,11 @@ func (d *Daemon) serveShared() error {
 	if d.files == nil {
 		return nil
 	}
+	if d.files.Adopted() {
+		if err := fpFUSETakenOver.Inject(); err != nil {
+			return err
+		}
+	}
 	if err := d.files.Serve(); err != nil {
 		return fmt.Errorf("storaged: serve shared memory exports: %w", err)
 	}
