@@ -231,6 +231,25 @@ func newKeeperLink(s *Server, opts Options) *keeperLink {
 	return &keeperLink{s: s, sock: opts.KeeperSocket, cmd: opts.KeeperCommand, log: opts.Logger, done: make(chan struct{})}
 }
 
+// start starts a keeper unless one holds the connection (run retries on
+// failure).
+func (k *keeperLink) start() {
+	k.mu.Lock()
+	have := k.conn != nil
+	k.mu.Unlock()
+	if have {
+		return
+	}
+	c, err := k.spawn()
+	if err != nil {
+		k.log.Error("memfs: start keeper: the mount dies with this process until one starts", "keeper", k.sock, "err", err)
+		return
+	}
+	k.mu.Lock()
+	k.conn = c
+	k.mu.Unlock()
+}
+
 // run keeps a keeper alive until stop: it starts one when there is none
 // and waits for the one there is to end.
 func (k *keeperLink) run() {

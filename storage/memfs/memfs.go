@@ -173,7 +173,8 @@ func (s *Server) mount() error {
 }
 
 // Serve starts answering the kernel. On a new mount it waits for INIT
-// and then hands the connection to a keeper; on a taken-over one it first
+// and then hands the connection to a keeper (started before it returns);
+// on a taken-over one it first
 // asks the kernel to resend what the previous server left unanswered.
 func (s *Server) Serve() error {
 	var err error
@@ -192,6 +193,9 @@ func (s *Server) Serve() error {
 		}
 		s.learnNoPoll()
 		if s.keeper != nil {
+			// The first keeper before Serve returns: from then on, a
+			// kill of this process leaves the mount to the next server.
+			s.keeper.start()
 			go s.keeper.run()
 		}
 		if e := s.setReadAhead(); e != nil {

@@ -294,3 +294,46 @@ func readChild() error {
 	}
 	return errors.Join(unix.Munmap(m))
 }
+
+// TestKeeperAndServerDeadEndsTheMount: with both the server and its
+// keeper killed, nothing holds the connection: a read fails (it does not
+// hang), and the next server mounts afresh over the dead mount.
+func TestKeeperAndServerDeadEndsTheMount(t *testing.T) {
+	memfstest.Require(t)
+	base := t.TempDir()
+	dir, sock := filepath.Join(base, "mem"), filepath.Join(base, "keeper.sock")
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	s1, _ := startServer(t, dir, sock, -1, "")
+	pid, err := KeeperPID(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	s1.kill(t)
+	for { // the keeper is not this process's child: wait for its socket to refuse
+		if _, err := KeeperPID(sock); err != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := os.ReadFile(filepath.Join(dir, takeExport)); err == nil {
+		t.Fatal("a read on a mount nobody holds succeeded")
+	}
+	s2, adopted := startServer(t, dir, sock, -1, "")
+	if adopted {
+		t.Fatal("took over a dead connection")
+	}
+	ref := filepath.Join(base, "want")
+	if err := os.WriteFile(ref, randomBytes(takeSize, takeSeed), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, r := startReader(t, filepath.Join(dir, takeExport), ref, false)
+	if err := <-r; err != nil {
+		t.Fatalf("reader on the new mount: %v", err)
+	}
+	s2.in.Close()
+	if err := <-s2.done; err != nil {
+		t.Fatalf("server: %v\n%s", err, s2.debug)
+	}
+	s2.done <- nil
+}
