@@ -47,7 +47,7 @@
 //     another uid than the daemon, and then the file modes keep everyone
 //     but that uid (and root) out.
 //   - Readahead: FUSE's readahead is bounded by the mount's bdi
-//     read_ahead_kb (128 KiB by default); Mount raises it (ReadAheadKB) so
+//     read_ahead_kb (128 KiB by default); Serve raises it (ReadAheadKB) so
 //     a cold fault reads around itself in one request, and reads up to
 //     1 MiB are one FUSE request.
 //   - Prefetch pushes ranges into the page cache with FUSE_NOTIFY_STORE, so
@@ -76,7 +76,9 @@
 // it hands out depends on the process: a node id is a hash of the export's
 // name (names carry a nonce, never reused), every file handle is 0, and
 // what INIT negotiated travels with the descriptor (ConnState). The caller
-// adds its exports back between Open and Serve. A server that took over
+// adds its exports back between Open and Serve. The keeper is the
+// serving program itself in a hidden mode: it must call RunKeeperIfAsked
+// first thing in main (aenv-storaged does; test binaries in TestMain). A server that took over
 // does not know the kernel's lookup counts, so it keeps a released
 // export's node (serving it while its source lives) rather than forget it
 // too early. Only the keeper and the server dying together ends the
