@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -135,10 +136,36 @@ func TestQEMUOnFUSEMemorySurvivesStoragedKill(t *testing.T) {
 	vm2 := p.restoreOn("vm2", snap, mem.BlockDevice)
 	p.waitTickAbove(vm2, tick+2)
 
+	var was unix.Stat_t
+	if err := unix.Stat(mem.BlockDevice, &was); err != nil {
+		t.Fatal(err)
+	}
 	first.Process.Signal(syscall.SIGKILL)
 	first.Wait()
 	before := p.lastTick(vm2)
+	// An open while no daemon runs waits for the next one (on a mount
+	// nobody held it would fail at once).
+	opened := make(chan error, 1)
+	var f *os.File
+	go func() {
+		var err error
+		f, err = os.Open(mem.BlockDevice)
+		opened <- err
+	}()
 	spawnStoraged(ctx, t, dir, log)
+	if err := <-opened; err != nil {
+		t.Fatalf("open across the restart: %v", err)
+	}
+	defer f.Close()
+	var is unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &is); err != nil || is.Dev != was.Dev || is.Ino != was.Ino {
+		t.Fatalf("the file after the restart is %d:%d (%v), was %d:%d: not the same mount", is.Dev, is.Ino, err, was.Dev, was.Ino)
+	}
+	// Pages the guest does not map leave the cache: reading them back
+	// takes FUSE reads of the new daemon on the old mount.
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
 	p.waitTickAbove(vm2, before+3) // the guest goes on, its memory still mapped
 	devs, err := c.List(ctx)
 	if err != nil {
@@ -153,4 +180,7 @@ func TestQEMUOnFUSEMemorySurvivesStoragedKill(t *testing.T) {
 	}
 	vm2.Stop(ctx)
 	p.checkDeviceHolds(mem.BlockDevice, []string{base})
+	if logText, _ := os.ReadFile(log.Name()); !strings.Contains(string(logText), "took over the connection") {
+		t.Fatalf("the restarted daemon did not take the mount over:\n%s", logText)
+	}
 }
