@@ -28,7 +28,11 @@ import (
 // not, which is why only ublk qualifies. Where the daemon was started to
 // export shared memory over FUSE instead (rpc.Features.SharedBlock, package
 // storage/memfs), the VM maps the daemon's read-only file of the stack the
-// same way; that file does not yet outlive a restart of the daemon. A VM's
+// same way; that file outlives a restart of the daemon too, even a SIGKILL:
+// a keeper process holds the mount's FUSE connection and the restarted
+// daemon takes it over (requests the dead one left unanswered are resent
+// to it). Only the keeper and the daemon dying together ends the mount
+// (the VMs then fault with SIGBUS). A VM's
 // hold is given back once its VMM is gone (sandbox.Memory.Release); a
 // node's start gives back the holds no running VM has.
 

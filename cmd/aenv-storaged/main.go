@@ -20,6 +20,9 @@ import (
 )
 
 func main() {
+	// A hidden mode: the process that holds the FUSE connection of shared
+	// memory exports across restarts of the daemon (memfs keeper).
+	memfs.RunKeeperIfAsked()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "aenv-storaged:", err)
 		os.Exit(1)

@@ -291,6 +291,8 @@ var crashScenario = []crashStep{
 // separate process per point), restarts it and checks that the device
 // holds every flushed write, that nothing is left that no record owns,
 // and that the cut operation and the rest of the scenario then succeed.
+// Its FUSE row, a kill while a child maps a shared memory file, is
+// TestCrashFUSEMapping (fusecrash_test.go).
 func TestCrashMatrix(t *testing.T) {
 	t.Parallel()
 	fx := newFixture(t, 31)

@@ -95,6 +95,10 @@ type Options struct {
 	// or SharedNone. Chosen once at start.
 	SharedBlock string
 	// MemFS configures the FUSE mount of shared memory files (RUN/mem).
+	// Its KeeperSocket defaults to RUN/mem.keeper: the mount's connection
+	// is held by a keeper process (this executable, see
+	// memfs.RunKeeperIfAsked) so that a restarted daemon, even after
+	// SIGKILL, takes the mount over and its VMs' mappings stay valid.
 	MemFS memfs.Options
 }
 
@@ -242,6 +246,14 @@ func (d *Daemon) open(ctx context.Context) error {
 		return err
 	}
 	if err := d.recover(); err != nil {
+		d.closeShared()
+		d.lockFile.Close()
+		return err
+	}
+	// Only now: a mount taken over from a previous daemon is asked about
+	// the exports the kernel knows, which recover has just added again.
+	if err := d.serveShared(); err != nil {
+		d.stopAll()
 		d.closeShared()
 		d.lockFile.Close()
 		return err

@@ -67,4 +67,10 @@ var (
 	fpPoolAfterFill     = newPoint("storaged/pool/after-fill")     // pool device made, not yet in the ready list
 	fpPoolAfterClaim    = newPoint("storaged/pool/after-claim")    // pool device recorded as the caller's, not answered
 	fpSharedAfterRecord = newPoint("storaged/shared/after-record") // a holder added or dropped in the record
+
+	// a FUSE mount of shared memory taken over from a killed daemon: its
+	// exports added back, nothing served yet (outside "storaged/": the
+	// crash matrix's scenario has no FUSE mount; TestCrashFUSEMapping
+	// crashes here)
+	fpFUSETakenOver = newPoint("storaged-fuse/taken-over")
 )

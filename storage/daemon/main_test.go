@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/agentenv/agentenv/internal/failpoint"
+	"github.com/agentenv/agentenv/storage/memfs"
 )
 
 // helperEnv makes the test binary run as a storage daemon on the directory
@@ -18,6 +19,10 @@ import (
 const helperEnv = "AENV_STORAGED_HELPER_DIR"
 
 func TestMain(m *testing.M) {
+	memfs.RunKeeperIfAsked()
+	if arg := os.Getenv(mapReaderEnv); arg != "" {
+		os.Exit(mapReaderMain(arg))
+	}
 	if dir := os.Getenv(helperEnv); dir != "" {
 		os.Exit(helperMain(dir))
 	}
@@ -47,6 +52,6 @@ func helperMain(dir string) int {
 func helperOptions(dir string, log *slog.Logger) Options {
 	return Options{
 		Socket: filepath.Join(dir, "run", "storaged.sock"), StateDir: filepath.Join(dir, "state"),
-		RunDir: filepath.Join(dir, "run"), Logger: log,
+		RunDir: filepath.Join(dir, "run"), Logger: log, SharedBlock: os.Getenv(helperSharedEnv),
 	}
 }

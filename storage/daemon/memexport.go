@@ -62,7 +62,13 @@ func chooseShared(want string) (kind, why string, err error) {
 // memDir is the FUSE mount point of shared memory files.
 func (d *Daemon) memDir() string { return filepath.Join(d.opts.RunDir, rpc.SharedFileDir) }
 
-// openShared chooses the shared export kind and, for FUSE, mounts.
+// memKeeperSocket is where the FUSE mount's keeper answers.
+func (d *Daemon) memKeeperSocket() string { return filepath.Join(d.opts.RunDir, "mem.keeper") }
+
+// openShared chooses the shared export kind and, for FUSE, takes over the
+// mount a previous daemon left (its keeper still holding the connection)
+// or mounts afresh; serving starts in serveShared, once recover has added
+// the exports back.
 func (d *Daemon) openShared() error {
 	kind, why, err := chooseShared(d.opts.SharedBlock)
 	if err != nil {
@@ -73,7 +79,10 @@ func (d *Daemon) openShared() error {
 		if mo.Logger == nil {
 			mo.Logger = d.log
 		}
-		files, err := memfs.Mount(d.memDir(), mo)
+		if mo.KeeperSocket == "" {
+			mo.KeeperSocket = d.memKeeperSocket()
+		}
+		files, err := memfs.Open(d.memDir(), mo)
 		if err != nil {
 			return fmt.Errorf("storaged: shared memory exports over FUSE: %w", err)
 		}
@@ -83,7 +92,23 @@ func (d *Daemon) openShared() error {
 		}
 	}
 	d.sharedBlock = kind
-	d.log.Info("shared memory exports", "kind", kind, "why", why, "mount", d.filesDir())
+	d.log.Info("shared memory exports", "kind", kind, "why", why, "mount", d.filesDir(), "taken_over", d.files != nil && d.files.Adopted())
+	return nil
+}
+
+// serveShared starts serving the FUSE mount, if any.
+func (d *Daemon) serveShared() error {
+	if d.files == nil {
+		return nil
+	}
+	if d.files.Adopted() {
+		if err := fpFUSETakenOver.Inject(); err != nil {
+			return err
+		}
+	}
+	if err := d.files.Serve(); err != nil {
+		return fmt.Errorf("storaged: serve shared memory exports: %w", err)
+	}
 	return nil
 }
 

@@ -19,8 +19,10 @@ import (
 // test binary run again with MEMFS_CHILD set.
 
 func TestMain(m *testing.M) {
-	if os.Getenv("MEMFS_CHILD") != "" {
-		if err := childMain(); err != nil {
+	RunKeeperIfAsked()
+	if mode := os.Getenv("MEMFS_CHILD"); mode != "" {
+		run := map[string]func() error{"map": childMain, "serve": serveChild, "read": readChild}[mode]
+		if err := run(); err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)
 			os.Exit(1)
 		}

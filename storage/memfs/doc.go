@@ -47,7 +47,7 @@
 //     another uid than the daemon, and then the file modes keep everyone
 //     but that uid (and root) out.
 //   - Readahead: FUSE's readahead is bounded by the mount's bdi
-//     read_ahead_kb (128 KiB by default); Mount raises it (ReadAheadKB) so
+//     read_ahead_kb (128 KiB by default); Serve raises it (ReadAheadKB) so
 //     a cold fault reads around itself in one request, and reads up to
 //     1 MiB are one FUSE request.
 //   - Prefetch pushes ranges into the page cache with FUSE_NOTIFY_STORE, so
@@ -62,6 +62,28 @@
 //
 // Close unmounts. A mount still in use (a VM maps a file) is detached
 // lazily: its users keep it until they close it, and reads they take after
-// the server is gone fail. Surviving a restart of the serving process is
-// not done here yet.
+// the server is gone fail.
+//
+// # Surviving the serving process
+//
+// With Options.KeeperSocket the mount outlives its server, even a SIGKILL
+// of it: a keeper process (keeper.go) holds the connection's /dev/fuse
+// descriptor, and the next server's Open takes it over instead of
+// mounting. The kernel notices nothing: requests wait in its queue while no
+// server runs, and those the dead server had read but not answered are
+// queued again (FUSE_NOTIFY_RESEND, protocol 7.40, kernel 6.9). For the new
+// server to answer for what the kernel learned from the old one, nothing
+// it hands out depends on the process: a node id is a hash of the export's
+// name (names carry a nonce, never reused), every file handle is 0, and
+// what INIT negotiated travels with the descriptor (ConnState). The caller
+// adds its exports back between Open and Serve. The keeper is the
+// serving program itself in a hidden mode: it must call RunKeeperIfAsked
+// first thing in main (aenv-storaged does; test binaries in TestMain). A server that took over
+// does not know the kernel's lookup counts, so it keeps a released
+// export's node (serving it while its source lives) rather than forget it
+// too early. Only the keeper and the server dying together ends the
+// connection; either alone is survived (a live server starts a new keeper).
+//
+// The package speaks the FUSE protocol itself (proto.go, conn.go, raw.go):
+// a library that waits for INIT cannot resume an initialised connection.
 package memfs

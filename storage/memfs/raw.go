@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"slices"
@@ -11,8 +12,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
 // entryTimeout is how long the kernel may trust a name or attributes: the
@@ -28,39 +27,64 @@ type export struct {
 	size int64
 
 	refs    int    // Add/Hold minus Release
-	lookups uint64 // the kernel's references on the node
+	lookups uint64 // the kernel's references on the node (as this server saw them)
 	listed  bool   // in the directory
 }
 
-// rawFS answers the kernel at the level of the FUSE protocol: a flat root
-// of read-only files. Requests it does not implement are refused by the
-// embedded default (ENOSYS).
+// nodeID is the node id (and inode number) of export name: a hash of the
+// name, so a server that adopts a connection answers for the nodes the
+// kernel learned from the one before it. Export names carry a nonce, so a
+// name, and with it its id, is never reused for other bytes.
+func nodeID(name string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	id := h.Sum64() &^ uniqueResent // keep clear of the top bit: 63 bits are plenty
+	if id <= pollID {
+		id += pollID + 1
+	}
+	return id
+}
+
+// pollName is a hidden empty file (node pollID, not listed) that the
+// server polls once at start. Go's os.Open registers every descriptor
+// with epoll, which for a FUSE file is a FUSE_POLL request, sent from
+// inside the runtime where the thread holds its scheduler slot: a serving
+// process that opens its own files could stop the world while its readers
+// wait for a slot to answer it. Polling this file first, from a plain
+// system call, makes the kernel learn that the server does not implement
+// poll (ENOSYS), after which it never asks again on this connection.
+const (
+	pollName = ".poll"
+	pollID   = rootID + 1
+)
+
+// rawFS answers the kernel's requests: a flat root of read-only files.
 type rawFS struct {
-	fuse.RawFileSystem
 	opts    Options
 	log     *slog.Logger
 	created time.Time
+	// keepNodes: the kernel's lookup counts are unknown (the connection was
+	// adopted), so a removed export's node is kept for files still open.
+	keepNodes bool
 
 	mu     sync.Mutex
 	byName map[string]*export
 	byNode map[uint64]*export
-	next   uint64 // node ids are never reused
 
-	reads, readBytes, readErrs, stored atomic.Int64
-	lastErrLog                         atomic.Int64
+	reads, readBytes, readErrs, stored, resent atomic.Int64
+	lastErrLog                                 atomic.Int64
 }
 
 func newRawFS(opts Options) *rawFS {
 	return &rawFS{
-		RawFileSystem: fuse.NewDefaultRawFileSystem(), opts: opts, log: opts.Logger, created: time.Now(),
-		byName: make(map[string]*export), byNode: make(map[uint64]*export), next: fuse.FUSE_ROOT_ID + 1,
+		opts: opts, log: opts.Logger, created: time.Now(),
+		byName: make(map[string]*export), byNode: make(map[uint64]*export),
 	}
 }
 
-func (fs *rawFS) String() string { return "aenvmem" }
-
 func (fs *rawFS) stats() Stats {
-	return Stats{Reads: fs.reads.Load(), ReadBytes: fs.readBytes.Load(), ReadErrs: fs.readErrs.Load(), Stored: fs.stored.Load()}
+	return Stats{Reads: fs.reads.Load(), ReadBytes: fs.readBytes.Load(), ReadErrs: fs.readErrs.Load(),
+		Stored: fs.stored.Load(), Resent: fs.resent.Load()}
 }
 
 func (fs *rawFS) add(name string, src io.ReaderAt, size int64) error {
@@ -69,9 +93,19 @@ func (fs *rawFS) add(name string, src io.ReaderAt, size int64) error {
 	if _, ok := fs.byName[name]; ok {
 		return fmt.Errorf("memfs: export %q exists", name)
 	}
-	e := &export{name: name, node: fs.next, src: src, size: size, refs: 1, listed: true}
-	fs.next++
-	fs.byName[name], fs.byNode[e.node] = e, e
+	id := nodeID(name)
+	if old, ok := fs.byNode[id]; ok {
+		if old.name != name {
+			return fmt.Errorf("memfs: export %q: node id %#x taken by %q", name, id, old.name)
+		}
+		// The same name again (its node still known to the kernel): the
+		// same bytes, by the nonce in the name.
+		old.src, old.size, old.refs, old.listed = src, size, 1, true
+		fs.byName[name] = old
+		return nil
+	}
+	e := &export{name: name, node: id, src: src, size: size, refs: 1, listed: true}
+	fs.byName[name], fs.byNode[id] = e, e
 	return nil
 }
 
@@ -101,7 +135,7 @@ func (fs *rawFS) release(name string) (node uint64, gone bool, err error) {
 	}
 	delete(fs.byName, name)
 	e.listed = false
-	if e.lookups == 0 {
+	if e.lookups == 0 && !fs.keepNodes {
 		delete(fs.byNode, e.node)
 	}
 	return e.node, true, nil
@@ -123,23 +157,31 @@ func (fs *rawFS) node(id uint64) *export {
 	return fs.byNode[id]
 }
 
-func (fs *rawFS) fileAttr(e *export, a *fuse.Attr) {
-	fs.commonAttr(a)
-	a.Ino, a.Size, a.Blocks = e.node, uint64(e.size), (uint64(e.size)+511)/512
-	a.Mode = syscall.S_IFREG | 0o600
-	a.Nlink = 1
-	a.Owner = fuse.Owner{Uid: fs.opts.UID, Gid: fs.opts.GID}
+func (fs *rawFS) fileAttr(e *export) attr {
+	return attr{
+		ino: e.node, size: uint64(e.size), blocks: (uint64(e.size) + 511) / 512,
+		time: uint64(fs.created.Unix()), mode: syscall.S_IFREG | 0o600, nlink: 1,
+		uid: fs.opts.UID, gid: fs.opts.GID, blksize: 4096,
+	}
 }
 
-func (fs *rawFS) commonAttr(a *fuse.Attr) {
-	t := uint64(fs.created.Unix())
-	a.Atime, a.Mtime, a.Ctime = t, t, t
-	a.Blksize = 4096
+func (fs *rawFS) rootAttr() attr {
+	return attr{ino: rootID, time: uint64(fs.created.Unix()), mode: syscall.S_IFDIR | 0o711, nlink: 2, blksize: 4096}
 }
 
-func (fs *rawFS) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
-	if h.NodeId != fuse.FUSE_ROOT_ID {
-		return fuse.ENOTDIR
+// putTimeout writes a validity (seconds, then nanoseconds at nsecOff).
+func putTimeout(b []byte, secOff, nsecOff int) {
+	le.PutUint64(b[secOff:], uint64(entryTimeout/time.Second))
+	le.PutUint32(b[nsecOff:], 0)
+}
+
+func (fs *rawFS) lookup(h inHeader, body []byte) ([]byte, syscall.Errno) {
+	if h.nodeid != rootID {
+		return nil, syscall.ENOTDIR
+	}
+	name := cstring(body)
+	if name == pollName {
+		return fs.entry(pollID, fs.pollAttr()), 0
 	}
 	fs.mu.Lock()
 	e, ok := fs.byName[name]
@@ -148,16 +190,26 @@ func (fs *rawFS) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string, out *f
 	}
 	fs.mu.Unlock()
 	if !ok {
-		return fuse.ENOENT
+		return nil, syscall.ENOENT
 	}
-	out.NodeId, out.Generation = e.node, 1
-	out.SetEntryTimeout(entryTimeout)
-	out.SetAttrTimeout(entryTimeout)
-	fs.fileAttr(e, &out.Attr)
-	return fuse.OK
+	return fs.entry(e.node, fs.fileAttr(e)), 0
 }
 
-func (fs *rawFS) Forget(node, n uint64) {
+func (fs *rawFS) entry(node uint64, a attr) []byte {
+	out := make([]byte, entryOutSize)
+	le.PutUint64(out[0:], node)
+	le.PutUint64(out[8:], 1) // generation
+	putTimeout(out, 16, 32)  // entry
+	putTimeout(out, 24, 36)  // attributes
+	a.put(out[40:])
+	return out
+}
+
+func (fs *rawFS) pollAttr() attr {
+	return attr{ino: pollID, time: uint64(fs.created.Unix()), mode: syscall.S_IFREG | 0o400, nlink: 1, blksize: 4096}
+}
+
+func (fs *rawFS) forget(node, n uint64) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	e, ok := fs.byNode[node]
@@ -165,63 +217,92 @@ func (fs *rawFS) Forget(node, n uint64) {
 		return
 	}
 	e.lookups -= min(n, e.lookups)
-	if e.lookups == 0 && !e.listed {
+	if e.lookups == 0 && !e.listed && !fs.keepNodes {
 		delete(fs.byNode, node)
 	}
 }
 
-func (fs *rawFS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
-	out.SetTimeout(entryTimeout)
-	if in.NodeId == fuse.FUSE_ROOT_ID {
-		fs.commonAttr(&out.Attr)
-		out.Ino, out.Mode, out.Nlink = fuse.FUSE_ROOT_ID, syscall.S_IFDIR|0o711, 2
-		return fuse.OK
+func (fs *rawFS) batchForget(body []byte) {
+	if len(body) < 8 {
+		return
 	}
-	e := fs.node(in.NodeId)
+	count := le.Uint32(body)
+	body = body[8:]
+	for i := uint32(0); i < count && len(body) >= 16; i++ {
+		fs.forget(le.Uint64(body), le.Uint64(body[8:]))
+		body = body[16:]
+	}
+}
+
+func (fs *rawFS) getattr(h inHeader) ([]byte, syscall.Errno) {
+	var a attr
+	switch h.nodeid {
+	case rootID:
+		a = fs.rootAttr()
+	case pollID:
+		a = fs.pollAttr()
+	default:
+		e := fs.node(h.nodeid)
+		if e == nil {
+			return nil, syscall.ENOENT
+		}
+		a = fs.fileAttr(e)
+	}
+	out := make([]byte, attrOutSize)
+	putTimeout(out, 0, 8)
+	a.put(out[16:])
+	return out, 0
+}
+
+// open accepts read-only and read-write opens (QEMU opens its memory file
+// read-write) and keeps the page cache; it refuses O_TRUNC. The file
+// handle is always 0: nothing is kept per open, so a server that adopts
+// the connection knows every handle the kernel holds.
+func (fs *rawFS) open(h inHeader, body []byte) ([]byte, syscall.Errno) {
+	if h.nodeid != pollID && fs.node(h.nodeid) == nil {
+		return nil, syscall.ENOENT
+	}
+	if len(body) >= 4 && le.Uint32(body)&syscall.O_TRUNC != 0 {
+		return nil, syscall.EPERM
+	}
+	out := make([]byte, openOutSize)
+	le.PutUint32(out[8:], fopenKeepCache)
+	return out, 0
+}
+
+func (fs *rawFS) opendir(h inHeader) ([]byte, syscall.Errno) {
+	if h.nodeid != rootID {
+		return nil, syscall.ENOTDIR
+	}
+	return make([]byte, openOutSize), 0
+}
+
+// read fills buf from the export; a read the source cannot serve is EIO.
+func (fs *rawFS) read(h inHeader, body, buf []byte) ([]byte, syscall.Errno) {
+	if h.nodeid == pollID {
+		return nil, 0
+	}
+	e := fs.node(h.nodeid)
 	if e == nil {
-		return fuse.ENOENT
+		return nil, syscall.ENOENT
 	}
-	fs.fileAttr(e, &out.Attr)
-	return fuse.OK
-}
-
-// SetAttr refuses every change: size, mode, owner and times are fixed.
-func (fs *rawFS) SetAttr(<-chan struct{}, *fuse.SetAttrIn, *fuse.AttrOut) fuse.Status {
-	return fuse.EPERM
-}
-
-// Open accepts read-only and read-write opens (QEMU opens its memory file
-// read-write) and keeps the page cache; it refuses O_TRUNC.
-func (fs *rawFS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
-	if fs.node(in.NodeId) == nil {
-		return fuse.ENOENT
-	}
-	if in.Flags&syscall.O_TRUNC != 0 {
-		return fuse.EPERM
-	}
-	out.OpenFlags = fuse.FOPEN_KEEP_CACHE
-	return fuse.OK
-}
-
-func (fs *rawFS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
-	e := fs.node(in.NodeId)
-	if e == nil {
-		return nil, fuse.ENOENT
+	if len(body) < 24 {
+		return nil, syscall.EINVAL
 	}
 	fs.reads.Add(1)
-	off := int64(in.Offset)
+	off, size := int64(le.Uint64(body[8:])), int64(le.Uint32(body[16:]))
 	if off >= e.size {
-		return fuse.ReadResultData(nil), fuse.OK
+		return nil, 0
 	}
-	n := min(int64(in.Size), e.size-off, int64(len(buf)))
+	n := min(size, e.size-off, int64(len(buf)))
 	got, err := e.src.ReadAt(buf[:n], off)
 	if err != nil && !(errors.Is(err, io.EOF) && int64(got) == n) {
 		fs.readErrs.Add(1)
 		fs.logReadError(e, off, n, err)
-		return nil, fuse.EIO
+		return nil, syscall.EIO
 	}
 	fs.readBytes.Add(n)
-	return fuse.ReadResultData(buf[:n]), fuse.OK
+	return buf[:n], 0
 }
 
 // logReadError logs a failed read at most once every 10 seconds.
@@ -232,55 +313,46 @@ func (fs *rawFS) logReadError(e *export, off, n int64, err error) {
 	}
 }
 
-// Write refuses: the bytes behind a mapping never change.
-func (fs *rawFS) Write(<-chan struct{}, *fuse.WriteIn, []byte) (uint32, fuse.Status) {
-	return 0, fuse.EPERM
-}
-
-func (fs *rawFS) Writev(<-chan struct{}, *fuse.WriteIn, [][]byte) (uint32, fuse.Status) {
-	return 0, fuse.EPERM
-}
-
-func (fs *rawFS) Fallocate(<-chan struct{}, *fuse.FallocateIn) fuse.Status { return fuse.EPERM }
-
-func (fs *rawFS) CopyFileRange(<-chan struct{}, *fuse.CopyFileRangeIn) (uint32, fuse.Status) {
-	return 0, fuse.EPERM
-}
-
-func (fs *rawFS) Flush(<-chan struct{}, *fuse.FlushIn) fuse.Status { return fuse.OK }
-func (fs *rawFS) Fsync(<-chan struct{}, *fuse.FsyncIn) fuse.Status { return fuse.OK }
-func (fs *rawFS) Release(<-chan struct{}, *fuse.ReleaseIn)         {}
-
-func (fs *rawFS) OpenDir(_ <-chan struct{}, in *fuse.OpenIn, _ *fuse.OpenOut) fuse.Status {
-	if in.NodeId != fuse.FUSE_ROOT_ID {
-		return fuse.ENOTDIR
+// readdir lists the exports (for operators; the VMM is given a path).
+func (fs *rawFS) readdir(h inHeader, body []byte) ([]byte, syscall.Errno) {
+	if h.nodeid != rootID {
+		return nil, syscall.ENOTDIR
 	}
-	return fuse.OK
-}
-
-// ReadDir lists the exports (for operators; the VMM is given a path).
-func (fs *rawFS) ReadDir(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
+	if len(body) < 24 {
+		return nil, syscall.EINVAL
+	}
+	off, size := le.Uint64(body[8:]), int(le.Uint32(body[16:]))
 	fs.mu.Lock()
-	ents := make([]fuse.DirEntry, 0, len(fs.byName))
+	ents := make([]*export, 0, len(fs.byName))
 	for _, e := range fs.byName {
-		ents = append(ents, fuse.DirEntry{Name: e.name, Ino: e.node, Mode: syscall.S_IFREG})
+		ents = append(ents, e)
 	}
 	fs.mu.Unlock()
-	slices.SortFunc(ents, func(a, b fuse.DirEntry) int { return cmp.Compare(a.Ino, b.Ino) })
-	for i := int(in.Offset); i < len(ents); i++ {
-		ents[i].Off = uint64(i + 1)
-		if !out.AddDirEntry(ents[i]) {
+	slices.SortFunc(ents, func(a, b *export) int { return cmp.Compare(a.node, b.node) })
+	var out []byte
+	for i := int(min(off, uint64(len(ents)))); i < len(ents); i++ {
+		name := ents[i].name
+		n := (direntBaseSize + len(name) + 7) &^ 7
+		if len(out)+n > size {
 			break
 		}
+		d := make([]byte, n)
+		le.PutUint64(d[0:], ents[i].node)
+		le.PutUint64(d[8:], uint64(i+1))
+		le.PutUint32(d[16:], uint32(len(name)))
+		le.PutUint32(d[20:], syscall.DT_REG)
+		copy(d[24:], name)
+		out = append(out, d...)
 	}
-	return fuse.OK
+	return out, 0
 }
 
-func (fs *rawFS) ReleaseDir(*fuse.ReleaseIn) {}
-
-func (fs *rawFS) StatFs(_ <-chan struct{}, _ *fuse.InHeader, out *fuse.StatfsOut) fuse.Status {
-	out.Bsize, out.Frsize, out.NameLen = 4096, 4096, 255
-	return fuse.OK
+func statfs() []byte {
+	out := make([]byte, statfsOutSize)
+	le.PutUint32(out[40:], 4096) // bsize
+	le.PutUint32(out[44:], 255)  // namelen
+	le.PutUint32(out[48:], 4096) // frsize
+	return out
 }
 
 // capsXattr is the attribute every export file carries to fail write(2)
@@ -290,6 +362,8 @@ func (fs *rawFS) StatFs(_ <-chan struct{}, _ *fuse.InHeader, out *fuse.StatfsOut
 // of the page see. A file with file capabilities must lose them on write:
 // the kernel asks to remove the attribute before copying anything (for
 // root too, unlike the set-user-id bit), and the refusal fails the write.
+// The connection must not take over that removal (no HANDLE_KILLPRIV in
+// INIT), or the kernel would not ask.
 const capsXattr = "security.capability"
 
 // capsValue is an empty version-2 capability set (magic, then permitted
@@ -297,25 +371,28 @@ const capsXattr = "security.capability"
 // nothing.
 var capsValue = []byte{0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
-func (fs *rawFS) GetXAttr(_ <-chan struct{}, h *fuse.InHeader, attr string, dest []byte) (uint32, fuse.Status) {
-	if h.NodeId == fuse.FUSE_ROOT_ID || attr != capsXattr {
-		return 0, fuse.ENOATTR
+func (fs *rawFS) getxattr(h inHeader, body []byte) ([]byte, syscall.Errno) {
+	if len(body) < 8 {
+		return nil, syscall.EINVAL
 	}
-	if len(dest) < len(capsValue) {
-		return uint32(len(capsValue)), fuse.ERANGE
+	if h.nodeid == rootID || cstring(body[8:]) != capsXattr {
+		return nil, syscall.ENODATA
 	}
-	return uint32(copy(dest, capsValue)), fuse.OK
+	size := le.Uint32(body)
+	if size == 0 { // the caller asks for the length
+		out := make([]byte, 8)
+		le.PutUint32(out, uint32(len(capsValue)))
+		return out, 0
+	}
+	if int(size) < len(capsValue) {
+		return nil, syscall.ERANGE
+	}
+	return capsValue, 0
 }
 
-func (fs *rawFS) ListXAttr(<-chan struct{}, *fuse.InHeader, []byte) (uint32, fuse.Status) {
-	return 0, fuse.OK
-}
-
-// RemoveXAttr refuses, which is what fails a write (see capsXattr).
-func (fs *rawFS) RemoveXAttr(<-chan struct{}, *fuse.InHeader, string) fuse.Status {
-	return fuse.EPERM
-}
-
-func (fs *rawFS) SetXAttr(<-chan struct{}, *fuse.SetXAttrIn, string, []byte) fuse.Status {
-	return fuse.EPERM
+func listxattr(body []byte) ([]byte, syscall.Errno) {
+	if len(body) >= 4 && le.Uint32(body) == 0 {
+		return make([]byte, 8), 0 // no names: length 0
+	}
+	return nil, 0
 }
