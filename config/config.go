@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -203,11 +204,17 @@ type Storage struct {
 	// stack, its pages cached once) instead of a node-local flattened file,
 	// where the daemon makes ublk devices and the VMM maps a device (QEMU),
 	// or from the daemon's read-only FUSE file of the stack where the daemon
-	// was started to export shared memory that way (aenv-storaged
-	// -shared-block auto|fuse; aenvd does not start it so). Elsewhere the
-	// default has no effect; set explicitly, a node without the ublk driver
+	// exports shared memory that way (SharedMemory). Elsewhere the
+	// default has no effect; set explicitly, a node that can make neither
 	// refuses to start. On by default.
 	MemoryDevices bool `toml:"memory_devices" env:"AENVD_STORAGE_MEMORY_DEVICES"`
+	// SharedMemory is how the storage daemon aenvd starts exports shared
+	// memory stacks to VMMs (its -shared-block): "" a ublk device where
+	// the driver is loaded, else none (memory files are flattened per
+	// node); "auto" ublk, else a read-only file on the daemon's FUSE mount,
+	// which outlives a crash of the daemon (storage/memfs); "fuse", "ublk"
+	// or "none" to force one. A daemon already running keeps its choice.
+	SharedMemory string `toml:"shared_memory" env:"AENVD_STORAGE_SHARED_MEMORY"`
 }
 
 // API configures the HTTP listeners.
@@ -433,6 +440,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("config: data_dir is empty")
 	case c.API.Listen == "":
 		return fmt.Errorf("config: api.listen is empty")
+	case !slices.Contains([]string{"", "auto", "fuse", "ublk", "none"}, c.Storage.SharedMemory):
+		return fmt.Errorf("config: storage.shared_memory %q: want auto, fuse, ublk, none or empty", c.Storage.SharedMemory)
 	case c.Storage.Backend != "storaged" && c.Storage.Backend != "local" && c.Storage.Backend != "files":
 		return fmt.Errorf("config: storage.backend %q: want storaged or local", c.Storage.Backend)
 	case c.VMM.UIDBase < 0 || c.VMM.UIDBase > maxVMMUIDBase:

@@ -66,7 +66,7 @@ func (n *node) sandboxCount(t *testing.T) int {
 }
 
 // TestCreateUntilRefused: a node with the default [admission] limits takes
-// creates until it refuses one, each sandbox filling half of its guest
+// creates until it refuses one, each sandbox filling 100 MiB of its guest
 // memory as it arrives (tmpfs, so the host commits real pages), and the
 // host neither swaps nor OOM-kills anything on the way: the kernel's
 // oom_kill and pswpout counters are unchanged, every sandbox still answers,
@@ -93,8 +93,8 @@ func TestCreateUntilRefused(t *testing.T) {
 			ids = append(ids, sbx.SandboxID)
 			id := sbx.SandboxID
 			t.Cleanup(func() { n.call(t, "DELETE", "/sandboxes/"+id, n.key, "") })
-			// Half the guest's 256 MiB (its /dev/shm holds that much), written: real host pages.
-			n.sh(t, id, "head -c 120M /dev/zero > /dev/shm/fill")
+			// 100 MiB of the guest's 256 (its /dev/shm holds half its memory), written: real host pages.
+			n.sh(t, id, "head -c 100M /dev/zero > /dev/shm/fill")
 		case http.StatusTooManyRequests, http.StatusServiceUnavailable:
 			refusal = checkRefusal(t, code, b, h)
 		default:
@@ -112,7 +112,7 @@ func TestCreateUntilRefused(t *testing.T) {
 		}
 	}
 	for i, id := range ids {
-		if got := n.sh(t, id, "echo alive; wc -c < /dev/shm/fill"); got != "alive\n125829120" {
+		if got := n.sh(t, id, "echo alive; wc -c < /dev/shm/fill"); got != "alive\n104857600" {
 			t.Errorf("sandbox %d (%s) after the node filled up: %q", i+1, id, got)
 		}
 	}

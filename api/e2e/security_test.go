@@ -81,7 +81,7 @@ func TestVMMConfined(t *testing.T) {
 		}
 	}
 	mem := groupFile(t, "memory", groups["memory"], "memory.limit_in_bytes", "memory.max")
-	if want := []string{fmt.Sprint((info.MemoryMB + 1280) << 20), fmt.Sprint((info.MemoryMB + 256) << 20)}; !slices.Contains(want, mem) {
+	if want := []string{fmt.Sprint((info.MemoryMB + int64(sandbox.VMMOverheadMiB("tcg"))) << 20), fmt.Sprint((info.MemoryMB + int64(sandbox.VMMOverheadMiB("kvm"))) << 20)}; !slices.Contains(want, mem) {
 		t.Errorf("memory limit %s, want one of %v (guest %d MiB + the VMM's share)", mem, want, info.MemoryMB)
 	}
 	if got := groupFile(t, "pids", groups["pids"], "pids.max", "pids.max"); got != "512" {

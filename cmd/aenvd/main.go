@@ -405,7 +405,7 @@ func connectStoraged(ctx context.Context, cfg config.Config) (*disk.Storaged, er
 	}
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return disk.ConnectStoraged(sctx, socket, bin, filepath.Join(dir, "storaged.log"), filepath.Join(dir, "state"), filepath.Join(dir, "run"))
+	return disk.ConnectStoraged(sctx, socket, bin, filepath.Join(dir, "storaged.log"), filepath.Join(dir, "state"), filepath.Join(dir, "run"), cfg.Storage.SharedMemory)
 }
 
 // vmmGroups returns the control groups VMMs are confined in (nil when

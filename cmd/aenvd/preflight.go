@@ -15,11 +15,12 @@ import (
 type hostPaths struct {
 	kvm         string // the KVM device
 	ublkControl string // the ublk driver's control device
+	fuse        string // the FUSE device (storage.shared_memory = "fuse")
 	mountinfo   string // the mount table, for the control group hierarchies
 	selfCgroup  string // this process's control groups (sandbox.cgroup_delegated)
 }
 
-var realHost = hostPaths{kvm: "/dev/kvm", ublkControl: "/dev/ublk-control", mountinfo: "/proc/self/mountinfo",
+var realHost = hostPaths{kvm: "/dev/kvm", ublkControl: "/dev/ublk-control", fuse: "/dev/fuse", mountinfo: "/proc/self/mountinfo",
 	selfCgroup: "/proc/self/cgroup"}
 
 // preflight refuses, before anything starts, a configuration this host
@@ -46,8 +47,9 @@ func preflight(cfg config.Config, memoryDevicesSet bool, h hostPaths) error {
 		switch {
 		case cfg.Storage.Backend != "storaged":
 			errs = append(errs, fmt.Errorf("storage.memory_devices = true needs storage.backend = \"storaged\" (got %q)", cfg.Storage.Backend))
+		case (cfg.Storage.SharedMemory == "fuse" || cfg.Storage.SharedMemory == "auto") && usableDevice(h.fuse) == nil:
 		case usableDevice(h.ublkControl) != nil:
-			errs = append(errs, fmt.Errorf("storage.memory_devices = true needs the ublk driver: %w (modprobe ublk_drv, or set memory_devices = false)",
+			errs = append(errs, fmt.Errorf("storage.memory_devices = true needs the ublk driver, or shared_memory = \"fuse\" with a usable FUSE device: %w (modprobe ublk_drv, set shared_memory, or set memory_devices = false)",
 				usableDevice(h.ublkControl)))
 		}
 	}

@@ -69,6 +69,15 @@ func TestPreflightRefusesMemoryDevicesWithoutUblk(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "storage.memory_devices = true needs the ublk driver") {
 		t.Fatalf("memory devices set without ublk: %v", err)
 	}
+	// FUSE exports serve memory devices without ublk, where FUSE is usable.
+	cfg.Storage.SharedMemory = "fuse"
+	if err := preflight(cfg, true, hostPaths{ublkControl: "/nonexistent/ublk-control", fuse: "/dev/null"}); err != nil {
+		t.Fatalf("memory devices over FUSE refused: %v", err)
+	}
+	if err := preflight(cfg, true, hostPaths{ublkControl: "/nonexistent/ublk-control", fuse: "/nonexistent/fuse"}); err == nil {
+		t.Fatal("memory devices over FUSE without a FUSE device admitted")
+	}
+	cfg.Storage.SharedMemory = ""
 	cfg.Storage.Backend = "files"
 	if err := preflight(cfg, true, hostPaths{ublkControl: "/dev/null"}); err == nil || !strings.Contains(err.Error(), `needs storage.backend = "storaged"`) {
 		t.Fatalf("memory devices set on the files backend: %v", err)
