@@ -41,9 +41,9 @@ func lazyReadsAcrossRestart(ctx context.Context, t *testing.T, a, b *node, r *re
 		t.Fatal(err)
 	}
 	b.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", b.key, `{"timeout":600}`)
-	job := fmt.Sprintf(`sleep 8; sync; echo 3 > /proc/sys/vm/drop_caches
-cd /home/user/%s && sha256sum big small-* > /root/lazy-sums 2>&1; echo $? > /root/lazy-done`, data.Tag)
-	b.sh(t, id, fmt.Sprintf(`rm -f /root/lazy-done; dmesg -C; setsid nohup bash -c %q >/dev/null 2>&1 &`, job))
+	job := fmt.Sprintf(`sleep 8; sync; echo 3 > /proc/sys/vm/drop_caches; `+
+		`cd /home/user/%s && sha256sum big small-* > /root/lazy-sums 2>&1; echo $? > /root/lazy-done`, data.Tag)
+	b.sh(t, id, `rm -f /root/lazy-done; dmesg -C; setsid nohup bash -c '`+job+`' >/dev/null 2>&1 &`)
 	storagedLog := filepath.Join(b.DataDir, "storaged", "storaged.log")
 	waits0 := strings.Count(readFile(storagedLog), layerWaitLine)
 	if err := b.Stop(syscall.SIGKILL); err != nil {
