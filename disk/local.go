@@ -73,12 +73,12 @@ func (l *Local) Close() error {
 type Storaged struct{ c *client.Client }
 
 // ConnectStoraged connects to aenv-storaged on socket, starting bin (its
-// log to logFile, its state and export sockets under stateDir and runDir)
-// when nothing answers there.
-func ConnectStoraged(ctx context.Context, socket, bin, logFile, stateDir, runDir string) (*Storaged, error) {
+// log to logFile, its state and export sockets under stateDir and runDir,
+// extra flags args) when nothing answers there.
+func ConnectStoraged(ctx context.Context, socket, bin, logFile, stateDir, runDir string, args ...string) (*Storaged, error) {
 	c, err := client.Ensure(ctx, client.StartOptions{
 		Socket: socket, Binary: bin, LogFile: logFile,
-		Args: []string{"-state-dir", stateDir, "-run-dir", runDir},
+		Args: append([]string{"-state-dir", stateDir, "-run-dir", runDir}, args...),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("storage daemon: %w", err)
