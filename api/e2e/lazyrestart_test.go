@@ -63,7 +63,9 @@ func lazyReadsAcrossRestart(ctx context.Context, t *testing.T, a, b *node, r *re
 	t.Logf("aenvd was down %s", time.Since(killed).Round(time.Second))
 	for deadline := time.Now().Add(3 * time.Minute); b.sh(t, id, `cat /root/lazy-done 2>/dev/null || true`) == ""; time.Sleep(time.Second) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the guest's job did not finish\n%s", b.diagnose(id))
+			kernel, _ := b.try(t, id, `dmesg | tail -20`)
+			t.Fatalf("the guest's job did not finish; its kernel log:\n%s\nthe storage daemon's:\n%s\n%s",
+				kernel, tail(readFile(storagedLog), 20), b.diagnose(id))
 		}
 	}
 	sums := b.sh(t, id, `cat /root/lazy-sums; cat /root/lazy-done`)
