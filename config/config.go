@@ -76,6 +76,11 @@ type Repository struct {
 	// peers and the store) while they are fetched in the background.
 	// false fetches every layer whole before the VM starts.
 	LazyRootfs bool `toml:"lazy_rootfs" env:"AENVD_REPOSITORY_LAZY_ROOTFS"`
+	// LayerWait bounds how long the storage daemon's lazy reads wait for
+	// the layer socket while aenvd is away (restarting) before they fail
+	// as I/O errors in the guest; passed to the daemon aenvd starts
+	// (aenv-storaged -layer-wait). 0: the daemon's default, 5 minutes.
+	LayerWait Duration `toml:"layer_wait" env:"AENVD_REPOSITORY_LAYER_WAIT"`
 	// GCGrace keeps unreferenced blobs this long (uploads whose manifest
 	// is not committed yet).
 	GCGrace Duration `toml:"gc_grace" env:"AENVD_REPOSITORY_GC_GRACE"`
@@ -410,7 +415,7 @@ func Default() Config {
 			Cgroups:         true,
 		},
 		Repository: Repository{Backend: "none", UploadConcurrency: 2, ChunkSizeKiB: 256, CacheMiB: 256, LazyRootfs: true,
-			GCGrace: Duration{time.Hour}, GCInterval: Duration{6 * time.Hour}, LeaseTTL: Duration{10 * time.Minute}, Peers: []string{}},
+			LayerWait: Duration{5 * time.Minute}, GCGrace: Duration{time.Hour}, GCInterval: Duration{6 * time.Hour}, LeaseTTL: Duration{10 * time.Minute}, Peers: []string{}},
 	}
 }
 

@@ -74,14 +74,12 @@ type Storaged struct{ c *client.Client }
 
 // ConnectStoraged connects to aenv-storaged on socket, starting bin (its
 // log to logFile, its state and export sockets under stateDir and runDir,
-// its shared memory exports as sharedBlock says: its -shared-block, ""
-// for its default) when nothing answers there.
-func ConnectStoraged(ctx context.Context, socket, bin, logFile, stateDir, runDir, sharedBlock string) (*Storaged, error) {
-	args := []string{"-state-dir", stateDir, "-run-dir", runDir}
-	if sharedBlock != "" {
-		args = append(args, "-shared-block", sharedBlock)
-	}
-	c, err := client.Ensure(ctx, client.StartOptions{Socket: socket, Binary: bin, LogFile: logFile, Args: args})
+// extra flags args) when nothing answers there.
+func ConnectStoraged(ctx context.Context, socket, bin, logFile, stateDir, runDir string, args ...string) (*Storaged, error) {
+	c, err := client.Ensure(ctx, client.StartOptions{
+		Socket: socket, Binary: bin, LogFile: logFile,
+		Args: append([]string{"-state-dir", stateDir, "-run-dir", runDir}, args...),
+	})
 	if err != nil {
 		return nil, fmt.Errorf("storage daemon: %w", err)
 	}

@@ -34,7 +34,8 @@ const (
 // intact. A layer object damaged in the bucket fails the guest's read with
 // an I/O error (no byte of it served) and both B and its storage daemon log
 // the layer's digest. A crash of B after the fetch and another after the
-// config names the files are each finished by the next start.
+// config names the files are each finished by the next start. Reads that
+// find aenvd on B killed wait for its restart (lazyrestart_test.go).
 func TestLazyResumeOverS3(t *testing.T) {
 	nodePrereqs(t)
 	srv := s3test.Start(t)
@@ -76,6 +77,8 @@ func TestLazyResumeOverS3(t *testing.T) {
 		b.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, b.key, "")
 		a.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, a.key, "")
 	})
+
+	t.Run("lazy reads wait across an aenvd restart", func(t *testing.T) { lazyReadsAcrossRestart(ctx, t, a, b, r) })
 
 	t.Run("a damaged layer fails loudly", func(t *testing.T) {
 		id, _, m := pausedOn(ctx, t, a, r, "damaged")

@@ -15,6 +15,7 @@ import (
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/internal/inherited"
 	"github.com/agentenv/agentenv/internal/version"
+	"github.com/agentenv/agentenv/storage/blob"
 	"github.com/agentenv/agentenv/storage/daemon"
 	"github.com/agentenv/agentenv/storage/memfs"
 )
@@ -42,6 +43,8 @@ func run() error {
 	sharedBlock := flag.String("shared-block", daemon.SharedDefault,
 		"how shared read-only (memory) devices are exported: empty for ublk where loaded, auto (ublk, else a FUSE file under run-dir/mem), ublk, fuse or none")
 	memUID := flag.Uint("mem-uid", 0, "uid (and gid) owning the FUSE memory files: the VMM's; non-zero lets that uid into the mount")
+	layerWait := flag.Duration("layer-wait", blob.DefaultServerWait,
+		"how long a read of a lazily restored layer waits for aenvd's layer socket while aenvd restarts, before it fails (an I/O error in the guest)")
 	debug := flag.Bool("debug", false, "log at debug level")
 	printVersion := flag.Bool("version", false, "print the version, commit and build date and exit")
 	flag.Parse()
@@ -68,6 +71,7 @@ func run() error {
 		Socket: *socket, StateDir: *state, RunDir: *runDir, Logger: log,
 		PoolLow: *poolLow, PoolHigh: *poolHigh, MaxDevices: uint32(*maxDevices),
 		SharedBlock: *sharedBlock, MemFS: memfs.Options{UID: uint32(*memUID), GID: uint32(*memUID)},
+		LayerWait: *layerWait,
 	})
 	if err != nil {
 		return err

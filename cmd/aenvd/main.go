@@ -405,7 +405,14 @@ func connectStoraged(ctx context.Context, cfg config.Config) (*disk.Storaged, er
 	}
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return disk.ConnectStoraged(sctx, socket, bin, filepath.Join(dir, "storaged.log"), filepath.Join(dir, "state"), filepath.Join(dir, "run"), cfg.Storage.SharedMemory)
+	var args []string
+	if w := cfg.Repository.LayerWait.Duration; w > 0 {
+		args = append(args, "-layer-wait", w.String())
+	}
+	if cfg.Storage.SharedMemory != "" {
+		args = append(args, "-shared-block", cfg.Storage.SharedMemory)
+	}
+	return disk.ConnectStoraged(sctx, socket, bin, filepath.Join(dir, "storaged.log"), filepath.Join(dir, "state"), filepath.Join(dir, "run"), args...)
 }
 
 // vmmGroups returns the control groups VMMs are confined in (nil when

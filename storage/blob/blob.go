@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -68,6 +69,15 @@ type HTTPOptions struct {
 	Client  *http.Client // default: a client with a 60 s timeout
 	Header  http.Header  // extra headers, e.g. Authorization for a registry
 	Retries int          // attempts per request; default 3
+
+	// ServerWait bounds how long a read of a http+unix blob waits for the
+	// server behind its socket while that server is away (the socket
+	// refuses connections, is missing, or an answer breaks off): the
+	// process serving it is restarting. Default DefaultServerWait.
+	ServerWait time.Duration
+	// Log receives the once-per-outage lines of such waits; default
+	// slog.Default().
+	Log *slog.Logger
 }
 
 // HTTP is a remote blob read with range requests. A registry that answers
@@ -81,6 +91,9 @@ type HTTP struct {
 	size  int64
 	mu    sync.Mutex
 	token string
+	// away, when set, names the errors get hands back at once instead of
+	// retrying them: its caller waits for the server itself (unix.go).
+	away func(error) bool
 }
 
 // OpenHTTP probes url for its size and range support. ctx bounds every later
@@ -93,17 +106,25 @@ func OpenHTTP(ctx context.Context, url string, opt HTTPOptions) (*HTTP, error) {
 		opt.Retries = 3
 	}
 	h := &HTTP{url: url, name: url, opt: opt, ctx: ctx}
+	if err := h.probe(); err != nil {
+		return nil, fmt.Errorf("open blob %s: %w", url, err)
+	}
+	return h, nil
+}
+
+// probe learns the blob's size with a one-byte range request.
+func (h *HTTP) probe() error {
 	resp, err := h.get(0, 1, -1)
 	if err != nil {
-		return nil, fmt.Errorf("open blob %s: %w", url, err)
+		return err
 	}
 	defer resp.Body.Close()
 	size, err := totalSize(resp.Header.Get("Content-Range"))
 	if err != nil {
-		return nil, fmt.Errorf("open blob %s: %w", url, err)
+		return err
 	}
 	h.size = size
-	return h, nil
+	return nil
 }
 
 // totalSize parses "bytes a-b/N" and returns N.
@@ -218,6 +239,9 @@ func (h *HTTP) get(off, n, total int64) (*http.Response, error) {
 		req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", off, off+n-1))
 		resp, err := h.opt.Client.Do(req)
 		if err != nil {
+			if h.away != nil && h.away(err) {
+				return nil, err
+			}
 			last = err
 			continue
 		}

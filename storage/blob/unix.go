@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -50,15 +51,17 @@ func ParseUnixURL(ref string) (socket, requestURI string, err error) {
 	return socket, requestURI, nil
 }
 
-// unixRetries is how many attempts a read of a Unix-socket blob makes: the
-// server is a local process that may be restarting (its socket refuses
-// connections for a few seconds), and a read that gives up is an I/O
-// error in a guest. The waits grow by 100 ms an attempt: about 45 s in all.
+// unixRetries is how many attempts a read of a Unix-socket blob makes
+// when the server answers but not with the bytes (a 5xx: the store or a
+// peer behind it did not answer). The waits grow by 100 ms an attempt:
+// about 45 s in all. A server that is away altogether is waited for
+// apart from these (unixwait.go).
 const unixRetries = 30
 
 // openUnix opens a http+unix blob: the same range requests as HTTP, over
-// connections to the socket.
-func openUnix(ctx context.Context, ref string, opt HTTPOptions) (*HTTP, error) {
+// connections to the socket, waiting for the server while it is away.
+// Close ends the waits of the blob's reads.
+func openUnix(ctx context.Context, ref string, opt HTTPOptions) (*unixBlob, error) {
 	socket, requestURI, err := ParseUnixURL(ref)
 	if err != nil {
 		return nil, err
@@ -75,12 +78,24 @@ func openUnix(ctx context.Context, ref string, opt HTTPOptions) (*HTTP, error) {
 	if opt.Retries <= 0 {
 		opt.Retries = unixRetries
 	}
-	h, err := OpenHTTP(ctx, "http://unix"+requestURI, opt)
-	if err != nil {
+	if opt.ServerWait <= 0 {
+		opt.ServerWait = DefaultServerWait
+	}
+	if opt.Log == nil {
+		opt.Log = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	u := &unixBlob{
+		HTTP:   &HTTP{url: "http://unix" + requestURI, name: ref, opt: opt, ctx: ctx, away: serverAway},
+		wait:   opt.ServerWait,
+		cancel: cancel,
+		out:    outageOf(socket, opt.Log),
+	}
+	if err := u.waitServer(u.HTTP.probe); err != nil {
+		cancel()
 		return nil, fmt.Errorf("open blob %s: %w", ref, err)
 	}
-	h.name = ref
-	return h, nil
+	return u, nil
 }
 
 // URLDigest returns the sha256 digest ("sha256:<hex>") a content-addressed

@@ -64,7 +64,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentenv/agentenv/storage/blob"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/storage/image"
 	"github.com/agentenv/agentenv/storage/memfs"
 	"github.com/agentenv/agentenv/storage/nbd"
 	"github.com/agentenv/agentenv/storage/ublk"
@@ -100,6 +102,16 @@ type Options struct {
 	// memfs.RunKeeperIfAsked) so that a restarted daemon, even after
 	// SIGKILL, takes the mount over and its VMs' mappings stay valid.
 	MemFS memfs.Options
+	// LayerWait bounds how long a read of a lazily restored layer waits for
+	// the node's layer socket while aenvd, which serves it, is away
+	// (restarting); default blob.DefaultServerWait. Past it the read fails:
+	// an I/O error in the guest.
+	LayerWait time.Duration
+}
+
+// imageOptions are the options every image of a device is opened with.
+func (d *Daemon) imageOptions(readOnly bool) image.Options {
+	return image.Options{ReadOnly: readOnly, HTTP: blob.HTTPOptions{ServerWait: d.opts.LayerWait, Log: d.log}}
 }
 
 // Daemon is the storage daemon.

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -119,6 +120,9 @@ type device struct {
 
 	be  *swapBackend
 	exp Export
+	// cancel ends the context the device's first image was opened with
+	// (the waits of its lazy reads); stop calls it first.
+	cancel context.CancelFunc
 }
 
 // set changes the device's state for readers (op held).
@@ -149,10 +153,15 @@ func (dv *device) info(d *Daemon) rpc.Device {
 // start opens the device's image and exports it.
 func (d *Daemon) start(dv *device) error {
 	r := &dv.rec
-	im, err := image.Open(d.ctx, r.Config, image.Options{ReadOnly: r.ReadOnly})
+	// The device's own context ends the waits of its lazy reads (for a
+	// restarting aenvd) before stop waits for the reads in flight.
+	ctx, cancel := context.WithCancel(d.ctx)
+	im, err := image.Open(ctx, r.Config, d.imageOptions(r.ReadOnly))
 	if err != nil {
+		cancel()
 		return fmt.Errorf("open image of device %d: %w", r.ID, err)
 	}
+	dv.cancel = cancel
 	if r.Size != 0 && im.Size() != r.Size {
 		im.Close()
 		return fmt.Errorf("device %d: image %s is %d bytes, the device %d", r.ID, r.Config, im.Size(), r.Size)
@@ -178,6 +187,10 @@ func (d *Daemon) start(dv *device) error {
 // stop ends the export (dropping client connections) and closes the image;
 // on-disk state is untouched.
 func (dv *device) stop() error {
+	if dv.cancel != nil {
+		dv.cancel()
+		dv.cancel = nil
+	}
 	if dv.exp != nil {
 		dv.exp.Stop()
 		dv.set(func() { dv.exp = nil })

@@ -93,7 +93,7 @@ func (d *Daemon) rebaseSteps(ctx context.Context, dv *device, next record) error
 		return layerError(err)
 	}
 	next.Config = cfg
-	newIm, err := image.Open(ctx, cfg, image.Options{})
+	newIm, err := image.Open(ctx, cfg, d.imageOptions(false))
 	if err == nil && newIm.Size() != be.size {
 		newIm.Close()
 		err = errf(rpc.CodeInvalid, "image %s is %d bytes, the device %d", next.Image, newIm.Size(), be.size)

@@ -239,7 +239,7 @@ func (d *Daemon) restackSteps(ctx context.Context, dv *device, j *restackJournal
 	if err := step(stepConfigured, fpRestackAfterConfig); err != nil {
 		return rpc.RestackResult{}, err
 	}
-	newIm, err := image.Open(ctx, next.Config, image.Options{})
+	newIm, err := image.Open(ctx, next.Config, d.imageOptions(false))
 	if err != nil {
 		return rpc.RestackResult{}, err
 	}
