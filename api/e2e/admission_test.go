@@ -131,7 +131,7 @@ func checkRefusal(t *testing.T, code int, b []byte, h http.Header) string {
 	if err := json.Unmarshal(b, &e); err != nil {
 		t.Fatalf("refusal %d body %s: %v", code, b, err)
 	}
-	for _, limit := range []string{"max_sandboxes", "max_committed_mib", "disk_reserve_mib"} {
+	for _, limit := range []string{"max_sandboxes", "max_committed_mib", "disk_reserve_mib", "max_fork_children"} {
 		if strings.Contains(e.Message, limit) {
 			return limit
 		}
