@@ -34,14 +34,8 @@ type cpusJSON struct {
 // still recorded and in force; an empty list unpins.
 func TestPinCPUs(t *testing.T) {
 	n := sharedNode(t)
-	avail, err := cpulist.Available()
-	if err != nil {
-		t.Fatal(err)
-	}
+	avail := pinnableCPUs(t)
 	cpus := avail.CPUs()
-	if len(cpus) < 2 {
-		t.Skipf("pinning to one CPU changes nothing on a host with available CPUs %s; needs two", avail)
-	}
 	one := strconv.Itoa(cpus[len(cpus)-1])
 	id := n.create(t, `{"templateID":"base","timeout":300}`)
 	pin := func(body string, want int) cpusJSON {
@@ -195,14 +189,8 @@ func vcpusAllowed(t *testing.T, id, want string) (int, map[int]bool) {
 // before the record did leaves the record's (old, empty) list; the
 // adopting restart sets the threads to it, so record and threads agree.
 func (n *node) crashCPUPin(t *testing.T, point string) {
-	avail, err := cpulist.Available()
-	if err != nil {
-		t.Fatal(err)
-	}
+	avail := pinnableCPUs(t)
 	cpus := avail.CPUs()
-	if len(cpus) < 2 {
-		t.Skipf("pinning to one CPU changes nothing on a host with available CPUs %s; needs two", avail)
-	}
 	id := n.create(t, `{"templateID":"base","timeout":300}`)
 	n.crashAt(t, point, func() {
 		_, _, _, _ = n.Call("PUT", "/sandboxes/"+id+"/cpus", n.key, fmt.Sprintf(`{"pin":"%d"}`, cpus[len(cpus)-1]))
@@ -218,4 +206,19 @@ func (n *node) crashCPUPin(t *testing.T, point string) {
 	if got := n.sh(t, id, "echo alive"); got != "alive" {
 		t.Fatalf("crashed at %s: the adopted sandbox answers %q", point, got)
 	}
+}
+
+// pinnableCPUs returns the CPUs aenvd may pin to, skipping the test where
+// there is only one (pinning to it would change nothing to check).
+func pinnableCPUs(t *testing.T) cpulist.List {
+	t.Helper()
+	avail, err := cpulist.Available()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpus := avail.CPUs()
+	if len(cpus) < 2 {
+		t.Skipf("pinning to one CPU changes nothing on a host with available CPUs %s; needs two", avail)
+	}
+	return avail
 }
