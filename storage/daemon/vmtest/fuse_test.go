@@ -49,23 +49,10 @@ func TestQEMUOnFUSEMemory(t *testing.T) {
 	}
 	p := &probeRun{t: t, ctx: ctx, c: c, d: d, disk: disk, dir: dir}
 
-	vm, err := d.Boot(ctx, vmm.Config{ID: "probe", Kernel: kernel, Initrd: initrd, MemoryMiB: 96,
-		RunDir: filepath.Join(dir, "run-boot"), Cmdline: "quiet", Drives: []vmm.Drive{p.nbdDisk()}})
-	if err != nil {
-		t.Fatal(err)
+	sum, snap, base, tick := p.bootSnapshot(kernel, initrd)
+	if sum != fmt.Sprintf("%x", sha256.Sum256(want[:1<<20])) {
+		t.Fatalf("the guest read %s from its disk, want the image's first MiB", sum)
 	}
-	defer vm.Stop(context.Background())
-	if got := p.waitLine(vm, `DISKPROBE sha256 ([0-9a-f]+)`); got != fmt.Sprintf("%x", sha256.Sum256(want[:1<<20])) {
-		t.Fatalf("the guest read %s from its disk, want the image's first MiB", got)
-	}
-	p.waitTickAbove(vm, 0)
-	snap := p.snapshot(vm, "snap1")
-	base := filepath.Join(dir, "mem-0.lsmt")
-	if _, err := memsnap.ImportFull(ctx, vm.Info().MemoryFile, base, "probe memory"); err != nil {
-		t.Fatal(err)
-	}
-	tick := p.lastTick(vm)
-	vm.Stop(ctx)
 
 	memA, memB := p.sharedFile([]string{base}, "vm2"), p.sharedFile([]string{base}, "vm3")
 	if memA.ID != memB.ID || memA.BlockDevice != memB.BlockDevice || !filepath.IsAbs(memA.BlockDevice) {
@@ -201,4 +188,26 @@ func writeStackConfig(path string, layers []string) error {
 		ic.Lowers = append(ic.Lowers, image.LayerRef{File: l})
 	}
 	return ic.Save(path)
+}
+
+// bootSnapshot boots the probe guest on p's disk, snapshots it once it
+// ticks and imports its memory as the base layer (dir/mem-0.lsmt), then
+// stops it: it returns the checksum the guest read from its disk, the
+// snapshot, the base layer and the guest's last tick.
+func (p *probeRun) bootSnapshot(kernel, initrd string) (sum, snap, base string, tick int) {
+	p.t.Helper()
+	vm, err := p.d.Boot(p.ctx, vmm.Config{ID: "probe", Kernel: kernel, Initrd: initrd, MemoryMiB: 96,
+		RunDir: filepath.Join(p.dir, "run-boot"), Cmdline: "quiet", Drives: []vmm.Drive{p.nbdDisk()}})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer vm.Stop(context.Background())
+	sum = p.waitLine(vm, `DISKPROBE sha256 ([0-9a-f]+)`)
+	p.waitTickAbove(vm, 0)
+	snap = p.snapshot(vm, "snap1")
+	base = filepath.Join(p.dir, "mem-0.lsmt")
+	if _, err := memsnap.ImportFull(p.ctx, vm.Info().MemoryFile, base, "probe memory"); err != nil {
+		p.t.Fatal(err)
+	}
+	return sum, snap, base, p.lastTick(vm)
 }

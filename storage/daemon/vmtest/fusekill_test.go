@@ -19,8 +19,6 @@ import (
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/memfs"
 	"github.com/agentenv/agentenv/storage/memfs/memfstest"
-	"github.com/agentenv/agentenv/vmm"
-	"github.com/agentenv/agentenv/vmm/memsnap"
 	"github.com/agentenv/agentenv/vmm/qemu"
 	"golang.org/x/sys/unix"
 )
@@ -116,21 +114,7 @@ func TestQEMUOnFUSEMemorySurvivesStoragedKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := &probeRun{t: t, ctx: ctx, c: c, d: d, disk: disk, dir: dir}
-	vm, err := d.Boot(ctx, vmm.Config{ID: "probe", Kernel: kernel, Initrd: initrd, MemoryMiB: 96,
-		RunDir: filepath.Join(dir, "run-boot"), Cmdline: "quiet", Drives: []vmm.Drive{p.nbdDisk()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer vm.Stop(context.Background())
-	p.waitLine(vm, `DISKPROBE sha256 ([0-9a-f]+)`)
-	p.waitTickAbove(vm, 0)
-	snap := p.snapshot(vm, "snap1")
-	base := filepath.Join(dir, "mem-0.lsmt")
-	if _, err := memsnap.ImportFull(ctx, vm.Info().MemoryFile, base, "probe memory"); err != nil {
-		t.Fatal(err)
-	}
-	tick := p.lastTick(vm)
-	vm.Stop(ctx)
+	_, snap, base, tick := p.bootSnapshot(kernel, initrd)
 
 	mem := p.sharedFile([]string{base}, "vm2")
 	vm2 := p.restoreOn("vm2", snap, mem.BlockDevice)
