@@ -106,7 +106,7 @@ func New(ctx context.Context, opts Options) (*Manager, error) {
 		m.log.Warn("storage daemon features unknown; disks go over NBD sockets", "err", err)
 	}
 	if opts.MemoryDevices {
-		m.mem, m.memWhy = newMemoryDevices(m.sd, m.block, shared, opts.Driver, m.log)
+		m.mem, m.memWhy = newMemoryDevices(m.sd, m.block, shared, opts.Driver, m.lazy, m.log)
 	}
 	return m, nil
 }

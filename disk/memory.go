@@ -49,6 +49,8 @@ type MemoryDevices struct {
 	sd   sharedDevices
 	kind string // rpc.BlockUblk or rpc.BlockFUSE
 	log  *slog.Logger
+	// lazy fetches the layers a repository import left remote (lazymemory.go).
+	lazy *lazyRootfs
 	// mu serialises writing a stack's image config: the daemon tells a
 	// stack's device by its config file, so the file is written once.
 	mu sync.Mutex
@@ -65,7 +67,7 @@ type memoryDeviceMapper interface{ MapsDeviceMemory() bool }
 // memory as FUSE files (shared, rpc.Features.SharedBlock) or the node's
 // disks are ublk devices (block, chosen in New), and the driver maps
 // devices; else nil and why not.
-func newMemoryDevices(sd sharedDevices, block, shared string, drv vmm.Driver, log *slog.Logger) (*MemoryDevices, string) {
+func newMemoryDevices(sd sharedDevices, block, shared string, drv vmm.Driver, lazy *lazyRootfs, log *slog.Logger) (*MemoryDevices, string) {
 	mm, ok := drv.(memoryDeviceMapper)
 	name := "none"
 	if drv != nil {
@@ -81,7 +83,7 @@ func newMemoryDevices(sd sharedDevices, block, shared string, drv vmm.Driver, lo
 	if !ok || !mm.MapsDeviceMemory() {
 		return nil, "the VMM (" + name + ") maps files only"
 	}
-	return &MemoryDevices{sd: sd, kind: kind, log: log}, ""
+	return &MemoryDevices{sd: sd, kind: kind, lazy: lazy, log: log}, ""
 }
 
 // Kind is how the node's VMs map shared memory: rpc.BlockUblk or
@@ -116,24 +118,25 @@ func (d *MemoryDevices) config(vmDir string, layers []string) (string, error) {
 	cfg := filepath.Join(vmDir, stackConfig)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if listsLayers(cfg, layers) {
-		return cfg, nil
+	if !listsLayers(cfg, layers) {
+		if err := snapshot.WriteImageConfig(cfg, layers); err != nil {
+			return "", fmt.Errorf("memory stack config of %s: %w", vmDir, err)
+		}
 	}
-	if err := snapshot.WriteImageConfig(cfg, layers); err != nil {
-		return "", fmt.Errorf("memory stack config of %s: %w", vmDir, err)
-	}
+	d.fetchLater(cfg)
 	return cfg, nil
 }
 
 // listsLayers reports whether the image config at path lists exactly
-// layers, bottom first, and nothing else.
+// layers, bottom first, and nothing else; a remote layer (URL) may be
+// listed as the local copy a fetch made of it (lazymemory.go).
 func listsLayers(path string, layers []string) bool {
 	c, err := image.LoadConfig(path)
 	if err != nil || c.Upper != nil || len(c.Lowers) != len(layers) {
 		return false
 	}
 	for i, l := range c.Lowers {
-		if l.File != layers[i] && l.URL != layers[i] {
+		if l.File != layers[i] && l.URL != layers[i] && l.File != localCopy(filepath.Dir(path), layers[i]) {
 			return false
 		}
 	}

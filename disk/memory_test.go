@@ -52,7 +52,7 @@ func TestMemoryDevicesChoice(t *testing.T) {
 		{sd, rpc.BlockUblk, "", fileDriver{}, "", "maps files only"},
 		{sd, rpc.BlockNone, rpc.BlockFUSE, fileDriver{}, "", "maps files only"},
 	} {
-		d, why := newMemoryDevices(c.sd, c.block, c.shared, c.drv, slog.Default())
+		d, why := newMemoryDevices(c.sd, c.block, c.shared, c.drv, nil, slog.Default())
 		kind := ""
 		if d != nil {
 			kind = d.Kind()
@@ -111,7 +111,7 @@ func TestMemoryDevices(t *testing.T) {
 	if err != nil || !f.Ublk {
 		t.Fatalf("features %+v, %v: want ublk inside the lane", f, err)
 	}
-	d, why := newMemoryDevices(c, rpc.ChooseBlock(f, true), f.SharedBlock, &qemu.Driver{}, slog.Default())
+	d, why := newMemoryDevices(c, rpc.ChooseBlock(f, true), f.SharedBlock, &qemu.Driver{}, nil, slog.Default())
 	if d == nil || d.Kind() != rpc.BlockUblk {
 		t.Fatalf("no ublk memory devices with ublk: %s", why)
 	}
@@ -129,7 +129,7 @@ func TestMemoryDevicesFUSE(t *testing.T) {
 	if err != nil || f.SharedBlock != rpc.BlockFUSE {
 		t.Fatalf("features %+v, %v: want FUSE shared exports", f, err)
 	}
-	d, why := newMemoryDevices(c, rpc.ChooseBlock(f, true), f.SharedBlock, &qemu.Driver{}, slog.Default())
+	d, why := newMemoryDevices(c, rpc.ChooseBlock(f, true), f.SharedBlock, &qemu.Driver{}, nil, slog.Default())
 	if d == nil || d.Kind() != rpc.BlockFUSE {
 		t.Fatalf("no FUSE memory devices: %s", why)
 	}

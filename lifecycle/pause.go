@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/agentenv/agentenv/disk"
@@ -25,8 +26,9 @@ var (
 
 // Pause snapshots the sandbox's VM and releases it, in stages:
 //
-//	settle        the disks' layers a repository import left remote are
-//	              local files (their seal lists them); the VM runs
+//	settle        the memory and disk layers a repository import left
+//	              remote are local files (the capture and the seal list
+//	              them); the VM runs
 //	sync          a filesystem-only pause (fsOnly) has the guest flush
 //	record        "pausing" (undo: "running" again)
 //	stop_vcpus    the VM's vCPUs stop (undo: they continue)
@@ -58,6 +60,9 @@ func (v *Verbs) Pause(ctx context.Context, s Sandbox, fsOnly bool) (snapDir stri
 		rerr := errors.Join(undo.run(context.WithoutCancel(ctx))...)
 		v.Log.Error("pause failed; the sandbox runs on", "sandbox", s.Record().ID, "err", cause, "resume_err", rerr)
 		return errors.Join(cause, rerr)
+	}
+	if err := v.localMemory(ctx, s); err != nil {
+		return "", err
 	}
 	if !s.Adopted() {
 		if err := v.settle(ctx, s.Record()); err != nil {
@@ -155,6 +160,23 @@ func (v *Verbs) settle(ctx context.Context, rec sandbox.Record) error {
 		cfgs = append(cfgs, d.Config)
 	}
 	return v.Disks.Settle(ctx, cfgs...)
+}
+
+// localMemory names the memory layers of s by local files where a
+// repository import left them remote (disk.Manager.LocalMemory): a
+// capture reads the top layer and lists them all. In the record in memory
+// only; the next transition persists it (the layers are the same either
+// way).
+func (v *Verbs) localMemory(ctx context.Context, s Sandbox) error {
+	rec := s.Record()
+	m, err := v.Disks.LocalMemory(ctx, rec.Memory, rec.Dir)
+	if err != nil {
+		return fmt.Errorf("memory layers of sandbox %s: %w", rec.ID, err)
+	}
+	if !slices.Equal(m.Layers, rec.Memory.Layers) {
+		s.Set(func(r *sandbox.Record) { r.Memory = m })
+	}
+	return nil
 }
 
 // syncGuest has the running guest flush its writes to its disks. A

@@ -31,7 +31,8 @@ type MemoryCapture func(ctx context.Context, s Sandbox, vmDir, diff string) erro
 // Snapshot captures the sandbox (running or paused with memory) into a
 // new snapshot directory under DataDir/snapshots, in stages:
 //
-//	settle    the disks' layers are local files (a snapshot holds them)
+//	settle    the memory and disks' layers are local files (a snapshot
+//	          holds them)
 //	dir       the snapshot's directory (undo: it goes)
 //	capture   running: the vCPUs stop (undo: they continue, whatever
 //	          happens), memory and VM state are written (memory), the
@@ -48,6 +49,11 @@ func (v *Verbs) Snapshot(ctx context.Context, s Sandbox, hidden bool, memory Mem
 	id, err := ids.New()
 	if err != nil {
 		return r, err
+	}
+	if s.Record().State == sandbox.Running {
+		if err := v.localMemory(ctx, s); err != nil {
+			return r, fmt.Errorf("snapshot: %w", err)
+		}
 	}
 	rec := s.Record()
 	if err := v.settle(ctx, rec); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/telemetry"
 )
 
@@ -27,10 +28,20 @@ type GuestMetrics = telemetry.GuestMetrics
 // (the API's NodeMemory.mode) and why.
 func (o *Orchestrator) memoryMode() (mode, why string) {
 	if o.memDev != nil {
-		return "block-export", "every VM restored from a memory layer stack maps the storage daemon's shared read-only ublk device of it privately: one device per stack, its pages cached once, nothing flattened"
+		what := "ublk device"
+		if o.memDev.Kind() == rpc.BlockFUSE {
+			what = "file on its FUSE mount"
+		}
+		return "block-export", "every VM restored from a memory layer stack maps the storage daemon's shared read-only " + what +
+			" of it privately: one export per stack, its pages cached once, nothing flattened or written in; layers brought from the repository are read lazily"
 	}
 	return "cache-file", "memory layer stacks are flattened once per snapshot into a node-local file that every VM restored from it maps privately (no shared device: " + o.memWhy + ")"
 }
+
+// MemoryExports reports whether VMs map their memory from the storage
+// daemon's shared exports (then the repository brings memory layers
+// lazily: replica.Options.LazyMemory).
+func (o *Orchestrator) MemoryExports() bool { return o.memDev != nil }
 
 // mappedMemory lists the memory files the running VMs map.
 func (o *Orchestrator) mappedMemory() []string {

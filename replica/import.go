@@ -136,11 +136,11 @@ func (r *Replica) rebuild(ctx context.Context, id string, m *repo.Manifest) (Pau
 	if err := os.MkdirAll(layers, 0o700); err != nil {
 		return Paused{}, 0, err
 	}
-	rootfs, err := r.rootfsRefs(ctx, m.Rootfs, layers)
+	rootfs, err := r.lazyRefs(ctx, m.Rootfs, layers)
 	if err != nil {
 		return Paused{}, 0, err
 	}
-	mem, err := r.fetchAll(ctx, m.Memory, layers)
+	mem, err := r.memoryRefs(ctx, m.Memory, layers)
 	if err != nil {
 		return Paused{}, 0, err
 	}
@@ -154,14 +154,14 @@ func (r *Replica) rebuild(ctx context.Context, id string, m *repo.Manifest) (Pau
 		return Paused{}, 0, err
 	}
 	r.node.FetchLater(out.RootfsImage)
-	return out, lazyCount(rootfs), nil
+	return out, lazyCount(rootfs) + lazyCount(mem), nil
 }
 
-// rootfsRefs names a manifest's rootfs layers for an image config: each by
-// the URL of the node's layer socket, read lazily by the storage daemon and
-// fetched whole once the VM answered (disk/lazy.go); on a node that serves no
-// layer socket, fetched whole into dir now.
-func (r *Replica) rootfsRefs(ctx context.Context, ls []repo.Layer, dir string) ([]string, error) {
+// lazyRefs names a manifest's layers for an image config: each by the URL
+// of the node's layer socket, read lazily by the storage daemon and fetched
+// whole once the VM answered (disk/lazy.go); on a node that serves no layer
+// socket, fetched whole into dir now.
+func (r *Replica) lazyRefs(ctx context.Context, ls []repo.Layer, dir string) ([]string, error) {
 	out := make([]string, 0, len(ls))
 	for _, l := range ls {
 		if u := r.cfg.Remote.LazyURL(l); u != "" {
@@ -186,6 +186,16 @@ func lazyCount(refs []string) int {
 		}
 	}
 	return n
+}
+
+// memoryRefs names a manifest's memory layers: lazily (lazyRefs) where the
+// node's VMs map memory from the storage daemon's exports, else fetched
+// whole into dir.
+func (r *Replica) memoryRefs(ctx context.Context, ls []repo.Layer, dir string) ([]string, error) {
+	if r.cfg.LazyMemory {
+		return r.lazyRefs(ctx, ls, dir)
+	}
+	return r.fetchAll(ctx, ls, dir)
 }
 
 // fetchAll keeps the layers local in dir, bottom first.
@@ -274,13 +284,13 @@ func (r *Replica) ImportSnapshot(ctx context.Context, id string) error {
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return err
 	}
-	rootfs, err := r.rootfsRefs(ctx, m.Rootfs, s.Dir)
+	rootfs, err := r.lazyRefs(ctx, m.Rootfs, s.Dir)
 	if err == nil {
 		err = snapshot.WriteImageConfig(s.RootfsImage, rootfs)
 	}
 	var mem []string
 	if err == nil {
-		mem, err = r.fetchAll(ctx, m.Memory, s.Dir)
+		mem, err = r.memoryRefs(ctx, m.Memory, s.Dir)
 	}
 	if err == nil {
 		err = r.writeSnapshotDir(ctx, s.VM, t.Snapshot, m.State, p.VMM, mem)
@@ -296,7 +306,7 @@ func (r *Replica) ImportSnapshot(ctx context.Context, id string) error {
 		return fmt.Errorf("bring snapshot %s from the repository: %w", id, err)
 	}
 	r.node.FetchLater(s.RootfsImage)
-	r.log.Info("snapshot brought from the repository", "snapshot", id, "lazyLayers", lazyCount(rootfs))
+	r.log.Info("snapshot brought from the repository", "snapshot", id, "lazyLayers", lazyCount(rootfs)+lazyCount(mem))
 	return nil
 }
 

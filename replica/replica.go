@@ -114,6 +114,12 @@ type Options struct {
 	// DataDir is the node's data directory (sandboxes/, snapshots/ and
 	// templates/ in it).
 	DataDir string
+	// LazyMemory names the memory layers of what is brought by the layer
+	// socket's URLs too, like the rootfs layers: where the node maps
+	// memory from the storage daemon's exports, which read them lazily
+	// (disk/lazymemory.go). Else they are fetched whole first (a VMM maps
+	// a file).
+	LazyMemory bool
 	// Driver is the node's VMM driver: a brought snapshot is relocated to
 	// this node's boot files by it (vmm.Relocator).
 	Driver vmm.Driver

@@ -18,7 +18,8 @@ func (r *repoNode) attach(o *orchestrator.Orchestrator, dataDir string, drv vmm.
 	if r == nil {
 		return
 	}
-	r.rep = replica.New(replica.Options{Uploads: r.n, Remote: r.n, DataDir: dataDir, Driver: drv, Logger: log}, o.ReplicaNode())
+	r.rep = replica.New(replica.Options{Uploads: r.n, Remote: r.n, DataDir: dataDir, Driver: drv, Logger: log,
+		LazyMemory: o.MemoryExports()}, o.ReplicaNode())
 	o.AttachReplica(r.rep)
 }
 
