@@ -214,11 +214,12 @@ type Storage struct {
 	// refuses to start. On by default.
 	MemoryDevices bool `toml:"memory_devices" env:"AENVD_STORAGE_MEMORY_DEVICES"`
 	// SharedMemory is how the storage daemon aenvd starts exports shared
-	// memory stacks to VMMs (its -shared-block): "" a ublk device where
-	// the driver is loaded, else none (memory files are flattened per
-	// node); "auto" ublk, else a read-only file on the daemon's FUSE mount,
-	// which outlives a crash of the daemon (storage/memfs); "fuse", "ublk"
-	// or "none" to force one. A daemon already running keeps its choice.
+	// memory stacks to VMMs (its -shared-block): "auto" (the default) a
+	// ublk device where the driver is loaded, else a read-only file on the
+	// daemon's FUSE mount, which outlives a crash of the daemon
+	// (storage/memfs), else none; "fuse", "ublk" or "none" (memory files
+	// are flattened per node) to force one; "" leaves the daemon's own
+	// default (ublk, else none). A daemon already running keeps its choice.
 	SharedMemory string `toml:"shared_memory" env:"AENVD_STORAGE_SHARED_MEMORY"`
 }
 
@@ -400,7 +401,7 @@ func Default() Config {
 		VMM:     VMM{Driver: "auto", UIDBase: DefaultVMMUIDBase},
 		VMMPool: VMMPool{ReserveMiB: 2048, Templates: []string{"base"}},
 		Guest:   Guest{VCPUs: 1, MemoryMiB: 512, DefaultUser: "user"},
-		Storage: Storage{Backend: "storaged", PoolLow: 2, PoolHigh: 4, VolumeSizeMiB: 1024, MemoryDevices: true},
+		Storage: Storage{Backend: "storaged", PoolLow: 2, PoolHigh: 4, VolumeSizeMiB: 1024, MemoryDevices: true, SharedMemory: "auto"},
 		Image: Image{DefaultRegistry: "docker.io", AllowedRegistries: []string{}, InsecureRegistries: []string{},
 			RootfsSizeMiB: 2048, ReadyTimeout: Duration{5 * time.Minute}, StepTimeout: Duration{30 * time.Minute}},
 		Cluster: Cluster{Scheduler: []string{}, CPUOvercommit: 4},

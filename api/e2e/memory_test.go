@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agentenv/agentenv/disk"
 )
 
 // layerFiles counts a sandbox's own sealed layers on the node: memory diffs
@@ -149,7 +151,8 @@ func TestSharedMemoryImage(t *testing.T) {
 }
 
 // memoryMapping finds the guest RAM mapping of a sandbox's VMM process: the
-// largest file mapping whose name is a memory image.
+// file mapping whose name is a memory image, or the storage daemon's
+// shared export of one (disk.IsDevice: a file on its FUSE mount).
 func memoryMapping(t *testing.T, id string) (dev, ino uint64, path string) {
 	t.Helper()
 	pids := processesMentioning(id)
@@ -160,7 +163,7 @@ func memoryMapping(t *testing.T, id string) (dev, ino uint64, path string) {
 		}
 		for _, line := range strings.Split(string(maps), "\n") {
 			f := strings.Fields(line)
-			if len(f) < 6 || !strings.HasPrefix(filepath.Base(f[5]), "memory") {
+			if len(f) < 6 || !strings.HasPrefix(filepath.Base(f[5]), "memory") && !disk.IsDevice(f[5]) {
 				continue
 			}
 			var st syscall.Stat_t

@@ -97,3 +97,18 @@ func checkMemoryOnMount(t *testing.T, pid, mount string) {
 	}
 	t.Fatalf("QEMU %s holds no file of the FUSE memory mount %s (device %d)", pid, mount, mnt.Dev)
 }
+
+// memoryExports reports whether the node's VMs map memory from the storage
+// daemon's shared exports (/nodes memory mode "block-export").
+func (n *node) memoryExports(t *testing.T) bool {
+	t.Helper()
+	var nodes []struct {
+		Memory struct {
+			Mode string `json:"mode"`
+		} `json:"memory"`
+	}
+	if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/nodes", n.key, ""), &nodes); err != nil || len(nodes) != 1 {
+		t.Fatalf("/nodes: %v", err)
+	}
+	return nodes[0].Memory.Mode == "block-export"
+}
