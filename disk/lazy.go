@@ -24,9 +24,9 @@ import (
 // layers: its image config names each by the URL of the node's layer
 // socket (Remote.LazyURL), and the storage daemon's device reads them
 // through it, verified chunk by chunk, while the VM runs. Only the small
-// files and the memory layers are fetched before the VM starts (QEMU maps
-// the memory file privately: a lazy memory needs a block device driver for
-// it, which the node lacks).
+// files are fetched before the VM starts, and the memory layers where VMs
+// map memory files of their own (where they map the daemon's shared
+// exports, memory is lazy too: lazymemory.go).
 //
 // Once the VM answered, a job per image config fetches its remote layers
 // whole into the config's directory (Remote.Fetch: verified, peers first;

@@ -63,6 +63,12 @@ func TestVMMConfined(t *testing.T) {
 	}
 	checkUnprivileged(t, pid, string(status))
 	checkDescriptors(t, pid, n.DataDir)
+	// Its guest memory is the storage daemon's shared export of the
+	// template's stack, which takes no write: a VMM taken over by its guest
+	// cannot change the pages every other sandbox of the template maps.
+	if mount := filepath.Join(n.DataDir, "storaged", "run", "mem"); onFUSEMemory(t, n, mount) {
+		checkMemoryOnMount(t, pid, mount)
+	}
 	// Its command line, which every local user reads in ps, names no sandbox.
 	if cmd, _ := os.ReadFile("/proc/" + pid + "/cmdline"); len(cmd) == 0 || strings.Contains(string(cmd), id) {
 		t.Errorf("QEMU %s's command line names its sandbox %s: %s", pid, id, strings.ReplaceAll(string(cmd), "\x00", " "))

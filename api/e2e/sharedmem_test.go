@@ -112,3 +112,15 @@ func (n *node) memoryExports(t *testing.T) bool {
 	}
 	return nodes[0].Memory.Mode == "block-export"
 }
+
+// onFUSEMemory reports whether the node maps memory from the storage
+// daemon's FUSE mount (the default where FUSE exists and ublk does not).
+func onFUSEMemory(t *testing.T, n *node, mount string) bool {
+	t.Helper()
+	var st, parent syscall.Stat_t
+	if !n.memoryExports(t) || syscall.Stat(mount, &st) != nil || syscall.Stat(filepath.Dir(mount), &parent) != nil {
+		t.Logf("the node maps no memory from a FUSE mount at %s", mount)
+		return false
+	}
+	return st.Dev != parent.Dev
+}
