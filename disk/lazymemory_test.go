@@ -23,6 +23,9 @@ func (l listedDevices) Acquire(context.Context, rpc.AcquireParams) (rpc.Device, 
 }
 func (l listedDevices) ReleaseShared(context.Context, uint32, string) error { return nil }
 func (l listedDevices) List(context.Context) ([]rpc.Device, error)          { return l.devs, nil }
+func (l listedDevices) Prefetch(context.Context, rpc.PrefetchParams) (rpc.PrefetchResult, error) {
+	return rpc.PrefetchResult{}, rpc.ErrNotFound
+}
 
 // TestLocalMemory: a memory image whose layers a repository import left
 // remote is named by the local copies its stack's config lists (linked

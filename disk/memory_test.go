@@ -2,6 +2,7 @@ package disk
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -167,6 +168,29 @@ func checkMemoryDevices(ctx context.Context, t *testing.T, c *client.Client, d *
 	}
 	if daemontest.SumFile(t, vm1.File) != daemontest.SumFile(t, flat) {
 		t.Fatalf("%s does not read as the stack flattened", vm1.File)
+	}
+
+	// The stack's working set is kept next to its config and pushed into
+	// the page cache for the next VM; one that does not fit the file is
+	// refused.
+	ws := d.WorkingSetPath(vm1.File)
+	if ws != memsnap.WorkingSetPath(filepath.Join(vmDir, stackConfig)) || d.WorkingSetPath("/elsewhere") != "" {
+		t.Fatalf("working set of %s kept at %q", vm1.File, ws)
+	}
+	if _, err := d.Prefetch(ctx, vm1.File); !errors.Is(err, memsnap.ErrNoWorkingSet) {
+		t.Fatalf("prefetch without a working set: %v", err)
+	}
+	if err := memsnap.WriteWorkingSetTo(ws, vm1.File, []memsnap.Extent{{Off: 0, Len: 8192}, {Off: 3 * 4096, Len: 4096}}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := d.Prefetch(ctx, vm1.File); err != nil || n != 3*4096 {
+		t.Fatalf("prefetch of a 3-page working set: %d bytes, %v", n, err)
+	}
+	if err := os.WriteFile(ws, []byte(`{"size":4194304,"extents":[{"off":4190208,"len":8192}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Prefetch(ctx, vm1.File); err == nil || !strings.Contains(err.Error(), "outside the file") {
+		t.Fatalf("prefetch of a working set past the file's end: %v", err)
 	}
 
 	// A restart: "a-1" runs on (adopted), "b-1" is gone.

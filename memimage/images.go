@@ -40,6 +40,12 @@ import (
 // device of an image's layer stack (disk.MemoryDevices).
 type Devices interface {
 	Acquire(ctx context.Context, vmDir string, m snapshot.MemoryImage, holder string) (snapshot.MemoryImage, sandbox.Memory, error)
+	// WorkingSetPath is where the working set of a device file is kept
+	// ("" when unknown).
+	WorkingSetPath(file string) string
+	// Prefetch pushes a device file's recorded working set into the page
+	// cache (memsnap.ErrNoWorkingSet when none is recorded).
+	Prefetch(ctx context.Context, file string) (int64, error)
 }
 
 // Options configure Images.

@@ -1,6 +1,7 @@
 package memimage
 
 import (
+	"context"
 	"errors"
 	"os"
 
@@ -11,22 +12,28 @@ import (
 
 // A memory image's working set is recorded once, from the first VM created
 // from the image, as soon as its agent answered (the pages a create needs),
-// and stored next to the image's file; every later restore from that file
-// reads it ahead into the page cache while the VMM starts
-// (Options.Prefetch). It is a hint: recording or prefetching failures are
+// and stored next to the image's file (for a shared device, next to its
+// stack's config: Devices.WorkingSetPath); every later restore from that
+// image reads it ahead into the page cache while the VMM starts
+// (Options.Prefetch; a shared device's is pushed by the storage daemon,
+// Devices.Prefetch). It is a hint: recording or prefetching failures are
 // logged and cost nothing else.
 
 // Prefetch starts reading file's working set ahead, when one is
 // stored, alongside the VMM's start (the reads queue behind one another,
 // so issuing them takes a while on a cold cache); wait waits for it.
 func (im *Images) Prefetch(file string) (wait func()) {
-	if !im.cfg.Prefetch || file == "" || disk.IsDevice(file) {
+	if !im.cfg.Prefetch || file == "" || disk.IsDevice(file) && im.cfg.Devices == nil {
 		return func() {}
+	}
+	prefetch := memsnap.Prefetch
+	if disk.IsDevice(file) {
+		prefetch = func(file string) (int64, error) { return im.cfg.Devices.Prefetch(context.Background(), file) }
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		n, err := memsnap.Prefetch(file)
+		n, err := prefetch(file)
 		switch {
 		case errors.Is(err, memsnap.ErrNoWorkingSet):
 		case err != nil:
@@ -41,21 +48,29 @@ func (im *Images) Prefetch(file string) (wait func()) {
 // RecordWorkingSet records file's working set from vm in the background,
 // unless it has one.
 func (im *Images) RecordWorkingSet(id string, vm vmm.Machine, file string) {
-	// A working set is kept next to its file: none for a memory device.
-	if !im.cfg.Prefetch || file == "" || disk.IsDevice(file) {
+	if !im.cfg.Prefetch || file == "" {
 		return
 	}
-	if _, err := os.Stat(memsnap.WorkingSetPath(file)); err == nil {
+	path := memsnap.WorkingSetPath(file)
+	if disk.IsDevice(file) {
+		if im.cfg.Devices == nil {
+			return
+		}
+		if path = im.cfg.Devices.WorkingSetPath(file); path == "" {
+			return
+		}
+	}
+	if _, err := os.Stat(path); err == nil {
 		return
 	}
-	if _, busy := im.recording.LoadOrStore(file, true); busy {
+	if _, busy := im.recording.LoadOrStore(path, true); busy {
 		return
 	}
 	im.cfg.Background(func() {
-		defer im.recording.Delete(file)
+		defer im.recording.Delete(path)
 		ws, err := memsnap.WorkingSet(vm.Info().PID, file)
 		if err == nil {
-			err = memsnap.WriteWorkingSet(file, ws)
+			err = memsnap.WriteWorkingSetTo(path, file, ws)
 		}
 		if err != nil {
 			// The VM may be gone (killed, paused) already: the next one records.
@@ -66,6 +81,6 @@ func (im *Images) RecordWorkingSet(id string, vm vmm.Machine, file string) {
 		for _, e := range ws {
 			bytes += e.Len
 		}
-		im.log.Info("memory working set recorded", "sandbox", id, "file", file, "extents", len(ws), "bytes", bytes)
+		im.log.Info("memory working set recorded", "sandbox", id, "file", file, "path", path, "extents", len(ws), "bytes", bytes)
 	})
 }

@@ -196,11 +196,17 @@ func checkClock(t *testing.T, n *node, id string) {
 	}
 }
 
-// checkWorkingSet: the template's memory file has a working set recorded
-// (by its first create), which later creates prefetched without complaint.
+// checkWorkingSet: the template's memory image has a working set recorded
+// (by its first create; next to its memory file, or next to its stack's
+// config where VMs map the storage daemon's export), which later creates
+// prefetched without complaint.
 func checkWorkingSet(t *testing.T, n *node) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(n.DataDir, "templates", "base", "snapshot", "memory.workingset"))
+	file := "memory.workingset"
+	if n.memoryExports(t) {
+		file = "memory-stack.json.workingset"
+	}
+	b, err := os.ReadFile(filepath.Join(n.DataDir, "templates", "base", "snapshot", file))
 	if err != nil {
 		t.Fatalf("no working set recorded for the template's memory: %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -74,6 +75,12 @@ type workingSetFile struct {
 // WriteWorkingSet stores extents of memFile as its working set (next to
 // it, atomically), keeping the first maxWorkingSetExtents.
 func WriteWorkingSet(memFile string, extents []Extent) error {
+	return WriteWorkingSetTo(WorkingSetPath(memFile), memFile, extents)
+}
+
+// WriteWorkingSetTo stores extents of memFile as a working set at path
+// (for a file that cannot hold one next to it: a shared export).
+func WriteWorkingSetTo(path, memFile string, extents []Extent) error {
 	fi, err := os.Stat(memFile)
 	if err != nil {
 		return fmt.Errorf("write working set of %s: %w", memFile, err)
@@ -82,7 +89,7 @@ func WriteWorkingSet(memFile string, extents []Extent) error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(WorkingSetPath(memFile), b, 0o600); err != nil {
+	if err := atomicfile.WriteFile(path, b, 0o600); err != nil {
 		return fmt.Errorf("write working set of %s: %w", memFile, err)
 	}
 	return nil
@@ -94,22 +101,41 @@ func WorkingSetPath(memFile string) string { return memFile + ".workingset" }
 // ErrNoWorkingSet: the memory file has no working set stored.
 var ErrNoWorkingSet = errors.New("no working set")
 
+// ReadWorkingSet reads the working set stored at path for a memory file of
+// size bytes: ErrNoWorkingSet when none is stored, an error for one that
+// does not describe such a file (every extent inside it, at most
+// maxWorkingSetExtents of them).
+func ReadWorkingSet(path string, size int64) ([]Extent, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, ErrNoWorkingSet
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read working set %s: %w", path, err)
+	}
+	defer f.Close()
+	var ws workingSetFile
+	// A working set of the most extents is a few MiB of JSON.
+	if err := json.NewDecoder(io.LimitReader(f, 64<<20)).Decode(&ws); err != nil {
+		return nil, fmt.Errorf("read working set %s: %w", path, err)
+	}
+	if ws.Size != size || len(ws.Extents) > maxWorkingSetExtents {
+		return nil, fmt.Errorf("working set %s of a %d-byte file with %d extents does not describe a %d-byte file",
+			path, ws.Size, len(ws.Extents), size)
+	}
+	for _, e := range ws.Extents {
+		if e.Off < 0 || e.Len <= 0 || e.Off > size-e.Len {
+			return nil, fmt.Errorf("working set %s: extent %d+%d outside the file", path, e.Off, e.Len)
+		}
+	}
+	return ws.Extents, nil
+}
+
 // Prefetch reads memFile's stored working set ahead into the page cache:
 // it queues the reads (POSIX_FADV_WILLNEED) and returns, so they run while
 // the VMM starts. It returns the bytes asked for; ErrNoWorkingSet when none
 // is stored; an error for a stored one that does not fit the file.
 func Prefetch(memFile string) (int64, error) {
-	b, err := os.ReadFile(WorkingSetPath(memFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, ErrNoWorkingSet
-	}
-	if err != nil {
-		return 0, fmt.Errorf("prefetch %s: %w", memFile, err)
-	}
-	var ws workingSetFile
-	if err := json.Unmarshal(b, &ws); err != nil {
-		return 0, fmt.Errorf("prefetch %s: working set: %w", memFile, err)
-	}
 	f, err := os.Open(memFile)
 	if err != nil {
 		return 0, fmt.Errorf("prefetch %s: %w", memFile, err)
@@ -119,15 +145,12 @@ func Prefetch(memFile string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("prefetch %s: %w", memFile, err)
 	}
-	if ws.Size != fi.Size() || len(ws.Extents) > maxWorkingSetExtents {
-		return 0, fmt.Errorf("prefetch %s: working set of a %d-byte file with %d extents does not describe this %d-byte file",
-			memFile, ws.Size, len(ws.Extents), fi.Size())
+	extents, err := ReadWorkingSet(WorkingSetPath(memFile), fi.Size())
+	if err != nil {
+		return 0, fmt.Errorf("prefetch %s: %w", memFile, err)
 	}
 	var total int64
-	for _, e := range ws.Extents {
-		if e.Off < 0 || e.Len <= 0 || e.Off > fi.Size()-e.Len {
-			return total, fmt.Errorf("prefetch %s: extent %d+%d outside the file", memFile, e.Off, e.Len)
-		}
+	for _, e := range extents {
 		if err := unix.Fadvise(int(f.Fd()), e.Off, e.Len, unix.FADV_WILLNEED); err != nil {
 			return total, fmt.Errorf("prefetch %s: %w", memFile, err)
 		}

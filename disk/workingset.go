@@ -1,0 +1,89 @@
+package disk
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/vmm/memsnap"
+)
+
+// Working sets of shared memory exports. A VM mapping a stack's export
+// records, once, the pages of it its guest touched until the agent
+// answered (memimage records it; the file cannot hold it next to itself,
+// so it is kept next to the stack's config, which outlives the export).
+// The next VM of the stack has them pushed into the page cache while its
+// VMM restores: on a FUSE export the storage daemon stores them
+// (FUSE_NOTIFY_STORE: no FUSE read per fault, and for layers not on the
+// node one fetch of their chunks ahead of the guest); on a ublk device
+// they are read ahead (POSIX_FADV_WILLNEED).
+
+// WorkingSetPath is where the working set of the export file (a VM's
+// memory File) is kept; "" for a file this process did not acquire.
+func (d *MemoryDevices) WorkingSetPath(file string) string {
+	d.mu.Lock()
+	e, ok := d.exports[file]
+	d.mu.Unlock()
+	if !ok {
+		return ""
+	}
+	return memsnap.WorkingSetPath(e.cfg)
+}
+
+// Prefetch pushes the recorded working set of the export file into the
+// page cache and returns the bytes pushed (memsnap.ErrNoWorkingSet when
+// none is recorded).
+func (d *MemoryDevices) Prefetch(ctx context.Context, file string) (int64, error) {
+	d.mu.Lock()
+	e, ok := d.exports[file]
+	d.mu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("prefetch %s: not a memory export of this node", file)
+	}
+	fi, err := os.Stat(file)
+	if err != nil {
+		return 0, fmt.Errorf("prefetch %s: %w", file, err)
+	}
+	extents, err := memsnap.ReadWorkingSet(memsnap.WorkingSetPath(e.cfg), fi.Size())
+	if err != nil {
+		return 0, err
+	}
+	if d.kind != rpc.BlockFUSE {
+		return readAhead(file, extents)
+	}
+	var total int64
+	for len(extents) > 0 {
+		n := min(len(extents), rpc.MaxPrefetchRanges)
+		ranges := make([]rpc.ByteRange, n)
+		for i, x := range extents[:n] {
+			ranges[i] = rpc.ByteRange{Off: x.Off, Len: x.Len}
+		}
+		r, err := d.sd.Prefetch(ctx, rpc.PrefetchParams{ID: e.id, Ranges: ranges})
+		total += r.Stored
+		if err != nil {
+			return total, fmt.Errorf("prefetch %s (device %d): %w", file, e.id, err)
+		}
+		extents = extents[n:]
+	}
+	return total, nil
+}
+
+// readAhead queues reads of extents of file (a block device).
+func readAhead(file string, extents []memsnap.Extent) (int64, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return 0, fmt.Errorf("prefetch %s: %w", file, err)
+	}
+	defer f.Close()
+	var total int64
+	for _, x := range extents {
+		if err := unix.Fadvise(int(f.Fd()), x.Off, x.Len, unix.FADV_WILLNEED); err != nil {
+			return total, fmt.Errorf("prefetch %s: %w", file, err)
+		}
+		total += x.Len
+	}
+	return total, nil
+}
