@@ -21,7 +21,10 @@ import (
 // of the same node in the same run (the goal: resume <= 1.2x
 // create).
 func BenchmarkResumePool(b *testing.B) {
-	off, on := startPoolPair(b, "AENVD_SANDBOX_FLATTEN_PAUSED=false")
+	// Flattened memory files (no shared exports): a resume onto a pooled
+	// VMM writes the pause's layers over the template's file, which a VM
+	// mapping an export does not do.
+	off, on := startPoolPair(b, "AENVD_SANDBOX_FLATTEN_PAUSED=false", "AENVD_STORAGE_SHARED_MEMORY=none")
 	b.ResetTimer()
 	for range b.N {
 		resume := map[*aenvdtest.Node][]float64{}
