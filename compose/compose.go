@@ -6,7 +6,10 @@
 //
 // The rules are an allow-list: every top-level and service key the
 // package does not know is refused, so a Compose feature added later is
-// refused until it is reviewed here. Each refusal names the key path
+// refused until it is reviewed here. The keys allowed are those of the
+// Compose Specification that Debian's Compose (docker-compose 1.29 in
+// bookworm, the guest's suite) also runs, so a file valid here is one the
+// guest's Compose takes. Each refusal names the key path
 // (services.web.privileged). Variable interpolation (${VAR}) is refused
 // too: the validated file must be the file Compose runs, not one whose
 // values the guest's environment rewrites ("$$" is a literal "$").
@@ -50,8 +53,6 @@ const (
 // start it (the images it pulls), the file itself being what the guest
 // runs.
 type Project struct {
-	// Name is the file's top-level name, empty when it has none.
-	Name string
 	// Services are in the file's order.
 	Services []Service
 }

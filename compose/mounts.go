@@ -132,10 +132,6 @@ func (s *svc) volumeOptions(n *yaml.Node, path string) {
 		switch f.key {
 		case "nocopy":
 			s.c.boolean(f.val, fp)
-		case "subpath":
-			if v, ok := s.c.scalar(f.val, fp); ok && (strings.HasPrefix(v, "/") || strings.Contains("/"+v+"/", "/../")) {
-				s.c.fail(fp, "%q must be a relative path inside the volume", clip(v))
-			}
 		default:
 			s.c.fail(fp, "unknown volume option")
 		}

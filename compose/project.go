@@ -9,11 +9,9 @@ import (
 
 var (
 	// Service, network and volume names: what Compose accepts, bounded.
-	nameRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
-	// A project name: Compose's rule (lower case), bounded.
-	projectRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
-	bridgeRe  = regexp.MustCompile(`^bridge$`)
-	localRe   = regexp.MustCompile(`^local$`)
+	nameRe   = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+	bridgeRe = regexp.MustCompile(`^bridge$`)
+	localRe  = regexp.MustCompile(`^local$`)
 )
 
 // project checks the top level and returns the project.
@@ -31,8 +29,6 @@ func (c *checker) project(root *yaml.Node) *Project {
 			services = kv.val
 		case k == "version":
 			c.scalar(kv.val, k) // obsolete, ignored by Compose
-		case k == "name":
-			p.Name, _ = c.str(kv.val, k, projectRe, "a project name (lower-case letters, digits, '-' and '_')")
 		case k == "networks":
 			c.networks(kv.val, decl.networks)
 		case k == "volumes":
@@ -60,6 +56,8 @@ func topRefusal(k string) string {
 		return "including other files is not allowed (they would be read from the host)"
 	case "secrets", "configs":
 		return k + " are not allowed (their files would be read from the host)"
+	case "name":
+		return "the project name is the node's to choose (and Debian's Compose 1.29 has no top-level name)"
 	}
 	return "unknown or unsupported top-level key"
 }

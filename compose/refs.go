@@ -84,8 +84,6 @@ func (s *svc) longPort(n *yaml.Node, path string) {
 			s.c.str(f.val, fp, protocolRe, "tcp, udp or sctp")
 		case "mode":
 			s.c.str(f.val, fp, portModeRe, "host or ingress")
-		case "name", "app_protocol":
-			s.c.str(f.val, fp, nameRe, "a name")
 		default:
 			s.c.fail(fp, "unknown port key")
 		}
@@ -181,8 +179,6 @@ func (s *svc) dependsOn(n *yaml.Node, path string) {
 			switch ffp := join(fp, f.key); f.key {
 			case "condition":
 				s.c.str(f.val, ffp, conditionRe, "service_started, service_healthy or service_completed_successfully")
-			case "restart", "required":
-				s.c.boolean(f.val, ffp)
 			default:
 				s.c.fail(ffp, "unknown depends_on key")
 			}

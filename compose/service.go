@@ -202,7 +202,7 @@ func (s *svc) healthcheck(n *yaml.Node, path string) {
 		switch f.key {
 		case "test":
 			s.c.stringOrList(f.val, fp, 64)
-		case "interval", "timeout", "start_period", "start_interval":
+		case "interval", "timeout", "start_period":
 			s.c.str(f.val, fp, durationRe, "a duration (such as 10s or 1m30s)")
 		case "retries":
 			s.c.integer(f.val, fp, 0, 1000)
