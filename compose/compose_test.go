@@ -99,9 +99,44 @@ volumes:
   data: {driver: local}
 `
 
+// moreKeys uses the remaining ones: network options, the other network
+// modes, long depends_on, options of mounts.
+const moreKeys = `
+services:
+  a:
+    image: alpine
+    domainname: example.com
+    stop_signal: SIGTERM
+    container_name: aa
+    stdin_open: true
+    networks: {n: {ipv4_address: 10.5.0.5, priority: 5}}
+    depends_on: {b: {condition: service_completed_successfully}}
+  b:
+    image: alpine
+    network_mode: none
+    tmpfs: ["/run:size=64m"]
+    volumes: ["v:/v:ro,nocopy"]
+    extra_hosts: {gw: 10.0.0.1}
+networks:
+  n:
+    driver: bridge
+    internal: true
+    enable_ipv6: false
+    attachable: true
+    labels: [a=b]
+    name: n-net
+volumes:
+  v:
+    labels: {a: b}
+    name: v-vol
+`
+
 // TestParseAcceptsTheAllowedKeys: the keys and syntaxes the rules allow,
 // extension fields merged by anchors included, pass.
 func TestParseAcceptsTheAllowedKeys(t *testing.T) {
+	if _, err := Parse([]byte(moreKeys)); err != nil {
+		t.Fatalf("Parse of moreKeys: %v", err)
+	}
 	p, err := Parse([]byte(allowedKeys))
 	if err != nil {
 		t.Fatalf("Parse: %v", err)
@@ -148,6 +183,7 @@ func TestParseRefusesHostileFiles(t *testing.T) {
 		{"interpolation", svc("    volumes: [\"${HOME}:/h\"]\n"), "services.web.volumes[0]"},
 		{"interpolated image", "services:\n  web:\n    image: ${IMAGE}\n", "services.web.image"},
 		{"duplicate key", svc("    command: a\n    command: b\n"), "services.web.command"},
+		{"network_mode with networks", svc("    network_mode: bridge\n    networks: [default]\n"), "services.web.network_mode"},
 		{"depends on itself", svc("    depends_on: [web]\n"), "services.web.depends_on[0]"},
 		{"depends on nothing", svc("    depends_on: [db]\n"), "services.web.depends_on[0]"},
 		{"bad port", svc("    ports: [\"70000:80\"]\n"), "services.web.ports[0]"},

@@ -16,7 +16,7 @@ func TestAcceptedFilesRunWithDebianCompose(t *testing.T) {
 		t.Skip("docker-compose is not installed (.ci/setup.d/50-deploy.sh installs Debian's)")
 	}
 	dir := t.TempDir()
-	for name, file := range map[string]string{"two-services": twoServices, "allowed-keys": allowedKeys} {
+	for name, file := range map[string]string{"two-services": twoServices, "allowed-keys": allowedKeys, "more-keys": moreKeys} {
 		if _, err := Parse([]byte(file)); err != nil {
 			t.Fatalf("%s: Parse: %v", name, err)
 		}

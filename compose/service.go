@@ -113,10 +113,12 @@ func (c *checker) service(svcName string, n *yaml.Node, path string, decl declar
 	if !ok {
 		return Service{}, false
 	}
+	keys := map[string]bool{}
 	for _, f := range fields {
 		if c.done() {
 			break
 		}
+		keys[f.key] = true
 		fp := join(path, f.key)
 		if check, ok := serviceKeys[f.key]; ok {
 			check(s, f.val, fp)
@@ -130,6 +132,9 @@ func (c *checker) service(svcName string, n *yaml.Node, path string, decl declar
 		default:
 			c.fail(fp, "unknown or unsupported service key")
 		}
+	}
+	if keys["network_mode"] && keys["networks"] && !c.done() {
+		c.fail(join(path, "network_mode"), "cannot be combined with networks")
 	}
 	if s.out.Image == "" && !c.done() {
 		c.fail(join(path, "image"), "is required: services are image-only")

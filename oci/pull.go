@@ -6,7 +6,8 @@
 // registries when configured, the linux/amd64 child of an index, manifests
 // and blobs verified against their digests, and layer blobs cached by digest
 // under the cache directory (shared by every image that uses them).
-// Unpacking lives in oci/unpack, conversion in Convert (convert.go).
+// Unpacking lives in oci/unpack, conversion in Convert (convert.go), and
+// the Docker archives a compose sandbox's guest loads in archive.go.
 package oci
 
 import (
