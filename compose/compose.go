@@ -43,6 +43,10 @@ const (
 	// maxNodes bounds the nodes the checks visit, every expansion of an
 	// alias counted again.
 	maxNodes = 100_000
+	// maxValueBytes bounds the bytes of the scalars the checks visit, every
+	// expansion of an alias counted again: it bounds their work (a value
+	// is matched against a pattern) and the size of Project.File.
+	maxValueBytes = 8 << 20
 	// maxDepth bounds nesting as the checks see it (aliases followed).
 	maxDepth = 32
 	// maxErrors bounds the refusals one answer lists.
@@ -55,6 +59,11 @@ const (
 type Project struct {
 	// Services are in the file's order.
 	Services []Service
+	// File is the validated file as JSON (a YAML document too): aliases
+	// and merges resolved, extension fields left out. It is what a guest
+	// should run, not the original, so that Compose's own YAML parser
+	// cannot read the file otherwise than these checks did.
+	File []byte
 }
 
 // Service is one validated service.
@@ -131,11 +140,16 @@ func Parse(data []byte) (*Project, error) {
 	if err != nil {
 		return nil, Errors{{Reason: err.Error()}}
 	}
-	c := &checker{budget: maxNodes}
+	c := &checker{budget: maxNodes, bytes: maxValueBytes}
 	p := c.project(root)
 	if len(c.errs) > 0 {
 		return nil, c.errs
 	}
+	file, errs := canonical(root)
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	p.File = file
 	return p, nil
 }
 

@@ -1,7 +1,9 @@
 package compose
 
 import (
+	"encoding/json"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -192,6 +194,10 @@ func TestParseRefusesHostileFiles(t *testing.T) {
 		{"bad service name", "services:\n  \"../x\":\n    image: alpine\n", "services.../x"},
 		{"no services", "services: {}\n", "services"},
 		{"services missing", "version: '3'\n", "services"},
+		{"two merge keys", "x-a: &a {command: a}\nx-b: &b {volumes: [\"/:/h\"]}\nservices:\n  web:\n    image: alpine\n    <<: *a\n    <<: *b\n", "services.web.<<"},
+		{"key merged twice", "x-a: &a {command: a}\nx-b: &b {command: b}\nservices:\n  web:\n    image: alpine\n    <<: [*a, *b]\n", "services.web.command"},
+		{"number not written plainly", svc("    healthcheck: {retries: 0x10}\n"), "services.web.healthcheck.retries"},
+		{"number as image", "services:\n  web:\n    image: 00\n", "services.web.image"},
 		{"merged privileged", "x-p: &p {privileged: true}\nservices:\n  web:\n    <<: *p\n    image: alpine\n", "services.web.privileged"},
 	}
 	for _, tc := range cases {
@@ -257,5 +263,52 @@ func TestParseRefusesASelfReference(t *testing.T) {
 	_, err := Parse([]byte("x-a: &a [*a]\nservices: {a: {image: alpine}}\n"))
 	if err == nil {
 		t.Fatal("Parse accepted a self-referencing anchor")
+	}
+}
+
+// TestParseFileIsTheCheckedReading: Project.File is JSON with the merges
+// resolved as checked, extension fields left out and values typed as this
+// parser read them (an unquoted 80:80 is text, not YAML 1.1's base 60).
+func TestParseFileIsTheCheckedReading(t *testing.T) {
+	const file = `
+x-base: &base
+  restart: always
+  environment: {A: "1"}
+services:
+  web:
+    <<: *base
+    image: alpine
+    environment: {B: 2}
+    ports: [80:80]
+    x-note: dropped
+`
+	p, err := Parse([]byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(p.File, &doc); err != nil {
+		t.Fatalf("File is not JSON: %v\n%s", err, p.File)
+	}
+	web := doc["services"].(map[string]any)["web"].(map[string]any)
+	if _, ok := doc["x-base"]; ok || web["x-note"] != nil {
+		t.Errorf("extension fields kept: %s", p.File)
+	}
+	if web["restart"] != "always" || !reflect.DeepEqual(web["environment"], map[string]any{"B": float64(2)}) {
+		t.Errorf("merge not resolved as checked (own keys win): %s", p.File)
+	}
+	if !reflect.DeepEqual(web["ports"], []any{"80:80"}) {
+		t.Errorf("ports = %#v, want the text 80:80", web["ports"])
+	}
+}
+
+// TestParseRefusesLongValuesRepeated: a long value used through an alias
+// many times costs its length at every use; the walk stops at its bound.
+func TestParseRefusesLongValuesRepeated(t *testing.T) {
+	file := "x-a: &a " + strings.Repeat("y", 100<<10) + "\nservices:\n  web:\n    image: alpine\n    command: [" +
+		strings.Repeat("*a, ", 100) + "*a]\n"
+	_, err := Parse([]byte(file))
+	if err == nil || !strings.Contains(err.Error(), "bytes of values") {
+		t.Fatalf("Parse = %v, want the value bytes refusal", err)
 	}
 }

@@ -1,8 +1,11 @@
 package compose
 
 import (
+	"bytes"
 	"errors"
+	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -67,7 +70,29 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("accepted service %+v", s)
 			}
 		}
+		checkFixedPoint(t, p)
 	})
+}
+
+// checkFixedPoint: an accepted file's Project.File is accepted as the same
+// project and renders to itself, unless it is over a whole-file bound (an
+// alias expanded can make it larger than the file).
+func checkFixedPoint(t *testing.T, p *Project) {
+	t.Helper()
+	again, err := Parse(p.File)
+	if err != nil {
+		var es Errors
+		if errors.As(err, &es) && len(es) == 1 && (es[0].Path == "" || strings.Contains(es[0].Reason, "expands to more than")) {
+			return
+		}
+		t.Fatalf("Project.File refused: %v\n%s", err, p.File)
+	}
+	// JSON objects have no order: the services come back sorted by name.
+	byName := func(a, b Service) int { return strings.Compare(a.Name, b.Name) }
+	want := slices.SortedFunc(slices.Values(p.Services), byName)
+	if !bytes.Equal(again.File, p.File) || !reflect.DeepEqual(slices.SortedFunc(slices.Values(again.Services), byName), want) {
+		t.Fatalf("Project.File is not a fixed point:\n%s\n%s", p.File, again.File)
+	}
 }
 
 // TestParseAllocationWorstCases: the inputs that make the parser allocate

@@ -147,6 +147,10 @@ func (s *svc) image(n *yaml.Node, path string) {
 	if !ok {
 		return
 	}
+	if r := s.c.node(n, path); r == nil || r.Tag != "!!str" {
+		s.c.fail(path, "%q is not an image reference (quote it)", clip(ref))
+		return
+	}
 	if _, err := name.ParseReference(ref); err != nil || len(ref) > 512 {
 		s.c.fail(path, "%q is not an image reference", clip(ref))
 		return

@@ -1,6 +1,7 @@
 package compose
 
 import (
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -12,8 +13,9 @@ import (
 // checker walks the parsed tree: every node it visits costs one of its
 // budget (an alias once per use), and it collects refusals.
 type checker struct {
-	budget int
-	over   bool // the budget ran out (reported once)
+	budget int  // nodes
+	bytes  int  // scalar bytes, charged at each visit like nodes
+	over   bool // a budget ran out (reported once)
 	errs   Errors
 }
 
@@ -38,10 +40,14 @@ func (c *checker) node(n *yaml.Node, path string) *yaml.Node {
 		n = n.Alias
 	}
 	c.budget--
-	if c.budget < 0 || n == nil {
+	if n != nil {
+		c.bytes -= len(n.Value)
+	}
+	if c.budget < 0 || c.bytes < 0 || n == nil {
 		c.over = true
 		if len(c.errs) < maxErrors { // always said, even after maxErrors-1 others
-			c.errs = append(c.errs, &Error{Path: path, Reason: fmt.Sprintf("the compose file expands to more than %d YAML nodes (an alias counts at each use)", maxNodes)})
+			c.errs = append(c.errs, &Error{Path: path, Reason: fmt.Sprintf(
+				"the compose file expands to more than %d YAML nodes or %d bytes of values (an alias counts at each use)", maxNodes, maxValueBytes)})
 		}
 		return nil
 	}
@@ -51,7 +57,29 @@ func (c *checker) node(n *yaml.Node, path string) *yaml.Node {
 		c.fail(path, "has the YAML tag %s, which is not supported", n.Tag)
 		return nil
 	}
+	if n.Kind == yaml.ScalarNode && !plainText(n) {
+		c.fail(path, "%q is read as a %s but not written as JSON writes it (write it so, or quote it to keep the text)",
+			clip(n.Value), strings.TrimPrefix(n.Tag, "!!"))
+		return nil
+	}
 	return n
+}
+
+// plainText reports whether a number's or boolean's text is the one JSON
+// gives its value (0x10, 0o17, 1e3, 00, True, .inf are not): the checks
+// read the text, Project.File carries the value, and the two must agree.
+func plainText(n *yaml.Node) bool {
+	switch n.Tag {
+	case "!!int", "!!float", "!!bool":
+	default:
+		return true
+	}
+	var v any
+	if err := n.Decode(&v); err != nil {
+		return false
+	}
+	b, err := json.Marshal(v)
+	return err == nil && string(b) == n.Value
 }
 
 // standardTags are the tags of plain YAML values.
@@ -64,9 +92,13 @@ type pair struct {
 	val *yaml.Node
 }
 
-// mapping returns n's keys in order, the keys of "<<" merges added where
+// mapping returns n's keys in order, the keys of a "<<" merge added where
 // the mapping has none of its own (YAML's merge key, used by Compose files
-// with extension fields); duplicate and non-string keys are refused.
+// with extension fields); duplicate and non-string keys are refused. So
+// are the merges YAML parsers resolve differently (two "<<" keys in one
+// mapping, which PyYAML, Compose 1.29's, resolves last-wins; a key merged
+// from two mappings): a value the checks skipped must not be the one
+// Compose keeps.
 func (c *checker) mapping(n *yaml.Node, path string, depth int) ([]pair, bool) {
 	if n = c.node(n, path); n == nil {
 		return nil, false
@@ -102,10 +134,19 @@ func (c *checker) mapping(n *yaml.Node, path string, depth int) ([]pair, bool) {
 		seen[k.Value] = true
 		out = append(out, pair{k.Value, n.Content[i+1]})
 	}
+	if len(merges) > 1 {
+		c.fail(join(path, "<<"), "more than one merge key in a mapping")
+		return nil, false
+	}
+	fromMerge := map[string]bool{}
 	for _, m := range merges {
 		for _, p := range c.merged(m, path, depth) {
-			if !seen[p.key] {
-				seen[p.key] = true
+			switch {
+			case seen[p.key]: // the mapping's own key wins, in every parser
+			case fromMerge[p.key]:
+				c.fail(join(path, p.key), "merged from more than one mapping")
+			default:
+				fromMerge[p.key] = true
 				out = append(out, p)
 			}
 		}
