@@ -3,8 +3,11 @@ package compose
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math"
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -40,7 +43,28 @@ func canonical(root *yaml.Node) ([]byte, Errors) {
 	if err := enc.Encode(top); err != nil {
 		return nil, Errors{{Reason: "render the compose file as JSON: " + err.Error()}}
 	}
-	return buf.Bytes(), nil
+	return asciiJSON(buf.Bytes()), nil
+}
+
+// asciiJSON escapes every non-ASCII character of a JSON text as \uXXXX
+// (outside strings JSON has none). A YAML 1.1 parser takes some of them
+// raw for line breaks (U+0085, U+2028) and folds them; escaped, every
+// parser reads the same character.
+func asciiJSON(b []byte) []byte {
+	out := make([]byte, 0, len(b))
+	for _, r := range string(b) {
+		if r < utf8.RuneSelf {
+			out = append(out, byte(r))
+			continue
+		}
+		if r > 0xffff {
+			hi, lo := utf16.EncodeRune(r)
+			out = fmt.Appendf(out, `\u%04x\u%04x`, hi, lo)
+			continue
+		}
+		out = fmt.Appendf(out, `\u%04x`, r)
+	}
+	return out
 }
 
 func dropExtensions(m map[string]any) {

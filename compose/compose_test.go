@@ -280,6 +280,7 @@ services:
     image: alpine
     environment: {B: 2}
     ports: [80:80]
+    labels: {note: "caf\u00e9\u0085\U0001F600"}
     x-note: dropped
 `
 	p, err := Parse([]byte(file))
@@ -296,6 +297,14 @@ services:
 	}
 	if web["restart"] != "always" || !reflect.DeepEqual(web["environment"], map[string]any{"B": float64(2)}) {
 		t.Errorf("merge not resolved as checked (own keys win): %s", p.File)
+	}
+	for _, b := range p.File {
+		if b >= 0x80 {
+			t.Fatalf("File has a non-ASCII byte: %s", p.File)
+		}
+	}
+	if got := web["labels"].(map[string]any)["note"]; got != "caf\u00e9\u0085\U0001F600" {
+		t.Errorf("label = %q after the escapes", got)
 	}
 	if !reflect.DeepEqual(web["ports"], []any{"80:80"}) {
 		t.Errorf("ports = %#v, want the text 80:80", web["ports"])

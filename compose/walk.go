@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -55,6 +56,10 @@ func (c *checker) node(n *yaml.Node, path string) *yaml.Node {
 		// Compose gives tags of its own meanings (!reset, !override)
 		// these checks do not follow.
 		c.fail(path, "has the YAML tag %s, which is not supported", n.Tag)
+		return nil
+	}
+	if n.Kind == yaml.ScalarNode && !utf8.ValidString(n.Value) {
+		c.fail(path, "is not valid UTF-8")
 		return nil
 	}
 	if n.Kind == yaml.ScalarNode && !plainText(n) {
