@@ -14,7 +14,7 @@ import (
 
 // canonical renders a validated document as JSON (which every YAML parser
 // reads alike): aliases and merges resolved as the checks resolved them,
-// extension fields (x-*, at the top and in services) left out, values
+// extension fields (x-*, at the top and in services) and version left out, values
 // typed as this parser typed them. Handing this to the guest's Compose
 // rather than the file leaves no room for a file that its parser (PyYAML,
 // YAML 1.1) reads otherwise than the checks did, "80:80" being a string
@@ -30,6 +30,11 @@ func canonical(root *yaml.Node) ([]byte, Errors) {
 	}
 	top, _ := v.(map[string]any)
 	dropExtensions(top)
+	// Without a version Compose reads the file by the Compose
+	// Specification, the one these checks follow; a version would choose
+	// an older file format's schema (in which depends_on has no
+	// conditions, for one).
+	delete(top, "version")
 	if services, ok := top["services"].(map[string]any); ok {
 		for _, s := range services {
 			if m, ok := s.(map[string]any); ok {

@@ -60,7 +60,7 @@ type Project struct {
 	// Services are in the file's order.
 	Services []Service
 	// File is the validated file as JSON (a YAML document too): aliases
-	// and merges resolved, extension fields left out. It is what a guest
+	// and merges resolved, extension fields and version left out. It is what a guest
 	// should run, not the original, so that Compose's own YAML parser
 	// cannot read the file otherwise than these checks did.
 	File []byte
