@@ -199,7 +199,12 @@ func retryAfter(err error) string {
 
 // decode reads an optional (required=false) or mandatory JSON body into v.
 func decode(w http.ResponseWriter, r *http.Request, v any, required bool) bool {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	return decodeLimit(w, r, v, required, maxBody)
+}
+
+// decodeLimit is decode for a body of at most limit bytes.
+func decodeLimit(w http.ResponseWriter, r *http.Request, v any, required bool, limit int64) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
 		return false

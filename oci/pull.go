@@ -6,10 +6,12 @@
 // registries when configured, the linux/amd64 child of an index, manifests
 // and blobs verified against their digests, and layer blobs cached by digest
 // under the cache directory (shared by every image that uses them).
-// Unpacking lives in oci/unpack, conversion in Convert (convert.go).
+// Unpacking lives in oci/unpack, conversion in Convert (convert.go), and
+// the Docker archives a compose sandbox's guest loads in archive.go.
 package oci
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -63,7 +65,10 @@ type Image struct {
 	Ref    string  // the reference as resolved (registry/repo:tag or @digest)
 	Digest v1.Hash // manifest digest (the platform child's, for an index)
 	Config *v1.ConfigFile
-	Layers []Layer // bottom first
+	// RawConfig is the config as the registry served it (its sha256 is
+	// the image ID Docker gives it).
+	RawConfig []byte
+	Layers    []Layer // bottom first
 }
 
 // Layer is one layer blob in the cache.
@@ -174,7 +179,11 @@ func (p *Puller) Pull(ctx context.Context, ref string) (*Image, error) {
 	if d, ok := r.(name.Digest); ok && !desc.MediaType.IsIndex() && d.DigestStr() != digest.String() {
 		return nil, fmt.Errorf("oci: manifest of %s has digest %s", r, digest)
 	}
-	cfg, err := img.ConfigFile()
+	raw, err := img.RawConfigFile()
+	if err != nil {
+		return nil, fmt.Errorf("oci: config of %s: %w", r, err)
+	}
+	cfg, err := v1.ParseConfigFile(bytes.NewReader(raw))
 	if err != nil {
 		return nil, fmt.Errorf("oci: config of %s: %w", r, err)
 	}
@@ -188,7 +197,7 @@ func (p *Puller) Pull(ctx context.Context, ref string) (*Image, error) {
 	if len(layers) != len(cfg.RootFS.DiffIDs) {
 		return nil, fmt.Errorf("oci: image %s: %d layers but %d diff IDs in its config", r, len(layers), len(cfg.RootFS.DiffIDs))
 	}
-	out := &Image{Ref: r.String(), Digest: digest, Config: cfg}
+	out := &Image{Ref: r.String(), Digest: digest, Config: cfg, RawConfig: raw}
 	for i, l := range layers {
 		ld, err := l.Digest()
 		if err != nil {

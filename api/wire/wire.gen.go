@@ -331,6 +331,16 @@ type ListedSandbox struct {
 	VolumeMounts *[]SandboxVolumeMount `json:"volumeMounts,omitempty"`
 }
 
+// NewComposeSandbox defines model for NewComposeSandbox.
+type NewComposeSandbox struct {
+	// Compose the Compose file (YAML, at most 1 MiB)
+	Compose  string             `json:"compose"`
+	Metadata *map[string]string `json:"metadata,omitempty"`
+
+	// Timeout seconds
+	Timeout *int32 `json:"timeout,omitempty"`
+}
+
 // NewSandbox defines model for NewSandbox.
 type NewSandbox struct {
 	AllowInternetAccess *bool `json:"allow_internet_access,omitempty"`
@@ -1053,6 +1063,9 @@ type SetNodeStatusJSONRequestBody = NodeStatusChange
 
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = NewSandbox
+
+// CreateComposeSandboxJSONRequestBody defines body for CreateComposeSandbox for application/json ContentType.
+type CreateComposeSandboxJSONRequestBody = NewComposeSandbox
 
 // ConnectSandboxJSONRequestBody defines body for ConnectSandbox for application/json ContentType.
 type ConnectSandboxJSONRequestBody = ConnectSandbox

@@ -1,6 +1,6 @@
 // Package sandboxcmd implements the aenv CLI's commands that drive an aenvd
 // node: auth, start, exec, connect, upload, download, pause, resume, fork,
-// list, rm, timeout, snapshot, template and nodes.
+// list, rm, timeout, pin, compose, snapshot, template and nodes.
 package sandboxcmd
 
 import (
@@ -30,7 +30,7 @@ func (e *ExitError) Error() string { return fmt.Sprintf("exit status %d", e.Code
 func Commands() []*cobra.Command {
 	return []*cobra.Command{
 		authCmd(), startCmd(), execCmd(), connectCmd(), uploadCmd(), downloadCmd(),
-		pauseCmd(), resumeCmd(), forkCmd(), listCmd(), rmCmd(), timeoutCmd(), pinCmd(),
+		pauseCmd(), resumeCmd(), forkCmd(), listCmd(), rmCmd(), timeoutCmd(), pinCmd(), composeCmd(),
 		snapshotCmd(), templateCmd(), nodesCmd(), nodeCmd(), webhookCmd(), volumeCmd(),
 	}
 }
