@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,10 +10,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/agentenv/agentenv/api/aenvdtest"
 	"github.com/agentenv/agentenv/disk"
 )
 
@@ -224,13 +227,40 @@ func checkWorkingSet(t *testing.T, n *node) {
 	}
 }
 
-// TestResumeMapsFlattenedPause: after a pause, the sandbox's memory image
+// flatNode is a node whose VMs map flattened memory files (no shared
+// exports: storage.shared_memory = "none", the mode of a node without FUSE
+// or ublk), shared by the tests of the background flatten.
+func flatNode(t *testing.T) *node {
+	t.Helper()
+	nodePrereqs(t)
+	flatOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+		defer cancel()
+		var n *aenvdtest.Node
+		env := []string{"AENVD_STORAGE_SHARED_MEMORY=none", "AENVD_SANDBOX_PREFETCH=true"}
+		if n, flatErr = aenvdtest.Start(ctx, aenvdtest.Options{Prefix: "adflat", CIDRBase: 109, Env: env}); flatErr == nil {
+			flat = &node{Node: n, api: n.API, proxy: n.Proxy, key: n.Key}
+		}
+	})
+	if flatErr != nil {
+		t.Fatalf("start aenvd on flattened memory files: %v", flatErr)
+	}
+	return flat
+}
+
+var (
+	flatOnce sync.Once
+	flat     *node
+	flatErr  error
+)
+
+// TestResumeMapsFlattenedPause (flattened memory files): after a pause, the sandbox's memory image
 // (the template's memory with the pause's layer above it) is flattened in
 // the background; a resume after that maps the flat file (it writes no
 // layers into the VM's RAM) and the guest's memory is intact; a resume that
 // comes before the flatten ends stops it and is intact too.
 func TestResumeMapsFlattenedPause(t *testing.T) {
-	n := sharedNode(t)
+	n := flatNode(t)
 	id := n.create(t, `{"templateID":"base","timeout":300}`)
 	defer n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
 	sum := n.sh(t, id, `head -c 33554432 /dev/urandom > /dev/shm/flat && sha256sum < /dev/shm/flat`)
@@ -262,11 +292,11 @@ func TestResumeMapsFlattenedPause(t *testing.T) {
 	}
 }
 
-// TestFlattenAfterRestart: a paused sandbox whose memory is not flattened
+// TestFlattenAfterRestart (flattened memory files): a paused sandbox whose memory is not flattened
 // when aenvd starts (its flatten was interrupted: the file is removed here)
 // is flattened after the start, and its resume maps the flat file.
 func TestFlattenAfterRestart(t *testing.T) {
-	n := sharedNode(t)
+	n := flatNode(t)
 	id := n.create(t, `{"templateID":"base","timeout":300}`)
 	defer n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
 	n.sh(t, id, `echo restarted > /dev/shm/flat-restart`)

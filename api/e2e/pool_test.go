@@ -37,7 +37,12 @@ func poolNode(t *testing.T) *node {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()
 		env := []string{fmt.Sprintf("AENVD_VMM_POOL_LOW=%d", poolHigh), fmt.Sprintf("AENVD_VMM_POOL_HIGH=%d", poolHigh),
-			"AENVD_VMM_POOL_TEMPLATES=base", "AENVD_SANDBOX_FLATTEN_PAUSED=false"}
+			"AENVD_VMM_POOL_TEMPLATES=base", "AENVD_SANDBOX_FLATTEN_PAUSED=false",
+			// A pooled VMM maps the template's memory file and a resume
+			// onto it writes the pause's layers in: VMs map flattened
+			// files, not the storage daemon's exports (with those a
+			// resume restores a VMM of its own and writes nothing in).
+			"AENVD_STORAGE_SHARED_MEMORY=none"}
 		var n *aenvdtest.Node
 		if n, pooledErr = aenvdtest.Start(ctx, aenvdtest.Options{Prefix: "adpool", CIDRBase: 89, Env: env}); pooledErr == nil {
 			pooled = &node{Node: n, api: n.API, proxy: n.Proxy, key: n.Key}
