@@ -25,7 +25,8 @@ const (
 	// SharedDefault (empty) is ublk where the driver is loaded, else no
 	// kernel-visible shared export (the behaviour before FUSE exports).
 	SharedDefault = ""
-	// SharedAuto is ublk where the driver is loaded, else FUSE.
+	// SharedAuto is ublk where the driver is loaded, else FUSE where
+	// /dev/fuse exists and the mount can be made, else none.
 	SharedAuto = "auto"
 	// SharedNone makes no kernel-visible shared export.
 	SharedNone = "none"
@@ -83,12 +84,19 @@ func (d *Daemon) openShared() error {
 			mo.KeeperSocket = d.memKeeperSocket()
 		}
 		files, err := memfs.Open(d.memDir(), mo)
-		if err != nil {
+		switch {
+		case err != nil && d.opts.SharedBlock == SharedAuto:
+			// Asked for whatever works: a host whose /dev/fuse cannot be
+			// mounted (a container without the capability) goes on
+			// without shared exports, as one without the device does.
+			kind, why = rpc.BlockNone, fmt.Sprintf("the FUSE mount failed: %v", err)
+		case err != nil:
 			return fmt.Errorf("storaged: shared memory exports over FUSE: %w", err)
-		}
-		d.files = files
-		if x, ok := d.exporter.(*NBDExporter); ok {
-			x.Files = files
+		default:
+			d.files = files
+			if x, ok := d.exporter.(*NBDExporter); ok {
+				x.Files = files
+			}
 		}
 	}
 	d.sharedBlock = kind

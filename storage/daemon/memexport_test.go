@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
@@ -85,5 +86,40 @@ func readFile(t *testing.T, path string, want []byte) {
 	got, err := os.ReadFile(path)
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("read %s: %v (equal %v)", path, err, bytes.Equal(got, want))
+	}
+}
+
+// TestAutoWithoutAFUSEMount: asked for whatever works (auto), a daemon
+// whose FUSE mount cannot be made starts without shared exports (and says
+// so in its features); asked for FUSE, it refuses to start.
+func TestAutoWithoutAFUSEMount(t *testing.T) {
+	if ublk.Available() == nil {
+		t.Skip("the ublk driver is loaded: auto picks ublk, no FUSE mount is tried")
+	}
+	broken := func() Options {
+		opts := testOptions(t)
+		// The mount point is a file: the mount cannot be made.
+		if err := os.MkdirAll(opts.RunDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(opts.RunDir+"/"+rpc.SharedFileDir, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return opts
+	}
+	opts := broken()
+	opts.SharedBlock = SharedAuto
+	h := start(t, opts)
+	if f, err := h.c.Features(ctxT(t)); err != nil || f.SharedBlock != rpc.BlockNone {
+		t.Fatalf("auto without a FUSE mount: features %+v, %v; want no shared exports", f, err)
+	}
+	opts = broken()
+	opts.SharedBlock = rpc.BlockFUSE
+	d, err := New(opts)
+	if err == nil {
+		err = d.Run(t.Context())
+	}
+	if err == nil || !strings.Contains(err.Error(), "FUSE") {
+		t.Fatalf("FUSE asked for without a mount: %v", err)
 	}
 }
