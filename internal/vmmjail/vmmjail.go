@@ -243,7 +243,10 @@ func place(root string, s source) error {
 		return fmt.Errorf("jail: mount point %s: %w", s.path, err)
 	}
 	from := fmt.Sprintf("/proc/self/fd/%d", s.fd)
-	if err := syscall.Mount(from, target, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
+	// Not recursive: what is mounted below a source stays out (the
+	// storage daemon's FUSE mount of memory exports lies below the socket
+	// directory; a VMM gets its own export as a descriptor).
+	if err := syscall.Mount(from, target, "", syscall.MS_BIND, ""); err != nil {
 		return fmt.Errorf("jail: bind %s: %w", s.path, err)
 	}
 	_ = syscall.Close(s.fd)

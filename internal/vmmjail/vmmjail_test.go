@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -206,5 +207,42 @@ func TestOwnNetwork(t *testing.T) {
 	}
 	if connected {
 		t.Errorf("with OwnNetwork the program connected to the host's 127.0.0.1:%d", port)
+	}
+}
+
+// TestJailLeavesOutMountsBelowABind: a directory given to the jail comes
+// without what is mounted below it (the storage daemon's FUSE mount of
+// memory exports lies below a VMM's socket directory; a recursive bind
+// carried it into every VMM's namespace).
+func TestJailLeavesOutMountsBelowABind(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	sub := filepath.Join(dir, "sub")
+	if err := os.Mkdir(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", sub, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Unmount(sub, syscall.MNT_DETACH)
+	if err := os.WriteFile(filepath.Join(sub, "inner"), []byte("inner"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err := run(t, Spec{
+		Path: "/bin/sh", Args: []string{"sh", "-c", "cat /proc/self/mountinfo; echo ---; ls -a " + sub},
+		Env: []string{"PATH=/usr/bin:/bin"}, Dir: "/", Binds: []Bind{{Path: dir}},
+	})
+	if err != nil {
+		t.Fatalf("jailed sh: %v\n%s", err, errOut)
+	}
+	mounts, listing, _ := strings.Cut(out, "---\n")
+	if strings.Contains(mounts, " "+sub+" ") {
+		t.Errorf("the jail's namespace has the mount below its bind at %s:\n%s", sub, mounts)
+	}
+	if !strings.Contains(mounts, " "+dir+" ") {
+		t.Errorf("the jail's namespace lacks the bound directory %s:\n%s", dir, mounts)
+	}
+	if strings.Contains(listing, "inner") {
+		t.Errorf("the jail sees the file of the mount below its bind: %q", listing)
 	}
 }
