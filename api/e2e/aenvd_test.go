@@ -46,9 +46,12 @@ var (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if pooled != nil {
-		if err := pooled.Close(); err != nil {
-			fmt.Fprintf(os.Stderr, "aenvd (warm pool) graceful shutdown: %v\n%s\n", err, pooled.Logs())
+	for name, n := range map[string]*node{"warm pool": pooled, "flattened memory": flat} {
+		if n == nil {
+			continue
+		}
+		if err := n.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "aenvd (%s) graceful shutdown: %v\n%s\n", name, err, n.Logs())
 			code = 1
 		}
 	}
