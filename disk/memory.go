@@ -101,6 +101,15 @@ func newMemoryDevices(sd sharedDevices, block, shared string, drv vmm.Driver, la
 // rpc.BlockFUSE.
 func (d *MemoryDevices) Kind() string { return d.kind }
 
+// Describe names what a VM maps, for people: "ublk device" or "file on its
+// FUSE mount" (the storage daemon's).
+func (d *MemoryDevices) Describe() string {
+	if d.kind == rpc.BlockFUSE {
+		return "file on its FUSE mount"
+	}
+	return "ublk device"
+}
+
 // Acquire holds the shared device of m's layer stack (m read from vmDir's
 // manifest) for holder and returns the image as the VM maps it (File the
 // device) with the release of the hold.

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/agentenv/agentenv/sandbox"
-	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/telemetry"
 )
 
@@ -28,11 +27,7 @@ type GuestMetrics = telemetry.GuestMetrics
 // (the API's NodeMemory.mode) and why.
 func (o *Orchestrator) memoryMode() (mode, why string) {
 	if o.memDev != nil {
-		what := "ublk device"
-		if o.memDev.Kind() == rpc.BlockFUSE {
-			what = "file on its FUSE mount"
-		}
-		return "block-export", "every VM restored from a memory layer stack maps the storage daemon's shared read-only " + what +
+		return "block-export", "every VM restored from a memory layer stack maps the storage daemon's shared read-only " + o.memDev.Describe() +
 			" of it privately: one export per stack, its pages cached once, nothing flattened or written in; layers brought from the repository are read lazily"
 	}
 	return "cache-file", "memory layer stacks are flattened once per snapshot into a node-local file that every VM restored from it maps privately (no shared device: " + o.memWhy + ")"
