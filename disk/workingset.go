@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/vmm/memsnap"
 )
@@ -78,12 +76,5 @@ func readAhead(file string, extents []memsnap.Extent) (int64, error) {
 		return 0, fmt.Errorf("prefetch %s: %w", file, err)
 	}
 	defer f.Close()
-	var total int64
-	for _, x := range extents {
-		if err := unix.Fadvise(int(f.Fd()), x.Off, x.Len, unix.FADV_WILLNEED); err != nil {
-			return total, fmt.Errorf("prefetch %s: %w", file, err)
-		}
-		total += x.Len
-	}
-	return total, nil
+	return memsnap.ReadAhead(f, extents)
 }

@@ -149,10 +149,16 @@ func Prefetch(memFile string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("prefetch %s: %w", memFile, err)
 	}
+	return ReadAhead(f, extents)
+}
+
+// ReadAhead queues reads of extents of f into the page cache
+// (POSIX_FADV_WILLNEED) and returns the bytes asked for.
+func ReadAhead(f *os.File, extents []Extent) (int64, error) {
 	var total int64
 	for _, e := range extents {
 		if err := unix.Fadvise(int(f.Fd()), e.Off, e.Len, unix.FADV_WILLNEED); err != nil {
-			return total, fmt.Errorf("prefetch %s: %w", memFile, err)
+			return total, fmt.Errorf("read ahead %s: %w", f.Name(), err)
 		}
 		total += e.Len
 	}
