@@ -12,6 +12,7 @@ import (
 	"strings"
 	"unsafe"
 
+	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/internal/vmmproc"
 
 	"golang.org/x/sys/unix"
@@ -113,7 +114,8 @@ func mappings(pid int) ([]mapping, error) {
 }
 
 // guestRAM returns the smaps of pid's guest RAM: the largest mapping of a
-// file named memory* (the snapshot's memory image), and the file's path.
+// file named memory* (the snapshot's memory image) or of the storage
+// daemon's export of it (disk.IsDevice), and the file's path.
 func guestRAM(pid int) (memStats, string, error) {
 	ms, err := mappings(pid)
 	if err != nil {
@@ -121,7 +123,7 @@ func guestRAM(pid int) (memStats, string, error) {
 	}
 	var best mapping
 	for _, m := range ms {
-		if strings.HasPrefix(filepath.Base(m.Path), "memory") && m.Size > best.Size {
+		if (strings.HasPrefix(filepath.Base(m.Path), "memory") || disk.IsDevice(m.Path)) && m.Size > best.Size {
 			best = m
 		}
 	}
