@@ -377,3 +377,20 @@ func (n *node) timeline(offset int, start time.Time, id string) string {
 func say(format string, args ...any) {
 	fmt.Printf("    "+format+"\n", args...)
 }
+
+// memoryExports reports whether the node's VMs map memory from the storage
+// daemon's shared exports (/nodes memory mode "block-export"), where
+// nothing is flattened.
+func (n *node) memoryExports(b *testing.B) bool {
+	b.Helper()
+	out, _ := n.expect(b, http.StatusOK, "GET", "/nodes", "")
+	var nodes []struct {
+		Memory struct {
+			Mode string `json:"mode"`
+		} `json:"memory"`
+	}
+	if err := json.Unmarshal(out, &nodes); err != nil || len(nodes) != 1 {
+		b.Fatalf("/nodes: %s (%v)", out, err)
+	}
+	return nodes[0].Memory.Mode == "block-export"
+}
