@@ -97,8 +97,9 @@ func scanPanics(log []byte) string {
 // restoreResult is what one restore showed.
 type restoreResult struct {
 	ready   time.Duration
-	panic   string // first lines of a crash report
-	failure string // a wrong byte or an unreachable guest without one
+	panic   string     // first lines of a crash report
+	failure string     // a wrong byte or an unreachable guest without one
+	next    *chainSnap // the snapshot of this guest, for a cycle variant
 }
 
 // restoreOnce restores the snapshot dir (memory image memory), runs the
@@ -133,6 +134,9 @@ func (tr *torture) restoreOnce(v variant, tn *vmmtest.TestNet, dir, memory, seed
 	}
 	if res.panic == "" && res.failure != "" {
 		res.failure += "\nconsole:\n" + tailOf(readConsole(vm), 1500)
+	}
+	if v.cycle && res.panic == "" && res.failure == "" {
+		res.next = tr.pauseSnapshot(ctx, vm)
 	}
 	return res
 }
@@ -198,6 +202,9 @@ func tortureTable(rows []*tortureRow) string {
 		}
 		if v.chained {
 			snap = "chained"
+		}
+		if v.cycle {
+			snap = "cycle"
 		}
 		mean := time.Duration(0)
 		if r.restores > 0 {

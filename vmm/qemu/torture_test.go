@@ -44,6 +44,10 @@ type variant struct {
 	vcpus   int    // 0: one, as the default template
 	shared  bool   // restores map their memory file shared (share=on), each a copy
 	chained bool   // restore a snapshot taken of a restored guest, not of the booted one
+	// cycle makes each restore's snapshot the next one's source, as a
+	// sandbox paused and resumed over and over (the chain grows by one
+	// each restore), instead of restoring one snapshot every time.
+	cycle bool
 }
 
 // bootKey identifies the booted guest (and its snapshot) a variant
@@ -58,6 +62,8 @@ var tortureVariants = []variant{
 	{name: "shared", shared: true},
 	{name: "chained", chained: true},
 	{name: "chained-shared", chained: true, shared: true},
+	{name: "cycles", cycle: true},
+	{name: "cycles-shared", cycle: true, shared: true},
 	{name: "cpu-qemu64", cpu: "qemu64"},
 	{name: "tcg-single", tcg: "thread=single"},
 	{name: "tb-32M", tcg: "tb-size=32"},
@@ -181,6 +187,12 @@ func (tr *torture) run(v variant, n int) *tortureRow {
 	tn := vmmtest.NewTestNet(t)
 	for i := 0; i < n; i++ {
 		res := tr.restoreOnce(v, tn, dir, memory, bs.seed, i)
+		if res.next != nil {
+			if dir != bs.dir {
+				_ = os.RemoveAll(dir) // the previous cycle's snapshot
+			}
+			dir, memory = res.next.dir, res.next.memory
+		}
 		row.restores++
 		row.ready += res.ready
 		switch {
@@ -260,8 +272,7 @@ func (tr *torture) boot(v variant) *bootSnap {
 }
 
 // chain returns a snapshot of a guest restored from bs and run once (the
-// workload), taken the way a node pauses a sandbox: the device state alone
-// and the guest RAM captured beside it.
+// workload).
 func (tr *torture) chain(v variant, bs *bootSnap) *chainSnap {
 	t := tr.t
 	if bs.chain != nil {
@@ -283,9 +294,23 @@ func (tr *torture) chain(v variant, bs *bootSnap) *chainSnap {
 	if w := runWorkload(ctx, tn, bs.seed); w.failure != "" {
 		t.Fatalf("restore for the chained snapshot: %s\n%s", w.failure, tailOf(readConsole(vm), 3000))
 	}
+	ch := tr.pauseSnapshot(ctx, vm)
+	if mem != bs.memory {
+		_ = os.Remove(mem)
+	}
+	bs.chain = ch
+	return ch
+}
+
+// pauseSnapshot pauses the restored vm and snapshots it the way a node
+// pauses a sandbox: the device state alone and the guest RAM captured
+// beside it.
+func (tr *torture) pauseSnapshot(ctx context.Context, vm vmm.Machine) *chainSnap {
+	t := tr.t
 	if err := vm.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
+	tr.seq++
 	dir := filepath.Join(tr.work, fmt.Sprintf("chain-%d", tr.seq))
 	ds, ok := vm.(vmm.DeviceSnapshotter)
 	if !ok {
@@ -298,10 +323,6 @@ func (tr *torture) chain(v variant, bs *bootSnap) *chainSnap {
 	if _, err := vmmtest.CaptureMemory(vm.Info().PID, vm.Info().MemoryFile, ch.memory); err != nil {
 		t.Fatal(err)
 	}
-	if mem != bs.memory {
-		_ = os.Remove(mem)
-	}
-	bs.chain = ch
 	return ch
 }
 
