@@ -15,28 +15,28 @@ import (
 	"github.com/agentenv/agentenv/vmm/vmmtest"
 )
 
-// seedScript runs in the booted guest before its snapshot: 16 MiB of
+// seedScript runs in the booted guest before its snapshot: 8 MiB of
 // random bytes in tmpfs (guest RAM) whose sum every restore checks, and a
 // loop kept running so the snapshot catches the guest busy. It prints the
 // seed's sha256 and the clock source.
-const seedScript = `head -c 16777216 /dev/urandom > /dev/shm/seed && ` +
-	`nohup sh -c 'while :; do cat /proc/meminfo > /dev/null; sleep 0.02; done' > /dev/null 2>&1 & ` +
+const seedScript = `head -c 8388608 /dev/urandom > /dev/shm/seed || exit 1; ` +
+	`(nohup sh -c 'while :; do cat /proc/meminfo > /dev/null; sleep 0.02; done' > /dev/null 2>&1 &); ` +
 	`sha256sum /dev/shm/seed | cut -d' ' -f1; cat /sys/devices/system/clocksource/clocksource0/current_clocksource`
 
 // workloadScript runs in every restored guest. It sums the seed written
-// before the snapshot; fills 16 MiB of fresh memory and sums it before and
+// before the snapshot; fills 8 MiB of fresh memory and sums it before and
 // after churning the kernel's slab caches (socket pairs and loopback TCP
-// connections carrying data, a thousand small files, forked processes),
+// connections carrying data, 500 small files, forked processes),
 // counting every byte that came back wrong; then prints the kernel log's
 // error and warning lines.
 const workloadScript = `
 import hashlib, os, socket, subprocess
 sha = lambda b: hashlib.sha256(b).hexdigest()
 print("seed", sha(open("/dev/shm/seed", "rb").read()))
-data = os.urandom(16 << 20)
+data = os.urandom(8 << 20)
 before = sha(data)
 bad = 0
-pairs = [socket.socketpair() for _ in range(200)]
+pairs = [socket.socketpair() for _ in range(100)]
 for i, (a, b) in enumerate(pairs):
     msg = b"%d-" % i * 200
     a.sendall(msg)
@@ -48,7 +48,7 @@ for a, b in pairs:
     a.close(); b.close()
 srv = socket.socket()
 srv.bind(("127.0.0.1", 0)); srv.listen(64)
-for i in range(50):
+for i in range(30):
     c = socket.create_connection(srv.getsockname()); s, _ = srv.accept()
     msg = b"%d+" % i * 4000
     c.sendall(msg)
@@ -60,14 +60,14 @@ for i in range(50):
 srv.close()
 d = "/dev/shm/churn"
 os.makedirs(d, exist_ok=True)
-for i in range(1000):
+for i in range(500):
     with open("%s/f%d" % (d, i), "wb") as f:
         f.write(b"%d\n" % i * 20)
-for i in range(1000):
+for i in range(500):
     bad += open("%s/f%d" % (d, i), "rb").read() != b"%d\n" % i * 20
     os.unlink("%s/f%d" % (d, i))
 kids = []
-for i in range(20):
+for i in range(10):
     pid = os.fork()
     if pid == 0:
         os._exit(i)
@@ -96,10 +96,11 @@ func scanPanics(log []byte) string {
 
 // restoreResult is what one restore showed.
 type restoreResult struct {
-	ready   time.Duration
-	panic   string     // first lines of a crash report
-	failure string     // a wrong byte or an unreachable guest without one
-	next    *chainSnap // the snapshot of this guest, for a cycle variant
+	ready   time.Duration // restore to agent answering
+	work    time.Duration // the workload
+	panic   string        // first lines of a crash report
+	failure string        // a wrong byte or an unreachable guest without one
+	next    *chainSnap    // the snapshot of this guest, for a cycle variant
 }
 
 // restoreOnce restores the snapshot dir (memory image memory), runs the
@@ -127,6 +128,7 @@ func (tr *torture) restoreOnce(v variant, tn *vmmtest.TestNet, dir, memory, seed
 	} else {
 		res.ready = time.Since(start)
 		w := runWorkload(ctx, tn, seed)
+		res.work = time.Since(start) - res.ready
 		res.failure, res.panic = w.failure, scanPanics([]byte(w.kernelLog))
 	}
 	if p := scanPanics(readConsole(vm)); p != "" {
@@ -193,7 +195,7 @@ func guestRun(ctx context.Context, tn *vmmtest.TestNet, cmd string, args ...stri
 func tortureTable(rows []*tortureRow) string {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "variant\tmapping\tsnapshot\tcpu\ttcg\tclock\tvcpus\trestores\tpanics\tfailures\tmean ready")
+	fmt.Fprintln(w, "variant\tmapping\tsnapshot\tcpu\ttcg\tclock\tvcpus\trestores\tpanics\tfailures\tmean ready\tmean workload")
 	for _, r := range rows {
 		v := r.v
 		mapping, snap := "private", "boot"
@@ -206,12 +208,11 @@ func tortureTable(rows []*tortureRow) string {
 		if v.cycle {
 			snap = "cycle"
 		}
-		mean := time.Duration(0)
-		if r.restores > 0 {
-			mean = (r.ready / time.Duration(r.restores)).Round(10 * time.Millisecond)
+		mean := func(d time.Duration) time.Duration {
+			return (d / time.Duration(max(r.restores, 1))).Round(10 * time.Millisecond)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%v\n", v.name, mapping, snap, orDefault(v.cpu, "max"),
-			orDefault(v.tcg, "default"), r.clock+orDefault(" "+v.cmdline, ""), max(v.vcpus, 1), r.restores, r.panics, r.failures, mean)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%v\t%v\n", v.name, mapping, snap, orDefault(v.cpu, "max"),
+			orDefault(v.tcg, "default"), r.clock+orDefault(" "+v.cmdline, ""), max(v.vcpus, 1), r.restores, r.panics, r.failures, mean(r.ready), mean(r.work))
 	}
 	w.Flush()
 	return b.String()

@@ -169,7 +169,7 @@ type tortureRow struct {
 	v                          variant
 	clock                      string
 	restores, panics, failures int
-	ready                      time.Duration // total restore-to-agent time
+	ready, work                time.Duration // total restore-to-agent and workload times
 	first                      string        // the first panic's or failure's lines
 }
 
@@ -195,6 +195,7 @@ func (tr *torture) run(v variant, n int) *tortureRow {
 		}
 		row.restores++
 		row.ready += res.ready
+		row.work += res.work
 		switch {
 		case res.panic != "":
 			row.panics++
