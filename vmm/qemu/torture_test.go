@@ -30,7 +30,7 @@ const (
 // snapshot of a booted guest), a few restores, well under two minutes
 // under TCG on two cores.
 const (
-	tortureDefaultRestores = 12
+	tortureDefaultRestores = 10
 	tortureDefaultVariants = "base"
 )
 
@@ -159,6 +159,11 @@ type bootSnap struct {
 	seed        string // sha256 of /dev/shm/seed in the guest
 	clock       string // the guest's clock source
 	chain       *chainSnap
+	// net is the network the guest booted on, which every restore of it
+	// reuses: in another namespace the host end of the tap has another
+	// MAC, and a restored guest would wait seconds for its stale neighbor
+	// entry to expire before it answers.
+	net *vmmtest.TestNet
 }
 
 // chainSnap is a snapshot of a guest restored from a bootSnap.
@@ -184,7 +189,7 @@ func (tr *torture) run(v variant, n int) *tortureRow {
 		ch := tr.chain(v, bs)
 		dir, memory = ch.dir, ch.memory
 	}
-	tn := vmmtest.NewTestNet(t)
+	tn := bs.net
 	for i := 0; i < n; i++ {
 		res := tr.restoreOnce(v, tn, dir, memory, bs.seed, i)
 		if res.next != nil {
@@ -263,7 +268,7 @@ func (tr *torture) boot(v variant) *bootSnap {
 	if err != nil {
 		t.Fatalf("snapshot for %s: %v", v.bootKey(), err)
 	}
-	bs := &bootSnap{dir: dir, memory: snap.MemoryFile, seed: f[0], clock: f[1]}
+	bs := &bootSnap{dir: dir, memory: snap.MemoryFile, seed: f[0], clock: f[1], net: tn}
 	if bs.memory == "" {
 		bs.memory = filepath.Join(dir, vmm.SnapshotMemoryFile)
 	}
@@ -281,7 +286,7 @@ func (tr *torture) chain(v variant, bs *bootSnap) *chainSnap {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	tn := vmmtest.NewTestNet(t)
+	tn := bs.net
 	mem := tr.memoryFor(v, bs.memory)
 	vm, err := tr.d.Restore(ctx, vmm.RestoreConfig{ID: "torture-chain", SnapshotDir: bs.dir, MemoryFile: mem,
 		RunDir: tr.runDir("chain"), NICs: []vmm.NIC{tn.NIC()}})
