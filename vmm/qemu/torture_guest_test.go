@@ -105,19 +105,20 @@ type restoreResult struct {
 
 // restoreOnce restores the snapshot dir (memory image memory), runs the
 // workload and scans what the guest logged.
-func (tr *torture) restoreOnce(v variant, tn *vmmtest.TestNet, dir, memory, seed string, i int) restoreResult {
+func (tr *torture) restoreOnce(v variant, bs *bootSnap, snap *chainSnap, i int) restoreResult {
 	t := tr.t
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	mem := tr.memoryFor(v, memory)
-	if mem != memory {
+	tn := bs.net
+	mem := tr.memoryFor(v, snap.memory)
+	if mem != snap.memory {
 		defer os.Remove(mem)
 	}
 	rd := tr.runDir(v.name)
 	defer os.RemoveAll(rd)
 	start := time.Now()
-	vm, err := tr.d.Restore(ctx, vmm.RestoreConfig{ID: fmt.Sprintf("torture-%d", i), SnapshotDir: dir, MemoryFile: mem,
-		RunDir: rd, NICs: []vmm.NIC{tn.NIC()}})
+	vm, err := tr.d.Restore(ctx, vmm.RestoreConfig{ID: fmt.Sprintf("torture-%d", i), SnapshotDir: snap.dir, MemoryFile: mem,
+		MemoryLayers: snap.layers, RunDir: rd, NICs: []vmm.NIC{tn.NIC()}})
 	if err != nil {
 		t.Fatalf("%s restore %d: %v", v.name, i, err)
 	}
@@ -127,7 +128,7 @@ func (tr *torture) restoreOnce(v variant, tn *vmmtest.TestNet, dir, memory, seed
 		res.failure = fmt.Sprintf("agent unreachable after the restore: %v", err)
 	} else {
 		res.ready = time.Since(start)
-		w := runWorkload(ctx, tn, seed)
+		w := runWorkload(ctx, tn, bs.seed)
 		res.work = time.Since(start) - res.ready
 		res.failure, res.panic = w.failure, scanPanics([]byte(w.kernelLog))
 	}
@@ -138,7 +139,7 @@ func (tr *torture) restoreOnce(v variant, tn *vmmtest.TestNet, dir, memory, seed
 		res.failure += "\nconsole:\n" + tailOf(readConsole(vm), 1500)
 	}
 	if v.cycle && res.panic == "" && res.failure == "" {
-		res.next = tr.pauseSnapshot(ctx, vm)
+		res.next = tr.pauseSnapshot(ctx, v, bs, vm)
 	}
 	return res
 }
@@ -207,6 +208,9 @@ func tortureTable(rows []*tortureRow) string {
 		}
 		if v.cycle {
 			snap = "cycle"
+		}
+		if v.layers {
+			snap = "cycle, layers"
 		}
 		mean := func(d time.Duration) time.Duration {
 			return (d / time.Duration(max(r.restores, 1))).Round(10 * time.Millisecond)

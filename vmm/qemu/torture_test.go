@@ -12,7 +12,9 @@ import (
 
 	"github.com/agentenv/agentenv/internal/testenv"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
+	"github.com/agentenv/agentenv/storage/lsmt"
 	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/vmm/memsnap"
 	"github.com/agentenv/agentenv/vmm/qemu"
 	"github.com/agentenv/agentenv/vmm/vmmtest"
 )
@@ -48,6 +50,12 @@ type variant struct {
 	// sandbox paused and resumed over and over (the chain grows by one
 	// each restore), instead of restoring one snapshot every time.
 	cycle bool
+	// layers (with cycle) pauses as a node does with memory layers: the
+	// pages the guest wrote captured as a diff over the booted guest's
+	// memory image, which the next restore maps and has the diff written
+	// into before the guest runs (memsnap.WriteLayers), instead of a full
+	// image of the guest's RAM.
+	layers bool
 }
 
 // bootKey identifies the booted guest (and its snapshot) a variant
@@ -64,6 +72,7 @@ var tortureVariants = []variant{
 	{name: "chained-shared", chained: true, shared: true},
 	{name: "cycles", cycle: true},
 	{name: "cycles-shared", cycle: true, shared: true},
+	{name: "cycles-layers", cycle: true, layers: true},
 	{name: "cpu-qemu64", cpu: "qemu64"},
 	{name: "tcg-single", tcg: "thread=single"},
 	{name: "tb-32M", tcg: "tb-size=32"},
@@ -163,11 +172,16 @@ type bootSnap struct {
 	// reuses: in another namespace the host end of the tap has another
 	// MAC, and a restored guest would wait seconds for its stale neighbor
 	// entry to expire before it answers.
-	net *vmmtest.TestNet
+	net  *vmmtest.TestNet
+	base *lsmt.UUID // see baseUUID
 }
 
-// chainSnap is a snapshot of a guest restored from a bootSnap.
-type chainSnap struct{ dir, memory string }
+// chainSnap is a snapshot to restore: its directory, the memory image
+// mapped and the memory layers written over it.
+type chainSnap struct {
+	dir, memory string
+	layers      []string
+}
 
 // tortureRow is one variant's result.
 type tortureRow struct {
@@ -184,19 +198,17 @@ func (tr *torture) run(v variant, n int) *tortureRow {
 	row := &tortureRow{v: v}
 	bs := tr.boot(v)
 	row.clock = bs.clock
-	dir, memory := bs.dir, bs.memory
+	snap := &chainSnap{dir: bs.dir, memory: bs.memory}
 	if v.chained {
-		ch := tr.chain(v, bs)
-		dir, memory = ch.dir, ch.memory
+		snap = tr.chain(v, bs)
 	}
-	tn := bs.net
 	for i := 0; i < n; i++ {
-		res := tr.restoreOnce(v, tn, dir, memory, bs.seed, i)
+		res := tr.restoreOnce(v, bs, snap, i)
 		if res.next != nil {
-			if dir != bs.dir {
-				_ = os.RemoveAll(dir) // the previous cycle's snapshot
+			if snap.dir != bs.dir {
+				_ = os.RemoveAll(snap.dir) // the previous cycle's snapshot
 			}
-			dir, memory = res.next.dir, res.next.memory
+			snap = res.next
 		}
 		row.restores++
 		row.ready += res.ready
@@ -300,7 +312,7 @@ func (tr *torture) chain(v variant, bs *bootSnap) *chainSnap {
 	if w := runWorkload(ctx, tn, bs.seed); w.failure != "" {
 		t.Fatalf("restore for the chained snapshot: %s\n%s", w.failure, tailOf(readConsole(vm), 3000))
 	}
-	ch := tr.pauseSnapshot(ctx, vm)
+	ch := tr.pauseSnapshot(ctx, v, bs, vm)
 	if mem != bs.memory {
 		_ = os.Remove(mem)
 	}
@@ -311,7 +323,7 @@ func (tr *torture) chain(v variant, bs *bootSnap) *chainSnap {
 // pauseSnapshot pauses the restored vm and snapshots it the way a node
 // pauses a sandbox: the device state alone and the guest RAM captured
 // beside it.
-func (tr *torture) pauseSnapshot(ctx context.Context, vm vmm.Machine) *chainSnap {
+func (tr *torture) pauseSnapshot(ctx context.Context, v variant, bs *bootSnap, vm vmm.Machine) *chainSnap {
 	t := tr.t
 	if err := vm.Pause(ctx); err != nil {
 		t.Fatal(err)
@@ -325,11 +337,37 @@ func (tr *torture) pauseSnapshot(ctx context.Context, vm vmm.Machine) *chainSnap
 	if _, err := ds.SnapshotDevices(ctx, dir); err != nil {
 		t.Fatal(err)
 	}
+	if v.layers {
+		diff := filepath.Join(dir, "memory.lsmt")
+		if _, err := memsnap.CaptureDiff(ctx, vm.Info().PID, bs.memory, diff, tr.baseUUID(ctx, bs), "torture pause"); err != nil {
+			t.Fatal(err)
+		}
+		return &chainSnap{dir: dir, memory: bs.memory, layers: []string{diff}}
+	}
 	ch := &chainSnap{dir: dir, memory: filepath.Join(dir, "memory.img")}
 	if _, err := vmmtest.CaptureMemory(vm.Info().PID, vm.Info().MemoryFile, ch.memory); err != nil {
 		t.Fatal(err)
 	}
 	return ch
+}
+
+// baseUUID is the UUID of the booted guest's memory imported as a base
+// layer, the parent of the diffs of a layers variant (a diff against the
+// mapped image is a superset of the last, so one diff over it suffices).
+func (tr *torture) baseUUID(ctx context.Context, bs *bootSnap) lsmt.UUID {
+	if bs.base != nil {
+		return *bs.base
+	}
+	path := bs.memory + ".lsmt"
+	if _, err := memsnap.ImportFull(ctx, bs.memory, path, "torture base"); err != nil {
+		tr.t.Fatal(err)
+	}
+	u, err := memsnap.LayerUUID(path)
+	if err != nil {
+		tr.t.Fatal(err)
+	}
+	bs.base = &u
+	return u
 }
 
 // memoryFor is the memory file a restore of v maps: the snapshot's image
