@@ -5,7 +5,7 @@ GO ?= go
 BIN := bin
 GOFLAGS_STATIC := CGO_ENABLED=0
 
-.PHONY: build dashboard setup check test test-unit test-race test-k8s fuzz bench guest vet clean release
+.PHONY: build dashboard setup check test test-unit test-race test-k8s fuzz soak bench guest vet clean release
 
 build: dashboard
 	$(GOFLAGS_STATIC) $(GO) build -trimpath -o $(BIN)/ ./cmd/...
@@ -63,6 +63,18 @@ test-k8s:
 # replayed from their seed corpora as `go test` does.
 fuzz:
 	./scripts/fuzz.sh
+
+# The long runs: vmm/qemu's restore torture test at SOAK_RESTORES restores
+# of each variant named in SOAK_VARIANTS (comma-separated, or "all": every
+# mapping, chain, CPU model, TCG option and clock source it compares),
+# printing restores and guest panics per variant. The normal test run keeps
+# its CI size (a few restores of the variant a node runs). It boots VMs, so
+# it waits for the machine's VM lock like every VM test here.
+SOAK_RESTORES ?= 1000
+SOAK_VARIANTS ?= base
+soak:
+	AENV_TORTURE_RESTORES=$(SOAK_RESTORES) AENV_TORTURE_VARIANTS=$(SOAK_VARIANTS) \
+		flock /tmp/aenv-vm.lock $(GO) test -count=1 -timeout 12h -v -run 'TestRestoreTorture$$' ./vmm/qemu/
 
 # Everything the tests need, installed from scratch when missing (idempotent):
 # packages, Go, Node.js (scripts/setup.sh), E2B's npm SDKs and the other

@@ -26,6 +26,13 @@ type machineSpec struct {
 	NoMemory bool `json:"noMemory,omitempty"`
 	// RunAs confines the process (vmm.Config.RunAs); a restore sets its own.
 	RunAs *vmm.Identity `json:"runAs,omitempty"`
+	// CPU is the -cpu model when not the accelerator's default (max under
+	// TCG, host under KVM), and TCG extra properties of -accel tcg (say
+	// "thread=single"): a restore must run the model and the emulation the
+	// snapshot was taken with, so both travel with it. Only the restore
+	// torture test sets them (Driver.tune), to compare panic rates.
+	CPU string `json:"cpu,omitempty"`
+	TCG string `json:"tcg,omitempty"`
 }
 
 type savedNIC struct {
@@ -77,6 +84,9 @@ func buildArgs(spec *machineSpec, mem memorySource, fds argFDs, jail string, inc
 	if spec.Accel == "kvm" {
 		cpu = "host"
 	}
+	if spec.CPU != "" {
+		cpu = spec.CPU
+	}
 	share := "off"
 	if mem.shared {
 		share = "on"
@@ -94,7 +104,7 @@ func buildArgs(spec *machineSpec, mem memorySource, fds argFDs, jail string, inc
 		// (top -H, /proc/PID/task/TID/comm), the threads a pin applies to.
 		"-name", "aenv,debug-threads=on",
 		"-M", machine,
-		"-accel", accelArg(spec.Accel),
+		"-accel", accelArg(spec.Accel, spec.TCG),
 		"-cpu", cpu,
 		"-smp", fmt.Sprint(spec.VCPUs),
 		"-m", fmt.Sprintf("%dM", spec.MemoryMiB),
@@ -204,10 +214,15 @@ func kernelCmdline(user, accel string, tscKHz int) string {
 
 // accelArg is QEMU's -accel value: under TCG with the translation cache
 // bounded (vmm.TCGTranslationCacheMiB), which the node's memory accounting
-// counts on.
-func accelArg(accel string) string {
+// counts on, and the extra TCG properties tcg (later ones win, so a
+// tb-size there replaces the default).
+func accelArg(accel, tcg string) string {
 	if accel == "tcg" {
-		return fmt.Sprintf("tcg,tb-size=%d", vmm.TCGTranslationCacheMiB)
+		s := fmt.Sprintf("tcg,tb-size=%d", vmm.TCGTranslationCacheMiB)
+		if tcg != "" {
+			s += "," + tcg
+		}
+		return s
 	}
 	return accel
 }

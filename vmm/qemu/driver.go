@@ -45,6 +45,17 @@ type Driver struct {
 	accelReason string
 	tscKHz      int
 	log         *slog.Logger
+	tune        tuning
+}
+
+// tuning holds settings the restore torture test varies to compare the
+// rates of guest panics after restores (export_test.go sets them); a
+// driver of a node leaves them zero.
+type tuning struct {
+	cpu, tcg string // machineSpec.CPU and TCG of the machines it boots
+	// restoreShared maps a restore's memory file shared (share=on): the
+	// guest then writes into the file, so each restore needs its own copy.
+	restoreShared bool
 }
 
 var _ vmm.Driver = (*Driver)(nil)
@@ -108,6 +119,7 @@ func (d *Driver) Boot(ctx context.Context, cfg vmm.Config) (vmm.Machine, error) 
 		Version: specVersion, Kernel: abs(cfg.Kernel), Initrd: abs(cfg.Initrd),
 		Cmdline: kernelCmdline(cfg.Cmdline, d.accel, d.tscKHz),
 		VCPUs:   cfg.VCPUs, MemoryMiB: cfg.MemoryMiB, Accel: d.accel, Drives: cfg.Drives, RunAs: cfg.RunAs,
+		CPU: d.tune.cpu, TCG: d.tune.tcg,
 	}
 	for _, n := range cfg.NICs {
 		spec.NICs = append(spec.NICs, savedNIC{ID: n.ID, MAC: n.MAC})
@@ -172,7 +184,10 @@ func (d *Driver) prepare(ctx context.Context, rc vmm.RestoreConfig) (*machine, e
 	if err != nil {
 		return nil, fmt.Errorf("restore %s: %w", rc.SnapshotDir, err)
 	}
-	mem := memorySource{path: rc.MemoryFile}
+	mem := memorySource{path: rc.MemoryFile, shared: d.tune.restoreShared}
+	if mem.shared && mem.path == "" {
+		return nil, fmt.Errorf("restore %s: a shared mapping writes the memory image: RestoreConfig.MemoryFile must name a copy", rc.SnapshotDir)
+	}
 	if mem.path == "" {
 		if spec.NoMemory {
 			return nil, fmt.Errorf("restore %s: the snapshot holds no guest memory (SnapshotDevices): RestoreConfig.MemoryFile is required", rc.SnapshotDir)
