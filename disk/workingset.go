@@ -41,11 +41,11 @@ func (d *MemoryDevices) Prefetch(ctx context.Context, file string) (int64, error
 	if !ok {
 		return 0, fmt.Errorf("prefetch %s: not a memory export of this node", file)
 	}
-	fi, err := os.Stat(file)
+	size, err := memsnap.SizeOf(file) // a ublk device's stat says 0
 	if err != nil {
 		return 0, fmt.Errorf("prefetch %s: %w", file, err)
 	}
-	extents, err := memsnap.ReadWorkingSet(memsnap.WorkingSetPath(e.cfg), fi.Size())
+	extents, err := memsnap.ReadWorkingSet(memsnap.WorkingSetPath(e.cfg), size)
 	if err != nil {
 		return 0, err
 	}

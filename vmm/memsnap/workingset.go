@@ -81,11 +81,11 @@ func WriteWorkingSet(memFile string, extents []Extent) error {
 // WriteWorkingSetTo stores extents of memFile as a working set at path
 // (for a file that cannot hold one next to it: a shared export).
 func WriteWorkingSetTo(path, memFile string, extents []Extent) error {
-	fi, err := os.Stat(memFile)
+	size, err := SizeOf(memFile)
 	if err != nil {
 		return fmt.Errorf("write working set of %s: %w", memFile, err)
 	}
-	b, err := json.Marshal(workingSetFile{Size: fi.Size(), Extents: extents[:min(len(extents), maxWorkingSetExtents)]})
+	b, err := json.Marshal(workingSetFile{Size: size, Extents: extents[:min(len(extents), maxWorkingSetExtents)]})
 	if err != nil {
 		return err
 	}
@@ -93,6 +93,21 @@ func WriteWorkingSetTo(path, memFile string, extents []Extent) error {
 		return fmt.Errorf("write working set of %s: %w", memFile, err)
 	}
 	return nil
+}
+
+// SizeOf is the size of a memory file or block device (whose stat size
+// is 0).
+func SizeOf(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return 0, fmt.Errorf("size of %s: %w", path, err)
+	}
+	return size, nil
 }
 
 // WorkingSetPath is where memFile's working set is stored.
