@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // TestAcceptedFilesRunWithDebianCompose: the files these tests accept are
@@ -15,10 +17,7 @@ import (
 // and so is each one's Project.File, which Compose reads as the same
 // project (its config output is the same).
 func TestAcceptedFilesRunWithDebianCompose(t *testing.T) {
-	bin, err := exec.LookPath("docker-compose")
-	if err != nil {
-		t.Skip("docker-compose is not installed (.ci/setup.d/50-deploy.sh installs Debian's)")
-	}
+	bin := testenv.RequireTool(t, "docker-compose", ".ci/setup.d/50-deploy.sh installs Debian's")
 	dir := t.TempDir()
 	for name, file := range map[string]string{"two-services": twoServices, "allowed-keys": allowedKeys, "more-keys": moreKeys} {
 		p, err := Parse([]byte(file))

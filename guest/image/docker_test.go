@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentenv/agentenv/internal/testenv"
 	"github.com/agentenv/agentenv/internal/kernelpkg"
 )
 
@@ -18,7 +19,7 @@ import (
 func TestDockerNeedsOfTheGuestKernel(t *testing.T) {
 	k, err := kernelpkg.Cached(DefaultCacheDir(), DefaultKernelPackage)
 	if err != nil {
-		t.Skipf("the guest kernel is not cached (make setup builds the guest image): %v", err)
+		testenv.Missing(t, "the guest kernel is not cached (make setup builds the guest image): %v", err)
 	}
 	config := readKernelConfig(t, filepath.Join(k.Dir, "boot", "config-"+k.Version))
 	for _, opt := range DockerKernelConfig {
