@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/agentenv/agentenv/internal/testenv"
 	"github.com/agentenv/agentenv/internal/kernelpkg"
+	"github.com/agentenv/agentenv/internal/testenv"
 )
 
 // TestDockerNeedsOfTheGuestKernel: the guest's kernel (the node's cached
