@@ -57,10 +57,11 @@ func (d *MemoryDevices) Local(ctx context.Context, m snapshot.MemoryImage, dir s
 	if !slices.ContainsFunc(m.Layers, blob.IsURL) {
 		return m, nil
 	}
-	cfg, err := d.stackOf(ctx, m.File)
+	dev, err := d.exportOf(ctx, m.File)
 	if err != nil {
 		return m, err
 	}
+	cfg := dev.Image
 	if d.lazy == nil {
 		return m, fmt.Errorf("memory stack %s names remote layers and the node fetches none", cfg)
 	}
@@ -88,19 +89,19 @@ func (d *MemoryDevices) Local(ctx context.Context, m snapshot.MemoryImage, dir s
 	return m, nil
 }
 
-// stackOf is the image config of the shared export file (a VM's
-// snapshot.MemoryImage File).
-func (d *MemoryDevices) stackOf(ctx context.Context, file string) (string, error) {
+// exportOf is the shared device exported as file (a VM's
+// snapshot.MemoryImage File); its Image is the stack's config.
+func (d *MemoryDevices) exportOf(ctx context.Context, file string) (rpc.Device, error) {
 	devs, err := d.sd.List(ctx)
 	if err != nil {
-		return "", fmt.Errorf("list memory devices: %w", err)
+		return rpc.Device{}, fmt.Errorf("list memory devices: %w", err)
 	}
 	for _, dev := range devs {
 		if dev.Kind == rpc.KindShared && dev.BlockDevice == file && file != "" {
-			return dev.Image, nil
+			return dev, nil
 		}
 	}
-	return "", fmt.Errorf("no memory device is exported as %q", file)
+	return rpc.Device{}, fmt.Errorf("no memory device is exported as %q", file)
 }
 
 // linkInto hard-links the sealed layer src into dir under its own name

@@ -53,18 +53,8 @@ type MemoryDevices struct {
 	// lazy fetches the layers a repository import left remote (lazymemory.go).
 	lazy *lazyRootfs
 	// mu serialises writing a stack's image config: the daemon tells a
-	// stack's device by its config file, so the file is written once. It
-	// guards exports too.
+	// stack's device by its config file, so the file is written once.
 	mu sync.Mutex
-	// exports are the devices this process acquired, by the file VMs map
-	// (workingset.go).
-	exports map[string]export
-}
-
-// export is a shared device as its VMs' working sets need it.
-type export struct {
-	id  uint32
-	cfg string // the stack's image config
 }
 
 // stackConfig is the image config of a snapshot directory's memory stack.
@@ -128,12 +118,6 @@ func (d *MemoryDevices) Acquire(ctx context.Context, vmDir string, m snapshot.Me
 		return m, sandbox.Memory{}, fmt.Errorf("memory device of %s: device %d is exported as %q, want %q", vmDir, dev.ID, dev.Block, d.kind)
 	}
 	m.File = dev.BlockDevice
-	d.mu.Lock()
-	if d.exports == nil {
-		d.exports = map[string]export{}
-	}
-	d.exports[dev.BlockDevice] = export{id: dev.ID, cfg: cfg}
-	d.mu.Unlock()
 	return m, sandbox.Memory{File: dev.BlockDevice, Release: release}, nil
 }
 

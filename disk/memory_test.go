@@ -173,9 +173,10 @@ func checkMemoryDevices(ctx context.Context, t *testing.T, c *client.Client, d *
 	// The stack's working set is kept next to its config and pushed into
 	// the page cache for the next VM; one that does not fit the file is
 	// refused.
-	ws := d.WorkingSetPath(vm1.File)
-	if ws != memsnap.WorkingSetPath(filepath.Join(vmDir, stackConfig)) || d.WorkingSetPath("/elsewhere") != "" {
-		t.Fatalf("working set of %s kept at %q", vm1.File, ws)
+	ws, err := d.WorkingSetPath(ctx, vm1.File)
+	if _, errElse := d.WorkingSetPath(ctx, "/elsewhere"); err != nil || errElse == nil ||
+		ws != memsnap.WorkingSetPath(filepath.Join(vmDir, stackConfig)) {
+		t.Fatalf("working set of %s kept at %q (%v); of a file no device exports: %v", vm1.File, ws, err, errElse)
 	}
 	if _, err := d.Prefetch(ctx, vm1.File); !errors.Is(err, memsnap.ErrNoWorkingSet) {
 		t.Fatalf("prefetch without a working set: %v", err)

@@ -20,32 +20,28 @@ import (
 // they are read ahead (POSIX_FADV_WILLNEED).
 
 // WorkingSetPath is where the working set of the export file (a VM's
-// memory File) is kept; "" for a file this process did not acquire.
-func (d *MemoryDevices) WorkingSetPath(file string) string {
-	d.mu.Lock()
-	e, ok := d.exports[file]
-	d.mu.Unlock()
-	if !ok {
-		return ""
+// memory File) is kept.
+func (d *MemoryDevices) WorkingSetPath(ctx context.Context, file string) (string, error) {
+	dev, err := d.exportOf(ctx, file)
+	if err != nil {
+		return "", err
 	}
-	return memsnap.WorkingSetPath(e.cfg)
+	return memsnap.WorkingSetPath(dev.Image), nil
 }
 
 // Prefetch pushes the recorded working set of the export file into the
 // page cache and returns the bytes pushed (memsnap.ErrNoWorkingSet when
 // none is recorded).
 func (d *MemoryDevices) Prefetch(ctx context.Context, file string) (int64, error) {
-	d.mu.Lock()
-	e, ok := d.exports[file]
-	d.mu.Unlock()
-	if !ok {
-		return 0, fmt.Errorf("prefetch %s: not a memory export of this node", file)
+	dev, err := d.exportOf(ctx, file)
+	if err != nil {
+		return 0, fmt.Errorf("prefetch %s: %w", file, err)
 	}
 	size, err := memsnap.SizeOf(file) // a ublk device's stat says 0
 	if err != nil {
 		return 0, fmt.Errorf("prefetch %s: %w", file, err)
 	}
-	extents, err := memsnap.ReadWorkingSet(memsnap.WorkingSetPath(e.cfg), size)
+	extents, err := memsnap.ReadWorkingSet(memsnap.WorkingSetPath(dev.Image), size)
 	if err != nil {
 		return 0, err
 	}
@@ -59,10 +55,10 @@ func (d *MemoryDevices) Prefetch(ctx context.Context, file string) (int64, error
 		for i, x := range extents[:n] {
 			ranges[i] = rpc.ByteRange{Off: x.Off, Len: x.Len}
 		}
-		r, err := d.sd.Prefetch(ctx, rpc.PrefetchParams{ID: e.id, Ranges: ranges})
+		r, err := d.sd.Prefetch(ctx, rpc.PrefetchParams{ID: dev.ID, Ranges: ranges})
 		total += r.Stored
 		if err != nil {
-			return total, fmt.Errorf("prefetch %s (device %d): %w", file, e.id, err)
+			return total, fmt.Errorf("prefetch %s (device %d): %w", file, dev.ID, err)
 		}
 		extents = extents[n:]
 	}

@@ -40,9 +40,8 @@ import (
 // device of an image's layer stack (disk.MemoryDevices).
 type Devices interface {
 	Acquire(ctx context.Context, vmDir string, m snapshot.MemoryImage, holder string) (snapshot.MemoryImage, sandbox.Memory, error)
-	// WorkingSetPath is where the working set of a device file is kept
-	// ("" when unknown).
-	WorkingSetPath(file string) string
+	// WorkingSetPath is where the working set of a device file is kept.
+	WorkingSetPath(ctx context.Context, file string) (string, error)
 	// Prefetch pushes a device file's recorded working set into the page
 	// cache (memsnap.ErrNoWorkingSet when none is recorded).
 	Prefetch(ctx context.Context, file string) (int64, error)

@@ -56,7 +56,9 @@ func (im *Images) RecordWorkingSet(id string, vm vmm.Machine, file string) {
 		if im.cfg.Devices == nil {
 			return
 		}
-		if path = im.cfg.Devices.WorkingSetPath(file); path == "" {
+		var err error
+		if path, err = im.cfg.Devices.WorkingSetPath(context.Background(), file); err != nil {
+			im.log.Debug("no working set for a memory device", "sandbox", id, "file", file, "err", err)
 			return
 		}
 	}
