@@ -71,61 +71,57 @@ type declared struct {
 // networks checks the top-level networks: bridge networks between the
 // project's containers, nothing the node or guest provides.
 func (c *checker) networks(n *yaml.Node, names map[string]bool) {
-	ps, ok := c.mapping(n, "networks", 1)
-	if !ok {
-		return
-	}
-	if len(ps) > MaxServices {
-		c.fail("networks", "has %d networks, more than the %d allowed", len(ps), MaxServices)
-		return
-	}
-	for _, kv := range ps {
-		path := join("networks", kv.key)
-		if !nameRe.MatchString(kv.key) {
-			c.fail(path, "is not a valid network name")
-			continue
+	c.named(n, "networks", "network", MaxServices, names, func(f pair, fp string) {
+		switch f.key {
+		case "driver":
+			c.str(f.val, fp, bridgeRe, "bridge (the only network driver allowed)")
+		case "internal", "enable_ipv6", "attachable":
+			c.boolean(f.val, fp)
+		case "labels":
+			c.dict(f.val, fp, 64)
+		case "name":
+			c.str(f.val, fp, nameRe, "a network name")
+		default:
+			c.fail(fp, "unknown or unsupported network key (external networks, driver options and IPAM are not allowed)")
 		}
-		names[kv.key] = true
-		if c.isNull(kv.val, path) {
-			continue
-		}
-		fields, ok := c.mapping(kv.val, path, 2)
-		if !ok {
-			continue
-		}
-		for _, f := range fields {
-			fp := join(path, f.key)
-			switch f.key {
-			case "driver":
-				c.str(f.val, fp, bridgeRe, "bridge (the only network driver allowed)")
-			case "internal", "enable_ipv6", "attachable":
-				c.boolean(f.val, fp)
-			case "labels":
-				c.dict(f.val, fp, 64)
-			case "name":
-				c.str(f.val, fp, nameRe, "a network name")
-			default:
-				c.fail(fp, "unknown or unsupported network key (external networks, driver options and IPAM are not allowed)")
-			}
-		}
-	}
+	})
 }
 
 // volumes checks the top-level named volumes: local volumes Docker makes
 // in the guest, without driver options (which can bind a host path).
 func (c *checker) volumes(n *yaml.Node, names map[string]bool) {
-	ps, ok := c.mapping(n, "volumes", 1)
+	c.named(n, "volumes", "volume", 64, names, func(f pair, fp string) {
+		switch f.key {
+		case "driver":
+			c.str(f.val, fp, localRe, "local (the only volume driver allowed)")
+		case "labels":
+			c.dict(f.val, fp, 64)
+		case "name":
+			c.str(f.val, fp, nameRe, "a volume name")
+		case "driver_opts":
+			c.fail(fp, "volume driver options are not allowed (they can bind a host path)")
+		default:
+			c.fail(fp, "unknown or unsupported volume key (external volumes are not allowed)")
+		}
+	})
+}
+
+// named checks a top-level section of named entries (networks, volumes):
+// at most max, each a valid name (recorded in names) whose value is null
+// or a mapping, each of whose fields goes to field with its path.
+func (c *checker) named(n *yaml.Node, section, kind string, max int, names map[string]bool, field func(f pair, fp string)) {
+	ps, ok := c.mapping(n, section, 1)
 	if !ok {
 		return
 	}
-	if len(ps) > 64 {
-		c.fail("volumes", "has %d volumes, more than the 64 allowed", len(ps))
+	if len(ps) > max {
+		c.fail(section, "has %d %s, more than the %d allowed", len(ps), section, max)
 		return
 	}
 	for _, kv := range ps {
-		path := join("volumes", kv.key)
+		path := join(section, kv.key)
 		if !nameRe.MatchString(kv.key) {
-			c.fail(path, "is not a valid volume name")
+			c.fail(path, "is not a valid %s name", kind)
 			continue
 		}
 		names[kv.key] = true
@@ -137,19 +133,7 @@ func (c *checker) volumes(n *yaml.Node, names map[string]bool) {
 			continue
 		}
 		for _, f := range fields {
-			fp := join(path, f.key)
-			switch f.key {
-			case "driver":
-				c.str(f.val, fp, localRe, "local (the only volume driver allowed)")
-			case "labels":
-				c.dict(f.val, fp, 64)
-			case "name":
-				c.str(f.val, fp, nameRe, "a volume name")
-			case "driver_opts":
-				c.fail(fp, "volume driver options are not allowed (they can bind a host path)")
-			default:
-				c.fail(fp, "unknown or unsupported volume key (external volumes are not allowed)")
-			}
+			field(f, join(path, f.key))
 		}
 	}
 }
