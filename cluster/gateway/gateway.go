@@ -124,6 +124,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		} else {
 			g.listPaged(w, r)
 		}
+	case p == "/sandboxes-compose" && r.Method == http.MethodPost:
+		g.create(w, r) // placed and bound like a create; the node checks the file
 	case strings.HasPrefix(p, "/sandboxes/") || strings.HasPrefix(p, "/v2/sandboxes/"):
 		g.sandboxCall(w, r)
 	case p == "/nodes":

@@ -79,7 +79,7 @@ func (f *fakeNode) serve(w http.ResponseWriter, r *http.Request) {
 		f.eventRoutes(w, r)
 	case r.Method == "GET" && strings.HasPrefix(r.URL.Path, "/sandboxes/") && !f.holds(sandboxOfPath(r.URL.Path)):
 		writeError(w, http.StatusNotFound, "sandbox not found")
-	case r.Method == "POST" && r.URL.Path == "/sandboxes":
+	case r.Method == "POST" && (r.URL.Path == "/sandboxes" || r.URL.Path == "/sandboxes-compose"):
 		if full {
 			w.Header().Set("Retry-After", "5")
 			writeError(w, http.StatusServiceUnavailable, "full")
@@ -253,6 +253,25 @@ func (fx *fixture) create(t *testing.T) (string, int) {
 	var c created
 	_ = json.Unmarshal(b, &c)
 	return c.SandboxID, code
+}
+
+// TestComposeCreateIsPlaced: a compose create goes to a node like a plain
+// create (placed, retried on a full node) with its path kept, and the
+// sandbox it answers with is bound there.
+func TestComposeCreateIsPlaced(t *testing.T) {
+	fx := newFixture(t, "a", "b")
+	fx.nodes[0].full = true
+	code, b, _ := fx.do(t, "POST", "/sandboxes-compose", "", `{"compose":"services: {}"}`)
+	var c created
+	if err := json.Unmarshal(b, &c); err != nil || code != http.StatusCreated || !strings.HasPrefix(c.SandboxID, "b") {
+		t.Fatalf("compose create with a full: %d %s, want 201 from b", code, b)
+	}
+	if h := fx.nodes[1].lastHit(); !strings.HasPrefix(h, "POST ") || !strings.HasSuffix(h, " /sandboxes-compose") {
+		t.Fatalf("node b last saw %q, want the compose create on its own path", h)
+	}
+	if code, b, _ := fx.do(t, "POST", "/sandboxes/"+c.SandboxID+"/pause", "", ""); code != 200 || !strings.Contains(string(b), `"node":"b"`) {
+		t.Fatalf("a call to the compose sandbox went elsewhere: %d %s", code, b)
+	}
 }
 
 func TestCreateRetriesAndRoutes(t *testing.T) {
