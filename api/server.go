@@ -373,6 +373,9 @@ func (s *Server) GetSandbox(w http.ResponseWriter, r *http.Request, sandboxID wi
 	if rec.MaskRequestHost != "" {
 		d.Network.MaskRequestHost = ptr(rec.MaskRequestHost)
 	}
+	if rec.Failure != "" {
+		d.Failure = ptr(rec.Failure)
+	}
 	d.Drives, d.VolumeMounts = driveInfo(rec.Drives), l.VolumeMounts
 	if len(rec.Policy.AllowOut) > 0 {
 		d.Network.AllowOut = ptr(rec.Policy.AllowOut)

@@ -58,5 +58,7 @@ func (v *Verbs) Resume(ctx context.Context, s Sandbox, memory bool, timeout time
 	if err := sandbox.MountVolumes(ctx, s.Slot(), rec); err != nil {
 		v.Log.Warn("resume: the guest did not mount its volumes", "sandbox", rec.ID, "err", err)
 	}
-	return s.Transition(sandbox.Running, func(r *sandbox.Record) { r.EndAt, r.FilesystemOnly = time.Now().UTC().Add(timeout), false })
+	return s.Transition(sandbox.Running, func(r *sandbox.Record) {
+		r.EndAt, r.FilesystemOnly, r.Failure = time.Now().UTC().Add(timeout), false, ""
+	})
 }

@@ -376,6 +376,7 @@ func (o *Orchestrator) keepVM(s *instance, vm *sandbox.VM, mem snapshot.MemoryIm
 	}
 	id := s.rec.ID
 	s.mu.Unlock()
+	o.watchVM(s, vm)
 	o.mem.RecordWorkingSet(id, vm.Machine, mem.File)
 }
 

@@ -38,6 +38,10 @@ type Hooks struct {
 	// Removed runs once a sandbox left the registry (a kill, a failed
 	// create, a dropped stale copy), before its directory and record go.
 	Removed func(rec sandbox.Record)
+	// LayerFailure says why reads of the layer ref (a memory layer a VM
+	// maps, named by a repository URL) failed lately; nil: none did. Asked
+	// when a VM ends unasked or a resume fails, to name the layer.
+	LayerFailure func(ref string) error
 }
 
 // hookList holds the registered hooks. The zero value is ready.

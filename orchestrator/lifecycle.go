@@ -140,7 +140,7 @@ func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout ti
 		return o.startResume(ctx, s, from, lap)
 	}
 	if err := o.verbs.Resume(ctx, o.live(s), memory, timeout, stopFlatten, up); err != nil {
-		return err
+		return o.resumeFailure(s, err)
 	}
 	s.mu.Lock()
 	o.armTimer(s)
@@ -273,6 +273,7 @@ func (o *Orchestrator) state(s *instance) sandbox.State {
 // waited for.
 func (o *Orchestrator) Shutdown(ctx context.Context, pause bool) error {
 	defer o.Close()
+	o.unwatch() // a VMM that ends from here on is the next start's
 	var failed int
 	for _, r := range o.List() {
 		if r.State != sandbox.Running {

@@ -188,6 +188,7 @@ func (o *Orchestrator) adoptRunning(ctx context.Context, r sandbox.Record, m vmm
 	s.mu.Lock()
 	o.armTimer(s)
 	s.mu.Unlock()
+	o.watchVM(s, s.vm)
 	o.log.Info("sandbox keeps running after the restart", "sandbox", r.ID, "slot", slot.Name)
 }
 

@@ -198,6 +198,10 @@ type Orchestrator struct {
 	// (disk/memory.go); memWhy says why it is not. Both chosen once in New.
 	memDev *disk.MemoryDevices
 	memWhy string
+	// watchCtx bounds the watchers of running VMs (exited.go); unwatch
+	// ends them when the node stops.
+	watchCtx context.Context
+	unwatch  context.CancelFunc
 }
 
 // instance is one sandbox's live state. op serialises lifecycle operations
@@ -243,6 +247,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 	o := &Orchestrator{cfg: opts, drv: opts.Driver, nets: opts.Network, store: opts.Store,
 		log: opts.Logger.With("component", "orchestrator"), m: telemetry.NewOps(opts.Registerer),
 		sandboxes: map[string]*instance{}}
+	o.watchCtx, o.unwatch = context.WithCancel(context.Background())
 	o.journal = &sandbox.Journal{Store: opts.Store, Publish: o.events.Published, Log: o.log}
 	o.vms = sandbox.Deps{Driver: opts.Driver, Slots: opts.Network, Groups: opts.Groups, Identities: vmmIdentities(opts, o.log)}
 	disks, err := disk.New(ctx, disk.Options{Devices: opts.Storage, Backend: opts.StorageBackend, Driver: opts.Driver,
@@ -295,6 +300,7 @@ func (o *Orchestrator) DiskTransport() string { return o.disks.Transport() }
 // the background work (memory flattening, compaction) the orchestrator
 // started.
 func (o *Orchestrator) Close() {
+	o.unwatch()
 	if o.pool != nil {
 		o.pool.Close(context.Background())
 	}

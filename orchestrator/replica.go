@@ -28,6 +28,7 @@ func (o *Orchestrator) AttachReplica(r *replica.Replica) (cancel func()) {
 		SnapshotDeleted: func(s snapshot.Record) { r.ForgetSnapshot(s.ID) },
 		TemplateReady:   r.CommitTemplate,
 		Removed:         func(rec sandbox.Record) { r.CancelPauseUploads(rec.ID, rec.Dir) },
+		LayerFailure:    r.LayerFailure,
 	}
 	if r.Imports() {
 		h.MissingSource, h.MissingSandbox = r.ImportSource, r.ImportPaused

@@ -9,6 +9,7 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -68,6 +69,8 @@ type recovery struct {
 //     re-adopts it with its slot);
 //   - running, pausing or resuming with its VMM alive otherwise: paused
 //     (memory captured from the live VM, disk sealed), so nothing is lost;
+//   - running or pausing whose VMM is gone: paused filesystem-only (its
+//     memory is lost with the VMM, its disks are kept);
 //   - resuming whose VMM never came up: back to paused on its snapshot;
 //   - starting (a create that never answered): rolled back;
 //   - killing: the kill is finished;
@@ -75,7 +78,9 @@ type recovery struct {
 //
 // Then every VMM process under the data directory that no record owns is
 // killed, and every storage device no record holds is deleted.
-// Sandboxes whose VMM is gone while running are dropped.
+// Sandboxes whose VMM is gone while running or pausing keep their disks:
+// they are paused filesystem-only (lifecycle.Verbs.PauseExited), their
+// record saying why; those without a disk are dropped.
 func Recover(ctx context.Context, drv vmm.Driver, st *store.Store, devices disk.Devices, dataDir string, log *slog.Logger) (*Recovered, error) {
 	if log == nil {
 		log = slog.Default()
@@ -151,6 +156,17 @@ func (rc *recovery) recoverOne(ctx context.Context, r sandbox.Record, out *Recov
 			return err
 		}
 		return rc.tidyPaused(ctx, r)
+	}
+	if m == nil && (r.State == sandbox.Running || r.State == sandbox.Pausing) && r.HasDevice {
+		// The VMM is gone (or cannot be taken over): its memory is lost,
+		// its disks are not.
+		why := fmt.Sprintf("the VMM was gone when the node started (%v)", err)
+		s := lifecycle.Adopted(r, nil, rc.j, rc.verbs.Disks, rc.log)
+		perr := rc.verbs.PauseExited(ctx, s, why)
+		if perr == nil {
+			return nil
+		}
+		err = errors.Join(err, perr)
 	}
 	rc.log.Error("cannot re-adopt sandbox; dropping it", "sandbox", r.ID, "state", r.State, "err", err)
 	return DropRecord(ctx, rc.verbs, rc.j, r, nil)

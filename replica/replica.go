@@ -146,3 +146,16 @@ func New(opts Options, node Node) *Replica {
 
 // Imports reports whether the replica brings what other nodes committed.
 func (r *Replica) Imports() bool { return r.cfg.Remote != nil }
+
+// lazyFailures is the optional capability of a Remote to say why reads of
+// a layer it serves lazily failed (reponode.Node.LazyFailure).
+type lazyFailures interface{ LazyFailure(ref string) error }
+
+// LayerFailure is the last failed lazy read of the layer ref names (a
+// LazyURL); nil when none failed lately or the Remote cannot say.
+func (r *Replica) LayerFailure(ref string) error {
+	if lf, ok := r.cfg.Remote.(lazyFailures); ok {
+		return lf.LazyFailure(ref)
+	}
+	return nil
+}

@@ -92,6 +92,11 @@ type Record struct {
 	// CPUPin is the host CPU list (cpulist syntax, canonical) the VMM's
 	// vCPU threads are pinned to, again on each new VMM; empty: unpinned.
 	CPUPin string `json:"cpuPin,omitempty"`
+
+	// Failure says why the sandbox's last VM ended without being asked to
+	// (its VMM crashed or was killed, a memory layer could not be read)
+	// or why its last resume failed; a resume that runs clears it.
+	Failure string `json:"failure,omitempty"`
 }
 
 // AttachedDrive is a drive of a sandbox's record with its live device.

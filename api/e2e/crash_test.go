@@ -162,6 +162,12 @@ func TestCrashMatrix(t *testing.T) {
 		t.Run("cold/"+strings.TrimPrefix(point, "orchestrator/"), func(t *testing.T) { run(t, point) })
 		n.checkNoOrphans(t)
 	}
+	// A sandbox whose VMM ended unasked keeps its disks through the
+	// pause's points before its commit (lifecycle.Verbs.PauseExited).
+	for _, point := range []string{"orchestrator/pause/recorded", "orchestrator/pause/sealed"} {
+		t.Run("exited/"+strings.TrimPrefix(point, "orchestrator/"), func(t *testing.T) { n.crashExited(t, point) })
+		n.checkNoOrphans(t)
+	}
 	if covered < 12 {
 		t.Fatalf("the matrix covered %d fault points; the orchestrator declares %v", covered, failpoint.Names("orchestrator/"))
 	}

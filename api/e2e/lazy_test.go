@@ -33,7 +33,9 @@ const (
 // the background its device reads local files and the files still read
 // intact. A layer object damaged in the bucket fails the guest's read with
 // an I/O error (no byte of it served) and both B and its storage daemon log
-// the layer's digest. A crash of B after the fetch and another after the
+// the layer's digest; a damaged memory layer fails the resume (or ends the
+// VM, which keeps the disk) with the digest in the error, the sandbox's
+// failure and the log: the guest never runs on wrong bytes. A crash of B after the fetch and another after the
 // config names the files are each finished by the next start. Reads that
 // find aenvd on B killed wait for its restart (lazyrestart_test.go).
 func TestLazyResumeOverS3(t *testing.T) {
@@ -126,6 +128,8 @@ func TestLazyResumeOverS3(t *testing.T) {
 		b.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, b.key, "")
 		a.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, a.key, "")
 	})
+
+	t.Run("a damaged memory layer fails the sandbox naming it", func(t *testing.T) { damagedMemory(ctx, t, srv, bucket.Bucket, a, b, r) })
 
 	t.Run("crashes between the resume and the move", func(t *testing.T) {
 		id, data, _ := pausedOn(ctx, t, a, r, "crashed")
@@ -245,4 +249,41 @@ func damageChunks(t *testing.T, path string, size int64) {
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(fmt.Errorf("damage %s: %w", path, err))
 	}
+}
+
+// damagedMemory: the memory layer of A's pause is damaged in the bucket
+// (every chunk but the layer's header and index); B's restore reads it
+// lazily, no source gives bytes that verify, and the VM cannot run on: the
+// connect fails or the sandbox ends paused without its memory, and the
+// error, the sandbox's failure and B's log name the layer's digest.
+func damagedMemory(ctx context.Context, t *testing.T, srv *s3test.Server, bucket string, a, b *node, r *repo.Repo) {
+	id, data, m := pausedOn(ctx, t, a, r, "dmem")
+	top := m.Memory[len(m.Memory)-1] // the pause's own layer: the pages the sandbox wrote
+	damageChunks(t, srv.ObjectPath(bucket, repo.BlobKey(top.Digest)), top.Size)
+	code, body, _, err := b.Call("POST", "/sandboxes/"+id+"/connect", b.key, `{"timeout":300}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := top.Digest.Hex()
+	if code == http.StatusCreated {
+		// The restore answered before the guest touched a damaged page:
+		// the VM ends at its first one, and the sandbox is paused.
+		b.waitState(t, id, "paused", 2*time.Minute)
+	} else if !strings.Contains(string(body), digest) {
+		t.Fatalf("connect of %s with a damaged memory layer: %d %s; want the layer %s named", id, code, body, top.Digest)
+	}
+	if why := b.failure(t, id); !strings.Contains(why, digest) {
+		t.Fatalf("sandbox %s with a damaged memory layer: failure %q, want the layer %s named", id, why, top.Digest)
+	}
+	if !strings.Contains(b.Logs(), digest) {
+		t.Fatalf("node B's log does not name the damaged memory layer %s", top.Digest)
+	}
+	t.Logf("connect answered %d; failure recorded: %s", code, b.failure(t, id))
+	if code == http.StatusCreated {
+		// Paused without its memory: the disk, written and synced before
+		// A's pause, cold-boots.
+		b.resumeAndCheck(t, id, data)
+	}
+	b.call(t, "DELETE", "/sandboxes/"+id, b.key, "")
+	a.call(t, "DELETE", "/sandboxes/"+id, a.key, "")
 }

@@ -540,19 +540,22 @@ type SandboxDetail struct {
 	Domain              *string `json:"domain,omitempty"`
 
 	// Drives aenvd extension: the sandbox's extra drives
-	Drives          *[]SandboxDriveInfo   `json:"drives,omitempty"`
-	EndAt           time.Time             `json:"endAt"`
-	EnvdAccessToken *string               `json:"envdAccessToken,omitempty"`
-	EnvdVersion     string                `json:"envdVersion"`
-	Lifecycle       *SandboxLifecycle     `json:"lifecycle,omitempty"`
-	MemoryMB        int32                 `json:"memoryMB"`
-	Metadata        *map[string]string    `json:"metadata,omitempty"`
-	Network         *SandboxNetworkConfig `json:"network,omitempty"`
-	SandboxID       string                `json:"sandboxID"`
-	StartedAt       time.Time             `json:"startedAt"`
-	State           SandboxState          `json:"state"`
-	TemplateID      string                `json:"templateID"`
-	VolumeMounts    *[]SandboxVolumeMount `json:"volumeMounts,omitempty"`
+	Drives          *[]SandboxDriveInfo `json:"drives,omitempty"`
+	EndAt           time.Time           `json:"endAt"`
+	EnvdAccessToken *string             `json:"envdAccessToken,omitempty"`
+	EnvdVersion     string              `json:"envdVersion"`
+
+	// Failure aenvd extension: why the sandbox's last VM ended without being asked to (the sandbox was then paused without its memory, keeping its disks) or why its last resume failed, naming a memory layer's digest when its reads failed; absent when neither happened since it last ran
+	Failure      *string               `json:"failure,omitempty"`
+	Lifecycle    *SandboxLifecycle     `json:"lifecycle,omitempty"`
+	MemoryMB     int32                 `json:"memoryMB"`
+	Metadata     *map[string]string    `json:"metadata,omitempty"`
+	Network      *SandboxNetworkConfig `json:"network,omitempty"`
+	SandboxID    string                `json:"sandboxID"`
+	StartedAt    time.Time             `json:"startedAt"`
+	State        SandboxState          `json:"state"`
+	TemplateID   string                `json:"templateID"`
+	VolumeMounts *[]SandboxVolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // SandboxDrive aenvd extension: one extra drive, exactly one of image and sizeMiB

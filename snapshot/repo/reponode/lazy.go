@@ -55,6 +55,9 @@ type lazyServer struct {
 	mu     sync.Mutex
 	open   map[repo.Digest]*lazyLayer
 	closed int64 // bytes fetched by layers no longer open
+	// failed holds the last failed read of each layer (LazyFailure), at
+	// most maxFailures of them: whoever asks why a VM ended asks soon after.
+	failed map[repo.Digest]error
 
 	lastError atomic.Int64 // unix ns of the last logged read failure
 }
@@ -132,6 +135,20 @@ func (n *Node) LazyURL(l repo.Layer) string {
 	q.Set("chunks", string(l.Chunks.Digest))
 	q.Set("chunks_size", strconv.FormatInt(l.Chunks.Size, 10))
 	return blob.UnixURL(ls.socket, lazyPath+l.Digest.Hex()+"?"+q.Encode())
+}
+
+// LazyFailure is the last failed read through the layer socket of the
+// layer ref (a LazyURL) names: nil when none failed lately, or ref names
+// no layer. A VM that mapped memory from such a layer and ended says so.
+func (n *Node) LazyFailure(ref string) error {
+	l, ok := LazyLayer(ref)
+	ls := n.lazyState()
+	if !ok || ls == nil {
+		return nil
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.failed[l.Digest]
 }
 
 // LazyLayer is the layer a LazyURL names (of any node's socket: the URL
@@ -270,13 +287,22 @@ func (n *Node) readLazy(l repo.Layer, p []byte, off int64) error {
 	return nil
 }
 
+// maxFailures bounds the failed reads a layer socket remembers.
+const maxFailures = 256
+
 // logLazyError logs a failed read with the layer's digest, at most once a
-// second.
+// second, and remembers it for LazyFailure.
 func (n *Node) logLazyError(l repo.Layer, off int64, length int, err error) {
 	ls := n.lazyState()
 	if ls == nil {
 		return
 	}
+	ls.mu.Lock()
+	if ls.failed == nil || len(ls.failed) >= maxFailures {
+		ls.failed = map[repo.Digest]error{}
+	}
+	ls.failed[l.Digest] = fmt.Errorf("read of layer %s [%d,+%d) failed: %w", l.Digest, off, length, err)
+	ls.mu.Unlock()
 	now, last := time.Now().UnixNano(), ls.lastError.Load()
 	if now-last >= int64(time.Second) && ls.lastError.CompareAndSwap(last, now) {
 		slog.Error("snapshot repository: lazy read of a layer failed; the guest gets an I/O error", "layer", l.Digest,
