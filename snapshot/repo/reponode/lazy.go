@@ -57,10 +57,20 @@ type lazyServer struct {
 	closed int64 // bytes fetched by layers no longer open
 	// failed holds the last failed read of each layer (LazyFailure), at
 	// most maxFailures of them: whoever asks why a VM ended asks soon after.
-	failed map[repo.Digest]error
+	failed map[repo.Digest]lazyFailure
 
 	lastError atomic.Int64 // unix ns of the last logged read failure
 }
+
+// lazyFailure is a failed read of a layer and when it failed.
+type lazyFailure struct {
+	err error
+	at  time.Time
+}
+
+// recentFailure is how old a failed read LazyFailure still reports: a VMM
+// faulting on a read that failed ends at once, so an older one is not why.
+const recentFailure = time.Minute
 
 // lazyLayer is one layer opened for lazy reads (once: concurrent first
 // reads wait for the same open).
@@ -138,8 +148,9 @@ func (n *Node) LazyURL(l repo.Layer) string {
 }
 
 // LazyFailure is the last failed read through the layer socket of the
-// layer ref (a LazyURL) names: nil when none failed lately, or ref names
-// no layer. A VM that mapped memory from such a layer and ended says so.
+// layer ref (a LazyURL) names: nil when none failed in the last
+// recentFailure, or ref names no layer. A VM that mapped memory from such
+// a layer and ended says so.
 func (n *Node) LazyFailure(ref string) error {
 	l, ok := LazyLayer(ref)
 	ls := n.lazyState()
@@ -148,7 +159,10 @@ func (n *Node) LazyFailure(ref string) error {
 	}
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	return ls.failed[l.Digest]
+	if f, ok := ls.failed[l.Digest]; ok && time.Since(f.at) < recentFailure {
+		return f.err
+	}
+	return nil
 }
 
 // LazyLayer is the layer a LazyURL names (of any node's socket: the URL
@@ -299,9 +313,9 @@ func (n *Node) logLazyError(l repo.Layer, off int64, length int, err error) {
 	}
 	ls.mu.Lock()
 	if ls.failed == nil || len(ls.failed) >= maxFailures {
-		ls.failed = map[repo.Digest]error{}
+		ls.failed = map[repo.Digest]lazyFailure{}
 	}
-	ls.failed[l.Digest] = fmt.Errorf("read of layer %s [%d,+%d) failed: %w", l.Digest, off, length, err)
+	ls.failed[l.Digest] = lazyFailure{err: fmt.Errorf("read of layer %s [%d,+%d) failed: %w", l.Digest, off, length, err), at: time.Now()}
 	ls.mu.Unlock()
 	now, last := time.Now().UnixNano(), ls.lastError.Load()
 	if now-last >= int64(time.Second) && ls.lastError.CompareAndSwap(last, now) {
@@ -370,6 +384,9 @@ func (n *Node) dropLazy(d repo.Digest) {
 	<-ll.ready
 	if ll.c != nil {
 		b := fetchedBytes(ll.c)
+		hits, misses, fetches := ll.c.Stats()
+		slog.Info("snapshot repository: layer is local now; its lazy reads are done", "layer", d,
+			"fetched_bytes", b, "fetches", fetches, "block_hits", hits, "block_misses", misses)
 		ll.c.Close()
 		ls.mu.Lock()
 		ls.closed += b

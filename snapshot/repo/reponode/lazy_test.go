@@ -120,6 +120,17 @@ func TestLayerSocket(t *testing.T) {
 	if err := n.readLazy(bad, make([]byte, 10), 5*chunk); !errors.Is(err, blob.ErrCorrupt) || !strings.Contains(err.Error(), string(bad.Digest)) {
 		t.Fatalf("readLazy of the damaged chunk: %v", err)
 	}
+	// Asked why a VM mapping it ended, the node names the layer and the
+	// read; the good layer had no failed read.
+	if err := n.LazyFailure(n.LazyURL(bad)); !errors.Is(err, blob.ErrCorrupt) || !strings.Contains(err.Error(), string(bad.Digest)) {
+		t.Fatalf("LazyFailure of the damaged layer: %v", err)
+	}
+	if err := n.LazyFailure(url); err != nil {
+		t.Fatalf("LazyFailure of a layer whose reads all worked: %v", err)
+	}
+	if err := n.LazyFailure("not a url"); err != nil {
+		t.Fatalf("LazyFailure of no layer: %v", err)
+	}
 }
 
 // FuzzOneRange: the layer socket's Range parser accepts one range inside
