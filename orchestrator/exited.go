@@ -3,10 +3,12 @@ package orchestrator
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/snapshot"
 )
 
 // A VMM that ends while its sandbox runs, without a verb asking it to (it
@@ -53,7 +55,7 @@ func (o *Orchestrator) vmExited(id string, vm *sandbox.VM, waitErr error) {
 	if waitErr != nil {
 		why = fmt.Sprintf("the VMM exited: %v", waitErr)
 	}
-	why = o.withLayerFailures(why, rec)
+	why = o.withLayerFailures(why, rec.Memory.Layers)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	o.stopTimer(s)
@@ -65,15 +67,15 @@ func (o *Orchestrator) vmExited(id string, vm *sandbox.VM, waitErr error) {
 }
 
 // withLayerFailures appends to why the failed reads of the memory layers
-// rec's VM maps (the LayerFailure hooks), so the layer's digest is named.
-func (o *Orchestrator) withLayerFailures(why string, rec sandbox.Record) string {
+// a VM maps (the LayerFailure hooks), so the layer's digest is named.
+func (o *Orchestrator) withLayerFailures(why string, layers []string) string {
 	var failed []string
 	for _, h := range o.registered() {
 		if h.LayerFailure == nil {
 			continue
 		}
-		for _, l := range rec.Memory.Layers {
-			if err := h.LayerFailure(l); err != nil {
+		for _, l := range layers {
+			if err := h.LayerFailure(l); err != nil && !slices.Contains(failed, err.Error()) {
 				failed = append(failed, err.Error())
 			}
 		}
@@ -91,7 +93,11 @@ func (o *Orchestrator) resumeFailure(s *instance, err error) error {
 	s.mu.Lock()
 	rec := s.rec
 	s.mu.Unlock()
-	why := o.withLayerFailures("", rec)
+	layers := rec.Memory.Layers
+	if m, err := snapshot.ReadMemoryManifest(rec.Snapshot); rec.Snapshot != "" && err == nil {
+		layers = append(slices.Clone(layers), m.Layers...) // what the restore mapped
+	}
+	why := o.withLayerFailures("", layers)
 	if why == "" {
 		return err
 	}
