@@ -60,6 +60,8 @@ type lazyServer struct {
 	failed map[repo.Digest]lazyFailure
 
 	lastError atomic.Int64 // unix ns of the last logged read failure
+
+	hints hintJobs // working-set prefetches of opened layers (lazyhints.go)
 }
 
 // lazyFailure is a failed read of a layer and when it failed.
@@ -75,9 +77,16 @@ const recentFailure = time.Minute
 // lazyLayer is one layer opened for lazy reads (once: concurrent first
 // reads wait for the same open).
 type lazyLayer struct {
+	layer repo.Layer
 	ready chan struct{}
 	c     *blob.Cache
 	err   error
+	// unhinted: the repository held no working set of the layer when it
+	// was opened; the blocks read until it is local become one.
+	unhinted atomic.Bool
+	// stopHint ends the prefetch of the layer's hint and waits for it;
+	// set before ready closes.
+	stopHint func()
 }
 
 // ServeLayers starts the layer socket at socket (a path under the data
@@ -97,6 +106,7 @@ func (n *Node) ServeLayers(ctx context.Context, socket string) error {
 		return fmt.Errorf("snapshot repository: layer socket %s: %w", socket, err)
 	}
 	ls := &lazyServer{socket: socket, lis: lis, ctx: context.WithoutCancel(ctx), open: map[repo.Digest]*lazyLayer{}}
+	ls.hints.ctx, ls.hints.stop = context.WithCancel(ls.ctx)
 	ls.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.serveLazy(w, r) }),
 		ReadHeaderTimeout: 10 * time.Second}
 	n.mu.Lock()
@@ -118,6 +128,8 @@ func (ls *lazyServer) close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	err := ls.srv.Shutdown(ctx)
 	cancel()
+	ls.hints.stop()
+	ls.hints.wg.Wait()
 	ls.mu.Lock()
 	open := ls.open
 	ls.open = map[repo.Digest]*lazyLayer{}
@@ -343,12 +355,15 @@ func (n *Node) openLazy(l repo.Layer) (*blob.Cache, error) {
 			ls.mu.Unlock()
 			return nil, fmt.Errorf("%d layers are open for lazy reads already", maxLazyLayers)
 		}
-		ll = &lazyLayer{ready: make(chan struct{})}
+		ll = &lazyLayer{layer: l, ready: make(chan struct{})}
 		ls.open[l.Digest] = ll
 	}
 	ls.mu.Unlock()
 	if !ok {
-		ll.c, ll.err = n.OpenLayer(ls.ctx, l)
+		ll.c, ll.err = n.OpenRecorded(ls.ctx, l)
+		if ll.err == nil {
+			n.prefetchHint(ls, ll)
+		}
 		close(ll.ready)
 		if ll.err != nil {
 			ls.mu.Lock()
@@ -387,6 +402,8 @@ func (n *Node) dropLazy(d repo.Digest) {
 		hits, misses, fetches := ll.c.Stats()
 		slog.Info("snapshot repository: layer is local now; its lazy reads are done", "layer", d,
 			"fetched_bytes", b, "fetches", fetches, "block_hits", hits, "block_misses", misses)
+		ll.stopHint()
+		n.recordHint(ls, ll)
 		ll.c.Close()
 		ls.mu.Lock()
 		ls.closed += b
