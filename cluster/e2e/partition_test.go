@@ -77,67 +77,14 @@ func TestPartition(t *testing.T) {
 		resp.Body.Close()
 	}
 
-	// The paused sandbox resumes on another node through the gateway.
-	if code, b, _ := c.call(t, "POST", "/sandboxes/"+paused+"/connect", `{"timeout":600}`); code/100 != 2 {
-		t.Fatalf("connect of %s, paused on %s held down, through the gateway: %d %s", paused, xname, code, b)
-	}
-	moved := c.boundTo(t, paused)
-	if moved == xname || moved == "" {
-		t.Fatalf("%s resumed on %q, want another node than %s", paused, moved, xname)
-	}
-	if out := c.sh(t, paused, "cat /root/p.txt; echo after > /root/p2.txt"); out != "before\n" {
-		t.Fatalf("%s resumed on %s: its file reads %q", paused, moved, out)
-	}
-	t.Logf("%s resumed on %s %v into the partition", paused, moved, time.Since(cut).Round(time.Millisecond))
-
-	// Until the partition heals, node-a serves neither, keeps its copy of
-	// the moved one paused and commits nothing.
-	time.Sleep(time.Until(cut.Add(partitionFor - 10*time.Second))) // the rest of the minute
-	refused(t, xn, xname, [][2]string{{"GET", "/sandboxes/" + paused}, {"POST", "/sandboxes/" + paused + "/connect"},
-		{"GET", "/sandboxes/" + running}})
-	if st := stateOn(t, xn, paused); st != "paused" {
-		t.Fatalf("%s's own copy of %s (moved to %s) is %q while cut off, want still paused", xname, paused, moved, st)
-	}
-	if got := c.pausesOf(t, paused); !equalPauses(got, committed) {
-		t.Fatalf("pauses of %s in the repository changed while %s was cut off: %v, was %v", paused, xname, got, committed)
-	}
+	moved := c.moveWhileCut(t, x, paused, running, cut, committed)
 
 	for _, l := range links {
 		l.Restore()
 	}
 	t.Logf("partition healed after %v", time.Since(cut).Round(time.Millisecond))
 	c.waitNodes(t, 3)
-	c.waitDropped(t, x, paused)
-	if code, b, _, err := xn.Call("GET", "/sandboxes/"+paused, xn.Key, ""); err != nil || code != http.StatusNotFound {
-		t.Fatalf("%s, healed, on %s (moved to %s): %d %s %v, want 404", xname, paused, moved, code, b, err)
-	}
-	if got := c.boundTo(t, paused); got != moved {
-		t.Fatalf("%s after the heal is bound to %q, want %s where it resumed", paused, got, moved)
-	}
-	if w := c.where(t); w[paused] != moved {
-		t.Fatalf("%s after the heal runs on %q, want %s alone", paused, w[paused], moved)
-	}
-	c.reachable(t, paused)
-	if out := c.sh(t, paused, "cat /root/p.txt /root/p2.txt"); out != "before\nafter\n" {
-		t.Fatalf("%s through the gateway after the heal: %q", paused, out)
-	}
-	c.waitFound(t, running)
-	if got := c.boundTo(t, running); got != xname {
-		t.Fatalf("%s (never moved) after the heal is bound to %q, want %s", running, got, xname)
-	}
-	c.reachable(t, running)
-	if out := c.sh(t, running, "cat /root/r.txt"); out != "mine\n" {
-		t.Fatalf("%s after the heal: %q", running, out)
-	}
-	if code, b, _, err := xn.Call("GET", "/sandboxes/"+running, xn.Key, ""); err != nil || code != http.StatusOK {
-		t.Fatalf("%s's own sandbox %s after the heal: %d %s %v", xname, running, code, b, err)
-	}
-	if got := c.pausesOf(t, paused); !equalPauses(got, committed) {
-		t.Fatalf("pauses of %s in the repository after the heal: %v, was %v", paused, got, committed)
-	}
-	if !strings.Contains(xn.Logs(), "refused a request on a sandbox this node cannot prove it owns") {
-		t.Fatalf("%s logged no refusal", xname)
-	}
+	c.checkHealed(t, x, paused, running, moved, committed)
 	for _, id := range []string{paused, running} {
 		if code, b, _ := c.call(t, "DELETE", "/sandboxes/"+id, ""); code != http.StatusNoContent {
 			t.Fatalf("kill %s through the gateway: %d %s", id, code, b)
@@ -297,5 +244,77 @@ func (c *cluster) waitDropped(t *testing.T, i int, id string) {
 			t.Fatalf("%s still holds its stale copy of %s a minute after the heal: %s; %s: %v", c.names[i], id, b2, dir, serr)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// moveWhileCut resumes paused (node x's, held down) on another node through
+// the gateway and writes a file in it; until the end of the partition's
+// minute node x serves neither of its sandboxes, keeps its copy of the
+// moved one paused and commits nothing. It returns the new node.
+func (c *cluster) moveWhileCut(t *testing.T, x int, paused, running string, cut time.Time, committed map[string]string) string {
+	t.Helper()
+	xn, xname := c.nodes[x], c.names[x]
+	// The paused sandbox resumes on another node through the gateway.
+	if code, b, _ := c.call(t, "POST", "/sandboxes/"+paused+"/connect", `{"timeout":600}`); code/100 != 2 {
+		t.Fatalf("connect of %s, paused on %s held down, through the gateway: %d %s", paused, xname, code, b)
+	}
+	moved := c.boundTo(t, paused)
+	if moved == xname || moved == "" {
+		t.Fatalf("%s resumed on %q, want another node than %s", paused, moved, xname)
+	}
+	if out := c.sh(t, paused, "cat /root/p.txt; echo after > /root/p2.txt"); out != "before\n" {
+		t.Fatalf("%s resumed on %s: its file reads %q", paused, moved, out)
+	}
+	t.Logf("%s resumed on %s %v into the partition", paused, moved, time.Since(cut).Round(time.Millisecond))
+
+	time.Sleep(time.Until(cut.Add(partitionFor - 10*time.Second))) // the rest of the minute
+	refused(t, xn, xname, [][2]string{{"GET", "/sandboxes/" + paused}, {"POST", "/sandboxes/" + paused + "/connect"},
+		{"GET", "/sandboxes/" + running}})
+	if st := stateOn(t, xn, paused); st != "paused" {
+		t.Fatalf("%s's own copy of %s (moved to %s) is %q while cut off, want still paused", xname, paused, moved, st)
+	}
+	if got := c.pausesOf(t, paused); !equalPauses(got, committed) {
+		t.Fatalf("pauses of %s in the repository changed while %s was cut off: %v, was %v", paused, xname, got, committed)
+	}
+
+	return moved
+}
+
+// checkHealed checks the cluster once node x is back: its stale copy of
+// paused is gone, paused runs on moved alone with both its files, and
+// running, never moved, answers from node x as before.
+func (c *cluster) checkHealed(t *testing.T, x int, paused, running, moved string, committed map[string]string) {
+	t.Helper()
+	xn, xname := c.nodes[x], c.names[x]
+	c.waitDropped(t, x, paused)
+	if code, b, _, err := xn.Call("GET", "/sandboxes/"+paused, xn.Key, ""); err != nil || code != http.StatusNotFound {
+		t.Fatalf("%s, healed, on %s (moved to %s): %d %s %v, want 404", xname, paused, moved, code, b, err)
+	}
+	if got := c.boundTo(t, paused); got != moved {
+		t.Fatalf("%s after the heal is bound to %q, want %s where it resumed", paused, got, moved)
+	}
+	if w := c.where(t); w[paused] != moved {
+		t.Fatalf("%s after the heal runs on %q, want %s alone", paused, w[paused], moved)
+	}
+	c.reachable(t, paused)
+	if out := c.sh(t, paused, "cat /root/p.txt /root/p2.txt"); out != "before\nafter\n" {
+		t.Fatalf("%s through the gateway after the heal: %q", paused, out)
+	}
+	c.waitFound(t, running)
+	if got := c.boundTo(t, running); got != xname {
+		t.Fatalf("%s (never moved) after the heal is bound to %q, want %s", running, got, xname)
+	}
+	c.reachable(t, running)
+	if out := c.sh(t, running, "cat /root/r.txt"); out != "mine\n" {
+		t.Fatalf("%s after the heal: %q", running, out)
+	}
+	if code, b, _, err := xn.Call("GET", "/sandboxes/"+running, xn.Key, ""); err != nil || code != http.StatusOK {
+		t.Fatalf("%s's own sandbox %s after the heal: %d %s %v", xname, running, code, b, err)
+	}
+	if got := c.pausesOf(t, paused); !equalPauses(got, committed) {
+		t.Fatalf("pauses of %s in the repository after the heal: %v, was %v", paused, got, committed)
+	}
+	if !strings.Contains(xn.Logs(), "refused a request on a sandbox this node cannot prove it owns") {
+		t.Fatalf("%s logged no refusal", xname)
 	}
 }
