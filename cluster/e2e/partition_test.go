@@ -77,6 +77,11 @@ func TestPartition(t *testing.T) {
 		resp.Body.Close()
 	}
 
+	// Through the gateway, a call on the down node's running sandbox is not
+	// sent there (the scheduler holds the node down).
+	if code, b, _ := c.call(t, "GET", "/sandboxes/"+running, ""); code != http.StatusBadGateway {
+		t.Fatalf("GET /sandboxes/%s through the gateway while %s is held down: %d %s, want 502", running, xname, code, b)
+	}
 	moved := c.moveWhileCut(t, x, paused, running, cut, committed)
 
 	for _, l := range links {
