@@ -196,6 +196,16 @@ func (p *Proxy) Match(r *http.Request) bool {
 	return ok
 }
 
+// SandboxOf names the sandbox a request for the proxy is meant for (by its
+// headers, its host or a signed /files URL), as ServeHTTP routes it.
+func (p *Proxy) SandboxOf(r *http.Request) (string, bool) {
+	t, ok := p.route(r)
+	if !ok {
+		t, ok = p.bySignature(r)
+	}
+	return t.id, ok && t.id != ""
+}
+
 // maxIDLen bounds a sandbox id taken from a request.
 const maxIDLen = 64
 

@@ -171,7 +171,12 @@ func (c *cluster) reachable(t *testing.T, id string) {
 	}
 }
 
-func startCluster(t *testing.T) *cluster {
+func startCluster(t *testing.T) *cluster { return startClusterWith(t, nil) }
+
+// startClusterWith starts the cluster; schedulersOf, when set, gives the
+// scheduler addresses node i dials instead of the schedulers' own (a
+// forwarder the test can cut).
+func startClusterWith(t *testing.T, schedulersOf func(i int, addrs []string) []string) *cluster {
 	if os.Geteuid() != 0 {
 		t.Skip("aenvd needs root (network namespaces, taps); CI runs as root")
 	}
@@ -196,6 +201,13 @@ func startCluster(t *testing.T) *cluster {
 	c.repoDir = t.TempDir()
 	c.nodes = make([]*aenvdtest.Node, 3)
 	errs := make([]error, 3)
+	dials := make([][]string, 3)
+	for i := range dials {
+		dials[i] = addrs
+		if schedulersOf != nil {
+			dials[i] = schedulersOf(i, addrs)
+		}
+	}
 	var wg sync.WaitGroup
 	for i := range 3 {
 		wg.Add(1)
@@ -204,7 +216,7 @@ func startCluster(t *testing.T) *cluster {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			c.nodes[i], errs[i] = aenvdtest.Start(ctx, aenvdtest.Options{Prefix: fmt.Sprintf("aclu%d", i), CIDRBase: 150 + 2*i,
-				Env: []string{"AENVD_CLUSTER_SCHEDULER=" + strings.Join(addrs, ","), "AENVD_CLUSTER_NODE_NAME=" + c.names[i],
+				Env: []string{"AENVD_CLUSTER_SCHEDULER=" + strings.Join(dials[i], ","), "AENVD_CLUSTER_NODE_NAME=" + c.names[i],
 					"AENVD_API_DOMAIN=localhost", "AENVD_REPOSITORY_BACKEND=posix", "AENVD_REPOSITORY_DIR=" + c.repoDir}})
 		}()
 	}

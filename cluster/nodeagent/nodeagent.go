@@ -79,6 +79,7 @@ type Agent struct {
 	log      *slog.Logger
 	drops    drops
 	owners   owners
+	proof    proof
 
 	ready     chan struct{} // closed once, by markReady
 	readyOnce sync.Once
@@ -207,8 +208,10 @@ func (a *Agent) register(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("register node %s: %w", a.opts.Name, err)
 	}
-	a.recordOwned(r.GetOwned(), r.GetLeaseMs(), sent)
+	// The stale copies are marked as being removed before the lease is
+	// renewed: no request on one is served in between (proof.go).
 	a.dropStale(ctx, st, r.GetStale())
+	a.recordOwned(r.GetOwned(), r.GetLeaseMs(), r.GetStale(), st, sent)
 	if ms := r.GetHeartbeatIntervalMs(); ms > 0 {
 		a.interval = time.Duration(ms) * time.Millisecond
 	}
@@ -229,8 +232,10 @@ func (a *Agent) heartbeat(ctx context.Context) error {
 	if r.GetUnknown() {
 		return errUnknown
 	}
-	a.recordOwned(r.GetOwned(), r.GetLeaseMs(), sent)
+	// The stale copies are marked as being removed before the lease is
+	// renewed: no request on one is served in between (proof.go).
 	a.dropStale(ctx, st, r.GetStale())
+	a.recordOwned(r.GetOwned(), r.GetLeaseMs(), r.GetStale(), st, sent)
 	a.setDraining(r.GetDraining())
 	return nil
 }

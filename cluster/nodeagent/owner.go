@@ -94,17 +94,25 @@ func (a *Agent) Generation(id string) int64 {
 }
 
 // Owns tells whether the node's own records prove it owns id now: told so
-// by the scheduler, with the lease still running.
+// by the scheduler (bound here, or reported here and bound nowhere yet),
+// with the lease still running.
 func (a *Agent) Owns(id string) bool {
 	g, ok := a.owners.get(id)
 	return ok && time.Now().Before(g.Until)
 }
 
-// recordOwned keeps a reply's ownership; sent is when the request left.
-func (a *Agent) recordOwned(owned map[string]int64, leaseMS int64, sent time.Time) {
-	if err := a.owners.set(owned, sent.Add(time.Duration(leaseMS)*time.Millisecond)); err != nil {
+// recordOwned keeps a reply's ownership and renews the node's proof
+// (proof.go); sent is when the request left.
+func (a *Agent) recordOwned(owned map[string]int64, leaseMS int64, stale []string, st *pb.NodeStatus, sent time.Time) {
+	lease := time.Duration(leaseMS) * time.Millisecond
+	if lease <= 0 {
+		lease = a.leaseFallback()
+	}
+	until := sent.Add(lease)
+	if err := a.owners.set(owned, until); err != nil {
 		a.log.Warn("keep ownership records", "err", err)
 	}
+	a.proof.renew(until, stale, st.GetRoster())
 }
 
 // CheckOwner asks the scheduler whether this node owns sandbox id at

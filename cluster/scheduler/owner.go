@@ -27,7 +27,8 @@ import (
 func (s *Scheduler) leaseFor() int64 { return (s.opts.DownAfter / 2).Milliseconds() }
 
 // owned reads the ownership generations of the roster sandboxes bound to
-// the node (stale copies left out).
+// the node, and 0 for those bound to no node (stale copies left out): what
+// the node may serve within the lease.
 func (s *Scheduler) owned(ctx context.Context, st *pb.NodeStatus, stale []string) (map[string]int64, error) {
 	roster := st.GetRoster()
 	if len(roster) == 0 {
@@ -44,6 +45,13 @@ func (s *Scheduler) owned(ctx context.Context, st *pb.NodeStatus, stale []string
 	out := make(map[string]int64, len(roster))
 	for i, e := range roster {
 		v := cmds[i].Val()
+		if len(v) == 2 && v[0] == nil {
+			// Reported here and bound nowhere (made on the node, bound by
+			// the gateway or a roster soon): nobody else holds it; 0 names
+			// no generation (the commit fence then waits for a binding).
+			out[e.GetSandboxId()] = 0
+			continue
+		}
 		if len(v) != 2 || v[0] != st.GetName() {
 			continue
 		}

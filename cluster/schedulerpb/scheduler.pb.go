@@ -470,7 +470,8 @@ type RegisterNodeResponse struct {
 	// are stale and it removes them.
 	Stale []string `protobuf:"bytes,3,rep,name=stale,proto3" json:"stale,omitempty"`
 	// owned gives, for each roster sandbox bound to this node, its ownership
-	// generation (bumped whenever the sandbox is bound to another node).
+	// generation (bumped whenever the sandbox is bound to another node), and
+	// 0 for each roster sandbox bound to no node yet.
 	Owned map[string]int64 `protobuf:"bytes,4,rep,name=owned,proto3" json:"owned,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// lease_ms is how long, from when the node sent its request, the node
 	// may take owned as proof without hearing the scheduler again: shorter

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -121,9 +123,9 @@ func (m *clusterMember) openWhenReady(ctx context.Context, wait time.Duration) b
 	select {
 	case <-m.agent.Ready():
 	case <-t.C:
-		m.log.Warn("no answer from the cluster scheduler yet; serving this node's sandboxes without its word "+
-			"(pauses are committed to the repository only once it confirms ownership)", "waited", wait,
-			"proven_by_own_records", m.agent.Proven())
+		m.log.Warn("no answer from the cluster scheduler yet; serving only the sandboxes this node's own records prove "+
+			"it owns (the others are refused until it answers; pauses are committed to the repository only once it "+
+			"confirms ownership)", "waited", wait, "proven_by_own_records", m.agent.Proven())
 	case <-ctx.Done():
 		return false
 	}
@@ -189,4 +191,76 @@ func advertiseAddr(listen, slotPrefix string) string {
 		}
 	}
 	return listen
+}
+
+// proveWait bounds how long a request on a sandbox this node cannot prove
+// it owns waits for the scheduler's next answer (a heartbeat or two)
+// before it is refused.
+const proveWait = 5 * time.Second
+
+// fence answers a request on a sandbox (named by sandboxOf) only while the
+// node proves it still owns the sandbox (nodeagent.Agent.Vouch): a node cut
+// off from the scheduler may have had it resumed on another node. Requests
+// naming no sandbox (lists, creates, health) pass.
+func (m *clusterMember) fence(h http.Handler, sandboxOf func(*http.Request) (string, bool), proxied bool) http.Handler {
+	if m == nil {
+		return h
+	}
+	return fenced(h, sandboxOf, m.agent.Vouch, proxied, m.log)
+}
+
+// fenced is fence with the proof as a function (tests give their own).
+func fenced(h http.Handler, sandboxOf func(*http.Request) (string, bool), vouch func(context.Context, string) error,
+	proxied bool, log *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, ok := sandboxOf(r)
+		if !ok {
+			h.ServeHTTP(w, r)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), proveWait)
+		err := vouch(ctx, id)
+		cancel()
+		switch {
+		case err == nil:
+			h.ServeHTTP(w, r)
+		case r.Context().Err() != nil: // the client gave up
+		case errors.Is(err, nodeagent.ErrMoved) && proxied:
+			// The proxy's answer for a sandbox it does not hold: the
+			// gateway then asks the scheduler where it went.
+			writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "message": err.Error(), "code": http.StatusBadGateway})
+		case errors.Is(err, nodeagent.ErrMoved):
+			writeJSON(w, http.StatusNotFound, map[string]any{"code": http.StatusNotFound, "message": err.Error()})
+		default:
+			log.Warn("refused a request on a sandbox this node cannot prove it owns", "sandbox", id,
+				"method", r.Method, "path", r.URL.Path, "err", err)
+			w.Header().Set("Retry-After", "5")
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"code": http.StatusServiceUnavailable, "message": err.Error()})
+		}
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// apiSandboxOf names the sandbox of an API request: a proxied one (the API
+// port answers those too) or /sandboxes/{id}[/...] and
+// /v2/sandboxes/{id}[/...]; lists and creates name none.
+func apiSandboxOf(px interface {
+	SandboxOf(*http.Request) (string, bool)
+}) func(*http.Request) (string, bool) {
+	return func(r *http.Request) (string, bool) {
+		if id, ok := px.SandboxOf(r); ok {
+			return id, true
+		}
+		rest, ok := strings.CutPrefix(strings.TrimPrefix(r.URL.Path, "/v2"), "/sandboxes/")
+		if !ok {
+			return "", false
+		}
+		id, _, _ := strings.Cut(rest, "/")
+		return id, id != ""
+	}
 }

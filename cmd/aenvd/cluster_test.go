@@ -134,3 +134,62 @@ type noSource struct{}
 
 func (noSource) Usage() nodeagent.Usage                           { return nodeagent.Usage{} }
 func (noSource) DropCopy(context.Context, string) (string, error) { return "", nil }
+
+// TestFencedAnswers: a request on a sandbox the node proves it owns is
+// served; one bound elsewhere is answered as not here (404 on the API, the
+// proxy's 502), one unproven 503 with Retry-After; requests naming no
+// sandbox pass untouched.
+func TestFencedAnswers(t *testing.T) {
+	vouch := func(_ context.Context, id string) error {
+		switch id {
+		case "moved":
+			return nodeagent.ErrMoved
+		case "cut":
+			return nodeagent.ErrUnproven
+		}
+		return nil
+	}
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	byHeader := func(r *http.Request) (string, bool) { id := r.Header.Get("E2b-Sandbox-Id"); return id, id != "" }
+	api := httptest.NewServer(fenced(ok, apiSandboxOf(headerRoute{}), vouch, false, log))
+	defer api.Close()
+	px := httptest.NewServer(fenced(ok, byHeader, vouch, true, log))
+	defer px.Close()
+	for _, c := range []struct {
+		srv, path, id string
+		want          int
+	}{
+		{api.URL, "/sandboxes/mine", "", http.StatusTeapot},
+		{api.URL, "/v2/sandboxes/moved/connect", "", http.StatusNotFound},
+		{api.URL, "/sandboxes/cut/pause", "", http.StatusServiceUnavailable},
+		{api.URL, "/sandboxes", "", http.StatusTeapot},
+		{api.URL, "/health", "cut", http.StatusServiceUnavailable}, // proxied on the API port
+		{px.URL, "/files", "moved", http.StatusBadGateway},
+		{px.URL, "/files", "cut", http.StatusServiceUnavailable},
+		{px.URL, "/files", "mine", http.StatusTeapot},
+	} {
+		req, _ := http.NewRequest("GET", c.srv+c.path, nil)
+		if c.id != "" {
+			req.Header.Set("E2b-Sandbox-Id", c.id)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want || (c.want == http.StatusServiceUnavailable) != (resp.Header.Get("Retry-After") != "") {
+			t.Fatalf("%s (sandbox header %q): %d Retry-After %q, want %d", c.path, c.id, resp.StatusCode,
+				resp.Header.Get("Retry-After"), c.want)
+		}
+	}
+}
+
+// headerRoute names the sandbox of the E2B routing header (the proxy's
+// SandboxOf, by header only).
+type headerRoute struct{}
+
+func (headerRoute) SandboxOf(r *http.Request) (string, bool) {
+	id := r.Header.Get("E2b-Sandbox-Id")
+	return id, id != ""
+}

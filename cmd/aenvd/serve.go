@@ -75,9 +75,12 @@ func serve(ctx context.Context, cfg config.Config, n node, log *slog.Logger) err
 		return err
 	}
 	// Until the scheduler first answered, requests wait (but health and
-	// metrics): it names the copies this node must not serve.
+	// metrics): it names the copies this node must not serve. After that,
+	// a request on a sandbox is served only while the node proves it still
+	// owns it (fence).
 	limits := defaultServerLimits(cfg)
-	servers, err := httpServers(cfg, limits, member.gate(handler, "/health", "/metrics"), member.gate(px))
+	servers, err := httpServers(cfg, limits, member.gate(member.fence(handler, apiSandboxOf(px), false), "/health", "/metrics"),
+		member.gate(member.fence(px, px.SandboxOf, true)))
 	if err != nil {
 		return err
 	}
