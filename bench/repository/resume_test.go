@@ -20,14 +20,17 @@ import (
 	"github.com/agentenv/agentenv/snapshot/repo/s3/s3test"
 )
 
-// BenchmarkResumeOnAnotherNode: three aenvd nodes share one versitygw
+// BenchmarkResumeOnAnotherNode: four aenvd nodes share one versitygw
 // bucket. A sandbox that wrote 32 MiB is paused on node A and resumed there
 // (from its local layers), paused again, and then resumed on node B, which
 // brings it from the repository and starts it before its rootfs layers are
 // there (lazy_rootfs, the default; its memory too where its VMs map the
 // storage daemon's memory exports, the default), and on node C, which
-// fetches every layer whole first (lazy_rootfs false). Printed: the
-// resumes' medians and the ratios of B's and C's to A's, and the bytes B
+// fetches every layer whole first (lazy_rootfs false). Then another
+// sandbox of the template, paused on A, resumes on node D, lazily, with the
+// working-set hints B recorded for the layers it read (the template's;
+// the new pause's layers have none). Printed: the resumes' medians and the
+// ratios of B's, C's and D's to A's, and the bytes B
 // fetched before its resume answered (from its metrics) against
 // the manifest's layer bytes. It boots VMs: run it alone (the VM lock),
 // with -benchtime 1x or a few.
@@ -58,7 +61,8 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 	}
 	na, nb := start("rbenca", 99), start("rbencb", 101)
 	nc := start("rbencc", 107, "AENVD_REPOSITORY_LAZY_ROOTFS=false")
-	var local, lazy, whole []float64
+	nd := start("rbencd", 111)
+	var local, lazy, whole, hinted []float64
 	var before, beforeLazy, total, wholeFetched int64
 	b.ResetTimer()
 	for range b.N {
@@ -92,11 +96,17 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 		call(b, nc, http.StatusNoContent, "DELETE", "/sandboxes/"+id, "")
 		call(b, nb, http.StatusNoContent, "DELETE", "/sandboxes/"+id, "")
 		call(b, na, http.StatusNoContent, "DELETE", "/sandboxes/"+id, "")
+		// D: another sandbox of the template, resumed lazily on a node
+		// that finds the working-set hints B recorded for the layers it
+		// read (all but this sandbox's own pause layers).
+		hinted = append(hinted, resumeHinted(ctx, b, na, nb, nd))
 	}
 	b.StopTimer()
-	l, lz, wh := median(local), median(lazy), median(whole)
+	l, lz, wh, hn := median(local), median(lazy), median(whole), median(hinted)
 	b.ReportMetric(lz/l, "lazy-remote/local")
 	b.ReportMetric(wh/l, "whole-remote/local")
+	b.ReportMetric(hn/l, "hinted-remote/local")
+	fmt.Printf("resume on node D from the repository with the layers' working-set hints B recorded: median %.2fs (%.2fx A's)\n", hn, hn/l)
 	fmt.Printf("resume on node A from local layers: median %.2fs; on node B from the repository, rootfs lazy: median %.2fs (%.2fx A's); "+
 		"on node C, every layer fetched first: median %.2fs (%.2fx A's)\n", l, lz, lz/l, wh, wh/l)
 	fmt.Printf("node B fetched %d MiB before its resume answered (read lazily: %d KiB; the rest whole; a background fetch that started as the VM answered counts too) of the manifests' %d MiB of layers (%.3f); node C %d MiB (%.3f)\n",
@@ -189,4 +199,29 @@ func dirBytes(dir string) int64 {
 		return nil
 	})
 	return n
+}
+
+// resumeHinted pauses a new sandbox of the base template on a (32 MiB
+// written, as the first) once b's lazily read layers are local (their
+// working-set hints recorded), resumes it on d and returns that resume's
+// wall time.
+func resumeHinted(ctx context.Context, b *testing.B, na, nb, nd *aenvdtest.Node) float64 {
+	b.Helper()
+	for i := 0; metric(b, nb, "aenvd_rootfs_lazy_configs") > 0; i++ {
+		if i > 600 {
+			b.Fatal("node B's lazily read layers did not become local in 5 minutes")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	id, err := na.Create(`{"templateID":"base","timeout":600}`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	run(ctx, b, na, id, "head -c 32M /dev/urandom > /home/user/blob && sync")
+	call(b, na, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", "")
+	t := call(b, nd, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", `{"timeout":600}`).Seconds()
+	run(ctx, b, nd, id, "test $(stat -c %s /home/user/blob) = 33554432")
+	call(b, nd, http.StatusNoContent, "DELETE", "/sandboxes/"+id, "")
+	call(b, na, http.StatusNoContent, "DELETE", "/sandboxes/"+id, "")
+	return t
 }
