@@ -83,10 +83,6 @@ func (a *Agent) correctClockRate(hostKHz int64) error {
 	if err != nil {
 		return fmt.Errorf("read clock source %s: %w", currentClocksource, err)
 	}
-	if s := strings.TrimSpace(string(src)); s != "tsc" {
-		a.log.Debug("init: clock rate left alone", "clocksource", s)
-		return nil
-	}
 	cmdline, err := os.ReadFile(procCmdline)
 	if err != nil {
 		return fmt.Errorf("read kernel command line %s: %w", procCmdline, err)
@@ -105,6 +101,6 @@ func (a *Agent) correctClockRate(hostKHz int64) error {
 	if _, err := unix.Adjtimex(&tx); err != nil {
 		return fmt.Errorf("adjtimex tick %d: %w", tick, err)
 	}
-	a.log.Info("init: clock rate set", "calibrated_khz", calib, "host_khz", hostKHz, "tick", tick)
+	a.log.Info("init: clock rate set", "clocksource", strings.TrimSpace(string(src)), "calibrated_khz", calib, "host_khz", hostKHz, "tick", tick)
 	return nil
 }
