@@ -67,6 +67,10 @@ type InitRequest struct {
 	// Drives are guest disks ("vdb") whose slot got a disk since the
 	// guest last saw it: the agent has them probed again.
 	Drives []string `json:"drives,omitempty"`
+	// HostTSCkHz is the TSC frequency of this host, which a TCG guest's
+	// clock follows: the agent corrects its clock's rate for it (a
+	// snapshot taken on a host with another TSC). 0 (KVM) leaves it alone.
+	HostTSCkHz int `json:"hostTscKhz,omitempty"`
 }
 
 // InitAgent posts /init (env vars, access token, clock), retrying briefly

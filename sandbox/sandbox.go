@@ -444,7 +444,9 @@ func (v *VM) agent(ctx context.Context, spec Spec) error {
 	}
 	health := time.Since(start)
 	if spec.Init != nil {
-		v.EnvdVersion, err = InitAgentVersion(ctx, v.Slot, spec.InitHeld, *spec.Init)
+		req := *spec.Init
+		req.HostTSCkHz = v.Machine.Info().TSCkHz // every start: boot, restore, pooled
+		v.EnvdVersion, err = InitAgentVersion(ctx, v.Slot, spec.InitHeld, req)
 	}
 	if spec.Log != nil {
 		// Where the agent stage's time goes: the guest answering at all,

@@ -266,6 +266,10 @@ type Info struct {
 	ConsoleLog    string
 	Accel         string // "kvm" or "tcg" for QEMU; "kvm" for Firecracker
 	MemoryFile    string // backing file of guest memory, if any
+	// TSCkHz is the TSC frequency of the host the machine runs on, which
+	// a TCG guest's TSC follows (0: not TCG, or unknown). The guest's agent
+	// corrects its clock's rate by it after a restore.
+	TSCkHz int
 }
 
 // Snapshot directory file names shared by every driver.

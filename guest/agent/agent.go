@@ -155,6 +155,10 @@ type initRequest struct {
 	// Drives are disks whose slot got a real disk since the guest probed
 	// it (drives.go).
 	Drives []string `json:"drives"`
+	// HostTSCkHz is the TSC frequency of the host the guest runs on now,
+	// sent by the node under TCG after every start (clockrate.go); E2B's
+	// SDKs do not send it, and without it the clock's rate is left alone.
+	HostTSCkHz int64 `json:"hostTscKhz"`
 }
 
 // maxInitBody bounds /init so a hostile caller cannot exhaust memory.
@@ -176,6 +180,12 @@ func (a *Agent) handleInit(w http.ResponseWriter, r *http.Request) {
 	if err := checkDrives(req.Drives); err != nil {
 		WriteError(w, http.StatusBadRequest, "init: "+err.Error())
 		return
+	}
+	if req.HostTSCkHz > 0 && !a.cfg.SkipInitDuties {
+		// Before the step: a clock at the wrong rate would drift off again.
+		if err := a.correctClockRate(req.HostTSCkHz); err != nil {
+			a.log.Error("init: correct the clock rate", "err", err)
+		}
 	}
 	if req.Timestamp != nil && !a.cfg.SkipInitDuties {
 		a.syncClock(*req.Timestamp)

@@ -73,7 +73,7 @@ func (d *Driver) Adopt(ctx context.Context, dir string) (vmm.Machine, error) {
 	}
 	rd := &runDir{dir: dir, created: rec.Created, console: rec.Console, owned: rec.Owned}
 	m := &machine{id: rec.ID, binary: rec.Binary, spec: rec.Spec, mem: memorySource{path: rec.MemoryPath, shared: rec.MemShared}, rd: rd,
-		proc: proc, exited: make(chan struct{}), log: d.log.With("vm", rec.ID, "pid", rec.PID, "adopted", true)}
+		proc: proc, exited: make(chan struct{}), tscKHz: d.tscKHz, log: d.log.With("vm", rec.ID, "pid", rec.PID, "adopted", true)}
 	go m.watchPidfd(pidfd)
 	m.startConsoleCap()
 	if err := m.connect(ctx); err != nil {

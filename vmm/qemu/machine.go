@@ -27,6 +27,7 @@ type machine struct {
 	proc   *os.Process
 	qmp    *qmp.Conn
 	log    *slog.Logger
+	tscKHz int // the host's TSC frequency (HostTSCkHz)
 
 	exited  chan struct{}
 	exitErr error
@@ -116,7 +117,7 @@ func (d *Driver) start(ctx context.Context, id string, spec *machineSpec, mem me
 		return nil, fmt.Errorf("start %s: %w", d.binary, err)
 	}
 	m := &machine{id: id, binary: d.binary, spec: spec, mem: mem, rd: rd, proc: cmd.Process, exited: make(chan struct{}),
-		log: d.log.With("vm", id, "pid", cmd.Process.Pid)}
+		tscKHz: d.tscKHz, log: d.log.With("vm", id, "pid", cmd.Process.Pid)}
 	go func() {
 		m.exitErr = cmd.Wait()
 		close(m.exited)
@@ -392,8 +393,17 @@ func (m *machine) Wait(ctx context.Context) error {
 	}
 }
 
+// hostTSC is the host TSC frequency the guest's TSC follows: under TCG
+// only (under KVM the guest's kvm-clock is kept right by the host).
+func (m *machine) hostTSC() int {
+	if m.spec.Accel != "tcg" {
+		return 0
+	}
+	return m.tscKHz
+}
+
 // Info implements vmm.Machine.
 func (m *machine) Info() vmm.Info {
 	return vmm.Info{Driver: "qemu", PID: m.proc.Pid, ControlSocket: m.rd.path("qmp.sock"), RunDir: m.rd.dir,
-		ConsoleLog: m.rd.console, Accel: m.spec.Accel, MemoryFile: m.mem.path}
+		ConsoleLog: m.rd.console, Accel: m.spec.Accel, MemoryFile: m.mem.path, TSCkHz: m.hostTSC()}
 }

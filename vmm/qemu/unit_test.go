@@ -40,6 +40,19 @@ func TestKernelCmdline(t *testing.T) {
 	}
 }
 
+// TestInfoHostTSC: a machine reports the host's TSC, which the guest's
+// agent corrects its clock's rate by, under TCG only; under KVM the
+// guest's kvm-clock is left to the host.
+func TestInfoHostTSC(t *testing.T) {
+	t.Parallel()
+	for accel, want := range map[string]int{"tcg": 2000000, "kvm": 0} {
+		m := &machine{spec: &machineSpec{Accel: accel}, tscKHz: 2000000, rd: &runDir{}, proc: &os.Process{Pid: 1}}
+		if got := m.Info().TSCkHz; got != want {
+			t.Errorf("%s machine reports host TSC %d kHz, want %d", accel, got, want)
+		}
+	}
+}
+
 // testFDs are where a machine with one tap finds its handed files.
 var testFDs = argFDs{QMP: 4, Console: 5, Memory: 6}
 

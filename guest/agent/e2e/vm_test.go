@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/guest/agent/agentclient"
+	"github.com/agentenv/agentenv/guest/image"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/vmm/qemu"
@@ -34,12 +35,28 @@ func bootGuest(t *testing.T) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, tn := bootVM(t, d, a, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	// The scenario's work directory, writable by the guest's default user.
+	if _, errb, code, err := agentclient.Run(ctx, tn.AgentURL(), tn.HTTP, "/bin/sh", "-c", "mkdir -p -m 0777 /tmp/e2e"); err != nil || code != 0 {
+		t.Fatalf("prepare guest: %v %d %s", err, code, errb)
+	}
+	checkClockSync(ctx, t, tn)
+	return forward(t, debugAddr, func(ctx context.Context) (net.Conn, error) {
+		return tn.DialContext(ctx, "tcp", tn.AgentURL()[len("http://"):])
+	})
+}
+
+// bootVM boots the guest image a on d (extra appended to the kernel
+// command line) and waits for its agent to answer.
+func bootVM(t *testing.T, d *qemu.Driver, a *image.Assets, extra string) (vmm.Machine, *vmmtest.TestNet) {
+	t.Helper()
 	tn := vmmtest.NewTestNet(t)
-	dir := t.TempDir()
 	vm, err := d.Boot(context.Background(), vmm.Config{
 		ID: "agent-e2e", Kernel: a.Kernel, Initrd: a.Initrd,
-		Cmdline: "root=/dev/vda ro quiet " + vmmtest.IPCmdline,
-		VCPUs:   1, MemoryMiB: 512, RunDir: filepath.Join(dir, "vm"),
+		Cmdline: strings.TrimSpace("root=/dev/vda ro quiet " + vmmtest.IPCmdline + " " + extra),
+		VCPUs:   1, MemoryMiB: 512, RunDir: filepath.Join(t.TempDir(), "vm"),
 		Drives: []vmm.Drive{{ID: "rootfs", Path: a.Rootfs, ReadOnly: true}},
 		NICs:   []vmm.NIC{tn.NIC()},
 	})
@@ -53,14 +70,7 @@ func bootGuest(t *testing.T) (stop func()) {
 		console, _ := os.ReadFile(vm.Info().ConsoleLog)
 		t.Fatalf("%v\nconsole:\n%s", err, console)
 	}
-	// The scenario's work directory, writable by the guest's default user.
-	if _, errb, code, err := agentclient.Run(ctx, tn.AgentURL(), tn.HTTP, "/bin/sh", "-c", "mkdir -p -m 0777 /tmp/e2e"); err != nil || code != 0 {
-		t.Fatalf("prepare guest: %v %d %s", err, code, errb)
-	}
-	checkClockSync(ctx, t, tn)
-	return forward(t, debugAddr, func(ctx context.Context) (net.Conn, error) {
-		return tn.DialContext(ctx, "tcp", tn.AgentURL()[len("http://"):])
-	})
+	return vm, tn
 }
 
 // forward accepts on addr and splices each connection to one from dial.
