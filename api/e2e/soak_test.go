@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -150,18 +151,43 @@ func (n *node) scanGuest(id string) (string, error) {
 			return c + ":\n" + p, nil
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	hc := &http.Client{Transport: headerTransport{id, "49983"}}
-	out, stderr, code, err := agentclient.RunWith(ctx, n.proxy, hc, []agentclient.Option{agentclient.WithUser("root")}, "dmesg")
-	if err == nil && code != 0 {
-		err = fmt.Errorf("exit %d: %s", code, bytes.TrimSpace(stderr))
-	}
+	out, err := n.dmesg(id)
 	if err != nil {
-		return "", fmt.Errorf("scan sandbox %s: dmesg: %w\n%s", id, err, n.diagnose(id))
+		return "", fmt.Errorf("scan sandbox %s: %w\n%s", id, err, n.diagnose(id))
 	}
 	if p := panicscan.Scan(out); p != "" {
 		return "dmesg:\n" + p, nil
 	}
 	return "", nil
+}
+
+// dmesg reads a running sandbox's kernel log as root through the proxy,
+// with the agent access token its record holds (the SDK's sandboxes are
+// secure).
+func (n *node) dmesg(id string) ([]byte, error) {
+	code, b, _, err := n.Call("GET", "/sandboxes/"+id, n.key, "")
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox: %w", err)
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("get sandbox: status %d: %s", code, b)
+	}
+	var sbx struct {
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	if err := json.Unmarshal(b, &sbx); err != nil {
+		return nil, fmt.Errorf("get sandbox: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	hc := &http.Client{Transport: headerTransport{id, "49983"}}
+	opts := []agentclient.Option{agentclient.WithUser("root"), agentclient.WithToken(sbx.EnvdAccessToken)}
+	out, stderr, code, err := agentclient.RunWith(ctx, n.proxy, hc, opts, "dmesg")
+	if err == nil && code != 0 {
+		err = fmt.Errorf("exit %d: %s", code, bytes.TrimSpace(stderr))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dmesg: %w", err)
+	}
+	return out, nil
 }
