@@ -14,7 +14,8 @@
 // random bytes go into its memory, read back at once and again by the next
 // restore.
 //
-// After each checked restore the script prints "restored <i> <kind> <id>"
+// After each checked restore the script prints "restored <i> <kind> <id>
+// <ms>" (the restore and its checks took ms milliseconds)
 // and waits for a line on stdin: "next" once the test has scanned that
 // sandbox's kernel log and console for crashes, anything else (or the end of
 // stdin) to stop. It prints "soak <n> restores" and "soak scenario passed"
@@ -77,8 +78,8 @@ async function check(box, i) {
 
 // scanned reports restore i of box to the test and waits for its scan of
 // the guest: false when the test says stop.
-async function scanned(i, kind, box) {
-  console.log(`restored ${i} ${kind} ${box.sandboxId}`)
+async function scanned(i, kind, box, t0) {
+  console.log(`restored ${i} ${kind} ${box.sandboxId} ${Date.now() - t0}`)
   const { value, done } = await replies.next()
   return !done && value === 'next'
 }
@@ -87,16 +88,17 @@ async function scanned(i, kind, box) {
 // a sandbox created from it, checked, scanned and killed with its
 // snapshot; the sandbox itself runs on), else a pause and a connect.
 async function restore(i) {
+  const t0 = Date.now()
   if (i % 3 !== 0) {
     assert.equal(await sbx.pause(), true, `restore ${i}: pause`)
     sbx = await Sandbox.connect(sbx.sandboxId, { timeoutMs: opts.timeoutMs })
     fresh = await check(sbx, i)
-    return scanned(i, 'resume', sbx)
+    return scanned(i, 'resume', sbx, t0)
   }
   const snap = await sbx.createSnapshot()
   const child = await Sandbox.create(snap.snapshotId, opts)
   await check(child, i) // the child's own fresh memory is read back at once
-  const goOn = await scanned(i, 'fork', child)
+  const goOn = await scanned(i, 'fork', child, t0)
   await child.kill()
   assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true, `restore ${i}: delete snapshot ${snap.snapshotId}`)
   return goOn

@@ -66,8 +66,8 @@ func TestSDKRestoreSoak(t *testing.T) {
 	r := n.followSoak(stdin, stdout)
 	werr := cmd.Wait()
 	t.Logf("soak output (SDK %s):\n%s%s", v.version, tailString(r.out.String(), 4000), stderr.String())
-	t.Logf("%d restores through the SDK, %d guest panics; %s per restore, %s in all with the create and seeding",
-		r.restores, r.panics, r.perRestore(), time.Since(begin).Round(time.Second))
+	t.Logf("%d restores through the SDK, %d guest panics; %s per restore with the scan, %s in all with the create and seeding; with the checks, without the scan: %s",
+		r.restores, r.panics, r.perRestore(), time.Since(begin).Round(time.Second), r.kindTimes())
 	switch {
 	case r.crash != "":
 		t.Fatalf("guest crash after restore %d:\n%s", r.restores, r.crash)
@@ -87,6 +87,28 @@ type soakRun struct {
 	restores, panics int
 	crash, failure   string
 	start, last      time.Time // when restore 1 and the last one were reported
+	// kinds has, per kind of restore (resume, fork), how long each took
+	// with the script's checks (the test's scan not counted).
+	kinds map[string][]time.Duration
+}
+
+// kindTimes renders the mean and the slowest time of each kind of restore.
+func (r *soakRun) kindTimes() string {
+	var parts []string
+	for _, kind := range []string{"resume", "fork"} {
+		ds := r.kinds[kind]
+		if len(ds) == 0 {
+			continue
+		}
+		var sum, slowest time.Duration
+		for _, d := range ds {
+			sum += d
+			slowest = max(slowest, d)
+		}
+		parts = append(parts, fmt.Sprintf("%d %ss: mean %s, slowest %s", len(ds), kind,
+			(sum/time.Duration(len(ds))).Round(10*time.Millisecond), slowest))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // perRestore is the mean time of a restore with its checks and scan,
@@ -102,16 +124,17 @@ func (r *soakRun) perRestore() time.Duration {
 // crash and tells the script to go on ("next") or stop.
 func (n *node) followSoak(stdin io.WriteCloser, stdout io.Reader) *soakRun {
 	defer stdin.Close()
-	r := &soakRun{}
+	r := &soakRun{kinds: map[string][]time.Duration{}}
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
 		line := sc.Text()
 		r.out.WriteString(line + "\n")
-		var i int
+		var i, ms int
 		var kind, id string
-		if k, _ := fmt.Sscanf(line, "restored %d %s %s", &i, &kind, &id); k != 3 {
+		if k, _ := fmt.Sscanf(line, "restored %d %s %s %d", &i, &kind, &id, &ms); k != 4 {
 			continue
 		}
+		r.kinds[kind] = append(r.kinds[kind], time.Duration(ms)*time.Millisecond)
 		if i == 1 {
 			r.start = time.Now() // restores 2..n are timed from here
 		}
