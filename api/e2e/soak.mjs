@@ -29,7 +29,7 @@ import readline from 'node:readline'
 const require = createRequire(path.join(process.env.AENV_E2B_SDK_DIR, 'package.json'))
 const { Sandbox } = require('e2b')
 const sdkVersion = require('e2b/package.json').version
-const restores = Number(process.env.AENV_SOAK_RESTORES || '20')
+const restores = Number(process.env.AENV_SOAK_RESTORES || '18')
 const tag = `soak-${process.pid}-${Date.now()}`
 const sha = (b) => createHash('sha256').update(b).digest('hex')
 const root = { user: 'root', timeoutMs: 120_000 }
