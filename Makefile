@@ -64,17 +64,24 @@ test-k8s:
 fuzz:
 	./scripts/fuzz.sh
 
-# The long runs: vmm/qemu's restore torture test at SOAK_RESTORES restores
-# of each variant named in SOAK_VARIANTS (comma-separated, or "all": every
-# mapping, chain, CPU model, TCG option and clock source it compares),
-# printing restores and guest panics per variant. The normal test run keeps
-# its CI size (a few restores of the variant a node runs). It boots VMs, so
-# it waits for the machine's VM lock like every VM test here.
+# The long runs, each at SOAK_RESTORES restores: vmm/qemu's restore torture
+# test, of each variant named in SOAK_VARIANTS (comma-separated, or "all":
+# every mapping, chain, CPU model, TCG option and clock source it compares),
+# printing restores and guest panics per variant; then api/e2e's SDK restore
+# soak, one sandbox on a node restored through E2B's SDK (pause and connect,
+# snapshot and a create from it) with every seeded byte checked and the
+# guest's kernel log and console scanned after each restore, printing
+# restores, panics and the time per restore (docs/architecture.md, "Guest
+# panics after restores", has the measured figures to schedule it by). The
+# normal test run keeps their CI sizes. They boot VMs, so each waits for the
+# machine's VM lock like every VM test here.
 SOAK_RESTORES ?= 1000
 SOAK_VARIANTS ?= base
 soak:
 	AENV_TORTURE_RESTORES=$(SOAK_RESTORES) AENV_TORTURE_VARIANTS=$(SOAK_VARIANTS) \
 		flock /tmp/aenv-vm.lock $(GO) test -count=1 -timeout 12h -v -run 'TestRestoreTorture$$' ./vmm/qemu/
+	AENV_SOAK_RESTORES=$(SOAK_RESTORES) \
+		flock /tmp/aenv-vm.lock $(GO) test -count=1 -timeout 12h -v -run 'TestSDKRestoreSoak$$' ./api/e2e/
 
 # Everything the tests need, installed from scratch when missing (idempotent):
 # packages, Go, Node.js (scripts/setup.sh), E2B's npm SDKs and the other

@@ -85,6 +85,19 @@ func eachSDK(t *testing.T, n *node, sc sdkScenario) {
 // of version v pointed at node n, within limit, and returns its output.
 func runSDKScript(t *testing.T, n *node, v sdkVersion, script string, limit time.Duration, env ...string) (string, error) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	cmd := sdkCommand(ctx, t, n, v, script, env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// sdkCommand is the command that runs script with E2B's SDK of version v
+// pointed at node n; it fails the test if Node.js or that SDK is missing.
+func sdkCommand(ctx context.Context, t *testing.T, n *node, v sdkVersion, script string, env ...string) *exec.Cmd {
+	t.Helper()
 	nodejs, err := exec.LookPath("node")
 	if err != nil {
 		t.Fatal("node is not installed; the E2B SDK scenario needs Node.js 20+ (scripts/setup.sh installs it)")
@@ -95,15 +108,10 @@ func runSDKScript(t *testing.T, n *node, v sdkVersion, script string, limit time
 	if _, err := os.Stat(filepath.Join(sdkDir, "node_modules", "e2b", "package.json")); err != nil {
 		t.Fatalf("E2B SDK %s is not installed in %s: run %s", v.version, sdkDir, v.setup)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
 	cmd := exec.CommandContext(ctx, nodejs, filepath.Join(dir, script))
 	cmd.Env = append(append(os.Environ(), "E2B_API_URL="+n.api, "E2B_SANDBOX_URL="+n.proxy, "E2B_API_KEY="+n.key,
 		"AENV_E2B_SDK_DIR="+sdkDir), env...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
-	return out.String(), err
+	return cmd
 }
 
 func tailString(s string, n int) string {

@@ -5,12 +5,12 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"regexp"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/agentenv/agentenv/guest/agent/agentclient"
+	"github.com/agentenv/agentenv/internal/testutil/panicscan"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/vmm/vmmtest"
 )
@@ -79,21 +79,6 @@ print("bad", bad)
 print(subprocess.run(["dmesg", "--level=emerg,alert,crit,err,warn"], capture_output=True, text=True).stdout)
 `
 
-// panicRE matches the console and kernel log lines that mean the guest
-// kernel crashed or found itself corrupt.
-var panicRE = regexp.MustCompile(`Kernel panic|Oops|Fatal exception|general protection|BUG:|double fault|invalid opcode|stack segment|segfault at|Call Trace`)
-
-// scanPanics returns the first lines of a kernel crash report in log, or "".
-func scanPanics(log []byte) string {
-	lines := strings.Split(string(log), "\n")
-	for i, l := range lines {
-		if panicRE.MatchString(l) {
-			return strings.Join(lines[i:min(i+12, len(lines))], "\n")
-		}
-	}
-	return ""
-}
-
 // restoreResult is what one restore showed.
 type restoreResult struct {
 	ready   time.Duration // restore to agent answering
@@ -130,9 +115,9 @@ func (tr *torture) restoreOnce(v variant, bs *bootSnap, snap *chainSnap, i int) 
 		res.ready = time.Since(start)
 		w := runWorkload(ctx, tn, bs.seed)
 		res.work = time.Since(start) - res.ready
-		res.failure, res.panic = w.failure, scanPanics([]byte(w.kernelLog))
+		res.failure, res.panic = w.failure, panicscan.Scan([]byte(w.kernelLog))
 	}
-	if p := scanPanics(readConsole(vm)); p != "" {
+	if p := panicscan.Scan(readConsole(vm)); p != "" {
 		res.panic = p
 	}
 	if res.panic == "" && res.failure != "" {

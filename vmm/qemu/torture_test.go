@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentenv/agentenv/internal/testenv"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
+	"github.com/agentenv/agentenv/internal/testutil/panicscan"
 	"github.com/agentenv/agentenv/storage/lsmt"
 	"github.com/agentenv/agentenv/vmm"
 	"github.com/agentenv/agentenv/vmm/memsnap"
@@ -269,7 +270,7 @@ func (tr *torture) boot(v variant) *bootSnap {
 	if len(f) != 2 || len(f[0]) != 64 {
 		t.Fatalf("boot for %s: seed script printed %q, want a sha256 and the clock source", v.bootKey(), out)
 	}
-	if p := scanPanics(readConsole(vm)); p != "" {
+	if p := panicscan.Scan(readConsole(vm)); p != "" {
 		t.Fatalf("boot for %s: the booted guest already reports:\n%s", v.bootKey(), p)
 	}
 	if err := vm.Pause(ctx); err != nil {
