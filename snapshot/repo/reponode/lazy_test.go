@@ -12,6 +12,7 @@ import (
 	"github.com/agentenv/agentenv/config"
 	"github.com/agentenv/agentenv/snapshot/repo"
 	"github.com/agentenv/agentenv/snapshot/repo/repotest"
+	"github.com/agentenv/agentenv/snapshot/repo/s3"
 	"github.com/agentenv/agentenv/snapshot/repo/s3/s3test"
 	"github.com/agentenv/agentenv/storage/blob"
 )
@@ -26,20 +27,12 @@ import (
 func TestLayerSocket(t *testing.T) {
 	srv := s3test.Start(t)
 	bucket := srv.Bucket(t)
-	c := config.Default()
-	c.DataDir = t.TempDir()
-	c.Repository.Backend, c.Repository.Endpoint, c.Repository.Bucket = "s3", bucket.Endpoint, bucket.Bucket
-	c.Repository.AccessKey, c.Repository.SecretKey, c.Repository.PathStyle = bucket.AccessKey, bucket.SecretKey, true
 	ctx := context.Background()
-	n, err := Open(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n, dir := s3Node(t, bucket)
 	if got := n.LazyURL(repo.Layer{}); got != "" {
 		t.Fatalf("a LazyURL before the socket serves: %q", got)
 	}
-	if err := n.ServeLayers(ctx, filepath.Join(c.DataDir, "layers.sock")); err != nil {
+	if err := n.ServeLayers(ctx, filepath.Join(dir, "layers.sock")); err != nil {
 		t.Fatal(err)
 	}
 	const chunk = 64 << 10
@@ -131,6 +124,22 @@ func TestLayerSocket(t *testing.T) {
 	if err := n.LazyFailure("not a url"); err != nil {
 		t.Fatalf("LazyFailure of no layer: %v", err)
 	}
+}
+
+// s3Node opens a repository node on bucket with a data directory of its
+// own (returned), closed when the test ends.
+func s3Node(t *testing.T, bucket s3.Config) (*Node, string) {
+	t.Helper()
+	c := config.Default()
+	c.DataDir = t.TempDir()
+	c.Repository.Backend, c.Repository.Endpoint, c.Repository.Bucket = "s3", bucket.Endpoint, bucket.Bucket
+	c.Repository.AccessKey, c.Repository.SecretKey, c.Repository.PathStyle = bucket.AccessKey, bucket.SecretKey, true
+	n, err := Open(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n, c.DataDir
 }
 
 // FuzzOneRange: the layer socket's Range parser accepts one range inside

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentenv/agentenv/config"
 	"github.com/agentenv/agentenv/snapshot/repo"
 	"github.com/agentenv/agentenv/snapshot/repo/repotest"
 	"github.com/agentenv/agentenv/snapshot/repo/s3/s3test"
@@ -25,16 +24,8 @@ func TestLayerHints(t *testing.T) {
 	bucket := srv.Bucket(t)
 	ctx := context.Background()
 	open := func() *Node {
-		c := config.Default()
-		c.DataDir = t.TempDir()
-		c.Repository.Backend, c.Repository.Endpoint, c.Repository.Bucket = "s3", bucket.Endpoint, bucket.Bucket
-		c.Repository.AccessKey, c.Repository.SecretKey, c.Repository.PathStyle = bucket.AccessKey, bucket.SecretKey, true
-		n, err := Open(ctx, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { n.Close() })
-		if err := n.ServeLayers(ctx, filepath.Join(c.DataDir, "layers.sock")); err != nil {
+		n, dir := s3Node(t, bucket)
+		if err := n.ServeLayers(ctx, filepath.Join(dir, "layers.sock")); err != nil {
 			t.Fatal(err)
 		}
 		return n
