@@ -99,7 +99,7 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 		// D: another sandbox of the template, resumed lazily on a node
 		// that finds the working-set hints B recorded for the layers it
 		// read (all but this sandbox's own pause layers).
-		hinted = append(hinted, resumeHinted(ctx, b, na, nb, nd))
+		hinted = append(hinted, resumeHinted(ctx, b, r, na, nb, nd))
 	}
 	b.StopTimer()
 	l, lz, wh, hn := median(local), median(lazy), median(whole), median(hinted)
@@ -205,7 +205,7 @@ func dirBytes(dir string) int64 {
 // written, as the first) once b's lazily read layers are local (their
 // working-set hints recorded), resumes it on d and returns that resume's
 // wall time.
-func resumeHinted(ctx context.Context, b *testing.B, na, nb, nd *aenvdtest.Node) float64 {
+func resumeHinted(ctx context.Context, b *testing.B, r *repo.Repo, na, nb, nd *aenvdtest.Node) float64 {
 	b.Helper()
 	for i := 0; metric(b, nb, "aenvd_rootfs_lazy_configs") > 0; i++ {
 		if i > 600 {
@@ -219,6 +219,7 @@ func resumeHinted(ctx context.Context, b *testing.B, na, nb, nd *aenvdtest.Node)
 	}
 	run(ctx, b, na, id, "head -c 32M /dev/urandom > /home/user/blob && sync")
 	call(b, na, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", "")
+	newestPause(ctx, b, r, id) // committed: D can bring it
 	t := call(b, nd, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", `{"timeout":600}`).Seconds()
 	run(ctx, b, nd, id, "test $(stat -c %s /home/user/blob) = 33554432")
 	call(b, nd, http.StatusNoContent, "DELETE", "/sandboxes/"+id, "")
