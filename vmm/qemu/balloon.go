@@ -1,0 +1,67 @@
+package qemu
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/agentenv/agentenv/vmm"
+)
+
+// Memory resize. QEMU 7.2's microvm machine cannot use virtio-mem: the
+// virtio-mmio variant is no memory device, and virtio-mem-pci (microvm with
+// pcie=on) is given no device-memory region to plug into, so the guest's
+// driver fails to reserve one (docs/architecture.md, "Memory resize"). A
+// virtio-balloon device works on virtio-mmio: the guest hands pages to the
+// host below the RAM the machine started with, and takes them back.
+
+// balloonDevice is the balloon of specVersion 3 machines. deflate-on-oom
+// off: the guest's driver then takes what it hands over out of its managed
+// memory, so /proc/meminfo's MemTotal shows the size the sandbox was given,
+// and an out-of-memory guest does not quietly grow past it.
+const balloonDevice = "virtio-balloon-device,deflate-on-oom=off"
+
+var _ vmm.Resizer = (*machine)(nil)
+
+// hasBalloon reports whether m was started with the balloon device.
+func (m *machine) hasBalloon() error {
+	if m.spec == nil || m.spec.Version < 3 {
+		return fmt.Errorf("vm %s: memory resize of a machine without a balloon device (snapshot config version %d): %w", m.id, m.specVersion(), vmm.ErrUnsupported)
+	}
+	return m.alive()
+}
+
+func (m *machine) specVersion() int {
+	if m.spec == nil {
+		return 0
+	}
+	return m.spec.Version
+}
+
+// SetMemory implements vmm.Resizer (QMP balloon: the guest's target size).
+func (m *machine) SetMemory(ctx context.Context, targetMiB int) error {
+	if err := m.hasBalloon(); err != nil {
+		return err
+	}
+	if targetMiB <= 0 || targetMiB > m.spec.MemoryMiB {
+		return fmt.Errorf("vm %s: memory target %d MiB outside 1 to %d MiB", m.id, targetMiB, m.spec.MemoryMiB)
+	}
+	args := map[string]int64{"value": int64(targetMiB) << 20}
+	if err := m.qmp.Execute(ctx, "balloon", args, nil); err != nil {
+		return fmt.Errorf("vm %s: set memory to %d MiB: %w", m.id, targetMiB, err)
+	}
+	return nil
+}
+
+// Memory implements vmm.Resizer (QMP query-balloon).
+func (m *machine) Memory(ctx context.Context) (int, error) {
+	if err := m.hasBalloon(); err != nil {
+		return 0, err
+	}
+	var info struct {
+		Actual int64 `json:"actual"`
+	}
+	if err := m.qmp.Execute(ctx, "query-balloon", nil, &info); err != nil {
+		return 0, fmt.Errorf("vm %s: query memory: %w", m.id, err)
+	}
+	return int(info.Actual >> 20), nil
+}
