@@ -92,6 +92,20 @@ type Record struct {
 	// CPUPin is the host CPU list (cpulist syntax, canonical) the VMM's
 	// vCPU threads are pinned to, again on each new VMM; empty: unpinned.
 	CPUPin string `json:"cpuPin,omitempty"`
+
+	// MemoryTargetMiB is the guest memory the sandbox was resized to
+	// (orchestrator's memresize.go), at most MemoryMiB, the RAM its VM
+	// starts with; 0: not resized, the guest has all of MemoryMiB.
+	MemoryTargetMiB int `json:"memoryTargetMiB,omitempty"`
+}
+
+// CommittedMemoryMiB is the guest memory the node counts the sandbox at:
+// its resize target, or all of its RAM when it was not resized.
+func (r Record) CommittedMemoryMiB() int {
+	if r.MemoryTargetMiB > 0 && r.MemoryTargetMiB < r.MemoryMiB {
+		return r.MemoryTargetMiB
+	}
+	return r.MemoryMiB
 }
 
 // AttachedDrive is a drive of a sandbox's record with its live device.
