@@ -95,6 +95,12 @@ type ServerInterface interface {
 	// (GET /sandboxes/{sandboxID}/logs)
 	GetSandboxLogs(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxLogsParams)
 
+	// (GET /sandboxes/{sandboxID}/memory)
+	GetSandboxMemory(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+
+	// (PATCH /sandboxes/{sandboxID}/memory)
+	ResizeSandboxMemory(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+
 	// (GET /sandboxes/{sandboxID}/metrics)
 	GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxMetricsParams)
 
@@ -312,6 +318,16 @@ func (_ Unimplemented) ForkSandbox(w http.ResponseWriter, r *http.Request, sandb
 
 // (GET /sandboxes/{sandboxID}/logs)
 func (_ Unimplemented) GetSandboxLogs(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxLogsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /sandboxes/{sandboxID}/memory)
+func (_ Unimplemented) GetSandboxMemory(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (PATCH /sandboxes/{sandboxID}/memory)
+func (_ Unimplemented) ResizeSandboxMemory(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -1156,6 +1172,58 @@ func (siw *ServerInterfaceWrapper) GetSandboxLogs(w http.ResponseWriter, r *http
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetSandboxLogs(w, r, sandboxID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetSandboxMemory operation middleware
+func (siw *ServerInterfaceWrapper) GetSandboxMemory(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", chi.URLParam(r, "sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSandboxMemory(w, r, sandboxID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ResizeSandboxMemory operation middleware
+func (siw *ServerInterfaceWrapper) ResizeSandboxMemory(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", chi.URLParam(r, "sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ResizeSandboxMemory(w, r, sandboxID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2291,6 +2359,12 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Put(options.BaseURL+"/sandboxes/{sandboxID}/network", wrapper.UpdateSandboxNetwork)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/sandboxes/{sandboxID}/memory", wrapper.GetSandboxMemory)
+	})
+	r.Group(func(r chi.Router) {
+		r.Patch(options.BaseURL+"/sandboxes/{sandboxID}/memory", wrapper.ResizeSandboxMemory)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/sandboxes/{sandboxID}/cpus", wrapper.GetSandboxCPUs)
 	})
 	r.Group(func(r chi.Router) {
@@ -2413,146 +2487,156 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H17c9s48uBXQel+VZaraNl5TOrOrvvDecxOapMZV+xkf1uTVAYiWxJWJMABQNu6lL/7FRoAHyJIUYrk",
-	"zN7tX4lFPBqNRr/R+DaKRZYLDlyr0fm3UU4lzUCDxL/gFrh+xzKmzV+Mj85HfxYgV6NoxGkGo/NRih+j",
-	"kYoXkFHTKoEZLVI9On9yFo1mQmZUj85HjOtnT0fRKKP3LCsy8/UsGmWMu7+ikV7lYBvCHOTo4SGy0/82",
-	"mynQdmQVS5ZrJgwg+FERLYhasnwUBcETtnMQviB4HqCzHoBkAvJSxW2QRJqA0mTGpNJdAPnOQZBmNFVQ",
-	"zjwVIgXKq5lvVjmowLQ8XRGHDjEjegEKiBlDkbFeACn3lGR0RSTkQPXxKBrBfZ6KBEbnWhYQBhdHacDK",
-	"NGQIgwNSacn4fPRQQk2lpCvzt9Kr1PxgkIx/U55Mxf3b1yUt5VQvqrmq79FIwp8Fk5B42Kr516Y1uJGg",
-	"csGVRc0bKYU0/4kF18CRcGiepyymBl2n/1IGZ99qI/6XhNnofPQ/TquTcGq/qlM7Gs7SxDnlBNw3Dx1O",
-	"f6kUm/MbyPKUarihc/UB/ixAIRy5FDlIzSykms5VP0Yzev/WfvSnxf/Zxramch46JoYAtAOHUEUMsomQ",
-	"+O+5pnNLItOCpQnRC6qJ+c18VBfkjumFKDQRHCJDVsQMorRtbShofTPqG/e7BymyK/1SNhfTf0GsDdAW",
-	"W5DU8dVGFE5nyaZNdBuR2ERUC8S5IW8/QwjGl+bbOzF/w7VctYFL4RZS5JXc8I3fRwlMizme/pkYRaM7",
-	"Krk5a0gsX6LAJoNSdA5B2JWGPLwoloHSNMOvJRdLqIYT82nz1pT9KwAit5ZOJFxrqgv1Aag7QmuIsChy",
-	"f5X70Xe6mqgNsJAdcLO2UD9CaFGvBOcQ62vLd9oryiATdsubR8qxa2JY04QgzyYSVJGBIpTktFCQEMfN",
-	"yEyKjDCtSMLUkhhWfU6YJrFIk5OpEFpFhPIEW9j5CMvoHAhThAPTC5AEx+NCknhB+RwSMmaazAUoPKB4",
-	"MN1sR6bTvbYwmFO+ZGl6PCG/CgKzGcTmKBNKZME54/MSRiHNEfeQ+1Pvlt8WR5b8RKEbxDdQhLZ24TWk",
-	"oGEQx7SCYv9cAMftYVOlTGmCE6PwbOklfxY0Vbgrv9zcXBGFp2YUUDbWsdNH72sQ49RRL3X/LOTyAyjU",
-	"K9YhB7+gAbKvFNyb2vtzFNzld0xpSDqPGk0ZDW9cnDLguoP7x3nxShQ8TIht9JojeM3+D7x/ObAD8ORS",
-	"D2Wxpvlt8gmkYpY/Bli9OVGDZ89A04RqVFJokjBDYDS9aioRHYReYb6hdgW4KJUatlqlIWgYSAzX2NaA",
-	"5c53Bxi3Ii0yeG/2crj4cHN8qvpulvcVGFFD4SzJrI4STwA1QqttYoOePFqaRBA6l7/C3SuzFgWdpyG2",
-	"38PKnOtMZiwFMv7n5ft3EaGaZEJp8oS8Zy+PR0EtYx+0VOP7TcAUxIInQS63QR40uZpddwfaerhHKu6+",
-	"mlElB/2VxjGo+opqkosWWlwZObfh8/sO2W+lfUaXYFm8w8iRIqbriRW8ZmvUSmnITtA2GysA4qDH0Z2E",
-	"m1haOr4gXGgrzM0oH1CXIMDpNDXS/vnZ2fGEvK5pHReEzbmQNWFdrSvqWJYddeCZuiw7vBJ8xpAaEslu",
-	"Q+YnNRRP4F4DN0RPxm+evjxS5PLqLVkYg0MQVcQLMmOQJsfnpqGkZJqKeEnskBFhnKBhTE4TuD29TaaR",
-	"/188mUycUUvmBmdkTGfGlDU/2O6EEsVprhZCkzm7BW7MnOqgE5pKoMmKxFQa7fT4ojwuz63uhXvkOzil",
-	"aibBjU9UKrQimi7BTJoZ1X4L7vTajBHSbYHffqLWzbL7gdzPseag74RcDlzRr7Z1RRgK4kJ2HKgNfH/f",
-	"DKUtSZrD2q+KZOY7JIbwSsq6IEDjBW60oalq88k6xW1JAjsKqC4u6Gh9sHr8EB7HQtU9ShNxT4gW5MUz",
-	"koLWIFVEEjZnxng5Ojky9sPR16OIoOQ0hoVlZa6x+YytL0jB2Z8FGCPEIJNbJbatYBiRyl5u5DTnOIrd",
-	"0iNFTDeC/kgyfvJiMnnx00/PXqBAvCClyeamNc21kHQOE9v/q+n9NWPTIYp6yHwI7pYzENrSKqYakldX",
-	"HwdqgmWX9x0a5IvnwX6xyJzvtq1HKFHIGIhtQixq76hC545GszW0N1tq3LEEquFnytJC2tUPgRo7XRco",
-	"xgf3SpxW2l6pdW6Z70aS4EpDSzPa3I3QNB2MXtPjo4Jkqw4buYahmtfY8CEapYIml7dgKPVJ1tTRRTFN",
-	"a+eHF9nU2w1ed9k0jdNyyj7bLd/22QoB5ux1WSKWWcIg/FyXjZ1BUqi6Dw4FvlHQJWXcjB9yvN32WGq3",
-	"WTYEjE/v37vWV0KkA3tg0xYPsYgpF1OBZ4EJmCB+s9Y2oknIDSKtIzlq8qEQj2mfxNaB7uJ6rz2hN0/j",
-	"3QIk1JmwFEKjZ0yR1Ihbo44txB26wz69V0RakWzVrjWvMI2XwJOA6mAZe0LGKV2BUZLRo6aOjSBC1Tx0",
-	"+rWkXOVCBrhlMU2X6DKfJmS8NDZG6vVXuGUxqOPIfDtRIl6CJuNfX74mSkvK5gttxKZZ76f3748jnH2j",
-	"b9YvrA5TF567zBSDQwkGE5AgIueAwo/JhpfROR9N64zyldkJzXis3dfSUWhGyGje2gPbLOAh9eM0XJqI",
-	"ezNODgmZruqjD3SPOXnqj3lM4wWcOKTijpzA/Rq+qh2WpeM6cNwDi1hbfG7+Txsr2kFXyKzO42CJPAYt",
-	"CF27fF1njc0dsD7bgdLYrWhga21YyKC2a2v000QeOj9W5/qQ571C73Z7iTux9zWQ3BhdABg+3tbT4thG",
-	"dtqagrECZPBTJ5GtAeSGiNwsPYB5ydLWa+6ozEguRGrUmk/v35NcCsuoyZhOFXBN7hbACdOEKSJms+Nz",
-	"00wR5+EidAE0ITNhbRszEiSVIRxZe+iOsrpO72xFZxjxhNCKieNQlFgZYTif0V6Ql3vnWBPDCzZfIKaJ",
-	"hBlLU6OT58qY53rBFLKk0Tkv0nQ9+pobc8zBOYx1LFjIHLSQYtR8ffUuGCrEklBOACNU0RAVJxV3a2ui",
-	"UisyhVTcVevCEREN+1lfxryqvOUKZ6LgCeGCA/HHasAibdN27MMuqqSZOj0MW4cEBfLWeegDqjxCKzhx",
-	"7axWM3zcJDSw9Ss5xu58TX57Bg3u7d5uhEwB423u3E1XOIclkB2EiN+ocl5LdZE9UI3F1jHqTkFJLCGm",
-	"Y51+PYGafv/pkJDpBVEApBl8nTxSsHHfAahEZJQhuzfHmBqDzGWsBINDl6hI34glhPWQTQGk/ljOJl+b",
-	"pLMZi9dg2AD3DvGTTQGQLhdzO0ppHeAhSuvZ21dXH69YID8htz+u68lKk1dXHxVhnMR5kTKliVpxTe/J",
-	"+PPo7ORJ9Ozz6Nw2wTg9j9NCGVNFGm1FRehAoURBTqWxniJ0eOc0NkxXumwrdXxBIMv1ikjIxK2LHeTM",
-	"60n9SDeQf+ldsBq4XDcrwWWaFVMuOItpajh15mFEpYELjQBC0FeiF4YHBS08lkI9JcFo+SrC/AIUosTI",
-	"tttXVx/N/Piv9fyPFePzFE7syJCQm1d/89jD3vbD8ba+11dXH2+wZ8gHfxvnhdpFxTXY9d17tuY1aMrS",
-	"bbgNhrLeukjWZU8g64fGxbdgewOjRudraSw2SrSTux0jLm/5TISjLltH9L+XaadsBvEqTofG3t6V7X9U",
-	"ysD3xoP+k3Hwl8o4aEQiNx9EZNXV8YsI3NNYpyv8IGbOmWOEoQ/UBN1CgZmqRFQhq5gtS8p81CrGZixW",
-	"SmKRr04EP7mTTAO5ZXCHAOia49Dmr1aMQ9zx44g4kxYbMK0gnVn71QiC33i6GoX9Q/ZbUGxaI0EBxgZN",
-	"UxvatyBYlLhwtPn9OKjJdge2yDSlfEnMOg03dUEta4wwF9oaP6nFtCKjY0gFx1Fpv3uBS1PBh7qmemkF",
-	"eWhLdlmfZw+Sjlyu4/g2mSJwPqgfTEzpoJVG2nKdWioK8dYUZlh6h4e1OC02LRKPN+31DvvUiDnuYMA5",
-	"HNbg6Dm3b25dGvs6LH7DSwFjLwFEPqptoTJEZDMy7mC6EGJJcrpKBcXg+prCbbq/duJjAB98U7Y3G5n0",
-	"mSyY6vu2t8mbe4gLs7j+Zv1fb4Bmm1o4hpzsJ7Pa/9AKQzjLttydifWDJBGZWL9oRCY2bdj8bybkEpAT",
-	"TpYsTcNqd3fIao3AquARKweqYzCEjXUcBjemtaF1jG0iYk9aa1Tnh9+G6kqYajv7dR/az8OGNbypQ9ux",
-	"kK9IKS2KyFiasnBiS2+E9Ws2Haj+OZb4lW6hXBkj5ms82FpoO9b9jI2h6rBH65jpoZOfnd65nhDZBd7w",
-	"+2Sbk42svztesDTBaOT3pzMaqHsW+65uGbT9bFXGXltECX5TrcbHRZbWnYjcZXNMpDZFfbw+eEXAS5My",
-	"Dge/o4KT9EPWcT8H0w6/M8vuoHd8DnmVJ/LL70ed2sttnvWtCFjfqZjvMt5GIwvHjepA9yz4PWjJ4gCT",
-	"2TK1KS8+Kkiu4maHWSqQF7aycsqsjC2Ti4Yn42wzegbZFoPvohT5Lh85ux80TQ9dNwdrGMe1bahWVUNH",
-	"DZH1Peihj6Y/I5xs/ptlvMMvw2Kvq2KasvjG+uHDfD0Bvtp68IyqpUsp/0WogIAzv5IF0ASkMQekbeu8",
-	"0FLcr4ytcEdlony+ilOpLsh/fbv67cPNg7HHJeQpjav4VS6knlgZ/A74XC9G509/ehYNyT9tovpj7pP3",
-	"9obqYbcBdsB2z2rqqf3fd5twCZArl5e+qN8nsN4O64tgilBlbAYtyCwt1MJePL9ALwIowjRZ0AQd+fgZ",
-	"Erz/PQWSCqUjQpVLbKYkllQtjs8JF61LiEvIdeTClXgtobq52PA6NO85jinhcEdMMwyIVJkJYkamMBMS",
-	"jm3ukYtKkUSAQljxHoWbi+lRtE3s5wPMJKhFwGlRSOqV9m4d8tmLhhK5XUzx2jspyyyV9TSYkGbgOteU",
-	"ubVL4rsHP9eZ6QblrhYpCYlG1eGjwR5Hiry6+kjMTnKmV4SLOzJuhtOOu8NI1kMbCMzZz+ggtFH5W5uq",
-	"OEA6G1NkF3sG+9UAi0abYjx1Z/DAZPpG2jpeyB8LSVgSxBEWSWh7f6ZKpIUGYj43rjHUkuLN+fU3HepK",
-	"yRCfZ8stjAPVPJ9jylfEqjdme8rMUsNkLryP1DpubVdm43iVqxYdlcfhEx64nouI6NkIUP9gemG1u4BG",
-	"28gv7rIFBuijTn0Meg4alnE5XxBm588M+1h3yrLfKqRi2fw7unKVXgbFlrYKRWENie0kt4RcKKaDYrJK",
-	"HS5dwWijkymshJEjC6Ywq/ic1HPffK5xeRXNd67muiA58ITxeUSKPBW0/l/rkZtRhhfxXAjBd8QL0sfo",
-	"cjaCz92k0KIhtupnrdExnD4ohJ6prbZlQ7TN09kOKSPrBF0N5Xe3GdFqhLoqmlwjtrVFhg6Hd0p2BM63",
-	"JSu8/7HNeeorODKtKmHUhT3+bKW9S34bRWWeVrdj4PAHfYc773u9xL4DG8jRTOoIzeT0jgdR1mW69oeB",
-	"CzQ9tsBoX3jX082g6K1bZVTSdPPMVIA1t6RJgX2n59KM+8HVRgokCPVgeRu20MCAG7QPLAwc/MxS+Igc",
-	"NgCYBOUiXm3ICpluBsmPsBGMsPTtO/6HqHLT8ooNEJQ+y3zjxI2iPcHLUjuyrp1ppDol5V2nYf67xtY5",
-	"O/vTs57sqnVDO5eAN5xapzoaFQqIVdZ5kaabOHN/nKGXQ1Zdn/7PLn65lxo3Zodo1rU7/ci91lTqT08D",
-	"3nQh446IxEyK7G3W5eU2X+tiPWiJrF5lSXfOUPdHyIefRg/EtYZ8mHfH93AU5zlqJ+XtpJ50sJs9S89d",
-	"aOi7T3lA0HntsbPiUmOX2miW2y4DPWi/UOsaahNnN1X72P6GlZuvfeu4ofPt5MwOmp62c2yqyTdvKirl",
-	"PH3gWwdtp2uzIrmWzYYFzBrJPEwR256M3f1EyhO0qqSG5ILALcgVVg9ZAl7HoNaAw9Qr+9GPdTzQO7i+",
-	"jC6VaOvTFnBUhOm5q9hCY5t7HTB1t1e/ZW8dPi9X2+Xc+vtA1ldT+ZDqybcbj1mn8NqupENVyWGgsw8h",
-	"HcKiypZRd9UGu1eXPClTfg++Z1vkU/9/uL3a70NzbJvUhh9L/7B1e7rSr4aJRORuweKFq29RBhnwStQ5",
-	"oekdXSl77SGYG7MzYXmoQwT2D5uH1xVg3IH199yUcaWDt5SXHcl83cppl6o50GKzWWp2kBKDdXPYr9CO",
-	"Vy6qD7321mHfraKy7nLjrAVRtym375tP7rPJe5HL8PP5fTa774GMnVmPMi9eQLzMBbP+eQmExjHk9g6R",
-	"EXTEGLHH+zqhc051IeEaYhmqE2wauAyoBFJm5Ow5gafTk7KnkdzmkBU8p0kCCZlSBS+em7N3/cvlydOf",
-	"XhBx66S9wlnITKSpuKsixlORBM+Zo5G1EJDWORGSmH8V+fjhnb2YaetcG3Rd/XZ9g+HPjV6aoTTz2q18",
-	"YJY81UYTQZevwxneFTbTmN+oz7htJdq6jqEySz6bG2O5pH3ruOtGjoM8FEvDlGn33afLZ1iFCbdbgrb3",
-	"XjHx/9bRXJvHeKf1uo5nt9bjwvrKgwOE85jLTSUuS7XVURQ6Fhk0E7BwOTgRwm+t+ESKPO+ItG68laIL",
-	"9SpY0dUGv2MwMx6pelXXC7J2zz5hNuBOubrD6/1DxFs9uaalQPMGdoEnuOZhYsGR3xD5VaOfej+/a2uO",
-	"/lpqjiflapt6zldXosfe5dc2fHC4xGoH/LD0HdOr63gBzna4zNnfYXVZ2Kgt1rm3mTdVpfv/Prm8envy",
-	"d6jxQoq9bKV55rySTVq4WVjFRooUrSMxI38gV/oD76DmVLNpCvaai1WNnJllGith1T/74fr13xXBKg4F",
-	"z0TCZgySyWf+BhkEnnNHwIr88e0zFhv+PDonn4uzs2dxjfzxB4jIZ594iK1Gk8nk8+jhjwkxSACuXen9",
-	"c5+B9Ee5/j8mnznSk8aXAi7nwPWbXz9Zg8/APX7z9OVJtbrjWl2k89HZ5MnkDBlEDpzmbHQ+ejY5mzxz",
-	"sWLcjVNLPaeN6G9noXxflQhic6g77lcoX+Eypml6fFGFGG3Wjq2TrzR5cnZ2Rhj3GTWK8RgMj3Ap0yOE",
-	"26alvE1G51giuZ5pjvczas9x/B52bFVNTuvvZTxEw5rb1z2Gti7fvhjawT5Z8fBl7ZWGp2dnW73RsE3C",
-	"qL0v07bVW284VOqEUbjuyqc7SMFTUIqIarGVqhgGoVxc9WLEQ9QmvtNvJRt96CTEZpLEOvFFVT0VsmBK",
-	"G9IaTI+GaaDM96TdTZ4RoakStdKXZRdFrI47Ic/Pnq9F2X3J+oVIk2Z+GDeaHFW1d0rQ/GsfAUv7v818",
-	"qYb/HIJ/40Ow7eZVWsbDl9oBcgpJnXm3CecfvtFjoLlpww/EsxMvfjURaTwYtCuCXcZvEyHW+v1HaX+4",
-	"lN+Xwpbt2cvjOE1D+6GpUhqT+qG1E0/2PrnbgDbCJcyZ0mgjfC//9ht2+q3UjB8s307BqrNN5NsnLerI",
-	"byDheaDEIK/AvUAO73KSvOHGwNq83sLZkViCh+dvoDthPXu8DcOSZg6O/TCbwCNTddNm+CNTX1CjjBdt",
-	"3FmL5lHOmTOeBp2zH7NthCriHFwHOXOn1WHo1J4GVqNHXcm6o934ld5f+kqcbbsmGbs1rJ8qBctjpFKw",
-	"xlhjTRXyFgudYnlOKtHX0inLXlfrfUShVnrBBoq1MJr+cmfYENcCaGoN8y5O+IttMYRpW0envAVplOIi",
-	"b3gERue/f0F6zqqE5CDBXkmRgV5AoYhr6qMZSGLjygAoYXVvFKRUA49X1gyYS5rZElVK28quuRCpiqoA",
-	"0PGkRWp/A+3zpTfSl4Z7fZqnLk7V+yBf5wLNGATuMQ/WHE7nxgrizay+X+H7FVs8xsHAQu6DToNLQt6d",
-	"/eGyT7/ZetAPfZT6qy8leyDObxfdrcke7oCXxbC3k9DBq29YI7Z2nHxBTHNSZkIulXN1kZ/OnhFbvQzu",
-	"sXzxvBY7NYze1yvGOtIZXaK1bJ8WoXOKBcGae3Rt9+jaZ7kdQjdolc8dpB50MTMcyDAzhmcz/g46Djnc",
-	"Ov1dEPB1rSnIMj0BHosEErL837ckp0wq8i/BuI0ufS7Ozp6+6Hh0tawLsYGCDs9Ims+gDeAoa0/12YL3",
-	"+zYTK1fLQUi0ernpkW3ExrQBcneuqTuqXI3aZA/0flJ7vSvMkrZTUVFLJJTbK5n27tVrES9Blk+B5VL8",
-	"C2JNxvhKy9PnqJWwGMu723fCxGztjTB8cqlyNE7Ijbtnak7/LU2ZDVPXXmpx1zYJ5Su9KKvZqnNUZWeF",
-	"oqnp+vzsjHCame82V0vMZs6SXcLK3lYbe/AmdzCd5JLdshTmkBxPyKWdu4TE8mZIyE9nT0hVW7J+o6dM",
-	"LEOdyGHmDZ8zbouUeSSNExGrU7c5kywhiq4UuVtQvJlmXz0x7f0vXAR0c3te1t5vO9ixWZvnr3l6PIdy",
-	"d8l9xO87T9FGtRnJwJobima5pXEbz1573dQIgYSMC77k4o5H/plTym2odgV+BEPuzs2SwkwTUQQo4G9Q",
-	"Ca1Kd+6VXVgh9qSsEFt50hNFxuWxPDtrvMntngIPiTNf7oglqldHGvywdP/L3V8OqGMGr24GCK6x08oI",
-	"/AqJ+6C2tbhMl2Pv7yxN66d+k1LlKnnt2VnXCcHe98XVr+3nAD8mMhDcu9PYVhW3L2PsOnynstR8L/ow",
-	"bH9tkof2C/cH2OfQDjONipHjphf+pUurtySWqh9J3HhQbDLdns/7qS9usCd3YhW6xerWWATMFtCoFRvX",
-	"9qsVNrbMNmaM8SRyao6xLbFyNso00/hIkXpVBP9qeL3oQo+0wirhh6cknKaDX/h654/OL6JRXugBOX25",
-	"8xSsbaErdm42qNrC8RJyTVodJMRC2s1RoK1jADPtUBnmcIcPtWD0O7JO4CKDC6OmC7msFzo9UqWIcy+I",
-	"FNwSCqrJa6/M1xzRTOnySrodfuK1cl933hgUeLECG2NiUJkZjVVlfUFeRSixGHA6d0y5aVQouHAqeS36",
-	"f6Rwca6NQeb4ZyYhltTo5G1V6orxdeLcPz9tvgrwyMGTDYfC1dffMz+b+RKKexeAPwu5PKz0q1eBPIC5",
-	"M8hHU3s4f4CDxj6cY1rjywZYPbL2oPG4KtMrbHYwFo3Y9577K8QbVMZ39p5tv6eNs3uyVqo0aIUYrtTw",
-	"qA2o8PYtOJS/C1INVeLmyZkxUHrLfm4q/PkYBgwitkPsuahiyjio5lPWseBKpFA+KojPac2B62P7LrVt",
-	"i7/YyuYkFfOIZCDnLqeeZdDMIrmwTzlZHcLVnfoL6edtq76LVAfa1kitByHUreexbzZuM8tjJoS1yhb1",
-	"hnS9oV2LRBr10+cbupsCckVmcOfRElWB8IUo5DE65Bi36stkAka3bZIqXffVHCnv02GqdFiaybCa3y1N",
-	"zQB/JXquvZSxB/U0lFrSrJR4WLHbLMf4PZEkmEtQiuQiZfFqzwGlxgbk/i2y/Ws7WM7xUdSdRuHIoMUf",
-	"QPP3MPdufEpbQdE/LrpvnLoCjY+CVV8McihC646N/aLUl/HeBz5rVUycw3cdw2a2wyJ47ZHAIIIfxTF0",
-	"II+Qt8EPdAhc0NVNcsCoq5/h0BtUr2XYpVD4unvjQuELN1SRql4IEdxFYPduGdUKqO5/J69LddUXcD0o",
-	"R/OT7CqZ7ZWIXdFbPxTdCR1lq3CiTziUZatBdaZmdJiN7pr41v36zc3oex6Z6AQV7rUtJ/HDU1Cap3Wz",
-	"OVDu+3oW7H+f/Ar3+gSXVfMumqWSnM5hD6R2+q0qOjkg477BUjcdBjvU/oNznTCc/RCGe7gsvUY90C3z",
-	"cMtHqHuZyU3Z6jEORlmebIiNXD6ijRky3531WY536opknX7D//QmgDYKPR6S3sIVJTsIr8zHoZzgGixv",
-	"OBwd0nL5u5Hgqa+K1s9caqW8DhWraE9UMwp3kvj2ueFkv0mDl0qxOX8EfLQn2gofT/YMCCSNNXfRP50r",
-	"LICPhd3tL3IO+sgmmSX7YBLfKtX5YTjl/kix2A3D/tnUJs50OFbUqIC42/WylsbeqJ53pIgvmqe1ZNPC",
-	"iKCxLfTQDrBaR14D9fs/pOEagY8caO2o8LeBEI6+SzZ1H8lTPOjq9Jurs/hwWlXd3XRAakV7h5lQqZgr",
-	"d909aNKcbf2I3WGtpm2mdI+YVVPu9gDbQSOA7YLSHVSHxHDkazdQnpBUzPFRfAbKvp9T7SUR/C/HpqLg",
-	"YFUt0Z0VsMbZwVKtp98WVC0Gab8/m/ajAwr/rsLlgW2uFzwtc9TLF5xszs2r367+SZSGnIypUQ0IlfGC",
-	"3QKZrnwdNfc0knvyQri3KMxA2b8JUZjd21oEhoNgZuntvR4ix0SsQZ8oLYFmze0uedWUcSoDJekGq5dr",
-	"4hpl897FiTdQNh2FUhV/LFP5hg6ufVGTuWY5kSF3JJa/nDJmNuL26bYX2D49HSauB91FizZcITj3gXNX",
-	"Z7I780Hv5CEd5q78Me7VtRMnpCYJkxDjheLpyt2XspkxNJZCKfRGqgtCSbmu8pZTWW/Rpmu5TOOMJvY+",
-	"UQdisXF4iQgfFiy1mgrFv/DH0Iu86+v58PMr8uzZs/+FCzi3TwBW11D9k/dUYzYZ1mZCXHfmvUByaVpt",
-	"R20Dk55nLNUgjyMyDGgzX6zTlb9Itgnwl9hsS8hrdcYTn8Xagshd9rM6F6a/6spGCkFU+/zvdoG0XPWF",
-	"L7/X8NtjAm9mtkNCZi8x22YISb3phlv/h7uWipz1PxdTd9Up6qLsR92VOdgW/ue2zOFuy9w+3TZM47b5",
-	"/+VATR0p/T6fwLn6S5rinbkNRgo3bN+DneLg20ODWPLTtg2GSCiLrO6+0c+a1N8nqDz8n549BoKql6+G",
-	"o2ivULQfQtocCrR31WxlSdyhiLjHxkoN3G1cDt9RcNU+w9DPrj65No/Bqty7L9vVh3SLOHx5yE/+CZAD",
-	"aVd+9Y+rXK2939KBa4vkiFAyTSlfGkH9vPbQ+neT4Ok3/yTIgAhdbSMGxudstQt8b51quu9oXRc8Zz9k",
-	"k/bkIup5g5slZCxkhCkLTdvXlls28vXY24ZNmVt7+GUbH1Oz4lmzavzvXx6+PPzfAAAA//8=",
+	"7H1rc9u4suBfQWlvleUqWnYek7rXrv3gPOZM6sQzrsTJubcmqQxEtiQckQAHAG1rU/7vW2gAfIggRSmS",
+	"M2f3fEosgmCj0eg3ur+NYpHlggPXanT+bZRTSTPQIPEvuAWu37GMafMX46Pz0Z8FyNUoGnGaweh8lOLD",
+	"aKTiBWTUjEpgRotUj86fnEWjmZAZ1aPzEeP62dNRNMroPcuKzDw9i0YZ4+6vaKRXOdiBMAc5eniI7Od/",
+	"m80UaDuziiXLNRMGEHyoiBZELVk+ioLgCftyEL4geB6gsx6AZALyUsVtkESagNJkxqTSXQD5l4MgzWiq",
+	"oPzyVIgUKK++fLPKQQU+y9MVcegQM6IXoICYORQZ6wWQck9JRldEQg5UH4+iEdznqUhgdK5lAWFwcZYG",
+	"rExDhjA4IJWWjM9HDyXUVEq6Mn8rvUrNDwbJ+DflyVTcv31d0lJO9aL6VvU8Gkn4s2ASEg9b9f21zxrc",
+	"SFC54Mqi5o2UQpr/xIJr4Eg4NM9TFlODrtN/KoOzb7UZ/0PCbHQ++l+n1Uk4tU/VqZ0Nv9LEOeUE3DMP",
+	"HX7+Uik25zeQ5SnVcEPn6j38WYBCOHIpcpCaWUg1nat+jGb0/q196E+L/7ONbU3lPHRMDAFoBw6hihhk",
+	"EyHx33NN55ZEpgVLE6IXVBPzm3moLsgd0wtRaCI4RIasiJlEaTvaUND6ZtQ37ncPUmRX+qUcLqb/hFgb",
+	"oC22IKnjq40o/JwlmzbRbURiE1EtEOeGvP0XQjC+NM/eifkbruWqDVwKt5Air+SGb/w+SmBazPH0z8Qo",
+	"Gt1Ryc1ZQ2L5EgU2GZSicwjCrjTk4UWxDJSmGT4tuVhCNZyYR5u3pny/AiBya+lEwgdNdaHeA3VHaA0R",
+	"FkXur3I/+k5XE7UBFrIDbtYW6mcILeqV4Bxi/cHynfaKMsiE3fLmkXLsmhjWNCHIs4kEVWSgCCU5LRQk",
+	"xHEzMpMiI0wrkjC1JIZVnxOmSSzS5GQqhFYRoTzBEfZ7hGV0DoQpwoHpBUiC83EhSbygfA4JGTNN5gIU",
+	"HlA8mO5rR+ale21hMKd8ydL0eEJ+FQRmM4jNUSaUyIJzxucljEKaI+4h96feLb8tjiz5iUI3iG+gCG3t",
+	"wmtIQcMgjmkFxf65AM7bw6ZKmdIEJ0bh2dJL/ixoqnBXfrm5uSYKT80ooGysY6eP3tcgxk9HvdT9s5DL",
+	"96BQr1iHHPyCBsi+UnBvGu/PUXCX3zGlIek8ajRlNLxxccqA6w7uH+fFK1HwMCG20WuO4Af2f+Dq5cAX",
+	"gCeXeiiLNcNvk08gFbP8McDqzYka/PUMNE2oRiWFJgkzBEbT66YS0UHoFeYbaleAi1KpYatVGoKGgcTw",
+	"AccasNz57gDjVqRFBldmL4eLD/eNT9W7m+V9BUbUUDhLMqujxBNAjdBqm9igJ4+WJhGEzuWvcPfKrEVB",
+	"52mI7fOwMudeJjOWAhn/z+XVu4hQTTKhNHlCrtjL41FQy9gHLdX4fhMwBbHgSZDLbZAHTa5m192Bth7u",
+	"kYq7r2ZWyUF/pXEMqr6imuSihRbXRs5teHzVIfuttM/oEiyLdxg5UsS8emIFr9katVIashO0zcYKgDjo",
+	"cXYn4SaWlo4vCBfaCnMzy3vUJQhwOk2NtH9+dnY8Ia9rWscFYXMuZE1YV+uKOpZlZx14pi7LF14JPmNI",
+	"DYlktyHzkxqKJ3CvgRuiJ+M3T18eKXJ5/ZYsjMEhiCriBZkxSJPjczNQUjJNRbwkdsqIME7QMCanCdye",
+	"3ibTyP8vnkwmzqglc4MzMqYzY8qaH+zrhBLFaa4WQpM5uwVuzJzqoBOaSqDJisRUGu30+KI8Ls+t7oV7",
+	"5F9wStVMgpufqFRoRTRdgvloZlT7LbjTazNHSLcFfvuJWjfL7gdyP8eag74TcjlwRb/a0RVhKIgL2XGg",
+	"NvD9fTOUtiRpTmufKpKZ55AYwisp64IAjRe40Yamqs0n6xS3JQnsKKC6uKCj9cHq8UN4HgtV9yxNxD0h",
+	"WpAXz0gKWoNUEUnYnBnj5ejkyNgPR1+PIoKS0xgWlpW5weYxjr4gBWd/FmCMEINMbpXYtoJhRCp7uZHT",
+	"nOMsdkuPFDGvEfRHkvGTF5PJi59+evYCBeIFKU0291kzXAtJ5zCx7381b3/N2HSIoh4yH4K75QyEtrSK",
+	"qYbk1fXHgZpg+cpVhwb54nnwvVhkznfb1iOUKGQMxA4hFrV3VKFzR6PZGtqbLTXuWALV8DNlaSHt6odA",
+	"jS99KFCMD34rcVppe6XWuWWeG0mCKw0tzWhzN0LTdDB6zRsfFSRbvbCRaxiqeY0DH6JRKmhyeQuGUp9k",
+	"TR1dFNO0dn54kU293eB1l02fcVpO+c52y7fvbIUAc/a6LBHLLGEQfj6Ug51BUqi6Dw4FvlHQJWXczB9y",
+	"vN32WGq3WTYEjE9XV270tRDpwDdwaIuHWMSUi6nAs8AETBC/WWsb0STkBpHWkRw1+VCIx7RPYutAd3G9",
+	"157Qm6fxbgES6kxYCqHRM6ZIasStUccW4g7dYZ+uFJFWJFu1a80rTOMl8CSgOljGnpBxSldglGT0qKlj",
+	"I4hQNQ+dfi0pV7mQAW5ZTNMlusynCRkvjY2Rev0VblkM6jgyz06UiJegyfjXl6+J0pKy+UIbsWnW++nq",
+	"6jjCr2/0zfqF1WHqwnOXmWJwKMFgAhJE5BxQ+DHZ8DI656MZnVG+MjuhGY+1e1o6Cs0MGc1be2CHBTyk",
+	"fp6GSxNxb+bJISHTVX32ge4xJ0/9MY9pvIATh1TckRO4X8NXtcOydFwHjntgEWuLz83/aWNFO+gKmdV5",
+	"HCyRx6AFoWuXP9RZY3MHrM92oDR2Kxo4WhsWMmjs2hr9ZyIPnZ+rc33I816hd7u9xJ3Y+xpIbo4uAAwf",
+	"b+tpcWwjO21NwVgBMviok8jWAHJTRO4rPYB5ydLWa+6ozEguRGrUmk9XVySXwjJqMqZTBVyTuwVwwjRh",
+	"iojZ7PjcDFPEebgIXQBNyExY28bMBEllCEfWHrqjrK7TO1vRGUY8IbRi4jgVJVZGGM5ntBfk5d451sTw",
+	"gs0XiGkiYcbS1OjkuTLmuV4whSxpdM6LNF2PvubGHHNwDmMdCxYyBy2kGDVfX70LhgqxJJQTwAhVNETF",
+	"ScXd2pqo1IpMIRV31bpwRkTDftaXMa8qb7nCmSh4QrjgQPyxGrBIO7Qd+7CLKmmmTg/D1iFBgbx1HvqA",
+	"Ko/QCk7cOKvVDJ83CU1s/UqOsTtfk9+eQZN7u7cbIVPAeJs7d9MVfsMSyA5CxG9U+V1LdZE9UI3F1jHq",
+	"TkFJLCGmY51+PYGafv/pkJDpBVEApBl8nTxSsHHfAahEZJQhuzfHmBqDzGWsBINDl6hI34glhPWQTQGk",
+	"/ljOJl+bpLMZi9dg2AD3DvGTTQGQLhdzO0ppHeAhSuvZ21fXH69ZID8htz+u68lKk1fXHxVhnMR5kTKl",
+	"iVpxTe/J+PPo7ORJ9Ozz6NwOwTg9j9NCGVNFGm1FRehAoURBTqWxniJ0eOc0NkxXumwrdXxBIMv1ikjI",
+	"xK2LHeTM60n9SDeQf+ldsBq4XPdVgss0K6ZccBbT1HDqzMOISgMXGgGEoK9ELwwPClp4LIV6SoLR8lWE",
+	"+QUoRImRbbevrj+a7+O/1vM/VozPUzixM0NCbl79zWMP37YPjrf1vb66/niDb4Z88LdxXqhdVFyDXf96",
+	"z9a8Bk1Zug23wVDWWxfJuuwJZP3QuPgWbG9g1Oh8LY3FRol2crdjxOUtn4lw1GXriP73Mu2UzSBexenQ",
+	"2Nu7cvyPShn43njQvzMO/lIZB41I5OaDiKy6On4RgXsa63SFD8TMOXOMMPSBmqBbKPClKhFVyCpmy5Iy",
+	"H7WKsRmLlZJY5KsTwU/uJNNAbhncIQC65ji0+asV4xB3/DgizqTFAUwrSGfWfjWC4DeerkZh/5B9FhSb",
+	"1khQgLFBM9SG9i0IFiUuHG1+Pw5qst2BLTJNKV8Ss07DTV1QyxojzIW2xk9qMa3I6BhSwXFU2u9e4NJU",
+	"8KGuqV5aQR7akl3W59mDpCOX6zi+TaYInA/qBxNTOmilkbZcp5aKQrw1hRmW3uFhLU6LTYvE4017vcM+",
+	"NWKOOxhwDoc1OHrO7Ztbl8a+Dovf8FLA2EsAkY9qW6gMEdmMjDuYLoRYkpyuUkExuL6mcJvXXzvxMYAP",
+	"vinHm41M+kwWTPV92zvkzT3EhVlc/7D+pzdAs00jHENO9pNZ7X9ohSGcZVvuzsT6QZKITKxfNCITmzZs",
+	"/jcTcgnICSdLlqZhtbs7ZLVGYFXwiJUT1TEYwsY6DoMb09rQOsY2EbEnrTWq89NvQ3UlTLWd/boP7edh",
+	"wxre1KHtWMhXpJQWRWQsTVk4saU3wvo1mw5U/xxL/Eq3UK6MEfM1HmwttB3r/ouNqeqwR+uY6aGTn53e",
+	"uZ4Q2QXe8Ptkm5ONrL87XrA0wWjk96czGqh7Fvuubhm0/WxVxl5bRAl+U63Gx0WW1p2I3GVzTKT2ifp8",
+	"ffCKgJcmZRwOfkcFP9IPWcf9HEw7/M4su4Pe8TnkVZ7IL78fdWovt3nWtyJgfadivst8G40snDeqA92z",
+	"4Cpmvh7v04XPfhnm1DK/+HiwVs5EsDmvdxGxltGQJClgKePzrpjH+8urNefIpysfVUKjZmw+7pXlI3+P",
+	"6Orl8TYwiCxPIZRB1bX4uwXg7aTKODIrx4QNSGxudHn/r+3Tx0ddK3Y4rX/TGUEJ0cJafA5ppOApKPNd",
+	"fGyXfEHuMHjn8kwIMmJFmCYopraVcdX+1ADfSGAfc5+RFrpV1rX0RixKC4NrIjiu6pw8efqfpMh9SokD",
+	"a5ckBA9C7yK0ZHFAFG+ZAJgXHxUk13HzhVkqqA7lrpW5S1um4A1PWdtm9gyyLSbfxXTwr3zk7H7QZ3q4",
+	"f3Oyhguptg3VqmroqCGyvgc99NH0+oWvZPxm1ZPhV8bxretimrL4xkarwtpPAny19eQZVUt38eIXoQJq",
+	"oPmVLIAmII3RLO1YF6uR4n5lLOo7KhPlj6DjThfkP75d//b+5sGwKQl5SuMqypsLqSdWU30HfK4Xo/On",
+	"Pz2LhmRpN1HdxVC+A9XD7szsgO2e1dQvwHzfndslQK7c7Y1F/daNlRCWlTJFqFpawTFLC7Ww5Rku0NcG",
+	"KBQWNMFwFz6GBKskTIGkQumIUOXS/ymJJVWL43PCReuq7hJyHbmgPl7eqe73NsRY8zbwmBIOd8QMw7Bh",
+	"lb8jZmQKMyHh2GboudgtSQQohBVvG7lvsZCM7dmB9zCToBYB114hqTdtuy2tZy8aptZ2kfcP3pVf5nKt",
+	"J4uF9Gf3cs3kWSulsHuKwDoz3WAC1eKJIdGoOjyZ+MaRIq+uPxKzk5zpldESybgZdD7uDrbaOEYgfG0f",
+	"oxvd5q7c2oTeAdLZGOy7WP34Xg2waLQpEloPmQy8ctK43IFlK8ZCEpYEcYSlRNo+0qkSaaGBmMeNyz61",
+	"qyPm/Pr7QHWlZEhkoBU8wYlq8YEx5Sti1RuzPWX+tWEyFz6SYMMb9lVmo92Vso/u/OPwCQ9cYkdE9GwE",
+	"qH8wvbDaXcDua2Thd1nMA6w2pz4G/WsN/1H5vSDMzusfjkTsdBdlq8CjZfPv6MrVQxoUgd0qYIuVVraT",
+	"3BJyoZgOiskqwb4MmKAni0xhJYwcWTCFNtE5qWeIlpaSv7DpX66+dUFy4Anj84gUeSpo/b/Wbz2jDK+r",
+	"ukCbfxHLCBxjYMYIPnffSIuG2KqftcaL4SRbIfRMbbUtG2LSns52SKxaJ+hqKr+7zbhvIyBc0eQasa0t",
+	"MnQ4vOu+I71kW7LCW1LbnKe+sjzTql5MXdjjz1bauxTRUVRmM3a7zw5/0HeoDLHXUg87sIEczaSOAGZO",
+	"73gQZV2ma3+yRIGmxxYY7UuC8HQzKMfBrTIqabp5ZirAmlvSpMC+03Np5n3vKogF0uh6sLwNW2hgwE3a",
+	"BxaG135mKXxEDhsATIJyceE2ZIVMN4PkZ9gIRlj69h3/Q9SCavmOBwhKfxdj44cbpa2CVwp3ZF0700h1",
+	"SsobgcO83I2tc3b2p2c9OYjrhnYuAe8Btk51NCoUEKus8yJNN3Hm/mhcL4esXn36n138ci+VoMwO0axr",
+	"d/qR+0FTqT89DcSchIw74nYzKbK3WVcsyDyti/WgJbJ6lSXdmXXdDyEffho9EB805MO8O/4NR3Geo3ZS",
+	"3k7qSQe72bP03IWGvvuUBwSd1x4765I1dqmNZrntMtCD9gu1rqE2cXZTtc+A2bBy87RvHTd0vp2c2UHT",
+	"0/YbmypXzpuKSvmdPvCtg7bTtVmRXMtmKwNpZcobU8SOJ2N3i5fyBK0qqSG5IHALcoU1dpaAl5aoNeAw",
+	"QdE+9HMdD/QOri+jSyXa+rQFHBVheu4qSdLY5l4HTN3t1W/ZW4fPy9V2men+1pz11VQ+pHqK+sZj1im8",
+	"tit8UtU7GejsQ0iHsKhyZNRd28Tu1SVPysT4g+/ZFrcO/j/cXu33oTm3Tf3Eh6V/2Lo9XYFkw0Qicrdg",
+	"8cJVgSmDDHhx8JzQ9I6ulL0cFMwg25mwPNQhAvuHzVbtCjDuwPp77pO5AttbysuOlNdu5bRL1Rxosdlc",
+	"TjtJicG6OexXaOcrF9WHXns3t+/uXVmdvHHWgqjblAH7zafA2hTXyOXB+ixYmwP7QMbOrEeZFy8gXuaC",
+	"Wf+8BELjGHJ7084IOmKM2ON9ndA5p7qQ8AFiGaqmbQa4PMEEUmbk7DmBp9OT8k0juc0hK3hOkwQSMqUK",
+	"Xjw3Z+/DL5cnT396QcStk/YKv0JmIk3FXRUxnookeM4cjayFgLTOiZDE/KvIx/fv7PVlWw3eoOv6tw83",
+	"GP7c6KUZSjOv3coH3iWh2mgi6PJ1OMMb9eYz5jfq89Jb6ejuxVAxMn/nAWO5pH03v+vemoM8FEvDiwXu",
+	"ub9UkmGtMtxuCdreDsfrMbeO5to8xjut13U8u7UeF9ZXHpwgnO1fbipxudytF0WhY5FBM00Rl4MfQvit",
+	"FZ9IkecdkdaNd7d0oV4F6x7b4HcM5otHql77+IKsVaNImA24U67usAjGEPFWT65pKdC8gV3gCa55mFhw",
+	"5DdEftXop/6e37U1R38tNceTcrVNPeerK9Fj7/JrGz44XGK1A35YIJLp1Yd4Ac52uMzZ32F1WdioLXaD",
+	"sJk3VT+I/z65vH578neo8UKKb9l+DMx5JZu0cLOwio0UKVpHYkb+QK70B97Uzqlm0xRs3qRVjZyZZQYr",
+	"YdU/++DD678rgrVOCp6JhM0YJJPP/A0yCDznjoAV+ePbZyzJ/Xl0Tj4XZ2fP4hr54w8Qkc8+PRdHjSaT",
+	"yefRwx8TYpAAXLsGFec+A+mPcv1/TD5zpCeN/TQu58D1m18/WYPPwD1+8/TlSbW641r1sPPR2eTJ5AwZ",
+	"RA6c5mx0Pno2OZs8c7Fi3I1TSz2njehvZzsJX7sLYnOoO24hKV8HNqZpenxRhRht1o7tJqE0eXJ2dkYY",
+	"9xk1ivEYDI9wFwtGCLdNS3mbjM6xkHj9PgbeYqo1rfk97NiqhpzWu8o8RMOG2x44Q0eXHWKGvmAbuzx8",
+	"Wetl8vTsbKtOJtukVdtbZW1bvdXppFInjMJ1Vza48Zm3olpspSqGQSgXV/VVeYjaxHf6rWSjD52E2EyS",
+	"WCe+qKo6RBZMaUNag+nRMA2U+WXycSd5RoSmStQKxNbyla2OOyHPz56vRdl9Y4eFSJNmfhg3mhxVtW4+",
+	"aP61j4Cl/d9mvqDJvw/Bv/Ah2HbzKi3j4UvtADmFpM6824TzDz/oMdDctOEH4tmJF7+aiDTaau2KYJfx",
+	"20SItX7/UdofLuX3pbDFrfbSQqppaD80VUpjUj+0duLJ3j/uNqCNcAlzpjTaCN/Lv/2GnX4rNeMHy7f9",
+	"xZIm8m3jlzryG0h4HijEyStwL5DDu5wkb7gxsDavt3B2JJbg4fkb6E5Yzx5vw7Dwn4NjP8wm0IqtbtoM",
+	"b8X2BTXKeNHGnbVoHuWcOeNp0Dn7MdtGqCLOwXWQM3daHYZO7WlgzwbUlaw72s1f6f2lr8TZtmuSsVvD",
+	"+qlSsDxGKgVrjJUIVSFvsRwwFrGlEn0tnbLsdbXeRxRqpRdsoFgLo+kvd4YNcS2AptYw7+KEv9gRQ5i2",
+	"dXTKW5BGKS7yhkdgdP77F6TnrEpIDhLstRQZ6AUUirihPpqBJDauDIASVnc7MqUaeLyyZsBc0swWclPa",
+	"1j/OhUhVVAWAjictUvsbaJ8vvZG+NNzr0zx1caretpWdCzRzELjHPFhzOJ0bK4g3s/p+he9XHPEYBwPb",
+	"HQw6DS4JeXf2h8s+/Warpj/0UeqvvuDygTi/XXS3Jnu4A16WjN9OQgevvmEl5dpx8mVjzUmZCblUztVF",
+	"fjp7RuyNYLjHIt/zWuzUMHpf1RurrWd0idaybcBD5xTL5jX36IPdow8+y+0QukGryPQg9aCLmeFEhpkx",
+	"PJvxd9BxyOHW6e+CgK9rTUGW6QnwWCSQkOX/viU5ZVKRfwrGbXTpc3F29vRFR2visnrKBgo6PCNpNgsc",
+	"wFHWGlrathD7NhMrV8tBSLTqb/bINmLjswFyd66pO6pcJedkD/R+UutxF2ZJ26moqCUSyu2VTHv36rWI",
+	"lyDLhnm5FP+EWJMx9jJ6+hy1EhZjEwTbTU/M1jrpYWOyytE4ITfunqk5/bc0ZTZMXetn5K5tEspXelHW",
+	"fFbnqMrOCkVT8+rzszPCaWae21wtMZs5S3YJK3tbbezBm9zBdJJLdstSmENyPCGX9tslJJY3Q0J+OntC",
+	"qnoN9Rs9ZWIZ6kQOM2/4nHFbys8jaZyIWJ26zZlkCVF0pWw5BeZ7A5nx/hcuArq5PS9rXQ4PdmzWvvPX",
+	"PD2eQ7m75D7i952naKPajGRgzQ1Fs9zSuI1nr/UANkIgIeOCL7m445FvBky5DdWuwM9gyN25WVKYaSKK",
+	"AAX8DSqhVenOvbIL6yiflHWUK096osi4PJZnZ43O9a5hfkic+aJgLFG9OtLg9uv9/e2/HFDHDF7dDBBc",
+	"Y6eVEfgVEvdBbWtxmS7H3t9ZmtZP/SalytW727OzrhOCve+Lq/LczwF+TGQguHensa29b/vH7Dp9p7LU",
+	"7Kp+GLa/9pEHx/QPu8+hHWYaFSPHTS98P1irtySWqh9J3HhQbDLdns/7qS9usCd3YhW6xRrwWKHJFtCo",
+	"leTX9qkVNrYYPWaM8SRyao6xLbEaFco0M/hIkXpVBN9bv150oUdaYS39w1MSfqaDX/iuAI/OL6JRXugB",
+	"OX258xSsbaFrCWA2qNrC8RJyTVovSIiFtJujQFvHAGbaoTLM4Q7bGWH0O7JO4CKDC6OmC7mslwM+UqWI",
+	"cxXRCm4JBdVkp8T4ITVHNFO6vJJup594rdx3ZzAGBV6swMGYGFRmRmPtZV+2WhFKLAZ8vTHKzaBCwYVT",
+	"yWvRf6zfduXHGGSOf2YSYkmNTt5Wpa4ZXyfO/fPTZu+MRw6ebDgUrgvFnvnZzBca3bsA/FnI5WGlX71W",
+	"6gHMnUE+GvPx96DMdgxw0Nj2UmY09v/AGqu1tt/jqpi1sNnBWDRi33vurxBvUBnf2Xu2/Z42zu7JWkHf",
+	"oBViuFLDozagwtu34FT+Lkg1VYmbJ2fGQOktjrupPO5jGDCI2A6x56KKKeOgmg3fY8GVSKFsvYlN5+bA",
+	"9bHt3m7H4i+2/j9JxTwiGci5y6lnGTSzSC5swzOrQ7i6U38h/bwqgrZ3bcuFWX31zLEvMGobrtbLitoU",
+	"unBZUXyClTB7i3EGNbW+oqk9mtmVbxB2aCL1PZHDZJqVHZMfXTnzqRUb1DOLfKM1NT08R6pVXNTvaGTr",
+	"0j15+p/kir10JUaxWI/dV1uD7o4yXXliKMkYLzQck4Jrlq6VgWWaOOXKJ05qzMghmbhlfG4dqS6kVHkY",
+	"m3PoBfAL4gvTupp/2BbEqGaMpn6ptWp/NqOyJC+vZc0kwIX5ey6wQQeZMwMGybHLrf3WCkeRIj+20Dn6",
+	"dsX9CI2lUMoyi8ipjFFVKMkHyly5vkrXo0nGFB5T88AGLq2502zaoQnTVgW1LSxwZaLQiiXWm4v9xiLy",
+	"/Oy//Aj3alMzlQUnY8vSjiMXrmtqnxVE6JF26u5cijtz6Bv6ar3kcKmyeqzXtFZsuEINAymbDiNF0Vrf",
+	"DroE7r3jDV1YYQFGSqY0TYXgrqlyWxF+j99ts4OD6VeNOr4/RifuZkaOx0blAUlXZhPM0UhX+1ac2m7m",
+	"bjY9yNmL6tNBNKetv2NbbW/zlcfMUG7V0evNMfKe31pqzJGqEuDd1TW5IjO482iJqsyshSjkMQp/xq0q",
+	"MJmAEeFN3SkkWpzrmakygmY+huVlb2lqJvgrKVi1Bmd78JeEch2bpXsPy6ea9YG/J7UB5tLob7lIWbza",
+	"c4ZDYwNy30J2/+Y31hd+FPu7Uck46IIOoPl7rI1ufEpb0tf3hN83Tl3F4EfBqq9OPBShdU/7flHqu6/s",
+	"A5+1slouAtlSborswGS71ts5iOBHiVQcKEThdc0DHQKXBeQ+csA0IP+FQ29Qvbhul0Lh1fdxobAxIa1c",
+	"Am9fG0vKpgTt3VVXq+i9/538UKqrvqL4QTma/8iuktne0dsVvfVD0Z1hWI4KZ56GcytsecLOXMEOP6ar",
+	"W7L1e/3+z+h7eoN1ggr32tY3+uE5kc3TutkcKPd9/VrGf5/8Cvf6BJdVC3eZpaI/ZA+kdvqtqoI84ApY",
+	"g6VuOgx2qv1ni3TCcPZDGO7h0sYbBaq3vBjiWX8/M7kpRz3GwSjrZQ6xkT1kNmXzu68hlPOduqqNp9/w",
+	"P703EhqVhw9Jb+ESxx2EVyaIUk5wDZY3HI4Oabn83Ujw1Jfp7GcutdqShwqetz9UMwp3kvgSMnH7HTGp",
+	"oNZzqRSb80fAR/tDW+HjyZ4BgaSx5i76p3MMQdlOI1X7uiOb9Zzsg0l8q1Tnh+GU+yPFYjcM+2dTmzjT",
+	"4VhRoyTvbvedWxp7o5zrkSK+iqvWkk0LI4LGtvJQO9BhHXkN1O//kIaL1j5ylKOj5OwGQjj6LtnUfSRP",
+	"8aCr02+u8O/DaVUGftMBqVWRH2ZCpWKuXP2VoElztnXv4cNaTdt80vWerT65W9/cg6aktDscdFAdEsOR",
+	"LyZEeUJSMSdgK/DbMGe1l0TwvxybioKTVcWtd1bAGmcHa4effltQtRik/f5sxo8OKPy7OmkEtrlegbu8",
+	"NFW2FLRJoK9+u/4fojTkZEyNakCojBfsFsh05Qt7ul59rgeTcM2RzETZvwhRmN3bWgSGg2Bm6e29HiLH",
+	"RKxBnygtgWbN7S551ZRxKgM1Ugerl2viGmXz3sWJN1A2HYVSFX8sU/mGDi7GVJO5ZjmRIXcklr+cMmY2",
+	"4vbptjeqPz0dJq4HXY6ONtxpO/eBc1f4uDvzQe/kIR3mrvwx7tW1EyekJgmTEGOFi+nKXeC1qZplrtUc",
+	"1AWhpFxXee22LABs84fd1ZeMJvaCawdicXB4iQgfVtC2mgrFv/DHgGLSWs/7n1+RZ8+e/Rcu4Nz2pK3q",
+	"IrhigYRiVpwtFoi47sx7geTSjNqO2gbmhc5YqkEeR2QY0OZ7sU5XPndrE+AvcdiWkNcaXyT+WkULInf7",
+	"3OpcmPWmKxspBFHt8b9aRYNy1Re+HmzDb48ZepnZDgmZraphhyEk9aEbytAcrk4CctZ/V0rYVaeoi7If",
+	"dXnzYFv47+ubh7u+eft02zCN2+b/lwM1daT0+3wC5+ovaYp35jYYKdywfQ92ioPN8Aax5KdtGwyRUFb9",
+	"3n2jnzWpv09Qefg/PXsMBFWtGIejaK9QtDvzbQ4F2svTttQx7lBEXPfLUgN3G5fDd1QAt32B+tnVJzfm",
+	"MViVa0S2XcFit4jD1yv+5HtSHUi78qt/XOVqraFYB64tkiNCyTSlfGkE9XPrplspvaufrUaCp998j6oB",
+	"EbraRgyMz9nyS+ZMoTNhz9G6LnjOfsgm7clF1DX9kTK24ljICFMWmravvaJo5Ouxtw2bMrfWiWwbH1Oz",
+	"BGezjcnvXx6+PPzfAAAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

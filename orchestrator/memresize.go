@@ -58,6 +58,9 @@ type SandboxMemory struct {
 // ErrConflict, a VMM without the capability vmm.ErrUnsupported, a growth
 // the node's admission refuses its refusal.
 func (o *Orchestrator) ResizeMemory(ctx context.Context, id string, targetMiB int) (SandboxMemory, error) {
+	if targetMiB < MinMemoryMiB {
+		return SandboxMemory{}, fmt.Errorf("sandbox %s: memory %d MiB is below the minimum of %d MiB: %w", id, targetMiB, MinMemoryMiB, ErrInvalid)
+	}
 	s, err := o.lockOp(id)
 	if err != nil {
 		return SandboxMemory{}, err
@@ -66,7 +69,7 @@ func (o *Orchestrator) ResizeMemory(ctx context.Context, id string, targetMiB in
 	s.mu.Lock()
 	rec, m := s.rec, s.machine()
 	s.mu.Unlock()
-	if targetMiB < MinMemoryMiB || targetMiB > rec.MemoryMiB {
+	if targetMiB > rec.MemoryMiB {
 		return SandboxMemory{}, fmt.Errorf("sandbox %s: memory %d MiB is outside %d to %d MiB (the RAM its VM started with): %w",
 			id, targetMiB, MinMemoryMiB, rec.MemoryMiB, ErrInvalid)
 	}
