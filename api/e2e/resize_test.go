@@ -1,0 +1,166 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+type memoryJSON struct {
+	CeilingMB int   `json:"ceilingMB"`
+	TargetMB  int   `json:"targetMB"`
+	ActualMB  *int  `json:"actualMB"`
+	Complete  *bool `json:"complete"`
+}
+
+// TestResizeMemory resizes one sandbox's memory (the base template's 512
+// MiB) through the API: down to 256 MiB the guest's MemTotal drops by
+// exactly 256 MiB and the node's allocated memory by 256 MiB; sizes out of
+// range are 400 and change nothing. A process holding 350 MiB makes a
+// resize to 256 MiB partial (complete false, the guest above the target)
+// without killing it; a resize back up completes and the process runs on
+// with no OOM kill in the guest's log. Once the process ends the guest
+// reaches 256 MiB; a pause and a resume from memory keep it (the balloon's
+// state travels with the VM), and so does a filesystem-only pause, whose
+// resume boots a new VM that is given the recorded target.
+func TestResizeMemory(t *testing.T) {
+	n := sharedNode(t)
+	id := n.create(t, `{"templateID":"base","timeout":600}`)
+	mem := n.memory(t, id)
+	if mem.CeilingMB != 512 || mem.TargetMB != 512 || mem.ActualMB == nil || *mem.ActualMB != 512 {
+		t.Fatalf("a new base sandbox's memory: %+v, want ceiling, target and guest at 512 MiB", mem)
+	}
+	total0, alloc0 := n.memTotalKiB(t, id), n.allocatedMB(t)
+
+	n.resize(t, id, 256, true)
+	if drop := total0 - n.memTotalKiB(t, id); drop != 256<<10 {
+		t.Fatalf("MemTotal dropped by %d KiB after a resize to 256 MiB, want %d", drop, 256<<10)
+	}
+	if alloc := n.allocatedMB(t); alloc != alloc0-256 {
+		t.Fatalf("/nodes allocatedMemoryMB %d after the resize, want %d (%d less 256)", alloc, alloc0-256, alloc0)
+	}
+	for body, says := range map[string]string{
+		`{"memoryMB":127}`:  "below the minimum of 128 MiB",
+		`{"memoryMB":513}`:  "outside 128 to 512 MiB",
+		`{"memoryMB":4096}`: "outside 128 to 512 MiB",
+	} {
+		if b := n.expect(t, http.StatusBadRequest, "PATCH", "/sandboxes/"+id+"/memory", n.key, body); !strings.Contains(string(b), says) {
+			t.Errorf("PATCH %s: %s, want it to say %q", body, b, says)
+		}
+	}
+	if m := n.memory(t, id); m.TargetMB != 256 {
+		t.Fatalf("a refused resize changed the target: %+v", m)
+	}
+
+	n.resize(t, id, 512, true)
+	if total := n.memTotalKiB(t, id); total != total0 {
+		t.Fatalf("MemTotal %d KiB after growing back to 512 MiB, want %d", total, total0)
+	}
+	// 350 MiB written (not only reserved) by a process that keeps it.
+	n.sh(t, id, `setsid nohup python3 -c 'import time; b = b"\x01" * (350 << 20); open("/tmp/held", "w").write("y"); time.sleep(100000)' >/dev/null 2>&1 < /dev/null & echo $! > /tmp/hog.pid
+		for i in $(seq 600); do [ -e /tmp/held ] && break; sleep 0.1; done; test -e /tmp/held`)
+	part := n.resize(t, id, 256, false)
+	if *part.ActualMB < 256+300 {
+		t.Fatalf("partial resize: the guest has %d MiB with a process holding 350, want at least %d", *part.ActualMB, 256+300)
+	}
+	n.resize(t, id, 512, true)
+	if got := n.sh(t, id, `kill -0 $(cat /tmp/hog.pid) && echo alive; dmesg | grep -ci -e "out of memory" -e oom-kill || true`); got != "alive\n0" {
+		t.Fatalf("the process holding 350 MiB after the partial resize and the growth: %q, want alive and no OOM kill", got)
+	}
+	n.sh(t, id, `kill $(cat /tmp/hog.pid)`)
+	n.resize(t, id, 256, true)
+	small := n.memTotalKiB(t, id)
+
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
+	if m := n.memory(t, id); m.TargetMB != 256 || m.ActualMB != nil {
+		t.Fatalf("paused: %+v, want target 256 and no guest memory", m)
+	}
+	n.expect(t, http.StatusConflict, "PATCH", "/sandboxes/"+id+"/memory", n.key, `{"memoryMB":512}`)
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":600}`)
+	if m := n.memory(t, id); m.TargetMB != 256 || m.ActualMB == nil || *m.ActualMB != 256 {
+		t.Fatalf("resumed: %+v, want target and guest at 256 MiB", m)
+	}
+	if total := n.memTotalKiB(t, id); total != small {
+		t.Fatalf("MemTotal %d KiB after the resume, want the resized %d", total, small)
+	}
+
+	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, `{"memory":false}`)
+	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":600}`)
+	n.waitMemory(t, id, 256)
+	if total := n.memTotalKiB(t, id); total != small {
+		t.Fatalf("MemTotal %d KiB after a cold resume, want the resized %d", total, small)
+	}
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+id, n.key, "")
+}
+
+// memory reads GET /sandboxes/{id}/memory.
+func (n *node) memory(t *testing.T, id string) memoryJSON {
+	t.Helper()
+	var m memoryJSON
+	if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/sandboxes/"+id+"/memory", n.key, ""), &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// resize asks for mib and checks the answer: the target, and either the
+// guest at it (complete) or above it (not).
+func (n *node) resize(t *testing.T, id string, mib int, complete bool) memoryJSON {
+	t.Helper()
+	var m memoryJSON
+	b := n.expect(t, http.StatusOK, "PATCH", "/sandboxes/"+id+"/memory", n.key, fmt.Sprintf(`{"memoryMB":%d}`, mib))
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	ok := m.TargetMB == mib && m.ActualMB != nil && m.Complete != nil && *m.Complete == complete
+	if ok && complete {
+		ok = *m.ActualMB == mib
+	} else if ok {
+		ok = *m.ActualMB > mib
+	}
+	if !ok {
+		t.Fatalf("resize to %d MiB: %s, want complete %v\n%s", mib, b, complete, n.diagnose(id))
+	}
+	return m
+}
+
+// waitMemory waits for a freshly booted guest's balloon driver to reach
+// mib (it starts once the guest loads it; no time is asserted, the bound
+// only ends a hung test).
+func (n *node) waitMemory(t *testing.T, id string, mib int) {
+	t.Helper()
+	var m memoryJSON
+	for end := time.Now().Add(3 * time.Minute); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if m = n.memory(t, id); m.ActualMB != nil && *m.ActualMB == mib {
+			return
+		}
+	}
+	t.Fatalf("the guest never reached %d MiB: %+v\n%s", mib, m, n.diagnose(id))
+}
+
+// memTotalKiB is the guest's MemTotal.
+func (n *node) memTotalKiB(t *testing.T, id string) int {
+	t.Helper()
+	out := n.sh(t, id, `awk '/^MemTotal:/ {print $2}' /proc/meminfo`)
+	kib, err := strconv.Atoi(out)
+	if err != nil {
+		t.Fatalf("MemTotal: %q: %v", out, err)
+	}
+	return kib
+}
+
+// allocatedMB is /nodes' allocatedMemoryMB.
+func (n *node) allocatedMB(t *testing.T) int {
+	t.Helper()
+	var nodes []struct {
+		AllocatedMemoryMB int `json:"allocatedMemoryMB"`
+	}
+	if err := json.Unmarshal(n.expect(t, http.StatusOK, "GET", "/nodes", n.key, ""), &nodes); err != nil || len(nodes) != 1 {
+		t.Fatalf("/nodes: %+v %v", nodes, err)
+	}
+	return nodes[0].AllocatedMemoryMB
+}
