@@ -2,9 +2,12 @@ package qemu
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 
 	"github.com/agentenv/agentenv/vmm"
+	"golang.org/x/sys/unix"
 )
 
 // Memory resize. QEMU 7.2's microvm machine cannot use virtio-mem: the
@@ -45,6 +48,11 @@ func (m *machine) SetMemory(ctx context.Context, targetMiB int) error {
 	if targetMiB <= 0 || targetMiB > m.spec.MemoryMiB {
 		return fmt.Errorf("vm %s: memory target %d MiB outside 1 to %d MiB", m.id, targetMiB, m.spec.MemoryMiB)
 	}
+	if targetMiB < m.spec.MemoryMiB && !m.mem.shared {
+		if err := refusesHoles(m.mem.path); err != nil {
+			return fmt.Errorf("vm %s: shrink memory: %w", m.id, err)
+		}
+	}
 	args := map[string]int64{"value": int64(targetMiB) << 20}
 	if err := m.qmp.Execute(ctx, "balloon", args, nil); err != nil {
 		return fmt.Errorf("vm %s: set memory to %d MiB: %w", m.id, targetMiB, err)
@@ -64,4 +72,40 @@ func (m *machine) Memory(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("vm %s: query memory: %w", m.id, err)
 	}
 	return int(info.Actual >> 20), nil
+}
+
+// refusesHoles checks that the file a restored machine maps its RAM from
+// privately refuses hole punches. QEMU 7.2 gives a page the guest's
+// balloon takes back to the host by punching a hole in the RAM's file
+// (ram_block_discard_range) whether the mapping is shared or private, and
+// a restored machine's file is a memory image other machines map too (a
+// template's, a fork's): a hole there would zero that page in every one of
+// them. The storage daemon's FUSE memory files refuse every change (EPERM),
+// so QEMU's punch fails and leaves the host's copy in place (the guest
+// still gives the page up); a plain file would take it, and the shrink is
+// refused. The probe punches past the end of the file, which changes
+// nothing where it is allowed.
+func refusesHoles(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("probe memory file %s: %w", path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("probe memory file %s: %w", path, err)
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("guest RAM mapped privately from device %s, which QEMU's balloon would punch holes into: %w", path, vmm.ErrUnsupported)
+	}
+	end := (st.Size() + pageSize - 1) / pageSize * pageSize
+	err = unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, end, pageSize)
+	switch {
+	case err == nil:
+		return fmt.Errorf("guest RAM mapped privately from %s, a memory image other machines may map, which QEMU's balloon would punch holes into: %w", path, vmm.ErrUnsupported)
+	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.ENOSYS):
+		return nil
+	default:
+		return fmt.Errorf("probe memory file %s: %w", path, err)
+	}
 }
