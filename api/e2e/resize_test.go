@@ -17,72 +17,72 @@ type memoryJSON struct {
 	Complete  *bool `json:"complete"`
 }
 
-// TestResizeMemory resizes one sandbox's memory (the base template's 512
-// MiB) through the API: down to 256 MiB the guest's MemTotal drops by
-// exactly 256 MiB and the node's allocated memory by 256 MiB; sizes out of
-// range are 400 and change nothing. A process holding 350 MiB makes a
-// resize to 256 MiB partial (complete false, the guest above the target)
-// without killing it; a resize back up completes and the process runs on
-// with no OOM kill in the guest's log. Once the process ends the guest
-// reaches 256 MiB; a pause and a resume from memory keep it (the balloon's
+// TestResizeMemory resizes one sandbox's memory (the test node's base
+// template has 256 MiB) through the API: down to 128 MiB the guest's
+// MemTotal drops by exactly 128 MiB and the node's allocated memory by 128
+// MiB; sizes out of range are 400 and change nothing. A process holding
+// 150 MiB makes a resize to 128 MiB partial (complete false, the guest
+// keeping at least what the process holds) without killing it; a resize
+// back up completes and the process runs on with no OOM kill in the
+// guest's log. Once the process ends the guest reaches 128 MiB; a pause and a resume from memory keep it (the balloon's
 // state travels with the VM), and so does a filesystem-only pause, whose
 // resume boots a new VM that is given the recorded target.
 func TestResizeMemory(t *testing.T) {
 	n := sharedNode(t)
 	id := n.create(t, `{"templateID":"base","timeout":600}`)
 	mem := n.memory(t, id)
-	if mem.CeilingMB != 512 || mem.TargetMB != 512 || mem.ActualMB == nil || *mem.ActualMB != 512 {
-		t.Fatalf("a new base sandbox's memory: %+v, want ceiling, target and guest at 512 MiB", mem)
+	if mem.CeilingMB != 256 || mem.TargetMB != 256 || mem.ActualMB == nil || *mem.ActualMB != 256 {
+		t.Fatalf("a new base sandbox's memory: %+v, want ceiling, target and guest at 256 MiB", mem)
 	}
 	total0, alloc0 := n.memTotalKiB(t, id), n.allocatedMB(t)
 
-	n.resize(t, id, 256, true)
-	if drop := total0 - n.memTotalKiB(t, id); drop != 256<<10 {
-		t.Fatalf("MemTotal dropped by %d KiB after a resize to 256 MiB, want %d", drop, 256<<10)
+	n.resize(t, id, 128, true)
+	if drop := total0 - n.memTotalKiB(t, id); drop != 128<<10 {
+		t.Fatalf("MemTotal dropped by %d KiB after a resize to 128 MiB, want %d", drop, 128<<10)
 	}
-	if alloc := n.allocatedMB(t); alloc != alloc0-256 {
-		t.Fatalf("/nodes allocatedMemoryMB %d after the resize, want %d (%d less 256)", alloc, alloc0-256, alloc0)
+	if alloc := n.allocatedMB(t); alloc != alloc0-128 {
+		t.Fatalf("/nodes allocatedMemoryMB %d after the resize, want %d (%d less 128)", alloc, alloc0-128, alloc0)
 	}
 	for body, says := range map[string]string{
 		`{"memoryMB":127}`:  "below the minimum of 128 MiB",
-		`{"memoryMB":513}`:  "outside 128 to 512 MiB",
-		`{"memoryMB":4096}`: "outside 128 to 512 MiB",
+		`{"memoryMB":257}`:  "outside 128 to 256 MiB",
+		`{"memoryMB":4096}`: "outside 128 to 256 MiB",
 	} {
 		if b := n.expect(t, http.StatusBadRequest, "PATCH", "/sandboxes/"+id+"/memory", n.key, body); !strings.Contains(string(b), says) {
 			t.Errorf("PATCH %s: %s, want it to say %q", body, b, says)
 		}
 	}
-	if m := n.memory(t, id); m.TargetMB != 256 {
+	if m := n.memory(t, id); m.TargetMB != 128 {
 		t.Fatalf("a refused resize changed the target: %+v", m)
 	}
 
-	n.resize(t, id, 512, true)
+	n.resize(t, id, 256, true)
 	if total := n.memTotalKiB(t, id); total != total0 {
-		t.Fatalf("MemTotal %d KiB after growing back to 512 MiB, want %d", total, total0)
+		t.Fatalf("MemTotal %d KiB after growing back to 256 MiB, want %d", total, total0)
 	}
-	// 350 MiB written (not only reserved) by a process that keeps it.
-	n.sh(t, id, `setsid nohup python3 -c 'import time; b = b"\x01" * (350 << 20); open("/tmp/held", "w").write("y"); time.sleep(100000)' >/dev/null 2>&1 < /dev/null & echo $! > /tmp/hog.pid
+	// 150 MiB written (not only reserved) by a process that keeps it.
+	n.sh(t, id, `setsid nohup python3 -c 'import time; b = b"\x01" * (150 << 20); open("/tmp/held", "w").write("y"); time.sleep(100000)' >/dev/null 2>&1 < /dev/null & echo $! > /tmp/hog.pid
 		for i in $(seq 600); do [ -e /tmp/held ] && break; sleep 0.1; done; test -e /tmp/held`)
-	part := n.resize(t, id, 256, false)
-	if *part.ActualMB < 256+300 {
-		t.Fatalf("partial resize: the guest has %d MiB with a process holding 350, want at least %d", *part.ActualMB, 256+300)
+	part := n.resize(t, id, 128, false)
+	if *part.ActualMB < 150 {
+		t.Fatalf("partial resize: the guest has %d MiB with a process holding 150, want at least that", *part.ActualMB)
 	}
-	n.resize(t, id, 512, true)
+	n.resize(t, id, 256, true)
 	if got := n.sh(t, id, `kill -0 $(cat /tmp/hog.pid) && echo alive; dmesg | grep -ci -e "out of memory" -e oom-kill || true`); got != "alive\n0" {
-		t.Fatalf("the process holding 350 MiB after the partial resize and the growth: %q, want alive and no OOM kill", got)
+		t.Fatalf("the process holding 150 MiB after the partial resize and the growth: %q, want alive and no OOM kill", got)
 	}
 	n.sh(t, id, `kill $(cat /tmp/hog.pid)`)
-	n.resize(t, id, 256, true)
+	n.resize(t, id, 128, true)
 	small := n.memTotalKiB(t, id)
 
 	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
-	if m := n.memory(t, id); m.TargetMB != 256 || m.ActualMB != nil {
-		t.Fatalf("paused: %+v, want target 256 and no guest memory", m)
+	if m := n.memory(t, id); m.TargetMB != 128 || m.ActualMB != nil {
+		t.Fatalf("paused: %+v, want target 128 and no guest memory", m)
 	}
-	n.expect(t, http.StatusConflict, "PATCH", "/sandboxes/"+id+"/memory", n.key, `{"memoryMB":512}`)
+	n.expect(t, http.StatusConflict, "PATCH", "/sandboxes/"+id+"/memory", n.key, `{"memoryMB":256}`)
 	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":600}`)
-	if m := n.memory(t, id); m.TargetMB != 256 || m.ActualMB == nil || *m.ActualMB != 256 {
-		t.Fatalf("resumed: %+v, want target and guest at 256 MiB", m)
+	if m := n.memory(t, id); m.TargetMB != 128 || m.ActualMB == nil || *m.ActualMB != 128 {
+		t.Fatalf("resumed: %+v, want target and guest at 128 MiB", m)
 	}
 	if total := n.memTotalKiB(t, id); total != small {
 		t.Fatalf("MemTotal %d KiB after the resume, want the resized %d", total, small)
@@ -90,7 +90,7 @@ func TestResizeMemory(t *testing.T) {
 
 	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, `{"memory":false}`)
 	n.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", n.key, `{"timeout":600}`)
-	n.waitMemory(t, id, 256)
+	n.waitMemory(t, id, 128)
 	if total := n.memTotalKiB(t, id); total != small {
 		t.Fatalf("MemTotal %d KiB after a cold resume, want the resized %d", total, small)
 	}
