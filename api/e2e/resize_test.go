@@ -164,3 +164,21 @@ func (n *node) allocatedMB(t *testing.T) int {
 	}
 	return nodes[0].AllocatedMemoryMB
 }
+
+// crashResize: a crash after the VMM took a new memory target but before
+// the record did leaves the record's (the full ceiling); the adopting
+// restart gives the VMM that target again, so the guest grows back to it.
+func (n *node) crashResize(t *testing.T, point string) {
+	id := n.create(t, `{"templateID":"base","timeout":300}`)
+	ceiling := n.memory(t, id).CeilingMB
+	n.crashAt(t, point, func() {
+		_, _, _, _ = n.Call("PATCH", "/sandboxes/"+id+"/memory", n.key, `{"memoryMB":128}`)
+	})
+	if m := n.memory(t, id); m.TargetMB != ceiling {
+		t.Fatalf("crashed at %s: the record says target %d MiB, want the old %d", point, m.TargetMB, ceiling)
+	}
+	n.waitMemory(t, id, ceiling)
+	if got := n.sh(t, id, "echo alive"); got != "alive" {
+		t.Fatalf("crashed at %s: the adopted sandbox answers %q", point, got)
+	}
+}
