@@ -40,6 +40,9 @@ func (s *Server) ResizeSandboxMemory(w http.ResponseWriter, r *http.Request, san
 
 func memoryOf(m orchestrator.SandboxMemory) wire.SandboxMemory {
 	out := wire.SandboxMemory{CeilingMB: int32(m.CeilingMiB), TargetMB: int32(m.TargetMiB)}
+	if m.RequestedMiB > 0 {
+		out.RequestedMB = ptr(int32(m.RequestedMiB))
+	}
 	if m.ActualMiB > 0 {
 		out.ActualMB, out.Complete = ptr(int32(m.ActualMiB)), ptr(m.Complete)
 	}

@@ -37,23 +37,34 @@ const (
 	resizePoll   = 100 * time.Millisecond
 )
 
+// partialHeadroomMiB is what a partial shrink leaves the guest above the
+// memory it stopped at: the balloon driver takes every page that frees up
+// while it is short of its target, which would leave the guest no free
+// memory at all and its next allocation to the OOM killer.
+const partialHeadroomMiB = 16
+
 // fpResizeApplied: the VMM was given the new target, the record still has
 // the old one (an adopt sets the recorded one again).
 var fpResizeApplied = failpoint.New("orchestrator/resize/applied")
 
 // SandboxMemory is a sandbox's memory: its ceiling, its target and, while
-// its VMM runs, what its guest has now. Complete (a resize's answer) says
-// whether the guest reached the target.
+// its VMM runs, what its guest has now. Complete says whether the guest
+// reached the target, or (a resize's answer) the size asked for,
+// RequestedMiB.
 type SandboxMemory struct {
-	CeilingMiB int
-	TargetMiB  int
-	ActualMiB  int // 0 when the sandbox does not run
-	Complete   bool
+	CeilingMiB   int
+	RequestedMiB int // a resize's answer only
+	TargetMiB    int
+	ActualMiB    int // 0 when the sandbox does not run
+	Complete     bool
 }
 
 // ResizeMemory sets a running sandbox's memory target to targetMiB and
 // waits (bounded by resizeSettle and ctx) for its guest to reach it or to
-// stop moving; the answer says what the guest has then. A target outside
+// stop moving; the answer says what the guest has then. A shrink the guest
+// could not complete (it holds memory it cannot free) is partial: the
+// target becomes what the guest stopped at plus partialHeadroomMiB, and
+// the node counts the sandbox at that. A target outside
 // MinMemoryMiB..ceiling is ErrInvalid, a sandbox that does not run
 // ErrConflict, a VMM without the capability vmm.ErrUnsupported, a growth
 // the node's admission refuses its refusal.
@@ -98,8 +109,18 @@ func (o *Orchestrator) ResizeMemory(ctx context.Context, id string, targetMiB in
 	if err != nil {
 		return SandboxMemory{}, fmt.Errorf("resize sandbox %s: %w", id, err)
 	}
-	o.log.Info("sandbox memory resized", "sandbox", id, "target_mib", targetMiB, "actual_mib", actual)
-	return SandboxMemory{CeilingMiB: rec.MemoryMiB, TargetMiB: targetMiB, ActualMiB: actual, Complete: actual == targetMiB}, nil
+	out := SandboxMemory{CeilingMiB: rec.MemoryMiB, RequestedMiB: targetMiB, TargetMiB: targetMiB, ActualMiB: actual, Complete: actual == targetMiB}
+	if actual > targetMiB {
+		out.TargetMiB = min(rec.MemoryMiB, actual+partialHeadroomMiB)
+		if err := r.SetMemory(ctx, out.TargetMiB); err != nil {
+			return SandboxMemory{}, fmt.Errorf("resize sandbox %s: settle a partial shrink: %w", id, err)
+		}
+		if err := o.update(s, func(r *sandbox.Record) { r.MemoryTargetMiB = out.TargetMiB }); err != nil {
+			return SandboxMemory{}, fmt.Errorf("sandbox %s: record memory target: %w", id, err)
+		}
+	}
+	o.log.Info("sandbox memory resized", "sandbox", id, "requested_mib", targetMiB, "target_mib", out.TargetMiB, "actual_mib", actual)
+	return out, nil
 }
 
 // admitGrowth asks the node's admission for growMiB more guest memory (a

@@ -11,20 +11,21 @@ import (
 )
 
 type memoryJSON struct {
-	CeilingMB int   `json:"ceilingMB"`
-	TargetMB  int   `json:"targetMB"`
-	ActualMB  *int  `json:"actualMB"`
-	Complete  *bool `json:"complete"`
+	CeilingMB   int   `json:"ceilingMB"`
+	RequestedMB *int  `json:"requestedMB"`
+	TargetMB    int   `json:"targetMB"`
+	ActualMB    *int  `json:"actualMB"`
+	Complete    *bool `json:"complete"`
 }
 
 // TestResizeMemory resizes one sandbox's memory (the test node's base
 // template has 256 MiB) through the API: down to 128 MiB the guest's
 // MemTotal drops by exactly 128 MiB and the node's allocated memory by 128
 // MiB; sizes out of range are 400 and change nothing. A process holding
-// 150 MiB makes a resize to 128 MiB partial (complete false, the guest
-// keeping at least what the process holds) without killing it; a resize
-// back up completes and the process runs on with no OOM kill in the
-// guest's log. Once the process ends the guest reaches 128 MiB; a pause and a resume from memory keep it (the balloon's
+// 120 MiB makes a resize to 128 MiB partial (complete false, the guest
+// keeping at least what the process holds, the target set 16 MiB above
+// where it stopped); a resize back up completes and the process runs on
+// with no OOM kill in the guest's log. Once the process ends the guest reaches 128 MiB; a pause and a resume from memory keep it (the balloon's
 // state travels with the VM), and so does a filesystem-only pause, whose
 // resume boots a new VM that is given the recorded target.
 func TestResizeMemory(t *testing.T) {
@@ -60,16 +61,19 @@ func TestResizeMemory(t *testing.T) {
 	if total := n.memTotalKiB(t, id); total != total0 {
 		t.Fatalf("MemTotal %d KiB after growing back to 256 MiB, want %d", total, total0)
 	}
-	// 150 MiB written (not only reserved) by a process that keeps it.
-	n.sh(t, id, `setsid nohup python3 -c 'import time; b = b"\x01" * (150 << 20); open("/tmp/held", "w").write("y"); time.sleep(100000)' >/dev/null 2>&1 < /dev/null & echo $! > /tmp/hog.pid
+	// 120 MiB written (not only reserved) by a process that keeps it.
+	n.sh(t, id, `setsid nohup python3 -c 'import time; b = b"\x01" * (120 << 20); open("/tmp/held", "w").write("y"); time.sleep(100000)' >/dev/null 2>&1 < /dev/null & echo $! > /tmp/hog.pid
 		for i in $(seq 600); do [ -e /tmp/held ] && break; sleep 0.1; done; test -e /tmp/held`)
 	part := n.resize(t, id, 128, false)
-	if *part.ActualMB < 150 {
-		t.Fatalf("partial resize: the guest has %d MiB with a process holding 150, want at least that", *part.ActualMB)
+	if *part.ActualMB < 120 || part.TargetMB != min(256, *part.ActualMB+16) {
+		t.Fatalf("partial resize: %+v with a process holding 120 MiB, want the guest at 120 MiB at least and the target 16 MiB above it", part)
+	}
+	if m := n.memory(t, id); m.TargetMB != part.TargetMB {
+		t.Fatalf("after the partial resize GET says target %d MiB, the answer %d", m.TargetMB, part.TargetMB)
 	}
 	n.resize(t, id, 256, true)
 	if got := n.sh(t, id, `kill -0 $(cat /tmp/hog.pid) && echo alive; dmesg | grep -ci -e "out of memory" -e oom-kill || true`); got != "alive\n0" {
-		t.Fatalf("the process holding 150 MiB after the partial resize and the growth: %q, want alive and no OOM kill", got)
+		t.Fatalf("the process holding 120 MiB after the partial resize and the growth: %q, want alive and no OOM kill", got)
 	}
 	n.sh(t, id, `kill $(cat /tmp/hog.pid)`)
 	n.resize(t, id, 128, true)
@@ -107,8 +111,9 @@ func (n *node) memory(t *testing.T, id string) memoryJSON {
 	return m
 }
 
-// resize asks for mib and checks the answer: the target, and either the
-// guest at it (complete) or above it (not).
+// resize asks for mib and checks the answer: the size asked for, and
+// either the guest and the target at it (complete) or the guest above it
+// (not).
 func (n *node) resize(t *testing.T, id string, mib int, complete bool) memoryJSON {
 	t.Helper()
 	var m memoryJSON
@@ -116,9 +121,9 @@ func (n *node) resize(t *testing.T, id string, mib int, complete bool) memoryJSO
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatal(err)
 	}
-	ok := m.TargetMB == mib && m.ActualMB != nil && m.Complete != nil && *m.Complete == complete
+	ok := m.RequestedMB != nil && *m.RequestedMB == mib && m.ActualMB != nil && m.Complete != nil && *m.Complete == complete
 	if ok && complete {
-		ok = *m.ActualMB == mib
+		ok = *m.ActualMB == mib && m.TargetMB == mib
 	} else if ok {
 		ok = *m.ActualMB > mib
 	}

@@ -662,6 +662,9 @@ type SandboxMemory struct {
 	// Complete while the sandbox runs, whether the guest has reached the target
 	Complete *bool `json:"complete,omitempty"`
 
+	// RequestedMB a resize's answer: the size asked for, MiB; after a partial shrink targetMB is above it
+	RequestedMB *int32 `json:"requestedMB,omitempty"`
+
 	// TargetMB the memory the sandbox is sized to (the ceiling unless resized), MiB; what the node counts it at
 	TargetMB int32 `json:"targetMB"`
 }

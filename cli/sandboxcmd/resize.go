@@ -19,8 +19,8 @@ func resizeCmd() *cobra.Command {
 		Long: `Resize the running sandbox's guest memory to MiB, from 128 up to its ceiling (the
 RAM its VM started with, its template's memory). The guest gives memory back to
 the node or takes it again; the command waits until it has the new size or its
-memory stopped moving, and prints what it has then: a partial resize leaves the
-guest above the target when it holds memory it cannot free. The size is kept
+memory stopped moving, and prints what it has then: a partial resize (the guest
+holds memory it cannot free) sets the target 16 MiB above where the guest stopped. The size is kept
 across pause, resume, snapshot and fork, and the node counts the sandbox at it.
 Without --memory the command shows the ceiling, the target and, while the sandbox
 runs, the guest's memory now. The node's VMM must be QEMU.`,
@@ -53,14 +53,18 @@ func printMemory(cmd *cobra.Command, o *output, m wire.SandboxMemory) error {
 	if o.json() {
 		return printJSON(w, m)
 	}
-	fmt.Fprintf(w, "Ceiling: %d MiB\nTarget: %d MiB\n", m.CeilingMB, m.TargetMB)
+	fmt.Fprintf(w, "Ceiling: %d MiB\n", m.CeilingMB)
+	if m.RequestedMB != nil {
+		fmt.Fprintf(w, "Requested: %d MiB\n", *m.RequestedMB)
+	}
+	fmt.Fprintf(w, "Target: %d MiB\n", m.TargetMB)
 	if m.ActualMB == nil {
 		fmt.Fprintln(w, "Guest memory: (not running)")
 		return nil
 	}
 	state := "reached"
 	if m.Complete != nil && !*m.Complete {
-		state = "partial: the guest holds more than the target"
+		state = "partial: the guest holds memory it cannot free"
 	}
 	fmt.Fprintf(w, "Guest memory: %d MiB (%s)\n", *m.ActualMB, state)
 	return nil
