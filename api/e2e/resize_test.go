@@ -79,6 +79,17 @@ func TestResizeMemory(t *testing.T) {
 	n.resize(t, id, 128, true)
 	small := n.memTotalKiB(t, id)
 
+	// A fork's child restores the parent's state, balloon and all, and
+	// its record carries the target.
+	kid := n.forkChildren(t, id, 1)[0]
+	if m := n.memory(t, kid); m.CeilingMB != 256 || m.TargetMB != 128 || m.ActualMB == nil || *m.ActualMB != 128 {
+		t.Fatalf("fork child: %+v, want ceiling 256, target and guest at 128 MiB", m)
+	}
+	if total := n.memTotalKiB(t, kid); total != small {
+		t.Fatalf("fork child's MemTotal %d KiB, want its parent's %d", total, small)
+	}
+	n.expect(t, http.StatusNoContent, "DELETE", "/sandboxes/"+kid, n.key, "")
+
 	n.expect(t, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", n.key, "")
 	if m := n.memory(t, id); m.TargetMB != 128 || m.ActualMB != nil {
 		t.Fatalf("paused: %+v, want target 128 and no guest memory", m)
