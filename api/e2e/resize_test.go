@@ -25,9 +25,11 @@ type memoryJSON struct {
 // 120 MiB makes a resize to 128 MiB partial (complete false, the guest
 // keeping at least what the process holds, the target set 16 MiB above
 // where it stopped); a resize back up completes and the process runs on
-// with no OOM kill in the guest's log. Once the process ends the guest reaches 128 MiB; a pause and a resume from memory keep it (the balloon's
-// state travels with the VM), and so does a filesystem-only pause, whose
-// resume boots a new VM that is given the recorded target.
+// with no OOM kill in the guest's log. Once the process ends the guest
+// reaches 128 MiB; a fork's child has that size too; a pause and a resume
+// from memory keep it (the balloon's state travels with the VM), and so
+// does a filesystem-only pause, whose resume boots a new VM that is given
+// the recorded target.
 func TestResizeMemory(t *testing.T) {
 	n := sharedNode(t)
 	id := n.create(t, `{"templateID":"base","timeout":600}`)
