@@ -37,11 +37,13 @@ const (
 	resizePoll   = 100 * time.Millisecond
 )
 
-// partialHeadroomMiB is what a partial shrink leaves the guest above the
-// memory it stopped at: the balloon driver takes every page that frees up
-// while it is short of its target, which would leave the guest no free
-// memory at all and its next allocation to the OOM killer.
-const partialHeadroomMiB = 16
+// guestReserveMiB is the available memory (free, or page cache it can
+// drop) a shrink leaves the guest: the balloon driver takes every page
+// that frees up while it is short of its target, and a guest left with
+// none hands its next allocation to its OOM killer, which kills the
+// process holding the most (measured: a shrink below what a process held
+// did, with the reserve it does not).
+const guestReserveMiB = 32
 
 // fpResizeApplied: the VMM was given the new target, the record still has
 // the old one (an adopt sets the recorded one again).
@@ -61,10 +63,11 @@ type SandboxMemory struct {
 
 // ResizeMemory sets a running sandbox's memory target to targetMiB and
 // waits (bounded by resizeSettle and ctx) for its guest to reach it or to
-// stop moving; the answer says what the guest has then. A shrink the guest
-// could not complete (it holds memory it cannot free) is partial: the
-// target becomes what the guest stopped at plus partialHeadroomMiB, and
-// the node counts the sandbox at that. A target outside
+// stop moving; the answer says what the guest has then. A shrink is
+// partial when the guest holds more than the size asked for leaves it
+// (its processes' memory and guestReserveMiB): the target is then what
+// it can give (shrinkFloor), or where it stopped plus guestReserveMiB when
+// it gave less, and the node counts the sandbox at that. A target outside
 // MinMemoryMiB..ceiling is ErrInvalid, a sandbox that does not run
 // ErrConflict, a VMM without the capability vmm.ErrUnsupported, a growth
 // the node's admission refuses its refusal.
@@ -96,22 +99,27 @@ func (o *Orchestrator) ResizeMemory(ctx context.Context, id string, targetMiB in
 		return SandboxMemory{}, fmt.Errorf("resize sandbox %s to %d MiB: %w", id, targetMiB, err)
 	}
 	defer release()
-	if err := r.SetMemory(ctx, targetMiB); err != nil {
+	floor, err := shrinkFloor(ctx, r, targetMiB)
+	if err != nil {
+		return SandboxMemory{}, fmt.Errorf("resize sandbox %s: %w", id, err)
+	}
+	set := min(rec.MemoryMiB, max(targetMiB, floor))
+	if err := r.SetMemory(ctx, set); err != nil {
 		return SandboxMemory{}, fmt.Errorf("resize sandbox %s: %w", id, err)
 	}
 	if err := fpResizeApplied.Inject(); err != nil {
 		return SandboxMemory{}, err
 	}
-	if err := o.update(s, func(r *sandbox.Record) { r.MemoryTargetMiB = targetMiB }); err != nil {
+	if err := o.update(s, func(r *sandbox.Record) { r.MemoryTargetMiB = set }); err != nil {
 		return SandboxMemory{}, fmt.Errorf("sandbox %s: record memory target: %w", id, err)
 	}
-	actual, err := settle(ctx, r, targetMiB)
+	actual, err := settle(ctx, r, set)
 	if err != nil {
 		return SandboxMemory{}, fmt.Errorf("resize sandbox %s: %w", id, err)
 	}
-	out := SandboxMemory{CeilingMiB: rec.MemoryMiB, RequestedMiB: targetMiB, TargetMiB: targetMiB, ActualMiB: actual, Complete: actual == targetMiB}
-	if actual > targetMiB {
-		out.TargetMiB = min(rec.MemoryMiB, actual+partialHeadroomMiB)
+	out := SandboxMemory{CeilingMiB: rec.MemoryMiB, RequestedMiB: targetMiB, TargetMiB: set, ActualMiB: actual, Complete: actual == targetMiB}
+	if actual > set {
+		out.TargetMiB = min(rec.MemoryMiB, actual+guestReserveMiB)
 		if err := r.SetMemory(ctx, out.TargetMiB); err != nil {
 			return SandboxMemory{}, fmt.Errorf("resize sandbox %s: settle a partial shrink: %w", id, err)
 		}
@@ -121,6 +129,21 @@ func (o *Orchestrator) ResizeMemory(ctx context.Context, id string, targetMiB in
 	}
 	o.log.Info("sandbox memory resized", "sandbox", id, "requested_mib", targetMiB, "target_mib", out.TargetMiB, "actual_mib", actual)
 	return out, nil
+}
+
+// shrinkFloor is the smallest memory the guest can shrink to now while
+// keeping guestReserveMiB available: what it has less what it could give
+// (vmm.Resizer.Available). 0 when targetMiB does not shrink it.
+func shrinkFloor(ctx context.Context, r vmm.Resizer, targetMiB int) (int, error) {
+	actual, err := r.Memory(ctx)
+	if err != nil || targetMiB >= actual {
+		return 0, err
+	}
+	avail, err := r.Available(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return actual - max(0, avail-guestReserveMiB), nil
 }
 
 // admitGrowth asks the node's admission for growMiB more guest memory (a

@@ -119,6 +119,11 @@ type Resizer interface {
 	// Memory is the RAM the guest has now (the ceiling less what it gave
 	// back), in MiB.
 	Memory(ctx context.Context) (actualMiB int, err error)
+	// Available is what the guest could give back without touching what
+	// its processes hold (its MemAvailable: free memory and page cache it
+	// can drop), in MiB, as its driver reports it when asked. A shrink
+	// beyond it would leave the guest's next allocation to its OOM killer.
+	Available(ctx context.Context) (availMiB int, err error)
 }
 
 // Confiner is implemented by drivers that run a machine's VMM as the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/agentenv/agentenv/vmm"
 	"golang.org/x/sys/unix"
@@ -21,7 +22,10 @@ import (
 // off: the guest's driver then takes what it hands over out of its managed
 // memory, so /proc/meminfo's MemTotal shows the size the sandbox was given,
 // and an out-of-memory guest does not quietly grow past it.
-const balloonDevice = "virtio-balloon-device,deflate-on-oom=off"
+const balloonDevice = "virtio-balloon-device,id=" + balloonID + ",deflate-on-oom=off"
+
+// balloonID names the balloon device (its QOM path, for its statistics).
+const balloonID = "balloon"
 
 var _ vmm.Resizer = (*machine)(nil)
 
@@ -72,6 +76,64 @@ func (m *machine) Memory(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("vm %s: query memory: %w", m.id, err)
 	}
 	return int(info.Actual >> 20), nil
+}
+
+// statsWait bounds how long Available waits for the guest's report.
+const statsWait = 10 * time.Second
+
+// Available implements vmm.Resizer: the balloon's guest statistics,
+// asked for once (their polling is on only while Available waits, so an
+// idle guest is not woken for them).
+func (m *machine) Available(ctx context.Context) (int, error) {
+	if err := m.hasBalloon(); err != nil {
+		return 0, err
+	}
+	path := "/machine/peripheral/" + balloonID
+	before, _, err := m.guestStats(ctx, path)
+	if err != nil {
+		return 0, err
+	}
+	setPoll := func(ctx context.Context, seconds int) error {
+		return m.qmp.Execute(ctx, "qom-set", map[string]any{"path": path, "property": "guest-stats-polling-interval", "value": seconds}, nil)
+	}
+	if err := setPoll(ctx, 1); err != nil {
+		return 0, fmt.Errorf("vm %s: ask for guest memory statistics: %w", m.id, err)
+	}
+	defer func() { _ = setPoll(context.WithoutCancel(ctx), 0) }()
+	ctx, cancel := context.WithTimeout(ctx, statsWait)
+	defer cancel()
+	for {
+		at, avail, err := m.guestStats(ctx, path)
+		if err != nil {
+			return 0, err
+		}
+		if at != before {
+			if avail < 0 {
+				return 0, fmt.Errorf("vm %s: the guest reports no available memory", m.id)
+			}
+			return int(avail >> 20), nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("vm %s: guest memory statistics: no report: %w", m.id, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// guestStats reads the balloon's last guest statistics: when they came
+// and the guest's available memory in bytes (-1: not reported).
+func (m *machine) guestStats(ctx context.Context, path string) (at, avail int64, err error) {
+	var st struct {
+		Stats struct {
+			Available int64 `json:"stat-available-memory"`
+		} `json:"stats"`
+		LastUpdate int64 `json:"last-update"`
+	}
+	if err := m.qmp.Execute(ctx, "qom-get", map[string]any{"path": path, "property": "guest-stats"}, &st); err != nil {
+		return 0, 0, fmt.Errorf("vm %s: guest memory statistics: %w", m.id, err)
+	}
+	return st.LastUpdate, st.Stats.Available, nil
 }
 
 // refusesHoles checks that the file a restored machine maps its RAM from
