@@ -20,7 +20,7 @@ func resizeCmd() *cobra.Command {
 RAM its VM started with, its template's memory). The guest gives memory back to
 the node or takes it again; the command waits until it has the new size or its
 memory stopped moving, and prints what it has then: a partial resize (the guest
-holds memory it cannot free) sets the target 16 MiB above where the guest stopped. The size is kept
+holds memory it cannot free) stops where the guest keeps 32 MiB available. The size is kept
 across pause, resume, snapshot and fork, and the node counts the sandbox at it.
 Without --memory the command shows the ceiling, the target and, while the sandbox
 runs, the guest's memory now. The node's VMM must be QEMU.`,
