@@ -40,6 +40,13 @@ func TestAdmitRefusesEachLimit(t *testing.T) {
 			limit: "max_fork_children", msg: []string{"fork refused", "5 fork children asked", "limit 4"}},
 		{name: "a fork itself starts nothing", req: Request{Op: "fork", ForkChildren: 4},
 			usage: Usage{Sandboxes: 3, MemoryMiB: 2048}, free: 0},
+		// A memory resize asks for its growth only: no sandbox, so neither
+		// the count nor the disk reserve applies.
+		{name: "a resize's growth within the memory limit", req: Request{Op: "resize", MemoryMiB: 256},
+			usage: Usage{Sandboxes: 3, MemoryMiB: 1792}, free: 0},
+		{name: "a resize's growth beyond the memory limit", req: Request{Op: "resize", MemoryMiB: 257},
+			usage: Usage{Sandboxes: 3, MemoryMiB: 1792}, free: 1 << 30, kind: errdefs.ErrCapacity,
+			limit: "max_committed_mib", msg: []string{"resize refused", "257 MiB asked", "1792 MiB committed", "limit 2048 MiB"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

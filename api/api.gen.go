@@ -95,6 +95,12 @@ type ServerInterface interface {
 	// (GET /sandboxes/{sandboxID}/logs)
 	GetSandboxLogs(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxLogsParams)
 
+	// (GET /sandboxes/{sandboxID}/memory)
+	GetSandboxMemory(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+
+	// (PATCH /sandboxes/{sandboxID}/memory)
+	ResizeSandboxMemory(w http.ResponseWriter, r *http.Request, sandboxID SandboxID)
+
 	// (GET /sandboxes/{sandboxID}/metrics)
 	GetSandboxMetrics(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxMetricsParams)
 
@@ -312,6 +318,16 @@ func (_ Unimplemented) ForkSandbox(w http.ResponseWriter, r *http.Request, sandb
 
 // (GET /sandboxes/{sandboxID}/logs)
 func (_ Unimplemented) GetSandboxLogs(w http.ResponseWriter, r *http.Request, sandboxID SandboxID, params GetSandboxLogsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (GET /sandboxes/{sandboxID}/memory)
+func (_ Unimplemented) GetSandboxMemory(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// (PATCH /sandboxes/{sandboxID}/memory)
+func (_ Unimplemented) ResizeSandboxMemory(w http.ResponseWriter, r *http.Request, sandboxID SandboxID) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -1156,6 +1172,58 @@ func (siw *ServerInterfaceWrapper) GetSandboxLogs(w http.ResponseWriter, r *http
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetSandboxLogs(w, r, sandboxID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetSandboxMemory operation middleware
+func (siw *ServerInterfaceWrapper) GetSandboxMemory(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", chi.URLParam(r, "sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetSandboxMemory(w, r, sandboxID)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ResizeSandboxMemory operation middleware
+func (siw *ServerInterfaceWrapper) ResizeSandboxMemory(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sandboxID" -------------
+	var sandboxID SandboxID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sandboxID", chi.URLParam(r, "sandboxID"), &sandboxID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sandboxID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ResizeSandboxMemory(w, r, sandboxID)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -2291,6 +2359,12 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Put(options.BaseURL+"/sandboxes/{sandboxID}/network", wrapper.UpdateSandboxNetwork)
 	})
 	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/sandboxes/{sandboxID}/memory", wrapper.GetSandboxMemory)
+	})
+	r.Group(func(r chi.Router) {
+		r.Patch(options.BaseURL+"/sandboxes/{sandboxID}/memory", wrapper.ResizeSandboxMemory)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/sandboxes/{sandboxID}/cpus", wrapper.GetSandboxCPUs)
 	})
 	r.Group(func(r chi.Router) {
@@ -2413,148 +2487,159 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H17c9s48uBXQel+VZaraNl5TOrOrvvDecxOapMZV+xkf1uTVAYiWxJWJMABQNu6lL/7FRoAHyJIUYrk",
-	"zN7tX4lFPBqNRr/R+DaKRZYLDlyr0fm3UU4lzUCDxL/gFrh+xzKmzV+Mj85HfxYgV6NoxGkGo/NRih+j",
-	"kYoXkFHTKoEZLVI9On9yFo1mQmZUj85HjOtnT0fRKKP3LCsy8/UsGmWMu7+ikV7lYBvCHOTo4SGy0/82",
-	"mynQdmQVS5ZrJgwg+FERLYhasnwUBcETtnMQviB4HqCzHoBkAvJSxW2QRJqA0mTGpNJdAPnOQZBmNFVQ",
-	"zjwVIgXKq5lvVjmowLQ8XRGHDjEjegEKiBlDkbFeACn3lGR0RSTkQPXxKBrBfZ6KBEbnWhYQBhdHacDK",
-	"NGQIgwNSacn4fPRQQk2lpCvzt9Kr1PxgkIx/U55Mxf3b1yUt5VQvqrmq79FIwp8Fk5B42Kr516Y1uJGg",
-	"csGVRc0bKYU0/4kF18CRcGiepyymBl2n/1IGZ99qI/6XhNnofPQ/TquTcGq/qlM7Gs7SxDnlBNw3Dx1O",
-	"f6kUm/MbyPKUarihc/UB/ixAIRy5FDlIzSykms5VP0Yzev/WfvSnxf/Zxramch46JoYAtAOHUEUMsomQ",
-	"+O+5pnNLItOCpQnRC6qJ+c18VBfkjumFKDQRHCJDVsQMorRtbShofTPqG/e7BymyK/1SNhfTf0GsDdAW",
-	"W5DU8dVGFE5nyaZNdBuR2ERUC8S5IW8/QwjGl+bbOzF/w7VctYFL4RZS5JXc8I3fRwlMizme/pkYRaM7",
-	"Krk5a0gsX6LAJoNSdA5B2JWGPLwoloHSNMOvJRdLqIYT82nz1pT9KwAit5ZOJFxrqgv1Aag7QmuIsChy",
-	"f5X70Xe6mqgNsJAdcLO2UD9CaFGvBOcQ62vLd9oryiATdsubR8qxa2JY04QgzyYSVJGBIpTktFCQEMfN",
-	"yEyKjDCtSMLUkhhWfU6YJrFIk5OpEFpFhPIEW9j5CMvoHAhThAPTC5AEx+NCknhB+RwSMmaazAUoPKB4",
-	"MN1sR6bTvbYwmFO+ZGl6PCG/CgKzGcTmKBNKZME54/MSRiHNEfeQ+1Pvlt8WR5b8RKEbxDdQhLZ24TWk",
-	"oGEQx7SCYv9cAMftYVOlTGmCE6PwbOklfxY0Vbgrv9zcXBGFp2YUUDbWsdNH72sQ49RRL3X/LOTyAyjU",
-	"K9YhB7+gAbKvFNyb2vtzFNzld0xpSDqPGk0ZDW9cnDLguoP7x3nxShQ8TIht9JojeM3+D7x/ObAD8ORS",
-	"D2Wxpvlt8gmkYpY/Bli9OVGDZ89A04RqVFJokjBDYDS9aioRHYReYb6hdgW4KJUatlqlIWgYSAzX2NaA",
-	"5c53Bxi3Ii0yeG/2crj4cHN8qvpulvcVGFFD4SzJrI4STwA1QqttYoOePFqaRBA6l7/C3SuzFgWdpyG2",
-	"38PKnOtMZiwFMv7n5ft3EaGaZEJp8oS8Zy+PR0EtYx+0VOP7TcAUxIInQS63QR40uZpddwfaerhHKu6+",
-	"mlElB/2VxjGo+opqkosWWlwZObfh8/sO2W+lfUaXYFm8w8iRIqbriRW8ZmvUSmnITtA2GysA4qDH0Z2E",
-	"m1haOr4gXGgrzM0oH1CXIMDpNDXS/vnZ2fGEvK5pHReEzbmQNWFdrSvqWJYddeCZuiw7vBJ8xpAaEslu",
-	"Q+YnNRRP4F4DN0RPxm+evjxS5PLqLVkYg0MQVcQLMmOQJsfnpqGkZJqKeEnskBFhnKBhTE4TuD29TaaR",
-	"/188mUycUUvmBmdkTGfGlDU/2O6EEsVprhZCkzm7BW7MnOqgE5pKoMmKxFQa7fT4ojwuz63uhXvkOzil",
-	"aibBjU9UKrQimi7BTJoZ1X4L7vTajBHSbYHffqLWzbL7gdzPseag74RcDlzRr7Z1RRgK4kJ2HKgNfH/f",
-	"DKUtSZrD2q+KZOY7JIbwSsq6IEDjBW60oalq88k6xW1JAjsKqC4u6Gh9sHr8EB7HQtU9ShNxT4gW5MUz",
-	"koLWIFVEEjZnxng5Ojky9sPR16OIoOQ0hoVlZa6x+YytL0jB2Z8FGCPEIJNbJbatYBiRyl5u5DTnOIrd",
-	"0iNFTDeC/kgyfvJiMnnx00/PXqBAvCClyeamNc21kHQOE9v/q+n9NWPTIYp6yHwI7pYzENrSKqYakldX",
-	"HwdqgmWX9x0a5IvnwX6xyJzvtq1HKFHIGIhtQixq76hC545GszW0N1tq3LEEquFnytJC2tUPgRo7XRco",
-	"xgf3SpxW2l6pdW6Z70aS4EpDSzPa3I3QNB2MXtPjo4Jkqw4buYahmtfY8CEapYIml7dgKPVJ1tTRRTFN",
-	"a+eHF9nU2w1ed9k0jdNyyj7bLd/22QoB5ux1WSKWWcIg/FyXjZ1BUqi6Dw4FvlHQJWXcjB9yvN32WGq3",
-	"WTYEjE/v37vWV0KkA3tg0xYPsYgpF1OBZ4EJmCB+s9Y2oknIDSKtIzlq8qEQj2mfxNaB7uJ6rz2hN0/j",
-	"3QIk1JmwFEKjZ0yR1Ihbo44txB26wz69V0RakWzVrjWvMI2XwJOA6mAZe0LGKV2BUZLRo6aOjSBC1Tx0",
-	"+rWkXOVCBrhlMU2X6DKfJmS8NDZG6vVXuGUxqOPIfDtRIl6CJuNfX74mSkvK5gttxKZZ76f3748jnH2j",
-	"b9YvrA5TF567zBSDQwkGE5AgIueAwo/JhpfROR9N64zyldkJzXis3dfSUWhGyGje2gPbLOAh9eM0XJqI",
-	"ezNODgmZruqjD3SPOXnqj3lM4wWcOKTijpzA/Rq+qh2WpeM6cNwDi1hbfG7+Txsr2kFXyKzO42CJPAYt",
-	"CF27fF1njc0dsD7bgdLYrWhga21YyKC2a2v000QeOj9W5/qQ571C73Z7iTux9zWQ3BhdABg+3tbT4thG",
-	"dtqagrECZPBTJ5GtAeSGiNwsPYB5ydLWa+6ozEguRGrUmk/v35NcCsuoyZhOFXBN7hbACdOEKSJms+Nz",
-	"00wR5+EidAE0ITNhbRszEiSVIRxZe+iOsrpO72xFZxjxhNCKieNQlFgZYTif0V6Ql3vnWBPDCzZfIKaJ",
-	"hBlLU6OT58qY53rBFLKk0Tkv0nQ9+pobc8zBOYx1LFjIHLSQYtR8ffUuGCrEklBOACNU0RAVJxV3a2ui",
-	"UisyhVTcVevCEREN+1lfxryqvOUKZ6LgCeGCA/HHasAibdN27MMuqqSZOj0MW4cEBfLWeegDqjxCKzhx",
-	"7axWM3zcJDSw9Ss5xu58TX57Bg3u7d5uhEwB423u3E1XOIclkB2EiN+ocl5LdZE9UI3F1jHqTkFJLCGm",
-	"Y51+PYGafv/pkJDpBVEApBl8nTxSsHHfAahEZJQhuzfHmBqDzGWsBINDl6hI34glhPWQTQGk/ljOJl+b",
-	"pLMZi9dg2AD3DvGTTQGQLhdzO0ppHeAhSuvZ21dXH69YID8htz+u68lKk1dXHxVhnMR5kTKliVpxTe/J",
-	"+PPo7ORJ9Ozz6Nw2wTg9j9NCGVNFGm1FRehAoURBTqWxniJ0eOc0NkxXumwrdXxBIMv1ikjIxK2LHeTM",
-	"60n9SDeQf+ldsBq4XDcrwWWaFVMuOItpajh15mFEpYELjQBC0FeiF4YHBS08lkI9JcFo+SrC/AIUosTI",
-	"tttXVx/N/Piv9fyPFePzFE7syJCQm1d/89jD3vbD8ba+11dXH2+wZ8gHfxvnhdpFxTXY9d17tuY1aMrS",
-	"bbgNhrLeukjWZU8g64fGxbdgewOjRudraSw2SrSTux0jLm/5TISjLltH9L+Xac+ss2QACu4WqzU0pFRp",
-	"8uk9AZ7Ugn1Wm6BqadQ5YTP4/HG7o8hc+Ho2T5VgFJElAFqzPi3JukbM7OYXnNPmMxEDO/I0mjXMX/Ss",
-	"HJnec6M7OTMD/TWJcr0uSN0I8clMC2P+c0iIYjwGY5vY+SgP4T9lM4hXcTo0bvmubP+j0i2+N5b2n2yN",
-	"v1S2RiOKu/kEo5irWFdE4J7GOl3hBzFzjjCjSPggV9ClFpipSuIVsop3s6TM5a3ik8bapyQW+epE8JM7",
-	"yTSQWwZ3CICuOV0bnONIEXHHjyPi3AHYgGkF6cza/uZs/8bT1SjsW7PfgiqHNbAUYFzVNLVpERYEixIX",
-	"yje/HwetgO6gIJmmlC+JWaeRRC4gaA055sKC4ye1eGBk9DOp4DgqfR+ee9JU8KFuvV5aQfnTkvvWX9yD",
-	"pCOXJzq+TaYInE+ICCb1dNBKI+W7Ti0VhXhLFLNTvbPIWusWmxaJx5v2eod9asRrdzB+HQ5rcPSc2ze3",
-	"7grAOix+w0sBYy9QRD4jwEJliMhms9zBdCHEkuR0lQqKiQlrxorp/tqJjwF88E3Z3mxk0mfuYZr0294m",
-	"b+4hLszi+pv1f70Bmm1q4Rhysp+sdP9DK4TjvALl7kysDymJyMTqNRGZWBXF/G8mpFGFhCSTJUvTsMnS",
-	"He5bI7Aq8MbKgeoYDGFjHYfBjWltaB1jm4jYk9Ya1fnht6G6Eqbazn7dh/bzsGENb+rQdizkK1JKiyIy",
-	"lqYsnBTUG53+mk0Hqn+OJX6lWyhXxgD8Gg+2tNpBCT9jY6g67NE6Znro5Gend64nk3aBN/wu3uZELRsr",
-	"iBcsTTCS+/2poAbqnsW+q1sGbR9lle3YFlGC31Sr8TGlpXXFInfZHE+qTVEfrw9eEfBwpYzDwe/34CT9",
-	"kHXcbcKUze/MUDzo/ahDXoOK/PL7Uaf2chNqfSsCnotUzHcZb6ORheNGdaB7FvwetGRxgMlsmRaWFx8V",
-	"JFdxs8MsFcgLWxlNZUbLlolZwxOZthk9g2yLwXdRinyXj5zdD5qmh66bgzWM49o2VKuqoaOGyPoe9NBH",
-	"058RTtT/zTLe4ReJsddVMU1ZfGNjGGG+ngBfbT14RtXSpeP/IlRAwJlfyQJoAtKYA9K2dR58Ke5Xxla4",
-	"ozJRPtfHqVQX5L++Xf324ebB2OMS8pTGVewvF1JPrAx+B3yuF6Pzpz89i4bk7jZR/TH3iY97Q/WwmxQ7",
-	"YLtnNfVrEd93E3MJkCuX07+o38Ww3g7ri2Cqcp/O0kIt7KX9C/QigCJMkwVNMAiCnyHBu/NTIKlQOiJU",
-	"uaRwSmJJ1eL4nHDRusC5hFxHLtSL7tTq1mfD69C8IzqmhMMdMc0wmFRldYgZmcJMSDi2eVsuokcSAQph",
-	"xTsobi6mR9E2cbMPMJOgFgGnRSGpV9q7dchnLxpK5Hbx2GvvpCwzfNZTiEKagetcU+bWLtjvHjheZ6Yb",
-	"lLtalCkkGlWHjwZ7HCny6uojMTvJmV4RLu7IuBmKPO4OwVkPbSCoaT+jg9BmNNzaNM8B0tmYIrvYM9iv",
-	"Blg02hQfqzuDB15EaKT8YzGDsZCEJUEcYYGJtvdnqkRaaCDmc+MKSO1CgTm//pZIXSkZ4vNsuYVxoJrn",
-	"c0z5ilj1xmxPmZVrmMyF95Fax63tymwMtHLVoqPyOHzCA1ebERE9GwHqH0wvrHYX0GgbudldtsAAfdSp",
-	"j0HPQcMyLucLwuz8mWEf6043FLYKqVg2/46uXJWcQbGlrUJRWH9jO8ktIReK6aCYrNKuS1cw2uhkCith",
-	"5MiCKczIPm+E7HyednmNz3eu5rogOfCE8XlEijwVtP5f65GzsUAydiEE3xEvlx+jy9kIPncLRYuG2Kqf",
-	"tUbHcOqlEHqmttqWDdE2T2c7pNusE3Q1lN/dZkSrEeqqaHKN2NYWGToc3inZkXSwLVnh3ZltzlNfsZZp",
-	"VUWkLuzxZyvtXeLgKCpz3LodA4c/6DvUC9hrAYAd2ECOZlJHaCandzyIsi7TtT8MXKDpsQVG+8K7nm4G",
-	"RW/dKqOSpptnpgKsuSVNCuw7PZdm3A+urlQguaoHy9uwhQYG3KB9YGHg4GeWwkfksAHAJCgX8WpDVsh0",
-	"M0h+hI1ghKVv3/E/RIWglldsgKD0GfobJ24UPApeNNuRde1MI9UpKe+JDfPfNbbO2dmfnvVkpq0b2rkE",
-	"vB3WOtXRqFBArLLOizTdxJn74wy9HLLq+vR/dvHLvdQHMjtEs67d6UfutaZSf3oa8KYLGXdEJGZSZG+z",
-	"Li+3+VoX60FLZPUqS7pzhro/Qj78NHogrjXkw7w7voejOM9ROylvJ/Wkg93sWXruQkPffcoDgs5rj53V",
-	"qhq71Eaz3HYZ6EH7hVrXUJs4u6nax/Y3rNx87VvHDZ1vJ2d20PS0nWNTPcN5U1Ep5+kD3zpoO12bFcm1",
-	"bDbMl2wk8zBFbHsydnc7KU/QqpIakgsCtyBXWHllCXiVhVoDDlOv7Ec/1vFA7+D6MrpUoq1PW8BREabn",
-	"rkIVjW3udcDU3V79lr11+LxcbZev7O9SWV9N5UOqJy5vPGadwmu7chhVFYyBzj6EdAiLKltG3RUv7F5d",
-	"8qRMlz74nm2Ri/7/4fZqvw/NsW1SG34s/cPW7enK5homEpG7BYsXrjZIGWTA62TnhKZ3dKXslZFgbszO",
-	"hOWhDhHYP2weXleAcQfW33PLyJVd3lJediTzdSunXarmQIvNZqnZQUoM1s1hv0I7XrmoPvTaG5t9N7LK",
-	"mtWNsxZE3abcvm8+uc8m70Uuw8/n99nsvgcydmY9yrx4AfEyF8z65yUQGseQ2/tXRtARY8Qe7+uEzjnV",
-	"hYRriGWoxrJp4DKgEkiZkbPnBJ5OT8qeRnKbQ1bwnCYJJGRKFbx4bs7e9S+XJ09/ekHErZP2CmchM5Gm",
-	"4q6KGE9FEjxnjkbWQkBa50RIYv5V5OOHd/ZSq60RbtB19dv1DYY/N3pphtLMa7fygVnyVBtNBF2+Dmd4",
-	"z9pMY36jPuO2lWjrOoZKVPlsbozlkvaN7a7bTA7yUCwNU6bdd58un2EFK9xuCdreGcbE/1tHc20e453W",
-	"6zqe3VqPC+srDw4QzmMuN5W4LNVWR1HoWGTQTMDC5eBECL+14hMp8rwj0rrxVoou1KtgNVwb/I7BzHik",
-	"6hVxm9eDmCYJswF3ytUdlkYYIt7qyTUtBZo3sIt3qAarFY78hsivGv3U+/ldW3P011JzPClX29RzvroS",
-	"PfYuv7bhg8MlVjvgh2UDmV5dxwtwtsNlzv4Oq8vCRm3xjQCbeVO9EvDfJ5dXb0/+DjVeSLGXrdLPnFey",
-	"SQs3C6vYSJGidSRm5A/kSn/g/d2cajZNwV5zsaqRM7NMYyWs+mc/XL/+uyJYAaPgmUjYjEEy+czfIIPA",
-	"c+4IWJE/vn3GQs2fR+fkc3F29iyukT/+ABH57BMPsdVoMpl8Hj38MSEGCcC1e7bg3Gcg/VGu/4/JZ7wy",
-	"xzS+snA5B67f/PrJGnwG7vGbpy9PqtUd12pKnY/OJk8mZ8ggcuA0Z6Pz0bPJ2eSZixXjbpxa6jltRH87",
-	"HxnwFZ0gNoe6436F8tVBY5qmxxdViNFm7dg3BpQmT87OzgjjPqOmvCvoUqZHCLdNS3mbjM6xvHQ90xzv",
-	"Z9SeMvk97NiqmpzW3xp5iIY1ty+jDG1dvhsytIN97uPhy9oLF0/PzrZ632KbhFF7X6Ztq7fev6jUCaNw",
-	"3ZXPnpCCp6AUEdViK1UxDEK5uOq1jYeoTXyn30o2+tBJiM0kiXXii6paNGTBlDakNZgeDdNAme9Ju5s8",
-	"I0JTJWplQ8suilgdd0Kenz1fi7KXN2RFmjTzw7jR5KiqvfGC5l/7CFja/23my1z85xD8Gx+CbTev0jIe",
-	"vtQOkFNI6sy7TTj/8I0eA81NG34gnp148auJSOOxpV0R7DJ+mwix1u8/SvvDpfy+FLbk0V4eFmoa2g9N",
-	"ldKY1A+tnXiy98ndBrQRLmHOlEYb4Xv5t9+w02+lZvxg+XYKVp1tIt8+B1JHfgMJzwPlGXkF7gVyeJeT",
-	"5A03Btbm9RbOjsQSPDx/A90J69njbRiWg3Nw7IfZBB7oqps2wx/o+oIaZbxo485aNI9yzpzxNOic/Zht",
-	"I1QR5+A6yJk7rQ5Dp/Y0sJI/6krWHe3Gr/T+0lfibNs1yditYf1UKVgeI5WCNcb6dKqQt1gkFkubUom+",
-	"lk5Z9rpa7yMKtdILNlCshdH0lzvDhrgWQFNrmHdxwl9siyFM2zo65S1IoxQXecMjMDr//QvSc1YlJAcJ",
-	"9kqKDPQCCkVcUx/NQBIbVwZACat73yGlGni8smbAXNLMlvdS2lbFzYVIVVQFgI4nLVL7G2ifL72RvjTc",
-	"69M8dXGq3scMOxdoxiBwj3mw5nA6N1YQb2b1/Qrfr9jiMQ4GFsEfdBpcEvLu7A+XffrN1tJ+6KPUX30Z",
-	"3gNxfrvobk32cAe8LCS+nYQOXn3D+rq14+SLiZqTMhNyqZyri/x09ozYym9wj6Wf57XYqWH0vtYzFprK",
-	"6BKtZfssC51TLKbW3KNru0fXPsvtELpBq/TwIPWgi5nhQIaZMTyb8XfQccjh1unvgoCva01BlukJ8Fgk",
-	"kJDl/74lOWVSkX8Jxm106XNxdvb0RceDtWVdiA0UdHhG0nxCbgBHWXvm0D4WsG8zsXK1HIREq1evHtlG",
-	"bEwbIPdauTkXvt0DvZ/UXj4Ls6TtVFTUEgnl9kqmvXv1WsRLkOUzarkU/4JYkzG+cPP0OWolLMbS+PaN",
-	"NTFbe18Nn6uqHI0TcuPumZrTf0tTZsPUtVdu3LVNQvlKL8pKwOocVdlZoWhquj4/O/OF9myulpjNnCW7",
-	"hJW9rTb24E3uYDrJJbtlKcwhOZ6QSzt3CYnlzZCQn86ekKouZ/1GT5lYhjqRw8wbPmfcFinzSBonIlan",
-	"bnMmWUIUXSlyt6B4M82+GGPa+1+4COjm9rysvX13sGOzNs9f8/R4DuXukvuI33eeoo1qM5KBNTcUzXJL",
-	"4zaevfYyrBECCRkXfMnFHY98UUnKbah2BX4EQ+7OzZLCTBNRBCjgb1AJrUp37pVdWF33pKyuW3nSE0XG",
-	"5bE8O2u8Z+6eUQ+JM1/uiCWqV0ca/Ch3/6vnXw6oYwavbgYIrrHTygj8Con7oLa1uEyXY+/vLE3rp36T",
-	"UuUqee3ZWdcJwd73xdX+7ecAPyYyENy709hWZLeviuw6fKey1Hxr+zBsf22SB8f0D7vPoR1mGhUjx00v",
-	"/CuhVm9JLFU/krjxoNhkuj2f91Nf3GBP7sQqdIuVwbEImC2gUSvUru1XK2xsiXLMGONJ5NQcY1ti1XGU",
-	"aabxkSL1qgj+xfV60YUeaYUV1g9PSThNB7/wteIfnV9Eo7zQA3L6cucpWNtCVyjebFC1heMl5Jq0OkiI",
-	"hbSbo0BbxwBm2qEyzOEOH7nB6HdkncBFBhdGTRdyWS90eqRKEedeXym4JRRUk9de6K85opnS5ZV0O/zE",
-	"a+W+Zr8xKPBiBTbGxKAyMxqryvqCvIpQYjHgdO6YctOoUHDhVPJa9P9I4eJcG4PM8c9MQiyp0cnbqtQV",
-	"4+vEuX9+2nxR4ZGDJxsOhXubYM/8bOZLKO5dAP4s5PKw0q9eBfIA5s4gH42Z/AMosx0DHDT20SHTGl+F",
-	"wOqRtcegx1WZXmGzg7FoxL733F8h3qAyvrP3bPs9bZzdk7VSpUErxHClhkdtQIW3b8Gh/F2QaqgSN0/O",
-	"jIHSW/ZzU+HPxzBgELEdYs9FFVPGQTWfAY8FVyKF8kFGfIpsDlwf2ze9bVv8xVY2J6mYRyQDOXc59SyD",
-	"ZhbJhX0Gy+oQru7UX0g/b1v1XaQ60LZGaj0IoW49j33vcptZHjMhrFW2qDek6w3tWiTSqJ8+39DdFJAr",
-	"MoM7j5aoCoQvRCGP0SHHuFVfJhMwum2TVOm6r+ZIeZ8OU6XD0kyG1fxuaWoG+CvRc+2ljD2op6HUkmal",
-	"xMOK3WY5xu+JJMFcglIkFymLV3sOKDU2IPfvuO1f28Fyjo+i7jQKRwYt/gCav4e5d+NT2gqK/mHWfePU",
-	"FWh8FKz6YpBDEVp3bOwXpb6M9z7wWati4hy+6xg2sx0WwWsPLAYR/CiOoQN5hLwNfqBD4IKubpIDRl39",
-	"DIfeoHotwy6FwtfdGxcKX7ihilT1QojgLgK7d8uoVkB1/zt5XaqrvoDrQTman2RXyWyvROyK3vqh6E7o",
-	"KFuFE33CoSxbDaozNaPDbHTXxLfu129uRt/zyEQnqHCvbTmJH56C0jytm82Bct/Xs2D/++RXuNcnuKya",
-	"d9EsleR0DnsgtdNvVdHJARn3DZa66TDYofYfnOuE4eyHMNzDZek16oFumYdbPuDdy0xuylaPcTDK8mRD",
-	"bOTyAXLMkPnurM9yvFNXJOv0G/6nNwG0UejxkPQWrijZQXhlPg7lBNdgecPh6JCWy9+NBE99VbR+5lIr",
-	"5XWoWEV7oppRuJPEt081J/tNGrxUis35I+CjPdFW+HiyZ0Agaay5i/7pXGEBfCzsbn+Rc9BHNsks2QeT",
-	"+Fapzg/DKfdHisVuGPbPpjZxpsOxokYFxN2ul7U09kb1vCNFfNE8rSWbFkYEjW2hh3aA1TryGqjf/yEN",
-	"1wh85EBrR4W/DYRw9F2yqftInuJBV6ffXJ3Fh9Oq6u6mA1Ir2jvMhErFXLnr7kGT5mzrR+wOazVtM6V7",
-	"xKyacrcH2A4aAWwXlO6gOiSGI1+7gfKEpGJOwBY8tu/nVHtJBP/LsakoOFhVS3RnBaxxdrBU6+m3BVWL",
-	"Qdrvz6b96IDCv6tweWCb6wVPyxz18gUnm3Pz6rerfxKlISdjalQDQmW8YLdApitfR809jeSevBDuLQoz",
-	"UPZvQhRm97YWgeEgmFl6e6+HyDERa9AnSkugWXO7S141ZZzKQEm6werlmrhG2bx3ceINlE1HoVTFH8tU",
-	"vqGDa1/UZK5ZTmTIHYnlL6eMmY24fbrtBbZPT4eJ60F30aINVwjOfeDc1ZnsznzQO3lIh7krf4x7de3E",
-	"CalJwiTEeKF4unL3pWxmDI2lUAq9keqCUFKuq7zlVNZbtOlaLtM4o4m9T9SBWGwcXiLChwVLraZC8S/8",
-	"MfQi7/p6Pvz8ijx79ux/4QLO7ROA1TVU/+Q91ZhNhrWZENedeS+QXJpW21HbwKTnGUs1yOOIDAPazBfr",
-	"dOUvkm0C/CU22xLyWp3xxGextiByl/2szoXpr7qykUIQ1T7/u10gLVd94cvvNfz2mMCbme2QkNlLzLYZ",
-	"QlJvuuHW/+GupSJn/c/F1F11iroo+1F3ZQ62hf+5LXO42zK3T7cN07ht/n85UFNHSr/PJ3Cu/pKmeGdu",
-	"g5HCDdv3YKc4+PbQIJb8tG2DIRLKIqu7b/SzJvX3CSoP/6dnj4Gg6uWr4SjaKxTth5A2hwLtXTVbWRJ3",
-	"KCLusbFSA3cbl8N3FFy1zzD0s6tPrs1jsCr37st29SHdIg5fHvKTfwLkQNqVX/3jKldr77d04NoiOSKU",
-	"TFPKl0ZQP689tP7dJHj6zT8JMiBCV9uIgfE5W+0C31unmu47WtcFz9kP2aQ9uYh63uBmCRkLGWHKQtP2",
-	"teWWjXw99rZhU+bWHn7ZxsfUrHjWrBr/+5eHLw//NwAA//8=",
+	"7H1pj9u4suhfIfwu0DagXrLM4N5uvA+dZc4EJz3TSDo592IyyNBS2eaxRGpIyh2/oP/7A4ukFouSZcfu",
+	"zHnvfEra4lIsFmtn8esoFlkuOHCtRpdfRzmVNAMNEv+CFXD9lmVMm78YH12O/ixArkfRiNMMRpejFD9G",
+	"IxUvIKOmVQIzWqR6dPnkIhrNhMyoHl2OGNfPno6iUUa/sKzIzNeLaJQx7v6KRnqdg20Ic5Cjh4fITv/r",
+	"bKZA25FVLFmumTCA4EdFtCBqyfJRFARP2M5B+ILgeYAuegCSCchrFbdBEmkCSpMZk0p3AeQ7B0Ga0VRB",
+	"OfNUiBQor2a+W+egAtPydE0cOsSM6AUoIGYMRcZ6AaTcU5LRNZGQA9WTUTSCL3kqEhhdallAGFwcpQEr",
+	"05AhDA5IpSXj89FDCTWVkq7N30qvU/ODQTL+TXkyFV/evCppKad6Uc1VfY9GEv4smITEw1bNvzGtwY0E",
+	"lQuuLGpeSymk+U8suAaOhEPzPGUxNeg6/6cyOPtaG/E/JMxGl6P/dV6dhHP7VZ3b0XCWJs4pJ+C+eehw",
+	"+mul2JzfQZanVMMdnat38GcBCuHIpchBamYh1XSu+jGa0S9v7Ed/WvyfbWxrKuehY2IIQDtwCFXEIJsI",
+	"if9eajq3JDItWJoQvaCamN/MR3VF7pleiEITwSEyZEXMIErb1oaCNjejvnG/eZAiu9Lfy+Zi+k+ItQHa",
+	"YguSOr7aiMLpLNm0iW4rEpuIaoE4N+TtZwjB+MJ8eyvmr7mW6zZwKawgRV7JDd/4bZTAtJjj6Z+JUTS6",
+	"p5Kbs4bE8nsU2GRQis4hCLvSkIcXxTJQmmb4teRiCdVwaj5t35qyfwVA5NbSiYT3mupCvQPqjtAGIiyK",
+	"3F/lfvSdriZqAyxkD9xsLNSPEFrUS8E5xPq95TvtFWWQCbvlzSPl2DUxrOmMIM8mElSRgSKU5LRQkBDH",
+	"zchMiowwrUjC1JIYVn1JmCaxSJPTqRBaRYTyBFvY+QjL6BwIU4QD0wuQBMfjQpJ4QfkcEjJmmswFKDyg",
+	"eDDdbCem0xdtYTCnfMnSdHJGfhEEZjOIzVEmlMiCc8bnJYxCmiPuIfen3i2/LY4s+YlCN4hvoAht7cIr",
+	"SEHDII5pBcXhuQCO28OmSpnSBCdG4dnSS/4saKpwV36+u7slCk/NKKBsbGKnj943IMapo17q/knI5TtQ",
+	"qFdsQg5+QQNkXym4t7X35yi4y2+Z0pB0HjWaMhreuDhlwHUH94/z4qUoeJgQ2+g1R/A9+z9w82JgB+DJ",
+	"tR7KYk3zVfIRpGKWPwZYvTlRg2fPQNOEalRSaJIwQ2A0vW0qER2EXmG+oXYFuCiVGnZapSFoGEgM77Gt",
+	"Acud7w4wViItMrgxezlcfLg5PlZ9t8v7CoyooXCWZFZHiSeAGqHVNrFBTx4tTSIInctf4P6lWYuCztMQ",
+	"2+9hZc51JjOWAhn/z/XN24hQTTKhNHlCbtiLySioZRyClmp8vwmYgljwJMjltsiDJlez6+5AWw/3SMX9",
+	"ZzOq5KA/0zgGVV9RTXLRQotbI+e2fL7pkP1W2md0CZbFO4ycKGK6nlrBa7ZGrZWG7BRts7ECIA56HN1J",
+	"uDNLS5MrwoW2wtyM8g51CQKcTlMj7Z9fXEzOyKua1nFF2JwLWRPW1bqijmXZUQeeqeuyw0vBZwypIZFs",
+	"FTI/qaF4Al80cEP0ZPz66YsTRa5v35CFMTgEUUW8IDMGaTK5NA0lJdNUxEtih4wI4wQNY3KewOp8lUwj",
+	"/7/47OzMGbVkbnBGxnRmTFnzg+1OKFGc5mohNJmzFXBj5lQHndBUAk3WJKbSaKeTq/K4PLe6F+6R7+CU",
+	"qpkENz5RqdCKaLoEM2lmVPsduNMrM0ZItwW++kitm2X/A3mYY81B3wu5HLiiX2zrijAUxIXsOFBb+P6h",
+	"GUpbkjSHtV8Vycx3SAzhlZR1RYDGC9xoQ1PV5pNNituRBPYUUF1c0NH6YPX4ITyOhap7lCbinhAtyI/P",
+	"SApag1QRSdicGePl5PTE2A8nn08igpLTGBaWlbnG5jO2viIFZ38WYIwQg0xuldi2gmFEKnuxldNc4ih2",
+	"S08UMd0I+iPJ+MmPZ2c//vDDsx9RIF6R0mRz05rmWkg6hzPb/7Pp/Tlj0yGKesh8CO6WMxDa0iqmGpKX",
+	"tx8GaoJll5sODfLH58F+scic77atRyhRyBiIbUIsau+pQueORrM1tDc7atyxBKrhJ8rSQtrVD4EaO70v",
+	"UIwP7pU4rbS9UuvcMt+NJMGVhpZmtLk7oWk6GL2mxwcFyU4dtnINQzWvsOFDNEoFTa5XYCj1SdbU0UUx",
+	"TWvnhxfZ1NsNXnfZNo3Tcso+uy3f9tkJAebsdVkillnCIPy8Lxs7g6RQdR8cCnyjoEvKuBk/5Hhb9Vhq",
+	"qywbAsbHmxvX+laIdGAPbNriIRYx5WIq8CwwARPEb9bGRjQJuUGkdSRHTT4U4jHtk9g60F1c75Un9OZp",
+	"vF+AhDoTlkJo9Iwpkhpxa9SxhbhHd9jHG0WkFclW7drwCtN4CTwJqA6WsSdknNI1GCUZPWpqYgQRquah",
+	"068l5SoXMsAti2m6RJf5NCHjpbExUq+/worFoCaR+XaqRLwETca/vHhFlJaUzRfaiE2z3o83N5MIZ9/q",
+	"m/ULq8PUhecuM8XgUILBBCSIyDmg8GOy4WV0zkfTOqN8bXZCMx5r97V0FJoRMpq39sA2C3hI/TgNlybi",
+	"3oyTQ0Km6/roA91jTp76Yx7TeAGnDqm4I6fwZQNf1Q7L0nEdOO6BRWwsPjf/p40V7aErZFbncbBEHoMW",
+	"hK5dfl9njc0dsD7bgdLYrWhga21YyKC2G2v000QeOj9W5/qQ571E73Z7iXux9w2Q3BhdABg+3tbT4thG",
+	"dtqagrECZPBTJ5FtAOSGiNwsPYB5ydLWa+6pzEguRGrUmo83NySXwjJqMqZTBVyT+wVwwjRhiojZbHJp",
+	"miniPFyELoAmZCasbWNGgqQyhCNrD91TVtfpna3oDCOeEFoxcRyKEisjDOcz2gvycu8ca2J4weYLxDSR",
+	"MGNpanTyXBnzXC+YQpY0uuRFmm5GX3Njjjk4h7GOBQuZgxZSjJpvrt4FQ4VYEsoJYIQqGqLipOJ+Y01U",
+	"akWmkIr7al04IqLhMOvLmFeVd1zhTBQ8IVxwIP5YDVikbdqOfdhFlTRTp4dh65CgQK6chz6gyiO0ghPX",
+	"zmo1w8dNQgNbv5Jj7M7X5Ldn0ODe7u1GyBQw3ubO3XSNc1gC2UOI+I0q57VUF9kD1VhsHaPuFJTEEmI6",
+	"1unXE6jp958OCZleEQVAmsHXs0cKNh46AJWIjDJk9+YYU2OQuYyVYHDoGhXpO7GEsB6yLYDUH8vZ5muT",
+	"dDZj8QYMW+DeI36yLQDS5WJuRymtAzxEaT17+/L2wy0L5Cfk9sdNPVlp8vL2gyKMkzgvUqY0UWuu6Rcy",
+	"/jS6OH0SPfs0urRNME7P47RQxlSRRltRETpQKFGQU2mspwgd3jmNDdOVLttKTa4IZLleEwmZWLnYQc68",
+	"ntSPdAP5770LVgOX62YluEyzYsoFZzFNDafOPIyoNHChEUAI+kr0wvCgoIXHUqinJBgtX0WYX4BClBjZ",
+	"tnp5+8HMj/9az/9YMT5P4dSODAm5e/k3jz3sbT9MdvW9vrz9cIc9Qz74VZwXah8V12DXd+/ZmlegKUt3",
+	"4TYYynrjIlnXPYGs7xoX34HtDYwaXW6ksdgo0V7udoy4vOEzEY667BzR/1amPbPOkgEouF+sN9CQUqXJ",
+	"xxsCPKkF+6w2QdXSqHPCZvD543ZPkbnwzWyeKsEoIksAtGZ9WpJ1jZjZzS84p81nIgZ25Gk0a5i/6Fk5",
+	"Mb3nRndyZgb6axLlel2RuhHik5kWxvznkBDFeAzGNrHzUR7Cf8pmEK/jdGjc8m3Z/nulW3xrLO3f2Rp/",
+	"qWyNRhR3+wlGMVexrojAFxrrdI0fxMw5wowi4YNcQZdaYKYqiVfIKt7NkjKXt4pPGmufkljk61PBT+8l",
+	"00BWDO4RAF1zujY4x4ki4p5PIuLcAdiAaQXpzNr+5mz/ytP1KOxbs9+CKoc1sBRgXNU0tWkRFgSLEhfK",
+	"N79PglZAd1CQTFPKl8Ss00giFxC0hhxzYcHxk1o8MDL6mVQwiUrfh+eeNBV8qFuvl1ZQ/rTkvvUX9yDp",
+	"xOWJjlfJFIHzCRHBpJ4OWmmkfNeppaIQb4lidqp3Fllr3WLTInGyba/32KdGvHYP49fhsAZHz7l9vXJX",
+	"ADZh8RteChh7gSLyGQEWKkNENpvlHqYLIZYkp+tUUExM2DBWTPdXTnwM4IOvy/ZmI5M+cw/TpN/0Nnn9",
+	"BeLCLK6/Wf/XO6DZthaOISeHyUr3P7RCOM4rUO7OmfUhJRE5s3pNRM6simL+NxPSqEJCkrMlS9OwydId",
+	"7tsgsCrwxsqB6hgMYWMTh8GNaW1oHWPbiNiT1gbV+eF3oboSptrOfj6E9vOwZQ2v69B2LOQzUkqLIjKW",
+	"piycFNQbnf6cTQeqf44lfqY7KFfGAPwcD7a02kEJP2NjqDrs0SZmeujkJ6d3biaTdoE3/C7e9kQtGyuI",
+	"FyxNMJL77amgBuqexb6tWwZtH2WV7dgWUYLfVavxMaWldcUid9keT6pNUR+vD14R8HCljMPR7/fgJP2Q",
+	"ddxtwpTNb8xQPOr9qGNeg4r88vtRpw5yE2pzKwKei1TM9xlvq5GF40Z1oHsWXOUbbMZKdeEzh4Y5BM0v",
+	"PpaulTMRbL7wfUSsZTQkwQxYyvi8K1707vpmw6Py8cZH5NCoGZvJvbJ84l0kNy8mu8AgsjyFUPZZ1+Lv",
+	"F4DOkMo4MivHZBdIbF55eXeyxb6kTR4Px7KMfWUU6xNFKFf3IJ1jzRhB1mE0ExLXduXSWinJqdSMpkQt",
+	"JONLN/XNCzQjp8LYk3oYInzP8F643a5jw5lnlRfLbScpeApKubUkEwfwPYZkXfYQQRGhCNOE6j3siIpy",
+	"aoBvJf0Puc8zDN0V7Fp6I8KohaECIjiu6pI8efqfpMh9opADa5/UEg9C7yK0ZHFASdgxrTMvPihIbuNm",
+	"h1kqqA5lJJYZaTsmVg5PRNxl9AyyHQbfx6jxXT5w9mXQND1yqTlYw7lV24ZqVTV01BBZ34Me+mj6I8MX",
+	"bX61itPwQgDY67aYpiy+szHIsF6WAF/vPHhG1dJdp/lZqICCan4lC6AJSGPOO+7pInBSfFkbjnhPZaL8",
+	"EXTc6Yr8x9fbX9/dPRg2JSFPaVzF7nMh9ZnVod8Cn+vF6PLpD8+iIbn3TVR3MZRvQPWwm1B7YLtnNfVr",
+	"Td92k3oJkCt3J2dRv0tlJYRlpUY0+fDHLC3UwhbduEIvIKBQWNAEg5j4GRKsfTEFkgqlI0JVKf1iSdVi",
+	"ckm4aF3AXkKuI5eqgeGQ6tZ2Q4w173iPKeFwT0wzDAZXWVliRqYwExImNu/SReRJIkAhrHiHzM3FQtK/",
+	"ZwfewUyCWgScjoWk3ujutgGf/dgwAnfLp3jvgwxlht5mCmBIs3eda8bYRoGM/RM/NpnpFuOsFiUOiUbV",
+	"4WPFHieKvLz9QMxOcqbXRn8l42YqwaQ7hG4jLIGkBPsZHfw2I2ll07QHSOdVnBf7+COwXw2waLQtvl0P",
+	"5gy8SNS4soPFSMZCEpYEcYQFYto67lSJtNBAzOfGFa7ahSBzfv0tr7pSMiRm0Qrr4EC1yMWY8jWx6o3Z",
+	"njKr3jCZKx/jsIEX25XZHIbKDMFAwyR8wgOlCRARPRsB6h9ML6x2F7BIG3crumz5AfakUx+Dnr+GZ6uc",
+	"Lwizi0eEYyR73TDaKSRq2fxbunZVrgbFhncKJWP9nN0kt4RcKKaDYrK6NlGGctDHRqawFkaOLJhCm+iy",
+	"EXIvLSV/Ddd3rua6IjnwhPF5RIo8FbT+X+tRt7F8MnYhQN8Ri0NMMGRkBJ+7RaZFQ2zVz1qjYzh1Wgg9",
+	"Uztty5ZouaezPdLlNgm6GsrvbjMi3QhVVzS5QWwbiwwdDh9U6Ega2pWs8O7bLuepr9jStKoCVBf2+LOV",
+	"9i7xdxSVOardjr3jH/Q96n0ctIDHHmwgRzOpI7Sa03seRFmX6dqfxlGg6bEDRvvSMzzdDMq+cKuMSppu",
+	"npkKsOaWNCmw7/Rcm3HfubpwgeTIHizvwhYaGHCD9oGFgb+fWAofkMMGAJOgXMS6DVkh0+0g+RG2ghGW",
+	"vn3H/xgVvlpe7QGC0t+w2Tpxo2BZ8KLonqxrbxqpTkl5z3OY/72xdc7O/visJ7N009DOJeDtztapjkaF",
+	"AmKVdV6k6TbO3B8n7OWQVden/9nFLw9S38vsEM26dqcfue81lfrj00A0TMi4I6I4kyJ7k3VFqczXulgP",
+	"WiLrl1nSnfPX/RHy4afRA/FeQz7Mu+N7OIrzHLWT8vZSTzrYzYGl5z409M2nPCDovPbYWW2usUttNMtd",
+	"l4EetJ+pdQ21ibObqn1uzpaVm69967ij893kzB6anrZzbKtHOm8qKuU8feBbB22na7MiuZbNVob4ymQ8",
+	"pohtT8bubjblCVpVUkNyRWAFco2Vk5aAV9GoNeAwddJ+9GNNBnoHN5fRpRLtfNoCjoowPXcVmmlsc68D",
+	"pu726rfsrcPnxXq3+wb+LqT11VQ+pPrFg63HrFN47VbOpqpiM9DZh5AOYVFly6i7Yo3dq2uelNcdjr5n",
+	"O9wl+f9we7Xfh+bYNikVP5b+Yev2dGWvDROJyP2CxQtX26cMMuB10EtC03u6VvbKVzC3bW/C8lCHCOwf",
+	"No+2K8C4B+vvuSXoyqbvKC87knG7ldMuVXOgxWazTO0gJQbr5rBfoR2vXFQfeu2N674blWXN+cZZC6Ju",
+	"W27uV5+ca5NvI5eh6/NzbXbuAxk7sx5lXryAeJkLZv3zEgiNY8jt/Ukj6IgxYieHOqFzTnUh4T3EMlQj",
+	"3TRwGYwJpMzI2UsCT6enZU8juc0hK3hOkwQSMqUKfnxuzt77n69Pn/7wIxErJ+0VzkJmIk3FfRUxnook",
+	"eM4cjWyEgLTOiZDE/KvIh3dv7aV0W+PfoOv21/d3GP7c6qUZSjOv3MoH3nKh2mgi6PJ1OMM6CWYa8xv1",
+	"GfOtRHnXMVRizt/GwFguaVdc6LqN6CAPxdLwyoP77q+7ZFiBDrdbgrZ3/vHizsrRXJvHeKf1po5nt9bj",
+	"wvrKgwOE7yGUm0pclnmroyh0LDJoJlDicnAihN9a8YkUed4Rad16q0wX6mWwmrUNfsdgZjxR9YrWzet9",
+	"TJOE2YC7zTsbKN7qyTUtBZo3sIt3IAerFY78hsivGv3U+/ld23D011JzPClX29RzvroSPQ4uv3bhg8Ml",
+	"Vjvgh2U/mV6/jxfgbIfrnP0d1teFjdriGx8286Z65eO/T69v35z+HWq8kGIv+8oGc17JJi3cLaxiI0WK",
+	"1pGYkT+QK/2B9+9zqtk0BZvRaVUjZ2aZxkpY9c9+eP/q74pgBZuCZyJhMwbJ2Sf+GhkEnnNHwIr88fUT",
+	"Flr/NLokn4qLi2dxjfzxB4jIJ584jK1GZ2dnn0YPf5wRgwTg2j07cukzkP4o1//H2Se88so0vpJyPQeu",
+	"X//y0Rp8Bu7x66cvTqvVTWo14S5HF2dPzi6QQeTAac5Gl6NnZxdnz1ysGHfj3FLPeSP62/lIiK/IBrE5",
+	"1B33o5Sv7hvTNJ1cVSFGm7Vj3whRmjy5uLggjPuMmvKur7vyMEK4bVrKm2R0ieXh6zdF8H5V7Smi38KO",
+	"rarJef2toIdoWHP7stHQ1uW7P0M72Od6Hn7feKHm6cXFTu/T7JLwbe+7tW311vs1lTphFK778tkin3kr",
+	"qsVWqmIYhHJx1Ws5D1Gb+M6/lmz0oZMQm0kSm8QXVbWkyIIpbUhrMD0apoEyv0w+7iTPiNBUiVrZ31q+",
+	"stVxz8jzi+cbUfbyhrtIk2Z+GDeaHFW1N5rQ/GsfAUv7v858mZp/H4J/4UOw6+ZVWsbD77UD5BSSOvNu",
+	"E84/fKPHQHPThh+IZyde/Goi0ngsbV8Eu4zfJkKs9fuP0v5wKb8vhC1ZdpCHwZqG9kNTpTQm9UNrJ54c",
+	"fHK3AW2ES5gzpdFG+Fb+7Tfs/GupGT9Yvu2vvDSRb5/zqSO/gYTngfKqvAL3Cjm8y0nyhhsDa/N6C2dP",
+	"Ygkenr+B7oT14vE2DMs5OjgOw2wCD+zVTZvhD+z9jhplvGjjzlo0j3LOnPE06Jx9n20jVBHn4DrKmTuv",
+	"DkOn9jTwJQ7Ulaw72o1f6f2lr8TZthuSsVvD+qFSsDxGKgVrjPUlVSFXWOQZSxNTib6WTln2qlrvIwq1",
+	"0gs2UKyF0fSXO8OGuBZAU2uYd3HCn22LIUzbOjrlCqRRiou84REYXf72O9JzViUkBwn2VooM9AIKRVxT",
+	"H81AEhtXBkAJq7u3mVINPF5bM2AuaWbL8yltq1rnQqQqqgJAk7MWqf0NtM+X3kpfGr7o8zx1carex0g7",
+	"F2jGIPAF82DN4XRurCDezOr7Fb5fsMVjHAx8xGLQaXBJyPuzP1z2+VdbC/+hj1J/8WW0j8T57aK7Ndnj",
+	"HfDyIYDdJHTw6hvWx64dJ18M2JyUmZBLf0eY/HDxjNi7yvAFS7fPa7FTw+h9rXYsFJfRJVrL9lklOqdY",
+	"DLG5R+/tHr33WW7H0A1apcMHqQddzAwHMsyM4dmMv4GOQw63Tn8XBHxdGwqyTE+BxyKBhCz/94rklElF",
+	"/ikYt9GlT8XFxdMfOx6cLuu6bKGg4zOS5hOQAzjKxjOl9rGPQ5uJlavlKCRavVr3yDZiY9oAudfKRbrw",
+	"7QHo/bT2cmGYJe2moqKWSCi3VzLt3atXIl6CLJ9BzKX4J8SajPGFqqfPUSthMT5tYd9IFLON9xHxubnK",
+	"0XhG7tw9U3P6VzRlNkxde6XKXdsklK/1oqzkrS5RlZ0Viqam6/OLC18o0+ZqidnMWbJLWNvbamMP3tk9",
+	"TM9yyVYshTkkkzNybecuIbG8GRLyw8UTUlWSqN/oKRPLUCdymHnN54zbIoMeSeNExOrcbc5ZlhBF18qW",
+	"U2D+xSfT3v/CRUA3t+dl4+3Kox2bjXn+mqfHcyh3l9xH/L7xFG1Vm5EMrLmhaJZbGrfx7I2XnY0QSMi4",
+	"4Esu7nnki8JSbkO1a/AjGHJ3bpYUZpqIIkABf4NKaFW6c6/swurYp2V17MqTnigyLo/lxcUEK13lKQah",
+	"8SJ4WJz5cmUsUb060uBH9Tejp0qvMR5n1PNvd1sPoLHm1c0AwTV2WhmBXyHxENS2EZfpcuz9naVp/dRv",
+	"U6pcJb4DO+s6ITj4vrja3f0c4PtEBoJ7dx7bFxXsq0D7Dt+pLDXfyj8O29+Y5MEx/ePuc2iHmUbFyHHT",
+	"K//Kr9VbEkvVjyRuPCg2me7A5/3cFzc4kDuxCt1iZX+s0GQLaNQeWtD2qxU29okBzBjjSeTUHGNbYp0s",
+	"lGmm8Yki9aoI+BKDVo2iCz3SCl9IOD4l4TQd/MK/9fDo/CIa5YUekNOXO0/Bxha6hx7MBlVbOF5Crkmr",
+	"g4RYSLs5CrR1DGCmHSrDHO7xkSqMfkfWCVxkcGXUdCGX9ULFJ6oUca5WW8EtoaCa7JQY36TmiGZKl1fS",
+	"7fBnXiv3b24YgwIvVmBjTAwqM6OxKrQvqK0IJRYDvt4Y5aZRoeDKqeS16D9WlrvxbQwyxz8xCbGkRidv",
+	"q1K3jG8S5+H5afNFlEcOnmw5FO5tkQPzs5kvgXpwAfiTkMvjSr96FdcjmDuDfDRm8negzHYMcNDYR8NM",
+	"a3zVBau/1h5zH1dltoXNDsaiEYfec3+FeIvK+Nbes+33tHH2hWyUGg5aIYYrNTxqAyq8fQ0O5e+CVEOV",
+	"uHlyYQyU3rK92wr3PoYBg4jtEHsuqpgyDqr5jH8suBIplA+q4lOCc+B6Yt/kt23xF/syAUnFPCIZyLnL",
+	"qWcZNLNIruwzdlaHcHWn/kL6eVUE7eDalguz+uqZY1/61D6jWy94alPowgVP8QtWwuwtxhnU1PrKufZo",
+	"Zjf+2bdjE6l/6TpMpln5DvajK2c+tWKLemaRb7SmpofnRLWKi/odjWxduidP/5PcsBeuxCgW67H7amvQ",
+	"3VOmK08MJRnjhYYJKbhm6UaBWqaJU6584qTGjBySiRXjc+tIdSGlysPYHEMvgF8RXzLX1fzDB0t8GVq3",
+	"1Fq1P5tRWZKX17JmEsAdBffCCBawdcUDqSIzKokFO6bcUax/++jZU8QKXVGGlw6NtLKjoP8LHarITn79",
+	"9eZ0ydLUWi5TNscXj1xRP1/Ir6zYS6YQi8zfODQLsVhxX11RQUJjKZSyTCpyqmpUFWjyAbpqdKdj0iRj",
+	"CtmD+WADptbMaj5jognTVvW1j3ogRkWhFUusFxlfr4vI84v/8i1c16ZGLAtOxpaVTiIXJmxqvRVE6Al3",
+	"avZcinvDbBp6cr0Ic6kq+92uacv4BA01jKt8whopmdZeMqFL4N4r39DBFRZ+pGRK01QI7p7obivg73De",
+	"Nhs6ml7XqB/8fXTxbiboeHtUHsx0bTbBHMl0fWiFre3e7hYPg5zMqLYdRWPbeR77cPsuszxmZnSrfl9v",
+	"bpP3ONdSck5UlXjvrszJNZnBvUdLVGWELUQhJ8hIGbcqyNkZGNWhqbOFRJpzeTNVRu7MZFjWdkVTM8Bf",
+	"SbGrPfl2AD9NKMeyWTL4uHyqWZf4W1IqYC6N3piLlMXrA2dWNDYg9w8SH97sx7rGj2L3NyooB13fATR/",
+	"i5XTjU9pSwm7AicHx6mrVPwoWPVVkYcitO7hPyxK/Xs0h8BnrZyXi3y2lJsiOzLZbrwUHkTwo0RIjhQa",
+	"8brmkQ6Byz5ykxwx/cjPcOwNqhf17VIovPo+LhTaXLRyRbx5RQR3qUgHdxHWKokffiffl+qqr2R+VI7m",
+	"J9lXMtu7gfuit34oujMby1bhjNdwTocti9iZo9jhP3X1Unbu1+93jb7ltbROUOGLtnWVvnsuZvO0bjcH",
+	"yn3fvA7y36e/wBd9isuqhdnMUklO53AAUjv/WlVfHnD1rMFStx0GO9Ths1Q6Ybj4Lgz3eOnqjcLYO15I",
+	"8ay/n5ncla0e42CUdTqH2MgeMpsq+s3XH8rxzl21yPOv+J/emxCNisfHpLdwaeUOwisTUyknuAbLG45H",
+	"h7Rc/n4keO7Lg/Yzl1pNy2MF7dsT1YzCvSS+hEysviEWFtR6rpVic/4I+GhPtBM+nhwYEEgaa+6ifzrH",
+	"0Jd94aQKD5zYbOvkEEzia6U6Pwyn3O8pFrthODyb2saZjseKGqWA97tn3dLYG2VkTxTx1WO1lmxaGBE0",
+	"thWP2oEO68hroP7whzRcLPeRoxwdpW63EMLJN8mm7iN5jgddnX91BYcfzqvy89sOSK16/TATKhVz5eq+",
+	"BE2ai51fYz6u1bTLlO413mrK/V4SPmoqTPtlhQ6qQ2I48UWMKE9IKuYEbOV/G+as9pII/pdjU1FwsKqo",
+	"9t4KWOPsYM3y868LqhaDtN+fTPvREYV/1wsegW2uV/4uL2uVTxna5NOXv97+D1EacjKmRjUgVMYLtgIy",
+	"XfuCoi61wL39JNyjTGag7F+EKMzu7SwCw0Ews/T2Xg+RYyLWoE+VlkCz5naXvGrKOJWB2qyD1csNcY2y",
+	"+eDixBso245CqYo/lql8RwcXgarJXLOcyJA7EstfThkzG7F6uutN7o9Ph4nrQZeyoy136S594NwVXO7O",
+	"fNB7eUiHuSu/j3t148QJqUnCJMRYWWO6dheHbYpomWs1B3VFKCnXVV73LQsP27xld+Umo4m9WNuBWGwc",
+	"XiLCh5W7raZC8S/8MaCYtNbz7qeX5NmzZ/+FC7i06WxVPQZXpJBQzMazRQoR1515L5Bcm1a7UdvAfNQZ",
+	"SzXISUSGAW3mi3W69rlb2wB/gc12hLz24Ebir3O0IHK33q3OhVlvurKRQhDVPv+rVVIoV33l69A2/PaY",
+	"oZeZ7ZCQ2WoethlCUm+6pfzN8eozIGf9d4WGfXWKuij7XpdGj7aF/742erxro6unu4Zp3Db/vxyoqSOl",
+	"3+cTOFd/SVO8M7fBSOGG7Xu0Uxx8hG8QS37atsEQCWW18f03+lmT+vsElYf/47PHQFD1BORwFB0UivaL",
+	"gNtDgfbSti2xjDsUEffqZqmBu43L4Rsqj9v3iPrZ1UfX5jFYlXsAbbdCyW4Rx6+T/NG/hXUk7cqv/nGV",
+	"q42HzDpwbZEcEUqmKeVLI6ifWzfdWul9/Ww1Ejz/6t/GGhChq23EwPicvaVkzhQ6Ew4creuC5+K7bNKB",
+	"XERdw58oYyuOhYwwZaFp+9qrkUa+Trxt2JS5tRfQdvExNUt/Np9P+e33h98f/m8AAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -13,7 +13,7 @@ import (
 func (s *Server) GetSandboxCPUs(w http.ResponseWriter, r *http.Request, sandboxID wire.SandboxID) {
 	p, err := s.o.CPUPinning(r.Context(), sandboxID)
 	if err != nil {
-		s.failPin(w, r, err)
+		s.failVMM(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, cpusOf(p))
@@ -34,14 +34,14 @@ func (s *Server) PinSandboxCPUs(w http.ResponseWriter, r *http.Request, sandboxI
 	}
 	p, err := s.o.PinCPUs(r.Context(), sandboxID, *req.Pin)
 	if err != nil {
-		s.failPin(w, r, err)
+		s.failVMM(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, cpusOf(p))
 }
 
-// failPin answers a VMM that cannot pin with 501, the rest as fail does.
-func (s *Server) failPin(w http.ResponseWriter, r *http.Request, err error) {
+// failVMM answers a VMM that lacks the capability (pinning, resizing) with 501, the rest as fail does.
+func (s *Server) failVMM(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, vmm.ErrUnsupported) {
 		writeError(w, http.StatusNotImplemented, err.Error())
 		return

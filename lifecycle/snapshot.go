@@ -61,7 +61,7 @@ func (v *Verbs) Snapshot(ctx context.Context, s Sandbox, hidden bool, memory Mem
 	}
 	r = snapshot.Record{ID: id, Names: []string{}, SandboxID: rec.ID, TemplateID: rec.TemplateID, CreatedAt: time.Now().UTC(),
 		Dir: filepath.Join(v.DataDir, "snapshots", id), VCPUs: rec.VCPUs, MemoryMiB: rec.MemoryMiB,
-		DiskMiB: rec.DiskMiB, EnvdVersion: rec.EnvdVersion, GuestToken: rec.GuestToken, Hidden: hidden,
+		MemoryTargetMiB: rec.MemoryTargetMiB, DiskMiB: rec.DiskMiB, EnvdVersion: rec.EnvdVersion, GuestToken: rec.GuestToken, Hidden: hidden,
 		DriveSlots: rec.DriveSlots}
 	r.VM = filepath.Join(r.Dir, "vm")
 	if err := os.MkdirAll(r.Dir, 0o700); err != nil {

@@ -42,7 +42,7 @@ func (o *Orchestrator) admissionUsage() admission.Usage {
 	o.mu.Unlock()
 	for _, s := range list {
 		s.mu.Lock()
-		st, mem := s.rec.State, s.rec.MemoryMiB
+		st, mem := s.rec.State, s.rec.CommittedMemoryMiB()
 		s.mu.Unlock()
 		switch st {
 		case sandbox.Running, sandbox.Pausing, sandbox.Killing:

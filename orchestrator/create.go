@@ -127,7 +127,7 @@ func (o *Orchestrator) registerAdmitted(ctx context.Context, opts CreateOptions)
 	}
 	release := func() {}
 	if err = o.checkMemory(t.MemoryMiB); err == nil {
-		release, err = o.admit(ctx, "create", t.MemoryMiB, 0)
+		release, err = o.admit(ctx, "create", s.rec.CommittedMemoryMiB(), 0)
 	}
 	if err != nil {
 		o.unregister(s)
@@ -180,7 +180,7 @@ func (o *Orchestrator) register(opts CreateOptions) (*instance, *template.Templa
 	s := &instance{rec: sandbox.Record{
 		ID: id, TemplateID: t.ID, State: sandbox.Starting, Metadata: opts.Metadata, EnvVars: opts.EnvVars,
 		AutoPause: opts.AutoPause, AutoResume: opts.AutoResume, Secure: opts.Secure,
-		VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, DiskMiB: t.DiskMiB, EnvdVersion: t.EnvdVersion,
+		VCPUs: t.VCPUs, MemoryMiB: t.MemoryMiB, MemoryTargetMiB: t.MemoryTargetMiB, DiskMiB: t.DiskMiB, EnvdVersion: t.EnvdVersion,
 		Dir: dir, Policy: opts.Policy, GuestToken: t.GuestToken, DriveSlots: t.DriveSlots, Drives: drives,
 	}}
 	// Every sandbox's agent gets an access token, so a packet that reached
@@ -345,6 +345,7 @@ func (o *Orchestrator) vmSpec(s *instance, rec sandbox.Record, snapshotDir strin
 			}
 			pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			o.repin(pctx, rec, m, false)
+			o.retarget(pctx, rec, m, false)
 			cancel()
 			pid := m.Info().PID
 			if err := o.update(s, func(r *sandbox.Record) { r.PID, r.PIDStart, r.PoolClaim = pid, vmmproc.Start(pid), false }); err != nil {

@@ -126,7 +126,7 @@ func (o *Orchestrator) Connect(ctx context.Context, id string, timeout time.Dura
 // sandbox paused as it was.
 func (o *Orchestrator) resumeLocked(ctx context.Context, s *instance, timeout time.Duration, memory bool) error {
 	s.mu.Lock()
-	mem, id := s.rec.MemoryMiB, s.rec.ID
+	mem, id := s.rec.CommittedMemoryMiB(), s.rec.ID
 	s.mu.Unlock()
 	release, err := o.admit(ctx, "resume", mem, 0)
 	if err != nil {

@@ -172,6 +172,7 @@ func (o *Orchestrator) adoptRunning(ctx context.Context, r sandbox.Record, m vmm
 				}
 			}
 			o.repin(ctx, r, m, true)
+			o.retarget(ctx, r, m, true)
 			return sandbox.WaitAgent(ctx, slot, 20*time.Second)
 		}()
 	}

@@ -74,7 +74,7 @@ func (o *Orchestrator) NodeStats() NodeStats {
 		}
 		st.Running++
 		st.AllocatedCPU += r.VCPUs
-		st.AllocatedMemMiB += int64(r.MemoryMiB)
+		st.AllocatedMemMiB += int64(r.CommittedMemoryMiB())
 	}
 	return st
 }

@@ -27,7 +27,7 @@ import (
 // asTemplate is the snapshot r seen as a template to create sandboxes from.
 func asTemplate(r snapshot.Record) *template.Template {
 	return &template.Template{ID: r.ID, Dir: r.Dir, Snapshot: r.VM, Rootfs: r.Rootfs, RootfsImage: r.RootfsImage,
-		VCPUs: r.VCPUs, MemoryMiB: r.MemoryMiB, DiskMiB: r.DiskMiB, EnvdVersion: r.EnvdVersion, CreatedAt: r.CreatedAt,
+		VCPUs: r.VCPUs, MemoryMiB: r.MemoryMiB, MemoryTargetMiB: r.MemoryTargetMiB, DiskMiB: r.DiskMiB, EnvdVersion: r.EnvdVersion, CreatedAt: r.CreatedAt,
 		GuestToken: r.GuestToken, DriveSlots: r.DriveSlots, Drives: r.Drives}
 }
 

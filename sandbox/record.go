@@ -97,6 +97,20 @@ type Record struct {
 	// (its VMM crashed or was killed, a memory layer could not be read)
 	// or why its last resume failed; a resume that runs clears it.
 	Failure string `json:"failure,omitempty"`
+
+	// MemoryTargetMiB is the guest memory the sandbox was resized to
+	// (orchestrator's memresize.go), at most MemoryMiB, the RAM its VM
+	// starts with; 0: not resized, the guest has all of MemoryMiB.
+	MemoryTargetMiB int `json:"memoryTargetMiB,omitempty"`
+}
+
+// CommittedMemoryMiB is the guest memory the node counts the sandbox at:
+// its resize target, or all of its RAM when it was not resized.
+func (r Record) CommittedMemoryMiB() int {
+	if r.MemoryTargetMiB > 0 && r.MemoryTargetMiB < r.MemoryMiB {
+		return r.MemoryTargetMiB
+	}
+	return r.MemoryMiB
 }
 
 // AttachedDrive is a drive of a sandbox's record with its live device.

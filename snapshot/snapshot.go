@@ -37,8 +37,12 @@ type Record struct {
 	Rootfs      string    `json:"rootfs,omitempty"`      // file mode
 	VCPUs       int       `json:"vcpus"`
 	MemoryMiB   int       `json:"memoryMiB"`
-	DiskMiB     int       `json:"diskMiB"`
-	EnvdVersion string    `json:"envdVersion"`
+	// MemoryTargetMiB is the resize target of the sandbox when it was
+	// taken (sandbox.Record's): its guest runs on that much of MemoryMiB,
+	// and so do the sandboxes created from it. 0: not resized.
+	MemoryTargetMiB int    `json:"memoryTargetMiB,omitempty"`
+	DiskMiB         int    `json:"diskMiB"`
+	EnvdVersion     string `json:"envdVersion"`
 	// GuestToken is the access token the snapshot's agent holds (its
 	// sandbox's): sandboxes created from it present it at their first /init.
 	GuestToken string `json:"guestToken,omitempty"`

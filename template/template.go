@@ -31,12 +31,15 @@ type Template struct {
 	Rootfs   string `json:"rootfs,omitempty"` // file mode: <dir>/rootfs.ext4, the disk as of the snapshot
 	// RootfsImage (daemon mode) is the image config of the disk as of the
 	// snapshot: the imported base layer and the sealed boot upper.
-	RootfsImage string    `json:"rootfsImage,omitempty"`
-	VCPUs       int       `json:"vcpus"`
-	MemoryMiB   int       `json:"memoryMiB"`
-	DiskMiB     int       `json:"diskMiB"`
-	EnvdVersion string    `json:"envdVersion"`
-	CreatedAt   time.Time `json:"createdAt"`
+	RootfsImage string `json:"rootfsImage,omitempty"`
+	VCPUs       int    `json:"vcpus"`
+	MemoryMiB   int    `json:"memoryMiB"`
+	// MemoryTargetMiB is set on a snapshot seen as a template
+	// (snapshot.Record's): the resize target its guest runs on.
+	MemoryTargetMiB int       `json:"memoryTargetMiB,omitempty"`
+	DiskMiB         int       `json:"diskMiB"`
+	EnvdVersion     string    `json:"envdVersion"`
+	CreatedAt       time.Time `json:"createdAt"`
 	// DriveSlots is how many empty drive slots the snapshot's VM has after
 	// its root disk (sandbox.DriveSlots): a sandbox created from it may
 	// bring that many extra drives. Drives are the drives a snapshot seen

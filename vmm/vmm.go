@@ -104,6 +104,28 @@ type DeviceSnapshotter interface {
 	SnapshotDevices(ctx context.Context, dir string) (*Snapshot, error)
 }
 
+// Resizer is implemented by machines whose guest memory can shrink and
+// grow while they run (a virtio-balloon device). The ceiling is the RAM the
+// machine was started or restored with; the guest gives pages back to the
+// host below it and takes them again up to it. A machine without the device
+// (vmm/qemu: one restored from a snapshot of a machine started before it
+// existed) answers both with an error wrapping ErrUnsupported.
+type Resizer interface {
+	// SetMemory asks the guest to run on targetMiB of its RAM (at most the
+	// ceiling). It returns once the request is posted: the guest's driver
+	// gives or takes pages afterwards, at its own pace, and may not give
+	// all (pages it cannot free stay with it).
+	SetMemory(ctx context.Context, targetMiB int) error
+	// Memory is the RAM the guest has now (the ceiling less what it gave
+	// back), in MiB.
+	Memory(ctx context.Context) (actualMiB int, err error)
+	// Available is what the guest could give back without touching what
+	// its processes hold (its MemAvailable: free memory and page cache it
+	// can drop), in MiB, as its driver reports it when asked. A shrink
+	// beyond it would leave the guest's next allocation to its OOM killer.
+	Available(ctx context.Context) (availMiB int, err error)
+}
+
 // Confiner is implemented by drivers that run a machine's VMM as the
 // unprivileged identity of Config.RunAs / RestoreConfig.RunAs, with only the
 // files it needs in view. A driver without it is given no RunAs.

@@ -141,6 +141,7 @@ func TestCrashMatrix(t *testing.T) {
 		"orchestrator/kill/":     n.crashKill,
 		"orchestrator/compact/":  n.crashCompact,
 		"orchestrator/cpupin/":   n.crashCPUPin,
+		"orchestrator/resize/":   n.crashResize,
 		"webhooks/delivery/":     n.crashWebhook,
 	}
 	covered := 0

@@ -654,6 +654,30 @@ type SandboxLogs struct {
 	Logs       []SandboxLog      `json:"logs"`
 }
 
+// SandboxMemory defines model for SandboxMemory.
+type SandboxMemory struct {
+	// ActualMB while the sandbox runs, the memory its guest has now, MiB
+	ActualMB *int32 `json:"actualMB,omitempty"`
+
+	// CeilingMB the RAM the sandbox's VM starts with (its template's memoryMB), MiB
+	CeilingMB int32 `json:"ceilingMB"`
+
+	// Complete while the sandbox runs, whether the guest has reached the target
+	Complete *bool `json:"complete,omitempty"`
+
+	// RequestedMB a resize's answer: the size asked for, MiB; after a partial shrink targetMB is above it
+	RequestedMB *int32 `json:"requestedMB,omitempty"`
+
+	// TargetMB the memory the sandbox is sized to (the ceiling unless resized), MiB; what the node counts it at
+	TargetMB int32 `json:"targetMB"`
+}
+
+// SandboxMemoryUpdate defines model for SandboxMemoryUpdate.
+type SandboxMemoryUpdate struct {
+	// MemoryMB the guest memory to run on, MiB: 128 up to the ceiling
+	MemoryMB int32 `json:"memoryMB"`
+}
+
 // SandboxMetric defines model for SandboxMetric.
 type SandboxMetric struct {
 	CpuCount      int32     `json:"cpuCount"`
@@ -1078,6 +1102,9 @@ type PinSandboxCPUsJSONRequestBody = SandboxCPUPin
 
 // ForkSandboxJSONRequestBody defines body for ForkSandbox for application/json ContentType.
 type ForkSandboxJSONRequestBody = SandboxFork
+
+// ResizeSandboxMemoryJSONRequestBody defines body for ResizeSandboxMemory for application/json ContentType.
+type ResizeSandboxMemoryJSONRequestBody = SandboxMemoryUpdate
 
 // UpdateSandboxNetworkJSONRequestBody defines body for UpdateSandboxNetwork for application/json ContentType.
 type UpdateSandboxNetworkJSONRequestBody = SandboxNetworkUpdate

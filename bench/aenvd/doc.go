@@ -9,6 +9,9 @@
 // BenchmarkCreatePool compares creates with the warm pool of VMM processes
 // off and on (two nodes side by side, paired rounds), per stage and as
 // ratios to the VMM's own restore; BenchmarkResumePool the same for the
-// resume of a paused sandbox, each against the node's create. Run them with `make bench` or
+// resume of a paused sandbox, each against the node's create.
+// BenchmarkResizeMemory times the plug of 256 MiB back into a running
+// sandbox (PATCH /sandboxes/{id}/memory) against the guest writing as much
+// memory and a create, in the same run. Run them with `make bench` or
 // `go test -run '^$' -bench . -benchtime 1x ./bench/aenvd`.
 package aenvdbench

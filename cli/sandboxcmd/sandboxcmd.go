@@ -30,7 +30,7 @@ func (e *ExitError) Error() string { return fmt.Sprintf("exit status %d", e.Code
 func Commands() []*cobra.Command {
 	return []*cobra.Command{
 		authCmd(), startCmd(), execCmd(), connectCmd(), uploadCmd(), downloadCmd(),
-		pauseCmd(), resumeCmd(), forkCmd(), listCmd(), rmCmd(), timeoutCmd(), pinCmd(), composeCmd(),
+		pauseCmd(), resumeCmd(), forkCmd(), listCmd(), rmCmd(), timeoutCmd(), pinCmd(), resizeCmd(), composeCmd(),
 		snapshotCmd(), templateCmd(), nodesCmd(), nodeCmd(), webhookCmd(), volumeCmd(),
 	}
 }

@@ -45,7 +45,11 @@ type savedNIC struct {
 // a device-only state (SnapshotDevices, which never has them) and a full
 // stream load the same way. Version 1 snapshots (streams with both) still
 // restore, on a machine that expects them.
-const specVersion = 2
+//
+// specVersion 3 machines also have a virtio-balloon device (memory resize,
+// balloon.go). A snapshot's device set must match the machine restoring
+// it, so a version 2 snapshot restores on a machine without one.
+const specVersion = 3
 
 // minSpecVersion is the oldest snapshot config a restore accepts.
 const minSpecVersion = 1
@@ -137,6 +141,9 @@ func buildArgs(spec *machineSpec, mem memorySource, fds argFDs, jail string, inc
 	}
 	if spec.Version >= 2 {
 		args = append(args, "-global", "migration.send-configuration=off")
+	}
+	if spec.Version >= 3 {
+		args = append(args, "-device", balloonDevice)
 	}
 	if incoming {
 		args = append(args, "-incoming", "defer", "-S")

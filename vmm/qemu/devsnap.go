@@ -42,8 +42,11 @@ func (m *machine) SnapshotDevices(ctx context.Context, dir string) (*vmm.Snapsho
 	// A memory file already in dir (say, the image this VM was restored
 	// from) stays: it may be in use. config.json's noMemory keeps Restore
 	// from taking it for this snapshot's memory.
+	// A device-only stream has no configuration section, which version 2
+	// machines expect; the device set (the balloon of version 3) stays the
+	// machine's.
 	spec := *m.spec
-	spec.Version, spec.NoMemory = specVersion, true
+	spec.Version, spec.NoMemory = max(spec.Version, 2), true
 	b, _ := json.MarshalIndent(&spec, "", "  ")
 	if err := atomicfile.WriteFile(filepath.Join(dir, vmm.SnapshotConfigFile), b, 0o600); err != nil {
 		return nil, fmt.Errorf("snapshot devices %s: %w", m.id, err)

@@ -97,6 +97,15 @@ func TestBuildArgs(t *testing.T) {
 	if a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, testFDs, "", true), " "); !strings.Contains(a, "-global migration.send-configuration=off") || !strings.Contains(a, "suppress-vmdesc=on") {
 		t.Errorf("version %d spec keeps the configuration section: %s", spec.Version, a)
 	}
+	// The balloon (memory resize) is part of version 3 machines only: an
+	// older snapshot's device set has none.
+	for v, want := range map[int]bool{2: false, 3: true} {
+		spec.Version = v
+		a := strings.Join(buildArgs(spec, memorySource{path: "/m"}, testFDs, "", true), " ")
+		if got := strings.Contains(a, "-device "+balloonDevice); got != want {
+			t.Errorf("version %d spec: balloon device %v, want %v: %s", v, got, want, a)
+		}
+	}
 }
 
 func TestSparseCopy(t *testing.T) {
