@@ -85,8 +85,10 @@ type lazyLayer struct {
 	// was opened; the blocks read until it is local become one.
 	unhinted atomic.Bool
 	// stopHint ends the prefetch of the layer's hint and waits for it;
-	// set before ready closes.
+	// hinted is closed when the prefetch ended (done, failed, stopped or
+	// none). Both set before ready closes.
 	stopHint func()
+	hinted   <-chan struct{}
 }
 
 // ServeLayers starts the layer socket at socket (a path under the data

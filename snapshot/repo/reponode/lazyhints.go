@@ -3,6 +3,7 @@ package reponode
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -36,7 +37,7 @@ type hintJobs struct {
 func (n *Node) prefetchHint(ls *lazyServer, ll *lazyLayer) {
 	ctx, cancel := context.WithCancel(ls.hints.ctx)
 	done := make(chan struct{})
-	ll.stopHint = func() { cancel(); <-done }
+	ll.stopHint, ll.hinted = func() { cancel(); <-done }, done
 	l := ll.layer
 	ls.hints.wg.Add(1)
 	go func() {
@@ -75,4 +76,33 @@ func (n *Node) recordHint(ls *lazyServer, ll *lazyLayer) {
 		return
 	}
 	slog.Info("snapshot repository: layer working set recorded", "layer", d, "blocks", len(touched))
+}
+
+// hintPrefetched waits until the prefetch of layer d's hint, opened for
+// lazy reads, ended (tests: what it fetched is in the cache then).
+func (n *Node) hintPrefetched(ctx context.Context, d repo.Digest) error {
+	ls := n.lazyState()
+	if ls == nil {
+		return errors.New("the layer socket is closed")
+	}
+	ls.mu.Lock()
+	ll, ok := ls.open[d]
+	ls.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("layer %s is not open for lazy reads", d)
+	}
+	select {
+	case <-ll.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if ll.hinted == nil {
+		return fmt.Errorf("layer %s did not open: %w", d, ll.err)
+	}
+	select {
+	case <-ll.hinted:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

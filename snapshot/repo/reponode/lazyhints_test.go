@@ -73,12 +73,13 @@ func TestLayerHints(t *testing.T) {
 
 	second := open()
 	read(second, hinted[0]) // opens the layer: the prefetch of the rest starts
-	deadline := time.Now().Add(time.Minute)
-	for second.LazyFetched() < int64(len(got))*chunk {
-		if time.Now().After(deadline) {
-			t.Fatalf("the second node fetched %d bytes; the hint names %d blocks of %d", second.LazyFetched(), len(got), chunk)
-		}
-		time.Sleep(10 * time.Millisecond)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := second.hintPrefetched(wctx, l.Digest); err != nil {
+		t.Fatalf("the prefetch of the hint did not end: %v", err)
+	}
+	if f := second.LazyFetched(); f < int64(len(got))*chunk {
+		t.Fatalf("the second node fetched %d bytes; the hint names %d blocks of %d", f, len(got), chunk)
 	}
 	before := second.LazyFetched()
 	read(second, hinted[1:]...)
