@@ -27,9 +27,14 @@ func (o *Orchestrator) watchVM(s *instance, vm *sandbox.VM) {
 	s.mu.Lock()
 	id := s.rec.ID
 	s.mu.Unlock()
-	ctx := o.watchCtx
+	// The handle is read here, under the operation lock its caller holds:
+	// a stop clears vm.Machine later, from another goroutine.
+	m, ctx := vm.Machine, o.watchCtx
+	if m == nil {
+		return
+	}
 	o.goBackground(func() {
-		err := vm.Machine.Wait(ctx)
+		err := m.Wait(ctx)
 		if ctx.Err() != nil {
 			return
 		}
