@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/agentenv/agentenv/sandbox"
-	"github.com/agentenv/agentenv/snapshot"
 )
 
 // PauseExited keeps what is left of a sandbox whose VMM ended without being
@@ -46,10 +45,7 @@ func (v *Verbs) PauseExited(ctx context.Context, s Sandbox, why string) (err err
 		return fmt.Errorf("keep the disks of sandbox %s: %w", rec.ID, err)
 	}
 	lap("seal")
-	var old string
-	err = s.Transition(sandbox.Paused, func(r *sandbox.Record) {
-		old, r.Snapshot, r.FilesystemOnly, r.Memory = r.Snapshot, "", true, snapshot.MemoryImage{}
-	})
+	old, err := recordPaused(s, "", true)
 	if err != nil {
 		return fmt.Errorf("record sandbox %s paused: %w", rec.ID, err)
 	}

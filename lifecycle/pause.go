@@ -107,18 +107,25 @@ func (v *Verbs) Pause(ctx context.Context, s Sandbox, fsOnly bool) (snapDir stri
 		return "", fail(err)
 	}
 	lap("capture_seal")
-	var old string
+	old, err := recordPaused(s, snapDir, fsOnly)
+	if err != nil {
+		return "", fail(err)
+	}
+	lap("record")
+	return snapDir, v.afterPaused(ctx, s, old, snapDir, lap)
+}
+
+// recordPaused records "paused" (the pause's commit point) pointing at
+// snapDir ("" when fsOnly: no memory is kept), and returns the snapshot
+// the record named before (a previous resume's, which goes next).
+func recordPaused(s Sandbox, snapDir string, fsOnly bool) (old string, err error) {
 	err = s.Transition(sandbox.Paused, func(r *sandbox.Record) {
 		old, r.Snapshot, r.FilesystemOnly = r.Snapshot, snapDir, fsOnly
 		if fsOnly {
 			r.Memory = snapshot.MemoryImage{} // nothing maps or keeps one
 		}
 	})
-	if err != nil {
-		return "", fail(err)
-	}
-	lap("record")
-	return snapDir, v.afterPaused(ctx, s, old, snapDir, lap)
+	return old, err
 }
 
 // afterPaused runs the stages after the commit point: stop_vmm, release,

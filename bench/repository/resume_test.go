@@ -74,7 +74,7 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 		call(b, na, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", "")
 		local = append(local, call(b, na, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", `{"timeout":600}`).Seconds())
 		call(b, na, http.StatusNoContent, "POST", "/sandboxes/"+id+"/pause", "")
-		m := newestPause(ctx, b, r, id)
+		m := newestPause(ctx, b, r, id, 2) // both pauses of this round
 		for _, l := range append(m.Rootfs, m.Memory...) {
 			total += l.Size
 		}
@@ -153,13 +153,9 @@ func run(ctx context.Context, b *testing.B, n *aenvdtest.Node, id, script string
 	}
 }
 
-// newestPause waits until the repository holds the sandbox's pauses (the
-// first round's two, or as many as given) and returns the newest manifest.
-func newestPause(ctx context.Context, b *testing.B, r *repo.Repo, id string, pauses ...int) *repo.Manifest {
-	want := 2
-	if len(pauses) > 0 {
-		want = pauses[0]
-	}
+// newestPause waits until the repository holds want pauses of the sandbox
+// and returns the newest one's manifest.
+func newestPause(ctx context.Context, b *testing.B, r *repo.Repo, id string, want int) *repo.Manifest {
 	b.Helper()
 	for {
 		names, err := r.Manifests(ctx)

@@ -30,9 +30,6 @@ const clockWindow = 20 * time.Second
 // rate within 1 % of the host's clock. Both rates are measured over a
 // window against the host's clock.
 func TestClockRateAfterHostChange(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: skipping a VM test with two 20 s clock windows")
-	}
 	host := qemu.HostTSCkHz()
 	if host == 0 {
 		t.Skip("the host's TSC frequency is unknown (no \"cpu MHz\" in /proc/cpuinfo)")
