@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -8,6 +9,10 @@ import (
 
 	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/compose"
+	"github.com/agentenv/agentenv/composeup"
+	"github.com/agentenv/agentenv/guest/composeguest"
+	"github.com/agentenv/agentenv/orchestrator"
+	"github.com/agentenv/agentenv/sandbox"
 )
 
 // maxComposeBody bounds POST /sandboxes-compose's body: a Compose file of
@@ -15,9 +20,19 @@ import (
 // bytes for one), and the other fields.
 const maxComposeBody = 6*compose.MaxFileBytes + 64<<10
 
+// ComposeStarter pulls a project's images and starts the project in a
+// sandbox's guest (composeup.Starter).
+type ComposeStarter interface {
+	Pull(ctx context.Context, images []string) (*composeup.Archive, error)
+	Up(ctx context.Context, g composeup.Guest, a *composeup.Archive, file []byte) error
+}
+
 // CreateComposeSandbox implements ServerInterface (an aenvd extension).
 // The file is validated before anything else happens to it, so a hostile
-// one is refused with 400 naming its keys and no VM ever starts for it.
+// one is refused with 400 naming its keys and no VM ever starts for it;
+// then the node pulls the images (a failed pull starts nothing), creates a
+// sandbox of the compose-v1 template and starts the project in it. A
+// project that fails to start takes its sandbox with it.
 func (s *Server) CreateComposeSandbox(w http.ResponseWriter, r *http.Request) {
 	var req wire.NewComposeSandbox
 	if !decodeLimit(w, r, &req, true, maxComposeBody) {
@@ -37,17 +52,47 @@ func (s *Server) CreateComposeSandbox(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if _, ok := s.timeout(w, req.Timeout); !ok {
+	timeout, ok := s.timeout(w, req.Timeout)
+	if !ok {
 		return
 	}
 	if s.refuseWhileDraining(w) {
 		return
 	}
-	// Starting the project needs a template whose guest runs Docker
-	// Engine and Compose, and the images pulled by the node and handed to
-	// it; neither exists yet (docs/compose.md), so a valid file is told
-	// so rather than answered by a sandbox that would not run it.
-	writeError(w, http.StatusNotImplemented, fmt.Sprintf(
-		"compose sandboxes are not available on this node: it has no template with Docker Engine and Compose "+
-			"(the compose file is valid: %d services, images %s)", len(p.Services), strings.Join(p.Images(), ", ")))
+	if s.opts.Compose == nil {
+		writeError(w, http.StatusNotImplemented, fmt.Sprintf(
+			"compose sandboxes are not available on this node: it has no image puller for their images "+
+				"(the compose file is valid: %d services, images %s)", len(p.Services), strings.Join(p.Images(), ", ")))
+		return
+	}
+	a, err := s.opts.Compose.Pull(r.Context(), p.Images())
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err.Error())
+		return
+	}
+	defer a.Close()
+	rec, err := s.o.Create(r.Context(), orchestrator.CreateOptions{
+		TemplateID: composeguest.TemplateName, Timeout: timeout, Metadata: derefMap(req.Metadata)})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.composeUp(r.Context(), rec, a, p.File); err != nil {
+		s.log.Warn("compose project did not start: removing its sandbox", "sandbox", rec.ID, "err", err)
+		if kerr := s.o.Kill(context.WithoutCancel(r.Context()), rec.ID); kerr != nil {
+			s.log.Error("remove the sandbox of a compose project that did not start", "sandbox", rec.ID, "err", kerr)
+		}
+		writeError(w, http.StatusInternalServerError, fmt.Sprintf("sandbox %s: %v", rec.ID, err))
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.sandbox(rec))
+}
+
+// composeUp starts the project in the running sandbox rec.
+func (s *Server) composeUp(ctx context.Context, rec sandbox.Record, a *composeup.Archive, file []byte) error {
+	slot, _, err := s.o.Slot(rec.ID)
+	if err != nil {
+		return err
+	}
+	return s.opts.Compose.Up(ctx, sandbox.Guest{Slot: slot, Token: rec.GuestToken}, a, file)
 }

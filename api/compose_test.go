@@ -1,13 +1,18 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/compose"
+	"github.com/agentenv/agentenv/composeup"
 )
 
 func composeBody(t *testing.T, file string) string {
@@ -88,8 +93,8 @@ networks:
   backend:
 `
 
-// TestComposeValidFileWithoutTemplate: a valid project reaches the node,
-// which has no compose-capable template: 501 says so (and that the file
+// TestComposeValidFileWithoutTemplate: a valid project reaches a node
+// without an image puller for compose projects: 501 says so (and that the file
 // was valid), and no sandbox is left claiming to run it; a draining node
 // answers 503 as for any create.
 func TestComposeValidFileWithoutTemplate(t *testing.T) {
@@ -97,9 +102,9 @@ func TestComposeValidFileWithoutTemplate(t *testing.T) {
 	h := NewHandler(opts)
 	w := do(h, "POST", "/sandboxes-compose", testKey, composeBody(t, twoServiceFile))
 	checkError(t, w)
-	if w.Code != http.StatusNotImplemented || !strings.Contains(w.Body.String(), "no template with Docker Engine and Compose") ||
+	if w.Code != http.StatusNotImplemented || !strings.Contains(w.Body.String(), "no image puller") ||
 		!strings.Contains(w.Body.String(), "2 services") {
-		t.Fatalf("status %d body %s, want 501 naming the missing template", w.Code, w.Body)
+		t.Fatalf("status %d body %s, want 501 naming the missing puller", w.Code, w.Body)
 	}
 	if n := len(opts.Orchestrator.List()); n != 0 {
 		t.Fatalf("the node has %d sandboxes after a compose create it cannot run", n)
@@ -109,5 +114,38 @@ func TestComposeValidFileWithoutTemplate(t *testing.T) {
 	}
 	if w := do(h, "POST", "/sandboxes-compose", testKey, composeBody(t, twoServiceFile)); w.Code != http.StatusServiceUnavailable {
 		t.Fatalf("while draining: %d %s, want 503", w.Code, w.Body)
+	}
+}
+
+// failingPull is a ComposeStarter whose registries refuse every image.
+type failingPull struct{ asked []string }
+
+func (f *failingPull) Pull(_ context.Context, images []string) (*composeup.Archive, error) {
+	f.asked = images
+	return nil, fmt.Errorf("pull the compose project's images %s: manifest unknown", strings.Join(images, ", "))
+}
+
+func (f *failingPull) Up(context.Context, composeup.Guest, *composeup.Archive, []byte) error {
+	return errors.New("Up called after a failed pull")
+}
+
+// TestComposeFailedPullStartsNothing: the images are pulled before any VM
+// starts, so an image the node cannot pull answers 502 naming it and
+// leaves no sandbox.
+func TestComposeFailedPullStartsNothing(t *testing.T) {
+	opts := testOptions(t)
+	fp := &failingPull{}
+	opts.Compose = fp
+	h := NewHandler(opts)
+	w := do(h, "POST", "/sandboxes-compose", testKey, composeBody(t, twoServiceFile))
+	checkError(t, w)
+	if w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "registry.example:5000/client:1") {
+		t.Fatalf("status %d body %s, want 502 naming the images", w.Code, w.Body)
+	}
+	if want := []string{"registry.example:5000/web:1", "registry.example:5000/client:1"}; !slices.Equal(fp.asked, want) {
+		t.Fatalf("pulled %v, want %v", fp.asked, want)
+	}
+	if n := len(opts.Orchestrator.List()); n != 0 {
+		t.Fatalf("the node has %d sandboxes after a failed pull", n)
 	}
 }

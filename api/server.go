@@ -67,7 +67,10 @@ type Options struct {
 	// Repository reports the snapshots' commits to the snapshot
 	// repository (replica.Replica); nil when the node has none.
 	Repository RepositoryStatus
-	Logger     *slog.Logger
+	// Compose starts the projects of POST /sandboxes-compose
+	// (composeup.Starter); nil answers a valid file 501.
+	Compose ComposeStarter
+	Logger  *slog.Logger
 }
 
 // RepositoryStatus is where a snapshot's commit to the repository is.

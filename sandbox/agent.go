@@ -147,11 +147,7 @@ func SyncGuest(ctx context.Context, slot *network.Slot, token string) error {
 // service (token is the one the agent holds); a non-zero exit is an error
 // carrying the tail of its stderr.
 func RunAsRoot(ctx context.Context, slot *network.Slot, token string, argv ...string) error {
-	opts := []agentclient.Option{agentclient.WithUser("root")}
-	if token != "" {
-		opts = append(opts, agentclient.WithToken(token))
-	}
-	_, stderr, code, err := agentclient.RunWith(ctx, "http://agent", AgentClient(slot, 0), opts, argv[0], argv[1:]...)
+	_, stderr, code, err := Guest{Slot: slot, Token: token}.Run(ctx, argv...)
 	if err != nil {
 		return err
 	}
@@ -159,4 +155,26 @@ func RunAsRoot(ctx context.Context, slot *network.Slot, token string, argv ...st
 		return fmt.Errorf("%s: exit %d: %s", argv[0], code, tail(stderr, 200))
 	}
 	return nil
+}
+
+// Guest is a running sandbox's guest as root, reached through its agent
+// in Slot (Token: the access token the agent holds, "" for none).
+type Guest struct {
+	Slot  *network.Slot
+	Token string
+}
+
+// Run runs argv as root and returns its output and exit code; err only
+// when it could not run or its stream broke.
+func (g Guest) Run(ctx context.Context, argv ...string) (stdout, stderr []byte, code int, err error) {
+	opts := []agentclient.Option{agentclient.WithUser("root")}
+	if g.Token != "" {
+		opts = append(opts, agentclient.WithToken(g.Token))
+	}
+	return agentclient.RunWith(ctx, "http://agent", AgentClient(g.Slot, 0), opts, argv[0], argv[1:]...)
+}
+
+// Upload writes r to path as root (parent directories made).
+func (g Guest) Upload(ctx context.Context, path string, r io.Reader) error {
+	return agentclient.Upload(ctx, "http://agent", AgentClient(g.Slot, 0), g.Token, "root", path, r)
 }

@@ -73,6 +73,10 @@ type BuildSpec struct {
 	// ReadyTimeout, when longer than the node's, bounds the wait for
 	// ReadyCmd (the node's own templates; not settable by the API).
 	ReadyTimeout time.Duration `json:"readyTimeout,omitempty"`
+	// RootCommands runs StartCmd and ReadyCmd as root instead of the
+	// template's user: a daemon that must (the node's compose-v1 runs
+	// dockerd). Not settable by the API.
+	RootCommands bool `json:"rootCommands,omitempty"`
 }
 
 // BuildLog is one log entry of a build.

@@ -10,8 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -332,20 +330,5 @@ func (v *buildVM) ids(ctx context.Context, step, user string) (int, int, error) 
 
 // upload writes r to guestPath (as root) through the agent's /files.
 func (v *buildVM) upload(ctx context.Context, guestPath string, r io.Reader) error {
-	q := url.Values{"path": {guestPath}, "username": {"root"}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, agentURL+"/files?"+q.Encode(), r)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/octet-stream")
-	resp, err := v.hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		return fmt.Errorf("agent answered %s: %s", resp.Status, msg)
-	}
-	return nil
+	return agentclient.Upload(ctx, agentURL, v.hc, "", "root", guestPath, r)
 }

@@ -483,6 +483,10 @@ func (l *lineLogger) flush() {
 // it exits 0.
 func (v *buildVM) startAndWait(ctx context.Context, spec BuildSpec) error {
 	step := StepFinalize
+	user := v.user
+	if spec.RootCommands {
+		user = "root"
+	}
 	if spec.StartCmd != "" {
 		v.logf("info", step, "starting %q in the background", spec.StartCmd)
 		sctx, cancel := context.WithCancel(ctx)
@@ -491,7 +495,7 @@ func (v *buildVM) startAndWait(ctx context.Context, spec BuildSpec) error {
 		done := make(chan error, 1)
 		go func() {
 			once := false
-			code, err := v.process(sctx, step, v.user, v.bash, []string{"-l", "-c", spec.StartCmd}, v.workdir, func() {
+			code, err := v.process(sctx, step, user, v.bash, []string{"-l", "-c", spec.StartCmd}, v.workdir, func() {
 				if !once {
 					once = true
 					close(started)
@@ -528,7 +532,7 @@ func (v *buildVM) startAndWait(ctx context.Context, spec BuildSpec) error {
 	var last error
 	for attempt := 1; ; attempt++ {
 		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		code, err := v.process(pctx, step, v.user, v.bash, []string{"-l", "-c", spec.ReadyCmd}, v.workdir, nil, nil)
+		code, err := v.process(pctx, step, user, v.bash, []string{"-l", "-c", spec.ReadyCmd}, v.workdir, nil, nil)
 		cancel()
 		if err == nil && code == 0 {
 			v.logf("info", step, "ready command succeeded (attempt %d)", attempt)

@@ -63,7 +63,10 @@ let fresh = null // the sum of the memory the sandbox's last restore wrote
 async function check(box, i) {
   const files = ['/dev/shm/soak-seed', '/home/user/soak-seed'].concat(fresh ? ['/dev/shm/soak-fresh'] : [])
   const r = await box.commands.run(`sync; echo 3 > /proc/sys/vm/drop_caches; sha256sum ${files.join(' ')} | cut -d' ' -f1; ` +
-    `a=$(cat /dev/shm/soak-loop); sleep 0.3; b=$(cat /dev/shm/soak-loop); [ "$b" -gt "$a" ] && echo loop-runs`, root)
+    // The loop must count on: waited for up to 30 s (a loaded host slows
+    // the guest's every fork and sleep), a loop that stopped never does.
+    `a=$(cat /dev/shm/soak-loop); for t in $(seq 300); do sleep 0.1; b=$(cat /dev/shm/soak-loop); ` +
+    `if [ "$b" -gt "$a" ]; then echo loop-runs; break; fi; done`, root)
   const got = r.stdout.trim().split('\n')
   assert.equal(got[0], want.shm, `restore ${i}: the 8 MiB seed in guest memory sums differently`)
   assert.equal(got[1], want.disk, `restore ${i}: the seed file on disk sums differently`)

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -11,51 +10,15 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/internal/testutil/smallroot"
-	"github.com/google/go-containerregistry/pkg/name"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
 // marker is a file only the test image has.
 const marker = "from the test registry"
 
-// smallImageLayer is the test image's only layer (package smallroot) plus
-// the marker file.
-func smallImageLayer(t *testing.T) []byte {
-	return smallroot.Layer(t, map[string]string{"etc/cli-e2e-marker": marker + "\n"})
-}
-
-// pushSmallImage pushes the small image to the test registry as repo:tag
-// and returns its reference.
+// pushSmallImage pushes the small image (package smallroot) with the
+// marker file to the test registry as repo:tag and returns its reference.
 func pushSmallImage(t *testing.T, repoTag string) string {
-	t.Helper()
-	layer, err := tarball.LayerFromReader(bytes.NewReader(smallImageLayer(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, _ := img.ConfigFile()
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", "amd64"
-	cf.Config.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		t.Fatal(err)
-	}
-	ref := registryHost + "/" + repoTag
-	r, err := name.ParseReference(ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(r, img, remote.WithPlatform(v1.Platform{OS: "linux", Architecture: "amd64"})); err != nil {
-		t.Fatalf("push %s: %v", ref, err)
-	}
-	return ref
+	return smallroot.Push(t, registryHost, repoTag, map[string]string{"etc/cli-e2e-marker": marker + "\n"})
 }
 
 type builtTemplate struct {

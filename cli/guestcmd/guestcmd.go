@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
-	"github.com/agentenv/agentenv/guest/codeinterp"
 	"github.com/agentenv/agentenv/guest/image"
+	"github.com/agentenv/agentenv/guest/variants"
 	"github.com/spf13/cobra"
 )
 
@@ -32,10 +33,11 @@ func newBuild() *cobra.Command {
 				opts.Agent = defaultAgentPath()
 			}
 			if variant != "" {
-				if variant != codeinterp.TemplateName {
-					return fmt.Errorf("unknown root filesystem variant %q (known: %s)", variant, codeinterp.TemplateName)
+				v, err := variants.Lookup(variant)
+				if err != nil {
+					return err
 				}
-				rootfs, err := image.BuildVariant(cmd.Context(), opts, codeinterp.Variant())
+				rootfs, err := image.BuildVariant(cmd.Context(), opts, v)
 				if err != nil {
 					return err
 				}
@@ -60,7 +62,7 @@ func newBuild() *cobra.Command {
 	f.StringVar(&opts.Suite, "suite", image.DefaultSuite, "Debian suite for the root filesystem")
 	f.StringVar(&opts.Mirror, "mirror", "", "Debian mirror (default "+image.DefaultMirror+" or $AENV_DEBIAN_MIRROR)")
 	f.IntVar(&opts.RootfsMiB, "rootfs-size", image.DefaultRootfsMiB, "root filesystem size in MiB (sparse)")
-	f.StringVar(&variant, "variant", "", "build only the root filesystem of a template's variant ("+codeinterp.TemplateName+")")
+	f.StringVar(&variant, "variant", "", "build only the root filesystem of a template's variant ("+strings.Join(variants.Names(), ", ")+")")
 	f.BoolVar(&asJSON, "json", false, "print the asset paths as JSON")
 	return cmd
 }

@@ -33,8 +33,11 @@ func composeUpCmd() *cobra.Command {
 validates it before anything starts: image-only services (1 to 24), no build,
 privileged mode, added capabilities, devices, host bind mounts or host
 namespaces, at most 1 MiB. A refusal names each offending key
-(services.web.privileged). Until the node has a template with Docker Engine
-and Compose, a valid file is answered that it cannot run it yet.`,
+(services.web.privileged). The node pulls the images through its own
+registry configuration and starts the project in a sandbox of its
+compose-v1 template (Docker Engine and Compose; the first use builds it,
+which takes minutes). The sandbox is printed once every service started;
+its published ports are reached like any sandbox port.`,
 		Example: "  aenv compose up -f compose.yaml\n  aenv compose up -f - --timeout 30m < compose.yaml",
 		Args:    cobra.NoArgs,
 		RunE: withClient(&o, func(cmd *cobra.Command, _ []string, c *client.Client) error {

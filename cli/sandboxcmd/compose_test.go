@@ -30,7 +30,7 @@ func TestComposeUp(t *testing.T) {
 		says string
 	}{
 		{[]string{"compose", "up", "-f", hostile}, "services.web.cap_add: adding capabilities is not allowed"},
-		{[]string{"compose", "up", "-f", valid}, "no template with Docker Engine and Compose"},
+		{[]string{"compose", "up", "-f", valid}, "no image puller"},
 		{[]string{"compose", "up", "-f", big}, "larger than"},
 		{[]string{"compose", "up", "-f", filepath.Join(dir, "missing.yaml")}, "no such file"},
 		{[]string{"compose", "up"}, "-f FILE is required"},

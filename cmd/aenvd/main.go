@@ -13,6 +13,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/agentenv/agentenv/composeup"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -34,8 +35,8 @@ import (
 
 	"github.com/agentenv/agentenv/config"
 	"github.com/agentenv/agentenv/disk"
-	"github.com/agentenv/agentenv/guest/codeinterp"
 	"github.com/agentenv/agentenv/guest/image"
+	"github.com/agentenv/agentenv/guest/variants"
 	"github.com/agentenv/agentenv/internal/version"
 	"github.com/agentenv/agentenv/network"
 	"github.com/agentenv/agentenv/oci"
@@ -182,11 +183,16 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if _, err := orch.EnsureTemplate(ctx, assets); err != nil {
 		return err
 	}
-	if err := orch.EnableBuilds(ctx, imageOptions(cfg, assets, log)); err != nil {
+	imgOpts := imageOptions(cfg, assets, log)
+	if err := orch.EnableBuilds(ctx, imgOpts); err != nil {
 		return err
 	}
 	defer orch.CloseBuilds()
-	return serve(ctx, cfg, node{orch: orch, store: st, repo: rn, key: key, registry: reg, backend: vb}, log)
+	starter, err := composeStarter(cfg, imgOpts, log)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, cfg, node{orch: orch, store: st, repo: rn, key: key, registry: reg, backend: vb, compose: starter}, log)
 }
 
 // backend is the VMM backend, chosen once (chooseBackend): vmmselect logs
@@ -287,6 +293,22 @@ func agentPath(cfg config.Config) (string, error) {
 	return filepath.Join(filepath.Dir(exe), "aenv-agent"), nil
 }
 
+// composeStarter starts compose projects with images pulled through the
+// node's registry configuration (the one template builds use), archives
+// kept in the data directory until handed in.
+func composeStarter(cfg config.Config, img template.ImageOptions, log *slog.Logger) (*composeup.Starter, error) {
+	puller, err := oci.NewPuller(img.Pull)
+	if err != nil {
+		return nil, fmt.Errorf("compose image puller: %w", err)
+	}
+	dir := filepath.Join(cfg.DataDir, "compose-tmp")
+	_ = os.RemoveAll(dir) // archives of projects a crash interrupted
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("compose archive dir: %w", err)
+	}
+	return &composeup.Starter{Puller: puller, TempDir: dir, Log: log.With("component", "compose")}, nil
+}
+
 // imageOptions configures template builds from the [image] section.
 func imageOptions(cfg config.Config, assets *image.Assets, log *slog.Logger) template.ImageOptions {
 	agent, _ := agentPath(cfg) // resolved already by guestAssets
@@ -296,10 +318,11 @@ func imageOptions(cfg config.Config, assets *image.Assets, log *slog.Logger) tem
 		RootfsSizeMiB: cfg.Image.RootfsSizeMiB, Agent: agent, Assets: assets,
 		ReadyTimeout: cfg.Image.ReadyTimeout.Duration, StepTimeout: cfg.Image.StepTimeout.Duration,
 		Rootfs: func(ctx context.Context, variant string) (string, error) {
-			if variant != codeinterp.TemplateName {
-				return "", fmt.Errorf("unknown root filesystem variant %q", variant)
+			v, err := variants.Lookup(variant)
+			if err != nil {
+				return "", err
 			}
-			return image.BuildVariant(ctx, image.Options{Agent: agent, CacheDir: cfg.Guest.AssetsCache, Log: log}, codeinterp.Variant())
+			return image.BuildVariant(ctx, image.Options{Agent: agent, CacheDir: cfg.Guest.AssetsCache, Log: log}, v)
 		},
 	}
 }

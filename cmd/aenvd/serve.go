@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/agentenv/agentenv/composeup"
 	"log/slog"
 	"net"
 	"net/http"
@@ -34,6 +35,7 @@ type node struct {
 	key      string
 	registry *prometheus.Registry
 	backend  backend
+	compose  *composeup.Starter // POST /sandboxes-compose
 }
 
 // serve answers the node's API and sandbox proxy until ctx ends or a
@@ -67,7 +69,7 @@ func serve(ctx context.Context, cfg config.Config, n node, log *slog.Logger) err
 			VMMDriver: n.backend.driver.Name(), VMMAccel: n.backend.accel, VMMReasons: n.backend.why},
 		DefaultTimeout: cfg.Sandbox.DefaultTimeout.Duration, MaxTimeout: cfg.Sandbox.MaxTimeout.Duration,
 		Metrics: promhttp.HandlerFor(n.registry, promhttp.HandlerOpts{}), MetricsHistory: history, Webhooks: hooks, Events: events,
-		Repository: n.repo.status(),
+		Repository: n.repo.status(), Compose: n.compose,
 	})
 	handler = dashboard.Mount(handler, px.Match) // the web dashboard at /dashboard/, same origin as the API
 	member, err := newClusterMember(cfg, n.orch, n.repo, n.backend.driver.Name(), n.backend.accel, hostname, log)

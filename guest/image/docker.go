@@ -1,17 +1,19 @@
 package image
 
 // What a guest running Docker Engine needs of the kernel, for the variant
-// of compose sandboxes (not built yet; docs/architecture.md, Compose
+// of compose sandboxes (composeguest; docs/architecture.md, Compose
 // sandboxes). Debian's cloud kernel has all of it, the networking parts as
-// modules, which neither the initramfs (DefaultModules) nor the root
-// filesystem (it has no /lib/modules) provides today.
+// modules, which the variant's tree gets (Variant.Modules) beside the
+// initramfs's DefaultModules.
 var (
 	// DockerModules are the modules dockerd's bridge networks need with
 	// Debian's iptables (the nft backend), dependencies left to
-	// kernelpkg.ResolveModules. overlay (the overlay2 storage driver) is
-	// among DefaultModules already.
+	// kernelpkg.ResolveModules: xt_tcpudp for the port matches of a
+	// published port's rules, comment, mark and multiport for the rules
+	// projects' own containers commonly add. overlay (the overlay2 storage
+	// driver) is among DefaultModules already.
 	DockerModules = []string{"bridge", "br_netfilter", "veth", "nf_tables", "nft_compat", "nft_chain_nat",
-		"nf_nat", "nf_conntrack", "xt_MASQUERADE", "xt_addrtype", "xt_conntrack", "xt_nat", "overlay"}
+		"nf_nat", "nf_conntrack", "xt_MASQUERADE", "xt_addrtype", "xt_conntrack", "xt_nat", "xt_tcpudp", "xt_comment", "xt_mark", "xt_multiport", "overlay"}
 	// DockerKernelConfig are the kernel options Docker needs, each built in
 	// or a module.
 	DockerKernelConfig = []string{"NAMESPACES", "NET_NS", "PID_NS", "IPC_NS", "UTS_NS", "USER_NS", "CGROUPS",

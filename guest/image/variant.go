@@ -10,9 +10,11 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/agentenv/agentenv/internal/digest"
+	"github.com/agentenv/agentenv/internal/kernelpkg"
 )
 
 // variantVersion changes whenever what BuildVariant makes of a variant
@@ -34,13 +36,20 @@ type Variant struct {
 	Packages []string
 	// Files are written into the tree by absolute path after the packages.
 	Files map[string]File
+	// Modules are guest kernel modules put into the tree's /lib/modules
+	// (with their dependencies and depmod's index; Packages must have kmod)
+	// for the guest's modprobe, beside the initramfs's DefaultModules.
+	Modules []string
 }
 
 // variantKey names the cached variant: the base tree's key, the agent and
 // everything the variant adds.
-func variantKey(baseKey, agentSum string, v Variant, sizeMiB int) string {
+func variantKey(baseKey, agentSum, kernel string, v Variant, sizeMiB int) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n%d\n", variantVersion, baseKey, agentSum, v.Name, sizeMiB)
+	if len(v.Modules) > 0 {
+		fmt.Fprintf(h, "kernel %s modules %s\n", kernel, strings.Join(v.Modules, ","))
+	}
 	pkgs := slices.Clone(v.Packages)
 	sort.Strings(pkgs)
 	for _, p := range pkgs {
@@ -85,8 +94,16 @@ func BuildVariant(ctx context.Context, opts Options, v Variant) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("guest image variant %s: %w", v.Name, err)
 	}
-	treeKey := variantKey(base.key, "", Variant{Name: v.Name, Packages: v.Packages}, 0)
-	dir := filepath.Join(opts.CacheDir, "variants", v.Name+"-"+variantKey(base.key, agentSum, v, opts.RootfsMiB))
+	var k *kernelpkg.Kernel
+	kernel := ""
+	if len(v.Modules) > 0 {
+		if k, err = fetchKernel(ctx, opts); err != nil {
+			return "", fmt.Errorf("guest image variant %s: %w", v.Name, err)
+		}
+		kernel = k.Package
+	}
+	treeKey := variantKey(base.key, "", "", Variant{Name: v.Name, Packages: v.Packages}, 0)
+	dir := filepath.Join(opts.CacheDir, "variants", v.Name+"-"+variantKey(base.key, agentSum, kernel, v, opts.RootfsMiB))
 	out := filepath.Join(dir, "rootfs.ext4")
 	if _, err := os.Stat(filepath.Join(dir, "done")); err == nil {
 		now := time.Now()
@@ -97,9 +114,15 @@ func BuildVariant(ctx context.Context, opts Options, v Variant) (string, error) 
 	if err != nil {
 		return "", err
 	}
-	// The files go in last, so a change of them alone rebuilds no tree.
+	// The files and modules go in last, so a change of them alone
+	// rebuilds no tree.
 	if err := writeFiles(tree, v.Files); err != nil {
 		return "", fmt.Errorf("guest image variant %s: %w", v.Name, err)
+	}
+	if k != nil {
+		if err := installModules(ctx, tree, k, v.Modules); err != nil {
+			return "", fmt.Errorf("guest image variant %s: %w", v.Name, err)
+		}
 	}
 	_ = os.RemoveAll(dir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {

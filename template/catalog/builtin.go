@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentenv/agentenv/guest/codeinterp"
+	"github.com/agentenv/agentenv/guest/composeguest"
 	"github.com/agentenv/agentenv/template"
 )
 
@@ -29,6 +30,11 @@ var builtins = map[string]builtin{
 		spec: template.BuildSpec{FromRootfs: codeinterp.TemplateName, StartCmd: codeinterp.StartCmd,
 			ReadyCmd: codeinterp.ReadyCmd, ReadyTimeout: codeinterp.ReadyTimeout},
 		minMemoryMiB: 1024,
+	},
+	composeguest.TemplateName: {
+		spec: template.BuildSpec{FromRootfs: composeguest.TemplateName, StartCmd: composeguest.StartCmd,
+			ReadyCmd: composeguest.ReadyCmd, ReadyTimeout: composeguest.ReadyTimeout, RootCommands: true},
+		minMemoryMiB: composeguest.MinMemoryMiB,
 	},
 }
 
