@@ -87,13 +87,15 @@ soak:
 # packages, Go, Node.js (scripts/setup.sh), E2B's npm SDKs and the other
 # per-area setup (.ci/setup.d), the binaries and the guest image (built once up
 # front, so VM tests sharing it do not race for it on the clock), with the
-# code-interpreter-v1 root filesystem (its apt install done here, not in a test).
+# code-interpreter-v1 and compose-v1 root filesystems (their apt installs done
+# here, not in a test).
 setup:
 	./scripts/setup.sh
 	for s in .ci/setup.d/*.sh; do echo "== setup: $$s"; bash "$$s" || exit 1; done
 	$(MAKE) build
 	$(BIN)/aenv guest build
 	$(BIN)/aenv guest build --variant code-interpreter-v1
+	$(BIN)/aenv guest build --variant compose-v1
 
 check: setup
 	$(MAKE) test
