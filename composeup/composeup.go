@@ -78,15 +78,17 @@ func (s *Starter) Pull(ctx context.Context, images []string) (*Archive, error) {
 	return a, nil
 }
 
-// upScript loads the images, drops their archive and starts every service
-// in the background of the guest (--no-build: the file has no builds;
-// every image is loaded, so nothing is pulled).
-const upScript = `set -e
+// loadScript loads the images and drops their archive.
+const loadScript = `set -e
 cd "$1"
 docker load -q -i images.tar
 rm -f images.tar
-docker-compose --ansi never -p "$2" -f compose.json up -d --no-build
 `
+
+// upScript starts every service in the background of the guest
+// (--no-build: the file has no builds; every image is loaded, so nothing
+// is pulled).
+const upScript = `cd "$1" && exec docker-compose --ansi never -p "$2" -f compose.json up -d --no-build`
 
 // Up hands the archive and the project's checked file (compose.Project's
 // File) to g and starts the project there; an error carries the tail of
@@ -104,16 +106,29 @@ func (s *Starter) Up(ctx context.Context, g Guest, a *Archive, file []byte) erro
 	if err := g.Upload(ctx, GuestDir+"/compose.json", strings.NewReader(string(file))); err != nil {
 		return fmt.Errorf("hand the compose file to the guest: %w", err)
 	}
-	handed := time.Since(start)
-	out, errOut, code, err := g.Run(ctx, "/bin/sh", "-c", upScript, "compose-up", GuestDir, ProjectName)
+	handed := time.Now()
+	if err := run(ctx, g, "load the compose project's images", "/bin/sh", "-c", loadScript, "compose-load", GuestDir); err != nil {
+		return err
+	}
+	loaded := time.Now()
+	if err := run(ctx, g, "start the compose project", "/bin/sh", "-c", upScript, "compose-up", GuestDir, ProjectName); err != nil {
+		return err
+	}
+	s.log().Info("compose project started", "images", a.Images, "handed_in", handed.Sub(start).Round(time.Millisecond),
+		"loaded", loaded.Sub(handed).Round(time.Millisecond), "up", time.Since(loaded).Round(time.Millisecond))
+	return nil
+}
+
+// run runs argv in g; a failure, or a non-zero exit with the tail of what
+// it printed, is an error naming what (the step).
+func run(ctx context.Context, g Guest, what string, argv ...string) error {
+	out, errOut, code, err := g.Run(ctx, argv...)
 	if err != nil {
-		return fmt.Errorf("start the compose project: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	if code != 0 {
-		return fmt.Errorf("start the compose project: exit %d: %s", code, tail(errOut, out))
+		return fmt.Errorf("%s: exit %d: %s", what, code, tail(errOut, out))
 	}
-	s.log().Info("compose project started", "images", a.Images, "handed_in", handed.Round(time.Millisecond),
-		"took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

@@ -98,6 +98,11 @@ func TestComposeUp(t *testing.T) {
 		t.Fatalf("compose up answered sandbox %q of template %q, want one of compose-v1 (templates %+v)", s.SandboxID, s.TemplateID, ts)
 	}
 	t.Cleanup(func() { c.run("rm", s.SandboxID) })
+	for _, l := range strings.Split(n.Logs(), "\n") {
+		if strings.Contains(l, "compose images pulled") || strings.Contains(l, "compose project started") {
+			t.Log(l) // where a project's start spends its time
+		}
+	}
 	waitRelay(t, n, s.SandboxID, page, 3*time.Minute)
 
 	started := containerStarts(t, c, s.SandboxID)
