@@ -11,6 +11,7 @@ import (
 	"github.com/agentenv/agentenv/compose"
 	"github.com/agentenv/agentenv/composeup"
 	"github.com/agentenv/agentenv/guest/composeguest"
+	"github.com/agentenv/agentenv/oci"
 	"github.com/agentenv/agentenv/orchestrator"
 	"github.com/agentenv/agentenv/sandbox"
 )
@@ -67,7 +68,11 @@ func (s *Server) CreateComposeSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	a, err := s.opts.Compose.Pull(r.Context(), p.Images())
 	if err != nil {
-		writeError(w, http.StatusBadGateway, err.Error())
+		code := http.StatusBadGateway // a registry's answer, or none
+		if errors.Is(err, oci.ErrRefused) {
+			code = http.StatusBadRequest
+		}
+		writeError(w, code, err.Error())
 		return
 	}
 	defer a.Close()

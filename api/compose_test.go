@@ -13,6 +13,7 @@ import (
 	"github.com/agentenv/agentenv/api/wire"
 	"github.com/agentenv/agentenv/compose"
 	"github.com/agentenv/agentenv/composeup"
+	"github.com/agentenv/agentenv/oci"
 )
 
 func composeBody(t *testing.T, file string) string {
@@ -117,12 +118,15 @@ func TestComposeValidFileWithoutTemplate(t *testing.T) {
 	}
 }
 
-// failingPull is a ComposeStarter whose registries refuse every image.
-type failingPull struct{ asked []string }
+// failingPull is a ComposeStarter whose pulls fail with err.
+type failingPull struct {
+	asked []string
+	err   error
+}
 
 func (f *failingPull) Pull(_ context.Context, images []string) (*composeup.Archive, error) {
 	f.asked = images
-	return nil, fmt.Errorf("pull the compose project's images %s: manifest unknown", strings.Join(images, ", "))
+	return nil, fmt.Errorf("pull the compose project's images %s: %w", strings.Join(images, ", "), f.err)
 }
 
 func (f *failingPull) Up(context.Context, composeup.Guest, *composeup.Archive, []byte) error {
@@ -132,20 +136,30 @@ func (f *failingPull) Up(context.Context, composeup.Guest, *composeup.Archive, [
 // TestComposeFailedPullStartsNothing: the images are pulled before any VM
 // starts, so an image the node cannot pull answers 502 naming it and
 // leaves no sandbox.
+// A reference the node refuses itself (a registry not allowed) is the
+// client's error, 400; any other failure a registry's, 502.
 func TestComposeFailedPullStartsNothing(t *testing.T) {
-	opts := testOptions(t)
-	fp := &failingPull{}
-	opts.Compose = fp
-	h := NewHandler(opts)
-	w := do(h, "POST", "/sandboxes-compose", testKey, composeBody(t, twoServiceFile))
-	checkError(t, w)
-	if w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "registry.example:5000/client:1") {
-		t.Fatalf("status %d body %s, want 502 naming the images", w.Code, w.Body)
-	}
-	if want := []string{"registry.example:5000/web:1", "registry.example:5000/client:1"}; !slices.Equal(fp.asked, want) {
-		t.Fatalf("pulled %v, want %v", fp.asked, want)
-	}
-	if n := len(opts.Orchestrator.List()); n != 0 {
-		t.Fatalf("the node has %d sandboxes after a failed pull", n)
+	for _, tc := range []struct {
+		err  error
+		code int
+	}{
+		{errors.New("manifest unknown"), http.StatusBadGateway},
+		{fmt.Errorf("oci: reference: %w: registry registry.example:5000 is not in the allowed registries", oci.ErrRefused), http.StatusBadRequest},
+	} {
+		opts := testOptions(t)
+		fp := &failingPull{err: tc.err}
+		opts.Compose = fp
+		h := NewHandler(opts)
+		w := do(h, "POST", "/sandboxes-compose", testKey, composeBody(t, twoServiceFile))
+		checkError(t, w)
+		if w.Code != tc.code || !strings.Contains(w.Body.String(), "registry.example:5000/client:1") {
+			t.Fatalf("pull failing with %v: status %d body %s, want %d naming the images", tc.err, w.Code, w.Body, tc.code)
+		}
+		if want := []string{"registry.example:5000/web:1", "registry.example:5000/client:1"}; !slices.Equal(fp.asked, want) {
+			t.Fatalf("pulled %v, want %v", fp.asked, want)
+		}
+		if n := len(opts.Orchestrator.List()); n != 0 {
+			t.Fatalf("the node has %d sandboxes after a failed pull", n)
+		}
 	}
 }

@@ -30,11 +30,11 @@ type ArchiveImage struct {
 func LoadTag(ref string) (string, error) {
 	r, err := name.ParseReference(ref)
 	if err != nil {
-		return "", fmt.Errorf("oci: load tag of %q: %w", ref, err)
+		return "", fmt.Errorf("oci: load tag of %q: %w: %w", ref, ErrRefused, err)
 	}
 	t, ok := r.(name.Tag)
 	if !ok {
-		return "", fmt.Errorf("oci: load tag of %q: a digest reference cannot be loaded under a tag Docker would resolve it by", ref)
+		return "", fmt.Errorf("oci: load tag of %q: %w: a digest reference cannot be loaded under a tag Docker would resolve it by", ref, ErrRefused)
 	}
 	if t.TagStr() == "latest" && !hasTag(ref) {
 		return ref + ":latest", nil

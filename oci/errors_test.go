@@ -2,6 +2,7 @@ package oci
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -60,15 +61,15 @@ func TestPullBadInput(t *testing.T) {
 		{"corrupt:v1", "sha256"},
 	} {
 		_, err := p.Pull(ctx, reg.host+"/"+tc.ref)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("pull %s: %v, want an error containing %q", tc.ref, err, tc.want)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || errors.Is(err, ErrRefused) {
+			t.Errorf("pull %s: %v, want an error containing %q (a registry's, not ErrRefused)", tc.ref, err, tc.want)
 		}
 	}
 	if _, err := os.Stat(p.BlobPath(cd)); !os.IsNotExist(err) {
 		t.Errorf("corrupt blob cached: %v", err)
 	}
 	strict, _ := NewPuller(Options{CacheDir: cache, AllowedRegistries: []string{"registry.example"}})
-	if _, err := strict.Pull(ctx, reg.host+"/good:v1"); err == nil || !strings.Contains(err.Error(), "not in the allowed registries") {
+	if _, err := strict.Pull(ctx, reg.host+"/good:v1"); err == nil || !strings.Contains(err.Error(), "not in the allowed registries") || !errors.Is(err, ErrRefused) {
 		t.Errorf("pull from a registry not allowed: %v", err)
 	}
 	if _, err := p.Pull(ctx, reg.host+"/good:v1"); err != nil {

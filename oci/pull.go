@@ -122,6 +122,11 @@ func (k staticKeychain) Resolve(r authn.Resource) (authn.Authenticator, error) {
 	return authn.Anonymous, nil
 }
 
+// ErrRefused is a reference the node refuses to pull before asking any
+// registry: malformed, of a registry not allowed, or (LoadTag) one that
+// cannot be loaded under a tag. The caller's error, not a registry's.
+var ErrRefused = errors.New("reference refused")
+
 // ParseReference parses ref with the configured default registry and
 // insecure registries, and checks it against the allowed registries.
 func (p *Puller) ParseReference(ref string) (name.Reference, error) {
@@ -131,17 +136,17 @@ func (p *Puller) ParseReference(ref string) (name.Reference, error) {
 	}
 	r, err := name.ParseReference(ref, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("oci: parse reference %q: %w", ref, err)
+		return nil, fmt.Errorf("oci: parse reference %q: %w: %w", ref, ErrRefused, err)
 	}
 	host := r.Context().RegistryStr()
 	if slices.Contains(p.opt.InsecureRegistries, host) {
 		r, err = name.ParseReference(ref, append(opts, name.Insecure)...)
 		if err != nil {
-			return nil, fmt.Errorf("oci: parse reference %q: %w", ref, err)
+			return nil, fmt.Errorf("oci: parse reference %q: %w: %w", ref, ErrRefused, err)
 		}
 	}
 	if len(p.opt.AllowedRegistries) > 0 && !slices.Contains(p.opt.AllowedRegistries, host) {
-		return nil, fmt.Errorf("oci: reference %q: registry %s is not in the allowed registries %v", ref, host, p.opt.AllowedRegistries)
+		return nil, fmt.Errorf("oci: reference %q: %w: registry %s is not in the allowed registries %v", ref, ErrRefused, host, p.opt.AllowedRegistries)
 	}
 	return r, nil
 }
