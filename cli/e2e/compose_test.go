@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -104,6 +105,12 @@ func TestComposeUp(t *testing.T) {
 		}
 	}
 	waitRelay(t, n, s.SandboxID, page, 3*time.Minute)
+
+	// Room for a project's images: compose-v1's root filesystem is 16 GiB.
+	free := strings.TrimSpace(c.ok("exec", s.SandboxID, "--", "sh", "-c", "df -m --output=avail / | tail -1").stdout)
+	if mib, err := strconv.Atoi(free); err != nil || mib < 12<<10 {
+		t.Fatalf("free space on the compose sandbox's root filesystem: %q MiB, want at least 12 GiB", free)
+	}
 
 	started := containerStarts(t, c, s.SandboxID)
 	if len(strings.Fields(started)) != 2 {

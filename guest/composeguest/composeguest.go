@@ -41,7 +41,12 @@ const ReadyTimeout = 10 * time.Minute
 // containerd and a project's containers.
 const MinMemoryMiB = 1024
 
+// RootfsMiB sizes the variant's root filesystem (sparse: only what is
+// written takes space): a project's images are handed in as one archive
+// and loaded beside it, so they need twice their size for a moment.
+const RootfsMiB = 16384
+
 // Variant is the template's root filesystem variant.
 func Variant() image.Variant {
-	return image.Variant{Name: TemplateName, Packages: Packages, Modules: image.DockerModules}
+	return image.Variant{Name: TemplateName, Packages: Packages, Modules: image.DockerModules, RootfsMiB: RootfsMiB}
 }

@@ -40,6 +40,10 @@ type Variant struct {
 	// (with their dependencies and depmod's index; Packages must have kmod)
 	// for the guest's modprobe, beside the initramfs's DefaultModules.
 	Modules []string
+	// RootfsMiB sizes the variant's ext4 image (sparse) instead of
+	// Options.RootfsMiB: room for what its guests store (compose-v1's
+	// container images).
+	RootfsMiB int
 }
 
 // variantKey names the cached variant: the base tree's key, the agent and
@@ -102,8 +106,12 @@ func BuildVariant(ctx context.Context, opts Options, v Variant) (string, error) 
 		}
 		kernel = k.Package
 	}
+	size := opts.RootfsMiB
+	if v.RootfsMiB > 0 {
+		size = v.RootfsMiB
+	}
 	treeKey := variantKey(base.key, "", "", Variant{Name: v.Name, Packages: v.Packages}, 0)
-	dir := filepath.Join(opts.CacheDir, "variants", v.Name+"-"+variantKey(base.key, agentSum, kernel, v, opts.RootfsMiB))
+	dir := filepath.Join(opts.CacheDir, "variants", v.Name+"-"+variantKey(base.key, agentSum, kernel, v, size))
 	out := filepath.Join(dir, "rootfs.ext4")
 	if _, err := os.Stat(filepath.Join(dir, "done")); err == nil {
 		now := time.Now()
@@ -128,8 +136,8 @@ func BuildVariant(ctx context.Context, opts Options, v Variant) (string, error) 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("guest image variant %s: %w", v.Name, err)
 	}
-	opts.Log.Info("guest image variant: writing root filesystem", "variant", v.Name, "size_mib", opts.RootfsMiB)
-	if err := makeRootfs(ctx, out, tree, opts.Agent, opts.RootfsMiB); err != nil {
+	opts.Log.Info("guest image variant: writing root filesystem", "variant", v.Name, "size_mib", size)
+	if err := makeRootfs(ctx, out, tree, opts.Agent, size); err != nil {
 		return "", fmt.Errorf("guest image variant %s: %w", v.Name, err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "done"), nil, 0o644); err != nil {
