@@ -16,11 +16,6 @@ import (
 	"github.com/agentenv/agentenv/sandbox"
 )
 
-// maxComposeBody bounds POST /sandboxes-compose's body: a Compose file of
-// compose.MaxFileBytes as a JSON string, escapes included ("\u0009" is six
-// bytes for one), and the other fields.
-const maxComposeBody = 6*compose.MaxFileBytes + 64<<10
-
 // ComposeStarter pulls a project's images and starts the project in a
 // sandbox's guest (composeup.Starter).
 type ComposeStarter interface {
@@ -36,7 +31,7 @@ type ComposeStarter interface {
 // project that fails to start takes its sandbox with it.
 func (s *Server) CreateComposeSandbox(w http.ResponseWriter, r *http.Request) {
 	var req wire.NewComposeSandbox
-	if !decodeLimit(w, r, &req, true, maxComposeBody) {
+	if !decodeLimit(w, r, &req, true, compose.MaxRequestBytes) {
 		return
 	}
 	if req.Compose == "" {

@@ -34,6 +34,11 @@ import (
 const (
 	// MaxFileBytes bounds a Compose file.
 	MaxFileBytes = 1 << 20
+	// MaxRequestBytes bounds a request carrying a file of MaxFileBytes as
+	// a JSON string, escapes included ("\u0009" is six bytes for one), and
+	// the request's other fields: what the node and the gateway read of
+	// POST /sandboxes-compose.
+	MaxRequestBytes = 6*MaxFileBytes + 64<<10
 	// MaxServices bounds a project's services (and MinServices is 1).
 	MaxServices = 24
 	// maxStructure bounds the bytes that can start a YAML node or entry

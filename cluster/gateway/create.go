@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/agentenv/agentenv/compose"
 	"io"
 	"net/http"
 	"net/url"
@@ -20,7 +21,8 @@ import (
 // gateway that dies there leaves a sandbox its node's roster binds.
 var fpCreated = failpoint.New("gateway/create/created")
 
-// maxBody bounds a create or fork body read to be replayed on another node.
+// maxBody bounds a create or fork body read to be replayed on another node
+// (a compose create's: compose.MaxRequestBytes, as the node's).
 const maxBody = 1 << 20
 
 // createBody is the part of a create the gateway reads: the optional
@@ -38,9 +40,13 @@ type created struct {
 }
 
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	return readBodyLimit(w, r, maxBody)
+}
+
+func readBodyLimit(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
-		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body: %v (at most %d bytes)", err, maxBody))
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body: %v (at most %d bytes)", err, limit))
 		return nil, false
 	}
 	return body, true
@@ -49,7 +55,11 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 // create places a create on a node, retries on another when a node refuses
 // for capacity (503), and binds the sandbox where it was made.
 func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
-	body, ok := readBody(w, r)
+	limit := int64(maxBody)
+	if r.URL.Path == "/sandboxes-compose" {
+		limit = compose.MaxRequestBytes
+	}
+	body, ok := readBodyLimit(w, r, limit)
 	if !ok {
 		return
 	}

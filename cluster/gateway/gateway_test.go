@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"github.com/agentenv/agentenv/compose"
 	"io"
 	"log/slog"
 	"net/http"
@@ -271,6 +272,29 @@ func TestComposeCreateIsPlaced(t *testing.T) {
 	}
 	if code, b, _ := fx.do(t, "POST", "/sandboxes/"+c.SandboxID+"/pause", "", ""); code != 200 || !strings.Contains(string(b), `"node":"b"`) {
 		t.Fatalf("a call to the compose sandbox went elsewhere: %d %s", code, b)
+	}
+}
+
+// TestComposeBodyLimit: a compose create may carry a Compose file of up to
+// compose.MaxFileBytes escaped as a JSON string, which the node takes; the
+// gateway reads it whole to replay it, so it must take as much, and no
+// more, while a plain create keeps its own bound.
+func TestComposeBodyLimit(t *testing.T) {
+	fx := newFixture(t, "a")
+	file := strings.Repeat("\t", compose.MaxFileBytes/2) // a JSON escape per byte of file
+	big, _ := json.Marshal(map[string]string{"compose": file})
+	if len(big) <= maxBody {
+		t.Fatalf("test body of %d bytes is within the plain create's bound", len(big))
+	}
+	if code, b, _ := fx.do(t, "POST", "/sandboxes-compose", "", string(big)); code != http.StatusCreated {
+		t.Fatalf("compose create of %d bytes: %d %s, want it placed", len(big), code, b)
+	}
+	if code, b, _ := fx.do(t, "POST", "/sandboxes", "", string(big)); code != http.StatusRequestEntityTooLarge {
+		t.Fatalf("plain create of %d bytes: %d %s, want 413", len(big), code, b)
+	}
+	tooBig := `{"compose":"` + strings.Repeat("a", compose.MaxRequestBytes) + `"}`
+	if code, b, _ := fx.do(t, "POST", "/sandboxes-compose", "", tooBig); code != http.StatusRequestEntityTooLarge {
+		t.Fatalf("compose create of %d bytes: %d %s, want 413", len(tooBig), code, b)
 	}
 }
 
