@@ -305,8 +305,9 @@ func pinnedSpace(t *testing.T, op, point string) {
 }
 
 // TestOpenReclaimsGarbage: data whose mappings never reached the index (a
-// process killed before its flush) is garbage in the data file; opening the
-// upper punches it out and later writes reuse its space.
+// power loss before its flush: the pending journal is of another boot) is
+// garbage in the data file; opening the upper punches it out and later
+// writes reuse its space.
 func TestOpenReclaimsGarbage(t *testing.T) {
 	const vs = 1 << 20
 	dir := t.TempDir()
@@ -331,6 +332,9 @@ func TestOpenReclaimsGarbage(t *testing.T) {
 	if a := allocated(t, dp); a < 512<<10 {
 		t.Fatalf("the test's garbage holds %d bytes, want 512 KiB", a)
 	}
+	boot := bootID
+	bootID = func() string { return "the next boot" }
+	defer func() { bootID = boot }()
 	u, err = OpenUpper(dp, ip, false)
 	if err != nil {
 		t.Fatal(err)

@@ -41,29 +41,31 @@ import (
 // (never the other way round). Operations that read or write the data file
 // at looked-up offsets hold a pin (reclaim.go), released without locks.
 type Upper struct {
-	mu        sync.RWMutex
-	flushMu   sync.Mutex
-	dataPath  string
-	indexPath string
-	data      *os.File
-	raw       syscall.RawConn // data's descriptor, for fallocate
-	index     *os.File        // nil for a sparse layer (flushMu)
-	indexHead []byte          // the index file's header block, kept by a rewrite
-	sparse    bool
-	hdr       HeaderTrailer
-	tree      *btree.BTreeG[Segment]
-	treeVer   uint64      // counts changes of the tree
-	mapped    atomic.Bool // the tree ever held a mapping: reads of a fresh upper skip the lock
-	dataEnd   uint64      // sectors: the data file's logical end (log-structured)
-	indexEnd  int64       // bytes of the index file written (flushMu)
-	dirDirty  bool        // a rewritten index was renamed, its directory not yet fsynced (flushMu)
-	pending   []byte      // encoded mappings not yet written to the index file
-	spare     []byte      // the previous batch's buffer, for reuse
-	sp        spaceState  // the data file's unreferenced space
-	_         [64]byte    // the pins change with every I/O: a cache line of their own
-	pins      [2]atomic.Int64
-	_         [48]byte
-	noPunch   atomic.Bool // the file system cannot punch holes
+	mu         sync.RWMutex
+	flushMu    sync.Mutex
+	dataPath   string
+	indexPath  string
+	data       *os.File
+	raw        syscall.RawConn // data's descriptor, for fallocate
+	index      *os.File        // nil for a sparse layer (flushMu)
+	journal    *os.File        // INDEX.pending, the pending mappings (mu; upperjournal.go)
+	journalEnd int64           // bytes of the journal written (mu)
+	indexHead  []byte          // the index file's header block, kept by a rewrite
+	sparse     bool
+	hdr        HeaderTrailer
+	tree       *btree.BTreeG[Segment]
+	treeVer    uint64      // counts changes of the tree
+	mapped     atomic.Bool // the tree ever held a mapping: reads of a fresh upper skip the lock
+	dataEnd    uint64      // sectors: the data file's logical end (log-structured)
+	indexEnd   int64       // bytes of the index file written (flushMu)
+	dirDirty   bool        // a rewritten index was renamed, its directory not yet fsynced (flushMu)
+	pending    []byte      // encoded mappings not yet written to the index file
+	spare      []byte      // the previous batch's buffer, for reuse
+	sp         spaceState  // the data file's unreferenced space
+	_          [64]byte    // the pins change with every I/O: a cache line of their own
+	pins       [2]atomic.Int64
+	_          [48]byte
+	noPunch    atomic.Bool // the file system cannot punch holes
 	// rewriteMin is the index size (entries) below which it is never
 	// rewritten, however few live mappings it has.
 	rewriteMin int64
@@ -219,6 +221,15 @@ func (u *Upper) open() error {
 	}
 	if err := u.loadIndex(); err != nil {
 		return err
+	}
+	replayed, err := u.replayJournal()
+	if err != nil {
+		return err
+	}
+	if !u.readOnly {
+		if err := u.recoverJournal(replayed); err != nil {
+			return fmt.Errorf("pending journal of %s: %w", u.indexPath, err)
+		}
 	}
 	return u.initSpace()
 }
@@ -386,6 +397,9 @@ func (u *Upper) Close() error {
 	u.closed = true
 	u.mu.Unlock()
 	u.flushMu.Lock() // a flush in flight may be swapping the index file
+	u.mu.Lock()
+	u.closeJournal(err == nil)
+	u.mu.Unlock()
 	cerr := u.closeFiles()
 	u.flushMu.Unlock()
 	if err == nil {
@@ -395,6 +409,7 @@ func (u *Upper) Close() error {
 }
 
 func (u *Upper) closeFiles() error {
+	u.closeJournal(false)
 	var err error
 	if u.data != nil {
 		err = u.data.Close()

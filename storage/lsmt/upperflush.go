@@ -57,6 +57,7 @@ func (u *Upper) flushIndex(always bool) error {
 		u.spare = batch[:0]
 		u.sp.durable = append(u.sp.durable, freed...)
 		u.advanceLocked()
+		u.rotateJournalLocked()
 	}
 	u.mu.Unlock()
 	return err
@@ -152,10 +153,7 @@ func (u *Upper) writeIndexFile(f *os.File, snap *btree.BTreeG[Segment]) (int64, 
 
 // removeStaleRewrites removes what a crash during an index rewrite left.
 func removeStaleRewrites(indexPath string) {
-	stale, _ := filepath.Glob(filepath.Join(filepath.Dir(indexPath), "."+globEscape(filepath.Base(indexPath))+".tmp-*"))
-	for _, p := range stale {
-		os.Remove(p)
-	}
+	removeStale(filepath.Dir(indexPath), "."+filepath.Base(indexPath)+".tmp-*")
 }
 
 // globEscape quotes the pattern characters of a file name.

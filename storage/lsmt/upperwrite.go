@@ -99,15 +99,17 @@ func (u *Upper) writeLog(p []byte, sec, n uint64) error {
 	}
 	var buf [4]extent
 	freed := buf[:0]
+	k := len(u.pending)
 	for _, s := range pl.fresh {
 		// Overrides data only when a write of the same sectors raced this
 		// one: that space is freed like a trim's (not punched: it is reused).
 		freed = u.addLocked(s, freed[:0])
 	}
+	journaled := u.journalLocked(u.pending[k:])
 	full := len(u.pending) >= pendingLimit
 	u.mu.Unlock()
-	if full {
-		return u.flushIndex(false)
+	if full || !journaled {
+		return u.flushIndex(!journaled)
 	}
 	return nil
 }
@@ -303,11 +305,13 @@ func (u *Upper) Trim(off, n int64) error {
 	}
 	var buf [8]extent
 	freed := buf[:0]
+	k := len(u.pending)
 	for done := uint64(0); done < cnt; {
 		l := min(cnt-done, MaxSegmentLen)
 		freed = u.addLocked(Segment{Offset: sec + done, Length: uint32(l), Zeroed: true}, freed)
 		done += l
 	}
+	journaled := u.journalLocked(u.pending[k:])
 	var g uint64
 	if len(freed) > 0 {
 		g = u.pinLocked() // no write gets the space before it is punched
@@ -319,8 +323,8 @@ func (u *Upper) Trim(off, n int64) error {
 		u.punch(freed)
 		u.unpin(g)
 	}
-	if full {
-		return u.flushIndex(false)
+	if full || !journaled {
+		return u.flushIndex(!journaled)
 	}
 	return nil
 }
