@@ -15,6 +15,7 @@ import (
 var (
 	fpRewriteSynced  = failpoint.New("lsmt/index-rewrite/synced")  // the new index is fsynced, not renamed over the old one
 	fpRewriteRenamed = failpoint.New("lsmt/index-rewrite/renamed") // the new index is renamed over the old one, its directory not fsynced
+	fpFlushIndexed   = failpoint.New("lsmt/flush/indexed")         // the batch is durable in the index, the pending journal not rotated
 )
 
 // flushIndex writes the pending mappings as one index batch, ordered on disk
@@ -46,6 +47,9 @@ func (u *Upper) flushIndex(always bool) error {
 	}
 	u.mu.Unlock()
 	err := u.writeBatch(batch, snap)
+	if err == nil {
+		err = fpFlushIndexed.Inject()
+	}
 	u.mu.Lock()
 	if err != nil {
 		// Keep the mappings for the next attempt, in order, before newer
