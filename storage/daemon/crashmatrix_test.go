@@ -19,6 +19,7 @@ import (
 	"github.com/agentenv/agentenv/storage/daemon/client"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/image"
+	"github.com/agentenv/agentenv/storage/lsmt"
 	"github.com/agentenv/agentenv/storage/nbd"
 )
 
@@ -412,6 +413,7 @@ func checkNoOrphans(t *testing.T, state, run string, devs []rpc.Device) {
 			if !d.ReadOnly {
 				want[filepath.Join(ddir, "upper."+m[1]+".data")] = true
 				want[filepath.Join(ddir, "upper."+m[1]+".index")] = true
+				optional[lsmt.JournalPath(filepath.Join(ddir, "upper."+m[1]+".index"))] = true
 			}
 		}
 		for _, l := range d.Layers {

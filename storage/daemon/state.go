@@ -14,6 +14,7 @@ import (
 	"github.com/agentenv/agentenv/storage/blob"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/image"
+	"github.com/agentenv/agentenv/storage/lsmt"
 )
 
 // record is what the state directory keeps about a device
@@ -187,7 +188,7 @@ func writeGeneration(ctx context.Context, dir string, gen int, lowers []string, 
 func removeGeneration(dir string, gen int, also ...string) error {
 	data, index := genUpper(gen)
 	var errs []error
-	paths := []string{genConfig(dir, gen), filepath.Join(dir, data), filepath.Join(dir, index)}
+	paths := []string{genConfig(dir, gen), filepath.Join(dir, data), filepath.Join(dir, index), lsmt.JournalPath(filepath.Join(dir, index))}
 	for _, p := range also {
 		if filepath.Dir(p) == dir {
 			paths = append(paths, p)

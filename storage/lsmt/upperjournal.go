@@ -49,7 +49,11 @@ var bootID = sync.OnceValue(func() string {
 	return strings.TrimSpace(string(b))
 })
 
-func journalPath(indexPath string) string { return indexPath + ".pending" }
+// JournalPath names the pending journal of the upper whose index file is
+// indexPath: it belongs with the data and index files (removed with them).
+func JournalPath(indexPath string) string { return indexPath + ".pending" }
+
+func journalPath(indexPath string) string { return JournalPath(indexPath) }
 
 // journalHead is the header a journal of this upper in this boot has, nil
 // when there is no boot id.
