@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
+	"github.com/agentenv/agentenv/storage/lsmt"
 )
 
 // recover brings the state directory to a consistent state and re-exports
@@ -117,7 +118,10 @@ func (d *Daemon) recoverDevice(r *record, named func(path string) bool) *device 
 // ownedFiles lists the files of a device directory its record names.
 func ownedFiles(dir string, r *record) []string {
 	data, index := genUpper(r.Gen)
-	owned := []string{filepath.Join(dir, "device.json"), filepath.Join(dir, data), filepath.Join(dir, index)}
+	// The upper's pending journal holds the mappings of writes the last
+	// daemon answered but did not flush: its open replays them.
+	owned := []string{filepath.Join(dir, "device.json"), filepath.Join(dir, data), filepath.Join(dir, index),
+		lsmt.JournalPath(filepath.Join(dir, index))}
 	if r.Kind != rpc.KindShared {
 		owned = append(owned, r.Config)
 	}
