@@ -23,6 +23,7 @@
 //	STATE/devices/ID/image.GEN.json  the config the export serves
 //	STATE/devices/ID/image.GEN.NONCE.json  the same once URL lowers moved to files (localize.go)
 //	STATE/devices/ID/upper.GEN.{data,index}
+//	STATE/devices/ID/upper.GEN.index.pending  mappings answered, not flushed (lsmt)
 //	STATE/devices/ID/layers/layer-GEN.lsmt   sealed by restack
 //	STATE/devices/ID/restack.json    the journal of a restack in progress
 //

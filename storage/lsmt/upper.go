@@ -25,6 +25,8 @@ import (
 // then fsynced itself: whatever order the kernel writes dirty pages back in,
 // after a crash or a power loss the index never points at data that is not
 // on disk, so a range reads back its old or its new data, never zeros.
+// A write answered before that flush survives the death of the process
+// (not of the machine) through the pending journal (upperjournal.go).
 //
 // The data file of a log-structured upper stays within the disk's size: a
 // write over data the upper holds goes in place, only the rest gets space,
