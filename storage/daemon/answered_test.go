@@ -2,12 +2,8 @@ package daemon
 
 import (
 	"bytes"
-	"context"
-	"os"
 	"path/filepath"
-	"slices"
 	"testing"
-	"time"
 
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/nbd"
@@ -22,18 +18,11 @@ import (
 // bytes after the restarted daemon had acknowledged the flush.
 func TestKillKeepsAnsweredWrites(t *testing.T) {
 	t.Parallel()
-	fx := newFixture(t, 41)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	dir := t.TempDir()
-	log, err := os.Create(filepath.Join(dir, "storaged.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
-	r := &crashRun{t: t, ctx: ctx, dir: dir, fx: fx, log: log, want: slices.Clone(fx.want)}
+	r := newCrashRun(t, newFixture(t, 41), nil)
+	ctx, dir := r.ctx, r.dir
+	var err error
 	r.spawn("")
-	if r.a, err = r.c.Create(ctx, rpc.CreateParams{Image: fx.config, Owner: "t"}); err != nil {
+	if r.a, err = r.c.Create(ctx, rpc.CreateParams{Image: r.fx.config, Owner: "t"}); err != nil {
 		t.Fatal(err)
 	}
 	r.haveA = true

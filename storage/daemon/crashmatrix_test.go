@@ -66,6 +66,21 @@ func (r *crashRun) checkReads(dev rpc.Device, layers []string) error {
 	return nil
 }
 
+// newCrashRun makes a run in a fresh directory (a minute to finish) with
+// the daemon's log in it; the daemon is started by spawn.
+func newCrashRun(t *testing.T, fx *fixture, ls *layerServer) *crashRun {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	dir := t.TempDir()
+	log, err := os.Create(filepath.Join(dir, "storaged.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { log.Close() })
+	return &crashRun{t: t, ctx: ctx, dir: dir, fx: fx, ls: ls, log: log, want: slices.Clone(fx.want)}
+}
+
 func (r *crashRun) spawn(failpoints string) {
 	r.t.Helper()
 	cmd := exec.Command(os.Args[0])
@@ -305,15 +320,8 @@ func TestCrashMatrix(t *testing.T) {
 	for _, point := range points {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			dir := t.TempDir()
-			log, err := os.Create(filepath.Join(dir, "storaged.log"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer log.Close()
-			r := &crashRun{t: t, ctx: ctx, dir: dir, fx: fx, ls: ls, log: log, want: slices.Clone(fx.want)}
+			r := newCrashRun(t, fx, ls)
+			ctx, dir := r.ctx, r.dir
 			r.spawn(point + "=crash")
 			cut := ""
 			for k := 0; k < len(crashScenario); k++ {

@@ -3,7 +3,6 @@ package daemon
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,7 +13,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/agentenv/agentenv/internal/failpoint"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
@@ -44,15 +42,8 @@ const mapReaderEnv = "AENV_STORAGED_TEST_MAPREADER"
 func TestCrashFUSEMapping(t *testing.T) {
 	memfstest.Require(t)
 	t.Setenv(helperSharedEnv, rpc.BlockFUSE)
-	fx := newFixture(t, 33)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	dir := t.TempDir()
-	log, err := os.Create(filepath.Join(dir, "storaged.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
+	r := newCrashRun(t, newFixture(t, 33), nil)
+	ctx, dir, fx := r.ctx, r.dir, r.fx
 	mem, keeper := filepath.Join(dir, "run", rpc.SharedFileDir), filepath.Join(dir, "run", "mem.keeper")
 	t.Cleanup(func() {
 		if pid, err := memfs.KeeperPID(keeper); err == nil {
@@ -60,7 +51,6 @@ func TestCrashFUSEMapping(t *testing.T) {
 		}
 		unix.Unmount(mem, unix.MNT_DETACH)
 	})
-	r := &crashRun{t: t, ctx: ctx, dir: dir, fx: fx, log: log}
 	r.spawn("")
 	dev, err := r.c.Acquire(ctx, rpc.AcquireParams{Image: fx.config, Holder: "vm", Block: rpc.BlockFUSE})
 	if err != nil {
@@ -83,7 +73,7 @@ func TestCrashFUSEMapping(t *testing.T) {
 	// exports added back) leaves it to the next one all the same.
 	crash := exec.CommandContext(ctx, os.Args[0])
 	crash.Env = append(os.Environ(), helperEnv+"="+dir, failpoint.EnvVar+"=storaged-fuse/taken-over=crash")
-	crash.Stderr = log
+	crash.Stderr = r.log
 	var ee *exec.ExitError
 	if err := crash.Run(); !errors.As(err, &ee) || !ee.Sys().(syscall.WaitStatus).Signaled() {
 		t.Fatalf("daemon with a crash at storaged-fuse/taken-over: %v, want killed\n%s", err, r.logText())
