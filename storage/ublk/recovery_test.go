@@ -32,7 +32,9 @@ func alignedBuf(n int) []byte {
 // TestDeviceRecovery kills the server process in the middle of a stream
 // of writes and reads, starts a new one that recovers the device, and
 // checks the stream completes against the model (the request the dead
-// server held is reissued) and the device ends with the model's bytes.
+// server held is reissued, and writes it answered before the next flush
+// are kept by the image's pending journal) and the device ends with the
+// model's bytes.
 func TestDeviceRecovery(t *testing.T) {
 	needUblk(t)
 	fx := blockcheck.NewFixture(t, t.TempDir(), 8<<20, 4)
