@@ -1,9 +1,11 @@
 package lsmt
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -80,58 +82,68 @@ func (u *Upper) journalHead() ([]byte, error) {
 }
 
 // replayJournal inserts the mappings of a journal of this boot into the
-// tree (after loadIndex) and returns their encoding; it changes no file.
-func (u *Upper) replayJournal() ([]byte, error) {
-	b, err := os.ReadFile(journalPath(u.indexPath))
+// tree (after loadIndex), reading it in bounded chunks, and returns how
+// many it inserted; it changes no file.
+func (u *Upper) replayJournal() (int, error) {
+	f, err := os.Open(journalPath(u.indexPath))
 	if os.IsNotExist(err) {
-		return nil, nil
+		return 0, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read pending journal: %w", err)
+		return 0, fmt.Errorf("open pending journal: %w", err)
 	}
+	defer f.Close()
 	head, err := u.journalHead()
 	if err != nil {
-		return nil, fmt.Errorf("pending journal: %w", err)
+		return 0, fmt.Errorf("pending journal: %w", err)
 	}
-	if head == nil || len(b) < journalHeadSize || !bytes.Equal(b[:journalHeadSize], head) {
+	got := make([]byte, journalHeadSize)
+	if _, err := io.ReadFull(f, got); err != nil || head == nil || !bytes.Equal(got, head) {
 		slog.Info("lsmt: ignoring a pending journal of another boot or data file", "index", u.indexPath)
-		return nil, nil
+		return 0, nil
 	}
+	n, err := u.replayEntries(bufio.NewReaderSize(f, 1<<20))
+	if n > 0 {
+		u.mapped.Store(true)
+		slog.Info("lsmt: replayed the pending mappings of a process that ended without flushing",
+			"index", u.indexPath, "mappings", n)
+	}
+	return n, err
+}
+
+// replayEntries inserts the journal's entries up to its end, a torn last
+// entry (never answered) or an invalid one.
+func (u *Upper) replayEntries(r io.Reader) (int, error) {
 	vsec := u.hdr.VirtualSize / SectorSize
-	ents := b[journalHeadSize:]
-	ents = ents[:len(ents)/MappingSize*MappingSize] // a torn last entry was never answered
-	for i := 0; i < len(ents); i += MappingSize {
-		s := DecodeMapping(ents[i:])
+	var b [MappingSize]byte
+	for n := 0; ; n++ {
+		if _, err := io.ReadFull(r, b[:]); err == io.EOF || err == io.ErrUnexpectedEOF {
+			return n, nil
+		} else if err != nil {
+			return n, fmt.Errorf("read pending journal: %w", err)
+		}
+		s := DecodeMapping(b[:])
 		if reason := u.badEntry(s, vsec); s.IsPadding() || reason != "" {
 			slog.Warn("lsmt: pending journal ends in an invalid entry; dropping the tail",
-				"index", u.indexPath, "offset", journalHeadSize+i, "reason", reason)
-			ents = ents[:i]
-			break
+				"index", u.indexPath, "entry", n, "reason", reason)
+			return n, nil
 		}
 		u.insertLocked(s, nil)
 	}
-	if len(ents) > 0 {
-		u.mapped.Store(true)
-		slog.Info("lsmt: replayed the pending mappings of a process that ended without flushing",
-			"index", u.indexPath, "mappings", len(ents)/MappingSize)
-	}
-	return ents, nil
 }
 
-// recoverJournal (open, writable) makes the replayed mappings durable in the
-// index, after the data they map, and starts an empty journal.
-func (u *Upper) recoverJournal(replayed []byte) error {
-	if len(replayed) > 0 {
+// recoverJournal (open, writable) makes replayed mappings durable, after
+// the data they map, by rewriting the index from the tree (bounded by the
+// live mappings, whatever the journal's length), and starts an empty
+// journal.
+func (u *Upper) recoverJournal(replayed int) error {
+	if replayed > 0 {
 		if err := u.data.Sync(); err != nil {
 			return fmt.Errorf("sync data: %w", err)
 		}
-		if _, err := u.index.WriteAt(replayed, u.indexEnd); err != nil {
-			return fmt.Errorf("append replayed mappings to the index: %w", err)
+		if err := u.rewriteIndex(u.tree); err != nil {
+			return err
 		}
-		if err := u.index.Sync(); err != nil {
-			return fmt.Errorf("sync index: %w", err)
-		}
-		u.indexEnd += int64(len(replayed))
 	}
 	removeStale(filepath.Dir(u.indexPath), "."+filepath.Base(journalPath(u.indexPath))+".tmp-*")
 	u.rotateJournalLocked()
