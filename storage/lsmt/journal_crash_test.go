@@ -22,33 +22,41 @@ const crashWriterEnv = "AENV_LSMT_CRASH_WRITER"
 // writes than blocks, so later ones go in place.
 const crashBlocks = 64
 
-// TestCrashWriter is the body of the process TestJournalCrash kills: it
-// writes block i%crashBlocks with the number i (trimmed first, three times
-// in four, so that the write needs a new mapping), flushes every 5th
-// write, and prints "ACK i" once write i is answered.
-func TestCrashWriter(t *testing.T) {
-	dir := os.Getenv(crashWriterEnv)
-	if dir == "" {
-		t.Skip("the process TestJournalCrash kills")
+// TestMain runs the crash writer instead of the tests when the
+// environment asks for it (the process TestJournalCrash starts and kills).
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(crashWriterEnv); dir != "" {
+		if err := crashWriter(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "crash writer:", err)
+			os.Exit(1)
+		}
 	}
+	os.Exit(m.Run())
+}
+
+// crashWriter writes block i%crashBlocks with the number i (trimmed first,
+// three times in four, so that the write needs a new mapping), flushes
+// every 5th write, and prints "ACK i" once write i is answered, until it
+// is killed.
+func crashWriter(dir string) error {
 	u, err := CreateUpper(filepath.Join(dir, "d"), filepath.Join(dir, "i"), crashBlocks*4096, UUID{})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	b := make([]byte, 4096)
 	for i := 1; ; i++ {
 		binary.LittleEndian.PutUint64(b, uint64(i))
 		if i%4 != 0 {
 			if err := u.Trim(int64(i%crashBlocks)*4096, 4096); err != nil {
-				t.Fatal(err)
+				return err
 			}
 		}
 		if _, err := u.WriteAt(b, int64(i%crashBlocks)*4096); err != nil {
-			t.Fatal(err)
+			return err
 		}
 		if i%5 == 0 {
 			if err := u.Flush(); err != nil {
-				t.Fatal(err)
+				return err
 			}
 		}
 		fmt.Printf("ACK %d\n", i)
@@ -63,7 +71,7 @@ func TestJournalCrash(t *testing.T) {
 	for _, point := range []string{"lsmt/flush/indexed=crash@20", "lsmt/flush/indexed=crash@41", ""} {
 		t.Run(strings.ReplaceAll(point, "/", "_"), func(t *testing.T) {
 			dir := t.TempDir()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestCrashWriter$", "-test.count=1")
+			cmd := exec.Command(os.Args[0])
 			cmd.Env = append(os.Environ(), crashWriterEnv+"="+dir, failpoint.EnvVar+"="+point)
 			out, err := cmd.StdoutPipe()
 			if err != nil {

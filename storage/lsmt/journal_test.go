@@ -15,12 +15,8 @@ func died(u *Upper) { u.closeFiles() }
 
 func readUpper(t *testing.T, u *Upper) []byte {
 	t.Helper()
-	st, err := NewStack(nil, u)
-	if err != nil {
-		t.Fatal(err)
-	}
 	b := make([]byte, u.VirtualSize())
-	if _, err := st.ReadAt(b, 0); err != nil {
+	if _, err := stackOf(t, u).ReadAt(b, 0); err != nil {
 		t.Fatal(err)
 	}
 	return b
@@ -89,13 +85,13 @@ func TestUpperSurvivesProcessDeath(t *testing.T) {
 	}
 }
 
+// diffAt names the first byte where got differs from want.
 func diffAt(got, want []byte) string {
-	for i := range got {
-		if got[i] != want[i] {
-			return fmt.Sprintf("byte %d = %#x, want %#x", i, got[i], want[i])
-		}
+	i := firstDiff(got, want)
+	if i == len(got) {
+		return "the same bytes"
 	}
-	return "the same bytes"
+	return fmt.Sprintf("byte %d = %#x, want %#x", i, got[i], want[i])
 }
 
 // TestUpperJournalOfAnotherBoot: after a power loss (another boot) the

@@ -55,8 +55,6 @@ var bootID = sync.OnceValue(func() string {
 // indexPath: it belongs with the data and index files (removed with them).
 func JournalPath(indexPath string) string { return indexPath + ".pending" }
 
-func journalPath(indexPath string) string { return JournalPath(indexPath) }
-
 // journalHead is the header a journal of this upper in this boot has, nil
 // when there is no boot id.
 func (u *Upper) journalHead() ([]byte, error) {
@@ -85,7 +83,7 @@ func (u *Upper) journalHead() ([]byte, error) {
 // tree (after loadIndex), reading it in bounded chunks, and returns how
 // many it inserted; it changes no file.
 func (u *Upper) replayJournal() (int, error) {
-	f, err := os.Open(journalPath(u.indexPath))
+	f, err := os.Open(JournalPath(u.indexPath))
 	if os.IsNotExist(err) {
 		return 0, nil
 	}
@@ -145,7 +143,7 @@ func (u *Upper) recoverJournal(replayed int) error {
 			return err
 		}
 	}
-	removeStale(filepath.Dir(u.indexPath), "."+filepath.Base(journalPath(u.indexPath))+".tmp-*")
+	removeStale(filepath.Dir(u.indexPath), "."+filepath.Base(JournalPath(u.indexPath))+".tmp-*")
 	u.rotateJournalLocked()
 	return nil
 }
@@ -181,7 +179,7 @@ func (u *Upper) writeJournal() (*os.File, error) {
 	if err != nil || head == nil {
 		return nil, err
 	}
-	path := journalPath(u.indexPath)
+	path := JournalPath(u.indexPath)
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return nil, err
@@ -220,7 +218,7 @@ func (u *Upper) closeJournal(flushed bool) {
 	u.journal.Close()
 	u.journal = nil
 	if flushed {
-		os.Remove(journalPath(u.indexPath))
+		os.Remove(JournalPath(u.indexPath))
 	}
 }
 
