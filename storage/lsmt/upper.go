@@ -43,31 +43,32 @@ import (
 // (never the other way round). Operations that read or write the data file
 // at looked-up offsets hold a pin (reclaim.go), released without locks.
 type Upper struct {
-	mu         sync.RWMutex
-	flushMu    sync.Mutex
-	dataPath   string
-	indexPath  string
-	data       *os.File
-	raw        syscall.RawConn // data's descriptor, for fallocate
-	index      *os.File        // nil for a sparse layer (flushMu)
-	journal    *os.File        // INDEX.pending, the pending mappings (mu; upperjournal.go)
-	journalEnd int64           // bytes of the journal written (mu)
-	indexHead  []byte          // the index file's header block, kept by a rewrite
-	sparse     bool
-	hdr        HeaderTrailer
-	tree       *btree.BTreeG[Segment]
-	treeVer    uint64      // counts changes of the tree
-	mapped     atomic.Bool // the tree ever held a mapping: reads of a fresh upper skip the lock
-	dataEnd    uint64      // sectors: the data file's logical end (log-structured)
-	indexEnd   int64       // bytes of the index file written (flushMu)
-	dirDirty   bool        // a rewritten index was renamed, its directory not yet fsynced (flushMu)
-	pending    []byte      // encoded mappings not yet written to the index file
-	spare      []byte      // the previous batch's buffer, for reuse
-	sp         spaceState  // the data file's unreferenced space
-	_          [64]byte    // the pins change with every I/O: a cache line of their own
-	pins       [2]atomic.Int64
-	_          [48]byte
-	noPunch    atomic.Bool // the file system cannot punch holes
+	mu          sync.RWMutex
+	flushMu     sync.Mutex
+	dataPath    string
+	indexPath   string
+	data        *os.File
+	raw         syscall.RawConn // data's descriptor, for fallocate
+	index       *os.File        // nil for a sparse layer (flushMu)
+	journal     *os.File        // INDEX.pending, the pending mappings (mu; upperjournal.go)
+	journalEnd  int64           // bytes of the journal written (mu)
+	journalHead []byte          // the journal's header in this boot, nil without a boot id (set at open)
+	indexHead   []byte          // the index file's header block, kept by a rewrite
+	sparse      bool
+	hdr         HeaderTrailer
+	tree        *btree.BTreeG[Segment]
+	treeVer     uint64      // counts changes of the tree
+	mapped      atomic.Bool // the tree ever held a mapping: reads of a fresh upper skip the lock
+	dataEnd     uint64      // sectors: the data file's logical end (log-structured)
+	indexEnd    int64       // bytes of the index file written (flushMu)
+	dirDirty    bool        // a rewritten index was renamed, its directory not yet fsynced (flushMu)
+	pending     []byte      // encoded mappings not yet written to the index file
+	spare       []byte      // the previous batch's buffer, for reuse
+	sp          spaceState  // the data file's unreferenced space
+	_           [64]byte    // the pins change with every I/O: a cache line of their own
+	pins        [2]atomic.Int64
+	_           [48]byte
+	noPunch     atomic.Bool // the file system cannot punch holes
 	// rewriteMin is the index size (entries) below which it is never
 	// rewritten, however few live mappings it has.
 	rewriteMin int64
@@ -223,6 +224,9 @@ func (u *Upper) open() error {
 	}
 	if err := u.loadIndex(); err != nil {
 		return err
+	}
+	if u.journalHead, err = u.journalHeader(); err != nil {
+		return fmt.Errorf("pending journal of %s: %w", u.indexPath, err)
 	}
 	replayed, err := u.replayJournal()
 	if err != nil {

@@ -157,7 +157,7 @@ func (u *Upper) writeIndexFile(f *os.File, snap *btree.BTreeG[Segment]) (int64, 
 
 // removeStaleRewrites removes what a crash during an index rewrite left.
 func removeStaleRewrites(indexPath string) {
-	removeStale(filepath.Dir(indexPath), "."+filepath.Base(indexPath)+".tmp-*")
+	removeStale(filepath.Dir(indexPath), "."+filepath.Base(indexPath)+".tmp-")
 }
 
 // globEscape quotes the pattern characters of a file name.

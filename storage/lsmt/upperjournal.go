@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -55,9 +56,9 @@ var bootID = sync.OnceValue(func() string {
 // indexPath: it belongs with the data and index files (removed with them).
 func JournalPath(indexPath string) string { return indexPath + ".pending" }
 
-// journalHead is the header a journal of this upper in this boot has, nil
-// when there is no boot id.
-func (u *Upper) journalHead() ([]byte, error) {
+// journalHeader is the header a journal of this upper in this boot has,
+// nil when there is no boot id. open computes it once (u.journalHead).
+func (u *Upper) journalHeader() ([]byte, error) {
 	boot := bootID()
 	if boot == "" {
 		return nil, nil
@@ -91,12 +92,8 @@ func (u *Upper) replayJournal() (int, error) {
 		return 0, fmt.Errorf("open pending journal: %w", err)
 	}
 	defer f.Close()
-	head, err := u.journalHead()
-	if err != nil {
-		return 0, fmt.Errorf("pending journal: %w", err)
-	}
 	got := make([]byte, journalHeadSize)
-	if _, err := io.ReadFull(f, got); err != nil || head == nil || !bytes.Equal(got, head) {
+	if _, err := io.ReadFull(f, got); err != nil || u.journalHead == nil || !bytes.Equal(got, u.journalHead) {
 		slog.Info("lsmt: ignoring a pending journal of another boot or data file", "index", u.indexPath)
 		return 0, nil
 	}
@@ -143,7 +140,7 @@ func (u *Upper) recoverJournal(replayed int) error {
 			return err
 		}
 	}
-	removeStale(filepath.Dir(u.indexPath), "."+filepath.Base(JournalPath(u.indexPath))+".tmp-*")
+	removeStale(filepath.Dir(u.indexPath), "."+filepath.Base(JournalPath(u.indexPath))+".tmp-")
 	u.rotateJournalLocked()
 	return nil
 }
@@ -173,18 +170,19 @@ func (u *Upper) rotateJournalLocked() {
 }
 
 // writeJournal writes a new journal of the pending mappings next to the old
-// one and renames it over it; nil without a boot id.
+// one and renames it over it; nil without a boot id. Nothing is fsynced
+// (not atomicfile): the journal only has to outlive the process, and the
+// page cache orders the write before the rename for every later reader.
 func (u *Upper) writeJournal() (*os.File, error) {
-	head, err := u.journalHead()
-	if err != nil || head == nil {
-		return nil, err
+	if u.journalHead == nil {
+		return nil, nil
 	}
 	path := JournalPath(u.indexPath)
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return nil, err
 	}
-	_, err = f.Write(append(head, u.pending...))
+	_, err = f.Write(append(slices.Clip(u.journalHead), u.pending...))
 	if err == nil {
 		err = os.Rename(f.Name(), path)
 	}
@@ -222,10 +220,10 @@ func (u *Upper) closeJournal(flushed bool) {
 	}
 }
 
-// removeStale removes the files matching pattern (a literal name prefix
-// and a glob suffix) in dir: what a crash left of a rename.
-func removeStale(dir, pattern string) {
-	stale, _ := filepath.Glob(filepath.Join(dir, globEscape(strings.TrimSuffix(pattern, "*"))+"*"))
+// removeStale removes the files of dir whose names start with prefix: the
+// temporaries a crash left of a rename.
+func removeStale(dir, prefix string) {
+	stale, _ := filepath.Glob(filepath.Join(dir, globEscape(prefix)+"*"))
 	for _, p := range stale {
 		os.Remove(p)
 	}
