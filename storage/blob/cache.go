@@ -21,9 +21,11 @@ type CacheOptions struct {
 	Budget *Budget
 }
 
-// Cache is an LRU block cache in front of a slow blob. A miss fetches one
-// block; a miss right after the previous miss fetches ReadAhead blocks in one
-// request. Concurrent misses on the same block share one fetch.
+// Cache is an LRU block cache in front of a slow blob. A miss fetches the
+// missing blocks of the read in one request (up to the next block cached
+// or in flight); a miss right after the previous fetch's last block fetches
+// at least ReadAhead blocks. Concurrent misses on the same block share one
+// fetch.
 type Cache struct {
 	b      Blob
 	bs     int64
@@ -41,6 +43,7 @@ type Cache struct {
 	budget   *Budget
 
 	hits, misses, fetches atomic.Int64
+	ahead                 atomic.Int64 // blocks fetched beyond what a read asked for
 }
 
 type entry struct {
@@ -99,6 +102,10 @@ func (c *Cache) Stats() (hits, misses, fetches int64) {
 	return c.hits.Load(), c.misses.Load(), c.fetches.Load()
 }
 
+// ReadAheadBlocks is the blocks fetched so far beyond what reads asked for
+// (ReadAhead on sequential misses; not a Prefetch's blocks).
+func (c *Cache) ReadAheadBlocks() int64 { return c.ahead.Load() }
+
 // Source returns the blob the cache reads from (a *Verified for a layer
 // opened with OpenVerified: its Fetched says from where bytes came).
 func (c *Cache) Source() Blob { return c.b }
@@ -134,10 +141,11 @@ func (c *Cache) ReadAt(p []byte, off int64) (int, error) {
 		p, eof = p[:size-off], io.EOF
 	}
 	done := 0
+	last := (off + int64(len(p)) - 1) / c.bs
 	for done < len(p) {
 		pos := off + int64(done)
 		blk := pos / c.bs
-		data, err := c.block(blk)
+		data, err := c.block(blk, last-blk+1)
 		if err != nil {
 			return done, err
 		}
@@ -150,7 +158,9 @@ func (c *Cache) ReadAt(p []byte, off int64) (int, error) {
 	return done, eof
 }
 
-func (c *Cache) block(blk int64) ([]byte, error) {
+// block returns block blk, of which the read needs want blocks on (a miss
+// fetches them together).
+func (c *Cache) block(blk, want int64) ([]byte, error) {
 	c.mu.Lock()
 	c.recordLocked(blk)
 	if el, ok := c.blocks[blk]; ok {
@@ -172,11 +182,14 @@ func (c *Cache) block(blk int64) ([]byte, error) {
 		return f.data[blk], nil
 	}
 	c.misses.Add(1)
-	n := int64(1)
+	n := min(want, int64(c.maxBlk))
 	if blk == c.lastMiss+1 {
-		n = int64(c.ra)
+		n = max(n, int64(c.ra))
 	}
 	f, n := c.startLocked(blk, n)
+	if n > want {
+		c.ahead.Add(n - want)
+	}
 	c.lastMiss = blk + n - 1
 	c.mu.Unlock()
 	c.run(f, blk, n)

@@ -111,3 +111,41 @@ func FuzzParseWorkingSet(f *testing.F) {
 		}
 	})
 }
+
+// TestMissFetchesTheReadInOneRequest: a read spanning several missing
+// blocks (a memory fault's read-around) is one request of exactly those
+// blocks, not one block then a read-ahead window; a read that continues
+// where the last fetch ended fetches ReadAhead blocks, and the blocks
+// beyond what reads asked for are counted.
+func TestMissFetchesTheReadInOneRequest(t *testing.T) {
+	t.Parallel()
+	const bs = 4096
+	data := content(64 * bs)
+	src := &countingBlob{bytesBlob: bytesBlob{name: "l", data: data, size: int64(len(data))}}
+	c := NewCache(src, CacheOptions{BlockSize: bs, ReadAhead: 8})
+	read := func(off, n int64) {
+		t.Helper()
+		p := make([]byte, n)
+		if _, err := c.ReadAt(p, off); err != nil || !bytes.Equal(p, data[off:off+n]) {
+			t.Fatalf("read [%d,+%d): %v", off, n, err)
+		}
+	}
+	read(10*bs+100, 4*bs) // blocks 10-14
+	if src.reads.Load() != 1 || c.ReadAheadBlocks() != 0 {
+		t.Fatalf("a cold read of 5 blocks: %d requests (want 1), %d blocks read ahead (want 0)", src.reads.Load(), c.ReadAheadBlocks())
+	}
+	read(15*bs, 2*bs) // continues the last fetch: 8 blocks, 6 of them ahead
+	if src.reads.Load() != 2 || c.ReadAheadBlocks() != 6 {
+		t.Fatalf("a sequential read: %d requests (want 2), %d blocks ahead (want 6)", src.reads.Load(), c.ReadAheadBlocks())
+	}
+	read(11*bs, 12*bs) // all cached
+	if n := src.reads.Load(); n != 2 {
+		t.Fatalf("a cached read made %d requests", n-2)
+	}
+	// A read with a cached block in its middle: the fetch stops there.
+	read(40*bs, bs)
+	read(38*bs, 4*bs) // 38-39 fetched together, 40 cached, 41 fetched
+	if n := src.reads.Load(); n != 5 {
+		t.Fatalf("a read around a cached block: %d requests, want 2", n-3)
+	}
+}
