@@ -136,7 +136,7 @@ func (r *Replica) rebuild(ctx context.Context, id string, m *repo.Manifest) (Pau
 	if err := os.MkdirAll(layers, 0o700); err != nil {
 		return Paused{}, 0, err
 	}
-	rootfs, err := r.lazyRefs(ctx, m.Rootfs, layers)
+	rootfs, err := r.lazyRefs(ctx, m.Rootfs, layers, repo.UseRootfs)
 	if err != nil {
 		return Paused{}, 0, err
 	}
@@ -157,14 +157,14 @@ func (r *Replica) rebuild(ctx context.Context, id string, m *repo.Manifest) (Pau
 	return out, lazyCount(rootfs) + lazyCount(mem), nil
 }
 
-// lazyRefs names a manifest's layers for an image config: each by the URL
-// of the node's layer socket, read lazily by the storage daemon and fetched
-// whole once the VM answered (disk/lazy.go); on a node that serves no layer
-// socket, fetched whole into dir now.
-func (r *Replica) lazyRefs(ctx context.Context, ls []repo.Layer, dir string) ([]string, error) {
+// lazyRefs names a manifest's layers, read for use, for an image config:
+// each by the URL of the node's layer socket, read lazily by the storage
+// daemon and fetched whole once the VM answered (disk/lazy.go); on a node
+// that serves no layer socket, fetched whole into dir now.
+func (r *Replica) lazyRefs(ctx context.Context, ls []repo.Layer, dir, use string) ([]string, error) {
 	out := make([]string, 0, len(ls))
 	for _, l := range ls {
-		if u := r.cfg.Remote.LazyURL(l); u != "" {
+		if u := r.cfg.Remote.LazyURL(l, use); u != "" {
 			out = append(out, u)
 			continue
 		}
@@ -193,7 +193,7 @@ func lazyCount(refs []string) int {
 // whole into dir.
 func (r *Replica) memoryRefs(ctx context.Context, ls []repo.Layer, dir string) ([]string, error) {
 	if r.cfg.LazyMemory {
-		return r.lazyRefs(ctx, ls, dir)
+		return r.lazyRefs(ctx, ls, dir, repo.UseMemory)
 	}
 	return r.fetchAll(ctx, ls, dir)
 }
@@ -284,7 +284,7 @@ func (r *Replica) ImportSnapshot(ctx context.Context, id string) error {
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return err
 	}
-	rootfs, err := r.lazyRefs(ctx, m.Rootfs, s.Dir)
+	rootfs, err := r.lazyRefs(ctx, m.Rootfs, s.Dir, repo.UseRootfs)
 	if err == nil {
 		err = snapshot.WriteImageConfig(s.RootfsImage, rootfs)
 	}

@@ -47,9 +47,10 @@ type Remote interface {
 	Manifest(ctx context.Context, name string) (*repo.Manifest, error)
 	Fetch(ctx context.Context, l repo.Layer, dir string) (string, error)
 	ReadSmall(ctx context.Context, b repo.Blob, limit int64) ([]byte, error)
-	// LazyURL names l for the storage daemon to read lazily through the
-	// node's layer socket ("" when the node serves none: fetch it whole).
-	LazyURL(l repo.Layer) string
+	// LazyURL names l, read for use (repo.UseRootfs or UseMemory), for
+	// the storage daemon to read lazily through the node's layer socket
+	// ("" when the node serves none: fetch it whole).
+	LazyURL(l repo.Layer, use string) string
 }
 
 // Node is what the replica needs of the node it serves.

@@ -237,7 +237,7 @@ func (r *Replica) rebuildTemplate(ctx context.Context, b *template.Builder, m *r
 	if err := os.MkdirAll(t.Dir, 0o700); err != nil {
 		return nil, err
 	}
-	rootfs, err := r.lazyRefs(ctx, m.Rootfs, t.Dir)
+	rootfs, err := r.lazyRefs(ctx, m.Rootfs, t.Dir, repo.UseRootfs)
 	if err != nil {
 		return nil, err
 	}

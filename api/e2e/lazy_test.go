@@ -20,7 +20,6 @@ import (
 )
 
 const (
-	lazyFetchedMetric  = "aenvd_repository_lazy_fetched_bytes_total"
 	lazyConfigsMetric  = "aenvd_rootfs_lazy_configs"
 	wholeFetchedMetric = "aenvd_repository_layer_fetched_bytes_total"
 )
@@ -70,22 +69,34 @@ func TestLazyResumeOverS3(t *testing.T) {
 		for _, l := range m.Memory {
 			memory += l.Size
 		}
-		// What B fetched until the VM answered: chunks read lazily, and
-		// layers fetched whole (the memory layers on a node whose VMs map
-		// memory files of their own; every layer on a node that is not lazy).
-		lazy0, whole0 := b.metricValue(t, lazyFetchedMetric), b.metricValue(t, wholeFetchedMetric)
+		// What B fetched until the VM answered: chunks read lazily (by
+		// use: the storage daemon's memory export, its disk), and layers
+		// fetched whole (the memory layers on a node whose VMs map memory
+		// files of their own; every layer on a node that is not lazy).
+		lazy0, whole0 := b.lazyCosts(t), b.metricValue(t, wholeFetchedMetric)
 		b.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", b.key, `{"timeout":300}`)
-		lazy := int64(b.metricValue(t, lazyFetchedMetric) - lazy0)
-		fetched := lazy + int64(b.metricValue(t, wholeFetchedMetric)-whole0)
-		t.Logf("node B fetched %d KiB (%d KiB read lazily) of the %d MiB of rootfs layers and %d MiB of memory layers before the VM answered",
-			fetched>>10, lazy>>10, rootfs>>20, memory>>20)
+		lazy := b.lazyCosts(t).since(lazy0)
+		mem, disk := lazy[repo.UseMemory], lazy[repo.UseRootfs]
+		fetched := mem.fetched + disk.fetched + int64(b.metricValue(t, wholeFetchedMetric)-whole0)
+		t.Logf("node B fetched %d KiB before the VM answered, of the %d MiB of rootfs layers and %d MiB of memory layers; lazily: memory %+v, rootfs %+v",
+			fetched>>10, rootfs>>20, memory>>20, mem, disk)
 		if b.memoryExports(t) {
 			// Memory is lazy too: what the restore touched, not the layers.
 			if fetched >= (rootfs+memory)/4 {
 				t.Fatalf("node B fetched %d of the %d bytes of rootfs and memory layers before the resume answered: not lazy", fetched, rootfs+memory)
 			}
-		} else if disk := fetched - memory; disk >= rootfs/4 {
-			t.Fatalf("node B fetched %d of the rootfs layers' %d bytes before the resume answered: not lazy", disk, rootfs)
+			// Memory: the blocks the guest's faults read (with the
+			// mount's read-around) and the working set pushed ahead,
+			// nothing else; the disk: the chunks read, read-ahead on
+			// sequential reads and the working set.
+			if mem.readAhead != 0 || mem.fetched > mem.read+mem.prefetched || mem.read == 0 {
+				t.Fatalf("node B's lazy memory reads before the resume answered: %+v; want fetched <= read + working set, nothing read ahead", mem)
+			}
+		} else if d := fetched - memory; d >= rootfs/4 {
+			t.Fatalf("node B fetched %d of the rootfs layers' %d bytes before the resume answered: not lazy", d, rootfs)
+		}
+		if disk.fetched > disk.read+disk.readAhead+disk.prefetched {
+			t.Fatalf("node B's lazy rootfs reads before the resume answered: %+v; want fetched <= read + read ahead + working set", disk)
 		}
 		checkShm := func(when string) {
 			t.Helper()
@@ -286,4 +297,35 @@ func damagedMemory(ctx context.Context, t *testing.T, srv *s3test.Server, bucket
 	}
 	b.call(t, "DELETE", "/sandboxes/"+id, b.key, "")
 	a.call(t, "DELETE", "/sandboxes/"+id, a.key, "")
+}
+
+// lazyCost is what a node's lazy reads of one use of layers cost (its
+// aenvd_repository_lazy_*_bytes_total metrics).
+type lazyCost struct{ fetched, read, readAhead, prefetched int64 }
+
+// lazyCosts are lazyCost by use (repo.UseRootfs, repo.UseMemory).
+type lazyCosts map[string]lazyCost
+
+// lazyCosts reads n's lazy read costs by use.
+func (n *node) lazyCosts(t *testing.T) lazyCosts {
+	t.Helper()
+	out := lazyCosts{}
+	for _, use := range []string{repo.UseRootfs, repo.UseMemory} {
+		v := func(what string) int64 {
+			return int64(n.metricValue(t, fmt.Sprintf(`aenvd_repository_lazy_%s_bytes_total{use=%q}`, what, use)))
+		}
+		out[use] = lazyCost{fetched: v("fetched"), read: v("read"), readAhead: v("readahead"), prefetched: v("prefetched")}
+	}
+	return out
+}
+
+// since is what was spent after before.
+func (c lazyCosts) since(before lazyCosts) lazyCosts {
+	out := lazyCosts{}
+	for use, v := range c {
+		b := before[use]
+		out[use] = lazyCost{fetched: v.fetched - b.fetched, read: v.read - b.read,
+			readAhead: v.readAhead - b.readAhead, prefetched: v.prefetched - b.prefetched}
+	}
+	return out
 }

@@ -63,7 +63,7 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 	nc := start("rbencc", 107, "AENVD_REPOSITORY_LAZY_ROOTFS=false")
 	nd := start("rbencd", 111)
 	var local, lazy, whole, hinted []float64
-	var before, beforeLazy, total, wholeFetched int64
+	var before, beforeLazy, beforeMem, total, wholeFetched int64
 	b.ResetTimer()
 	for range b.N {
 		id, err := na.Create(`{"templateID":"base","timeout":600}`)
@@ -83,10 +83,12 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 		// background fetch (after the VM answered); else the memory
 		// layers whole first. Both counted from B's metrics.
 		lazyBefore := metric(b, nb, "aenvd_repository_lazy_fetched_bytes_total")
+		memBefore := metric(b, nb, `aenvd_repository_lazy_fetched_bytes_total{use="memory"}`)
 		wholeBefore := metric(b, nb, "aenvd_repository_layer_fetched_bytes_total")
 		lazy = append(lazy, call(b, nb, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", `{"timeout":600}`).Seconds())
 		read := int64(metric(b, nb, "aenvd_repository_lazy_fetched_bytes_total") - lazyBefore)
 		beforeLazy += read
+		beforeMem += int64(metric(b, nb, `aenvd_repository_lazy_fetched_bytes_total{use="memory"}`) - memBefore)
 		before += read + int64(metric(b, nb, "aenvd_repository_layer_fetched_bytes_total")-wholeBefore)
 		run(ctx, b, nb, id, "test $(stat -c %s /home/user/blob) = 33554432")
 		// C: every layer whole before the VM starts.
@@ -109,28 +111,36 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 	fmt.Printf("resume on node D from the repository with the layers' working-set hints B recorded: median %.2fs (%.2fx A's)\n", hn, hn/l)
 	fmt.Printf("resume on node A from local layers: median %.2fs; on node B from the repository, rootfs lazy: median %.2fs (%.2fx A's); "+
 		"on node C, every layer fetched first: median %.2fs (%.2fx A's)\n", l, lz, lz/l, wh, wh/l)
-	fmt.Printf("node B fetched %d MiB before its resume answered (read lazily: %d KiB; the rest whole; a background fetch that started as the VM answered counts too) of the manifests' %d MiB of layers (%.3f); node C %d MiB (%.3f)\n",
-		before>>20, beforeLazy>>10, total>>20, float64(before)/float64(max(total, 1)), wholeFetched>>20, float64(wholeFetched)/float64(max(total, 1)))
+	fmt.Printf("node B fetched %d MiB before its resume answered (read lazily: %d KiB, %d KiB of it memory; the rest whole; a background fetch that started as the VM answered counts too) of the manifests' %d MiB of layers (%.3f); node C %d MiB (%.3f)\n",
+		before>>20, beforeLazy>>10, beforeMem>>10, total>>20, float64(before)/float64(max(total, 1)), wholeFetched>>20, float64(wholeFetched)/float64(max(total, 1)))
 }
 
-// metric reads one counter or gauge from a node's /metrics.
+// metric reads a counter or gauge from a node's /metrics: the sum of its
+// series (every label set), or one series when name has labels.
 func metric(b *testing.B, n *aenvdtest.Node, name string) float64 {
 	b.Helper()
 	text, err := n.Metrics()
 	if err != nil {
 		b.Fatal(err)
 	}
+	var sum float64
+	found := false
 	for _, l := range strings.Split(text, "\n") {
-		if strings.HasPrefix(l, name+" ") {
-			v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(l, name)), 64)
-			if err != nil {
-				b.Fatalf("metric line %q: %v", l, err)
-			}
-			return v
+		// name is a metric's name (every series) or a name with labels.
+		if !strings.HasPrefix(l, name+" ") && (strings.Contains(name, "{") || !strings.HasPrefix(l, name+"{")) {
+			continue
 		}
+		f := strings.Fields(l)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			b.Fatalf("metric line %q: %v", l, err)
+		}
+		sum, found = sum+v, true
 	}
-	b.Fatalf("node %s has no metric %s", n.API, name)
-	return 0
+	if !found {
+		b.Fatalf("node %s has no metric %s", n.API, name)
+	}
+	return sum
 }
 
 // call sends a control API request, fails unless the status is want and

@@ -30,6 +30,7 @@ import (
 	"github.com/agentenv/agentenv/recovery"
 	"github.com/agentenv/agentenv/replica"
 	"github.com/agentenv/agentenv/sandbox"
+	"github.com/agentenv/agentenv/snapshot/repo"
 	"github.com/agentenv/agentenv/snapshot/repo/reponode"
 	"github.com/agentenv/agentenv/template"
 
@@ -486,14 +487,40 @@ func snapshotRepository(ctx context.Context, cfg config.Config, reg prometheus.R
 		_ = rn.Close()
 		return nil, func() {}, err
 	}
-	reg.MustRegister(
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "aenvd_repository_lazy_fetched_bytes_total",
-			Help: "Bytes of rootfs layers fetched from peers and the store for lazy reads (before the layers are fetched whole)."},
-			func() float64 { return float64(rn.LazyFetched()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "aenvd_repository_layer_fetched_bytes_total",
-			Help: "Bytes of layers fetched whole from peers and the store."},
-			func() float64 { return float64(rn.FetchedWhole()) }))
+	registerLazyCosts(reg, rn)
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "aenvd_repository_layer_fetched_bytes_total",
+		Help: "Bytes of layers fetched whole from peers and the store."},
+		func() float64 { return float64(rn.FetchedWhole()) }))
 	return &repoNode{n: rn}, func() { _ = rn.Close() }, nil
+}
+
+// registerLazyCosts exports what the layer socket's lazy reads cost, by
+// the layers' use (label "use": rootfs or memory).
+func registerLazyCosts(reg prometheus.Registerer, rn *reponode.Node) {
+	counters := []struct {
+		name, help string
+		of         func(reponode.LazyCost) int64
+	}{
+		{"aenvd_repository_lazy_fetched_bytes_total",
+			"Bytes of layers fetched from peers and the store for lazy reads (before the layers are fetched whole).",
+			func(c reponode.LazyCost) int64 { return c.Fetched }},
+		{"aenvd_repository_lazy_read_bytes_total",
+			"Bytes of the distinct blocks of lazily read layers the storage daemon read (its VMs' memory faults and disk reads).",
+			func(c reponode.LazyCost) int64 { return c.Read }},
+		{"aenvd_repository_lazy_readahead_bytes_total",
+			"Bytes fetched for lazy reads beyond what the storage daemon read, on sequential misses.",
+			func(c reponode.LazyCost) int64 { return c.ReadAhead }},
+		{"aenvd_repository_lazy_prefetched_bytes_total",
+			"Bytes of layers' recorded working sets fetched ahead of the storage daemon's reads.",
+			func(c reponode.LazyCost) int64 { return c.Prefetched }},
+	}
+	for _, c := range counters {
+		for _, use := range []string{repo.UseRootfs, repo.UseMemory} {
+			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.name, Help: c.help,
+				ConstLabels: prometheus.Labels{"use": use}},
+				func() float64 { return float64(c.of(rn.LazyCosts()[use])) }))
+		}
+	}
 }
 
 // layerSocket is where the node serves lazy rootfs layers to its storage

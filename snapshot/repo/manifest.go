@@ -52,6 +52,13 @@ const (
 	KindTemplate = "template"
 )
 
+// What a node reads a layer for: a Manifest's Rootfs or Memory (a node's
+// lazy reads are counted apart by use).
+const (
+	UseRootfs = "rootfs"
+	UseMemory = "memory"
+)
+
 // Blobs lists every blob m references (layers, their chunk tables, state
 // and config), without duplicates.
 func (m *Manifest) Blobs() []Blob {

@@ -44,6 +44,7 @@ type Cache struct {
 
 	hits, misses, fetches atomic.Int64
 	ahead                 atomic.Int64 // blocks fetched beyond what a read asked for
+	prefetched            atomic.Int64 // blocks a Prefetch fetched
 }
 
 type entry struct {
@@ -102,9 +103,20 @@ func (c *Cache) Stats() (hits, misses, fetches int64) {
 	return c.hits.Load(), c.misses.Load(), c.fetches.Load()
 }
 
-// ReadAheadBlocks is the blocks fetched so far beyond what reads asked for
-// (ReadAhead on sequential misses; not a Prefetch's blocks).
-func (c *Cache) ReadAheadBlocks() int64 { return c.ahead.Load() }
+// BlockCounts say why the blocks of a cache were fetched.
+type BlockCounts struct {
+	Read       int64 // distinct blocks reads asked for (counted with CacheOptions.Record only)
+	ReadAhead  int64 // fetched beyond what reads asked for, on sequential misses
+	Prefetched int64 // fetched by Prefetch (a working set) ahead of the reads
+}
+
+// Blocks returns the cache's BlockCounts so far.
+func (c *Cache) Blocks() BlockCounts {
+	c.mu.Lock()
+	read := int64(len(c.touched))
+	c.mu.Unlock()
+	return BlockCounts{Read: read, ReadAhead: c.ahead.Load(), Prefetched: c.prefetched.Load()}
+}
 
 // Source returns the blob the cache reads from (a *Verified for a layer
 // opened with OpenVerified: its Fetched says from where bytes came).

@@ -89,6 +89,7 @@ func (c *Cache) prefetchRun(blk, n int64) error {
 		}
 		f, k := c.startLocked(blk, end-blk)
 		c.mu.Unlock()
+		c.prefetched.Add(k)
 		c.run(f, blk, k)
 		if f.err != nil {
 			return f.err

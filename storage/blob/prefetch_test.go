@@ -52,6 +52,12 @@ func TestRecordAndPrefetch(t *testing.T) {
 	if r := src.reads.Load(); r != 4 { // runs 40-43, 3, 7-8, 60
 		t.Fatalf("prefetch made %d requests, want 4 (one per run)", r)
 	}
+	if got := fresh.Blocks(); got.Prefetched != int64(len(want)) || got.ReadAhead != 0 {
+		t.Fatalf("prefetch counted %+v, want %d blocks prefetched", got, len(want))
+	}
+	if got := rec.Blocks().Read; got != int64(len(want)) {
+		t.Fatalf("the recording cache counts %d blocks read, want %d", got, len(want))
+	}
 	for _, b := range want {
 		got := make([]byte, 4096)
 		if _, err := fresh.ReadAt(got, b*4096); err != nil || !bytes.Equal(got, data[b*4096:(b+1)*4096]) {
@@ -131,12 +137,12 @@ func TestMissFetchesTheReadInOneRequest(t *testing.T) {
 		}
 	}
 	read(10*bs+100, 4*bs) // blocks 10-14
-	if src.reads.Load() != 1 || c.ReadAheadBlocks() != 0 {
-		t.Fatalf("a cold read of 5 blocks: %d requests (want 1), %d blocks read ahead (want 0)", src.reads.Load(), c.ReadAheadBlocks())
+	if src.reads.Load() != 1 || c.Blocks().ReadAhead != 0 {
+		t.Fatalf("a cold read of 5 blocks: %d requests (want 1), %d blocks read ahead (want 0)", src.reads.Load(), c.Blocks().ReadAhead)
 	}
 	read(15*bs, 2*bs) // continues the last fetch: 8 blocks, 6 of them ahead
-	if src.reads.Load() != 2 || c.ReadAheadBlocks() != 6 {
-		t.Fatalf("a sequential read: %d requests (want 2), %d blocks ahead (want 6)", src.reads.Load(), c.ReadAheadBlocks())
+	if src.reads.Load() != 2 || c.Blocks().ReadAhead != 6 {
+		t.Fatalf("a sequential read: %d requests (want 2), %d blocks ahead (want 6)", src.reads.Load(), c.Blocks().ReadAhead)
 	}
 	read(11*bs, 12*bs) // all cached
 	if n := src.reads.Load(); n != 2 {

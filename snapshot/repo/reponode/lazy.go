@@ -35,7 +35,8 @@ import (
 // daemon's devices were made with.
 
 // lazyPath is where the layer socket serves layers: lazyPath + "<hex>?size=
-// N&chunks=sha256:<hex>&chunks_size=M".
+// N&chunks=sha256:<hex>&chunks_size=M&use=U" (use: repo.UseRootfs, the
+// default, or repo.UseMemory; it only sorts the socket's counts).
 const lazyPath = "/v1/lazy/sha256/"
 
 // maxLazyRange bounds one read the layer socket answers (the daemon asks
@@ -54,7 +55,7 @@ type lazyServer struct {
 
 	mu     sync.Mutex
 	open   map[repo.Digest]*lazyLayer
-	closed int64 // bytes fetched by layers no longer open
+	closed map[string]LazyCost // what layers no longer open cost, by use
 	// failed holds the last failed read of each layer (LazyFailure), at
 	// most maxFailures of them: whoever asks why a VM ended asks soon after.
 	failed map[repo.Digest]lazyFailure
@@ -78,6 +79,7 @@ const recentFailure = time.Minute
 // reads wait for the same open).
 type lazyLayer struct {
 	layer repo.Layer
+	use   string // of the read that opened it
 	ready chan struct{}
 	c     *blob.Cache
 	err   error
@@ -107,7 +109,8 @@ func (n *Node) ServeLayers(ctx context.Context, socket string) error {
 		lis.Close()
 		return fmt.Errorf("snapshot repository: layer socket %s: %w", socket, err)
 	}
-	ls := &lazyServer{socket: socket, lis: lis, ctx: context.WithoutCancel(ctx), open: map[repo.Digest]*lazyLayer{}}
+	ls := &lazyServer{socket: socket, lis: lis, ctx: context.WithoutCancel(ctx), open: map[repo.Digest]*lazyLayer{},
+		closed: map[string]LazyCost{}}
 	ls.hints.ctx, ls.hints.stop = context.WithCancel(ls.ctx)
 	ls.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.serveLazy(w, r) }),
 		ReadHeaderTimeout: 10 * time.Second}
@@ -145,9 +148,10 @@ func (ls *lazyServer) close() error {
 	return err
 }
 
-// LazyURL names layer l for lazy reads through the layer socket ("" when
-// the node serves none: the caller fetches the layer whole instead).
-func (n *Node) LazyURL(l repo.Layer) string {
+// LazyURL names layer l, read for use (repo.UseRootfs or UseMemory), for
+// lazy reads through the layer socket ("" when the node serves none: the
+// caller fetches the layer whole instead).
+func (n *Node) LazyURL(l repo.Layer, use string) string {
 	n.mu.Lock()
 	ls := n.lazy
 	n.mu.Unlock()
@@ -158,6 +162,7 @@ func (n *Node) LazyURL(l repo.Layer) string {
 	q.Set("size", strconv.FormatInt(l.Size, 10))
 	q.Set("chunks", string(l.Chunks.Digest))
 	q.Set("chunks_size", strconv.FormatInt(l.Chunks.Size, 10))
+	q.Set("use", use)
 	return blob.UnixURL(ls.socket, lazyPath+l.Digest.Hex()+"?"+q.Encode())
 }
 
@@ -193,28 +198,37 @@ func LazyLayer(ref string) (repo.Layer, bool) {
 	if err != nil {
 		return repo.Layer{}, false
 	}
-	l, err := layerOfRequest(u)
+	l, _, err := layerOfRequest(u)
 	return l, err == nil
 }
 
-// layerOfRequest reads and checks the layer a request to the socket names.
-func layerOfRequest(u *url.URL) (repo.Layer, error) {
+// layerOfRequest reads and checks the layer a request to the socket names
+// and what it is read for.
+func layerOfRequest(u *url.URL) (repo.Layer, string, error) {
 	hex, ok := strings.CutPrefix(u.Path, lazyPath)
 	if !ok {
-		return repo.Layer{}, errors.New("not a layer path")
+		return repo.Layer{}, "", errors.New("not a layer path")
 	}
 	q := u.Query()
+	use := q.Get("use")
+	switch use {
+	case "": // a URL made before uses were named: devices' lowers were rootfs then
+		use = repo.UseRootfs
+	case repo.UseRootfs, repo.UseMemory:
+	default:
+		return repo.Layer{}, "", fmt.Errorf("unknown use %.20q", use)
+	}
 	size, err1 := strconv.ParseInt(q.Get("size"), 10, 64)
 	csize, err2 := strconv.ParseInt(q.Get("chunks_size"), 10, 64)
 	l := repo.Layer{Blob: repo.Blob{Digest: repo.Digest("sha256:" + hex), Size: size},
 		Chunks: repo.Blob{Digest: repo.Digest(q.Get("chunks")), Size: csize}}
 	switch {
 	case err1 != nil || err2 != nil || size < 0 || csize <= 0 || csize > blob.MaxChunkTableSize:
-		return repo.Layer{}, errors.New("bad size or chunk table size")
+		return repo.Layer{}, "", errors.New("bad size or chunk table size")
 	case l.Digest.Validate() != nil || l.Chunks.Digest.Validate() != nil:
-		return repo.Layer{}, errors.New("bad digest")
+		return repo.Layer{}, "", errors.New("bad digest")
 	}
-	return l, nil
+	return l, use, nil
 }
 
 // serveLazy answers one read of a layer: HEAD (its size), or GET of one
@@ -225,7 +239,7 @@ func (n *Node) serveLazy(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	l, err := layerOfRequest(r.URL)
+	l, use, err := layerOfRequest(r.URL)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusNotFound)
 		return
@@ -243,7 +257,7 @@ func (n *Node) serveLazy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	buf := make([]byte, length)
-	if err := n.readLazy(l, buf, off); err != nil {
+	if err := n.readLazy(l, use, buf, off); err != nil {
 		http.Error(w, err.Error(), lazyStatus(err))
 		return
 	}
@@ -289,9 +303,10 @@ func lazyStatus(err error) int {
 	return http.StatusServiceUnavailable
 }
 
-// readLazy fills p with layer l's bytes at off: from the node's own copy
-// when it holds one, else through the layer's verified cache.
-func (n *Node) readLazy(l repo.Layer, p []byte, off int64) error {
+// readLazy fills p with layer l's bytes at off, read for use: from the
+// node's own copy when it holds one, else through the layer's verified
+// cache.
+func (n *Node) readLazy(l repo.Layer, use string, p []byte, off int64) error {
 	if f, err := n.Held.OpenBlob(l.Digest); err == nil {
 		defer f.Close()
 		if ra, ok := f.(io.ReaderAt); ok {
@@ -300,7 +315,7 @@ func (n *Node) readLazy(l repo.Layer, p []byte, off int64) error {
 			}
 		}
 	}
-	c, err := n.openLazy(l)
+	c, err := n.openLazy(l, use)
 	if err == nil {
 		_, err = c.ReadAt(p, off)
 		if errors.Is(err, io.EOF) && off+int64(len(p)) == l.Size {
@@ -344,8 +359,9 @@ func (n *Node) lazyState() *lazyServer {
 	return n.lazy
 }
 
-// openLazy returns l opened for verified reads, opening it on first use.
-func (n *Node) openLazy(l repo.Layer) (*blob.Cache, error) {
+// openLazy returns l opened for verified reads, opening it on first use
+// (counted under use).
+func (n *Node) openLazy(l repo.Layer, use string) (*blob.Cache, error) {
 	ls := n.lazyState()
 	if ls == nil {
 		return nil, errors.New("the layer socket is closed")
@@ -357,12 +373,12 @@ func (n *Node) openLazy(l repo.Layer) (*blob.Cache, error) {
 			ls.mu.Unlock()
 			return nil, fmt.Errorf("%d layers are open for lazy reads already", maxLazyLayers)
 		}
-		ll = &lazyLayer{layer: l, ready: make(chan struct{})}
+		ll = &lazyLayer{layer: l, use: use, ready: make(chan struct{})}
 		ls.open[l.Digest] = ll
 	}
 	ls.mu.Unlock()
 	if !ok {
-		ll.c, ll.err = n.OpenRecorded(ls.ctx, l)
+		ll.c, ll.err = n.Peers.OpenLayer(ls.ctx, n.Repo, l, lazyCacheOptions(n.cacheOptions(true), use))
 		if ll.err == nil {
 			n.prefetchHint(ls, ll)
 		}
@@ -380,6 +396,17 @@ func (n *Node) openLazy(l repo.Layer) (*blob.Cache, error) {
 		return nil, fmt.Errorf("layer %s is %d bytes, the URL says %d: %w", l.Digest, ll.c.Size(), l.Size, repo.ErrInvalid)
 	}
 	return ll.c, ll.err
+}
+
+// lazyCacheOptions are those of a layer read for use: a memory layer's
+// cache reads nothing ahead, since the memory export's mount reads around
+// every fault already (a second read-ahead on top fetched a 2 MiB window
+// per fault in a row, most of it never read).
+func lazyCacheOptions(o blob.CacheOptions, use string) blob.CacheOptions {
+	if use == repo.UseMemory {
+		o.ReadAhead = 1
+	}
+	return o
 }
 
 // dropLazy closes layer d's lazy cache once the node holds the layer (its
@@ -400,53 +427,16 @@ func (n *Node) dropLazy(d repo.Digest) {
 	}
 	<-ll.ready
 	if ll.c != nil {
-		b := fetchedBytes(ll.c)
-		hits, misses, fetches := ll.c.Stats()
-		slog.Info("snapshot repository: layer is local now; its lazy reads are done", "layer", d,
-			"fetched_bytes", b, "fetches", fetches, "block_hits", hits, "block_misses", misses)
 		ll.stopHint()
+		cost := costOf(ll.c)
+		hits, misses, fetches := ll.c.Stats()
+		slog.Info("snapshot repository: layer is local now; its lazy reads are done", "layer", d, "use", ll.use,
+			"fetched_bytes", cost.Fetched, "read_bytes", cost.Read, "readahead_bytes", cost.ReadAhead,
+			"prefetched_bytes", cost.Prefetched, "fetches", fetches, "block_hits", hits, "block_misses", misses)
 		n.recordHint(ls, ll)
 		ll.c.Close()
 		ls.mu.Lock()
-		ls.closed += b
+		ls.closed[ll.use] = ls.closed[ll.use].plus(cost)
 		ls.mu.Unlock()
 	}
-}
-
-// LazyFetched is the bytes the layer socket fetched from peers and the
-// store so far (what lazy restores cost the network before the layers are
-// fetched whole).
-func (n *Node) LazyFetched() int64 {
-	ls := n.lazyState()
-	if ls == nil {
-		return 0
-	}
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	total := ls.closed
-	for _, ll := range ls.open {
-		select {
-		case <-ll.ready:
-			if ll.c != nil {
-				total += fetchedBytes(ll.c)
-			}
-		default:
-		}
-	}
-	return total
-}
-
-// fetchedBytes sums the bytes a layer's verified cache read from its
-// sources.
-func fetchedBytes(c *blob.Cache) int64 {
-	v, ok := c.Source().(*blob.Verified)
-	if !ok {
-		return 0
-	}
-	bytes, _ := v.Fetched()
-	var n int64
-	for _, b := range bytes {
-		n += b
-	}
-	return n
 }

@@ -29,7 +29,7 @@ func TestLayerSocket(t *testing.T) {
 	bucket := srv.Bucket(t)
 	ctx := context.Background()
 	n, dir := s3Node(t, bucket)
-	if got := n.LazyURL(repo.Layer{}); got != "" {
+	if got := n.LazyURL(repo.Layer{}, repo.UseRootfs); got != "" {
 		t.Fatalf("a LazyURL before the socket serves: %q", got)
 	}
 	if err := n.ServeLayers(ctx, filepath.Join(dir, "layers.sock")); err != nil {
@@ -49,7 +49,7 @@ func TestLayerSocket(t *testing.T) {
 		return l, data
 	}
 	l, data := put(7, 256*chunk+123)
-	url := n.LazyURL(l)
+	url := n.LazyURL(l, repo.UseRootfs)
 	if got, ok := LazyLayer(url); !ok || got != l {
 		t.Fatalf("LazyLayer(%q) = %+v %v", url, got, ok)
 	}
@@ -92,7 +92,7 @@ func TestLayerSocket(t *testing.T) {
 	if err := os.WriteFile(obj, damaged, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	bb, err := blob.Open(ctx, n.LazyURL(bad), blob.HTTPOptions{})
+	bb, err := blob.Open(ctx, n.LazyURL(bad, repo.UseRootfs), blob.HTTPOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,12 +110,12 @@ func TestLayerSocket(t *testing.T) {
 		t.Fatalf("an undamaged chunk of the damaged layer: %v", err)
 	}
 	// The node reads it through its own cache the same way.
-	if err := n.readLazy(bad, make([]byte, 10), 5*chunk); !errors.Is(err, blob.ErrCorrupt) || !strings.Contains(err.Error(), string(bad.Digest)) {
+	if err := n.readLazy(bad, repo.UseRootfs, make([]byte, 10), 5*chunk); !errors.Is(err, blob.ErrCorrupt) || !strings.Contains(err.Error(), string(bad.Digest)) {
 		t.Fatalf("readLazy of the damaged chunk: %v", err)
 	}
 	// Asked why a VM mapping it ended, the node names the layer and the
 	// read; the good layer had no failed read.
-	if err := n.LazyFailure(n.LazyURL(bad)); !errors.Is(err, blob.ErrCorrupt) || !strings.Contains(err.Error(), string(bad.Digest)) {
+	if err := n.LazyFailure(n.LazyURL(bad, repo.UseRootfs)); !errors.Is(err, blob.ErrCorrupt) || !strings.Contains(err.Error(), string(bad.Digest)) {
 		t.Fatalf("LazyFailure of the damaged layer: %v", err)
 	}
 	if err := n.LazyFailure(url); err != nil {
@@ -123,6 +123,87 @@ func TestLayerSocket(t *testing.T) {
 	}
 	if err := n.LazyFailure("not a url"); err != nil {
 		t.Fatalf("LazyFailure of no layer: %v", err)
+	}
+}
+
+// TestLazyCostsByUse: reads of a layer through a memory URL are counted
+// under memory, none under rootfs; what was fetched is exactly the blocks
+// read (no hint recorded yet; memory layers read nothing ahead, their
+// mount reads around), while a rootfs layer read in sequence reads ahead.
+// A URL naming an unknown use is refused.
+func TestLazyCostsByUse(t *testing.T) {
+	srv := s3test.Start(t)
+	ctx := context.Background()
+	n, dir := s3Node(t, srv.Bucket(t))
+	if err := n.ServeLayers(ctx, filepath.Join(dir, "layers.sock")); err != nil {
+		t.Fatal(err)
+	}
+	data := repotest.Random(9, 8<<20)
+	p := filepath.Join(t.TempDir(), "layer")
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := repo.PutLayerFile(ctx, n.Repo, p, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, data[:4<<20], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := repo.PutLayerFile(ctx, n.Repo, p, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := blob.Open(ctx, n.LazyURL(l, repo.UseMemory), blob.HTTPOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	read := func(off, size int64) {
+		t.Helper()
+		got := make([]byte, size)
+		if _, err := b.ReadAt(got, off); err != nil || !bytes.Equal(got, data[off:off+size]) {
+			t.Fatalf("read [%d,+%d): %v", off, size, err)
+		}
+	}
+	read(0, 100)
+	read(3<<20, 1<<20) // a fault's read-around: one fetch of what it covers
+	mem := n.LazyCosts()[repo.UseMemory]
+	if mem.Read == 0 || mem.ReadAhead != 0 || mem.Prefetched != 0 || mem.Fetched != mem.Read {
+		t.Fatalf("two reads cost %+v: want the blocks read fetched, nothing more", mem)
+	}
+	if rootfs := n.LazyCosts()[repo.UseRootfs]; rootfs != (LazyCost{}) {
+		t.Fatalf("memory reads counted under rootfs: %+v", rootfs)
+	}
+	read(4<<20, 4096) // continues the last fetch: still what was read
+	mem = n.LazyCosts()[repo.UseMemory]
+	if mem.ReadAhead != 0 || mem.Fetched != mem.Read {
+		t.Fatalf("a sequential read of memory cost %+v: want the blocks read fetched, nothing more", mem)
+	}
+	r, err := blob.Open(ctx, n.LazyURL(l2, repo.UseRootfs), blob.HTTPOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for off := int64(0); off < 2<<20; off += 128 << 10 {
+		if _, err := r.ReadAt(make([]byte, 128<<10), off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rootfs := n.LazyCosts()[repo.UseRootfs]
+	if rootfs.ReadAhead == 0 || rootfs.Fetched != rootfs.Read+rootfs.ReadAhead {
+		t.Fatalf("a sequential read of a rootfs layer cost %+v: want fetched = read + read ahead, some read ahead", rootfs)
+	}
+	if n.LazyFetched() != mem.Fetched+rootfs.Fetched {
+		t.Fatalf("LazyFetched %d, the reads by use fetched %d and %d", n.LazyFetched(), mem.Fetched, rootfs.Fetched)
+	}
+	bad := strings.Replace(n.LazyURL(l, repo.UseMemory), "use=memory", "use=swap", 1)
+	if bb, err := blob.Open(ctx, bad, blob.HTTPOptions{}); err == nil {
+		_, err = bb.ReadAt(make([]byte, 10), 0)
+		bb.Close()
+		if err == nil {
+			t.Fatal("a read of a URL naming an unknown use worked")
+		}
 	}
 }
 

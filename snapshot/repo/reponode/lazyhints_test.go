@@ -43,7 +43,7 @@ func TestLayerHints(t *testing.T) {
 	}
 	read := func(n *Node, blocks ...int64) {
 		t.Helper()
-		b, err := blob.Open(ctx, n.LazyURL(l), blob.HTTPOptions{})
+		b, err := blob.Open(ctx, n.LazyURL(l, repo.UseRootfs), blob.HTTPOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
