@@ -129,7 +129,8 @@ func TestLayerSocket(t *testing.T) {
 // TestLazyCostsByUse: reads of a layer through a memory URL are counted
 // under memory, none under rootfs; what was fetched is exactly the blocks
 // read (no hint recorded yet; memory layers read nothing ahead, their
-// mount reads around), while a rootfs layer read in sequence reads ahead.
+// mount reads around), while a rootfs layer read in sequence reads ahead
+// and fetches no more than that and what was read.
 // A URL naming an unknown use is refused.
 func TestLazyCostsByUse(t *testing.T) {
 	srv := s3test.Start(t)
@@ -191,8 +192,9 @@ func TestLazyCostsByUse(t *testing.T) {
 		}
 	}
 	rootfs := n.LazyCosts()[repo.UseRootfs]
-	if rootfs.ReadAhead == 0 || rootfs.Fetched != rootfs.Read+rootfs.ReadAhead {
-		t.Fatalf("a sequential read of a rootfs layer cost %+v: want fetched = read + read ahead, some read ahead", rootfs)
+	// (Blocks read ahead and then read count in both.)
+	if rootfs.ReadAhead == 0 || rootfs.Fetched > rootfs.Read+rootfs.ReadAhead {
+		t.Fatalf("a sequential read of a rootfs layer cost %+v: want fetched <= read + read ahead, some read ahead", rootfs)
 	}
 	if n.LazyFetched() != mem.Fetched+rootfs.Fetched {
 		t.Fatalf("LazyFetched %d, the reads by use fetched %d and %d", n.LazyFetched(), mem.Fetched, rootfs.Fetched)
