@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -238,6 +239,33 @@ func FuzzOneRange(f *testing.F) {
 		off, n, err := oneRange(h, size)
 		if err == nil && (off < 0 || n <= 0 || off+n > size || n > maxLazyRange) {
 			t.Fatalf("oneRange(%q, %d) = %d, %d", h, size, off, n)
+		}
+	})
+}
+
+// FuzzLayerOfRequest: the layer socket's URL parser accepts only a layer
+// with valid digests, sizes in range and a known use, and never panics.
+func FuzzLayerOfRequest(f *testing.F) {
+	hex := strings.Repeat("ab", 32)
+	f.Add(lazyPath + hex + "?size=10&chunks=sha256:" + hex + "&chunks_size=40&use=memory")
+	f.Add(lazyPath + hex + "?size=10&chunks=sha256:" + hex + "&chunks_size=40")
+	f.Add(lazyPath + hex + "?size=-1&chunks=sha256:" + hex + "&chunks_size=40&use=swap")
+	f.Add("/v1/other")
+	f.Fuzz(func(t *testing.T, uri string) {
+		u, err := url.ParseRequestURI(uri)
+		if err != nil {
+			return
+		}
+		l, use, err := layerOfRequest(u)
+		if err != nil {
+			return
+		}
+		if use != repo.UseRootfs && use != repo.UseMemory {
+			t.Fatalf("accepted use %q", use)
+		}
+		if l.Size < 0 || l.Chunks.Size <= 0 || l.Chunks.Size > blob.MaxChunkTableSize ||
+			l.Digest.Validate() != nil || l.Chunks.Digest.Validate() != nil {
+			t.Fatalf("accepted a bad layer %+v", l)
 		}
 	})
 }
