@@ -165,6 +165,16 @@ func TestVerifiedFallsBack(t *testing.T) {
 	if fetched, rejected := v.Fetched(); fetched[0] != 0 || fetched[1] != 4096 || rejected[0] != 1 {
 		t.Fatalf("fetched %v, rejected %v", fetched, rejected)
 	}
+	// A read of several chunks, one of them bad at the first source: the
+	// good ones are kept, only the bad one comes from the next source.
+	v = NewVerified(tab, "layer", bad, good)
+	got = make([]byte, 6*4096)
+	if _, err := v.ReadAt(got, 2*4096); err != nil || !bytes.Equal(got, data[2*4096:]) {
+		t.Fatalf("a read of 6 chunks past one bad chunk: %v", err)
+	}
+	if fetched, rejected := v.Fetched(); fetched[0] != 5*4096 || fetched[1] != 4096 || rejected[0] != 1 {
+		t.Fatalf("a read of 6 chunks, one bad at the first source: fetched %v, rejected %v (want 5 chunks, then 1)", fetched, rejected)
+	}
 	for _, src := range []Blob{bad, short, wrongSize} {
 		v := NewVerified(tab, "layer", src)
 		got := bytes.Repeat([]byte{0xaa}, 2*4096)

@@ -93,46 +93,92 @@ func (v *Verified) ReadAt(p []byte, off int64) (int, error) {
 }
 
 // fill reads chunks first.. into buf (chunk-aligned) from the first source
-// that gives bytes matching the table.
+// that gives bytes matching the table: a source whose range verifies but
+// for some chunks keeps those, and only the chunks that did not verify go
+// to the next sources (one bad chunk of a peer does not send a whole
+// read-around to the store).
 func (v *Verified) fill(buf []byte, first int64) error {
 	if len(v.sources) == 0 {
 		return fmt.Errorf("read layer %s: no source holds it", v.t.LayerDigest())
 	}
-	var errs []error
-	for i, s := range v.sources {
-		err := v.fillFrom(s, buf, first)
-		if err == nil {
-			v.fetched[i].Add(int64(len(buf)))
-			return nil
+	return v.fillFromSources(buf, first, 0, nil)
+}
+
+// fillFromSources is fill with the sources from index from on; errs are
+// why the sources before failed for these chunks.
+func (v *Verified) fillFromSources(buf []byte, first int64, from int, errs []error) error {
+	cs := v.t.ChunkSize
+	for i := from; i < len(v.sources); i++ {
+		s := v.sources[i]
+		bad, err := v.fillFrom(s, buf, first)
+		if err != nil {
+			if errors.Is(err, ErrCorrupt) {
+				v.bad[i].Add(1)
+			}
+			errs = append(errs, fmt.Errorf("from %s: %w", s.Name(), err))
+			continue
 		}
-		if errors.Is(err, ErrCorrupt) {
+		v.fetched[i].Add(int64(len(buf)) - chunkBytes(bad, cs, int64(len(buf))))
+		if len(bad) > 0 {
 			v.bad[i].Add(1)
 		}
-		errs = append(errs, fmt.Errorf("from %s: %w", s.Name(), err))
+		for _, b := range bad {
+			chunk := buf[b.i*cs : min((b.i+1)*cs, int64(len(buf)))]
+			if err := v.fillFromSources(chunk, first+b.i, i+1, []error{fmt.Errorf("from %s: %w", s.Name(), b.err)}); err != nil {
+				clear(buf) // the caller's buffer holds nothing unverified either
+				return err
+			}
+		}
+		return nil
 	}
-	clear(buf) // the caller's buffer holds nothing unverified either
-	cs := v.t.ChunkSize
+	clear(buf)
 	return fmt.Errorf("read layer %s chunks %d-%d [%d,+%d): no source gave verified bytes: %w",
 		v.t.LayerDigest(), first, first+(int64(len(buf))-1)/cs, first*cs, len(buf), errors.Join(errs...))
 }
 
-func (v *Verified) fillFrom(s Blob, buf []byte, first int64) error {
+// badChunk is a chunk of a read (its index in the read) that did not
+// verify, and why.
+type badChunk struct {
+	i   int64
+	err error
+}
+
+// chunkBytes is the bytes of the given chunks of a chunk-aligned buffer of
+// size bytes.
+func chunkBytes(chunks []badChunk, cs, size int64) int64 {
+	var n int64
+	for _, c := range chunks {
+		n += min((c.i+1)*cs, size) - c.i*cs
+	}
+	return n
+}
+
+// fillFrom reads chunks first.. into buf from s and returns the chunks
+// (indexes into buf) whose bytes do not match the table; an error when s
+// gave nothing usable (its size is not the layer's, a short read), or
+// when every chunk is bad.
+func (v *Verified) fillFrom(s Blob, buf []byte, first int64) ([]badChunk, error) {
 	if s.Size() != v.t.Size {
-		return fmt.Errorf("layer %s: the source holds %d bytes, the table says %d: %w", v.t.LayerDigest(), s.Size(), v.t.Size, ErrCorrupt)
+		return nil, fmt.Errorf("layer %s: the source holds %d bytes, the table says %d: %w", v.t.LayerDigest(), s.Size(), v.t.Size, ErrCorrupt)
 	}
 	n, err := s.ReadAt(buf, first*v.t.ChunkSize)
 	if n < len(buf) {
 		if err == nil || errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
-		return fmt.Errorf("layer %s chunk %d: short read (%d of %d bytes): %w: %w",
+		return nil, fmt.Errorf("layer %s chunk %d: short read (%d of %d bytes): %w: %w",
 			v.t.LayerDigest(), first+int64(n)/v.t.ChunkSize, n, len(buf), ErrCorrupt, err)
 	}
 	cs := v.t.ChunkSize
-	for i := int64(0); i*cs < int64(len(buf)); i++ {
+	var bad []badChunk
+	count := (int64(len(buf)) + cs - 1) / cs
+	for i := range count {
 		if err := v.t.Verify(first+i, buf[i*cs:min((i+1)*cs, int64(len(buf)))]); err != nil {
-			return err
+			bad = append(bad, badChunk{i, err})
 		}
 	}
-	return nil
+	if int64(len(bad)) == count {
+		return nil, bad[0].err
+	}
+	return bad, nil
 }
