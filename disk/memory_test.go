@@ -175,7 +175,7 @@ func checkMemoryDevices(ctx context.Context, t *testing.T, c *client.Client, d *
 	// refused.
 	ws, err := d.WorkingSetPath(ctx, vm1.File)
 	if _, errElse := d.WorkingSetPath(ctx, "/elsewhere"); err != nil || errElse == nil ||
-		ws != memsnap.WorkingSetPath(filepath.Join(vmDir, stackConfig)) {
+		ws != filepath.Join(vmDir, snapshot.WorkingSetFile) {
 		t.Fatalf("working set of %s kept at %q (%v); of a file no device exports: %v", vm1.File, ws, err, errElse)
 	}
 	if _, err := d.Prefetch(ctx, vm1.File); !errors.Is(err, memsnap.ErrNoWorkingSet) {

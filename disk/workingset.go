@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 
+	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/vmm/memsnap"
 )
@@ -12,7 +14,9 @@ import (
 // Working sets of shared memory exports. A VM mapping a stack's export
 // records, once, the pages of it its guest touched until the agent
 // answered (memimage records it; the file cannot hold it next to itself,
-// so it is kept next to the stack's config, which outlives the export).
+// so it is kept in the snapshot directory of the stack's config, which
+// outlives the export: snapshot.WorkingSetFile, where a pause's capture
+// records its own and an import puts the one the repository carries).
 // The next VM of the stack has them pushed into the page cache while its
 // VMM restores: on a FUSE export the storage daemon stores them
 // (FUSE_NOTIFY_STORE: no FUSE read per fault, and for layers not on the
@@ -26,7 +30,21 @@ func (d *MemoryDevices) WorkingSetPath(ctx context.Context, file string) (string
 	if err != nil {
 		return "", err
 	}
-	return memsnap.WorkingSetPath(dev.Image), nil
+	return workingSetOf(dev), nil
+}
+
+// workingSetOf is where the working set of shared device dev is kept.
+func workingSetOf(dev rpc.Device) string {
+	return filepath.Join(filepath.Dir(dev.Image), snapshot.WorkingSetFile)
+}
+
+// Remote reports whether the stack exported as file reads layers this
+// node lacks (an import's, read lazily until its background fetch ends):
+// its working set is worth pushing whatever the node's prefetch setting,
+// each of its guest's faults being a fetch.
+func (d *MemoryDevices) Remote(ctx context.Context, file string) bool {
+	dev, err := d.exportOf(ctx, file)
+	return err == nil && IsRemote(dev.Image)
 }
 
 // Prefetch pushes the recorded working set of the export file into the
@@ -41,7 +59,7 @@ func (d *MemoryDevices) Prefetch(ctx context.Context, file string) (int64, error
 	if err != nil {
 		return 0, fmt.Errorf("prefetch %s: %w", file, err)
 	}
-	extents, err := memsnap.ReadWorkingSet(memsnap.WorkingSetPath(dev.Image), size)
+	extents, err := memsnap.ReadWorkingSet(workingSetOf(dev), size)
 	if err != nil {
 		return 0, err
 	}

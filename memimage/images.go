@@ -28,6 +28,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentenv/agentenv/sandbox"
@@ -45,6 +46,9 @@ type Devices interface {
 	// Prefetch pushes a device file's recorded working set into the page
 	// cache (memsnap.ErrNoWorkingSet when none is recorded).
 	Prefetch(ctx context.Context, file string) (int64, error)
+	// Remote reports whether a device file's stack reads layers the node
+	// lacks.
+	Remote(ctx context.Context, file string) bool
 }
 
 // Options configure Images.
@@ -78,7 +82,13 @@ type Images struct {
 	// recording holds the memory files whose working set is being
 	// recorded (workingset.go), so two creates do not both record one.
 	recording sync.Map
+	// prefetched counts the bytes of working sets read ahead or pushed.
+	prefetched atomic.Int64
 }
+
+// Prefetched is the bytes of working sets read ahead into the page cache
+// or pushed by the storage daemon so far.
+func (im *Images) Prefetched() int64 { return im.prefetched.Load() }
 
 // New returns the node's memory images.
 func New(opts Options) *Images {

@@ -23,7 +23,7 @@ import (
 // stored, alongside the VMM's start (the reads queue behind one another,
 // so issuing them takes a while on a cold cache); wait waits for it.
 func (im *Images) Prefetch(file string) (wait func()) {
-	if !im.cfg.Prefetch || file == "" || disk.IsDevice(file) && im.cfg.Devices == nil {
+	if !im.prefetches(file) {
 		return func() {}
 	}
 	prefetch := memsnap.Prefetch
@@ -34,6 +34,7 @@ func (im *Images) Prefetch(file string) (wait func()) {
 	go func() {
 		defer close(done)
 		n, err := prefetch(file)
+		im.prefetched.Add(n)
 		switch {
 		case errors.Is(err, memsnap.ErrNoWorkingSet):
 		case err != nil:
@@ -43,6 +44,21 @@ func (im *Images) Prefetch(file string) (wait func()) {
 		}
 	}()
 	return func() { <-done }
+}
+
+// prefetches reports whether file's working set is read ahead: where the
+// node prefetches, and for a stack whose layers are not all here (an
+// import's, whose every guest fault would otherwise be a fetch).
+func (im *Images) prefetches(file string) bool {
+	switch {
+	case file == "":
+		return false
+	case !disk.IsDevice(file):
+		return im.cfg.Prefetch
+	case im.cfg.Devices == nil:
+		return false
+	}
+	return im.cfg.Prefetch || im.cfg.Devices.Remote(context.Background(), file)
 }
 
 // RecordWorkingSet records file's working set from vm in the background,

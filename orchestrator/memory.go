@@ -3,6 +3,8 @@ package orchestrator
 import (
 	"context"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/agentenv/agentenv/memimage"
 	"github.com/agentenv/agentenv/snapshot"
 	"github.com/agentenv/agentenv/template"
@@ -20,6 +22,16 @@ func newImages(o *Orchestrator) *memimage.Images {
 		opts.Devices = o.memDev
 	}
 	return memimage.New(opts)
+}
+
+// registerMemoryMetrics exports what the memory images did for restores.
+func (o *Orchestrator) registerMemoryMetrics(reg prometheus.Registerer) {
+	if reg == nil {
+		return
+	}
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "aenvd_memory_workingset_prefetched_bytes_total",
+		Help: "Bytes of memory working sets read ahead or pushed into the page cache while VMs restored."},
+		func() float64 { return float64(o.mem.Prefetched()) }))
 }
 
 // ensureMemoryBase gives a template's snapshot a layered memory image

@@ -263,6 +263,7 @@ func New(ctx context.Context, opts Options) (*Orchestrator, error) {
 		o.memWhy = "storage.memory_devices is off"
 	}
 	o.mem = newImages(o)
+	o.registerMemoryMetrics(opts.Registerer)
 	o.log.Info("root disk backend", "backend", o.disks.Backend(), "transport", o.DiskTransport())
 	for _, d := range []string{"sandboxes", "snapshots"} {
 		if err := os.MkdirAll(filepath.Join(opts.DataDir, d), 0o700); err != nil {

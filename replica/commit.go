@@ -47,9 +47,19 @@ func uploadJob(name, parent, vmDir, rootfs string) (upload.Job, error) {
 	if err != nil {
 		return upload.Job{}, fmt.Errorf("memory of %s: %w", name, err)
 	}
-	return upload.Job{Name: name, Kind: repo.KindSnapshot, Parent: parent, Created: time.Now().UTC(),
+	j := upload.Job{Name: name, Kind: repo.KindSnapshot, Parent: parent, Created: time.Now().UTC(),
 		Rootfs: layers, Memory: mem.Layers,
-		State: filepath.Join(vmDir, vmm.SnapshotStateFile), Config: filepath.Join(vmDir, vmm.SnapshotConfigFile)}, nil
+		State: filepath.Join(vmDir, vmm.SnapshotStateFile), Config: filepath.Join(vmDir, vmm.SnapshotConfigFile)}
+	if ws := filepath.Join(vmDir, snapshot.WorkingSetFile); fileExists(ws) {
+		j.WorkingSet = ws
+	}
+	return j, nil
+}
+
+// fileExists reports whether path names a file.
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // CommitPause (the node's hook after a pause with memory is durable and
@@ -134,6 +144,11 @@ func stage(j *upload.Job, dir string) error {
 	}
 	if err := link(&j.State); err != nil {
 		return err
+	}
+	if j.WorkingSet != "" {
+		if err := link(&j.WorkingSet); err != nil {
+			return err
+		}
 	}
 	return link(&j.Config)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/agentenv/agentenv/snapshot/repo"
 	"github.com/agentenv/agentenv/storage/blob"
 	"github.com/agentenv/agentenv/vmm"
+	"github.com/agentenv/agentenv/vmm/memsnap"
 )
 
 // A sandbox paused on another node that shares this node's repository is
@@ -150,7 +151,7 @@ func (r *Replica) rebuild(ctx context.Context, id string, m *repo.Manifest) (Pau
 	if err := snapshot.WriteImageConfig(out.RootfsImage, rootfs); err != nil {
 		return Paused{}, 0, err
 	}
-	if err := r.writeSnapshotDir(ctx, out.Snapshot, t.Snapshot, m.State, p.VMM, mem); err != nil {
+	if err := r.writeSnapshotDir(ctx, out.Snapshot, t.Snapshot, m, p.VMM, mem); err != nil {
 		return Paused{}, 0, err
 	}
 	r.node.FetchLater(out.RootfsImage)
@@ -211,14 +212,15 @@ func (r *Replica) fetchAll(ctx context.Context, ls []repo.Layer, dir string) ([]
 	return out, nil
 }
 
-// writeSnapshotDir makes a VMM snapshot directory here: the state, the VMM
-// config relocated to this node's boot files (those of the local template
-// snapshot reference), and the memory manifest of the fetched layers.
-func (r *Replica) writeSnapshotDir(ctx context.Context, dir, reference string, state repo.Blob, vmmConfig []byte, mem []string) error {
+// writeSnapshotDir makes a VMM snapshot directory here: the state of
+// manifest m, the VMM config relocated to this node's boot files (those of
+// the local template snapshot reference), the memory manifest of the
+// layers mem and, for a stack read lazily, its working set.
+func (r *Replica) writeSnapshotDir(ctx context.Context, dir, reference string, m *repo.Manifest, vmmConfig []byte, mem []string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	st, err := r.cfg.Remote.ReadSmall(ctx, state, maxState)
+	st, err := r.cfg.Remote.ReadSmall(ctx, m.State, maxState)
 	if err != nil {
 		return err
 	}
@@ -238,7 +240,41 @@ func (r *Replica) writeSnapshotDir(ctx context.Context, dir, reference string, s
 	if len(mem) == 0 {
 		return errors.New("the pause carries no memory layers")
 	}
+	if lazyCount(mem) > 0 {
+		r.putWorkingSet(ctx, m, dir)
+	}
 	return snapshot.WriteMemoryManifest(dir, snapshot.MemoryImage{Layers: mem, File: filepath.Join(dir, snapshot.FlatMemory)})
+}
+
+// memoryWorkingSets is the repository's capability of keeping memory
+// stacks' working sets (reponode.Node).
+type memoryWorkingSets interface {
+	MemoryWorkingSet(ctx context.Context, top repo.Layer) ([]byte, error)
+}
+
+// putWorkingSet writes the working set the repository keeps for m's memory
+// stack into the snapshot directory dir (snapshot.WorkingSetFile): the
+// stack's restore here has it pushed ahead of the guest, whose faults
+// would otherwise fetch one after another. A hint: a missing or bad one is
+// logged and costs only the push.
+func (r *Replica) putWorkingSet(ctx context.Context, m *repo.Manifest, dir string) {
+	ws, ok := r.cfg.Remote.(memoryWorkingSets)
+	if !ok || len(m.Memory) == 0 {
+		return
+	}
+	data, err := ws.MemoryWorkingSet(ctx, m.Memory[len(m.Memory)-1])
+	if errors.Is(err, repo.ErrNotFound) {
+		return
+	}
+	if err == nil {
+		_, _, err = memsnap.ParseWorkingSet(data)
+	}
+	if err == nil {
+		err = atomicfile.WriteFile(filepath.Join(dir, snapshot.WorkingSetFile), data, 0o600)
+	}
+	if err != nil {
+		r.log.Warn("memory working set of a brought snapshot not kept (its restore faults pages one by one)", "manifest", m.Name, "err", err)
+	}
 }
 
 // ImportSnapshot (the node's hook before a create resolves a source it
@@ -293,7 +329,7 @@ func (r *Replica) ImportSnapshot(ctx context.Context, id string) error {
 		mem, err = r.memoryRefs(ctx, m.Memory, s.Dir)
 	}
 	if err == nil {
-		err = r.writeSnapshotDir(ctx, s.VM, t.Snapshot, m.State, p.VMM, mem)
+		err = r.writeSnapshotDir(ctx, s.VM, t.Snapshot, m, p.VMM, mem)
 	}
 	if err == nil {
 		err = fpImportFetched.Inject()

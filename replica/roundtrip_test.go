@@ -9,12 +9,15 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/agentenv/agentenv/config"
 	"github.com/agentenv/agentenv/internal/errdefs"
 	"github.com/agentenv/agentenv/snapshot"
+	"github.com/agentenv/agentenv/snapshot/repo"
 	"github.com/agentenv/agentenv/snapshot/repo/reponode"
 	"github.com/agentenv/agentenv/snapshot/repo/upload"
+	"github.com/agentenv/agentenv/storage/blob"
 	"github.com/agentenv/agentenv/template"
 	"github.com/agentenv/agentenv/vmm"
 )
@@ -77,14 +80,12 @@ func writeFile(t *testing.T, path, data string) string {
 	return path
 }
 
-// TestPauseRoundTrip: a pause committed by one node through a real
-// repository directory is brought by another: same layers and VM state,
-// relocated to the other node's boot files, and its record handed to the
-// node to adopt, placed in the next generation of the sandbox's directory
-// there. A sandbox the repository has no pause of is not found.
-func TestPauseRoundTrip(t *testing.T) {
+// commitPause commits a pause of sandbox sbx1 (generation 3, its memory
+// working set file holding ws unless "") to the repository directory
+// shared, through a node of its own, and waits for the upload.
+func commitPause(t *testing.T, shared, ws string) {
+	t.Helper()
 	ctx := context.Background()
-	shared := t.TempDir()
 	a := repoNode(t, shared)
 	if err := a.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -97,6 +98,9 @@ func TestPauseRoundTrip(t *testing.T) {
 	writeFile(t, filepath.Join(vm, vmm.SnapshotStateFile), "vm state")
 	writeFile(t, filepath.Join(vm, vmm.SnapshotConfigFile), `{"machine":"a"}`)
 	writeFile(t, filepath.Join(vm, vmm.SnapshotMemoryFile), "guest memory")
+	if ws != "" {
+		writeFile(t, filepath.Join(vm, snapshot.WorkingSetFile), ws)
+	}
 	rootfs := filepath.Join(src, "rootfs-3.json")
 	if err := snapshot.WriteImageConfig(rootfs, []string{writeFile(t, filepath.Join(src, "base.layer"), "base layer"),
 		writeFile(t, filepath.Join(src, "own.layer"), "own layer")}); err != nil {
@@ -108,6 +112,17 @@ func TestPauseRoundTrip(t *testing.T) {
 	if st, err := a.Uploads.Wait(ctx, ManifestOfPause("sbx1", 3)); err != nil || st.State != upload.Uploaded {
 		t.Fatalf("upload: %+v, %v", st, err)
 	}
+}
+
+// TestPauseRoundTrip: a pause committed by one node through a real
+// repository directory is brought by another: same layers and VM state,
+// relocated to the other node's boot files, and its record handed to the
+// node to adopt, placed in the next generation of the sandbox's directory
+// there. A sandbox the repository has no pause of is not found.
+func TestPauseRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	shared := t.TempDir()
+	commitPause(t, shared, "")
 
 	b := repoNode(t, shared)
 	dataB := t.TempDir()
@@ -158,5 +173,49 @@ func TestPauseRoundTrip(t *testing.T) {
 	}
 	if err := rb.ImportPaused(ctx, "sbx1"); err != nil || len(node.adopted) != 1 {
 		t.Fatalf("bringing a held sandbox again: %v, %d adopted", err, len(node.adopted))
+	}
+}
+
+// TestPauseCarriesWorkingSet: the working set a pause recorded for its
+// memory stack travels with it to a node that reads the stack lazily (its
+// layer socket's URLs), where the restore finds it next to the snapshot; a
+// damaged one is not kept there.
+func TestPauseCarriesWorkingSet(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, ws string
+		kept     bool
+	}{
+		{"valid", `{"size":1048576,"extents":[{"off":4096,"len":8192}]}`, true},
+		{"outside its file", `{"size":4096,"extents":[{"off":4096,"len":8192}]}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			shared := t.TempDir()
+			commitPause(t, shared, tc.ws)
+			b := repoNode(t, shared)
+			sctx, stop := context.WithCancel(ctx)
+			defer stop()
+			go func() { _ = b.ServeLayers(sctx, filepath.Join(t.TempDir(), "layers.sock")) }()
+			for deadline := time.Now().Add(10 * time.Second); b.LazyURL(repo.Layer{}, repo.UseMemory) == "" && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			node := &bringer{tmpl: &template.Template{ID: "tpl", Snapshot: "/boot/of/b"}}
+			rb := New(Options{Remote: b, DataDir: t.TempDir(), LazyMemory: true, Driver: relocator{}, Logger: slog.New(slog.DiscardHandler)}, node)
+			if err := rb.ImportPaused(ctx, "sbx1"); err != nil || len(node.adopted) != 1 {
+				t.Fatalf("bring: %v (%d adopted)", err, len(node.adopted))
+			}
+			snap := node.adopted[0].Snapshot
+			mem, err := snapshot.ReadMemoryManifest(snap)
+			if err != nil || len(mem.Layers) != 1 || !blob.IsURL(mem.Layers[0]) {
+				t.Fatalf("memory manifest %+v, %v: want the layer socket's URL", mem, err)
+			}
+			got, err := os.ReadFile(filepath.Join(snap, snapshot.WorkingSetFile))
+			switch {
+			case tc.kept && (err != nil || string(got) != tc.ws):
+				t.Fatalf("working set here %q, %v; want %q", got, err, tc.ws)
+			case !tc.kept && err == nil:
+				t.Fatalf("a damaged working set was kept: %q", got)
+			}
+		})
 	}
 }

@@ -249,7 +249,7 @@ func (r *Replica) rebuildTemplate(ctx context.Context, b *template.Builder, m *r
 	if err != nil {
 		return nil, err
 	}
-	if err := r.writeSnapshotDir(ctx, t.Snapshot, base.Snapshot, m.State, p.VMM, mem); err != nil {
+	if err := r.writeSnapshotDir(ctx, t.Snapshot, base.Snapshot, m, p.VMM, mem); err != nil {
 		return nil, err
 	}
 	if err := atomicfile.SyncTree(t.Dir); err != nil {

@@ -91,7 +91,33 @@ func CaptureVM(ctx context.Context, log *slog.Logger, id string, vm vmm.Machine,
 	log.Info("memory diff captured", "sandbox", id, "pages", st.Pages, "zero_pages", st.ZeroPages,
 		"bytes", st.Bytes, "took", st.Took.Round(time.Millisecond))
 	layers := append(append([]string{}, cur.Layers...), diff)
-	return snapshot.WriteMemoryManifest(vmDir, snapshot.MemoryImage{Layers: layers, File: filepath.Join(vmDir, snapshot.FlatMemory), Base: cur.Base})
+	if err := snapshot.WriteMemoryManifest(vmDir, snapshot.MemoryImage{Layers: layers, File: filepath.Join(vmDir, snapshot.FlatMemory), Base: cur.Base}); err != nil {
+		return err
+	}
+	captureWorkingSet(log, id, vm, cur.File, vmDir)
+	return nil
+}
+
+// MaxCapturedWorkingSet bounds the working set a capture records: the
+// next restore of the snapshot on a node without its layers waits for the
+// push of all of it.
+const MaxCapturedWorkingSet = 256 << 20
+
+// captureWorkingSet records, as the new stack's working set, the pages of
+// memFile the paused VM holds (those it touched since its restore: what
+// its resume will touch first, up to MaxCapturedWorkingSet in guest
+// address order). A hint: a failure is logged and costs only the push.
+func captureWorkingSet(log *slog.Logger, id string, vm vmm.Machine, memFile, vmDir string) {
+	ws, err := memsnap.WorkingSet(vm.Info().PID, memFile)
+	if err == nil {
+		ws = memsnap.Cap(ws, MaxCapturedWorkingSet)
+		err = memsnap.WriteWorkingSetTo(filepath.Join(vmDir, snapshot.WorkingSetFile), memFile, ws)
+	}
+	if err != nil {
+		log.Warn("record the working set of a capture (its restores go without)", "sandbox", id, "err", err)
+		return
+	}
+	log.Debug("working set of a capture recorded", "sandbox", id, "extents", len(ws), "bytes", memsnap.Bytes(ws))
 }
 
 // wholeSnapshot has the VMM write its snapshot, memory included, into

@@ -47,6 +47,14 @@ const memoryManifest = "memory.json"
 // the VMM's own "memory" file, which may be the image the VM started from).
 const FlatMemory = "memory.flat"
 
+// WorkingSetFile is, in a snapshot directory with a layered memory image,
+// the working set of the image's layer stack (memsnap's format): the pages
+// the VM held when it was captured, or those the first VM restored from
+// the stack touched until its agent answered. It is a hint: it travels with
+// the snapshot through the repository, and a node restoring the stack from
+// layers it lacks has it pushed into the page cache ahead of the guest.
+const WorkingSetFile = "memory.workingset"
+
 // ReadMemoryManifest reads the layered memory image of the VMM snapshot
 // directory vmDir; an error wrapping os.ErrNotExist when it has none.
 func ReadMemoryManifest(vmDir string) (MemoryImage, error) {

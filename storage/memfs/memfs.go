@@ -263,43 +263,6 @@ func (s *Server) Release(name string) error {
 	return nil
 }
 
-// Prefetch pushes the given ranges of export name into the page cache
-// (FUSE_NOTIFY_STORE), widened to whole pages and clipped to the file, and
-// returns the bytes stored. Pages already cached are rewritten with the
-// same bytes.
-func (s *Server) Prefetch(name string, ranges []Range) (int64, error) {
-	e, err := s.fs.lookupExport(name)
-	if err != nil {
-		return 0, err
-	}
-	// The kernel stores pages only into an inode it knows: look it up.
-	if _, err := os.Stat(s.Path(name)); err != nil {
-		return 0, fmt.Errorf("memfs: prefetch %q: %w", name, err)
-	}
-	page := int64(os.Getpagesize())
-	buf := make([]byte, maxRead)
-	var stored int64
-	for _, r := range ranges {
-		if r.Off < 0 || r.Len < 0 {
-			return stored, fmt.Errorf("memfs: prefetch %q: bad range %d+%d", name, r.Off, r.Len)
-		}
-		off, end := r.Off/page*page, min(e.size, (r.Off+r.Len+page-1)/page*page)
-		for off < end {
-			n := min(end-off, int64(len(buf)))
-			if _, err := e.src.ReadAt(buf[:n], off); err != nil && !(errors.Is(err, io.EOF) && off+n == e.size) {
-				return stored, fmt.Errorf("memfs: prefetch %q at %d: %w", name, off, err)
-			}
-			if err := s.storeCache(e.node, off, buf[:n]); err != nil {
-				return stored, fmt.Errorf("memfs: prefetch %q at %d: notify store: %w", name, off, err)
-			}
-			stored += n
-			s.fs.stored.Add(n)
-			off += n
-		}
-	}
-	return stored, nil
-}
-
 // Close stops the keeper (the connection now ends with this process),
 // unmounts and stops serving. A mount still in use is detached lazily
 // (logged): its users keep it until they close it, served while this

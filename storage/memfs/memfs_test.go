@@ -8,9 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/agentenv/agentenv/storage/memfs/memfstest"
 )
@@ -385,5 +388,51 @@ func TestStaleMountIsDetached(t *testing.T) {
 	}
 	if ok, _ := Mounted(dir); ok {
 		t.Fatal("mount left behind")
+	}
+}
+
+// gatedReader lets reads through once `want` of them are in flight at
+// once, and fails a read that waited a while for that.
+type gatedReader struct {
+	src      []byte
+	want     int32
+	inFlight atomic.Int32
+	open     chan struct{}
+	once     sync.Once
+}
+
+func (r *gatedReader) ReadAt(p []byte, off int64) (int, error) {
+	if r.inFlight.Add(1) >= r.want {
+		r.once.Do(func() { close(r.open) })
+	}
+	defer r.inFlight.Add(-1)
+	select {
+	case <-r.open:
+	case <-time.After(10 * time.Second):
+		return 0, errors.New("reads of the prefetch did not overlap")
+	}
+	return bytes.NewReader(r.src).ReadAt(p, off)
+}
+
+// A prefetch over a source whose reads are slow fetches (layers this node
+// lacks) reads several pieces at once.
+func TestPrefetchReadsPiecesAtOnce(t *testing.T) {
+	s := mount(t, Options{})
+	src := randomBytes(8<<20, 6)
+	g := &gatedReader{src: src, want: 2, open: make(chan struct{})}
+	if _, err := s.Add("stack-6", g, int64(len(src))); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.Prefetch("stack-6", []Range{{Off: 0, Len: 4 << 20}})
+	if err != nil || n != 4<<20 {
+		t.Fatalf("prefetch stored %d bytes (%v), want %d", n, err, 4<<20)
+	}
+	bad := &failingReader{src: src, badOff: 3 << 20, badLen: 4096}
+	if _, err := s.Add("stack-7", bad, int64(len(src))); err != nil {
+		t.Fatal(err)
+	}
+	n, err = s.Prefetch("stack-7", []Range{{Off: 0, Len: 8 << 20}})
+	if err == nil || !strings.Contains(err.Error(), "chunk failed its digest") || n >= 8<<20 {
+		t.Fatalf("prefetch over a failing piece: stored %d, err %v; want its error and not every byte", n, err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -129,21 +130,71 @@ func ReadWorkingSet(path string, size int64) ([]Extent, error) {
 		return nil, fmt.Errorf("read working set %s: %w", path, err)
 	}
 	defer f.Close()
-	var ws workingSetFile
-	// A working set of the most extents is a few MiB of JSON.
-	if err := json.NewDecoder(io.LimitReader(f, 64<<20)).Decode(&ws); err != nil {
+	data, err := io.ReadAll(io.LimitReader(f, MaxWorkingSetBytes+1))
+	if err != nil {
 		return nil, fmt.Errorf("read working set %s: %w", path, err)
 	}
-	if ws.Size != size || len(ws.Extents) > maxWorkingSetExtents {
-		return nil, fmt.Errorf("working set %s of a %d-byte file with %d extents does not describe a %d-byte file",
-			path, ws.Size, len(ws.Extents), size)
+	got, extents, err := ParseWorkingSet(data)
+	if err != nil {
+		return nil, fmt.Errorf("read working set %s: %w", path, err)
+	}
+	if got != size {
+		return nil, fmt.Errorf("working set %s of a %d-byte file does not describe a %d-byte file", path, got, size)
+	}
+	return extents, nil
+}
+
+// MaxWorkingSetBytes bounds a stored working set: one of the most extents
+// is a few MiB of JSON.
+const MaxWorkingSetBytes = 16 << 20
+
+// ParseWorkingSet parses a stored working set (untrusted: one carried by
+// the snapshot repository from another node) and returns the size of the
+// memory file it describes and its extents, every one inside that size, at
+// most maxWorkingSetExtents of them.
+func ParseWorkingSet(data []byte) (int64, []Extent, error) {
+	if len(data) > MaxWorkingSetBytes {
+		return 0, nil, fmt.Errorf("working set of more than %d bytes", MaxWorkingSetBytes)
+	}
+	var ws workingSetFile
+	if err := json.Unmarshal(data, &ws); err != nil {
+		return 0, nil, fmt.Errorf("parse working set: %w", err)
+	}
+	if ws.Size <= 0 || len(ws.Extents) > maxWorkingSetExtents {
+		return 0, nil, fmt.Errorf("working set of a %d-byte file with %d extents (at most %d)", ws.Size, len(ws.Extents), maxWorkingSetExtents)
 	}
 	for _, e := range ws.Extents {
-		if e.Off < 0 || e.Len <= 0 || e.Off > size-e.Len {
-			return nil, fmt.Errorf("working set %s: extent %d+%d outside the file", path, e.Off, e.Len)
+		if e.Off < 0 || e.Len <= 0 || e.Off > ws.Size-e.Len {
+			return 0, nil, fmt.Errorf("working set: extent %d+%d outside the file (%d bytes)", e.Off, e.Len, ws.Size)
 		}
 	}
-	return ws.Extents, nil
+	return ws.Size, ws.Extents, nil
+}
+
+// Bytes is the number of bytes extents cover.
+func Bytes(extents []Extent) int64 {
+	var n int64
+	for _, e := range extents {
+		n += e.Len
+	}
+	return n
+}
+
+// Cap keeps the first extents, in file order, that fit in max bytes (the
+// last one cut to fit).
+func Cap(extents []Extent, max int64) []Extent {
+	var n int64
+	for i, e := range extents {
+		if n+e.Len > max {
+			out := slices.Clone(extents[:i])
+			if rest := max - n; rest > 0 {
+				out = append(out, Extent{Off: e.Off, Len: rest})
+			}
+			return out
+		}
+		n += e.Len
+	}
+	return extents
 }
 
 // Prefetch reads memFile's stored working set ahead into the page cache:

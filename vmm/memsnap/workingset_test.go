@@ -145,3 +145,44 @@ func resident(t *testing.T, f *os.File) []bool {
 	}
 	return out
 }
+
+// TestCapKeepsTheFirstBytes: a capped working set keeps its first extents
+// in file order, the last one cut to fit, and is whole when it fits.
+func TestCapKeepsTheFirstBytes(t *testing.T) {
+	ws := []Extent{{Off: 0, Len: 8192}, {Off: 65536, Len: 16384}, {Off: 1 << 20, Len: 4096}}
+	for _, tc := range []struct {
+		max  int64
+		want []Extent
+	}{
+		{1 << 30, ws},
+		{8192 + 4096, []Extent{{Off: 0, Len: 8192}, {Off: 65536, Len: 4096}}},
+		{8192, []Extent{{Off: 0, Len: 8192}}},
+		{0, nil},
+	} {
+		got := Cap(ws, tc.max)
+		if !slices.Equal(got, tc.want) || Bytes(got) > tc.max {
+			t.Errorf("Cap(%d) = %v, want %v", tc.max, got, tc.want)
+		}
+	}
+	if Bytes(ws) != 8192+16384+4096 {
+		t.Errorf("Bytes = %d", Bytes(ws))
+	}
+}
+
+// TestParseWorkingSet: one carried from another node is checked on its
+// own terms: a size, extents inside it, a bounded count.
+func TestParseWorkingSet(t *testing.T) {
+	size, ext, err := ParseWorkingSet([]byte(`{"size":8192,"extents":[{"off":4096,"len":4096}]}`))
+	if err != nil || size != 8192 || len(ext) != 1 {
+		t.Fatalf("a valid working set: %d %v %v", size, ext, err)
+	}
+	for _, bad := range []string{`{"size":0,"extents":[]}`, `{"size":8192,"extents":[{"off":8192,"len":1}]}`,
+		`{"size":8192,"extents":[{"off":0,"len":0}]}`, `[`, `{"size":-1}`} {
+		if _, _, err := ParseWorkingSet([]byte(bad)); err == nil {
+			t.Errorf("%s parsed", bad)
+		}
+	}
+	if _, _, err := ParseWorkingSet(make([]byte, MaxWorkingSetBytes+1)); err == nil {
+		t.Error("a working set over the limit parsed")
+	}
+}

@@ -170,6 +170,12 @@ func (n *Node) ReadSmall(ctx context.Context, b repo.Blob, limit int64) ([]byte,
 	return repo.ReadSmallBlob(ctx, n.Repo, b, limit)
 }
 
+// MemoryWorkingSet reads the working set the repository keeps for the
+// memory stack whose top layer is top (repo.ErrNotFound when none).
+func (n *Node) MemoryWorkingSet(ctx context.Context, top repo.Layer) ([]byte, error) {
+	return n.Repo.MemoryWorkingSet(ctx, top)
+}
+
 // Forget drops an upload's record from the queue (a job that ended, or one
 // whose files are gone).
 func (n *Node) Forget(name string) error { return n.Uploads.Forget(name) }

@@ -11,8 +11,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -39,6 +41,10 @@ type Job struct {
 	Memory  []string  `json:"memory"`
 	State   string    `json:"state"`  // the VMM's state file
 	Config  string    `json:"config"` // the VM's configuration file
+	// WorkingSet, when set, is the memory stack's working set file, put
+	// as the repository's hint for the top memory layer before the
+	// manifest is committed (a failure is logged: it is a hint).
+	WorkingSet string `json:"working_set,omitempty"`
 	// Fence is the Fence's stamp at Enqueue (fence.go).
 	Fence string `json:"fence,omitempty"`
 }
@@ -414,6 +420,7 @@ func (u *Uploader) run(ctx context.Context, j Job) error {
 	if m.Config, err = repo.PutFile(ctx, u.r, j.Config); err != nil {
 		return err
 	}
+	u.putWorkingSet(ctx, j, m.Memory)
 	if err := fpUploaded.Inject(); err != nil {
 		return err
 	}
@@ -424,4 +431,43 @@ func (u *Uploader) run(ctx context.Context, j Job) error {
 		return err
 	}
 	return fpCommit.Inject()
+}
+
+// memoryWorkingSets is the repository's capability of keeping memory
+// stacks' working sets (repo.Repo).
+type memoryWorkingSets interface {
+	PutMemoryWorkingSet(ctx context.Context, top repo.Layer, data []byte) error
+}
+
+// putWorkingSet puts the job's working set file, if it has one, as the
+// hint of its top memory layer.
+func (u *Uploader) putWorkingSet(ctx context.Context, j Job, mem []repo.Layer) {
+	ws, ok := u.r.(memoryWorkingSets)
+	if j.WorkingSet == "" || len(mem) == 0 || !ok {
+		return
+	}
+	data, err := readBounded(j.WorkingSet, repo.MaxMemoryWorkingSet)
+	if err == nil {
+		err = ws.PutMemoryWorkingSet(ctx, mem[len(mem)-1], data)
+	}
+	if err != nil {
+		slog.Warn("upload: memory working set not put (a restore elsewhere faults its pages one by one)", "snapshot", j.Name, "err", err)
+	}
+}
+
+// readBounded reads the file at path, refusing one over limit bytes.
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s is over %d bytes", path, limit)
+	}
+	return data, nil
 }

@@ -32,7 +32,8 @@ func localSnapshot(t *testing.T, name string, seed uint64) Job {
 	return Job{Name: name, Kind: repo.KindSnapshot, Parent: "base", Created: time.Now().UTC().Truncate(time.Second),
 		Rootfs: []string{write("rootfs-1.lsmt", 300000, seed), write("rootfs-2.lsmt", 70000, seed+1)},
 		Memory: []string{write("memory-1.lsmt", 200000, seed+2)},
-		State:  write("state", 5000, seed+3), Config: write("config.json", 300, seed+4)}
+		State:  write("state", 5000, seed+3), Config: write("config.json", 300, seed+4),
+		WorkingSet: write("memory.workingset", 100, seed+5)}
 }
 
 // checkCommitted reads the manifest back and every layer through a verified
@@ -57,6 +58,16 @@ func checkCommitted(t *testing.T, r repo.Repository, j Job) {
 		if _, err := c.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
 			t.Fatalf("layer %d of %s read back: %v", i, j.Name, err)
 		}
+	}
+	ws, ok := r.(interface {
+		MemoryWorkingSet(ctx context.Context, top repo.Layer) ([]byte, error)
+	})
+	want, _ := os.ReadFile(j.WorkingSet)
+	if !ok {
+		t.Fatalf("repository %T keeps no memory working sets", r)
+	}
+	if got, err := ws.MemoryWorkingSet(ctx, m.Memory[len(m.Memory)-1]); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("working set of %s: %q, %v", j.Name, got, err)
 	}
 	state, _ := os.ReadFile(j.State)
 	if got, err := repo.ReadSmallBlob(ctx, r, m.State, 1<<20); err != nil || !bytes.Equal(got, state) {
@@ -163,6 +174,10 @@ type concurrencyRepo struct {
 	repo.Repository
 	mu        sync.Mutex
 	now, peak int
+}
+
+func (c *concurrencyRepo) PutMemoryWorkingSet(ctx context.Context, top repo.Layer, data []byte) error {
+	return c.Repository.(memoryWorkingSets).PutMemoryWorkingSet(ctx, top, data)
 }
 
 func (c *concurrencyRepo) Commit(ctx context.Context, m *repo.Manifest) error {
