@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"time"
 
 	"github.com/agentenv/agentenv/disk"
 	"github.com/agentenv/agentenv/vmm"
@@ -22,9 +23,14 @@ import (
 // Prefetch starts reading file's working set ahead, when one is
 // stored, alongside the VMM's start (the reads queue behind one another,
 // so issuing them takes a while on a cold cache); wait waits for it.
-func (im *Images) Prefetch(file string) (wait func()) {
-	if !im.prefetches(file) {
-		return func() {}
+// remote says the file's stack reads layers the node lacks: its guest
+// should wait for the push (sandbox.Memory.Ready), each of its faults
+// being a fetch otherwise; on local layers the guest's own faults cost no
+// more than the push, which runs beside it.
+func (im *Images) Prefetch(file string) (wait func(), remote bool) {
+	remote = disk.IsDevice(file) && im.cfg.Devices != nil && im.cfg.Devices.Remote(context.Background(), file)
+	if file == "" || !remote && !im.prefetches(file) {
+		return func() {}, false
 	}
 	prefetch := memsnap.Prefetch
 	if disk.IsDevice(file) {
@@ -33,32 +39,26 @@ func (im *Images) Prefetch(file string) (wait func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		start := time.Now()
 		n, err := prefetch(file)
 		im.prefetched.Add(n)
 		switch {
 		case errors.Is(err, memsnap.ErrNoWorkingSet):
 		case err != nil:
 			im.log.Warn("prefetch memory working set (ignored)", "file", file, "err", err)
+		case remote:
+			im.log.Info("memory working set pushed ahead of the guest", "file", file, "bytes", n, "took", time.Since(start).Round(time.Millisecond))
 		default:
 			im.log.Debug("memory working set prefetched", "file", file, "bytes", n)
 		}
 	}()
-	return func() { <-done }
+	return func() { <-done }, remote
 }
 
-// prefetches reports whether file's working set is read ahead: where the
-// node prefetches, and for a stack whose layers are not all here (an
-// import's, whose every guest fault would otherwise be a fetch).
+// prefetches reports whether the node reads file's working set ahead
+// (Options.Prefetch; a device's only with Devices).
 func (im *Images) prefetches(file string) bool {
-	switch {
-	case file == "":
-		return false
-	case !disk.IsDevice(file):
-		return im.cfg.Prefetch
-	case im.cfg.Devices == nil:
-		return false
-	}
-	return im.cfg.Prefetch || im.cfg.Devices.Remote(context.Background(), file)
+	return im.cfg.Prefetch && (!disk.IsDevice(file) || im.cfg.Devices != nil)
 }
 
 // RecordWorkingSet records file's working set from vm in the background,

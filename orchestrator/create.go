@@ -295,10 +295,15 @@ func (o *Orchestrator) startVMFrom(ctx context.Context, s *instance, snapshotDir
 		var vm sandbox.Memory
 		var err error
 		mem, vm, err = o.mem.VMMemory(ctx, snapshotDir, vmName(rec))
-		if err == nil {
-			prefetched = o.mem.Prefetch(mem.File)
+		if err != nil {
+			return vm, err
 		}
-		return vm, err
+		var remote bool
+		if prefetched, remote = o.mem.Prefetch(mem.File); remote {
+			wait := prefetched
+			vm.Ready = func(context.Context) { wait() }
+		}
+		return vm, nil
 	}
 	if rec.ColdBoot {
 		if err := o.catalog.ColdBoot(&spec, rec); err != nil {

@@ -117,7 +117,7 @@ func captureWorkingSet(log *slog.Logger, id string, vm vmm.Machine, memFile, vmD
 		log.Warn("record the working set of a capture (its restores go without)", "sandbox", id, "err", err)
 		return
 	}
-	log.Debug("working set of a capture recorded", "sandbox", id, "extents", len(ws), "bytes", memsnap.Bytes(ws))
+	log.Info("working set of a capture recorded", "sandbox", id, "extents", len(ws), "bytes", memsnap.Bytes(ws))
 }
 
 // wholeSnapshot has the VMM write its snapshot, memory included, into

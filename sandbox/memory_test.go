@@ -21,7 +21,10 @@ type fakeMachine struct {
 }
 
 func (m *fakeMachine) Pause(context.Context) error  { return nil }
-func (m *fakeMachine) Resume(context.Context) error { return nil }
+func (m *fakeMachine) Resume(context.Context) error {
+	*m.events = append(*m.events, "vcpus run")
+	return nil
+}
 func (m *fakeMachine) Snapshot(context.Context, string) (*vmm.Snapshot, error) {
 	return nil, vmm.ErrUnsupported
 }
@@ -39,7 +42,12 @@ func (fakeDriver) Name() string { return "fake" }
 func (fakeDriver) Boot(context.Context, vmm.Config) (vmm.Machine, error) {
 	return nil, vmm.ErrUnsupported
 }
-func (d fakeDriver) Restore(context.Context, vmm.RestoreConfig) (vmm.Machine, error) { return d.m, nil }
+func (d fakeDriver) Restore(_ context.Context, rc vmm.RestoreConfig) (vmm.Machine, error) {
+	if rc.Paused {
+		*d.m.events = append(*d.m.events, "state loaded, vcpus stopped")
+	}
+	return d.m, nil
+}
 
 // nopDisk is a disk with nothing behind it.
 type nopDisk struct{}
@@ -104,5 +112,40 @@ func TestFailedStartReleasesMemoryAfterVMM(t *testing.T) {
 	}
 	if want := []string{"vmm stopped", "released"}; !slices.Equal(events, want) {
 		t.Fatalf("events %q, want %q", events, want)
+	}
+}
+
+// TestGuestRunsOnceMemoryIsReady: a memory image with Ready (a working set
+// being pushed) is restored with the vCPUs stopped, which run only after
+// Ready returned; one without it is restored running.
+func TestGuestRunsOnceMemoryIsReady(t *testing.T) {
+	nettest.RequireRoot(t)
+	w := nettest.NewWorld(t, nettest.Prefix())
+	nets, err := network.New(t.Context(), w.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nets.Shutdown(context.Background()) })
+	for _, ready := range []bool{true, false} {
+		var events []string
+		mem := Memory{File: "/dev/ublkb0"}
+		if ready {
+			mem.Ready = recorder(&events, "memory ready")
+		}
+		_, err = Start(t.Context(), Deps{Driver: fakeDriver{&fakeMachine{events: &events}}, Slots: nets}, Spec{
+			ID: "held", RunDir: filepath.Join(t.TempDir(), "run"), Disk: nopDisk{}, Restore: "snapshot",
+			Memory:  func(context.Context) (Memory, error) { return mem, nil },
+			Started: func(vmm.Machine) error { return errors.New("stop here") },
+		})
+		if err == nil {
+			t.Fatal("the start did not fail")
+		}
+		want := []string{"vmm stopped"}
+		if ready {
+			want = []string{"state loaded, vcpus stopped", "memory ready", "vcpus run", "vmm stopped"}
+		}
+		if !slices.Equal(events, want) {
+			t.Fatalf("ready %v: events %q, want %q", ready, events, want)
+		}
 	}
 }

@@ -100,10 +100,10 @@ func (v *VM) loadPooled(ctx context.Context, spec Spec) (vmm.Machine, error) {
 	if err := fpPooledMoved.Inject(); err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
-	if err := m.Load(ctx, spec.Restore, v.memLayers, false); err != nil {
+	if err := m.Load(ctx, spec.Restore, v.memLayers, v.memReady != nil); err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
-	return m, nil
+	return v.runWhenReady(ctx, m)
 }
 
 // leavePooledGroup removes the pooled VM's control group once its VMM moved

@@ -147,6 +147,12 @@ type Memory struct {
 	// device of the storage daemon). The VM calls it once its VMM is gone,
 	// never while the VMM may still map File.
 	Release func(ctx context.Context)
+	// Ready, when set, is waited for between the state's load and the
+	// guest's first instruction (the vCPUs stay stopped until it
+	// returns): the working set of an image whose layers are not on the
+	// node is pushed into the page cache meanwhile, so the guest's first
+	// faults find it there instead of fetching one page run at a time.
+	Ready func(ctx context.Context)
 }
 
 // VM is a started VM with what it holds.
@@ -162,7 +168,8 @@ type VM struct {
 	disk      Disk
 	drives    []Disk
 	group     *cgroup.Group
-	memLayers []string // written over Memory by the restore
+	memLayers []string                  // written over Memory by the restore
+	memReady  func(ctx context.Context) // Memory.Ready
 	// memRelease gives back what mapping Memory holds (Memory.Release);
 	// called by Stop once the VMM is gone.
 	memRelease func(ctx context.Context)
@@ -304,7 +311,7 @@ func (v *VM) memory(ctx context.Context, spec Spec, undo *cleanup) error {
 	if err != nil {
 		return err
 	}
-	v.Memory, v.memLayers = m.File, m.Layers
+	v.Memory, v.memLayers, v.memReady = m.File, m.Layers, m.Ready
 	v.HoldMemory(m.Release)
 	if spec.Pooled != nil {
 		// The pooled VM's hold on the same image goes with its VMM.
@@ -356,11 +363,12 @@ func (v *VM) vmm(ctx context.Context, spec Spec, drives []vmm.Drive, tap *os.Fil
 		if spec.Prepare {
 			return v.prepare(ctx, rc)
 		}
+		rc.Paused = v.memReady != nil
 		m, err := v.deps.Driver.Restore(ctx, rc)
 		if err != nil {
 			return nil, fmt.Errorf("restore: %w", err)
 		}
-		return m, nil
+		return v.runWhenReady(ctx, m)
 	}
 	if spec.Boot == nil {
 		return nil, errors.New("start: neither a snapshot to restore nor a boot configuration")
@@ -373,6 +381,21 @@ func (v *VM) vmm(ctx context.Context, spec Spec, drives []vmm.Drive, tap *os.Fil
 	m, err := v.deps.Driver.Boot(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("boot: %w", err)
+	}
+	return m, nil
+}
+
+// runWhenReady starts the vCPUs of m, restored with them stopped, once
+// the memory is ready (nothing to do without Memory.Ready: m runs). A
+// failure stops m: the caller has no undo for it yet.
+func (v *VM) runWhenReady(ctx context.Context, m vmm.Machine) (vmm.Machine, error) {
+	if v.memReady == nil {
+		return m, nil
+	}
+	v.memReady(ctx)
+	if err := m.Resume(ctx); err != nil {
+		_ = m.Stop(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("restore: run the vcpus: %w", err)
 	}
 	return m, nil
 }
