@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	"github.com/agentenv/agentenv/internal/failpoint"
+	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot/repo"
 	"github.com/agentenv/agentenv/snapshot/repo/s3"
 	"github.com/agentenv/agentenv/snapshot/repo/s3/s3test"
@@ -22,6 +23,7 @@ import (
 const (
 	lazyConfigsMetric  = "aenvd_rootfs_lazy_configs"
 	wholeFetchedMetric = "aenvd_repository_layer_fetched_bytes_total"
+	pushedMetric       = "aenvd_memory_workingset_prefetched_bytes_total"
 )
 
 // TestLazyResumeOverS3: two nodes share a bucket of a real S3 server
@@ -73,13 +75,14 @@ func TestLazyResumeOverS3(t *testing.T) {
 		// use: the storage daemon's memory export, its disk), and layers
 		// fetched whole (the memory layers on a node whose VMs map memory
 		// files of their own; every layer on a node that is not lazy).
-		lazy0, whole0 := b.lazyCosts(t), b.metricValue(t, wholeFetchedMetric)
+		lazy0, whole0, pushed0 := b.lazyCosts(t), b.metricValue(t, wholeFetchedMetric), b.metricValue(t, pushedMetric)
 		b.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", b.key, `{"timeout":300}`)
 		lazy := b.lazyCosts(t).since(lazy0)
+		pushed := int64(b.metricValue(t, pushedMetric) - pushed0)
 		mem, disk := lazy[repo.UseMemory], lazy[repo.UseRootfs]
 		fetched := mem.fetched + disk.fetched + int64(b.metricValue(t, wholeFetchedMetric)-whole0)
-		t.Logf("node B fetched %d KiB before the VM answered, of the %d MiB of rootfs layers and %d MiB of memory layers; lazily: memory %+v, rootfs %+v",
-			fetched>>10, rootfs>>20, memory>>20, mem, disk)
+		t.Logf("node B fetched %d KiB before the VM answered, of the %d MiB of rootfs layers and %d MiB of memory layers; lazily: memory %+v, rootfs %+v; %d KiB of memory pushed ahead of the guest (the working set A's pause recorded)",
+			fetched>>10, rootfs>>20, memory>>20, mem, disk, pushed>>10)
 		if b.memoryExports(t) {
 			// Memory is lazy too: what the restore touched, not the layers.
 			if fetched >= (rootfs+memory)/4 {
@@ -91,6 +94,11 @@ func TestLazyResumeOverS3(t *testing.T) {
 			// sequential reads and the working set.
 			if mem.readAhead != 0 || mem.fetched > mem.read+mem.prefetched || mem.read == 0 {
 				t.Fatalf("node B's lazy memory reads before the resume answered: %+v; want fetched <= read + working set, nothing read ahead", mem)
+			}
+			// The pause on A recorded the pages its VM held (the 48 MiB
+			// in tmpfs among them); B pushed them before the guest ran.
+			if pushed < 48<<20 || pushed > int64(sandbox.MaxCapturedWorkingSet) {
+				t.Fatalf("node B pushed %d bytes of the pause's working set ahead of the guest; want at least the 48 MiB in tmpfs, at most %d", pushed, sandbox.MaxCapturedWorkingSet)
 			}
 		} else if d := fetched - memory; d >= rootfs/4 {
 			t.Fatalf("node B fetched %d of the rootfs layers' %d bytes before the resume answered: not lazy", d, rootfs)

@@ -17,6 +17,7 @@
 //
 //	go test -run '^$' -bench . -benchtime 1x ./bench/repository/
 //
-// AENV_BENCH_LAYER_MIB sets the layer size (default 64). Without the
+// AENV_BENCH_LOGS=dir keeps the nodes' logs of BenchmarkResumeOnAnotherNode
+// there. AENV_BENCH_LAYER_MIB sets the layer size (default 64). Without the
 // versitygw binary (.ci/setup.d/60-versitygw.sh) the benchmarks skip.
 package repositorybench

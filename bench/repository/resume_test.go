@@ -106,6 +106,12 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 		hinted = append(hinted, resumeHinted(ctx, b, r, na, nb, nd))
 	}
 	b.StopTimer()
+	for _, line := range strings.Split(nb.Logs(), "\n") {
+		if strings.Contains(line, "pushed ahead of the guest") {
+			fmt.Println("node B:", line)
+		}
+	}
+	keepLogs(b, map[string]*aenvdtest.Node{"a": na, "b": nb, "c": nc, "d": nd})
 	l, lz, wh, hn := median(local), median(lazy), median(whole), median(hinted)
 	b.ReportMetric(lz/l, "lazy-remote/local")
 	b.ReportMetric(wh/l, "whole-remote/local")
@@ -115,6 +121,20 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 		"on node C, every layer fetched first: median %.2fs (%.2fx A's)\n", l, lz, lz/l, wh, wh/l)
 	fmt.Printf("node B fetched %d MiB before its resume answered (read lazily: %d KiB, %d KiB of it memory, %d KiB of that the working set A's pause recorded, pushed ahead of the guest; the rest whole; a background fetch that started as the VM answered counts too) of the manifests' %d MiB of layers (%.3f); node C %d MiB (%.3f)\n",
 		before>>20, beforeLazy>>10, beforeMem>>10, pushed>>10, total>>20, float64(before)/float64(max(total, 1)), wholeFetched>>20, float64(wholeFetched)/float64(max(total, 1)))
+}
+
+// keepLogs writes the nodes' logs into $AENV_BENCH_LOGS (when set), one
+// file per node, for a look at where a resume's time went.
+func keepLogs(b *testing.B, nodes map[string]*aenvdtest.Node) {
+	dir := os.Getenv("AENV_BENCH_LOGS")
+	if dir == "" {
+		return
+	}
+	for name, n := range nodes {
+		if err := os.WriteFile(filepath.Join(dir, "node-"+name+".log"), []byte(n.Logs()), 0o644); err != nil {
+			b.Errorf("keep the log of node %s: %v", name, err)
+		}
+	}
 }
 
 // pushedMetric counts the bytes of memory working sets a node pushed into

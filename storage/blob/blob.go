@@ -78,6 +78,12 @@ type HTTPOptions struct {
 	// Log receives the once-per-outage lines of such waits; default
 	// slog.Default().
 	Log *slog.Logger
+	// ReadAhead is the blocks the cache over the blob fetches in one
+	// request on sequential misses (CacheOptions.ReadAhead): 0 the
+	// cache's default, 1 none (a guest's memory, whose mapping reads
+	// around every fault itself: another read-ahead under it fetches what
+	// no fault asked for).
+	ReadAhead int
 }
 
 // HTTP is a remote blob read with range requests. A registry that answers
@@ -407,11 +413,11 @@ func Open(ctx context.Context, ref string, opt HTTPOptions) (Blob, error) {
 		if err != nil {
 			return nil, err
 		}
-		return NewCache(h, CacheOptions{Capacity: unixCache}), nil
+		return NewCache(h, CacheOptions{Capacity: unixCache, ReadAhead: opt.ReadAhead}), nil
 	}
 	h, err := OpenHTTP(ctx, ref, opt)
 	if err != nil {
 		return nil, err
 	}
-	return NewCache(h, CacheOptions{}), nil
+	return NewCache(h, CacheOptions{ReadAhead: opt.ReadAhead}), nil
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -133,4 +134,54 @@ func FuzzURLDigest(f *testing.F) {
 		}
 		ParseUnixURL(ref)
 	})
+}
+
+// TestUnixURLReadAheadOff: a blob opened with ReadAhead 1 fetches only the
+// blocks its reads cover, even when they run on in sequence; by default
+// the cache reads ahead on a sequential miss.
+func TestUnixURLReadAheadOff(t *testing.T) {
+	t.Parallel()
+	data := content(8 << 20)
+	for _, tc := range []struct {
+		readAhead int
+		more      bool // fetched more than read
+	}{{1, false}, {0, true}} {
+		sock := filepath.Join(t.TempDir(), "layers.sock")
+		var served atomic.Int64
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			cw := &countingWriter{ResponseWriter: w, n: &served}
+			http.ServeContent(cw, r, "", time.Time{}, bytes.NewReader(data))
+		})}
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Close() })
+		b, err := Open(context.Background(), UnixURL(sock, "/v1/lazy/sha256/"+someHex+"?size=8388608"), HTTPOptions{ReadAhead: tc.readAhead})
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 256<<10)
+		for off := int64(0); off < 1<<20; off += int64(len(buf)) {
+			if _, err := b.ReadAt(buf, off); err != nil || !bytes.Equal(buf, data[off:off+int64(len(buf))]) {
+				t.Fatalf("read at %d: %v", off, err)
+			}
+		}
+		b.Close()
+		if got := served.Load(); (got > 1<<20+4096) != tc.more { // Open may probe a byte
+			t.Errorf("read ahead %d: the server sent %d bytes for 1 MiB of sequential reads", tc.readAhead, got)
+		}
+	}
+}
+
+// countingWriter counts the body bytes written.
+type countingWriter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.n.Add(int64(len(p)))
+	return w.ResponseWriter.Write(p)
 }

@@ -156,7 +156,13 @@ func (d *Daemon) start(dv *device) error {
 	// The device's own context ends the waits of its lazy reads (for a
 	// restarting aenvd) before stop waits for the reads in flight.
 	ctx, cancel := context.WithCancel(d.ctx)
-	im, err := image.Open(ctx, r.Config, d.imageOptions(r.ReadOnly))
+	opts := d.imageOptions(r.ReadOnly)
+	if r.Kind == rpc.KindShared {
+		// A shared export is a memory stack: its mapping reads around
+		// every fault, so the lazy layers' caches read nothing ahead.
+		opts.HTTP.ReadAhead = 1
+	}
+	im, err := image.Open(ctx, r.Config, opts)
 	if err != nil {
 		cancel()
 		return fmt.Errorf("open image of device %d: %w", r.ID, err)
