@@ -57,6 +57,19 @@ func (nopDisk) Attach(context.Context, *vmm.Identity) (vmm.Drive, error) {
 }
 func (nopDisk) Detach(context.Context) {}
 
+// testSlots is a network manager in a world of its own (root only).
+func testSlots(t *testing.T) *network.Manager {
+	t.Helper()
+	nettest.RequireRoot(t)
+	w := nettest.NewWorld(t, nettest.Prefix())
+	nets, err := network.New(t.Context(), w.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nets.Shutdown(context.Background()) })
+	return nets
+}
+
 func recorder(events *[]string, name string) func(context.Context) {
 	return func(context.Context) { *events = append(*events, name) }
 }
@@ -92,15 +105,9 @@ func TestStopReleasesMemoryAfterVMM(t *testing.T) {
 // TestFailedStartReleasesMemoryAfterVMM: a start that fails after its VMM
 // ran stops the VMM before it gives back the memory image's hold.
 func TestFailedStartReleasesMemoryAfterVMM(t *testing.T) {
-	nettest.RequireRoot(t)
-	w := nettest.NewWorld(t, nettest.Prefix())
-	nets, err := network.New(t.Context(), w.Config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nets.Shutdown(context.Background()) })
+	nets := testSlots(t)
 	var events []string
-	_, err = Start(t.Context(), Deps{Driver: fakeDriver{&fakeMachine{events: &events}}, Slots: nets}, Spec{
+	_, err := Start(t.Context(), Deps{Driver: fakeDriver{&fakeMachine{events: &events}}, Slots: nets}, Spec{
 		ID: "failing", RunDir: filepath.Join(t.TempDir(), "run"), Disk: nopDisk{}, Restore: "snapshot",
 		Memory: func(context.Context) (Memory, error) {
 			return Memory{File: "/dev/ublkb0", Release: recorder(&events, "released")}, nil
@@ -119,20 +126,14 @@ func TestFailedStartReleasesMemoryAfterVMM(t *testing.T) {
 // being pushed) is restored with the vCPUs stopped, which run only after
 // Ready returned; one without it is restored running.
 func TestGuestRunsOnceMemoryIsReady(t *testing.T) {
-	nettest.RequireRoot(t)
-	w := nettest.NewWorld(t, nettest.Prefix())
-	nets, err := network.New(t.Context(), w.Config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nets.Shutdown(context.Background()) })
+	nets := testSlots(t)
 	for _, ready := range []bool{true, false} {
 		var events []string
 		mem := Memory{File: "/dev/ublkb0"}
 		if ready {
 			mem.Ready = recorder(&events, "memory ready")
 		}
-		_, err = Start(t.Context(), Deps{Driver: fakeDriver{&fakeMachine{events: &events}}, Slots: nets}, Spec{
+		_, err := Start(t.Context(), Deps{Driver: fakeDriver{&fakeMachine{events: &events}}, Slots: nets}, Spec{
 			ID: "held", RunDir: filepath.Join(t.TempDir(), "run"), Disk: nopDisk{}, Restore: "snapshot",
 			Memory:  func(context.Context) (Memory, error) { return mem, nil },
 			Started: func(vmm.Machine) error { return errors.New("stop here") },
