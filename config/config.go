@@ -365,7 +365,9 @@ type Sandbox struct {
 	// into the page cache while a VM restores from it: on a cold cache the
 	// guest's page faults wait less on the disk. Off by default: on a node
 	// whose memory files sit on a fast local disk (bench/aenvd measures
-	// cold-cache creates both ways) it did not pay.
+	// cold-cache creates both ways) it did not pay. A stack brought from
+	// the repository whose layers are read lazily has its working set
+	// pushed either way, before its guest runs.
 	Prefetch bool `toml:"prefetch" env:"AENVD_SANDBOX_PREFETCH"`
 	// FlattenPaused flattens a paused sandbox's memory image (the template's
 	// memory with the layers of its pauses above it) into one file in the
