@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentenv/agentenv/api/aenvdtest"
 	"github.com/agentenv/agentenv/disk"
+	"github.com/agentenv/agentenv/snapshot"
 )
 
 // layerFiles counts a sandbox's own sealed layers on the node: memory diffs
@@ -200,16 +201,13 @@ func checkClock(t *testing.T, n *node, id string) {
 }
 
 // checkWorkingSet: the template's memory image has a working set recorded
-// (by its first create; next to its memory file, or next to its stack's
-// config where VMs map the storage daemon's export), which later creates
-// prefetched without complaint.
+// (by its first create; next to its memory file "memory", or, where VMs map
+// the storage daemon's export, as the snapshot directory's
+// snapshot.WorkingSetFile: the same name), which later creates prefetched
+// without complaint.
 func checkWorkingSet(t *testing.T, n *node) {
 	t.Helper()
-	file := "memory.workingset"
-	if n.memoryExports(t) {
-		file = "memory-stack.json.workingset"
-	}
-	b, err := os.ReadFile(filepath.Join(n.DataDir, "templates", "base", "snapshot", file))
+	b, err := os.ReadFile(filepath.Join(n.DataDir, "templates", "base", "snapshot", snapshot.WorkingSetFile))
 	if err != nil {
 		t.Fatalf("no working set recorded for the template's memory: %v", err)
 	}

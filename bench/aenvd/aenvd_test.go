@@ -18,6 +18,7 @@ import (
 	"github.com/agentenv/agentenv/api/aenvdtest"
 	"github.com/agentenv/agentenv/internal/testutil/cpustat"
 	"github.com/agentenv/agentenv/internal/testutil/guestassets"
+	"github.com/agentenv/agentenv/snapshot"
 )
 
 const (
@@ -148,14 +149,11 @@ func benchNode(b *testing.B, src string) (total, c1, c10, ratio float64) {
 // each) with the template memory's working set read ahead and without it
 // (its file moved aside), alternating, medians of coldRounds each.
 func prefetchComparison(b *testing.B, n *aenvdtest.Node) {
-	// Kept next to the template's memory file, or, where VMs map the
-	// storage daemon's export of the stack (the default), next to the
-	// stack's config: the daemon then pushes it into the page cache.
-	snap := filepath.Join(n.DataDir, "templates", "base", "snapshot")
-	ws := filepath.Join(snap, "memory.workingset")
-	if _, err := os.Stat(filepath.Join(snap, "memory-stack.json")); err == nil {
-		ws = filepath.Join(snap, "memory-stack.json.workingset")
-	}
+	// Kept next to the template's memory file ("memory"), or, where VMs
+	// map the storage daemon's export of the stack (the default), as the
+	// snapshot directory's snapshot.WorkingSetFile (the same name): the
+	// daemon then pushes it into the page cache.
+	ws := filepath.Join(n.DataDir, "templates", "base", "snapshot", snapshot.WorkingSetFile)
 	if _, err := os.Stat(ws); err != nil {
 		// Recorded from the first create; give its background write a moment.
 		id := mustCreate(b, n)
