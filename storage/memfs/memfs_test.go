@@ -142,8 +142,14 @@ func TestSecondMappingNeedsNoReads(t *testing.T) {
 	if err != nil || !bytes.Equal(got, src) {
 		t.Fatalf("read after mapping: %v", err)
 	}
-	if after := s.Stats().Reads; after != before {
-		t.Fatalf("a second open and mapping took %d more FUSE reads, want 0 (page cache kept)", after-before)
+	// A cache dropped at the open would read the file again: about as
+	// many reads as the first mapping. A few pages may have been reclaimed
+	// meanwhile by the host's proactive reclaim (kdamond), slowly under
+	// the race detector; each comes back with one read.
+	if after := s.Stats().Reads; after-before > before/4 {
+		t.Fatalf("a second open and mapping took %d more FUSE reads (the first %d): the page cache was not kept", after-before, before)
+	} else if after != before {
+		t.Logf("a second open and mapping took %d more FUSE reads of the first %d's: pages reclaimed meanwhile", after-before, before)
 	}
 }
 

@@ -239,6 +239,9 @@ func testCommitWaitsForGC(t *testing.T, b repo.Backend) {
 	done := make(chan error, 1)
 	go func() { done <- r.Commit(short, m) }()
 	waitLease(t, b)
+	// The lease is in the store once its PUT is, which may be before the
+	// commit's PUT returned: cancel once the commit polls for the gc.
+	time.Sleep(100 * time.Millisecond)
 	cancel()
 	if err := <-done; err == nil || !strings.Contains(err.Error(), "garbage collection") {
 		t.Fatalf("commit while a gc runs: %v, want it to wait for the gc", err)
