@@ -20,7 +20,7 @@ type fakeMachine struct {
 	stopErr error
 }
 
-func (m *fakeMachine) Pause(context.Context) error  { return nil }
+func (m *fakeMachine) Pause(context.Context) error { return nil }
 func (m *fakeMachine) Resume(context.Context) error {
 	*m.events = append(*m.events, "vcpus run")
 	return nil
