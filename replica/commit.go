@@ -50,16 +50,11 @@ func uploadJob(name, parent, vmDir, rootfs string) (upload.Job, error) {
 	j := upload.Job{Name: name, Kind: repo.KindSnapshot, Parent: parent, Created: time.Now().UTC(),
 		Rootfs: layers, Memory: mem.Layers,
 		State: filepath.Join(vmDir, vmm.SnapshotStateFile), Config: filepath.Join(vmDir, vmm.SnapshotConfigFile)}
-	if ws := filepath.Join(vmDir, snapshot.WorkingSetFile); fileExists(ws) {
+	ws := filepath.Join(vmDir, snapshot.WorkingSetFile)
+	if _, err := os.Stat(ws); err == nil { // a hint: a capture may have recorded none
 		j.WorkingSet = ws
 	}
 	return j, nil
-}
-
-// fileExists reports whether path names a file.
-func fileExists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
 }
 
 // CommitPause (the node's hook after a pause with memory is durable and
