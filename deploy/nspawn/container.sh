@@ -31,6 +31,17 @@ bounding=-all
 for c in ${CAPS//,/ }; do bounding="$bounding,+$c"; done
 
 nspawn=
+# container_init prints the pid of the container's PID 1: the child of
+# systemd-nspawn that is PID 1 in its own namespace. nspawn first forks an
+# outer child that forks PID 1 and exits; a plain `pgrep -P` can catch that
+# short-lived one, and every nsenter into it would then fail.
+container_init() {
+  local c
+  for c in $(pgrep -P "$1" || true); do
+    awk '/^NSpid:/ { found = ($NF == 1) } END { exit !found }' "/proc/$c/status" 2>/dev/null && { echo "$c"; return 0; }
+  done
+  return 0
+}
 # start runs the container in the background; its log is $work/run-N.log.
 start() {
   local log=$work/run-$1.log
@@ -45,7 +56,7 @@ start() {
   nspawn=$!
   pid=
   for _ in $(seq 100); do
-    pid=$(pgrep -P "$nspawn" || true)
+    pid=$(container_init "$nspawn")
     [ -n "$pid" ] && break
     sleep 0.2
   done
@@ -65,6 +76,7 @@ health() {
   for _ in $(seq 900); do
     inside curl -fsS http://127.0.0.1:3000/health >/dev/null 2>&1 && return 0
     kill -0 "$nspawn" 2>/dev/null || { cat "$work/run-$1.log" | cut -c1-600 | tail -30; fail "the container exited"; }
+    [ -d "/proc/$pid" ] || fail "the container's PID 1 ($pid) is gone while systemd-nspawn runs"
     sleep 1
   done
   tail -30 "$work/run-$1.log" | cut -c1-600
