@@ -2,6 +2,7 @@ package disk
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"math/rand/v2"
@@ -193,6 +194,9 @@ func checkMemoryDevices(ctx context.Context, t *testing.T, c *client.Client, d *
 	if _, err := d.Prefetch(ctx, vm1.File); err == nil || !strings.Contains(err.Error(), "outside the file") {
 		t.Fatalf("prefetch of a working set past the file's end: %v", err)
 	}
+	if d.kind == rpc.BlockFUSE {
+		checkPack(ctx, t, d, vm1.File, vmDir, m.Layers, flat)
+	}
 
 	// A restart: "a-1" runs on (adopted), "b-1" is gone.
 	if d.Adopted(ctx, vm1.File, "a-1") == nil || d.Adopted(ctx, vm1.File, "gone-1") != nil {
@@ -297,5 +301,47 @@ func TestIsDevice(t *testing.T) {
 		if got := IsDevice(path); got != want {
 			t.Errorf("IsDevice(%q) = %v, want %v", path, got, want)
 		}
+	}
+}
+
+// checkPack: a FUSE export whose stack has a working-set pack has the
+// pack's bytes stored (what the file then reads there); a pack of another
+// file is refused and the working set read through the export instead.
+func checkPack(ctx context.Context, t *testing.T, d *MemoryDevices, file, vmDir string, layers []string, flat string) {
+	t.Helper()
+	size, err := memsnap.SizeOf(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	packFile := filepath.Join(vmDir, snapshot.WorkingSetPackFile)
+	writePack := func() {
+		ws, _ := json.Marshal(map[string]any{"size": size, "extents": []memsnap.Extent{{Off: 4096, Len: 4 * 4096}, {Off: 1 << 20, Len: 4096}}})
+		f, err := os.Create(packFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := memsnap.WritePack(ctx, f, layers, ws); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writePack()
+	if n, err := d.Prefetch(ctx, file); err != nil || n != 5*4096 {
+		t.Fatalf("prefetch from a pack of 5 pages: %d bytes, %v", n, err)
+	}
+	if daemontest.SumFile(t, file) != daemontest.SumFile(t, flat) {
+		t.Fatalf("%s does not read as the stack flattened after its pack was stored", file)
+	}
+	if err := os.WriteFile(packFile, []byte("AENVWSP1 not a pack"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := memsnap.WriteWorkingSetTo(filepath.Join(vmDir, snapshot.WorkingSetFile), file, []memsnap.Extent{{Off: 0, Len: 4096}}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := d.Prefetch(ctx, file); n != 4096 || err == nil || !strings.Contains(err.Error(), snapshot.WorkingSetPackFile) {
+		t.Fatalf("prefetch with a damaged pack: %d bytes, %v; want the working set read through the export and the pack named", n, err)
+	}
+	if err := os.Remove(packFile); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -2,6 +2,7 @@ package disk
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -47,14 +48,38 @@ func (d *MemoryDevices) Remote(ctx context.Context, file string) bool {
 	return err == nil && IsRemote(dev.Image)
 }
 
+// packOf is where the working-set pack of shared device dev is kept (an
+// import's: snapshot.WorkingSetPackFile).
+func packOf(dev rpc.Device) string {
+	return filepath.Join(filepath.Dir(dev.Image), snapshot.WorkingSetPackFile)
+}
+
 // Prefetch pushes the recorded working set of the export file into the
 // page cache and returns the bytes pushed (memsnap.ErrNoWorkingSet when
-// none is recorded).
+// none is recorded). A FUSE export with a working-set pack has the pack's
+// bytes stored, without reads of its layers; should that fail, the
+// working set is read through the export.
 func (d *MemoryDevices) Prefetch(ctx context.Context, file string) (int64, error) {
 	dev, err := d.exportOf(ctx, file)
 	if err != nil {
 		return 0, fmt.Errorf("prefetch %s: %w", file, err)
 	}
+	var packErr error
+	if pack := packOf(dev); d.kind == rpc.BlockFUSE && fileExists(pack) {
+		r, err := d.sd.Prefetch(ctx, rpc.PrefetchParams{ID: dev.ID, Pack: pack})
+		if err == nil {
+			return r.Stored, nil
+		}
+		packErr = fmt.Errorf("prefetch %s from %s: %w", file, pack, err)
+	}
+	n, err := d.prefetchRanges(ctx, file, dev)
+	return n, errors.Join(packErr, err)
+}
+
+// prefetchRanges pushes the working set of the export file (device dev)
+// read through it: the storage daemon stores the ranges it reads (FUSE),
+// or the kernel reads them ahead (a block device).
+func (d *MemoryDevices) prefetchRanges(ctx context.Context, file string, dev rpc.Device) (int64, error) {
 	size, err := memsnap.SizeOf(file) // a ublk device's stat says 0
 	if err != nil {
 		return 0, fmt.Errorf("prefetch %s: %w", file, err)

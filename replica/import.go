@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -240,10 +241,40 @@ func (r *Replica) writeSnapshotDir(ctx context.Context, dir, reference string, m
 	if len(mem) == 0 {
 		return errors.New("the pause carries no memory layers")
 	}
-	if lazyCount(mem) > 0 {
+	if lazyCount(mem) > 0 && !r.putPack(ctx, m, dir) {
 		r.putWorkingSet(ctx, m, dir)
 	}
 	return snapshot.WriteMemoryManifest(dir, snapshot.MemoryImage{Layers: mem, File: filepath.Join(dir, snapshot.FlatMemory)})
+}
+
+// putPack writes the working-set pack m commits, if any, into the
+// snapshot directory dir (snapshot.WorkingSetPackFile), read whole and
+// checked against its digest and format, and reports whether it did. A
+// failure is logged: the restore then reads the pages from the layers.
+func (r *Replica) putPack(ctx context.Context, m *repo.Manifest, dir string) bool {
+	if m.WorkingSet == nil {
+		return false
+	}
+	data, err := r.cfg.Remote.ReadSmall(ctx, *m.WorkingSet, memsnap.MaxPackBytes)
+	var pack memsnap.Pack
+	if err == nil {
+		pack, err = memsnap.ReadPack(bytes.NewReader(data), int64(len(data)))
+	}
+	var ws []byte
+	if err == nil {
+		ws, err = pack.WorkingSet()
+	}
+	if err == nil { // the working set too: a node without FUSE exports reads it ahead
+		err = atomicfile.WriteFile(filepath.Join(dir, snapshot.WorkingSetFile), ws, 0o600)
+	}
+	if err == nil {
+		err = atomicfile.WriteFile(filepath.Join(dir, snapshot.WorkingSetPackFile), data, 0o600)
+	}
+	if err != nil {
+		r.log.Warn("memory working-set pack of a brought snapshot not kept (its restore reads the pages from the layers)", "manifest", m.Name, "err", err)
+		return false
+	}
+	return true
 }
 
 // memoryWorkingSets is the repository's capability of keeping memory

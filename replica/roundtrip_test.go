@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/agentenv/agentenv/storage/lsmt"
+	"github.com/agentenv/agentenv/vmm/memsnap"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -85,6 +87,13 @@ func writeFile(t *testing.T, path, data string) string {
 // shared, through a node of its own, and waits for the upload.
 func commitPause(t *testing.T, shared, ws string) {
 	t.Helper()
+	commitPauseWith(t, shared, ws, nil)
+}
+
+// commitPauseWith is commitPause whose snapshot directory gets more files
+// from extra (a layered memory image) before it is committed.
+func commitPauseWith(t *testing.T, shared, ws string, extra func(vm string)) {
+	t.Helper()
 	ctx := context.Background()
 	a := repoNode(t, shared)
 	if err := a.Start(ctx); err != nil {
@@ -100,6 +109,9 @@ func commitPause(t *testing.T, shared, ws string) {
 	writeFile(t, filepath.Join(vm, vmm.SnapshotMemoryFile), "guest memory")
 	if ws != "" {
 		writeFile(t, filepath.Join(vm, snapshot.WorkingSetFile), ws)
+	}
+	if extra != nil {
+		extra(vm)
 	}
 	rootfs := filepath.Join(src, "rootfs-3.json")
 	if err := snapshot.WriteImageConfig(rootfs, []string{writeFile(t, filepath.Join(src, "base.layer"), "base layer"),
@@ -217,5 +229,73 @@ func TestPauseCarriesWorkingSet(t *testing.T) {
 				t.Fatalf("a damaged working set was kept: %q", got)
 			}
 		})
+	}
+}
+
+// TestPauseCarriesWorkingSetPack: a pause with a layered memory image and a
+// working set is committed with the pack of that working set (the pages'
+// bytes, read from its layers), and a node that reads the stack lazily
+// keeps the pack, checked, and the working set it carries, next to the
+// snapshot.
+func TestPauseCarriesWorkingSetPack(t *testing.T) {
+	ctx := context.Background()
+	const size = 1 << 20
+	memory := bytes.Repeat([]byte("guest page"), size/10+1)[:size]
+	ws := `{"size":1048576,"extents":[{"off":4096,"len":8192},{"off":65536,"len":4096}]}`
+	shared := t.TempDir()
+	commitPauseWith(t, shared, ws, func(vm string) {
+		layer := filepath.Join(vm, "mem-1.lsmt")
+		f, err := os.Create(layer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		xw, err := lsmt.NewExtentWriter(f, lsmt.SealOptions{VirtualSize: size})
+		if err == nil {
+			err = xw.WriteData(0, memory)
+		}
+		if err == nil {
+			_, err = xw.Close()
+		}
+		if err == nil {
+			err = f.Close()
+		}
+		if err == nil {
+			err = snapshot.WriteMemoryManifest(vm, snapshot.MemoryImage{Layers: []string{layer}, File: filepath.Join(vm, snapshot.FlatMemory)})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	b := repoNode(t, shared)
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = b.ServeLayers(sctx, filepath.Join(t.TempDir(), "layers.sock")) }()
+	for deadline := time.Now().Add(10 * time.Second); b.LazyURL(repo.Layer{}, repo.UseMemory) == "" && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	node := &bringer{tmpl: &template.Template{ID: "tpl", Snapshot: "/boot/of/b"}}
+	rb := New(Options{Remote: b, DataDir: t.TempDir(), LazyMemory: true, Driver: relocator{}, Logger: slog.New(slog.DiscardHandler)}, node)
+	if err := rb.ImportPaused(ctx, "sbx1"); err != nil || len(node.adopted) != 1 {
+		t.Fatalf("bring: %v (%d adopted)", err, len(node.adopted))
+	}
+	snap := node.adopted[0].Snapshot
+	f, pack, err := memsnap.ReadPackFile(filepath.Join(snap, snapshot.WorkingSetPackFile))
+	if err != nil {
+		t.Fatalf("the pack here: %v", err)
+	}
+	defer f.Close()
+	if pack.Size != size || len(pack.Extents) != 2 {
+		t.Fatalf("pack of a %d-byte file with %d extents, want %d and 2", pack.Size, len(pack.Extents), size)
+	}
+	off := pack.DataOff
+	for _, e := range pack.Extents {
+		got := make([]byte, e.Len)
+		if _, err := f.ReadAt(got, off); err != nil || !bytes.Equal(got, memory[e.Off:e.Off+e.Len]) {
+			t.Fatalf("pack bytes of extent %d+%d differ from the layer's (%v)", e.Off, e.Len, err)
+		}
+		off += e.Len
+	}
+	if got, err := memsnap.ReadWorkingSet(filepath.Join(snap, snapshot.WorkingSetFile), size); err != nil || len(got) != 2 {
+		t.Fatalf("working set here: %v, %v; want the pack's two extents", got, err)
 	}
 }

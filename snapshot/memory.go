@@ -55,6 +55,13 @@ const FlatMemory = "memory.flat"
 // layers it lacks has it pushed into the page cache ahead of the guest.
 const WorkingSetFile = "memory.workingset"
 
+// WorkingSetPackFile is, in a snapshot directory brought from the
+// repository with its memory layers read lazily, the pack of the stack's
+// working set (memsnap's format: the working set and its pages' bytes), as
+// the manifest committed it: the restore pushes those bytes into the page
+// cache without reading the layers.
+const WorkingSetPackFile = "memory.workingset.pack"
+
 // ReadMemoryManifest reads the layered memory image of the VMM snapshot
 // directory vmDir; an error wrapping os.ErrNotExist when it has none.
 func ReadMemoryManifest(vmDir string) (MemoryImage, error) {

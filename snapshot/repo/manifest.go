@@ -44,7 +44,17 @@ type Manifest struct {
 	Memory  []Layer   `json:"memory"` // bottom to top
 	State   Blob      `json:"state"`  // the VMM's device state
 	Config  Blob      `json:"config"` // the VM's configuration (vCPUs, memory, disk geometry)
+	// WorkingSet, when set, is the pack of the memory stack's working set
+	// (package memsnap's format, opaque here): the bytes of the pages a
+	// restore touches first, read in one piece by a node that reads the
+	// stack's layers lazily. Committed with the layers, so vouched for
+	// like them.
+	WorkingSet *Blob `json:"workingSet,omitempty"`
 }
+
+// MaxWorkingSetPack bounds a manifest's working-set pack (memsnap bounds
+// its contents more tightly).
+const MaxWorkingSetPack = 128 << 20
 
 // Kinds of manifest.
 const (
@@ -76,6 +86,9 @@ func (m *Manifest) Blobs() []Blob {
 	}
 	add(m.State)
 	add(m.Config)
+	if m.WorkingSet != nil {
+		add(*m.WorkingSet)
+	}
 	return out
 }
 
@@ -139,6 +152,22 @@ func (m *Manifest) Validate() error {
 	}
 	if err := validBlob(m.Config); err != nil {
 		return fmt.Errorf("manifest %s: config: %w", m.Name, err)
+	}
+	return m.validWorkingSet()
+}
+
+// validWorkingSet checks the working-set pack, if any: bounded, and of a
+// manifest with memory layers.
+func (m *Manifest) validWorkingSet() error {
+	if m.WorkingSet == nil {
+		return nil
+	}
+	if err := validBlob(*m.WorkingSet); err != nil {
+		return fmt.Errorf("manifest %s: working set: %w", m.Name, err)
+	}
+	if len(m.Memory) == 0 || m.WorkingSet.Size > MaxWorkingSetPack {
+		return fmt.Errorf("manifest %s: a working set of %d bytes for %d memory layers: %w (at most %d bytes, of a stack)",
+			m.Name, m.WorkingSet.Size, len(m.Memory), ErrInvalid, MaxWorkingSetPack)
 	}
 	return nil
 }

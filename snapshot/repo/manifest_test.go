@@ -33,6 +33,18 @@ func TestManifestRoundTrip(t *testing.T) {
 	if n := len(m.Blobs()); n != 6 {
 		t.Fatalf("blobs = %d, want 6", n)
 	}
+	ws := Blob{Digest: DigestOf([]byte("ws")), Size: 2}
+	m.WorkingSet = &ws
+	data, err = m.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err = ParseManifest(data); err != nil || got.WorkingSet == nil || *got.WorkingSet != ws {
+		t.Fatalf("a manifest with a working set parsed as %+v, %v", got, err)
+	}
+	if n := len(m.Blobs()); n != 7 {
+		t.Fatalf("blobs with a working set = %d, want 7 (the collector keeps what Blobs lists)", n)
+	}
 }
 
 func TestManifestRejects(t *testing.T) {
@@ -50,6 +62,9 @@ func TestManifestRejects(t *testing.T) {
 		"upper hex":     func(m *Manifest) { m.State.Digest = Digest(strings.ToUpper(string(m.State.Digest))) },
 		"negative size": func(m *Manifest) { m.Config.Size = -1 },
 		"chunks":        func(m *Manifest) { m.Memory[0].Chunks.Digest = "md5:x" },
+		"ws digest":     func(m *Manifest) { m.WorkingSet = &Blob{Digest: "sha256:0", Size: 1} },
+		"ws size":       func(m *Manifest) { m.WorkingSet = &Blob{Digest: m.State.Digest, Size: MaxWorkingSetPack + 1} },
+		"ws no memory":  func(m *Manifest) { m.WorkingSet, m.Memory = &m.State, nil },
 	}
 	for name, mutate := range cases {
 		m := sample()

@@ -11,6 +11,7 @@ import (
 	"github.com/agentenv/agentenv/storage/daemon/rpc"
 	"github.com/agentenv/agentenv/storage/memfs"
 	"github.com/agentenv/agentenv/storage/ublk"
+	"github.com/agentenv/agentenv/vmm/memsnap"
 )
 
 // Shared memory exports. A shared read-only device that a VMM maps as guest
@@ -189,6 +190,9 @@ func (d *Daemon) prefetch(_ context.Context, p rpc.PrefetchParams) (rpc.Prefetch
 	if len(p.Ranges) > rpc.MaxPrefetchRanges {
 		return rpc.PrefetchResult{}, errf(rpc.CodeInvalid, "%d ranges: at most %d", len(p.Ranges), rpc.MaxPrefetchRanges)
 	}
+	if p.Pack != "" && (len(p.Ranges) > 0 || !filepath.IsAbs(p.Pack)) {
+		return rpc.PrefetchResult{}, errf(rpc.CodeInvalid, "pack %q with %d ranges: an absolute path and no ranges", p.Pack, len(p.Ranges))
+	}
 	ranges := make([]memfs.Range, len(p.Ranges))
 	for i, r := range p.Ranges {
 		if r.Off < 0 || r.Len < 0 || r.Off > math.MaxInt64-r.Len {
@@ -205,9 +209,35 @@ func (d *Daemon) prefetch(_ context.Context, p rpc.PrefetchParams) (rpc.Prefetch
 	if info.State != rpc.StateActive || info.Block != rpc.BlockFUSE || d.files == nil {
 		return rpc.PrefetchResult{}, errf(rpc.CodeInvalid, "device %d is not a served FUSE file (block %q, state %s)", p.ID, info.Block, info.State)
 	}
-	n, err := d.files.Prefetch(info.Export, ranges)
+	var n int64
+	if p.Pack != "" {
+		n, err = d.storePack(info, p.Pack)
+	} else {
+		n, err = d.files.Prefetch(info.Export, ranges)
+	}
 	if err != nil {
 		return rpc.PrefetchResult{Stored: n}, fmt.Errorf("prefetch device %d: %w", p.ID, err)
 	}
 	return rpc.PrefetchResult{Stored: n}, nil
+}
+
+// storePack stores the pages of the working-set pack at path into the page
+// cache of the FUSE file of device info, refusing a pack of a file of
+// another size.
+func (d *Daemon) storePack(info rpc.Device, path string) (int64, error) {
+	f, pack, err := memsnap.ReadPackFile(path)
+	if err != nil {
+		return 0, errf(rpc.CodeInvalid, "%v", err)
+	}
+	defer f.Close()
+	if pack.Size != info.Size {
+		return 0, errf(rpc.CodeInvalid, "pack %s is of a %d-byte file, device %d is %d bytes", path, pack.Size, info.ID, info.Size)
+	}
+	copies := make([]memfs.Copy, len(pack.Extents))
+	from := pack.DataOff
+	for i, e := range pack.Extents {
+		copies[i] = memfs.Copy{Off: e.Off, Len: e.Len, From: from}
+		from += e.Len
+	}
+	return d.files.StoreFrom(info.Export, f, copies)
 }

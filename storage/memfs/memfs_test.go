@@ -442,3 +442,43 @@ func TestPrefetchReadsPiecesAtOnce(t *testing.T) {
 		t.Fatalf("prefetch over a failing piece: stored %d, err %v; want its error and not every byte", n, err)
 	}
 }
+
+// TestStoreFromNeedsNoReads: bytes stored from another source (a
+// working-set pack) are what the file reads at their offsets, with no FUSE
+// read; copies off page boundaries or outside the file are refused.
+func TestStoreFromNeedsNoReads(t *testing.T) {
+	s := mount(t, Options{})
+	src := randomBytes(8<<20, 9)
+	p := add(t, s, "stack-9", src)
+	// The pack: two ranges of the file, back to back after a header.
+	pack := append([]byte("header--"), src[1<<20:3<<20]...)
+	pack = append(pack, src[7<<20:8<<20]...)
+	copies := []Copy{{Off: 1 << 20, Len: 2 << 20, From: 8}, {Off: 7 << 20, Len: 1 << 20, From: 8 + 2<<20}}
+	n, err := s.StoreFrom("stack-9", bytes.NewReader(pack), copies)
+	if err != nil || n != 3<<20 {
+		t.Fatalf("StoreFrom: %d bytes, %v; want %d", n, err, 3<<20)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	before := s.Stats().Reads
+	for _, c := range copies {
+		buf := make([]byte, c.Len)
+		if _, err := f.ReadAt(buf, c.Off); err != nil || !bytes.Equal(buf, src[c.Off:c.Off+c.Len]) {
+			t.Fatalf("stored range %+v reads wrong (%v)", c, err)
+		}
+	}
+	if after := s.Stats().Reads; after != before {
+		t.Fatalf("stored ranges took %d FUSE reads, want 0", after-before)
+	}
+	for _, bad := range []Copy{{Off: 100, Len: 4096}, {Off: 0, Len: 100}, {Off: 8 << 20, Len: 4096}, {Off: 0, Len: 4096, From: -1}, {Off: 0, Len: 0}} {
+		if _, err := s.StoreFrom("stack-9", bytes.NewReader(pack), []Copy{bad}); err == nil {
+			t.Errorf("copy %+v accepted", bad)
+		}
+	}
+	if _, err := s.StoreFrom("stack-9", bytes.NewReader(pack[:100]), copies[:1]); err == nil {
+		t.Error("a source shorter than its copy was stored")
+	}
+}

@@ -15,11 +15,15 @@ import (
 // more than one.
 const prefetchWorkers = 4
 
+// Copy is a range of an export (Off, Len) whose bytes are at From in some
+// source.
+type Copy struct{ Off, Len, From int64 }
+
 // Prefetch pushes the given ranges of export name into the page cache
 // (FUSE_NOTIFY_STORE), widened to whole pages and clipped to the file, and
 // returns the bytes stored. Pages already cached are rewritten with the
-// same bytes. The ranges are read in pieces of at most maxRead, several at
-// once; the first error ends it.
+// same bytes. The ranges are read from the export in pieces of at most
+// maxRead, several at once; the first error ends it.
 func (s *Server) Prefetch(name string, ranges []Range) (int64, error) {
 	e, err := s.fs.lookupExport(name)
 	if err != nil {
@@ -29,6 +33,28 @@ func (s *Server) Prefetch(name string, ranges []Range) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("memfs: prefetch %q: %w", name, err)
 	}
+	return s.store(name, e, e.src, pieces)
+}
+
+// StoreFrom pushes bytes of src into the page cache of export name: for
+// each copy, Len bytes of src at From as the export's bytes at Off. The
+// caller vouches that they are the export's bytes (a working-set pack
+// committed with the export's layers): they are not checked against it.
+// Each copy starts on a page and ends on one or at the end of the file.
+func (s *Server) StoreFrom(name string, src io.ReaderAt, copies []Copy) (int64, error) {
+	e, err := s.fs.lookupExport(name)
+	if err != nil {
+		return 0, err
+	}
+	pieces, err := copyPieces(e.size, copies)
+	if err != nil {
+		return 0, fmt.Errorf("memfs: store into %q: %w", name, err)
+	}
+	return s.store(name, e, src, pieces)
+}
+
+// store pushes pieces read from src into e's page cache, several at once.
+func (s *Server) store(name string, e *export, src io.ReaderAt, pieces []Copy) (int64, error) {
 	// The kernel stores pages only into an inode it knows: look it up.
 	if _, err := os.Stat(s.Path(name)); err != nil {
 		return 0, fmt.Errorf("memfs: prefetch %q: %w", name, err)
@@ -46,7 +72,7 @@ func (s *Server) Prefetch(name string, ranges []Range) (int64, error) {
 			defer wg.Done()
 			buf := make([]byte, maxRead)
 			for i := next.Add(1) - 1; i < int64(len(pieces)); i = next.Add(1) - 1 {
-				n, err := s.storePiece(e, pieces[i], buf)
+				n, err := s.storePiece(e, src, pieces[i], buf)
 				stored.Add(n)
 				if err != nil {
 					mu.Lock()
@@ -71,27 +97,45 @@ func firstErr(first, err error) error {
 }
 
 // prefetchPieces cuts ranges, widened to whole pages and clipped to size,
-// into pieces of at most maxRead.
-func prefetchPieces(size int64, ranges []Range) ([]Range, error) {
+// into pieces of at most maxRead read from the export itself.
+func prefetchPieces(size int64, ranges []Range) ([]Copy, error) {
 	page := int64(os.Getpagesize())
-	var out []Range
+	var out []Copy
 	for _, r := range ranges {
 		if r.Off < 0 || r.Len < 0 {
 			return nil, fmt.Errorf("bad range %d+%d", r.Off, r.Len)
 		}
 		off, end := r.Off/page*page, min(size, (r.Off+r.Len+page-1)/page*page)
 		for ; off < end; off += maxRead {
-			out = append(out, Range{Off: off, Len: min(end-off, maxRead)})
+			out = append(out, Copy{Off: off, Len: min(end-off, maxRead), From: off})
 		}
 	}
 	return out, nil
 }
 
-// storePiece reads piece p of export e into buf and stores it in the page
+// copyPieces checks copies against an export of size bytes and cuts them
+// into pieces of at most maxRead.
+func copyPieces(size int64, copies []Copy) ([]Copy, error) {
+	page := int64(os.Getpagesize())
+	var out []Copy
+	for _, c := range copies {
+		if c.Off < 0 || c.Len <= 0 || c.From < 0 || c.Off > size-c.Len || c.From > 1<<62-c.Len ||
+			c.Off%page != 0 || c.Len%page != 0 && c.Off+c.Len != size {
+			return nil, fmt.Errorf("bad copy of %d bytes from %d to %d (a %d-byte file of %d-byte pages)", c.Len, c.From, c.Off, size, page)
+		}
+		for d := int64(0); d < c.Len; d += maxRead {
+			out = append(out, Copy{Off: c.Off + d, Len: min(c.Len-d, maxRead), From: c.From + d})
+		}
+	}
+	return out, nil
+}
+
+// storePiece reads piece p from src into buf and stores it in e's page
 // cache, returning the bytes stored.
-func (s *Server) storePiece(e *export, p Range, buf []byte) (int64, error) {
+func (s *Server) storePiece(e *export, src io.ReaderAt, p Copy, buf []byte) (int64, error) {
 	buf = buf[:p.Len]
-	if _, err := e.src.ReadAt(buf, p.Off); err != nil && !(errors.Is(err, io.EOF) && p.Off+p.Len == e.size) {
+	n, err := src.ReadAt(buf, p.From)
+	if err != nil && !(errors.Is(err, io.EOF) && n == len(buf)) {
 		return 0, err
 	}
 	if err := s.storeCache(e.node, p.Off, buf); err != nil {

@@ -86,7 +86,7 @@ func WriteWorkingSetTo(path, memFile string, extents []Extent) error {
 	if err != nil {
 		return fmt.Errorf("write working set of %s: %w", memFile, err)
 	}
-	b, err := json.Marshal(workingSetFile{Size: size, Extents: extents[:min(len(extents), maxWorkingSetExtents)]})
+	b, err := encodeWorkingSet(size, extents)
 	if err != nil {
 		return err
 	}
@@ -94,6 +94,12 @@ func WriteWorkingSetTo(path, memFile string, extents []Extent) error {
 		return fmt.Errorf("write working set of %s: %w", memFile, err)
 	}
 	return nil
+}
+
+// encodeWorkingSet is the stored form of the working set extents of a
+// memory file of size bytes (the first maxWorkingSetExtents).
+func encodeWorkingSet(size int64, extents []Extent) ([]byte, error) {
+	return json.Marshal(workingSetFile{Size: size, Extents: extents[:min(len(extents), maxWorkingSetExtents)]})
 }
 
 // SizeOf is the size of a memory file or block device (whose stat size

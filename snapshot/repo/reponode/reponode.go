@@ -26,6 +26,7 @@ import (
 	"github.com/agentenv/agentenv/snapshot/repo/s3"
 	"github.com/agentenv/agentenv/snapshot/repo/upload"
 	"github.com/agentenv/agentenv/storage/blob"
+	"github.com/agentenv/agentenv/vmm/memsnap"
 )
 
 // Node is the repository side of one node.
@@ -73,7 +74,7 @@ func Open(ctx context.Context, c config.Config) (*Node, error) {
 		return nil, fmt.Errorf("open snapshot repository: %w", err)
 	}
 	u, err := upload.New(r, upload.Options{Dir: filepath.Join(c.DataDir, "uploads"), Concurrency: rc.UploadConcurrency,
-		ChunkSize: int64(rc.ChunkSizeKiB) << 10})
+		ChunkSize: int64(rc.ChunkSizeKiB) << 10, PackWorkingSet: memsnap.WritePack})
 	if err != nil {
 		return nil, fmt.Errorf("open snapshot repository: %w", err)
 	}

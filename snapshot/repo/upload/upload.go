@@ -8,6 +8,7 @@
 package upload
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -84,6 +86,11 @@ type Options struct {
 	MinBackoff, MaxBackoff time.Duration
 	// ChunkSize is the chunk size of the layers' tables; 0: the default.
 	ChunkSize int64
+	// PackWorkingSet, when set, writes to w the pack of a job's working
+	// set (the bytes of its pages, read from the memory layers; package
+	// memsnap's WritePack), committed with the manifest
+	// (repo.Manifest.WorkingSet).
+	PackWorkingSet func(ctx context.Context, w io.Writer, memory []string, workingSet []byte) (int64, error)
 }
 
 type record struct {
@@ -421,6 +428,7 @@ func (u *Uploader) run(ctx context.Context, j Job) error {
 		return err
 	}
 	u.putWorkingSet(ctx, j, m.Memory)
+	m.WorkingSet = u.putPack(ctx, j)
 	if err := fpUploaded.Inject(); err != nil {
 		return err
 	}
@@ -453,6 +461,55 @@ func (u *Uploader) putWorkingSet(ctx context.Context, j Job, mem []repo.Layer) {
 	if err != nil {
 		slog.Warn("upload: memory working set not put (a restore elsewhere faults its pages one by one)", "snapshot", j.Name, "err", err)
 	}
+}
+
+// putPack puts the pack of the job's working set, when it has one and the
+// uploader packs them, and returns its blob (nil without one: a failure
+// is logged, since a restore elsewhere only goes slower without it).
+func (u *Uploader) putPack(ctx context.Context, j Job) *repo.Blob {
+	if j.WorkingSet == "" || len(j.Memory) == 0 || u.opt.PackWorkingSet == nil {
+		return nil
+	}
+	b, err := u.writePack(ctx, j)
+	if err != nil {
+		slog.Warn("upload: memory working set not packed (a restore elsewhere reads its pages from the layers)", "snapshot", j.Name, "err", err)
+		return nil
+	}
+	return b
+}
+
+// writePack writes the job's pack to a temporary file next to its working
+// set, puts it and removes the file.
+func (u *Uploader) writePack(ctx context.Context, j Job) (*repo.Blob, error) {
+	ws, err := readBounded(j.WorkingSet, repo.MaxMemoryWorkingSet)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.CreateTemp(filepath.Dir(j.WorkingSet), ".pack-*")
+	if err != nil {
+		return nil, fmt.Errorf("pack working set: %w", err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	if _, err := u.opt.PackWorkingSet(ctx, bw, j.Memory, ws); err != nil {
+		return nil, fmt.Errorf("pack working set: %w", err)
+	}
+	if err := bw.Flush(); err != nil {
+		return nil, fmt.Errorf("pack working set: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("pack working set: %w", err)
+	}
+	if st.Size() > repo.MaxWorkingSetPack {
+		return nil, fmt.Errorf("pack working set: %d bytes, at most %d", st.Size(), int64(repo.MaxWorkingSetPack))
+	}
+	b, err := repo.PutFile(ctx, u.r, f.Name())
+	if err != nil {
+		return nil, err
+	}
+	return &b, nil
 }
 
 // readBounded reads the file at path, refusing one over limit bytes.

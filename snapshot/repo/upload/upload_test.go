@@ -373,3 +373,61 @@ func FuzzLoadQueue(f *testing.F) {
 		}
 	})
 }
+
+// TestWorkingSetPack: a job with a working set commits the pack its
+// uploader writes (Options.PackWorkingSet, given the job's memory layers
+// and working set) as the manifest's WorkingSet; a pack that cannot be
+// written leaves the manifest without one, committed all the same.
+func TestWorkingSetPack(t *testing.T) {
+	ctx := context.Background()
+	for _, fail := range []bool{false, true} {
+		r, err := posix.Open(t.TempDir(), repo.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j := localSnapshot(t, "snap-pack", 7)
+		ws, _ := os.ReadFile(j.WorkingSet)
+		want := append([]byte(strings.Join(j.Memory, ",")+":"), ws...)
+		opt := fast
+		opt.Dir = t.TempDir()
+		opt.PackWorkingSet = func(_ context.Context, w io.Writer, memory []string, workingSet []byte) (int64, error) {
+			if fail {
+				return 0, io.ErrUnexpectedEOF
+			}
+			n, err := w.Write(append([]byte(strings.Join(memory, ",")+":"), workingSet...))
+			return int64(n), err
+		}
+		u, err := New(r, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.Start(ctx)
+		if err := u.Enqueue(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := u.Wait(ctx, j.Name); err != nil || st.State != Uploaded {
+			t.Fatalf("pack failing %v: %+v, %v", fail, st, err)
+		}
+		u.Close()
+		checkCommitted(t, r, j)
+		m, err := r.Manifest(ctx, j.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case fail && m.WorkingSet != nil:
+			t.Fatalf("a pack that failed is in the manifest: %+v", m.WorkingSet)
+		case fail:
+		case m.WorkingSet == nil:
+			t.Fatal("the manifest names no pack")
+		default:
+			got, err := repo.ReadSmallBlob(ctx, r, *m.WorkingSet, 1<<20)
+			if err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("pack read back: %q, %v; want %q", got, err, want)
+			}
+		}
+		if left, _ := filepath.Glob(filepath.Join(filepath.Dir(j.WorkingSet), ".pack-*")); len(left) != 0 {
+			t.Fatalf("temporary packs left: %v", left)
+		}
+	}
+}

@@ -278,10 +278,15 @@ type AcquireParams struct {
 // PrefetchParams pushes byte ranges of a shared device exported as a FUSE
 // file into the kernel's page cache (FUSE_NOTIFY_STORE), so faults on them
 // need no FUSE read: the recorded working set of a memory stack, ahead of
-// the guest. At most MaxPrefetchRanges ranges.
+// the guest. At most MaxPrefetchRanges ranges. With Pack (an absolute
+// path to a working-set pack of the device's stack, package memsnap's
+// format, and no ranges), the pack's bytes are stored instead, without
+// reading the device: the caller vouches for them (the pack is committed
+// with the stack's layers).
 type PrefetchParams struct {
 	ID     uint32      `json:"id"`
 	Ranges []ByteRange `json:"ranges"`
+	Pack   string      `json:"pack,omitempty"`
 }
 
 // ByteRange is a byte range of a device.
