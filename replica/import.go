@@ -255,7 +255,7 @@ func (r *Replica) putPack(ctx context.Context, m *repo.Manifest, dir string) boo
 	if m.WorkingSet == nil {
 		return false
 	}
-	data, err := r.cfg.Remote.ReadSmall(ctx, *m.WorkingSet, memsnap.MaxPackBytes)
+	data, err := r.cfg.Remote.ReadPack(ctx, *m.WorkingSet)
 	var pack memsnap.Pack
 	if err == nil {
 		pack, err = memsnap.ReadPack(bytes.NewReader(data), int64(len(data)))

@@ -47,6 +47,8 @@ type Remote interface {
 	Manifest(ctx context.Context, name string) (*repo.Manifest, error)
 	Fetch(ctx context.Context, l repo.Layer, dir string) (string, error)
 	ReadSmall(ctx context.Context, b repo.Blob, limit int64) ([]byte, error)
+	// ReadPack reads a manifest's memory working-set pack, verified.
+	ReadPack(ctx context.Context, b repo.Blob) ([]byte, error)
 	// LazyURL names l, read for use (repo.UseRootfs or UseMemory), for
 	// the storage daemon to read lazily through the node's layer socket
 	// ("" when the node serves none: fetch it whole).

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"github.com/agentenv/agentenv/vmm/memsnap"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/agentenv/agentenv/guest/agent/agentclient"
 	"github.com/agentenv/agentenv/internal/failpoint"
-	"github.com/agentenv/agentenv/sandbox"
 	"github.com/agentenv/agentenv/snapshot/repo"
 	"github.com/agentenv/agentenv/snapshot/repo/s3"
 	"github.com/agentenv/agentenv/snapshot/repo/s3/s3test"
@@ -24,6 +24,7 @@ const (
 	lazyConfigsMetric  = "aenvd_rootfs_lazy_configs"
 	wholeFetchedMetric = "aenvd_repository_layer_fetched_bytes_total"
 	pushedMetric       = "aenvd_memory_workingset_prefetched_bytes_total"
+	packMetric         = "aenvd_repository_workingset_pack_fetched_bytes_total"
 )
 
 // TestLazyResumeOverS3: two nodes share a bucket of a real S3 server
@@ -75,14 +76,15 @@ func TestLazyResumeOverS3(t *testing.T) {
 		// use: the storage daemon's memory export, its disk), and layers
 		// fetched whole (the memory layers on a node whose VMs map memory
 		// files of their own; every layer on a node that is not lazy).
-		lazy0, whole0, pushed0 := b.lazyCosts(t), b.metricValue(t, wholeFetchedMetric), b.metricValue(t, pushedMetric)
+		lazy0, whole0, pushed0, pack0 := b.lazyCosts(t), b.metricValue(t, wholeFetchedMetric), b.metricValue(t, pushedMetric), b.metricValue(t, packMetric)
 		b.expect(t, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", b.key, `{"timeout":300}`)
 		lazy := b.lazyCosts(t).since(lazy0)
 		pushed := int64(b.metricValue(t, pushedMetric) - pushed0)
+		pack := int64(b.metricValue(t, packMetric) - pack0)
 		mem, disk := lazy[repo.UseMemory], lazy[repo.UseRootfs]
-		fetched := mem.fetched + disk.fetched + int64(b.metricValue(t, wholeFetchedMetric)-whole0)
-		t.Logf("node B fetched %d KiB before the VM answered, of the %d MiB of rootfs layers and %d MiB of memory layers; lazily: memory %+v, rootfs %+v; %d KiB of memory pushed ahead of the guest (the working set A's pause recorded)",
-			fetched>>10, rootfs>>20, memory>>20, mem, disk, pushed>>10)
+		fetched := mem.fetched + disk.fetched + pack + int64(b.metricValue(t, wholeFetchedMetric)-whole0)
+		t.Logf("node B fetched %d KiB before the VM answered, of the %d MiB of rootfs layers and %d MiB of memory layers; lazily: memory %+v, rootfs %+v; a working-set pack of %d KiB; %d KiB of memory pushed ahead of the guest (the working set A's pause recorded)",
+			fetched>>10, rootfs>>20, memory>>20, mem, disk, pack>>10, pushed>>10)
 		if b.memoryExports(t) {
 			// Memory is lazy too: what the restore touched, not the layers.
 			if fetched >= (rootfs+memory)/4 {
@@ -96,9 +98,12 @@ func TestLazyResumeOverS3(t *testing.T) {
 				t.Fatalf("node B's lazy memory reads before the resume answered: %+v; want fetched <= read + working set, nothing read ahead", mem)
 			}
 			// The pause on A recorded the pages its VM held (the 48 MiB
-			// in tmpfs among them); B pushed them before the guest ran.
-			if pushed < 48<<20 || pushed > int64(sandbox.MaxCapturedWorkingSet) {
-				t.Fatalf("node B pushed %d bytes of the pause's working set ahead of the guest; want at least the 48 MiB in tmpfs, at most %d", pushed, sandbox.MaxCapturedWorkingSet)
+			// in tmpfs among them) and committed their bytes as one pack
+			// (at most memsnap.MaxPackData of them); B read it whole and
+			// pushed its pages before the guest ran, with no layer read.
+			if pushed < 48<<20 || pushed > memsnap.MaxPackData || pack < pushed || pack > pushed+memsnap.MaxWorkingSetBytes {
+				t.Fatalf("node B read a pack of %d bytes and pushed %d bytes of the pause's working set ahead of the guest; want at least the 48 MiB in tmpfs pushed, at most %d, from a pack of them",
+					pack, pushed, memsnap.MaxPackData)
 			}
 		} else if d := fetched - memory; d >= rootfs/4 {
 			t.Fatalf("node B fetched %d of the rootfs layers' %d bytes before the resume answered: not lazy", d, rootfs)

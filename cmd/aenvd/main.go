@@ -491,6 +491,9 @@ func snapshotRepository(ctx context.Context, cfg config.Config, reg prometheus.R
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "aenvd_repository_layer_fetched_bytes_total",
 		Help: "Bytes of layers fetched whole from peers and the store."},
 		func() float64 { return float64(rn.FetchedWhole()) }))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "aenvd_repository_workingset_pack_fetched_bytes_total",
+		Help: "Bytes of memory working-set packs read from the store (by the imports of stacks read lazily)."},
+		func() float64 { return float64(rn.PacksFetched()) }))
 	return &repoNode{n: rn}, func() { _ = rn.Close() }, nil
 }
 

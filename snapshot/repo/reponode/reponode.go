@@ -50,6 +50,7 @@ type Node struct {
 	lazy     *lazyServer                   // the layer socket, once ServeLayers ran (lazy.go)
 	fetching map[repo.Digest]chan struct{} // Fetch calls in progress, by layer (fetchTurn)
 	whole    atomic.Int64                  // bytes Fetch read from peers and the store
+	packs    atomic.Int64                  // bytes of working-set packs ReadPack read
 }
 
 // Open opens the configured repository (nil, nil for backend "none"). A
@@ -170,6 +171,17 @@ func (n *Node) Manifest(ctx context.Context, name string) (*repo.Manifest, error
 func (n *Node) ReadSmall(ctx context.Context, b repo.Blob, limit int64) ([]byte, error) {
 	return repo.ReadSmallBlob(ctx, n.Repo, b, limit)
 }
+
+// ReadPack reads a memory working-set pack a manifest commits (at most
+// memsnap.MaxPackBytes), verified, counting its bytes (PacksFetched).
+func (n *Node) ReadPack(ctx context.Context, b repo.Blob) ([]byte, error) {
+	data, err := repo.ReadSmallBlob(ctx, n.Repo, b, memsnap.MaxPackBytes)
+	n.packs.Add(int64(len(data)))
+	return data, err
+}
+
+// PacksFetched is the bytes of working-set packs read (ReadPack).
+func (n *Node) PacksFetched() int64 { return n.packs.Load() }
 
 // MemoryWorkingSet reads the working set the repository keeps for the
 // memory stack whose top layer is top (repo.ErrNotFound when none).
