@@ -241,8 +241,8 @@ func (r *Replica) writeSnapshotDir(ctx context.Context, dir, reference string, m
 	if len(mem) == 0 {
 		return errors.New("the pause carries no memory layers")
 	}
-	if lazyCount(mem) > 0 && !r.putPack(ctx, m, dir) {
-		r.putWorkingSet(ctx, m, dir)
+	if lazyCount(mem) > 0 {
+		r.putPack(ctx, m, dir)
 	}
 	return snapshot.WriteMemoryManifest(dir, snapshot.MemoryImage{Layers: mem, File: filepath.Join(dir, snapshot.FlatMemory)})
 }
@@ -275,37 +275,6 @@ func (r *Replica) putPack(ctx context.Context, m *repo.Manifest, dir string) boo
 		return false
 	}
 	return true
-}
-
-// memoryWorkingSets is the repository's capability of keeping memory
-// stacks' working sets (reponode.Node).
-type memoryWorkingSets interface {
-	MemoryWorkingSet(ctx context.Context, top repo.Layer) ([]byte, error)
-}
-
-// putWorkingSet writes the working set the repository keeps for m's memory
-// stack into the snapshot directory dir (snapshot.WorkingSetFile): the
-// stack's restore here has it pushed ahead of the guest, whose faults
-// would otherwise fetch one after another. A hint: a missing or bad one is
-// logged and costs only the push.
-func (r *Replica) putWorkingSet(ctx context.Context, m *repo.Manifest, dir string) {
-	ws, ok := r.cfg.Remote.(memoryWorkingSets)
-	if !ok || len(m.Memory) == 0 {
-		return
-	}
-	data, err := ws.MemoryWorkingSet(ctx, m.Memory[len(m.Memory)-1])
-	if errors.Is(err, repo.ErrNotFound) {
-		return
-	}
-	if err == nil {
-		_, _, err = memsnap.ParseWorkingSet(data)
-	}
-	if err == nil {
-		err = atomicfile.WriteFile(filepath.Join(dir, snapshot.WorkingSetFile), data, 0o600)
-	}
-	if err != nil {
-		r.log.Warn("memory working set of a brought snapshot not kept (its restore faults pages one by one)", "manifest", m.Name, "err", err)
-	}
 }
 
 // ImportSnapshot (the node's hook before a create resolves a source it

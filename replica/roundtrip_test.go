@@ -188,60 +188,61 @@ func TestPauseRoundTrip(t *testing.T) {
 	}
 }
 
-// TestPauseCarriesWorkingSet: the working set a pause recorded for its
-// memory stack travels with it to a node that reads the stack lazily (its
-// layer socket's URLs), where the restore finds it next to the snapshot; a
-// damaged one is not kept there.
+// TestPauseCarriesWorkingSet: a pause with a layered memory image and a
+// working set is committed with the pack of that working set (the pages'
+// bytes, read from its layers), and a node that reads the stack lazily
+// keeps the pack and the working set it carries next to the snapshot. A
+// working set that does not describe the stack commits no pack, and the
+// import keeps none.
 func TestPauseCarriesWorkingSet(t *testing.T) {
-	ctx := context.Background()
 	for _, tc := range []struct {
 		name, ws string
 		kept     bool
 	}{
-		{"valid", `{"size":1048576,"extents":[{"off":4096,"len":8192}]}`, true},
+		{"valid", `{"size":1048576,"extents":[{"off":4096,"len":8192},{"off":65536,"len":4096}]}`, true},
 		{"outside its file", `{"size":4096,"extents":[{"off":4096,"len":8192}]}`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			shared := t.TempDir()
-			commitPause(t, shared, tc.ws)
-			b := repoNode(t, shared)
-			sctx, stop := context.WithCancel(ctx)
-			defer stop()
-			go func() { _ = b.ServeLayers(sctx, filepath.Join(t.TempDir(), "layers.sock")) }()
-			for deadline := time.Now().Add(10 * time.Second); b.LazyURL(repo.Layer{}, repo.UseMemory) == "" && time.Now().Before(deadline); {
-				time.Sleep(10 * time.Millisecond)
+			snap, memory := bringLayeredPause(t, tc.ws)
+			f, pack, err := memsnap.ReadPackFile(filepath.Join(snap, snapshot.WorkingSetPackFile))
+			if !tc.kept {
+				if err == nil {
+					f.Close()
+				}
+				if _, errWS := os.Stat(filepath.Join(snap, snapshot.WorkingSetFile)); !errors.Is(err, memsnap.ErrNoWorkingSet) || errWS == nil {
+					t.Fatalf("a working set that does not fit its stack: pack %v, working set file %v; want neither", err, errWS)
+				}
+				return
 			}
-			node := &bringer{tmpl: &template.Template{ID: "tpl", Snapshot: "/boot/of/b"}}
-			rb := New(Options{Remote: b, DataDir: t.TempDir(), LazyMemory: true, Driver: relocator{}, Logger: slog.New(slog.DiscardHandler)}, node)
-			if err := rb.ImportPaused(ctx, "sbx1"); err != nil || len(node.adopted) != 1 {
-				t.Fatalf("bring: %v (%d adopted)", err, len(node.adopted))
+			if err != nil {
+				t.Fatalf("the pack here: %v", err)
 			}
-			snap := node.adopted[0].Snapshot
-			mem, err := snapshot.ReadMemoryManifest(snap)
-			if err != nil || len(mem.Layers) != 1 || !blob.IsURL(mem.Layers[0]) {
-				t.Fatalf("memory manifest %+v, %v: want the layer socket's URL", mem, err)
+			defer f.Close()
+			if pack.Size != int64(len(memory)) || len(pack.Extents) != 2 {
+				t.Fatalf("pack of a %d-byte file with %d extents, want %d and 2", pack.Size, len(pack.Extents), len(memory))
 			}
-			got, err := os.ReadFile(filepath.Join(snap, snapshot.WorkingSetFile))
-			switch {
-			case tc.kept && (err != nil || string(got) != tc.ws):
-				t.Fatalf("working set here %q, %v; want %q", got, err, tc.ws)
-			case !tc.kept && err == nil:
-				t.Fatalf("a damaged working set was kept: %q", got)
+			off := pack.DataOff
+			for _, e := range pack.Extents {
+				got := make([]byte, e.Len)
+				if _, err := f.ReadAt(got, off); err != nil || !bytes.Equal(got, memory[e.Off:e.Off+e.Len]) {
+					t.Fatalf("pack bytes of extent %d+%d differ from the layer's (%v)", e.Off, e.Len, err)
+				}
+				off += e.Len
+			}
+			if got, err := memsnap.ReadWorkingSet(filepath.Join(snap, snapshot.WorkingSetFile), pack.Size); err != nil || len(got) != 2 {
+				t.Fatalf("working set here: %v, %v; want the pack's two extents", got, err)
 			}
 		})
 	}
 }
 
-// TestPauseCarriesWorkingSetPack: a pause with a layered memory image and a
-// working set is committed with the pack of that working set (the pages'
-// bytes, read from its layers), and a node that reads the stack lazily
-// keeps the pack, checked, and the working set it carries, next to the
-// snapshot.
-func TestPauseCarriesWorkingSetPack(t *testing.T) {
+// bringLayeredPause commits a pause whose memory is one 1 MiB layer, with
+// working set ws, and brings it on another node that reads memory lazily;
+// it returns the snapshot directory there and the memory's bytes.
+func bringLayeredPause(t *testing.T, ws string) (string, []byte) {
 	ctx := context.Background()
 	const size = 1 << 20
 	memory := bytes.Repeat([]byte("guest page"), size/10+1)[:size]
-	ws := `{"size":1048576,"extents":[{"off":4096,"len":8192},{"off":65536,"len":4096}]}`
 	shared := t.TempDir()
 	commitPauseWith(t, shared, ws, func(vm string) {
 		layer := filepath.Join(vm, "mem-1.lsmt")
@@ -268,7 +269,7 @@ func TestPauseCarriesWorkingSetPack(t *testing.T) {
 	})
 	b := repoNode(t, shared)
 	sctx, stop := context.WithCancel(ctx)
-	defer stop()
+	t.Cleanup(stop)
 	go func() { _ = b.ServeLayers(sctx, filepath.Join(t.TempDir(), "layers.sock")) }()
 	for deadline := time.Now().Add(10 * time.Second); b.LazyURL(repo.Layer{}, repo.UseMemory) == "" && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
@@ -279,23 +280,8 @@ func TestPauseCarriesWorkingSetPack(t *testing.T) {
 		t.Fatalf("bring: %v (%d adopted)", err, len(node.adopted))
 	}
 	snap := node.adopted[0].Snapshot
-	f, pack, err := memsnap.ReadPackFile(filepath.Join(snap, snapshot.WorkingSetPackFile))
-	if err != nil {
-		t.Fatalf("the pack here: %v", err)
+	if mem, err := snapshot.ReadMemoryManifest(snap); err != nil || len(mem.Layers) != 1 || !blob.IsURL(mem.Layers[0]) {
+		t.Fatalf("memory manifest %+v, %v: want the layer socket's URL", mem, err)
 	}
-	defer f.Close()
-	if pack.Size != size || len(pack.Extents) != 2 {
-		t.Fatalf("pack of a %d-byte file with %d extents, want %d and 2", pack.Size, len(pack.Extents), size)
-	}
-	off := pack.DataOff
-	for _, e := range pack.Extents {
-		got := make([]byte, e.Len)
-		if _, err := f.ReadAt(got, off); err != nil || !bytes.Equal(got, memory[e.Off:e.Off+e.Len]) {
-			t.Fatalf("pack bytes of extent %d+%d differ from the layer's (%v)", e.Off, e.Len, err)
-		}
-		off += e.Len
-	}
-	if got, err := memsnap.ReadWorkingSet(filepath.Join(snap, snapshot.WorkingSetFile), size); err != nil || len(got) != 2 {
-		t.Fatalf("working set here: %v, %v; want the pack's two extents", got, err)
-	}
+	return snap, memory
 }

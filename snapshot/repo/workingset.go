@@ -16,15 +16,10 @@ import (
 // correctness, since every prefetched block is verified like any other.
 const hintPrefix = "hints/workingset/"
 
-// Memory working sets: the pages of a memory layer stack a restore touches
-// first, by guest address (package memsnap's format, opaque here), kept
-// under hints/memory/<top layer hex> by the node that captured the stack's
-// top layer, so that a node restoring the stack from layers it lacks has
-// them pushed ahead of the guest. A hint too: a wrong one costs bandwidth.
+// Memory working sets were kept under hints/memory/<top layer hex> by
+// earlier versions (a manifest commits its stack's pack now,
+// Manifest.WorkingSet): GC still sweeps those of layers that are gone.
 const memoryHintPrefix = "hints/memory/"
-
-// MaxMemoryWorkingSet bounds a memory working set's size.
-const MaxMemoryWorkingSet = 16 << 20
 
 // WorkingSets is implemented by Repo.
 type WorkingSets interface {
@@ -68,32 +63,6 @@ func (r *Repo) WorkingSet(ctx context.Context, l Layer, blockSize int64) ([]int6
 		return nil, fmt.Errorf("read working set of layer %s from %s: %w: %w", l.Digest, r.b, ErrInvalid, err)
 	}
 	return blocks, nil
-}
-
-// PutMemoryWorkingSet records data as the working set of the memory stack
-// whose top layer is top, replacing an older one.
-func (r *Repo) PutMemoryWorkingSet(ctx context.Context, top Layer, data []byte) error {
-	if err := top.Digest.Validate(); err != nil || len(data) == 0 || len(data) > MaxMemoryWorkingSet {
-		return fmt.Errorf("put memory working set of layer %s (%d bytes): %w", top.Digest, len(data), ErrInvalid)
-	}
-	if err := r.b.Put(ctx, memoryHintPrefix+top.Digest.Hex(), bytes.NewReader(data), int64(len(data)), nil); err != nil {
-		return fmt.Errorf("put memory working set of layer %s in %s: %w", top.Digest, r.b, err)
-	}
-	return nil
-}
-
-// MemoryWorkingSet reads the working set of the memory stack whose top
-// layer is top (ErrNotFound when none was recorded), at most
-// MaxMemoryWorkingSet bytes of it.
-func (r *Repo) MemoryWorkingSet(ctx context.Context, top Layer) ([]byte, error) {
-	if err := top.Digest.Validate(); err != nil {
-		return nil, fmt.Errorf("read memory working set of layer %s: %w", top.Digest, ErrInvalid)
-	}
-	data, err := r.readSmall(ctx, memoryHintPrefix+top.Digest.Hex(), MaxMemoryWorkingSet)
-	if err != nil {
-		return nil, fmt.Errorf("read memory working set of layer %s from %s: %w", top.Digest, r.b, err)
-	}
-	return data, nil
 }
 
 // sweepHints removes the hints of layers that are gone.

@@ -183,12 +183,6 @@ func (n *Node) ReadPack(ctx context.Context, b repo.Blob) ([]byte, error) {
 // PacksFetched is the bytes of working-set packs read (ReadPack).
 func (n *Node) PacksFetched() int64 { return n.packs.Load() }
 
-// MemoryWorkingSet reads the working set the repository keeps for the
-// memory stack whose top layer is top (repo.ErrNotFound when none).
-func (n *Node) MemoryWorkingSet(ctx context.Context, top repo.Layer) ([]byte, error) {
-	return n.Repo.MemoryWorkingSet(ctx, top)
-}
-
 // Forget drops an upload's record from the queue (a job that ended, or one
 // whose files are gone).
 func (n *Node) Forget(name string) error { return n.Uploads.Forget(name) }

@@ -88,6 +88,7 @@ func NewManifest(t testing.TB, r repo.Repository, name string, seed uint64) *rep
 	layer := func(s uint64, n int) repo.Layer {
 		return repo.Layer{Blob: PutRandom(t, r, s, n), Chunks: PutRandom(t, r, s+1000, 64)}
 	}
+	ws := PutRandom(t, r, seed*10+6, 700)
 	return &repo.Manifest{
 		Schema: repo.SchemaVersion, Name: name, Kind: repo.KindSnapshot,
 		Created: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
@@ -95,6 +96,8 @@ func NewManifest(t testing.TB, r repo.Repository, name string, seed uint64) *rep
 		Memory:  []repo.Layer{layer(seed*10+3, 4096)},
 		State:   PutRandom(t, r, seed*10+4, 300),
 		Config:  PutRandom(t, r, seed*10+5, 100),
+		// A working-set pack: GC keeps it with the manifest (Blobs).
+		WorkingSet: &ws,
 	}
 }
 

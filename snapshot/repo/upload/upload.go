@@ -43,9 +43,9 @@ type Job struct {
 	Memory  []string  `json:"memory"`
 	State   string    `json:"state"`  // the VMM's state file
 	Config  string    `json:"config"` // the VM's configuration file
-	// WorkingSet, when set, is the memory stack's working set file, put
-	// as the repository's hint for the top memory layer before the
-	// manifest is committed (a failure is logged: it is a hint).
+	// WorkingSet, when set, is the memory stack's working set file: its
+	// pack (Options.PackWorkingSet) is committed with the manifest (a
+	// failure is logged: a restore elsewhere only goes slower without).
 	WorkingSet string `json:"working_set,omitempty"`
 	// Fence is the Fence's stamp at Enqueue (fence.go).
 	Fence string `json:"fence,omitempty"`
@@ -427,7 +427,6 @@ func (u *Uploader) run(ctx context.Context, j Job) error {
 	if m.Config, err = repo.PutFile(ctx, u.r, j.Config); err != nil {
 		return err
 	}
-	u.putWorkingSet(ctx, j, m.Memory)
 	m.WorkingSet = u.putPack(ctx, j)
 	if err := fpUploaded.Inject(); err != nil {
 		return err
@@ -439,28 +438,6 @@ func (u *Uploader) run(ctx context.Context, j Job) error {
 		return err
 	}
 	return fpCommit.Inject()
-}
-
-// memoryWorkingSets is the repository's capability of keeping memory
-// stacks' working sets (repo.Repo).
-type memoryWorkingSets interface {
-	PutMemoryWorkingSet(ctx context.Context, top repo.Layer, data []byte) error
-}
-
-// putWorkingSet puts the job's working set file, if it has one, as the
-// hint of its top memory layer.
-func (u *Uploader) putWorkingSet(ctx context.Context, j Job, mem []repo.Layer) {
-	ws, ok := u.r.(memoryWorkingSets)
-	if j.WorkingSet == "" || len(mem) == 0 || !ok {
-		return
-	}
-	data, err := readBounded(j.WorkingSet, repo.MaxMemoryWorkingSet)
-	if err == nil {
-		err = ws.PutMemoryWorkingSet(ctx, mem[len(mem)-1], data)
-	}
-	if err != nil {
-		slog.Warn("upload: memory working set not put (a restore elsewhere faults its pages one by one)", "snapshot", j.Name, "err", err)
-	}
 }
 
 // putPack puts the pack of the job's working set, when it has one and the
@@ -481,7 +458,7 @@ func (u *Uploader) putPack(ctx context.Context, j Job) *repo.Blob {
 // writePack writes the job's pack to a temporary file next to its working
 // set, puts it and removes the file.
 func (u *Uploader) writePack(ctx context.Context, j Job) (*repo.Blob, error) {
-	ws, err := readBounded(j.WorkingSet, repo.MaxMemoryWorkingSet)
+	ws, err := readBounded(j.WorkingSet, maxWorkingSet)
 	if err != nil {
 		return nil, err
 	}
@@ -511,6 +488,9 @@ func (u *Uploader) writePack(ctx context.Context, j Job) (*repo.Blob, error) {
 	}
 	return &b, nil
 }
+
+// maxWorkingSet bounds a job's working set file (memsnap's bound).
+const maxWorkingSet = 16 << 20
 
 // readBounded reads the file at path, refusing one over limit bytes.
 func readBounded(path string, limit int64) ([]byte, error) {

@@ -59,16 +59,6 @@ func checkCommitted(t *testing.T, r repo.Repository, j Job) {
 			t.Fatalf("layer %d of %s read back: %v", i, j.Name, err)
 		}
 	}
-	ws, ok := r.(interface {
-		MemoryWorkingSet(ctx context.Context, top repo.Layer) ([]byte, error)
-	})
-	want, _ := os.ReadFile(j.WorkingSet)
-	if !ok {
-		t.Fatalf("repository %T keeps no memory working sets", r)
-	}
-	if got, err := ws.MemoryWorkingSet(ctx, m.Memory[len(m.Memory)-1]); err != nil || !bytes.Equal(got, want) {
-		t.Fatalf("working set of %s: %q, %v", j.Name, got, err)
-	}
 	state, _ := os.ReadFile(j.State)
 	if got, err := repo.ReadSmallBlob(ctx, r, m.State, 1<<20); err != nil || !bytes.Equal(got, state) {
 		t.Fatalf("state of %s: %v", j.Name, err)
@@ -174,10 +164,6 @@ type concurrencyRepo struct {
 	repo.Repository
 	mu        sync.Mutex
 	now, peak int
-}
-
-func (c *concurrencyRepo) PutMemoryWorkingSet(ctx context.Context, top repo.Layer, data []byte) error {
-	return c.Repository.(memoryWorkingSets).PutMemoryWorkingSet(ctx, top, data)
 }
 
 func (c *concurrencyRepo) Commit(ctx context.Context, m *repo.Manifest) error {
