@@ -63,7 +63,7 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 	nc := start("rbencc", 107, "AENVD_REPOSITORY_LAZY_ROOTFS=false")
 	nd := start("rbencd", 111)
 	var local, lazy, whole, hinted []float64
-	var before, beforeLazy, beforeMem, pushed, total, wholeFetched int64
+	var before, beforeLazy, beforeMem, pushed, packed, total, wholeFetched int64
 	b.ResetTimer()
 	for range b.N {
 		id, err := na.Create(`{"templateID":"base","timeout":600}`)
@@ -85,13 +85,15 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 		lazyBefore := metric(b, nb, "aenvd_repository_lazy_fetched_bytes_total")
 		memBefore := metric(b, nb, `aenvd_repository_lazy_fetched_bytes_total{use="memory"}`)
 		wholeBefore := metric(b, nb, "aenvd_repository_layer_fetched_bytes_total")
-		pushedBefore := metric(b, nb, pushedMetric)
+		pushedBefore, packBefore := metric(b, nb, pushedMetric), metric(b, nb, packMetric)
 		lazy = append(lazy, call(b, nb, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", `{"timeout":600}`).Seconds())
 		read := int64(metric(b, nb, "aenvd_repository_lazy_fetched_bytes_total") - lazyBefore)
 		beforeLazy += read
 		beforeMem += int64(metric(b, nb, `aenvd_repository_lazy_fetched_bytes_total{use="memory"}`) - memBefore)
-		before += read + int64(metric(b, nb, "aenvd_repository_layer_fetched_bytes_total")-wholeBefore)
+		pack := int64(metric(b, nb, packMetric) - packBefore)
+		before += read + pack + int64(metric(b, nb, "aenvd_repository_layer_fetched_bytes_total")-wholeBefore)
 		pushed += int64(metric(b, nb, pushedMetric) - pushedBefore)
+		packed += pack
 		run(ctx, b, nb, id, "test $(stat -c %s /home/user/blob) = 33554432")
 		// C: every layer whole before the VM starts.
 		whole = append(whole, call(b, nc, http.StatusCreated, "POST", "/sandboxes/"+id+"/connect", `{"timeout":600}`).Seconds())
@@ -119,8 +121,8 @@ func BenchmarkResumeOnAnotherNode(b *testing.B) {
 	fmt.Printf("resume on node D from the repository with the layers' working-set hints B recorded: median %.2fs (%.2fx A's)\n", hn, hn/l)
 	fmt.Printf("resume on node A from local layers: median %.2fs; on node B from the repository, rootfs lazy: median %.2fs (%.2fx A's); "+
 		"on node C, every layer fetched first: median %.2fs (%.2fx A's)\n", l, lz, lz/l, wh, wh/l)
-	fmt.Printf("node B fetched %d MiB before its resume answered (read lazily: %d KiB, %d KiB of it memory, %d KiB of that the working set A's pause recorded, pushed ahead of the guest; the rest whole; a background fetch that started as the VM answered counts too) of the manifests' %d MiB of layers (%.3f); node C %d MiB (%.3f)\n",
-		before>>20, beforeLazy>>10, beforeMem>>10, pushed>>10, total>>20, float64(before)/float64(max(total, 1)), wholeFetched>>20, float64(wholeFetched)/float64(max(total, 1)))
+	fmt.Printf("node B fetched %d MiB before its resume answered (read lazily: %d KiB, %d KiB of it memory; the working-set packs A's pauses committed: %d KiB, %d KiB of memory pushed ahead of the guest; the rest whole; a background fetch that started as the VM answered counts too) of the manifests' %d MiB of layers (%.3f); node C %d MiB (%.3f)\n",
+		before>>20, beforeLazy>>10, beforeMem>>10, packed>>10, pushed>>10, total>>20, float64(before)/float64(max(total, 1)), wholeFetched>>20, float64(wholeFetched)/float64(max(total, 1)))
 }
 
 // keepLogs writes the nodes' logs into $AENV_BENCH_LOGS (when set), one
@@ -140,6 +142,9 @@ func keepLogs(b *testing.B, nodes map[string]*aenvdtest.Node) {
 // pushedMetric counts the bytes of memory working sets a node pushed into
 // the page cache while VMs restored.
 const pushedMetric = "aenvd_memory_workingset_prefetched_bytes_total"
+
+// packMetric counts the bytes of working-set packs a node read.
+const packMetric = "aenvd_repository_workingset_pack_fetched_bytes_total"
 
 // metric reads a counter or gauge from a node's /metrics: the sum of its
 // series (every label set), or one series when name has labels.
