@@ -275,15 +275,39 @@ func damageChunks(t *testing.T, path string, size int64) {
 	}
 }
 
+// damageByte flips the byte at off of the object file at path.
+func damageByte(t *testing.T, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, off); err != nil {
+		t.Fatal(fmt.Errorf("damage %s: %w", path, err))
+	}
+}
+
 // damagedMemory: the memory layer of A's pause is damaged in the bucket
-// (every chunk but the layer's header and index); B's restore reads it
-// lazily, no source gives bytes that verify, and the VM cannot run on: the
-// connect fails or the sandbox ends paused without its memory, and the
-// error, the sandbox's failure and B's log name the layer's digest.
+// (every chunk but the layer's header and index), and so is the pack of its
+// working set (which holds good copies of the pages the sandbox wrote); B's
+// restore reads the layer lazily, no source gives bytes that verify, and the
+// VM cannot run on: the connect fails or the sandbox ends paused without its
+// memory, and the error, the sandbox's failure and B's log name the layer's
+// digest.
 func damagedMemory(ctx context.Context, t *testing.T, srv *s3test.Server, bucket string, a, b *node, r *repo.Repo) {
 	id, data, m := pausedOn(ctx, t, a, r, "dmem")
 	top := m.Memory[len(m.Memory)-1] // the pause's own layer: the pages the sandbox wrote
 	damageChunks(t, srv.ObjectPath(bucket, repo.BlobKey(top.Digest)), top.Size)
+	if m.WorkingSet == nil {
+		t.Fatal("A's pause committed no working-set pack")
+	}
+	damageByte(t, srv.ObjectPath(bucket, repo.BlobKey(m.WorkingSet.Digest)), m.WorkingSet.Size/2)
 	code, body, _, err := b.Call("POST", "/sandboxes/"+id+"/connect", b.key, `{"timeout":300}`)
 	if err != nil {
 		t.Fatal(err)
