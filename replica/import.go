@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/internal/errdefs"
@@ -53,10 +54,12 @@ func (r *Replica) ImportPaused(ctx context.Context, id string) error {
 	if r.node.Holds(id) {
 		return nil // brought by a concurrent connect
 	}
+	start := time.Now()
 	m, err := r.newestPause(ctx, id)
 	if err != nil {
 		return err
 	}
+	found := time.Since(start)
 	p, lazy, err := r.rebuild(ctx, id, m)
 	if err != nil {
 		return fmt.Errorf("bring sandbox %s from the repository (%s): %w", id, m.Name, err)
@@ -67,7 +70,8 @@ func (r *Replica) ImportPaused(ctx context.Context, id string) error {
 	if err := r.node.AdoptPaused(p); err != nil {
 		return err
 	}
-	r.log.Info("sandbox brought from the repository", "sandbox", id, "manifest", m.Name, "lazyRootfs", lazy > 0)
+	r.log.Info("sandbox brought from the repository", "sandbox", id, "manifest", m.Name, "lazyRootfs", lazy > 0,
+		"found_in", found.Round(time.Millisecond), "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -255,6 +259,7 @@ func (r *Replica) putPack(ctx context.Context, m *repo.Manifest, dir string) boo
 	if m.WorkingSet == nil {
 		return false
 	}
+	start := time.Now()
 	data, err := r.cfg.Remote.ReadPack(ctx, *m.WorkingSet)
 	var pack memsnap.Pack
 	if err == nil {
@@ -274,6 +279,7 @@ func (r *Replica) putPack(ctx context.Context, m *repo.Manifest, dir string) boo
 		r.log.Warn("memory working-set pack of a brought snapshot not kept (its restore reads the pages from the layers)", "manifest", m.Name, "err", err)
 		return false
 	}
+	r.log.Info("memory working-set pack kept", "manifest", m.Name, "bytes", len(data), "took", time.Since(start).Round(time.Millisecond))
 	return true
 }
 

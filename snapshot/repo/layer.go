@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 
 	"github.com/agentenv/agentenv/internal/atomicfile"
 	"github.com/agentenv/agentenv/storage/blob"
@@ -265,6 +266,54 @@ func FetchLayer(ctx context.Context, src io.ReaderAt, l Layer, path string) erro
 	}
 	if err := f.Commit(); err != nil {
 		return fmt.Errorf("fetch layer %s: %w", l.Digest, err)
+	}
+	return nil
+}
+
+// ReadBlobParallel reads a whole blob of at most limit bytes as parts
+// ranged reads at once (a large blob read before a VM may run: one stream
+// of an object store is slower than a few) into one buffer allocated at
+// its size, and checks it against its digest.
+func ReadBlobParallel(ctx context.Context, r Repository, b Blob, limit int64, parts int) ([]byte, error) {
+	if b.Size > limit || b.Size < 0 {
+		return nil, fmt.Errorf("read blob %s: %d bytes, more than the %d allowed: %w", b.Digest, b.Size, limit, ErrInvalid)
+	}
+	parts = max(parts, 1)
+	data := make([]byte, b.Size)
+	part := max((b.Size+int64(parts)-1)/int64(parts), 1)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, parts+1)
+	for off := int64(0); off < b.Size; off += part {
+		buf := data[off:min(off+part, b.Size)]
+		wg.Go(func() {
+			if err := readRange(ctx, r, b.Digest, off, buf); err != nil {
+				errs <- err
+				cancel() // the other parts stop
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return nil, fmt.Errorf("read blob %s: %w", b.Digest, err)
+	}
+	if DigestOf(data) != b.Digest {
+		return nil, fmt.Errorf("read blob %s: the stored object is not the blob: %w", b.Digest, ErrDigestMismatch)
+	}
+	return data, nil
+}
+
+// readRange fills buf with the bytes of blob d at off.
+func readRange(ctx context.Context, r Repository, d Digest, off int64, buf []byte) error {
+	rc, err := r.ReadBlob(ctx, d, off, int64(len(buf)))
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	if _, err := io.ReadFull(rc, buf); err != nil {
+		return fmt.Errorf("range %d+%d: %w", off, len(buf), err)
 	}
 	return nil
 }

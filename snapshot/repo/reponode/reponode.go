@@ -172,10 +172,13 @@ func (n *Node) ReadSmall(ctx context.Context, b repo.Blob, limit int64) ([]byte,
 	return repo.ReadSmallBlob(ctx, n.Repo, b, limit)
 }
 
+// packReads is how many ranges of a working-set pack are read at once.
+const packReads = 4
+
 // ReadPack reads a memory working-set pack a manifest commits (at most
 // memsnap.MaxPackBytes), verified, counting its bytes (PacksFetched).
 func (n *Node) ReadPack(ctx context.Context, b repo.Blob) ([]byte, error) {
-	data, err := repo.ReadSmallBlob(ctx, n.Repo, b, memsnap.MaxPackBytes)
+	data, err := repo.ReadBlobParallel(ctx, n.Repo, b, memsnap.MaxPackBytes, packReads)
 	n.packs.Add(int64(len(data)))
 	return data, err
 }
