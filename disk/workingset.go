@@ -17,12 +17,13 @@ import (
 // answered (memimage records it; the file cannot hold it next to itself,
 // so it is kept in the snapshot directory of the stack's config, which
 // outlives the export: snapshot.WorkingSetFile, where a pause's capture
-// records its own and an import puts the one the repository carries).
-// The next VM of the stack has them pushed into the page cache while its
-// VMM restores: on a FUSE export the storage daemon stores them
-// (FUSE_NOTIFY_STORE: no FUSE read per fault, and for layers not on the
-// node one fetch of their chunks ahead of the guest); on a ublk device
-// they are read ahead (POSIX_FADV_WILLNEED).
+// records its own and an import puts the one the repository's pack
+// carries). The next VM of the stack has them pushed into the page cache
+// while its VMM restores: on a FUSE export the storage daemon stores them
+// (FUSE_NOTIFY_STORE: no FUSE read per fault), from the pack when the
+// import kept one (snapshot.WorkingSetPackFile: no read of layers the node
+// lacks), else read through the export; on a ublk device they are read
+// ahead (POSIX_FADV_WILLNEED).
 
 // WorkingSetPath is where the working set of the export file (a VM's
 // memory File) is kept.

@@ -50,9 +50,10 @@ const FlatMemory = "memory.flat"
 // WorkingSetFile is, in a snapshot directory with a layered memory image,
 // the working set of the image's layer stack (memsnap's format): the pages
 // the VM held when it was captured, or those the first VM restored from
-// the stack touched until its agent answered. It is a hint: it travels with
-// the snapshot through the repository, and a node restoring the stack from
-// layers it lacks has it pushed into the page cache ahead of the guest.
+// the stack touched until its agent answered. It is a hint: the upload of
+// the snapshot commits its pages as a pack (WorkingSetPackFile), and a node
+// restoring the stack from layers it lacks has them pushed into the page
+// cache ahead of the guest.
 const WorkingSetFile = "memory.workingset"
 
 // WorkingSetPackFile is, in a snapshot directory brought from the
