@@ -226,9 +226,37 @@ func waitLease(t *testing.T, b repo.Backend) {
 	t.Fatal("no commit lease appeared")
 }
 
+// gcWatch is a backend that reports each listing of the GC markers: a
+// commit lists them once its lease is written, to see whether it must wait.
+type gcWatch struct {
+	repo.Backend
+	polled chan struct{}
+}
+
+func (w *gcWatch) List(ctx context.Context, prefix string) ([]repo.ObjectInfo, error) {
+	if prefix == "gc/" {
+		select {
+		case w.polled <- struct{}{}:
+		default:
+		}
+	}
+	return w.Backend.List(ctx, prefix)
+}
+
+// waitPoll returns once the commit listed the GC markers.
+func (w *gcWatch) waitPoll(t *testing.T) {
+	t.Helper()
+	select {
+	case <-w.polled:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the commit never looked for a garbage collection")
+	}
+}
+
 func testCommitWaitsForGC(t *testing.T, b repo.Backend) {
 	ctx := ctxT(t)
-	r := repo.New(b, repo.Options{LeaseTTL: time.Hour, PollInterval: 20 * time.Millisecond})
+	w := &gcWatch{Backend: b, polled: make(chan struct{}, 1)}
+	r := repo.New(w, repo.Options{LeaseTTL: time.Hour, PollInterval: 20 * time.Millisecond})
 	m := NewManifest(t, r, "snap", 13)
 	marker := []byte(`{}`)
 	if err := b.Put(ctx, "gc/other-node", bytes.NewReader(marker), 2, nil); err != nil {
@@ -238,10 +266,9 @@ func testCommitWaitsForGC(t *testing.T, b repo.Backend) {
 	short, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Commit(short, m) }()
-	waitLease(t, b)
 	// The lease is in the store once its PUT is, which may be before the
-	// commit's PUT returned: cancel once the commit polls for the gc.
-	time.Sleep(100 * time.Millisecond)
+	// commit's PUT returned: cancel once the commit looks for the gc.
+	w.waitPoll(t)
 	cancel()
 	if err := <-done; err == nil || !strings.Contains(err.Error(), "garbage collection") {
 		t.Fatalf("commit while a gc runs: %v, want it to wait for the gc", err)
