@@ -253,11 +253,11 @@ func (r *Replica) writeSnapshotDir(ctx context.Context, dir, reference string, m
 
 // putPack writes the working-set pack m commits, if any, into the
 // snapshot directory dir (snapshot.WorkingSetPackFile), read whole and
-// checked against its digest and format, and reports whether it did. A
-// failure is logged: the restore then reads the pages from the layers.
-func (r *Replica) putPack(ctx context.Context, m *repo.Manifest, dir string) bool {
+// checked against its digest and format. A failure is logged: the
+// restore then reads the pages from the layers.
+func (r *Replica) putPack(ctx context.Context, m *repo.Manifest, dir string) {
 	if m.WorkingSet == nil {
-		return false
+		return
 	}
 	start := time.Now()
 	data, err := r.cfg.Remote.ReadPack(ctx, *m.WorkingSet)
@@ -277,10 +277,9 @@ func (r *Replica) putPack(ctx context.Context, m *repo.Manifest, dir string) boo
 	}
 	if err != nil {
 		r.log.Warn("memory working-set pack of a brought snapshot not kept (its restore reads the pages from the layers)", "manifest", m.Name, "err", err)
-		return false
+		return
 	}
 	r.log.Info("memory working-set pack kept", "manifest", m.Name, "bytes", len(data), "took", time.Since(start).Round(time.Millisecond))
-	return true
 }
 
 // ImportSnapshot (the node's hook before a create resolves a source it
