@@ -71,8 +71,8 @@ func PutFile(ctx context.Context, r Repository, path string) (Blob, error) {
 // ReadSmallBlob reads a whole blob of at most limit bytes and checks it
 // against its digest (chunk tables, VM state and config come this way).
 func ReadSmallBlob(ctx context.Context, r Repository, b Blob, limit int64) ([]byte, error) {
-	if b.Size > limit || b.Size < 0 {
-		return nil, fmt.Errorf("read blob %s: %d bytes, more than the %d allowed: %w", b.Digest, b.Size, limit, ErrInvalid)
+	if err := withinLimit(b, limit); err != nil {
+		return nil, err
 	}
 	rc, err := r.ReadBlob(ctx, b.Digest, 0, -1)
 	if err != nil {
@@ -270,13 +270,21 @@ func FetchLayer(ctx context.Context, src io.ReaderAt, l Layer, path string) erro
 	return nil
 }
 
+// withinLimit refuses a blob of more than limit bytes (or a negative size).
+func withinLimit(b Blob, limit int64) error {
+	if b.Size > limit || b.Size < 0 {
+		return fmt.Errorf("read blob %s: %d bytes, more than the %d allowed: %w", b.Digest, b.Size, limit, ErrInvalid)
+	}
+	return nil
+}
+
 // ReadBlobParallel reads a whole blob of at most limit bytes as parts
 // ranged reads at once (a large blob read before a VM may run: one stream
 // of an object store is slower than a few) into one buffer allocated at
 // its size, and checks it against its digest.
 func ReadBlobParallel(ctx context.Context, r Repository, b Blob, limit int64, parts int) ([]byte, error) {
-	if b.Size > limit || b.Size < 0 {
-		return nil, fmt.Errorf("read blob %s: %d bytes, more than the %d allowed: %w", b.Digest, b.Size, limit, ErrInvalid)
+	if err := withinLimit(b, limit); err != nil {
+		return nil, err
 	}
 	parts = max(parts, 1)
 	data := make([]byte, b.Size)
